@@ -1,0 +1,112 @@
+// config.h — the run's TOML configuration, read with TOML++ and validated
+// against a fixed schema. Unknown keys and wrong types are errors that name
+// file, line, column and key; a missing required key names itself. The
+// plugin tables ([transport], [strategy]) are kept as PluginSection: plugins
+// read them through the host vtable, and keys no plugin read are unknown.
+//
+// Error messages (exact; tests check them):
+//   <file>: cannot open config file
+//   <file>:<line>:<col>: <TOML++ description>                   (parse error)
+//   <file>:<line>:<col>: unknown key '<section>.<key>'
+//   <file>:<line>:<col>: unknown section '<name>'
+//   <file>:<line>:<col>: key '<section>.<key>' must be <a/an> <type>, not <a/an> <type>
+//   <file>: missing required key '<section>.<key>'
+//   <file>:<line>:<col>: key '<section>.<key>' must be <constraint> (got <value>)
+//   <file>:<line>:<col>: key 'data.batch_size' (<B>) must be divisible by run.world_size (<N>)
+//   --set <arg>: expected section.key=value
+//   --set <arg>: <TOML++ description>                           (bad value)
+// Keys given with --set are reported as "--set section.key=value" in place
+// of "<file>:<line>:<col>".
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <toml++/toml.h>
+
+#include "error.h"
+
+namespace ddp {
+
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A plugin's own table ([transport] or [strategy] minus `plugin`). Typed
+// reads throw ConfigError naming the key's location; every key read is
+// remembered so that unread ones can be reported as unknown.
+class PluginSection {
+ public:
+  PluginSection() = default;
+  PluginSection(std::string file, std::string section, toml::table table);
+
+  int64_t get_int(const std::string& key, int64_t fallback) const;
+  double get_float(const std::string& key, double fallback) const;  // ints accepted
+  bool get_bool(const std::string& key, bool fallback) const;
+  std::string get_string(const std::string& key, const std::string& fallback) const;
+
+  // Throws ConfigError "<where>: unknown key '<section>.<key>' (<kind> plugin
+  // '<name>' does not read it)" for the first key (in file order) not read.
+  void check_all_read(const std::string& kind, const std::string& plugin_name) const;
+
+  const std::string& section() const { return section_; }
+
+ private:
+  const toml::node* find(const std::string& key) const;
+  std::string where(const toml::node& node) const;  // "<file>:<l>:<c>" or "--set ..."
+
+  std::string file_;
+  std::string section_;
+  toml::table table_;
+  mutable std::set<std::string> read_;
+};
+
+struct RunConfig {
+  int world_size = 1;
+  int64_t steps = 0;          // required, >= 0
+  uint64_t seed = 0;
+  std::string output_dir;     // default: "runs/<config file stem>"
+  double timeout_s = 30.0;    // > 0
+  int64_t log_every = 1;      // progress line every N steps, >= 1
+};
+
+struct ModelConfig {
+  std::string name;           // required: "toy" | "toy_tied"
+  std::string init_from;      // optional safetensors path, relative to the config file
+};
+
+struct DataConfig {
+  std::string path;           // optional safetensors with x, y; relative to the config file
+  int64_t batch_size = 0;     // required, global batch, > 0, divisible by world_size
+};
+
+struct OptimizerConfig {
+  std::string name = "sgd";   // "sgd"
+  double lr = 0.0;            // required, > 0
+};
+
+struct Config {
+  std::string file;           // path as given
+  RunConfig run;
+  ModelConfig model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  std::string transport_plugin = "gloo";
+  std::string strategy_plugin = "naive";
+  PluginSection transport;
+  PluginSection strategy;
+  std::string toml_text;      // the effective config (after --set), for summary.json
+};
+
+// Pure: validates a parsed document. `file` is used in messages only and to
+// resolve relative paths. Throws ConfigError.
+Config validate_config(const toml::table& doc, const std::string& file);
+
+// Reads `path`, applies `overrides` ("section.key=value", value in TOML
+// syntax; a bare word that is not valid TOML is taken as a string), validates.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+}  // namespace ddp

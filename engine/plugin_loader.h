@@ -1,0 +1,64 @@
+// plugin_loader.h — finds, loads and checks strategy and transport plugins
+// with Boost.DLL (used only as a portable dlopen: no C++ type crosses).
+//
+// A plugin name ("naive") resolves to <plugin_dir>/libddp_<kind>_<name>.so;
+// anything containing '/' or ending in ".so" is a path taken as given.
+// Refusals throw PluginError with exactly this message:
+//   cannot load <kind> plugin '<path>' (host ABI <M>.<m>, plugin ABI <M>.<m>|none): <reason>
+// reasons: "file not found"
+//          "not a ddp plugin (no ddp_strategy_v1 or ddp_transport_v1 symbol)"
+//          "other major ABI version"
+//          "wrong kind: it is a <other kind> plugin"
+//          "descriptor too small (struct_size <n>, need <m>)"
+//          "required entry '<entry>' is NULL"
+//          "<dlerror text>"   (file exists but dlopen failed)
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <ddp/plugin.h>
+
+#include "error.h"
+
+namespace ddp {
+
+class PluginError : public Error {
+ public:
+  using Error::Error;
+};
+
+enum class PluginKind { Strategy, Transport };
+const char* to_string(PluginKind kind);  // "strategy" | "transport"
+
+// The directory shipped plugins live in: $DDP_PLUGIN_DIR if set, else
+// <directory of the running executable>/../lib/ddp.
+std::string default_plugin_dir();
+
+// Resolves a name or path as described above.
+std::string resolve_plugin_path(PluginKind kind, const std::string& name_or_path,
+                                const std::string& plugin_dir);
+
+// Keeps the library loaded for as long as the descriptor is used.
+class LoadedPlugin {
+ public:
+  ~LoadedPlugin();
+  const std::string& path() const { return path_; }
+  const ddp_strategy_v1_t* strategy() const { return strategy_; }    // Strategy kind
+  const ddp_transport_v1_t* transport() const { return transport_; } // Transport kind
+
+ private:
+  friend std::unique_ptr<LoadedPlugin> load_plugin(PluginKind, const std::string&,
+                                                   const std::string&);
+  LoadedPlugin() = default;
+  struct Library;
+  std::unique_ptr<Library> lib_;
+  std::string path_;
+  const ddp_strategy_v1_t* strategy_ = nullptr;
+  const ddp_transport_v1_t* transport_ = nullptr;
+};
+
+std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& name_or_path,
+                                          const std::string& plugin_dir = default_plugin_dir());
+
+}  // namespace ddp

@@ -1,0 +1,312 @@
+/* ddp/plugin.h — THE public C ABI between the ddp engine and its plugins.
+ *
+ * A plugin is a shared library that exports exactly one const descriptor:
+ *   ddp_transport_v1   (type ddp_transport_v1_t)  moves bytes between ranks
+ *   ddp_strategy_v1    (type ddp_strategy_v1_t)   decides what to move, when
+ * The descriptor begins with abi_version, struct_size, name, version and
+ * capability bits, then a vtable. The engine passes a ddp_host vtable in
+ * (logging, the plugin's own TOML keys, parameters, device memory, streams
+ * and events, the rendezvous store). A plugin includes only this header and
+ * never links against the engine.
+ *
+ * Rules that hold for every entry:
+ * - C99, no exceptions cross this boundary. Every entry returns ddp_status;
+ *   on failure it first calls host->set_error() with its own words.
+ * - "Enqueue" entries never block: they put work on the ddp_stream given and
+ *   return. Completion is observed with events, as with CUDA streams; a
+ *   failed operation makes its stream fail, and every event recorded on it
+ *   afterwards reports that failure.
+ * - Whoever allocates frees, through the same vtable.
+ * - Entries are appended at the end of a struct, never reordered; the host
+ *   uses struct_size to see which exist. Optional entries may be NULL.
+ *
+ * Stability: changing or removing anything here is a new major ABI version
+ * (a new entry symbol, e.g. ddp_strategy_v2). Adding at the end is a minor.
+ */
+#ifndef DDP_PLUGIN_H
+#define DDP_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DDP_ABI_VERSION_MAJOR 1
+#define DDP_ABI_VERSION_MINOR 0
+/* abi_version = major << 16 | minor. */
+#define DDP_ABI_VERSION ((uint32_t)((DDP_ABI_VERSION_MAJOR << 16) | DDP_ABI_VERSION_MINOR))
+#define DDP_ABI_MAJOR(v) ((uint32_t)(v) >> 16)
+#define DDP_ABI_MINOR(v) ((uint32_t)(v)&0xffffu)
+
+/* Entry symbol names, for hosts that look them up. */
+#define DDP_TRANSPORT_ENTRY_V1 "ddp_transport_v1"
+#define DDP_STRATEGY_ENTRY_V1 "ddp_strategy_v1"
+
+#if defined(_WIN32)
+#define DDP_PLUGIN_EXPORT __declspec(dllexport)
+#else
+#define DDP_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
+
+/* ---------------------------------------------------------------- values */
+
+typedef enum ddp_status {
+  DDP_OK = 0,
+  DDP_ERR_INVALID_ARGUMENT = 1, /* bad key, bad buffer, bad index */
+  DDP_ERR_UNSUPPORTED = 2,      /* dtype, device or entry not supported */
+  DDP_ERR_COMM = 3,             /* a peer failed or the network did */
+  DDP_ERR_TIMEOUT = 4,          /* timeout_s elapsed */
+  DDP_ERR_OUT_OF_MEMORY = 5,
+  DDP_ERR_INTERNAL = 6
+} ddp_status;
+
+typedef enum ddp_dtype {
+  DDP_FLOAT32 = 0,
+  DDP_FLOAT64 = 1,
+  DDP_INT32 = 2,
+  DDP_INT64 = 3,
+  DDP_BFLOAT16 = 4,
+  DDP_FLOAT16 = 5
+} ddp_dtype;
+
+typedef enum ddp_device_kind { DDP_DEVICE_CPU = 0, DDP_DEVICE_CUDA = 1 } ddp_device_kind;
+
+typedef enum ddp_reduce_op {
+  DDP_REDUCE_SUM = 0,
+  DDP_REDUCE_AVG = 1 /* sum / world_size */
+} ddp_reduce_op;
+
+typedef enum ddp_log_level {
+  DDP_LOG_DEBUG = 0,
+  DDP_LOG_INFO = 1,
+  DDP_LOG_WARN = 2,
+  DDP_LOG_ERROR = 3
+} ddp_log_level;
+
+/* Memory categories of the engine's accounting (current and peak bytes). */
+typedef enum ddp_mem_category {
+  DDP_MEM_PARAMETERS = 0,
+  DDP_MEM_GRADIENTS = 1,
+  DDP_MEM_OPTIMIZER_STATE = 2,
+  DDP_MEM_COMM_BUFFERS = 3,
+  DDP_MEM_ACTIVATIONS = 4,
+  DDP_MEM_CATEGORY_COUNT = 5
+} ddp_mem_category;
+
+/* Capability bits of a descriptor's `caps`. */
+#define DDP_CAP_DEVICE_CPU (1u << 0)      /* works on CPU memory */
+#define DDP_CAP_DEVICE_CUDA (1u << 1)     /* works on CUDA memory */
+#define DDP_CAP_OWNS_OPTIMIZER (1u << 8)  /* strategy: implements optimizer_step */
+
+/* A contiguous buffer on the run's device. `count` is in elements. */
+typedef struct ddp_buffer {
+  void* ptr;
+  size_t count;
+  ddp_dtype dtype;
+  ddp_device_kind device;
+} ddp_buffer;
+
+/* One model parameter, in the model's named_parameters() order. The host owns
+ * `data` and `grad`; both hold `numel` elements of `dtype` on the run's
+ * device. `grad` is NULL while the parameter is frozen. */
+typedef struct ddp_param {
+  const char* name;
+  size_t index; /* position in the parameter table */
+  void* data;
+  void* grad;
+  size_t numel;
+  ddp_dtype dtype;
+  int trainable; /* 0: frozen, never touched, never fires on_grad_ready */
+} ddp_param;
+
+/* Opaque handles. Streams and events belong to the host; ddp_comm to the
+ * transport that made it; ddp_strategy to the strategy that made it. */
+typedef struct ddp_stream_s* ddp_stream;
+typedef struct ddp_event_s* ddp_event;
+typedef struct ddp_comm_s ddp_comm;
+typedef struct ddp_strategy_s ddp_strategy;
+
+/* Work enqueued with host->launch_host_func. Called exactly once, on the
+ * stream's executor, in stream order. If the stream has already failed,
+ * `cancelled` is 1 and the function must only release `user`. Returns
+ * DDP_OK, or an error (after host->set_error) that fails the stream. */
+typedef ddp_status (*ddp_host_func)(void* user, int cancelled);
+
+/* ------------------------------------------------------------ host vtable */
+
+/* What the engine offers a plugin. Valid from create/init until destroy.
+ * Every function takes `ctx` first. Thread-safety: all functions may be
+ * called from any thread unless noted. */
+typedef struct ddp_host {
+  uint32_t abi_version; /* DDP_ABI_VERSION of the engine */
+  uint32_t struct_size; /* sizeof(ddp_host) as the engine knows it */
+  void* ctx;
+  int rank;
+  int world_size;
+  int local_rank;
+  ddp_device_kind device;
+
+  /* Logging; the host prefixes rank and plugin name. Non-blocking. */
+  void (*log)(void* ctx, ddp_log_level level, const char* message);
+  /* Sets the error text of the calling thread; the host reads it when the
+   * entry that this thread is in returns an error. Copied. */
+  void (*set_error)(void* ctx, const char* message);
+
+  /* Typed reads of the plugin's own TOML table ([transport] or [strategy]).
+   * A missing key yields `fallback` and DDP_OK; a key of another type is
+   * DDP_ERR_INVALID_ARGUMENT with an error naming file, line and key. Keys a
+   * plugin never reads during create/init are reported to the user as
+   * unknown. Strings stay valid until the plugin is destroyed. Integers are
+   * accepted for float keys. */
+  ddp_status (*config_int)(void* ctx, const char* key, int64_t fallback, int64_t* out);
+  ddp_status (*config_float)(void* ctx, const char* key, double fallback, double* out);
+  ddp_status (*config_bool)(void* ctx, const char* key, int fallback, int* out);
+  ddp_status (*config_string)(void* ctx, const char* key, const char* fallback,
+                              const char** out);
+
+  /* The parameter table, in model order. The array and names live as long as
+   * the run; `trainable` and `grad` change only between steps, and
+   * on_step_begin says when (params_changed). */
+  const ddp_param* (*params)(void* ctx, size_t* count);
+
+  /* Device memory, accounted under `category`. alloc returns zeroed memory,
+   * aligned to 64 bytes; free accepts NULL. Blocking, not stream-ordered:
+   * free only what no enqueued work still uses. */
+  ddp_status (*alloc)(void* ctx, size_t bytes, ddp_mem_category category, void** out);
+  void (*free)(void* ctx, void* ptr);
+
+  /* Device operations, enqueued on `stream`. Sizes in bytes for copy; in
+   * elements (buffer.count) for fill and scale. dst and src may not overlap. */
+  ddp_status (*copy)(void* ctx, void* dst, const void* src, size_t bytes, ddp_stream stream);
+  ddp_status (*fill)(void* ctx, ddp_buffer buffer, double value, ddp_stream stream);
+  ddp_status (*scale)(void* ctx, ddp_buffer buffer, double factor, ddp_stream stream);
+
+  /* Streams owned by the engine: compute (where forward and backward run;
+   * on CPU this is the training thread itself) and communication. */
+  ddp_stream (*compute_stream)(void* ctx);
+  ddp_stream (*comm_stream)(void* ctx);
+  /* Enqueues fn(user, cancelled) on `stream` (cudaLaunchHostFunc). A
+   * transport on CPU runs its blocking collective inside such a function. */
+  ddp_status (*launch_host_func)(void* ctx, ddp_stream stream, ddp_host_func fn, void* user);
+
+  /* Events, as CUDA events: record marks a point on a stream; a wait makes a
+   * stream (non-blocking) or the caller (blocking) wait for it. An event
+   * recorded on a failed stream fails; event_synchronize then returns that
+   * stream's error and sets its text. Time spent in event_synchronize on the
+   * training thread is reported as exposed communication time. */
+  ddp_status (*event_create)(void* ctx, ddp_event* out);
+  void (*event_destroy)(void* ctx, ddp_event event);
+  ddp_status (*event_record)(void* ctx, ddp_event event, ddp_stream stream);
+  ddp_status (*stream_wait_event)(void* ctx, ddp_stream stream, ddp_event event);
+  ddp_status (*event_synchronize)(void* ctx, ddp_event event);
+
+  /* Rendezvous store shared by all ranks of the run (Gloo's store: a file
+   * store by default). Keys are namespaced to the run. get blocks until the
+   * key exists or timeout_s elapses; *out is malloc'ed, caller free()s it. */
+  ddp_status (*store_set)(void* ctx, const char* key, const void* data, size_t bytes);
+  ddp_status (*store_get)(void* ctx, const char* key, void** out, size_t* bytes);
+  ddp_status (*store_wait)(void* ctx, const char* const* keys, size_t count);
+  /* Run timeout in milliseconds ([run] timeout_s); transports honour it. */
+  int64_t timeout_ms;
+
+  /* Runs the engine's optimizer (as configured) on the parameters whose
+   * indices are given, on the compute stream, blocking; the engine keeps
+   * optimizer state for exactly these parameters. For strategies that own
+   * the optimizer step (sharded). */
+  ddp_status (*run_optimizer)(void* ctx, const size_t* param_indices, size_t count);
+} ddp_host;
+
+/* ------------------------------------------------------ transport vtable */
+
+/* Every collective is enqueued on `stream` and returns at once; buffers must
+ * stay valid until an event recorded after it completes. All ranks must
+ * issue the same collectives in the same order with the same counts. */
+typedef struct ddp_transport_v1_t {
+  uint32_t abi_version; /* DDP_ABI_VERSION the plugin was built with */
+  uint32_t struct_size; /* sizeof(ddp_transport_v1_t) */
+  const char* name;     /* "gloo" */
+  const char* version;  /* the plugin's own version, e.g. "0.1.0" */
+  uint64_t caps;        /* DDP_CAP_DEVICE_* */
+
+  /* Connects to all ranks through host's store (blocking, up to timeout_ms)
+   * and returns a communicator. Reads all its TOML keys here. */
+  ddp_status (*init)(const ddp_host* host, ddp_comm** out);
+  /* Waits for nothing: the host has synchronised all streams first. */
+  void (*destroy)(ddp_comm* comm);
+
+  /* In place: buf holds the reduction of every rank's buf. */
+  ddp_status (*all_reduce)(ddp_comm* comm, ddp_buffer buf, ddp_reduce_op op, ddp_stream stream);
+  /* In place: every rank's buf becomes root's. */
+  ddp_status (*broadcast)(ddp_comm* comm, ddp_buffer buf, int root, ddp_stream stream);
+  /* recv.count == send.count * world_size; rank r's send lands at
+   * recv[r * send.count]. */
+  ddp_status (*all_gather)(ddp_comm* comm, ddp_buffer send, ddp_buffer recv, ddp_stream stream);
+  /* send.count == recv.count * world_size; rank r receives the reduction
+   * of every rank's send[r * recv.count, (r + 1) * recv.count). */
+  ddp_status (*reduce_scatter)(ddp_comm* comm, ddp_buffer send, ddp_buffer recv,
+                               ddp_reduce_op op, ddp_stream stream);
+  /* Completes on each rank once every rank has reached it. */
+  ddp_status (*barrier)(ddp_comm* comm, ddp_stream stream);
+} ddp_transport_v1_t;
+
+/* ------------------------------------------------------- strategy vtable */
+
+typedef struct ddp_step_info {
+  int64_t step;           /* optimizer step, from 0 */
+  int32_t micro_step;     /* micro-batch index within the step, from 0 */
+  int32_t micro_steps;    /* run.grad_accum_steps */
+  int32_t sync_grads;     /* 1 on the micro-batch whose gradients must be synced */
+  int32_t params_changed; /* 1 if trainable flags changed since last step */
+} ddp_step_info;
+
+/* Hooks are called by the engine on the training thread, in this order per
+ * micro-batch: on_step_begin, on_grad_ready (per trainable parameter, after
+ * its last use), on_backward_end; after the last micro-batch: finish, then
+ * optimizer_step (if provided, else the engine's optimizer runs). The order
+ * of on_grad_ready calls depends only on the model, so it is the same on
+ * every rank. Hooks may enqueue work; finish must leave the averaged
+ * gradients in place (all enqueued work on them complete). */
+typedef struct ddp_strategy_v1_t {
+  uint32_t abi_version;
+  uint32_t struct_size; /* sizeof(ddp_strategy_v1_t) */
+  const char* name;
+  const char* version;
+  uint64_t caps; /* DDP_CAP_DEVICE_*, DDP_CAP_OWNS_OPTIMIZER */
+
+  /* Makes a strategy over `transport`/`comm` (owned by the host, valid until
+   * destroy). Reads all its TOML keys here. Blocking; no collectives yet. */
+  ddp_status (*create)(const ddp_host* host, const ddp_transport_v1_t* transport,
+                       ddp_comm* comm, ddp_strategy** out);
+  /* Once, before the first step: make every rank hold rank 0's parameters
+   * (all of them, frozen included). Blocking: done when it returns. */
+  ddp_status (*on_train_begin)(ddp_strategy* s);
+  ddp_status (*on_step_begin)(ddp_strategy* s, const ddp_step_info* info);
+  /* `param` is the table entry; its grad is final for this micro-batch on the
+   * compute stream. Non-blocking. */
+  ddp_status (*on_grad_ready)(ddp_strategy* s, const ddp_param* param);
+  /* Backward of the micro-batch is done. Non-blocking. */
+  ddp_status (*on_backward_end)(ddp_strategy* s);
+  /* Blocks until every trainable gradient holds the average over ranks. */
+  ddp_status (*finish)(ddp_strategy* s);
+  /* (optional) Replaces the engine's optimizer step; must leave identical
+   * parameters on every rank. Blocking. Requires DDP_CAP_OWNS_OPTIMIZER. */
+  ddp_status (*optimizer_step)(ddp_strategy* s);
+  /* (optional) Writes a JSON object describing the strategy (e.g. bucket
+   * layout) into buf (NUL-terminated, at most cap bytes) and the length it
+   * needs into *needed; the host retries with a larger buffer if needed. */
+  ddp_status (*stats)(ddp_strategy* s, char* buf, size_t cap, size_t* needed);
+  /* Releases everything. The host has synchronised all streams first. */
+  void (*destroy)(ddp_strategy* s);
+} ddp_strategy_v1_t;
+
+/* What a plugin exports (exactly one of these, as the entry symbol):
+ *   DDP_PLUGIN_EXPORT extern const ddp_strategy_v1_t ddp_strategy_v1;
+ *   DDP_PLUGIN_EXPORT extern const ddp_transport_v1_t ddp_transport_v1;  */
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* DDP_PLUGIN_H */
