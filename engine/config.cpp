@@ -1,0 +1,390 @@
+// config.cpp — TOML configuration: load, apply --set overrides, validate
+// against a fixed schema. See config.h for the exact error messages.
+#include "config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <tuple>
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* const kSetPrefix = "--set ";
+
+// Every key of the fixed sections. The plugin sections list only `plugin`;
+// their other keys belong to the plugin and are checked by PluginSection.
+struct KeySpec {
+  const char* section;
+  const char* key;
+  toml::node_type type;
+  bool required;
+};
+
+constexpr KeySpec kSchema[] = {
+    {"run", "world_size", toml::node_type::integer, false},
+    {"run", "steps", toml::node_type::integer, true},
+    {"run", "seed", toml::node_type::integer, false},
+    {"run", "output_dir", toml::node_type::string, false},
+    {"run", "timeout_s", toml::node_type::floating_point, false},
+    {"run", "log_every", toml::node_type::integer, false},
+    {"model", "name", toml::node_type::string, true},
+    {"model", "init_from", toml::node_type::string, false},
+    {"data", "path", toml::node_type::string, false},
+    {"data", "batch_size", toml::node_type::integer, true},
+    {"optimizer", "name", toml::node_type::string, false},
+    {"optimizer", "lr", toml::node_type::floating_point, true},
+    {"transport", "plugin", toml::node_type::string, false},
+    {"strategy", "plugin", toml::node_type::string, false},
+};
+
+bool is_plugin_section(const std::string& section) {
+  return section == "transport" || section == "strategy";
+}
+
+bool is_known_section(const std::string& section) {
+  return std::any_of(std::begin(kSchema), std::end(kSchema),
+                     [&](const KeySpec& s) { return section == s.section; });
+}
+
+const KeySpec* find_spec(const std::string& section, const std::string& key) {
+  for (const KeySpec& s : kSchema)
+    if (section == s.section && key == s.key) return &s;
+  return nullptr;
+}
+
+const char* type_name(toml::node_type type) {
+  switch (type) {
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+    case toml::node_type::none: break;
+  }
+  return "nothing";
+}
+
+// An integer is an exact float, so it is accepted wherever a float is.
+bool has_type(const toml::node& node, toml::node_type type) {
+  return node.type() == type ||
+         (type == toml::node_type::floating_point && node.is_integer());
+}
+
+bool from_override(const toml::source_region& source) {
+  return source.path && source.path->rfind(kSetPrefix, 0) == 0;
+}
+
+// Values from --set carry their argument as source path (see apply_override).
+std::string where_of(const toml::source_region& source, const std::string& file) {
+  if (from_override(source)) return *source.path;
+  if (source.begin.line == 0) return file;  // built in code, not parsed
+  return file + ":" + std::to_string(source.begin.line) + ":" +
+         std::to_string(source.begin.column);
+}
+
+ConfigError wrong_type(const std::string& where, const std::string& name,
+                       toml::node_type expected, const toml::node& node) {
+  return ConfigError(where + ": key '" + name + "' must be " + type_name(expected) +
+                     ", not " + type_name(node.type()));
+}
+
+std::string format_double(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+// Reads the fixed sections of a parsed document. check_structure() first;
+// the typed reads then assume types are right and check value constraints.
+class Reader {
+ public:
+  Reader(const toml::table& doc, const std::string& file) : doc_(doc), file_(file) {}
+
+  void check_structure() const {
+    for (auto&& [name, node] : doc_) {
+      const std::string section(name.str());
+      if (!is_known_section(section)) {
+        if (node.is_table()) throw ConfigError(where(node) + ": unknown section '" + section + "'");
+        throw ConfigError(where(node) + ": unknown key '" + section + "'");
+      }
+      if (!node.is_table()) throw wrong_type(where(node), section, toml::node_type::table, node);
+      for (auto&& [key_name, value] : *node.as_table()) {
+        const std::string key(key_name.str());
+        const KeySpec* spec = find_spec(section, key);
+        if (!spec) {
+          if (is_plugin_section(section)) continue;
+          throw ConfigError(where(value) + ": unknown key '" + section + "." + key + "'");
+        }
+        if (!has_type(value, spec->type))
+          throw wrong_type(where(value), section + "." + key, spec->type, value);
+      }
+    }
+    for (const KeySpec& s : kSchema)
+      if (s.required && !find(s.section, s.key))
+        throw ConfigError(file_ + ": missing required key '" + s.section + "." + s.key + "'");
+  }
+
+  int64_t integer(const char* section, const char* key, int64_t fallback, int64_t min,
+                  int64_t max = INT64_MAX) const {
+    const toml::node* node = find(section, key);
+    if (!node) return fallback;
+    const int64_t value = node->as_integer()->get();
+    require(value >= min, section, key, ">= " + std::to_string(min), std::to_string(value));
+    require(value <= max, section, key, "<= " + std::to_string(max), std::to_string(value));
+    return value;
+  }
+
+  double positive(const char* section, const char* key, double fallback) const {
+    const toml::node* node = find(section, key);
+    if (!node) return fallback;
+    const double value = node->is_integer() ? double(node->as_integer()->get())
+                                            : node->as_floating_point()->get();
+    require(value > 0, section, key, "> 0", format_double(value));  // also rejects nan
+    return value;
+  }
+
+  std::string string(const char* section, const char* key, const std::string& fallback) const {
+    const toml::node* node = find(section, key);
+    return node ? node->as_string()->get() : fallback;
+  }
+
+  std::string one_of(const char* section, const char* key, const std::string& fallback,
+                     const std::vector<std::string>& allowed) const {
+    const std::string value = string(section, key, fallback);
+    std::string list;
+    for (const std::string& a : allowed) list += (list.empty() ? "" : ", ") + a;
+    require(std::find(allowed.begin(), allowed.end(), value) != allowed.end(), section, key,
+            "one of: " + list, "'" + value + "'");
+    return value;
+  }
+
+  // A path written in the file is relative to the file's directory, so that
+  // configs/x.toml can name ../tests/fixtures/...; one given with --set is
+  // relative to the working directory, like any command-line path.
+  std::string path_from_file(const char* section, const char* key) const {
+    const toml::node* node = find(section, key);
+    if (!node) return "";
+    const fs::path path(node->as_string()->get());
+    if (path.is_absolute() || from_override(node->source())) return path.string();
+    return (fs::path(file_).parent_path() / path).lexically_normal().string();
+  }
+
+  PluginSection plugin_section(const char* section) const {
+    static const toml::table empty;
+    const toml::table* table = doc_[section].as_table();
+    return PluginSection(file_, section, table ? *table : empty);
+  }
+
+  const toml::node* find(const char* section, const char* key) const {
+    return doc_[section][key].node();
+  }
+
+  std::string where(const toml::node& node) const { return where_of(node.source(), file_); }
+
+  void require(bool ok, const char* section, const char* key, const std::string& constraint,
+               const std::string& got) const {
+    if (ok) return;
+    throw ConfigError(where(*find(section, key)) + ": key '" + section + "." + key +
+                      "' must be " + constraint + " (got " + got + ")");
+  }
+
+ private:
+  const toml::table& doc_;
+  const std::string& file_;
+};
+
+// Letters, digits and '_' '-': what a bare TOML key may hold, so that
+// "<key> = <value>" parses as exactly one key.
+bool is_bare_key(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '_' || c == '-';
+  });
+}
+
+// A word that may stand for a string without quotes (plugin names, paths).
+// It holds no quote or backslash, so quoting it always yields valid TOML.
+bool is_bare_word(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) {
+    return std::isalnum(c) || std::string("_-./:+").find(char(c)) != std::string::npos;
+  });
+}
+
+std::string trim(const std::string& s) {
+  const auto first = s.find_first_not_of(" \t");
+  if (first == std::string::npos) return "";
+  return s.substr(first, s.find_last_not_of(" \t") - first + 1);
+}
+
+// Parses the value as TOML with "--set <arg>" as source path, so that the
+// node reports itself as "--set <arg>" wherever it is later found wrong.
+void apply_override(toml::table& doc, const std::string& arg) {
+  const std::string source = kSetPrefix + arg;
+  const auto eq = arg.find('=');
+  const std::string name = trim(arg.substr(0, eq));
+  const auto dot = name.find('.');
+  const std::string section = name.substr(0, dot);
+  const std::string key = dot == std::string::npos ? "" : name.substr(dot + 1);
+  if (eq == std::string::npos || !is_bare_key(section) || !is_bare_key(key))
+    throw ConfigError(source + ": expected section.key=value");
+
+  const std::string value = trim(arg.substr(eq + 1));
+  toml::table parsed;
+  try {
+    parsed = toml::parse(key + " = " + value, source);
+  } catch (const toml::parse_error& e) {
+    if (!is_bare_word(value)) throw ConfigError(source + ": " + std::string(e.description()));
+    parsed = toml::parse(key + " = \"" + value + "\"", source);
+  }
+
+  toml::node* existing = doc.get(section);
+  if (!existing) {
+    doc.insert(section, std::move(parsed));  // moving keeps the source
+  } else if (toml::table* table = existing->as_table()) {
+    table->insert_or_assign(key, std::move(*parsed.get(key)));
+  }
+  // else: the file has a non-table `section`; validation reports it.
+}
+
+toml::table parse_file(const std::string& path) {
+  std::error_code ec;
+  std::ifstream in(path, std::ios::binary);
+  if (!in || fs::is_directory(path, ec)) throw ConfigError(path + ": cannot open config file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  try {
+    return toml::parse(text.str(), path);
+  } catch (const toml::parse_error& e) {
+    const auto& begin = e.source().begin;
+    throw ConfigError(path + ":" + std::to_string(begin.line) + ":" +
+                      std::to_string(begin.column) + ": " + std::string(e.description()));
+  }
+}
+
+}  // namespace
+
+PluginSection::PluginSection(std::string file, std::string section, const toml::table& table)
+    : file_(std::move(file)), section_(std::move(section)) {
+  for (auto&& [key, node] : table) {
+    if (key.str() == "plugin") continue;  // the host's key: which plugin, not its settings
+    table_.insert(key, node);
+    sources_[std::string(key.str())] = node.source();
+  }
+}
+
+const toml::node* PluginSection::find(const std::string& key) const {
+  read_.insert(key);
+  return table_.get(key);
+}
+
+std::string PluginSection::where(const std::string& key) const {
+  return where_of(sources_.at(key), file_);
+}
+
+int64_t PluginSection::get_int(const std::string& key, int64_t fallback) const {
+  const toml::node* node = find(key);
+  if (!node) return fallback;
+  if (!node->is_integer())
+    throw wrong_type(where(key), section_ + "." + key, toml::node_type::integer, *node);
+  return node->as_integer()->get();
+}
+
+double PluginSection::get_float(const std::string& key, double fallback) const {
+  const toml::node* node = find(key);
+  if (!node) return fallback;
+  if (node->is_integer()) return double(node->as_integer()->get());
+  if (!node->is_floating_point())
+    throw wrong_type(where(key), section_ + "." + key, toml::node_type::floating_point, *node);
+  return node->as_floating_point()->get();
+}
+
+bool PluginSection::get_bool(const std::string& key, bool fallback) const {
+  const toml::node* node = find(key);
+  if (!node) return fallback;
+  if (!node->is_boolean())
+    throw wrong_type(where(key), section_ + "." + key, toml::node_type::boolean, *node);
+  return node->as_boolean()->get();
+}
+
+std::string PluginSection::get_string(const std::string& key,
+                                      const std::string& fallback) const {
+  const toml::node* node = find(key);
+  if (!node) return fallback;
+  if (!node->is_string())
+    throw wrong_type(where(key), section_ + "." + key, toml::node_type::string, *node);
+  return node->as_string()->get();
+}
+
+void PluginSection::check_all_read(const std::string& kind,
+                                   const std::string& plugin_name) const {
+  // File order; keys from --set come after the file's.
+  auto order = [&](const std::string& key) {
+    const toml::source_region& s = sources_.at(key);
+    return std::make_tuple(from_override(s), s.begin.line, s.begin.column);
+  };
+  const std::string* first = nullptr;
+  for (const auto& entry : sources_) {
+    const std::string& key = entry.first;
+    if (!read_.count(key) && (!first || order(key) < order(*first))) first = &key;
+  }
+  if (first)
+    throw ConfigError(where(*first) + ": unknown key '" + section_ + "." + *first + "' (" +
+                      kind + " plugin '" + plugin_name + "' does not read it)");
+}
+
+Config validate_config(const toml::table& doc, const std::string& file) {
+  const Reader r(doc, file);
+  r.check_structure();
+
+  Config c;
+  c.file = file;
+  c.run.world_size = int(r.integer("run", "world_size", 1, 1, INT_MAX));
+  c.run.steps = r.integer("run", "steps", 0, 0);
+  c.run.seed = uint64_t(r.integer("run", "seed", 0, 0));
+  // Relative to the working directory: users expect runs/ where they run.
+  c.run.output_dir = r.string("run", "output_dir", "runs/" + fs::path(file).stem().string());
+  c.run.timeout_s = r.positive("run", "timeout_s", 30.0);
+  c.run.log_every = r.integer("run", "log_every", 1, 1);
+
+  c.model.name = r.one_of("model", "name", "", {"toy", "toy_tied"});
+  c.model.init_from = r.path_from_file("model", "init_from");
+
+  c.data.path = r.path_from_file("data", "path");
+  c.data.batch_size = r.integer("data", "batch_size", 0, 1);
+  // The batch is global: every rank takes an equal share.
+  if (c.data.batch_size % c.run.world_size != 0)
+    throw ConfigError(r.where(*r.find("data", "batch_size")) + ": key 'data.batch_size' (" +
+                      std::to_string(c.data.batch_size) +
+                      ") must be divisible by run.world_size (" +
+                      std::to_string(c.run.world_size) + ")");
+
+  c.optimizer.name = r.one_of("optimizer", "name", "sgd", {"sgd"});
+  c.optimizer.lr = r.positive("optimizer", "lr", 0.0);
+
+  c.transport_plugin = r.string("transport", "plugin", "gloo");
+  c.strategy_plugin = r.string("strategy", "plugin", "naive");
+  c.transport = r.plugin_section("transport");
+  c.strategy = r.plugin_section("strategy");
+
+  std::ostringstream text;
+  text << doc;
+  c.toml_text = text.str();
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  toml::table doc = parse_file(path);
+  for (const std::string& arg : overrides) apply_override(doc, arg);
+  return validate_config(doc, path);
+}
+
+}  // namespace ddp

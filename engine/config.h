@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -41,7 +42,9 @@ class ConfigError : public Error {
 class PluginSection {
  public:
   PluginSection() = default;
-  PluginSection(std::string file, std::string section, toml::table table);
+  // Takes the table by reference: copying a TOML++ node drops its source
+  // position, so the positions are recorded here before the copy.
+  PluginSection(std::string file, std::string section, const toml::table& table);
 
   int64_t get_int(const std::string& key, int64_t fallback) const;
   double get_float(const std::string& key, double fallback) const;  // ints accepted
@@ -56,11 +59,12 @@ class PluginSection {
 
  private:
   const toml::node* find(const std::string& key) const;
-  std::string where(const toml::node& node) const;  // "<file>:<l>:<c>" or "--set ..."
+  std::string where(const std::string& key) const;  // "<file>:<l>:<c>" or "--set ..."
 
   std::string file_;
   std::string section_;
   toml::table table_;
+  std::map<std::string, toml::source_region> sources_;  // key -> position in the file
   mutable std::set<std::string> read_;
 };
 

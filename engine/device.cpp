@@ -1,0 +1,220 @@
+// device.cpp — CPU memory, streams and events (see device.h).
+#include "device.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+namespace ddp {
+
+const char* to_string(MemCategory category) {
+  switch (category) {
+    case MemCategory::Parameters: return "parameters";
+    case MemCategory::Gradients: return "gradients";
+    case MemCategory::OptimizerState: return "optimizer_state";
+    case MemCategory::CommBuffers: return "comm_buffers";
+    case MemCategory::Activations: return "activations";
+  }
+  return "unknown";
+}
+
+static void raise_peak(std::atomic<size_t>& peak, size_t value) {
+  size_t seen = peak.load();
+  while (value > seen && !peak.compare_exchange_weak(seen, value)) {
+  }
+}
+
+void MemoryTracker::add(MemCategory category, size_t bytes) {
+  raise_peak(peak_[index(category)], current_[index(category)] += bytes);
+  raise_peak(total_peak_, total_current_ += bytes);
+}
+
+void MemoryTracker::sub(MemCategory category, size_t bytes) {
+  current_[index(category)] -= bytes;
+  total_current_ -= bytes;
+}
+
+void MemoryTracker::reset_peaks() {
+  for (int i = 0; i < kMemCategories; ++i) peak_[i] = current_[i].load();
+  total_peak_ = total_current_.load();
+}
+
+// ------------------------------------------------------------------ Stream
+
+Stream::Stream(std::string name, bool threaded) : name_(std::move(name)), threaded_(threaded) {
+  if (threaded_) thread_ = std::thread([this] { loop(); });
+}
+
+Stream::~Stream() {
+  if (!threaded_) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Stream::run(Task& task) {
+  bool cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancelled = !error_.empty();
+  }
+  try {
+    task(cancelled);
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_.empty()) error_ = e.what()[0] ? e.what() : "unknown error";
+  }
+}
+
+void Stream::enqueue(Task task) {
+  if (!threaded_) {
+    run(task);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+}
+
+void Stream::loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_ and drained
+    Task task = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    run(task);
+    task = nullptr;  // release captures outside the lock
+    lock.lock();
+    busy_ = false;
+    if (queue_.empty()) idle_cv_.notify_all();
+  }
+}
+
+void Stream::synchronize() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_cv_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  if (!error_.empty()) throw Error(error_);
+}
+
+bool Stream::failed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !error_.empty();
+}
+
+std::string Stream::error() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+// ------------------------------------------------------------------- Event
+
+void Event::record(Stream& stream) {
+  auto state = std::make_shared<State>();
+  state->done = false;
+  state_ = state;  // earlier waiters keep the old state
+  stream.enqueue([state, &stream](bool cancelled) {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    if (cancelled) state->error = stream.error();
+    state->done = true;
+    state->at = Clock::now();
+    state->cv.notify_all();
+  });
+}
+
+void Event::synchronize() {
+  auto state = state_;
+  std::unique_lock<std::mutex> lock(state->mutex);
+  state->cv.wait(lock, [&] { return state->done; });
+  if (!state->error.empty()) throw Error(state->error);
+}
+
+bool Event::query() {
+  auto state = state_;
+  std::lock_guard<std::mutex> lock(state->mutex);
+  return state->done;
+}
+
+void Event::make_wait(Stream& stream) {
+  auto state = state_;
+  stream.enqueue([state](bool cancelled) {
+    if (cancelled) return;
+    std::unique_lock<std::mutex> lock(state->mutex);
+    state->cv.wait(lock, [&] { return state->done; });
+    if (!state->error.empty()) throw Error(state->error);
+  });
+}
+
+Clock::time_point Event::completed_at() {
+  synchronize();
+  return state_->at;
+}
+
+// --------------------------------------------------------------- CpuDevice
+
+CpuDevice::CpuDevice() {
+  compute_ = std::make_unique<Stream>("compute", /*threaded=*/false);
+  comm_ = std::make_unique<Stream>("comm", /*threaded=*/true);
+}
+
+CpuDevice::~CpuDevice() {
+  comm_.reset();  // join the executor before memory goes away
+  for (auto& [ptr, block] : blocks_) std::free(ptr);
+}
+
+void* CpuDevice::alloc(size_t bytes, MemCategory category) {
+  constexpr size_t kAlign = 64;
+  size_t rounded = std::max<size_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  void* ptr = std::aligned_alloc(kAlign, rounded);
+  if (!ptr) throw Error("out of memory allocating " + std::to_string(bytes) + " bytes of " +
+                        to_string(category));
+  std::memset(ptr, 0, rounded);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    blocks_[ptr] = {bytes, category};
+  }
+  memory_.add(category, bytes);
+  return ptr;
+}
+
+void CpuDevice::free(void* ptr) {
+  if (!ptr) return;
+  std::pair<size_t, MemCategory> block;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = blocks_.find(ptr);
+    if (it == blocks_.end()) throw Error("free of memory not allocated by this device");
+    block = it->second;
+    blocks_.erase(it);
+  }
+  memory_.sub(block.second, block.first);
+  std::free(ptr);
+}
+
+void CpuDevice::copy(void* dst, const void* src, size_t bytes, Stream& stream) {
+  stream.enqueue([=](bool cancelled) {
+    if (!cancelled) std::memcpy(dst, src, bytes);
+  });
+}
+
+void CpuDevice::fill(float* data, size_t count, float value, Stream& stream) {
+  stream.enqueue([=](bool cancelled) {
+    if (!cancelled) std::fill(data, data + count, value);
+  });
+}
+
+void CpuDevice::scale(float* data, size_t count, float factor, Stream& stream) {
+  stream.enqueue([=](bool cancelled) {
+    if (cancelled) return;
+    for (size_t i = 0; i < count; ++i) data[i] *= factor;
+  });
+}
+
+}  // namespace ddp

@@ -1,0 +1,297 @@
+// host.cpp — the ddp_host vtable and the metered transport (see host.h).
+// Each callback is a small adapter: it converts handles, calls the engine
+// piece that does the work, and turns exceptions into a status plus text.
+#include "host.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace ddp {
+namespace {
+
+thread_local std::string t_plugin_error;
+
+Stream* to_stream(ddp_stream s) { return reinterpret_cast<Stream*>(s); }
+ddp_stream from_stream(Stream& s) { return reinterpret_cast<ddp_stream>(&s); }
+Event* to_event(ddp_event e) { return reinterpret_cast<Event*>(e); }
+
+size_t dtype_bytes(ddp_dtype dtype) {
+  switch (dtype) {
+    case DDP_FLOAT32: case DDP_INT32: return 4;
+    case DDP_FLOAT64: case DDP_INT64: return 8;
+    case DDP_BFLOAT16: case DDP_FLOAT16: return 2;
+  }
+  return 0;
+}
+
+// Runs `body`, mapping exceptions to a status with the text set.
+template <typename F>
+ddp_status guarded(F&& body, ddp_status on_error = DDP_ERR_INTERNAL) {
+  try {
+    body();
+    return DDP_OK;
+  } catch (const ConfigError& e) {
+    t_plugin_error = e.what();
+    return DDP_ERR_INVALID_ARGUMENT;
+  } catch (const std::exception& e) {
+    t_plugin_error = e.what();
+    return on_error;
+  }
+}
+
+}  // namespace
+
+std::string take_plugin_error() {
+  std::string text = std::move(t_plugin_error);
+  t_plugin_error.clear();
+  return text.empty() ? "failed without an error message" : text;
+}
+
+void HostServices::refresh_param_table() {
+  auto& params = model->params();
+  param_table.resize(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    Parameter& p = params[i];
+    param_table[i] = ddp_param{p.name.c_str(), i, p.data.data(),
+                               p.trainable ? p.grad.data() : nullptr, p.data.numel(), DDP_FLOAT32,
+                               p.trainable ? 1 : 0};
+  }
+}
+
+struct HostCallbacks {
+  static PluginHost& self(void* ctx) { return *static_cast<PluginHost*>(ctx); }
+  static HostServices& svc(void* ctx) { return self(ctx).services_; }
+
+  static void log(void* ctx, ddp_log_level level, const char* message) {
+    static const char* kLevels[] = {"debug", "info", "warning", "error"};
+    if (level == DDP_LOG_DEBUG && !std::getenv("DDP_DEBUG")) return;
+    std::fprintf(stderr, "[rank %d] %s: %s: %s\n", svc(ctx).rank.rank, self(ctx).label_.c_str(),
+                 kLevels[level < 0 || level > 3 ? 1 : level], message);
+  }
+  static void set_error(void*, const char* message) { t_plugin_error = message ? message : ""; }
+
+  static ddp_status config_int(void* ctx, const char* key, int64_t fallback, int64_t* out) {
+    return guarded([&] { *out = self(ctx).section_.get_int(key, fallback); });
+  }
+  static ddp_status config_float(void* ctx, const char* key, double fallback, double* out) {
+    return guarded([&] { *out = self(ctx).section_.get_float(key, fallback); });
+  }
+  static ddp_status config_bool(void* ctx, const char* key, int fallback, int* out) {
+    return guarded([&] { *out = self(ctx).section_.get_bool(key, fallback != 0) ? 1 : 0; });
+  }
+  static ddp_status config_string(void* ctx, const char* key, const char* fallback, const char** out) {
+    return guarded([&] {
+      auto& strings = self(ctx).strings_;
+      strings.push_back(self(ctx).section_.get_string(key, fallback ? fallback : ""));
+      *out = strings.back().c_str();
+    });
+  }
+  static const ddp_param* params(void* ctx, size_t* count) {
+    *count = svc(ctx).param_table.size();
+    return svc(ctx).param_table.data();
+  }
+
+  static ddp_status alloc(void* ctx, size_t bytes, ddp_mem_category category, void** out) {
+    if (category < 0 || category >= DDP_MEM_CATEGORY_COUNT) {
+      t_plugin_error = "alloc: unknown memory category " + std::to_string(category);
+      return DDP_ERR_INVALID_ARGUMENT;
+    }
+    return guarded([&] { *out = svc(ctx).device->alloc(bytes, static_cast<MemCategory>(category)); },
+                   DDP_ERR_OUT_OF_MEMORY);
+  }
+  static void free(void* ctx, void* ptr) { svc(ctx).device->free(ptr); }
+
+  static ddp_status copy(void* ctx, void* dst, const void* src, size_t bytes, ddp_stream stream) {
+    return guarded([&] { svc(ctx).device->copy(dst, src, bytes, *to_stream(stream)); });
+  }
+  static ddp_status fill(void* ctx, ddp_buffer buf, double value, ddp_stream stream) {
+    if (buf.dtype != DDP_FLOAT32) return unsupported_dtype("fill");
+    return guarded([&] {
+      svc(ctx).device->fill(static_cast<float*>(buf.ptr), buf.count, static_cast<float>(value),
+                            *to_stream(stream));
+    });
+  }
+  static ddp_status scale(void* ctx, ddp_buffer buf, double factor, ddp_stream stream) {
+    if (buf.dtype != DDP_FLOAT32) return unsupported_dtype("scale");
+    return guarded([&] {
+      svc(ctx).device->scale(static_cast<float*>(buf.ptr), buf.count, static_cast<float>(factor),
+                             *to_stream(stream));
+    });
+  }
+  static ddp_status unsupported_dtype(const char* what) {
+    t_plugin_error = std::string(what) + ": only float32 buffers are supported";
+    return DDP_ERR_UNSUPPORTED;
+  }
+
+  static ddp_stream compute_stream(void* ctx) { return from_stream(svc(ctx).device->compute_stream()); }
+  static ddp_stream comm_stream(void* ctx) { return from_stream(svc(ctx).device->comm_stream()); }
+  static ddp_status launch_host_func(void*, ddp_stream stream, ddp_host_func fn, void* user) {
+    return guarded([&] {
+      to_stream(stream)->enqueue([fn, user](bool cancelled) {
+        if (fn(user, cancelled ? 1 : 0) != DDP_OK && !cancelled) throw Error(take_plugin_error());
+      });
+    });
+  }
+
+  static ddp_status event_create(void*, ddp_event* out) {
+    return guarded([&] { *out = reinterpret_cast<ddp_event>(new Event()); });
+  }
+  static void event_destroy(void*, ddp_event event) { delete to_event(event); }
+  static ddp_status event_record(void*, ddp_event event, ddp_stream stream) {
+    return guarded([&] { to_event(event)->record(*to_stream(stream)); });
+  }
+  static ddp_status stream_wait_event(void*, ddp_stream stream, ddp_event event) {
+    return guarded([&] { to_event(event)->make_wait(*to_stream(stream)); });
+  }
+  static ddp_status event_synchronize(void* ctx, ddp_event event) {
+    auto start = Clock::now();
+    ddp_status status = guarded([&] { to_event(event)->synchronize(); }, DDP_ERR_COMM);
+    svc(ctx).counters.blocked_ns +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+    return status;
+  }
+
+  static ddp_status store_set(void* ctx, const char* key, const void* data, size_t bytes) {
+    return guarded([&] {
+      const char* p = static_cast<const char*>(data);
+      svc(ctx).store->set(key, std::vector<char>(p, p + bytes));
+    }, DDP_ERR_COMM);
+  }
+  static ddp_status store_get(void* ctx, const char* key, void** out, size_t* bytes) {
+    return guarded([&] {
+      std::vector<char> value = svc(ctx).store->get(key);
+      *out = std::malloc(value.size() ? value.size() : 1);
+      if (!*out) throw Error("store_get: out of memory");
+      std::memcpy(*out, value.data(), value.size());
+      *bytes = value.size();
+    }, DDP_ERR_TIMEOUT);
+  }
+  static ddp_status store_wait(void* ctx, const char* const* keys, size_t count) {
+    return guarded([&] { svc(ctx).store->wait(std::vector<std::string>(keys, keys + count)); },
+                   DDP_ERR_TIMEOUT);
+  }
+
+  static ddp_status run_optimizer(void* ctx, const size_t* indices, size_t count) {
+    return guarded([&] {
+      HostServices& s = svc(ctx);
+      s.optimizer->step(s.model->params(), std::vector<size_t>(indices, indices + count));
+    });
+  }
+};
+
+PluginHost::PluginHost(HostServices& services, const PluginSection& section, std::string label)
+    : services_(services), section_(section), label_(std::move(label)) {
+  using H = HostCallbacks;
+  host_.abi_version = DDP_ABI_VERSION;
+  host_.struct_size = sizeof(ddp_host);
+  host_.ctx = this;
+  host_.rank = services.rank.rank;
+  host_.world_size = services.rank.world_size;
+  host_.local_rank = services.rank.local_rank;
+  host_.device = services.device->kind();
+  host_.log = H::log;
+  host_.set_error = H::set_error;
+  host_.config_int = H::config_int;
+  host_.config_float = H::config_float;
+  host_.config_bool = H::config_bool;
+  host_.config_string = H::config_string;
+  host_.params = H::params;
+  host_.alloc = H::alloc;
+  host_.free = H::free;
+  host_.copy = H::copy;
+  host_.fill = H::fill;
+  host_.scale = H::scale;
+  host_.compute_stream = H::compute_stream;
+  host_.comm_stream = H::comm_stream;
+  host_.launch_host_func = H::launch_host_func;
+  host_.event_create = H::event_create;
+  host_.event_destroy = H::event_destroy;
+  host_.event_record = H::event_record;
+  host_.stream_wait_event = H::stream_wait_event;
+  host_.event_synchronize = H::event_synchronize;
+  host_.store_set = H::store_set;
+  host_.store_get = H::store_get;
+  host_.store_wait = H::store_wait;
+  host_.timeout_ms = services.timeout_ms;
+  host_.run_optimizer = H::run_optimizer;
+}
+
+void PluginHost::check(ddp_status status, const char* entry) const {
+  if (status == DDP_OK) return;
+  throw Error(label_ + ": " + entry + ": " + take_plugin_error());
+}
+
+// ------------------------------------------------------- metered transport
+
+struct MeterCallbacks {
+  static MeteredTransport& self(ddp_comm* comm) { return *reinterpret_cast<MeteredTransport*>(comm); }
+
+  // Brackets the real call with two host functions on the same stream: the
+  // second one runs when the collective has finished, in stream order.
+  template <typename Call>
+  static ddp_status metered(ddp_comm* comm, ddp_stream stream, size_t bytes, Call&& call) {
+    MeteredTransport& m = self(comm);
+    auto* start = new Clock::time_point();
+    Stream& s = *to_stream(stream);
+    s.enqueue([start](bool) { *start = Clock::now(); });
+    ddp_status status = call(m.real_, m.real_comm_);
+    CommCounters* counters = &m.services_.counters;
+    s.enqueue([start, counters](bool cancelled) {
+      if (!cancelled)
+        counters->busy_ns +=
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - *start).count();
+      delete start;
+    });
+    if (status == DDP_OK) {
+      m.services_.counters.collectives += 1;
+      m.services_.counters.bytes += static_cast<int64_t>(bytes);
+    }
+    return status;
+  }
+
+  static ddp_status init(const ddp_host*, ddp_comm**) {
+    t_plugin_error = "a strategy may not create another communicator";
+    return DDP_ERR_UNSUPPORTED;
+  }
+  static void destroy(ddp_comm*) {}
+  static ddp_status all_reduce(ddp_comm* c, ddp_buffer buf, ddp_reduce_op op, ddp_stream s) {
+    return metered(c, s, buf.count * dtype_bytes(buf.dtype), [&](auto* t, ddp_comm* rc) {
+      return t->all_reduce(rc, buf, op, s);
+    });
+  }
+  static ddp_status broadcast(ddp_comm* c, ddp_buffer buf, int root, ddp_stream s) {
+    return metered(c, s, buf.count * dtype_bytes(buf.dtype), [&](auto* t, ddp_comm* rc) {
+      return t->broadcast(rc, buf, root, s);
+    });
+  }
+  static ddp_status all_gather(ddp_comm* c, ddp_buffer send, ddp_buffer recv, ddp_stream s) {
+    return metered(c, s, recv.count * dtype_bytes(recv.dtype), [&](auto* t, ddp_comm* rc) {
+      return t->all_gather(rc, send, recv, s);
+    });
+  }
+  static ddp_status reduce_scatter(ddp_comm* c, ddp_buffer send, ddp_buffer recv, ddp_reduce_op op,
+                                   ddp_stream s) {
+    return metered(c, s, send.count * dtype_bytes(send.dtype), [&](auto* t, ddp_comm* rc) {
+      return t->reduce_scatter(rc, send, recv, op, s);
+    });
+  }
+  static ddp_status barrier(ddp_comm* c, ddp_stream s) {
+    return metered(c, s, 0, [&](auto* t, ddp_comm* rc) { return t->barrier(rc, s); });
+  }
+};
+
+MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* comm,
+                                   HostServices& services)
+    : real_(real), real_comm_(comm), services_(services) {
+  vtable_ = *real;  // header fields (name, version, caps) as the real one's
+  vtable_.struct_size = sizeof(ddp_transport_v1_t);
+  vtable_.init = MeterCallbacks::init;
+  vtable_.destroy = MeterCallbacks::destroy;
+  vtable_.all_reduce = MeterCallbacks::all_reduce;
+  vtable_.broadcast = MeterCallbacks::broadcast;
+  vtable_.all_gather = MeterCallbacks::all_gather;
+  vtable_.reduce_scatter = MeterCallbacks::reduce_scatter;
+  vtable_.barrier = MeterCallbacks::barrier;
+}
+
+}  // namespace ddp

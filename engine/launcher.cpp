@@ -1,0 +1,208 @@
+// launcher.cpp — see launcher.h. Ranks are separate processes (the same
+// executable, re-executed), never threads: a rank that crashes or is killed
+// must not take the launcher with it, and the launcher must see it.
+#include "launcher.h"
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "trainer.h"
+
+extern char** environ;
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+
+volatile std::sig_atomic_t g_interrupted = 0;
+void on_interrupt(int) { g_interrupted = 1; }
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+int env_int(const char* name) {
+  std::string v = env_or(name, "");
+  try {
+    size_t used = 0;
+    int value = std::stoi(v, &used);
+    if (used == v.size()) return value;
+  } catch (const std::exception&) {
+  }
+  throw Error(std::string("environment variable ") + name + "='" + v + "' is not an integer");
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
+struct Child {
+  pid_t pid = -1;
+  bool running = true;
+  int status = 0;
+};
+
+std::string describe_exit(int status, const std::string& error_file) {
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    return "killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+  }
+  std::string text = read_text(error_file);
+  return "exited with code " + std::to_string(WEXITSTATUS(status)) + (text.empty() ? "" : ": " + text);
+}
+
+}  // namespace
+
+int launch_local(const Config& config, const std::string& config_path,
+                 const std::vector<std::string>& overrides) {
+  const int world = config.run.world_size;
+  fs::create_directories(config.run.output_dir);
+  // A fresh rendezvous directory per run: Gloo's FileStore never deletes its
+  // files and refuses to reuse a key.
+  std::string pattern = (fs::path(config.run.output_dir) / ".rendezvous-XXXXXX").string();
+  if (!mkdtemp(pattern.data())) throw Error(config.run.output_dir + ": cannot create a rendezvous directory");
+  const std::string rdzv = pattern;
+
+  std::vector<std::string> args = {"ddp", "run", config_path};
+  for (const auto& o : overrides) args.insert(args.end(), {"--set", o});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+  std::vector<Child> children(world);
+  auto stop_all = [&](int sig) {
+    for (auto& c : children)
+      if (c.running && c.pid > 0) kill(c.pid, sig);
+  };
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) {
+      std::string kv = *e;
+      static const char* kOurs[] = {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "DDP_RENDEZVOUS=",
+                                    "DDP_RUN_ID=", "DDP_ERROR_FILE="};
+      bool ours = false;
+      for (const char* k : kOurs) ours |= kv.rfind(k, 0) == 0;
+      if (!ours) env.push_back(kv);
+    }
+    env.push_back("RANK=" + std::to_string(r));
+    env.push_back("LOCAL_RANK=" + std::to_string(r));
+    env.push_back("WORLD_SIZE=" + std::to_string(world));
+    env.push_back("DDP_RENDEZVOUS=file:" + rdzv);
+    env.push_back("DDP_RUN_ID=" + fs::path(rdzv).filename().string());
+    env.push_back("DDP_ERROR_FILE=" + rdzv + "/rank" + std::to_string(r) + ".error");
+    std::vector<char*> envp;
+    for (auto& kv : env) envp.push_back(kv.data());
+    envp.push_back(nullptr);
+    if (posix_spawn(&children[r].pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data()) != 0) {
+      stop_all(SIGKILL);
+      throw Error("cannot start rank " + std::to_string(r) + ": " + std::strerror(errno));
+    }
+  }
+
+  // Watch. The first failure is the cause unless, within a short grace,
+  // another rank turns out to have been killed by a signal (its peers then
+  // fail with connection errors that are only consequences).
+  int failed_rank = -1;
+  Clock::time_point failed_at{};
+  bool stopping = false;
+  int alive = world;
+  while (alive > 0) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (int r = 0; r < world; ++r) {
+        Child& c = children[r];
+        if (c.pid != pid) continue;
+        c.running = false;
+        c.status = status;
+        --alive;
+        bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (failed && !stopping) {
+          bool better = failed_rank < 0 ||
+                        (WIFSIGNALED(status) && !WIFSIGNALED(children[failed_rank].status));
+          if (better) failed_rank = r;
+          if (failed_at == Clock::time_point{}) failed_at = Clock::now();
+        }
+      }
+      continue;
+    }
+    if (g_interrupted && !stopping) {
+      std::cerr << "ddp: interrupted, stopping all ranks\n";
+      stop_all(SIGTERM);
+      stopping = true;
+      failed_at = Clock::now();
+    }
+    if (failed_rank >= 0 && !stopping && Clock::now() - failed_at > std::chrono::milliseconds(300)) {
+      stop_all(SIGTERM);
+      stopping = true;
+    }
+    if (stopping && Clock::now() - failed_at > std::chrono::seconds(3)) stop_all(SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+
+  int code = 0;
+  if (failed_rank >= 0) {
+    std::cerr << "ddp: rank " << failed_rank << " failed: "
+              << describe_exit(children[failed_rank].status, rdzv + "/rank" + std::to_string(failed_rank) + ".error")
+              << "\n";
+    std::cerr << "ddp: stopped the other ranks; run failed\n";
+    code = 1;
+  } else if (g_interrupted) {
+    code = 130;
+  }
+  std::error_code ec;
+  fs::remove_all(rdzv, ec);
+  return code;
+}
+
+int run_as_rank(const Config& config) {
+  int rank = -1;
+  try {
+    rank = env_int("RANK");
+    RankEnv env;
+    env.rank.rank = rank;
+    env.rank.world_size = env_int("WORLD_SIZE");
+    env.rank.local_rank = std::getenv("LOCAL_RANK") ? env_int("LOCAL_RANK") : rank;
+    if (env.rank.world_size != config.run.world_size)
+      throw Error("WORLD_SIZE=" + std::to_string(env.rank.world_size) + " in the environment but run.world_size = " +
+                  std::to_string(config.run.world_size) + " in " + config.file);
+    if (rank < 0 || rank >= env.rank.world_size)
+      throw Error("RANK=" + std::to_string(rank) + " is outside [0, WORLD_SIZE)");
+    env.rendezvous = env_or("DDP_RENDEZVOUS", "");
+    if (env.rendezvous.empty())
+      throw Error("RANK is set but DDP_RENDEZVOUS is not: set it to file:<directory shared by all ranks> "
+                  "(fresh for each run) or redis:<host>:<port>");
+    env.run_id = env_or("DDP_RUN_ID", "ddp");
+    train_rank(config, env);
+    return 0;
+  } catch (const std::exception& e) {
+    std::string message = e.what();
+    std::cerr << "ddp: rank " << rank << ": error: " << message << std::endl;
+    std::string error_file = env_or("DDP_ERROR_FILE", "");
+    if (!error_file.empty()) std::ofstream(error_file) << message << "\n";
+    return 1;
+  }
+}
+
+}  // namespace ddp

@@ -1,0 +1,212 @@
+// plugin_loader.cpp — resolves a plugin name to a file, dlopens it through
+// Boost.DLL and checks its descriptor (entry symbol, kind, major ABI version,
+// struct_size, required entries) before the engine may call into it. Every
+// refusal is a PluginError worded as documented in plugin_loader.h.
+#include "plugin_loader.h"
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+
+#include <boost/dll/runtime_symbol_info.hpp>
+#include <boost/dll/shared_library.hpp>
+#include <boost/filesystem.hpp>
+#include <boost/system/system_error.hpp>
+
+namespace ddp {
+
+namespace fs = boost::filesystem;
+
+namespace {
+
+// Size of a v1 descriptor up to and including its last required entry: a
+// plugin built against an older minor may stop there, never earlier.
+constexpr size_t kTransportMinSize =
+    offsetof(ddp_transport_v1_t, barrier) + sizeof(ddp_transport_v1_t::barrier);
+constexpr size_t kStrategyMinSize =
+    offsetof(ddp_strategy_v1_t, destroy) + sizeof(ddp_strategy_v1_t::destroy);
+
+const char* entry_symbol(PluginKind kind) {
+  return kind == PluginKind::Strategy ? DDP_STRATEGY_ENTRY_V1 : DDP_TRANSPORT_ENTRY_V1;
+}
+
+PluginKind other_kind(PluginKind kind) {
+  return kind == PluginKind::Strategy ? PluginKind::Transport : PluginKind::Strategy;
+}
+
+std::string abi_string(uint32_t abi_version) {
+  return std::to_string(DDP_ABI_MAJOR(abi_version)) + "." +
+         std::to_string(DDP_ABI_MINOR(abi_version));
+}
+
+// Builds "cannot load <kind> plugin '<path>' (host ABI M.m, plugin ABI M.m|none): <reason>".
+class Refusal {
+ public:
+  Refusal(PluginKind kind, const std::string& path) : kind_(kind), path_(path) {}
+  void set_plugin_abi(uint32_t abi_version) { plugin_abi_ = abi_string(abi_version); }
+
+  [[noreturn]] void fail(const std::string& reason) const {
+    throw PluginError("cannot load " + std::string(to_string(kind_)) + " plugin '" + path_ +
+                      "' (host ABI " + abi_string(DDP_ABI_VERSION) + ", plugin ABI " +
+                      plugin_abi_ + "): " + reason);
+  }
+
+ private:
+  PluginKind kind_;
+  std::string path_;
+  std::string plugin_abi_ = "none";
+};
+
+// Boost.DLL reports "...load() failed (dlerror system message: <text>): <errno text>";
+// the errno part is meaningless after dlopen, so keep only dlerror's text.
+std::string dlerror_text(const std::string& what) {
+  static const std::string kPrefix = "dlerror system message: ";
+  const size_t begin = what.find(kPrefix);
+  if (begin == std::string::npos) return what;
+  const size_t text = begin + kPrefix.size();
+  const size_t end = what.rfind("):");
+  if (end == std::string::npos || end < text) return what;
+  return what.substr(text, end - text);
+}
+
+// Copies a descriptor of `struct_size` bytes into a host-sized, zeroed one, so
+// entries the plugin's (older) struct lacks read as NULL.
+template <typename Descriptor>
+Descriptor copy_descriptor(const Descriptor& src) {
+  Descriptor copy;
+  std::memset(&copy, 0, sizeof copy);
+  const size_t n = src.struct_size < sizeof copy ? src.struct_size : sizeof copy;
+  std::memcpy(&copy, &src, n);
+  return copy;
+}
+
+template <typename Descriptor>
+void check_header(const Refusal& refusal, const Descriptor& d, size_t min_size) {
+  if (DDP_ABI_MAJOR(d.abi_version) != DDP_ABI_VERSION_MAJOR) refusal.fail("other major ABI version");
+  if (d.struct_size < min_size) {
+    refusal.fail("descriptor too small (struct_size " + std::to_string(d.struct_size) +
+                 ", need " + std::to_string(min_size) + ")");
+  }
+}
+
+void require(const Refusal& refusal, bool present, const char* name,
+             const char* why = nullptr) {
+  if (present) return;
+  std::string reason = std::string("required entry '") + name + "' is NULL";
+  if (why != nullptr) reason += std::string(" (") + why + ")";
+  refusal.fail(reason);
+}
+
+void check_entries(const Refusal& refusal, const ddp_transport_v1_t& t) {
+  require(refusal, t.name != nullptr, "name");
+  require(refusal, t.version != nullptr, "version");
+  require(refusal, t.init != nullptr, "init");
+  require(refusal, t.destroy != nullptr, "destroy");
+  require(refusal, t.all_reduce != nullptr, "all_reduce");
+  require(refusal, t.broadcast != nullptr, "broadcast");
+  require(refusal, t.all_gather != nullptr, "all_gather");
+  require(refusal, t.reduce_scatter != nullptr, "reduce_scatter");
+  require(refusal, t.barrier != nullptr, "barrier");
+}
+
+void check_entries(const Refusal& refusal, const ddp_strategy_v1_t& s) {
+  require(refusal, s.name != nullptr, "name");
+  require(refusal, s.version != nullptr, "version");
+  require(refusal, s.create != nullptr, "create");
+  require(refusal, s.on_train_begin != nullptr, "on_train_begin");
+  require(refusal, s.on_step_begin != nullptr, "on_step_begin");
+  require(refusal, s.on_grad_ready != nullptr, "on_grad_ready");
+  require(refusal, s.on_backward_end != nullptr, "on_backward_end");
+  require(refusal, s.finish != nullptr, "finish");
+  if (s.caps & DDP_CAP_OWNS_OPTIMIZER) {
+    require(refusal, s.optimizer_step != nullptr, "optimizer_step",
+            "caps has DDP_CAP_OWNS_OPTIMIZER");
+  }
+  require(refusal, s.destroy != nullptr, "destroy");
+}
+
+}  // namespace
+
+struct LoadedPlugin::Library {
+  boost::dll::shared_library library;
+  ddp_strategy_v1_t strategy{};
+  ddp_transport_v1_t transport{};
+};
+
+LoadedPlugin::~LoadedPlugin() = default;
+
+const char* to_string(PluginKind kind) {
+  return kind == PluginKind::Strategy ? "strategy" : "transport";
+}
+
+std::string default_plugin_dir() {
+  const char* env = std::getenv("DDP_PLUGIN_DIR");
+  if (env != nullptr && env[0] != '\0') return env;
+  const fs::path dir = boost::dll::program_location().parent_path() / ".." / "lib" / "ddp";
+  return fs::weakly_canonical(dir).string();
+}
+
+std::string resolve_plugin_path(PluginKind kind, const std::string& name_or_path,
+                                const std::string& plugin_dir) {
+  const std::string suffix = ".so";
+  const bool is_path = name_or_path.find('/') != std::string::npos ||
+                       (name_or_path.size() >= suffix.size() &&
+                        name_or_path.compare(name_or_path.size() - suffix.size(),
+                                             suffix.size(), suffix) == 0);
+  if (is_path) return name_or_path;
+  const std::string file = "libddp_" + std::string(to_string(kind)) + "_" + name_or_path + ".so";
+  return (fs::path(plugin_dir) / file).string();
+}
+
+std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& name_or_path,
+                                          const std::string& plugin_dir) {
+  const std::string path = resolve_plugin_path(kind, name_or_path, plugin_dir);
+  Refusal refusal(kind, path);
+
+  boost::system::error_code ec;
+  if (!fs::exists(path, ec)) refusal.fail("file not found");
+
+  std::unique_ptr<LoadedPlugin> plugin(new LoadedPlugin());
+  plugin->path_ = path;
+  plugin->lib_ = std::make_unique<LoadedPlugin::Library>();
+  boost::dll::shared_library& lib = plugin->lib_->library;
+  try {
+    // Absolute, so that a bare "libfoo.so" is not searched for on the
+    // library path; local, so that plugins cannot see each other's symbols.
+    lib.load(fs::absolute(path),
+             boost::dll::load_mode::rtld_lazy | boost::dll::load_mode::rtld_local);
+  } catch (const boost::system::system_error& e) {
+    refusal.fail(dlerror_text(e.what()));
+  }
+
+  const char* own = entry_symbol(kind);
+  const char* other = entry_symbol(other_kind(kind));
+  if (!lib.has(own)) {
+    if (!lib.has(other)) {
+      refusal.fail("not a ddp plugin (no " DDP_STRATEGY_ENTRY_V1 " or " DDP_TRANSPORT_ENTRY_V1
+                   " symbol)");
+    }
+    // Both descriptors begin with abi_version, so the version is known.
+    refusal.set_plugin_abi(lib.get<const uint32_t>(other));
+    refusal.fail(std::string("wrong kind: it is a ") + to_string(other_kind(kind)) + " plugin");
+  }
+
+  if (kind == PluginKind::Strategy) {
+    const auto& d = lib.get<const ddp_strategy_v1_t>(own);
+    refusal.set_plugin_abi(d.abi_version);
+    check_header(refusal, d, kStrategyMinSize);
+    plugin->lib_->strategy = copy_descriptor(d);
+    check_entries(refusal, plugin->lib_->strategy);
+    plugin->strategy_ = &plugin->lib_->strategy;
+  } else {
+    const auto& d = lib.get<const ddp_transport_v1_t>(own);
+    refusal.set_plugin_abi(d.abi_version);
+    check_header(refusal, d, kTransportMinSize);
+    plugin->lib_->transport = copy_descriptor(d);
+    check_entries(refusal, plugin->lib_->transport);
+    plugin->transport_ = &plugin->lib_->transport;
+  }
+  return plugin;
+}
+
+}  // namespace ddp

@@ -1,0 +1,390 @@
+// trainer.cpp — one rank's run (see trainer.h). The step, as the strategy
+// sees it:
+//   zero grads → on_step_begin → forward → backward (on_grad_ready after a
+//   parameter's last use) → on_backward_end → finish → optimizer_step
+//   (the strategy's, if it owns it, else the engine's on all trainable).
+#include "trainer.h"
+
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "plugin_loader.h"
+#include "safetensors.h"
+
+namespace ddp {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The whole data set in host memory; step s takes rows [s*B, (s+1)*B)
+// (wrapping around), rank r its contiguous share of them.
+struct Dataset {
+  std::vector<float> x, y;
+  int64_t rows = 0;
+};
+
+Dataset load_data(const Config& config, const Model& model) {
+  Dataset d;
+  const int64_t in = model.input_width(), out = model.output_width();
+  if (config.data.path.empty()) {  // random regression data, the same on every rank
+    d.rows = config.data.batch_size;
+    std::mt19937_64 rng(config.run.seed ^ 0x9e3779b97f4a7c15ull);
+    std::normal_distribution<float> normal;
+    d.x.resize(static_cast<size_t>(d.rows * in));
+    d.y.resize(static_cast<size_t>(d.rows * out));
+    for (float& v : d.x) v = normal(rng);
+    for (float& v : d.y) v = normal(rng);
+    return d;
+  }
+  const std::string& path = config.data.path;
+  auto tensors = read_safetensors(path);
+  for (const char* name : {"x", "y"})
+    if (!tensors.count(name)) throw Error(path + ": missing tensor '" + name + "'");
+  const HostTensor& x = tensors.at("x");
+  const HostTensor& y = tensors.at("y");
+  if (x.shape.size() != 2 || x.shape[1] != in || x.shape[0] < 1)
+    throw Error(path + ": tensor 'x' has shape " + shape_string(x.shape) + ", model '" +
+                config.model.name + "' expects [samples, " + std::to_string(in) + "]");
+  if (y.shape != Shape{x.shape[0], out})
+    throw Error(path + ": tensor 'y' has shape " + shape_string(y.shape) + ", expected " +
+                shape_string({x.shape[0], out}));
+  d.rows = x.shape[0];
+  d.x = x.as_floats(path, "x");
+  d.y = y.as_floats(path, "y");
+  return d;
+}
+
+void load_init(const std::string& path, Model& model) {
+  auto tensors = read_safetensors(path);
+  for (Parameter& p : model.params()) {
+    auto it = tensors.find(p.name);
+    if (it == tensors.end()) throw Error(path + ": missing tensor '" + p.name + "'");
+    if (it->second.shape != p.shape)
+      throw Error(path + ": tensor '" + p.name + "' has shape " + shape_string(it->second.shape) +
+                  ", model expects " + shape_string(p.shape));
+    std::vector<float> values = it->second.as_floats(path, p.name);
+    std::memcpy(p.data.data(), values.data(), p.data.bytes());
+  }
+}
+
+struct StepRecord {
+  double loss = 0, step_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;
+  double comm_blocked_s = 0, comm_busy_s = 0;
+  int64_t collectives = 0, comm_bytes = 0;
+};
+
+using PeakBytes = std::array<size_t, kMemCategories>;
+
+// Folds the peaks of the window that just ended into `into`, then opens a
+// new window.
+void take_peaks(MemoryTracker& memory, PeakBytes& into) {
+  for (int c = 0; c < kMemCategories; ++c)
+    into[c] = std::max(into[c], memory.peak(static_cast<MemCategory>(c)));
+  memory.reset_peaks();
+}
+
+json peaks_json(const PeakBytes& peaks) {
+  json j = json::object();
+  size_t total = 0;
+  for (int c = 0; c < kMemCategories; ++c) {
+    j[to_string(static_cast<MemCategory>(c))] = peaks[c];
+    total += peaks[c];
+  }
+  j["total"] = total;
+  return j;
+}
+
+// The loaded plugins and their handles, destroyed strategy first.
+struct Plugins {
+  std::unique_ptr<LoadedPlugin> transport_lib, strategy_lib;
+  std::unique_ptr<PluginHost> transport_host, strategy_host;
+  ddp_comm* comm = nullptr;
+  std::unique_ptr<MeteredTransport> metered;
+  ddp_strategy* strategy = nullptr;
+
+  ~Plugins() {
+    if (strategy) strategy_lib->strategy()->destroy(strategy);
+    if (comm) transport_lib->transport()->destroy(comm);
+  }
+};
+
+class RankRun {
+ public:
+  RankRun(const Config& config, const RankEnv& env, TrainObserver* observer)
+      : config_(config), env_(env), observer_(observer) {}
+  // Nothing enqueued may outlive the plugins it calls into: drain the comm
+  // stream first (a failed stream cancels what is left at once).
+  ~RankRun() {
+    try {
+      device_.comm_stream().synchronize();
+    } catch (const std::exception&) {
+    }
+  }
+
+  void run() {
+    set_up();
+    const ddp_strategy_v1_t& api = *plugins_.strategy_lib->strategy();
+    const PluginHost& sh = *plugins_.strategy_host;
+    if (observer_) observer_->on_weights(-1, *model_);
+    sh.check(api.on_train_begin(plugins_.strategy), "on_train_begin");
+    if (observer_) observer_->on_weights(0, *model_);
+    take_peaks(device_.memory(), mem_after_setup_);
+
+    records_.reserve(static_cast<size_t>(config_.run.steps));
+    for (int64_t step = 0; step < config_.run.steps; ++step) {
+      records_.push_back(train_step(step, api, sh));
+      if (observer_) observer_->on_weights(step + 1, *model_);
+      if ((step + 1) % config_.run.log_every == 0 || step + 1 == config_.run.steps) report(step);
+    }
+    device_.comm_stream().synchronize();
+    finish_run(api);
+  }
+
+ private:
+  void set_up() {
+    const RankInfo& r = env_.rank;
+    model_ = make_model(config_.model.name, device_, config_.run.seed + static_cast<uint64_t>(r.rank));
+    if (!config_.model.init_from.empty()) load_init(config_.model.init_from, *model_);
+    data_ = load_data(config_, *model_);
+    local_rows_ = config_.data.batch_size / r.world_size;
+    batch_x_ = Tensor(device_, {local_rows_, model_->input_width()}, MemCategory::Activations);
+    batch_y_ = Tensor(device_, {local_rows_, model_->output_width()}, MemCategory::Activations);
+    optimizer_ = std::make_unique<Optimizer>(config_.optimizer, device_);
+    store_ = std::make_unique<Store>(env_.rendezvous, env_.run_id,
+                                     std::chrono::milliseconds(int64_t(config_.run.timeout_s * 1000)));
+
+    services_.rank = r;
+    services_.device = &device_;
+    services_.model = model_.get();
+    services_.optimizer = optimizer_.get();
+    services_.store = store_.get();
+    services_.timeout_ms = static_cast<int64_t>(config_.run.timeout_s * 1000);
+    services_.refresh_param_table();
+
+    // config → engine → transport
+    plugins_.transport_lib = load_plugin(PluginKind::Transport, config_.transport_plugin);
+    const ddp_transport_v1_t* t = plugins_.transport_lib->transport();
+    plugins_.transport_host = std::make_unique<PluginHost>(
+        services_, config_.transport, std::string("transport plugin '") + t->name + "'");
+    plugins_.transport_host->check(t->init(plugins_.transport_host->get(), &plugins_.comm), "init");
+    config_.transport.check_all_read("transport", t->name);
+
+    // engine → strategy (→ transport, metered)
+    plugins_.strategy_lib = load_plugin(PluginKind::Strategy, config_.strategy_plugin);
+    const ddp_strategy_v1_t* s = plugins_.strategy_lib->strategy();
+    plugins_.strategy_host = std::make_unique<PluginHost>(
+        services_, config_.strategy, std::string("strategy plugin '") + s->name + "'");
+    plugins_.metered = std::make_unique<MeteredTransport>(t, plugins_.comm, services_);
+    plugins_.strategy_host->check(s->create(plugins_.strategy_host->get(), plugins_.metered->vtable(),
+                                            plugins_.metered->comm(), &plugins_.strategy),
+                                  "create");
+    config_.strategy.check_all_read("strategy", s->name);
+    remaining_uses_.assign(model_->params().size(), 0);
+  }
+
+  StepRecord train_step(int64_t step, const ddp_strategy_v1_t& api, const PluginHost& sh) {
+    StepRecord rec;
+    CommCounters& c = services_.counters;
+    const int64_t blocked0 = c.blocked_ns, busy0 = c.busy_ns, calls0 = c.collectives, bytes0 = c.bytes;
+    const auto t0 = Clock::now();
+    auto& params = model_->params();
+    for (Parameter& p : params) {
+      if (p.trainable) std::memset(p.grad.data(), 0, p.grad.bytes());
+    }
+    for (size_t i = 0; i < params.size(); ++i) remaining_uses_[i] = params[i].uses;
+
+    ddp_step_info info{step, 0, 1, 1, 0};
+    sh.check(api.on_step_begin(plugins_.strategy, &info), "on_step_begin");
+    auto t = Clock::now();
+    rec.loss = model_->forward(fill_batch(step));
+    rec.forward_s = seconds_since(t);
+    t = Clock::now();
+    model_->backward(1.0f, [&](size_t index) {
+      if (--remaining_uses_[index] == 0)
+        sh.check(api.on_grad_ready(plugins_.strategy, &services_.param_table[index]), "on_grad_ready");
+    });
+    sh.check(api.on_backward_end(plugins_.strategy), "on_backward_end");
+    rec.backward_s = seconds_since(t);
+    sh.check(api.finish(plugins_.strategy), "finish");
+    take_peaks(device_.memory(), mem_before_optimizer_);
+
+    t = Clock::now();
+    if (api.optimizer_step) {
+      sh.check(api.optimizer_step(plugins_.strategy), "optimizer_step");
+    } else {
+      optimizer_->step(params, trainable_indices());
+    }
+    rec.optimizer_s = seconds_since(t);
+    take_peaks(device_.memory(), mem_after_optimizer_);
+
+    rec.step_s = seconds_since(t0);
+    rec.comm_blocked_s = (c.blocked_ns - blocked0) * 1e-9;
+    rec.comm_busy_s = (c.busy_ns - busy0) * 1e-9;
+    rec.collectives = c.collectives - calls0;
+    rec.comm_bytes = c.bytes - bytes0;
+    return rec;
+  }
+
+  // Copies this rank's rows of step `step` into the batch buffers.
+  Batch fill_batch(int64_t step) {
+    const int64_t in = model_->input_width(), out = model_->output_width();
+    const int64_t first = step * config_.data.batch_size + env_.rank.rank * local_rows_;
+    for (int64_t i = 0; i < local_rows_; ++i) {
+      const int64_t row = (first + i) % data_.rows;
+      std::memcpy(batch_x_.data() + i * in, data_.x.data() + row * in, in * sizeof(float));
+      std::memcpy(batch_y_.data() + i * out, data_.y.data() + row * out, out * sizeof(float));
+    }
+    return Batch{batch_x_.data(), batch_y_.data(), local_rows_};
+  }
+
+  std::vector<size_t> trainable_indices() const {
+    std::vector<size_t> out;
+    for (size_t i = 0; i < model_->params().size(); ++i)
+      if (model_->params()[i].trainable) out.push_back(i);
+    return out;
+  }
+
+  // An engine collective (not the strategy's): on the comm stream, waited
+  // for here, not counted in the strategy's communication.
+  void engine_collective(const std::function<ddp_status(const ddp_transport_v1_t&, ddp_comm*, ddp_stream)>& call,
+                         const char* what) {
+    const ddp_transport_v1_t& t = *plugins_.transport_lib->transport();
+    Stream& stream = device_.comm_stream();
+    plugins_.transport_host->check(call(t, plugins_.comm, reinterpret_cast<ddp_stream>(&stream)), what);
+    Event done;
+    done.record(stream);
+    done.synchronize();
+  }
+
+  // Replaces the local losses since the last report by the global mean (the
+  // loss single-process training would report), then prints from rank 0.
+  void report(int64_t step) {
+    const size_t begin = reported_;
+    std::vector<float> losses;
+    for (size_t i = begin; i < records_.size(); ++i) losses.push_back(static_cast<float>(records_[i].loss));
+    engine_collective([&](const ddp_transport_v1_t& t, ddp_comm* comm, ddp_stream s) {
+      return t.all_reduce(comm, ddp_buffer{losses.data(), losses.size(), DDP_FLOAT32, DDP_DEVICE_CPU},
+                          DDP_REDUCE_AVG, s);
+    }, "all_reduce of the loss");
+    for (size_t i = begin; i < records_.size(); ++i) records_[i].loss = losses[i - begin];
+    reported_ = records_.size();
+    if (env_.rank.rank != 0) return;
+    const StepRecord& r = records_.back();
+    std::printf("step %lld/%lld  loss %.6f  step %.2f ms  comm blocked %.2f ms  (%lld collectives, %.3f MB)\n",
+                static_cast<long long>(step + 1), static_cast<long long>(config_.run.steps), r.loss,
+                r.step_s * 1e3, r.comm_blocked_s * 1e3, static_cast<long long>(r.collectives),
+                r.comm_bytes / 1e6);
+    std::fflush(stdout);
+  }
+
+  void finish_run(const ddp_strategy_v1_t& api) {
+    // Per-rank figures, gathered to every rank: peak bytes by category and
+    // total communication time.
+    std::vector<double> mine;
+    for (int c = 0; c < kMemCategories; ++c)
+      mine.push_back(double(std::max({mem_after_setup_[c], mem_before_optimizer_[c], mem_after_optimizer_[c]})));
+    double blocked = 0, busy = 0;
+    for (const auto& r : records_) blocked += r.comm_blocked_s, busy += r.comm_busy_s;
+    mine.push_back(blocked);
+    mine.push_back(busy);
+    std::vector<double> all(mine.size() * env_.rank.world_size);
+    engine_collective([&](const ddp_transport_v1_t& t, ddp_comm* comm, ddp_stream s) {
+      return t.all_gather(comm, ddp_buffer{mine.data(), mine.size(), DDP_FLOAT64, DDP_DEVICE_CPU},
+                          ddp_buffer{all.data(), all.size(), DDP_FLOAT64, DDP_DEVICE_CPU}, s);
+    }, "all_gather of the rank summaries");
+    if (env_.rank.rank != 0) return;
+
+    namespace fs = std::filesystem;
+    fs::create_directories(config_.run.output_dir);
+    std::vector<NamedFloats> weights;
+    for (const Parameter& p : model_->params()) weights.push_back({p.name, p.shape, p.data.data()});
+    write_safetensors((fs::path(config_.run.output_dir) / "weights.safetensors").string(), weights);
+
+    json summary;
+    summary["world_size"] = env_.rank.world_size;
+    summary["steps"] = config_.run.steps;
+    summary["model"] = config_.model.name;
+    summary["transport"] = plugins_.transport_lib->transport()->name;
+    summary["strategy"] = api.name;
+    auto column = [&](auto member) {
+      json a = json::array();
+      for (const auto& r : records_) a.push_back(r.*member);
+      return a;
+    };
+    summary["loss"] = column(&StepRecord::loss);
+    summary["step_time_s"] = column(&StepRecord::step_s);
+    double total = 0;
+    for (const auto& r : records_) total += r.step_s;
+    summary["mean_step_time_s"] = records_.empty() ? 0.0 : total / records_.size();
+    summary["forward_s"] = column(&StepRecord::forward_s);
+    summary["backward_s"] = column(&StepRecord::backward_s);
+    summary["optimizer_s"] = column(&StepRecord::optimizer_s);
+    summary["comm_blocked_s"] = column(&StepRecord::comm_blocked_s);
+    summary["comm_busy_s"] = column(&StepRecord::comm_busy_s);
+    summary["collectives"] = column(&StepRecord::collectives);
+    summary["comm_bytes"] = column(&StepRecord::comm_bytes);
+    summary["total_comm_blocked_s"] = blocked;
+    summary["total_comm_busy_s"] = busy;
+    summary["peak_bytes"] = {{"after_setup", peaks_json(mem_after_setup_)},
+                             {"before_optimizer_step", peaks_json(mem_before_optimizer_)},
+                             {"after_optimizer_step", peaks_json(mem_after_optimizer_)}};
+    json ranks = json::array();
+    for (int r = 0; r < env_.rank.world_size; ++r) {
+      const double* v = all.data() + r * mine.size();
+      json peaks = json::object();
+      for (int c = 0; c < kMemCategories; ++c) peaks[to_string(static_cast<MemCategory>(c))] = int64_t(v[c]);
+      ranks.push_back({{"rank", r}, {"peak_bytes", peaks}, {"total_comm_blocked_s", v[kMemCategories]},
+                       {"total_comm_busy_s", v[kMemCategories + 1]}});
+    }
+    summary["ranks"] = ranks;
+    if (api.stats) summary["strategy_stats"] = strategy_stats(api);
+    summary["config"] = config_.toml_text;
+    write_file_atomically((fs::path(config_.run.output_dir) / "summary.json").string(), summary.dump(2) + "\n");
+  }
+
+  json strategy_stats(const ddp_strategy_v1_t& api) {
+    std::string buf(4096, '\0');
+    size_t needed = 0;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      plugins_.strategy_host->check(api.stats(plugins_.strategy, buf.data(), buf.size(), &needed), "stats");
+      if (needed < buf.size()) break;
+      buf.assign(needed + 1, '\0');
+    }
+    buf.resize(std::strlen(buf.c_str()));
+    json parsed = json::parse(buf, nullptr, /*allow_exceptions=*/false);
+    return parsed.is_discarded() ? json(buf) : parsed;
+  }
+
+  Config config_;
+  RankEnv env_;
+  TrainObserver* observer_;
+  CpuDevice device_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Store> store_;
+  HostServices services_;
+  Plugins plugins_;  // after services_: destroyed before what it points to
+  Dataset data_;
+  int64_t local_rows_ = 0;
+  Tensor batch_x_, batch_y_;
+  std::vector<int> remaining_uses_;
+  std::vector<StepRecord> records_;
+  size_t reported_ = 0;
+  PeakBytes mem_after_setup_{}, mem_before_optimizer_{}, mem_after_optimizer_{};
+};
+
+}  // namespace
+
+void train_rank(const Config& config, const RankEnv& env, TrainObserver* observer) {
+  RankRun(config, env, observer).run();
+}
+
+}  // namespace ddp

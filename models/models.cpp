@@ -1,0 +1,212 @@
+// models.cpp — `toy` and `toy_tied` (spec/models.md): chains of bias-free
+// (or frozen-bias) linear layers and ReLUs with an MSE loss, forward and
+// backward written out with cblas_sgemm. A layer names its weight by index
+// into the parameter table, which is how `toy_tied` uses fc2.weight twice.
+#include "model.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <random>
+
+#include "error.h"
+
+namespace ddp {
+namespace {
+
+struct Layer {
+  enum Kind { Linear, Relu } kind;
+  int weight = -1;  // parameter index (Linear)
+  int bias = -1;    // parameter index or -1
+  int64_t in = 0, out = 0;
+};
+
+class SequentialMse final : public Model {
+ public:
+  SequentialMse(Device& device, std::vector<Layer> layers) : device_(device), layers_(std::move(layers)) {}
+
+  int64_t input_width() const override { return layers_.front().in; }
+  int64_t output_width() const override { return out_width_; }
+
+  void add_param(const std::string& name, Shape shape, bool trainable, int uses = 1) {
+    Parameter p;
+    p.name = name;
+    p.shape = shape;
+    p.trainable = trainable;
+    p.uses = uses;
+    p.data = Tensor(device_, shape, MemCategory::Parameters);
+    if (trainable) p.grad = Tensor(device_, shape, MemCategory::Gradients);
+    params_.push_back(std::move(p));
+  }
+
+  void finish_setup() {
+    int64_t width = 0;
+    for (auto& l : layers_) width = l.kind == Layer::Linear ? l.out : width;
+    out_width_ = width;
+  }
+
+  float forward(const Batch& batch) override {
+    ensure_activations(batch.rows);
+    input_ = batch.x;
+    const float* in = batch.x;
+    int64_t width = input_width();
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& l = layers_[i];
+      float* out = acts_[i].data();
+      if (l.kind == Layer::Linear) {
+        const float* w = params_[l.weight].data.data();
+        // out[B, o] = in[B, i] · W[o, i]^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch.rows, l.out, l.in, 1.0f, in,
+                    l.in, w, l.in, 0.0f, out, l.out);
+        if (l.bias >= 0) {
+          const float* b = params_[l.bias].data.data();
+          for (int64_t r = 0; r < batch.rows; ++r)
+            for (int64_t j = 0; j < l.out; ++j) out[r * l.out + j] += b[j];
+        }
+        width = l.out;
+      } else {
+        size_t n = static_cast<size_t>(batch.rows * width);
+        for (size_t k = 0; k < n; ++k) out[k] = in[k] > 0.0f ? in[k] : 0.0f;
+      }
+      in = out;
+    }
+    // MSE, mean over all elements; accumulate in double for a stable sum.
+    const float* pred = acts_.back().data();
+    size_t n = static_cast<size_t>(batch.rows * out_width_);
+    double sum = 0.0;
+    for (size_t k = 0; k < n; ++k) {
+      double d = static_cast<double>(pred[k]) - batch.y[k];
+      sum += d * d;
+    }
+    target_ = batch.y;
+    return static_cast<float>(sum / static_cast<double>(n));
+  }
+
+  void backward(float loss_scale, const GradAccumulated& accumulated) override {
+    const int64_t rows = rows_;
+    // d(mean((p - y)^2))/dp = 2 (p - y) / n
+    {
+      const float* pred = acts_.back().data();
+      float* d = grads_.back().data();
+      size_t n = static_cast<size_t>(rows * out_width_);
+      float c = 2.0f * loss_scale / static_cast<float>(n);
+      for (size_t k = 0; k < n; ++k) d[k] = c * (pred[k] - target_[k]);
+    }
+    for (size_t i = layers_.size(); i-- > 0;) {
+      const Layer& l = layers_[i];
+      const float* dout = grads_[i].data();
+      const float* in = i == 0 ? input_ : acts_[i - 1].data();
+      float* din = i == 0 ? nullptr : grads_[i - 1].data();
+      if (l.kind == Layer::Relu) {
+        const float* out = acts_[i].data();
+        size_t n = acts_[i].numel();
+        for (size_t k = 0; k < n; ++k) din[k] = out[k] > 0.0f ? dout[k] : 0.0f;
+        continue;
+      }
+      Parameter& w = params_[l.weight];
+      if (din) {  // din[B, i] = dout[B, o] · W[o, i]
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, l.in, l.out, 1.0f, dout, l.out,
+                    w.data.data(), l.in, 0.0f, din, l.in);
+      }
+      if (l.bias >= 0 && params_[l.bias].trainable) {
+        float* db = params_[l.bias].grad.data();
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < l.out; ++j) db[j] += dout[r * l.out + j];
+        accumulated(static_cast<size_t>(l.bias));
+      }
+      if (w.trainable) {  // dW[o, i] += dout[B, o]^T · in[B, i]
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, l.out, l.in, rows, 1.0f, dout, l.out, in,
+                    l.in, 1.0f, w.grad.data(), l.in);
+        accumulated(static_cast<size_t>(l.weight));
+      }
+    }
+  }
+
+ private:
+  void ensure_activations(int64_t rows) {
+    if (rows == rows_) return;
+    acts_.clear();
+    grads_.clear();
+    int64_t width = input_width();
+    for (const Layer& l : layers_) {
+      if (l.kind == Layer::Linear) width = l.out;
+      acts_.emplace_back(device_, Shape{rows, width}, MemCategory::Activations);
+      grads_.emplace_back(device_, Shape{rows, width}, MemCategory::Activations);
+    }
+    rows_ = rows;
+  }
+
+  Device& device_;
+  std::vector<Layer> layers_;
+  int64_t out_width_ = 0;
+  int64_t rows_ = -1;
+  const float* input_ = nullptr;   // x of the last forward [rows, in]
+  const float* target_ = nullptr;  // y of the last forward [rows, out]
+  std::vector<Tensor> acts_;       // output of layer i [rows, width_i]
+  std::vector<Tensor> grads_;      // d loss / d acts_[i]
+};
+
+Layer linear(int weight, int64_t in, int64_t out, int bias = -1) {
+  return Layer{Layer::Linear, weight, bias, in, out};
+}
+Layer relu() { return Layer{Layer::Relu}; }
+
+// nn.Linear's default initialisation: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for
+// weight and bias alike.
+void init_uniform(Parameter& p, int64_t fan_in, std::mt19937_64& rng) {
+  float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
+  std::uniform_real_distribution<float> dist(-bound, bound);
+  for (size_t k = 0; k < p.data.numel(); ++k) p.data.data()[k] = dist(rng);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  if (name == "toy") {
+    // 0 no_grad_fixed_param, 1 fc1.weight, 2 fc2.fc.weight, 3 fc2.fc.bias, 4 fc3.weight
+    auto m = std::make_unique<SequentialMse>(
+        device, std::vector<Layer>{linear(1, 10, 10), relu(), linear(2, 10, 50, 3), relu(),
+                                   linear(4, 50, 5)});
+    m->add_param("no_grad_fixed_param", {2}, false, 0);
+    m->add_param("fc1.weight", {10, 10}, true);
+    m->add_param("fc2.fc.weight", {50, 10}, true);
+    m->add_param("fc2.fc.bias", {50}, false);
+    m->add_param("fc3.weight", {5, 50}, true);
+    auto& p = m->params();
+    p[0].data.data()[0] = p[0].data.data()[1] = 2.0f;
+    init_uniform(p[1], 10, rng);
+    init_uniform(p[2], 10, rng);
+    init_uniform(p[3], 10, rng);
+    init_uniform(p[4], 50, rng);
+    m->finish_setup();
+    return m;
+  }
+  if (name == "toy_tied") {
+    // 0 fc1.weight, 1 fc2.weight (also fc4), 2 fc3.weight, 3 fc5.weight
+    auto m = std::make_unique<SequentialMse>(
+        device, std::vector<Layer>{linear(0, 10, 10), relu(), linear(1, 10, 50), relu(),
+                                   linear(2, 50, 10), relu(), linear(1, 10, 50), relu(),
+                                   linear(3, 50, 5)});
+    m->add_param("fc1.weight", {10, 10}, true);
+    m->add_param("fc2.weight", {50, 10}, true, /*uses=*/2);
+    m->add_param("fc3.weight", {10, 50}, true);
+    m->add_param("fc5.weight", {5, 50}, true);
+    auto& p = m->params();
+    init_uniform(p[0], 10, rng);
+    init_uniform(p[1], 10, rng);
+    init_uniform(p[2], 50, rng);
+    init_uniform(p[3], 50, rng);
+    m->finish_setup();
+    return m;
+  }
+  throw Error("unknown model '" + name + "' (known: toy, toy_tied)");
+}
+
+std::string shape_string(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace ddp

@@ -1,0 +1,279 @@
+// loader_test.cpp — the plugin loader: name resolution, the plugin directory,
+// successful loads, and every refusal with its exact message, against the
+// small plugins of tests/plugins (built into DDP_TEST_BROKEN_PLUGIN_DIR).
+#include <dlfcn.h>
+#include <stdlib.h>
+
+#include <cstddef>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "plugin_loader.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kDir = DDP_TEST_BROKEN_PLUGIN_DIR;
+
+std::string plugin_file(const std::string& kind, const std::string& name) {
+  return kDir + "/libddp_" + kind + "_" + name + ".so";
+}
+
+// Sets or unsets DDP_PLUGIN_DIR for one test and restores it afterwards.
+class PluginDirEnv {
+ public:
+  explicit PluginDirEnv(const char* value) {
+    if (const char* old = getenv("DDP_PLUGIN_DIR")) old_ = old;
+    if (value != nullptr) {
+      setenv("DDP_PLUGIN_DIR", value, 1);
+    } else {
+      unsetenv("DDP_PLUGIN_DIR");
+    }
+  }
+  ~PluginDirEnv() {
+    if (old_) {
+      setenv("DDP_PLUGIN_DIR", old_->c_str(), 1);
+    } else {
+      unsetenv("DDP_PLUGIN_DIR");
+    }
+  }
+
+ private:
+  std::optional<std::string> old_;
+};
+
+// The message load_plugin refuses with, or "" when it loads.
+std::string refusal(PluginKind kind, const std::string& name_or_path,
+                    const std::string& plugin_dir = kDir) {
+  try {
+    load_plugin(kind, name_or_path, plugin_dir);
+  } catch (const PluginError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PluginKind, ToString) {
+  EXPECT_STREQ(to_string(PluginKind::Strategy), "strategy");
+  EXPECT_STREQ(to_string(PluginKind::Transport), "transport");
+}
+
+TEST(ResolvePluginPath, NameBecomesFileInPluginDir) {
+  EXPECT_EQ(resolve_plugin_path(PluginKind::Strategy, "naive", "/opt/ddp/lib/ddp"),
+            "/opt/ddp/lib/ddp/libddp_strategy_naive.so");
+  EXPECT_EQ(resolve_plugin_path(PluginKind::Transport, "gloo", "/opt/ddp/lib/ddp"),
+            "/opt/ddp/lib/ddp/libddp_transport_gloo.so");
+  EXPECT_EQ(resolve_plugin_path(PluginKind::Transport, "gloo", "plugins"),
+            "plugins/libddp_transport_gloo.so");
+}
+
+TEST(ResolvePluginPath, PathIsTakenAsGiven) {
+  const std::string dir = "/opt/ddp/lib/ddp";
+  EXPECT_EQ(resolve_plugin_path(PluginKind::Strategy, "/tmp/libmine.so", dir), "/tmp/libmine.so");
+  EXPECT_EQ(resolve_plugin_path(PluginKind::Strategy, "./mine", dir), "./mine");
+  EXPECT_EQ(resolve_plugin_path(PluginKind::Strategy, "sub/dir/mine", dir), "sub/dir/mine");
+  EXPECT_EQ(resolve_plugin_path(PluginKind::Transport, "libmine.so", dir), "libmine.so");
+}
+
+TEST(DefaultPluginDir, EnvironmentOverrides) {
+  PluginDirEnv env("/somewhere/else");
+  EXPECT_EQ(default_plugin_dir(), "/somewhere/else");
+}
+
+TEST(DefaultPluginDir, BesideTheExecutable) {
+  // The test binary lives in <build>/bin, like ddp itself.
+  PluginDirEnv env(nullptr);
+  EXPECT_EQ(default_plugin_dir(), fs::weakly_canonical(DDP_TEST_PLUGIN_DIR).string());
+}
+
+TEST(LoadPlugin, ByNameFromDdpPluginDir) {
+  PluginDirEnv env(kDir.c_str());
+  auto plugin = load_plugin(PluginKind::Strategy, "valid");
+  EXPECT_EQ(plugin->path(), plugin_file("strategy", "valid"));
+  ASSERT_NE(plugin->strategy(), nullptr);
+  EXPECT_STREQ(plugin->strategy()->name, "valid");
+}
+
+TEST(LoadPlugin, ValidStrategy) {
+  auto plugin = load_plugin(PluginKind::Strategy, "valid", kDir);
+  EXPECT_EQ(plugin->path(), plugin_file("strategy", "valid"));
+  EXPECT_EQ(plugin->transport(), nullptr);
+  const ddp_strategy_v1_t* s = plugin->strategy();
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->abi_version, DDP_ABI_VERSION);
+  EXPECT_EQ(s->struct_size, sizeof(ddp_strategy_v1_t));
+  EXPECT_STREQ(s->name, "valid");
+  EXPECT_STREQ(s->version, "1.2.3");
+  EXPECT_EQ(s->caps, DDP_CAP_DEVICE_CPU | DDP_CAP_OWNS_OPTIMIZER);
+  EXPECT_NE(s->optimizer_step, nullptr);
+  EXPECT_EQ(s->stats, nullptr);  // optional
+  // The library is still loaded: its entries can be called.
+  EXPECT_EQ(s->finish(nullptr), DDP_OK);
+}
+
+TEST(LoadPlugin, ValidTransport) {
+  auto plugin = load_plugin(PluginKind::Transport, plugin_file("transport", "valid"));
+  EXPECT_EQ(plugin->strategy(), nullptr);
+  const ddp_transport_v1_t* t = plugin->transport();
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->abi_version, DDP_ABI_VERSION);
+  EXPECT_EQ(t->struct_size, sizeof(ddp_transport_v1_t));
+  EXPECT_STREQ(t->name, "valid");
+  EXPECT_STREQ(t->version, "0.4.0");
+  EXPECT_EQ(t->caps, DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA);
+  EXPECT_EQ(t->barrier(nullptr, nullptr), DDP_OK);
+}
+
+TEST(LoadPlugin, BareFileNameIsRelativeToWorkingDirectory) {
+  // Not searched for on the library path as dlopen would a bare name.
+  const fs::path cwd = fs::current_path();
+  fs::current_path(kDir);
+  std::unique_ptr<LoadedPlugin> plugin;
+  EXPECT_NO_THROW(plugin = load_plugin(PluginKind::Transport, "libddp_transport_valid.so",
+                                       "/nonexistent"));
+  fs::current_path(cwd);
+  ASSERT_NE(plugin, nullptr);
+  EXPECT_EQ(plugin->path(), "libddp_transport_valid.so");
+  ASSERT_NE(plugin->transport(), nullptr);
+  EXPECT_STREQ(plugin->transport()->name, "valid");
+}
+
+TEST(LoadPlugin, NewerMinorWithLargerDescriptor) {
+  auto plugin = load_plugin(PluginKind::Strategy, "newer_minor", kDir);
+  const ddp_strategy_v1_t* s = plugin->strategy();
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(DDP_ABI_MAJOR(s->abi_version), 1u);
+  EXPECT_EQ(DDP_ABI_MINOR(s->abi_version), 7u);
+  EXPECT_GT(s->struct_size, sizeof(ddp_strategy_v1_t));
+  EXPECT_STREQ(s->name, "newer_minor");
+}
+
+TEST(LoadPluginRefuses, FileNotFoundByName) {
+  EXPECT_EQ(refusal(PluginKind::Strategy, "missing"),
+            "cannot load strategy plugin '" + plugin_file("strategy", "missing") +
+                "' (host ABI 1.0, plugin ABI none): file not found");
+}
+
+TEST(LoadPluginRefuses, FileNotFoundByPath) {
+  EXPECT_EQ(refusal(PluginKind::Transport, "/nonexistent/libddp_transport_x.so"),
+            "cannot load transport plugin '/nonexistent/libddp_transport_x.so' "
+            "(host ABI 1.0, plugin ABI none): file not found");
+}
+
+TEST(LoadPluginRefuses, NotAPlugin) {
+  EXPECT_EQ(refusal(PluginKind::Strategy, "nosymbol"),
+            "cannot load strategy plugin '" + plugin_file("strategy", "nosymbol") +
+                "' (host ABI 1.0, plugin ABI none): not a ddp plugin "
+                "(no ddp_strategy_v1 or ddp_transport_v1 symbol)");
+}
+
+TEST(LoadPluginRefuses, NotASharedLibrary) {
+  char tmpl[] = "/tmp/ddp_loader_test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const fs::path dir = tmpl;
+  const std::string path = (dir / "libddp_strategy_garbage.so").string();
+  {
+    std::ofstream out(path);
+    out << "this is a text file, not a shared library\n";
+  }
+  // The reason is dlerror()'s own text, whatever this libc words it as.
+  void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL);
+  ASSERT_EQ(handle, nullptr);
+  const std::string dl_message = dlerror();
+
+  EXPECT_EQ(refusal(PluginKind::Strategy, "garbage", dir.string()),
+            "cannot load strategy plugin '" + path + "' (host ABI 1.0, plugin ABI none): " +
+                dl_message);
+  fs::remove_all(dir);
+}
+
+TEST(LoadPluginRefuses, OtherMajorAbiVersion) {
+  EXPECT_EQ(refusal(PluginKind::Strategy, "abi2"),
+            "cannot load strategy plugin '" + plugin_file("strategy", "abi2") +
+                "' (host ABI 1.0, plugin ABI 2.0): other major ABI version");
+}
+
+TEST(LoadPluginRefuses, StrategyLoadedAsTransport) {
+  const std::string path = plugin_file("strategy", "valid");
+  EXPECT_EQ(refusal(PluginKind::Transport, path),
+            "cannot load transport plugin '" + path +
+                "' (host ABI 1.0, plugin ABI 1.0): wrong kind: it is a strategy plugin");
+}
+
+TEST(LoadPluginRefuses, TransportLoadedAsStrategy) {
+  const std::string path = plugin_file("transport", "valid");
+  EXPECT_EQ(refusal(PluginKind::Strategy, path),
+            "cannot load strategy plugin '" + path +
+                "' (host ABI 1.0, plugin ABI 1.0): wrong kind: it is a transport plugin");
+}
+
+TEST(LoadPluginRefuses, DescriptorTooSmall) {
+  const size_t have = offsetof(ddp_transport_v1_t, barrier);
+  const size_t need = have + sizeof(ddp_transport_v1_t::barrier);
+  EXPECT_EQ(refusal(PluginKind::Transport, "small"),
+            "cannot load transport plugin '" + plugin_file("transport", "small") +
+                "' (host ABI 1.0, plugin ABI 1.0): descriptor too small (struct_size " +
+                std::to_string(have) + ", need " + std::to_string(need) + ")");
+}
+
+TEST(LoadPluginRefuses, NullName) {
+  EXPECT_EQ(refusal(PluginKind::Transport, "noname"),
+            "cannot load transport plugin '" + plugin_file("transport", "noname") +
+                "' (host ABI 1.0, plugin ABI 1.0): required entry 'name' is NULL");
+}
+
+TEST(LoadPluginRefuses, NullRequiredEntry) {
+  EXPECT_EQ(refusal(PluginKind::Strategy, "nofinish"),
+            "cannot load strategy plugin '" + plugin_file("strategy", "nofinish") +
+                "' (host ABI 1.0, plugin ABI 1.0): required entry 'finish' is NULL");
+}
+
+TEST(LoadPluginRefuses, OwnsOptimizerWithoutOptimizerStep) {
+  EXPECT_EQ(refusal(PluginKind::Strategy, "ownsopt"),
+            "cannot load strategy plugin '" + plugin_file("strategy", "ownsopt") +
+                "' (host ABI 1.0, plugin ABI 1.0): required entry 'optimizer_step' is NULL "
+                "(caps has DDP_CAP_OWNS_OPTIMIZER)");
+}
+
+// Standing rule: a plugin exports exactly one ddp symbol, its entry.
+TEST(PluginExports, ExactlyOneDdpSymbol) {
+  const std::string files[] = {plugin_file("strategy", "valid"),
+                               plugin_file("transport", "valid")};
+  const std::string entries[] = {DDP_STRATEGY_ENTRY_V1, DDP_TRANSPORT_ENTRY_V1};
+  for (size_t i = 0; i < 2; ++i) {
+    const std::string command = "nm -D --defined-only '" + files[i] + "' 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    ASSERT_NE(pipe, nullptr) << command;
+    std::string output;
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, pipe)) > 0) output.append(chunk, n);
+    const int status = pclose(pipe);
+    if (status != 0 && output.find("not found") != std::string::npos) {
+      GTEST_SKIP() << "nm is not available: " << output;
+    }
+    ASSERT_EQ(status, 0) << command << "\n" << output;
+
+    std::istringstream lines(output);
+    std::string line;
+    std::vector<std::string> ddp_symbols;
+    while (std::getline(lines, line)) {
+      if (line.find(" ddp_") != std::string::npos) ddp_symbols.push_back(line);
+    }
+    ASSERT_EQ(ddp_symbols.size(), 1u) << files[i] << " exports:\n" << output;
+    const std::string& symbol = ddp_symbols[0];
+    EXPECT_EQ(symbol.substr(symbol.rfind(' ') + 1), entries[i]) << symbol;
+  }
+}
+
+}  // namespace
+}  // namespace ddp

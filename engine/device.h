@@ -1,0 +1,159 @@
+// device.h — where tensors live and work runs: memory with accounting by
+// category, in-order streams and events with CUDA's semantics.
+//
+// CPU model: the compute stream is the training thread itself (work enqueued
+// on it runs at once, inline); the communication stream is an executor
+// thread owned by the engine. A task that throws fails its stream: the error
+// is sticky, later tasks are called with cancelled = true, and every event
+// recorded afterwards fails with the same message. This is how a transport
+// error (a Gloo timeout, a dead peer) reaches the training thread.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include <ddp/plugin.h>
+
+#include "error.h"
+
+namespace ddp {
+
+using Clock = std::chrono::steady_clock;
+
+enum class MemCategory : int {
+  Parameters = DDP_MEM_PARAMETERS,
+  Gradients = DDP_MEM_GRADIENTS,
+  OptimizerState = DDP_MEM_OPTIMIZER_STATE,
+  CommBuffers = DDP_MEM_COMM_BUFFERS,
+  Activations = DDP_MEM_ACTIVATIONS,
+};
+constexpr int kMemCategories = DDP_MEM_CATEGORY_COUNT;
+const char* to_string(MemCategory category);  // "parameters", "gradients", ...
+
+// Current and peak bytes per category (and in total). Thread-safe.
+class MemoryTracker {
+ public:
+  void add(MemCategory category, size_t bytes);
+  void sub(MemCategory category, size_t bytes);
+  size_t current(MemCategory category) const { return current_[index(category)]; }
+  size_t peak(MemCategory category) const { return peak_[index(category)]; }
+  size_t total_peak() const { return total_peak_; }
+  // Starts a new measurement window: peaks drop to the current values.
+  void reset_peaks();
+
+ private:
+  static size_t index(MemCategory c) { return static_cast<size_t>(c); }
+  std::array<std::atomic<size_t>, kMemCategories> current_{};
+  std::array<std::atomic<size_t>, kMemCategories> peak_{};
+  std::atomic<size_t> total_current_{0};
+  std::atomic<size_t> total_peak_{0};
+};
+
+// An in-order queue of work. Inline streams run each task in the caller's
+// thread at enqueue time; threaded ones on their own executor thread.
+class Stream {
+ public:
+  // A task gets cancelled = true when the stream has failed before it ran;
+  // it must then only release what it owns. Throwing fails the stream.
+  using Task = std::function<void(bool cancelled)>;
+
+  Stream(std::string name, bool threaded);
+  ~Stream();  // drains the queue, then joins the executor
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  void enqueue(Task task);
+  // Blocks until every task enqueued so far has run. Throws Error with the
+  // stream's failure message if it failed.
+  void synchronize();
+  bool failed() const;
+  std::string error() const;
+  const std::string& name() const { return name_; }
+
+ private:
+  void run(Task& task);  // runs one task, recording a failure
+  void loop();
+
+  std::string name_;
+  bool threaded_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;       // work arrived / stop
+  std::condition_variable idle_cv_;  // queue drained
+  std::deque<Task> queue_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::string error_;  // sticky; empty while healthy
+  std::thread thread_;
+};
+
+// A point on a stream. Recording re-arms it; it completes when the stream
+// reaches it, or fails if the stream has failed by then.
+class Event {
+ public:
+  void record(Stream& stream);
+  // Blocks until complete; throws Error with the stream's message on failure.
+  void synchronize();
+  bool query();  // true once complete (or failed)
+  // Makes `stream` wait (without blocking the caller, unless inline).
+  void make_wait(Stream& stream);
+  Clock::time_point completed_at();
+
+ private:
+  struct State {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool done = true;
+    std::string error;
+    Clock::time_point at{};
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+// The engine's device: memory and the two streams. One per rank.
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual ddp_device_kind kind() const = 0;
+  // Zeroed, 64-byte aligned, accounted under `category`. Throws on failure.
+  virtual void* alloc(size_t bytes, MemCategory category) = 0;
+  virtual void free(void* ptr) = 0;  // accepts nullptr
+  virtual void copy(void* dst, const void* src, size_t bytes, Stream& stream) = 0;
+  virtual void fill(float* data, size_t count, float value, Stream& stream) = 0;
+  virtual void scale(float* data, size_t count, float factor, Stream& stream) = 0;
+  Stream& compute_stream() { return *compute_; }
+  Stream& comm_stream() { return *comm_; }
+  MemoryTracker& memory() { return memory_; }
+
+ protected:
+  MemoryTracker memory_;
+  std::unique_ptr<Stream> compute_;
+  std::unique_ptr<Stream> comm_;
+};
+
+class CpuDevice final : public Device {
+ public:
+  CpuDevice();
+  ~CpuDevice() override;
+  ddp_device_kind kind() const override { return DDP_DEVICE_CPU; }
+  void* alloc(size_t bytes, MemCategory category) override;
+  void free(void* ptr) override;
+  void copy(void* dst, const void* src, size_t bytes, Stream& stream) override;
+  void fill(float* data, size_t count, float value, Stream& stream) override;
+  void scale(float* data, size_t count, float factor, Stream& stream) override;
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<void*, std::pair<size_t, MemCategory>> blocks_;
+};
+
+}  // namespace ddp

@@ -1,0 +1,88 @@
+// host.h — the engine side of the plugin ABI: builds the ddp_host vtable a
+// plugin receives, turns plugin failures into Errors with the plugin's own
+// words, and wraps the transport handed to the strategy so every collective
+// it issues is counted (bytes, calls) and timed on the communication stream.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ddp/plugin.h>
+
+#include "config.h"
+#include "device.h"
+#include "model.h"
+#include "optimizer.h"
+#include "store.h"
+
+namespace ddp {
+
+// Communication counters of the strategy's collectives. Thread-safe.
+struct CommCounters {
+  std::atomic<int64_t> collectives{0};
+  std::atomic<int64_t> bytes{0};
+  std::atomic<int64_t> busy_ns{0};     // time collectives ran on the comm stream
+  std::atomic<int64_t> blocked_ns{0};  // time the training thread waited on events
+};
+
+struct RankInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+};
+
+// Everything the host vtable reaches. Owned by the trainer, outlives plugins.
+struct HostServices {
+  RankInfo rank;
+  Device* device = nullptr;
+  Model* model = nullptr;
+  Optimizer* optimizer = nullptr;
+  Store* store = nullptr;
+  int64_t timeout_ms = 30000;
+  CommCounters counters;
+  std::vector<ddp_param> param_table;  // mirrors model->params()
+
+  void refresh_param_table();  // after trainable flags change
+};
+
+// One plugin's view of the host: its TOML section and its ddp_host struct.
+class PluginHost {
+ public:
+  PluginHost(HostServices& services, const PluginSection& section, std::string label);
+  const ddp_host* get() const { return &host_; }
+  // Throws Error("<label>: <plugin's error text>") if status is not DDP_OK.
+  void check(ddp_status status, const char* entry) const;
+  const std::string& label() const { return label_; }
+
+ private:
+  friend struct HostCallbacks;
+  HostServices& services_;
+  const PluginSection& section_;
+  std::string label_;  // "strategy plugin 'naive'"
+  std::deque<std::string> strings_;  // config_string results, kept alive
+  ddp_host host_{};
+};
+
+// The error text a plugin set on the calling thread (and clears it).
+std::string take_plugin_error();
+
+// A transport vtable and comm handle for the strategy: each call is
+// forwarded to the real transport and metered into services.counters.
+class MeteredTransport {
+ public:
+  MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* comm, HostServices& services);
+  const ddp_transport_v1_t* vtable() const { return &vtable_; }
+  ddp_comm* comm() { return reinterpret_cast<ddp_comm*>(this); }
+
+ private:
+  friend struct MeterCallbacks;
+  const ddp_transport_v1_t* real_;
+  ddp_comm* real_comm_;
+  HostServices& services_;
+  ddp_transport_v1_t vtable_{};
+};
+
+}  // namespace ddp

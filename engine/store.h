@@ -1,0 +1,38 @@
+// store.h — the rendezvous store all ranks of a run share: Gloo's own store
+// (a FileStore in a directory, or a RedisStore for many machines), behind a
+// prefix unique to the run. Transports meet through it (the gloo plugin
+// adapts it back into a gloo::rendezvous::Store; NCCL passes its unique id).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gloo {
+namespace rendezvous {
+class Store;
+}
+}  // namespace gloo
+
+namespace ddp {
+
+class Store {
+ public:
+  // `location`: "file:<dir>" or "redis:<host>:<port>"; `prefix` namespaces
+  // the keys (the run id). Throws Error for a malformed location.
+  Store(const std::string& location, const std::string& prefix, std::chrono::milliseconds timeout);
+  ~Store();
+
+  void set(const std::string& key, const std::vector<char>& value);
+  std::vector<char> get(const std::string& key);  // waits up to the timeout
+  void wait(const std::vector<std::string>& keys);
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+ private:
+  std::unique_ptr<gloo::rendezvous::Store> base_;
+  std::unique_ptr<gloo::rendezvous::Store> prefixed_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace ddp

@@ -1,0 +1,65 @@
+// tensor.h — the engine's one tensor type: a float32 buffer on a Device with
+// a shape, owned (freed through the device that made it) and move-only.
+#pragma once
+
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "device.h"
+
+namespace ddp {
+
+using Shape = std::vector<int64_t>;
+
+inline size_t numel_of(const Shape& shape) {
+  return std::accumulate(shape.begin(), shape.end(), size_t{1},
+                         [](size_t a, int64_t d) { return a * static_cast<size_t>(d); });
+}
+
+std::string shape_string(const Shape& shape);  // "[20, 10]"
+
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(Device& device, Shape shape, MemCategory category)
+      : device_(&device), shape_(std::move(shape)), numel_(numel_of(shape_)) {
+    data_ = static_cast<float*>(device.alloc(numel_ * sizeof(float), category));
+  }
+  ~Tensor() { reset(); }
+  Tensor(Tensor&& o) noexcept { *this = std::move(o); }
+  Tensor& operator=(Tensor&& o) noexcept {
+    if (this != &o) {
+      reset();
+      std::swap(device_, o.device_);
+      std::swap(data_, o.data_);
+      std::swap(shape_, o.shape_);
+      std::swap(numel_, o.numel_);
+    }
+    return *this;
+  }
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+
+  void reset() {
+    if (device_ && data_) device_->free(data_);
+    data_ = nullptr;
+    numel_ = 0;
+    shape_.clear();
+  }
+  bool defined() const { return data_ != nullptr; }
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  const Shape& shape() const { return shape_; }
+  size_t numel() const { return numel_; }
+  size_t bytes() const { return numel_ * sizeof(float); }
+
+ private:
+  Device* device_ = nullptr;
+  float* data_ = nullptr;
+  Shape shape_;
+  size_t numel_ = 0;
+};
+
+}  // namespace ddp

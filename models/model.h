@@ -1,0 +1,65 @@
+// model.h — what the engine needs of a model: a parameter table in PyTorch's
+// named_parameters() order, forward that keeps its activations, and backward
+// that accumulates gradients and reports each use of a parameter, so the
+// engine can fire on_grad_ready after the last one (PyTorch's
+// post-accumulate-grad hook). No general autograd: every model writes its
+// backward by hand, layer by layer, in reverse.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor.h"
+
+namespace ddp {
+
+struct Parameter {
+  std::string name;
+  Shape shape;
+  bool trainable = true;
+  int uses = 1;  // uses per forward (2 for a tied weight)
+  Tensor data;   // category Parameters
+  Tensor grad;   // category Gradients; allocated iff trainable
+};
+
+// A micro-batch: `rows` samples, row-major. Inputs x [rows, in], targets
+// y [rows, out] (float regression targets).
+struct Batch {
+  const float* x = nullptr;
+  const float* y = nullptr;
+  int64_t rows = 0;
+};
+
+class Model {
+ public:
+  // Called by backward right after it has added one use's contribution to
+  // params()[index].grad. Never called for frozen parameters.
+  using GradAccumulated = std::function<void(size_t index)>;
+
+  virtual ~Model() = default;
+  std::vector<Parameter>& params() { return params_; }
+  const std::vector<Parameter>& params() const { return params_; }
+  virtual int64_t input_width() const = 0;
+  virtual int64_t output_width() const = 0;
+
+  // Runs the model on `batch`, keeps what backward needs, returns the loss
+  // (mean over the batch). Activations are allocated on the first call for a
+  // given number of rows and reused afterwards.
+  virtual float forward(const Batch& batch) = 0;
+  // Back-propagates d(loss * loss_scale) from the last forward, adding into
+  // the gradients of trainable parameters (callers zero them per step).
+  virtual void backward(float loss_scale, const GradAccumulated& accumulated) = 0;
+
+ protected:
+  std::vector<Parameter> params_;
+};
+
+// Builds a model by name ("toy", "toy_tied") with parameters initialised
+// from `seed` (nn.Linear's default: U(-1/sqrt(in), 1/sqrt(in))). Throws
+// Error for an unknown name.
+std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint64_t seed);
+
+}  // namespace ddp
