@@ -1,0 +1,433 @@
+// device_test.cpp — the CPU device without communication: memory accounting
+// (current and peak per category), CpuDevice allocation, in-order streams,
+// sticky stream failure and how events report it, cross-stream waits, and
+// inline streams.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "device.h"
+
+namespace ddp {
+namespace {
+
+using namespace std::chrono_literals;
+
+// The message `f` throws as ddp::Error, or "" if it does not throw.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// ----------------------------------------------------------- MemoryTracker
+
+TEST(MemoryTracker, StartsAtZero) {
+  MemoryTracker m;
+  for (int c = 0; c < kMemCategories; ++c) {
+    EXPECT_EQ(m.current(static_cast<MemCategory>(c)), 0u);
+    EXPECT_EQ(m.peak(static_cast<MemCategory>(c)), 0u);
+  }
+  EXPECT_EQ(m.total_peak(), 0u);
+}
+
+TEST(MemoryTracker, CurrentAndPeakPerCategory) {
+  MemoryTracker m;
+  m.add(MemCategory::Parameters, 100);
+  m.add(MemCategory::Gradients, 40);
+  m.add(MemCategory::Parameters, 50);
+  EXPECT_EQ(m.current(MemCategory::Parameters), 150u);
+  EXPECT_EQ(m.peak(MemCategory::Parameters), 150u);
+  EXPECT_EQ(m.current(MemCategory::Gradients), 40u);
+  EXPECT_EQ(m.peak(MemCategory::Gradients), 40u);
+  EXPECT_EQ(m.current(MemCategory::OptimizerState), 0u);
+  EXPECT_EQ(m.current(MemCategory::CommBuffers), 0u);
+  EXPECT_EQ(m.current(MemCategory::Activations), 0u);
+  EXPECT_EQ(m.total_peak(), 190u);
+
+  m.sub(MemCategory::Parameters, 120);
+  EXPECT_EQ(m.current(MemCategory::Parameters), 30u);
+  EXPECT_EQ(m.peak(MemCategory::Parameters), 150u);  // peaks stay
+  EXPECT_EQ(m.total_peak(), 190u);
+
+  // The total peak is of the sum, not the sum of per-category peaks: 30 + 40
+  // + 100 = 170 < 190 leaves it; 30 + 40 + 130 = 200 raises it.
+  m.add(MemCategory::Activations, 100);
+  EXPECT_EQ(m.total_peak(), 190u);
+  m.add(MemCategory::Activations, 30);
+  EXPECT_EQ(m.peak(MemCategory::Activations), 130u);
+  EXPECT_EQ(m.total_peak(), 200u);
+  EXPECT_EQ(m.peak(MemCategory::Parameters), 150u);
+}
+
+TEST(MemoryTracker, ResetPeaksDropsToCurrent) {
+  MemoryTracker m;
+  m.add(MemCategory::CommBuffers, 1000);
+  m.add(MemCategory::OptimizerState, 64);
+  m.sub(MemCategory::CommBuffers, 600);
+  EXPECT_EQ(m.peak(MemCategory::CommBuffers), 1000u);
+  EXPECT_EQ(m.total_peak(), 1064u);
+
+  m.reset_peaks();
+  EXPECT_EQ(m.peak(MemCategory::CommBuffers), 400u);
+  EXPECT_EQ(m.current(MemCategory::CommBuffers), 400u);
+  EXPECT_EQ(m.peak(MemCategory::OptimizerState), 64u);
+  EXPECT_EQ(m.peak(MemCategory::Parameters), 0u);
+  EXPECT_EQ(m.total_peak(), 464u);
+
+  // A new window measures from the reset.
+  m.add(MemCategory::CommBuffers, 100);
+  m.sub(MemCategory::CommBuffers, 500);
+  EXPECT_EQ(m.peak(MemCategory::CommBuffers), 500u);
+  EXPECT_EQ(m.current(MemCategory::CommBuffers), 0u);
+  EXPECT_EQ(m.total_peak(), 564u);
+}
+
+TEST(MemoryTracker, ConcurrentAddsAndSubsBalance) {
+  MemoryTracker m;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&m] {
+      for (int i = 0; i < 10000; ++i) {
+        m.add(MemCategory::Activations, 8);
+        m.sub(MemCategory::Activations, 8);
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(m.current(MemCategory::Activations), 0u);
+  EXPECT_GE(m.peak(MemCategory::Activations), 8u);
+  EXPECT_LE(m.peak(MemCategory::Activations), 32u);
+}
+
+TEST(MemCategoryNames, AsInTheAbi) {
+  EXPECT_STREQ(to_string(MemCategory::Parameters), "parameters");
+  EXPECT_STREQ(to_string(MemCategory::Gradients), "gradients");
+  EXPECT_STREQ(to_string(MemCategory::OptimizerState), "optimizer_state");
+  EXPECT_STREQ(to_string(MemCategory::CommBuffers), "comm_buffers");
+  EXPECT_STREQ(to_string(MemCategory::Activations), "activations");
+}
+
+// --------------------------------------------------------------- CpuDevice
+
+TEST(CpuDevice, KindAndStreams) {
+  CpuDevice device;
+  EXPECT_EQ(device.kind(), DDP_DEVICE_CPU);
+  EXPECT_EQ(device.compute_stream().name(), "compute");
+  EXPECT_EQ(device.comm_stream().name(), "comm");
+  EXPECT_NE(&device.compute_stream(), &device.comm_stream());
+}
+
+TEST(CpuDevice, AllocIsAlignedAndAccounted) {
+  CpuDevice device;
+  const size_t sizes[] = {1, 3, 63, 64, 65, 100, 4096, 12345};
+  std::vector<void*> ptrs;
+  size_t total = 0;
+  for (size_t bytes : sizes) {
+    void* p = device.alloc(bytes, MemCategory::Gradients);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u) << bytes << " bytes";
+    total += bytes;
+    EXPECT_EQ(device.memory().current(MemCategory::Gradients), total);
+    ptrs.push_back(p);
+  }
+  EXPECT_EQ(device.memory().current(MemCategory::Parameters), 0u);
+  EXPECT_EQ(device.memory().peak(MemCategory::Gradients), total);
+  EXPECT_EQ(device.memory().total_peak(), total);
+
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    device.free(ptrs[i]);
+    total -= sizes[i];
+    EXPECT_EQ(device.memory().current(MemCategory::Gradients), total);
+  }
+  EXPECT_EQ(device.memory().current(MemCategory::Gradients), 0u);
+  EXPECT_EQ(device.memory().peak(MemCategory::Gradients), 4096u + 12345u + 1 + 3 + 63 + 64 + 65 + 100);
+}
+
+TEST(CpuDevice, AllocAccountsUnderItsOwnCategory) {
+  CpuDevice device;
+  void* a = device.alloc(128, MemCategory::OptimizerState);
+  void* b = device.alloc(256, MemCategory::CommBuffers);
+  EXPECT_EQ(device.memory().current(MemCategory::OptimizerState), 128u);
+  EXPECT_EQ(device.memory().current(MemCategory::CommBuffers), 256u);
+  device.free(a);
+  EXPECT_EQ(device.memory().current(MemCategory::OptimizerState), 0u);
+  EXPECT_EQ(device.memory().current(MemCategory::CommBuffers), 256u);
+  device.free(b);
+  EXPECT_EQ(device.memory().current(MemCategory::CommBuffers), 0u);
+}
+
+TEST(CpuDevice, AllocIsZeroedEvenWhenReused) {
+  CpuDevice device;
+  // Dirty blocks and give them back, so that later allocations of the same
+  // sizes likely reuse that memory: it must still come back zeroed.
+  for (size_t bytes : {64u, 1000u, 4096u, 100000u}) {
+    for (int round = 0; round < 3; ++round) {
+      auto* p = static_cast<unsigned char*>(device.alloc(bytes, MemCategory::Activations));
+      for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(p[i], 0u) << bytes << " bytes, byte " << i;
+      std::memset(p, 0xAB, bytes);
+      device.free(p);
+    }
+  }
+  EXPECT_EQ(device.memory().current(MemCategory::Activations), 0u);
+}
+
+TEST(CpuDevice, FreeAcceptsNullAndRefusesForeignPointers) {
+  CpuDevice device;
+  EXPECT_NO_THROW(device.free(nullptr));
+  int local = 0;
+  EXPECT_EQ(error_of([&] { device.free(&local); }), "free of memory not allocated by this device");
+  void* p = device.alloc(32, MemCategory::Parameters);
+  device.free(p);
+  // A second free of the same block is refused and does not unaccount twice.
+  EXPECT_EQ(error_of([&] { device.free(p); }), "free of memory not allocated by this device");
+  EXPECT_EQ(device.memory().current(MemCategory::Parameters), 0u);
+}
+
+TEST(CpuDevice, CopyFillScaleRunInStreamOrder) {
+  CpuDevice device;
+  auto* a = static_cast<float*>(device.alloc(100 * sizeof(float), MemCategory::Activations));
+  auto* b = static_cast<float*>(device.alloc(100 * sizeof(float), MemCategory::Activations));
+  Stream& s = device.comm_stream();
+  device.fill(a, 100, 3.0f, s);
+  device.scale(a, 100, -2.0f, s);
+  device.copy(b, a, 50 * sizeof(float), s);
+  device.fill(a, 10, 1.0f, s);
+  s.synchronize();
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_EQ(a[i], i < 10 ? 1.0f : -6.0f) << i;
+    EXPECT_EQ(b[i], i < 50 ? -6.0f : 0.0f) << i;
+  }
+  // On the inline compute stream the work is done when the call returns.
+  device.fill(b, 100, 7.0f, device.compute_stream());
+  EXPECT_EQ(b[0], 7.0f);
+  EXPECT_EQ(b[99], 7.0f);
+  device.free(a);
+  device.free(b);
+}
+
+// ----------------------------------------------------------------- Streams
+
+TEST(Stream, ThreadedRunsInOrderOnAnotherThread) {
+  CpuDevice device;
+  Stream& s = device.comm_stream();
+  constexpr int kTasks = 2000;
+  std::vector<int> order;  // touched only by the executor until synchronize
+  std::atomic<int> off_thread{0};
+  const auto caller = std::this_thread::get_id();
+  for (int i = 0; i < kTasks; ++i)
+    s.enqueue([&, i](bool cancelled) {
+      EXPECT_FALSE(cancelled);
+      if (std::this_thread::get_id() != caller) ++off_thread;
+      if (i % 200 == 0) std::this_thread::sleep_for(100us);  // let the queue build up
+      order.push_back(i);
+    });
+  s.synchronize();
+  ASSERT_EQ(order.size(), static_cast<size_t>(kTasks));
+  for (int i = 0; i < kTasks; ++i) ASSERT_EQ(order[i], i);
+  EXPECT_EQ(off_thread.load(), kTasks);
+  EXPECT_FALSE(s.failed());
+  EXPECT_EQ(s.error(), "");
+}
+
+TEST(Stream, SynchronizeWaitsForTheRunningTask) {
+  Stream s("slow", /*threaded=*/true);
+  std::atomic<bool> done{false};
+  s.enqueue([&](bool) {
+    std::this_thread::sleep_for(50ms);
+    done = true;
+  });
+  s.synchronize();
+  EXPECT_TRUE(done.load());
+}
+
+TEST(Stream, ThrowingTaskFailsTheStream) {
+  Stream s("worker", /*threaded=*/true);
+  std::vector<std::string> log;  // executor only, read after synchronize
+  Event before;
+  s.enqueue([&](bool cancelled) { log.push_back(cancelled ? "first:cancelled" : "first:ran"); });
+  before.record(s);
+  s.enqueue([&](bool cancelled) {
+    log.push_back(cancelled ? "bad:cancelled" : "bad:ran");
+    throw Error("gloo all_reduce (4 bytes): peer 3 went away");
+  });
+  for (int i = 0; i < 3; ++i)
+    s.enqueue([&, i](bool cancelled) {
+      log.push_back("later" + std::to_string(i) + (cancelled ? ":cancelled" : ":ran"));
+    });
+  Event after;
+  after.record(s);
+
+  EXPECT_EQ(error_of([&] { s.synchronize(); }), "gloo all_reduce (4 bytes): peer 3 went away");
+  EXPECT_EQ(log, (std::vector<std::string>{"first:ran", "bad:ran", "later0:cancelled",
+                                           "later1:cancelled", "later2:cancelled"}));
+  EXPECT_TRUE(s.failed());
+  EXPECT_EQ(s.error(), "gloo all_reduce (4 bytes): peer 3 went away");
+
+  // Recorded before the failure: completes fine.
+  EXPECT_TRUE(before.query());
+  EXPECT_EQ(error_of([&] { before.synchronize(); }), "");
+  // Recorded after it: fails with the stream's message.
+  EXPECT_TRUE(after.query());
+  EXPECT_EQ(error_of([&] { after.synchronize(); }), "gloo all_reduce (4 bytes): peer 3 went away");
+
+  // The failure is sticky: an event recorded much later fails the same way,
+  // a second failure does not replace the first message, and synchronize
+  // keeps throwing it.
+  s.enqueue([](bool cancelled) {
+    if (!cancelled) throw Error("second failure");
+  });
+  Event later;
+  later.record(s);
+  EXPECT_EQ(error_of([&] { later.synchronize(); }), "gloo all_reduce (4 bytes): peer 3 went away");
+  EXPECT_EQ(error_of([&] { s.synchronize(); }), "gloo all_reduce (4 bytes): peer 3 went away");
+}
+
+TEST(Stream, FailureFromAPlainStdException) {
+  Stream s("worker", /*threaded=*/true);
+  s.enqueue([](bool) { throw std::runtime_error("Timed out in connect"); });
+  EXPECT_EQ(error_of([&] { s.synchronize(); }), "Timed out in connect");
+}
+
+TEST(Stream, FailureWithEmptyMessageIsStillAFailure) {
+  Stream s("worker", /*threaded=*/true);
+  s.enqueue([](bool) { throw std::runtime_error(""); });
+  EXPECT_EQ(error_of([&] { s.synchronize(); }), "unknown error");
+  EXPECT_TRUE(s.failed());
+}
+
+TEST(Stream, InlineRunsImmediatelyInTheCallerThread) {
+  Stream s("inline", /*threaded=*/false);
+  const auto caller = std::this_thread::get_id();
+  std::thread::id ran_on;
+  int value = 0;
+  s.enqueue([&](bool cancelled) {
+    EXPECT_FALSE(cancelled);
+    ran_on = std::this_thread::get_id();
+    value = 42;
+  });
+  // No synchronize: the task has run by the time enqueue returns.
+  EXPECT_EQ(value, 42);
+  EXPECT_EQ(ran_on, caller);
+  EXPECT_NO_THROW(s.synchronize());
+}
+
+TEST(Stream, InlineFailureIsStickyToo) {
+  Stream s("inline", /*threaded=*/false);
+  s.enqueue([](bool) { throw Error("inline boom"); });  // does not propagate to the caller
+  EXPECT_TRUE(s.failed());
+  bool saw_cancelled = false;
+  s.enqueue([&](bool cancelled) { saw_cancelled = cancelled; });
+  EXPECT_TRUE(saw_cancelled);
+  Event e;
+  e.record(s);
+  EXPECT_TRUE(e.query());
+  EXPECT_EQ(error_of([&] { e.synchronize(); }), "inline boom");
+  EXPECT_EQ(error_of([&] { s.synchronize(); }), "inline boom");
+}
+
+TEST(Stream, DestructorDrainsTheQueue) {
+  std::atomic<int> ran{0};
+  {
+    Stream s("drain", /*threaded=*/true);
+    s.enqueue([&](bool) { std::this_thread::sleep_for(20ms); ++ran; });
+    for (int i = 0; i < 10; ++i) s.enqueue([&](bool) { ++ran; });
+  }
+  EXPECT_EQ(ran.load(), 11);
+}
+
+// ------------------------------------------------------------------ Events
+
+TEST(Event, FreshEventIsComplete) {
+  Event e;
+  EXPECT_TRUE(e.query());
+  EXPECT_NO_THROW(e.synchronize());
+}
+
+TEST(Event, CompletesWhenTheStreamReachesIt) {
+  Stream s("worker", /*threaded=*/true);
+  std::atomic<bool> release{false};
+  s.enqueue([&](bool) {
+    while (!release) std::this_thread::sleep_for(1ms);
+  });
+  Event e;
+  e.record(s);
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(e.query());  // the stream is still blocked before it
+  release = true;
+  e.synchronize();
+  EXPECT_TRUE(e.query());
+  const auto at = e.completed_at();
+  EXPECT_LE(at, Clock::now());
+}
+
+TEST(Event, MakeWaitOrdersOneStreamAfterAnother) {
+  Stream a("a", /*threaded=*/true);
+  Stream b("b", /*threaded=*/true);
+  std::atomic<bool> flag{false};
+  std::atomic<int> seen{-1};
+  a.enqueue([&](bool) {
+    std::this_thread::sleep_for(50ms);
+    flag = true;
+  });
+  Event e;
+  e.record(a);
+  e.make_wait(b);
+  b.enqueue([&](bool) { seen = flag.load() ? 1 : 0; });
+  b.synchronize();
+  EXPECT_EQ(seen.load(), 1) << "stream b ran past its wait on stream a's event";
+  a.synchronize();
+}
+
+TEST(Event, MakeWaitOnAFailedEventFailsTheWaitingStream) {
+  Stream a("a", /*threaded=*/true);
+  Stream b("b", /*threaded=*/true);
+  a.enqueue([](bool) {
+    std::this_thread::sleep_for(20ms);
+    throw Error("a failed");
+  });
+  Event e;
+  e.record(a);
+  e.make_wait(b);
+  bool cancelled_on_b = false;
+  b.enqueue([&](bool cancelled) { cancelled_on_b = cancelled; });
+  EXPECT_EQ(error_of([&] { b.synchronize(); }), "a failed");
+  EXPECT_TRUE(cancelled_on_b);
+  EXPECT_EQ(error_of([&] { a.synchronize(); }), "a failed");
+}
+
+TEST(Event, ReRecordingKeepsEarlierWaitersOnTheOldPoint) {
+  Stream a("a", /*threaded=*/true);
+  Stream b("b", /*threaded=*/true);
+  std::atomic<bool> release{false};
+  std::atomic<int> b_ran{0};
+  Event e;
+  e.record(a);  // completes at once: a is idle
+  e.synchronize();
+  e.make_wait(b);  // waits on the completed point
+  b.enqueue([&](bool) { ++b_ran; });
+  b.synchronize();
+  EXPECT_EQ(b_ran.load(), 1);
+
+  a.enqueue([&](bool) {
+    while (!release) std::this_thread::sleep_for(1ms);
+  });
+  e.record(a);  // a new point, behind the blocked task
+  EXPECT_FALSE(e.query());
+  release = true;
+  e.synchronize();
+  EXPECT_TRUE(e.query());
+}
+
+}  // namespace
+}  // namespace ddp

@@ -1,0 +1,215 @@
+// launcher_test.cpp — `ddp run` as a user runs it: the quick start, a rank
+// killed mid-run (the run must stop within timeout_s, naming the rank), a
+// rank failing with an error, and ranks started by an outside launcher.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "safetensors.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+const std::string kDdp = std::string(DDP_BIN_DIR) + "/ddp";
+const std::string kRepo = std::string(DDP_TEST_DATA_DIR) + "/..";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/ddp-launcher-XXXXXX";
+  return mkdtemp(tmpl);
+}
+
+// Starts `ddp` with `args` and extra environment; stdout and stderr go to files.
+struct Process {
+  pid_t pid = -1;
+  std::string out, err;
+};
+
+Process start(const std::vector<std::string>& args, const std::vector<std::string>& env,
+              const std::string& log_prefix) {
+  Process p{-1, log_prefix + ".out", log_prefix + ".err"};
+  p.pid = fork();
+  if (p.pid == 0) {
+    int out = open(p.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int err = open(p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(out, 1);
+    dup2(err, 2);
+    for (const auto& kv : env) putenv(strdup(kv.c_str()));
+    std::vector<char*> argv{const_cast<char*>(kDdp.c_str())};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(kDdp.c_str(), argv.data());
+    _exit(127);
+  }
+  return p;
+}
+
+// Waits up to `limit`; kills and fails the test past it. Returns the exit code.
+int wait_for(const Process& p, std::chrono::seconds limit) {
+  auto deadline = Clock::now() + limit;
+  int status = 0;
+  while (waitpid(p.pid, &status, WNOHANG) == 0) {
+    if (Clock::now() > deadline) {
+      kill(p.pid, SIGKILL);
+      waitpid(p.pid, &status, 0);
+      ADD_FAILURE() << "ddp did not finish within " << limit.count() << " s";
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// The child of `parent` whose environment has RANK=<rank>.
+pid_t find_rank(pid_t parent, int rank) {
+  const std::string want = "RANK=" + std::to_string(rank);
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string stat = read_file(entry.path() / "stat");
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    fields >> state >> ppid;
+    if (ppid != parent) continue;
+    std::string env = read_file(entry.path() / "environ");
+    for (size_t at = 0; at < env.size(); at = env.find('\0', at) + 1) {
+      if (env.compare(at, want.size() + 1, want + '\0') == 0) return std::stoi(name);
+      if (env.find('\0', at) == std::string::npos) break;
+    }
+  }
+  return -1;
+}
+
+TEST(Launcher, QuickStartTrainsTwoRanksAndWritesOutputs) {
+  std::string dir = temp_dir();
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\""}, {},
+                    dir + "/ddp");
+  ASSERT_EQ(wait_for(p, std::chrono::seconds(60)), 0) << read_file(p.err);
+  std::string out = read_file(p.out);
+  EXPECT_NE(out.find("step 1/5  loss "), std::string::npos) << out;
+  EXPECT_NE(out.find("step 5/5  loss "), std::string::npos) << out;
+
+  auto summary = nlohmann::json::parse(read_file(dir + "/out/summary.json"));
+  EXPECT_EQ(summary["world_size"], 2);
+  EXPECT_EQ(summary["strategy"], "naive");
+  EXPECT_EQ(summary["transport"], "gloo");
+  ASSERT_EQ(summary["loss"].size(), 5u);
+  EXPECT_LT(summary["loss"][4].get<double>(), summary["loss"][0].get<double>());
+  // naive: one all-reduce per trainable parameter per step (3 in `toy`).
+  EXPECT_EQ(summary["collectives"][0], 3);
+  EXPECT_EQ(summary["comm_bytes"][0], 4 * (100 + 500 + 250));
+  EXPECT_EQ(summary["peak_bytes"]["after_setup"]["parameters"], 4 * (2 + 100 + 500 + 50 + 250));
+  EXPECT_EQ(summary["ranks"].size(), 2u);
+
+  auto weights = ddp::read_safetensors(dir + "/out/weights.safetensors");
+  EXPECT_EQ(weights.size(), 5u);
+  EXPECT_EQ(weights.at("fc2.fc.weight").shape, (ddp::Shape{50, 10}));
+  // Nothing half-written or left behind: no temporaries, no rendezvous dir.
+  for (const auto& e : fs::directory_iterator(dir + "/out")) {
+    std::string name = e.path().filename();
+    EXPECT_TRUE(name == "summary.json" || name == "weights.safetensors") << "left behind: " << name;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Launcher, KilledRankStopsTheRunWithinTimeoutNamingTheRank) {
+  std::string dir = temp_dir();
+  const int timeout_s = 10;
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
+                     "run.steps=100000000", "--set", "run.log_every=100", "--set",
+                     "run.timeout_s=" + std::to_string(timeout_s), "--set", "run.world_size=4", "--set",
+                     "data.batch_size=20"},
+                    {}, dir + "/ddp");
+  // Wait until training is under way, then kill rank 2.
+  auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (read_file(p.out).find("step ") == std::string::npos && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_NE(read_file(p.out).find("step "), std::string::npos) << read_file(p.err);
+  pid_t victim = find_rank(p.pid, 2);
+  ASSERT_GT(victim, 0) << "rank 2's process not found";
+  auto killed_at = Clock::now();
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+
+  int code = wait_for(p, std::chrono::seconds(timeout_s + 20));
+  double took = std::chrono::duration<double>(Clock::now() - killed_at).count();
+  EXPECT_NE(code, 0);
+  EXPECT_LT(took, timeout_s) << "the run took " << took << " s to stop after a rank was killed";
+  std::string err = read_file(p.err);
+  EXPECT_NE(err.find("ddp: rank 2 failed: killed by signal 9 (Killed)\n"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir + "/out/summary.json")) << "a failed run wrote a summary";
+  fs::remove_all(dir);
+}
+
+TEST(Launcher, RankErrorIsReportedWithTheRankAndItsMessage) {
+  std::string dir = temp_dir();
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
+                     "model.init_from=\"" + dir + "/missing.safetensors\""},
+                    {}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  std::string err = read_file(p.err);
+  EXPECT_NE(err.find(" failed: exited with code 1: " + dir + "/missing.safetensors: cannot open safetensors file\n"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("ddp: rank "), std::string::npos) << err;
+  fs::remove_all(dir);
+}
+
+TEST(Launcher, RanksStartedByAnOutsideLauncherMeetThroughTheEnvironment) {
+  std::string dir = temp_dir();
+  fs::create_directories(dir + "/rdzv");
+  std::vector<Process> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\""},
+                          {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "DDP_RENDEZVOUS=file:" + dir + "/rdzv"},
+                          dir + "/rank" + std::to_string(r)));
+  }
+  for (auto& p : ranks) EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 0) << read_file(p.err);
+  EXPECT_NE(read_file(ranks[0].out).find("step 5/5"), std::string::npos);
+  EXPECT_EQ(read_file(ranks[1].out), "") << "only rank 0 prints progress";
+  EXPECT_TRUE(fs::exists(dir + "/out/summary.json"));
+  fs::remove_all(dir);
+}
+
+TEST(Launcher, RankWithoutRendezvousIsRefused) {
+  std::string dir = temp_dir();
+  Process p = start({"run", kRepo + "/configs/toy.toml"}, {"RANK=0", "WORLD_SIZE=2"}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(30)), 1);
+  EXPECT_EQ(read_file(p.err),
+            "ddp: rank 0: error: RANK is set but DDP_RENDEZVOUS is not: set it to file:<directory shared by all "
+            "ranks> (fresh for each run) or redis:<host>:<port>\n");
+  fs::remove_all(dir);
+}
+
+TEST(Launcher, WorldSizeMismatchIsRefused) {
+  std::string dir = temp_dir();
+  Process p = start({"run", kRepo + "/configs/toy.toml"}, {"RANK=0", "WORLD_SIZE=3", "DDP_RENDEZVOUS=file:" + dir},
+                    dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(30)), 1);
+  EXPECT_EQ(read_file(p.err), "ddp: rank 0: error: WORLD_SIZE=3 in the environment but run.world_size = 2 in " +
+                                  kRepo + "/configs/toy.toml\n");
+  fs::remove_all(dir);
+}
+
+}  // namespace

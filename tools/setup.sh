@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# tools/setup.sh — everything a fresh Debian 12 machine needs, as root:
+# installs the Debian packages ddp builds against (only those missing),
+# configures the release preset and builds. Safe to run again: it then only
+# rebuilds what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  build-essential cmake pkg-config
+  libgloo-dev libhiredis-dev libibverbs-dev   # Gloo (CPU collectives over TCP) and what its headers include
+  libtomlplusplus-dev                         # TOML++ (config)
+  libboost-dev libboost-filesystem-dev        # Boost.DLL (plugin loading)
+  libopenblas-dev                             # cblas_sgemm
+  nlohmann-json3-dev libcli11-dev             # summary.json / safetensors headers; the command line
+  libgtest-dev libgmock-dev                   # tests
+  binutils                                    # nm, for the one-exported-symbol test
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then echo "setup: run as root (or install: ${missing[*]})" >&2; exit 1; fi
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+[ -f build/CMakeCache.txt ] || cmake --preset release
+cmake --build --preset release -j "$(nproc)"
