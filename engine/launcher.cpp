@@ -197,10 +197,14 @@ int run_as_rank(const Config& config) {
     train_rank(config, env);
     return 0;
   } catch (const std::exception& e) {
+    // Under our own launcher the message goes to a file and the launcher
+    // reports the rank that failed first; otherwise each rank says it.
     std::string message = e.what();
-    std::cerr << "ddp: rank " << rank << ": error: " << message << std::endl;
     std::string error_file = env_or("DDP_ERROR_FILE", "");
-    if (!error_file.empty()) std::ofstream(error_file) << message << "\n";
+    if (error_file.empty())
+      std::cerr << "ddp: rank " << rank << ": error: " << message << std::endl;
+    else
+      std::ofstream(error_file) << message << "\n";
     return 1;
   }
 }

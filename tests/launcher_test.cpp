@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -173,6 +174,22 @@ TEST(Launcher, RankErrorIsReportedWithTheRankAndItsMessage) {
             std::string::npos)
       << err;
   EXPECT_NE(err.find("ddp: rank "), std::string::npos) << err;
+  fs::remove_all(dir);
+}
+
+TEST(Launcher, KeyNoPluginReadsIsAnUnknownKeyWithItsLocation) {
+  std::string dir = temp_dir();
+  std::ofstream(dir + "/run.toml") << "[run]\nworld_size = 2\nsteps = 1\noutput_dir = \"" << dir
+                                   << "/out\"\n[model]\nname = \"toy\"\n[data]\nbatch_size = 4\n"
+                                   << "[optimizer]\nlr = 0.1\n[strategy]\nplugin = \"naive\"\nbucket_mb = 25\n";
+  Process p = start({"run", dir + "/run.toml"}, {}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  std::string err = read_file(p.err);
+  EXPECT_NE(err.find(" failed: exited with code 1: " + dir +
+                     "/run.toml:13:13: unknown key 'strategy.bucket_mb' (strategy plugin 'naive' does not read it)\n"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 2) << "one report, not one per rank:\n" << err;
   fs::remove_all(dir);
 }
 

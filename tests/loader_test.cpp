@@ -244,34 +244,49 @@ TEST(LoadPluginRefuses, OwnsOptimizerWithoutOptimizerStep) {
                 "(caps has DDP_CAP_OWNS_OPTIMIZER)");
 }
 
-// Standing rule: a plugin exports exactly one ddp symbol, its entry.
-TEST(PluginExports, ExactlyOneDdpSymbol) {
-  const std::string files[] = {plugin_file("strategy", "valid"),
-                               plugin_file("transport", "valid")};
-  const std::string entries[] = {DDP_STRATEGY_ENTRY_V1, DDP_TRANSPORT_ENTRY_V1};
-  for (size_t i = 0; i < 2; ++i) {
-    const std::string command = "nm -D --defined-only '" + files[i] + "' 2>&1";
-    FILE* pipe = popen(command.c_str(), "r");
-    ASSERT_NE(pipe, nullptr) << command;
-    std::string output;
-    char chunk[4096];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, pipe)) > 0) output.append(chunk, n);
-    const int status = pclose(pipe);
-    if (status != 0 && output.find("not found") != std::string::npos) {
-      GTEST_SKIP() << "nm is not available: " << output;
-    }
-    ASSERT_EQ(status, 0) << command << "\n" << output;
+// The ddp_ symbols `file` exports (nm -D), or nullopt when nm is missing.
+std::optional<std::vector<std::string>> exported_ddp_symbols(const std::string& file) {
+  const std::string command = "nm -D --defined-only '" + file + "' 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return std::nullopt;
+  std::string output;
+  char chunk[4096];
+  size_t n;
+  while ((n = fread(chunk, 1, sizeof chunk, pipe)) > 0) output.append(chunk, n);
+  if (pclose(pipe) != 0) {
+    if (output.find("not found") != std::string::npos) return std::nullopt;
+    ADD_FAILURE() << command << "\n" << output;
+  }
+  std::istringstream lines(output);
+  std::string line;
+  std::vector<std::string> symbols;
+  while (std::getline(lines, line))
+    if (line.find(" ddp_") != std::string::npos) symbols.push_back(line.substr(line.rfind(' ') + 1));
+  return symbols;
+}
 
-    std::istringstream lines(output);
-    std::string line;
-    std::vector<std::string> ddp_symbols;
-    while (std::getline(lines, line)) {
-      if (line.find(" ddp_") != std::string::npos) ddp_symbols.push_back(line);
-    }
-    ASSERT_EQ(ddp_symbols.size(), 1u) << files[i] << " exports:\n" << output;
-    const std::string& symbol = ddp_symbols[0];
-    EXPECT_EQ(symbol.substr(symbol.rfind(' ') + 1), entries[i]) << symbol;
+// Standing rule: a plugin exports exactly one ddp symbol, its entry — the
+// test plugins and every plugin the build ships.
+TEST(PluginExports, ExactlyOneDdpSymbol) {
+  std::vector<std::string> files = {plugin_file("strategy", "valid"), plugin_file("transport", "valid")};
+  for (const auto& entry : std::filesystem::directory_iterator(DDP_TEST_PLUGIN_DIR))
+    if (entry.path().filename().string().rfind("libddp_", 0) == 0) files.push_back(entry.path().string());
+  ASSERT_GE(files.size(), 4u) << "the shipped plugins (gloo, naive) are missing from " << DDP_TEST_PLUGIN_DIR;
+  for (const auto& file : files) {
+    auto symbols = exported_ddp_symbols(file);
+    if (!symbols) GTEST_SKIP() << "nm is not available";
+    const bool strategy = file.find("libddp_strategy_") != std::string::npos;
+    EXPECT_EQ(*symbols, std::vector<std::string>{strategy ? DDP_STRATEGY_ENTRY_V1 : DDP_TRANSPORT_ENTRY_V1})
+        << file;
+  }
+}
+
+// Every shipped plugin loads and describes itself with its folder's name.
+TEST(ShippedPlugins, LoadByName) {
+  for (const auto& [kind, name] : {std::pair{PluginKind::Transport, "gloo"}, std::pair{PluginKind::Strategy, "naive"}}) {
+    auto plugin = load_plugin(kind, name, DDP_TEST_PLUGIN_DIR);
+    const char* described = kind == PluginKind::Strategy ? plugin->strategy()->name : plugin->transport()->name;
+    EXPECT_STREQ(described, name);
   }
 }
 

@@ -107,7 +107,8 @@ RunResult run(const std::string& model, int world, const std::string& init_from 
   if (fs::exists(dir + "/out/weights.safetensors"))
     result.final_weights = read_safetensors(dir + "/out/weights.safetensors");
   CpuDevice device;
-  for (const auto& p : make_model(model, device, 0)->params()) result.names.push_back(p.name);
+  auto reference = make_model(model, device, 0);
+  for (const auto& p : reference->params()) result.names.push_back(p.name);
   fs::remove_all(dir);
   return result;
 }
@@ -123,6 +124,7 @@ struct Case {
   std::string model;
   int world;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " on " << c.world << " ranks"; }
 std::string case_name(const testing::TestParamInfo<Case>& info) {
   return info.param.model + "_world" + std::to_string(info.param.world);
 }
@@ -150,7 +152,9 @@ TEST_P(Protocol, RanksHoldRankZerosWeightsAndMatchSingleProcess) {
       const Weights& w = ddp.ranks[r].at(step);
       for (size_t p = 0; p < w.size(); ++p) {
         const std::string where = "rank " + std::to_string(r) + ", step " + std::to_string(step) + ", " + ddp.names[p];
-        if (step == 0) EXPECT_EQ(w[p], rank0_init[p]) << where << ": not rank 0's weights after set-up";
+        if (step == 0) {
+          EXPECT_EQ(w[p], rank0_init[p]) << where << ": not rank 0's weights after set-up";
+        }
         EXPECT_EQ(w[p], ddp.ranks[0].at(step)[p]) << where << ": ranks not bitwise equal";
         EXPECT_LE(max_abs_diff(w[p], single.ranks[0].at(step)[p]), 1e-6f) << where << ": differs from single-process";
       }

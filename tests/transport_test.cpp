@@ -1,0 +1,558 @@
+// transport_test.cpp — the gloo transport plugin over real TCP loopback, one
+// forked process per rank (tests/multirank.h), loaded and driven exactly as
+// the engine does: load_plugin, a PluginHost over HostServices (CPU device,
+// file store), init, collectives enqueued on the comm stream, completion
+// observed with an Event. Every expected value is closed-form and exactly
+// representable, so results are compared with ==.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "config.h"
+#include "device.h"
+#include "host.h"
+#include "multirank.h"
+#include "plugin_loader.h"
+#include "store.h"
+
+namespace ddp {
+namespace {
+
+using namespace std::chrono_literals;
+
+// ------------------------------------------------------------------ helpers
+
+[[noreturn]] void fail(const std::string& message) { throw std::runtime_error(message); }
+
+template <typename T>
+constexpr ddp_dtype dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DDP_FLOAT32;
+  if constexpr (std::is_same_v<T, double>) return DDP_FLOAT64;
+  if constexpr (std::is_same_v<T, int32_t>) return DDP_INT32;
+  if constexpr (std::is_same_v<T, int64_t>) return DDP_INT64;
+}
+
+template <typename T>
+const char* type_name() {
+  if constexpr (std::is_same_v<T, float>) return "float32";
+  if constexpr (std::is_same_v<T, double>) return "float64";
+  if constexpr (std::is_same_v<T, int32_t>) return "int32";
+  return "int64";
+}
+
+template <typename T>
+ddp_buffer buffer_of(std::vector<T>& v) {
+  return ddp_buffer{v.data(), v.size(), dtype_of<T>(), DDP_DEVICE_CPU};
+}
+
+template <typename T>
+std::string str(T v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+
+// Throws naming the first mismatch (and how many there are) unless
+// got[i] == expected(i) for every i.
+template <typename T, typename F>
+void check_all(const std::string& what, const std::vector<T>& got, F&& expected) {
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!(got[i] == static_cast<T>(expected(i)))) {
+      if (bad++ == 0) first = i;
+    }
+  }
+  if (bad)
+    fail(what + ": " + std::to_string(bad) + " of " + std::to_string(got.size()) +
+         " elements wrong, first at [" + std::to_string(first) + "]: got " + str(got[first]) +
+         ", expected " + str(static_cast<T>(expected(first))));
+}
+
+// One rank: the engine's pieces around a loaded gloo transport.
+class Rank {
+ public:
+  // `timeout_ms` is the run timeout the transport gets (host->timeout_ms);
+  // the store keeps 30 s so that a slow start never fails the rendezvous.
+  Rank(int rank, int world, const std::string& dir, int64_t timeout_ms = 30000)
+      : store_("file:" + dir, "transport_test", std::chrono::milliseconds(30000)),
+        section_("test.toml", "transport", toml::table{}) {
+    services_.rank = RankInfo{rank, world, rank};
+    services_.device = &device_;
+    services_.store = &store_;
+    services_.timeout_ms = timeout_ms;
+    host_ = std::make_unique<PluginHost>(services_, section_, "transport plugin 'gloo'");
+    plugin_ = load_plugin(PluginKind::Transport, "gloo", DDP_TEST_PLUGIN_DIR);
+    t_ = plugin_->transport();
+    if (!t_) fail("load_plugin returned no transport descriptor");
+    host_->check(t_->init(host_->get(), &comm_), "init");
+  }
+  ~Rank() {
+    try {
+      device_.comm_stream().synchronize();
+    } catch (...) {
+    }
+    if (comm_) t_->destroy(comm_);
+  }
+
+  int rank() const { return services_.rank.rank; }
+  int world() const { return services_.rank.world_size; }
+  const ddp_transport_v1_t* t() const { return t_; }
+  ddp_comm* comm() const { return comm_; }
+  ddp_stream stream() { return reinterpret_cast<ddp_stream>(&device_.comm_stream()); }
+  void check(ddp_status s, const char* entry) { host_->check(s, entry); }
+  // Waits for everything enqueued so far, as the engine does: with an event.
+  void sync() {
+    Event e;
+    e.record(device_.comm_stream());
+    e.synchronize();
+  }
+
+  template <typename T>
+  void all_reduce(std::vector<T>& v, ddp_reduce_op op) {
+    check(t_->all_reduce(comm_, buffer_of(v), op, stream()), "all_reduce");
+  }
+  template <typename T>
+  void broadcast(std::vector<T>& v, int root) {
+    check(t_->broadcast(comm_, buffer_of(v), root, stream()), "broadcast");
+  }
+  template <typename T>
+  void all_gather(std::vector<T>& send, std::vector<T>& recv) {
+    check(t_->all_gather(comm_, buffer_of(send), buffer_of(recv), stream()), "all_gather");
+  }
+  template <typename T>
+  void reduce_scatter(std::vector<T>& send, std::vector<T>& recv, ddp_reduce_op op) {
+    check(t_->reduce_scatter(comm_, buffer_of(send), buffer_of(recv), op, stream()),
+          "reduce_scatter");
+  }
+  void barrier() { check(t_->barrier(comm_, stream()), "barrier"); }
+
+ private:
+  CpuDevice device_;
+  Store store_;
+  HostServices services_;
+  PluginSection section_;
+  std::unique_ptr<PluginHost> host_;
+  std::unique_ptr<LoadedPlugin> plugin_;
+  const ddp_transport_v1_t* t_ = nullptr;
+  ddp_comm* comm_ = nullptr;
+};
+
+// One GoogleTest failure per failing rank, at the line of the call.
+#define EXPECT_RANKS_OK(...)                                        \
+  do {                                                              \
+    for (const std::string& failure_ : (__VA_ARGS__)) ADD_FAILURE() << failure_; \
+  } while (0)
+
+// Element counts every collective is tried with.
+const std::vector<size_t> kCounts = {1, 7, 1000};
+
+// --------------------------------------------------------------- the plugin
+
+TEST(GlooTransport, Descriptor) {
+  // Loading is no Gloo activity: nothing of Gloo runs before init.
+  auto plugin = load_plugin(PluginKind::Transport, "gloo", DDP_TEST_PLUGIN_DIR);
+  const ddp_transport_v1_t* t = plugin->transport();
+  ASSERT_NE(t, nullptr);
+  EXPECT_STREQ(t->name, "gloo");
+  EXPECT_EQ(t->abi_version, DDP_ABI_VERSION);
+  EXPECT_EQ(t->struct_size, sizeof(ddp_transport_v1_t));
+  EXPECT_EQ(t->caps & DDP_CAP_DEVICE_CPU, DDP_CAP_DEVICE_CPU);
+  EXPECT_EQ(t->caps & DDP_CAP_DEVICE_CUDA, 0u);
+}
+
+// ------------------------------------------------------------- collectives
+
+class Collectives : public ::testing::TestWithParam<int> {
+ protected:
+  int world() const { return GetParam(); }
+};
+
+TEST_P(Collectives, AllReduceSum) {
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    std::vector<size_t> counts = kCounts;
+    if (w == 2 || w == 4) counts.push_back(size_t{1} << 20);  // 4 MB
+    for (size_t n : counts) {
+      // r + i/2: every partial sum is exact in float32.
+      std::vector<float> x(n);
+      for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(r) + 0.5f * static_cast<float>(i);
+      rank.all_reduce(x, DDP_REDUCE_SUM);
+      rank.sync();
+      check_all("all_reduce SUM float32 count " + std::to_string(n), x, [&](size_t i) {
+        return w * (w - 1) / 2.0 + w * 0.5 * static_cast<double>(i);
+      });
+    }
+  }));
+}
+
+TEST_P(Collectives, AllReduceAvg) {
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    for (size_t n : kCounts) {
+      // w * (r + i % 100): the sum is a multiple of w, so the average is exact.
+      std::vector<float> x(n);
+      for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(w * (r + static_cast<int>(i % 100)));
+      rank.all_reduce(x, DDP_REDUCE_AVG);
+      rank.sync();
+      check_all("all_reduce AVG float32 count " + std::to_string(n), x, [&](size_t i) {
+        return w * (w - 1) / 2.0 + w * static_cast<double>(i % 100);
+      });
+    }
+  }));
+}
+
+TEST_P(Collectives, AllReduceOtherDtypes) {
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    const int64_t tri = int64_t{w} * (w + 1) / 2;  // sum of r + 1
+    const int64_t tri0 = int64_t{w} * (w - 1) / 2;  // sum of r
+    for (size_t n : kCounts) {
+      const std::string at = " count " + std::to_string(n);
+      // int32: (r + 1)(i + 1), alternating sign.
+      std::vector<int32_t> a(n);
+      for (size_t i = 0; i < n; ++i)
+        a[i] = (r + 1) * static_cast<int32_t>(i + 1) * (i % 2 ? -1 : 1);
+      // int64: needs more than 32 bits.
+      std::vector<int64_t> b(n);
+      for (size_t i = 0; i < n; ++i) b[i] = (int64_t{r} + 1) * (int64_t{1} << 40) + int64_t(i) - r;
+      // float64: 1e10 (r + 1) + i/4, exact in double.
+      std::vector<double> c(n);
+      for (size_t i = 0; i < n; ++i) c[i] = 1e10 * (r + 1) + 0.25 * static_cast<double>(i);
+      // AVG on int32 and float64: multiples of w.
+      std::vector<int32_t> d(n);
+      for (size_t i = 0; i < n; ++i) d[i] = w * (r - static_cast<int32_t>(i));
+      std::vector<double> e(n);
+      for (size_t i = 0; i < n; ++i) e[i] = w * (r + 0.5 * static_cast<double>(i));
+      // All enqueued back to back, one wait.
+      rank.all_reduce(a, DDP_REDUCE_SUM);
+      rank.all_reduce(b, DDP_REDUCE_SUM);
+      rank.all_reduce(c, DDP_REDUCE_SUM);
+      rank.all_reduce(d, DDP_REDUCE_AVG);
+      rank.all_reduce(e, DDP_REDUCE_AVG);
+      rank.sync();
+      check_all("all_reduce SUM int32" + at, a, [&](size_t i) {
+        return static_cast<int32_t>(tri * static_cast<int64_t>(i + 1) * (i % 2 ? -1 : 1));
+      });
+      check_all("all_reduce SUM int64" + at, b, [&](size_t i) {
+        return tri * (int64_t{1} << 40) + int64_t{w} * int64_t(i) - tri0;
+      });
+      check_all("all_reduce SUM float64" + at, c, [&](size_t i) {
+        return 1e10 * static_cast<double>(tri) + 0.25 * w * static_cast<double>(i);
+      });
+      check_all("all_reduce AVG int32" + at, d, [&](size_t i) {
+        return static_cast<int32_t>(tri0 - int64_t{w} * static_cast<int64_t>(i));
+      });
+      check_all("all_reduce AVG float64" + at, e, [&](size_t i) {
+        return static_cast<double>(tri0) + w * 0.5 * static_cast<double>(i);
+      });
+    }
+  }));
+}
+
+TEST_P(Collectives, Broadcast) {
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    std::vector<int> roots = {0};
+    if (w > 1) roots.push_back(w - 1);
+    for (int root : roots) {
+      for (size_t n : kCounts) {
+        const std::string at = " root " + std::to_string(root) + " count " + std::to_string(n);
+        std::vector<float> x(n);
+        for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>((r + 1) * 10000 + int(i));
+        std::vector<int64_t> y(n);
+        for (size_t i = 0; i < n; ++i) y[i] = (int64_t{r} + 1) << 36 | int64_t(i);
+        rank.broadcast(x, root);
+        rank.broadcast(y, root);
+        rank.sync();
+        check_all("broadcast float32" + at, x, [&](size_t i) { return (root + 1) * 10000 + int(i); });
+        check_all("broadcast int64" + at, y,
+                  [&](size_t i) { return (int64_t{root} + 1) << 36 | int64_t(i); });
+      }
+    }
+  }));
+}
+
+TEST_P(Collectives, AllGather) {
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    for (size_t n : kCounts) {
+      const std::string at = " count " + std::to_string(n);
+      std::vector<float> send(n);
+      for (size_t i = 0; i < n; ++i) send[i] = static_cast<float>(r * 1000 + int(i));
+      std::vector<float> recv(n * w, -1.0f);  // every slot must be overwritten
+      std::vector<int32_t> isend(n);
+      for (size_t i = 0; i < n; ++i) isend[i] = -(r * 1000 + int(i)) - 1;
+      std::vector<int32_t> irecv(n * w, 7);
+      rank.all_gather(send, recv);
+      rank.all_gather(isend, irecv);
+      rank.sync();
+      check_all("all_gather float32" + at, recv,
+                [&](size_t j) { return static_cast<float>((j / n) * 1000 + j % n); });
+      check_all("all_gather int32" + at, irecv,
+                [&](size_t j) { return -static_cast<int32_t>((j / n) * 1000 + j % n) - 1; });
+      // The send buffer is left alone.
+      check_all("all_gather send buffer" + at, send,
+                [&](size_t i) { return static_cast<float>(r * 1000 + int(i)); });
+    }
+  }));
+}
+
+TEST_P(Collectives, ReduceScatter) {
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    const double tri0 = w * (w - 1) / 2.0;
+    for (size_t n : kCounts) {
+      const std::string at = " count " + std::to_string(n);
+      const size_t total = n * w;
+      std::vector<float> sum_send(total), avg_send(total);
+      for (size_t j = 0; j < total; ++j) {
+        sum_send[j] = static_cast<float>(r) + static_cast<float>(j);
+        avg_send[j] = static_cast<float>(w) * (static_cast<float>(r) + static_cast<float>(j));
+      }
+      std::vector<float> sum_recv(n, -1.0f), avg_recv(n, -1.0f);
+      rank.reduce_scatter(sum_send, sum_recv, DDP_REDUCE_SUM);
+      rank.reduce_scatter(avg_send, avg_recv, DDP_REDUCE_AVG);
+      rank.sync();
+      const size_t base = static_cast<size_t>(r) * n;  // this rank's slice
+      check_all("reduce_scatter SUM" + at, sum_recv,
+                [&](size_t i) { return tri0 + w * static_cast<double>(base + i); });
+      check_all("reduce_scatter AVG" + at, avg_recv,
+                [&](size_t i) { return tri0 + w * static_cast<double>(base + i); });
+      // The send buffer is left alone.
+      check_all("reduce_scatter send buffer" + at, sum_send,
+                [&](size_t j) { return static_cast<float>(r) + static_cast<float>(j); });
+    }
+  }));
+}
+
+TEST_P(Collectives, Barrier) {
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    namespace fs = std::filesystem;
+    Rank rank(r, w, dir);
+    const fs::path marks = fs::path(dir) / "barrier_marks";
+    fs::create_directories(marks);
+    rank.barrier();  // everyone is connected and here
+    rank.sync();
+    // Each rank leaves a mark just before the barrier, rank 0 late; after
+    // the barrier every rank must see every mark.
+    if (r == 0) std::this_thread::sleep_for(200ms);
+    std::ofstream(marks / std::to_string(r)).put('x');
+    rank.barrier();
+    rank.sync();
+    for (int s = 0; s < w; ++s)
+      if (!fs::exists(marks / std::to_string(s)))
+        fail("left the barrier before rank " + std::to_string(s) + " reached it");
+    // Several in a row complete too.
+    for (int k = 0; k < 5; ++k) rank.barrier();
+    rank.sync();
+  }));
+}
+
+// Different collectives back to back with no wait in between: each keeps
+// its own tag, so they never mix up.
+TEST_P(Collectives, MixedSequenceWithoutWaiting) {
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    const size_t n = 100;
+    std::vector<float> ar(n), bc(n), ag_send(n), ag_recv(n * w), rs_send(n * w), rs_recv(n);
+    for (size_t i = 0; i < n; ++i) {
+      ar[i] = static_cast<float>(r + 1);
+      bc[i] = static_cast<float>(r == w - 1 ? 4242 : -1);
+      ag_send[i] = static_cast<float>(r);
+    }
+    for (size_t j = 0; j < n * w; ++j) rs_send[j] = static_cast<float>(j % n);
+    for (int round = 0; round < 3; ++round) {
+      rank.all_reduce(ar, DDP_REDUCE_SUM);
+      rank.barrier();
+    }
+    rank.broadcast(bc, w - 1);
+    rank.all_gather(ag_send, ag_recv);
+    rank.reduce_scatter(rs_send, rs_recv, DDP_REDUCE_SUM);
+    rank.sync();
+    // three SUMs: (w(w+1)/2) * w * w
+    const double s = w * (w + 1) / 2.0;
+    check_all("all_reduce x3", ar, [&](size_t) { return s * w * w; });
+    check_all("broadcast", bc, [&](size_t) { return 4242.0; });
+    check_all("all_gather", ag_recv, [&](size_t j) { return static_cast<double>(j / n); });
+    check_all("reduce_scatter", rs_recv, [&](size_t i) { return static_cast<double>(w * i); });
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, Collectives, ::testing::Values(1, 2, 3, 4, 6),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "world" + std::to_string(info.param);
+                         });
+
+// ------------------------------------------------------------------ refusals
+
+// Refusals happen at enqueue time, in the caller's thread, with the text the
+// plugin set; they enqueue nothing and use no tag, so the ranks stay in step
+// even when they were refused different numbers of calls.
+TEST(GlooTransport, RefusalsAtEnqueue) {
+  const int w = 2;
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir, /*timeout_ms=*/5000);
+    auto expect_refusal = [&](ddp_status got, ddp_status want, const std::string& text,
+                              const std::string& what) {
+      const std::string msg = take_plugin_error();
+      if (got != want)
+        fail(what + ": status " + std::to_string(got) + ", expected " + std::to_string(want));
+      if (msg != text) fail(what + ": error text \"" + msg + "\", expected \"" + text + "\"");
+    };
+    std::vector<float> x(8, 1.0f), big(16, 0.0f);
+    ddp_buffer cuda{x.data(), x.size(), DDP_FLOAT32, DDP_DEVICE_CUDA};
+    const ddp_transport_v1_t* t = rank.t();
+
+    for (int k = 0; k <= r; ++k) {  // rank 1 is refused twice as often
+      expect_refusal(t->all_reduce(rank.comm(), cuda, DDP_REDUCE_SUM, rank.stream()),
+                     DDP_ERR_UNSUPPORTED, "all_reduce: gloo needs CPU buffers", "all_reduce cuda");
+    }
+    expect_refusal(t->broadcast(rank.comm(), cuda, 0, rank.stream()), DDP_ERR_UNSUPPORTED,
+                   "broadcast: gloo needs CPU buffers", "broadcast cuda");
+    expect_refusal(t->all_gather(rank.comm(), buffer_of(x), ddp_buffer{big.data(), 16, DDP_FLOAT32,
+                                                                       DDP_DEVICE_CUDA},
+                                 rank.stream()),
+                   DDP_ERR_UNSUPPORTED, "all_gather: gloo needs CPU buffers", "all_gather cuda");
+    ddp_buffer bf16{x.data(), x.size(), DDP_BFLOAT16, DDP_DEVICE_CPU};
+    expect_refusal(t->all_reduce(rank.comm(), bf16, DDP_REDUCE_SUM, rank.stream()),
+                   DDP_ERR_UNSUPPORTED,
+                   "all_reduce: dtype not supported (float32, float64, int32, int64)",
+                   "all_reduce bfloat16");
+    ddp_buffer null_buf{nullptr, 4, DDP_FLOAT32, DDP_DEVICE_CPU};
+    expect_refusal(t->all_reduce(rank.comm(), null_buf, DDP_REDUCE_SUM, rank.stream()),
+                   DDP_ERR_INVALID_ARGUMENT, "all_reduce: NULL buffer", "all_reduce NULL");
+    expect_refusal(t->broadcast(rank.comm(), buffer_of(x), w, rank.stream()),
+                   DDP_ERR_INVALID_ARGUMENT, "broadcast: root 2 out of range", "broadcast root");
+    expect_refusal(t->broadcast(rank.comm(), buffer_of(x), -1, rank.stream()),
+                   DDP_ERR_INVALID_ARGUMENT, "broadcast: root -1 out of range", "broadcast root");
+    std::vector<float> small_recv(15);
+    expect_refusal(t->all_gather(rank.comm(), buffer_of(x), buffer_of(small_recv), rank.stream()),
+                   DDP_ERR_INVALID_ARGUMENT,
+                   "all_gather: recv must hold send.count * world_size elements of send's dtype",
+                   "all_gather count");
+    std::vector<float> rs_recv(3);
+    expect_refusal(t->reduce_scatter(rank.comm(), buffer_of(x), buffer_of(rs_recv), DDP_REDUCE_SUM,
+                                     rank.stream()),
+                   DDP_ERR_INVALID_ARGUMENT,
+                   "reduce_scatter: send must hold recv.count * world_size elements of recv's dtype",
+                   "reduce_scatter count");
+    // PluginHost::check words it for the engine.
+    try {
+      rank.check(t->all_reduce(rank.comm(), cuda, DDP_REDUCE_SUM, rank.stream()), "all_reduce");
+      fail("check did not throw");
+    } catch (const Error& e) {
+      if (std::string(e.what()) != "transport plugin 'gloo': all_reduce: all_reduce: gloo needs CPU buffers")
+        fail(std::string("check threw \"") + e.what() + "\"");
+    }
+
+    // Nothing was enqueued and the stream is healthy; the ranks still agree.
+    rank.sync();
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(r + 1) * 3.0f;
+    rank.all_reduce(x, DDP_REDUCE_SUM);
+    rank.sync();
+    check_all("all_reduce after refusals", x, [&](size_t) { return 9.0; });
+  }));
+}
+
+// ------------------------------------------------------------------ timeout
+
+// Rank 1 connects and then never joins the collective: rank 0's all_reduce
+// times out after timeout_ms, failing its comm stream; the event reports
+// Gloo's words behind the collective's name, and the failure is sticky.
+TEST(GlooTransport, PeerThatNeverJoinsTimesOut) {
+  const int w = 2;
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir, /*timeout_ms=*/1000);
+    if (r == 1) {
+      std::this_thread::sleep_for(3s);
+      return;
+    }
+    std::vector<float> x(1000, 1.0f);
+    const auto start = std::chrono::steady_clock::now();
+    rank.all_reduce(x, DDP_REDUCE_SUM);  // returns at once
+    if (std::chrono::steady_clock::now() - start > 500ms) fail("all_reduce blocked the caller");
+    std::string message;
+    try {
+      rank.sync();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (message.empty()) fail("all_reduce without the peer completed");
+    if (waited > 3.0) fail("timed out only after " + std::to_string(waited) + " s: " + message);
+    if (waited < 0.9) fail("failed after " + std::to_string(waited) + " s, before the timeout: " + message);
+    if (message.rfind("gloo all_reduce (4000 bytes): ", 0) != 0)
+      fail("message does not start with \"gloo all_reduce (4000 bytes): \": " + message);
+    // Gloo's own words, e.g. "[./gloo/transport/tcp/unbound_buffer.cc:81] Timed
+    // out waiting 1000ms for recv operation to complete": the run's timeout
+    // reached Gloo.
+    if (message.find("Timed out") == std::string::npos)
+      fail("message does not mention \"Timed out\": " + message);
+    if (message.find("1000ms") == std::string::npos)
+      fail("message does not mention the 1000ms timeout: " + message);
+
+    // Sticky: later work on the stream is cancelled and its events fail alike.
+    rank.barrier();
+    std::string again;
+    try {
+      rank.sync();
+    } catch (const Error& e) {
+      again = e.what();
+    }
+    if (again != message) fail("event after the failure: \"" + again + "\", expected \"" + message + "\"");
+  }));
+}
+
+// ------------------------------------------------------------------ harness
+
+// The fork helper itself reports failures, exceptions and hangs by rank.
+TEST(MultiRank, ReportsEachFailingRank) {
+  auto failures = run_ranks(3, [](int r, const std::string& dir) {
+    if (!std::filesystem::is_directory(dir)) throw std::runtime_error("no rendezvous dir");
+    if (r == 1) throw std::runtime_error("boom on one");
+    if (r == 2) _exit(7);
+  });
+  EXPECT_EQ(failures, (std::vector<std::string>{"rank 1: boom on one", "rank 2: exited with status 7"}));
+}
+
+TEST(MultiRank, KillsRanksPastTheDeadline) {
+  const auto start = std::chrono::steady_clock::now();
+  auto failures = run_ranks(
+      2, [](int r, const std::string&) {
+        if (r == 0) std::this_thread::sleep_for(30s);
+      },
+      1);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  EXPECT_EQ(failures, (std::vector<std::string>{"rank 0: still running after 1 s, killed"}));
+}
+
+TEST(MultiRank, AllSucceed) {
+  EXPECT_TRUE(run_ranks(4, [](int, const std::string&) {}).empty());
+}
+
+}  // namespace
+}  // namespace ddp
