@@ -172,6 +172,7 @@ class RankRun {
     // config → engine → transport
     plugins_.transport_lib = load_plugin(PluginKind::Transport, config_.transport_plugin);
     const ddp_transport_v1_t* t = plugins_.transport_lib->transport();
+    require_device_cap("transport", t->name, t->caps);
     plugins_.transport_host = std::make_unique<PluginHost>(
         services_, config_.transport, std::string("transport plugin '") + t->name + "'");
     plugins_.transport_host->check(t->init(plugins_.transport_host->get(), &plugins_.comm), "init");
@@ -180,6 +181,7 @@ class RankRun {
     // engine → strategy (→ transport, metered)
     plugins_.strategy_lib = load_plugin(PluginKind::Strategy, config_.strategy_plugin);
     const ddp_strategy_v1_t* s = plugins_.strategy_lib->strategy();
+    require_device_cap("strategy", s->name, s->caps);
     plugins_.strategy_host = std::make_unique<PluginHost>(
         services_, config_.strategy, std::string("strategy plugin '") + s->name + "'");
     plugins_.metered = std::make_unique<MeteredTransport>(t, plugins_.comm, services_);
@@ -188,6 +190,13 @@ class RankRun {
                                   "create");
     config_.strategy.check_all_read("strategy", s->name);
     remaining_uses_.assign(model_->params().size(), 0);
+  }
+
+  void require_device_cap(const char* kind, const char* name, uint64_t caps) const {
+    const bool cuda = device_.kind() == DDP_DEVICE_CUDA;
+    if (!(caps & (cuda ? DDP_CAP_DEVICE_CUDA : DDP_CAP_DEVICE_CPU)))
+      throw Error(std::string(kind) + " plugin '" + name + "' does not support device '" + (cuda ? "cuda" : "cpu") +
+                  "' (its caps lack DDP_CAP_DEVICE_" + (cuda ? "CUDA" : "CPU") + ")");
   }
 
   StepRecord train_step(int64_t step, const ddp_strategy_v1_t& api, const PluginHost& sh) {
@@ -217,7 +226,7 @@ class RankRun {
     take_peaks(device_.memory(), mem_before_optimizer_);
 
     t = Clock::now();
-    if (api.optimizer_step) {
+    if (api.caps & DDP_CAP_OWNS_OPTIMIZER) {
       sh.check(api.optimizer_step(plugins_.strategy), "optimizer_step");
     } else {
       optimizer_->step(params, trainable_indices());
