@@ -209,6 +209,20 @@ TEST(Launcher, RanksStartedByAnOutsideLauncherMeetThroughTheEnvironment) {
   fs::remove_all(dir);
 }
 
+TEST(Launcher, RankWhosePeersNeverJoinFailsWithinTimeout) {
+  std::string dir = temp_dir();
+  auto started = Clock::now();
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.timeout_s=2", "--set",
+                     "run.output_dir=\"" + dir + "/out\""},
+                    {"RANK=0", "WORLD_SIZE=2", "DDP_RENDEZVOUS=file:" + dir}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(30)), 1);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - started).count(), 2 + 3.0);
+  EXPECT_EQ(read_file(p.err),
+            "ddp: rank 0: error: transport plugin 'gloo': init: gloo rendezvous: no answer from the other ranks "
+            "within 2000 ms (is every rank started, with the same rendezvous?)\n");
+  fs::remove_all(dir);
+}
+
 TEST(Launcher, RankWithoutRendezvousIsRefused) {
   std::string dir = temp_dir();
   Process p = start({"run", kRepo + "/configs/toy.toml"}, {"RANK=0", "WORLD_SIZE=2"}, dir + "/ddp");

@@ -53,7 +53,8 @@ class HostStore final : public gloo::rendezvous::Store {
     std::vector<const char*> raw;
     for (const auto& k : keys) raw.push_back(k.c_str());
     if (host_->store_wait(host_->ctx, raw.data(), raw.size()) != DDP_OK)
-      throw std::runtime_error("timed out waiting for other ranks to join");
+      throw std::runtime_error("no answer from the other ranks within " + std::to_string(host_->timeout_ms) +
+                               " ms (is every rank started, with the same rendezvous?)");
   }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
     wait(keys);  // the engine's store applies the run's timeout
