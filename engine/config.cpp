@@ -33,12 +33,19 @@ constexpr KeySpec kSchema[] = {
     {"run", "output_dir", toml::node_type::string, false},
     {"run", "timeout_s", toml::node_type::floating_point, false},
     {"run", "log_every", toml::node_type::integer, false},
+    {"run", "grad_accum_steps", toml::node_type::integer, false},
     {"model", "name", toml::node_type::string, true},
     {"model", "init_from", toml::node_type::string, false},
     {"data", "path", toml::node_type::string, false},
     {"data", "batch_size", toml::node_type::integer, true},
     {"optimizer", "name", toml::node_type::string, false},
     {"optimizer", "lr", toml::node_type::floating_point, true},
+    {"optimizer", "momentum", toml::node_type::floating_point, false},
+    {"optimizer", "betas", toml::node_type::array, false},
+    {"optimizer", "eps", toml::node_type::floating_point, false},
+    {"optimizer", "weight_decay", toml::node_type::floating_point, false},
+    {"optimizer", "groups", toml::node_type::array, false},
+    {"schedule", "unfreeze", toml::node_type::array, false},
     {"transport", "plugin", toml::node_type::string, false},
     {"strategy", "plugin", toml::node_type::string, false},
 };
@@ -151,6 +158,59 @@ class Reader {
                                             : node->as_floating_point()->get();
     require(value > 0, section, key, "> 0", format_double(value));  // also rejects nan
     return value;
+  }
+
+  double non_negative(const char* section, const char* key, double fallback) const {
+    const toml::node* node = find(section, key);
+    if (!node) return fallback;
+    const double value = as_double(*node);
+    require(value >= 0, section, key, ">= 0", format_double(value));
+    return value;
+  }
+
+  // optimizer.betas: exactly two floats, each in [0, 1).
+  std::pair<double, double> betas(double b1, double b2) const {
+    const toml::node* node = find("optimizer", "betas");
+    if (!node) return {b1, b2};
+    const toml::array& a = *node->as_array();
+    bool ok = a.size() == 2;
+    for (size_t i = 0; ok && i < 2; ++i) {
+      ok = has_type(a[i], toml::node_type::floating_point);
+      if (ok) ok = as_double(a[i]) >= 0 && as_double(a[i]) < 1;
+    }
+    std::ostringstream got;
+    got << a;
+    require(ok, "optimizer", "betas", "two floats in [0, 1)", got.str());
+    return {as_double(a[0]), as_double(a[1])};
+  }
+
+  // An array of tables ([[section.key]]), each checked against `fields`
+  // (name → type, required); calls `read(table, where_prefix)` for each.
+  template <typename Read>
+  void tables(const char* section, const char* key,
+              std::initializer_list<std::tuple<const char*, toml::node_type, bool>> fields, Read read) const {
+    const toml::node* node = find(section, key);
+    if (!node) return;
+    size_t index = 0;
+    for (const toml::node& element : *node->as_array()) {
+      const std::string name = std::string(section) + "." + key + "[" + std::to_string(index++) + "]";
+      if (!element.is_table()) throw wrong_type(where(element), name, toml::node_type::table, element);
+      const toml::table& t = *element.as_table();
+      for (auto&& [k, v] : t) {
+        auto field = std::find_if(fields.begin(), fields.end(),
+                                  [&](const auto& f) { return k.str() == std::get<0>(f); });
+        if (field == fields.end()) throw ConfigError(where(v) + ": unknown key '" + name + "." + std::string(k.str()) + "'");
+        if (!has_type(v, std::get<1>(*field))) throw wrong_type(where(v), name + "." + std::string(k.str()), std::get<1>(*field), v);
+      }
+      for (const auto& f : fields)
+        if (std::get<2>(f) && !t.contains(std::get<0>(f)))
+          throw ConfigError(where(element) + ": missing required key '" + name + "." + std::get<0>(f) + "'");
+      read(t, name);
+    }
+  }
+
+  static double as_double(const toml::node& node) {
+    return node.is_integer() ? double(node.as_integer()->get()) : node.as_floating_point()->get();
   }
 
   std::string string(const char* section, const char* key, const std::string& fallback) const {
@@ -367,8 +427,40 @@ Config validate_config(const toml::table& doc, const std::string& file) {
                       ") must be divisible by run.world_size (" +
                       std::to_string(c.run.world_size) + ")");
 
-  c.optimizer.name = r.one_of("optimizer", "name", "sgd", {"sgd"});
-  c.optimizer.lr = r.positive("optimizer", "lr", 0.0);
+  c.run.grad_accum_steps = r.integer("run", "grad_accum_steps", 1, 1);
+
+  OptimizerConfig& o = c.optimizer;
+  o.name = r.one_of("optimizer", "name", "sgd", {"sgd", "adamw"});
+  o.lr = r.positive("optimizer", "lr", 0.0);
+  o.momentum = r.non_negative("optimizer", "momentum", 0.0);
+  std::tie(o.beta1, o.beta2) = r.betas(o.beta1, o.beta2);
+  o.eps = r.positive("optimizer", "eps", o.eps);
+  o.weight_decay = r.non_negative("optimizer", "weight_decay", o.name == "adamw" ? 0.01 : 0.0);
+  for (const char* key : {"momentum"})
+    if (o.name != "sgd" && r.find("optimizer", key))
+      throw ConfigError(r.where(*r.find("optimizer", key)) + ": key 'optimizer." + key + "' applies to sgd only");
+  for (const char* key : {"betas", "eps"})
+    if (o.name != "adamw" && r.find("optimizer", key))
+      throw ConfigError(r.where(*r.find("optimizer", key)) + ": key 'optimizer." + key + "' applies to adamw only");
+  using T = toml::node_type;
+  r.tables("optimizer", "groups", {{"params", T::string, true}, {"lr", T::floating_point, false},
+                                   {"weight_decay", T::floating_point, false}},
+           [&](const toml::table& t, const std::string& name) {
+             ParamGroupConfig g;
+             g.params = t["params"].value_or(std::string());
+             g.lr = t["lr"].node() ? Reader::as_double(*t["lr"].node()) : o.lr;
+             g.weight_decay = t["weight_decay"].node() ? Reader::as_double(*t["weight_decay"].node()) : o.weight_decay;
+             if (!(g.lr > 0)) throw ConfigError(r.where(*t["lr"].node()) + ": key '" + name + ".lr' must be > 0 (got " + format_double(g.lr) + ")");
+             if (!(g.weight_decay >= 0))
+               throw ConfigError(r.where(*t["weight_decay"].node()) + ": key '" + name + ".weight_decay' must be >= 0 (got " + format_double(g.weight_decay) + ")");
+             o.groups.push_back(g);
+           });
+  r.tables("schedule", "unfreeze", {{"step", T::integer, true}, {"params", T::string, true}},
+           [&](const toml::table& t, const std::string& name) {
+             UnfreezeConfig u{t["step"].value_or(int64_t(0)), t["params"].value_or(std::string())};
+             if (u.step < 0) throw ConfigError(r.where(*t["step"].node()) + ": key '" + name + ".step' must be >= 0 (got " + std::to_string(u.step) + ")");
+             c.unfreeze.push_back(u);
+           });
 
   c.transport_plugin = r.string("transport", "plugin", "gloo");
   c.strategy_plugin = r.string("strategy", "plugin", "naive");

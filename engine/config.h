@@ -70,6 +70,7 @@ class PluginSection {
 
 struct RunConfig {
   int world_size = 1;
+  int64_t grad_accum_steps = 1;  // micro-batches per optimizer step, >= 1
   int64_t steps = 0;          // required, >= 0
   uint64_t seed = 0;
   std::string output_dir;     // default: "runs/<config file stem>"
@@ -87,9 +88,32 @@ struct DataConfig {
   int64_t batch_size = 0;     // required, global batch, > 0, divisible by world_size
 };
 
+// [[optimizer.groups]]: parameters whose name matches `params` (a glob:
+// `*` and `?`, matching dots too) take this group's lr and weight_decay
+// (torch.optim's param_groups). The first matching group wins; the rest use
+// the [optimizer] values.
+struct ParamGroupConfig {
+  std::string params;
+  double lr = 0.0;
+  double weight_decay = 0.0;
+};
+
 struct OptimizerConfig {
-  std::string name = "sgd";   // "sgd"
+  std::string name = "sgd";   // "sgd" | "adamw"
   double lr = 0.0;            // required, > 0
+  double momentum = 0.0;      // sgd, >= 0
+  double beta1 = 0.9, beta2 = 0.999;  // adamw `betas`, each in [0, 1)
+  double eps = 1e-8;          // adamw, > 0
+  double weight_decay = 0.0;  // >= 0; default 0 for sgd (L2), 0.01 for adamw (decoupled), as PyTorch
+  std::vector<ParamGroupConfig> groups;
+};
+
+// [[schedule.unfreeze]]: before optimizer step `step` (0-based), the frozen
+// parameters whose name matches `params` become trainable (the
+// assignment's add_param_group during training).
+struct UnfreezeConfig {
+  int64_t step = 0;
+  std::string params;
 };
 
 struct Config {
@@ -98,6 +122,7 @@ struct Config {
   ModelConfig model;
   DataConfig data;
   OptimizerConfig optimizer;
+  std::vector<UnfreezeConfig> unfreeze;
   std::string transport_plugin = "gloo";
   std::string strategy_plugin = "naive";
   PluginSection transport;

@@ -1,16 +1,101 @@
-// optimizer.cpp — SGD: p -= lr * g.
+// optimizer.cpp — SGD (momentum, coupled weight decay) and AdamW (decoupled
+// weight decay, bias correction), following torch.optim's single-tensor
+// code path of PyTorch 1.13 operation by operation, in float32, so results
+// match PyTorch to rounding.
 #include "optimizer.h"
+
+#include <fnmatch.h>
+
+#include <cmath>
 
 namespace ddp {
 
+bool name_matches(const std::string& pattern, const std::string& name) {
+  return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+}
+
+Optimizer::Optimizer(const OptimizerConfig& config, Device& device, const std::vector<Parameter>& params)
+    : config_(config), device_(device), state_(params.size()) {
+  for (size_t g = 0; g < config.groups.size(); ++g) {
+    bool used = false;
+    for (const Parameter& p : params) used |= name_matches(config.groups[g].params, p.name);
+    if (!used)
+      throw ConfigError("optimizer.groups[" + std::to_string(g) + "].params: '" + config.groups[g].params +
+                        "' matches no parameter of the model");
+  }
+  for (const Parameter& p : params) {
+    Hyper h{config.lr, config.weight_decay};
+    for (const ParamGroupConfig& g : config.groups) {
+      if (name_matches(g.params, p.name)) {
+        h = Hyper{g.lr, g.weight_decay};
+        break;
+      }
+    }
+    hyper_.push_back(h);
+  }
+}
+
+Optimizer::~Optimizer() = default;
+
 void Optimizer::step(std::vector<Parameter>& params, const std::vector<size_t>& indices) {
-  const float lr = static_cast<float>(config_.lr);
   for (size_t i : indices) {
     Parameter& p = params.at(i);
-    if (!p.trainable) continue;
-    float* w = p.data.data();
-    const float* g = p.grad.data();
-    for (size_t k = 0; k < p.data.numel(); ++k) w[k] -= lr * g[k];
+    if (!p.trainable || p.uses == 0) continue;
+    if (!state_[i]) state_[i] = std::make_unique<State>();
+    if (config_.name == "adamw") {
+      adamw(p, hyper_[i], *state_[i]);
+    } else {
+      sgd(p, hyper_[i], *state_[i]);
+    }
+  }
+}
+
+// d = g + wd * w;  buf = momentum * buf + d (buf = d at first);  w -= lr * buf
+void Optimizer::sgd(Parameter& p, const Hyper& h, State& s) {
+  const size_t n = p.data.numel();
+  float* w = p.data.data();
+  const float* g = p.grad.data();
+  const float lr = float(h.lr), wd = float(h.weight_decay), mu = float(config_.momentum);
+  if (mu == 0.0f) {
+    for (size_t k = 0; k < n; ++k) w[k] += -lr * (wd != 0.0f ? g[k] + wd * w[k] : g[k]);
+    return;
+  }
+  const bool first = !s.first.defined();
+  if (first) s.first = Tensor(device_, p.shape, MemCategory::OptimizerState);
+  float* buf = s.first.data();
+  for (size_t k = 0; k < n; ++k) {
+    const float d = wd != 0.0f ? g[k] + wd * w[k] : g[k];
+    buf[k] = first ? d : buf[k] * mu + d;
+    w[k] += -lr * buf[k];
+  }
+}
+
+// torch.optim.AdamW (_single_tensor_adamw, PyTorch 1.13):
+//   w *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
+//   denom = sqrt(v) / sqrt(1 - b2^t) + eps;  w -= lr / (1 - b1^t) * m / denom
+void Optimizer::adamw(Parameter& p, const Hyper& h, State& s) {
+  if (!s.first.defined()) {
+    s.first = Tensor(device_, p.shape, MemCategory::OptimizerState);
+    s.second = Tensor(device_, p.shape, MemCategory::OptimizerState);
+  }
+  s.steps += 1;
+  const size_t n = p.data.numel();
+  float* w = p.data.data();
+  const float* g = p.grad.data();
+  float* m = s.first.data();
+  float* v = s.second.data();
+  const float b1 = float(config_.beta1), b2 = float(config_.beta2), eps = float(config_.eps);
+  const float decay = float(1.0 - h.lr * h.weight_decay);
+  const double bias1 = 1.0 - std::pow(config_.beta1, double(s.steps));
+  const double bias2 = 1.0 - std::pow(config_.beta2, double(s.steps));
+  const float step_size = float(h.lr / bias1);
+  const float bias2_sqrt = float(std::sqrt(bias2));
+  for (size_t k = 0; k < n; ++k) {
+    w[k] *= decay;
+    m[k] = m[k] * b1 + g[k] * (1.0f - b1);
+    v[k] = v[k] * b2 + (1.0f - b2) * g[k] * g[k];
+    const float denom = std::sqrt(v[k]) / bias2_sqrt + eps;
+    w[k] += -step_size * (m[k] / denom);
   }
 }
 

@@ -1,8 +1,12 @@
-// optimizer.h — the engine's optimizers, run on any subset of parameters (the
-// sharded strategy asks for its own shard only). State lives in the
-// OptimizerState memory category and exists only for parameters stepped.
+// optimizer.h — the engine's optimizers with torch.optim's semantics, run on
+// any subset of parameters (the sharded strategy asks for its own shard
+// only). State (momentum; AdamW's moments and step count) is created for a
+// parameter the first time it is stepped, in the OptimizerState memory
+// category, so a rank that steps 1/N of the parameters holds 1/N of the
+// state.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "config.h"
@@ -12,14 +16,35 @@ namespace ddp {
 
 class Optimizer {
  public:
-  Optimizer(const OptimizerConfig& config, Device& device) : config_(config), device_(device) {}
-  // Updates params[i] from params[i].grad for every i in `indices`
-  // (frozen ones are skipped).
+  // Resolves each parameter's group (lr, weight_decay). Throws ConfigError
+  // for a group pattern that matches no parameter.
+  Optimizer(const OptimizerConfig& config, Device& device, const std::vector<Parameter>& params);
+  ~Optimizer();
+
+  // Updates params[i] from params[i].grad for every i in `indices`. Frozen
+  // parameters and parameters the model never uses (no gradient, as a
+  // PyTorch parameter whose .grad is None) are skipped.
   void step(std::vector<Parameter>& params, const std::vector<size_t>& indices);
 
  private:
+  struct State {
+    int64_t steps = 0;
+    Tensor first;   // momentum buffer (sgd) or exp_avg (adamw)
+    Tensor second;  // exp_avg_sq (adamw)
+  };
+  struct Hyper {
+    double lr, weight_decay;
+  };
+  void sgd(Parameter& p, const Hyper& h, State& s);
+  void adamw(Parameter& p, const Hyper& h, State& s);
+
   OptimizerConfig config_;
   Device& device_;
+  std::vector<Hyper> hyper_;                   // per parameter
+  std::vector<std::unique_ptr<State>> state_;  // per parameter, made on first step
 };
+
+// fnmatch-style glob over parameter names: `*` any run (dots too), `?` one.
+bool name_matches(const std::string& pattern, const std::string& name);
 
 }  // namespace ddp

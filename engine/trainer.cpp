@@ -157,7 +157,14 @@ class RankRun {
     local_rows_ = config_.data.batch_size / r.world_size;
     batch_x_ = Tensor(device_, {local_rows_, model_->input_width()}, MemCategory::Activations);
     batch_y_ = Tensor(device_, {local_rows_, model_->output_width()}, MemCategory::Activations);
-    optimizer_ = std::make_unique<Optimizer>(config_.optimizer, device_);
+    optimizer_ = std::make_unique<Optimizer>(config_.optimizer, device_, model_->params());
+    for (size_t u = 0; u < config_.unfreeze.size(); ++u) {
+      bool used = false;
+      for (const Parameter& p : model_->params()) used |= name_matches(config_.unfreeze[u].params, p.name);
+      if (!used)
+        throw ConfigError("schedule.unfreeze[" + std::to_string(u) + "].params: '" + config_.unfreeze[u].params +
+                          "' matches no parameter of model '" + config_.model.name + "'");
+    }
     store_ = std::make_unique<Store>(env_.rendezvous, env_.run_id,
                                      std::chrono::milliseconds(int64_t(config_.run.timeout_s * 1000)));
 
@@ -204,28 +211,34 @@ class RankRun {
     CommCounters& c = services_.counters;
     const int64_t blocked0 = c.blocked_ns, busy0 = c.busy_ns, calls0 = c.collectives, bytes0 = c.bytes;
     const auto t0 = Clock::now();
+    const bool params_changed = apply_unfreeze(step);
     auto& params = model_->params();
     for (Parameter& p : params) {
       if (p.trainable) std::memset(p.grad.data(), 0, p.grad.bytes());
     }
-    for (size_t i = 0; i < params.size(); ++i) remaining_uses_[i] = params[i].uses;
-
-    ddp_step_info info{step, 0, 1, 1, 0};
-    sh.check(api.on_step_begin(plugins_.strategy, &info), "on_step_begin");
-    auto t = Clock::now();
-    rec.loss = model_->forward(fill_batch(step));
-    rec.forward_s = seconds_since(t);
-    t = Clock::now();
-    model_->backward(1.0f, [&](size_t index) {
-      if (--remaining_uses_[index] == 0)
-        sh.check(api.on_grad_ready(plugins_.strategy, &services_.param_table[index]), "on_grad_ready");
-    });
-    sh.check(api.on_backward_end(plugins_.strategy), "on_backward_end");
-    rec.backward_s = seconds_since(t);
+    // Micro-batches accumulate into the gradients; each one's loss is scaled
+    // by 1/k so the sum is the gradient of the mean over k x the batch.
+    const int64_t k = config_.run.grad_accum_steps;
+    for (int64_t micro = 0; micro < k; ++micro) {
+      for (size_t i = 0; i < params.size(); ++i) remaining_uses_[i] = params[i].uses;
+      ddp_step_info info{step, int32_t(micro), int32_t(k), micro == k - 1 ? 1 : 0,
+                         params_changed && micro == 0 ? 1 : 0};
+      sh.check(api.on_step_begin(plugins_.strategy, &info), "on_step_begin");
+      auto t = Clock::now();
+      rec.loss += model_->forward(fill_batch(step * k + micro)) / double(k);
+      rec.forward_s += seconds_since(t);
+      t = Clock::now();
+      model_->backward(1.0f / float(k), [&](size_t index) {
+        if (--remaining_uses_[index] == 0)
+          sh.check(api.on_grad_ready(plugins_.strategy, &services_.param_table[index]), "on_grad_ready");
+      });
+      sh.check(api.on_backward_end(plugins_.strategy), "on_backward_end");
+      rec.backward_s += seconds_since(t);
+    }
     sh.check(api.finish(plugins_.strategy), "finish");
     take_peaks(device_.memory(), mem_before_optimizer_);
 
-    t = Clock::now();
+    auto t = Clock::now();
     if (api.caps & DDP_CAP_OWNS_OPTIMIZER) {
       sh.check(api.optimizer_step(plugins_.strategy), "optimizer_step");
     } else {
@@ -242,10 +255,28 @@ class RankRun {
     return rec;
   }
 
-  // Copies this rank's rows of step `step` into the batch buffers.
-  Batch fill_batch(int64_t step) {
+  // Makes the parameters scheduled for `step` trainable (with a zeroed
+  // gradient); returns whether any changed.
+  bool apply_unfreeze(int64_t step) {
+    bool changed = false;
+    for (const UnfreezeConfig& u : config_.unfreeze) {
+      if (u.step != step) continue;
+      for (Parameter& p : model_->params()) {
+        if (p.trainable || !name_matches(u.params, p.name)) continue;
+        p.trainable = true;
+        p.grad = Tensor(device_, p.shape, MemCategory::Gradients);
+        changed = true;
+      }
+    }
+    if (changed) services_.refresh_param_table();
+    return changed;
+  }
+
+  // Copies this rank's rows of micro-batch `micro` (counted over the whole
+  // run) into the batch buffers.
+  Batch fill_batch(int64_t micro) {
     const int64_t in = model_->input_width(), out = model_->output_width();
-    const int64_t first = step * config_.data.batch_size + env_.rank.rank * local_rows_;
+    const int64_t first = micro * config_.data.batch_size + env_.rank.rank * local_rows_;
     for (int64_t i = 0; i < local_rows_; ++i) {
       const int64_t row = (first + i) % data_.rows;
       std::memcpy(batch_x_.data() + i * in, data_.x.data() + row * in, in * sizeof(float));

@@ -295,7 +295,7 @@ TEST_F(ConfigTest, ValueConstraints) {
   EXPECT_EQ(load_error(model),
             model + ":5:8: key 'model.name' must be one of: toy, toy_tied (got 'bert')");
   const std::string opt = write("opt.toml", replaced("lr = 0.1", "lr = 0.1\nname = \"adam\""));
-  EXPECT_EQ(load_error(opt), opt + ":12:8: key 'optimizer.name' must be one of: sgd (got 'adam')");
+  EXPECT_EQ(load_error(opt), opt + ":12:8: key 'optimizer.name' must be one of: sgd, adamw (got 'adam')");
 }
 
 TEST_F(ConfigTest, BatchNotDivisibleByWorldSize) {

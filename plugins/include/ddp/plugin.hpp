@@ -1,0 +1,202 @@
+// ddp/plugin.hpp — optional, header-only C++17 helpers over ddp/plugin.h for
+// plugin authors. Nothing here crosses the ABI: it only makes the C vtables
+// pleasant to call from C++ (exceptions inside, statuses at the boundary).
+//
+//   ddp_status my_finish(ddp_strategy* s) {
+//     return ddp::plugin::guard(s->host, [&] { ... may throw ddp::plugin::Failure ... });
+//   }
+#ifndef DDP_PLUGIN_HPP
+#define DDP_PLUGIN_HPP
+
+#include <ddp/plugin.h>
+
+#include <cstdint>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace ddp {
+namespace plugin {
+
+// An error on its way to the ABI boundary. `status` is what the entry
+// returns; what() is the text the host shows the user. When the host has
+// already set the text (a host call failed), `text_is_set` is true.
+class Failure : public std::runtime_error {
+ public:
+  Failure(ddp_status status, const std::string& message, bool text_is_set = false)
+      : std::runtime_error(message), status_(status), text_is_set_(text_is_set) {}
+  ddp_status status() const { return status_; }
+  bool text_is_set() const { return text_is_set_; }
+
+ private:
+  ddp_status status_;
+  bool text_is_set_;
+};
+
+// Throws if a host or transport call failed; the callee has set the text.
+inline void check(ddp_status status) {
+  if (status != DDP_OK) throw Failure(status, "", /*text_is_set=*/true);
+}
+
+// Runs `body` at an ABI entry: every exception becomes a status plus text.
+template <typename Body>
+ddp_status guard(const ddp_host* host, Body&& body) noexcept {
+  try {
+    body();
+    return DDP_OK;
+  } catch (const Failure& f) {
+    if (!f.text_is_set()) host->set_error(host->ctx, f.what());
+    return f.status();
+  } catch (const std::bad_alloc&) {
+    host->set_error(host->ctx, "out of memory");
+    return DDP_ERR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    host->set_error(host->ctx, e.what());
+    return DDP_ERR_INTERNAL;
+  } catch (...) {
+    host->set_error(host->ctx, "unknown exception");
+    return DDP_ERR_INTERNAL;
+  }
+}
+
+// The host vtable with throwing, typed calls.
+class Host {
+ public:
+  explicit Host(const ddp_host* host) : h_(host) {}
+  const ddp_host* raw() const { return h_; }
+  int rank() const { return h_->rank; }
+  int world_size() const { return h_->world_size; }
+  ddp_device_kind device() const { return h_->device; }
+
+  int64_t config_int(const char* key, int64_t fallback) const {
+    int64_t v = 0;
+    check(h_->config_int(h_->ctx, key, fallback, &v));
+    return v;
+  }
+  double config_float(const char* key, double fallback) const {
+    double v = 0;
+    check(h_->config_float(h_->ctx, key, fallback, &v));
+    return v;
+  }
+  bool config_bool(const char* key, bool fallback) const {
+    int v = 0;
+    check(h_->config_bool(h_->ctx, key, fallback ? 1 : 0, &v));
+    return v != 0;
+  }
+  std::string config_string(const char* key, const char* fallback) const {
+    const char* v = nullptr;
+    check(h_->config_string(h_->ctx, key, fallback, &v));
+    return v;
+  }
+
+  // The parameter table: params()[i] for i < param_count().
+  const ddp_param* params(size_t* count) const { return h_->params(h_->ctx, count); }
+
+  void* alloc(size_t bytes, ddp_mem_category category) const {
+    void* p = nullptr;
+    check(h_->alloc(h_->ctx, bytes, category, &p));
+    return p;
+  }
+  void free(void* p) const { h_->free(h_->ctx, p); }
+  void copy(void* dst, const void* src, size_t bytes, ddp_stream s) const {
+    check(h_->copy(h_->ctx, dst, src, bytes, s));
+  }
+  void fill(ddp_buffer b, double value, ddp_stream s) const { check(h_->fill(h_->ctx, b, value, s)); }
+  void scale(ddp_buffer b, double factor, ddp_stream s) const { check(h_->scale(h_->ctx, b, factor, s)); }
+
+  ddp_stream compute_stream() const { return h_->compute_stream(h_->ctx); }
+  ddp_stream comm_stream() const { return h_->comm_stream(h_->ctx); }
+
+  void log(ddp_log_level level, const std::string& message) const { h_->log(h_->ctx, level, message.c_str()); }
+  void run_optimizer(const size_t* indices, size_t count) const {
+    check(h_->run_optimizer(h_->ctx, indices, count));
+  }
+
+  // A float32 buffer on the run's device.
+  ddp_buffer floats(void* ptr, size_t count) const { return ddp_buffer{ptr, count, DDP_FLOAT32, h_->device}; }
+
+ private:
+  const ddp_host* h_;
+};
+
+// An owned host event.
+class Event {
+ public:
+  explicit Event(const ddp_host* host) : h_(host) { check(h_->event_create(h_->ctx, &e_)); }
+  ~Event() {
+    if (e_) h_->event_destroy(h_->ctx, e_);
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  Event(Event&& o) noexcept : h_(o.h_), e_(std::exchange(o.e_, nullptr)) {}
+
+  void record(ddp_stream s) const { check(h_->event_record(h_->ctx, e_, s)); }
+  void make_wait(ddp_stream s) const { check(h_->stream_wait_event(h_->ctx, s, e_)); }
+  void synchronize() const { check(h_->event_synchronize(h_->ctx, e_)); }
+
+ private:
+  const ddp_host* h_;
+  ddp_event e_ = nullptr;
+};
+
+// Device memory owned through the host (freed with it).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const ddp_host* host, size_t bytes, ddp_mem_category category)
+      : h_(host), bytes_(bytes) {
+    check(h_->alloc(h_->ctx, bytes, category, &ptr_));
+  }
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      h_ = o.h_;
+      ptr_ = std::exchange(o.ptr_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void reset() {
+    if (ptr_) h_->free(h_->ctx, ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  void* get() const { return ptr_; }
+  float* floats() const { return static_cast<float*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  const ddp_host* h_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A transport as the strategy receives it, with throwing calls.
+class Comm {
+ public:
+  Comm(const ddp_transport_v1_t* transport, ddp_comm* comm) : t_(transport), c_(comm) {}
+  void all_reduce(ddp_buffer b, ddp_reduce_op op, ddp_stream s) const { check(t_->all_reduce(c_, b, op, s)); }
+  void broadcast(ddp_buffer b, int root, ddp_stream s) const { check(t_->broadcast(c_, b, root, s)); }
+  void all_gather(ddp_buffer send, ddp_buffer recv, ddp_stream s) const {
+    check(t_->all_gather(c_, send, recv, s));
+  }
+  void reduce_scatter(ddp_buffer send, ddp_buffer recv, ddp_reduce_op op, ddp_stream s) const {
+    check(t_->reduce_scatter(c_, send, recv, op, s));
+  }
+  void barrier(ddp_stream s) const { check(t_->barrier(c_, s)); }
+
+ private:
+  const ddp_transport_v1_t* t_;
+  ddp_comm* c_;
+};
+
+}  // namespace plugin
+}  // namespace ddp
+
+#endif  // DDP_PLUGIN_HPP
