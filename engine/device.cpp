@@ -64,14 +64,17 @@ void Stream::run(Task& task) {
   try {
     task(cancelled);
   } catch (const std::exception& e) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (error_.empty()) error_ = e.what()[0] ? e.what() : "unknown error";
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (error_.empty()) error_ = e.what()[0] ? e.what() : "unknown error";
+    }
+    if (!threaded_) throw;
   }
 }
 
 void Stream::enqueue(Task task) {
   if (!threaded_) {
-    run(task);
+    run(task);  // rethrows
     return;
   }
   {
@@ -129,10 +132,15 @@ void Event::record(Stream& stream) {
   });
 }
 
-void Event::synchronize() {
+void Event::synchronize(std::chrono::milliseconds limit) {
   auto state = state_;
   std::unique_lock<std::mutex> lock(state->mutex);
-  state->cv.wait(lock, [&] { return state->done; });
+  if (limit == std::chrono::milliseconds::max()) {
+    state->cv.wait(lock, [&] { return state->done; });
+  } else if (!state->cv.wait_for(lock, limit, [&] { return state->done; })) {
+    throw Error("communication made no progress for " + std::to_string(limit.count() / 1000) +
+                " s (run.timeout_s plus a grace): a collective is stuck");
+  }
   if (!state->error.empty()) throw Error(state->error);
 }
 

@@ -72,6 +72,8 @@ class Stream {
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
+  // Threaded: queues the task. Inline: runs it now, and if it throws, fails
+  // the stream and rethrows, so the caller sees the failure at once.
   void enqueue(Task task);
   // Blocks until every task enqueued so far has run. Throws Error with the
   // stream's failure message if it failed.
@@ -79,6 +81,7 @@ class Stream {
   bool failed() const;
   std::string error() const;
   const std::string& name() const { return name_; }
+  bool threaded() const { return threaded_; }
 
  private:
   void run(Task& task);  // runs one task, recording a failure
@@ -101,8 +104,9 @@ class Stream {
 class Event {
  public:
   void record(Stream& stream);
-  // Blocks until complete; throws Error with the stream's message on failure.
-  void synchronize();
+  // Blocks until complete; throws Error with the stream's message on failure,
+  // or when `limit` passes first (a stuck collective).
+  void synchronize(std::chrono::milliseconds limit = std::chrono::milliseconds::max());
   bool query();  // true once complete (or failed)
   // Makes `stream` wait (without blocking the caller, unless inline).
   void make_wait(Stream& stream);

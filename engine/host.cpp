@@ -86,9 +86,10 @@ struct HostCallbacks {
       *out = strings.back().c_str();
     });
   }
-  static const ddp_param* params(void* ctx, size_t* count) {
-    *count = svc(ctx).param_table.size();
-    return svc(ctx).param_table.data();
+  static size_t param_count(void* ctx) { return svc(ctx).param_table.size(); }
+  static const ddp_param* param(void* ctx, size_t index) {
+    auto& table = svc(ctx).param_table;
+    return index < table.size() ? &table[index] : nullptr;
   }
 
   static ddp_status alloc(void* ctx, size_t bytes, ddp_mem_category category, void** out) {
@@ -99,22 +100,28 @@ struct HostCallbacks {
     return guarded([&] { *out = svc(ctx).device->alloc(bytes, static_cast<MemCategory>(category)); },
                    DDP_ERR_OUT_OF_MEMORY);
   }
-  static void free(void* ctx, void* ptr) { svc(ctx).device->free(ptr); }
+  static void free(void* ctx, void* ptr) {
+    try {
+      svc(ctx).device->free(ptr);
+    } catch (const std::exception& e) {  // never across the ABI
+      log(ctx, DDP_LOG_ERROR, e.what());
+    }
+  }
 
   static ddp_status copy(void* ctx, void* dst, const void* src, size_t bytes, ddp_stream stream) {
     return guarded([&] { svc(ctx).device->copy(dst, src, bytes, *to_stream(stream)); });
   }
-  static ddp_status fill(void* ctx, ddp_buffer buf, double value, ddp_stream stream) {
-    if (buf.dtype != DDP_FLOAT32) return unsupported_dtype("fill");
+  static ddp_status fill(void* ctx, const ddp_buffer* buf, double value, ddp_stream stream) {
+    if (buf->dtype != DDP_FLOAT32) return unsupported_dtype("fill");
     return guarded([&] {
-      svc(ctx).device->fill(static_cast<float*>(buf.ptr), buf.count, static_cast<float>(value),
+      svc(ctx).device->fill(static_cast<float*>(buf->ptr), buf->count, static_cast<float>(value),
                             *to_stream(stream));
     });
   }
-  static ddp_status scale(void* ctx, ddp_buffer buf, double factor, ddp_stream stream) {
-    if (buf.dtype != DDP_FLOAT32) return unsupported_dtype("scale");
+  static ddp_status scale(void* ctx, const ddp_buffer* buf, double factor, ddp_stream stream) {
+    if (buf->dtype != DDP_FLOAT32) return unsupported_dtype("scale");
     return guarded([&] {
-      svc(ctx).device->scale(static_cast<float*>(buf.ptr), buf.count, static_cast<float>(factor),
+      svc(ctx).device->scale(static_cast<float*>(buf->ptr), buf->count, static_cast<float>(factor),
                              *to_stream(stream));
     });
   }
@@ -140,16 +147,28 @@ struct HostCallbacks {
   static ddp_status event_record(void*, ddp_event event, ddp_stream stream) {
     return guarded([&] { to_event(event)->record(*to_stream(stream)); });
   }
-  static ddp_status stream_wait_event(void*, ddp_stream stream, ddp_event event) {
-    return guarded([&] { to_event(event)->make_wait(*to_stream(stream)); });
+  // A wait on an inline stream (CPU compute) blocks the training thread, so
+  // it counts as exposed communication time just like event_synchronize.
+  static ddp_status stream_wait_event(void* ctx, ddp_stream stream, ddp_event event) {
+    auto start = Clock::now();
+    ddp_status status = guarded([&] { to_event(event)->make_wait(*to_stream(stream)); }, DDP_ERR_COMM);
+    if (!to_stream(stream)->threaded()) add_blocked(ctx, start);
+    return status;
   }
   static ddp_status event_synchronize(void* ctx, ddp_event event) {
     auto start = Clock::now();
-    ddp_status status = guarded([&] { to_event(event)->synchronize(); }, DDP_ERR_COMM);
-    svc(ctx).counters.blocked_ns +=
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+    ddp_status status = guarded([&] { to_event(event)->synchronize(svc(ctx).wait_limit()); }, DDP_ERR_COMM);
+    add_blocked(ctx, start);
     return status;
   }
+  static void add_blocked(void* ctx, Clock::time_point start) {
+    svc(ctx).counters.blocked_ns +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+  }
+  static ddp_status event_query(void*, ddp_event event, int* done) {
+    return guarded([&] { *done = to_event(event)->query() ? 1 : 0; }, DDP_ERR_COMM);
+  }
+  static void* stream_native(void*, ddp_stream) { return nullptr; }  // CPU streams have none
 
   static ddp_status store_set(void* ctx, const char* key, const void* data, size_t bytes) {
     return guarded([&] {
@@ -195,7 +214,8 @@ PluginHost::PluginHost(HostServices& services, const PluginSection& section, std
   host_.config_float = H::config_float;
   host_.config_bool = H::config_bool;
   host_.config_string = H::config_string;
-  host_.params = H::params;
+  host_.param_count = H::param_count;
+  host_.param = H::param;
   host_.alloc = H::alloc;
   host_.free = H::free;
   host_.copy = H::copy;
@@ -209,6 +229,8 @@ PluginHost::PluginHost(HostServices& services, const PluginSection& section, std
   host_.event_record = H::event_record;
   host_.stream_wait_event = H::stream_wait_event;
   host_.event_synchronize = H::event_synchronize;
+  host_.event_query = H::event_query;
+  host_.stream_native = H::stream_native;
   host_.store_set = H::store_set;
   host_.store_get = H::store_get;
   host_.store_wait = H::store_wait;
@@ -217,7 +239,10 @@ PluginHost::PluginHost(HostServices& services, const PluginSection& section, std
 }
 
 void PluginHost::check(ddp_status status, const char* entry) const {
-  if (status == DDP_OK) return;
+  if (status == DDP_OK) {
+    t_plugin_error.clear();  // text set by a call that then succeeded is stale
+    return;
+  }
   throw Error(label_ + ": " + entry + ": " + take_plugin_error());
 }
 
@@ -254,36 +279,48 @@ struct MeterCallbacks {
     return DDP_ERR_UNSUPPORTED;
   }
   static void destroy(ddp_comm*) {}
-  static ddp_status all_reduce(ddp_comm* c, ddp_buffer buf, ddp_reduce_op op, ddp_stream s) {
-    return metered(c, s, buf.count * dtype_bytes(buf.dtype), [&](auto* t, ddp_comm* rc) {
+  static ddp_status all_reduce(ddp_comm* c, const ddp_buffer* buf, ddp_reduce_op op, ddp_stream s) {
+    return metered(c, s, buf->count * dtype_bytes(buf->dtype), [&](auto* t, ddp_comm* rc) {
       return t->all_reduce(rc, buf, op, s);
     });
   }
-  static ddp_status broadcast(ddp_comm* c, ddp_buffer buf, int root, ddp_stream s) {
-    return metered(c, s, buf.count * dtype_bytes(buf.dtype), [&](auto* t, ddp_comm* rc) {
+  static ddp_status broadcast(ddp_comm* c, const ddp_buffer* buf, int root, ddp_stream s) {
+    return metered(c, s, buf->count * dtype_bytes(buf->dtype), [&](auto* t, ddp_comm* rc) {
       return t->broadcast(rc, buf, root, s);
     });
   }
-  static ddp_status all_gather(ddp_comm* c, ddp_buffer send, ddp_buffer recv, ddp_stream s) {
-    return metered(c, s, recv.count * dtype_bytes(recv.dtype), [&](auto* t, ddp_comm* rc) {
+  static ddp_status all_gather(ddp_comm* c, const ddp_buffer* send, const ddp_buffer* recv, ddp_stream s) {
+    return metered(c, s, recv->count * dtype_bytes(recv->dtype), [&](auto* t, ddp_comm* rc) {
       return t->all_gather(rc, send, recv, s);
     });
   }
-  static ddp_status reduce_scatter(ddp_comm* c, ddp_buffer send, ddp_buffer recv, ddp_reduce_op op,
-                                   ddp_stream s) {
-    return metered(c, s, send.count * dtype_bytes(send.dtype), [&](auto* t, ddp_comm* rc) {
+  static ddp_status reduce_scatter(ddp_comm* c, const ddp_buffer* send, const ddp_buffer* recv,
+                                   ddp_reduce_op op, ddp_stream s) {
+    return metered(c, s, send->count * dtype_bytes(send->dtype), [&](auto* t, ddp_comm* rc) {
       return t->reduce_scatter(rc, send, recv, op, s);
     });
   }
   static ddp_status barrier(ddp_comm* c, ddp_stream s) {
     return metered(c, s, 0, [&](auto* t, ddp_comm* rc) { return t->barrier(rc, s); });
   }
+  static void abort(ddp_comm* c) {
+    MeteredTransport& m = self(c);
+    if (m.real_->abort) m.real_->abort(m.real_comm_);
+  }
 };
 
 MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* comm,
                                    HostServices& services)
     : real_(real), real_comm_(comm), services_(services) {
-  vtable_ = *real;  // header fields (name, version, caps) as the real one's
+  // Every entry is listed here: a new one must be metered (or refused), never
+  // passed through with the wrapper's handle.
+  static_assert(sizeof(ddp_transport_v1_t) == 4 + 4 + 2 * sizeof(void*) + 8 + 8 * sizeof(void*),
+                "ddp_transport_v1_t changed: update MeteredTransport");
+  vtable_ = ddp_transport_v1_t{};
+  vtable_.abi_version = real->abi_version;
+  vtable_.name = real->name;
+  vtable_.version = real->version;
+  vtable_.caps = real->caps;
   vtable_.struct_size = sizeof(ddp_transport_v1_t);
   vtable_.init = MeterCallbacks::init;
   vtable_.destroy = MeterCallbacks::destroy;
@@ -292,6 +329,7 @@ MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* com
   vtable_.all_gather = MeterCallbacks::all_gather;
   vtable_.reduce_scatter = MeterCallbacks::reduce_scatter;
   vtable_.barrier = MeterCallbacks::barrier;
+  vtable_.abort = MeterCallbacks::abort;
 }
 
 }  // namespace ddp

@@ -45,6 +45,10 @@ struct HostServices {
   CommCounters counters;
   std::vector<ddp_param> param_table;  // mirrors model->params()
 
+  // How long a blocking wait may take before the engine gives up on a stuck
+  // collective: the transport's own timeout plus a grace for it to fire.
+  std::chrono::milliseconds wait_limit() const { return std::chrono::milliseconds(timeout_ms + 5000); }
+
   void refresh_param_table();  // after trainable flags change
 };
 

@@ -221,7 +221,7 @@ class RankRun {
     const int64_t k = config_.run.grad_accum_steps;
     for (int64_t micro = 0; micro < k; ++micro) {
       for (size_t i = 0; i < params.size(); ++i) remaining_uses_[i] = params[i].uses;
-      ddp_step_info info{step, int32_t(micro), int32_t(k), micro == k - 1 ? 1 : 0,
+      ddp_step_info info{sizeof(ddp_step_info), step, int32_t(micro), int32_t(k), micro == k - 1 ? 1 : 0,
                          params_changed && micro == 0 ? 1 : 0};
       sh.check(api.on_step_begin(plugins_.strategy, &info), "on_step_begin");
       auto t = Clock::now();
@@ -301,7 +301,7 @@ class RankRun {
     plugins_.transport_host->check(call(t, plugins_.comm, reinterpret_cast<ddp_stream>(&stream)), what);
     Event done;
     done.record(stream);
-    done.synchronize();
+    done.synchronize(services_.wait_limit());
   }
 
   // Replaces the local losses since the last report by the global mean (the
@@ -311,8 +311,8 @@ class RankRun {
     std::vector<float> losses;
     for (size_t i = begin; i < records_.size(); ++i) losses.push_back(static_cast<float>(records_[i].loss));
     engine_collective([&](const ddp_transport_v1_t& t, ddp_comm* comm, ddp_stream s) {
-      return t.all_reduce(comm, ddp_buffer{losses.data(), losses.size(), DDP_FLOAT32, DDP_DEVICE_CPU},
-                          DDP_REDUCE_AVG, s);
+      const ddp_buffer buf{losses.data(), losses.size(), DDP_FLOAT32, DDP_DEVICE_CPU};
+      return t.all_reduce(comm, &buf, DDP_REDUCE_AVG, s);
     }, "all_reduce of the loss");
     for (size_t i = begin; i < records_.size(); ++i) records_[i].loss = losses[i - begin];
     reported_ = records_.size();
@@ -337,8 +337,9 @@ class RankRun {
     mine.push_back(busy);
     std::vector<double> all(mine.size() * env_.rank.world_size);
     engine_collective([&](const ddp_transport_v1_t& t, ddp_comm* comm, ddp_stream s) {
-      return t.all_gather(comm, ddp_buffer{mine.data(), mine.size(), DDP_FLOAT64, DDP_DEVICE_CPU},
-                          ddp_buffer{all.data(), all.size(), DDP_FLOAT64, DDP_DEVICE_CPU}, s);
+      const ddp_buffer send{mine.data(), mine.size(), DDP_FLOAT64, DDP_DEVICE_CPU};
+      const ddp_buffer recv{all.data(), all.size(), DDP_FLOAT64, DDP_DEVICE_CPU};
+      return t.all_gather(comm, &send, &recv, s);
     }, "all_gather of the rank summaries");
     if (env_.rank.rank != 0) return;
 

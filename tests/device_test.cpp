@@ -322,7 +322,8 @@ TEST(Stream, InlineRunsImmediatelyInTheCallerThread) {
 
 TEST(Stream, InlineFailureIsStickyToo) {
   Stream s("inline", /*threaded=*/false);
-  s.enqueue([](bool) { throw Error("inline boom"); });  // does not propagate to the caller
+  // The caller sees an inline failure at once, and the stream stays failed.
+  EXPECT_EQ(error_of([&] { s.enqueue([](bool) { throw Error("inline boom"); }); }), "inline boom");
   EXPECT_TRUE(s.failed());
   bool saw_cancelled = false;
   s.enqueue([&](bool cancelled) { saw_cancelled = cancelled; });

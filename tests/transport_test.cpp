@@ -59,6 +59,9 @@ ddp_buffer buffer_of(std::vector<T>& v) {
   return ddp_buffer{v.data(), v.size(), dtype_of<T>(), DDP_DEVICE_CPU};
 }
 
+// The ABI takes buffers by pointer; a temporary lives to the end of the call.
+const ddp_buffer* ptr(const ddp_buffer& b) { return &b; }
+
 template <typename T>
 std::string str(T v) {
   std::ostringstream os;
@@ -124,19 +127,19 @@ class Rank {
 
   template <typename T>
   void all_reduce(std::vector<T>& v, ddp_reduce_op op) {
-    check(t_->all_reduce(comm_, buffer_of(v), op, stream()), "all_reduce");
+    check(t_->all_reduce(comm_, ptr(buffer_of(v)), op, stream()), "all_reduce");
   }
   template <typename T>
   void broadcast(std::vector<T>& v, int root) {
-    check(t_->broadcast(comm_, buffer_of(v), root, stream()), "broadcast");
+    check(t_->broadcast(comm_, ptr(buffer_of(v)), root, stream()), "broadcast");
   }
   template <typename T>
   void all_gather(std::vector<T>& send, std::vector<T>& recv) {
-    check(t_->all_gather(comm_, buffer_of(send), buffer_of(recv), stream()), "all_gather");
+    check(t_->all_gather(comm_, ptr(buffer_of(send)), ptr(buffer_of(recv)), stream()), "all_gather");
   }
   template <typename T>
   void reduce_scatter(std::vector<T>& send, std::vector<T>& recv, ddp_reduce_op op) {
-    check(t_->reduce_scatter(comm_, buffer_of(send), buffer_of(recv), op, stream()),
+    check(t_->reduce_scatter(comm_, ptr(buffer_of(send)), ptr(buffer_of(recv)), op, stream()),
           "reduce_scatter");
   }
   void barrier() { check(t_->barrier(comm_, stream()), "barrier"); }
@@ -427,41 +430,41 @@ TEST(GlooTransport, RefusalsAtEnqueue) {
     const ddp_transport_v1_t* t = rank.t();
 
     for (int k = 0; k <= r; ++k) {  // rank 1 is refused twice as often
-      expect_refusal(t->all_reduce(rank.comm(), cuda, DDP_REDUCE_SUM, rank.stream()),
+      expect_refusal(t->all_reduce(rank.comm(), &cuda, DDP_REDUCE_SUM, rank.stream()),
                      DDP_ERR_UNSUPPORTED, "all_reduce: gloo needs CPU buffers", "all_reduce cuda");
     }
-    expect_refusal(t->broadcast(rank.comm(), cuda, 0, rank.stream()), DDP_ERR_UNSUPPORTED,
+    expect_refusal(t->broadcast(rank.comm(), &cuda, 0, rank.stream()), DDP_ERR_UNSUPPORTED,
                    "broadcast: gloo needs CPU buffers", "broadcast cuda");
-    expect_refusal(t->all_gather(rank.comm(), buffer_of(x), ddp_buffer{big.data(), 16, DDP_FLOAT32,
-                                                                       DDP_DEVICE_CUDA},
+    expect_refusal(t->all_gather(rank.comm(), ptr(buffer_of(x)), ptr(ddp_buffer{big.data(), 16, DDP_FLOAT32,
+                                                                       DDP_DEVICE_CUDA}),
                                  rank.stream()),
                    DDP_ERR_UNSUPPORTED, "all_gather: gloo needs CPU buffers", "all_gather cuda");
     ddp_buffer bf16{x.data(), x.size(), DDP_BFLOAT16, DDP_DEVICE_CPU};
-    expect_refusal(t->all_reduce(rank.comm(), bf16, DDP_REDUCE_SUM, rank.stream()),
+    expect_refusal(t->all_reduce(rank.comm(), &bf16, DDP_REDUCE_SUM, rank.stream()),
                    DDP_ERR_UNSUPPORTED,
                    "all_reduce: dtype not supported (float32, float64, int32, int64)",
                    "all_reduce bfloat16");
     ddp_buffer null_buf{nullptr, 4, DDP_FLOAT32, DDP_DEVICE_CPU};
-    expect_refusal(t->all_reduce(rank.comm(), null_buf, DDP_REDUCE_SUM, rank.stream()),
+    expect_refusal(t->all_reduce(rank.comm(), &null_buf, DDP_REDUCE_SUM, rank.stream()),
                    DDP_ERR_INVALID_ARGUMENT, "all_reduce: NULL buffer", "all_reduce NULL");
-    expect_refusal(t->broadcast(rank.comm(), buffer_of(x), w, rank.stream()),
+    expect_refusal(t->broadcast(rank.comm(), ptr(buffer_of(x)), w, rank.stream()),
                    DDP_ERR_INVALID_ARGUMENT, "broadcast: root 2 out of range", "broadcast root");
-    expect_refusal(t->broadcast(rank.comm(), buffer_of(x), -1, rank.stream()),
+    expect_refusal(t->broadcast(rank.comm(), ptr(buffer_of(x)), -1, rank.stream()),
                    DDP_ERR_INVALID_ARGUMENT, "broadcast: root -1 out of range", "broadcast root");
     std::vector<float> small_recv(15);
-    expect_refusal(t->all_gather(rank.comm(), buffer_of(x), buffer_of(small_recv), rank.stream()),
+    expect_refusal(t->all_gather(rank.comm(), ptr(buffer_of(x)), ptr(buffer_of(small_recv)), rank.stream()),
                    DDP_ERR_INVALID_ARGUMENT,
                    "all_gather: recv must hold send.count * world_size elements of send's dtype",
                    "all_gather count");
     std::vector<float> rs_recv(3);
-    expect_refusal(t->reduce_scatter(rank.comm(), buffer_of(x), buffer_of(rs_recv), DDP_REDUCE_SUM,
+    expect_refusal(t->reduce_scatter(rank.comm(), ptr(buffer_of(x)), ptr(buffer_of(rs_recv)), DDP_REDUCE_SUM,
                                      rank.stream()),
                    DDP_ERR_INVALID_ARGUMENT,
                    "reduce_scatter: send must hold recv.count * world_size elements of recv's dtype",
                    "reduce_scatter count");
     // PluginHost::check words it for the engine.
     try {
-      rank.check(t->all_reduce(rank.comm(), cuda, DDP_REDUCE_SUM, rank.stream()), "all_reduce");
+      rank.check(t->all_reduce(rank.comm(), &cuda, DDP_REDUCE_SUM, rank.stream()), "all_reduce");
       fail("check did not throw");
     } catch (const Error& e) {
       if (std::string(e.what()) != "transport plugin 'gloo': all_reduce: all_reduce: gloo needs CPU buffers")

@@ -72,6 +72,9 @@ struct ddp_comm_s {
   std::shared_ptr<gloo::rendezvous::Context> context;
   gloo::AllreduceOptions::Algorithm algorithm;
   uint32_t next_tag = 0;  // same sequence on every rank: collectives are issued in the same order
+  // reduce_scatter's scratch, grown on demand; touched only on the stream.
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
 };
 
 namespace {
@@ -190,9 +193,14 @@ ddp_status gloo_init(const ddp_host* host, ddp_comm** out) {
   }
 }
 
-void gloo_destroy(ddp_comm* comm) { delete comm; }
+void gloo_destroy(ddp_comm* comm) {
+  comm->host->free(comm->host->ctx, comm->scratch);
+  delete comm;
+}
 
-ddp_status gloo_all_reduce(ddp_comm* comm, ddp_buffer buf, ddp_reduce_op op, ddp_stream stream) {
+ddp_status gloo_all_reduce(ddp_comm* comm, const ddp_buffer* buf_in, ddp_reduce_op op, ddp_stream stream) {
+  if (!buf_in) return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "all_reduce: NULL buffer");
+  const ddp_buffer buf = *buf_in;
   if (ddp_status s = check_buffer(comm, buf, "all_reduce")) return s;
   uint32_t tag = comm->next_tag++;
   return enqueue(comm, stream, describe("all_reduce", buf), [=] {
@@ -203,7 +211,9 @@ ddp_status gloo_all_reduce(ddp_comm* comm, ddp_buffer buf, ddp_reduce_op op, ddp
   });
 }
 
-ddp_status gloo_broadcast(ddp_comm* comm, ddp_buffer buf, int root, ddp_stream stream) {
+ddp_status gloo_broadcast(ddp_comm* comm, const ddp_buffer* buf_in, int root, ddp_stream stream) {
+  if (!buf_in) return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "broadcast: NULL buffer");
+  const ddp_buffer buf = *buf_in;
   if (ddp_status s = check_buffer(comm, buf, "broadcast")) return s;
   if (root < 0 || root >= comm->host->world_size)
     return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "broadcast: root " + std::to_string(root) + " out of range");
@@ -221,7 +231,10 @@ ddp_status gloo_broadcast(ddp_comm* comm, ddp_buffer buf, int root, ddp_stream s
   });
 }
 
-ddp_status gloo_all_gather(ddp_comm* comm, ddp_buffer send, ddp_buffer recv, ddp_stream stream) {
+ddp_status gloo_all_gather(ddp_comm* comm, const ddp_buffer* send_in, const ddp_buffer* recv_in,
+                           ddp_stream stream) {
+  if (!send_in || !recv_in) return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "all_gather: NULL buffer");
+  const ddp_buffer send = *send_in, recv = *recv_in;
   if (ddp_status s = check_buffer(comm, send, "all_gather")) return s;
   if (ddp_status s = check_buffer(comm, recv, "all_gather")) return s;
   size_t world = static_cast<size_t>(comm->host->world_size);
@@ -247,9 +260,12 @@ ddp_status gloo_all_gather(ddp_comm* comm, ddp_buffer send, ddp_buffer recv, ddp
 
 // This Gloo snapshot has no options-style reduce-scatter (only a legacy class
 // that registers buffers at construction), so reduce the whole send buffer
-// in a scratch copy with gloo::allreduce and keep this rank's slice.
-ddp_status gloo_reduce_scatter(ddp_comm* comm, ddp_buffer send, ddp_buffer recv, ddp_reduce_op op,
-                               ddp_stream stream) {
+// in a scratch copy with gloo::allreduce and keep this rank's slice. It moves
+// about twice the bytes of a true reduce-scatter.
+ddp_status gloo_reduce_scatter(ddp_comm* comm, const ddp_buffer* send_in, const ddp_buffer* recv_in,
+                               ddp_reduce_op op, ddp_stream stream) {
+  if (!send_in || !recv_in) return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "reduce_scatter: NULL buffer");
+  const ddp_buffer send = *send_in, recv = *recv_in;
   if (ddp_status s = check_buffer(comm, send, "reduce_scatter")) return s;
   if (ddp_status s = check_buffer(comm, recv, "reduce_scatter")) return s;
   size_t world = static_cast<size_t>(comm->host->world_size);
@@ -260,10 +276,21 @@ ddp_status gloo_reduce_scatter(ddp_comm* comm, ddp_buffer send, ddp_buffer recv,
   return enqueue(comm, stream, describe("reduce_scatter", send), [=] {
     with_type(send.dtype, [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
-      std::vector<T> scratch(static_cast<T*>(send.ptr), static_cast<T*>(send.ptr) + send.count);
-      reduce_in_place(comm, scratch.data(), scratch.size(), op, tag);
+      const size_t bytes = send.count * sizeof(T);
+      if (comm->scratch_bytes < bytes) {  // accounted as a communication buffer
+        const ddp_host* h = comm->host;
+        h->free(h->ctx, comm->scratch);
+        comm->scratch = nullptr;
+        comm->scratch_bytes = 0;
+        if (h->alloc(h->ctx, bytes, DDP_MEM_COMM_BUFFERS, &comm->scratch) != DDP_OK)
+          throw std::runtime_error("out of memory for a " + std::to_string(bytes) + "-byte scratch buffer");
+        comm->scratch_bytes = bytes;
+      }
+      T* scratch = static_cast<T*>(comm->scratch);
+      std::memcpy(scratch, send.ptr, bytes);
+      reduce_in_place(comm, scratch, send.count, op, tag);
       size_t rank = static_cast<size_t>(comm->context->rank);
-      std::memcpy(recv.ptr, scratch.data() + rank * recv.count, recv.count * sizeof(T));
+      std::memcpy(recv.ptr, scratch + rank * recv.count, recv.count * sizeof(T));
     });
   });
 }
@@ -294,4 +321,5 @@ extern "C" const ddp_transport_v1_t ddp_transport_v1 = {
     gloo_all_gather,
     gloo_reduce_scatter,
     gloo_barrier,
+    nullptr,  // abort: Gloo collectives end by their own timeout
 };

@@ -1,53 +1,43 @@
 // naive.cpp — the `naive` strategy, as in CS336 assignment 2's first DDP:
 // rank 0's parameters are broadcast at the start; after backward, one
-// all-reduce (average) per trainable parameter, one after the other.
-// Frozen parameters are never touched. No keys.
-#include <ddp/plugin.h>
+// all-reduce (average) per trainable parameter, one after the other, and
+// the training thread waits for them. Frozen parameters are never touched.
+// No keys. Written on the optional C++ helpers of ddp/plugin.hpp.
+#include <ddp/plugin.hpp>
 
-#include <new>
+using ddp::plugin::Comm;
+using ddp::plugin::Event;
+using ddp::plugin::Host;
+using ddp::plugin::guard;
 
 struct ddp_strategy_s {
-  const ddp_host* host;
-  const ddp_transport_v1_t* transport;
-  ddp_comm* comm;
-  ddp_event done;  // recorded on the comm stream after the last collective
+  Host host;
+  Comm comm;
+  Event computed;  // recorded on the compute stream: gradients are final
+  Event done;      // recorded on the comm stream after the last collective
 };
 
 namespace {
 
-ddp_buffer buffer_of(const ddp_host* h, const ddp_param& p, void* ptr) {
-  return ddp_buffer{ptr, p.numel, p.dtype, h->device};
+// Waits (blocking) for everything enqueued on the comm stream so far.
+void wait_comm(ddp_strategy* s) {
+  s->done.record(s->host.comm_stream());
+  s->done.synchronize();
 }
 
 ddp_status naive_create(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm,
                         ddp_strategy** out) {
-  auto* s = new (std::nothrow) ddp_strategy_s{host, transport, comm, nullptr};
-  if (!s) return DDP_ERR_OUT_OF_MEMORY;
-  if (ddp_status st = host->event_create(host->ctx, &s->done)) {
-    delete s;
-    return st;
-  }
-  *out = s;
-  return DDP_OK;
-}
-
-// Enqueues on the comm stream; blocks until every collective has completed.
-ddp_status wait_comm(ddp_strategy* s) {
-  const ddp_host* h = s->host;
-  if (ddp_status st = h->event_record(h->ctx, s->done, h->comm_stream(h->ctx))) return st;
-  return h->event_synchronize(h->ctx, s->done);
+  return guard(host, [&] { *out = new ddp_strategy_s{Host(host), Comm(transport, comm), Event(host), Event(host)}; });
 }
 
 ddp_status naive_on_train_begin(ddp_strategy* s) {
-  const ddp_host* h = s->host;
-  size_t n = 0;
-  const ddp_param* params = h->params(h->ctx, &n);
-  ddp_stream comm = h->comm_stream(h->ctx);
-  for (size_t i = 0; i < n; ++i) {
-    ddp_buffer buf = buffer_of(h, params[i], params[i].data);
-    if (ddp_status st = s->transport->broadcast(s->comm, buf, 0, comm)) return st;
-  }
-  return wait_comm(s);
+  return guard(s->host.raw(), [&] {
+    for (size_t i = 0; i < s->host.param_count(); ++i) {
+      const ddp_param& p = s->host.param(i);
+      s->comm.broadcast(s->host.floats(p.data, p.numel), 0, s->host.comm_stream());
+    }
+    wait_comm(s);
+  });
 }
 
 ddp_status naive_on_step_begin(ddp_strategy*, const ddp_step_info*) { return DDP_OK; }
@@ -55,22 +45,19 @@ ddp_status naive_on_grad_ready(ddp_strategy*, const ddp_param*) { return DDP_OK;
 ddp_status naive_on_backward_end(ddp_strategy*) { return DDP_OK; }
 
 ddp_status naive_finish(ddp_strategy* s) {
-  const ddp_host* h = s->host;
-  size_t n = 0;
-  const ddp_param* params = h->params(h->ctx, &n);
-  ddp_stream comm = h->comm_stream(h->ctx);
-  for (size_t i = 0; i < n; ++i) {
-    if (!params[i].trainable) continue;
-    ddp_buffer buf = buffer_of(h, params[i], params[i].grad);
-    if (ddp_status st = s->transport->all_reduce(s->comm, buf, DDP_REDUCE_AVG, comm)) return st;
-  }
-  return wait_comm(s);
+  return guard(s->host.raw(), [&] {
+    const ddp_stream comm = s->host.comm_stream();
+    s->computed.record(s->host.compute_stream());
+    s->computed.make_wait(comm);
+    for (size_t i = 0; i < s->host.param_count(); ++i) {
+      const ddp_param& p = s->host.param(i);
+      if (p.trainable) s->comm.all_reduce(s->host.floats(p.grad, p.numel), DDP_REDUCE_AVG, comm);
+    }
+    wait_comm(s);
+  });
 }
 
-void naive_destroy(ddp_strategy* s) {
-  s->host->event_destroy(s->host->ctx, s->done);
-  delete s;
-}
+void naive_destroy(ddp_strategy* s) { delete s; }
 
 }  // namespace
 

@@ -75,15 +75,14 @@ static ddp_status rec_backward_end(ddp_strategy* s) {
 
 static ddp_status rec_finish(ddp_strategy* s) {
   char text[256];
-  size_t n = 0, i;
-  const ddp_param* params;
+  size_t n, i;
   if (s->step != 0) return DDP_OK;
   append(s->hooks, " finish");
-  params = s->host->params(s->host->ctx, &n);
+  n = s->host->param_count(s->host->ctx);
   for (i = 0; i < n; ++i) {
-    if (!params[i].trainable) continue;
-    snprintf(text, sizeof text, "%s\"%s\": %.9g", s->final_sums[0] ? ", " : "", params[i].name,
-             grad_sum(&params[i]));
+    const ddp_param* p = s->host->param(s->host->ctx, i);
+    if (!p->trainable) continue;
+    snprintf(text, sizeof text, "%s\"%s\": %.9g", s->final_sums[0] ? ", " : "", p->name, grad_sum(p));
     append(s->final_sums, text);
   }
   return DDP_OK;

@@ -11,21 +11,21 @@ static inline ddp_status stub_init(const ddp_host* host, ddp_comm** out) {
   return DDP_OK;
 }
 static inline void stub_comm_destroy(ddp_comm* comm) { (void)comm; }
-static inline ddp_status stub_all_reduce(ddp_comm* c, ddp_buffer b, ddp_reduce_op op,
+static inline ddp_status stub_all_reduce(ddp_comm* c, const ddp_buffer* b, ddp_reduce_op op,
                                          ddp_stream s) {
   (void)c, (void)b, (void)op, (void)s;
   return DDP_OK;
 }
-static inline ddp_status stub_broadcast(ddp_comm* c, ddp_buffer b, int root, ddp_stream s) {
+static inline ddp_status stub_broadcast(ddp_comm* c, const ddp_buffer* b, int root, ddp_stream s) {
   (void)c, (void)b, (void)root, (void)s;
   return DDP_OK;
 }
-static inline ddp_status stub_all_gather(ddp_comm* c, ddp_buffer send, ddp_buffer recv,
+static inline ddp_status stub_all_gather(ddp_comm* c, const ddp_buffer* send, const ddp_buffer* recv,
                                          ddp_stream s) {
   (void)c, (void)send, (void)recv, (void)s;
   return DDP_OK;
 }
-static inline ddp_status stub_reduce_scatter(ddp_comm* c, ddp_buffer send, ddp_buffer recv,
+static inline ddp_status stub_reduce_scatter(ddp_comm* c, const ddp_buffer* send, const ddp_buffer* recv,
                                              ddp_reduce_op op, ddp_stream s) {
   (void)c, (void)send, (void)recv, (void)op, (void)s;
   return DDP_OK;

@@ -18,7 +18,17 @@
  *   afterwards reports that failure.
  * - Whoever allocates frees, through the same vtable.
  * - Entries are appended at the end of a struct, never reordered; the host
- *   uses struct_size to see which exist. Optional entries may be NULL.
+ *   uses struct_size to see which exist. Optional entries may be NULL. A
+ *   plugin built against a newer minor checks host->struct_size before
+ *   calling a host entry that the engine's minor may lack.
+ * - Structs passed by pointer (ddp_buffer, ddp_param, ddp_step_info) may
+ *   grow at the end in a minor version; never copy them into arrays of your
+ *   own type assumptions beyond the fields you know.
+ * - Threads: the host calls plugin entries from the training thread only.
+ *   Host functions may be called from the training thread and from host
+ *   functions running on a stream, with two exceptions: config_* only inside
+ *   create/init, and nothing may block on the stream it runs on. One event
+ *   is not used from two threads at once.
  *
  * Stability: changing or removing anything here is a new major ABI version
  * (a new entry symbol, e.g. ddp_strategy_v2). Adding at the end is a minor.
@@ -101,6 +111,8 @@ typedef enum ddp_mem_category {
 #define DDP_CAP_OWNS_OPTIMIZER (1u << 8)  /* strategy: implements optimizer_step */
 
 /* A contiguous buffer on the run's device. `count` is in elements. */
+/* A buffer argument; passed by pointer, read during the call only (the
+ * memory it names must stay valid until the enqueued work completes). */
 typedef struct ddp_buffer {
   void* ptr;
   size_t count;
@@ -110,7 +122,8 @@ typedef struct ddp_buffer {
 
 /* One model parameter, in the model's named_parameters() order. The host owns
  * `data` and `grad`; both hold `numel` elements of `dtype` on the run's
- * device. `grad` is NULL while the parameter is frozen. */
+ * device. `grad` is NULL while the parameter is frozen. Reach entries only
+ * through host->param(ctx, i): the struct may grow in a minor version. */
 typedef struct ddp_param {
   const char* name;
   size_t index; /* position in the parameter table */
@@ -166,25 +179,30 @@ typedef struct ddp_host {
   ddp_status (*config_string)(void* ctx, const char* key, const char* fallback,
                               const char** out);
 
-  /* The parameter table, in model order. The array and names live as long as
-   * the run; `trainable` and `grad` change only between steps, and
-   * on_step_begin says when (params_changed). */
-  const ddp_param* (*params)(void* ctx, size_t* count);
+  /* The parameter table, in model order: param_count() entries, param(i)
+   * for i < count. Pointers and names live as long as the run; `trainable`
+   * and `grad` change only between steps, and on_step_begin says when
+   * (params_changed). */
+  size_t (*param_count)(void* ctx);
+  const ddp_param* (*param)(void* ctx, size_t index);
 
   /* Device memory, accounted under `category`. alloc returns zeroed memory,
-   * aligned to 64 bytes; free accepts NULL. Blocking, not stream-ordered:
-   * free only what no enqueued work still uses. */
+   * aligned to 64 bytes; free accepts NULL and never fails (a pointer the
+   * host did not allocate is logged and ignored). Blocking, not
+   * stream-ordered: free only what no enqueued work still uses. */
   ddp_status (*alloc)(void* ctx, size_t bytes, ddp_mem_category category, void** out);
   void (*free)(void* ctx, void* ptr);
 
   /* Device operations, enqueued on `stream`. Sizes in bytes for copy; in
    * elements (buffer.count) for fill and scale. dst and src may not overlap. */
   ddp_status (*copy)(void* ctx, void* dst, const void* src, size_t bytes, ddp_stream stream);
-  ddp_status (*fill)(void* ctx, ddp_buffer buffer, double value, ddp_stream stream);
-  ddp_status (*scale)(void* ctx, ddp_buffer buffer, double factor, ddp_stream stream);
+  ddp_status (*fill)(void* ctx, const ddp_buffer* buffer, double value, ddp_stream stream);
+  ddp_status (*scale)(void* ctx, const ddp_buffer* buffer, double factor, ddp_stream stream);
 
   /* Streams owned by the engine: compute (where forward and backward run;
-   * on CPU this is the training thread itself) and communication. */
+   * on CPU this is the training thread itself) and communication. Work on
+   * the comm stream that reads what compute produced must first wait for an
+   * event recorded on compute (stream_wait_event), as with CUDA streams. */
   ddp_stream (*compute_stream)(void* ctx);
   ddp_stream (*comm_stream)(void* ctx);
   /* Enqueues fn(user, cancelled) on `stream` (cudaLaunchHostFunc). A
@@ -201,6 +219,12 @@ typedef struct ddp_host {
   ddp_status (*event_record)(void* ctx, ddp_event event, ddp_stream stream);
   ddp_status (*stream_wait_event)(void* ctx, ddp_stream stream, ddp_event event);
   ddp_status (*event_synchronize)(void* ctx, ddp_event event);
+  /* Non-blocking: *done = 1 once complete; a failed event returns its error.
+   * event_destroy on a pending event is allowed: waiters are unaffected. */
+  ddp_status (*event_query)(void* ctx, ddp_event event, int* done);
+  /* The native handle of a stream: a cudaStream_t on CUDA, NULL on CPU
+   * (where work goes through launch_host_func). */
+  void* (*stream_native)(void* ctx, ddp_stream stream);
 
   /* Rendezvous store shared by all ranks of the run (Gloo's store: a file
    * store by default). Keys are namespaced to the run. get blocks until the
@@ -233,27 +257,36 @@ typedef struct ddp_transport_v1_t {
   /* Connects to all ranks through host's store (blocking, up to timeout_ms)
    * and returns a communicator. Reads all its TOML keys here. */
   ddp_status (*init)(const ddp_host* host, ddp_comm** out);
-  /* Waits for nothing: the host has synchronised all streams first. */
+  /* Releases the communicator. The host has synchronised all streams first,
+   * or called abort. */
   void (*destroy)(ddp_comm* comm);
 
   /* In place: buf holds the reduction of every rank's buf. */
-  ddp_status (*all_reduce)(ddp_comm* comm, ddp_buffer buf, ddp_reduce_op op, ddp_stream stream);
+  ddp_status (*all_reduce)(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op op,
+                           ddp_stream stream);
   /* In place: every rank's buf becomes root's. */
-  ddp_status (*broadcast)(ddp_comm* comm, ddp_buffer buf, int root, ddp_stream stream);
+  ddp_status (*broadcast)(ddp_comm* comm, const ddp_buffer* buf, int root, ddp_stream stream);
   /* recv.count == send.count * world_size; rank r's send lands at
-   * recv[r * send.count]. */
-  ddp_status (*all_gather)(ddp_comm* comm, ddp_buffer send, ddp_buffer recv, ddp_stream stream);
+   * recv[r * send.count]. send is not modified. */
+  ddp_status (*all_gather)(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv,
+                           ddp_stream stream);
   /* send.count == recv.count * world_size; rank r receives the reduction
-   * of every rank's send[r * recv.count, (r + 1) * recv.count). */
-  ddp_status (*reduce_scatter)(ddp_comm* comm, ddp_buffer send, ddp_buffer recv,
+   * of every rank's send[r * recv.count, (r + 1) * recv.count). send is not
+   * modified. */
+  ddp_status (*reduce_scatter)(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv,
                                ddp_reduce_op op, ddp_stream stream);
   /* Completes on each rank once every rank has reached it. */
   ddp_status (*barrier)(ddp_comm* comm, ddp_stream stream);
+  /* (optional) Makes pending and future collectives of comm fail soon
+   * (ncclCommAbort). Any thread; the engine calls it when it gives up on a
+   * stuck collective, then destroy. */
+  void (*abort)(ddp_comm* comm);
 } ddp_transport_v1_t;
 
 /* ------------------------------------------------------- strategy vtable */
 
 typedef struct ddp_step_info {
+  uint32_t struct_size;   /* sizeof(ddp_step_info) as the engine knows it */
   int64_t step;           /* optimizer step, from 0 */
   int32_t micro_step;     /* micro-batch index within the step, from 0 */
   int32_t micro_steps;    /* run.grad_accum_steps */
@@ -264,10 +297,16 @@ typedef struct ddp_step_info {
 /* Hooks are called by the engine on the training thread, in this order per
  * micro-batch: on_step_begin, on_grad_ready (per trainable parameter, after
  * its last use), on_backward_end; after the last micro-batch: finish, then
- * optimizer_step (if provided, else the engine's optimizer runs). The order
- * of on_grad_ready calls depends only on the model, so it is the same on
- * every rank. Hooks may enqueue work; finish must leave the averaged
- * gradients in place (all enqueued work on them complete). */
+ * optimizer_step (if the strategy owns it, else the engine's optimizer runs
+ * on every trainable parameter). The order of on_grad_ready calls depends
+ * only on the model, so it is the same on every rank; issue collectives in
+ * an order that depends only on it, never on timing.
+ *
+ * Gradient accumulation (run.grad_accum_steps = k): the engine zeroes the
+ * gradients before micro-batch 0 and scales each micro-batch's loss by 1/k,
+ * so gradients are summed in place across the k micro-batches; only the
+ * last one has sync_grads = 1. Hooks fire on every micro-batch; a strategy
+ * communicates only on the one with sync_grads. */
 typedef struct ddp_strategy_v1_t {
   uint32_t abi_version;
   uint32_t struct_size; /* sizeof(ddp_strategy_v1_t) */
@@ -282,13 +321,17 @@ typedef struct ddp_strategy_v1_t {
   /* Once, before the first step: make every rank hold rank 0's parameters
    * (all of them, frozen included). Blocking: done when it returns. */
   ddp_status (*on_train_begin)(ddp_strategy* s);
+  /* Before each micro-batch's forward. Non-blocking. */
   ddp_status (*on_step_begin)(ddp_strategy* s, const ddp_step_info* info);
   /* `param` is the table entry; its grad is final for this micro-batch on the
-   * compute stream. Non-blocking. */
+   * compute stream (wait for an event recorded there before reading it on
+   * another stream). Non-blocking. */
   ddp_status (*on_grad_ready)(ddp_strategy* s, const ddp_param* param);
   /* Backward of the micro-batch is done. Non-blocking. */
   ddp_status (*on_backward_end)(ddp_strategy* s);
-  /* Blocks until every trainable gradient holds the average over ranks. */
+  /* Blocks until every trainable gradient holds the average over ranks; for
+   * a strategy that owns the optimizer step, until the gradients its
+   * optimizer_step needs are in place. */
   ddp_status (*finish)(ddp_strategy* s);
   /* (optional) Replaces the engine's optimizer step; must leave identical
    * parameters on every rank. Blocking. Requires DDP_CAP_OWNS_OPTIMIZER. */

@@ -90,8 +90,9 @@ class Host {
     return v;
   }
 
-  // The parameter table: params()[i] for i < param_count().
-  const ddp_param* params(size_t* count) const { return h_->params(h_->ctx, count); }
+  // The parameter table, in model order.
+  size_t param_count() const { return h_->param_count(h_->ctx); }
+  const ddp_param& param(size_t i) const { return *h_->param(h_->ctx, i); }
 
   void* alloc(size_t bytes, ddp_mem_category category) const {
     void* p = nullptr;
@@ -102,8 +103,8 @@ class Host {
   void copy(void* dst, const void* src, size_t bytes, ddp_stream s) const {
     check(h_->copy(h_->ctx, dst, src, bytes, s));
   }
-  void fill(ddp_buffer b, double value, ddp_stream s) const { check(h_->fill(h_->ctx, b, value, s)); }
-  void scale(ddp_buffer b, double factor, ddp_stream s) const { check(h_->scale(h_->ctx, b, factor, s)); }
+  void fill(const ddp_buffer& b, double value, ddp_stream s) const { check(h_->fill(h_->ctx, &b, value, s)); }
+  void scale(const ddp_buffer& b, double factor, ddp_stream s) const { check(h_->scale(h_->ctx, &b, factor, s)); }
 
   ddp_stream compute_stream() const { return h_->compute_stream(h_->ctx); }
   ddp_stream comm_stream() const { return h_->comm_stream(h_->ctx); }
@@ -134,6 +135,11 @@ class Event {
   void record(ddp_stream s) const { check(h_->event_record(h_->ctx, e_, s)); }
   void make_wait(ddp_stream s) const { check(h_->stream_wait_event(h_->ctx, s, e_)); }
   void synchronize() const { check(h_->event_synchronize(h_->ctx, e_)); }
+  bool query() const {
+    int done = 0;
+    check(h_->event_query(h_->ctx, e_, &done));
+    return done != 0;
+  }
 
  private:
   const ddp_host* h_;
@@ -181,13 +187,15 @@ class DeviceBuffer {
 class Comm {
  public:
   Comm(const ddp_transport_v1_t* transport, ddp_comm* comm) : t_(transport), c_(comm) {}
-  void all_reduce(ddp_buffer b, ddp_reduce_op op, ddp_stream s) const { check(t_->all_reduce(c_, b, op, s)); }
-  void broadcast(ddp_buffer b, int root, ddp_stream s) const { check(t_->broadcast(c_, b, root, s)); }
-  void all_gather(ddp_buffer send, ddp_buffer recv, ddp_stream s) const {
-    check(t_->all_gather(c_, send, recv, s));
+  void all_reduce(const ddp_buffer& b, ddp_reduce_op op, ddp_stream s) const {
+    check(t_->all_reduce(c_, &b, op, s));
   }
-  void reduce_scatter(ddp_buffer send, ddp_buffer recv, ddp_reduce_op op, ddp_stream s) const {
-    check(t_->reduce_scatter(c_, send, recv, op, s));
+  void broadcast(const ddp_buffer& b, int root, ddp_stream s) const { check(t_->broadcast(c_, &b, root, s)); }
+  void all_gather(const ddp_buffer& send, const ddp_buffer& recv, ddp_stream s) const {
+    check(t_->all_gather(c_, &send, &recv, s));
+  }
+  void reduce_scatter(const ddp_buffer& send, const ddp_buffer& recv, ddp_reduce_op op, ddp_stream s) const {
+    check(t_->reduce_scatter(c_, &send, &recv, op, s));
   }
   void barrier(ddp_stream s) const { check(t_->barrier(c_, s)); }
 
