@@ -1,13 +1,23 @@
-# ddp_add_plugin(<kind> <name> SOURCES ... [LIBS ...])
+# ddp_add_plugin(<strategy|transport> <name> SOURCES ... [LIBS ...])
 # Builds libddp_<kind>_<name>.so as a MODULE that exports exactly its
 # versioned entry symbol (ddp_<kind>_v1): hidden visibility for our code and
 # a linker version script for everything else (inline templates of the C++
 # library would otherwise be exported as weak symbols). Links nothing of the
-# engine.
+# engine: only the header-only target ddp::plugin_api.
+#
+# Used both in the ddp source tree and, installed beside ddpConfig.cmake, by
+# out-of-tree plugins (find_package(ddp) provides it). A plugin is installed
+# (install(TARGETS ... DESTINATION ${DDP_PLUGIN_INSTALL_DIR})) only where
+# DDP_PLUGIN_INSTALL_DIR is set: the ddp tree sets it to lib/ddp; an
+# out-of-tree project may set it too, or leave the .so where it is built and
+# name it by path in the TOML file.
 function(ddp_add_plugin kind name)
   cmake_parse_arguments(P "" "" "SOURCES;LIBS" ${ARGN})
   if(NOT kind MATCHES "^(strategy|transport)$")
     message(FATAL_ERROR "ddp_add_plugin: kind must be strategy or transport, not '${kind}'")
+  endif()
+  if(NOT TARGET ddp::plugin_api)
+    message(FATAL_ERROR "ddp_add_plugin: target ddp::plugin_api is missing (use find_package(ddp))")
   endif()
   set(target ddp_${kind}_${name})
   set(map ${CMAKE_CURRENT_BINARY_DIR}/${target}.map)
@@ -23,5 +33,7 @@ function(ddp_add_plugin kind name)
   target_link_libraries(${target} PRIVATE ddp::plugin_api ${P_LIBS})
   target_link_options(${target} PRIVATE -Wl,--no-undefined -Wl,--exclude-libs,ALL
                       -Wl,--version-script=${map})
-  install(TARGETS ${target} LIBRARY DESTINATION ${DDP_PLUGIN_SUBDIR})
+  if(DDP_PLUGIN_INSTALL_DIR)
+    install(TARGETS ${target} LIBRARY DESTINATION ${DDP_PLUGIN_INSTALL_DIR})
+  endif()
 endfunction()

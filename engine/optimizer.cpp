@@ -84,7 +84,10 @@ void Optimizer::adamw(Parameter& p, const Hyper& h, State& s) {
   const float* g = p.grad.data();
   float* m = s.first.data();
   float* v = s.second.data();
+  // Scalars are computed in double and rounded once, as Python floats are
+  // when PyTorch applies them to a float32 tensor.
   const float b1 = float(config_.beta1), b2 = float(config_.beta2), eps = float(config_.eps);
+  const float one_minus_b1 = float(1.0 - config_.beta1), one_minus_b2 = float(1.0 - config_.beta2);
   const float decay = float(1.0 - h.lr * h.weight_decay);
   const double bias1 = 1.0 - std::pow(config_.beta1, double(s.steps));
   const double bias2 = 1.0 - std::pow(config_.beta2, double(s.steps));
@@ -92,10 +95,10 @@ void Optimizer::adamw(Parameter& p, const Hyper& h, State& s) {
   const float bias2_sqrt = float(std::sqrt(bias2));
   for (size_t k = 0; k < n; ++k) {
     w[k] *= decay;
-    m[k] = m[k] * b1 + g[k] * (1.0f - b1);
-    v[k] = v[k] * b2 + (1.0f - b2) * g[k] * g[k];
+    m[k] = m[k] * b1 + one_minus_b1 * g[k];                // exp_avg.mul_(b1).add_(g, alpha=1-b1)
+    v[k] = v[k] * b2 + one_minus_b2 * g[k] * g[k];         // exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2)
     const float denom = std::sqrt(v[k]) / bias2_sqrt + eps;
-    w[k] += -step_size * (m[k] / denom);
+    w[k] = w[k] + -step_size * m[k] / denom;               // param.addcdiv_(m, denom, value=-step_size)
   }
 }
 

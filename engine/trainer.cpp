@@ -79,6 +79,9 @@ struct StepRecord {
   double loss = 0, step_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;
   double comm_blocked_s = 0, comm_busy_s = 0;
   int64_t collectives = 0, comm_bytes = 0;
+  // Collectives the strategy had enqueued when the step's last
+  // on_grad_ready was called: > 0 means communication overlapped backward.
+  int64_t collectives_before_last_grad_ready = 0;
 };
 
 using PeakBytes = std::array<size_t, kMemCategories>;
@@ -229,8 +232,9 @@ class RankRun {
       rec.forward_s += seconds_since(t);
       t = Clock::now();
       model_->backward(1.0f / float(k), [&](size_t index) {
-        if (--remaining_uses_[index] == 0)
-          sh.check(api.on_grad_ready(plugins_.strategy, &services_.param_table[index]), "on_grad_ready");
+        if (--remaining_uses_[index] != 0) return;
+        rec.collectives_before_last_grad_ready = c.collectives - calls0;
+        sh.check(api.on_grad_ready(plugins_.strategy, &services_.param_table[index]), "on_grad_ready");
       });
       sh.check(api.on_backward_end(plugins_.strategy), "on_backward_end");
       rec.backward_s += seconds_since(t);
@@ -372,6 +376,7 @@ class RankRun {
     summary["comm_busy_s"] = column(&StepRecord::comm_busy_s);
     summary["collectives"] = column(&StepRecord::collectives);
     summary["comm_bytes"] = column(&StepRecord::comm_bytes);
+    summary["collectives_before_last_grad_ready"] = column(&StepRecord::collectives_before_last_grad_ready);
     summary["total_comm_blocked_s"] = blocked;
     summary["total_comm_busy_s"] = busy;
     summary["peak_bytes"] = {{"after_setup", peaks_json(mem_after_setup_)},

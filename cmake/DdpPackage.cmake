@@ -1,0 +1,33 @@
+# Install rules for what a plugin author needs, as the CMake package `ddp`:
+#   include/ddp/plugin.h, plugin.hpp     the ABI and the optional C++ helpers
+#   lib/cmake/ddp/ddpConfig*.cmake       find_package(ddp): ddp::plugin_api
+#   lib/cmake/ddp/DdpPlugin.cmake        ddp_add_plugin(), as used in tree
+# (bin/ddp and lib/ddp/libddp_*.so are installed by their own directories.)
+# The package depends on nothing but the headers.
+include(CMakePackageConfigHelpers)
+
+set(DDP_INSTALL_INCLUDEDIR include)
+set(DDP_INSTALL_BINDIR bin)
+set(DDP_INSTALL_CMAKEDIR lib/cmake/ddp)
+
+install(FILES ${PROJECT_SOURCE_DIR}/plugins/include/ddp/plugin.h
+              ${PROJECT_SOURCE_DIR}/plugins/include/ddp/plugin.hpp
+        DESTINATION ${DDP_INSTALL_INCLUDEDIR}/ddp)
+
+set_target_properties(ddp_plugin_api PROPERTIES EXPORT_NAME plugin_api)
+install(TARGETS ddp_plugin_api EXPORT ddpTargets)
+install(EXPORT ddpTargets NAMESPACE ddp:: DESTINATION ${DDP_INSTALL_CMAKEDIR})
+
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/ddpConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/ddpConfig.cmake
+  INSTALL_DESTINATION ${DDP_INSTALL_CMAKEDIR}
+  PATH_VARS DDP_INSTALL_INCLUDEDIR DDP_INSTALL_BINDIR DDP_PLUGIN_SUBDIR)
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/ddpConfigVersion.cmake
+  VERSION ${PROJECT_VERSION}
+  COMPATIBILITY SameMajorVersion
+  ARCH_INDEPENDENT)
+install(FILES
+  ${CMAKE_CURRENT_BINARY_DIR}/ddpConfig.cmake
+  ${CMAKE_CURRENT_BINARY_DIR}/ddpConfigVersion.cmake
+  ${PROJECT_SOURCE_DIR}/cmake/DdpPlugin.cmake
+  DESTINATION ${DDP_INSTALL_CMAKEDIR})

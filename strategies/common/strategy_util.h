@@ -1,0 +1,69 @@
+// strategy_util.h — what the gradient-sync strategies (flat, overlap,
+// bucketed) would otherwise each write again: the host, the transport and
+// the two events that order work between the training thread, the compute
+// stream and the comm stream; the start-of-run broadcast; the float32 check.
+// Header-only, so a plugin stays one shared library that links nothing of
+// the engine. Everything here throws ddp::plugin::Failure; the plugin's
+// entries catch it with ddp::plugin::guard.
+#pragma once
+
+#include <ddp/plugin.hpp>
+
+#include <cstddef>
+#include <string>
+
+namespace ddp {
+namespace strategy {
+
+// The state every strategy starts from; a plugin derives its
+// ddp_strategy_s from it. Hooks run on the training thread only, so the
+// events are never used from two threads at once.
+struct StrategyBase {
+  plugin::Host host;
+  plugin::Comm comm;
+  plugin::Event computed;  // recorded on compute: what compute made so far is final
+  plugin::Event done;      // recorded on comm: what comm was given so far has run
+
+  StrategyBase(const ddp_host* h, const ddp_transport_v1_t* transport, ddp_comm* c)
+      : host(h), comm(transport, c), computed(h), done(h) {}
+
+  // Makes the comm stream wait for everything enqueued on compute so far:
+  // the ABI's rule before comm work reads what compute produced (a gradient,
+  // a bucket slot). Non-blocking.
+  void comm_after_compute() const {
+    computed.record(host.compute_stream());
+    computed.make_wait(host.comm_stream());
+  }
+
+  // Blocks the training thread until everything enqueued on the comm stream
+  // so far has completed; a failed collective throws here with its text.
+  void wait_comm() const {
+    done.record(host.comm_stream());
+    done.synchronize();
+  }
+
+  // on_train_begin: every rank takes rank 0's values of every parameter,
+  // frozen ones included, one broadcast per parameter in table order.
+  // Blocking.
+  void broadcast_params_from_rank0() const {
+    comm_after_compute();  // whatever initialised the weights is done
+    for (size_t i = 0; i < host.param_count(); ++i) {
+      const ddp_param& p = host.param(i);
+      comm.broadcast(host.floats(p.data, float32_elements(p)), 0, host.comm_stream());
+    }
+    wait_comm();
+  }
+
+  // numel of a float32 parameter; anything else is refused by name (the
+  // flat strategies pack gradients byte for byte as floats).
+  static size_t float32_elements(const ddp_param& p) {
+    if (p.dtype != DDP_FLOAT32)
+      throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("parameter '") + p.name +
+                                                     "' is not float32: only float32 parameters are supported");
+    return p.numel;
+  }
+  static size_t float32_bytes(const ddp_param& p) { return float32_elements(p) * sizeof(float); }
+};
+
+}  // namespace strategy
+}  // namespace ddp

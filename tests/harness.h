@@ -1,0 +1,113 @@
+// harness.h — runs the real engine (train_rank) on N forked ranks for a test
+// and hands back what every rank held: its weights before set-up (step -1),
+// after it (step 0) and after every optimizer step, plus rank 0's
+// summary.json and weights.safetensors.
+#pragma once
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config.h"
+#include "multirank.h"
+#include "safetensors.h"
+#include "trainer.h"
+
+namespace ddp {
+namespace harness {
+
+// step → parameter → values
+using Weights = std::vector<std::vector<float>>;
+using Snapshots = std::map<int64_t, Weights>;
+
+// Appends every snapshot to a file the parent reads back.
+class FileObserver final : public TrainObserver {
+ public:
+  explicit FileObserver(const std::string& path) : out_(path, std::ios::binary) {}
+  void on_weights(int64_t step, const Model& model) override {
+    int64_t count = static_cast<int64_t>(model.params().size());
+    out_.write(reinterpret_cast<const char*>(&step), sizeof step);
+    out_.write(reinterpret_cast<const char*>(&count), sizeof count);
+    for (const Parameter& p : model.params()) {
+      int64_t n = static_cast<int64_t>(p.data.numel());
+      out_.write(reinterpret_cast<const char*>(&n), sizeof n);
+      out_.write(reinterpret_cast<const char*>(p.data.data()), n * sizeof(float));
+    }
+    out_.flush();
+  }
+
+ private:
+  std::ofstream out_;
+};
+
+inline Snapshots read_snapshots(const std::string& path) {
+  Snapshots out;
+  std::ifstream in(path, std::ios::binary);
+  int64_t step, count;
+  while (in.read(reinterpret_cast<char*>(&step), sizeof step)) {
+    in.read(reinterpret_cast<char*>(&count), sizeof count);
+    Weights w(count);
+    for (auto& values : w) {
+      int64_t n;
+      in.read(reinterpret_cast<char*>(&n), sizeof n);
+      values.resize(n);
+      in.read(reinterpret_cast<char*>(values.data()), n * sizeof(float));
+    }
+    out[step] = std::move(w);
+  }
+  return out;
+}
+
+struct RunResult {
+  std::vector<Snapshots> ranks;
+  nlohmann::json summary;
+  std::vector<std::string> names;                   // parameter names, model order
+  std::map<std::string, HostTensor> final_weights;  // rank 0's weights.safetensors
+  std::vector<std::string> failures;                // "rank r: message"
+};
+
+// Trains with `world` ranks on the configuration `toml` (a whole TOML
+// document without [run] world_size/output_dir, which this adds).
+inline RunResult run(const std::string& toml, int world) {
+  namespace fs = std::filesystem;
+  char tmpl[] = "/tmp/ddp-harness-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  std::ofstream(dir + "/run.toml") << toml;
+  Config config = load_config(dir + "/run.toml", {"run.world_size=" + std::to_string(world),
+                                                  "run.output_dir=\"" + dir + "/out\""});
+  RunResult result;
+  result.failures = run_ranks(world, [&](int rank, const std::string& rendezvous) {
+    RankEnv env;
+    env.rank = RankInfo{rank, world, rank};
+    env.rendezvous = "file:" + rendezvous;
+    env.run_id = "harness";
+    FileObserver observer(dir + "/rank" + std::to_string(rank) + ".bin");
+    train_rank(config, env, &observer);
+  });
+  for (int r = 0; r < world; ++r) result.ranks.push_back(read_snapshots(dir + "/rank" + std::to_string(r) + ".bin"));
+  std::ifstream summary(dir + "/out/summary.json");
+  if (summary) result.summary = nlohmann::json::parse(summary);
+  if (fs::exists(dir + "/out/weights.safetensors"))
+    result.final_weights = read_safetensors(dir + "/out/weights.safetensors");
+  CpuDevice device;
+  auto reference = make_model(config.model.name, device, 0);
+  for (const auto& p : reference->params()) result.names.push_back(p.name);
+  fs::remove_all(dir);
+  return result;
+}
+
+inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+}  // namespace harness
+}  // namespace ddp
