@@ -3,7 +3,7 @@
 // must not take the launcher with it, and the launcher must see it.
 #include "launcher.h"
 
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -89,10 +89,11 @@ int launch_local(const Config& config, const std::string& config_path,
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
   std::vector<Child> children(world);
-  auto stop_all = [&](int sig) {
+  auto kill_running = [&] {
     for (auto& c : children)
-      if (c.running && c.pid > 0) kill(c.pid, sig);
+      if (c.running && c.pid > 0) kill(c.pid, SIGKILL);
   };
+  const pid_t launcher = getpid();
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) {
@@ -112,18 +113,34 @@ int launch_local(const Config& config, const std::string& config_path,
     std::vector<char*> envp;
     for (auto& kv : env) envp.push_back(kv.data());
     envp.push_back(nullptr);
-    if (posix_spawn(&children[r].pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data()) != 0) {
-      stop_all(SIGKILL);
-      throw Error("cannot start rank " + std::to_string(r) + ": " + std::strerror(errno));
+    const pid_t pid = fork();
+    if (pid == 0) {
+      // A rank never outlives its launcher (killed by CI, by OOM, by hand).
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(1);
+      execve("/proc/self/exe", argv.data(), envp.data());
+      _exit(127);
     }
+    if (pid < 0) {
+      const int err = errno;
+      kill_running();
+      while (wait(nullptr) > 0) {
+      }
+      throw Error("cannot start rank " + std::to_string(r) + ": " + std::strerror(err));
+    }
+    children[r].pid = pid;
   }
 
-  // Watch. The first failure is the cause unless, within a short grace,
-  // another rank turns out to have been killed by a signal (its peers then
-  // fail with connection errors that are only consequences).
-  int failed_rank = -1;
+  // Watch. When a rank fails, the others get a moment to fail on their own
+  // (peers of a dead rank see the connection drop at once; peers of a hung
+  // one time out after run.timeout_s), then whatever still runs is killed.
+  // The cause is a rank killed by a signal if there is one; else, if the
+  // failures were timeouts, the ranks that were still running (the hung
+  // ones); else the first rank that failed.
+  std::vector<int> failed;  // in the order they ended
   Clock::time_point failed_at{};
-  bool stopping = false;
+  std::vector<int> unresponsive;
+  bool killed = false;
   int alive = world;
   while (alive > 0) {
     int status = 0;
@@ -135,43 +152,58 @@ int launch_local(const Config& config, const std::string& config_path,
         c.running = false;
         c.status = status;
         --alive;
-        bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        if (failed && !stopping) {
-          bool better = failed_rank < 0 ||
-                        (WIFSIGNALED(status) && !WIFSIGNALED(children[failed_rank].status));
-          if (better) failed_rank = r;
+        const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!ok && !killed) {
+          failed.push_back(r);
           if (failed_at == Clock::time_point{}) failed_at = Clock::now();
         }
       }
       continue;
     }
-    if (g_interrupted && !stopping) {
-      std::cerr << "ddp: interrupted, stopping all ranks\n";
-      stop_all(SIGTERM);
-      stopping = true;
-      failed_at = Clock::now();
+    const bool grace_over = !failed.empty() && Clock::now() - failed_at > std::chrono::milliseconds(1000);
+    if (!killed && (g_interrupted || grace_over)) {
+      for (int r = 0; r < world; ++r)
+        if (children[r].running) unresponsive.push_back(r);
+      kill_running();
+      killed = true;
     }
-    if (failed_rank >= 0 && !stopping && Clock::now() - failed_at > std::chrono::milliseconds(300)) {
-      stop_all(SIGTERM);
-      stopping = true;
-    }
-    if (stopping && Clock::now() - failed_at > std::chrono::seconds(3)) stop_all(SIGKILL);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
+  std::error_code ec;
+  auto error_file = [&](int r) { return rdzv + "/rank" + std::to_string(r) + ".error"; };
 
   int code = 0;
-  if (failed_rank >= 0) {
-    std::cerr << "ddp: rank " << failed_rank << " failed: "
-              << describe_exit(children[failed_rank].status, rdzv + "/rank" + std::to_string(failed_rank) + ".error")
-              << "\n";
+  if (g_interrupted) {
+    std::cerr << "ddp: interrupted; stopped all ranks\n";
+    code = 130;
+  } else if (!failed.empty()) {
+    // Rank the failures: killed by a signal, then timed out, then the rest.
+    auto weight = [&](int r) {
+      if (WIFSIGNALED(children[r].status)) return 2;
+      const std::string text = read_text(error_file(r));
+      for (const char* mark : {"imed out", "no answer from", "made no progress"})
+        if (text.find(mark) != std::string::npos) return 1;
+      return 0;
+    };
+    int failed_rank = failed.front();
+    for (int r : failed)
+      if (weight(r) > weight(failed_rank)) failed_rank = r;
+    const std::string cause = describe_exit(children[failed_rank].status, error_file(failed_rank));
+    if (weight(failed_rank) == 1 && !unresponsive.empty()) {
+      std::string list;
+      for (int r : unresponsive) list += (list.empty() ? "" : ", ") + std::to_string(r);
+      std::cerr << "ddp: rank" << (unresponsive.size() > 1 ? "s " : " ") << list
+                << " stopped responding: the other ranks timed out waiting (run.timeout_s = "
+                << config.run.timeout_s << ")\n"
+                << "ddp: rank " << failed_rank << " reported: " << cause << "\n";
+    } else {
+      std::cerr << "ddp: rank " << failed_rank << " failed: " << cause << "\n";
+    }
     std::cerr << "ddp: stopped the other ranks; run failed\n";
     code = 1;
-  } else if (g_interrupted) {
-    code = 130;
   }
-  std::error_code ec;
   fs::remove_all(rdzv, ec);
   return code;
 }

@@ -163,6 +163,54 @@ TEST(Launcher, KilledRankStopsTheRunWithinTimeoutNamingTheRank) {
   fs::remove_all(dir);
 }
 
+// Starts a long 4-rank run and waits until it is training; fails the test if
+// it does not get there.
+Process start_long_run(const std::string& dir, int timeout_s) {
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
+                     "run.steps=100000000", "--set", "run.log_every=100", "--set",
+                     "run.timeout_s=" + std::to_string(timeout_s), "--set", "run.world_size=4"},
+                    {}, dir + "/ddp");
+  auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (read_file(p.out).find("step ") == std::string::npos && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_NE(read_file(p.out).find("step "), std::string::npos) << read_file(p.err);
+  return p;
+}
+
+TEST(Launcher, HungRankIsNamedAndTheRunStopsWithinTimeout) {
+  std::string dir = temp_dir();
+  const int timeout_s = 3;
+  Process p = start_long_run(dir, timeout_s);
+  pid_t victim = find_rank(p.pid, 2);
+  ASSERT_GT(victim, 0);
+  auto stopped_at = Clock::now();
+  ASSERT_EQ(kill(victim, SIGSTOP), 0);  // alive, but never answers again
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(timeout_s + 30)), 1);
+  double took = std::chrono::duration<double>(Clock::now() - stopped_at).count();
+  EXPECT_LT(took, timeout_s + 2.5) << "the run took " << took << " s to stop after a rank hung";
+  std::string err = read_file(p.err);
+  EXPECT_EQ(err.rfind("ddp: rank 2 stopped responding: the other ranks timed out waiting (run.timeout_s = 3)\n", 0), 0u)
+      << err;
+  EXPECT_EQ(kill(victim, 0), -1) << "the hung rank was left behind";
+  fs::remove_all(dir);
+}
+
+TEST(Launcher, RanksDieWithTheirLauncher) {
+  std::string dir = temp_dir();
+  Process p = start_long_run(dir, 30);
+  std::vector<pid_t> ranks;
+  for (int r = 0; r < 4; ++r) ranks.push_back(find_rank(p.pid, r));
+  for (pid_t pid : ranks) ASSERT_GT(pid, 0);
+  kill(p.pid, SIGKILL);
+  waitpid(p.pid, nullptr, 0);
+  auto deadline = Clock::now() + std::chrono::seconds(5);
+  for (pid_t pid : ranks) {
+    while (kill(pid, 0) == 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(kill(pid, 0), -1) << "rank process " << pid << " outlived its launcher";
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Launcher, RankErrorIsReportedWithTheRankAndItsMessage) {
   std::string dir = temp_dir();
   Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
