@@ -30,6 +30,19 @@ const char* entry_symbol(PluginKind kind) {
   return kind == PluginKind::Strategy ? DDP_STRATEGY_ENTRY_V1 : DDP_TRANSPORT_ENTRY_V1;
 }
 
+// The newest entry symbol of `kind` the library exports, probing majors
+// from high to low as the ABI promises (a major is a new symbol); empty if
+// none. Newer-major plugins are then refused with their version.
+constexpr int kNewestMajorProbed = 9;
+std::string newest_entry(boost::dll::shared_library& lib, PluginKind kind) {
+  for (int major = kNewestMajorProbed; major >= 1; --major) {
+    std::string symbol = std::string("ddp_") + (kind == PluginKind::Strategy ? "strategy" : "transport") +
+                         "_v" + std::to_string(major);
+    if (lib.has(symbol)) return symbol;
+  }
+  return "";
+}
+
 PluginKind other_kind(PluginKind kind) {
   return kind == PluginKind::Strategy ? PluginKind::Transport : PluginKind::Strategy;
 }
@@ -180,15 +193,20 @@ std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& na
   }
 
   const char* own = entry_symbol(kind);
-  const char* other = entry_symbol(other_kind(kind));
-  if (!lib.has(own)) {
-    if (!lib.has(other)) {
+  const std::string newest = newest_entry(lib, kind);
+  if (newest.empty()) {
+    const std::string other = newest_entry(lib, other_kind(kind));
+    if (other.empty()) {
       refusal.fail("not a ddp plugin (no " DDP_STRATEGY_ENTRY_V1 " or " DDP_TRANSPORT_ENTRY_V1
                    " symbol)");
     }
-    // Both descriptors begin with abi_version, so the version is known.
+    // Every descriptor begins with abi_version, so the version is known.
     refusal.set_plugin_abi(lib.get<const uint32_t>(other));
     refusal.fail(std::string("wrong kind: it is a ") + to_string(other_kind(kind)) + " plugin");
+  }
+  if (newest != own && !lib.has(own)) {  // only a newer major than this host knows
+    refusal.set_plugin_abi(lib.get<const uint32_t>(newest));
+    refusal.fail("other major ABI version");
   }
 
   if (kind == PluginKind::Strategy) {

@@ -105,27 +105,31 @@ json peaks_json(const PeakBytes& peaks) {
   return j;
 }
 
-// The loaded plugins and their handles, destroyed strategy first.
+// The loaded plugins and their handles (destroyed by RankRun, in order).
 struct Plugins {
   std::unique_ptr<LoadedPlugin> transport_lib, strategy_lib;
   std::unique_ptr<PluginHost> transport_host, strategy_host;
   ddp_comm* comm = nullptr;
   std::unique_ptr<MeteredTransport> metered;
   ddp_strategy* strategy = nullptr;
-
-  ~Plugins() {
-    if (strategy) strategy_lib->strategy()->destroy(strategy);
-    if (comm) transport_lib->transport()->destroy(comm);
-  }
 };
 
 class RankRun {
  public:
   RankRun(const Config& config, const RankEnv& env, TrainObserver* observer)
       : config_(config), env_(env), observer_(observer) {}
-  // Nothing enqueued may outlive the plugins it calls into: drain the comm
-  // stream first (a failed stream cancels what is left at once).
+  // Nothing enqueued may outlive the code it calls into: the comm stream is
+  // drained before each plugin is destroyed and again after (destroy may
+  // enqueue), all before the libraries are unloaded. A failed stream
+  // cancels what is left at once.
   ~RankRun() {
+    drain();
+    if (plugins_.strategy) plugins_.strategy_lib->strategy()->destroy(plugins_.strategy);
+    drain();
+    if (plugins_.comm) plugins_.transport_lib->transport()->destroy(plugins_.comm);
+    drain();
+  }
+  void drain() {
     try {
       device_.comm_stream().synchronize();
     } catch (const std::exception&) {

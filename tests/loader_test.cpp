@@ -196,6 +196,13 @@ TEST(LoadPluginRefuses, NotASharedLibrary) {
   fs::remove_all(dir);
 }
 
+TEST(LoadPluginRefuses, NewerMajorEntrySymbol) {
+  EXPECT_EQ(refusal(PluginKind::Strategy, "v2"),
+            "cannot load strategy plugin '" + plugin_file("strategy", "v2") +
+                "' (host ABI 1.0, plugin ABI 2.3): other major ABI version");
+}
+
+// A v1 symbol whose descriptor claims another major (a broken build).
 TEST(LoadPluginRefuses, OtherMajorAbiVersion) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "abi2"),
             "cannot load strategy plugin '" + plugin_file("strategy", "abi2") +
