@@ -150,13 +150,10 @@ bool Event::query() {
   return state->done;
 }
 
-void Event::make_wait(Stream& stream) {
-  auto state = state_;
-  stream.enqueue([state](bool cancelled) {
-    if (cancelled) return;
-    std::unique_lock<std::mutex> lock(state->mutex);
-    state->cv.wait(lock, [&] { return state->done; });
-    if (!state->error.empty()) throw Error(state->error);
+void Event::make_wait(Stream& stream, std::chrono::milliseconds limit) {
+  Event copy = *this;  // the state as recorded now
+  stream.enqueue([copy, limit](bool cancelled) mutable {
+    if (!cancelled) copy.synchronize(limit);
   });
 }
 

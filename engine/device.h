@@ -108,8 +108,9 @@ class Event {
   // or when `limit` passes first (a stuck collective).
   void synchronize(std::chrono::milliseconds limit = std::chrono::milliseconds::max());
   bool query();  // true once complete (or failed)
-  // Makes `stream` wait (without blocking the caller, unless inline).
-  void make_wait(Stream& stream);
+  // Makes `stream` wait (without blocking the caller, unless inline); the
+  // wait fails the stream if `limit` passes first.
+  void make_wait(Stream& stream, std::chrono::milliseconds limit = std::chrono::milliseconds::max());
   Clock::time_point completed_at();
 
  private:

@@ -151,7 +151,8 @@ struct HostCallbacks {
   // it counts as exposed communication time just like event_synchronize.
   static ddp_status stream_wait_event(void* ctx, ddp_stream stream, ddp_event event) {
     auto start = Clock::now();
-    ddp_status status = guarded([&] { to_event(event)->make_wait(*to_stream(stream)); }, DDP_ERR_COMM);
+    ddp_status status =
+        guarded([&] { to_event(event)->make_wait(*to_stream(stream), svc(ctx).wait_limit()); }, DDP_ERR_COMM);
     if (!to_stream(stream)->threaded()) add_blocked(ctx, start);
     return status;
   }

@@ -179,19 +179,22 @@ int launch_local(const Config& config, const std::string& config_path,
     std::cerr << "ddp: interrupted; stopped all ranks\n";
     code = 130;
   } else if (!failed.empty()) {
-    // Rank the failures: killed by a signal, then timed out, then the rest.
+    // Rank the failures: killed by a signal, then timed out, then any other
+    // error, and last a lost connection (the echo of a peer that died).
     auto weight = [&](int r) {
-      if (WIFSIGNALED(children[r].status)) return 2;
+      if (WIFSIGNALED(children[r].status)) return 3;
       const std::string text = read_text(error_file(r));
       for (const char* mark : {"imed out", "no answer from", "made no progress"})
-        if (text.find(mark) != std::string::npos) return 1;
-      return 0;
+        if (text.find(mark) != std::string::npos) return 2;
+      for (const char* mark : {"Connection closed by peer", "Connection reset by peer", "Broken pipe"})
+        if (text.find(mark) != std::string::npos) return 0;
+      return 1;
     };
     int failed_rank = failed.front();
     for (int r : failed)
       if (weight(r) > weight(failed_rank)) failed_rank = r;
     const std::string cause = describe_exit(children[failed_rank].status, error_file(failed_rank));
-    if (weight(failed_rank) == 1 && !unresponsive.empty()) {
+    if (weight(failed_rank) == 2 && !unresponsive.empty()) {
       std::string list;
       for (int r : unresponsive) list += (list.empty() ? "" : ", ") + std::to_string(r);
       std::cerr << "ddp: rank" << (unresponsive.size() > 1 ? "s " : " ") << list

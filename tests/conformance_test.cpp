@@ -8,6 +8,7 @@
 //   unfreeze_sgd/adamw      a frozen parameter made trainable at step 2,
 //                           with an optimizer parameter group
 //   accum_adamw             gradient accumulation (2 micro-batches)
+//   unfreeze_unused         every frozen parameter unfrozen, one never used
 // Every scenario checks: ranks differ before set-up (own seeds) and hold
 // rank 0's weights after it; after every step ranks are bitwise equal and
 // within tolerance (1e-6 SGD, 1e-5 AdamW) of the reference; frozen
@@ -68,6 +69,10 @@ const std::vector<Scenario> kScenarios = {
     {"unfreeze_sgd", {"toy"}, {1, 2, 4}, "lr = 0.1\n", "", kGroups + kUnfreeze, 20, 1e-6f, "", "fc2.fc.bias"},
     {"unfreeze_adamw", {"toy"}, {1, 2, 4}, kAdamW, "", kGroups + kUnfreeze, 20, 1e-5f, "", "fc2.fc.bias"},
     {"accum_adamw", {"toy_tied"}, {1, 2, 4}, kAdamW, "grad_accum_steps = 2\n", "", 8, 1e-5f, "", ""},
+    // Everything frozen becomes trainable at step 2, including a parameter
+    // the model never uses (its gradient never fires; it must not move).
+    {"unfreeze_unused", {"toy"}, {1, 2, 4}, kAdamW, "grad_accum_steps = 2\n",
+     "[[schedule.unfreeze]]\nstep = 2\nparams = \"*\"\n", 8, 1e-5f, "", "fc2.fc.bias"},
 };
 
 std::string replace_model(std::string s, const std::string& model) {

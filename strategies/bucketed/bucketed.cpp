@@ -12,9 +12,11 @@
 // Order: buckets launch strictly in index order (one complete early waits
 // for all lower-indexed ones), so every rank issues the same collectives in
 // the same order whatever the timing.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -44,7 +46,7 @@ struct Place {
   size_t slot = 0;
 };
 
-struct Bucket {
+struct BucketState {
   std::vector<Slot> slots;  // in packing order (reverse parameter order)
   DeviceBuffer buffer;      // (sum of slot bytes) float32, the slots' gradients back to back
   size_t unfilled = 0;      // slots not yet copied in during this sync micro-batch
@@ -56,7 +58,7 @@ struct ddp_strategy_s : StrategyBase {
   ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c, double mib)
       : StrategyBase(h, t, c), bucket_mb(mib) {}
   double bucket_mb;
-  std::vector<Bucket> buckets;
+  std::vector<BucketState> buckets;
   std::vector<Place> place_of;    // (param_count) where each gradient goes
   std::vector<char> filled;       // (param_count) 1: copied into its slot this micro-batch
   size_t launched = 0;            // buckets [0, launched) are on the comm stream
@@ -89,8 +91,9 @@ void lay_out(ddp_strategy* s) {
   }
   s->buckets.clear();  // free first: old and new never count together
   s->place_of.assign(h.param_count(), Place{});
-  for (const ddp::strategy::Bucket& assigned : ddp::strategy::assign_buckets(infos, cap_bytes(s->bucket_mb))) {
-    Bucket b;
+  const size_t cap = cap_bytes(s->bucket_mb);
+  for (const ddp::strategy::Bucket& assigned : ddp::strategy::assign_buckets(infos, cap)) {
+    BucketState b;
     size_t offset = 0;
     for (size_t i : assigned.params) {
       s->place_of[i] = Place{s->buckets.size(), b.slots.size()};
@@ -105,7 +108,7 @@ void lay_out(ddp_strategy* s) {
 // Copies param i's gradient into its slot, on the compute stream where it
 // was made.
 void fill_slot(ddp_strategy* s, size_t i) {
-  Bucket& b = s->buckets[s->place_of[i].bucket];
+  BucketState& b = s->buckets[s->place_of[i].bucket];
   const Slot& slot = b.slots[s->place_of[i].slot];
   s->host.copy(static_cast<char*>(b.buffer.get()) + slot.offset, s->host.param(i).grad, slot.bytes,
                s->host.compute_stream());
@@ -119,11 +122,12 @@ void fill_slot(ddp_strategy* s, size_t i) {
 void launch_ready_buckets(ddp_strategy* s) {
   const Host& h = s->host;
   for (; s->launched < s->buckets.size() && s->buckets[s->launched].unfilled == 0; ++s->launched) {
-    Bucket& b = s->buckets[s->launched];
+    BucketState& b = s->buckets[s->launched];
     char* buffer = static_cast<char*>(b.buffer.get());
     s->comm_after_compute();
     s->comm.all_reduce(h.floats(buffer, b.buffer.bytes() / sizeof(float)), DDP_REDUCE_AVG, h.comm_stream());
-    for (const Slot& slot : b.slots) h.copy(h.param(slot.param).grad, buffer + slot.offset, slot.bytes, h.comm_stream());
+    for (const Slot& slot : b.slots)
+      h.copy(h.param(slot.param).grad, buffer + slot.offset, slot.bytes, h.comm_stream());
   }
 }
 
@@ -132,7 +136,8 @@ ddp_status bucketed_create(const ddp_host* host, const ddp_transport_v1_t* trans
   return guard(host, [&] {
     const double mib = Host(host).config_float("bucket_mb", ddp::strategy::kDefaultBucketMiB);
     if (!(mib > 0) || !std::isfinite(mib))
-      throw Failure(DDP_ERR_INVALID_ARGUMENT, "bucket_mb = " + number(mib) + ": must be a number of MiB > 0 (default " +
+      throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.bucket_mb = " + number(mib) +
+                                                  ": must be a finite number of MiB > 0 (default " +
                                                   number(ddp::strategy::kDefaultBucketMiB) + ")");
     *out = new ddp_strategy_s(host, transport, comm, mib);
   });
@@ -153,7 +158,7 @@ ddp_status bucketed_on_step_begin(ddp_strategy* s, const ddp_step_info* info) {
     s->syncing = info->sync_grads != 0;
     if (!s->syncing) return;
     s->filled.assign(s->host.param_count(), 0);
-    for (Bucket& b : s->buckets) b.unfilled = b.slots.size();
+    for (BucketState& b : s->buckets) b.unfilled = b.slots.size();
     s->launched = 0;
   });
 }
@@ -217,7 +222,8 @@ ddp_status bucketed_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed
       json += (b ? ", " : "") + std::string("{\"bytes\": ") + std::to_string(s->buckets[b].buffer.bytes()) +
               ", \"params\": [";
       const std::vector<Slot>& slots = s->buckets[b].slots;
-      for (size_t k = 0; k < slots.size(); ++k) json += (k ? ", " : "") + quoted(s->host.param(slots[k].param).name);
+      for (size_t k = 0; k < slots.size(); ++k)
+        json += (k ? ", " : "") + quoted(s->host.param(slots[k].param).name);
       json += "]}";
     }
     json += "]}";

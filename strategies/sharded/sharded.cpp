@@ -418,7 +418,7 @@ ddp_status sharded_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed)
       j += ", \"shard_elements\": " + std::to_string(s->shard_elements);
     }
     j += "}";
-    *needed = j.size() + 1;
+    *needed = j.size();  // without the NUL; the host calls again if needed >= cap
     if (cap == 0) return;
     const size_t n = std::min(j.size(), cap - 1);
     j.copy(buf, n);

@@ -337,8 +337,9 @@ typedef struct ddp_strategy_v1_t {
    * parameters on every rank. Blocking. Requires DDP_CAP_OWNS_OPTIMIZER. */
   ddp_status (*optimizer_step)(ddp_strategy* s);
   /* (optional) Writes a JSON object describing the strategy (e.g. bucket
-   * layout) into buf (NUL-terminated, at most cap bytes) and the length it
-   * needs into *needed; the host retries with a larger buffer if needed. */
+   * layout) into buf (NUL-terminated, at most cap bytes including the NUL)
+   * and its full length without the NUL into *needed; the host calls again
+   * with a larger buffer if needed >= cap. */
   ddp_status (*stats)(ddp_strategy* s, char* buf, size_t cap, size_t* needed);
   /* Releases everything. The host has synchronised all streams first. */
   void (*destroy)(ddp_strategy* s);

@@ -1,0 +1,229 @@
+// sharded_test.cpp — the acceptance checks of the `sharded` strategy
+// (optimizer state sharding, ZeRO stage 1), through the real engine and the
+// gloo transport, each rank a forked process (tests/harness.h):
+//  (a) from the PyTorch fixture's initial weights, AdamW with weight decay
+//      gives PyTorch's weights after every step within 1e-5, on every rank
+//      (ranks bitwise equal), worlds 1, 2, 4, both variants;
+//  (b) optimizer-state bytes per rank (summary.json's per-rank peak) are at
+//      most the unsharded run's / N + the state of the largest parameter,
+//      and the shards add up to exactly the unsharded state;
+//  (c) stats report the partition (owners, shard bytes) with a finite
+//      largest/smallest ratio;
+//  plus: a bad variant is refused naming the key and the allowed values,
+//  and unfreezing mid-run keeps the owners of already-owned parameters.
+// Correctness against the single-process engine in every scenario (SGD,
+// AdamW, frozen, unfreeze, accumulation) is the conformance suite's:
+//   conformance_test --strategy sharded [--strategy-key variant=\"allgather\"]
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "harness.h"
+
+namespace ddp {
+namespace {
+
+using harness::max_abs_diff;
+using harness::RunResult;
+using nlohmann::json;
+
+const std::string kFixtures = std::string(DDP_TEST_DATA_DIR) + "/fixtures/";
+constexpr int kSteps = 5;
+const std::string kAdamW = "[optimizer]\nname = \"adamw\"\nlr = 0.1\nweight_decay = 0.1\n";
+
+// A whole run configuration; `strategy_keys` are lines of [strategy].
+std::string toml(const std::string& model, const std::string& strategy, const std::string& strategy_keys,
+                 bool from_fixture = true, const std::string& tail = "") {
+  std::string t = "[run]\nsteps = " + std::to_string(kSteps) + "\nseed = 7\ntimeout_s = 30\n";
+  t += "[model]\nname = \"" + model + "\"\n";
+  if (from_fixture) t += "init_from = \"" + kFixtures + model + "_init.safetensors\"\n";
+  t += "[data]\npath = \"" + kFixtures + "toy_data.safetensors\"\nbatch_size = 20\n";
+  t += kAdamW;
+  t += "[transport]\nplugin = \"gloo\"\n[strategy]\nplugin = \"" + strategy + "\"\n" + strategy_keys;
+  return t + tail;
+}
+
+std::string variant_key(const std::string& variant) { return "variant = \"" + variant + "\"\n"; }
+
+RunResult run_ok(const std::string& config, int world) {
+  RunResult r = harness::run(config, world);
+  for (const auto& f : r.failures) ADD_FAILURE() << f;
+  return r;
+}
+
+// Total float32 elements of the trainable parameters of `model`, and the largest.
+std::pair<size_t, size_t> trainable_numel(const std::string& model) {
+  CpuDevice device;
+  auto m = make_model(model, device, 0);
+  size_t total = 0, largest = 0;
+  for (const auto& p : m->params()) {
+    if (!p.trainable) continue;
+    total += p.data.numel();
+    largest = std::max(largest, p.data.numel());
+  }
+  return {total, largest};
+}
+
+struct Case {
+  std::string model;
+  std::string variant;
+  int world;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.model << ", " << c.variant << ", " << c.world << " ranks"; }
+std::string case_name(const testing::TestParamInfo<Case>& info) {
+  return info.param.model + "_" + info.param.variant + "_world" + std::to_string(info.param.world);
+}
+
+std::vector<Case> fixture_cases() {
+  std::vector<Case> out;
+  for (const char* model : {"toy", "toy_tied"})
+    for (const char* variant : {"broadcast", "allgather"})
+      for (int world : {1, 2, 4}) out.push_back({model, variant, world});
+  return out;
+}
+
+// (a) PyTorch's AdamW(lr=0.1, weight_decay=0.1), 5 full-batch steps.
+class ShardedFixture : public testing::TestWithParam<Case> {};
+
+TEST_P(ShardedFixture, MatchesPyTorchAdamW) {
+  const Case& c = GetParam();
+  RunResult ddp = run_ok(toml(c.model, "sharded", variant_key(c.variant)), c.world);
+  ASSERT_TRUE(ddp.failures.empty());
+  const std::string file = c.model + "_adamw_expected.safetensors";
+  auto expected = read_safetensors(kFixtures + file);
+  ASSERT_EQ(ddp.ranks.size(), size_t(c.world));
+  for (int r = 0; r < c.world; ++r) {
+    ASSERT_EQ(ddp.ranks[r].size(), size_t(kSteps + 2)) << "rank " << r;
+    for (int step = 1; step <= kSteps; ++step) {
+      for (size_t p = 0; p < ddp.names.size(); ++p) {
+        const std::string key = "step" + std::to_string(step) + "/" + ddp.names[p];
+        ASSERT_TRUE(expected.count(key)) << key;
+        EXPECT_LE(max_abs_diff(ddp.ranks[r].at(step)[p], expected.at(key).as_floats(file, key)), 1e-5f)
+            << "rank " << r << ", " << key;
+        EXPECT_EQ(ddp.ranks[r].at(step)[p], ddp.ranks[0].at(step)[p])
+            << "rank " << r << ", " << key << ": not bitwise equal to rank 0";
+      }
+    }
+  }
+  std::vector<float> loss = expected.at("loss").as_floats(file, "loss");
+  ASSERT_EQ(ddp.summary["loss"].size(), loss.size());
+  for (size_t s = 0; s < loss.size(); ++s)
+    EXPECT_NEAR(ddp.summary["loss"][s].get<double>(), loss[s], 1e-5) << "loss of step " << s + 1;
+  EXPECT_EQ(ddp.summary["strategy"], "sharded");
+  EXPECT_EQ(ddp.summary["strategy_stats"]["variant"], c.variant);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sharded, ShardedFixture, testing::ValuesIn(fixture_cases()), case_name);
+
+// (b) Optimizer-state memory per rank, from summary.json's accounting.
+class ShardedMemory : public testing::TestWithParam<Case> {};
+
+TEST_P(ShardedMemory, OptimizerStatePerRankIsAboutOneNth) {
+  const Case& c = GetParam();
+  RunResult naive = run_ok(toml(c.model, "naive", ""), c.world);
+  RunResult sharded = run_ok(toml(c.model, "sharded", variant_key(c.variant)), c.world);
+  ASSERT_TRUE(naive.failures.empty() && sharded.failures.empty());
+  const json& nr = naive.summary["ranks"];
+  const json& sr = sharded.summary["ranks"];
+  ASSERT_EQ(nr.size(), size_t(c.world));
+  ASSERT_EQ(sr.size(), size_t(c.world));
+
+  // AdamW keeps two float32 moments per trainable element, on every rank.
+  const auto [total, largest] = trainable_numel(c.model);
+  const int64_t unsharded = nr[0]["peak_bytes"]["optimizer_state"].get<int64_t>();
+  EXPECT_EQ(unsharded, int64_t(2 * 4 * total));
+  for (int r = 0; r < c.world; ++r) EXPECT_EQ(nr[r]["peak_bytes"]["optimizer_state"].get<int64_t>(), unsharded);
+
+  // Greedy balance: no rank holds more than 1/N plus the largest parameter's state.
+  const int64_t largest_state = int64_t(2 * 4 * largest);
+  const json& shard_bytes = sharded.summary["strategy_stats"]["shard_bytes"];
+  ASSERT_EQ(shard_bytes.size(), size_t(c.world));
+  int64_t sum = 0;
+  for (int r = 0; r < c.world; ++r) {
+    const int64_t mine = sr[r]["peak_bytes"]["optimizer_state"].get<int64_t>();
+    EXPECT_LE(mine, unsharded / c.world + largest_state)
+        << "rank " << r << ": unsharded " << unsharded << " bytes over " << c.world << " ranks";
+    EXPECT_LT(mine, unsharded) << "rank " << r << ": not sharded at all";
+    // Exactly the state of the parameters this rank owns (two moments each).
+    EXPECT_EQ(mine, 2 * shard_bytes[r].get<int64_t>()) << "rank " << r;
+    sum += mine;
+  }
+  EXPECT_EQ(sum, unsharded) << "every parameter's state lives on exactly one rank";
+}
+
+INSTANTIATE_TEST_SUITE_P(Sharded, ShardedMemory,
+                         testing::Values(Case{"toy", "broadcast", 2}, Case{"toy", "allgather", 2},
+                                         Case{"toy", "broadcast", 4}, Case{"toy", "allgather", 4},
+                                         Case{"toy_tied", "broadcast", 4}),
+                         case_name);
+
+// (c) The partition in summary.json's strategy_stats.
+TEST(ShardedStats, ReportThePartitionWithAFiniteRatio) {
+  for (const char* variant : {"broadcast", "allgather"}) {
+    SCOPED_TRACE(variant);
+    RunResult r = run_ok(toml("toy", "sharded", variant_key(variant)), 2);
+    ASSERT_TRUE(r.failures.empty());
+    const json& stats = r.summary["strategy_stats"];
+    ASSERT_TRUE(stats.is_object()) << stats.dump();
+    EXPECT_EQ(stats["variant"], variant);
+    // toy's trainable parameters: fc1.weight [10,10], fc2.fc.weight [50,10], fc3.weight [5,50].
+    // Greedy: fc2 (2000 B) → rank 0; fc3 (1000 B) → rank 1; fc1 (400 B) → rank 1.
+    EXPECT_EQ(stats["owners"], json({{"fc1.weight", 1}, {"fc2.fc.weight", 0}, {"fc3.weight", 1}}));
+    EXPECT_EQ(stats["shard_bytes"], json::array({2000, 1400}));
+    ASSERT_TRUE(stats["largest_to_smallest"].is_number()) << stats.dump();
+    EXPECT_NEAR(stats["largest_to_smallest"].get<double>(), 2000.0 / 1400.0, 1e-5);
+    // Collectives per step: broadcast = 1 bucket + 3 parameter broadcasts;
+    // allgather = reduce_scatter + all_gather.
+    for (const auto& n : r.summary["collectives"]) EXPECT_EQ(n, std::string(variant) == "broadcast" ? 4 : 2);
+  }
+  // Four ranks over toy_tied's four parameters: every shard non-empty.
+  RunResult tied = run_ok(toml("toy_tied", "sharded", ""), 4);
+  ASSERT_TRUE(tied.failures.empty());
+  const json& stats = tied.summary["strategy_stats"];
+  EXPECT_EQ(stats["variant"], "broadcast");
+  EXPECT_EQ(stats["owners"].size(), 4u);
+  ASSERT_TRUE(stats["largest_to_smallest"].is_number()) << stats.dump();
+  EXPECT_GE(stats["largest_to_smallest"].get<double>(), 1.0);
+  // More ranks than trainable parameters (toy on 4): an empty shard, ratio null.
+  RunResult toy4 = run_ok(toml("toy", "sharded", ""), 4);
+  ASSERT_TRUE(toy4.failures.empty());
+  EXPECT_TRUE(toy4.summary["strategy_stats"]["largest_to_smallest"].is_null());
+  EXPECT_EQ(toy4.summary["strategy_stats"]["shard_bytes"], json::array({2000, 1000, 400, 0}));
+}
+
+TEST(ShardedConfig, UnknownVariantIsRefusedNamingTheKeyAndTheValues) {
+  RunResult r = harness::run(toml("toy", "sharded", "variant = \"ring\"\n"), 1);
+  ASSERT_EQ(r.failures.size(), 1u);
+  EXPECT_NE(r.failures[0].find("strategy.variant"), std::string::npos) << r.failures[0];
+  EXPECT_NE(r.failures[0].find("\"broadcast\""), std::string::npos) << r.failures[0];
+  EXPECT_NE(r.failures[0].find("\"allgather\""), std::string::npos) << r.failures[0];
+  EXPECT_NE(r.failures[0].find("ring"), std::string::npos) << r.failures[0];
+  RunResult bad_cap = harness::run(toml("toy", "sharded", "bucket_mb = 0\n"), 1);
+  ASSERT_EQ(bad_cap.failures.size(), 1u);
+  EXPECT_NE(bad_cap.failures[0].find("strategy.bucket_mb"), std::string::npos) << bad_cap.failures[0];
+}
+
+// Unfreezing mid-run: the parameters owned before keep their owner (their
+// optimizer state lives there); the new one gets an owner too.
+TEST(ShardedUnfreeze, KeepsOwnersAndAssignsTheNewParameter) {
+  const std::string unfreeze = "[[schedule.unfreeze]]\nstep = 2\nparams = \"fc2.fc.bias\"\n";
+  for (const char* variant : {"broadcast", "allgather"}) {
+    SCOPED_TRACE(variant);
+    RunResult before = run_ok(toml("toy", "sharded", variant_key(variant), false), 2);
+    RunResult after = run_ok(toml("toy", "sharded", variant_key(variant), false, unfreeze), 2);
+    ASSERT_TRUE(before.failures.empty() && after.failures.empty());
+    json owners = after.summary["strategy_stats"]["owners"];
+    ASSERT_TRUE(owners.contains("fc2.fc.bias")) << owners.dump();
+    owners.erase("fc2.fc.bias");
+    EXPECT_EQ(owners, before.summary["strategy_stats"]["owners"]);
+    // The bias trained after step 2, the same on both ranks.
+    size_t p = std::find(after.names.begin(), after.names.end(), "fc2.fc.bias") - after.names.begin();
+    EXPECT_EQ(after.ranks[0].at(2)[p], after.ranks[0].at(0)[p]);
+    EXPECT_NE(after.ranks[0].at(3)[p], after.ranks[0].at(2)[p]);
+    EXPECT_EQ(after.ranks[1].at(kSteps)[p], after.ranks[0].at(kSteps)[p]);
+  }
+}
+
+}  // namespace
+}  // namespace ddp

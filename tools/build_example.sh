@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# tools/build_example.sh — builds strategies/example the way a third party
+# builds a plugin: installs the ddp build into a fresh prefix, copies the
+# example folder out of the source tree and configures and builds it there
+# against that prefix alone (find_package(ddp)). Checks that the plugin
+# exports exactly ddp_strategy_v1 and prints the path of the built .so on
+# stdout (everything else goes to stderr). Optionally trains configs/toy.toml
+# with it, loaded by path, with the installed `ddp`, and runs the
+# conformance suite on it.
+#
+# usage: tools/build_example.sh [--build DIR] [--work DIR] [--smoke WORLD_SIZE]...
+#                               [--conformance]
+#   --build DIR      the ddp build to install (default: build); must be built
+#   --work DIR       where prefix/, src/, example-build/ and runs/ go
+#                    (default: a new temporary directory); those are replaced
+#   --smoke N        run configs/toy.toml on N ranks with the example; checks
+#                    that it succeeds, the loss decreases and each step is
+#                    one collective (repeatable: --smoke 2 --smoke 4)
+#   --conformance    run DIR/bin/conformance_test --strategy <the .so>
+# e.g. tools/build_example.sh --smoke 2 --smoke 4
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+say() { echo "build_example: $*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+build=build work="" conformance=0 worlds=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) build=${2:?--build needs a directory}; shift 2 ;;
+    --work) work=${2:?--work needs a directory}; shift 2 ;;
+    --smoke) worlds+=("${2:?--smoke needs a world size}"); shift 2 ;;
+    --conformance) conformance=1; shift ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+done
+
+[ -f "$build/CMakeCache.txt" ] || die "'$build' is not a configured ddp build (run tools/setup.sh first)"
+build=$(cd "$build" && pwd)
+[ -n "$work" ] || work=$(mktemp -d "${TMPDIR:-/tmp}/ddp-example.XXXXXX")
+mkdir -p "$work"
+work=$(cd "$work" && pwd)
+prefix=$work/prefix src=$work/src exbuild=$work/example-build
+rm -rf "$prefix" "$src" "$exbuild" "$work/runs"
+
+# 1. Install: bin/ddp, lib/ddp/*.so, include/ddp/plugin.h(pp), lib/cmake/ddp.
+say "installing $build into $prefix"
+cmake --install "$build" --prefix "$prefix" >&2
+
+# 2. Configure and build the example outside the tree, from a copy, so that
+#    nothing but the installed package can be what it builds against.
+cp -r "$root/strategies/example" "$src"
+say "building $src in $exbuild against $prefix"
+cmake -S "$src" -B "$exbuild" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF >&2
+cmake --build "$exbuild" -j 2 >&2
+so=$exbuild/libddp_strategy_example.so
+[ -f "$so" ] || die "$so was not built"
+
+# 3. Exactly one exported symbol: the entry descriptor.
+exported=$(nm -D --defined-only "$so" | awk '{print $NF}')
+[ "$exported" = "ddp_strategy_v1" ] || die "$so exports '$(echo $exported)', not exactly ddp_strategy_v1"
+say "built $so (exports only ddp_strategy_v1)"
+echo "$so"
+
+# 4. Smoke runs: loaded by path from the TOML file, with the installed ddp.
+for n in "${worlds[@]}"; do
+  out=$work/runs/toy-world$n
+  say "ddp run configs/toy.toml --set strategy.plugin=$so --set run.world_size=$n"
+  log=$("$prefix/bin/ddp" run configs/toy.toml --set "strategy.plugin=$so" --set "run.world_size=$n" \
+        --set "run.output_dir=$out" 2>&1) || { echo "$log" >&2; die "the run on $n ranks failed"; }
+  echo "$log" >&2
+  [ -f "$out/summary.json" ] || die "no $out/summary.json"
+  grep -q '"strategy": "example"' "$out/summary.json" || die "$out/summary.json is not from the example strategy"
+  # Progress lines: "step 1/5  loss 1.049348  ...  (1 collectives, 0.003 MB)".
+  echo "$log" | awk -v n="$n" '
+    /^step [0-9]+\/[0-9]+ +loss / {
+      steps++; loss = $4; if (steps == 1) first = loss
+      if (!match($0, /\(([0-9]+) collectives/)) bad = bad " no collective count in: " $0
+      else { c = substr($0, RSTART + 1, RLENGTH - 1) + 0; if (c != 1) bad = bad " step " steps ": " c " collectives;" }
+    }
+    END {
+      if (steps == 0) { print "no progress lines"; exit 1 }
+      if (!(loss < first)) { print "loss did not decrease: " first " -> " loss; exit 1 }
+      if (bad != "") { print "expected one collective per step:" bad; exit 1 }
+      printf "build_example: world %d: %d steps, loss %s -> %s, one collective each\n", n, steps, first, loss
+    }' >&2 || die "the run on $n ranks is wrong (see above)"
+done
+
+# 5. The conformance suite every strategy passes.
+if [ "$conformance" = 1 ]; then
+  [ -x "$build/bin/conformance_test" ] || die "$build/bin/conformance_test is not built"
+  say "conformance_test --strategy $so"
+  "$build/bin/conformance_test" --strategy "$so" >&2 || die "the conformance suite failed"
+fi
