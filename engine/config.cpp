@@ -178,8 +178,11 @@ class Reader {
       ok = has_type(a[i], toml::node_type::floating_point);
       if (ok) ok = as_double(a[i]) >= 0 && as_double(a[i]) < 1;
     }
+    // Floats as format_double writes them elsewhere ("0.9", not TOML++'s
+    // full-precision "0.90000000000000002").
     std::ostringstream got;
-    got << a;
+    got << toml::toml_formatter(a, toml::toml_formatter::default_flags |
+                                       toml::format_flags::relaxed_float_precision);
     require(ok, "optimizer", "betas", "two floats in [0, 1)", got.str());
     return {as_double(a[0]), as_double(a[1])};
   }
@@ -427,7 +430,8 @@ Config validate_config(const toml::table& doc, const std::string& file) {
                       ") must be divisible by run.world_size (" +
                       std::to_string(c.run.world_size) + ")");
 
-  c.run.grad_accum_steps = r.integer("run", "grad_accum_steps", 1, 1);
+  // Plugins see it as ddp_step_info.micro_steps, an int32_t.
+  c.run.grad_accum_steps = r.integer("run", "grad_accum_steps", 1, 1, INT_MAX);
 
   OptimizerConfig& o = c.optimizer;
   o.name = r.one_of("optimizer", "name", "sgd", {"sgd", "adamw"});

@@ -445,5 +445,319 @@ TEST_F(ConfigTest, ValidateConfigIsPure) {
             "x.toml: key 'run.steps' must be >= 0 (got -2)");
 }
 
+// ---- optimizer (sgd | adamw), [[optimizer.groups]], [schedule], grad accumulation ----
+
+// kMinimal with `lines` added at the end of [optimizer]: its first line is
+// line 12 of the file.
+std::string minimal_with_optimizer(const std::string& lines) {
+  return std::string(kMinimal) + lines;
+}
+
+TEST_F(ConfigTest, OptimizerDefaults) {
+  const Config sgd = load_config(write("sgd.toml", kMinimal));
+  EXPECT_EQ(sgd.run.grad_accum_steps, 1);
+  EXPECT_EQ(sgd.optimizer.name, "sgd");
+  EXPECT_DOUBLE_EQ(sgd.optimizer.momentum, 0.0);
+  EXPECT_DOUBLE_EQ(sgd.optimizer.weight_decay, 0.0);  // L2 off, as torch.optim.SGD
+  EXPECT_DOUBLE_EQ(sgd.optimizer.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(sgd.optimizer.beta2, 0.999);
+  EXPECT_DOUBLE_EQ(sgd.optimizer.eps, 1e-8);
+  EXPECT_TRUE(sgd.optimizer.groups.empty());
+  EXPECT_TRUE(sgd.unfreeze.empty());
+
+  const Config adamw = load_config(write("adamw.toml", minimal_with_optimizer("name = \"adamw\"\n")));
+  EXPECT_EQ(adamw.optimizer.name, "adamw");
+  EXPECT_DOUBLE_EQ(adamw.optimizer.lr, 0.1);
+  EXPECT_DOUBLE_EQ(adamw.optimizer.weight_decay, 0.01);  // as torch.optim.AdamW
+  EXPECT_DOUBLE_EQ(adamw.optimizer.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(adamw.optimizer.beta2, 0.999);
+  EXPECT_DOUBLE_EQ(adamw.optimizer.eps, 1e-8);
+  EXPECT_DOUBLE_EQ(adamw.optimizer.momentum, 0.0);
+  EXPECT_EQ(adamw.run.grad_accum_steps, 1);
+  EXPECT_TRUE(adamw.optimizer.groups.empty());
+  EXPECT_TRUE(adamw.unfreeze.empty());
+
+  // A group without lr / weight_decay takes the optimizer's, defaults included.
+  const Config grouped = load_config(write("g.toml", minimal_with_optimizer(
+      "name = \"adamw\"\n[[optimizer.groups]]\nparams = \"head.*\"\n")));
+  ASSERT_EQ(grouped.optimizer.groups.size(), 1u);
+  EXPECT_EQ(grouped.optimizer.groups[0].params, "head.*");
+  EXPECT_DOUBLE_EQ(grouped.optimizer.groups[0].lr, 0.1);
+  EXPECT_DOUBLE_EQ(grouped.optimizer.groups[0].weight_decay, 0.01);
+}
+
+TEST_F(ConfigTest, SgdMomentumAndWeightDecay) {
+  const Config c = load_config(write("c.toml", minimal_with_optimizer(
+      "name = \"sgd\"\nmomentum = 0.9\nweight_decay = 0.0005\n")));
+  EXPECT_EQ(c.optimizer.name, "sgd");
+  EXPECT_DOUBLE_EQ(c.optimizer.momentum, 0.9);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.0005);
+}
+
+TEST_F(ConfigTest, FullAdamWWithGroupsAndUnfreeze) {
+  const std::string path = write("adamw.toml", R"([run]
+steps = 20
+grad_accum_steps = 4
+
+[model]
+name = "toy_tied"
+
+[data]
+batch_size = 16
+
+[optimizer]
+name = "adamw"
+lr = 0.003
+betas = [0.8, 0.95]
+eps = 1e-6
+weight_decay = 0.05
+
+[[optimizer.groups]]
+params = "layer1.*"
+lr = 0.0001
+weight_decay = 0.0
+
+[[optimizer.groups]]
+params = "head.?ias"
+
+[schedule]
+
+[[schedule.unfreeze]]
+step = 5
+params = "layer0.*"
+
+[[schedule.unfreeze]]
+step = 0
+params = "emb*"
+)");
+  const Config c = load_config(path);
+  EXPECT_EQ(c.run.steps, 20);
+  EXPECT_EQ(c.run.grad_accum_steps, 4);
+  EXPECT_EQ(c.data.batch_size, 16);
+  const OptimizerConfig& o = c.optimizer;
+  EXPECT_EQ(o.name, "adamw");
+  EXPECT_DOUBLE_EQ(o.lr, 0.003);
+  EXPECT_DOUBLE_EQ(o.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(o.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(o.eps, 1e-6);
+  EXPECT_DOUBLE_EQ(o.weight_decay, 0.05);
+  EXPECT_DOUBLE_EQ(o.momentum, 0.0);
+  // Groups in file order; a missing lr / weight_decay is the optimizer's.
+  ASSERT_EQ(o.groups.size(), 2u);
+  EXPECT_EQ(o.groups[0].params, "layer1.*");
+  EXPECT_DOUBLE_EQ(o.groups[0].lr, 0.0001);
+  EXPECT_DOUBLE_EQ(o.groups[0].weight_decay, 0.0);  // explicit 0 beats the 0.05 default
+  EXPECT_EQ(o.groups[1].params, "head.?ias");
+  EXPECT_DOUBLE_EQ(o.groups[1].lr, 0.003);
+  EXPECT_DOUBLE_EQ(o.groups[1].weight_decay, 0.05);
+  // Unfreeze entries in file order (not sorted by step).
+  ASSERT_EQ(c.unfreeze.size(), 2u);
+  EXPECT_EQ(c.unfreeze[0].step, 5);
+  EXPECT_EQ(c.unfreeze[0].params, "layer0.*");
+  EXPECT_EQ(c.unfreeze[1].step, 0);
+  EXPECT_EQ(c.unfreeze[1].params, "emb*");
+  // The effective document keeps the arrays of tables.
+  const toml::table text = toml::parse(c.toml_text);
+  EXPECT_EQ(text["optimizer"]["groups"][1]["params"].value<std::string>(), "head.?ias");
+  EXPECT_EQ(text["schedule"]["unfreeze"][0]["step"].value<int64_t>(), 5);
+  EXPECT_EQ(text["run"]["grad_accum_steps"].value<int64_t>(), 4);
+}
+
+TEST_F(ConfigTest, IntegerAcceptedForOptimizerFloats) {
+  const Config c = load_config(write("c.toml", minimal_with_optimizer(
+      "name = \"adamw\"\nbetas = [0, 0.5]\neps = 1\nweight_decay = 2\n"
+      "[[optimizer.groups]]\nparams = \"a\"\nlr = 3\nweight_decay = 4\n"
+      "[[optimizer.groups]]\nparams = \"b\"\nlr = 5\nweight_decay = 0\n")));
+  EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.0);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.5);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1.0);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 2.0);
+  ASSERT_EQ(c.optimizer.groups.size(), 2u);
+  EXPECT_DOUBLE_EQ(c.optimizer.groups[0].lr, 3.0);
+  EXPECT_DOUBLE_EQ(c.optimizer.groups[0].weight_decay, 4.0);
+  EXPECT_DOUBLE_EQ(c.optimizer.groups[1].lr, 5.0);
+  EXPECT_DOUBLE_EQ(c.optimizer.groups[1].weight_decay, 0.0);
+  const Config m = load_config(write("m.toml", minimal_with_optimizer("momentum = 1\n")));
+  EXPECT_DOUBLE_EQ(m.optimizer.momentum, 1.0);
+}
+
+// Each case's file is kMinimal + `lines` (the first on line 12).
+struct ErrorCase {
+  std::string lines, message;
+};
+
+TEST_F(ConfigTest, OptimizerValueConstraints) {
+  const ErrorCase cases[] = {
+      {"momentum = -0.5", ":12:12: key 'optimizer.momentum' must be >= 0 (got -0.5)"},
+      {"name = \"adamw\"\neps = 0", ":13:7: key 'optimizer.eps' must be > 0 (got 0)"},
+      {"name = \"adamw\"\neps = -1e-8", ":13:7: key 'optimizer.eps' must be > 0 (got -1e-08)"},
+      {"weight_decay = -0.1", ":12:16: key 'optimizer.weight_decay' must be >= 0 (got -0.1)"},
+      {"name = \"adamw\"\nweight_decay = -1",
+       ":13:16: key 'optimizer.weight_decay' must be >= 0 (got -1)"},
+      {"momentum = \"0.9\"", ":12:12: key 'optimizer.momentum' must be a float, not a string"},
+      {"eps = true", ":12:7: key 'optimizer.eps' must be a float, not a boolean"},
+      {"weight_decay = [0.1]", ":12:16: key 'optimizer.weight_decay' must be a float, not an array"},
+      {"name = 1", ":12:8: key 'optimizer.name' must be a string, not an integer"},
+  };
+  for (const ErrorCase& c : cases) {
+    const std::string path = write("c.toml", minimal_with_optimizer(c.lines + "\n"));
+    EXPECT_EQ(load_error(path), path + c.message) << c.lines;
+  }
+}
+
+TEST_F(ConfigTest, OptimizerKeyForOtherOptimizer) {
+  const ErrorCase cases[] = {
+      {"name = \"adamw\"\nmomentum = 0.9", ":13:12: key 'optimizer.momentum' applies to sgd only"},
+      // Even the default value is refused: the key means nothing to adamw.
+      {"momentum = 0.0\nname = \"adamw\"", ":12:12: key 'optimizer.momentum' applies to sgd only"},
+      {"betas = [0.9, 0.999]", ":12:9: key 'optimizer.betas' applies to adamw only"},
+      {"name = \"sgd\"\nbetas = [0.5, 0.5]", ":13:9: key 'optimizer.betas' applies to adamw only"},
+      {"eps = 1e-8", ":12:7: key 'optimizer.eps' applies to adamw only"},
+  };
+  for (const ErrorCase& c : cases) {
+    const std::string path = write("c.toml", minimal_with_optimizer(c.lines + "\n"));
+    EXPECT_EQ(load_error(path), path + c.message) << c.lines;
+  }
+}
+
+TEST_F(ConfigTest, BetasMustBeTwoFloatsInUnitInterval) {
+  const ErrorCase cases[] = {
+      {"betas = [0.9]", ":13:9: key 'optimizer.betas' must be two floats in [0, 1) (got [ 0.9 ])"},
+      {"betas = []", ":13:9: key 'optimizer.betas' must be two floats in [0, 1) (got [])"},
+      {"betas = [0.9, 0.99, 0.999]",
+       ":13:9: key 'optimizer.betas' must be two floats in [0, 1) (got [ 0.9, 0.99, 0.999 ])"},
+      {"betas = [0.9, 1.0]",
+       ":13:9: key 'optimizer.betas' must be two floats in [0, 1) (got [ 0.9, 1.0 ])"},
+      {"betas = [1, 0.5]",
+       ":13:9: key 'optimizer.betas' must be two floats in [0, 1) (got [ 1, 0.5 ])"},
+      {"betas = [-0.1, 0.999]",
+       ":13:9: key 'optimizer.betas' must be two floats in [0, 1) (got [ -0.1, 0.999 ])"},
+      {"betas = [0.9, \"0.999\"]",
+       ":13:9: key 'optimizer.betas' must be two floats in [0, 1) (got [ 0.9, '0.999' ])"},
+      {"betas = [true, 0.5]",
+       ":13:9: key 'optimizer.betas' must be two floats in [0, 1) (got [ true, 0.5 ])"},
+      {"betas = [[0.9], 0.5]",
+       ":13:9: key 'optimizer.betas' must be two floats in [0, 1) (got [ [ 0.9 ], 0.5 ])"},
+      {"betas = 0.9", ":13:9: key 'optimizer.betas' must be an array, not a float"},
+  };
+  for (const ErrorCase& c : cases) {
+    const std::string path =
+        write("c.toml", minimal_with_optimizer("name = \"adamw\"\n" + c.lines + "\n"));
+    EXPECT_EQ(load_error(path), path + c.message) << c.lines;
+  }
+}
+
+TEST_F(ConfigTest, GroupErrors) {
+  const std::string adamw = "name = \"adamw\"\n";  // line 12; the group header is line 13
+  const ErrorCase cases[] = {
+      // Wrong types inside a group table.
+      {"[[optimizer.groups]]\nparams = \"a\"\nlr = \"0.1\"",
+       ":15:6: key 'optimizer.groups[0].lr' must be a float, not a string"},
+      {"[[optimizer.groups]]\nparams = 7",
+       ":14:10: key 'optimizer.groups[0].params' must be a string, not an integer"},
+      {"[[optimizer.groups]]\nparams = \"a\"\nweight_decay = false",
+       ":15:16: key 'optimizer.groups[0].weight_decay' must be a float, not a boolean"},
+      // Unknown key in a group (here one that belongs to [optimizer]).
+      {"[[optimizer.groups]]\nparams = \"a\"\nmomentum = 0.9",
+       ":15:12: unknown key 'optimizer.groups[0].momentum'"},
+      // Missing params; the position is the group's.
+      {"[[optimizer.groups]]\nlr = 0.1", ":13:1: missing required key 'optimizer.groups[0].params'"},
+      // Values out of range.
+      {"[[optimizer.groups]]\nparams = \"a\"\nlr = 0",
+       ":15:6: key 'optimizer.groups[0].lr' must be > 0 (got 0)"},
+      {"[[optimizer.groups]]\nparams = \"a\"\nlr = -0.5",
+       ":15:6: key 'optimizer.groups[0].lr' must be > 0 (got -0.5)"},
+      {"[[optimizer.groups]]\nparams = \"a\"\nweight_decay = -0.25",
+       ":15:16: key 'optimizer.groups[0].weight_decay' must be >= 0 (got -0.25)"},
+      // The index names the group at fault.
+      {"[[optimizer.groups]]\nparams = \"a\"\n[[optimizer.groups]]\nparams = \"b\"\nbias = 1",
+       ":17:8: unknown key 'optimizer.groups[1].bias'"},
+      {"[[optimizer.groups]]\nparams = \"a\"\n[[optimizer.groups]]\nlr = 1",
+       ":15:1: missing required key 'optimizer.groups[1].params'"},
+      // groups must be an array of tables.
+      {"groups = 3", ":13:10: key 'optimizer.groups' must be an array, not an integer"},
+      {"groups = [\"a\"]", ":13:11: key 'optimizer.groups[0]' must be a table, not a string"},
+      {"groups = [{ params = \"a\" }, { lr = 0.1 }]",
+       ":13:29: missing required key 'optimizer.groups[1].params'"},
+  };
+  for (const ErrorCase& c : cases) {
+    const std::string path = write("c.toml", minimal_with_optimizer(adamw + c.lines + "\n"));
+    EXPECT_EQ(load_error(path), path + c.message) << c.lines;
+  }
+}
+
+TEST_F(ConfigTest, UnfreezeErrors) {
+  const ErrorCase cases[] = {
+      {"[[schedule.unfreeze]]\nstep = -1\nparams = \"a\"",
+       ":13:8: key 'schedule.unfreeze[0].step' must be >= 0 (got -1)"},
+      {"[[schedule.unfreeze]]\nparams = \"a\"",
+       ":12:1: missing required key 'schedule.unfreeze[0].step'"},
+      {"[[schedule.unfreeze]]\nstep = 1",
+       ":12:1: missing required key 'schedule.unfreeze[0].params'"},
+      {"[[schedule.unfreeze]]\nstep = 1.5\nparams = \"a\"",
+       ":13:8: key 'schedule.unfreeze[0].step' must be an integer, not a float"},
+      {"[[schedule.unfreeze]]\nstep = 1\nparams = [\"a\"]",
+       ":14:10: key 'schedule.unfreeze[0].params' must be a string, not an array"},
+      {"[[schedule.unfreeze]]\nstep = 1\nparams = \"a\"\nlr = 0.1",
+       ":15:6: unknown key 'schedule.unfreeze[0].lr'"},
+      {"[[schedule.unfreeze]]\nstep = 1\nparams = \"a\"\n[[schedule.unfreeze]]\nstep = -3\nparams = \"b\"",
+       ":16:8: key 'schedule.unfreeze[1].step' must be >= 0 (got -3)"},
+      {"[schedule]\nwarmup = 10", ":13:10: unknown key 'schedule.warmup'"},
+      {"[schedule]\nunfreeze = \"a\"", ":13:12: key 'schedule.unfreeze' must be an array, not a string"},
+      {"[schedule]\nunfreeze = [5]", ":13:13: key 'schedule.unfreeze[0]' must be a table, not an integer"},
+  };
+  for (const ErrorCase& c : cases) {
+    const std::string path = write("c.toml", minimal_with_optimizer(c.lines + "\n"));
+    EXPECT_EQ(load_error(path), path + c.message) << c.lines;
+  }
+}
+
+TEST_F(ConfigTest, GradAccumSteps) {
+  const Config c = load_config(write("ok.toml", minimal_with_run("grad_accum_steps = 8")));
+  EXPECT_EQ(c.run.grad_accum_steps, 8);
+  const Config max = load_config(write("max.toml", minimal_with_run("grad_accum_steps = 2147483647")));
+  EXPECT_EQ(max.run.grad_accum_steps, 2147483647);
+  const ErrorCase cases[] = {
+      {"grad_accum_steps = 0", ":3:20: key 'run.grad_accum_steps' must be >= 1 (got 0)"},
+      {"grad_accum_steps = -2", ":3:20: key 'run.grad_accum_steps' must be >= 1 (got -2)"},
+      {"grad_accum_steps = 2.0", ":3:20: key 'run.grad_accum_steps' must be an integer, not a float"},
+      // ddp_step_info.micro_steps is an int32_t.
+      {"grad_accum_steps = 2147483648",
+       ":3:20: key 'run.grad_accum_steps' must be <= 2147483647 (got 2147483648)"},
+  };
+  for (const ErrorCase& e : cases) {
+    const std::string path = write("c.toml", minimal_with_run(e.lines));
+    EXPECT_EQ(load_error(path), path + e.message) << e.lines;
+  }
+}
+
+TEST_F(ConfigTest, SetOptimizerAndGradAccum) {
+  const std::string path = write("c.toml", kMinimal);
+  const Config c = load_config(path, {"run.grad_accum_steps=3", "optimizer.name=adamw"});
+  EXPECT_EQ(c.run.grad_accum_steps, 3);
+  EXPECT_EQ(c.optimizer.name, "adamw");             // bare word -> string
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.01);  // adamw's default follows the name
+  EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.9);
+  const toml::table text = toml::parse(c.toml_text);
+  EXPECT_EQ(text["run"]["grad_accum_steps"].value<int64_t>(), 3);
+  EXPECT_EQ(text["optimizer"]["name"].value<std::string>(), "adamw");
+
+  const Config b = load_config(path, {"optimizer.name=adamw", "optimizer.betas=[0.5, 0.75]"});
+  EXPECT_DOUBLE_EQ(b.optimizer.beta1, 0.5);
+  EXPECT_DOUBLE_EQ(b.optimizer.beta2, 0.75);
+
+  EXPECT_EQ(load_error(path, {"run.grad_accum_steps=0"}),
+            "--set run.grad_accum_steps=0: key 'run.grad_accum_steps' must be >= 1 (got 0)");
+  EXPECT_EQ(load_error(path, {"optimizer.name=adam"}),
+            "--set optimizer.name=adam: key 'optimizer.name' must be one of: sgd, adamw (got 'adam')");
+  EXPECT_EQ(load_error(path, {"optimizer.name=adamw", "optimizer.betas=[0.5]"}),
+            "--set optimizer.betas=[0.5]: key 'optimizer.betas' must be two floats in [0, 1) (got [ 0.5 ])");
+  // The key at fault is in the file; --set only changed the optimizer.
+  const std::string sgd = write("sgd.toml", minimal_with_optimizer("momentum = 0.9\n"));
+  EXPECT_EQ(load_error(sgd, {"optimizer.name=adamw"}),
+            sgd + ":12:12: key 'optimizer.momentum' applies to sgd only");
+  EXPECT_DOUBLE_EQ(load_config(sgd, {"optimizer.momentum=0.5"}).optimizer.momentum, 0.5);
+}
+
 }  // namespace
 }  // namespace ddp
