@@ -34,8 +34,21 @@ constexpr KeySpec kSchema[] = {
     {"run", "timeout_s", toml::node_type::floating_point, false},
     {"run", "log_every", toml::node_type::integer, false},
     {"run", "grad_accum_steps", toml::node_type::integer, false},
+    {"run", "threads", toml::node_type::integer, false},
     {"model", "name", toml::node_type::string, true},
     {"model", "init_from", toml::node_type::string, false},
+    {"model", "preset", toml::node_type::string, false},
+    {"model", "vocab_size", toml::node_type::integer, false},
+    {"model", "context_length", toml::node_type::integer, false},
+    {"model", "d_model", toml::node_type::integer, false},
+    {"model", "num_layers", toml::node_type::integer, false},
+    {"model", "num_heads", toml::node_type::integer, false},
+    {"model", "d_ff", toml::node_type::integer, false},
+    {"model", "rope_theta", toml::node_type::floating_point, false},
+    {"model", "width", toml::node_type::integer, false},
+    {"model", "depth", toml::node_type::integer, false},
+    {"model", "classes", toml::node_type::integer, false},
+    {"data", "kind", toml::node_type::string, false},
     {"data", "path", toml::node_type::string, false},
     {"data", "batch_size", toml::node_type::integer, true},
     {"optimizer", "name", toml::node_type::string, false},
@@ -418,10 +431,46 @@ Config validate_config(const toml::table& doc, const std::string& file) {
   c.run.timeout_s = r.positive("run", "timeout_s", 30.0);
   c.run.log_every = r.integer("run", "log_every", 1, 1);
 
-  c.model.name = r.one_of("model", "name", "", {"toy", "toy_tied"});
-  c.model.init_from = r.path_from_file("model", "init_from");
+  c.run.threads = int(r.integer("run", "threads", 1, 1, 1024));
+
+  ModelConfig& m = c.model;
+  m.name = r.one_of("model", "name", "", {"toy", "toy_tied", "mlp", "lm"});
+  m.init_from = r.path_from_file("model", "init_from");
+  // Hyper-parameters belong to one model each; elsewhere they are mistakes.
+  auto only_for = [&](const char* model, std::initializer_list<const char*> keys) {
+    for (const char* key : keys)
+      if (m.name != model && r.find("model", key))
+        throw ConfigError(r.where(*r.find("model", key)) + ": key 'model." + key + "' applies to model '" + model +
+                          "' only");
+  };
+  only_for("lm", {"preset", "vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta"});
+  only_for("mlp", {"width", "depth", "classes"});
+  m.preset = r.one_of("model", "preset", "lm-tiny", {"lm-tiny", "lm-cpu", "small", "medium", "large", "xl", "2.7B"});
+  m.vocab_size = r.integer("model", "vocab_size", 0, 2);
+  m.context_length = r.integer("model", "context_length", 0, 1);
+  m.d_model = r.integer("model", "d_model", 0, 1);
+  m.num_layers = r.integer("model", "num_layers", 0, 1);
+  m.num_heads = r.integer("model", "num_heads", 0, 1);
+  m.d_ff = r.integer("model", "d_ff", 0, 1);
+  m.rope_theta = r.positive("model", "rope_theta", 0.0);
+  m.width = r.integer("model", "width", m.width, 1);
+  m.depth = r.integer("model", "depth", m.depth, 0);
+  m.classes = r.integer("model", "classes", m.classes, 2);
 
   c.data.path = r.path_from_file("data", "path");
+  {
+    const std::string inferred = c.data.path.empty() ? "random"
+                                 : fs::path(c.data.path).extension() == ".safetensors" ? "safetensors"
+                                                                                       : "tokens";
+    c.data.kind = r.one_of("data", "kind", inferred, {"random", "safetensors", "tokens"});
+    if (c.data.kind == "random" && !c.data.path.empty())
+      throw ConfigError(r.where(*r.find("data", "path")) + ": key 'data.path' is not used with data.kind = \"random\"");
+    if (c.data.kind != "random" && c.data.path.empty())
+      throw ConfigError(file + ": missing required key 'data.path' (data.kind = \"" + c.data.kind + "\")");
+    if (c.data.kind == "tokens" && m.name != "lm")
+      throw ConfigError(r.where(r.find("data", "kind") ? *r.find("data", "kind") : *r.find("data", "path")) +
+                        ": data.kind = \"tokens\" (a token file) needs model 'lm'");
+  }
   c.data.batch_size = r.integer("data", "batch_size", 0, 1);
   // The batch is global: every rank takes an equal share.
   if (c.data.batch_size % c.run.world_size != 0)

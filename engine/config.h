@@ -76,15 +76,28 @@ struct RunConfig {
   std::string output_dir;     // default: "runs/<config file stem>"
   double timeout_s = 30.0;    // > 0
   int64_t log_every = 1;      // progress line every N steps, >= 1
+  int threads = 1;            // BLAS threads per rank, >= 1
 };
 
 struct ModelConfig {
-  std::string name;           // required: "toy" | "toy_tied"
+  std::string name;           // required: "toy" | "toy_tied" | "mlp" | "lm"
   std::string init_from;      // optional safetensors path, relative to the config file
+  // lm: a preset ("lm-tiny", "lm-cpu", "small", ...; default "lm-tiny") and
+  // any hyper-parameter overriding it (0: the preset's).
+  std::string preset;
+  int64_t vocab_size = 0, context_length = 0, d_model = 0, num_layers = 0, num_heads = 0, d_ff = 0;
+  double rope_theta = 0.0;
+  // mlp
+  int64_t width = 1024, depth = 8, classes = 10;
 };
 
 struct DataConfig {
-  std::string path;           // optional safetensors with x, y; relative to the config file
+  // "random": inputs (or token ids) from run.seed; "safetensors": x/y (or
+  // tokens) rows consumed in order; "tokens": a flat uint16 token file,
+  // memory-mapped, random windows. Default: from `path` (none: random;
+  // *.safetensors: safetensors; else tokens).
+  std::string kind;
+  std::string path;           // relative to the config file
   int64_t batch_size = 0;     // required, global batch, > 0, divisible by world_size
 };
 

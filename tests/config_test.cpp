@@ -293,7 +293,7 @@ TEST_F(ConfigTest, ValueConstraints) {
   EXPECT_EQ(load_error(lr), lr + ":11:6: key 'optimizer.lr' must be > 0 (got -0.5)");
   const std::string model = write("model.toml", replaced("\"toy\"", "\"bert\""));
   EXPECT_EQ(load_error(model),
-            model + ":5:8: key 'model.name' must be one of: toy, toy_tied (got 'bert')");
+            model + ":5:8: key 'model.name' must be one of: toy, toy_tied, mlp, lm (got 'bert')");
   const std::string opt = write("opt.toml", replaced("lr = 0.1", "lr = 0.1\nname = \"adam\""));
   EXPECT_EQ(load_error(opt), opt + ":12:8: key 'optimizer.name' must be one of: sgd, adamw (got 'adam')");
 }
@@ -757,6 +757,69 @@ TEST_F(ConfigTest, SetOptimizerAndGradAccum) {
   EXPECT_EQ(load_error(sgd, {"optimizer.name=adamw"}),
             sgd + ":12:12: key 'optimizer.momentum' applies to sgd only");
   EXPECT_DOUBLE_EQ(load_config(sgd, {"optimizer.momentum=0.5"}).optimizer.momentum, 0.5);
+}
+
+// [model] for lm and mlp, [data] kinds, run.threads.
+std::string with_model_and_data(const std::string& model, const std::string& data) {
+  return "[run]\nsteps = 10\n[model]\n" + model + "\n[data]\nbatch_size = 8\n" + data + "\n[optimizer]\nlr = 0.1\n";
+}
+
+TEST_F(ConfigTest, LmAndMlpHyperParameters) {
+  const Config lm = load_config(write("lm.toml", with_model_and_data(
+      "name = \"lm\"\npreset = \"lm-cpu\"\nd_model = 128\nrope_theta = 500000", "")));
+  EXPECT_EQ(lm.model.preset, "lm-cpu");
+  EXPECT_EQ(lm.model.d_model, 128);
+  EXPECT_EQ(lm.model.num_layers, 0);  // from the preset
+  EXPECT_EQ(lm.model.rope_theta, 500000.0);
+  const Config tiny = load_config(write("tiny.toml", with_model_and_data("name = \"lm\"", "")));
+  EXPECT_EQ(tiny.model.preset, "lm-tiny");
+  const Config mlp = load_config(write("mlp.toml", with_model_and_data("name = \"mlp\"\nwidth = 64\ndepth = 2", "")));
+  EXPECT_EQ(mlp.model.width, 64);
+  EXPECT_EQ(mlp.model.depth, 2);
+  EXPECT_EQ(mlp.model.classes, 10);
+  const Config t = load_config(write("t.toml", minimal_with_run("threads = 2")));
+  EXPECT_EQ(t.run.threads, 2);
+  EXPECT_EQ(load_config(write("d.toml", minimal_with_run(""))).run.threads, 1);
+}
+
+TEST_F(ConfigTest, ModelKeysBelongToTheirModel) {
+  const struct {
+    std::string model, message;
+  } cases[] = {
+      {"name = \"toy\"\nd_model = 64", ":5:11: key 'model.d_model' applies to model 'lm' only"},
+      {"name = \"lm\"\nwidth = 64", ":5:9: key 'model.width' applies to model 'mlp' only"},
+      {"name = \"mlp\"\npreset = \"lm-cpu\"", ":5:10: key 'model.preset' applies to model 'lm' only"},
+      {"name = \"lm\"\npreset = \"huge\"",
+       ":5:10: key 'model.preset' must be one of: lm-tiny, lm-cpu, small, medium, large, xl, 2.7B (got 'huge')"},
+      {"name = \"lm\"\nnum_heads = 0", ":5:13: key 'model.num_heads' must be >= 1 (got 0)"},
+  };
+  for (const auto& c : cases) {
+    const std::string path = write("c.toml", with_model_and_data(c.model, ""));
+    EXPECT_EQ(load_error(path), path + c.message) << c.model;
+  }
+}
+
+TEST_F(ConfigTest, DataKinds) {
+  EXPECT_EQ(load_config(write("r.toml", with_model_and_data("name = \"lm\"", ""))).data.kind, "random");
+  EXPECT_EQ(load_config(write("s.toml", with_model_and_data("name = \"lm\"", "path = \"d.safetensors\""))).data.kind,
+            "safetensors");
+  const Config tokens = load_config(write("k.toml", with_model_and_data("name = \"lm\"", "path = \"train.bin\"")));
+  EXPECT_EQ(tokens.data.kind, "tokens");
+  EXPECT_EQ(tokens.data.path, (dir_ / "train.bin").string());
+  const struct {
+    std::string model, data, message;
+  } cases[] = {
+      {"name = \"lm\"", "kind = \"random\"\npath = \"x.bin\"", ":8:8: key 'data.path' is not used with data.kind = \"random\""},
+      {"name = \"lm\"", "kind = \"tokens\"", ": missing required key 'data.path' (data.kind = \"tokens\")"},
+      {"name = \"toy\"", "path = \"train.bin\"", ":7:8: data.kind = \"tokens\" (a token file) needs model 'lm'"},
+      {"name = \"lm\"", "kind = \"csv\"", ":7:8: key 'data.kind' must be one of: random, safetensors, tokens (got 'csv')"},
+  };
+  for (const auto& c : cases) {
+    const std::string path = write("c.toml", with_model_and_data(c.model, c.data));
+    EXPECT_EQ(load_error(path), path + c.message) << c.data;
+  }
+  EXPECT_EQ(load_error(write("th.toml", minimal_with_run("threads = 0"))),
+            (dir_ / "th.toml").string() + ":3:11: key 'run.threads' must be >= 1 (got 0)");
 }
 
 }  // namespace
