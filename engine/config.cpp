@@ -37,6 +37,7 @@ constexpr KeySpec kSchema[] = {
     {"run", "threads", toml::node_type::integer, false},
     {"model", "name", toml::node_type::string, true},
     {"model", "init_from", toml::node_type::string, false},
+    {"model", "freeze", toml::node_type::array, false},
     {"model", "preset", toml::node_type::string, false},
     {"model", "vocab_size", toml::node_type::integer, false},
     {"model", "context_length", toml::node_type::integer, false},
@@ -436,6 +437,13 @@ Config validate_config(const toml::table& doc, const std::string& file) {
   ModelConfig& m = c.model;
   m.name = r.one_of("model", "name", "", {"toy", "toy_tied", "mlp", "lm"});
   m.init_from = r.path_from_file("model", "init_from");
+  if (const toml::node* f = r.find("model", "freeze")) {
+    for (const toml::node& e : *f->as_array()) {
+      if (!e.is_string())
+        throw ConfigError(r.where(*f) + ": key 'model.freeze' must be an array of strings (parameter name globs)");
+      m.freeze.push_back(e.as_string()->get());
+    }
+  }
   // Hyper-parameters belong to one model each; elsewhere they are mistakes.
   auto only_for = [&](const char* model, std::initializer_list<const char*> keys) {
     for (const char* key : keys)

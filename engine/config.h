@@ -82,6 +82,7 @@ struct RunConfig {
 struct ModelConfig {
   std::string name;           // required: "toy" | "toy_tied" | "mlp" | "lm"
   std::string init_from;      // optional safetensors path, relative to the config file
+  std::vector<std::string> freeze;  // globs: parameters frozen from the start (fine-tuning)
   // lm: a preset ("lm-tiny", "lm-cpu", "small", ...; default "lm-tiny") and
   // any hyper-parameter overriding it (0: the preset's).
   std::string preset;

@@ -254,6 +254,15 @@ struct MeterCallbacks {
 
   // Brackets the real call with two host functions on the same stream: the
   // second one runs when the collective has finished, in stream order.
+  // Issue order is the training thread's order, so the hash is race-free.
+  static void fingerprint(ddp_comm* comm, uint64_t op, uint64_t count, uint64_t dtype, uint64_t arg) {
+    std::atomic<uint64_t>& h = self(comm).services_.counters.sequence_hash;
+    uint64_t v = h.load();
+    for (uint64_t word : {op, count, dtype, arg})
+      for (int b = 0; b < 8; ++b) v = (v ^ ((word >> (8 * b)) & 0xff)) * 1099511628211ull;
+    h.store(v);
+  }
+
   template <typename Call>
   static ddp_status metered(ddp_comm* comm, ddp_stream stream, size_t bytes, Call&& call) {
     MeteredTransport& m = self(comm);
@@ -281,27 +290,32 @@ struct MeterCallbacks {
   }
   static void destroy(ddp_comm*) {}
   static ddp_status all_reduce(ddp_comm* c, const ddp_buffer* buf, ddp_reduce_op op, ddp_stream s) {
+    fingerprint(c, 1, buf->count, buf->dtype, op);
     return metered(c, s, buf->count * dtype_bytes(buf->dtype), [&](auto* t, ddp_comm* rc) {
       return t->all_reduce(rc, buf, op, s);
     });
   }
   static ddp_status broadcast(ddp_comm* c, const ddp_buffer* buf, int root, ddp_stream s) {
+    fingerprint(c, 2, buf->count, buf->dtype, uint64_t(root));
     return metered(c, s, buf->count * dtype_bytes(buf->dtype), [&](auto* t, ddp_comm* rc) {
       return t->broadcast(rc, buf, root, s);
     });
   }
   static ddp_status all_gather(ddp_comm* c, const ddp_buffer* send, const ddp_buffer* recv, ddp_stream s) {
+    fingerprint(c, 3, send->count, send->dtype, recv->count);
     return metered(c, s, recv->count * dtype_bytes(recv->dtype), [&](auto* t, ddp_comm* rc) {
       return t->all_gather(rc, send, recv, s);
     });
   }
   static ddp_status reduce_scatter(ddp_comm* c, const ddp_buffer* send, const ddp_buffer* recv,
                                    ddp_reduce_op op, ddp_stream s) {
+    fingerprint(c, 4, send->count, send->dtype, op);
     return metered(c, s, send->count * dtype_bytes(send->dtype), [&](auto* t, ddp_comm* rc) {
       return t->reduce_scatter(rc, send, recv, op, s);
     });
   }
   static ddp_status barrier(ddp_comm* c, ddp_stream s) {
+    fingerprint(c, 5, 0, 0, 0);
     return metered(c, s, 0, [&](auto* t, ddp_comm* rc) { return t->barrier(rc, s); });
   }
   static void abort(ddp_comm* c) {

@@ -26,6 +26,9 @@ struct CommCounters {
   std::atomic<int64_t> bytes{0};
   std::atomic<int64_t> busy_ns{0};     // time collectives ran on the comm stream
   std::atomic<int64_t> blocked_ns{0};  // time the training thread waited on events
+  // FNV-1a over (op, count, dtype, reduce op / root) of every collective in
+  // issue order: equal on every rank iff they issued the same sequence.
+  std::atomic<uint64_t> sequence_hash{14695981039346656037ull};
 };
 
 struct RankInfo {

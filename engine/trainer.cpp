@@ -82,6 +82,9 @@ struct StepRecord {
   // Collectives the strategy had enqueued when the step's last
   // on_grad_ready was called: > 0 means communication overlapped backward.
   int64_t collectives_before_last_grad_ready = 0;
+  // Collectives enqueued during micro-batches without sync_grads: must be 0.
+  int64_t collectives_before_sync_micro_batch = 0;
+  int64_t comm_buffer_bytes = 0;  // current at the end of the step (a leak grows it)
 };
 
 using PeakBytes = std::array<size_t, kMemCategories>;
@@ -160,6 +163,16 @@ class RankRun {
     const RankInfo& r = env_.rank;
     model_ = make_model(config_.model.name, device_, config_.run.seed + static_cast<uint64_t>(r.rank));
     if (!config_.model.init_from.empty()) load_init(config_.model.init_from, *model_);
+    for (const std::string& pattern : config_.model.freeze) {
+      bool used = false;
+      for (Parameter& p : model_->params()) {
+        if (!name_matches(pattern, p.name)) continue;
+        used = true;
+        p.trainable = false;
+        p.grad.reset();
+      }
+      if (!used) throw ConfigError("model.freeze: '" + pattern + "' matches no parameter of model '" + config_.model.name + "'");
+    }
     data_ = load_data(config_, *model_);
     local_rows_ = config_.data.batch_size / r.world_size;
     batch_x_ = Tensor(device_, {local_rows_, model_->input_width()}, MemCategory::Activations);
@@ -227,6 +240,7 @@ class RankRun {
     // by 1/k so the sum is the gradient of the mean over k x the batch.
     const int64_t k = config_.run.grad_accum_steps;
     for (int64_t micro = 0; micro < k; ++micro) {
+      if (micro == k - 1) rec.collectives_before_sync_micro_batch = c.collectives - calls0;
       for (size_t i = 0; i < params.size(); ++i) remaining_uses_[i] = params[i].uses;
       ddp_step_info info{sizeof(ddp_step_info), step, int32_t(micro), int32_t(k), micro == k - 1 ? 1 : 0,
                          params_changed && micro == 0 ? 1 : 0};
@@ -260,6 +274,7 @@ class RankRun {
     rec.comm_busy_s = (c.busy_ns - busy0) * 1e-9;
     rec.collectives = c.collectives - calls0;
     rec.comm_bytes = c.bytes - bytes0;
+    rec.comm_buffer_bytes = int64_t(device_.memory().current(MemCategory::CommBuffers));
     return rec;
   }
 
@@ -343,6 +358,8 @@ class RankRun {
     for (const auto& r : records_) blocked += r.comm_blocked_s, busy += r.comm_busy_s;
     mine.push_back(blocked);
     mine.push_back(busy);
+    // 52 bits of the sequence fingerprint: exact in a double.
+    mine.push_back(double(services_.counters.sequence_hash.load() >> 12));
     std::vector<double> all(mine.size() * env_.rank.world_size);
     engine_collective([&](const ddp_transport_v1_t& t, ddp_comm* comm, ddp_stream s) {
       const ddp_buffer send{mine.data(), mine.size(), DDP_FLOAT64, DDP_DEVICE_CPU};
@@ -381,6 +398,8 @@ class RankRun {
     summary["collectives"] = column(&StepRecord::collectives);
     summary["comm_bytes"] = column(&StepRecord::comm_bytes);
     summary["collectives_before_last_grad_ready"] = column(&StepRecord::collectives_before_last_grad_ready);
+    summary["collectives_before_sync_micro_batch"] = column(&StepRecord::collectives_before_sync_micro_batch);
+    summary["comm_buffer_bytes"] = column(&StepRecord::comm_buffer_bytes);
     summary["total_comm_blocked_s"] = blocked;
     summary["total_comm_busy_s"] = busy;
     summary["peak_bytes"] = {{"after_setup", peaks_json(mem_after_setup_)},
@@ -392,9 +411,15 @@ class RankRun {
       json peaks = json::object();
       for (int c = 0; c < kMemCategories; ++c) peaks[to_string(static_cast<MemCategory>(c))] = int64_t(v[c]);
       ranks.push_back({{"rank", r}, {"peak_bytes", peaks}, {"total_comm_blocked_s", v[kMemCategories]},
-                       {"total_comm_busy_s", v[kMemCategories + 1]}});
+                       {"total_comm_busy_s", v[kMemCategories + 1]},
+                       {"collective_sequence", uint64_t(v[kMemCategories + 2])}});
     }
     summary["ranks"] = ranks;
+    bool agree = true;
+    for (const auto& r : ranks) agree &= r["collective_sequence"] == ranks[0]["collective_sequence"];
+    // A false here means ranks issued different collectives: with Gloo that
+    // usually hangs; when it does not, data were silently mixed.
+    summary["collective_sequences_agree"] = agree;
     if (api.stats) summary["strategy_stats"] = strategy_stats(api);
     summary["config"] = config_.toml_text;
     write_file_atomically((fs::path(config_.run.output_dir) / "summary.json").string(), summary.dump(2) + "\n");
