@@ -1,6 +1,7 @@
 // main.cpp — the `ddp` command. The only place that exits.
 //   ddp run CONFIG [--set section.key=value]...
 #include <CLI/CLI.hpp>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <iostream>
@@ -8,7 +9,19 @@
 #include "config.h"
 #include "launcher.h"
 
+// OpenBLAS 0.3.21 does not know this CPU generation and picks its AVX2
+// (Haswell) GEMM kernel, half as fast as the AVX-512 one (SkylakeX) on a
+// CPU that has AVX-512 (notes/toolchain.md). It reads OPENBLAS_CORETYPE
+// when it is loaded, before main, so set it and start again, once. A value
+// the user set is kept.
+void choose_blas_kernel(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") || !__builtin_cpu_supports("avx512f")) return;
+  setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: go on with the default kernel
+}
+
 int main(int argc, char** argv) {
+  choose_blas_kernel(argv);
   CLI::App app{"ddp: data-parallel training with plugin strategies and transports"};
   app.set_version_flag("--version", "ddp 0.1.0 (plugin ABI 1.0)");
   app.require_subcommand(1);
