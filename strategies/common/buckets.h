@@ -6,7 +6,8 @@
 // their gradients final), are packed into buckets of at most `cap_bytes`.
 // A parameter larger than the cap gets a bucket of its own. Frozen
 // parameters are skipped. The result depends only on sizes and the cap, so
-// every rank computes the same buckets and launches them in index order.
+// every rank computes the same buckets (how they are launched, and the
+// ordering invariant: bucket_sync.h).
 #pragma once
 
 #include <cstddef>

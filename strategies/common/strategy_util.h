@@ -1,5 +1,5 @@
-// strategy_util.h — what the gradient-sync strategies (flat, overlap,
-// bucketed) would otherwise each write again: the host, the transport and
+// strategy_util.h — what the in-tree strategies (naive, flat, overlap,
+// bucketed, sharded) would otherwise each write again: the host, the transport and
 // the two events that order work between the training thread, the compute
 // stream and the comm stream; the start-of-run broadcast; the float32 check.
 // Header-only, so a plugin stays one shared library that links nothing of

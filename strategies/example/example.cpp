@@ -169,7 +169,10 @@ ddp_status example_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed)
     s->host.raw()->set_error(s->host.raw()->ctx, "example: stats formatting failed");
     return DDP_ERR_INTERNAL;
   }
-  *needed = size_t(n) + 1;  // with the NUL; the host retries if cap was smaller
+  // snprintf wrote at most cap bytes including the NUL and returned the full
+  // length without it: exactly plugin.h's *needed. The host calls again with
+  // a larger buffer when needed >= cap.
+  *needed = size_t(n);
   return DDP_OK;
 }
 

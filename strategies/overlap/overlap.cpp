@@ -64,8 +64,19 @@ ddp_status overlap_on_grad_ready(ddp_strategy* s, const ddp_param* param) {
 }
 
 // A trainable parameter the model did not use never fires; every rank still
-// expects its all-reduce. Enqueued after the others, in table order, which
-// is the same on every rank.
+// expects its all-reduce. Those are enqueued here, after the fired ones, in
+// table order (`reduced` is reset per sync micro-batch in on_step_begin).
+//
+// Why this is rank-consistent: the sequence is "fired parameters in
+// on_grad_ready order, then never-fired ones in table order", so it depends
+// on which parameters fired. It relies on plugin.h's guarantee that the
+// engine fires on_grad_ready by model structure only — a parameter fires
+// iff the model's forward uses it, in an order fixed by the model, never by
+// data, timing or rank — so every rank has the same fired set in the same
+// order and issues the same all-reduces in the same order. A model whose
+// parameter use depended on the data (e.g. a data-dependent branch) would
+// break this assumption and with it this strategy (`bucketed` would not:
+// its fixed buckets always launch in index order, whatever fired).
 ddp_status overlap_on_backward_end(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
     if (!s->syncing) return;

@@ -11,11 +11,12 @@
 //   bucket_mb = 25.0  gradient bucket cap, MiB (variant broadcast)
 //
 // variant "broadcast" (the assignment's form): gradients are averaged as in
-// `bucketed` — buckets of at most bucket_mb in reverse parameter order, each
-// filled on on_grad_ready and all-reduced (AVG) on the comm stream as soon
-// as it is complete, strictly in bucket index order — then each rank steps
-// its own parameters and every trainable parameter is broadcast from its
-// owner.
+// `bucketed`, by the same code (../common/bucket_sync.h, which also states
+// the ordering invariant) — buckets of at most bucket_mb in reverse
+// parameter order, each filled on on_grad_ready and all-reduced (AVG) on
+// the comm stream as soon as it is complete, in bucket index order — then
+// each rank steps its own parameters and every trainable parameter is
+// broadcast from its owner.
 //
 // variant "allgather" (ZeRO / DeepSpeed's form): one flat buffer grouped by
 // owner (rank r's parameters contiguous in region r, each region padded to
@@ -28,25 +29,24 @@
 // When on_step_begin says params_changed (a parameter unfrozen mid-run) the
 // partition is recomputed stably (owned parameters keep their owner: their
 // optimizer state lives there) and buckets/layout are rebuilt.
-#include <ddp/plugin.hpp>
-
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "../common/bucket_sync.h"
 #include "../common/buckets.h"
 #include "../common/partition.h"
+#include "../common/stats.h"
+#include "../common/strategy_util.h"
 
-using ddp::plugin::Comm;
 using ddp::plugin::DeviceBuffer;
-using ddp::plugin::Event;
 using ddp::plugin::Failure;
-using ddp::plugin::Host;
 using ddp::plugin::guard;
+using ddp::strategy::BucketSync;
+using ddp::strategy::StrategyBase;
 namespace ds = ddp::strategy;
 
 namespace {
@@ -55,27 +55,9 @@ enum class Variant { Broadcast, AllGather };
 constexpr size_t kNone = static_cast<size_t>(-1);
 constexpr size_t kFloat = sizeof(float);
 
-struct BucketState {
-  std::vector<size_t> params;   // table indices, in packing order
-  std::vector<size_t> offsets;  // element offset of each in `buf`
-  size_t elements = 0;
-  DeviceBuffer buf;  // communication buffer
-  size_t pending = 0;  // parameters not yet copied in this sync micro-batch
-};
-
-struct Slot {  // where a parameter's gradient lives in the buckets
-  size_t bucket = kNone;
-  size_t position = 0;  // index in bucket.params
-  bool filled = false;
-};
-
 }  // namespace
 
-struct ddp_strategy_s {
-  Host host;
-  Comm comm;
-  Event computed;  // recorded on compute before comm reads what compute wrote
-  Event done;      // recorded on comm, waited for by the training thread
+struct ddp_strategy_s : StrategyBase {
   Variant variant = Variant::Broadcast;
   std::string variant_name;
   size_t bucket_cap_bytes = 0;
@@ -88,10 +70,8 @@ struct ddp_strategy_s {
   std::vector<size_t> trainable;  // every trainable parameter, table order
   std::vector<size_t> shard_bytes;
 
-  // variant broadcast
-  std::vector<BucketState> buckets;
-  std::vector<Slot> slots;  // per table index
-  size_t next_launch = 0;   // buckets [0, next_launch) are launched
+  // variant broadcast: the gradient buckets (empty for allgather)
+  BucketSync buckets;
 
   // variant allgather
   std::vector<size_t> flat_offset;  // per table index: element offset in `flat`
@@ -100,66 +80,12 @@ struct ddp_strategy_s {
   DeviceBuffer shard;               // [S]: this rank's averaged grads, then params
 
   ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c)
-      : host(h), comm(t, c), computed(h), done(h) {}
+      : StrategyBase(h, t, c), buckets(*this) {}
 };
 
 namespace {
 
-// ---------------------------------------------------------------- helpers
-
-void wait_comm(ddp_strategy* s) {
-  s->done.record(s->host.comm_stream());
-  s->done.synchronize();
-}
-
-// The comm stream waits for everything enqueued on compute so far.
-void comm_after_compute(ddp_strategy* s) {
-  s->computed.record(s->host.compute_stream());
-  s->computed.make_wait(s->host.comm_stream());
-}
-
-const ddp_param& checked_param(ddp_strategy* s, size_t i) {
-  const ddp_param& p = s->host.param(i);
-  if (p.dtype != DDP_FLOAT32)
-    throw Failure(DDP_ERR_UNSUPPORTED, std::string("parameter '") + p.name + "' is not float32");
-  return p;
-}
-
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (unsigned char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char esc[8];
-      std::snprintf(esc, sizeof esc, "\\u%04x", c);
-      out += esc;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
 // -------------------------------------------------- partition and layouts
-
-void build_buckets(ddp_strategy* s, const std::vector<ds::ParamInfo>& infos) {
-  s->buckets.clear();  // frees the old buffers: nothing enqueued uses them
-  s->slots.assign(infos.size(), Slot{});
-  for (ds::Bucket& b : ds::assign_buckets(infos, s->bucket_cap_bytes)) {
-    BucketState st;
-    for (size_t i : b.params) {
-      s->slots[i] = Slot{s->buckets.size(), st.params.size(), false};
-      st.params.push_back(i);
-      st.offsets.push_back(st.elements);
-      st.elements += s->host.param(i).numel;
-    }
-    st.buf = DeviceBuffer(s->host.raw(), st.elements * kFloat, DDP_MEM_COMM_BUFFERS);
-    s->buckets.push_back(std::move(st));
-  }
-  s->next_launch = s->buckets.size();  // nothing to launch until a sync micro-batch begins
-}
 
 void build_flat_layout(ddp_strategy* s) {
   const size_t n = static_cast<size_t>(s->host.world_size());
@@ -186,8 +112,8 @@ void build(ddp_strategy* s, bool stable) {
   const size_t count = s->host.param_count();
   std::vector<ds::ParamInfo> infos;
   for (size_t i = 0; i < count; ++i) {
-    const ddp_param& p = checked_param(s, i);
-    infos.push_back({i, p.numel * kFloat, p.trainable != 0});
+    const ddp_param& p = s->host.param(i);
+    infos.push_back({i, StrategyBase::float32_bytes(p), p.trainable != 0});
   }
   if (stable && s->owners.size() != count)
     throw Failure(DDP_ERR_INTERNAL, "the parameter table changed size during the run");
@@ -201,7 +127,7 @@ void build(ddp_strategy* s, bool stable) {
     if (s->owners[i] == s->host.rank()) s->owned.push_back(i);
   }
   if (s->variant == Variant::Broadcast) {
-    build_buckets(s, infos);
+    s->buckets.lay_out(infos, s->bucket_cap_bytes);
   } else {
     build_flat_layout(s);
   }
@@ -210,47 +136,6 @@ void build(ddp_strategy* s, bool stable) {
   s->host.log(DDP_LOG_DEBUG, "partition (" + s->variant_name + "): " + std::to_string(s->owned.size()) + " of " +
                                  std::to_string(s->trainable.size()) + " trainable parameters owned here; shard bytes [" +
                                  shards + "]");
-}
-
-// ------------------------------------------------ variant broadcast: grads
-
-// Enqueues bucket b: comm waits for compute (the bucket was filled there),
-// all-reduce AVG, then the averages go back into the gradients, on comm.
-void launch_bucket(ddp_strategy* s, size_t b) {
-  BucketState& bucket = s->buckets[b];
-  const ddp_stream comm = s->host.comm_stream();
-  comm_after_compute(s);
-  s->comm.all_reduce(s->host.floats(bucket.buf.get(), bucket.elements), DDP_REDUCE_AVG, comm);
-  for (size_t k = 0; k < bucket.params.size(); ++k) {
-    const ddp_param& p = s->host.param(bucket.params[k]);
-    s->host.copy(p.grad, bucket.buf.floats() + bucket.offsets[k], p.numel * kFloat, comm);
-  }
-}
-
-// Launches every complete bucket from next_launch on, in index order,
-// stopping at the first incomplete one.
-void launch_ready(ddp_strategy* s) {
-  while (s->next_launch < s->buckets.size() && s->buckets[s->next_launch].pending == 0)
-    launch_bucket(s, s->next_launch++);
-}
-
-void fill_slot(ddp_strategy* s, size_t index) {
-  Slot& slot = s->slots[index];
-  BucketState& bucket = s->buckets[slot.bucket];
-  const ddp_param& p = s->host.param(index);
-  s->host.copy(bucket.buf.floats() + bucket.offsets[slot.position], p.grad, p.numel * kFloat,
-               s->host.compute_stream());
-  slot.filled = true;
-  bucket.pending -= 1;
-}
-
-// Launches all remaining buckets in order; gradients that never fired (a
-// trainable parameter the model did not use) are copied in first.
-void launch_rest(ddp_strategy* s) {
-  for (size_t b = s->next_launch; b < s->buckets.size(); ++b)
-    for (size_t i : s->buckets[b].params)
-      if (!s->slots[i].filled) fill_slot(s, i);
-  launch_ready(s);
 }
 
 // ------------------------------------------------------------------ hooks
@@ -271,22 +156,14 @@ ddp_status sharded_create(const ddp_host* host, const ddp_transport_v1_t* transp
       throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.variant must be \"broadcast\" or \"allgather\" (got \"" +
                                                   s->variant_name + "\")");
     }
-    const double mb = s->host.config_float("bucket_mb", ds::kDefaultBucketMiB);
-    if (!(mb > 0) || !std::isfinite(mb))
-      throw Failure(DDP_ERR_INVALID_ARGUMENT,
-                    "strategy.bucket_mb must be a positive number of MiB (got " + std::to_string(mb) + ")");
-    s->bucket_cap_bytes = std::max<size_t>(1, static_cast<size_t>(mb * 1024.0 * 1024.0));
+    s->bucket_cap_bytes = ds::read_bucket_cap_bytes(s->host);
     *out = s.release();
   });
 }
 
 ddp_status sharded_on_train_begin(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
-    for (size_t i = 0; i < s->host.param_count(); ++i) {
-      const ddp_param& p = checked_param(s, i);
-      s->comm.broadcast(s->host.floats(p.data, p.numel), 0, s->host.comm_stream());
-    }
-    wait_comm(s);
+    s->broadcast_params_from_rank0();
     build(s, /*stable=*/false);
   });
 }
@@ -295,30 +172,19 @@ ddp_status sharded_on_step_begin(ddp_strategy* s, const ddp_step_info* info) {
   return guard(s->host.raw(), [&] {
     if (info->params_changed) build(s, /*stable=*/true);
     s->syncing = info->sync_grads != 0;
-    if (!s->syncing || s->variant != Variant::Broadcast) return;
-    for (BucketState& b : s->buckets) b.pending = b.params.size();
-    for (Slot& slot : s->slots) slot.filled = false;
-    s->next_launch = 0;
+    if (s->variant == Variant::Broadcast) s->buckets.begin_micro_batch(s->syncing);
   });
 }
 
 ddp_status sharded_on_grad_ready(ddp_strategy* s, const ddp_param* param) {
   return guard(s->host.raw(), [&] {
-    if (!s->syncing || s->variant != Variant::Broadcast) return;
-    if (param->index >= s->slots.size() || s->slots[param->index].bucket == kNone)
-      throw Failure(DDP_ERR_INVALID_ARGUMENT,
-                    std::string("on_grad_ready for parameter '") + param->name + "', which is in no bucket");
-    if (s->slots[param->index].filled)
-      throw Failure(DDP_ERR_INVALID_ARGUMENT,
-                    std::string("on_grad_ready twice in one micro-batch for parameter '") + param->name + "'");
-    fill_slot(s, param->index);
-    launch_ready(s);
+    if (s->variant == Variant::Broadcast) s->buckets.ready(*param);
   });
 }
 
 ddp_status sharded_on_backward_end(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
-    if (s->syncing && s->variant == Variant::Broadcast) launch_rest(s);
+    if (s->variant == Variant::Broadcast) s->buckets.flush();
   });
 }
 
@@ -326,8 +192,8 @@ ddp_status sharded_finish(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
     if (!s->syncing) return;  // not the micro-batch that syncs (never the case after the last one)
     if (s->variant == Variant::Broadcast) {
-      launch_rest(s);  // normally done by on_backward_end
-      wait_comm(s);
+      s->buckets.flush();  // normally done by on_backward_end; then a no-op
+      s->wait_comm();
       return;
     }
     if (s->shard_elements == 0) return;
@@ -338,7 +204,7 @@ ddp_status sharded_finish(ddp_strategy* s) {
       const ddp_param& p = s->host.param(i);
       s->host.copy(s->flat.floats() + s->flat_offset[i], p.grad, p.numel * kFloat, compute);
     }
-    comm_after_compute(s);
+    s->comm_after_compute();
     const size_t n = static_cast<size_t>(s->host.world_size());
     s->comm.reduce_scatter(s->host.floats(s->flat.get(), s->shard_elements * n),
                            s->host.floats(s->shard.get(), s->shard_elements), DDP_REDUCE_AVG, comm);
@@ -347,7 +213,7 @@ ddp_status sharded_finish(ddp_strategy* s) {
       const ddp_param& p = s->host.param(i);
       s->host.copy(p.grad, s->shard.floats() + (s->flat_offset[i] - base), p.numel * kFloat, comm);
     }
-    wait_comm(s);
+    s->wait_comm();
   });
 }
 
@@ -358,12 +224,12 @@ ddp_status sharded_optimizer_step(ddp_strategy* s) {
     s->host.run_optimizer(s->owned.data(), s->owned.size());
     const ddp_stream compute = s->host.compute_stream(), comm = s->host.comm_stream();
     if (s->variant == Variant::Broadcast) {
-      comm_after_compute(s);
+      s->comm_after_compute();
       for (size_t i : s->trainable) {
         const ddp_param& p = s->host.param(i);
         s->comm.broadcast(s->host.floats(p.data, p.numel), s->owners[i], comm);
       }
-      wait_comm(s);
+      s->wait_comm();
       return;
     }
     if (s->shard_elements == 0) return;
@@ -373,7 +239,7 @@ ddp_status sharded_optimizer_step(ddp_strategy* s) {
       const ddp_param& p = s->host.param(i);
       s->host.copy(s->shard.floats() + (s->flat_offset[i] - base), p.data, p.numel * kFloat, compute);
     }
-    comm_after_compute(s);
+    s->comm_after_compute();
     s->comm.all_gather(s->host.floats(s->shard.get(), s->shard_elements),
                        s->host.floats(s->flat.get(), s->shard_elements * n), comm);
     for (size_t i : s->trainable) {
@@ -381,17 +247,17 @@ ddp_status sharded_optimizer_step(ddp_strategy* s) {
       const ddp_param& p = s->host.param(i);
       s->host.copy(p.data, s->flat.floats() + s->flat_offset[i], p.numel * kFloat, comm);
     }
-    wait_comm(s);
+    s->wait_comm();
   });
 }
 
 ddp_status sharded_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed) {
   return guard(s->host.raw(), [&] {
-    std::string j = "{\"variant\": " + json_string(s->variant_name) + ", \"owners\": {";
+    std::string j = "{\"variant\": " + ds::json_quote(s->variant_name) + ", \"owners\": {";
     bool first = true;
     for (size_t i = 0; i < s->owners.size(); ++i) {
       if (s->owners[i] == ds::kNoOwner) continue;
-      j += (first ? "" : ", ") + json_string(s->host.param(i).name) + ": " + std::to_string(s->owners[i]);
+      j += (first ? "" : ", ") + ds::json_quote(s->host.param(i).name) + ": " + std::to_string(s->owners[i]);
       first = false;
     }
     j += "}, \"shard_bytes\": [";
@@ -406,23 +272,12 @@ ddp_status sharded_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed)
       j += "null";
     }
     if (s->variant == Variant::Broadcast) {
-      j += ", \"buckets\": [";
-      for (size_t b = 0; b < s->buckets.size(); ++b) {
-        j += (b ? ", " : "") + std::string("{\"params\": [");
-        for (size_t k = 0; k < s->buckets[b].params.size(); ++k)
-          j += (k ? ", " : "") + json_string(s->host.param(s->buckets[b].params[k]).name);
-        j += "], \"bytes\": " + std::to_string(s->buckets[b].elements * kFloat) + "}";
-      }
-      j += "]";
+      j += ", \"buckets\": " + s->buckets.json();
     } else {
       j += ", \"shard_elements\": " + std::to_string(s->shard_elements);
     }
     j += "}";
-    *needed = j.size();  // without the NUL; the host calls again if needed >= cap
-    if (cap == 0) return;
-    const size_t n = std::min(j.size(), cap - 1);
-    j.copy(buf, n);
-    buf[n] = '\0';
+    ds::write_stats(j, buf, cap, needed);
   });
 }
 

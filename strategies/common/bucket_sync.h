@@ -1,0 +1,215 @@
+// bucket_sync.h — gradient averaging in buckets, overlapped with backward
+// (PyTorch DDP's c10d Reducer), shared by the `bucketed` strategy and the
+// `sharded` strategy's variant "broadcast". Header-only, so a plugin stays
+// one shared library that links nothing of the engine. Everything here
+// throws ddp::plugin::Failure; the plugin's entries catch it with
+// ddp::plugin::guard.
+//
+// The trainable parameters are packed into buckets (assign_buckets in
+// buckets.h: reverse parameter order, at most cap_bytes each), every bucket
+// with its own flat float32 buffer of "slots", one per parameter. On the
+// micro-batch that syncs, each gradient is copied into its slot on the
+// compute stream the moment on_grad_ready says it is final; a bucket whose
+// slots are all filled is launched on the comm stream: the comm stream
+// waits for an event recorded on compute (the slot copies), all-reduces
+// (average) the buffer, and copies each slot back into its gradient.
+//
+// ORDERING INVARIANT. All ranks must issue the same collectives in the same
+// order (plugin.h). Buckets are therefore launched strictly in bucket index
+// order: a bucket that is complete early waits until every lower-indexed
+// bucket has launched, and launching happens only from ready() and flush()
+// on the training thread, never from timing (no event is polled). The
+// sequence of all-reduces is then bucket 0, 1, ..., each with its fixed
+// size, on every rank: the layout depends only on parameter sizes and the
+// cap, identical everywhere, and which bucket a given on_grad_ready
+// completes depends only on the engine's on_grad_ready order, which depends
+// only on the model. Trainable parameters the model did not use never fire:
+// flush() (on_backward_end) copies their (zero) gradients into their slots
+// and launches every remaining bucket, still in index order, so a bucket
+// holding one of them is always launched, by flush() if not before.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "buckets.h"
+#include "stats.h"
+#include "strategy_util.h"
+
+namespace ddp {
+namespace strategy {
+
+// The `bucket_mb` key of [strategy]: float MiB (ints accepted), default
+// kDefaultBucketMiB, finite and > 0; returns the cap in bytes (at least 1,
+// at most SIZE_MAX). `mib`, if given, receives the value as read. Call it in
+// create (config_* only there).
+inline size_t read_bucket_cap_bytes(const plugin::Host& host, double* mib = nullptr) {
+  const double value = host.config_float("bucket_mb", kDefaultBucketMiB);
+  if (!(value > 0) || !std::isfinite(value)) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%g", value);
+    throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
+                          std::string("strategy.bucket_mb must be a finite number of MiB > 0 (got ") + text + ")");
+  }
+  if (mib) *mib = value;
+  const double bytes = value * 1024.0 * 1024.0;
+  if (bytes >= static_cast<double>(SIZE_MAX)) return SIZE_MAX;
+  return bytes < 1.0 ? 1 : static_cast<size_t>(bytes);
+}
+
+class BucketSync {
+ public:
+  // `base` is the strategy this belongs to (its host, comm and events); it
+  // must outlive this object.
+  explicit BucketSync(const StrategyBase& base) : base_(base) {}
+  BucketSync(const BucketSync&) = delete;
+  BucketSync& operator=(const BucketSync&) = delete;
+
+  // (Re)makes the buckets for `infos` (ParamInfo::index = table index,
+  // bytes = float32 gradient bytes; frozen entries are skipped) with a cap
+  // of cap_bytes. At train begin and whenever the trainable set changes,
+  // i.e. only between steps: finish has waited for the comm stream, so no
+  // enqueued work still uses the old buffers when they are freed.
+  void lay_out(const std::vector<ParamInfo>& infos, size_t cap_bytes) {
+    const size_t count = base_.host.param_count();
+    buckets_.clear();  // free first: old and new never count together
+    place_of_.assign(count, Place{});
+    filled_.assign(count, 0);
+    std::vector<size_t> bytes_of(count, 0);
+    for (const ParamInfo& info : infos) {
+      if (info.index >= count)
+        throw plugin::Failure(DDP_ERR_INTERNAL, "bucket layout: parameter index " + std::to_string(info.index) +
+                                                    " is not in the table of " + std::to_string(count));
+      bytes_of[info.index] = info.bytes;
+    }
+    for (const Bucket& assigned : assign_buckets(infos, cap_bytes)) {
+      BucketState b;
+      size_t offset = 0;
+      for (const size_t i : assigned.params) {
+        place_of_[i] = Place{buckets_.size(), b.slots.size()};
+        b.slots.push_back(Slot{i, offset, bytes_of[i]});
+        offset += bytes_of[i];
+      }
+      b.buffer = plugin::DeviceBuffer(base_.host.raw(), assigned.bytes, DDP_MEM_COMM_BUFFERS);
+      buckets_.push_back(std::move(b));
+    }
+    syncing_ = false;
+    launched_ = buckets_.size();  // nothing to launch until a sync micro-batch begins
+  }
+
+  // on_step_begin, after any lay_out: `sync` is the micro-batch's
+  // sync_grads. Only a syncing micro-batch fills slots and communicates;
+  // the others only add into the gradients (gradient accumulation).
+  void begin_micro_batch(bool sync) {
+    syncing_ = sync;
+    if (!syncing_) return;
+    filled_.assign(base_.host.param_count(), 0);
+    for (BucketState& b : buckets_) b.unfilled = b.slots.size();
+    launched_ = 0;
+  }
+
+  bool syncing() const { return syncing_; }
+
+  // on_grad_ready: `param`'s gradient is final on the compute stream. Copies
+  // it into its slot and launches what the ordering invariant allows.
+  // Non-blocking; nothing outside a syncing micro-batch.
+  void ready(const ddp_param& param) {
+    if (!syncing_) return;
+    const size_t i = param.index;
+    if (i >= place_of_.size() || place_of_[i].bucket == kNoBucket)
+      throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT, std::string("on_grad_ready for '") + param.name +
+                                                          "', which is in no bucket (frozen?)");
+    if (filled_[i])
+      throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT, std::string("on_grad_ready for '") + param.name +
+                                                          "' twice in one micro-batch");
+    fill_slot(i);
+    launch_ready();
+  }
+
+  // on_backward_end: fills the slots of parameters that never fired (their
+  // gradients are zero) and launches every remaining bucket, in index
+  // order. Non-blocking; idempotent (a second call in the same micro-batch,
+  // e.g. from finish as a safety net, does nothing).
+  void flush() {
+    if (!syncing_) return;
+    for (size_t b = launched_; b < buckets_.size(); ++b)
+      for (const Slot& slot : buckets_[b].slots)
+        if (!filled_[slot.param]) fill_slot(slot.param);
+    launch_ready();
+    syncing_ = false;
+  }
+
+  size_t size() const { return buckets_.size(); }
+
+  // The layout as a JSON array, in bucket (= launch) order:
+  // [{"bytes": n, "params": ["name", ...]}, ...], params in packing order.
+  std::string json() const {
+    std::string out = "[";
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      out += (b ? ", " : "") + std::string("{\"bytes\": ") + std::to_string(buckets_[b].buffer.bytes()) +
+             ", \"params\": [";
+      const std::vector<Slot>& slots = buckets_[b].slots;
+      for (size_t k = 0; k < slots.size(); ++k)
+        out += (k ? ", " : "") + json_quote(base_.host.param(slots[k].param).name);
+      out += "]}";
+    }
+    return out + "]";
+  }
+
+ private:
+  static constexpr size_t kNoBucket = SIZE_MAX;
+
+  struct Slot {
+    size_t param;   // table index
+    size_t offset;  // bytes into the bucket's buffer
+    size_t bytes;
+  };
+  // Where a parameter's gradient goes: buckets_[bucket].slots[slot].
+  struct Place {
+    size_t bucket = kNoBucket;  // kNoBucket: frozen
+    size_t slot = 0;
+  };
+  struct BucketState {
+    std::vector<Slot> slots;      // in packing order (reverse parameter order)
+    plugin::DeviceBuffer buffer;  // the slots' gradients back to back, float32
+    size_t unfilled = 0;          // slots not yet copied in during this sync micro-batch
+  };
+
+  // Copies param i's gradient into its slot, on the compute stream where it
+  // was made.
+  void fill_slot(size_t i) {
+    BucketState& b = buckets_[place_of_[i].bucket];
+    const Slot& slot = b.slots[place_of_[i].slot];
+    base_.host.copy(static_cast<char*>(b.buffer.get()) + slot.offset, base_.host.param(i).grad, slot.bytes,
+                    base_.host.compute_stream());
+    filled_[i] = 1;
+    --b.unfilled;
+  }
+
+  // Launches every not-yet-launched bucket that is complete and has no
+  // unlaunched bucket before it (the ordering invariant above).
+  void launch_ready() {
+    const plugin::Host& h = base_.host;
+    for (; launched_ < buckets_.size() && buckets_[launched_].unfilled == 0; ++launched_) {
+      BucketState& b = buckets_[launched_];
+      char* buffer = static_cast<char*>(b.buffer.get());
+      base_.comm_after_compute();
+      base_.comm.all_reduce(h.floats(buffer, b.buffer.bytes() / sizeof(float)), DDP_REDUCE_AVG, h.comm_stream());
+      for (const Slot& slot : b.slots) h.copy(h.param(slot.param).grad, buffer + slot.offset, slot.bytes, h.comm_stream());
+    }
+  }
+
+  const StrategyBase& base_;
+  std::vector<BucketState> buckets_;
+  std::vector<Place> place_of_;  // (param_count) where each gradient goes
+  std::vector<char> filled_;     // (param_count) 1: copied into its slot this micro-batch
+  size_t launched_ = 0;          // buckets [0, launched_) are on the comm stream
+  bool syncing_ = false;         // inside the micro-batch with sync_grads = 1
+};
+
+}  // namespace strategy
+}  // namespace ddp
