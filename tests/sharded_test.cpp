@@ -145,7 +145,7 @@ TEST_P(ShardedMemory, OptimizerStatePerRankIsAboutOneNth) {
     EXPECT_LE(mine, unsharded / c.world + largest_state)
         << "rank " << r << ": unsharded " << unsharded << " bytes over " << c.world << " ranks";
     EXPECT_LT(mine, unsharded) << "rank " << r << ": not sharded at all";
-    // Exactly the state of the parameters this rank owns (two moments each).
+    // The state of the parameters this rank owns (exact here: every owned parameter of toy/toy_tied is used; at most that in general) (two moments each).
     EXPECT_EQ(mine, 2 * shard_bytes[r].get<int64_t>()) << "rank " << r;
     sum += mine;
   }
