@@ -15,7 +15,12 @@
 // when it is loaded, before main, so set it and start again, once. A value
 // the user set is kept.
 void choose_blas_kernel(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") || !__builtin_cpu_supports("avx512f")) return;
+  if (std::getenv("OPENBLAS_CORETYPE")) return;
+  // (__builtin_cpu_supports takes literals only.) Without AVX-512, e.g. on
+  // Zen 3, OpenBLAS's own choice is right.
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq") ||
+      !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
+    return;
   setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
   execv("/proc/self/exe", argv);  // returns only on failure: go on with the default kernel
 }

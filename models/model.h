@@ -25,12 +25,15 @@ struct Parameter {
   Tensor grad;   // category Gradients; allocated iff trainable
 };
 
-// A micro-batch: `rows` samples, row-major. Inputs x [rows, in], targets
-// y [rows, out] (float regression targets).
+// A micro-batch: `rows` samples, row-major. Each model reads the fields it
+// trains on: toy models x and y, mlp x and labels, lm tokens.
 struct Batch {
-  const float* x = nullptr;
-  const float* y = nullptr;
+  const float* x = nullptr;  // [rows, in] inputs
+  const float* y = nullptr;  // [rows, out] float regression targets
   int64_t rows = 0;
+  // [rows, context_length + 1] (lm: inputs tokens[:, :T], targets tokens[:, 1:])
+  const int32_t* tokens = nullptr;
+  const int32_t* labels = nullptr;  // [rows] (mlp class labels)
 };
 
 class Model {
@@ -59,7 +62,8 @@ class Model {
 
 // Builds a model by name ("toy", "toy_tied") with parameters initialised
 // from `seed` (nn.Linear's default: U(-1/sqrt(in), 1/sqrt(in))). Throws
-// Error for an unknown name.
+// Error for an unknown name. (The lm and mlp models, which take sizes, are
+// made by make_lm in lm.h and make_mlp in mlp.h.)
 std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint64_t seed);
 
 }  // namespace ddp

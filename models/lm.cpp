@@ -1,0 +1,280 @@
+// lm.cpp — the `lm` Transformer's forward and hand-written backward over the
+// layers of layers.h. Batch and time are folded into the GEMMs' M dimension
+// (N = rows * T); residual adds ride on the GEMMs (beta = 1). Activations and
+// backward scratch are allocated on the first forward for a given number of
+// rows and reused: forward and backward themselves never allocate.
+#include "lm.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <utility>
+
+#include "error.h"
+#include "layers.h"
+
+namespace ddp {
+
+LmConfig lm_preset(const std::string& name) {
+  // {vocab, context, d_model, layers, heads, d_ff}. The GPT-2-like sizes
+  // (small .. 2.7B) use context 256 here, the CS336 benchmarking setting.
+  LmConfig c;
+  auto set = [&](int64_t vocab, int64_t context, int64_t d_model, int64_t layers, int64_t heads,
+                 int64_t d_ff) {
+    c.vocab_size = vocab;
+    c.context_length = context;
+    c.d_model = d_model;
+    c.num_layers = layers;
+    c.num_heads = heads;
+    c.d_ff = d_ff;
+  };
+  if (name == "lm-tiny") set(512, 32, 64, 2, 4, 256);
+  else if (name == "lm-cpu") set(10000, 128, 256, 4, 4, 1024);
+  else if (name == "small") set(10000, 256, 768, 12, 12, 3072);
+  else if (name == "medium") set(10000, 256, 1024, 24, 16, 4096);
+  else if (name == "large") set(10000, 256, 1280, 36, 20, 5120);
+  else if (name == "xl") set(10000, 256, 1600, 48, 25, 6400);
+  else if (name == "2.7B") set(10000, 256, 2560, 32, 32, 10240);
+  else
+    throw Error("unknown lm preset '" + name +
+                "' (known: lm-tiny, lm-cpu, small, medium, large, xl, 2.7B)");
+  return c;
+}
+
+int64_t lm_parameter_count(const LmConfig& c) {
+  const int64_t d = c.d_model;
+  const int64_t per_layer = 2 * d + 4 * d * d + 3 * d * c.d_ff;
+  return 2 * c.vocab_size * d + c.num_layers * per_layer + d;
+}
+
+LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed)
+    : device_(device), config_(config) {
+  const LmConfig& c = config_;
+  if (c.vocab_size < 1 || c.context_length < 1 || c.d_model < 1 || c.num_layers < 0 ||
+      c.num_heads < 1 || c.d_ff < 1 || !(c.rope_theta > 0))
+    throw Error("lm: sizes must be positive (vocab_size " + std::to_string(c.vocab_size) +
+                ", context_length " + std::to_string(c.context_length) + ", d_model " +
+                std::to_string(c.d_model) + ", num_layers " + std::to_string(c.num_layers) +
+                ", num_heads " + std::to_string(c.num_heads) + ", d_ff " + std::to_string(c.d_ff) +
+                ")");
+  if (c.d_model % c.num_heads != 0 || (c.d_model / c.num_heads) % 2 != 0)
+    throw Error("lm: d_model " + std::to_string(c.d_model) + " must split into num_heads " +
+                std::to_string(c.num_heads) + " heads of an even size (RoPE rotates pairs)");
+  head_dim_ = c.d_model / c.num_heads;
+
+  const int64_t d = c.d_model, f = c.d_ff, v = c.vocab_size;
+  add_param("token_embeddings.weight", {v, d});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    add_param(p + "ln1.weight", {d});
+    add_param(p + "attn.q_proj.weight", {d, d});
+    add_param(p + "attn.k_proj.weight", {d, d});
+    add_param(p + "attn.v_proj.weight", {d, d});
+    add_param(p + "attn.output_proj.weight", {d, d});
+    add_param(p + "ln2.weight", {d});
+    add_param(p + "ffn.w1.weight", {f, d});
+    add_param(p + "ffn.w2.weight", {d, f});
+    add_param(p + "ffn.w3.weight", {f, d});
+  }
+  add_param("ln_final.weight", {d});
+  add_param("lm_head.weight", {v, d});
+
+  // In table order: embeddings N(0, 1), linears N(0, 2 / (in + out)), both
+  // truncated at 3 std; RMSNorm gains 1.
+  std::mt19937_64 rng(seed);
+  for (Parameter& p : params_) {
+    float* data = p.data.data();
+    const int64_t n = static_cast<int64_t>(p.data.numel());
+    if (p.shape.size() == 1) {
+      std::fill(data, data + n, 1.0f);
+    } else if (p.name == "token_embeddings.weight") {
+      layers::init_trunc_normal(data, n, 1.0, rng);
+    } else {
+      const double fan = static_cast<double>(p.shape[0] + p.shape[1]);
+      layers::init_trunc_normal(data, n, std::sqrt(2.0 / fan), rng);
+    }
+  }
+
+  const int64_t t = c.context_length, half = head_dim_ / 2;
+  rope_cos_ = Tensor(device_, {t, half}, MemCategory::Activations);
+  rope_sin_ = Tensor(device_, {t, half}, MemCategory::Activations);
+  layers::rope_tables(rope_cos_.data(), rope_sin_.data(), t, head_dim_, c.rope_theta);
+}
+
+void LmModel::add_param(const std::string& name, Shape shape) {
+  Parameter p;
+  p.name = name;
+  p.shape = shape;
+  p.data = Tensor(device_, shape, MemCategory::Parameters);
+  p.grad = Tensor(device_, shape, MemCategory::Gradients);
+  params_.push_back(std::move(p));
+}
+
+void LmModel::ensure_activations(int64_t rows) {
+  if (rows == rows_) return;
+  const int64_t t = config_.context_length, d = config_.d_model, f = config_.d_ff,
+                h = config_.num_heads, n = rows * t;
+  auto act = [&](Shape s) { return Tensor(device_, std::move(s), MemCategory::Activations); };
+  // Release the old sizes first so the peak never holds both.
+  blocks_.clear();
+  for (Tensor* old : {&x0_, &lnf_, &rmsf_, &logits_, &lse_, &dresid_, &dln_, &datt_, &dq_, &dk_,
+                      &dv_, &dgate_, &da_, &db_, &dscores_})
+    old->reset();
+
+  inputs_.assign(static_cast<size_t>(n), 0);
+  targets_.assign(static_cast<size_t>(n), 0);
+  x0_ = act({n, d});
+  blocks_.resize(static_cast<size_t>(config_.num_layers));
+  for (BlockActs& b : blocks_) {
+    b.ln1 = act({n, d});
+    b.rms1 = act({n});
+    b.q = act({n, d});
+    b.k = act({n, d});
+    b.v = act({n, d});
+    b.p = act({rows, h, t, t});
+    b.att = act({n, d});
+    b.h = act({n, d});
+    b.ln2 = act({n, d});
+    b.rms2 = act({n});
+    b.a = act({n, f});
+    b.b = act({n, f});
+    b.gate = act({n, f});
+    b.y = act({n, d});
+  }
+  lnf_ = act({n, d});
+  rmsf_ = act({n});
+  logits_ = act({n, config_.vocab_size});
+  lse_ = act({n});
+  dresid_ = act({n, d});
+  dln_ = act({n, d});
+  datt_ = act({n, d});
+  dq_ = act({n, d});
+  dk_ = act({n, d});
+  dv_ = act({n, d});
+  dgate_ = act({n, f});
+  da_ = act({n, f});
+  db_ = act({n, f});
+  dscores_ = act({t, t});
+  rows_ = rows;
+}
+
+float LmModel::forward(const Batch& batch) {
+  if (!batch.tokens) throw Error("lm: the batch has no tokens (the lm model trains on token data)");
+  if (batch.rows < 1) throw Error("lm: a batch needs at least one row");
+  ensure_activations(batch.rows);
+  const int64_t rows = batch.rows, t = config_.context_length, d = config_.d_model,
+                f = config_.d_ff, heads = config_.num_heads, vocab = config_.vocab_size,
+                n = rows * t;
+
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t* row = batch.tokens + r * (t + 1);
+    for (int64_t i = 0; i <= t; ++i)
+      if (row[i] < 0 || row[i] >= vocab)
+        throw Error("lm: token " + std::to_string(row[i]) + " at row " + std::to_string(r) +
+                    ", position " + std::to_string(i) + " is outside the vocabulary [0, " +
+                    std::to_string(vocab) + ")");
+    std::memcpy(&inputs_[r * t], row, sizeof(int32_t) * t);
+    std::memcpy(&targets_[r * t], row + 1, sizeof(int32_t) * t);
+  }
+
+  layers::embedding_forward(x0_.data(), inputs_.data(), w(0), n, d);
+  const float* x = x0_.data();  // [N, D] the residual stream entering each block
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    BlockActs& b = blocks_[l];
+    // h = x + output_proj(attention(RoPE(q), RoPE(k), v)) of RMSNorm1(x)
+    layers::rmsnorm_forward(b.ln1.data(), b.rms1.data(), x, w(layer_param(l, kLn1)), n, d);
+    layers::linear_forward(b.q.data(), b.ln1.data(), w(layer_param(l, kQ)), n, d, d);
+    layers::linear_forward(b.k.data(), b.ln1.data(), w(layer_param(l, kK)), n, d, d);
+    layers::linear_forward(b.v.data(), b.ln1.data(), w(layer_param(l, kV)), n, d, d);
+    layers::rope_forward(b.q.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+    layers::rope_forward(b.k.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+    layers::attention_forward(b.att.data(), b.p.data(), b.q.data(), b.k.data(), b.v.data(), rows, t,
+                              heads, head_dim_);
+    std::memcpy(b.h.data(), x, b.h.bytes());
+    layers::linear_forward(b.h.data(), b.att.data(), w(layer_param(l, kO)), n, d, d, true);
+    // y = h + w2(silu(w1 z) * w3 z), z = RMSNorm2(h)
+    layers::rmsnorm_forward(b.ln2.data(), b.rms2.data(), b.h.data(), w(layer_param(l, kLn2)), n, d);
+    layers::linear_forward(b.a.data(), b.ln2.data(), w(layer_param(l, kW1)), n, d, f);
+    layers::linear_forward(b.b.data(), b.ln2.data(), w(layer_param(l, kW3)), n, d, f);
+    layers::swiglu_forward(b.gate.data(), b.a.data(), b.b.data(), n * f);
+    std::memcpy(b.y.data(), b.h.data(), b.y.bytes());
+    layers::linear_forward(b.y.data(), b.gate.data(), w(layer_param(l, kW2)), n, f, d, true);
+    x = b.y.data();
+  }
+  layers::rmsnorm_forward(lnf_.data(), rmsf_.data(), x, w(ln_final_index()), n, d);
+  layers::linear_forward(logits_.data(), lnf_.data(), w(lm_head_index()), n, d, vocab);
+  return static_cast<float>(
+      layers::cross_entropy_forward(lse_.data(), logits_.data(), targets_.data(), n, vocab));
+}
+
+void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
+  if (rows_ < 1) throw Error("lm: backward before forward");
+  const int64_t rows = rows_, t = config_.context_length, d = config_.d_model, f = config_.d_ff,
+                heads = config_.num_heads, vocab = config_.vocab_size, n = rows * t;
+  auto done = [&](size_t index) {
+    if (params_[index].trainable) accumulated(index);
+  };
+  auto weight_grad = [&](size_t index, const float* dy, const float* x, int64_t in, int64_t out) {
+    if (float* dw = g(index)) layers::linear_backward_weight(dw, dy, x, n, in, out);
+  };
+
+  // Head: dlogits in place of the logits, then lm_head and ln_final.
+  float* dlogits = logits_.data();  // [N, V]
+  layers::cross_entropy_backward(dlogits, logits_.data(), lse_.data(), targets_.data(), n, vocab,
+                                 loss_scale);
+  weight_grad(lm_head_index(), dlogits, lnf_.data(), d, vocab);
+  done(lm_head_index());
+  layers::linear_backward_input(dln_.data(), dlogits, w(lm_head_index()), n, d, vocab);
+  const float* x_last = config_.num_layers ? blocks_.back().y.data() : x0_.data();
+  layers::rmsnorm_backward(dresid_.data(), g(ln_final_index()), dln_.data(), x_last,
+                           w(ln_final_index()), rmsf_.data(), n, d);
+  done(ln_final_index());
+
+  for (int64_t l = config_.num_layers - 1; l >= 0; --l) {
+    BlockActs& b = blocks_[l];
+    const float* x = l ? blocks_[l - 1].y.data() : x0_.data();
+    // dresid_ holds dy; FFN branch: y = h + w2 gate.
+    layers::linear_backward_input(dgate_.data(), dresid_.data(), w(layer_param(l, kW2)), n, f, d);
+    layers::swiglu_backward(da_.data(), db_.data(), dgate_.data(), b.a.data(), b.b.data(), n * f);
+    weight_grad(layer_param(l, kW3), db_.data(), b.ln2.data(), d, f);
+    done(layer_param(l, kW3));
+    weight_grad(layer_param(l, kW2), dresid_.data(), b.gate.data(), f, d);
+    done(layer_param(l, kW2));
+    weight_grad(layer_param(l, kW1), da_.data(), b.ln2.data(), d, f);
+    done(layer_param(l, kW1));
+    layers::linear_backward_input(dln_.data(), da_.data(), w(layer_param(l, kW1)), n, d, f);
+    layers::linear_backward_input(dln_.data(), db_.data(), w(layer_param(l, kW3)), n, d, f, true);
+    layers::rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn2)), dln_.data(), b.h.data(),
+                             w(layer_param(l, kLn2)), b.rms2.data(), n, d, /*accumulate=*/true);
+    done(layer_param(l, kLn2));
+    // dresid_ holds dh; attention branch: h = x + output_proj att.
+    layers::linear_backward_input(datt_.data(), dresid_.data(), w(layer_param(l, kO)), n, d, d);
+    weight_grad(layer_param(l, kO), dresid_.data(), b.att.data(), d, d);
+    done(layer_param(l, kO));
+    layers::attention_backward(dq_.data(), dk_.data(), dv_.data(), dscores_.data(), datt_.data(),
+                               b.p.data(), b.q.data(), b.k.data(), b.v.data(), rows, t, heads,
+                               head_dim_);
+    layers::rope_backward(dq_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+    layers::rope_backward(dk_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+    weight_grad(layer_param(l, kV), dv_.data(), b.ln1.data(), d, d);
+    done(layer_param(l, kV));
+    weight_grad(layer_param(l, kK), dk_.data(), b.ln1.data(), d, d);
+    done(layer_param(l, kK));
+    weight_grad(layer_param(l, kQ), dq_.data(), b.ln1.data(), d, d);
+    done(layer_param(l, kQ));
+    layers::linear_backward_input(dln_.data(), dq_.data(), w(layer_param(l, kQ)), n, d, d);
+    layers::linear_backward_input(dln_.data(), dk_.data(), w(layer_param(l, kK)), n, d, d, true);
+    layers::linear_backward_input(dln_.data(), dv_.data(), w(layer_param(l, kV)), n, d, d, true);
+    layers::rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn1)), dln_.data(), x,
+                             w(layer_param(l, kLn1)), b.rms1.data(), n, d, /*accumulate=*/true);
+    done(layer_param(l, kLn1));
+  }
+  if (float* de = g(0)) layers::embedding_backward(de, dresid_.data(), inputs_.data(), n, d);
+  done(0);
+}
+
+std::unique_ptr<Model> make_lm(const LmConfig& config, Device& device, uint64_t seed) {
+  return std::make_unique<LmModel>(config, device, seed);
+}
+
+}  // namespace ddp

@@ -1,0 +1,120 @@
+// lm.h — the `lm` model of spec/models.md: a pre-norm decoder-only
+// Transformer (Stanford CS336's BasicsTransformerLM) with RoPE, SwiGLU and
+// RMSNorm, no biases, trained on next-token cross-entropy. CPU only; the
+// layers are the functions of layers.h.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model.h"
+
+namespace ddp {
+
+struct LmConfig {
+  int64_t vocab_size = 0;
+  int64_t context_length = 0;  // T: a batch row holds T + 1 tokens
+  int64_t d_model = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t d_ff = 0;
+  double rope_theta = 10000;
+};
+
+// The named sizes of spec/models.md: lm-tiny, lm-cpu, small, medium, large,
+// xl, 2.7B. Throws Error listing the names for an unknown one.
+LmConfig lm_preset(const std::string& name);
+
+// Parameters of a model of this size (token embeddings and lm_head untied).
+int64_t lm_parameter_count(const LmConfig& config);
+
+// Parameters in the spec's order and names, initialised from the seed given
+// to make_lm. Batches carry `tokens` [rows, T + 1] (T = context_length):
+// inputs tokens[:, :T], targets tokens[:, 1:]; forward returns the mean
+// cross-entropy over rows * T positions. input_width() is T + 1 (tokens per
+// row), output_width() the vocabulary size.
+class LmModel final : public Model {
+ public:
+  // Throws Error for inconsistent sizes (d_model not a multiple of
+  // num_heads, an odd head size, a non-positive size).
+  LmModel(const LmConfig& config, Device& device, uint64_t seed);
+
+  int64_t input_width() const override { return config_.context_length + 1; }
+  int64_t output_width() const override { return config_.vocab_size; }
+  // Throws Error for a token outside [0, vocab_size).
+  float forward(const Batch& batch) override;
+  // Calls accumulated(i) in strictly decreasing i: lm_head first,
+  // token_embeddings last (frozen parameters are skipped).
+  void backward(float loss_scale, const GradAccumulated& accumulated) override;
+
+  const LmConfig& config() const { return config_; }
+  // Logits [rows, T, vocab_size] of the last forward. Valid from forward until
+  // backward, which overwrites them with their gradient.
+  const float* logits() const { return logits_.data(); }
+
+ private:
+  // Parameter indices in the table (spec order).
+  static constexpr size_t kLn1 = 0, kQ = 1, kK = 2, kV = 3, kO = 4, kLn2 = 5, kW1 = 6, kW2 = 7,
+                          kW3 = 8, kPerLayer = 9;
+  size_t layer_param(int64_t layer, size_t which) const {
+    return 1 + static_cast<size_t>(layer) * kPerLayer + which;
+  }
+  size_t ln_final_index() const { return 1 + static_cast<size_t>(config_.num_layers) * kPerLayer; }
+  size_t lm_head_index() const { return ln_final_index() + 1; }
+  const float* w(size_t index) const { return params_[index].data.data(); }
+  // The gradient buffer of a trainable parameter, or null for a frozen one.
+  float* g(size_t index) {
+    return params_[index].trainable ? params_[index].grad.data() : nullptr;
+  }
+  void add_param(const std::string& name, Shape shape);
+  void ensure_activations(int64_t rows);
+
+  // What one block keeps from forward for backward. N = rows * T.
+  struct BlockActs {
+    Tensor ln1;   // [N, D] RMSNorm1(x)
+    Tensor rms1;  // [N]
+    Tensor q;     // [N, D] after RoPE
+    Tensor k;     // [N, D] after RoPE
+    Tensor v;     // [N, D]
+    Tensor p;     // [rows, H, T, T] attention weights
+    Tensor att;   // [N, D] attention output before output_proj
+    Tensor h;     // [N, D] x + Attn(RMSNorm1(x))
+    Tensor ln2;   // [N, D] RMSNorm2(h)
+    Tensor rms2;  // [N]
+    Tensor a;     // [N, F] w1 ln2
+    Tensor b;     // [N, F] w3 ln2
+    Tensor gate;  // [N, F] silu(a) * b
+    Tensor y;     // [N, D] block output h + w2 gate
+  };
+
+  Device& device_;
+  LmConfig config_;
+  int64_t head_dim_ = 0;
+  Tensor rope_cos_;  // [T, head_dim / 2]
+  Tensor rope_sin_;  // [T, head_dim / 2]
+
+  int64_t rows_ = -1;             // rows the activations are sized for
+  std::vector<int32_t> inputs_;   // [N] tokens[:, :T]
+  std::vector<int32_t> targets_;  // [N] tokens[:, 1:]
+  Tensor x0_;                     // [N, D] token embeddings
+  std::vector<BlockActs> blocks_;
+  Tensor lnf_;     // [N, D] RMSNorm_final(last block's y)
+  Tensor rmsf_;    // [N]
+  Tensor logits_;  // [N, V]; dlogits in place during backward
+  Tensor lse_;     // [N] logsumexp of each row of logits
+
+  // Backward scratch, shared by all blocks.
+  Tensor dresid_;  // [N, D] d loss / d residual stream
+  Tensor dln_;     // [N, D] d loss / d RMSNorm output
+  Tensor datt_;    // [N, D]
+  Tensor dq_, dk_, dv_;  // [N, D]
+  Tensor dgate_;   // [N, F]
+  Tensor da_, db_;  // [N, F]
+  Tensor dscores_;  // [T, T]
+};
+
+std::unique_ptr<Model> make_lm(const LmConfig& config, Device& device, uint64_t seed);
+
+}  // namespace ddp

@@ -1,0 +1,125 @@
+// mlp.cpp — the `mlp` model: forward and backward over layers.h, one GEMM
+// per layer per direction with the whole micro-batch as M. Activations are
+// allocated on the first forward for a given number of rows and reused.
+#include "mlp.h"
+
+#include <cmath>
+#include <utility>
+
+#include "error.h"
+#include "layers.h"
+
+namespace ddp {
+
+MlpModel::MlpModel(const MlpConfig& config, Device& device, uint64_t seed)
+    : device_(device), config_(config) {
+  if (config.width < 1 || config.depth < 0 || config.classes < 1)
+    throw Error("mlp: width and classes must be positive and depth non-negative (width " +
+                std::to_string(config.width) + ", depth " + std::to_string(config.depth) +
+                ", classes " + std::to_string(config.classes) + ")");
+  std::mt19937_64 rng(seed);
+  const int64_t w = config.width;
+  for (int64_t i = 0; i < config.depth; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    add_param(p + "weight", {w, w}, w, rng);
+    add_param(p + "bias", {w}, w, rng);
+  }
+  add_param("head.weight", {config.classes, w}, w, rng);
+  add_param("head.bias", {config.classes}, w, rng);
+}
+
+void MlpModel::add_param(const std::string& name, Shape shape, int64_t fan_in,
+                         std::mt19937_64& rng) {
+  Parameter p;
+  p.name = name;
+  p.shape = shape;
+  p.data = Tensor(device_, shape, MemCategory::Parameters);
+  p.grad = Tensor(device_, shape, MemCategory::Gradients);
+  layers::init_uniform(p.data.data(), static_cast<int64_t>(p.data.numel()),
+                       1.0f / std::sqrt(static_cast<float>(fan_in)), rng);
+  params_.push_back(std::move(p));
+}
+
+void MlpModel::ensure_activations(int64_t rows) {
+  if (rows == rows_) return;
+  acts_.clear();
+  for (Tensor* old : {&logits_, &lse_, &dact_, &dtmp_}) old->reset();
+  auto act = [&](Shape s) { return Tensor(device_, std::move(s), MemCategory::Activations); };
+  for (int64_t i = 0; i < config_.depth; ++i) acts_.push_back(act({rows, config_.width}));
+  logits_ = act({rows, config_.classes});
+  lse_ = act({rows});
+  dact_ = act({rows, config_.width});
+  dtmp_ = act({rows, config_.width});
+  labels_.assign(static_cast<size_t>(rows), 0);
+  rows_ = rows;
+}
+
+float MlpModel::forward(const Batch& batch) {
+  if (!batch.x || !batch.labels)
+    throw Error("mlp: the batch needs inputs x and class labels (labels are integer data)");
+  if (batch.rows < 1) throw Error("mlp: a batch needs at least one row");
+  ensure_activations(batch.rows);
+  const int64_t rows = batch.rows, w = config_.width, classes = config_.classes;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (batch.labels[r] < 0 || batch.labels[r] >= classes)
+      throw Error("mlp: label " + std::to_string(batch.labels[r]) + " at row " + std::to_string(r) +
+                  " is outside [0, " + std::to_string(classes) + ")");
+    labels_[r] = batch.labels[r];
+  }
+  input_ = batch.x;
+  const float* in = batch.x;  // [rows, width]
+  for (int64_t i = 0; i < config_.depth; ++i) {
+    float* out = acts_[i].data();
+    layers::linear_forward(out, in, params_[2 * i].data.data(), rows, w, w);
+    layers::bias_forward(out, params_[2 * i + 1].data.data(), rows, w);
+    layers::relu_forward(out, out, rows * w);
+    in = out;
+  }
+  const size_t head = 2 * static_cast<size_t>(config_.depth);
+  layers::linear_forward(logits_.data(), in, params_[head].data.data(), rows, w, classes);
+  layers::bias_forward(logits_.data(), params_[head + 1].data.data(), rows, classes);
+  return static_cast<float>(
+      layers::cross_entropy_forward(lse_.data(), logits_.data(), labels_.data(), rows, classes));
+}
+
+void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
+  if (rows_ < 1) throw Error("mlp: backward before forward");
+  const int64_t rows = rows_, w = config_.width, classes = config_.classes;
+  // Adds dy-derived gradients of linear (weight, weight + 1 = bias) with input x.
+  auto linear_grads = [&](size_t weight, const float* dy, const float* x, int64_t out) {
+    Parameter& b = params_[weight + 1];
+    if (b.trainable) {
+      layers::bias_backward(b.grad.data(), dy, rows, out);
+      accumulated(weight + 1);
+    }
+    Parameter& p = params_[weight];
+    if (p.trainable) {
+      layers::linear_backward_weight(p.grad.data(), dy, x, rows, w, out);
+      accumulated(weight);
+    }
+  };
+
+  float* dlogits = logits_.data();  // [rows, classes]
+  layers::cross_entropy_backward(dlogits, logits_.data(), lse_.data(), labels_.data(), rows,
+                                 classes, loss_scale);
+  const size_t head = 2 * static_cast<size_t>(config_.depth);
+  const float* last = config_.depth ? acts_.back().data() : input_;
+  linear_grads(head, dlogits, last, classes);
+  if (config_.depth == 0) return;
+  layers::linear_backward_input(dact_.data(), dlogits, params_[head].data.data(), rows, w, classes);
+  for (int64_t i = config_.depth - 1; i >= 0; --i) {
+    // dact_ holds d loss / d relu(layer i); through the ReLU, then the layer.
+    layers::relu_backward(dact_.data(), dact_.data(), acts_[i].data(), rows * w);
+    linear_grads(2 * static_cast<size_t>(i), dact_.data(), i ? acts_[i - 1].data() : input_, w);
+    if (i == 0) break;
+    layers::linear_backward_input(dtmp_.data(), dact_.data(), params_[2 * i].data.data(), rows, w,
+                                  w);
+    std::swap(dact_, dtmp_);
+  }
+}
+
+std::unique_ptr<Model> make_mlp(const MlpConfig& config, Device& device, uint64_t seed) {
+  return std::make_unique<MlpModel>(config, device, seed);
+}
+
+}  // namespace ddp

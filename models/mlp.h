@@ -1,0 +1,61 @@
+// mlp.h — the `mlp` model of spec/models.md: `depth` width x width linear
+// layers with bias, each followed by ReLU, then a linear head to `classes`
+// logits; mean cross-entropy against integer labels. Many parameters, little
+// compute: it makes gradient synchronisation visible. CPU only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model.h"
+
+namespace ddp {
+
+struct MlpConfig {
+  int64_t width = 0;
+  int64_t depth = 0;
+  int64_t classes = 0;
+};
+
+// Parameters layers.{i}.weight [width, width], layers.{i}.bias [width] for
+// i < depth, then head.weight [classes, width], head.bias [classes], all
+// nn.Linear's default U(-1/sqrt(in), 1/sqrt(in)) from the seed. Batches carry
+// x [rows, width] and labels [rows] in [0, classes).
+class MlpModel final : public Model {
+ public:
+  // Throws Error for a non-positive width or classes, or a negative depth.
+  MlpModel(const MlpConfig& config, Device& device, uint64_t seed);
+
+  int64_t input_width() const override { return config_.width; }
+  int64_t output_width() const override { return config_.classes; }
+  // Throws Error for missing x or labels, or a label outside [0, classes).
+  float forward(const Batch& batch) override;
+  // Calls accumulated(i) in strictly decreasing i (bias before weight).
+  void backward(float loss_scale, const GradAccumulated& accumulated) override;
+
+  const MlpConfig& config() const { return config_; }
+  // Logits [rows, classes] of the last forward; valid until backward, which
+  // overwrites them with their gradient.
+  const float* logits() const { return logits_.data(); }
+
+ private:
+  void add_param(const std::string& name, Shape shape, int64_t fan_in, std::mt19937_64& rng);
+  void ensure_activations(int64_t rows);
+
+  Device& device_;
+  MlpConfig config_;
+  int64_t rows_ = -1;
+  const float* input_ = nullptr;  // x of the last forward [rows, width]
+  std::vector<int32_t> labels_;   // [rows]
+  std::vector<Tensor> acts_;      // relu(layer i) [rows, width], i < depth
+  Tensor logits_;                 // [rows, classes]; dlogits in place in backward
+  Tensor lse_;                    // [rows]
+  Tensor dact_, dtmp_;            // [rows, width] backward scratch (ping-pong)
+};
+
+std::unique_ptr<Model> make_mlp(const MlpConfig& config, Device& device, uint64_t seed);
+
+}  // namespace ddp
