@@ -12,6 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cblas.h>
+
+#include "data.h"
+#include "lm.h"
+#include "mlp.h"
 #include "plugin_loader.h"
 #include "safetensors.h"
 
@@ -24,42 +29,25 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// The whole data set in host memory; step s takes rows [s*B, (s+1)*B)
-// (wrapping around), rank r its contiguous share of them.
-struct Dataset {
-  std::vector<float> x, y;
-  int64_t rows = 0;
-};
-
-Dataset load_data(const Config& config, const Model& model) {
-  Dataset d;
-  const int64_t in = model.input_width(), out = model.output_width();
-  if (config.data.path.empty()) {  // random regression data, the same on every rank
-    d.rows = config.data.batch_size;
-    std::mt19937_64 rng(config.run.seed ^ 0x9e3779b97f4a7c15ull);
-    std::normal_distribution<float> normal;
-    d.x.resize(static_cast<size_t>(d.rows * in));
-    d.y.resize(static_cast<size_t>(d.rows * out));
-    for (float& v : d.x) v = normal(rng);
-    for (float& v : d.y) v = normal(rng);
-    return d;
+// The model the config names, and what data it consumes.
+std::unique_ptr<Model> build_model(const ModelConfig& m, Device& device, uint64_t seed, DataShape* shape) {
+  if (m.name == "lm") {
+    LmConfig c = lm_preset(m.preset);
+    for (auto [field, value] : {std::pair{&c.vocab_size, m.vocab_size}, {&c.context_length, m.context_length},
+                                {&c.d_model, m.d_model}, {&c.num_layers, m.num_layers}, {&c.num_heads, m.num_heads},
+                                {&c.d_ff, m.d_ff}})
+      if (value) *field = value;
+    if (m.rope_theta > 0) c.rope_theta = m.rope_theta;
+    *shape = DataShape{DataShape::Tokens, 0, 0, c.context_length, c.vocab_size};
+    return make_lm(c, device, seed);
   }
-  const std::string& path = config.data.path;
-  auto tensors = read_safetensors(path);
-  for (const char* name : {"x", "y"})
-    if (!tensors.count(name)) throw Error(path + ": missing tensor '" + name + "'");
-  const HostTensor& x = tensors.at("x");
-  const HostTensor& y = tensors.at("y");
-  if (x.shape.size() != 2 || x.shape[1] != in || x.shape[0] < 1)
-    throw Error(path + ": tensor 'x' has shape " + shape_string(x.shape) + ", model '" +
-                config.model.name + "' expects [samples, " + std::to_string(in) + "]");
-  if (y.shape != Shape{x.shape[0], out})
-    throw Error(path + ": tensor 'y' has shape " + shape_string(y.shape) + ", expected " +
-                shape_string({x.shape[0], out}));
-  d.rows = x.shape[0];
-  d.x = x.as_floats(path, "x");
-  d.y = y.as_floats(path, "y");
-  return d;
+  if (m.name == "mlp") {
+    *shape = DataShape{DataShape::Classification, m.width, m.classes, 0, 0};
+    return make_mlp(MlpConfig{m.width, m.depth, m.classes}, device, seed);
+  }
+  auto model = make_model(m.name, device, seed);
+  *shape = DataShape{DataShape::Regression, model->input_width(), model->output_width(), 0, 0};
+  return model;
 }
 
 void load_init(const std::string& path, Model& model) {
@@ -161,7 +149,10 @@ class RankRun {
  private:
   void set_up() {
     const RankInfo& r = env_.rank;
-    model_ = make_model(config_.model.name, device_, config_.run.seed + static_cast<uint64_t>(r.rank));
+    openblas_set_num_threads(config_.run.threads);
+    DataShape shape;
+    model_ = build_model(config_.model, device_, config_.run.seed + static_cast<uint64_t>(r.rank), &shape);
+    tokens_per_row_ = shape.kind == DataShape::Tokens ? shape.context : 1;
     if (!config_.model.init_from.empty()) load_init(config_.model.init_from, *model_);
     for (const std::string& pattern : config_.model.freeze) {
       bool used = false;
@@ -173,10 +164,7 @@ class RankRun {
       }
       if (!used) throw ConfigError("model.freeze: '" + pattern + "' matches no parameter of model '" + config_.model.name + "'");
     }
-    data_ = load_data(config_, *model_);
-    local_rows_ = config_.data.batch_size / r.world_size;
-    batch_x_ = Tensor(device_, {local_rows_, model_->input_width()}, MemCategory::Activations);
-    batch_y_ = Tensor(device_, {local_rows_, model_->output_width()}, MemCategory::Activations);
+    data_ = make_dataset(config_, shape, r.rank, r.world_size, device_);
     optimizer_ = std::make_unique<Optimizer>(config_.optimizer, device_, model_->params());
     for (size_t u = 0; u < config_.unfreeze.size(); ++u) {
       bool used = false;
@@ -246,7 +234,7 @@ class RankRun {
                          params_changed && micro == 0 ? 1 : 0};
       sh.check(api.on_step_begin(plugins_.strategy, &info), "on_step_begin");
       auto t = Clock::now();
-      rec.loss += model_->forward(fill_batch(step * k + micro)) / double(k);
+      rec.loss += model_->forward(data_->batch(step * k + micro)) / double(k);
       rec.forward_s += seconds_since(t);
       t = Clock::now();
       model_->backward(1.0f / float(k), [&](size_t index) {
@@ -293,19 +281,6 @@ class RankRun {
     }
     if (changed) services_.refresh_param_table();
     return changed;
-  }
-
-  // Copies this rank's rows of micro-batch `micro` (counted over the whole
-  // run) into the batch buffers.
-  Batch fill_batch(int64_t micro) {
-    const int64_t in = model_->input_width(), out = model_->output_width();
-    const int64_t first = micro * config_.data.batch_size + env_.rank.rank * local_rows_;
-    for (int64_t i = 0; i < local_rows_; ++i) {
-      const int64_t row = (first + i) % data_.rows;
-      std::memcpy(batch_x_.data() + i * in, data_.x.data() + row * in, in * sizeof(float));
-      std::memcpy(batch_y_.data() + i * out, data_.y.data() + row * out, out * sizeof(float));
-    }
-    return Batch{batch_x_.data(), batch_y_.data(), local_rows_};
   }
 
   std::vector<size_t> trainable_indices() const {
@@ -390,6 +365,10 @@ class RankRun {
     double total = 0;
     for (const auto& r : records_) total += r.step_s;
     summary["mean_step_time_s"] = records_.empty() ? 0.0 : total / records_.size();
+    // Samples (tokens for lm) the whole run processes per second of step time.
+    const double per_step = double(config_.data.batch_size) * double(config_.run.grad_accum_steps) *
+                            double(tokens_per_row_);
+    summary[tokens_per_row_ > 1 ? "tokens_per_s" : "samples_per_s"] = total > 0 ? per_step * records_.size() / total : 0.0;
     summary["forward_s"] = column(&StepRecord::forward_s);
     summary["backward_s"] = column(&StepRecord::backward_s);
     summary["optimizer_s"] = column(&StepRecord::optimizer_s);
@@ -447,9 +426,8 @@ class RankRun {
   std::unique_ptr<Store> store_;
   HostServices services_;
   Plugins plugins_;  // after services_: destroyed before what it points to
-  Dataset data_;
-  int64_t local_rows_ = 0;
-  Tensor batch_x_, batch_y_;
+  std::unique_ptr<Dataset> data_;
+  int64_t tokens_per_row_ = 1;  // positions a row trains (lm: context_length)
   std::vector<int> remaining_uses_;
   std::vector<StepRecord> records_;
   size_t reported_ = 0;

@@ -1,0 +1,228 @@
+// data.cpp — see data.h.
+#include "data.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include "safetensors.h"
+
+namespace ddp {
+namespace {
+
+// Rows of the whole source as host arrays; a batch copies rank r's rows of
+// micro-batch m (wrapping around) into buffers accounted as activations.
+class InMemory final : public Dataset {
+ public:
+  InMemory(const Config& config, const DataShape& shape, int rank, int world, Device& device)
+      : shape_(shape), global_(config.data.batch_size), local_(global_ / world), first_(int64_t(rank) * local_) {
+    if (shape.kind == DataShape::Tokens) {
+      tokens_local_.resize(size_t(local_ * row_width()));
+    } else {
+      x_ = Tensor(device, {local_, shape.in}, MemCategory::Activations);
+      if (shape.kind == DataShape::Regression) y_ = Tensor(device, {local_, shape.out}, MemCategory::Activations);
+      if (shape.kind == DataShape::Classification) labels_local_.resize(size_t(local_));
+    }
+  }
+
+  // Random rows from the seed: one pool of one global batch, reused.
+  void fill_random(uint64_t seed) {
+    rows_ = global_;
+    std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
+    if (shape_.kind == DataShape::Tokens) {
+      std::uniform_int_distribution<int32_t> id(0, int32_t(shape_.vocab - 1));
+      tokens_.resize(size_t(rows_ * row_width()));
+      for (auto& t : tokens_) t = id(rng);
+      return;
+    }
+    std::normal_distribution<float> normal;
+    xs_.resize(size_t(rows_ * shape_.in));
+    for (float& v : xs_) v = normal(rng);
+    if (shape_.kind == DataShape::Regression) {
+      ys_.resize(size_t(rows_ * shape_.out));
+      for (float& v : ys_) v = normal(rng);
+    } else {
+      std::uniform_int_distribution<int32_t> label(0, int32_t(shape_.out - 1));
+      labels_.resize(size_t(rows_));
+      for (auto& l : labels_) l = label(rng);
+    }
+  }
+
+  void fill_safetensors(const std::string& path) {
+    auto tensors = read_safetensors(path);
+    auto need = [&](const char* name) -> const HostTensor& {
+      auto it = tensors.find(name);
+      if (it == tensors.end()) throw Error(path + ": missing tensor '" + name + "'");
+      return it->second;
+    };
+    if (shape_.kind == DataShape::Tokens) {
+      const HostTensor& t = need("tokens");
+      if (t.shape.size() != 2 || t.shape[1] != row_width() || t.shape[0] < 1)
+        throw Error(path + ": tensor 'tokens' has shape " + shape_string(t.shape) + ", expected [samples, " +
+                    std::to_string(row_width()) + "] (context_length + 1)");
+      rows_ = t.shape[0];
+      tokens_ = ids(path, "tokens", t, shape_.vocab);
+      return;
+    }
+    const HostTensor& x = need("x");
+    if (x.shape.size() != 2 || x.shape[1] != shape_.in || x.shape[0] < 1)
+      throw Error(path + ": tensor 'x' has shape " + shape_string(x.shape) + ", expected [samples, " +
+                  std::to_string(shape_.in) + "]");
+    rows_ = x.shape[0];
+    xs_ = x.as_floats(path, "x");
+    const HostTensor& y = need("y");
+    if (shape_.kind == DataShape::Regression) {
+      if (y.shape != Shape{rows_, shape_.out})
+        throw Error(path + ": tensor 'y' has shape " + shape_string(y.shape) + ", expected " +
+                    shape_string({rows_, shape_.out}));
+      ys_ = y.as_floats(path, "y");
+    } else {
+      if (y.shape != Shape{rows_})
+        throw Error(path + ": tensor 'y' has shape " + shape_string(y.shape) + ", expected labels " +
+                    shape_string({rows_}));
+      labels_ = ids(path, "y", y, shape_.out);
+    }
+  }
+
+  Batch batch(int64_t micro) override {
+    const int64_t w = row_width();
+    Batch b;
+    b.rows = local_;
+    for (int64_t i = 0; i < local_; ++i) {
+      const int64_t row = (micro * global_ + first_ + i) % rows_;
+      if (shape_.kind == DataShape::Tokens) {
+        std::memcpy(&tokens_local_[size_t(i * w)], &tokens_[size_t(row * w)], size_t(w) * sizeof(int32_t));
+        continue;
+      }
+      std::memcpy(x_.data() + i * shape_.in, &xs_[size_t(row * shape_.in)], size_t(shape_.in) * sizeof(float));
+      if (shape_.kind == DataShape::Regression)
+        std::memcpy(y_.data() + i * shape_.out, &ys_[size_t(row * shape_.out)], size_t(shape_.out) * sizeof(float));
+      else
+        labels_local_[size_t(i)] = labels_[size_t(row)];
+    }
+    if (shape_.kind == DataShape::Tokens) {
+      b.tokens = tokens_local_.data();
+    } else {
+      b.x = x_.data();
+      if (shape_.kind == DataShape::Regression) b.y = y_.data();
+      else b.labels = labels_local_.data();
+    }
+    return b;
+  }
+
+ private:
+  int64_t row_width() const { return shape_.kind == DataShape::Tokens ? shape_.context + 1 : 1; }
+
+  // Integer ids (I32 or I64) checked against [0, limit).
+  static std::vector<int32_t> ids(const std::string& path, const char* name, const HostTensor& t, int64_t limit) {
+    const size_t n = numel_of(t.shape);
+    std::vector<int32_t> out(n);
+    for (size_t k = 0; k < n; ++k) {
+      int64_t v;
+      if (t.dtype == "I64") {
+        std::memcpy(&v, t.bytes.data() + k * 8, 8);
+      } else if (t.dtype == "I32") {
+        int32_t v32;
+        std::memcpy(&v32, t.bytes.data() + k * 4, 4);
+        v = v32;
+      } else {
+        throw Error(path + ": tensor '" + std::string(name) + "' has dtype " + t.dtype + ", expected I32 or I64");
+      }
+      if (v < 0 || v >= limit)
+        throw Error(path + ": tensor '" + std::string(name) + "' holds " + std::to_string(v) + " at element " +
+                    std::to_string(k) + ", outside [0, " + std::to_string(limit) + ")");
+      out[k] = int32_t(v);
+    }
+    return out;
+  }
+
+  DataShape shape_;
+  int64_t global_, local_, first_;
+  int64_t rows_ = 0;
+  std::vector<float> xs_, ys_;            // all rows
+  std::vector<int32_t> labels_, tokens_;  // all rows
+  Tensor x_, y_;                          // this rank's rows [local, in], [local, out]
+  std::vector<int32_t> labels_local_, tokens_local_;
+};
+
+// A flat uint16 token file, memory-mapped.
+class TokenFile final : public Dataset {
+ public:
+  TokenFile(const Config& config, const DataShape& shape, int rank, int world)
+      : path_(config.data.path), shape_(shape), seed_(config.run.seed), global_(config.data.batch_size),
+        local_(global_ / world), first_(int64_t(rank) * local_) {
+    int fd = ::open(path_.c_str(), O_RDONLY);
+    if (fd < 0) throw Error(path_ + ": cannot open token file: " + std::strerror(errno));
+    struct stat st {};
+    ::fstat(fd, &st);
+    bytes_ = size_t(st.st_size);
+    if (bytes_ % 2 != 0) {
+      ::close(fd);
+      throw Error(path_ + ": token file has an odd size (" + std::to_string(bytes_) + " bytes): not uint16 tokens");
+    }
+    count_ = bytes_ / 2;
+    if (count_ < size_t(shape.context + 2)) {
+      ::close(fd);
+      throw Error(path_ + ": token file holds " + std::to_string(count_) + " tokens; a window needs context_length + 1 = " +
+                  std::to_string(shape.context + 1) + " and at least one start (" + std::to_string(shape.context + 2) +
+                  " tokens)");
+    }
+    void* map = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (map == MAP_FAILED) throw Error(path_ + ": cannot map token file: " + std::strerror(errno));
+    tokens_ = static_cast<const uint16_t*>(map);
+    local_tokens_.resize(size_t(local_ * (shape.context + 1)));
+  }
+  ~TokenFile() override { ::munmap(const_cast<uint16_t*>(tokens_), bytes_); }
+
+  Batch batch(int64_t micro) override {
+    const int64_t w = shape_.context + 1;
+    const uint64_t starts = count_ - uint64_t(w) + 1;
+    for (int64_t i = 0; i < local_; ++i) {
+      // The window of global row g depends only on (seed, g).
+      const uint64_t g = uint64_t(micro * global_ + first_ + i);
+      std::mt19937_64 rng(seed_ * 0x9e3779b97f4a7c15ull + g);
+      const uint64_t start = rng() % starts;
+      for (int64_t k = 0; k < w; ++k) {
+        const uint16_t id = tokens_[start + uint64_t(k)];
+        if (id >= shape_.vocab)
+          throw Error(path_ + ": token " + std::to_string(id) + " at position " + std::to_string(start + k) +
+                      " is >= vocab_size " + std::to_string(shape_.vocab));
+        local_tokens_[size_t(i * w + k)] = id;
+      }
+    }
+    Batch b;
+    b.rows = local_;
+    b.tokens = local_tokens_.data();
+    return b;
+  }
+
+ private:
+  std::string path_;
+  DataShape shape_;
+  uint64_t seed_;
+  int64_t global_, local_, first_;
+  const uint16_t* tokens_ = nullptr;
+  size_t bytes_ = 0, count_ = 0;
+  std::vector<int32_t> local_tokens_;  // [local, context + 1]
+};
+
+}  // namespace
+
+std::unique_ptr<Dataset> make_dataset(const Config& config, const DataShape& shape, int rank, int world,
+                                      Device& device) {
+  if (config.data.kind == "tokens") return std::make_unique<TokenFile>(config, shape, rank, world);
+  auto d = std::make_unique<InMemory>(config, shape, rank, world, device);
+  if (config.data.kind == "safetensors") {
+    d->fill_safetensors(config.data.path);
+  } else {
+    d->fill_random(config.run.seed);
+  }
+  return d;
+}
+
+}  // namespace ddp
