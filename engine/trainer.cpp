@@ -29,27 +29,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// The model the config names, and what data it consumes.
-std::unique_ptr<Model> build_model(const ModelConfig& m, Device& device, uint64_t seed, DataShape* shape) {
-  if (m.name == "lm") {
-    LmConfig c = lm_preset(m.preset);
-    for (auto [field, value] : {std::pair{&c.vocab_size, m.vocab_size}, {&c.context_length, m.context_length},
-                                {&c.d_model, m.d_model}, {&c.num_layers, m.num_layers}, {&c.num_heads, m.num_heads},
-                                {&c.d_ff, m.d_ff}})
-      if (value) *field = value;
-    if (m.rope_theta > 0) c.rope_theta = m.rope_theta;
-    *shape = DataShape{DataShape::Tokens, 0, 0, c.context_length, c.vocab_size};
-    return make_lm(c, device, seed);
-  }
-  if (m.name == "mlp") {
-    *shape = DataShape{DataShape::Classification, m.width, m.classes, 0, 0};
-    return make_mlp(MlpConfig{m.width, m.depth, m.classes}, device, seed);
-  }
-  auto model = make_model(m.name, device, seed);
-  *shape = DataShape{DataShape::Regression, model->input_width(), model->output_width(), 0, 0};
-  return model;
-}
-
 void load_init(const std::string& path, Model& model) {
   auto tensors = read_safetensors(path);
   for (Parameter& p : model.params()) {
@@ -435,6 +414,27 @@ class RankRun {
 };
 
 }  // namespace
+
+// The model the config names, and what data it consumes.
+std::unique_ptr<Model> build_model(const ModelConfig& m, Device& device, uint64_t seed, DataShape* shape) {
+  if (m.name == "lm") {
+    LmConfig c = lm_preset(m.preset);
+    for (auto [field, value] : {std::pair{&c.vocab_size, m.vocab_size}, {&c.context_length, m.context_length},
+                                {&c.d_model, m.d_model}, {&c.num_layers, m.num_layers}, {&c.num_heads, m.num_heads},
+                                {&c.d_ff, m.d_ff}})
+      if (value) *field = value;
+    if (m.rope_theta > 0) c.rope_theta = m.rope_theta;
+    *shape = DataShape{DataShape::Tokens, 0, 0, c.context_length, c.vocab_size};
+    return make_lm(c, device, seed);
+  }
+  if (m.name == "mlp") {
+    *shape = DataShape{DataShape::Classification, m.width, m.classes, 0, 0};
+    return make_mlp(MlpConfig{m.width, m.depth, m.classes}, device, seed);
+  }
+  auto model = make_model(m.name, device, seed);
+  *shape = DataShape{DataShape::Regression, model->input_width(), model->output_width(), 0, 0};
+  return model;
+}
 
 void train_rank(const Config& config, const RankEnv& env, TrainObserver* observer) {
   RankRun(config, env, observer).run();

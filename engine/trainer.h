@@ -7,6 +7,7 @@
 #include <string>
 
 #include "config.h"
+#include "data.h"
 #include "host.h"
 #include "model.h"
 
@@ -26,6 +27,10 @@ class TrainObserver {
   virtual ~TrainObserver() = default;
   virtual void on_weights(int64_t step, const Model& model) = 0;
 };
+
+// The model the config names, initialised from `seed`, and what data it
+// consumes.
+std::unique_ptr<Model> build_model(const ModelConfig& config, Device& device, uint64_t seed, DataShape* shape);
 
 // Runs the whole training of one rank. Throws Error (with the rank's number
 // in the message) on any failure.

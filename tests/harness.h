@@ -96,7 +96,8 @@ inline RunResult run(const std::string& toml, int world) {
   if (fs::exists(dir + "/out/weights.safetensors"))
     result.final_weights = read_safetensors(dir + "/out/weights.safetensors");
   CpuDevice device;
-  auto reference = make_model(config.model.name, device, 0);
+  DataShape shape;
+  auto reference = build_model(config.model, device, 0, &shape);
   for (const auto& p : reference->params()) result.names.push_back(p.name);
   fs::remove_all(dir);
   return result;
