@@ -263,19 +263,34 @@ struct MeterCallbacks {
     h.store(v);
   }
 
+  // What the closing host function needs (the start, and for a trace the
+  // collective): heap-held so the tasks stay two pointers, as without a trace.
+  struct Span {
+    Clock::time_point start;
+    Trace* trace;  // null: not traced
+    const char* op;
+    int64_t bytes, step;
+  };
+
   template <typename Call>
-  static ddp_status metered(ddp_comm* comm, ddp_stream stream, size_t bytes, Call&& call) {
+  static ddp_status metered(ddp_comm* comm, ddp_stream stream, const char* op, size_t bytes, Call&& call) {
     MeteredTransport& m = self(comm);
-    auto* start = new Clock::time_point();
+    auto* span = new Span{Clock::time_point(), nullptr, op, int64_t(bytes), 0};
     Stream& s = *to_stream(stream);
-    s.enqueue([start](bool) { *start = Clock::now(); });
+    s.enqueue([span](bool) { span->start = Clock::now(); });
     ddp_status status = call(m.real_, m.real_comm_);
+    if (status == DDP_OK && m.trace_) {  // traced iff counted, under the step that issued it
+      span->trace = m.trace_;
+      span->step = m.trace_->step();
+    }
     CommCounters* counters = &m.services_.counters;
-    s.enqueue([start, counters](bool cancelled) {
-      if (!cancelled)
-        counters->busy_ns +=
-            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - *start).count();
-      delete start;
+    s.enqueue([span, counters](bool cancelled) {
+      if (!cancelled) {
+        const Clock::time_point end = Clock::now();
+        counters->busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(end - span->start).count();
+        if (span->trace) span->trace->collective(span->op, span->bytes, span->step, span->start, end);
+      }
+      delete span;
     });
     if (status == DDP_OK) {
       m.services_.counters.collectives += 1;
@@ -291,32 +306,32 @@ struct MeterCallbacks {
   static void destroy(ddp_comm*) {}
   static ddp_status all_reduce(ddp_comm* c, const ddp_buffer* buf, ddp_reduce_op op, ddp_stream s) {
     fingerprint(c, 1, buf->count, buf->dtype, op);
-    return metered(c, s, buf->count * dtype_bytes(buf->dtype), [&](auto* t, ddp_comm* rc) {
+    return metered(c, s, "all_reduce", buf->count * dtype_bytes(buf->dtype), [&](auto* t, ddp_comm* rc) {
       return t->all_reduce(rc, buf, op, s);
     });
   }
   static ddp_status broadcast(ddp_comm* c, const ddp_buffer* buf, int root, ddp_stream s) {
     fingerprint(c, 2, buf->count, buf->dtype, uint64_t(root));
-    return metered(c, s, buf->count * dtype_bytes(buf->dtype), [&](auto* t, ddp_comm* rc) {
+    return metered(c, s, "broadcast", buf->count * dtype_bytes(buf->dtype), [&](auto* t, ddp_comm* rc) {
       return t->broadcast(rc, buf, root, s);
     });
   }
   static ddp_status all_gather(ddp_comm* c, const ddp_buffer* send, const ddp_buffer* recv, ddp_stream s) {
     fingerprint(c, 3, send->count, send->dtype, recv->count);
-    return metered(c, s, recv->count * dtype_bytes(recv->dtype), [&](auto* t, ddp_comm* rc) {
+    return metered(c, s, "all_gather", recv->count * dtype_bytes(recv->dtype), [&](auto* t, ddp_comm* rc) {
       return t->all_gather(rc, send, recv, s);
     });
   }
   static ddp_status reduce_scatter(ddp_comm* c, const ddp_buffer* send, const ddp_buffer* recv,
                                    ddp_reduce_op op, ddp_stream s) {
     fingerprint(c, 4, send->count, send->dtype, op);
-    return metered(c, s, send->count * dtype_bytes(send->dtype), [&](auto* t, ddp_comm* rc) {
+    return metered(c, s, "reduce_scatter", send->count * dtype_bytes(send->dtype), [&](auto* t, ddp_comm* rc) {
       return t->reduce_scatter(rc, send, recv, op, s);
     });
   }
   static ddp_status barrier(ddp_comm* c, ddp_stream s) {
     fingerprint(c, 5, 0, 0, 0);
-    return metered(c, s, 0, [&](auto* t, ddp_comm* rc) { return t->barrier(rc, s); });
+    return metered(c, s, "barrier", 0, [&](auto* t, ddp_comm* rc) { return t->barrier(rc, s); });
   }
   static void abort(ddp_comm* c) {
     MeteredTransport& m = self(c);

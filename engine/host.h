@@ -17,6 +17,7 @@
 #include "model.h"
 #include "optimizer.h"
 #include "store.h"
+#include "trace.h"
 
 namespace ddp {
 
@@ -83,12 +84,16 @@ class MeteredTransport {
   MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* comm, HostServices& services);
   const ddp_transport_v1_t* vtable() const { return &vtable_; }
   ddp_comm* comm() { return reinterpret_cast<ddp_comm*>(this); }
+  // With a trace, each collective is also recorded there (op, bytes, from
+  // when the comm stream starts it to when it is done).
+  void set_trace(Trace* trace) { trace_ = trace; }
 
  private:
   friend struct MeterCallbacks;
   const ddp_transport_v1_t* real_;
   ddp_comm* real_comm_;
   HostServices& services_;
+  Trace* trace_ = nullptr;
   ddp_transport_v1_t vtable_{};
 };
 

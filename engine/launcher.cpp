@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "trace.h"
 #include "trainer.h"
 
 extern char** environ;
@@ -71,7 +72,7 @@ std::string describe_exit(int status, const std::string& error_file) {
 }  // namespace
 
 int launch_local(const Config& config, const std::string& config_path,
-                 const std::vector<std::string>& overrides) {
+                 const std::vector<std::string>& overrides, bool trace) {
   const int world = config.run.world_size;
   fs::create_directories(config.run.output_dir);
   // A fresh rendezvous directory per run: Gloo's FileStore never deletes its
@@ -79,6 +80,7 @@ int launch_local(const Config& config, const std::string& config_path,
   std::string pattern = (fs::path(config.run.output_dir) / ".rendezvous-XXXXXX").string();
   if (!mkdtemp(pattern.data())) throw Error(config.run.output_dir + ": cannot create a rendezvous directory");
   const std::string rdzv = pattern;
+  auto trace_file = [&](int r) { return rdzv + "/trace.rank" + std::to_string(r) + ".json"; };
 
   std::vector<std::string> args = {"ddp", "run", config_path};
   for (const auto& o : overrides) args.insert(args.end(), {"--set", o});
@@ -99,7 +101,7 @@ int launch_local(const Config& config, const std::string& config_path,
     for (char** e = environ; *e; ++e) {
       std::string kv = *e;
       static const char* kOurs[] = {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "DDP_RENDEZVOUS=",
-                                    "DDP_RUN_ID=", "DDP_ERROR_FILE="};
+                                    "DDP_RUN_ID=", "DDP_ERROR_FILE=", "DDP_TRACE="};
       bool ours = false;
       for (const char* k : kOurs) ours |= kv.rfind(k, 0) == 0;
       if (!ours) env.push_back(kv);
@@ -110,6 +112,7 @@ int launch_local(const Config& config, const std::string& config_path,
     env.push_back("DDP_RENDEZVOUS=file:" + rdzv);
     env.push_back("DDP_RUN_ID=" + fs::path(rdzv).filename().string());
     env.push_back("DDP_ERROR_FILE=" + rdzv + "/rank" + std::to_string(r) + ".error");
+    if (trace) env.push_back("DDP_TRACE=" + trace_file(r));
     std::vector<char*> envp;
     for (auto& kv : env) envp.push_back(kv.data());
     envp.push_back(nullptr);
@@ -206,6 +209,18 @@ int launch_local(const Config& config, const std::string& config_path,
     }
     std::cerr << "ddp: stopped the other ranks; run failed\n";
     code = 1;
+  } else if (trace) {
+    // Every rank wrote its trace on the way out: one file for the viewer.
+    const std::string merged = (fs::path(config.run.output_dir) / "trace.json").string();
+    try {
+      std::vector<std::string> files;
+      for (int r = 0; r < world; ++r) files.push_back(trace_file(r));
+      merge_traces(files, merged);
+      std::cout << "trace: " << merged << " (open it in https://ui.perfetto.dev or chrome://tracing)\n";
+    } catch (const std::exception& e) {
+      std::cerr << "ddp: error: " << e.what() << "\n";
+      code = 1;
+    }
   }
   fs::remove_all(rdzv, ec);
   return code;

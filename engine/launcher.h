@@ -12,9 +12,11 @@
 namespace ddp {
 
 // Runs every rank of `config` as child processes of this one; returns the
-// exit code for the user (0 when every rank succeeded).
+// exit code for the user (0 when every rank succeeded). With `trace`, each
+// rank records a trace and the ranks' traces are merged into
+// <output_dir>/trace.json (see trace.h).
 int launch_local(const Config& config, const std::string& config_path,
-                 const std::vector<std::string>& overrides);
+                 const std::vector<std::string>& overrides, bool trace = false);
 
 // Runs this process as the rank given by RANK, WORLD_SIZE, LOCAL_RANK and
 // DDP_RENDEZVOUS (and DDP_RUN_ID). On failure writes the message to stderr

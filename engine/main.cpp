@@ -1,9 +1,10 @@
 // main.cpp — the `ddp` command. The only place that exits.
-//   ddp run CONFIG [--set section.key=value]...
+//   ddp run CONFIG [--set section.key=value]... [--trace]
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include "config.h"
@@ -36,12 +37,20 @@ int main(int argc, char** argv) {
   run->add_option("config", config_path, "the run's TOML file")->required();
   run->add_option("--set", overrides, "override a key: section.key=value (TOML value; repeatable)")
       ->take_all();
+  bool trace = false;
+  run->add_flag("--trace", trace,
+                "write a Chrome trace (Perfetto) of compute and communication per rank to <output_dir>/trace.json");
   CLI11_PARSE(app, argc, argv);
 
   try {
     ddp::Config config = ddp::load_config(config_path, overrides);
-    if (std::getenv("RANK")) return ddp::run_as_rank(config);
-    return ddp::launch_local(config, config_path, overrides);
+    if (const char* rank = std::getenv("RANK")) {
+      // Under another launcher nobody merges: each rank keeps its own trace.
+      const auto file = std::filesystem::path(config.run.output_dir) / ("trace.rank" + std::string(rank) + ".json");
+      if (trace) setenv("DDP_TRACE", file.c_str(), 1);
+      return ddp::run_as_rank(config);
+    }
+    return ddp::launch_local(config, config_path, overrides, trace);
   } catch (const std::exception& e) {
     std::cerr << "ddp: error: " << e.what() << std::endl;
     return 1;

@@ -19,6 +19,7 @@
 #include "mlp.h"
 #include "plugin_loader.h"
 #include "safetensors.h"
+#include "trace.h"
 
 namespace ddp {
 namespace {
@@ -107,6 +108,8 @@ class RankRun {
   }
 
   void run() {
+    // `ddp run --trace`: the launcher names this rank's trace file.
+    if (const char* path = std::getenv("DDP_TRACE"); path && *path) trace_path_ = path;
     set_up();
     const ddp_strategy_v1_t& api = *plugins_.strategy_lib->strategy();
     const PluginHost& sh = *plugins_.strategy_host;
@@ -123,6 +126,10 @@ class RankRun {
     }
     device_.comm_stream().synchronize();
     finish_run(api);
+    if (trace_) {
+      std::filesystem::create_directories(std::filesystem::path(trace_path_).parent_path());
+      trace_->write(trace_path_);
+    }
   }
 
  private:
@@ -131,6 +138,14 @@ class RankRun {
     openblas_set_num_threads(config_.run.threads);
     DataShape shape;
     model_ = build_model(config_.model, device_, config_.run.seed + static_cast<uint64_t>(r.rank), &shape);
+    if (!trace_path_.empty()) {
+      // Room for every step's ranges and collectives (about one per parameter each).
+      const size_t per_step = size_t(config_.run.grad_accum_steps + 1) * (model_->params().size() + 8);
+      trace_ = std::make_unique<Trace>(r.rank, std::min<size_t>(size_t(config_.run.steps) * per_step, 1 << 20));
+      model_->set_range_hook([trace = trace_.get()](const char* name, Clock::time_point begin, Clock::time_point end) {
+        trace->compute(name, begin, end);
+      });
+    }
     tokens_per_row_ = shape.kind == DataShape::Tokens ? shape.context : 1;
     if (!config_.model.init_from.empty()) load_init(config_.model.init_from, *model_);
     for (const std::string& pattern : config_.model.freeze) {
@@ -179,6 +194,7 @@ class RankRun {
     plugins_.strategy_host = std::make_unique<PluginHost>(
         services_, config_.strategy, std::string("strategy plugin '") + s->name + "'");
     plugins_.metered = std::make_unique<MeteredTransport>(t, plugins_.comm, services_);
+    plugins_.metered->set_trace(trace_.get());
     plugins_.strategy_host->check(s->create(plugins_.strategy_host->get(), plugins_.metered->vtable(),
                                             plugins_.metered->comm(), &plugins_.strategy),
                                   "create");
@@ -197,6 +213,7 @@ class RankRun {
     StepRecord rec;
     CommCounters& c = services_.counters;
     const int64_t blocked0 = c.blocked_ns, busy0 = c.busy_ns, calls0 = c.collectives, bytes0 = c.bytes;
+    if (trace_) trace_->set_step(step);
     const auto t0 = Clock::now();
     const bool params_changed = apply_unfreeze(step);
     auto& params = model_->params();
@@ -211,38 +228,53 @@ class RankRun {
       for (size_t i = 0; i < params.size(); ++i) remaining_uses_[i] = params[i].uses;
       ddp_step_info info{sizeof(ddp_step_info), step, int32_t(micro), int32_t(k), micro == k - 1 ? 1 : 0,
                          params_changed && micro == 0 ? 1 : 0};
-      sh.check(api.on_step_begin(plugins_.strategy, &info), "on_step_begin");
       auto t = Clock::now();
+      sh.check(api.on_step_begin(plugins_.strategy, &info), "on_step_begin");
+      trace_range("on_step_begin", t);
+      t = Clock::now();
       rec.loss += model_->forward(data_->batch(step * k + micro)) / double(k);
       rec.forward_s += seconds_since(t);
+      trace_range("forward", t);
       t = Clock::now();
       model_->backward(1.0f / float(k), [&](size_t index) {
         if (--remaining_uses_[index] != 0) return;
         rec.collectives_before_last_grad_ready = c.collectives - calls0;
         sh.check(api.on_grad_ready(plugins_.strategy, &services_.param_table[index]), "on_grad_ready");
       });
+      trace_range("backward", t);
+      const auto backward_end = Clock::now();
       sh.check(api.on_backward_end(plugins_.strategy), "on_backward_end");
+      trace_range("on_backward_end", backward_end);
       rec.backward_s += seconds_since(t);
     }
+    auto t = Clock::now();
     sh.check(api.finish(plugins_.strategy), "finish");
+    trace_range("finish", t);
     take_peaks(device_.memory(), mem_before_optimizer_);
 
-    auto t = Clock::now();
+    t = Clock::now();
     if (api.caps & DDP_CAP_OWNS_OPTIMIZER) {
       sh.check(api.optimizer_step(plugins_.strategy), "optimizer_step");
     } else {
       optimizer_->step(params, trainable_indices());
     }
     rec.optimizer_s = seconds_since(t);
+    trace_range("optimizer", t);
     take_peaks(device_.memory(), mem_after_optimizer_);
 
     rec.step_s = seconds_since(t0);
+    trace_range("step", t0);
     rec.comm_blocked_s = (c.blocked_ns - blocked0) * 1e-9;
     rec.comm_busy_s = (c.busy_ns - busy0) * 1e-9;
     rec.collectives = c.collectives - calls0;
     rec.comm_bytes = c.bytes - bytes0;
     rec.comm_buffer_bytes = int64_t(device_.memory().current(MemCategory::CommBuffers));
     return rec;
+  }
+
+  // [begin, now] on the trace's compute lane, when tracing.
+  void trace_range(const char* name, Clock::time_point begin) {
+    if (trace_) trace_->compute(name, begin, Clock::now());
   }
 
   // Makes the parameters scheduled for `step` trainable (with a zeroed
@@ -399,6 +431,8 @@ class RankRun {
   Config config_;
   RankEnv env_;
   TrainObserver* observer_;
+  std::string trace_path_;        // empty: no trace
+  std::unique_ptr<Trace> trace_;  // before device_: outlives the comm stream's tasks
   CpuDevice device_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;

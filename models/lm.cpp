@@ -66,6 +66,7 @@ LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed)
   add_param("token_embeddings.weight", {v, d});
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
+    range_names_.push_back("backward layers." + std::to_string(l));
     add_param(p + "ln1.weight", {d});
     add_param(p + "attn.q_proj.weight", {d, d});
     add_param(p + "attn.k_proj.weight", {d, d});
@@ -217,6 +218,7 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   auto weight_grad = [&](size_t index, const float* dy, const float* x, int64_t in, int64_t out) {
     if (float* dw = g(index)) layers::linear_backward_weight(dw, dy, x, n, in, out);
   };
+  RangeLaps ranges(range_hook_);
 
   // Head: dlogits in place of the logits, then lm_head and ln_final.
   float* dlogits = logits_.data();  // [N, V]
@@ -225,10 +227,12 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   weight_grad(lm_head_index(), dlogits, lnf_.data(), d, vocab);
   done(lm_head_index());
   layers::linear_backward_input(dln_.data(), dlogits, w(lm_head_index()), n, d, vocab);
+  ranges.lap("backward lm_head");
   const float* x_last = config_.num_layers ? blocks_.back().y.data() : x0_.data();
   layers::rmsnorm_backward(dresid_.data(), g(ln_final_index()), dln_.data(), x_last,
                            w(ln_final_index()), rmsf_.data(), n, d);
   done(ln_final_index());
+  ranges.lap("backward ln_final");
 
   for (int64_t l = config_.num_layers - 1; l >= 0; --l) {
     BlockActs& b = blocks_[l];
@@ -268,9 +272,11 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
     layers::rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn1)), dln_.data(), x,
                              w(layer_param(l, kLn1)), b.rms1.data(), n, d, /*accumulate=*/true);
     done(layer_param(l, kLn1));
+    ranges.lap(range_names_[l].c_str());
   }
   if (float* de = g(0)) layers::embedding_backward(de, dresid_.data(), inputs_.data(), n, d);
   done(0);
+  ranges.lap("backward token_embeddings");
 }
 
 std::unique_ptr<Model> make_lm(const LmConfig& config, Device& device, uint64_t seed) {

@@ -23,6 +23,7 @@ MlpModel::MlpModel(const MlpConfig& config, Device& device, uint64_t seed)
     const std::string p = "layers." + std::to_string(i) + ".";
     add_param(p + "weight", {w, w}, w, rng);
     add_param(p + "bias", {w}, w, rng);
+    range_names_.push_back("backward layers." + std::to_string(i));
   }
   add_param("head.weight", {config.classes, w}, w, rng);
   add_param("head.bias", {config.classes}, w, rng);
@@ -99,22 +100,29 @@ void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
     }
   };
 
+  RangeLaps ranges(range_hook_);
   float* dlogits = logits_.data();  // [rows, classes]
   layers::cross_entropy_backward(dlogits, logits_.data(), lse_.data(), labels_.data(), rows,
                                  classes, loss_scale);
   const size_t head = 2 * static_cast<size_t>(config_.depth);
   const float* last = config_.depth ? acts_.back().data() : input_;
   linear_grads(head, dlogits, last, classes);
-  if (config_.depth == 0) return;
+  if (config_.depth == 0) {
+    ranges.lap("backward head");
+    return;
+  }
   layers::linear_backward_input(dact_.data(), dlogits, params_[head].data.data(), rows, w, classes);
+  ranges.lap("backward head");
   for (int64_t i = config_.depth - 1; i >= 0; --i) {
     // dact_ holds d loss / d relu(layer i); through the ReLU, then the layer.
     layers::relu_backward(dact_.data(), dact_.data(), acts_[i].data(), rows * w);
     linear_grads(2 * static_cast<size_t>(i), dact_.data(), i ? acts_[i - 1].data() : input_, w);
-    if (i == 0) break;
-    layers::linear_backward_input(dtmp_.data(), dact_.data(), params_[2 * i].data.data(), rows, w,
-                                  w);
-    std::swap(dact_, dtmp_);
+    if (i > 0) {
+      layers::linear_backward_input(dtmp_.data(), dact_.data(), params_[2 * i].data.data(), rows, w,
+                                    w);
+      std::swap(dact_, dtmp_);
+    }
+    ranges.lap(range_names_[i].c_str());
   }
 }
 

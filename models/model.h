@@ -56,8 +56,35 @@ class Model {
   // the gradients of trainable parameters (callers zero them per step).
   virtual void backward(float loss_scale, const GradAccumulated& accumulated) = 0;
 
+  // Optional (`--trace`): backward reports each layer's part of it as a
+  // named range, "backward <layer>", in the order it runs. `name` stays
+  // valid while the model lives. No hook: one branch per layer.
+  using RangeHook = std::function<void(const char* name, Clock::time_point begin, Clock::time_point end)>;
+  void set_range_hook(RangeHook hook) { range_hook_ = std::move(hook); }
+
  protected:
+  // Consecutive ranges: lap(name) reports the range since the previous lap
+  // (or since construction) under `name`.
+  class RangeLaps {
+   public:
+    explicit RangeLaps(const RangeHook& hook) : hook_(hook) {
+      if (hook_) last_ = Clock::now();
+    }
+    void lap(const char* name) {
+      if (!hook_) return;
+      const Clock::time_point now = Clock::now();
+      hook_(name, last_, now);
+      last_ = now;
+    }
+
+   private:
+    const RangeHook& hook_;
+    Clock::time_point last_{};
+  };
+
   std::vector<Parameter> params_;
+  RangeHook range_hook_;
+  std::vector<std::string> range_names_;  // the models' per-layer names for lap()
 };
 
 // Builds a model by name ("toy", "toy_tied") with parameters initialised

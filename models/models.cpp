@@ -43,6 +43,13 @@ class SequentialMse final : public Model {
     int64_t width = 0;
     for (auto& l : layers_) width = l.kind == Layer::Linear ? l.out : width;
     out_width_ = width;
+    // A linear layer's range (with the ReLU after it) is named after its
+    // weight: "backward fc2.fc" for fc2.fc.weight.
+    for (const Layer& l : layers_) {
+      std::string name = l.kind == Layer::Linear ? params_[l.weight].name : "";
+      if (name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0) name.resize(name.size() - 7);
+      range_names_.push_back("backward " + name);
+    }
   }
 
   float forward(const Batch& batch) override {
@@ -84,6 +91,7 @@ class SequentialMse final : public Model {
 
   void backward(float loss_scale, const GradAccumulated& accumulated) override {
     const int64_t rows = rows_;
+    RangeLaps ranges(range_hook_);
     // d(mean((p - y)^2))/dp = 2 (p - y) / n
     {
       const float* pred = acts_.back().data();
@@ -119,6 +127,7 @@ class SequentialMse final : public Model {
                     l.in, 1.0f, w.grad.data(), l.in);
         accumulated(static_cast<size_t>(l.weight));
       }
+      ranges.lap(range_names_[i].c_str());
     }
   }
 
