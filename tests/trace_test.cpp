@@ -22,60 +22,20 @@
 #include "lm.h"
 #include "mlp.h"
 #include "model.h"
+#include "process.h"
 #include "trace.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
-const std::string kDdp = std::string(DDP_BIN_DIR) + "/ddp";
-const std::string kRepo = std::string(DDP_TEST_DATA_DIR) + "/..";
 constexpr int kSteps = 5;
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string temp_dir() {
-  char tmpl[] = "/tmp/ddp-trace-XXXXXX";
-  return mkdtemp(tmpl);
-}
-
-// Starts `ddp` with `args` (and extra environment); stdout and stderr go to
-// <log>.out and <log>.err.
+// Thin forms of process.h's helpers, as this file uses them.
 pid_t start_ddp(const std::vector<std::string>& args, const std::vector<std::string>& env, const std::string& log) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(open((log + ".out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 1);
-    dup2(open((log + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 2);
-    for (const auto& kv : env) putenv(strdup(kv.c_str()));
-    std::vector<char*> argv{const_cast<char*>(kDdp.c_str())};
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(kDdp.c_str(), argv.data());
-    _exit(127);
-  }
-  return pid;
+  return start(args, env, log).pid;
 }
-
-// Its exit code (-1: killed after two minutes).
-int wait_ddp(pid_t pid) {
-  const auto deadline = Clock::now() + std::chrono::seconds(120);
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (Clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+int wait_ddp(pid_t pid) { return wait_for(Process{pid, "", ""}, std::chrono::seconds(120)); }
 
 // The quick start's config with an `mlp` big enough (4 layers of 1024, 256
 // rows) that backward lasts tens of milliseconds: long enough for overlap
