@@ -1,0 +1,185 @@
+#!/usr/bin/python3
+"""PyTorch baseline for the engine's benchmarks: trains `lm` or `mlp` with PyTorch's own
+torch.nn.parallel.DistributedDataParallel (gloo, CPU) and times the steps.
+
+usage (from anywhere; Debian's python3 with torch 1.13, not the pyenv python):
+  /usr/bin/python3 tools/pytorch_ddp_bench.py [--world N] [--batch B] [--steps S] [--warmup W]
+      [--preset lm-cpu | --model mlp --width 1024 --depth 8 --classes 10] [--bucket-cap-mb 25]
+
+  --world N        ranks (default 2): N processes (torch.multiprocessing spawn), gloo over
+                   127.0.0.1 on a free port, each rank wrapped in DistributedDataParallel
+                   with its defaults (bucket_cap_mb 25, broadcast_buffers, ...).
+                   --world 1: one process, plain model, no DDP and no process group.
+  --batch B        rows per rank (default 8); an lm row is context_length + 1 tokens
+  --steps S        timed steps (default 20), after --warmup W untimed ones (default 3)
+  --threads T      torch threads per rank (default 1: torch.set_num_threads(1))
+  --model lm       (default) with --preset (default lm-cpu; lm-tiny, small, ...) and optional
+                   --context-length / --vocab-size overrides
+  --model mlp      --width (1024) --depth (8) --classes (10): depth x Linear(width, width)+ReLU,
+                   then Linear(width, classes); cross-entropy
+  --seed           weights from make_lm/make_mlp(seed) (DDP then broadcasts rank 0's);
+                   rank r's data from seed + 1000 + r
+
+Every step: zero_grad(set_to_none=True), forward, cross-entropy loss (lm: next-token over all
+positions), backward (DDP all-reduces the gradients, bucketed, during it), AdamW(lr 1e-3,
+weight_decay 0.01) step. A step's time is wall time on rank 0 from before zero_grad to after
+the optimizer step (the ranks are in lockstep through the all-reduce). Random data are made
+before the timed loop.
+
+Prints one JSON line on stdout:
+  {"impl": "pytorch-ddp" | "pytorch-single", "model": "lm-cpu" (the preset) | "mlp", "world": N,
+   "batch_per_rank": B, "step_s_mean": ..., "step_s_median": ..., "steps": S,
+   "warmup": W, "threads": T, "parameters": ..., "torch": "1.13...", "step_s": [S times]}
+"""
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_models import LM_PRESETS, lm_preset, make_lm, make_mlp  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=["lm", "mlp"], default="lm")
+    p.add_argument("--preset", default="lm-cpu", choices=list(LM_PRESETS))
+    p.add_argument("--context-length", type=int, default=None, help="lm: override the preset's")
+    p.add_argument("--vocab-size", type=int, default=None, help="lm: override the preset's")
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--depth", type=int, default=8)
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--batch", type=int, default=8, help="rows per rank")
+    p.add_argument("--steps", type=int, default=20, help="timed steps")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket_cap_mb (default 25)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout-s", type=float, default=300.0, help="gloo timeout")
+    a = p.parse_args(argv)
+    if a.world < 1 or a.batch < 1 or a.steps < 1 or a.warmup < 0 or a.threads < 1:
+        p.error("--world, --batch, --steps, --threads must be >= 1 and --warmup >= 0")
+    if a.model == "mlp" and (a.width < 1 or a.depth < 0 or a.classes < 2):
+        p.error("mlp needs --width >= 1, --depth >= 0, --classes >= 2")
+    return a
+
+
+def build(a):
+    """(model, loss_fn(model, batch), batches [warmup + steps], model label)."""
+    n = a.warmup + a.steps
+    if a.model == "lm":
+        cfg = lm_preset(a.preset, context_length=a.context_length, vocab_size=a.vocab_size)
+        model = make_lm(cfg, seed=a.seed)
+        g = torch.Generator().manual_seed(a.seed + 1000 + a.rank)
+        batches = [torch.randint(0, cfg["vocab_size"], (a.batch, cfg["context_length"] + 1), generator=g)
+                   for _ in range(n)]
+
+        def loss_fn(m, tokens):
+            logits = m(tokens[:, :-1])
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+        return model, loss_fn, batches, a.preset
+    cfg = dict(width=a.width, depth=a.depth, classes=a.classes)
+    model = make_mlp(cfg, seed=a.seed)
+    g = torch.Generator().manual_seed(a.seed + 1000 + a.rank)
+    batches = [(torch.randn(a.batch, a.width, generator=g),
+                torch.randint(0, a.classes, (a.batch,), generator=g)) for _ in range(n)]
+
+    def loss_fn(m, xy):
+        return F.cross_entropy(m(xy[0]), xy[1])
+
+    return model, loss_fn, batches, "mlp"
+
+
+def train(a):
+    """Runs warm-up + timed steps on this rank; returns the result dict (meaningful on rank 0)."""
+    torch.set_num_threads(a.threads)
+    model, loss_fn, batches, label = build(a)
+    n_params = sum(p.numel() for p in model.parameters())
+    if a.world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_cap_mb)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+    times = []
+    for step, batch in enumerate(batches):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model, batch)
+        loss.backward()
+        opt.step()
+        dt = time.perf_counter() - t0
+        if step >= a.warmup:
+            times.append(dt)
+    if not torch.isfinite(loss.detach()):
+        raise RuntimeError(f"rank {a.rank}: non-finite loss {float(loss)}")
+    return {
+        "impl": "pytorch-ddp" if a.world > 1 else "pytorch-single",
+        "model": label,
+        "world": a.world,
+        "batch_per_rank": a.batch,
+        "step_s_mean": statistics.fmean(times),
+        "step_s_median": statistics.median(times),
+        "steps": a.steps,
+        "warmup": a.warmup,
+        "threads": a.threads,
+        "parameters": n_params,
+        "final_loss": float(loss.detach()),
+        "torch": torch.__version__,
+        "step_s": times,
+    }
+
+
+def rank_main(rank, a, port, results):
+    a.rank = rank
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=a.world,
+                            timeout=datetime.timedelta(seconds=a.timeout_s))
+    try:
+        out = train(a)
+        dist.barrier()
+        if rank == 0:
+            results.put(out)
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    # One compute thread per rank, also in the children (set before they start).
+    os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
+    os.environ.setdefault("MKL_NUM_THREADS", str(a.threads))
+    # Gloo: the loopback interface (127.0.0.1), whatever the host name resolves to.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if a.world == 1:
+        a.rank = 0
+        out = train(a)
+    else:
+        results = mp.get_context("spawn").SimpleQueue()
+        mp.spawn(rank_main, args=(a, free_port(), results), nprocs=a.world, join=True)
+        out = results.get()
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
