@@ -170,8 +170,9 @@ TEST(LoadPluginRefuses, FileNotFoundByPath) {
 }
 
 TEST(LoadPluginRefuses, NotAPlugin) {
-  EXPECT_EQ(refusal(PluginKind::Strategy, "nosymbol"),
-            "cannot load strategy plugin '" + plugin_file("strategy", "nosymbol") +
+  const std::string path = kDir + "/libnot_a_ddp_plugin.so";  // a shared library, but no entry symbol
+  EXPECT_EQ(refusal(PluginKind::Strategy, path),
+            "cannot load strategy plugin '" + path +
                 "' (host ABI 1.0, plugin ABI none): not a ddp plugin "
                 "(no ddp_strategy_v1 or ddp_transport_v1 symbol)");
 }
