@@ -25,6 +25,7 @@ static void raise_peak(std::atomic<size_t>& peak, size_t value) {
 }
 
 void MemoryTracker::add(MemCategory category, size_t bytes) {
+  ++allocations_;
   raise_peak(peak_[index(category)], current_[index(category)] += bytes);
   raise_peak(total_peak_, total_current_ += bytes);
 }

@@ -48,6 +48,9 @@ class MemoryTracker {
   size_t current(MemCategory category) const { return current_[index(category)]; }
   size_t peak(MemCategory category) const { return peak_[index(category)]; }
   size_t total_peak() const { return total_peak_; }
+  // Allocations so far (every add); the training step must make none after
+  // its first run.
+  int64_t allocations() const { return allocations_; }
   // Starts a new measurement window: peaks drop to the current values.
   void reset_peaks();
 
@@ -57,6 +60,7 @@ class MemoryTracker {
   std::array<std::atomic<size_t>, kMemCategories> peak_{};
   std::atomic<size_t> total_current_{0};
   std::atomic<size_t> total_peak_{0};
+  std::atomic<int64_t> allocations_{0};
 };
 
 // An in-order queue of work. Inline streams run each task in the caller's

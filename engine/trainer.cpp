@@ -53,6 +53,7 @@ struct StepRecord {
   // Collectives enqueued during micro-batches without sync_grads: must be 0.
   int64_t collectives_before_sync_micro_batch = 0;
   int64_t comm_buffer_bytes = 0;  // current at the end of the step (a leak grows it)
+  int64_t device_allocations = 0;  // device memory allocated during the step
 };
 
 using PeakBytes = std::array<size_t, kMemCategories>;
@@ -213,6 +214,7 @@ class RankRun {
     StepRecord rec;
     CommCounters& c = services_.counters;
     const int64_t blocked0 = c.blocked_ns, busy0 = c.busy_ns, calls0 = c.collectives, bytes0 = c.bytes;
+    const int64_t allocations0 = device_.memory().allocations();
     if (trace_) trace_->set_step(step);
     const auto t0 = Clock::now();
     const bool params_changed = apply_unfreeze(step);
@@ -269,6 +271,7 @@ class RankRun {
     rec.collectives = c.collectives - calls0;
     rec.comm_bytes = c.bytes - bytes0;
     rec.comm_buffer_bytes = int64_t(device_.memory().current(MemCategory::CommBuffers));
+    rec.device_allocations = device_.memory().allocations() - allocations0;
     return rec;
   }
 
@@ -390,6 +393,7 @@ class RankRun {
     summary["collectives_before_last_grad_ready"] = column(&StepRecord::collectives_before_last_grad_ready);
     summary["collectives_before_sync_micro_batch"] = column(&StepRecord::collectives_before_sync_micro_batch);
     summary["comm_buffer_bytes"] = column(&StepRecord::comm_buffer_bytes);
+    summary["device_allocations"] = column(&StepRecord::device_allocations);
     summary["total_comm_blocked_s"] = blocked;
     summary["total_comm_busy_s"] = busy;
     summary["peak_bytes"] = {{"after_setup", peaks_json(mem_after_setup_)},

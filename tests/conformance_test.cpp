@@ -11,7 +11,8 @@
 //   unfreeze_unused         every frozen parameter unfrozen, one never used
 //   unfreeze_large          the largest parameter frozen at start, joins at step 2
 // and in all of them: no collective before the sync micro-batch, no growing
-// communication buffers, the same collective sequence on every rank.
+// communication buffers, no device allocation once settled, the same
+// collective sequence on every rank.
 // Every scenario checks: ranks differ before set-up (own seeds) and hold
 // rank 0's weights after it; after every step ranks are bitwise equal and
 // within tolerance (1e-6 SGD, 1e-5 AdamW) of the reference; frozen
@@ -212,9 +213,11 @@ TEST_P(Conformance, Protocol) {
     EXPECT_EQ(ddp.summary["collectives_before_sync_micro_batch"][s], 0) << "step " << s + 1
         << ": collectives issued on a micro-batch without sync_grads";
   const int settled = sc.unfrozen.empty() ? 0 : 2;  // buffers may change when parameters join
-  for (int s = settled + 1; s < kSteps; ++s)
+  for (int s = settled + 1; s < kSteps; ++s) {
     EXPECT_EQ(ddp.summary["comm_buffer_bytes"][s], ddp.summary["comm_buffer_bytes"][settled])
         << "step " << s + 1 << ": communication buffers grew";
+    EXPECT_EQ(ddp.summary["device_allocations"][s], 0) << "step " << s + 1 << ": allocated device memory";
+  }
   EXPECT_TRUE(ddp.summary["collective_sequences_agree"].get<bool>())
       << "ranks issued different collective sequences: " << ddp.summary["ranks"].dump();
   ASSERT_EQ(ddp.summary["loss"].size(), expected_loss.size());

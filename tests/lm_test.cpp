@@ -3,7 +3,7 @@
 //    equal single-process training within 1e-5 after every step, ranks
 //    bitwise equal (data: a token file, random windows);
 //  - a real learning check: 200 steps on a token file made from shipped text
-//    halve the loss;
+//    halve the loss, and no step after the first allocates device memory;
 //  - memory accounting: parameter bytes are exactly 4 x the parameter count;
 //    sharded optimizer state matches its partition;
 //  - token files that are missing, empty or too short are refused clearly.
@@ -88,6 +88,11 @@ TEST(LmTiny, LearnsTheShippedText) {
   for (size_t s = 190; s < 200; ++s) last += loss[s] / 10;
   EXPECT_LE(last, 0.5 * loss[0]) << "first loss " << loss[0] << ", mean of the last 10 " << last;
   EXPECT_GT(r.summary["tokens_per_s"].get<double>(), 0.0);
+  // Activations, optimizer state and buffers are made in the first step;
+  // after it, a step allocates no device memory.
+  const auto allocations = r.summary["device_allocations"].get<std::vector<int64_t>>();
+  EXPECT_GT(allocations[0], 0);
+  for (size_t s = 1; s < allocations.size(); ++s) ASSERT_EQ(allocations[s], 0) << "step " << s + 1;
 }
 
 TEST(LmTiny, MemoryAccountingIsExact) {
