@@ -29,29 +29,6 @@ class InMemory final : public Dataset {
     }
   }
 
-  // Random rows from the seed: one pool of one global batch, reused.
-  void fill_random(uint64_t seed) {
-    rows_ = global_;
-    std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
-    if (shape_.kind == DataShape::Tokens) {
-      std::uniform_int_distribution<int32_t> id(0, int32_t(shape_.vocab - 1));
-      tokens_.resize(size_t(rows_ * row_width()));
-      for (auto& t : tokens_) t = id(rng);
-      return;
-    }
-    std::normal_distribution<float> normal;
-    xs_.resize(size_t(rows_ * shape_.in));
-    for (float& v : xs_) v = normal(rng);
-    if (shape_.kind == DataShape::Regression) {
-      ys_.resize(size_t(rows_ * shape_.out));
-      for (float& v : ys_) v = normal(rng);
-    } else {
-      std::uniform_int_distribution<int32_t> label(0, int32_t(shape_.out - 1));
-      labels_.resize(size_t(rows_));
-      for (auto& l : labels_) l = label(rng);
-    }
-  }
-
   void fill_safetensors(const std::string& path) {
     auto tensors = read_safetensors(path);
     auto need = [&](const char* name) -> const HostTensor& {
@@ -149,6 +126,60 @@ class InMemory final : public Dataset {
   std::vector<int32_t> labels_local_, tokens_local_;
 };
 
+// Random rows: global row g is drawn from (seed, g) alone, so every step
+// brings new rows and DDP over N ranks sees what single-process training
+// sees.
+class RandomRows final : public Dataset {
+ public:
+  RandomRows(const Config& config, const DataShape& shape, int rank, int world, Device& device)
+      : shape_(shape), seed_(config.run.seed), global_(config.data.batch_size), local_(global_ / world),
+        first_(int64_t(rank) * local_) {
+    if (shape.kind == DataShape::Tokens) {
+      ints_.resize(size_t(local_ * (shape.context + 1)));
+    } else {
+      x_ = Tensor(device, {local_, shape.in}, MemCategory::Activations);
+      if (shape.kind == DataShape::Regression) y_ = Tensor(device, {local_, shape.out}, MemCategory::Activations);
+      else ints_.resize(size_t(local_));
+    }
+  }
+
+  Batch batch(int64_t micro) override {
+    Batch b;
+    b.rows = local_;
+    for (int64_t i = 0; i < local_; ++i) {
+      std::mt19937_64 rng(seed_ * 0x9e3779b97f4a7c15ull + uint64_t(micro * global_ + first_ + i));
+      if (shape_.kind == DataShape::Tokens) {
+        std::uniform_int_distribution<int32_t> id(0, int32_t(shape_.vocab - 1));
+        const int64_t w = shape_.context + 1;
+        for (int64_t k = 0; k < w; ++k) ints_[size_t(i * w + k)] = id(rng);
+        continue;
+      }
+      std::normal_distribution<float> normal;
+      for (int64_t k = 0; k < shape_.in; ++k) x_.data()[i * shape_.in + k] = normal(rng);
+      if (shape_.kind == DataShape::Regression) {
+        for (int64_t k = 0; k < shape_.out; ++k) y_.data()[i * shape_.out + k] = normal(rng);
+      } else {
+        ints_[size_t(i)] = std::uniform_int_distribution<int32_t>(0, int32_t(shape_.out - 1))(rng);
+      }
+    }
+    if (shape_.kind == DataShape::Tokens) {
+      b.tokens = ints_.data();
+    } else {
+      b.x = x_.data();
+      if (shape_.kind == DataShape::Regression) b.y = y_.data();
+      else b.labels = ints_.data();
+    }
+    return b;
+  }
+
+ private:
+  DataShape shape_;
+  uint64_t seed_;
+  int64_t global_, local_, first_;
+  Tensor x_, y_;               // this rank's rows [local, in], [local, out]
+  std::vector<int32_t> ints_;  // this rank's tokens [local, context + 1] or labels [local]
+};
+
 // A flat uint16 token file, memory-mapped.
 class TokenFile final : public Dataset {
  public:
@@ -165,11 +196,10 @@ class TokenFile final : public Dataset {
       throw Error(path_ + ": token file has an odd size (" + std::to_string(bytes_) + " bytes): not uint16 tokens");
     }
     count_ = bytes_ / 2;
-    if (count_ < size_t(shape.context + 2)) {
+    if (count_ < size_t(shape.context + 1)) {
       ::close(fd);
       throw Error(path_ + ": token file holds " + std::to_string(count_) + " tokens; a window needs context_length + 1 = " +
-                  std::to_string(shape.context + 1) + " and at least one start (" + std::to_string(shape.context + 2) +
-                  " tokens)");
+                  std::to_string(shape.context + 1));
     }
     void* map = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
     ::close(fd);
@@ -216,12 +246,9 @@ class TokenFile final : public Dataset {
 std::unique_ptr<Dataset> make_dataset(const Config& config, const DataShape& shape, int rank, int world,
                                       Device& device) {
   if (config.data.kind == "tokens") return std::make_unique<TokenFile>(config, shape, rank, world);
+  if (config.data.kind == "random") return std::make_unique<RandomRows>(config, shape, rank, world, device);
   auto d = std::make_unique<InMemory>(config, shape, rank, world, device);
-  if (config.data.kind == "safetensors") {
-    d->fill_safetensors(config.data.path);
-  } else {
-    d->fill_random(config.run.seed);
-  }
+  d->fill_safetensors(config.data.path);
   return d;
 }
 

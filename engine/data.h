@@ -2,7 +2,7 @@
 // global rows; micro-batch m (counted over the run) is global rows
 // [m*B, (m+1)*B) and rank r takes its contiguous B/N of them, so DDP over N
 // ranks sees exactly the rows single-process training sees.
-//   random       inputs / labels / token ids drawn from run.seed (B rows, reused)
+//   random       inputs / labels / token ids of global row g drawn from (run.seed, g)
 //   safetensors  x [N, in] with y [N, out] (regression) or y [N] labels
 //                (classification); or tokens [N, context+1]; rows in order,
 //                wrapping around

@@ -45,9 +45,17 @@ int main(int argc, char** argv) {
   try {
     ddp::Config config = ddp::load_config(config_path, overrides);
     if (const char* rank = std::getenv("RANK")) {
-      // Under another launcher nobody merges: each rank keeps its own trace.
-      const auto file = std::filesystem::path(config.run.output_dir) / ("trace.rank" + std::string(rank) + ".json");
-      if (trace) setenv("DDP_TRACE", file.c_str(), 1);
+      // Ranks of our own launcher (it sets DDP_ERROR_FILE) get DDP_TRACE from
+      // it. Under another launcher nobody merges: with --trace each rank
+      // keeps its own file, and an inherited DDP_TRACE does not count.
+      if (!std::getenv("DDP_ERROR_FILE")) {
+        const auto file = std::filesystem::path(config.run.output_dir) / ("trace.rank" + std::string(rank) + ".json");
+        if (trace) {
+          setenv("DDP_TRACE", file.c_str(), 1);
+        } else {
+          unsetenv("DDP_TRACE");
+        }
+      }
       return ddp::run_as_rank(config);
     }
     return ddp::launch_local(config, config_path, overrides, trace);

@@ -44,7 +44,7 @@ void load_init(const std::string& path, Model& model) {
 }
 
 struct StepRecord {
-  double loss = 0, step_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;
+  double loss = 0, step_s = 0, data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;
   double comm_blocked_s = 0, comm_busy_s = 0;
   int64_t collectives = 0, comm_bytes = 0;
   // Collectives the strategy had enqueued when the step's last
@@ -128,7 +128,8 @@ class RankRun {
     device_.comm_stream().synchronize();
     finish_run(api);
     if (trace_) {
-      std::filesystem::create_directories(std::filesystem::path(trace_path_).parent_path());
+      const auto dir = std::filesystem::path(trace_path_).parent_path();
+      if (!dir.empty()) std::filesystem::create_directories(dir);
       trace_->write(trace_path_);
     }
   }
@@ -234,7 +235,10 @@ class RankRun {
       sh.check(api.on_step_begin(plugins_.strategy, &info), "on_step_begin");
       trace_range("on_step_begin", t);
       t = Clock::now();
-      rec.loss += model_->forward(data_->batch(step * k + micro)) / double(k);
+      const Batch batch = data_->batch(step * k + micro);
+      rec.data_s += seconds_since(t);
+      t = Clock::now();
+      rec.loss += model_->forward(batch) / double(k);
       rec.forward_s += seconds_since(t);
       trace_range("forward", t);
       t = Clock::now();
@@ -244,10 +248,10 @@ class RankRun {
         sh.check(api.on_grad_ready(plugins_.strategy, &services_.param_table[index]), "on_grad_ready");
       });
       trace_range("backward", t);
+      rec.backward_s += seconds_since(t);  // the model's backward, as the trace's range
       const auto backward_end = Clock::now();
       sh.check(api.on_backward_end(plugins_.strategy), "on_backward_end");
       trace_range("on_backward_end", backward_end);
-      rec.backward_s += seconds_since(t);
     }
     auto t = Clock::now();
     sh.check(api.finish(plugins_.strategy), "finish");
@@ -383,6 +387,7 @@ class RankRun {
     const double per_step = double(config_.data.batch_size) * double(config_.run.grad_accum_steps) *
                             double(tokens_per_row_);
     summary[tokens_per_row_ > 1 ? "tokens_per_s" : "samples_per_s"] = total > 0 ? per_step * records_.size() / total : 0.0;
+    summary["data_s"] = column(&StepRecord::data_s);
     summary["forward_s"] = column(&StepRecord::forward_s);
     summary["backward_s"] = column(&StepRecord::backward_s);
     summary["optimizer_s"] = column(&StepRecord::optimizer_s);

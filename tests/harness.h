@@ -106,7 +106,11 @@ inline RunResult run(const std::string& toml, int world) {
 inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return INFINITY;
   float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  for (size_t i = 0; i < a.size(); ++i) {
+    const float d = std::fabs(a[i] - b[i]);
+    if (std::isnan(d)) return INFINITY;  // std::max would drop a NaN
+    m = std::max(m, d);
+  }
   return m;
 }
 

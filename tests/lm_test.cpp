@@ -135,14 +135,25 @@ TEST(TokenFile, BadFilesAreRefusedClearly) {
             dir + "/missing.bin: cannot open token file: No such file or directory");
   std::ofstream(dir + "/empty.bin");
   EXPECT_EQ(dataset_error(dir + "/empty.bin", 32),
-            dir + "/empty.bin: token file holds 0 tokens; a window needs context_length + 1 = 33 and at least one "
-                  "start (34 tokens)");
+            dir + "/empty.bin: token file holds 0 tokens; a window needs context_length + 1 = 33");
   std::ofstream(dir + "/odd.bin") << "abc";
   EXPECT_EQ(dataset_error(dir + "/odd.bin", 32),
             dir + "/odd.bin: token file has an odd size (3 bytes): not uint16 tokens");
   EXPECT_EQ(dataset_error(token_file(), 4096),
-            token_file() + ": token file holds 2432 tokens; a window needs context_length + 1 = 4097 and at least one "
-                           "start (4098 tokens)");
+            token_file() + ": token file holds 2432 tokens; a window needs context_length + 1 = 4097");
+  // Exactly one window's worth is enough: every row is the whole file.
+  {
+    std::ofstream exact(dir + "/exact.bin", std::ios::binary);
+    for (uint16_t t = 0; t < 5; ++t) exact.write(reinterpret_cast<const char*>(&t), 2);
+  }
+  Config c = load_config(kFixtures + "../../configs/toy.toml");
+  c.data.kind = "tokens";
+  c.data.path = dir + "/exact.bin";
+  c.data.batch_size = 2;
+  CpuDevice device;
+  auto data = make_dataset(c, DataShape{DataShape::Tokens, 0, 0, 4, 512}, 0, 1, device);
+  const Batch b = data->batch(7);
+  EXPECT_EQ(std::vector<int32_t>(b.tokens, b.tokens + 10), (std::vector<int32_t>{0, 1, 2, 3, 4, 0, 1, 2, 3, 4}));
   std::filesystem::remove_all(dir);
 }
 
