@@ -14,20 +14,46 @@
 namespace ddp {
 namespace {
 
+// This rank's rows of one micro-batch, in buffers made once (activations).
+struct LocalRows {
+  LocalRows(const DataShape& s, int64_t n, Device& device) : shape(s), rows(n) {
+    if (shape.kind == DataShape::Tokens) {
+      ints.resize(size_t(rows * (shape.context + 1)));
+      return;
+    }
+    x = Tensor(device, {rows, shape.in}, MemCategory::Activations);
+    if (shape.kind == DataShape::Regression) {
+      y = Tensor(device, {rows, shape.out}, MemCategory::Activations);
+    } else {
+      ints.resize(size_t(rows));
+    }
+  }
+  Batch batch() {
+    Batch b;
+    b.rows = rows;
+    if (shape.kind == DataShape::Tokens) {
+      b.tokens = ints.data();
+    } else {
+      b.x = x.data();
+      if (shape.kind == DataShape::Regression) b.y = y.data();
+      else b.labels = ints.data();
+    }
+    return b;
+  }
+
+  DataShape shape;
+  int64_t rows;
+  Tensor x, y;               // [rows, in], [rows, out]
+  std::vector<int32_t> ints;  // tokens [rows, context + 1] or labels [rows]
+};
+
 // Rows of the whole source as host arrays; a batch copies rank r's rows of
 // micro-batch m (wrapping around) into buffers accounted as activations.
 class InMemory final : public Dataset {
  public:
   InMemory(const Config& config, const DataShape& shape, int rank, int world, Device& device)
-      : shape_(shape), global_(config.data.batch_size), local_(global_ / world), first_(int64_t(rank) * local_) {
-    if (shape.kind == DataShape::Tokens) {
-      tokens_local_.resize(size_t(local_ * row_width()));
-    } else {
-      x_ = Tensor(device, {local_, shape.in}, MemCategory::Activations);
-      if (shape.kind == DataShape::Regression) y_ = Tensor(device, {local_, shape.out}, MemCategory::Activations);
-      if (shape.kind == DataShape::Classification) labels_local_.resize(size_t(local_));
-    }
-  }
+      : shape_(shape), global_(config.data.batch_size), local_(global_ / world), first_(int64_t(rank) * local_),
+        out_(shape, local_, device) {}
 
   void fill_safetensors(const std::string& path) {
     auto tensors = read_safetensors(path);
@@ -67,28 +93,19 @@ class InMemory final : public Dataset {
 
   Batch batch(int64_t micro) override {
     const int64_t w = row_width();
-    Batch b;
-    b.rows = local_;
     for (int64_t i = 0; i < local_; ++i) {
       const int64_t row = (micro * global_ + first_ + i) % rows_;
       if (shape_.kind == DataShape::Tokens) {
-        std::memcpy(&tokens_local_[size_t(i * w)], &tokens_[size_t(row * w)], size_t(w) * sizeof(int32_t));
+        std::memcpy(&out_.ints[size_t(i * w)], &tokens_[size_t(row * w)], size_t(w) * sizeof(int32_t));
         continue;
       }
-      std::memcpy(x_.data() + i * shape_.in, &xs_[size_t(row * shape_.in)], size_t(shape_.in) * sizeof(float));
+      std::memcpy(out_.x.data() + i * shape_.in, &xs_[size_t(row * shape_.in)], size_t(shape_.in) * sizeof(float));
       if (shape_.kind == DataShape::Regression)
-        std::memcpy(y_.data() + i * shape_.out, &ys_[size_t(row * shape_.out)], size_t(shape_.out) * sizeof(float));
+        std::memcpy(out_.y.data() + i * shape_.out, &ys_[size_t(row * shape_.out)], size_t(shape_.out) * sizeof(float));
       else
-        labels_local_[size_t(i)] = labels_[size_t(row)];
+        out_.ints[size_t(i)] = labels_[size_t(row)];
     }
-    if (shape_.kind == DataShape::Tokens) {
-      b.tokens = tokens_local_.data();
-    } else {
-      b.x = x_.data();
-      if (shape_.kind == DataShape::Regression) b.y = y_.data();
-      else b.labels = labels_local_.data();
-    }
-    return b;
+    return out_.batch();
   }
 
  private:
@@ -122,8 +139,7 @@ class InMemory final : public Dataset {
   int64_t rows_ = 0;
   std::vector<float> xs_, ys_;            // all rows
   std::vector<int32_t> labels_, tokens_;  // all rows
-  Tensor x_, y_;                          // this rank's rows [local, in], [local, out]
-  std::vector<int32_t> labels_local_, tokens_local_;
+  LocalRows out_;                         // this rank's rows
 };
 
 // Random rows: global row g is drawn from (seed, g) alone, so every step
@@ -133,59 +149,41 @@ class RandomRows final : public Dataset {
  public:
   RandomRows(const Config& config, const DataShape& shape, int rank, int world, Device& device)
       : shape_(shape), seed_(config.run.seed), global_(config.data.batch_size), local_(global_ / world),
-        first_(int64_t(rank) * local_) {
-    if (shape.kind == DataShape::Tokens) {
-      ints_.resize(size_t(local_ * (shape.context + 1)));
-    } else {
-      x_ = Tensor(device, {local_, shape.in}, MemCategory::Activations);
-      if (shape.kind == DataShape::Regression) y_ = Tensor(device, {local_, shape.out}, MemCategory::Activations);
-      else ints_.resize(size_t(local_));
-    }
-  }
+        first_(int64_t(rank) * local_), out_(shape, local_, device) {}
 
   Batch batch(int64_t micro) override {
-    Batch b;
-    b.rows = local_;
     for (int64_t i = 0; i < local_; ++i) {
       std::mt19937_64 rng(seed_ * 0x9e3779b97f4a7c15ull + uint64_t(micro * global_ + first_ + i));
       if (shape_.kind == DataShape::Tokens) {
         std::uniform_int_distribution<int32_t> id(0, int32_t(shape_.vocab - 1));
         const int64_t w = shape_.context + 1;
-        for (int64_t k = 0; k < w; ++k) ints_[size_t(i * w + k)] = id(rng);
+        for (int64_t k = 0; k < w; ++k) out_.ints[size_t(i * w + k)] = id(rng);
         continue;
       }
       std::normal_distribution<float> normal;
-      for (int64_t k = 0; k < shape_.in; ++k) x_.data()[i * shape_.in + k] = normal(rng);
+      for (int64_t k = 0; k < shape_.in; ++k) out_.x.data()[i * shape_.in + k] = normal(rng);
       if (shape_.kind == DataShape::Regression) {
-        for (int64_t k = 0; k < shape_.out; ++k) y_.data()[i * shape_.out + k] = normal(rng);
+        for (int64_t k = 0; k < shape_.out; ++k) out_.y.data()[i * shape_.out + k] = normal(rng);
       } else {
-        ints_[size_t(i)] = std::uniform_int_distribution<int32_t>(0, int32_t(shape_.out - 1))(rng);
+        out_.ints[size_t(i)] = std::uniform_int_distribution<int32_t>(0, int32_t(shape_.out - 1))(rng);
       }
     }
-    if (shape_.kind == DataShape::Tokens) {
-      b.tokens = ints_.data();
-    } else {
-      b.x = x_.data();
-      if (shape_.kind == DataShape::Regression) b.y = y_.data();
-      else b.labels = ints_.data();
-    }
-    return b;
+    return out_.batch();
   }
 
  private:
   DataShape shape_;
   uint64_t seed_;
   int64_t global_, local_, first_;
-  Tensor x_, y_;               // this rank's rows [local, in], [local, out]
-  std::vector<int32_t> ints_;  // this rank's tokens [local, context + 1] or labels [local]
+  LocalRows out_;  // this rank's rows
 };
 
 // A flat uint16 token file, memory-mapped.
 class TokenFile final : public Dataset {
  public:
-  TokenFile(const Config& config, const DataShape& shape, int rank, int world)
+  TokenFile(const Config& config, const DataShape& shape, int rank, int world, Device& device)
       : path_(config.data.path), shape_(shape), seed_(config.run.seed), global_(config.data.batch_size),
-        local_(global_ / world), first_(int64_t(rank) * local_) {
+        local_(global_ / world), first_(int64_t(rank) * local_), out_(shape, local_, device) {
     int fd = ::open(path_.c_str(), O_RDONLY);
     if (fd < 0) throw Error(path_ + ": cannot open token file: " + std::strerror(errno));
     struct stat st {};
@@ -205,7 +203,6 @@ class TokenFile final : public Dataset {
     ::close(fd);
     if (map == MAP_FAILED) throw Error(path_ + ": cannot map token file: " + std::strerror(errno));
     tokens_ = static_cast<const uint16_t*>(map);
-    local_tokens_.resize(size_t(local_ * (shape.context + 1)));
   }
   ~TokenFile() override { ::munmap(const_cast<uint16_t*>(tokens_), bytes_); }
 
@@ -222,13 +219,10 @@ class TokenFile final : public Dataset {
         if (id >= shape_.vocab)
           throw Error(path_ + ": token " + std::to_string(id) + " at position " + std::to_string(start + k) +
                       " is >= vocab_size " + std::to_string(shape_.vocab));
-        local_tokens_[size_t(i * w + k)] = id;
+        out_.ints[size_t(i * w + k)] = id;
       }
     }
-    Batch b;
-    b.rows = local_;
-    b.tokens = local_tokens_.data();
-    return b;
+    return out_.batch();
   }
 
  private:
@@ -238,14 +232,14 @@ class TokenFile final : public Dataset {
   int64_t global_, local_, first_;
   const uint16_t* tokens_ = nullptr;
   size_t bytes_ = 0, count_ = 0;
-  std::vector<int32_t> local_tokens_;  // [local, context + 1]
+  LocalRows out_;  // this rank's rows
 };
 
 }  // namespace
 
 std::unique_ptr<Dataset> make_dataset(const Config& config, const DataShape& shape, int rank, int world,
                                       Device& device) {
-  if (config.data.kind == "tokens") return std::make_unique<TokenFile>(config, shape, rank, world);
+  if (config.data.kind == "tokens") return std::make_unique<TokenFile>(config, shape, rank, world, device);
   if (config.data.kind == "random") return std::make_unique<RandomRows>(config, shape, rank, world, device);
   auto d = std::make_unique<InMemory>(config, shape, rank, world, device);
   d->fill_safetensors(config.data.path);

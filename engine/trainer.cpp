@@ -8,7 +8,6 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
-#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -179,6 +178,7 @@ class RankRun {
     services_.store = store_.get();
     services_.timeout_ms = static_cast<int64_t>(config_.run.timeout_s * 1000);
     services_.refresh_param_table();
+    refresh_trainable();
 
     // config → engine → transport
     plugins_.transport_lib = load_plugin(PluginKind::Transport, config_.transport_plugin);
@@ -262,7 +262,7 @@ class RankRun {
     if (api.caps & DDP_CAP_OWNS_OPTIMIZER) {
       sh.check(api.optimizer_step(plugins_.strategy), "optimizer_step");
     } else {
-      optimizer_->step(params, trainable_indices());
+      optimizer_->step(params, trainable_);
     }
     rec.optimizer_s = seconds_since(t);
     trace_range("optimizer", t);
@@ -297,15 +297,18 @@ class RankRun {
         changed = true;
       }
     }
-    if (changed) services_.refresh_param_table();
+    if (changed) {
+      services_.refresh_param_table();
+      refresh_trainable();
+    }
     return changed;
   }
 
-  std::vector<size_t> trainable_indices() const {
-    std::vector<size_t> out;
+  // The indices of trainable parameters; kept, not rebuilt every step.
+  void refresh_trainable() {
+    trainable_.clear();
     for (size_t i = 0; i < model_->params().size(); ++i)
-      if (model_->params()[i].trainable) out.push_back(i);
-    return out;
+      if (model_->params()[i].trainable) trainable_.push_back(i);
   }
 
   // An engine collective (not the strategy's): on the comm stream, waited
@@ -449,6 +452,7 @@ class RankRun {
   HostServices services_;
   Plugins plugins_;  // after services_: destroyed before what it points to
   std::unique_ptr<Dataset> data_;
+  std::vector<size_t> trainable_;  // indices of trainable parameters
   int64_t tokens_per_row_ = 1;  // positions a row trains (lm: context_length)
   std::vector<int> remaining_uses_;
   std::vector<StepRecord> records_;
