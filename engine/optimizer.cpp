@@ -9,6 +9,53 @@
 #include <cmath>
 
 namespace ddp {
+namespace {
+
+// The update loops are built twice, for AVX2 and for the baseline, and the
+// loader picks one per machine (GCC function multi-versioning). AVX2 alone,
+// not x86-64-v3: without FMA the compiler cannot fuse a multiply and an add,
+// so every operation rounds exactly as the scalar code and PyTorch's do, and
+// results are bitwise the same on every machine. The file is compiled with
+// -fno-math-errno so sqrt vectorises (v >= 0: sqrt never sets errno here).
+// With AdamW on lm-cpu's 9.3 M parameters: 6 ms instead of 45.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DDP_UPDATE_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DDP_UPDATE_CLONES
+#endif
+
+DDP_UPDATE_CLONES
+void sgd_plain(float* __restrict w, const float* __restrict g, size_t n, float lr, float wd) {
+  for (size_t k = 0; k < n; ++k) w[k] += -lr * (wd != 0.0f ? g[k] + wd * w[k] : g[k]);
+}
+
+DDP_UPDATE_CLONES
+void sgd_momentum(float* __restrict w, const float* __restrict g, float* __restrict buf, size_t n, float lr,
+                  float wd, float mu, bool first) {
+  for (size_t k = 0; k < n; ++k) {
+    const float d = wd != 0.0f ? g[k] + wd * w[k] : g[k];
+    buf[k] = first ? d : buf[k] * mu + d;
+    w[k] += -lr * buf[k];
+  }
+}
+
+struct AdamScalars {
+  float decay, b1, one_minus_b1, b2, one_minus_b2, bias2_sqrt, eps, step_size;
+};
+
+DDP_UPDATE_CLONES
+void adamw_update(float* __restrict w, const float* __restrict g, float* __restrict m, float* __restrict v,
+                  size_t n, const AdamScalars c) {
+  for (size_t k = 0; k < n; ++k) {
+    w[k] *= c.decay;
+    m[k] = m[k] * c.b1 + c.one_minus_b1 * g[k];         // exp_avg.mul_(b1).add_(g, alpha=1-b1)
+    v[k] = v[k] * c.b2 + c.one_minus_b2 * g[k] * g[k];  // exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2)
+    const float denom = std::sqrt(v[k]) / c.bias2_sqrt + c.eps;
+    w[k] = w[k] + -c.step_size * m[k] / denom;          // param.addcdiv_(m, denom, value=-step_size)
+  }
+}
+
+}  // namespace
 
 bool name_matches(const std::string& pattern, const std::string& name) {
   return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
@@ -57,17 +104,12 @@ void Optimizer::sgd(Parameter& p, const Hyper& h, State& s) {
   const float* g = p.grad.data();
   const float lr = float(h.lr), wd = float(h.weight_decay), mu = float(config_.momentum);
   if (mu == 0.0f) {
-    for (size_t k = 0; k < n; ++k) w[k] += -lr * (wd != 0.0f ? g[k] + wd * w[k] : g[k]);
+    sgd_plain(w, g, n, lr, wd);
     return;
   }
   const bool first = !s.first.defined();
   if (first) s.first = Tensor(device_, p.shape, MemCategory::OptimizerState);
-  float* buf = s.first.data();
-  for (size_t k = 0; k < n; ++k) {
-    const float d = wd != 0.0f ? g[k] + wd * w[k] : g[k];
-    buf[k] = first ? d : buf[k] * mu + d;
-    w[k] += -lr * buf[k];
-  }
+  sgd_momentum(w, g, s.first.data(), n, lr, wd, mu, first);
 }
 
 // torch.optim.AdamW (_single_tensor_adamw, PyTorch 1.13):
@@ -79,27 +121,19 @@ void Optimizer::adamw(Parameter& p, const Hyper& h, State& s) {
     s.second = Tensor(device_, p.shape, MemCategory::OptimizerState);
   }
   s.steps += 1;
-  const size_t n = p.data.numel();
-  float* w = p.data.data();
-  const float* g = p.grad.data();
-  float* m = s.first.data();
-  float* v = s.second.data();
   // Scalars are computed in double and rounded once, as Python floats are
   // when PyTorch applies them to a float32 tensor.
-  const float b1 = float(config_.beta1), b2 = float(config_.beta2), eps = float(config_.eps);
-  const float one_minus_b1 = float(1.0 - config_.beta1), one_minus_b2 = float(1.0 - config_.beta2);
-  const float decay = float(1.0 - h.lr * h.weight_decay);
   const double bias1 = 1.0 - std::pow(config_.beta1, double(s.steps));
   const double bias2 = 1.0 - std::pow(config_.beta2, double(s.steps));
-  const float step_size = float(h.lr / bias1);
-  const float bias2_sqrt = float(std::sqrt(bias2));
-  for (size_t k = 0; k < n; ++k) {
-    w[k] *= decay;
-    m[k] = m[k] * b1 + one_minus_b1 * g[k];                // exp_avg.mul_(b1).add_(g, alpha=1-b1)
-    v[k] = v[k] * b2 + one_minus_b2 * g[k] * g[k];         // exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2)
-    const float denom = std::sqrt(v[k]) / bias2_sqrt + eps;
-    w[k] = w[k] + -step_size * m[k] / denom;               // param.addcdiv_(m, denom, value=-step_size)
-  }
+  const AdamScalars c{float(1.0 - h.lr * h.weight_decay),
+                      float(config_.beta1),
+                      float(1.0 - config_.beta1),
+                      float(config_.beta2),
+                      float(1.0 - config_.beta2),
+                      float(std::sqrt(bias2)),
+                      float(config_.eps),
+                      float(h.lr / bias1)};
+  adamw_update(p.data.data(), p.grad.data(), s.first.data(), s.second.data(), p.data.numel(), c);
 }
 
 }  // namespace ddp

@@ -7,7 +7,17 @@
 // whose slots are all filled is all-reduced (average) on the comm stream
 // while backward goes on, then copied back into the gradients. Fewer,
 // larger collectives than `overlap`, still overlapped with backward.
-// Frozen parameters are never touched. Keys: bucket_mb.
+// Frozen parameters are never touched.
+//
+// The strategy owns the optimizer step (DDP_CAP_OWNS_OPTIMIZER) only to
+// order it: with `overlap_optimizer` (the default) it runs the engine's
+// optimizer bucket by bucket as each bucket's average arrives, so the last
+// bucket's all-reduce — the one backward cannot hide, it starts when
+// backward ends — overlaps the update of the others instead of blocking the
+// training thread. Off, finish waits for every bucket and the whole update
+// follows, as in PyTorch DDP. The results are the same either way.
+//
+// Keys: bucket_mb (MiB, default 25), overlap_optimizer (default true).
 //
 // The bucket machinery, and the ordering invariant that keeps every rank's
 // collectives in the same order, live in ../common/bucket_sync.h (shared
@@ -25,10 +35,12 @@ using ddp::strategy::BucketSync;
 using ddp::strategy::StrategyBase;
 
 struct ddp_strategy_s : StrategyBase {
-  ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c, double mib, size_t cap)
-      : StrategyBase(h, t, c), bucket_mb(mib), cap_bytes(cap), buckets(*this) {}
-  double bucket_mb;   // the key, as read (reported by stats)
-  size_t cap_bytes;   // bucket_mb in bytes
+  ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c, double mib, size_t cap,
+                 bool overlap_opt)
+      : StrategyBase(h, t, c), bucket_mb(mib), cap_bytes(cap), overlap_optimizer(overlap_opt), buckets(*this) {}
+  double bucket_mb;        // the key, as read (reported by stats)
+  size_t cap_bytes;        // bucket_mb in bytes
+  bool overlap_optimizer;  // the key: update bucket by bucket as averages arrive
   BucketSync buckets;
 };
 
@@ -54,8 +66,9 @@ ddp_status bucketed_create(const ddp_host* host, const ddp_transport_v1_t* trans
                            ddp_strategy** out) {
   return guard(host, [&] {
     double mib = 0;
-    const size_t cap = ddp::strategy::read_bucket_cap_bytes(ddp::plugin::Host(host), &mib);
-    *out = new ddp_strategy_s(host, transport, comm, mib, cap);
+    const ddp::plugin::Host h(host);
+    const size_t cap = ddp::strategy::read_bucket_cap_bytes(h, &mib);
+    *out = new ddp_strategy_s(host, transport, comm, mib, cap, h.config_bool("overlap_optimizer", true));
   });
 }
 
@@ -86,14 +99,22 @@ ddp_status bucketed_on_backward_end(ddp_strategy* s) {
   return guard(s->host.raw(), [&] { s->buckets.flush(); });
 }
 
+// With overlap_optimizer, optimizer_step waits for each bucket itself.
 ddp_status bucketed_finish(ddp_strategy* s) {
-  return guard(s->host.raw(), [&] { s->wait_comm(); });
+  return guard(s->host.raw(), [&] {
+    if (!s->overlap_optimizer) s->wait_comm();
+  });
 }
 
-// {"bucket_mb": x, "buckets": [{"bytes": n, "params": ["name", ...]}, ...]}
+ddp_status bucketed_optimizer_step(ddp_strategy* s) {
+  return guard(s->host.raw(), [&] { s->buckets.step_optimizer_by_bucket(); });
+}
+
+// {"bucket_mb": x, "overlap_optimizer": b, "buckets": [{"bytes": n, "params": ["name", ...]}, ...]}
 ddp_status bucketed_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed) {
   return guard(s->host.raw(), [&] {
-    ddp::strategy::write_stats("{\"bucket_mb\": " + number(s->bucket_mb) + ", \"buckets\": " + s->buckets.json() + "}",
+    ddp::strategy::write_stats("{\"bucket_mb\": " + number(s->bucket_mb) + ", \"overlap_optimizer\": " +
+                                   (s->overlap_optimizer ? "true" : "false") + ", \"buckets\": " + s->buckets.json() + "}",
                                buf, cap, needed);
   });
 }
@@ -108,14 +129,14 @@ extern "C" const ddp_strategy_v1_t ddp_strategy_v1 = {
     sizeof(ddp_strategy_v1_t),
     "bucketed",
     "0.1.0",
-    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA,
+    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER,
     bucketed_create,
     bucketed_on_train_begin,
     bucketed_on_step_begin,
     bucketed_on_grad_ready,
     bucketed_on_backward_end,
     bucketed_finish,
-    nullptr,  // optimizer_step: the engine's optimizer runs
+    bucketed_optimizer_step,
     bucketed_stats,
     bucketed_destroy,
 };

@@ -87,11 +87,12 @@ class BucketSync {
       bytes_of[info.index] = info.bytes;
     }
     for (const Bucket& assigned : assign_buckets(infos, cap_bytes)) {
-      BucketState b;
+      BucketState b(base_.host.raw());
       size_t offset = 0;
       for (const size_t i : assigned.params) {
         place_of_[i] = Place{buckets_.size(), b.slots.size()};
         b.slots.push_back(Slot{i, offset, bytes_of[i]});
+        b.params.push_back(i);
         offset += bytes_of[i];
       }
       b.buffer = plugin::DeviceBuffer(base_.host.raw(), assigned.bytes, DDP_MEM_COMM_BUFFERS);
@@ -143,6 +144,18 @@ class BucketSync {
     syncing_ = false;
   }
 
+  // For a strategy that owns the optimizer step, after finish: steps the
+  // engine's optimizer bucket by bucket, in launch order, each bucket as
+  // soon as its all-reduce and copies back have run, so the updates of the
+  // first buckets overlap the communication of the last ones (the update is
+  // per parameter: the order changes no result). Blocking.
+  void step_optimizer_by_bucket() const {
+    for (const BucketState& b : buckets_) {
+      b.done.synchronize();
+      base_.host.run_optimizer(b.params.data(), b.params.size());
+    }
+  }
+
   size_t size() const { return buckets_.size(); }
 
   // The layout as a JSON array, in bucket (= launch) order:
@@ -174,8 +187,11 @@ class BucketSync {
     size_t slot = 0;
   };
   struct BucketState {
+    explicit BucketState(const ddp_host* host) : done(host) {}
     std::vector<Slot> slots;      // in packing order (reverse parameter order)
+    std::vector<size_t> params;   // the slots' table indices, same order
     plugin::DeviceBuffer buffer;  // the slots' gradients back to back, float32
+    plugin::Event done;           // recorded on comm after the bucket's copies back
     size_t unfilled = 0;          // slots not yet copied in during this sync micro-batch
   };
 
@@ -200,6 +216,7 @@ class BucketSync {
       base_.comm_after_compute();
       base_.comm.all_reduce(h.floats(buffer, b.buffer.bytes() / sizeof(float)), DDP_REDUCE_AVG, h.comm_stream());
       for (const Slot& slot : b.slots) h.copy(h.param(slot.param).grad, buffer + slot.offset, slot.bytes, h.comm_stream());
+      b.done.record(h.comm_stream());
     }
   }
 
