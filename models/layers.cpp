@@ -215,6 +215,12 @@ void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int
 
 // ---- attention ------------------------------------------------------------
 
+// Causal attention skips the masked half: queries go in blocks of
+// kQueryBlock rows, and a block [r0, r1) only meets keys [0, r1) — about
+// 5/8 of the full score matrix at t = 128, as FlashAttention's causal
+// tiling does. Entries of p beyond the diagonal are still written as 0.
+constexpr int64_t kQueryBlock = 32;
+
 DDP_SIMD_CLONES
 void attention_forward(float* out, float* p, const float* q, const float* k, const float* v,
                        int64_t b, int64_t t, int64_t heads, int64_t dh) {
@@ -224,28 +230,31 @@ void attention_forward(float* out, float* p, const float* q, const float* k, con
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t off = bi_ * t * d + h * dh;  // head h of sequence bi_, row stride d
       float* ph = p + (bi_ * heads + h) * t * t;  // [t, t]
-      // scores[t, t] = q_h[t, dh] · k_h[t, dh]^T / sqrt(dh)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(t), bi(t), bi(dh), scale, q + off,
-                  bi(d), k + off, bi(d), 0.0f, ph, bi(t));
-      for (int64_t i = 0; i < t; ++i) {
-        float* __restrict row = ph + i * t;
-        float m = row[0];
+      for (int64_t r0 = 0; r0 < t; r0 += kQueryBlock) {
+        const int64_t r1 = std::min(r0 + kQueryBlock, t), rows = r1 - r0;
+        // scores[r0:r1, 0:r1] = q_h[r0:r1] · k_h[0:r1]^T / sqrt(dh)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(rows), bi(r1), bi(dh), scale,
+                    q + off + r0 * d, bi(d), k + off, bi(d), 0.0f, ph + r0 * t, bi(t));
+        for (int64_t i = r0; i < r1; ++i) {
+          float* __restrict row = ph + i * t;
+          float m = row[0];
 #pragma omp simd reduction(max : m)
-        for (int64_t j = 0; j <= i; ++j) m = std::max(m, row[j]);
-        float sum = 0.0f;
+          for (int64_t j = 0; j <= i; ++j) m = std::max(m, row[j]);
+          float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j <= i; ++j) {
-          const float e = exp_approx(row[j] - m);
-          row[j] = e;
-          sum += e;
-        }
+          for (int64_t j = 0; j <= i; ++j) {
+            const float e = exp_approx(row[j] - m);
+            row[j] = e;
+            sum += e;
+          }
 #pragma omp simd
-        for (int64_t j = 0; j <= i; ++j) row[j] /= sum;
-        std::fill(row + i + 1, row + t, 0.0f);  // the causal mask
+          for (int64_t j = 0; j <= i; ++j) row[j] /= sum;
+          std::fill(row + i + 1, row + t, 0.0f);  // the causal mask
+        }
+        // out_h[r0:r1] = p[r0:r1, 0:r1] · v_h[0:r1]
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(rows), bi(dh), bi(r1), 1.0f,
+                    ph + r0 * t, bi(t), v + off, bi(d), 0.0f, out + off + r0 * d, bi(d));
       }
-      // out_h[t, dh] = p[t, t] · v_h[t, dh]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(t), bi(dh), bi(t), 1.0f, ph, bi(t),
-                  v + off, bi(d), 0.0f, out + off, bi(d));
     }
   }
 }
@@ -256,33 +265,42 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
                         int64_t t, int64_t heads, int64_t dh) {
   const int64_t d = heads * dh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+  const int64_t last = (t - 1) / kQueryBlock * kQueryBlock;  // r0 of the last query block
   for (int64_t bi_ = 0; bi_ < b; ++bi_) {
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t off = bi_ * t * d + h * dh;
       const float* ph = p + (bi_ * heads + h) * t * t;  // [t, t]
-      // dp[t, t] = dout_h[t, dh] · v_h[t, dh]^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(t), bi(t), bi(dh), 1.0f, dout + off,
-                  bi(d), v + off, bi(d), 0.0f, scratch, bi(t));
-      // dv_h[t, dh] = p^T · dout_h
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(t), bi(dh), bi(t), 1.0f, ph, bi(t),
-                  dout + off, bi(d), 0.0f, dv + off, bi(d));
-      // Softmax backward, scaled: ds_ij = p_ij (dp_ij - sum_k p_ik dp_ik) / sqrt(dh);
-      // masked entries have p = 0 and stay 0.
-      for (int64_t i = 0; i < t; ++i) {
-        const float* __restrict pr = ph + i * t;
-        float* __restrict dr = scratch + i * t;
-        float dot = 0.0f;
+      // Last block first: it meets every key, so it writes dk_h and dv_h
+      // whole (beta 0) and the earlier blocks add into their prefixes.
+      for (int64_t r0 = last; r0 >= 0; r0 -= kQueryBlock) {
+        const int64_t r1 = std::min(r0 + kQueryBlock, t), rows = r1 - r0;
+        const float beta = r0 == last ? 0.0f : 1.0f;
+        const float* pb = ph + r0 * t;  // p[r0:r1, 0:r1], row stride t
+        float* sb = scratch + r0 * t;   // dp, then ds, same place
+        // dp[r0:r1, 0:r1] = dout_h[r0:r1] · v_h[0:r1]^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(rows), bi(r1), bi(dh), 1.0f,
+                    dout + off + r0 * d, bi(d), v + off, bi(d), 0.0f, sb, bi(t));
+        // dv_h[0:r1] += p[r0:r1, 0:r1]^T · dout_h[r0:r1]
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(r1), bi(dh), bi(rows), 1.0f, pb,
+                    bi(t), dout + off + r0 * d, bi(d), beta, dv + off, bi(d));
+        // Softmax backward, scaled: ds_ij = p_ij (dp_ij - sum_k p_ik dp_ik) / sqrt(dh);
+        // masked entries have p = 0 and stay 0.
+        for (int64_t i = r0; i < r1; ++i) {
+          const float* __restrict pr = ph + i * t;
+          float* __restrict dr = scratch + i * t;
+          float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+          for (int64_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
 #pragma omp simd
-        for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
-        std::fill(dr + i + 1, dr + t, 0.0f);
+          for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+          std::fill(dr + i + 1, dr + r1, 0.0f);
+        }
+        // dq_h[r0:r1] = ds[r0:r1, 0:r1] · k_h[0:r1];  dk_h[0:r1] += ds^T · q_h[r0:r1]
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(rows), bi(dh), bi(r1), 1.0f, sb,
+                    bi(t), k + off, bi(d), 0.0f, dq + off + r0 * d, bi(d));
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(r1), bi(dh), bi(rows), 1.0f, sb,
+                    bi(t), q + off + r0 * d, bi(d), beta, dk + off, bi(d));
       }
-      // dq_h[t, dh] = ds · k_h;  dk_h[t, dh] = ds^T · q_h
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(t), bi(dh), bi(t), 1.0f, scratch,
-                  bi(t), k + off, bi(d), 0.0f, dq + off, bi(d));
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(t), bi(dh), bi(t), 1.0f, scratch,
-                  bi(t), q + off, bi(d), 0.0f, dk + off, bi(d));
     }
   }
 }

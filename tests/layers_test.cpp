@@ -233,14 +233,17 @@ TEST(Rope, BackwardIsTheInverseRotation) {
 // ---- attention --------------------------------------------------------------
 
 struct AttentionCase {
-  int64_t b = 2, t = 6, heads = 2, dh = 4;
+  int64_t b = 2, t = 6, heads = 2, dh = 4;  // t = 70: three query blocks, the last partial
   int64_t d() const { return heads * dh; }
   size_t size() const { return static_cast<size_t>(b * t * d()); }
 };
 
-TEST(Attention, ForwardIsCausalSoftmaxOfScaledScores) {
+class Attention : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(Attention, ForwardIsCausalSoftmaxOfScaledScores) {
   std::mt19937 rng(9);
   AttentionCase c;
+  c.t = GetParam();
   Vec q = randn(c.size(), rng), k = randn(c.size(), rng), v = randn(c.size(), rng), out(c.size());
   Vec p(c.b * c.heads * c.t * c.t, 7.0f);
   layers::attention_forward(out.data(), p.data(), q.data(), k.data(), v.data(), c.b, c.t, c.heads, c.dh);
@@ -272,9 +275,10 @@ TEST(Attention, ForwardIsCausalSoftmaxOfScaledScores) {
   expect_close("out", out, want, 1e-5, 1e-6);
 }
 
-TEST(Attention, BackwardMatchesFiniteDifferences) {
+TEST_P(Attention, BackwardMatchesFiniteDifferences) {
   std::mt19937 rng(10);
   AttentionCase c;
+  c.t = GetParam();
   Vec q = randn(c.size(), rng), k = randn(c.size(), rng), v = randn(c.size(), rng);
   Vec r = randn(c.size(), rng), out(c.size()), p(c.b * c.heads * c.t * c.t);
   auto loss = [&] {
@@ -290,6 +294,8 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
   expect_grad("dk", k.data(), dk.data(), all(dk.size()), loss, kStep, kRtol, kAtol);
   expect_grad("dv", v.data(), dv.data(), all(dv.size()), loss, kStep, kRtol, kAtol);
 }
+
+INSTANTIATE_TEST_SUITE_P(SequenceLengths, Attention, ::testing::Values(6, 70));
 
 // ---- elementwise --------------------------------------------------------------
 
