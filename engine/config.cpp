@@ -540,4 +540,19 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return validate_config(doc, path);
 }
 
+PluginSection plugin_section_from_overrides(const std::string& section, const std::vector<std::string>& overrides) {
+  toml::table doc;
+  for (const std::string& arg : overrides) {
+    apply_override(doc, arg);
+    const std::string name = trim(arg.substr(0, arg.find('=')));
+    if (name.compare(0, section.size() + 1, section + ".") != 0)
+      throw ConfigError(kSetPrefix + arg + ": only " + section + ".<key> can be set here");
+    if (name == section + ".plugin")
+      throw ConfigError(kSetPrefix + arg + ": the " + section + " plugin is not a key here (name it with --" + section + ")");
+  }
+  const toml::table empty;
+  const toml::table* table = doc[section].as_table();
+  return PluginSection("", section, table ? *table : empty);
+}
+
 }  // namespace ddp

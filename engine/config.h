@@ -152,4 +152,10 @@ Config validate_config(const toml::table& doc, const std::string& file);
 // syntax; a bare word that is not valid TOML is taken as a string), validates.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
+// One plugin's table from --set arguments alone ("<section>.key=value", the
+// value as for load_config), for commands without a config file (`ddp
+// bench-comm`). Throws ConfigError naming the argument for any other
+// section, and for "<section>.plugin" (the command names the plugin).
+PluginSection plugin_section_from_overrides(const std::string& section, const std::vector<std::string>& overrides);
+
 }  // namespace ddp

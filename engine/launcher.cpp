@@ -73,17 +73,23 @@ std::string describe_exit(int status, const std::string& error_file) {
 
 int launch_local(const Config& config, const std::string& config_path,
                  const std::vector<std::string>& overrides, bool trace) {
-  const int world = config.run.world_size;
-  fs::create_directories(config.run.output_dir);
+  std::vector<std::string> args = {"ddp", "run", config_path};
+  for (const auto& o : overrides) args.insert(args.end(), {"--set", o});
+  std::ostringstream timeout;
+  timeout << "run.timeout_s = " << config.run.timeout_s;
+  return launch_ranks(config.run.world_size, config.run.output_dir, args, timeout.str(), trace);
+}
+
+int launch_ranks(int world, const std::string& output_dir, std::vector<std::string> args,
+                 const std::string& timeout_note, bool trace) {
+  fs::create_directories(output_dir);
   // A fresh rendezvous directory per run: Gloo's FileStore never deletes its
   // files and refuses to reuse a key.
-  std::string pattern = (fs::path(config.run.output_dir) / ".rendezvous-XXXXXX").string();
-  if (!mkdtemp(pattern.data())) throw Error(config.run.output_dir + ": cannot create a rendezvous directory");
+  std::string pattern = (fs::path(output_dir) / ".rendezvous-XXXXXX").string();
+  if (!mkdtemp(pattern.data())) throw Error(output_dir + ": cannot create a rendezvous directory");
   const std::string rdzv = pattern;
   auto trace_file = [&](int r) { return rdzv + "/trace.rank" + std::to_string(r) + ".json"; };
 
-  std::vector<std::string> args = {"ddp", "run", config_path};
-  for (const auto& o : overrides) args.insert(args.end(), {"--set", o});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -201,8 +207,7 @@ int launch_local(const Config& config, const std::string& config_path,
       std::string list;
       for (int r : unresponsive) list += (list.empty() ? "" : ", ") + std::to_string(r);
       std::cerr << "ddp: rank" << (unresponsive.size() > 1 ? "s " : " ") << list
-                << " stopped responding: the other ranks timed out waiting (run.timeout_s = "
-                << config.run.timeout_s << ")\n"
+                << " stopped responding: the other ranks timed out waiting (" << timeout_note << ")\n"
                 << "ddp: rank " << failed_rank << " reported: " << cause << "\n";
     } else {
       std::cerr << "ddp: rank " << failed_rank << " failed: " << cause << "\n";
@@ -211,7 +216,7 @@ int launch_local(const Config& config, const std::string& config_path,
     code = 1;
   } else if (trace) {
     // Every rank wrote its trace on the way out: one file for the viewer.
-    const std::string merged = (fs::path(config.run.output_dir) / "trace.json").string();
+    const std::string merged = (fs::path(output_dir) / "trace.json").string();
     try {
       std::vector<std::string> files;
       for (int r = 0; r < world; ++r) files.push_back(trace_file(r));
@@ -227,6 +232,15 @@ int launch_local(const Config& config, const std::string& config_path,
 }
 
 int run_as_rank(const Config& config) {
+  return run_rank([&](const RankEnv& env) {
+    if (env.rank.world_size != config.run.world_size)
+      throw Error("WORLD_SIZE=" + std::to_string(env.rank.world_size) + " in the environment but run.world_size = " +
+                  std::to_string(config.run.world_size) + " in " + config.file);
+    train_rank(config, env);
+  });
+}
+
+int run_rank(const std::function<void(const RankEnv&)>& body) {
   int rank = -1;
   try {
     rank = env_int("RANK");
@@ -234,9 +248,6 @@ int run_as_rank(const Config& config) {
     env.rank.rank = rank;
     env.rank.world_size = env_int("WORLD_SIZE");
     env.rank.local_rank = std::getenv("LOCAL_RANK") ? env_int("LOCAL_RANK") : rank;
-    if (env.rank.world_size != config.run.world_size)
-      throw Error("WORLD_SIZE=" + std::to_string(env.rank.world_size) + " in the environment but run.world_size = " +
-                  std::to_string(config.run.world_size) + " in " + config.file);
     if (rank < 0 || rank >= env.rank.world_size)
       throw Error("RANK=" + std::to_string(rank) + " is outside [0, WORLD_SIZE)");
     env.rendezvous = env_or("DDP_RENDEZVOUS", "");
@@ -244,7 +255,7 @@ int run_as_rank(const Config& config) {
       throw Error("RANK is set but DDP_RENDEZVOUS is not: set it to file:<directory shared by all ranks> "
                   "(fresh for each run) or redis:<host>:<port>");
     env.run_id = env_or("DDP_RUN_ID", "ddp");
-    train_rank(config, env);
+    body(env);
     return 0;
   } catch (const std::exception& e) {
     // Under our own launcher the message goes to a file and the launcher

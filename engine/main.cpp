@@ -1,5 +1,8 @@
 // main.cpp — the `ddp` command. The only place that exits.
 //   ddp run CONFIG [--set section.key=value]... [--trace]
+//   ddp bench-comm [--transport gloo|PATH] [--world 2,4,6] [--sizes 1MB,...]
+//                  [--ops all_reduce,...] [--warmup 5] [--iters N] [--out DIR]
+//                  [--set transport.key=value]... [--timeout S]
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
@@ -7,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "bench_comm.h"
 #include "config.h"
 #include "launcher.h"
 
@@ -40,9 +44,44 @@ int main(int argc, char** argv) {
   bool trace = false;
   run->add_flag("--trace", trace,
                 "write a Chrome trace (Perfetto) of compute and communication per rank to <output_dir>/trace.json");
+
+  ddp::BenchOptions bench;
+  std::vector<std::string> bench_sizes = {"1MB", "10MB", "100MB", "1GB"};
+  std::vector<std::string> bench_ops = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
+  CLI::App* bc = app.add_subcommand(
+      "bench-comm", "time collectives through a transport plugin (nccl-tests' algbw/busbw; starts the ranks)");
+  bc->add_option("--transport", bench.transports, "transport plugin names or paths (comma-separated)")
+      ->delimiter(',')
+      ->capture_default_str();
+  bc->add_option("--world", bench.worlds, "world sizes (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  bc->add_option("--sizes", bench_sizes, "sizes S in nccl-tests' sense: 4KB, 1MB, 1GB, ... (binary)")
+      ->delimiter(',')
+      ->capture_default_str();
+  bc->add_option("--ops", bench_ops, "collectives (comma-separated)")->delimiter(',')->capture_default_str();
+  bc->add_option("--warmup", bench.warmup, "untimed iterations first")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  bc->add_option("--iters", bench.iters, "timed iterations (default: 50 for small sizes down to 5 at 1GB)")
+      ->check(CLI::NonNegativeNumber);
+  bc->add_option("--out", bench.out_dir, "where bench_comm.json and bench_comm.csv go")->capture_default_str();
+  bc->add_option("--set", bench.transport_sets, "a transport key: transport.key=value (repeatable)")->take_all();
+  bc->add_option("--timeout", bench.timeout_s, "seconds a collective or the rendezvous may take")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  bc->add_option("--part", bench.part_file, "(internal) where rank 0 writes its rows")->group("");
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (bc->parsed()) {
+      bench.sizes.clear();
+      for (const auto& s : bench_sizes) bench.sizes.push_back(ddp::parse_size(s));
+      bench.ops.clear();
+      for (const auto& o : bench_ops) bench.ops.push_back(ddp::parse_collective(o));
+      return std::getenv("RANK") ? ddp::bench_comm_rank(bench) : ddp::bench_comm(bench);
+    }
     ddp::Config config = ddp::load_config(config_path, overrides);
     if (const char* rank = std::getenv("RANK")) {
       // Ranks of our own launcher (it sets DDP_ERROR_FILE) get DDP_TRACE from
