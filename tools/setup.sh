@@ -15,6 +15,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev             # summary.json / safetensors headers; the command line
   libgtest-dev libgmock-dev                   # tests
   binutils                                    # nm, for the one-exported-symbol test
+  python3-matplotlib                          # plots of tools/ddp_suite.py (Debian's python3: tomllib)
 )
 missing=()
 for p in "${packages[@]}"; do
