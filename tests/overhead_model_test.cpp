@@ -90,6 +90,18 @@ TEST(OverheadModel, OptimumStaysBetweenOneBucketAndFreeCalls) {
   EXPECT_EQ(optimal_bucket_bytes({-1e-5, 1e9}, 1e8), 0);
 }
 
+TEST(OverheadModel, AutoProbesThreeSizesAFactorEightApart) {
+  const size_t mib = 1 << 20;
+  // lm-cpu's 37 MB of gradients: the model's size and two smaller ones
+  EXPECT_EQ(auto_probe_sizes(37000000), (std::vector<size_t>{578124, 4625000, 37000000}));
+  // toy's 3.4 kB: still three distinct sizes, from 4 MiB down
+  EXPECT_EQ(auto_probe_sizes(3400), (std::vector<size_t>{64 * 1024, 512 * 1024, 4 * mib}));
+  // 10 GB: capped at 64 MiB
+  EXPECT_EQ(auto_probe_sizes(size_t(10) << 30), (std::vector<size_t>{mib, 8 * mib, 64 * mib}));
+  for (size_t s : {size_t(1), size_t(1001), size_t(37000003), size_t(1) << 40})
+    for (size_t b : auto_probe_sizes(s)) EXPECT_EQ(b % 4, 0u) << s;
+}
+
 }  // namespace
 }  // namespace strategy
 }  // namespace ddp

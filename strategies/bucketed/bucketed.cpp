@@ -17,64 +17,62 @@
 // training thread. Off, finish waits for every bucket and the whole update
 // follows, as in PyTorch DDP. The results are the same either way.
 //
-// Keys: bucket_mb (MiB, default 25), overlap_optimizer (default true).
+// Keys: bucket_mb (MiB, default 25, or "auto": ../common/bucket_cap.h),
+// overlap_optimizer (default true).
 //
 // The bucket machinery, and the ordering invariant that keeps every rank's
 // collectives in the same order, live in ../common/bucket_sync.h (shared
 // with `sharded`).
-#include <charconv>
 #include <string>
 #include <vector>
 
+#include "../common/bucket_cap.h"
 #include "../common/bucket_sync.h"
 #include "../common/stats.h"
 #include "../common/strategy_util.h"
 
 using ddp::plugin::guard;
+using ddp::strategy::BucketCap;
 using ddp::strategy::BucketSync;
 using ddp::strategy::StrategyBase;
 
 struct ddp_strategy_s : StrategyBase {
-  ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c, double mib, size_t cap,
+  ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c, BucketCap bucket_cap,
                  bool overlap_opt)
-      : StrategyBase(h, t, c), bucket_mb(mib), cap_bytes(cap), overlap_optimizer(overlap_opt), buckets(*this) {}
-  double bucket_mb;        // the key, as read (reported by stats)
-  size_t cap_bytes;        // bucket_mb in bytes
-  bool overlap_optimizer;  // the key: update bucket by bucket as averages arrive
+      : StrategyBase(h, t, c), cap(std::move(bucket_cap)), overlap_optimizer(overlap_opt), buckets(*this) {}
+  BucketCap cap;              // the bucket_mb key: MiB, or "auto" (measured at train begin)
+  size_t gradient_bytes = 0;  // trainable gradients of the current layout
+  bool overlap_optimizer;     // the key: update bucket by bucket as averages arrive
   BucketSync buckets;
 };
 
 namespace {
 
-// Shortest text that reads back as the same double ("0.001", "25").
-std::string number(double x) {
-  char text[32];
-  return std::string(text, std::to_chars(text, text + sizeof text, x).ptr);
-}
-
 // At train begin and whenever the trainable set changes (between steps).
 void lay_out(ddp_strategy* s) {
   std::vector<ddp::strategy::ParamInfo> infos;
+  s->gradient_bytes = 0;
   for (size_t i = 0; i < s->host.param_count(); ++i) {
     const ddp_param& p = s->host.param(i);
     infos.push_back({i, p.trainable ? StrategyBase::float32_bytes(p) : 0, p.trainable != 0});
+    s->gradient_bytes += infos.back().bytes;
   }
-  s->buckets.lay_out(infos, s->cap_bytes);
+  s->buckets.lay_out(infos, s->cap.bytes_for(s->gradient_bytes));
 }
 
 ddp_status bucketed_create(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm,
                            ddp_strategy** out) {
   return guard(host, [&] {
-    double mib = 0;
     const ddp::plugin::Host h(host);
-    const size_t cap = ddp::strategy::read_bucket_cap_bytes(h, &mib);
-    *out = new ddp_strategy_s(host, transport, comm, mib, cap, h.config_bool("overlap_optimizer", true));
+    BucketCap cap = BucketCap::read(h);
+    *out = new ddp_strategy_s(host, transport, comm, std::move(cap), h.config_bool("overlap_optimizer", true));
   });
 }
 
 ddp_status bucketed_on_train_begin(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
     s->broadcast_params_from_rank0();
+    s->cap.measure(*s);  // bucket_mb = "auto": o and w, the same on every rank
     lay_out(s);
   });
 }
@@ -110,11 +108,13 @@ ddp_status bucketed_optimizer_step(ddp_strategy* s) {
   return guard(s->host.raw(), [&] { s->buckets.step_optimizer_by_bucket(); });
 }
 
-// {"bucket_mb": x, "overlap_optimizer": b, "buckets": [{"bytes": n, "params": ["name", ...]}, ...]}
+// {"bucket_mb": x (or "auto", "auto": {...}: bucket_cap.h), "overlap_optimizer": b,
+//  "buckets": [{"bytes": n, "params": ["name", ...]}, ...]}
 ddp_status bucketed_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed) {
   return guard(s->host.raw(), [&] {
-    ddp::strategy::write_stats("{\"bucket_mb\": " + number(s->bucket_mb) + ", \"overlap_optimizer\": " +
-                                   (s->overlap_optimizer ? "true" : "false") + ", \"buckets\": " + s->buckets.json() + "}",
+    ddp::strategy::write_stats("{" + s->cap.json_members(s->gradient_bytes, s->buckets.size()) +
+                                   ", \"overlap_optimizer\": " + (s->overlap_optimizer ? "true" : "false") +
+                                   ", \"buckets\": " + s->buckets.json() + "}",
                                buf, cap, needed);
   });
 }

@@ -29,10 +29,8 @@
 // holding one of them is always launched, by flush() if not before.
 #pragma once
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -42,24 +40,6 @@
 
 namespace ddp {
 namespace strategy {
-
-// The `bucket_mb` key of [strategy]: float MiB (ints accepted), default
-// kDefaultBucketMiB, finite and > 0; returns the cap in bytes (at least 1,
-// at most SIZE_MAX). `mib`, if given, receives the value as read. Call it in
-// create (config_* only there).
-inline size_t read_bucket_cap_bytes(const plugin::Host& host, double* mib = nullptr) {
-  const double value = host.config_float("bucket_mb", kDefaultBucketMiB);
-  if (!(value > 0) || !std::isfinite(value)) {
-    char text[64];
-    std::snprintf(text, sizeof text, "%g", value);
-    throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
-                          std::string("strategy.bucket_mb must be a finite number of MiB > 0 (got ") + text + ")");
-  }
-  if (mib) *mib = value;
-  const double bytes = value * 1024.0 * 1024.0;
-  if (bytes >= static_cast<double>(SIZE_MAX)) return SIZE_MAX;
-  return bytes < 1.0 ? 1 : static_cast<size_t>(bytes);
-}
 
 class BucketSync {
  public:

@@ -19,10 +19,12 @@
 // (README.md, "Communication overhead model", says the same in prose.)
 //
 // Not here: measuring (strategies/common/bucket_cap.h, `ddp bench-comm`).
+// auto_probe_sizes, at the end, is what bucket_cap.h measures.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <limits>
 #include <stdexcept>
 #include <vector>
@@ -87,6 +89,17 @@ inline double optimal_bucket_count(const OverheadFit& fit, double model_bytes) {
 // b* = s / n_b* = sqrt(s·w·o), at most s (one bucket), 0 when o <= 0.
 inline double optimal_bucket_bytes(const OverheadFit& fit, double model_bytes) {
   return model_bytes / optimal_bucket_count(fit, model_bytes);
+}
+
+// The all-reduce sizes (bytes, whole floats) that `bucket_mb = "auto"`
+// measures for a model of s bytes: s clamped to [4 MiB, 64 MiB], and that
+// divided by 8 and by 64 — three sizes a factor 8 apart around the buckets
+// the model can choose (sqrt(s·w·o) lies between them for this machine's o
+// and w), whatever s is; at most 64 MiB, so the probe stays well under a
+// second.
+inline std::vector<size_t> auto_probe_sizes(size_t model_bytes) {
+  const size_t large = std::clamp<size_t>(model_bytes, size_t(4) << 20, size_t(64) << 20) / 4 * 4;
+  return {large / 64 / 4 * 4, large / 8 / 4 * 4, large};
 }
 
 }  // namespace strategy

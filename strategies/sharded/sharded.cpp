@@ -8,7 +8,8 @@
 //
 // Keys ([strategy]):
 //   variant   = "broadcast" (default) | "allgather"
-//   bucket_mb = 25.0  gradient bucket cap, MiB (variant broadcast)
+//   bucket_mb = 25.0  gradient bucket cap, MiB, or "auto" (variant broadcast;
+//                     ../common/bucket_cap.h)
 //
 // variant "broadcast" (the assignment's form): gradients are averaged as in
 // `bucketed`, by the same code (../common/bucket_sync.h, which also states
@@ -36,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/bucket_cap.h"
 #include "../common/bucket_sync.h"
 #include "../common/buckets.h"
 #include "../common/partition.h"
@@ -60,7 +62,8 @@ constexpr size_t kFloat = sizeof(float);
 struct ddp_strategy_s : StrategyBase {
   Variant variant = Variant::Broadcast;
   std::string variant_name;
-  size_t bucket_cap_bytes = 0;
+  ds::BucketCap bucket_cap;   // the bucket_mb key (variant broadcast): MiB or "auto"
+  size_t gradient_bytes = 0;  // trainable gradients of the current layout
 
   bool syncing = false;  // this micro-batch's gradients are synchronised
 
@@ -127,7 +130,9 @@ void build(ddp_strategy* s, bool stable) {
     if (s->owners[i] == s->host.rank()) s->owned.push_back(i);
   }
   if (s->variant == Variant::Broadcast) {
-    s->buckets.lay_out(infos, s->bucket_cap_bytes);
+    s->gradient_bytes = 0;
+    for (const ds::ParamInfo& info : infos) s->gradient_bytes += info.trainable ? info.bytes : 0;
+    s->buckets.lay_out(infos, s->bucket_cap.bytes_for(s->gradient_bytes));
   } else {
     build_flat_layout(s);
   }
@@ -156,7 +161,7 @@ ddp_status sharded_create(const ddp_host* host, const ddp_transport_v1_t* transp
       throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.variant must be \"broadcast\" or \"allgather\" (got \"" +
                                                   s->variant_name + "\")");
     }
-    s->bucket_cap_bytes = ds::read_bucket_cap_bytes(s->host);
+    s->bucket_cap = ds::BucketCap::read(s->host);
     *out = s.release();
   });
 }
@@ -164,6 +169,7 @@ ddp_status sharded_create(const ddp_host* host, const ddp_transport_v1_t* transp
 ddp_status sharded_on_train_begin(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
     s->broadcast_params_from_rank0();
+    if (s->variant == Variant::Broadcast) s->bucket_cap.measure(*s);  // "auto": o and w, same on every rank
     build(s, /*stable=*/false);
   });
 }
@@ -272,7 +278,7 @@ ddp_status sharded_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed)
       j += "null";
     }
     if (s->variant == Variant::Broadcast) {
-      j += ", \"buckets\": " + s->buckets.json();
+      j += ", " + s->bucket_cap.json_members(s->gradient_bytes, s->buckets.size()) + ", \"buckets\": " + s->buckets.json();
     } else {
       j += ", \"shard_elements\": " + std::to_string(s->shard_elements);
     }
