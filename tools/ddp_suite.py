@@ -54,6 +54,7 @@ import json
 import math
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -444,8 +445,8 @@ def csv_text(rows):
 
 def markdown(rows, title, note, command, plots):
     """results.md: a table ready to paste."""
-    head = ["variant", "strategy (keys)", "world", "step ms", "forward ms", "backward ms", "optimizer ms",
-            "exposed comm ms", "total comm ms", "comm %", "speed-up vs naive",
+    head = ["variant", "strategy (keys)", "world", "step ms", "forward ms", "backward ms",
+            "optimizer ms", "exposed comm ms", "total comm ms", "comm %", "speed-up vs naive",
             "params MiB", "grads MiB", "opt state MiB", "comm buf MiB", "activations MiB"]
     lines = [f"### {title}", "", f"`{command}` — {note}", "",
              "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
@@ -540,7 +541,8 @@ def plot_sweeps(plt, sweeps, path):
                 ax.axhline(ref[key] * 1e3, linestyle=styles[i % len(styles)], color=f"C{i + 1}",
                            label=ref["variant"])
                 if ref.get("chosen_bucket_mb"):  # "auto": where its choice lies
-                    ax.plot([ref["chosen_bucket_mb"]], [ref[key] * 1e3], "*", color=f"C{i + 1}", ms=12)
+                    ax.plot([ref["chosen_bucket_mb"]], [ref[key] * 1e3], "*", color=f"C{i + 1}",
+                            ms=12)
             ax.set_xscale("log")
             ax.set_xticks(xs, [f"{x:g}" for x in xs])
             ax.minorticks_off()
@@ -584,10 +586,11 @@ def run_variant(ddp, v, out, keep_weights):
         write_atomically(base, base_text(v))
     cmd = ddp_command(ddp, v, vdir, base)
     row = {"variant": v.name, "suite": v.suite, "status": "failed", "error": "",
-           "strategy": str(v.setting("strategy.plugin", "naive")), "world": v.setting("run.world_size", 1)}
+           "strategy": str(v.setting("strategy.plugin", "naive")),
+           "world": v.setting("run.world_size", 1)}
     t0 = time.monotonic()
     with open(log, "w") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
+        f.write("$ " + shlex.join(cmd) + "\n")
         f.flush()
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
     row["seconds"] = time.monotonic() - t0
@@ -673,7 +676,7 @@ def main(argv):
             f"after the first {warmups} (warm-up); memory: peak per rank, the highest rank.")
     suite = Path(args.suite).resolve()
     command = f"tools/ddp_suite.py {suite.relative_to(ROOT) if suite.is_relative_to(ROOT) else suite}"
-    command += " --only " + " ".join(args.only) if args.only else ""
+    command += " --only " + " ".join(map(shlex.quote, args.only)) if args.only else ""
     plots = []
     for name, alt, make, data in [
             ("step_breakdown.png", "step time breakdown per variant", plot_breakdown,
