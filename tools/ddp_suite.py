@@ -538,11 +538,12 @@ def plot_sweeps(plt, sweeps, path):
         for ax, key, what in [(ax_t, "step_s", "step time"), (ax_c, "exposed_comm_s", "exposed comm")]:
             ax.plot(xs, [r[key] * 1e3 for r in rows], "o-", label="bucket_mb")
             for i, ref in enumerate(refs):
+                chose = ref.get("chosen_bucket_mb")
+                name = ref["variant"] + (f" (chose {sig(chose)})" if chose else "")
                 ax.axhline(ref[key] * 1e3, linestyle=styles[i % len(styles)], color=f"C{i + 1}",
-                           label=ref["variant"])
-                if ref.get("chosen_bucket_mb"):  # "auto": where its choice lies
-                    ax.plot([ref["chosen_bucket_mb"]], [ref[key] * 1e3], "*", color=f"C{i + 1}",
-                            ms=12)
+                           label=name)
+                if chose:  # bucket_mb = "auto": a star at the size it chose
+                    ax.plot([chose], [ref[key] * 1e3], "*", color=f"C{i + 1}", ms=12)
             ax.set_xscale("log")
             ax.set_xticks(xs, [f"{x:g}" for x in xs])
             ax.minorticks_off()
