@@ -1,0 +1,511 @@
+// nccl_transport.cpp — the `nccl` transport: collectives between GPUs with
+// NVIDIA's NCCL. Rank r drives GPU host->local_rank; every collective is
+// enqueued on the cudaStream_t behind the ddp_stream it is given
+// (host->stream_native) and returns at once: no entry waits for the GPU.
+//
+// - Refusals (DDP_ERR_UNSUPPORTED, before any rendezvous): a run whose device
+//   is not CUDA; a rank without a GPU (any cudaGetDeviceCount error, or a
+//   count of 0: without a driver it is cudaErrorInsufficientDriver); a
+//   local_rank beyond the machine's GPUs. One GPU per rank: NCCL does not
+//   allow two ranks of a communicator on one GPU.
+// - Communicator: rank 0 makes the NCCL unique id and publishes it in the
+//   engine's rendezvous store; every rank reads it and joins. The
+//   communicator is NCCL's non-blocking kind (config.blocking = 0), so that
+//   nothing in NCCL holds the training thread past host->timeout_ms: setup is
+//   polled against that deadline, and an entry NCCL answers with
+//   ncclInProgress (it is still enqueuing: host-side work, e.g. connecting to
+//   a peer the first time) is polled until it is on the stream.
+// - Collectives: AVG is ncclAvg; barrier is a one-float all-reduce (on 4
+//   bytes allocated at init through host->alloc, a communication buffer); dtypes
+//   float32, float64, int32, int64, bfloat16, float16.
+// - Watchdog: after each collective a CUDA event is recorded on its stream. A
+//   thread polls, every timeout/10 (at most 100 ms), ncclCommGetAsyncError and
+//   the age of every collective whose event has not completed. On an NCCL
+//   error, a CUDA error, or a collective older than host->timeout_ms, it keeps
+//   the first failure's text (rank, collective, NCCL's error string) and calls
+//   ncclCommAbort, which makes NCCL kernels still running or queued return.
+//   Then every later entry fails with that text. The abort entry (the
+//   engine giving up on a wait; any thread) does the same; it may wait for an
+//   entry in progress on the training thread, at most timeout_ms.
+// - Streams: with `fail_streams` (default), each collective is followed on its
+//   stream by a host function (host->launch_host_func) that fails the stream
+//   once the communicator has failed, so the engine's event waits after it
+//   report the NCCL error, as they report a Gloo error on CPU. What this
+//   cannot guarantee: an aborted collective's kernel returns "successfully"
+//   to CUDA, so work the engine orders after it without such a host function
+//   (with fail_streams = false, or a host whose launch_host_func cannot fail a
+//   stream) sees no error and reads partial data; the next transport call is
+//   then the first to report it, and the engine's own wait limit (timeout_s
+//   + 5 s) stays the backstop. The age of a collective counts from when it was
+//   enqueued, so it includes waiting for earlier work on its stream. If
+//   ncclCommAbort itself hangs (a driver fault), the watchdog hangs with it.
+//
+// Keys ([transport]): fail_streams (bool, default true): false saves one host
+// function per collective (a few microseconds) and loses the stream failures.
+#include <ddp/plugin.h>
+#include <ddp/plugin.hpp>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+using Clock = std::chrono::steady_clock;
+using ddp::plugin::Failure;
+
+// The first failure of a communicator: message and status are written once,
+// before `failed` is set, and read without a lock by host functions on the
+// streams (which hold their own reference: they may run after destroy).
+struct FailureState {
+  const ddp_host* host = nullptr;
+  std::atomic<bool> failed{false};
+  ddp_status status = DDP_OK;
+  std::string message;
+};
+
+// A collective enqueued and not yet seen complete by the watchdog.
+struct InFlight {
+  cudaEvent_t done;
+  Clock::time_point since;
+  std::string what;  // "all_reduce (4096 bytes)"
+};
+
+}  // namespace
+
+struct ddp_comm_s {
+  ~ddp_comm_s();
+
+  const ddp_host* host = nullptr;
+  bool fail_streams = true;
+  std::chrono::milliseconds timeout{30000};
+  std::shared_ptr<FailureState> failure = std::make_shared<FailureState>();
+  void* barrier_buf = nullptr;  // one float on the device
+
+  std::mutex mutex;           // guards what follows; held across every NCCL call
+  ncclComm_t nccl = nullptr;  // NULL once aborted
+  std::deque<InFlight> in_flight;
+  std::vector<cudaEvent_t> spare_events;
+  bool stopping = false;
+  std::condition_variable wake;
+  std::thread watchdog;
+};
+
+namespace {
+
+std::string rank_prefix(const ddp_host* host) {
+  return "nccl transport, rank " + std::to_string(host->rank) + ": ";
+}
+
+std::string millis(std::chrono::milliseconds ms) { return std::to_string(ms.count()) + " ms"; }
+
+std::string nccl_error(ncclResult_t r, ncclComm_t comm) {
+  std::string text = std::string("NCCL error '") + ncclGetErrorString(r) + "'";
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') text += " (" + std::string(last) + ")";
+  return text;
+}
+
+std::string cuda_error(cudaError_t e) { return std::string("CUDA error '") + cudaGetErrorString(e) + "'"; }
+
+// Waits while NCCL reports ncclInProgress (host-side work of a non-blocking
+// communicator), up to `deadline`; returns ncclInProgress if it passed.
+ncclResult_t settle(ncclComm_t nccl, ncclResult_t r, Clock::time_point deadline) {
+  while (r == ncclInProgress) {
+    if (Clock::now() >= deadline) return ncclInProgress;
+    std::this_thread::sleep_for(std::chrono::microseconds(10));
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t q = ncclCommGetAsyncError(nccl, &state);
+    r = q != ncclSuccess ? q : state;
+  }
+  return r;
+}
+
+// Keeps the first failure and aborts the communicator. Holds comm->mutex.
+void fail_locked(ddp_comm* comm, ddp_status status, const std::string& message) {
+  FailureState& f = *comm->failure;
+  if (!f.failed.load(std::memory_order_relaxed)) {
+    f.status = status;
+    f.message = message;
+    f.failed.store(true, std::memory_order_release);
+  }
+  if (comm->nccl != nullptr) {
+    ncclCommAbort(comm->nccl);
+    comm->nccl = nullptr;
+  }
+}
+
+[[noreturn]] void throw_failure(const FailureState& f) { throw Failure(f.status, f.message); }
+
+// The host function after each collective: fails the stream once the
+// communicator has failed.
+ddp_status check_stream(void* user, int cancelled) {
+  std::unique_ptr<std::shared_ptr<FailureState>> state(static_cast<std::shared_ptr<FailureState>*>(user));
+  const FailureState& f = **state;
+  if (cancelled || !f.failed.load(std::memory_order_acquire)) return DDP_OK;
+  f.host->set_error(f.host->ctx, f.message.c_str());
+  return f.status;
+}
+
+// One watchdog round. Holds comm->mutex; comm->nccl is not NULL.
+void watch_once(ddp_comm* comm) {
+  const std::string prefix = rank_prefix(comm->host);
+  ncclResult_t state = ncclSuccess;
+  ncclResult_t r = ncclCommGetAsyncError(comm->nccl, &state);
+  if (r == ncclSuccess) r = state;
+  if (r != ncclSuccess && r != ncclInProgress) {
+    std::string during = comm->in_flight.empty() ? "" : " during " + comm->in_flight.front().what;
+    fail_locked(comm, DDP_ERR_COMM,
+                prefix + "asynchronous " + nccl_error(r, comm->nccl) + during + "; the communicator was aborted");
+    return;
+  }
+  const auto now = Clock::now();
+  for (auto it = comm->in_flight.begin(); it != comm->in_flight.end();) {
+    cudaError_t q = cudaEventQuery(it->done);
+    if (q == cudaSuccess) {
+      comm->spare_events.push_back(it->done);
+      it = comm->in_flight.erase(it);
+    } else if (q != cudaErrorNotReady) {
+      fail_locked(comm, DDP_ERR_COMM, prefix + it->what + ": " + cuda_error(q) + "; the communicator was aborted");
+      return;
+    } else if (now - it->since > comm->timeout) {
+      fail_locked(comm, DDP_ERR_TIMEOUT,
+                  prefix + it->what + " did not complete within " + millis(comm->timeout) +
+                      " (run.timeout_s): a peer rank died, hung or issued another collective; "
+                      "the communicator was aborted");
+      return;
+    } else {
+      ++it;
+    }
+  }
+}
+
+void watchdog(ddp_comm* comm) {
+  cudaSetDevice(comm->host->local_rank);  // this thread's events live there
+  const auto poll = std::clamp<std::chrono::milliseconds>(comm->timeout / 10, std::chrono::milliseconds(1),
+                                                          std::chrono::milliseconds(100));
+  std::unique_lock<std::mutex> lock(comm->mutex);
+  while (!comm->stopping) {
+    comm->wake.wait_for(lock, poll);
+    if (comm->stopping || comm->nccl == nullptr) continue;
+    try {
+      watch_once(comm);
+    } catch (...) {  // out of memory for a message: try again next round
+    }
+  }
+}
+
+// Runs one NCCL call that enqueues on the stream behind `stream`, then marks
+// it for the watchdog (and, with fail_streams, for the engine's waits).
+template <typename Call>
+void enqueue(ddp_comm* comm, ddp_stream stream, std::string what, Call&& call) {
+  const ddp_host* h = comm->host;
+  auto s = static_cast<cudaStream_t>(h->stream_native(h->ctx, stream));
+  {
+    std::lock_guard<std::mutex> lock(comm->mutex);
+    if (comm->failure->failed.load(std::memory_order_acquire)) throw_failure(*comm->failure);
+    const std::string prefix = rank_prefix(h);
+    ncclResult_t r = settle(comm->nccl, call(comm->nccl, s), Clock::now() + comm->timeout);
+    if (r == ncclInProgress) {
+      fail_locked(comm, DDP_ERR_TIMEOUT, prefix + what + ": NCCL did not finish enqueuing it within " +
+                                             millis(comm->timeout) + " (run.timeout_s); the communicator was aborted");
+    } else if (r != ncclSuccess) {
+      fail_locked(comm, DDP_ERR_COMM, prefix + what + ": " + nccl_error(r, comm->nccl) + "; the communicator was aborted");
+    }
+    if (comm->failure->failed.load(std::memory_order_acquire)) throw_failure(*comm->failure);
+
+    cudaEvent_t done = nullptr;
+    cudaError_t e = cudaSuccess;
+    if (!comm->spare_events.empty()) {
+      done = comm->spare_events.back();
+      comm->spare_events.pop_back();
+    } else {
+      e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    }
+    if (e == cudaSuccess) e = cudaEventRecord(done, s);
+    if (e != cudaSuccess) {
+      if (done != nullptr) cudaEventDestroy(done);
+      fail_locked(comm, DDP_ERR_COMM, prefix + what + ": recording its completion event: " + cuda_error(e) +
+                                          "; the communicator was aborted");
+      throw_failure(*comm->failure);
+    }
+    comm->in_flight.push_back(InFlight{done, Clock::now(), std::move(what)});
+  }
+  if (comm->fail_streams) {
+    auto* user = new std::shared_ptr<FailureState>(comm->failure);
+    ddp_status status = h->launch_host_func(h->ctx, stream, check_stream, user);
+    if (status != DDP_OK) {
+      delete user;
+      ddp::plugin::check(status);  // the host has set the text
+    }
+  }
+}
+
+// --------------------------------------------------------- argument checks
+
+size_t dtype_size(ddp_dtype dtype) {
+  switch (dtype) {
+    case DDP_FLOAT32: case DDP_INT32: return 4;
+    case DDP_FLOAT64: case DDP_INT64: return 8;
+    case DDP_BFLOAT16: case DDP_FLOAT16: return 2;
+  }
+  return 0;
+}
+
+ncclDataType_t nccl_type(ddp_dtype dtype) {
+  switch (dtype) {
+    case DDP_FLOAT32: return ncclFloat32;
+    case DDP_FLOAT64: return ncclFloat64;
+    case DDP_INT32: return ncclInt32;
+    case DDP_INT64: return ncclInt64;
+    case DDP_BFLOAT16: return ncclBfloat16;
+    case DDP_FLOAT16: return ncclFloat16;
+  }
+  return ncclFloat32;  // not reached: checked() refuses other values
+}
+
+const char* device_name(ddp_device_kind device) { return device == DDP_DEVICE_CUDA ? "cuda" : "cpu"; }
+
+// Validates a buffer argument; returns its NCCL type.
+ncclDataType_t checked(const ddp_buffer* buf, const char* entry) {
+  if (buf == nullptr) throw Failure(DDP_ERR_INVALID_ARGUMENT, std::string(entry) + ": NULL buffer");
+  if (buf->device != DDP_DEVICE_CUDA)
+    throw Failure(DDP_ERR_UNSUPPORTED, std::string(entry) + ": the nccl transport needs CUDA buffers (this one is on the " +
+                                           device_name(buf->device) + ")");
+  if (dtype_size(buf->dtype) == 0)
+    throw Failure(DDP_ERR_UNSUPPORTED, std::string(entry) + ": dtype " + std::to_string(buf->dtype) +
+                                           " not supported (float32, float64, int32, int64, bfloat16, float16)");
+  if (buf->count > 0 && buf->ptr == nullptr)
+    throw Failure(DDP_ERR_INVALID_ARGUMENT, std::string(entry) + ": NULL buffer");
+  return nccl_type(buf->dtype);
+}
+
+ncclRedOp_t checked(ddp_reduce_op op, const char* entry) {
+  if (op == DDP_REDUCE_SUM) return ncclSum;
+  if (op == DDP_REDUCE_AVG) return ncclAvg;  // floats: premultiplied by 1/world; integers: sum / world
+  throw Failure(DDP_ERR_INVALID_ARGUMENT, std::string(entry) + ": unknown reduce op " + std::to_string(op));
+}
+
+std::string describe(const char* entry, const ddp_buffer& buf) {
+  return std::string(entry) + " (" + std::to_string(buf.count * dtype_size(buf.dtype)) + " bytes)";
+}
+
+// ------------------------------------------------------------------ set-up
+
+// Checks this rank's GPU and makes it current on the calling thread.
+void use_gpu(const ddp_host* host) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    throw Failure(DDP_ERR_UNSUPPORTED, "the nccl transport needs a GPU: rank " + std::to_string(host->rank) +
+                                           " has none (cudaGetDeviceCount: " + cudaGetErrorString(e) + ")");
+  }
+  if (count == 0)
+    throw Failure(DDP_ERR_UNSUPPORTED, "the nccl transport needs a GPU: rank " + std::to_string(host->rank) +
+                                           " has none (cudaGetDeviceCount: 0 devices)");
+  if (host->local_rank < 0 || host->local_rank >= count)
+    throw Failure(DDP_ERR_UNSUPPORTED, "the nccl transport gives each rank of a machine its own GPU: rank " +
+                                           std::to_string(host->rank) + " has local_rank " +
+                                           std::to_string(host->local_rank) + ", but this machine has " +
+                                           std::to_string(count) + " GPU(s)");
+  if ((e = cudaSetDevice(host->local_rank)) != cudaSuccess)
+    throw Failure(DDP_ERR_UNSUPPORTED, rank_prefix(host) + "cudaSetDevice(" + std::to_string(host->local_rank) +
+                                           "): " + cuda_error(e));
+}
+
+// Rank 0 makes the unique id; the others read it from the rendezvous store.
+// One key per communicator this process makes (the engine makes one a run;
+// every rank makes them in the same order).
+ncclUniqueId exchange_unique_id(const ddp_host* host) {
+  static std::atomic<int> generation{0};
+  const std::string key = "nccl_unique_id_" + std::to_string(generation++);
+  ncclUniqueId id;
+  if (host->rank == 0) {
+    if (ncclResult_t r = ncclGetUniqueId(&id))
+      throw Failure(DDP_ERR_COMM, rank_prefix(host) + "ncclGetUniqueId: " + nccl_error(r, nullptr));
+    ddp::plugin::check(host->store_set(host->ctx, key.c_str(), &id, sizeof id));
+    return id;
+  }
+  void* data = nullptr;
+  size_t bytes = 0;
+  if (host->store_get(host->ctx, key.c_str(), &data, &bytes) != DDP_OK)
+    throw Failure(DDP_ERR_TIMEOUT, rank_prefix(host) + "no NCCL unique id from rank 0 within " +
+                                       std::to_string(host->timeout_ms) +
+                                       " ms (is every rank started, with the same rendezvous and transport?)");
+  const bool ok = bytes == sizeof id;
+  if (ok) std::memcpy(&id, data, sizeof id);
+  std::free(data);
+  if (!ok)
+    throw Failure(DDP_ERR_COMM, rank_prefix(host) + "the rendezvous key '" + key + "' holds " +
+                                    std::to_string(bytes) + " bytes, not an NCCL unique id (" +
+                                    std::to_string(sizeof id) + ")");
+  return id;
+}
+
+ncclComm_t connect(const ddp_host* host, const ncclUniqueId& id, std::chrono::milliseconds timeout) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t nccl = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&nccl, host->world_size, id, host->rank, &config);
+  if (nccl != nullptr) r = settle(nccl, r, Clock::now() + timeout);
+  if (r == ncclSuccess) return nccl;
+  const std::string why = r == ncclInProgress
+                              ? "did not complete within " + millis(timeout) +
+                                    " (run.timeout_s; is every rank started, each with its own GPU?)"
+                              : "failed: " + nccl_error(r, nccl);
+  if (nccl != nullptr) ncclCommAbort(nccl);
+  throw Failure(r == ncclInProgress ? DDP_ERR_TIMEOUT : DDP_ERR_COMM,
+                rank_prefix(host) + "NCCL communicator set-up (" + std::to_string(host->world_size) +
+                    " ranks, GPU " + std::to_string(host->local_rank) + ") " + why);
+}
+
+// ----------------------------------------------------------------- entries
+
+ddp_status nccl_init(const ddp_host* host, ddp_comm** out) {
+  return ddp::plugin::guard(host, [&] {
+    if (host->device != DDP_DEVICE_CUDA)
+      throw Failure(DDP_ERR_UNSUPPORTED,
+                    std::string("the nccl transport needs a CUDA device (run.device = \"cuda\"); this run's device is ") +
+                        device_name(host->device));
+    auto comm = std::make_unique<ddp_comm_s>();
+    comm->host = host;
+    comm->failure->host = host;
+    comm->timeout = std::chrono::milliseconds(host->timeout_ms);
+    comm->fail_streams = ddp::plugin::Host(host).config_bool("fail_streams", true);
+    use_gpu(host);
+    ddp::plugin::check(host->alloc(host->ctx, sizeof(float), DDP_MEM_COMM_BUFFERS, &comm->barrier_buf));
+    comm->nccl = connect(host, exchange_unique_id(host), comm->timeout);
+    comm->watchdog = std::thread(watchdog, comm.get());
+    *out = comm.release();
+  });
+}
+
+void nccl_destroy(ddp_comm* comm) { delete comm; }
+
+void nccl_abort(ddp_comm* comm) {
+  try {
+    std::lock_guard<std::mutex> lock(comm->mutex);
+    fail_locked(comm, DDP_ERR_COMM, rank_prefix(comm->host) + "the communicator was aborted by the engine");
+  } catch (...) {  // any thread, nothing may escape
+  }
+}
+
+ddp_status nccl_all_reduce(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op op, ddp_stream stream) {
+  return ddp::plugin::guard(comm->host, [&] {
+    const ncclDataType_t type = checked(buf, "all_reduce");
+    const ncclRedOp_t red = checked(op, "all_reduce");
+    void* p = buf->ptr;
+    const size_t n = buf->count;
+    enqueue(comm, stream, describe("all_reduce", *buf),
+            [&](ncclComm_t c, cudaStream_t s) { return ncclAllReduce(p, p, n, type, red, c, s); });
+  });
+}
+
+ddp_status nccl_broadcast(ddp_comm* comm, const ddp_buffer* buf, int root, ddp_stream stream) {
+  return ddp::plugin::guard(comm->host, [&] {
+    const ncclDataType_t type = checked(buf, "broadcast");
+    if (root < 0 || root >= comm->host->world_size)
+      throw Failure(DDP_ERR_INVALID_ARGUMENT, "broadcast: root " + std::to_string(root) + " out of range");
+    void* p = buf->ptr;
+    const size_t n = buf->count;
+    enqueue(comm, stream, describe("broadcast", *buf),
+            [&](ncclComm_t c, cudaStream_t s) { return ncclBroadcast(p, p, n, type, root, c, s); });
+  });
+}
+
+ddp_status nccl_all_gather(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv, ddp_stream stream) {
+  return ddp::plugin::guard(comm->host, [&] {
+    const ncclDataType_t type = checked(send, "all_gather");
+    checked(recv, "all_gather");
+    const size_t world = static_cast<size_t>(comm->host->world_size);
+    if (recv->count != send->count * world || recv->dtype != send->dtype)
+      throw Failure(DDP_ERR_INVALID_ARGUMENT,
+                    "all_gather: recv must hold send.count * world_size elements of send's dtype");
+    const void* in = send->ptr;
+    void* to = recv->ptr;
+    const size_t n = send->count;
+    enqueue(comm, stream, describe("all_gather", *recv),
+            [&](ncclComm_t c, cudaStream_t s) { return ncclAllGather(in, to, n, type, c, s); });
+  });
+}
+
+ddp_status nccl_reduce_scatter(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv, ddp_reduce_op op,
+                               ddp_stream stream) {
+  return ddp::plugin::guard(comm->host, [&] {
+    const ncclDataType_t type = checked(send, "reduce_scatter");
+    checked(recv, "reduce_scatter");
+    const ncclRedOp_t red = checked(op, "reduce_scatter");
+    const size_t world = static_cast<size_t>(comm->host->world_size);
+    if (send->count != recv->count * world || recv->dtype != send->dtype)
+      throw Failure(DDP_ERR_INVALID_ARGUMENT,
+                    "reduce_scatter: send must hold recv.count * world_size elements of recv's dtype");
+    const void* in = send->ptr;
+    void* to = recv->ptr;
+    const size_t n = recv->count;
+    enqueue(comm, stream, describe("reduce_scatter", *send),
+            [&](ncclComm_t c, cudaStream_t s) { return ncclReduceScatter(in, to, n, type, red, c, s); });
+  });
+}
+
+ddp_status nccl_barrier(ddp_comm* comm, ddp_stream stream) {
+  return ddp::plugin::guard(comm->host, [&] {
+    void* p = comm->barrier_buf;  // zeros, summed: stays zero
+    enqueue(comm, stream, "barrier",
+            [&](ncclComm_t c, cudaStream_t s) { return ncclAllReduce(p, p, 1, ncclFloat32, ncclSum, c, s); });
+  });
+}
+
+}  // namespace
+
+// The host has synchronised every stream first, or called abort.
+ddp_comm_s::~ddp_comm_s() {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    stopping = true;
+  }
+  wake.notify_all();
+  if (watchdog.joinable()) watchdog.join();
+  if (nccl != nullptr) {
+    // Flush and free; abort when that fails or outlasts the timeout (a peer gone).
+    if (settle(nccl, ncclCommFinalize(nccl), Clock::now() + timeout) == ncclSuccess) {
+      ncclCommDestroy(nccl);
+    } else {
+      ncclCommAbort(nccl);
+    }
+    nccl = nullptr;
+  }
+  for (const InFlight& f : in_flight) cudaEventDestroy(f.done);
+  for (cudaEvent_t e : spare_events) cudaEventDestroy(e);
+  if (host != nullptr) host->free(host->ctx, barrier_buf);
+}
+
+extern "C" DDP_PLUGIN_EXPORT const ddp_transport_v1_t ddp_transport_v1;
+extern "C" const ddp_transport_v1_t ddp_transport_v1 = {
+    DDP_ABI_VERSION,
+    sizeof(ddp_transport_v1_t),
+    "nccl",
+    kVersion,
+    DDP_CAP_DEVICE_CUDA,
+    nccl_init,
+    nccl_destroy,
+    nccl_all_reduce,
+    nccl_broadcast,
+    nccl_all_gather,
+    nccl_reduce_scatter,
+    nccl_barrier,
+    nccl_abort,
+};

@@ -1,0 +1,850 @@
+// nccl_transport_test.cpp — the `nccl` transport plugin (built with
+// DDP_WITH_CUDA), loaded through the engine's loader.
+//
+// Everywhere: its descriptor, that it exports exactly ddp_transport_v1, the
+// refusal of a CPU run (through the engine's own PluginHost, with the exact
+// message) and, on a machine without a GPU, the refusal of a CUDA run.
+//
+// Where GPUs are (skipped with a message otherwise): every collective against
+// closed-form results at world 1 (and 2 where there are two GPUs: NCCL does
+// not allow two ranks of a communicator on one GPU), 1 element to 4 MB, on
+// cudaMalloc'd buffers and a real cudaStream_t given through a minimal
+// ddp_host built here (stream_native returns it; launch_host_func is
+// cudaLaunchHostFunc and a failing host function fails the stream, as the
+// engine's CUDA device is to do); that entries enqueue on that stream without
+// waiting for it; the watchdog's timeout and the abort entry.
+//
+// All CUDA work runs in forked children (tests/multirank.h): the CUDA runtime
+// does not survive fork(), so this process never initialises it (even the GPU
+// count is taken in a child).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "config.h"
+#include "device.h"
+#include "host.h"
+#include "multirank.h"
+#include "plugin_loader.h"
+#include "store.h"
+
+namespace ddp {
+namespace {
+
+using namespace std::chrono_literals;
+
+[[noreturn]] void fail(const std::string& message) { throw std::runtime_error(message); }
+
+void cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// ------------------------------------------------------------ GPU presence
+
+struct Gpus {
+  int count = 0;
+  std::string why;  // when count == 0
+};
+
+// Counted in a child process (see the header comment); any cudaGetDeviceCount
+// error counts as no GPU (without a driver it is cudaErrorInsufficientDriver).
+const Gpus& gpus() {
+  static const Gpus found = [] {
+    Gpus g;
+    int fds[2];
+    if (pipe(fds) != 0) {
+      g.why = "pipe failed";
+      return g;
+    }
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      int n = 0;
+      cudaError_t e = cudaGetDeviceCount(&n);
+      std::string out = e != cudaSuccess ? "0 cudaGetDeviceCount: " + std::string(cudaGetErrorString(e))
+                                         : std::to_string(n) + " cudaGetDeviceCount: 0 devices";
+      const ssize_t written = write(fds[1], out.data(), out.size());
+      _exit(written == static_cast<ssize_t>(out.size()) ? 0 : 1);
+    }
+    close(fds[1]);
+    std::string text;
+    char chunk[256];
+    ssize_t got;
+    while ((got = read(fds[0], chunk, sizeof chunk)) > 0) text.append(chunk, static_cast<size_t>(got));
+    close(fds[0]);
+    if (pid > 0) waitpid(pid, nullptr, 0);
+    std::istringstream in(text);
+    in >> g.count;
+    std::getline(in >> std::ws, g.why);
+    if (g.why.empty()) g.why = "no answer from the child that counts GPUs";
+    return g;
+  }();
+  return found;
+}
+
+#define REQUIRE_GPUS(n)                                                                              \
+  if (gpus().count < (n))                                                                            \
+  GTEST_SKIP() << "needs " << (n) << " GPU(s); this machine has " << gpus().count << " ("            \
+               << gpus().why << ")"
+
+// ------------------------------------------------------- a minimal ddp_host
+
+thread_local std::string t_error;  // set_error's text on this thread
+
+std::string take_error() {
+  std::string e;
+  e.swap(t_error);
+  return e;
+}
+
+// A stream of the test host: a real cudaStream_t and the text of its first
+// failure (what the engine's CUDA device is to keep per stream).
+struct TestStream {
+  cudaStream_t native = nullptr;
+  std::mutex mutex;
+  std::string error;
+};
+
+struct PendingHostFunc {
+  TestStream* stream;
+  ddp_host_func fn;
+  void* user;
+};
+
+// Just what a transport may use: logging, set_error, config reads (fallbacks,
+// and fail_streams), alloc/free (cudaMalloc), one stream for compute and comm,
+// stream_native, launch_host_func, the rendezvous store, timeout_ms. The rest
+// is NULL: the plugin must not need it.
+class TestHost {
+ public:
+  TestHost(int rank, int world, int local_rank, ddp_device_kind device, Store* store, int64_t timeout_ms,
+           bool fail_streams = true)
+      : store_(store), fail_streams_(fail_streams) {
+    h_.abi_version = DDP_ABI_VERSION;
+    h_.struct_size = sizeof(ddp_host);
+    h_.ctx = this;
+    h_.rank = rank;
+    h_.world_size = world;
+    h_.local_rank = local_rank;
+    h_.device = device;
+    h_.log = [](void*, ddp_log_level, const char* m) { std::fprintf(stderr, "[nccl plugin] %s\n", m); };
+    h_.set_error = [](void*, const char* m) { t_error = m; };
+    h_.config_int = [](void*, const char*, int64_t fallback, int64_t* out) { return *out = fallback, DDP_OK; };
+    h_.config_float = [](void*, const char*, double fallback, double* out) { return *out = fallback, DDP_OK; };
+    h_.config_bool = [](void* ctx, const char* key, int fallback, int* out) {
+      *out = std::strcmp(key, "fail_streams") == 0 ? self(ctx).fail_streams_ : fallback;
+      return DDP_OK;
+    };
+    h_.config_string = [](void*, const char*, const char* fallback, const char** out) {
+      return *out = fallback, DDP_OK;
+    };
+    h_.alloc = [](void*, size_t bytes, ddp_mem_category, void** out) {
+      if (cudaMalloc(out, bytes) != cudaSuccess || cudaMemset(*out, 0, bytes) != cudaSuccess) {
+        t_error = "cudaMalloc failed";
+        return DDP_ERR_OUT_OF_MEMORY;
+      }
+      return DDP_OK;
+    };
+    h_.free = [](void*, void* p) { cudaFree(p); };
+    h_.compute_stream = [](void* ctx) { return reinterpret_cast<ddp_stream>(&self(ctx).stream_); };
+    h_.comm_stream = h_.compute_stream;
+    h_.launch_host_func = [](void*, ddp_stream stream, ddp_host_func fn, void* user) {
+      auto* s = reinterpret_cast<TestStream*>(stream);
+      auto* pending = new PendingHostFunc{s, fn, user};
+      if (cudaLaunchHostFunc(s->native, run_host_func, pending) != cudaSuccess) {
+        delete pending;
+        t_error = "cudaLaunchHostFunc failed";
+        return DDP_ERR_INTERNAL;
+      }
+      return DDP_OK;
+    };
+    h_.stream_native = [](void*, ddp_stream stream) -> void* {
+      return reinterpret_cast<TestStream*>(stream)->native;
+    };
+    h_.store_set = [](void* ctx, const char* key, const void* data, size_t bytes) {
+      return store_call([&] {
+        const char* p = static_cast<const char*>(data);
+        self(ctx).store().set(key, std::vector<char>(p, p + bytes));
+      });
+    };
+    h_.store_get = [](void* ctx, const char* key, void** out, size_t* bytes) {
+      return store_call([&] {
+        std::vector<char> v = self(ctx).store().get(key);
+        *out = std::malloc(v.size() + 1);
+        std::memcpy(*out, v.data(), v.size());
+        *bytes = v.size();
+      });
+    };
+    h_.store_wait = [](void* ctx, const char* const* keys, size_t count) {
+      return store_call([&] { self(ctx).store().wait(std::vector<std::string>(keys, keys + count)); });
+    };
+    h_.timeout_ms = timeout_ms;
+  }
+  ~TestHost() {
+    if (stream_.native) cudaStreamDestroy(stream_.native);
+  }
+
+  // The rank's stream, on its GPU (a blocking stream: it also waits for the
+  // synchronous copies the test makes on the default stream).
+  void make_stream() {
+    cuda(cudaSetDevice(h_.local_rank), "cudaSetDevice");
+    cuda(cudaStreamCreate(&stream_.native), "cudaStreamCreate");
+  }
+  const ddp_host* get() const { return &h_; }
+  ddp_stream stream() { return reinterpret_cast<ddp_stream>(&stream_); }
+  cudaStream_t native() const { return stream_.native; }
+  std::string stream_error() {
+    std::lock_guard<std::mutex> lock(stream_.mutex);
+    return stream_.error;
+  }
+
+ private:
+  static TestHost& self(void* ctx) { return *static_cast<TestHost*>(ctx); }
+  Store& store() {
+    if (!store_) throw std::runtime_error("this test host has no rendezvous store");
+    return *store_;
+  }
+  template <typename F>
+  static ddp_status store_call(F&& f) {
+    try {
+      f();
+      return DDP_OK;
+    } catch (const std::exception& e) {
+      t_error = e.what();
+      return DDP_ERR_TIMEOUT;
+    }
+  }
+  // On CUDA's host-function thread: a cancelled call once the stream failed;
+  // a failing one fails the stream with the function's text.
+  static void CUDART_CB run_host_func(void* data) {
+    std::unique_ptr<PendingHostFunc> p(static_cast<PendingHostFunc*>(data));
+    bool cancelled;
+    {
+      std::lock_guard<std::mutex> lock(p->stream->mutex);
+      cancelled = !p->stream->error.empty();
+    }
+    t_error.clear();
+    if (p->fn(p->user, cancelled ? 1 : 0) != DDP_OK) {
+      std::lock_guard<std::mutex> lock(p->stream->mutex);
+      if (p->stream->error.empty()) p->stream->error = t_error.empty() ? "a host function failed" : t_error;
+    }
+  }
+
+  ddp_host h_{};
+  Store* store_;
+  int fail_streams_;
+  TestStream stream_;
+};
+
+// ------------------------------------------------------------ device data
+
+template <typename T>
+constexpr ddp_dtype dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DDP_FLOAT32;
+  if constexpr (std::is_same_v<T, double>) return DDP_FLOAT64;
+  if constexpr (std::is_same_v<T, int32_t>) return DDP_INT32;
+  if constexpr (std::is_same_v<T, int64_t>) return DDP_INT64;
+  return DDP_BFLOAT16;  // uint16_t: bfloat16 or float16, given explicitly
+}
+
+// A cudaMalloc'd array holding `values`.
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(const std::vector<T>& values, ddp_dtype dtype = dtype_of<T>())
+      : n_(values.size()), dtype_(dtype) {
+    cuda(cudaMalloc(&ptr_, bytes()), "cudaMalloc");
+    cuda(cudaMemcpy(ptr_, values.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+    cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+  ~DeviceArray() { cudaFree(ptr_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  std::vector<T> read() const {  // after the stream is synchronised
+    std::vector<T> v(n_);
+    cuda(cudaMemcpy(v.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return v;
+  }
+  ddp_buffer buffer() const { return ddp_buffer{ptr_, n_, dtype_, DDP_DEVICE_CUDA}; }
+  T* ptr() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return (n_ ? n_ : 1) * sizeof(T); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t n_;
+  ddp_dtype dtype_;
+};
+
+template <typename T>
+std::string str(T v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << +v;
+  return os.str();
+}
+
+// Throws naming the first mismatch unless got[i] == expected(i) for every i.
+template <typename T, typename F>
+void check_all(const std::string& what, const std::vector<T>& got, F&& expected) {
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(got[i] == static_cast<T>(expected(i))) && bad++ == 0) first = i;
+  if (bad)
+    fail(what + ": " + std::to_string(bad) + " of " + std::to_string(got.size()) + " elements wrong, first at [" +
+         std::to_string(first) + "]: got " + str(got[first]) + ", expected " + str(static_cast<T>(expected(first))));
+}
+
+// The bfloat16 and float16 bits of a small non-negative integer k (exact:
+// k < 256 for bfloat16, k < 2048 for float16).
+uint16_t bf16(int k) {
+  float f = static_cast<float>(k);
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return static_cast<uint16_t>(u >> 16);
+}
+uint16_t f16(int k) {
+  if (k == 0) return 0;
+  int e = 0;
+  while ((k >> (e + 1)) != 0) ++e;
+  return static_cast<uint16_t>((e + 15) << 10 | ((k << (10 - e)) & 0x3ff));
+}
+
+// ------------------------------------------------------------------ a rank
+
+// One rank: the plugin loaded by the engine's loader, over a TestHost on GPU
+// local_rank = rank, meeting the others through the engine's file store.
+class Rank {
+ public:
+  Rank(int rank, int world, const std::string& dir, int64_t timeout_ms = 30000)
+      : store_("file:" + dir, "nccl_transport_test", std::chrono::milliseconds(30000)),
+        host_(rank, world, rank, DDP_DEVICE_CUDA, &store_, timeout_ms) {
+    host_.make_stream();
+    plugin_ = load_plugin(PluginKind::Transport, "nccl", DDP_TEST_PLUGIN_DIR);
+    t_ = plugin_->transport();
+    check(t_->init(host_.get(), &comm_), "init");
+  }
+  ~Rank() {
+    cudaStreamSynchronize(host_.native());
+    if (comm_) t_->destroy(comm_);
+  }
+
+  int world() const { return host_.get()->world_size; }
+  const ddp_transport_v1_t* t() const { return t_; }
+  ddp_comm* comm() const { return comm_; }
+  TestHost& host() { return host_; }
+  ddp_stream stream() { return host_.stream(); }
+  void check(ddp_status s, const char* entry) {
+    if (s != DDP_OK) fail(std::string(entry) + " failed (status " + std::to_string(s) + "): " + take_error());
+  }
+  // Waits for the stream; throws if a host function failed it.
+  void sync() {
+    cuda(cudaStreamSynchronize(host_.native()), "cudaStreamSynchronize");
+    if (std::string e = host_.stream_error(); !e.empty()) fail("the stream failed: " + e);
+  }
+
+  template <typename T>
+  void all_reduce(const DeviceArray<T>& a, ddp_reduce_op op) {
+    const ddp_buffer b = a.buffer();
+    check(t_->all_reduce(comm_, &b, op, stream()), "all_reduce");
+  }
+  template <typename T>
+  void broadcast(const DeviceArray<T>& a, int root) {
+    const ddp_buffer b = a.buffer();
+    check(t_->broadcast(comm_, &b, root, stream()), "broadcast");
+  }
+  template <typename T>
+  void all_gather(const DeviceArray<T>& send, const DeviceArray<T>& recv) {
+    const ddp_buffer s = send.buffer(), r = recv.buffer();
+    check(t_->all_gather(comm_, &s, &r, stream()), "all_gather");
+  }
+  template <typename T>
+  void reduce_scatter(const DeviceArray<T>& send, const DeviceArray<T>& recv, ddp_reduce_op op) {
+    const ddp_buffer s = send.buffer(), r = recv.buffer();
+    check(t_->reduce_scatter(comm_, &s, &r, op, stream()), "reduce_scatter");
+  }
+  void barrier() { check(t_->barrier(comm_, stream()), "barrier"); }
+
+ private:
+  Store store_;
+  TestHost host_;
+  std::unique_ptr<LoadedPlugin> plugin_;
+  const ddp_transport_v1_t* t_ = nullptr;
+  ddp_comm* comm_ = nullptr;
+};
+
+#define EXPECT_RANKS_OK(...)                                                      \
+  do {                                                                            \
+    for (const std::string& failure_ : (__VA_ARGS__)) ADD_FAILURE() << failure_;  \
+  } while (0)
+
+// Blocks a CUDA stream for `ms` milliseconds (a host function that sleeps).
+void block_stream(cudaStream_t s, int ms) {
+  auto* wait = new int(ms);
+  cuda(cudaLaunchHostFunc(
+           s,
+           [](void* p) {
+             std::unique_ptr<int> ms(static_cast<int*>(p));
+             std::this_thread::sleep_for(std::chrono::milliseconds(*ms));
+           },
+           wait),
+       "cudaLaunchHostFunc");
+}
+
+// Element counts every collective is tried with; 4 MB of float32 last.
+std::vector<size_t> counts_for(int world) { return {1, 7, 1000, (size_t{1} << 20) / static_cast<size_t>(world)}; }
+
+// ------------------------------------------------------------- the plugin
+
+std::unique_ptr<LoadedPlugin> load_nccl() {
+  return load_plugin(PluginKind::Transport, "nccl", DDP_TEST_PLUGIN_DIR);
+}
+
+TEST(NcclPlugin, Descriptor) {
+  auto plugin = load_nccl();
+  const ddp_transport_v1_t* t = plugin->transport();
+  ASSERT_NE(t, nullptr);
+  EXPECT_STREQ(t->name, "nccl");
+  EXPECT_STREQ(t->version, "0.1.0");
+  EXPECT_EQ(t->abi_version, DDP_ABI_VERSION);
+  EXPECT_EQ(t->struct_size, sizeof(ddp_transport_v1_t));
+  EXPECT_EQ(t->caps, DDP_CAP_DEVICE_CUDA);  // GPU memory only
+  EXPECT_NE(t->abort, nullptr);             // the optional entry, for the engine's give-up
+  EXPECT_NE(t->barrier, nullptr);
+}
+
+// Every symbol `file` defines in its dynamic table (nm -D), or nullopt when
+// nm is missing.
+std::optional<std::vector<std::string>> exported_symbols(const std::string& file) {
+  const std::string command = "nm -D --defined-only '" + file + "' 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return std::nullopt;
+  std::string output;
+  char chunk[4096];
+  size_t n;
+  while ((n = fread(chunk, 1, sizeof chunk, pipe)) > 0) output.append(chunk, n);
+  if (pclose(pipe) != 0) {
+    if (output.find("not found") != std::string::npos) return std::nullopt;
+    ADD_FAILURE() << command << "\n" << output;
+  }
+  std::istringstream lines(output);
+  std::string line;
+  std::vector<std::string> symbols;
+  while (std::getline(lines, line))
+    if (!line.empty()) symbols.push_back(line.substr(line.rfind(' ') + 1));
+  return symbols;
+}
+
+TEST(NcclPlugin, ExportsExactlyItsEntrySymbol) {
+  const std::string file = std::string(DDP_TEST_PLUGIN_DIR) + "/libddp_transport_nccl.so";
+  ASSERT_TRUE(std::filesystem::exists(file)) << file;
+  auto symbols = exported_symbols(file);
+  if (!symbols) GTEST_SKIP() << "nm is not available";
+  EXPECT_EQ(*symbols, std::vector<std::string>{DDP_TRANSPORT_ENTRY_V1});
+}
+
+// A CPU run, through the engine's own host: refused before any CUDA call or
+// rendezvous (there is no store at all), with the plugin's exact words.
+TEST(NcclPlugin, RefusesACpuRun) {
+  CpuDevice device;
+  HostServices services;
+  services.rank = RankInfo{0, 2, 0};
+  services.device = &device;
+  services.store = nullptr;
+  PluginSection section("test.toml", "transport", toml::table{});
+  PluginHost host(services, section, "transport plugin 'nccl'");
+  auto plugin = load_nccl();
+  ddp_comm* comm = nullptr;
+  EXPECT_EQ(plugin->transport()->init(host.get(), &comm), DDP_ERR_UNSUPPORTED);
+  EXPECT_EQ(comm, nullptr);
+  try {
+    host.check(DDP_ERR_UNSUPPORTED, "init");
+    ADD_FAILURE() << "check did not throw";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "transport plugin 'nccl': init: the nccl transport needs a CUDA device "
+                 "(run.device = \"cuda\"); this run's device is cpu");
+  }
+}
+
+// A CUDA run on a machine without a GPU: refused before any rendezvous (the
+// test host has no store), naming the rank and CUDA's own reason.
+TEST(NcclPlugin, RefusesACudaRunWithoutGpu) {
+  if (gpus().count > 0) GTEST_SKIP() << "this machine has a GPU";
+  EXPECT_RANKS_OK(run_ranks(1, [](int, const std::string&) {
+    TestHost host(1, 2, 1, DDP_DEVICE_CUDA, nullptr, 30000);
+    auto plugin = load_nccl();
+    ddp_comm* comm = nullptr;
+    const ddp_status status = plugin->transport()->init(host.get(), &comm);
+    const std::string message = take_error();
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    const std::string reason = e != cudaSuccess ? cudaGetErrorString(e) : "0 devices";
+    if (status != DDP_ERR_UNSUPPORTED || comm != nullptr)
+      fail("init returned " + std::to_string(status) + " (expected DDP_ERR_UNSUPPORTED): " + message);
+    const std::string expected = "the nccl transport needs a GPU: rank 1 has none (cudaGetDeviceCount: " + reason + ")";
+    if (message != expected) fail("message\n  " + message + "\nexpected\n  " + expected);
+  }));
+}
+
+// A local rank beyond the machine's GPUs.
+TEST(NcclPlugin, RefusesALocalRankWithoutItsGpu) {
+  REQUIRE_GPUS(1);
+  const int n = gpus().count;
+  EXPECT_RANKS_OK(run_ranks(1, [n](int, const std::string&) {
+    TestHost host(n, n + 1, n, DDP_DEVICE_CUDA, nullptr, 30000);
+    auto plugin = load_nccl();
+    ddp_comm* comm = nullptr;
+    const ddp_status status = plugin->transport()->init(host.get(), &comm);
+    const std::string message = take_error();
+    const std::string expected = "the nccl transport gives each rank of a machine its own GPU: rank " +
+                                 std::to_string(n) + " has local_rank " + std::to_string(n) +
+                                 ", but this machine has " + std::to_string(n) + " GPU(s)";
+    if (status != DDP_ERR_UNSUPPORTED || message != expected)
+      fail("init returned " + std::to_string(status) + ": " + message + "\nexpected: " + expected);
+  }));
+}
+
+// ------------------------------------------------------------ collectives
+
+class NcclCollectives : public ::testing::TestWithParam<int> {
+ protected:
+  int world() const { return GetParam(); }
+};
+
+TEST_P(NcclCollectives, AllReduceFloat32) {
+  REQUIRE_GPUS(world());
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    for (size_t n : counts_for(1)) {  // up to 4 MB at any world size
+      // SUM: r + i/2, every partial sum exact. AVG: w (r + i % 100), the sum a multiple of w.
+      std::vector<float> x(n), y(n);
+      for (size_t i = 0; i < n; ++i) {
+        x[i] = static_cast<float>(r) + 0.5f * static_cast<float>(i);
+        y[i] = static_cast<float>(w * (r + static_cast<int>(i % 100)));
+      }
+      DeviceArray<float> dx(x), dy(y);
+      rank.all_reduce(dx, DDP_REDUCE_SUM);
+      rank.all_reduce(dy, DDP_REDUCE_AVG);
+      rank.sync();
+      const std::string at = " count " + std::to_string(n);
+      check_all("all_reduce SUM float32" + at, dx.read(),
+                [&](size_t i) { return w * (w - 1) / 2.0 + w * 0.5 * static_cast<double>(i); });
+      check_all("all_reduce AVG float32" + at, dy.read(),
+                [&](size_t i) { return w * (w - 1) / 2.0 + w * static_cast<double>(i % 100); });
+    }
+  }));
+}
+
+TEST_P(NcclCollectives, AllReduceOtherDtypes) {
+  REQUIRE_GPUS(world());
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    const int64_t tri = int64_t{w} * (w + 1) / 2;   // sum of r + 1
+    const int64_t tri0 = int64_t{w} * (w - 1) / 2;  // sum of r
+    for (size_t n : {size_t{1}, size_t{7}, size_t{1000}}) {
+      const std::string at = " count " + std::to_string(n);
+      std::vector<int32_t> a(n), d(n);
+      std::vector<int64_t> b(n);
+      std::vector<double> c(n), e(n);
+      std::vector<uint16_t> hb(n), hf(n), hb_avg(n);
+      for (size_t i = 0; i < n; ++i) {
+        const int k = static_cast<int>(i % 8);
+        a[i] = (r + 1) * static_cast<int32_t>(i + 1) * (i % 2 ? -1 : 1);
+        b[i] = (int64_t{r} + 1) * (int64_t{1} << 40) + int64_t(i) - r;  // needs more than 32 bits
+        c[i] = 1e10 * (r + 1) + 0.25 * static_cast<double>(i);
+        d[i] = w * (r - static_cast<int32_t>(i));  // AVG of multiples of w: exact
+        e[i] = w * (r + 0.5 * static_cast<double>(i));
+        hb[i] = bf16(r + 1 + k);  // small integers: every sum exact in 16 bits
+        hf[i] = f16(r + 1 + k);
+        hb_avg[i] = bf16(w * (r + 1 + k));
+      }
+      DeviceArray<int32_t> da(a), dd(d);
+      DeviceArray<int64_t> db(b);
+      DeviceArray<double> dc(c), de(e);
+      DeviceArray<uint16_t> dhb(hb, DDP_BFLOAT16), dhf(hf, DDP_FLOAT16), dhb_avg(hb_avg, DDP_BFLOAT16);
+      rank.all_reduce(da, DDP_REDUCE_SUM);  // all enqueued back to back, one wait
+      rank.all_reduce(db, DDP_REDUCE_SUM);
+      rank.all_reduce(dc, DDP_REDUCE_SUM);
+      rank.all_reduce(dd, DDP_REDUCE_AVG);
+      rank.all_reduce(de, DDP_REDUCE_AVG);
+      rank.all_reduce(dhb, DDP_REDUCE_SUM);
+      rank.all_reduce(dhf, DDP_REDUCE_SUM);
+      rank.all_reduce(dhb_avg, DDP_REDUCE_AVG);
+      rank.sync();
+      check_all("all_reduce SUM int32" + at, da.read(), [&](size_t i) {
+        return static_cast<int32_t>(tri * static_cast<int64_t>(i + 1) * (i % 2 ? -1 : 1));
+      });
+      check_all("all_reduce SUM int64" + at, db.read(),
+                [&](size_t i) { return tri * (int64_t{1} << 40) + int64_t{w} * int64_t(i) - tri0; });
+      check_all("all_reduce SUM float64" + at, dc.read(),
+                [&](size_t i) { return 1e10 * static_cast<double>(tri) + 0.25 * w * static_cast<double>(i); });
+      check_all("all_reduce AVG int32" + at, dd.read(),
+                [&](size_t i) { return static_cast<int32_t>(tri0 - int64_t{w} * static_cast<int64_t>(i)); });
+      check_all("all_reduce AVG float64" + at, de.read(),
+                [&](size_t i) { return static_cast<double>(tri0) + w * 0.5 * static_cast<double>(i); });
+      const auto sum16 = [&](size_t i) { return static_cast<int>(tri) + w * static_cast<int>(i % 8); };
+      check_all("all_reduce SUM bfloat16" + at, dhb.read(), [&](size_t i) { return bf16(sum16(i)); });
+      check_all("all_reduce SUM float16" + at, dhf.read(), [&](size_t i) { return f16(sum16(i)); });
+      check_all("all_reduce AVG bfloat16" + at, dhb_avg.read(), [&](size_t i) { return bf16(sum16(i)); });
+    }
+  }));
+}
+
+TEST_P(NcclCollectives, Broadcast) {
+  REQUIRE_GPUS(world());
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    for (int root : {0, w - 1}) {
+      for (size_t n : counts_for(1)) {
+        const std::string at = " root " + std::to_string(root) + " count " + std::to_string(n);
+        std::vector<float> x(n);
+        std::vector<int64_t> y(n);
+        for (size_t i = 0; i < n; ++i) {
+          x[i] = static_cast<float>((r + 1) * 10000 + int(i % 1000));
+          y[i] = (int64_t{r} + 1) << 36 | int64_t(i);
+        }
+        DeviceArray<float> dx(x);
+        DeviceArray<int64_t> dy(y);
+        rank.broadcast(dx, root);
+        rank.broadcast(dy, root);
+        rank.sync();
+        check_all("broadcast float32" + at, dx.read(), [&](size_t i) { return (root + 1) * 10000 + int(i % 1000); });
+        check_all("broadcast int64" + at, dy.read(), [&](size_t i) { return (int64_t{root} + 1) << 36 | int64_t(i); });
+      }
+    }
+  }));
+}
+
+TEST_P(NcclCollectives, AllGather) {
+  REQUIRE_GPUS(world());
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    for (size_t n : counts_for(w)) {  // recv up to 4 MB
+      std::vector<float> send(n);
+      for (size_t i = 0; i < n; ++i) send[i] = static_cast<float>(r * 1000 + int(i % 1000));
+      DeviceArray<float> dsend(send), drecv(std::vector<float>(n * w, -1.0f));  // every slot overwritten
+      rank.all_gather(dsend, drecv);
+      rank.sync();
+      check_all("all_gather float32 count " + std::to_string(n), drecv.read(),
+                [&](size_t j) { return static_cast<int>(j / n) * 1000 + int(j % n % 1000); });
+      check_all("all_gather leaves send as it was, count " + std::to_string(n), dsend.read(),
+                [&](size_t i) { return send[i]; });
+    }
+  }));
+}
+
+TEST_P(NcclCollectives, ReduceScatter) {
+  REQUIRE_GPUS(world());
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    for (size_t n : counts_for(w)) {  // send up to 4 MB
+      const size_t total = n * static_cast<size_t>(w);
+      std::vector<float> x(total), y(total);
+      for (size_t j = 0; j < total; ++j) {
+        x[j] = static_cast<float>(r) + 0.5f * static_cast<float>(j);
+        y[j] = static_cast<float>(w * (r + static_cast<int>(j % 100)));
+      }
+      DeviceArray<float> dx(x), dy(y), sum(std::vector<float>(n, -1.0f)), avg(std::vector<float>(n, -1.0f));
+      rank.reduce_scatter(dx, sum, DDP_REDUCE_SUM);
+      rank.reduce_scatter(dy, avg, DDP_REDUCE_AVG);
+      rank.sync();
+      const size_t base = static_cast<size_t>(r) * n;  // this rank's slice
+      const std::string at = " count " + std::to_string(n);
+      check_all("reduce_scatter SUM float32" + at, sum.read(),
+                [&](size_t i) { return w * (w - 1) / 2.0 + w * 0.5 * static_cast<double>(base + i); });
+      check_all("reduce_scatter AVG float32" + at, avg.read(),
+                [&](size_t i) { return w * (w - 1) / 2.0 + w * static_cast<double>((base + i) % 100); });
+      check_all("reduce_scatter leaves send as it was" + at, dx.read(), [&](size_t j) { return x[j]; });
+    }
+  }));
+}
+
+TEST_P(NcclCollectives, BarrierThenAllReduce) {
+  REQUIRE_GPUS(world());
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    for (int i = 0; i < 3; ++i) rank.barrier();
+    DeviceArray<float> x(std::vector<float>{static_cast<float>(r + 1)});
+    rank.all_reduce(x, DDP_REDUCE_SUM);
+    rank.barrier();
+    rank.sync();
+    check_all("all_reduce after barriers", x.read(), [&](size_t) { return w * (w + 1) / 2; });
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(World, NcclCollectives, ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int>& info) { return "world" + std::to_string(info.param); });
+
+// ------------------------------------------------- streams and the watchdog
+
+// A collective goes on the stream it is given, behind the work already there,
+// and its entry returns without waiting for that work.
+TEST(NcclStreams, EnqueuedBehindTheStreamsWorkWithoutWaiting) {
+  REQUIRE_GPUS(1);
+  EXPECT_RANKS_OK(run_ranks(1, [](int, const std::string& dir) {
+    Rank rank(0, 1, dir);
+    const size_t n = 1000;
+    std::vector<float> fresh(n);
+    for (size_t i = 0; i < n; ++i) fresh[i] = static_cast<float>(i) + 0.25f;
+    DeviceArray<float> from(fresh), send(std::vector<float>(n, 0.0f)), recv(std::vector<float>(n, -1.0f));
+    rank.all_gather(from, recv);  // the first call loads NCCL's kernels: not timed
+    rank.sync();
+    cudaStream_t s = rank.host().native();
+    block_stream(s, 500);
+    cuda(cudaMemcpyAsync(send.ptr(), from.ptr(), n * sizeof(float), cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    const auto start = std::chrono::steady_clock::now();
+    rank.all_gather(send, recv);  // at world 1: recv = send, once the copy before it is done
+    const auto took = std::chrono::steady_clock::now() - start;
+    rank.sync();
+    check_all("all_gather after a copy on its stream", recv.read(), [&](size_t i) { return fresh[i]; });
+    if (took > 250ms)
+      fail("all_gather took " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) +
+           " ms to return while its stream was blocked for 500 ms: it waited for the stream");
+  }));
+}
+
+// Arguments are checked before anything is enqueued, and a refused call
+// leaves the communicator usable.
+TEST(NcclStreams, RefusesBadArgumentsAndStaysUsable) {
+  REQUIRE_GPUS(1);
+  EXPECT_RANKS_OK(run_ranks(1, [](int, const std::string& dir) {
+    Rank rank(0, 1, dir);
+    DeviceArray<float> x(std::vector<float>{1.0f, 2.0f});
+    auto expect_refused = [&](ddp_status got, ddp_status status, const std::string& message) {
+      const std::string text = take_error();
+      if (got != status || text != message)
+        fail("got status " + std::to_string(got) + " '" + text + "', expected " + std::to_string(status) + " '" +
+             message + "'");
+    };
+    std::vector<float> host_memory(2);
+    const ddp_buffer on_cpu{host_memory.data(), 2, DDP_FLOAT32, DDP_DEVICE_CPU};
+    expect_refused(rank.t()->all_reduce(rank.comm(), &on_cpu, DDP_REDUCE_SUM, rank.stream()), DDP_ERR_UNSUPPORTED,
+                   "all_reduce: the nccl transport needs CUDA buffers (this one is on the cpu)");
+    const ddp_buffer odd_type{x.ptr(), 2, static_cast<ddp_dtype>(99), DDP_DEVICE_CUDA};
+    expect_refused(rank.t()->all_reduce(rank.comm(), &odd_type, DDP_REDUCE_SUM, rank.stream()), DDP_ERR_UNSUPPORTED,
+                   "all_reduce: dtype 99 not supported (float32, float64, int32, int64, bfloat16, float16)");
+    const ddp_buffer b = x.buffer();
+    expect_refused(rank.t()->all_reduce(rank.comm(), &b, static_cast<ddp_reduce_op>(7), rank.stream()),
+                   DDP_ERR_INVALID_ARGUMENT, "all_reduce: unknown reduce op 7");
+    expect_refused(rank.t()->broadcast(rank.comm(), &b, 1, rank.stream()), DDP_ERR_INVALID_ARGUMENT,
+                   "broadcast: root 1 out of range");
+    const ddp_buffer one{x.ptr(), 1, DDP_FLOAT32, DDP_DEVICE_CUDA};
+    expect_refused(rank.t()->all_gather(rank.comm(), &one, &b, rank.stream()), DDP_ERR_INVALID_ARGUMENT,
+                   "all_gather: recv must hold send.count * world_size elements of send's dtype");
+    expect_refused(rank.t()->reduce_scatter(rank.comm(), &one, &b, DDP_REDUCE_SUM, rank.stream()),
+                   DDP_ERR_INVALID_ARGUMENT,
+                   "reduce_scatter: send must hold recv.count * world_size elements of recv's dtype");
+    rank.all_reduce(x, DDP_REDUCE_SUM);
+    rank.sync();
+    check_all("all_reduce after the refusals", x.read(), [](size_t i) { return i + 1.0; });
+  }));
+}
+
+// A collective that does not complete within timeout_ms (here: its stream is
+// held by an 8 s host function; the timeout is 3 s, not less, because it
+// bounds NCCL's set-up too) is aborted by the watchdog; the next call and the
+// stream report it, naming the rank and the collective.
+TEST(NcclWatchdog, TimeoutAbortsAndFailsTheStream) {
+  REQUIRE_GPUS(1);
+  EXPECT_RANKS_OK(run_ranks(1, [](int, const std::string& dir) {
+    Rank rank(0, 1, dir, /*timeout_ms=*/3000);
+    DeviceArray<float> x(std::vector<float>{1.0f});
+    rank.all_reduce(x, DDP_REDUCE_SUM);  // kernels loaded before the clock matters
+    rank.sync();
+    block_stream(rank.host().native(), 8000);
+    rank.all_reduce(x, DDP_REDUCE_SUM);
+    std::this_thread::sleep_for(4500ms);  // > 3000 ms and the watchdog's polls
+    const std::string expected =
+        "nccl transport, rank 0: all_reduce (4 bytes) did not complete within 3000 ms (run.timeout_s): a peer "
+        "rank died, hung or issued another collective; the communicator was aborted";
+    const ddp_buffer b = x.buffer();
+    const ddp_status status = rank.t()->all_reduce(rank.comm(), &b, DDP_REDUCE_SUM, rank.stream());
+    const std::string text = take_error();
+    if (status != DDP_ERR_TIMEOUT || text != expected)
+      fail("the call after the timeout returned " + std::to_string(status) + " '" + text + "', expected '" +
+           expected + "'");
+    cuda(cudaStreamSynchronize(rank.host().native()), "cudaStreamSynchronize");
+    if (rank.host().stream_error() != expected)
+      fail("the stream's error is '" + rank.host().stream_error() + "', expected '" + expected + "'");
+  }));
+}
+
+TEST(NcclWatchdog, AbortFailsTheNextCall) {
+  REQUIRE_GPUS(1);
+  EXPECT_RANKS_OK(run_ranks(1, [](int, const std::string& dir) {
+    Rank rank(0, 1, dir);
+    DeviceArray<float> x(std::vector<float>{1.0f});
+    rank.all_reduce(x, DDP_REDUCE_SUM);
+    rank.sync();
+    rank.t()->abort(rank.comm());
+    rank.t()->abort(rank.comm());  // twice is fine
+    const ddp_buffer b = x.buffer();
+    const ddp_status status = rank.t()->all_reduce(rank.comm(), &b, DDP_REDUCE_SUM, rank.stream());
+    const std::string text = take_error();
+    if (status != DDP_ERR_COMM || text != "nccl transport, rank 0: the communicator was aborted by the engine")
+      fail("after abort: status " + std::to_string(status) + " '" + text + "'");
+  }));  // destroy after abort
+}
+
+// Two ranks, one never issuing the second collective: the other's watchdog
+// aborts it within the timeout, then tells its peer to finish. (A first
+// collective of the same size connects the ranks: NCCL connects lazily, and a
+// connection needs both.)
+TEST(NcclWatchdog, PeerThatNeverCallsTimesOut) {
+  REQUIRE_GPUS(2);
+  EXPECT_RANKS_OK(run_ranks(2, [](int r, const std::string& dir) {
+    Rank rank(r, 2, dir, /*timeout_ms=*/5000);
+    Store store("file:" + dir, "nccl_transport_test_done", std::chrono::milliseconds(60000));
+    DeviceArray<float> x(std::vector<float>(1024, 1.0f));
+    rank.all_reduce(x, DDP_REDUCE_SUM);
+    rank.sync();
+    if (r == 1) {
+      store.get("done");  // issue nothing more until rank 0 is through
+      return;
+    }
+    rank.all_reduce(x, DDP_REDUCE_SUM);
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (cudaStreamQuery(rank.host().native()) == cudaErrorNotReady) {  // the abort ends NCCL's kernel
+      if (std::chrono::steady_clock::now() > deadline) fail("the all_reduce still runs 20 s after it began");
+      std::this_thread::sleep_for(10ms);
+    }
+    const std::string expected =
+        "nccl transport, rank 0: all_reduce (4096 bytes) did not complete within 5000 ms (run.timeout_s): a peer "
+        "rank died, hung or issued another collective; the communicator was aborted";
+    const std::string stream_error = rank.host().stream_error();
+    const ddp_buffer b = x.buffer();
+    const ddp_status status = rank.t()->all_reduce(rank.comm(), &b, DDP_REDUCE_SUM, rank.stream());
+    const std::string text = take_error();
+    store.set("done", {'1'});
+    if (status != DDP_ERR_TIMEOUT || text != expected) fail("next call: " + std::to_string(status) + " '" + text + "'");
+    if (stream_error != expected) fail("the stream's error is '" + stream_error + "'");
+  }, /*timeout_s=*/90));
+}
+
+}  // namespace
+}  // namespace ddp
