@@ -6,8 +6,10 @@
 // observed with an Event. Every expected value is closed-form and exactly
 // representable, so results are compared with ==.
 //
-// Usage: transport_test [--transport NAME|PATH] [GoogleTest flags]
-// (default gloo). Tests of the gloo plugin's own wording skip for others.
+// Usage: transport_test [--transport NAME|PATH] [--set transport.key=value]...
+//                       [GoogleTest flags]
+// (default gloo, its default keys). Tests of the gloo plugin's own wording
+// skip for others.
 #include <unistd.h>
 
 #include <chrono>
@@ -35,8 +37,9 @@
 
 namespace ddp {
 
-// The transport under test (--transport); a name or a path.
+// The transport under test (--transport); a name or a path; its keys (--set).
 std::string g_transport = "gloo";
+std::vector<std::string> g_sets;
 namespace {
 
 using namespace std::chrono_literals;
@@ -100,7 +103,7 @@ class Rank {
   // the store keeps 30 s so that a slow start never fails the rendezvous.
   Rank(int rank, int world, const std::string& dir, int64_t timeout_ms = 30000)
       : store_("file:" + dir, "transport_test", std::chrono::milliseconds(30000)),
-        section_("test.toml", "transport", toml::table{}) {
+        section_(plugin_section_from_overrides("transport", g_sets)) {
     services_.rank = RankInfo{rank, world, rank};
     services_.device = &device_;
     services_.store = &store_;
@@ -582,6 +585,8 @@ int main(int argc, char** argv) {
       ddp::g_transport = a.substr(12);
     } else if (a == "--transport" && i + 1 < argc) {
       ddp::g_transport = argv[++i];
+    } else if (a == "--set" && i + 1 < argc) {
+      ddp::g_sets.push_back(argv[++i]);
     } else {
       rest.push_back(argv[i]);
     }
