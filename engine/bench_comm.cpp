@@ -72,6 +72,8 @@ std::string fixed(double x, int digits) {
 
 // The all-reduce rows of each (transport, world) fitted to t = o + bytes / w
 // (strategies/common/overhead_model.h), where there are two sizes or more.
+// Median times: the typical call, as bucket_mb = "auto" measures it (a few
+// descheduled iterations can double a mean at 1 MB on 2 cores).
 json overhead_fits(const std::vector<Row>& rows) {
   json fits = json::array();
   std::vector<std::pair<std::string, int>> seen;
@@ -82,7 +84,7 @@ json overhead_fits(const std::vector<Row>& rows) {
     std::vector<strategy::CommTiming> timings;
     for (const Row& q : rows)
       if (q.op == Collective::AllReduce && q.transport == r.transport && q.world == r.world)
-        timings.push_back({double(q.bytes), q.time.mean_s});
+        timings.push_back({double(q.bytes), q.time.median_s});
     try {
       const strategy::OverheadFit fit = strategy::fit_overhead(timings);
       fits.push_back({{"transport", r.transport}, {"world", r.world}, {"o_s", fit.o_s},
@@ -104,7 +106,7 @@ void write_outputs(const std::vector<Row>& rows, const std::string& out_dir) {
               << " |\n";
   const json fits = overhead_fits(rows);
   if (!fits.empty()) {
-    std::cout << "\nall_reduce fitted to t = o + bytes / w (least squares, relative residuals):\n\n"
+    std::cout << "\nall_reduce fitted to t = o + bytes / w (median times; least squares, relative residuals):\n\n"
               << "| transport | world | o (µs) | w (GB/s) |\n|---|---|---|---|\n";
     for (const json& f : fits)
       std::cout << "| " << f["transport"].get<std::string>() << " | " << f["world"].get<int>() << " | "

@@ -7,8 +7,8 @@ usage: /usr/bin/python3 tools/plot_bench_comm.py RESULTS.json [MORE.json ...] [-
                  tools/pytorch_allreduce_bench.py --out; rows of all files go on one plot
                  (a point measured in several files is their median)
   --out FILE     the PNG (default: bench_comm.png beside the first file)
-Needs matplotlib (Debian: python3-matplotlib). Log-scale size axis; one colour per (op, world),
-one line style per transport, one marker per op.
+Needs matplotlib (Debian: python3-matplotlib). Log-scale size axis; one colour per world size,
+one marker per op, one line style per transport.
 """
 import argparse
 import json
@@ -49,7 +49,7 @@ def main(argv=None):
     out = a.out or os.path.join(os.path.dirname(os.path.abspath(a.results[0])), "bench_comm.png")
 
     transports = sorted({r["transport"] for r in rows})
-    series = sorted({(r["op"], r["world"]) for r in rows})
+    worlds = sorted({r["world"] for r in rows})
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, ax = plt.subplots(figsize=(8, 5))
     lines = sorted({(r["transport"], r["op"], r["world"]) for r in rows})
@@ -61,11 +61,14 @@ def main(argv=None):
         pts = sorted((b, statistics.median(v)) for b, v in by_size.items())
         ax.plot([b for b, _ in pts], [bw for _, bw in pts], marker=MARKERS.get(op, "x"),
                 linestyle=STYLES[transports.index(transport) % len(STYLES)],
-                color=colours[series.index((op, world)) % len(colours)], label=f"{transport} {op} n={world}")
+                color=colours[worlds.index(world) % len(colours)], label=f"{transport} {op} n={world}")
     sizes = sorted({r["bytes"] for r in rows})
+    # Ticks at the round sizes (all_gather and reduce_scatter on 6 ranks move
+    # S rounded down to whole floats per rank: 1048560 bytes for 1MB).
+    ticks = [s for s in sizes if size_label(s)[-2:] in ("KB", "MB", "GB")] or sizes
     ax.set_xscale("log")
-    ax.set_xticks(sizes)
-    ax.set_xticklabels([size_label(s) for s in sizes])
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([size_label(s) for s in ticks])
     ax.minorticks_off()
     ax.set_xlabel("size S (nccl-tests convention)")
     ax.set_ylabel("bus bandwidth (GB/s)")
