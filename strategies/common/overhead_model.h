@@ -10,9 +10,9 @@
 // DDP with n_b equal buckets of a model of s bytes, assuming that computing
 // a bucket's gradients takes as long as moving its bytes, c = s / (n_b w):
 // bucket k is final at k·c; its all-reduce starts when it is final and the
-// previous one has ended, and lasts o + c. Each all-reduce then ends o
-// later than the next bucket is final, so the queue grows by o per bucket,
-// and the last one ends at c + n_b (o + c), while backward ends at n_b c:
+// previous one has ended, and lasts o + c, so the all-reduces fall o
+// further behind with each bucket: the k-th ends at (k + 1)·c + k·o, the
+// last at (n_b + 1)·c + n_b·o, while backward ends at n_b·c:
 //   overhead(n_b) = n_b·o + s / (n_b·w)          (time after backward)
 // It is smallest at n_b* = sqrt(s / (w·o)), i.e. buckets of
 //   b* = s / n_b* = sqrt(s·w·o),   overhead(n_b*) = 2·sqrt(s·o / w).
