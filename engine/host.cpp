@@ -194,7 +194,7 @@ struct HostCallbacks {
   static ddp_status run_optimizer(void* ctx, const size_t* indices, size_t count) {
     return guarded([&] {
       HostServices& s = svc(ctx);
-      s.optimizer->step(s.model->params(), std::vector<size_t>(indices, indices + count));
+      s.optimizer->step(s.model->params(), indices, count);
     });
   }
 };

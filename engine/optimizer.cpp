@@ -84,8 +84,9 @@ Optimizer::Optimizer(const OptimizerConfig& config, Device& device, const std::v
 
 Optimizer::~Optimizer() = default;
 
-void Optimizer::step(std::vector<Parameter>& params, const std::vector<size_t>& indices) {
-  for (size_t i : indices) {
+void Optimizer::step(std::vector<Parameter>& params, const size_t* indices, size_t count) {
+  for (size_t k = 0; k < count; ++k) {
+    const size_t i = indices[k];
     Parameter& p = params.at(i);
     if (!p.trainable || p.uses == 0) continue;
     if (!state_[i]) state_[i] = std::make_unique<State>();

@@ -21,10 +21,14 @@ class Optimizer {
   Optimizer(const OptimizerConfig& config, Device& device, const std::vector<Parameter>& params);
   ~Optimizer();
 
-  // Updates params[i] from params[i].grad for every i in `indices`. Frozen
-  // parameters and parameters the model never uses (no gradient, as a
-  // PyTorch parameter whose .grad is None) are skipped.
-  void step(std::vector<Parameter>& params, const std::vector<size_t>& indices);
+  // Updates params[i] from params[i].grad for every i in indices[0, count).
+  // Frozen parameters and parameters the model never uses (no gradient, as
+  // a PyTorch parameter whose .grad is None) are skipped. Allocates nothing
+  // after a parameter's first step (strategies call it per bucket per step).
+  void step(std::vector<Parameter>& params, const size_t* indices, size_t count);
+  void step(std::vector<Parameter>& params, const std::vector<size_t>& indices) {
+    step(params, indices.data(), indices.size());
+  }
 
  private:
   struct State {

@@ -31,7 +31,7 @@
 #   --rounds R       rounds of alternation (default 3)
 #   --strategies L   our strategies, space-separated (default "bucketed"); each one is a
 #                    plugin name, optionally with strategy keys: "bucketed:bucket_mb=25",
-#                    "sharded:variant=reduce_scatter" (key=value, comma-separated; numbers
+#                    "sharded:variant=allgather" (key=value, comma-separated; numbers
 #                    and true/false as TOML values, anything else a string)
 #   --out FILE       results JSON (default runs/bench_lm_cpu/results.json, in the repo)
 #   --ddp BIN        our launcher (default build/bin/ddp; build it with tools/setup.sh)

@@ -18,7 +18,7 @@ usage: tools/plot_trace.py TRACE.json [TRACE.json ...] [--step N] [--labels A,B,
 
 e.g. (README, "Traces"):
   tools/plot_trace.py runs/toy/trace.json runs/overlap/trace.json \\
-      --labels naive,overlap --out docs/trace-naive-vs-overlap.png
+      --labels naive,overlap --out tools/results/trace-naive-vs-overlap.png
 Needs matplotlib (Debian python3-matplotlib; tools/setup.sh installs it).
 """
 import argparse
