@@ -35,6 +35,8 @@ constexpr KeySpec kSchema[] = {
     {"run", "log_every", toml::node_type::integer, false},
     {"run", "grad_accum_steps", toml::node_type::integer, false},
     {"run", "threads", toml::node_type::integer, false},
+    {"run", "device", toml::node_type::string, false},
+    {"run", "share_gpus", toml::node_type::boolean, false},
     {"model", "name", toml::node_type::string, true},
     {"model", "init_from", toml::node_type::string, false},
     {"model", "freeze", toml::node_type::array, false},
@@ -235,6 +237,11 @@ class Reader {
     return node ? node->as_string()->get() : fallback;
   }
 
+  bool boolean(const char* section, const char* key, bool fallback) const {
+    const toml::node* node = find(section, key);
+    return node ? node->as_boolean()->get() : fallback;
+  }
+
   std::string one_of(const char* section, const char* key, const std::string& fallback,
                      const std::vector<std::string>& allowed) const {
     const std::string value = string(section, key, fallback);
@@ -433,6 +440,8 @@ Config validate_config(const toml::table& doc, const std::string& file) {
   c.run.log_every = r.integer("run", "log_every", 1, 1);
 
   c.run.threads = int(r.integer("run", "threads", 1, 1, 1024));
+  c.run.device = r.one_of("run", "device", "cpu", {"cpu", "cuda"}) == "cuda" ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
+  c.run.share_gpus = r.boolean("run", "share_gpus", false);
 
   ModelConfig& m = c.model;
   m.name = r.one_of("model", "name", "", {"toy", "toy_tied", "mlp", "lm"});

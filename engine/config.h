@@ -27,6 +27,8 @@
 
 #include <toml++/toml.h>
 
+#include <ddp/plugin.h>
+
 #include "error.h"
 
 namespace ddp {
@@ -77,6 +79,8 @@ struct RunConfig {
   double timeout_s = 30.0;    // > 0
   int64_t log_every = 1;      // progress line every N steps, >= 1
   int threads = 1;            // BLAS threads per rank, >= 1
+  ddp_device_kind device = DDP_DEVICE_CPU;  // "cpu" | "cuda" (GPU local_rank per rank)
+  bool share_gpus = false;    // cuda: ranks beyond the GPU count share them (gloo only)
 };
 
 struct ModelConfig {

@@ -46,8 +46,11 @@ Stream::Stream(std::string name, bool threaded) : name_(std::move(name)), thread
   if (threaded_) thread_ = std::thread([this] { loop(); });
 }
 
+Stream::Stream(std::string name, void* native)
+    : name_(std::move(name)), threaded_(true), native_(native) {}
+
 Stream::~Stream() {
-  if (!threaded_) return;
+  if (!thread_.joinable()) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
@@ -131,18 +134,39 @@ void Event::record(Stream& stream) {
     state->at = Clock::now();
     state->cv.notify_all();
   });
+  // After the host task: when the native event completes, the task has run.
+  if (!stream.native()) {
+    native_.reset();
+    return;
+  }
+  if (!native_ || native_.use_count() > 1) {  // a copy may still wait on the old one
+    native_ = std::make_shared<Native>();
+    native_->event = stream.create_native_event();
+    native_->destroy = stream.native_event_destroyer();
+  }
+  stream.record_native_event(native_->event);
+  native_->recorded = true;
 }
 
-void Event::synchronize(std::chrono::milliseconds limit) {
-  auto state = state_;
-  std::unique_lock<std::mutex> lock(state->mutex);
+namespace {
+
+template <typename State>
+void wait_for_state(State& state, std::chrono::milliseconds limit) {
+  std::unique_lock<std::mutex> lock(state.mutex);
   if (limit == std::chrono::milliseconds::max()) {
-    state->cv.wait(lock, [&] { return state->done; });
-  } else if (!state->cv.wait_for(lock, limit, [&] { return state->done; })) {
+    state.cv.wait(lock, [&] { return state.done; });
+  } else if (!state.cv.wait_for(lock, limit, [&] { return state.done; })) {
     throw Error("communication made no progress for " + std::to_string(limit.count() / 1000) +
                 " s (run.timeout_s plus a grace): a collective is stuck");
   }
-  if (!state->error.empty()) throw Error(state->error);
+  if (!state.error.empty()) throw Error(state.error);
+}
+
+}  // namespace
+
+void Event::synchronize(std::chrono::milliseconds limit) {
+  auto state = state_;
+  wait_for_state(*state, limit);
 }
 
 bool Event::query() {
@@ -151,10 +175,17 @@ bool Event::query() {
   return state->done;
 }
 
+// The tasks below hold the State only, never the Native: a device's host
+// task must not free a native event (no device calls from its callbacks).
 void Event::make_wait(Stream& stream, std::chrono::milliseconds limit) {
-  Event copy = *this;  // the state as recorded now
-  stream.enqueue([copy, limit](bool cancelled) mutable {
-    if (!cancelled) copy.synchronize(limit);
+  auto state = state_;  // as recorded now
+  if (native_ && native_->recorded && stream.native()) {
+    // The device waits; then a host task passes the event's failure on (by
+    // the time it runs, the recording stream's host task has run too).
+    stream.wait_native_event(native_->event);
+  }
+  stream.enqueue([state, limit](bool cancelled) {
+    if (!cancelled) wait_for_state(*state, limit);
   });
 }
 
@@ -216,11 +247,35 @@ void CpuDevice::fill(float* data, size_t count, float value, Stream& stream) {
   });
 }
 
+void CpuDevice::upload(void* dst, const void* host_src, size_t bytes) {
+  std::memcpy(dst, host_src, bytes);
+}
+
+void CpuDevice::download(void* host_dst, const void* src, size_t bytes) {
+  std::memcpy(host_dst, src, bytes);
+}
+
 void CpuDevice::scale(float* data, size_t count, float factor, Stream& stream) {
   stream.enqueue([=](bool cancelled) {
     if (cancelled) return;
     for (size_t i = 0; i < count; ++i) data[i] *= factor;
   });
+}
+
+#if DDP_WITH_CUDA
+std::unique_ptr<Device> make_cuda_device(int local_rank, bool share_gpus);  // cuda/cuda_device.cpp
+#endif
+
+std::unique_ptr<Device> make_device(ddp_device_kind kind, int local_rank, bool share_gpus) {
+  if (kind == DDP_DEVICE_CPU) return std::make_unique<CpuDevice>();
+#if DDP_WITH_CUDA
+  return make_cuda_device(local_rank, share_gpus);
+#else
+  (void)local_rank;
+  (void)share_gpus;
+  throw Error("run.device = \"cuda\": this build of ddp has no CUDA (it was configured without "
+              "nvcc or with -DDDP_WITH_CUDA=OFF)");
+#endif
 }
 
 }  // namespace ddp

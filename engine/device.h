@@ -63,36 +63,57 @@ class MemoryTracker {
   std::atomic<int64_t> allocations_{0};
 };
 
-// An in-order queue of work. Inline streams run each task in the caller's
-// thread at enqueue time; threaded ones on their own executor thread.
+// An in-order queue of work. CPU streams: inline ones run each task in the
+// caller's thread at enqueue time; threaded ones on their own executor
+// thread. A device's streams (CUDA) derive from this class: their tasks run
+// in order with the device's own work (cudaLaunchHostFunc), and native()
+// is their handle.
 class Stream {
  public:
   // A task gets cancelled = true when the stream has failed before it ran;
   // it must then only release what it owns. Throwing fails the stream.
   using Task = std::function<void(bool cancelled)>;
 
-  Stream(std::string name, bool threaded);
-  ~Stream();  // drains the queue, then joins the executor
+  Stream(std::string name, bool threaded);  // a CPU stream
+  virtual ~Stream();  // CPU: drains the queue, then joins the executor
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
   // Threaded: queues the task. Inline: runs it now, and if it throws, fails
   // the stream and rethrows, so the caller sees the failure at once.
-  void enqueue(Task task);
+  virtual void enqueue(Task task);
   // Blocks until every task enqueued so far has run. Throws Error with the
   // stream's failure message if it failed.
-  void synchronize();
+  virtual void synchronize();
   bool failed() const;
   std::string error() const;
   const std::string& name() const { return name_; }
+  // Whether enqueue returns before the work ran (false: inline).
   bool threaded() const { return threaded_; }
+  // The device's handle (a cudaStream_t), or null for a CPU stream.
+  void* native() const { return native_; }
+
+  // Native events order a device's streams among themselves without the
+  // host (cudaEventRecord / cudaStreamWaitEvent). A CPU stream has none:
+  // create_native_event returns null and Event falls back to host tasks.
+  virtual void* create_native_event() { return nullptr; }
+  virtual void record_native_event(void* /*event*/) {}
+  virtual void wait_native_event(void* /*event*/) {}
+  // Frees an event create_native_event made (any stream of the device).
+  using NativeEventDestroy = void (*)(void* event);
+  virtual NativeEventDestroy native_event_destroyer() const { return nullptr; }
+
+ protected:
+  // A device stream: no executor thread; enqueue and synchronize overridden.
+  Stream(std::string name, void* native);
+  void run(Task& task);  // runs one task, recording a failure (rethrown if inline)
 
  private:
-  void run(Task& task);  // runs one task, recording a failure
   void loop();
 
   std::string name_;
   bool threaded_;
+  void* native_ = nullptr;
   mutable std::mutex mutex_;
   std::condition_variable cv_;       // work arrived / stop
   std::condition_variable idle_cv_;  // queue drained
@@ -104,7 +125,9 @@ class Stream {
 };
 
 // A point on a stream. Recording re-arms it; it completes when the stream
-// reaches it, or fails if the stream has failed by then.
+// reaches it, or fails if the stream has failed by then. On a device stream
+// it also records a native event, so that waits between the device's
+// streams stay on the device.
 class Event {
  public:
   void record(Stream& stream);
@@ -113,7 +136,7 @@ class Event {
   void synchronize(std::chrono::milliseconds limit = std::chrono::milliseconds::max());
   bool query();  // true once complete (or failed)
   // Makes `stream` wait (without blocking the caller, unless inline); the
-  // wait fails the stream if `limit` passes first.
+  // wait fails the stream if `limit` passes first, or if the event failed.
   void make_wait(Stream& stream, std::chrono::milliseconds limit = std::chrono::milliseconds::max());
   Clock::time_point completed_at();
 
@@ -125,7 +148,16 @@ class Event {
     std::string error;
     Clock::time_point at{};
   };
+  struct Native {  // a device's event, freed with the last copy of the Event
+    void* event = nullptr;
+    Stream::NativeEventDestroy destroy = nullptr;
+    bool recorded = false;
+    ~Native() {
+      if (event && destroy) destroy(event);
+    }
+  };
   std::shared_ptr<State> state_ = std::make_shared<State>();
+  std::shared_ptr<Native> native_;
 };
 
 // The engine's device: memory and the two streams. One per rank.
@@ -139,6 +171,10 @@ class Device {
   virtual void copy(void* dst, const void* src, size_t bytes, Stream& stream) = 0;
   virtual void fill(float* data, size_t count, float value, Stream& stream) = 0;
   virtual void scale(float* data, size_t count, float factor, Stream& stream) = 0;
+  // Host <-> device copies, in order with the compute stream; they return
+  // when the copy is done (set-up, checkpoints, tests: not the step).
+  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
   Stream& compute_stream() { return *compute_; }
   Stream& comm_stream() { return *comm_; }
   MemoryTracker& memory() { return memory_; }
@@ -159,10 +195,18 @@ class CpuDevice final : public Device {
   void copy(void* dst, const void* src, size_t bytes, Stream& stream) override;
   void fill(float* data, size_t count, float value, Stream& stream) override;
   void scale(float* data, size_t count, float factor, Stream& stream) override;
+  void upload(void* dst, const void* host_src, size_t bytes) override;
+  void download(void* host_dst, const void* src, size_t bytes) override;
 
  private:
   std::mutex mutex_;
   std::unordered_map<void*, std::pair<size_t, MemCategory>> blocks_;
 };
+
+// The device of `kind` for the rank with this local rank. CUDA: GPU
+// local_rank, or local_rank modulo the GPUs present when share_gpus. Throws
+// Error where there is no usable GPU, too few of them, or no CUDA in this
+// build.
+std::unique_ptr<Device> make_device(ddp_device_kind kind, int local_rank, bool share_gpus);
 
 }  // namespace ddp

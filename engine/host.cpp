@@ -169,7 +169,7 @@ struct HostCallbacks {
   static ddp_status event_query(void*, ddp_event event, int* done) {
     return guarded([&] { *done = to_event(event)->query() ? 1 : 0; }, DDP_ERR_COMM);
   }
-  static void* stream_native(void*, ddp_stream) { return nullptr; }  // CPU streams have none
+  static void* stream_native(void*, ddp_stream stream) { return to_stream(stream)->native(); }  // CPU: null
 
   static ddp_status store_set(void* ctx, const char* key, const void* data, size_t bytes) {
     return guarded([&] {

@@ -4,6 +4,11 @@
 // match PyTorch to rounding.
 #include "optimizer.h"
 
+#include "update_rules.h"
+#if DDP_WITH_CUDA
+#include "cuda/cuda_ops.h"
+#endif
+
 #include <fnmatch.h>
 
 #include <cmath>
@@ -39,10 +44,6 @@ void sgd_momentum(float* __restrict w, const float* __restrict g, float* __restr
   }
 }
 
-struct AdamScalars {
-  float decay, b1, one_minus_b1, b2, one_minus_b2, bias2_sqrt, eps, step_size;
-};
-
 DDP_UPDATE_CLONES
 void adamw_update(float* __restrict w, const float* __restrict g, float* __restrict m, float* __restrict v,
                   size_t n, const AdamScalars c) {
@@ -56,6 +57,15 @@ void adamw_update(float* __restrict w, const float* __restrict g, float* __restr
 }
 
 }  // namespace
+
+AdamScalars adamw_scalars(double lr, double weight_decay, double beta1, double beta2, double eps,
+                          int64_t step) {
+  const double bias1 = 1.0 - std::pow(beta1, double(step));
+  const double bias2 = 1.0 - std::pow(beta2, double(step));
+  return AdamScalars{float(1.0 - lr * weight_decay), float(beta1),       float(1.0 - beta1),
+                     float(beta2),                   float(1.0 - beta2), float(std::sqrt(bias2)),
+                     float(eps),                     float(lr / bias1)};
+}
 
 bool name_matches(const std::string& pattern, const std::string& name) {
   return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
@@ -104,13 +114,17 @@ void Optimizer::sgd(Parameter& p, const Hyper& h, State& s) {
   float* w = p.data.data();
   const float* g = p.grad.data();
   const float lr = float(h.lr), wd = float(h.weight_decay), mu = float(config_.momentum);
-  if (mu == 0.0f) {
-    sgd_plain(w, g, n, lr, wd);
+  const bool first = mu != 0.0f && !s.first.defined();
+  if (first) s.first = Tensor(device_, p.shape, MemCategory::OptimizerState);
+#if DDP_WITH_CUDA
+  if (void* stream = device_.compute_stream().native()) {
+    if (mu == 0.0f) cuda_ops::sgd_plain(stream, w, g, n, lr, wd);
+    else cuda_ops::sgd_momentum(stream, w, g, s.first.data(), n, lr, wd, mu, first);
     return;
   }
-  const bool first = !s.first.defined();
-  if (first) s.first = Tensor(device_, p.shape, MemCategory::OptimizerState);
-  sgd_momentum(w, g, s.first.data(), n, lr, wd, mu, first);
+#endif
+  if (mu == 0.0f) sgd_plain(w, g, n, lr, wd);
+  else sgd_momentum(w, g, s.first.data(), n, lr, wd, mu, first);
 }
 
 // torch.optim.AdamW (_single_tensor_adamw, PyTorch 1.13):
@@ -122,18 +136,15 @@ void Optimizer::adamw(Parameter& p, const Hyper& h, State& s) {
     s.second = Tensor(device_, p.shape, MemCategory::OptimizerState);
   }
   s.steps += 1;
-  // Scalars are computed in double and rounded once, as Python floats are
-  // when PyTorch applies them to a float32 tensor.
-  const double bias1 = 1.0 - std::pow(config_.beta1, double(s.steps));
-  const double bias2 = 1.0 - std::pow(config_.beta2, double(s.steps));
-  const AdamScalars c{float(1.0 - h.lr * h.weight_decay),
-                      float(config_.beta1),
-                      float(1.0 - config_.beta1),
-                      float(config_.beta2),
-                      float(1.0 - config_.beta2),
-                      float(std::sqrt(bias2)),
-                      float(config_.eps),
-                      float(h.lr / bias1)};
+  const AdamScalars c =
+      adamw_scalars(h.lr, h.weight_decay, config_.beta1, config_.beta2, config_.eps, s.steps);
+#if DDP_WITH_CUDA
+  if (void* stream = device_.compute_stream().native()) {
+    cuda_ops::adamw_update(stream, p.data.data(), p.grad.data(), s.first.data(), s.second.data(),
+                           p.data.numel(), c);
+    return;
+  }
+#endif
   adamw_update(p.data.data(), p.grad.data(), s.first.data(), s.second.data(), p.data.numel(), c);
 }
 

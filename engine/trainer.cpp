@@ -29,7 +29,7 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-void load_init(const std::string& path, Model& model) {
+void load_init(const std::string& path, Model& model, Device& device) {
   auto tensors = read_safetensors(path);
   for (Parameter& p : model.params()) {
     auto it = tensors.find(p.name);
@@ -38,7 +38,7 @@ void load_init(const std::string& path, Model& model) {
       throw Error(path + ": tensor '" + p.name + "' has shape " + shape_string(it->second.shape) +
                   ", model expects " + shape_string(p.shape));
     std::vector<float> values = it->second.as_floats(path, p.name);
-    std::memcpy(p.data.data(), values.data(), p.data.bytes());
+    device.upload(p.data.data(), values.data(), p.data.bytes());
   }
 }
 
@@ -101,8 +101,9 @@ class RankRun {
     drain();
   }
   void drain() {
+    if (!device_) return;
     try {
-      device_.comm_stream().synchronize();
+      device_->comm_stream().synchronize();
     } catch (const std::exception&) {
     }
   }
@@ -116,7 +117,7 @@ class RankRun {
     if (observer_) observer_->on_weights(-1, *model_);
     sh.check(api.on_train_begin(plugins_.strategy), "on_train_begin");
     if (observer_) observer_->on_weights(0, *model_);
-    take_peaks(device_.memory(), mem_after_setup_);
+    take_peaks(device_->memory(), mem_after_setup_);
 
     records_.reserve(static_cast<size_t>(config_.run.steps));
     for (int64_t step = 0; step < config_.run.steps; ++step) {
@@ -124,7 +125,7 @@ class RankRun {
       if (observer_) observer_->on_weights(step + 1, *model_);
       if ((step + 1) % config_.run.log_every == 0 || step + 1 == config_.run.steps) report(step);
     }
-    device_.comm_stream().synchronize();
+    device_->comm_stream().synchronize();
     finish_run(api);
     if (trace_) {
       const auto dir = std::filesystem::path(trace_path_).parent_path();
@@ -137,8 +138,9 @@ class RankRun {
   void set_up() {
     const RankInfo& r = env_.rank;
     openblas_set_num_threads(config_.run.threads);
+    device_ = make_device(config_.run.device, r.local_rank, config_.run.share_gpus);
     DataShape shape;
-    model_ = build_model(config_.model, device_, config_.run.seed + static_cast<uint64_t>(r.rank), &shape);
+    model_ = build_model(config_.model, *device_, config_.run.seed + static_cast<uint64_t>(r.rank), &shape);
     if (!trace_path_.empty()) {
       // Room for every step's ranges and collectives (about one per parameter each).
       const size_t per_step = size_t(config_.run.grad_accum_steps + 1) * (model_->params().size() + 8);
@@ -148,7 +150,7 @@ class RankRun {
       });
     }
     tokens_per_row_ = shape.kind == DataShape::Tokens ? shape.context : 1;
-    if (!config_.model.init_from.empty()) load_init(config_.model.init_from, *model_);
+    if (!config_.model.init_from.empty()) load_init(config_.model.init_from, *model_, *device_);
     for (const std::string& pattern : config_.model.freeze) {
       bool used = false;
       for (Parameter& p : model_->params()) {
@@ -159,8 +161,11 @@ class RankRun {
       }
       if (!used) throw ConfigError("model.freeze: '" + pattern + "' matches no parameter of model '" + config_.model.name + "'");
     }
-    data_ = make_dataset(config_, shape, r.rank, r.world_size, device_);
-    optimizer_ = std::make_unique<Optimizer>(config_.optimizer, device_, model_->params());
+    // Batches are host memory (the models upload what they use): on a GPU
+    // run the data's buffers come from a host device of their own.
+    if (device_->kind() != DDP_DEVICE_CPU) host_device_ = std::make_unique<CpuDevice>();
+    data_ = make_dataset(config_, shape, r.rank, r.world_size, host_device_ ? *host_device_ : *device_);
+    optimizer_ = std::make_unique<Optimizer>(config_.optimizer, *device_, model_->params());
     for (size_t u = 0; u < config_.unfreeze.size(); ++u) {
       bool used = false;
       for (const Parameter& p : model_->params()) used |= name_matches(config_.unfreeze[u].params, p.name);
@@ -172,7 +177,7 @@ class RankRun {
                                      std::chrono::milliseconds(int64_t(config_.run.timeout_s * 1000)));
 
     services_.rank = r;
-    services_.device = &device_;
+    services_.device = device_.get();
     services_.model = model_.get();
     services_.optimizer = optimizer_.get();
     services_.store = store_.get();
@@ -205,7 +210,7 @@ class RankRun {
   }
 
   void require_device_cap(const char* kind, const char* name, uint64_t caps) const {
-    const bool cuda = device_.kind() == DDP_DEVICE_CUDA;
+    const bool cuda = device_->kind() == DDP_DEVICE_CUDA;
     if (!(caps & (cuda ? DDP_CAP_DEVICE_CUDA : DDP_CAP_DEVICE_CPU)))
       throw Error(std::string(kind) + " plugin '" + name + "' does not support device '" + (cuda ? "cuda" : "cpu") +
                   "' (its caps lack DDP_CAP_DEVICE_" + (cuda ? "CUDA" : "CPU") + ")");
@@ -215,13 +220,13 @@ class RankRun {
     StepRecord rec;
     CommCounters& c = services_.counters;
     const int64_t blocked0 = c.blocked_ns, busy0 = c.busy_ns, calls0 = c.collectives, bytes0 = c.bytes;
-    const int64_t allocations0 = device_.memory().allocations();
+    const int64_t allocations0 = device_->memory().allocations();
     if (trace_) trace_->set_step(step);
     const auto t0 = Clock::now();
     const bool params_changed = apply_unfreeze(step);
     auto& params = model_->params();
     for (Parameter& p : params) {
-      if (p.trainable) std::memset(p.grad.data(), 0, p.grad.bytes());
+      if (p.trainable) device_->fill(p.grad.data(), p.grad.numel(), 0.0f, device_->compute_stream());
     }
     // Micro-batches accumulate into the gradients; each one's loss is scaled
     // by 1/k so the sum is the gradient of the mean over k x the batch.
@@ -256,7 +261,7 @@ class RankRun {
     auto t = Clock::now();
     sh.check(api.finish(plugins_.strategy), "finish");
     trace_range("finish", t);
-    take_peaks(device_.memory(), mem_before_optimizer_);
+    take_peaks(device_->memory(), mem_before_optimizer_);
 
     t = Clock::now();
     const int64_t blocked_before_optimizer = c.blocked_ns;
@@ -267,9 +272,12 @@ class RankRun {
     }
     // A strategy's optimizer_step may wait for communication (bucketed waits
     // for each bucket); that wait is exposed communication, not optimizer.
+    // The step ends when the device has done it (a no-op on the CPU, whose
+    // compute stream is the training thread).
+    device_->compute_stream().synchronize();
     rec.optimizer_s = seconds_since(t) - (c.blocked_ns - blocked_before_optimizer) * 1e-9;
     trace_range("optimizer", t);
-    take_peaks(device_.memory(), mem_after_optimizer_);
+    take_peaks(device_->memory(), mem_after_optimizer_);
 
     rec.step_s = seconds_since(t0);
     trace_range("step", t0);
@@ -277,8 +285,8 @@ class RankRun {
     rec.comm_busy_s = (c.busy_ns - busy0) * 1e-9;
     rec.collectives = c.collectives - calls0;
     rec.comm_bytes = c.bytes - bytes0;
-    rec.comm_buffer_bytes = int64_t(device_.memory().current(MemCategory::CommBuffers));
-    rec.device_allocations = device_.memory().allocations() - allocations0;
+    rec.comm_buffer_bytes = int64_t(device_->memory().current(MemCategory::CommBuffers));
+    rec.device_allocations = device_->memory().allocations() - allocations0;
     return rec;
   }
 
@@ -296,7 +304,7 @@ class RankRun {
       for (Parameter& p : model_->params()) {
         if (p.trainable || !name_matches(u.params, p.name)) continue;
         p.trainable = true;
-        p.grad = Tensor(device_, p.shape, MemCategory::Gradients);
+        p.grad = Tensor(*device_, p.shape, MemCategory::Gradients);
         changed = true;
       }
     }
@@ -319,7 +327,7 @@ class RankRun {
   void engine_collective(const std::function<ddp_status(const ddp_transport_v1_t&, ddp_comm*, ddp_stream)>& call,
                          const char* what) {
     const ddp_transport_v1_t& t = *plugins_.transport_lib->transport();
-    Stream& stream = device_.comm_stream();
+    Stream& stream = device_->comm_stream();
     plugins_.transport_host->check(call(t, plugins_.comm, reinterpret_cast<ddp_stream>(&stream)), what);
     Event done;
     done.record(stream);
@@ -370,7 +378,16 @@ class RankRun {
     namespace fs = std::filesystem;
     fs::create_directories(config_.run.output_dir);
     std::vector<NamedFloats> weights;
-    for (const Parameter& p : model_->params()) weights.push_back({p.name, p.shape, p.data.data()});
+    std::vector<std::vector<float>> host;  // device weights copied out
+    for (const Parameter& p : model_->params()) {
+      const float* values = p.data.data();
+      if (device_->kind() != DDP_DEVICE_CPU) {
+        host.emplace_back(p.data.numel());
+        device_->download(host.back().data(), values, p.data.bytes());
+        values = host.back().data();
+      }
+      weights.push_back({p.name, p.shape, values});
+    }
     write_safetensors((fs::path(config_.run.output_dir) / "weights.safetensors").string(), weights);
 
     json summary;
@@ -448,7 +465,8 @@ class RankRun {
   TrainObserver* observer_;
   std::string trace_path_;        // empty: no trace
   std::unique_ptr<Trace> trace_;  // before device_: outlives the comm stream's tasks
-  CpuDevice device_;
+  std::unique_ptr<Device> device_;  // run.device; made first in set_up
+  std::unique_ptr<Device> host_device_;  // the data's buffers on a GPU run
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Store> store_;

@@ -102,6 +102,11 @@ double cross_entropy_forward(float* lse, const float* logits, const int32_t* tar
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, int64_t n, int64_t v, float scale);
 
+// Mean over n elements of (pred - y)^2, summed in double (toy models).
+double mse_forward(const float* pred, const float* y, int64_t n);
+// d[n] = c * (pred - y) with c = 2 * scale / n rounded to float first.
+void mse_backward(float* d, const float* pred, const float* y, int64_t n, float scale);
+
 // ---- initialisation (deterministic from a std::mt19937_64) -------------
 
 // U(-bound, bound): nn.Linear's default init with bound = 1/sqrt(fan_in).

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "error.h"
+#include "kernels.h"
 #include "layers.h"
 
 namespace ddp {
@@ -48,7 +49,7 @@ int64_t lm_parameter_count(const LmConfig& c) {
 }
 
 LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed)
-    : device_(device), config_(config) {
+    : device_(device), k_(make_kernels(device)), config_(config) {
   const LmConfig& c = config_;
   if (c.vocab_size < 1 || c.context_length < 1 || c.d_model < 1 || c.num_layers < 0 ||
       c.num_heads < 1 || c.d_ff < 1 || !(c.rope_theta > 0))
@@ -82,24 +83,30 @@ LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed)
 
   // In table order: embeddings N(0, 1), linears N(0, 2 / (in + out)), both
   // truncated at 3 std; RMSNorm gains 1.
+  // Drawn on the host, then uploaded (a copy on the CPU).
   std::mt19937_64 rng(seed);
+  std::vector<float> host;
   for (Parameter& p : params_) {
-    float* data = p.data.data();
     const int64_t n = static_cast<int64_t>(p.data.numel());
+    host.resize(static_cast<size_t>(n));
     if (p.shape.size() == 1) {
-      std::fill(data, data + n, 1.0f);
+      std::fill(host.begin(), host.end(), 1.0f);
     } else if (p.name == "token_embeddings.weight") {
-      layers::init_trunc_normal(data, n, 1.0, rng);
+      layers::init_trunc_normal(host.data(), n, 1.0, rng);
     } else {
       const double fan = static_cast<double>(p.shape[0] + p.shape[1]);
-      layers::init_trunc_normal(data, n, std::sqrt(2.0 / fan), rng);
+      layers::init_trunc_normal(host.data(), n, std::sqrt(2.0 / fan), rng);
     }
+    device_.upload(p.data.data(), host.data(), p.data.bytes());
   }
 
   const int64_t t = c.context_length, half = head_dim_ / 2;
   rope_cos_ = Tensor(device_, {t, half}, MemCategory::Activations);
   rope_sin_ = Tensor(device_, {t, half}, MemCategory::Activations);
-  layers::rope_tables(rope_cos_.data(), rope_sin_.data(), t, head_dim_, c.rope_theta);
+  std::vector<float> cos(static_cast<size_t>(t * half)), sin(cos.size());
+  layers::rope_tables(cos.data(), sin.data(), t, head_dim_, c.rope_theta);
+  device_.upload(rope_cos_.data(), cos.data(), rope_cos_.bytes());
+  device_.upload(rope_sin_.data(), sin.data(), rope_sin_.bytes());
 }
 
 void LmModel::add_param(const std::string& name, Shape shape) {
@@ -118,12 +125,14 @@ void LmModel::ensure_activations(int64_t rows) {
   auto act = [&](Shape s) { return Tensor(device_, std::move(s), MemCategory::Activations); };
   // Release the old sizes first so the peak never holds both.
   blocks_.clear();
-  for (Tensor* old : {&x0_, &lnf_, &rmsf_, &logits_, &lse_, &dresid_, &dln_, &datt_, &dq_, &dk_,
-                      &dv_, &dgate_, &da_, &db_, &dscores_})
+  for (Tensor* old : {&tokens_dev_, &x0_, &lnf_, &rmsf_, &logits_, &lse_, &dresid_, &dln_, &datt_,
+                      &dq_, &dk_, &dv_, &dgate_, &da_, &db_, &dscores_})
     old->reset();
 
   inputs_.assign(static_cast<size_t>(n), 0);
   targets_.assign(static_cast<size_t>(n), 0);
+  // int32 ids in a float tensor's bytes: inputs then targets.
+  if (k_->kind() != DDP_DEVICE_CPU) tokens_dev_ = act({2 * n});
   x0_ = act({n, d});
   blocks_.resize(static_cast<size_t>(config_.num_layers));
   for (BlockActs& b : blocks_) {
@@ -155,7 +164,7 @@ void LmModel::ensure_activations(int64_t rows) {
   dgate_ = act({n, f});
   da_ = act({n, f});
   db_ = act({n, f});
-  dscores_ = act({t, t});
+  dscores_ = act({static_cast<int64_t>(k_->attention_scratch_floats(rows, t, h))});
   rows_ = rows;
 }
 
@@ -177,35 +186,39 @@ float LmModel::forward(const Batch& batch) {
     std::memcpy(&inputs_[r * t], row, sizeof(int32_t) * t);
     std::memcpy(&targets_[r * t], row + 1, sizeof(int32_t) * t);
   }
+  if (tokens_dev_.defined()) {  // a GPU: the kernels read the ids from its memory
+    k_->upload(tokens_dev_.data(), inputs_.data(), sizeof(int32_t) * n);
+    k_->upload(tokens_dev_.data() + n, targets_.data(), sizeof(int32_t) * n);
+  }
 
-  layers::embedding_forward(x0_.data(), inputs_.data(), w(0), n, d);
+  k_->embedding_forward(x0_.data(), in_tokens(), w(0), n, d);
   const float* x = x0_.data();  // [N, D] the residual stream entering each block
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     BlockActs& b = blocks_[l];
     // h = x + output_proj(attention(RoPE(q), RoPE(k), v)) of RMSNorm1(x)
-    layers::rmsnorm_forward(b.ln1.data(), b.rms1.data(), x, w(layer_param(l, kLn1)), n, d);
-    layers::linear_forward(b.q.data(), b.ln1.data(), w(layer_param(l, kQ)), n, d, d);
-    layers::linear_forward(b.k.data(), b.ln1.data(), w(layer_param(l, kK)), n, d, d);
-    layers::linear_forward(b.v.data(), b.ln1.data(), w(layer_param(l, kV)), n, d, d);
-    layers::rope_forward(b.q.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-    layers::rope_forward(b.k.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-    layers::attention_forward(b.att.data(), b.p.data(), b.q.data(), b.k.data(), b.v.data(), rows, t,
+    k_->rmsnorm_forward(b.ln1.data(), b.rms1.data(), x, w(layer_param(l, kLn1)), n, d);
+    k_->linear_forward(b.q.data(), b.ln1.data(), w(layer_param(l, kQ)), n, d, d);
+    k_->linear_forward(b.k.data(), b.ln1.data(), w(layer_param(l, kK)), n, d, d);
+    k_->linear_forward(b.v.data(), b.ln1.data(), w(layer_param(l, kV)), n, d, d);
+    k_->rope_forward(b.q.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+    k_->rope_forward(b.k.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+    k_->attention_forward(b.att.data(), b.p.data(), b.q.data(), b.k.data(), b.v.data(), rows, t,
                               heads, head_dim_);
-    std::memcpy(b.h.data(), x, b.h.bytes());
-    layers::linear_forward(b.h.data(), b.att.data(), w(layer_param(l, kO)), n, d, d, true);
+    k_->copy(b.h.data(), x, b.h.bytes());
+    k_->linear_forward(b.h.data(), b.att.data(), w(layer_param(l, kO)), n, d, d, true);
     // y = h + w2(silu(w1 z) * w3 z), z = RMSNorm2(h)
-    layers::rmsnorm_forward(b.ln2.data(), b.rms2.data(), b.h.data(), w(layer_param(l, kLn2)), n, d);
-    layers::linear_forward(b.a.data(), b.ln2.data(), w(layer_param(l, kW1)), n, d, f);
-    layers::linear_forward(b.b.data(), b.ln2.data(), w(layer_param(l, kW3)), n, d, f);
-    layers::swiglu_forward(b.gate.data(), b.a.data(), b.b.data(), n * f);
-    std::memcpy(b.y.data(), b.h.data(), b.y.bytes());
-    layers::linear_forward(b.y.data(), b.gate.data(), w(layer_param(l, kW2)), n, f, d, true);
+    k_->rmsnorm_forward(b.ln2.data(), b.rms2.data(), b.h.data(), w(layer_param(l, kLn2)), n, d);
+    k_->linear_forward(b.a.data(), b.ln2.data(), w(layer_param(l, kW1)), n, d, f);
+    k_->linear_forward(b.b.data(), b.ln2.data(), w(layer_param(l, kW3)), n, d, f);
+    k_->swiglu_forward(b.gate.data(), b.a.data(), b.b.data(), n * f);
+    k_->copy(b.y.data(), b.h.data(), b.y.bytes());
+    k_->linear_forward(b.y.data(), b.gate.data(), w(layer_param(l, kW2)), n, f, d, true);
     x = b.y.data();
   }
-  layers::rmsnorm_forward(lnf_.data(), rmsf_.data(), x, w(ln_final_index()), n, d);
-  layers::linear_forward(logits_.data(), lnf_.data(), w(lm_head_index()), n, d, vocab);
+  k_->rmsnorm_forward(lnf_.data(), rmsf_.data(), x, w(ln_final_index()), n, d);
+  k_->linear_forward(logits_.data(), lnf_.data(), w(lm_head_index()), n, d, vocab);
   return static_cast<float>(
-      layers::cross_entropy_forward(lse_.data(), logits_.data(), targets_.data(), n, vocab));
+      k_->cross_entropy_forward(lse_.data(), logits_.data(), target_tokens(), n, vocab));
 }
 
 void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
@@ -216,20 +229,20 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
     if (params_[index].trainable) accumulated(index);
   };
   auto weight_grad = [&](size_t index, const float* dy, const float* x, int64_t in, int64_t out) {
-    if (float* dw = g(index)) layers::linear_backward_weight(dw, dy, x, n, in, out);
+    if (float* dw = g(index)) k_->linear_backward_weight(dw, dy, x, n, in, out);
   };
   RangeLaps ranges(range_hook_);
 
   // Head: dlogits in place of the logits, then lm_head and ln_final.
   float* dlogits = logits_.data();  // [N, V]
-  layers::cross_entropy_backward(dlogits, logits_.data(), lse_.data(), targets_.data(), n, vocab,
+  k_->cross_entropy_backward(dlogits, logits_.data(), lse_.data(), target_tokens(), n, vocab,
                                  loss_scale);
   weight_grad(lm_head_index(), dlogits, lnf_.data(), d, vocab);
   done(lm_head_index());
-  layers::linear_backward_input(dln_.data(), dlogits, w(lm_head_index()), n, d, vocab);
+  k_->linear_backward_input(dln_.data(), dlogits, w(lm_head_index()), n, d, vocab);
   ranges.lap("backward lm_head");
   const float* x_last = config_.num_layers ? blocks_.back().y.data() : x0_.data();
-  layers::rmsnorm_backward(dresid_.data(), g(ln_final_index()), dln_.data(), x_last,
+  k_->rmsnorm_backward(dresid_.data(), g(ln_final_index()), dln_.data(), x_last,
                            w(ln_final_index()), rmsf_.data(), n, d);
   done(ln_final_index());
   ranges.lap("backward ln_final");
@@ -238,43 +251,43 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
     BlockActs& b = blocks_[l];
     const float* x = l ? blocks_[l - 1].y.data() : x0_.data();
     // dresid_ holds dy; FFN branch: y = h + w2 gate.
-    layers::linear_backward_input(dgate_.data(), dresid_.data(), w(layer_param(l, kW2)), n, f, d);
-    layers::swiglu_backward(da_.data(), db_.data(), dgate_.data(), b.a.data(), b.b.data(), n * f);
+    k_->linear_backward_input(dgate_.data(), dresid_.data(), w(layer_param(l, kW2)), n, f, d);
+    k_->swiglu_backward(da_.data(), db_.data(), dgate_.data(), b.a.data(), b.b.data(), n * f);
     weight_grad(layer_param(l, kW3), db_.data(), b.ln2.data(), d, f);
     done(layer_param(l, kW3));
     weight_grad(layer_param(l, kW2), dresid_.data(), b.gate.data(), f, d);
     done(layer_param(l, kW2));
     weight_grad(layer_param(l, kW1), da_.data(), b.ln2.data(), d, f);
     done(layer_param(l, kW1));
-    layers::linear_backward_input(dln_.data(), da_.data(), w(layer_param(l, kW1)), n, d, f);
-    layers::linear_backward_input(dln_.data(), db_.data(), w(layer_param(l, kW3)), n, d, f, true);
-    layers::rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn2)), dln_.data(), b.h.data(),
+    k_->linear_backward_input(dln_.data(), da_.data(), w(layer_param(l, kW1)), n, d, f);
+    k_->linear_backward_input(dln_.data(), db_.data(), w(layer_param(l, kW3)), n, d, f, true);
+    k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn2)), dln_.data(), b.h.data(),
                              w(layer_param(l, kLn2)), b.rms2.data(), n, d, /*accumulate=*/true);
     done(layer_param(l, kLn2));
     // dresid_ holds dh; attention branch: h = x + output_proj att.
-    layers::linear_backward_input(datt_.data(), dresid_.data(), w(layer_param(l, kO)), n, d, d);
+    k_->linear_backward_input(datt_.data(), dresid_.data(), w(layer_param(l, kO)), n, d, d);
     weight_grad(layer_param(l, kO), dresid_.data(), b.att.data(), d, d);
     done(layer_param(l, kO));
-    layers::attention_backward(dq_.data(), dk_.data(), dv_.data(), dscores_.data(), datt_.data(),
+    k_->attention_backward(dq_.data(), dk_.data(), dv_.data(), dscores_.data(), datt_.data(),
                                b.p.data(), b.q.data(), b.k.data(), b.v.data(), rows, t, heads,
                                head_dim_);
-    layers::rope_backward(dq_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-    layers::rope_backward(dk_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+    k_->rope_backward(dq_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+    k_->rope_backward(dk_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
     weight_grad(layer_param(l, kV), dv_.data(), b.ln1.data(), d, d);
     done(layer_param(l, kV));
     weight_grad(layer_param(l, kK), dk_.data(), b.ln1.data(), d, d);
     done(layer_param(l, kK));
     weight_grad(layer_param(l, kQ), dq_.data(), b.ln1.data(), d, d);
     done(layer_param(l, kQ));
-    layers::linear_backward_input(dln_.data(), dq_.data(), w(layer_param(l, kQ)), n, d, d);
-    layers::linear_backward_input(dln_.data(), dk_.data(), w(layer_param(l, kK)), n, d, d, true);
-    layers::linear_backward_input(dln_.data(), dv_.data(), w(layer_param(l, kV)), n, d, d, true);
-    layers::rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn1)), dln_.data(), x,
+    k_->linear_backward_input(dln_.data(), dq_.data(), w(layer_param(l, kQ)), n, d, d);
+    k_->linear_backward_input(dln_.data(), dk_.data(), w(layer_param(l, kK)), n, d, d, true);
+    k_->linear_backward_input(dln_.data(), dv_.data(), w(layer_param(l, kV)), n, d, d, true);
+    k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn1)), dln_.data(), x,
                              w(layer_param(l, kLn1)), b.rms1.data(), n, d, /*accumulate=*/true);
     done(layer_param(l, kLn1));
     ranges.lap(range_names_[l].c_str());
   }
-  if (float* de = g(0)) layers::embedding_backward(de, dresid_.data(), inputs_.data(), n, d);
+  if (float* de = g(0)) k_->embedding_backward(de, dresid_.data(), in_tokens(), n, d);
   done(0);
   ranges.lap("backward token_embeddings");
 }

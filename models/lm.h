@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels.h"
 #include "model.h"
 
 namespace ddp {
@@ -70,6 +71,15 @@ class LmModel final : public Model {
   }
   void add_param(const std::string& name, Shape shape);
   void ensure_activations(int64_t rows);
+  // The token ids the kernels read: host vectors on the CPU, else device
+  // memory (tokens_dev_).
+  const int32_t* in_tokens() const {
+    return tokens_dev_.defined() ? reinterpret_cast<const int32_t*>(tokens_dev_.data()) : inputs_.data();
+  }
+  const int32_t* target_tokens() const {
+    return tokens_dev_.defined() ? reinterpret_cast<const int32_t*>(tokens_dev_.data()) + inputs_.size()
+                                 : targets_.data();
+  }
 
   // What one block keeps from forward for backward. N = rows * T.
   struct BlockActs {
@@ -90,6 +100,7 @@ class LmModel final : public Model {
   };
 
   Device& device_;
+  std::unique_ptr<Kernels> k_;  // the device's layers
   LmConfig config_;
   int64_t head_dim_ = 0;
   Tensor rope_cos_;  // [T, head_dim / 2]
@@ -98,6 +109,7 @@ class LmModel final : public Model {
   int64_t rows_ = -1;             // rows the activations are sized for
   std::vector<int32_t> inputs_;   // [N] tokens[:, :T]
   std::vector<int32_t> targets_;  // [N] tokens[:, 1:]
+  Tensor tokens_dev_;             // [2N] int32: inputs_, targets_ on a GPU
   Tensor x0_;                     // [N, D] token embeddings
   std::vector<BlockActs> blocks_;
   Tensor lnf_;     // [N, D] RMSNorm_final(last block's y)
@@ -112,7 +124,7 @@ class LmModel final : public Model {
   Tensor dq_, dk_, dv_;  // [N, D]
   Tensor dgate_;   // [N, F]
   Tensor da_, db_;  // [N, F]
-  Tensor dscores_;  // [T, T]
+  Tensor dscores_;  // attention backward's scratch (CPU: [T, T])
 };
 
 std::unique_ptr<Model> make_lm(const LmConfig& config, Device& device, uint64_t seed);

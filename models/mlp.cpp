@@ -12,7 +12,7 @@
 namespace ddp {
 
 MlpModel::MlpModel(const MlpConfig& config, Device& device, uint64_t seed)
-    : device_(device), config_(config) {
+    : device_(device), k_(make_kernels(device)), config_(config) {
   if (config.width < 1 || config.depth < 0 || config.classes < 1)
     throw Error("mlp: width and classes must be positive and depth non-negative (width " +
                 std::to_string(config.width) + ", depth " + std::to_string(config.depth) +
@@ -36,15 +36,17 @@ void MlpModel::add_param(const std::string& name, Shape shape, int64_t fan_in,
   p.shape = shape;
   p.data = Tensor(device_, shape, MemCategory::Parameters);
   p.grad = Tensor(device_, shape, MemCategory::Gradients);
-  layers::init_uniform(p.data.data(), static_cast<int64_t>(p.data.numel()),
+  std::vector<float> host(p.data.numel());  // drawn on the host, then uploaded
+  layers::init_uniform(host.data(), static_cast<int64_t>(host.size()),
                        1.0f / std::sqrt(static_cast<float>(fan_in)), rng);
+  device_.upload(p.data.data(), host.data(), p.data.bytes());
   params_.push_back(std::move(p));
 }
 
 void MlpModel::ensure_activations(int64_t rows) {
   if (rows == rows_) return;
   acts_.clear();
-  for (Tensor* old : {&logits_, &lse_, &dact_, &dtmp_}) old->reset();
+  for (Tensor* old : {&x_dev_, &labels_dev_, &logits_, &lse_, &dact_, &dtmp_}) old->reset();
   auto act = [&](Shape s) { return Tensor(device_, std::move(s), MemCategory::Activations); };
   for (int64_t i = 0; i < config_.depth; ++i) acts_.push_back(act({rows, config_.width}));
   logits_ = act({rows, config_.classes});
@@ -52,6 +54,10 @@ void MlpModel::ensure_activations(int64_t rows) {
   dact_ = act({rows, config_.width});
   dtmp_ = act({rows, config_.width});
   labels_.assign(static_cast<size_t>(rows), 0);
+  if (k_->kind() != DDP_DEVICE_CPU) {
+    x_dev_ = act({rows, config_.width});
+    labels_dev_ = act({rows});  // int32 labels in a float tensor's bytes
+  }
   rows_ = rows;
 }
 
@@ -68,19 +74,24 @@ float MlpModel::forward(const Batch& batch) {
     labels_[r] = batch.labels[r];
   }
   input_ = batch.x;
-  const float* in = batch.x;  // [rows, width]
+  if (x_dev_.defined()) {  // a GPU: inputs and labels into its memory
+    k_->upload(x_dev_.data(), batch.x, x_dev_.bytes());
+    k_->upload(labels_dev_.data(), labels_.data(), labels_dev_.bytes());
+    input_ = x_dev_.data();
+  }
+  const float* in = input_;  // [rows, width]
   for (int64_t i = 0; i < config_.depth; ++i) {
     float* out = acts_[i].data();
-    layers::linear_forward(out, in, params_[2 * i].data.data(), rows, w, w);
-    layers::bias_forward(out, params_[2 * i + 1].data.data(), rows, w);
-    layers::relu_forward(out, out, rows * w);
+    k_->linear_forward(out, in, params_[2 * i].data.data(), rows, w, w);
+    k_->bias_forward(out, params_[2 * i + 1].data.data(), rows, w);
+    k_->relu_forward(out, out, rows * w);
     in = out;
   }
   const size_t head = 2 * static_cast<size_t>(config_.depth);
-  layers::linear_forward(logits_.data(), in, params_[head].data.data(), rows, w, classes);
-  layers::bias_forward(logits_.data(), params_[head + 1].data.data(), rows, classes);
+  k_->linear_forward(logits_.data(), in, params_[head].data.data(), rows, w, classes);
+  k_->bias_forward(logits_.data(), params_[head + 1].data.data(), rows, classes);
   return static_cast<float>(
-      layers::cross_entropy_forward(lse_.data(), logits_.data(), labels_.data(), rows, classes));
+      k_->cross_entropy_forward(lse_.data(), logits_.data(), labels(), rows, classes));
 }
 
 void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
@@ -90,19 +101,19 @@ void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   auto linear_grads = [&](size_t weight, const float* dy, const float* x, int64_t out) {
     Parameter& b = params_[weight + 1];
     if (b.trainable) {
-      layers::bias_backward(b.grad.data(), dy, rows, out);
+      k_->bias_backward(b.grad.data(), dy, rows, out);
       accumulated(weight + 1);
     }
     Parameter& p = params_[weight];
     if (p.trainable) {
-      layers::linear_backward_weight(p.grad.data(), dy, x, rows, w, out);
+      k_->linear_backward_weight(p.grad.data(), dy, x, rows, w, out);
       accumulated(weight);
     }
   };
 
   RangeLaps ranges(range_hook_);
   float* dlogits = logits_.data();  // [rows, classes]
-  layers::cross_entropy_backward(dlogits, logits_.data(), lse_.data(), labels_.data(), rows,
+  k_->cross_entropy_backward(dlogits, logits_.data(), lse_.data(), labels(), rows,
                                  classes, loss_scale);
   const size_t head = 2 * static_cast<size_t>(config_.depth);
   const float* last = config_.depth ? acts_.back().data() : input_;
@@ -111,14 +122,14 @@ void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
     ranges.lap("backward head");
     return;
   }
-  layers::linear_backward_input(dact_.data(), dlogits, params_[head].data.data(), rows, w, classes);
+  k_->linear_backward_input(dact_.data(), dlogits, params_[head].data.data(), rows, w, classes);
   ranges.lap("backward head");
   for (int64_t i = config_.depth - 1; i >= 0; --i) {
     // dact_ holds d loss / d relu(layer i); through the ReLU, then the layer.
-    layers::relu_backward(dact_.data(), dact_.data(), acts_[i].data(), rows * w);
+    k_->relu_backward(dact_.data(), dact_.data(), acts_[i].data(), rows * w);
     linear_grads(2 * static_cast<size_t>(i), dact_.data(), i ? acts_[i - 1].data() : input_, w);
     if (i > 0) {
-      layers::linear_backward_input(dtmp_.data(), dact_.data(), params_[2 * i].data.data(), rows, w,
+      k_->linear_backward_input(dtmp_.data(), dact_.data(), params_[2 * i].data.data(), rows, w,
                                     w);
       std::swap(dact_, dtmp_);
     }

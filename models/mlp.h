@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels.h"
 #include "model.h"
 
 namespace ddp {
@@ -44,12 +45,18 @@ class MlpModel final : public Model {
  private:
   void add_param(const std::string& name, Shape shape, int64_t fan_in, std::mt19937_64& rng);
   void ensure_activations(int64_t rows);
+  // The labels the kernels read: host on the CPU, else device memory.
+  const int32_t* labels() const {
+    return labels_dev_.defined() ? reinterpret_cast<const int32_t*>(labels_dev_.data()) : labels_.data();
+  }
 
   Device& device_;
+  std::unique_ptr<Kernels> k_;  // the device's layers
   MlpConfig config_;
   int64_t rows_ = -1;
   const float* input_ = nullptr;  // x of the last forward [rows, width]
   std::vector<int32_t> labels_;   // [rows]
+  Tensor x_dev_, labels_dev_;     // a GPU's copies of x and labels_
   std::vector<Tensor> acts_;      // relu(layer i) [rows, width], i < depth
   Tensor logits_;                 // [rows, classes]; dlogits in place in backward
   Tensor lse_;                    // [rows]

@@ -1,15 +1,14 @@
 // models.cpp — `toy` and `toy_tied` (spec/models.md): chains of bias-free
 // (or frozen-bias) linear layers and ReLUs with an MSE loss, forward and
-// backward written out with cblas_sgemm. A layer names its weight by index
+// backward written out over the device's kernels (kernels.h). A layer names its weight by index
 // into the parameter table, which is how `toy_tied` uses fc2.weight twice.
 #include "model.h"
-
-#include <cblas.h>
 
 #include <cmath>
 #include <random>
 
 #include "error.h"
+#include "kernels.h"
 
 namespace ddp {
 namespace {
@@ -23,7 +22,8 @@ struct Layer {
 
 class SequentialMse final : public Model {
  public:
-  SequentialMse(Device& device, std::vector<Layer> layers) : device_(device), layers_(std::move(layers)) {}
+  SequentialMse(Device& device, std::vector<Layer> layers)
+      : device_(device), k_(make_kernels(device)), layers_(std::move(layers)) {}
 
   int64_t input_width() const override { return layers_.front().in; }
   int64_t output_width() const override { return out_width_; }
@@ -55,76 +55,56 @@ class SequentialMse final : public Model {
   float forward(const Batch& batch) override {
     ensure_activations(batch.rows);
     input_ = batch.x;
-    const float* in = batch.x;
+    target_ = batch.y;
+    if (x_dev_.defined()) {  // a GPU: x and y into its memory
+      k_->upload(x_dev_.data(), batch.x, x_dev_.bytes());
+      k_->upload(y_dev_.data(), batch.y, y_dev_.bytes());
+      input_ = x_dev_.data();
+      target_ = y_dev_.data();
+    }
+    const float* in = input_;
     int64_t width = input_width();
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
       float* out = acts_[i].data();
       if (l.kind == Layer::Linear) {
-        const float* w = params_[l.weight].data.data();
-        // out[B, o] = in[B, i] · W[o, i]^T
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch.rows, l.out, l.in, 1.0f, in,
-                    l.in, w, l.in, 0.0f, out, l.out);
-        if (l.bias >= 0) {
-          const float* b = params_[l.bias].data.data();
-          for (int64_t r = 0; r < batch.rows; ++r)
-            for (int64_t j = 0; j < l.out; ++j) out[r * l.out + j] += b[j];
-        }
+        // out[B, o] = in[B, i] · W[o, i]^T (+ b)
+        k_->linear_forward(out, in, params_[l.weight].data.data(), batch.rows, l.in, l.out);
+        if (l.bias >= 0) k_->bias_forward(out, params_[l.bias].data.data(), batch.rows, l.out);
         width = l.out;
       } else {
-        size_t n = static_cast<size_t>(batch.rows * width);
-        for (size_t k = 0; k < n; ++k) out[k] = in[k] > 0.0f ? in[k] : 0.0f;
+        k_->relu_forward(out, in, batch.rows * width);
       }
       in = out;
     }
-    // MSE, mean over all elements; accumulate in double for a stable sum.
-    const float* pred = acts_.back().data();
-    size_t n = static_cast<size_t>(batch.rows * out_width_);
-    double sum = 0.0;
-    for (size_t k = 0; k < n; ++k) {
-      double d = static_cast<double>(pred[k]) - batch.y[k];
-      sum += d * d;
-    }
-    target_ = batch.y;
-    return static_cast<float>(sum / static_cast<double>(n));
+    // MSE, mean over all elements (summed in double).
+    return k_->mse_forward(acts_.back().data(), target_, batch.rows * out_width_);
   }
 
   void backward(float loss_scale, const GradAccumulated& accumulated) override {
     const int64_t rows = rows_;
     RangeLaps ranges(range_hook_);
     // d(mean((p - y)^2))/dp = 2 (p - y) / n
-    {
-      const float* pred = acts_.back().data();
-      float* d = grads_.back().data();
-      size_t n = static_cast<size_t>(rows * out_width_);
-      float c = 2.0f * loss_scale / static_cast<float>(n);
-      for (size_t k = 0; k < n; ++k) d[k] = c * (pred[k] - target_[k]);
-    }
+    k_->mse_backward(grads_.back().data(), acts_.back().data(), target_, rows * out_width_,
+                     loss_scale);
     for (size_t i = layers_.size(); i-- > 0;) {
       const Layer& l = layers_[i];
       const float* dout = grads_[i].data();
       const float* in = i == 0 ? input_ : acts_[i - 1].data();
       float* din = i == 0 ? nullptr : grads_[i - 1].data();
       if (l.kind == Layer::Relu) {
-        const float* out = acts_[i].data();
-        size_t n = acts_[i].numel();
-        for (size_t k = 0; k < n; ++k) din[k] = out[k] > 0.0f ? dout[k] : 0.0f;
+        k_->relu_backward(din, dout, acts_[i].data(), static_cast<int64_t>(acts_[i].numel()));
         continue;
       }
       Parameter& w = params_[l.weight];
-      if (din) {  // din[B, i] = dout[B, o] · W[o, i]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, l.in, l.out, 1.0f, dout, l.out,
-                    w.data.data(), l.in, 0.0f, din, l.in);
-      }
+      // din[B, i] = dout[B, o] · W[o, i]
+      if (din) k_->linear_backward_input(din, dout, w.data.data(), rows, l.in, l.out);
       if (l.bias >= 0 && params_[l.bias].trainable) {
-        float* db = params_[l.bias].grad.data();
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t j = 0; j < l.out; ++j) db[j] += dout[r * l.out + j];
+        k_->bias_backward(params_[l.bias].grad.data(), dout, rows, l.out);
         accumulated(static_cast<size_t>(l.bias));
       }
       if (w.trainable) {  // dW[o, i] += dout[B, o]^T · in[B, i]
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, l.out, l.in, rows, 1.0f, dout, l.out, in,
-                    l.in, 1.0f, w.grad.data(), l.in);
+        k_->linear_backward_weight(w.grad.data(), dout, in, rows, l.in, l.out);
         accumulated(static_cast<size_t>(l.weight));
       }
       ranges.lap(range_names_[i].c_str());
@@ -136,6 +116,12 @@ class SequentialMse final : public Model {
     if (rows == rows_) return;
     acts_.clear();
     grads_.clear();
+    x_dev_.reset();
+    y_dev_.reset();
+    if (k_->kind() != DDP_DEVICE_CPU) {
+      x_dev_ = Tensor(device_, Shape{rows, input_width()}, MemCategory::Activations);
+      y_dev_ = Tensor(device_, Shape{rows, output_width()}, MemCategory::Activations);
+    }
     int64_t width = input_width();
     for (const Layer& l : layers_) {
       if (l.kind == Layer::Linear) width = l.out;
@@ -146,11 +132,13 @@ class SequentialMse final : public Model {
   }
 
   Device& device_;
+  std::unique_ptr<Kernels> k_;  // the device's layers
   std::vector<Layer> layers_;
   int64_t out_width_ = 0;
   int64_t rows_ = -1;
   const float* input_ = nullptr;   // x of the last forward [rows, in]
   const float* target_ = nullptr;  // y of the last forward [rows, out]
+  Tensor x_dev_, y_dev_;           // a GPU's copies of x and y
   std::vector<Tensor> acts_;       // output of layer i [rows, width_i]
   std::vector<Tensor> grads_;      // d loss / d acts_[i]
 };
@@ -161,11 +149,13 @@ Layer linear(int weight, int64_t in, int64_t out, int bias = -1) {
 Layer relu() { return Layer{Layer::Relu}; }
 
 // nn.Linear's default initialisation: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for
-// weight and bias alike.
-void init_uniform(Parameter& p, int64_t fan_in, std::mt19937_64& rng) {
+// weight and bias alike. Drawn on the host, then uploaded.
+void init_uniform(Device& device, Parameter& p, int64_t fan_in, std::mt19937_64& rng) {
   float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
   std::uniform_real_distribution<float> dist(-bound, bound);
-  for (size_t k = 0; k < p.data.numel(); ++k) p.data.data()[k] = dist(rng);
+  std::vector<float> host(p.data.numel());
+  for (float& v : host) v = dist(rng);
+  device.upload(p.data.data(), host.data(), p.data.bytes());
 }
 
 }  // namespace
@@ -183,11 +173,12 @@ std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint6
     m->add_param("fc2.fc.bias", {50}, false);
     m->add_param("fc3.weight", {5, 50}, true);
     auto& p = m->params();
-    p[0].data.data()[0] = p[0].data.data()[1] = 2.0f;
-    init_uniform(p[1], 10, rng);
-    init_uniform(p[2], 10, rng);
-    init_uniform(p[3], 10, rng);
-    init_uniform(p[4], 50, rng);
+    const float twos[2] = {2.0f, 2.0f};
+    device.upload(p[0].data.data(), twos, sizeof twos);
+    init_uniform(device, p[1], 10, rng);
+    init_uniform(device, p[2], 10, rng);
+    init_uniform(device, p[3], 10, rng);
+    init_uniform(device, p[4], 50, rng);
     m->finish_setup();
     return m;
   }
@@ -202,10 +193,10 @@ std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint6
     m->add_param("fc3.weight", {10, 50}, true);
     m->add_param("fc5.weight", {5, 50}, true);
     auto& p = m->params();
-    init_uniform(p[0], 10, rng);
-    init_uniform(p[1], 10, rng);
-    init_uniform(p[2], 50, rng);
-    init_uniform(p[3], 50, rng);
+    init_uniform(device, p[0], 10, rng);
+    init_uniform(device, p[1], 10, rng);
+    init_uniform(device, p[2], 50, rng);
+    init_uniform(device, p[3], 50, rng);
     m->finish_setup();
     return m;
   }

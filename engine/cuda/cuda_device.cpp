@@ -1,0 +1,180 @@
+// cuda_device.cpp — the CUDA device: one GPU per rank, plain cudaMalloc with
+// the same accounting as the CPU, and two engine-owned streams (compute,
+// communication) created non-blocking, so neither waits on the legacy
+// default stream. Host tasks on a stream (a transport's bookkeeping, an
+// event's completion) run through cudaLaunchHostFunc, in order with the
+// stream's kernels; they must not call CUDA. Built with DDP_WITH_CUDA only.
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "cuda/cuda_ops.h"
+#include "device.h"
+#include "error.h"
+
+namespace ddp {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear a non-sticky error
+    throw Error(std::string(what) + ": " + cudaGetErrorString(e));
+  }
+}
+
+cudaStream_t raw(Stream& s) { return static_cast<cudaStream_t>(s.native()); }
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(std::string name, cudaStream_t stream) : Stream(std::move(name), stream) {}
+  ~CudaStream() override {
+    cudaStreamSynchronize(raw(*this));  // host tasks reference this object
+    cudaStreamDestroy(raw(*this));
+  }
+
+  void enqueue(Task task) override {
+    auto* call = new Call{this, std::move(task)};
+    const cudaError_t e = cudaLaunchHostFunc(raw(*this), &CudaStream::trampoline, call);
+    if (e != cudaSuccess) {
+      delete call;
+      check(e, ("cudaLaunchHostFunc on the " + name() + " stream").c_str());
+    }
+  }
+
+  void synchronize() override {
+    check(cudaStreamSynchronize(raw(*this)), ("cudaStreamSynchronize of the " + name() + " stream").c_str());
+    if (failed()) throw Error(error());
+  }
+
+  void* create_native_event() override {
+    cudaEvent_t event = nullptr;
+    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+    return event;
+  }
+  void record_native_event(void* event) override {
+    check(cudaEventRecord(static_cast<cudaEvent_t>(event), raw(*this)), "cudaEventRecord");
+  }
+  void wait_native_event(void* event) override {
+    check(cudaStreamWaitEvent(raw(*this), static_cast<cudaEvent_t>(event), 0), "cudaStreamWaitEvent");
+  }
+  NativeEventDestroy native_event_destroyer() const override {
+    return [](void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); };
+  }
+
+ private:
+  struct Call {
+    CudaStream* stream;
+    Task task;
+  };
+  // Runs on CUDA's callback thread; run() records a failure (never throws
+  // for a threaded stream), so nothing escapes into the driver.
+  static void CUDART_CB trampoline(void* user) {
+    std::unique_ptr<Call> call(static_cast<Call*>(user));
+    call->stream->run(call->task);
+  }
+};
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
+    check(cudaSetDevice(ordinal), ("cudaSetDevice(" + std::to_string(ordinal) + ")").c_str());
+    cudaStream_t compute = nullptr, comm = nullptr;
+    check(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "cudaStreamCreate (compute)");
+    compute_ = std::make_unique<CudaStream>("compute", compute);
+    check(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking), "cudaStreamCreate (comm)");
+    comm_ = std::make_unique<CudaStream>("comm", comm);
+  }
+
+  ~CudaDevice() override {
+    cudaDeviceSynchronize();
+    comm_.reset();
+    compute_.reset();
+    for (auto& [ptr, block] : blocks_) cudaFree(ptr);
+  }
+
+  ddp_device_kind kind() const override { return DDP_DEVICE_CUDA; }
+
+  // Zeroed before return: the memset is on the compute stream, which is then
+  // waited for, so no stream sees the memory before it is zero.
+  void* alloc(size_t bytes, MemCategory category) override {
+    void* ptr = nullptr;
+    const cudaError_t e = cudaMalloc(&ptr, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw Error("out of GPU memory allocating " + std::to_string(bytes) + " bytes of " +
+                  to_string(category) + " on GPU " + std::to_string(ordinal_) + " (" +
+                  cudaGetErrorString(e) + ")");
+    }
+    check(cudaMemsetAsync(ptr, 0, bytes, raw(*compute_)), "cudaMemsetAsync");
+    check(cudaStreamSynchronize(raw(*compute_)), "cudaStreamSynchronize after cudaMemsetAsync");
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      blocks_[ptr] = {bytes, category};
+    }
+    memory_.add(category, bytes);
+    return ptr;
+  }
+
+  void free(void* ptr) override {
+    if (!ptr) return;
+    std::pair<size_t, MemCategory> block;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = blocks_.find(ptr);
+      if (it == blocks_.end()) throw Error("free of memory not allocated by this device");
+      block = it->second;
+      blocks_.erase(it);
+    }
+    memory_.sub(block.second, block.first);
+    check(cudaFree(ptr), "cudaFree");  // waits for the device: not inside a step
+  }
+
+  void copy(void* dst, const void* src, size_t bytes, Stream& stream) override {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, raw(stream)), "cudaMemcpyAsync");
+  }
+  void fill(float* data, size_t count, float value, Stream& stream) override {
+    cuda_ops::fill(stream.native(), data, count, value);
+  }
+  void scale(float* data, size_t count, float factor, Stream& stream) override {
+    cuda_ops::scale(stream.native(), data, count, factor);
+  }
+  void upload(void* dst, const void* host_src, size_t bytes) override {
+    check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, raw(*compute_)), "cudaMemcpyAsync (upload)");
+    check(cudaStreamSynchronize(raw(*compute_)), "cudaStreamSynchronize (upload)");
+  }
+  void download(void* host_dst, const void* src, size_t bytes) override {
+    check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, raw(*compute_)), "cudaMemcpyAsync (download)");
+    check(cudaStreamSynchronize(raw(*compute_)), "cudaStreamSynchronize (download)");
+  }
+
+ private:
+  int ordinal_;
+  std::mutex mutex_;
+  std::unordered_map<void*, std::pair<size_t, MemCategory>> blocks_;
+};
+
+}  // namespace
+
+// Any error of cudaGetDeviceCount means no usable GPU: without a driver the
+// runtime answers cudaErrorInsufficientDriver, not "no device".
+std::unique_ptr<Device> make_cuda_device(int local_rank, bool share_gpus) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    throw Error(std::string("run.device = \"cuda\": no usable GPU on this machine (cudaGetDeviceCount: ") +
+                (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")");
+  }
+  if (local_rank >= count && !share_gpus)
+    throw Error("run.device = \"cuda\": local rank " + std::to_string(local_rank) + " needs GPU " +
+                std::to_string(local_rank) + ", but this machine has " + std::to_string(count) +
+                " GPU" + (count == 1 ? "" : "s") +
+                " (one GPU per local rank; set run.share_gpus = true to let ranks share them, "
+                "which the gloo transport allows and nccl does not)");
+  return std::make_unique<CudaDevice>(local_rank % count);
+}
+
+}  // namespace ddp

@@ -1,0 +1,34 @@
+// cuda_ops.h — the CUDA device's elementwise operations and the optimizer's
+// update rules as CUDA kernels, each enqueued on the stream it is given (a
+// cudaStream_t passed as void*, so that engine code can include this header
+// without CUDA's). Pointers are device memory. A launch failure throws
+// ddp::Error naming the kernel and CUDA's message. Only in builds with
+// DDP_WITH_CUDA.
+//
+// The update rules round every operation on its own (no fused multiply-add),
+// as the CPU loops of optimizer.cpp do, so both devices compute bitwise the
+// same updates from the same inputs.
+#pragma once
+
+#include <cstddef>
+
+#include "update_rules.h"
+
+namespace ddp::cuda_ops {
+
+// data[0, n) = value.
+void fill(void* stream, float* data, size_t n, float value);
+// data[0, n) *= factor.
+void scale(void* stream, float* data, size_t n, float factor);
+
+// SGD without momentum: w += -lr * (wd != 0 ? g + wd * w : g).
+void sgd_plain(void* stream, float* w, const float* g, size_t n, float lr, float wd);
+// SGD with momentum mu: d = wd != 0 ? g + wd * w : g;
+// buf = first ? d : buf * mu + d;  w += -lr * buf.
+void sgd_momentum(void* stream, float* w, const float* g, float* buf, size_t n, float lr, float wd,
+                  float mu, bool first);
+// AdamW, the rule of update_rules.h; m, v the two moments.
+void adamw_update(void* stream, float* w, const float* g, float* m, float* v, size_t n,
+                  const AdamScalars& c);
+
+}  // namespace ddp::cuda_ops

@@ -1,0 +1,118 @@
+// kernels.cpp — the CPU kernels (layers.h, run at once) and the choice of
+// kernels by device.
+#include "kernels.h"
+
+#include <cstring>
+
+#include "device.h"
+#include "error.h"
+#include "layers.h"
+#if DDP_WITH_CUDA
+#include "cuda/cuda_kernels.h"
+#endif
+
+namespace ddp {
+namespace {
+
+class CpuKernels final : public Kernels {
+ public:
+  ddp_device_kind kind() const override { return DDP_DEVICE_CPU; }
+
+  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+
+  void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out,
+                      bool accumulate) override {
+    layers::linear_forward(y, x, w, n, in, out, accumulate);
+  }
+  void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in,
+                             int64_t out, bool accumulate) override {
+    layers::linear_backward_input(dx, dy, w, n, in, out, accumulate);
+  }
+  void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in,
+                              int64_t out) override {
+    layers::linear_backward_weight(dw, dy, x, n, in, out);
+  }
+  void bias_forward(float* y, const float* b, int64_t n, int64_t out) override {
+    layers::bias_forward(y, b, n, out);
+  }
+  void bias_backward(float* db, const float* dy, int64_t n, int64_t out) override {
+    layers::bias_backward(db, dy, n, out);
+  }
+  void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n,
+                         int64_t d) override {
+    layers::embedding_forward(out, tokens, table, n, d);
+  }
+  void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t n,
+                          int64_t d) override {
+    layers::embedding_backward(dtable, dout, tokens, n, d);
+  }
+  void rmsnorm_forward(float* y, float* rms, const float* x, const float* g, int64_t n,
+                       int64_t d) override {
+    layers::rmsnorm_forward(y, rms, x, g, n, d);
+  }
+  void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x, const float* g,
+                        const float* rms, int64_t n, int64_t d, bool accumulate) override {
+    layers::rmsnorm_backward(dx, dg, dy, x, g, rms, n, d, accumulate);
+  }
+  void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t,
+                    int64_t heads, int64_t dh) override {
+    layers::rope_forward(x, cos, sin, b, t, heads, dh);
+  }
+  void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int64_t t,
+                     int64_t heads, int64_t dh) override {
+    layers::rope_backward(dx, cos, sin, b, t, heads, dh);
+  }
+  size_t attention_scratch_floats(int64_t, int64_t t, int64_t) const override {
+    return static_cast<size_t>(t * t);
+  }
+  void attention_forward(float* out, float* p, const float* q, const float* k, const float* v,
+                         int64_t b, int64_t t, int64_t heads, int64_t dh) override {
+    layers::attention_forward(out, p, q, k, v, b, t, heads, dh);
+  }
+  void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
+                          const float* p, const float* q, const float* k, const float* v,
+                          int64_t b, int64_t t, int64_t heads, int64_t dh) override {
+    layers::attention_backward(dq, dk, dv, scratch, dout, p, q, k, v, b, t, heads, dh);
+  }
+  void swiglu_forward(float* out, const float* a, const float* b, int64_t n) override {
+    layers::swiglu_forward(out, a, b, n);
+  }
+  void swiglu_backward(float* da, float* db, const float* dout, const float* a, const float* b,
+                       int64_t n) override {
+    layers::swiglu_backward(da, db, dout, a, b, n);
+  }
+  void relu_forward(float* y, const float* x, int64_t n) override { layers::relu_forward(y, x, n); }
+  void relu_backward(float* dx, const float* dy, const float* y, int64_t n) override {
+    layers::relu_backward(dx, dy, y, n);
+  }
+  float cross_entropy_forward(float* lse, const float* logits, const int32_t* targets, int64_t n,
+                              int64_t v) override {
+    return static_cast<float>(layers::cross_entropy_forward(lse, logits, targets, n, v));
+  }
+  void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                              const int32_t* targets, int64_t n, int64_t v, float scale) override {
+    layers::cross_entropy_backward(dlogits, logits, lse, targets, n, v, scale);
+  }
+  float mse_forward(const float* pred, const float* y, int64_t n) override {
+    return static_cast<float>(layers::mse_forward(pred, y, n));
+  }
+  void mse_backward(float* d, const float* pred, const float* y, int64_t n, float scale) override {
+    layers::mse_backward(d, pred, y, n, scale);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Kernels> make_cpu_kernels() { return std::make_unique<CpuKernels>(); }
+
+std::unique_ptr<Kernels> make_kernels(Device& device) {
+  if (device.kind() == DDP_DEVICE_CPU) return make_cpu_kernels();
+#if DDP_WITH_CUDA
+  return make_cuda_kernels(device.compute_stream().native());
+#else
+  throw Error("this build has no CUDA (configure with -DDDP_WITH_CUDA=ON where nvcc exists)");
+#endif
+}
+
+}  // namespace ddp
