@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -137,18 +138,28 @@ void write_outputs(const std::vector<Row>& rows, const std::string& out_dir) {
             << " (plot: /usr/bin/python3 tools/plot_bench_comm.py " << json_path << ")\n";
 }
 
-// Device memory, freed on scope exit.
+// Device memory, freed on scope exit, with a host copy for setting and
+// checking values (the same memory on the CPU).
 struct Buffer {
   Buffer(Device& device, size_t count) : device(device), count(count) {
     data = static_cast<float*>(device.alloc(count * kFloat, MemCategory::CommBuffers));
+    if (device.kind() != DDP_DEVICE_CPU) mirror.resize(count);
   }
   ~Buffer() { device.free(data); }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  ddp_buffer view() const { return ddp_buffer{data, count, DDP_FLOAT32, DDP_DEVICE_CPU}; }
+  ddp_buffer view() const { return ddp_buffer{data, count, DDP_FLOAT32, device.kind()}; }
+  float* host() { return mirror.empty() ? data : mirror.data(); }
+  void upload() {
+    if (!mirror.empty()) device.upload(data, mirror.data(), count * kFloat);
+  }
+  void download() {
+    if (!mirror.empty()) device.download(mirror.data(), data, count * kFloat);
+  }
   Device& device;
   size_t count;
   float* data = nullptr;
+  std::vector<float> mirror;  // a GPU's values on the host
 };
 
 // One rank's benchmark over one transport. Declaration order is teardown
@@ -159,10 +170,11 @@ class BenchRank {
   BenchRank(const BenchOptions& options, const RankEnv& env)
       : options_(options),
         env_(env),
+        device_(make_device(options.device == "cuda" ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU, env.rank.local_rank, false)),
         store_(env.rendezvous, env.run_id, std::chrono::milliseconds(int64_t(options.timeout_s * 1000))),
         section_(plugin_section_from_overrides("transport", options.transport_sets)) {
     services_.rank = env.rank;
-    services_.device = &device_;
+    services_.device = device_.get();
     services_.store = &store_;
     services_.timeout_ms = int64_t(options.timeout_s * 1000);
     lib_ = load_plugin(PluginKind::Transport, options.transports.at(0));
@@ -171,7 +183,7 @@ class BenchRank {
   }
   ~BenchRank() {
     try {
-      device_.comm_stream().synchronize();
+      device_->comm_stream().synchronize();
     } catch (const std::exception&) {
     }
     if (comm_) api_->destroy(comm_);
@@ -189,7 +201,7 @@ class BenchRank {
  private:
   int world() const { return env_.rank.world_size; }
   int rank() const { return env_.rank.rank; }
-  ddp_stream stream() { return reinterpret_cast<ddp_stream>(&device_.comm_stream()); }
+  ddp_stream stream() { return reinterpret_cast<ddp_stream>(&device_->comm_stream()); }
 
   // Enqueues `op` on the comm stream and waits for it on this thread.
   void collective(Collective op, const Buffer& send, const Buffer& recv) {
@@ -215,7 +227,7 @@ class BenchRank {
     wait();
   }
   void wait() {
-    done_.record(device_.comm_stream());
+    done_.record(device_->comm_stream());
     done_.synchronize(services_.wait_limit());
   }
 
@@ -225,9 +237,9 @@ class BenchRank {
       throw Error(std::string(to_string(op)) + " of " + format_size(bytes) + " on " + std::to_string(world()) +
                   " ranks: less than one float per rank (give a larger size)");
     const bool in_place = op == Collective::AllReduce || op == Collective::Broadcast;
-    Buffer send(device_, counts.send);
-    std::unique_ptr<Buffer> recv_owned = in_place ? nullptr : std::make_unique<Buffer>(device_, counts.recv);
-    const Buffer& recv = in_place ? send : *recv_owned;
+    Buffer send(*device_, counts.send);
+    std::unique_ptr<Buffer> recv_owned = in_place ? nullptr : std::make_unique<Buffer>(*device_, counts.recv);
+    Buffer& recv = in_place ? send : *recv_owned;
     check_result(op, bytes, send, recv);
 
     Row row;
@@ -237,7 +249,8 @@ class BenchRank {
     row.bytes = (op == Collective::AllGather ? counts.recv : counts.send) * kFloat;
     row.warmup = options_.warmup;
     row.iters = options_.iters > 0 ? options_.iters : default_iters(bytes);
-    std::fill_n(send.data, send.count, 0.0f);  // summing zeros: no overflow over the iterations
+    std::fill_n(send.host(), send.count, 0.0f);  // summing zeros: no overflow over the iterations
+    send.upload();
     for (int i = 0; i < row.warmup; ++i) collective(op, send, recv);
     std::vector<double> mine(size_t(row.iters));
     for (double& t : mine) {
@@ -256,14 +269,16 @@ class BenchRank {
 
   // One untimed run on known values, checked everywhere: rank r holds r + 1
   // (reduce_scatter: chunk c of rank r holds (r + 1)(c + 1)).
-  void check_result(Collective op, size_t bytes, const Buffer& send, const Buffer& recv) {
+  void check_result(Collective op, size_t bytes, Buffer& send, Buffer& recv) {
     const size_t n = size_t(world()), r = size_t(rank());
     if (op == Collective::ReduceScatter) {
-      for (size_t i = 0; i < send.count; ++i) send.data[i] = float((r + 1) * (i / recv.count + 1));
+      for (size_t i = 0; i < send.count; ++i) send.host()[i] = float((r + 1) * (i / recv.count + 1));
     } else {
-      std::fill_n(send.data, send.count, float(r + 1));
+      std::fill_n(send.host(), send.count, float(r + 1));
     }
+    send.upload();
     collective(op, send, recv);
+    recv.download();
     auto expected = [&](size_t i) -> float {
       switch (op) {
         case Collective::AllReduce: return float(n * (n + 1) / 2);
@@ -273,20 +288,27 @@ class BenchRank {
       }
       return 0;
     };
+    const float* got = recv.host();
     for (size_t i = 0; i < recv.count; ++i)
-      if (recv.data[i] != expected(i))
+      if (got[i] != expected(i))
         throw Error(std::string(to_string(op)) + " of " + format_size(bytes) + " on " + std::to_string(n) +
-                    " ranks gave " + std::to_string(recv.data[i]) + " at element " + std::to_string(i) + " of rank " +
+                    " ranks gave " + std::to_string(got[i]) + " at element " + std::to_string(i) + " of rank " +
                     std::to_string(r) + ", expected " + std::to_string(expected(i)));
   }
 
   // Every rank's times, through the transport being measured.
+  // (On a GPU through device copies: a transport may read device memory only.)
   std::vector<std::vector<double>> gather(const std::vector<double>& mine) {
     std::vector<double> all(mine.size() * size_t(world()));
-    const ddp_buffer send{const_cast<double*>(mine.data()), mine.size(), DDP_FLOAT64, DDP_DEVICE_CPU};
-    const ddp_buffer recv{all.data(), all.size(), DDP_FLOAT64, DDP_DEVICE_CPU};
+    Buffer send_copy(*device_, 2 * mine.size()), recv_copy(*device_, 2 * all.size());  // doubles in floats
+    std::memcpy(send_copy.host(), mine.data(), mine.size() * sizeof(double));
+    send_copy.upload();
+    const ddp_buffer send{send_copy.data, mine.size(), DDP_FLOAT64, device_->kind()};
+    const ddp_buffer recv{recv_copy.data, all.size(), DDP_FLOAT64, device_->kind()};
     host_->check(api_->all_gather(comm_, &send, &recv, stream()), "all_gather of the times");
     wait();
+    recv_copy.download();
+    std::memcpy(all.data(), recv_copy.host(), all.size() * sizeof(double));
     std::vector<std::vector<double>> times;
     for (int q = 0; q < world(); ++q)
       times.emplace_back(all.begin() + q * mine.size(), all.begin() + (q + 1) * mine.size());
@@ -295,7 +317,7 @@ class BenchRank {
 
   const BenchOptions& options_;
   RankEnv env_;
-  CpuDevice device_;
+  std::unique_ptr<Device> device_;  // --device
   Store store_;
   PluginSection section_;
   HostServices services_;
@@ -410,9 +432,10 @@ int bench_comm(const BenchOptions& options) {
   for (const std::string& transport : options.transports) {
     {
       const auto lib = load_plugin(PluginKind::Transport, transport);
-      if (!(lib->transport()->caps & DDP_CAP_DEVICE_CPU)) {
-        std::cerr << "bench-comm: transport '" << transport
-                  << "' skipped: it does not work on CPU memory, and the engine has no GPU device yet\n";
+      const bool cuda = options.device == "cuda";
+      if (!(lib->transport()->caps & (cuda ? DDP_CAP_DEVICE_CUDA : DDP_CAP_DEVICE_CPU))) {
+        std::cerr << "bench-comm: transport '" << transport << "' skipped: it does not work on "
+                  << (cuda ? "GPU" : "CPU") << " memory (--device " << options.device << ")\n";
         continue;
       }
     }
@@ -422,7 +445,7 @@ int bench_comm(const BenchOptions& options) {
                                        "--sizes", join(sizes), "--ops", join(ops), "--warmup",
                                        std::to_string(options.warmup), "--iters", std::to_string(options.iters),
                                        "--out", options.out_dir, "--timeout", number_text(options.timeout_s),
-                                       "--part", part};
+                                       "--device", options.device, "--part", part};
       for (const auto& set : options.transport_sets) args.insert(args.end(), {"--set", set});
       std::cerr << "bench-comm: " << transport << " on " << world << " ranks" << std::endl;
       const int rc = launch_ranks(world, options.out_dir, args, "--timeout " + number_text(options.timeout_s));

@@ -81,6 +81,7 @@ struct BenchOptions {
   std::string out_dir = "runs/bench-comm";
   double timeout_s = 300;  // per collective (Gloo's timeout) and rendezvous
   std::string part_file;   // set by the launcher for its ranks: rank 0 writes its rows there
+  std::string device = "cpu";  // "cpu" | "cuda": where the buffers live (cuda: GPU local_rank)
 };
 
 // The launcher side: runs every (transport, world) as its own set of ranks,

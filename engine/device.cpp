@@ -273,7 +273,7 @@ std::unique_ptr<Device> make_device(ddp_device_kind kind, int local_rank, bool s
 #else
   (void)local_rank;
   (void)share_gpus;
-  throw Error("run.device = \"cuda\": this build of ddp has no CUDA (it was configured without "
+  throw Error("device \"cuda\": this build of ddp has no CUDA (it was configured without "
               "nvcc or with -DDDP_WITH_CUDA=OFF)");
 #endif
 }

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "nvtx.h"
+
 namespace ddp {
 namespace {
 
@@ -103,6 +105,22 @@ struct HostCallbacks {
   static void free(void* ctx, void* ptr) {
     try {
       svc(ctx).device->free(ptr);
+    } catch (const std::exception& e) {  // never across the ABI
+      log(ctx, DDP_LOG_ERROR, e.what());
+    }
+  }
+
+  static ddp_status alloc_host(void* ctx, size_t bytes, ddp_mem_category category, void** out) {
+    if (category < 0 || category >= DDP_MEM_CATEGORY_COUNT) {
+      t_plugin_error = "alloc_host: unknown memory category " + std::to_string(category);
+      return DDP_ERR_INVALID_ARGUMENT;
+    }
+    return guarded([&] { *out = svc(ctx).device->alloc_host(bytes, static_cast<MemCategory>(category)); },
+                   DDP_ERR_OUT_OF_MEMORY);
+  }
+  static void free_host(void* ctx, void* ptr) {
+    try {
+      svc(ctx).device->free_host(ptr);
     } catch (const std::exception& e) {  // never across the ABI
       log(ctx, DDP_LOG_ERROR, e.what());
     }
@@ -237,6 +255,8 @@ PluginHost::PluginHost(HostServices& services, const PluginSection& section, std
   host_.store_wait = H::store_wait;
   host_.timeout_ms = services.timeout_ms;
   host_.run_optimizer = H::run_optimizer;
+  host_.alloc_host = H::alloc_host;
+  host_.free_host = H::free_host;
 }
 
 void PluginHost::check(ddp_status status, const char* entry) const {
@@ -270,6 +290,7 @@ struct MeterCallbacks {
     Trace* trace;  // null: not traced
     const char* op;
     int64_t bytes, step;
+    uint64_t nvtx = 0;  // the collective's NVTX range (GPU builds)
   };
 
   template <typename Call>
@@ -277,7 +298,10 @@ struct MeterCallbacks {
     MeteredTransport& m = self(comm);
     auto* span = new Span{Clock::time_point(), nullptr, op, int64_t(bytes), 0};
     Stream& s = *to_stream(stream);
-    s.enqueue([span](bool) { span->start = Clock::now(); });
+    s.enqueue([span](bool) {
+      span->start = Clock::now();
+      span->nvtx = nvtx::start(span->op);
+    });
     ddp_status status = call(m.real_, m.real_comm_);
     if (status == DDP_OK && m.trace_) {  // traced iff counted, under the step that issued it
       span->trace = m.trace_;
@@ -285,6 +309,7 @@ struct MeterCallbacks {
     }
     CommCounters* counters = &m.services_.counters;
     s.enqueue([span, counters](bool cancelled) {
+      nvtx::end(span->nvtx);
       if (!cancelled) {
         const Clock::time_point end = Clock::now();
         counters->busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(end - span->start).count();

@@ -71,6 +71,9 @@ int main(int argc, char** argv) {
   bc->add_option("--timeout", bench.timeout_s, "seconds a collective or the rendezvous may take")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  bc->add_option("--device", bench.device, "where the buffers live: cpu, or cuda (GPU local_rank per rank)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   bc->add_option("--part", bench.part_file, "(internal) where rank 0 writes its rows")->group("");
   CLI11_PARSE(app, argc, argv);
 

@@ -49,6 +49,13 @@ class Tensor {
     shape_.clear();
   }
   bool defined() const { return data_ != nullptr; }
+  Device* device() const { return device_; }  // where the data lives (null: undefined)
+  // The values on the host (a copy out of device memory on a GPU).
+  std::vector<float> to_host() const {
+    std::vector<float> out(numel_);
+    if (data_) device_->download(out.data(), data_, bytes());
+    return out;
+  }
   float* data() { return data_; }
   const float* data() const { return data_; }
   const Shape& shape() const { return shape_; }

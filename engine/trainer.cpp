@@ -14,6 +14,7 @@
 #include <cblas.h>
 
 #include "data.h"
+#include "nvtx.h"
 #include "lm.h"
 #include "mlp.h"
 #include "plugin_loader.h"
@@ -243,10 +244,14 @@ class RankRun {
       const Batch batch = data_->batch(step * k + micro);
       rec.data_s += seconds_since(t);
       t = Clock::now();
-      rec.loss += model_->forward(batch) / double(k);
+      {
+        nvtx::Range range("forward");
+        rec.loss += model_->forward(batch) / double(k);
+      }
       rec.forward_s += seconds_since(t);
       trace_range("forward", t);
       t = Clock::now();
+      nvtx::Range backward_range("backward");
       model_->backward(1.0f / float(k), [&](size_t index) {
         if (--remaining_uses_[index] != 0) return;
         rec.collectives_before_last_grad_ready = c.collectives - calls0;
@@ -265,6 +270,7 @@ class RankRun {
 
     t = Clock::now();
     const int64_t blocked_before_optimizer = c.blocked_ns;
+    nvtx::Range optimizer_range("optimizer");
     if (api.caps & DDP_CAP_OWNS_OPTIMIZER) {
       sh.check(api.optimizer_step(plugins_.strategy), "optimizer_step");
     } else {
@@ -323,15 +329,35 @@ class RankRun {
   }
 
   // An engine collective (not the strategy's): on the comm stream, waited
-  // for here, not counted in the strategy's communication.
-  void engine_collective(const std::function<ddp_status(const ddp_transport_v1_t&, ddp_comm*, ddp_stream)>& call,
-                         const char* what) {
+  // for here, not counted in the strategy's communication. `host` lists the
+  // host buffers it reads and writes; on a GPU they travel through device
+  // copies (a transport like nccl reads device memory only), and `call`
+  // gets the pointers to use, in the same order, with the device's kind.
+  using CollectiveCall =
+      std::function<ddp_status(const ddp_transport_v1_t&, ddp_comm*, ddp_stream, void* const* ptrs, ddp_device_kind)>;
+  void engine_collective(const CollectiveCall& call, const char* what,
+                         std::initializer_list<std::pair<void*, size_t>> host) {
     const ddp_transport_v1_t& t = *plugins_.transport_lib->transport();
     Stream& stream = device_->comm_stream();
-    plugins_.transport_host->check(call(t, plugins_.comm, reinterpret_cast<ddp_stream>(&stream)), what);
+    const bool staged = device_->kind() != DDP_DEVICE_CPU;
+    std::vector<Tensor> copies;
+    std::vector<void*> ptrs;
+    for (const auto& [ptr, bytes] : host) {
+      if (!staged) {
+        ptrs.push_back(ptr);
+        continue;
+      }
+      copies.emplace_back(*device_, Shape{int64_t((bytes + sizeof(float) - 1) / sizeof(float))}, MemCategory::CommBuffers);
+      device_->upload(copies.back().data(), ptr, bytes);
+      ptrs.push_back(copies.back().data());
+    }
+    plugins_.transport_host->check(call(t, plugins_.comm, reinterpret_cast<ddp_stream>(&stream), ptrs.data(), device_->kind()), what);
     Event done;
     done.record(stream);
     done.synchronize(services_.wait_limit());
+    if (!staged) return;
+    size_t i = 0;
+    for (const auto& [ptr, bytes] : host) device_->download(ptr, copies[i++].data(), bytes);
   }
 
   // Replaces the local losses since the last report by the global mean (the
@@ -340,10 +366,10 @@ class RankRun {
     const size_t begin = reported_;
     std::vector<float> losses;
     for (size_t i = begin; i < records_.size(); ++i) losses.push_back(static_cast<float>(records_[i].loss));
-    engine_collective([&](const ddp_transport_v1_t& t, ddp_comm* comm, ddp_stream s) {
-      const ddp_buffer buf{losses.data(), losses.size(), DDP_FLOAT32, DDP_DEVICE_CPU};
+    engine_collective([&](const ddp_transport_v1_t& t, ddp_comm* comm, ddp_stream s, void* const* ptrs, ddp_device_kind kind) {
+      const ddp_buffer buf{ptrs[0], losses.size(), DDP_FLOAT32, kind};
       return t.all_reduce(comm, &buf, DDP_REDUCE_AVG, s);
-    }, "all_reduce of the loss");
+    }, "all_reduce of the loss", {{losses.data(), losses.size() * sizeof(float)}});
     for (size_t i = begin; i < records_.size(); ++i) records_[i].loss = losses[i - begin];
     reported_ = records_.size();
     if (env_.rank.rank != 0) return;
@@ -368,11 +394,11 @@ class RankRun {
     // 52 bits of the sequence fingerprint: exact in a double.
     mine.push_back(double(services_.counters.sequence_hash.load() >> 12));
     std::vector<double> all(mine.size() * env_.rank.world_size);
-    engine_collective([&](const ddp_transport_v1_t& t, ddp_comm* comm, ddp_stream s) {
-      const ddp_buffer send{mine.data(), mine.size(), DDP_FLOAT64, DDP_DEVICE_CPU};
-      const ddp_buffer recv{all.data(), all.size(), DDP_FLOAT64, DDP_DEVICE_CPU};
+    engine_collective([&](const ddp_transport_v1_t& t, ddp_comm* comm, ddp_stream s, void* const* ptrs, ddp_device_kind kind) {
+      const ddp_buffer send{ptrs[0], mine.size(), DDP_FLOAT64, kind};
+      const ddp_buffer recv{ptrs[1], all.size(), DDP_FLOAT64, kind};
       return t.all_gather(comm, &send, &recv, s);
-    }, "all_gather of the rank summaries");
+    }, "all_gather of the rank summaries", {{mine.data(), mine.size() * sizeof(double)}, {all.data(), all.size() * sizeof(double)}});
     if (env_.rank.rank != 0) return;
 
     namespace fs = std::filesystem;

@@ -131,6 +131,8 @@ TEST_F(ConfigTest, Defaults) {
   EXPECT_EQ(c.run.output_dir, "runs/small");  // stem of the config file
   EXPECT_DOUBLE_EQ(c.run.timeout_s, 30.0);
   EXPECT_EQ(c.run.log_every, 1);
+  EXPECT_EQ(c.run.device, DDP_DEVICE_CPU);
+  EXPECT_FALSE(c.run.share_gpus);
   EXPECT_EQ(c.model.name, "toy");
   EXPECT_EQ(c.model.init_from, "");
   EXPECT_EQ(c.data.path, "");
@@ -296,6 +298,10 @@ TEST_F(ConfigTest, ValueConstraints) {
             model + ":5:8: key 'model.name' must be one of: toy, toy_tied, mlp, lm (got 'bert')");
   const std::string opt = write("opt.toml", replaced("lr = 0.1", "lr = 0.1\nname = \"adam\""));
   EXPECT_EQ(load_error(opt), opt + ":12:8: key 'optimizer.name' must be one of: sgd, adamw (got 'adam')");
+  const std::string device = write("device.toml", replaced("steps = 10", "steps = 10\ndevice = \"gpu\""));
+  EXPECT_EQ(load_error(device), device + ":3:10: key 'run.device' must be one of: cpu, cuda (got 'gpu')");
+  const std::string share = write("share.toml", replaced("steps = 10", "steps = 10\nshare_gpus = 1"));
+  EXPECT_EQ(load_error(share), share + ":3:14: key 'run.share_gpus' must be a boolean, not an integer");
 }
 
 TEST_F(ConfigTest, BatchNotDivisibleByWorldSize) {

@@ -23,11 +23,17 @@
 //                         [--transport NAME|PATH] [GoogleTest flags]
 // e.g.   conformance_test --strategy /path/libddp_strategy_mine.so
 //        conformance_test --strategy bucketed --strategy-key bucket_mb=0.001
+//        conformance_test --device cuda --transport nccl   (GPU builds; skipped
+//                         without a GPU; with nccl, worlds above the GPU count
+//                         skip; with gloo, ranks share the GPUs)
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <iostream>
 
+#if DDP_WITH_CUDA
+#include "gpu.h"
+#endif
 #include "harness.h"
 
 namespace ddp {
@@ -39,6 +45,7 @@ using harness::RunResult;
 struct Options {
   std::string strategy = "naive";
   std::string transport = "gloo";
+  std::string device = "cpu";               // run.device
   std::vector<std::string> strategy_keys;  // "key=value", TOML values
 } g_options;
 
@@ -101,6 +108,10 @@ std::string replace_model(std::string s, const std::string& model) {
 std::string toml_for(const Scenario& sc, const std::string& model, const std::string& strategy,
                      bool with_keys) {
   std::string t = "[run]\nsteps = " + std::to_string(kSteps) + "\nseed = 7\ntimeout_s = 30\n" + sc.run_extra;
+  if (g_options.device != "cpu") {
+    t += "device = \"" + g_options.device + "\"\n";
+    if (g_options.transport == "gloo") t += "share_gpus = true\n";  // world 2 on one GPU
+  }
   t += "[model]\nname = \"" + model + "\"\n";
   if (!sc.frozen.empty()) t += "freeze = [\"" + sc.frozen + "\"]\n";
   if (!sc.fixture.empty()) t += "init_from = \"" + kFixtures + model + "_init.safetensors\"\n";
@@ -148,6 +159,13 @@ class Conformance : public testing::TestWithParam<Case> {};
 TEST_P(Conformance, Protocol) {
   const Case& c = GetParam();
   const Scenario& sc = *c.scenario;
+#if DDP_WITH_CUDA
+  if (g_options.device == "cuda") {
+    DDP_REQUIRE_GPUS(1);
+    if (g_options.transport == "nccl" && c.world > test::gpus().count)
+      GTEST_SKIP() << "nccl needs a GPU per rank: world " << c.world << ", " << test::gpus().count << " GPU(s)";
+  }
+#endif
   RunResult ddp = harness::run(toml_for(sc, c.model, g_options.strategy, true), c.world);
   for (const auto& f : ddp.failures) ADD_FAILURE() << f;
   ASSERT_TRUE(ddp.failures.empty());
@@ -256,13 +274,16 @@ int main(int argc, char** argv) {
       ddp::g_options.strategy = v;
     } else if (const char* v = value("--transport")) {
       ddp::g_options.transport = v;
+    } else if (const char* v = value("--device")) {
+      ddp::g_options.device = v;
     } else {
       rest.push_back(argv[i]);
     }
   }
   int n = static_cast<int>(rest.size());
   testing::InitGoogleTest(&n, rest.data());
-  std::cout << "conformance: strategy " << ddp::g_options.strategy << ", transport " << ddp::g_options.transport;
+  std::cout << "conformance: strategy " << ddp::g_options.strategy << ", transport " << ddp::g_options.transport
+            << ", device " << ddp::g_options.device;
   for (const auto& k : ddp::g_options.strategy_keys) std::cout << ", " << k;
   std::cout << std::endl;
   return RUN_ALL_TESTS();

@@ -14,6 +14,9 @@
 #include <gtest/gtest.h>
 
 #include "device.h"
+#if DDP_WITH_CUDA
+#include "gpu.h"
+#endif
 
 namespace ddp {
 namespace {
@@ -427,6 +430,96 @@ TEST(Event, ReRecordingKeepsEarlierWaitersOnTheOldPoint) {
   e.synchronize();
   EXPECT_TRUE(e.query());
 }
+
+
+// ------------------------------------------------------------ make_device
+
+TEST(MakeDevice, CpuAlways) {
+  auto device = make_device(DDP_DEVICE_CPU, 3, false);
+  EXPECT_EQ(device->kind(), DDP_DEVICE_CPU);
+  EXPECT_EQ(device->compute_stream().native(), nullptr);
+}
+
+#if DDP_WITH_CUDA
+// Where no GPU is, asking for one is an error in CUDA's words, never a crash.
+TEST(MakeDevice, CudaWithoutAGpuIsAClearError) {
+  if (test::gpus().count > 0) GTEST_SKIP() << "this machine has a GPU";
+  try {
+    make_device(DDP_DEVICE_CUDA, 0, false);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "device \"cuda\": no usable GPU on this machine (" + test::gpus().why + ")");
+  }
+}
+
+TEST(MakeDevice, CudaNeedsAGpuPerLocalRankUnlessShared) {
+  DDP_REQUIRE_GPUS(1);
+  const int n = test::gpus().count;
+  try {
+    make_device(DDP_DEVICE_CUDA, n, false);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string want = "device \"cuda\": local rank " + std::to_string(n) + " needs GPU " +
+                             std::to_string(n) + ", but this machine has " + std::to_string(n) + " GPU";
+    EXPECT_EQ(std::string(e.what()).rfind(want, 0), 0u) << e.what();
+  }
+  auto shared = make_device(DDP_DEVICE_CUDA, n, true);  // GPU n % n = 0
+  EXPECT_EQ(shared->kind(), DDP_DEVICE_CUDA);
+  EXPECT_NE(shared->compute_stream().native(), nullptr);
+}
+
+// The CUDA device's streams and events keep the CPU's semantics: host tasks
+// run in order with the device's work, a failing task fails the stream and
+// events recorded after it, native waits order the two streams.
+TEST(CudaDevice, StreamsEventsAndMemory) {
+  DDP_REQUIRE_GPUS(1);
+  auto device = make_device(DDP_DEVICE_CUDA, 0, false);
+  Stream& compute = device->compute_stream();
+  Stream& comm = device->comm_stream();
+  EXPECT_TRUE(compute.threaded());
+  const size_t n = 1 << 20;
+  float* a = static_cast<float*>(device->alloc(n * sizeof(float), MemCategory::Activations));
+  float* b = static_cast<float*>(device->alloc(n * sizeof(float), MemCategory::CommBuffers));
+  EXPECT_EQ(device->memory().current(MemCategory::Activations), n * sizeof(float));
+  std::vector<float> host(n, -1.0f);
+  device->download(host.data(), a, n * sizeof(float));
+  EXPECT_EQ(host[0], 0.0f);  // zeroed
+  EXPECT_EQ(host[n - 1], 0.0f);
+
+  // compute: fill a; comm waits on it natively, copies a to b, scales b.
+  device->fill(a, n, 3.0f, compute);
+  Event filled;
+  filled.record(compute);
+  filled.make_wait(comm);
+  device->copy(b, a, n * sizeof(float), comm);
+  device->scale(b, n, 0.5f, comm);
+  std::atomic<int> order{0};
+  int seen = -1;
+  comm.enqueue([&](bool cancelled) { seen = cancelled ? -2 : order++; });
+  Event done;
+  done.record(comm);
+  done.synchronize();
+  EXPECT_EQ(seen, 0);
+  device->download(host.data(), b, n * sizeof(float));
+  EXPECT_EQ(host[0], 1.5f);
+  EXPECT_EQ(host[n - 1], 1.5f);
+
+  // A failing host task fails the stream; later events fail with its words.
+  comm.enqueue([](bool) { throw std::runtime_error("transport exploded"); });
+  Event after;
+  after.record(comm);
+  try {
+    after.synchronize();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "transport exploded");
+  }
+  EXPECT_TRUE(comm.failed());
+  device->free(a);
+  device->free(b);
+  EXPECT_EQ(device->memory().current(MemCategory::Activations), 0u);
+}
+#endif
 
 }  // namespace
 }  // namespace ddp

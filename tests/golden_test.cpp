@@ -3,7 +3,9 @@
 // batch, the logits, the loss, every gradient, and ten AdamW steps. Ours,
 // loaded with those weights, must give the same logits, loss and gradients
 // (1e-4 relative, 1e-5 absolute near zero) and follow the same AdamW
-// trajectory through the engine's own optimizer.
+// trajectory through the engine's own optimizer. Each test runs on the CPU
+// and, in GPU builds, on CUDA (skipped where no GPU is); on CUDA the model's
+// logits and gradients must also equal the CPU's within 1e-5 relative.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -14,6 +16,9 @@
 
 #include <gtest/gtest.h>
 
+#if DDP_WITH_CUDA
+#include "gpu.h"
+#endif
 #include "lm.h"
 #include "mlp.h"
 #include "optimizer.h"
@@ -49,21 +54,35 @@ std::vector<int32_t> ints(const Tensors& t, const std::string& name) {
 
 // Copies the fixture's initial weights into the model, checking that names,
 // order and shapes are the model's.
-void load_weights(Model& m, const Tensors& t, const std::string& file) {
+void load_weights(Device& device, Model& m, const Tensors& t, const std::string& file) {
   for (Parameter& p : m.params()) {
     ASSERT_TRUE(t.count(p.name)) << p.name;
     ASSERT_EQ(t.at(p.name).shape, p.shape) << p.name;
     const std::vector<float> w = floats(t, file, p.name);
-    std::memcpy(p.data.data(), w.data(), p.data.bytes());
+    device.upload(p.data.data(), w.data(), p.data.bytes());
   }
 }
 
-void zero_grads(Model& m) {
-  for (Parameter& p : m.params()) std::memset(p.grad.data(), 0, p.grad.bytes());
+void zero_grads(Device& device, Model& m) {
+  for (Parameter& p : m.params()) device.fill(p.grad.data(), p.grad.numel(), 0.0f, device.compute_stream());
 }
 
-void expect_close(const std::string& what, const float* got, const std::vector<float>& want,
+// `count` floats of device memory, on the host.
+std::vector<float> host(Device& device, const float* data, size_t count) {
+  std::vector<float> out(count);
+  device.download(out.data(), data, count * sizeof(float));
+  return out;
+}
+std::vector<float> host(Device& device, const Tensor& t) { return host(device, t.data(), t.numel()); }
+
+// The devices the tests run on: the CPU, and CUDA in GPU builds.
+std::unique_ptr<Device> test_device(const std::string& kind) {
+  return make_device(kind == "cuda" ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU, 0, false);
+}
+
+void expect_close(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
                   double rtol, double atol) {
+  ASSERT_EQ(got.size(), want.size()) << what;
   double worst = 0;
   size_t worst_i = 0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -77,34 +96,35 @@ void expect_close(const std::string& what, const float* got, const std::vector<f
 
 constexpr double kRtol = 1e-4, kAtol = 1e-5;
 
-// Forward, backward and 10 AdamW steps against the fixture.
-void check_golden(Model& m, const Tensors& t, const std::string& file, const Batch& batch,
-                  const std::function<const float*()>& logits) {
-  load_weights(m, t, file);
-  zero_grads(m);
+// Forward, backward and 10 AdamW steps against the fixture. `logits`
+// gives the model's logits (device memory) and their count.
+using Logits = std::function<std::pair<const float*, size_t>()>;
+void check_golden(Device& device, Model& m, const Tensors& t, const std::string& file, const Batch& batch,
+                  const Logits& logits) {
+  load_weights(device, m, t, file);
+  zero_grads(device, m);
   const float loss = m.forward(batch);
   const std::vector<float> want_loss = floats(t, file, "loss");
   EXPECT_NEAR(loss, want_loss[0], kRtol * std::abs(want_loss[0])) << "loss";
-  expect_close("logits", logits(), floats(t, file, "logits"), kRtol, kAtol);
+  expect_close("logits", host(device, logits().first, logits().second), floats(t, file, "logits"), kRtol, kAtol);
   m.backward(1.0f, [](size_t) {});
   for (const Parameter& p : m.params())
-    expect_close("grad/" + p.name, p.grad.data(), floats(t, file, "grad/" + p.name), kRtol, kAtol);
+    expect_close("grad/" + p.name, host(device, p.grad), floats(t, file, "grad/" + p.name), kRtol, kAtol);
 
   // AdamW(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1), 10 steps
   // on the same batch from the initial weights.
-  load_weights(m, t, file);
+  load_weights(device, m, t, file);
   OptimizerConfig oc;
   oc.name = "adamw";
   oc.lr = 1e-2;
   oc.weight_decay = 0.1;
-  CpuDevice device;
   Optimizer opt(oc, device, m.params());
   std::vector<size_t> all(m.params().size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   const std::vector<float> want_losses = floats(t, file, "adamw_losses");
   ASSERT_EQ(want_losses.size(), 10u);
   for (int s = 0; s < 10; ++s) {
-    zero_grads(m);
+    zero_grads(device, m);
     const float l = m.forward(batch);
     EXPECT_NEAR(l, want_losses[s], 2e-5 * std::abs(want_losses[s])) << "adamw step " << s;
     m.backward(1.0f, [](size_t) {});
@@ -113,29 +133,68 @@ void check_golden(Model& m, const Tensors& t, const std::string& file, const Bat
   // AdamW turns near-zero gradient entries into lr-sized steps whose sign
   // depends on rounding (fixtures/README.md): absolute 1e-3 on the weights.
   for (const Parameter& p : m.params())
-    expect_close("adamw_final/" + p.name, p.data.data(), floats(t, file, "adamw_final/" + p.name),
+    expect_close("adamw_final/" + p.name, host(device, p.data), floats(t, file, "adamw_final/" + p.name),
                  0.0, 1e-3);
 }
 
-TEST(Golden, LmTinyMatchesPyTorch) {
+// The same model on the CPU and on `device` from the fixture's weights:
+// logits, loss and every gradient within 1e-5 relative (1e-6 absolute
+// near zero): the CUDA kernels against the CPU's on the golden fixtures.
+void check_against_cpu(Device& device, Model& on_device, Model& on_cpu, const Tensors& t,
+                       const std::string& file, const Batch& batch, const Logits& device_logits,
+                       const Logits& cpu_logits) {
+  CpuDevice cpu;
+  load_weights(device, on_device, t, file);
+  load_weights(cpu, on_cpu, t, file);
+  zero_grads(device, on_device);
+  zero_grads(cpu, on_cpu);
+  const float loss = on_device.forward(batch), cpu_loss = on_cpu.forward(batch);
+  EXPECT_NEAR(loss, cpu_loss, 1e-5 * std::abs(cpu_loss)) << "loss";
+  expect_close("logits", host(device, device_logits().first, device_logits().second),
+               host(cpu, cpu_logits().first, cpu_logits().second), 1e-5, 1e-6);
+  on_device.backward(1.0f, [](size_t) {});
+  on_cpu.backward(1.0f, [](size_t) {});
+  for (size_t i = 0; i < on_cpu.params().size(); ++i)
+    expect_close("grad/" + on_cpu.params()[i].name, host(device, on_device.params()[i].grad),
+                 host(cpu, on_cpu.params()[i].grad), 1e-5, 1e-6);
+}
+
+class Golden : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+#if DDP_WITH_CUDA
+    if (GetParam() == "cuda") {
+      DDP_REQUIRE_GPUS(1);
+    }
+#endif
+    device_ = test_device(GetParam());
+  }
+  std::unique_ptr<Device> device_;
+};
+
+TEST_P(Golden, LmTinyMatchesPyTorch) {
   const std::string file = fixture("lm_tiny_golden.safetensors");
   const Tensors t = read_safetensors(file);
-  CpuDevice device;
   const LmConfig c = lm_preset("lm-tiny");
-  LmModel m(c, device, 0);
+  LmModel m(c, *device_, 0);
   ASSERT_EQ(t.at("tokens").shape, (Shape{2, c.context_length + 1}));
   const std::vector<int32_t> tokens = ints(t, "tokens");
   Batch batch;
   batch.tokens = tokens.data();
   batch.rows = 2;
-  check_golden(m, t, file, batch, [&] { return m.logits(); });
+  const size_t logits = size_t(2 * c.context_length * c.vocab_size);
+  check_golden(*device_, m, t, file, batch, [&] { return std::pair{m.logits(), logits}; });
+  if (GetParam() == "cpu") return;
+  CpuDevice cpu;
+  LmModel on_cpu(c, cpu, 0);
+  check_against_cpu(*device_, m, on_cpu, t, file, batch, [&] { return std::pair{m.logits(), logits}; },
+                    [&] { return std::pair{on_cpu.logits(), logits}; });
 }
 
-TEST(Golden, MlpMatchesPyTorch) {
+TEST_P(Golden, MlpMatchesPyTorch) {
   const std::string file = fixture("mlp_golden.safetensors");
   const Tensors t = read_safetensors(file);
-  CpuDevice device;
-  MlpModel m(MlpConfig{32, 3, 10}, device, 0);
+  MlpModel m(MlpConfig{32, 3, 10}, *device_, 0);
   ASSERT_EQ(t.at("x").shape, (Shape{8, 32}));
   const std::vector<float> x = floats(t, file, "x");
   const std::vector<int32_t> labels = ints(t, "y");
@@ -143,8 +202,20 @@ TEST(Golden, MlpMatchesPyTorch) {
   batch.x = x.data();
   batch.labels = labels.data();
   batch.rows = 8;
-  check_golden(m, t, file, batch, [&] { return m.logits(); });
+  check_golden(*device_, m, t, file, batch, [&] { return std::pair{m.logits(), size_t(8 * 10)}; });
+  if (GetParam() == "cpu") return;
+  CpuDevice cpu;
+  MlpModel on_cpu(MlpConfig{32, 3, 10}, cpu, 0);
+  check_against_cpu(*device_, m, on_cpu, t, file, batch, [&] { return std::pair{m.logits(), size_t(8 * 10)}; },
+                    [&] { return std::pair{on_cpu.logits(), size_t(8 * 10)}; });
 }
+
+#if DDP_WITH_CUDA
+INSTANTIATE_TEST_SUITE_P(Device, Golden, ::testing::Values("cpu", "cuda"),
+                         [](const auto& info) { return info.param; });
+#else
+INSTANTIATE_TEST_SUITE_P(Device, Golden, ::testing::Values("cpu"), [](const auto& info) { return info.param; });
+#endif
 
 }  // namespace
 }  // namespace ddp

@@ -36,8 +36,9 @@ class FileObserver final : public TrainObserver {
     out_.write(reinterpret_cast<const char*>(&count), sizeof count);
     for (const Parameter& p : model.params()) {
       int64_t n = static_cast<int64_t>(p.data.numel());
+      const std::vector<float> values = p.data.to_host();  // a GPU's copied out
       out_.write(reinterpret_cast<const char*>(&n), sizeof n);
-      out_.write(reinterpret_cast<const char*>(p.data.data()), n * sizeof(float));
+      out_.write(reinterpret_cast<const char*>(values.data()), n * sizeof(float));
     }
     out_.flush();
   }
