@@ -170,7 +170,8 @@ class BenchRank {
   BenchRank(const BenchOptions& options, const RankEnv& env)
       : options_(options),
         env_(env),
-        device_(make_device(options.device == "cuda" ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU, env.rank.local_rank, false)),
+        // GPUs shared among ranks where fewer: gloo can, nccl refuses (its own error).
+        device_(make_device(options.device == "cuda" ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU, env.rank.local_rank, true)),
         store_(env.rendezvous, env.run_id, std::chrono::milliseconds(int64_t(options.timeout_s * 1000))),
         section_(plugin_section_from_overrides("transport", options.transport_sets)) {
     services_.rank = env.rank;

@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# tools/gpu_check.sh — the GPU path checked on a machine with a GPU, in one go.
+#
+#   tools/gpu_check.sh pack [--build DIR]
+#       Here, on any machine with the toolchain (no GPU needed): configures and
+#       builds the GPU build (DIR, default build-gpu: Release, CUDA on, sm_90),
+#       then packs its programs, plugins and the shared libraries a bare GPU
+#       machine lacks (OpenBLAS, Gloo, Boost, libstdc++...: everything but
+#       glibc and CUDA's own) into .gpu/ (ignored by git, under 64 MiB).
+#   tools/gpu_check.sh run [--out DIR]
+#       There, on the GPU machine, from the repository root with .gpu/ beside
+#       it: unpacks, then runs
+#         1. the GPU tests: device (CUDA streams, events, memory), cuda_ops
+#            (update kernels bitwise against the CPU), cuda_kernels (every
+#            model kernel against the CPU), golden (lm-tiny and mlp on CUDA
+#            against PyTorch and the CPU), nccl transport, gloo on CUDA
+#            buffers, and the conformance protocol on device "cuda" with
+#            nccl and gloo for every shipped strategy;
+#         2. ddp bench-comm --device cuda with nccl (world 1 per GPU present)
+#            and gloo (world 2 sharing a GPU), 1MB..1GB;
+#         3. configs/lm-gpu.toml (lm `small`) with each strategy;
+#       and writes DIR/gpu_check.md (the summary: GPU, test counts, tables),
+#       DIR/tests.log, DIR/bench_{nccl,gloo}.{md,json}, DIR/lm_gpu.csv and
+#       DIR/lm_gpu.log (8 files: what the device tool brings back). Exit
+#       status 1 when a test or run failed.
+#
+# With the device tool (one call of a lent machine):
+#   tools/gpu_check.sh pack      # here
+#   run(command="bash tools/gpu_check.sh run --out $OUT", carry=[".gpu"], timeout_s=600)
+#
+# The tests were compiled with this checkout's absolute paths (test data,
+# plugin directories); `run` makes that path lead to the checkout there
+# (a symbolic link) when it differs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+say() { echo "gpu_check: $*" >&2; }
+die() { say "error: $*"; exit 2; }
+
+mode=${1:-}
+[ -n "$mode" ] || die "usage: tools/gpu_check.sh pack [--build DIR] | run [--out DIR]"
+shift
+build=build-gpu out=runs/gpu_check
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) build=${2:?--build needs a directory}; shift 2 ;;
+    --out) out=${2:?--out needs a directory}; shift 2 ;;
+    *) die "unknown argument '$1'" ;;
+  esac
+done
+
+# ------------------------------------------------------------------ pack
+if [ "$mode" = pack ]; then
+  command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || die "pack needs nvcc (the CUDA toolkit)"
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDP_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+  cmake --build "$build" -j"$(nproc)"
+  rm -rf .gpu && mkdir -p .gpu/lib
+  # Shared libraries the programs need, but not glibc's or CUDA's (the GPU
+  # machine has its own driver, runtime, cuBLAS and NCCL).
+  find "$build/bin" "$build/lib" -type f -perm -u+x -o -name '*.so*' -type f | while read -r f; do
+    ldd "$f" 2>/dev/null | awk '$3 ~ /^\// {print $3}'
+  done | sort -u | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libcuda.so*|libcudart.so*|libcublas*|libnccl*|libnvidia*) ;;
+      *) cp -L "$lib" .gpu/lib/ ;;
+    esac
+  done
+  tar -C "$root" -cJf .gpu/build.tar.xz "$build/bin" "$build/lib" "$build/tests"
+  printf 'root=%s\nbuild=%s\n' "$root" "$build" >.gpu/paths
+  size=$(du -sm .gpu | cut -f1)
+  [ "$size" -lt 60 ] || die ".gpu is ${size} MiB: over what the device tool carries"
+  say "packed .gpu (${size} MiB): now run(command=\"bash tools/gpu_check.sh run --out \$OUT\", carry=[\".gpu\"])"
+  exit 0
+fi
+
+[ "$mode" = run ] || die "unknown mode '$mode' (pack or run)"
+
+# ------------------------------------------------------------------- run
+[ -f .gpu/paths ] || die ".gpu/ is missing: run 'tools/gpu_check.sh pack' first and carry .gpu"
+# shellcheck disable=SC1091
+. .gpu/paths  # root= build= of the packing checkout
+packed_root=$root
+root=$PWD
+if [ "$packed_root" != "$root" ]; then
+  if [ ! -e "$packed_root" ]; then
+    mkdir -p "$(dirname "$packed_root")"
+    ln -s "$root" "$packed_root"
+  fi
+  [ "$(cd "$packed_root" && pwd -P)" = "$(pwd -P)" ] || die "$packed_root exists and is not this checkout"
+fi
+tar -C "$root" -xJf .gpu/build.tar.xz
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+
+# CUDA's libraries where the machine has them: the toolkit, or the wheels of
+# its Python (nvidia-*), or the loader's cache.
+libdirs="$root/.gpu/lib"
+for name in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+  found=$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n {print $NF; exit}')
+  [ -n "$found" ] || found=$(find /usr/local/cuda*/ /usr/lib /opt "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || echo /nonexistent)" \
+                                -name "$name" 2>/dev/null | head -1)
+  [ -n "$found" ] && libdirs="$libdirs:$(dirname "$found")" || say "warning: $name not found"
+done
+export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+bin="$root/$build/bin"
+missing=$(ldd "$bin/ddp" | grep "not found" || true)
+[ -z "$missing" ] || say "warning: ddp misses libraries: $missing"
+
+status=0
+summary="$out/gpu_check.md"
+{
+  echo "# GPU check"
+  echo
+  echo '```'
+  nvidia-smi -L 2>&1 || echo "nvidia-smi failed"
+  echo '```'
+} >"$summary"
+
+# 1. GPU tests: the suites that touch CUDA, through ctest (compiled paths).
+say "GPU tests"
+set +e
+(cd "$root/$build/tests" && ctest -j4 --timeout 300 --output-on-failure \
+   -R 'cuda|nccl|gloo_cuda|Golden|MakeDevice|CudaDevice' ) >"$out/tests.log" 2>&1
+rc=$?
+set -e
+[ $rc -eq 0 ] || status=1
+{
+  echo
+  echo "## GPU tests (ctest -R 'cuda|nccl|gloo_cuda|Golden|MakeDevice|CudaDevice')"
+  echo
+  echo '```'
+  grep -E "tests passed|tests failed|Total Test time" "$out/tests.log" || echo "ctest printed no result (see tests.log)"
+  grep -E "\*\*\*Failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)" "$out/tests.log" | head -40 || true
+  echo "skipped: $(grep -c '(Skipped)' "$out/tests.log" || true)"
+  echo '```'
+} >>"$summary"
+
+# 2. Collectives on GPU buffers.
+say "bench-comm"
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+[ "$gpus" -ge 1 ] || gpus=1
+set +e
+"$bin/ddp" bench-comm --device cuda --transport nccl --world "$gpus" --sizes 1MB,10MB,100MB,1GB \
+  --out "$out/bench_nccl" >"$out/bench_nccl.md" 2>>"$out/tests.log" || status=1
+"$bin/ddp" bench-comm --device cuda --transport gloo --world 2 --sizes 1MB,10MB,100MB \
+  --ops all_reduce --out "$out/bench_gloo" >"$out/bench_gloo.md" 2>>"$out/tests.log" || status=1
+set -e
+for part in nccl gloo; do
+  [ -f "$out/bench_$part/bench_comm.json" ] && cp "$out/bench_$part/bench_comm.json" "$out/bench_$part.json"
+done
+{
+  echo
+  echo "## bench-comm --device cuda"
+  echo
+  cat "$out/bench_nccl.md" "$out/bench_gloo.md" 2>/dev/null
+} >>"$summary"
+
+# 3. lm `small` with every strategy, world 1 (nccl).
+say "lm small"
+echo "strategy,mean_step_s,tokens_per_s,comm_blocked_s,peak_total_bytes,final_loss,status" >"$out/lm_gpu.csv"
+mkdir -p "$out/lm_gpu"
+: >"$out/lm_gpu.log"
+for strategy in naive flat overlap bucketed sharded; do
+  dir="$out/lm_gpu/$strategy"
+  set +e
+  (cd "$root" && "$bin/ddp" run configs/lm-gpu.toml --set "strategy.plugin=\"$strategy\"" \
+     --set "run.output_dir=\"$dir\"") >"$out/lm_gpu.part" 2>&1
+  rc=$?
+  { echo "== $strategy (exit $rc)"; cat "$out/lm_gpu.part"; } >>"$out/lm_gpu.log"
+  rm -f "$out/lm_gpu.part"
+  set -e
+  if [ $rc -ne 0 ]; then
+    status=1
+    echo "$strategy,,,,,,failed (exit $rc)" >>"$out/lm_gpu.csv"
+    continue
+  fi
+  python3 - "$dir/summary.json" "$strategy" >>"$out/lm_gpu.csv" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+steps = s["step_time_s"][3:] or s["step_time_s"]
+mean = sum(steps) / len(steps)
+blocked = s["comm_blocked_s"][3:] or s["comm_blocked_s"]
+print(f'{sys.argv[2]},{mean:.5f},{s.get("tokens_per_s", 0):.0f},{sum(blocked) / len(blocked):.5f},'
+      f'{s["peak_bytes"]["before_optimizer_step"]["total"]},{s["loss"][-1]:.4f},ok')
+EOF
+done
+{
+  echo
+  echo "## lm small (configs/lm-gpu.toml), world 1, step time without the first 3 steps"
+  echo
+  echo '```'
+  cat "$out/lm_gpu.csv"
+  echo '```'
+} >>"$summary"
+rm -rf "$out/lm_gpu" "$out/bench_nccl" "$out/bench_gloo"
+cat "$summary"
+exit $status
