@@ -109,7 +109,21 @@ class RankRun {
     }
   }
 
+  // On any failure (a wait given up on a stuck collective among them) the
+  // transport is aborted before the streams are drained: queued NCCL
+  // kernels would otherwise keep the drain waiting for ever.
   void run() {
+    try {
+      run_steps();
+    } catch (...) {
+      const ddp_transport_v1_t* t = plugins_.transport_lib ? plugins_.transport_lib->transport() : nullptr;
+      if (t && t->abort && plugins_.comm) t->abort(plugins_.comm);
+      throw;
+    }
+  }
+
+ private:
+  void run_steps() {
     // `ddp run --trace`: the launcher names this rank's trace file.
     if (const char* path = std::getenv("DDP_TRACE"); path && *path) trace_path_ = path;
     set_up();
@@ -135,7 +149,6 @@ class RankRun {
     }
   }
 
- private:
   void set_up() {
     const RankInfo& r = env_.rank;
     openblas_set_num_threads(config_.run.threads);
