@@ -1,6 +1,560 @@
-// placeholder (being written)
+// cuda_kernels_test.cpp — the CUDA kernels (models/cuda/cuda_kernels.cu)
+// against the CPU kernels (layers.h through make_cpu_kernels()): every
+// Kernels method on random inputs from a fixed seed, at a few sizes
+// including awkward ones (1, primes, t not a multiple of 32, rows beyond
+// one block or chunk), accumulate paths included, parameter gradients
+// starting from random values (they are added into), outputs the CUDA side
+// must overwrite starting as NaN. Then a run-to-run determinism check.
+// Skipped where there is no GPU (gpu.h).
+//
+// Tolerance: |gpu - cpu| <= 1e-5 |cpu| + atol. Elementwise results take
+// atol = 1e-6 (values here are O(1); an element that is a small difference
+// of O(1) terms carries their rounding, ~1e-7). Results of GEMMs and other
+// long sums take atol = 1e-5 * rms(cpu): cuBLAS and OpenBLAS (and a
+// tree-order reduction against a sequential one) add the K terms in
+// different orders, so an element that cancels to near zero keeps an
+// absolute error of the size of the terms' rounding, which scales with the
+// typical output, not with that element. Results made of the same float
+// operations in the same order are compared exactly.
+#include "cuda/cuda_kernels.h"
+
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include "gpu.h"
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
-TEST(Placeholder, NeedsAGpu) { DDP_REQUIRE_GPUS(1); }
+#include "gpu.h"
+#include "kernels.h"
+#include "layers.h"
+
+namespace ddp {
+namespace {
+
+using Vec = std::vector<float>;
+using Tokens = std::vector<int32_t>;
+
+constexpr double kRtol = 1e-5;
+constexpr double kAbsFloor = 1e-6;
+
+void ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Device memory holding a copy of a host vector (or n elements of NaN:
+// outputs the kernels must write). Freed at scope end.
+template <typename T>
+class Buf {
+ public:
+  explicit Buf(const std::vector<T>& host) : n_(host.size()) {
+    ok(cudaMalloc(reinterpret_cast<void**>(&ptr_), bytes() ? bytes() : 1), "cudaMalloc");
+    ok(cudaMemcpy(ptr_, host.data(), bytes(), cudaMemcpyHostToDevice), "cudaMemcpy (to device)");
+    ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+  static Buf nan(size_t n) { return Buf(std::vector<T>(n, std::numeric_limits<T>::quiet_NaN())); }
+  ~Buf() { cudaFree(ptr_); }
+  Buf(Buf&& o) noexcept : ptr_(o.ptr_), n_(o.n_) { o.ptr_ = nullptr; }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+
+  T* get() const { return ptr_; }
+  size_t bytes() const { return n_ * sizeof(T); }
+  // The contents once `stream` has finished its work.
+  std::vector<T> host(cudaStream_t stream) const {
+    ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    std::vector<T> out(n_);
+    ok(cudaMemcpy(out.data(), ptr_, bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy (to host)");
+    return out;
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_;
+};
+
+// The kernels under test on their own non-blocking stream, and the CPU's.
+struct Both {
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<Kernels> gpu;
+  std::unique_ptr<Kernels> cpu = make_cpu_kernels();
+  Both() {
+    ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    gpu = make_cuda_kernels(stream);
+  }
+  ~Both() {
+    gpu.reset();
+    cudaStreamDestroy(stream);
+  }
+  template <typename T>
+  std::vector<T> get(const Buf<T>& b) const {
+    return b.host(stream);
+  }
+};
+
+Vec uniform(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Vec v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+Tokens tokens_below(size_t n, int32_t vocab, std::mt19937& rng) {
+  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
+  Tokens t(n);
+  for (int32_t& x : t) x = dist(rng);
+  return t;
+}
+
+double rms(const Vec& v) {
+  double s = 0.0;
+  for (float x : v) s += static_cast<double>(x) * x;
+  return v.empty() ? 0.0 : std::sqrt(s / static_cast<double>(v.size()));
+}
+
+// atol for results of GEMMs and long sums (see the top of the file).
+double sum_atol(const Vec& want) { return std::max(kAbsFloor, kRtol * rms(want)); }
+
+// |got - want| <= rtol |want| + atol elementwise; reports the count of
+// failures, the first and the worst.
+void expect_close(const std::string& what, const Vec& got, const Vec& want, double atol,
+                  double rtol = kRtol) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0, first = 0, worst = 0;
+  double worst_excess = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
+    const double tol = rtol * std::abs(want[i]) + atol;
+    if (!(err <= tol)) {  // NaN fails
+      if (bad++ == 0) first = i;
+      const double excess = std::isnan(err) ? INFINITY : err / tol;
+      if (excess > worst_excess) {
+        worst_excess = excess;
+        worst = i;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements off (rtol "
+                     << rtol << ", atol " << atol << "); first [" << first << "] gpu " << got[first]
+                     << " cpu " << want[first] << ", worst [" << worst << "] gpu " << got[worst]
+                     << " cpu " << want[worst];
+}
+
+void expect_equal(const std::string& what, const Vec& got, const Vec& want) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+      << what << ": not bitwise equal";
+}
+
+std::string shape(std::initializer_list<std::pair<const char*, int64_t>> dims) {
+  std::string s;
+  for (const auto& [name, v] : dims)
+    s += std::string(s.empty() ? "" : " ") + name + "=" + std::to_string(v);
+  return s;
+}
+
+// ---- the device, data movement -----------------------------------------------
+
+TEST(CudaKernels, KindIsCuda) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  EXPECT_EQ(k.gpu->kind(), DDP_DEVICE_CUDA);
+}
+
+TEST(CudaKernels, UploadFreesTheSourceOnReturnAndCopyMovesBytes) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(1);
+  // 1 float, and more than the staging slots hold (chunks, slots reused), odd size.
+  for (size_t n : {size_t{1}, size_t{1} << 10, (size_t{5} << 20) / 4 + 3}) {
+    SCOPED_TRACE(shape({{"n", static_cast<int64_t>(n)}}));
+    const Vec want = uniform(n, rng);
+    Vec src = want;
+    auto dst = Buf<float>::nan(n), copied = Buf<float>::nan(n);
+    k.gpu->upload(dst.get(), src.data(), n * sizeof(float));
+    std::fill(src.begin(), src.end(), -7.0f);  // the contract: reusable at once
+    k.gpu->copy(copied.get(), dst.get(), n * sizeof(float));
+    expect_equal("upload", k.get(dst), want);
+    expect_equal("copy", k.get(copied), want);
+  }
+}
+
+// ---- linear, bias ---------------------------------------------------------------
+
+TEST(CudaKernels, LinearMatchesCpu) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(2);
+  struct Shape {
+    int64_t n, in, out;
+  };
+  for (const Shape s :
+       {Shape{1, 1, 1}, Shape{7, 37, 5}, Shape{70, 300, 129}, Shape{133, 64, 257}}) {
+    for (bool accumulate : {false, true}) {
+      SCOPED_TRACE(shape({{"n", s.n}, {"in", s.in}, {"out", s.out}, {"accumulate", accumulate}}));
+      const Vec x = uniform(s.n * s.in, rng), w = uniform(s.out * s.in, rng);
+      const Vec dy = uniform(s.n * s.out, rng);
+      const Vec y0 = uniform(s.n * s.out, rng), dx0 = uniform(s.n * s.in, rng);
+      const Vec dw0 = uniform(s.out * s.in, rng);  // a gradient: added into
+      Buf<float> gx(x), gw(w), gdy(dy), gdw(dw0);
+      Buf<float> gy = accumulate ? Buf<float>(y0) : Buf<float>::nan(y0.size());
+      Buf<float> gdx = accumulate ? Buf<float>(dx0) : Buf<float>::nan(dx0.size());
+      Vec y = y0, dx = dx0, dw = dw0;
+
+      k.cpu->linear_forward(y.data(), x.data(), w.data(), s.n, s.in, s.out, accumulate);
+      k.gpu->linear_forward(gy.get(), gx.get(), gw.get(), s.n, s.in, s.out, accumulate);
+      k.cpu->linear_backward_input(dx.data(), dy.data(), w.data(), s.n, s.in, s.out, accumulate);
+      k.gpu->linear_backward_input(gdx.get(), gdy.get(), gw.get(), s.n, s.in, s.out, accumulate);
+      k.cpu->linear_backward_weight(dw.data(), dy.data(), x.data(), s.n, s.in, s.out);
+      k.gpu->linear_backward_weight(gdw.get(), gdy.get(), gx.get(), s.n, s.in, s.out);
+
+      expect_close("y", k.get(gy), y, sum_atol(y));
+      expect_close("dx", k.get(gdx), dx, sum_atol(dx));
+      expect_close("dw", k.get(gdw), dw, sum_atol(dw));
+    }
+  }
+}
+
+TEST(CudaKernels, BiasMatchesCpu) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(3);
+  struct Shape {
+    int64_t n, out;
+  };
+  for (const Shape s : {Shape{1, 1}, Shape{7, 33}, Shape{1000, 70}, Shape{65, 300}}) {
+    SCOPED_TRACE(shape({{"n", s.n}, {"out", s.out}}));
+    const Vec b = uniform(s.out, rng), dy = uniform(s.n * s.out, rng);
+    const Vec y0 = uniform(s.n * s.out, rng), db0 = uniform(s.out, rng);
+    Buf<float> gb(b), gdy(dy), gy(y0), gdb(db0);
+    Vec y = y0, db = db0;
+
+    k.cpu->bias_forward(y.data(), b.data(), s.n, s.out);
+    k.gpu->bias_forward(gy.get(), gb.get(), s.n, s.out);
+    k.cpu->bias_backward(db.data(), dy.data(), s.n, s.out);
+    k.gpu->bias_backward(gdb.get(), gdy.get(), s.n, s.out);
+
+    expect_equal("y", k.get(gy), y);  // one float addition per element
+    expect_close("db (column sums)", k.get(gdb), db, sum_atol(db));
+  }
+}
+
+// ---- embedding ---------------------------------------------------------------------
+
+TEST(CudaKernels, EmbeddingMatchesCpu) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(4);
+  struct Shape {
+    int64_t n, d;
+    int32_t vocab;
+  };
+  // Repeated tokens across several 256-position chunks (vocab 5, n 600), d
+  // beyond one block's columns, mostly distinct tokens, one token only.
+  for (const Shape s : {Shape{1, 1, 1}, Shape{6, 16, 3}, Shape{600, 300, 5}, Shape{300, 33, 1000},
+                        Shape{517, 8, 1}}) {
+    SCOPED_TRACE(shape({{"n", s.n}, {"d", s.d}, {"vocab", s.vocab}}));
+    const Tokens tokens = tokens_below(s.n, s.vocab, rng);
+    const Vec table = uniform(s.vocab * s.d, rng), dout = uniform(s.n * s.d, rng);
+    const Vec dtable0 = uniform(s.vocab * s.d, rng);  // a gradient: added into
+    Buf<int32_t> gtok(tokens);
+    Buf<float> gtable(table), gdout(dout), gdtable(dtable0), gout = Buf<float>::nan(s.n * s.d);
+    Vec out(s.n * s.d), dtable = dtable0;
+
+    k.cpu->embedding_forward(out.data(), tokens.data(), table.data(), s.n, s.d);
+    k.gpu->embedding_forward(gout.get(), gtok.get(), gtable.get(), s.n, s.d);
+    k.cpu->embedding_backward(dtable.data(), dout.data(), tokens.data(), s.n, s.d);
+    k.gpu->embedding_backward(gdtable.get(), gdout.get(), gtok.get(), s.n, s.d);
+
+    expect_equal("out", k.get(gout), out);
+    // The GPU adds each row's gradients in the CPU's order (so it is in fact
+    // bitwise equal); compared with the sums' tolerance all the same.
+    expect_close("dtable", k.get(gdtable), dtable, sum_atol(dtable));
+  }
+}
+
+// ---- RMSNorm, RoPE ---------------------------------------------------------------------
+
+TEST(CudaKernels, RmsNormMatchesCpu) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(5);
+  struct Shape {
+    int64_t n, d;
+  };
+  // (d >= 8: at d = 1 the backward is a difference of two nearly equal terms,
+  // 1 - x^2 / (x^2 + eps), that no two summation orders agree on.)
+  for (const Shape s : {Shape{1, 8}, Shape{5, 70}, Shape{33, 300}, Shape{3, 1030}}) {
+    for (bool accumulate : {false, true}) {
+      SCOPED_TRACE(shape({{"n", s.n}, {"d", s.d}, {"accumulate", accumulate}}));
+      const Vec x = uniform(s.n * s.d, rng), g = uniform(s.d, rng, 0.5f, 1.5f);
+      const Vec dy = uniform(s.n * s.d, rng), dx0 = uniform(s.n * s.d, rng);
+      const Vec dg0 = uniform(s.d, rng);  // a gradient: added into
+      Buf<float> gx(x), gg(g), gdy(dy), gdg(dg0);
+      Buf<float> gy = Buf<float>::nan(x.size()), grms = Buf<float>::nan(s.n);
+      Buf<float> gdx = accumulate ? Buf<float>(dx0) : Buf<float>::nan(dx0.size());
+      Vec y(x.size()), r(s.n), dx = dx0, dg = dg0;
+
+      k.cpu->rmsnorm_forward(y.data(), r.data(), x.data(), g.data(), s.n, s.d);
+      k.gpu->rmsnorm_forward(gy.get(), grms.get(), gx.get(), gg.get(), s.n, s.d);
+      const Vec rms_gpu = k.get(grms);
+      expect_close("y", k.get(gy), y, kAbsFloor);
+      expect_close("rms", rms_gpu, r, kAbsFloor);
+
+      // Both backward passes from the CPU's rms: only the backward differs.
+      Buf<float> grms_cpu(r);
+      k.cpu->rmsnorm_backward(dx.data(), dg.data(), dy.data(), x.data(), g.data(), r.data(), s.n,
+                              s.d, accumulate);
+      k.gpu->rmsnorm_backward(gdx.get(), gdg.get(), gdy.get(), gx.get(), gg.get(), grms_cpu.get(),
+                              s.n, s.d, accumulate);
+      expect_close("dx", k.get(gdx), dx, sum_atol(dx));
+      expect_close("dg", k.get(gdg), dg, sum_atol(dg));
+
+      // Without a gain gradient (dg null: a frozen gain).
+      Vec dx_only = dx0;
+      Buf<float> gdx_only(dx0);
+      k.cpu->rmsnorm_backward(dx_only.data(), nullptr, dy.data(), x.data(), g.data(), r.data(), s.n,
+                              s.d, true);
+      k.gpu->rmsnorm_backward(gdx_only.get(), nullptr, gdy.get(), gx.get(), gg.get(),
+                              grms_cpu.get(), s.n, s.d, true);
+      expect_close("dx (dg null)", k.get(gdx_only), dx_only, sum_atol(dx_only));
+    }
+  }
+}
+
+TEST(CudaKernels, RopeMatchesCpu) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(6);
+  struct Shape {
+    int64_t b, t, heads, dh;
+  };
+  for (const Shape s : {Shape{1, 1, 1, 2}, Shape{2, 6, 3, 8}, Shape{3, 70, 2, 16}}) {
+    SCOPED_TRACE(shape({{"b", s.b}, {"t", s.t}, {"heads", s.heads}, {"dh", s.dh}}));
+    Vec cos(s.t * s.dh / 2), sin(s.t * s.dh / 2);
+    layers::rope_tables(cos.data(), sin.data(), s.t, s.dh, 10000.0);
+    Buf<float> gcos(cos), gsin(sin);
+    const size_t size = s.b * s.t * s.heads * s.dh;
+    Vec x = uniform(size, rng), dx = uniform(size, rng);
+    Buf<float> gx(x), gdx(dx);
+
+    k.cpu->rope_forward(x.data(), cos.data(), sin.data(), s.b, s.t, s.heads, s.dh);
+    k.gpu->rope_forward(gx.get(), gcos.get(), gsin.get(), s.b, s.t, s.heads, s.dh);
+    k.cpu->rope_backward(dx.data(), cos.data(), sin.data(), s.b, s.t, s.heads, s.dh);
+    k.gpu->rope_backward(gdx.get(), gcos.get(), gsin.get(), s.b, s.t, s.heads, s.dh);
+
+    expect_close("x rotated", k.get(gx), x, kAbsFloor);
+    expect_close("dx rotated back", k.get(gdx), dx, kAbsFloor);
+  }
+}
+
+// ---- causal attention ----------------------------------------------------------------
+
+TEST(CudaKernels, AttentionMatchesCpu) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(7);
+  struct Shape {
+    int64_t b, t, heads, dh;
+  };
+  for (const Shape s :
+       {Shape{1, 1, 1, 8}, Shape{2, 6, 2, 8}, Shape{2, 70, 3, 16}, Shape{1, 33, 4, 16}}) {
+    SCOPED_TRACE(shape({{"b", s.b}, {"t", s.t}, {"heads", s.heads}, {"dh", s.dh}}));
+    const size_t size = s.b * s.t * s.heads * s.dh, psize = s.b * s.heads * s.t * s.t;
+    const Vec q = uniform(size, rng), kk = uniform(size, rng), v = uniform(size, rng);
+    const Vec dout = uniform(size, rng);
+    Buf<float> gq(q), gk(kk), gv(v), gdout(dout);
+    // Everything the GPU must overwrite starts as NaN, scratch included.
+    Buf<float> gout = Buf<float>::nan(size), gp = Buf<float>::nan(psize);
+    Buf<float> gdq = Buf<float>::nan(size), gdk = Buf<float>::nan(size),
+               gdv = Buf<float>::nan(size);
+    const size_t scratch_floats = k.gpu->attention_scratch_floats(s.b, s.t, s.heads);
+    Buf<float> gscratch = Buf<float>::nan(scratch_floats);
+    Vec out(size), p(psize), dq(size), dk(size), dv(size);
+    Vec scratch(k.cpu->attention_scratch_floats(s.b, s.t, s.heads));
+
+    k.cpu->attention_forward(out.data(), p.data(), q.data(), kk.data(), v.data(), s.b, s.t, s.heads,
+                             s.dh);
+    k.gpu->attention_forward(gout.get(), gp.get(), gq.get(), gk.get(), gv.get(), s.b, s.t, s.heads,
+                             s.dh);
+    const Vec p_gpu = k.get(gp);
+    expect_close("p", p_gpu, p, kAbsFloor);
+    expect_close("out", k.get(gout), out, sum_atol(out));
+    // The causal mask: exact zeros beyond the diagonal, as the CPU writes.
+    size_t nonzero_masked = 0;
+    for (int64_t bh = 0; bh < s.b * s.heads; ++bh)
+      for (int64_t i = 0; i < s.t; ++i)
+        for (int64_t j = i + 1; j < s.t; ++j)
+          nonzero_masked += p_gpu[(bh * s.t + i) * s.t + j] != 0.0f;
+    EXPECT_EQ(nonzero_masked, 0u) << "p above the diagonal";
+
+    // Both backward passes from the CPU's p: only the backward differs.
+    Buf<float> gp_cpu(p);
+    k.cpu->attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(),
+                              p.data(), q.data(), kk.data(), v.data(), s.b, s.t, s.heads, s.dh);
+    k.gpu->attention_backward(gdq.get(), gdk.get(), gdv.get(), gscratch.get(), gdout.get(),
+                              gp_cpu.get(), gq.get(), gk.get(), gv.get(), s.b, s.t, s.heads, s.dh);
+    expect_close("dq", k.get(gdq), dq, sum_atol(dq));
+    expect_close("dk", k.get(gdk), dk, sum_atol(dk));
+    expect_close("dv", k.get(gdv), dv, sum_atol(dv));
+  }
+}
+
+// ---- elementwise -----------------------------------------------------------------------
+
+TEST(CudaKernels, SwiGluMatchesCpu) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(8);
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{100003}}) {
+    SCOPED_TRACE(shape({{"n", n}}));
+    const Vec a = uniform(n, rng, -6.0f, 6.0f), b = uniform(n, rng), dout = uniform(n, rng);
+    Buf<float> ga(a), gb(b), gdout(dout);
+    Buf<float> gout = Buf<float>::nan(n), gda = Buf<float>::nan(n), gdb = Buf<float>::nan(n);
+    Vec out(n), da(n), db(n);
+
+    k.cpu->swiglu_forward(out.data(), a.data(), b.data(), n);
+    k.gpu->swiglu_forward(gout.get(), ga.get(), gb.get(), n);
+    k.cpu->swiglu_backward(da.data(), db.data(), dout.data(), a.data(), b.data(), n);
+    k.gpu->swiglu_backward(gda.get(), gdb.get(), gdout.get(), ga.get(), gb.get(), n);
+
+    expect_close("out", k.get(gout), out, kAbsFloor);
+    expect_close("da", k.get(gda), da, kAbsFloor);
+    expect_close("db", k.get(gdb), db, kAbsFloor);
+  }
+}
+
+TEST(CudaKernels, ReluMatchesCpuInPlaceToo) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(9);
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{100003}}) {
+    SCOPED_TRACE(shape({{"n", n}}));
+    const Vec x = uniform(n, rng), dy = uniform(n, rng);
+    Vec y(n), dx(n);
+    k.cpu->relu_forward(y.data(), x.data(), n);
+    k.cpu->relu_backward(dx.data(), dy.data(), y.data(), n);
+
+    Buf<float> gx(x), gdy(dy), gy = Buf<float>::nan(n), gdx = Buf<float>::nan(n);
+    k.gpu->relu_forward(gy.get(), gx.get(), n);
+    k.gpu->relu_backward(gdx.get(), gdy.get(), gy.get(), n);
+    expect_equal("y", k.get(gy), y);
+    expect_equal("dx", k.get(gdx), dx);
+
+    // In place: y aliases x, dx aliases dy (allowed by layers.h).
+    k.gpu->relu_forward(gx.get(), gx.get(), n);
+    k.gpu->relu_backward(gdy.get(), gdy.get(), gx.get(), n);
+    expect_equal("y in place", k.get(gx), y);
+    expect_equal("dx in place", k.get(gdy), dx);
+  }
+}
+
+// ---- losses --------------------------------------------------------------------------------
+
+TEST(CudaKernels, CrossEntropyMatchesCpu) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(10);
+  struct Shape {
+    int64_t n, v;
+    float scale;
+  };
+  for (const Shape s :
+       {Shape{1, 2, 1.0f}, Shape{7, 37, 0.5f}, Shape{65, 1000, 1.0f}, Shape{3, 3001, 0.25f}}) {
+    SCOPED_TRACE(shape({{"n", s.n}, {"v", s.v}}));
+    const Vec logits = uniform(s.n * s.v, rng, -4.0f, 4.0f);
+    const Tokens targets = tokens_below(s.n, static_cast<int32_t>(s.v), rng);
+    Buf<float> glogits(logits), glse = Buf<float>::nan(s.n);
+    Buf<int32_t> gtargets(targets);
+    Vec lse(s.n), dlogits(logits.size());
+
+    const float loss =
+        k.cpu->cross_entropy_forward(lse.data(), logits.data(), targets.data(), s.n, s.v);
+    const float loss_gpu =
+        k.gpu->cross_entropy_forward(glse.get(), glogits.get(), gtargets.get(), s.n, s.v);
+    EXPECT_NEAR(loss_gpu, loss, kRtol * std::abs(loss)) << "loss";
+    expect_close("lse", k.get(glse), lse, kAbsFloor);
+
+    // Both from the CPU's lse; the GPU in place (dlogits aliases logits, as
+    // the models call it), the CPU out of place.
+    Buf<float> glse_cpu(lse);
+    k.cpu->cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), s.n,
+                                  s.v, s.scale);
+    k.gpu->cross_entropy_backward(glogits.get(), glogits.get(), glse_cpu.get(), gtargets.get(), s.n,
+                                  s.v, s.scale);
+    expect_close("dlogits", k.get(glogits), dlogits, kAbsFloor);
+  }
+}
+
+TEST(CudaKernels, MseMatchesCpu) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(11);
+  // 300001: more elements than the partial-sum blocks cover in one pass.
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{300001}}) {
+    for (float scale : {1.0f, 0.25f}) {
+      SCOPED_TRACE(shape({{"n", n}}));
+      const Vec pred = uniform(n, rng), y = uniform(n, rng);
+      Buf<float> gpred(pred), gy(y), gd = Buf<float>::nan(n);
+      Vec d(n);
+
+      const float loss = k.cpu->mse_forward(pred.data(), y.data(), n);
+      const float loss_gpu = k.gpu->mse_forward(gpred.get(), gy.get(), n);
+      // Double sums in another order: equal once rounded to float, but for
+      // a last-bit tie.
+      EXPECT_NEAR(loss_gpu, loss, 1e-6 * std::abs(loss)) << "loss";
+
+      k.cpu->mse_backward(d.data(), pred.data(), y.data(), n, scale);
+      k.gpu->mse_backward(gd.get(), gpred.get(), gy.get(), n, scale);
+      expect_equal("d", k.get(gd), d);  // c * (pred - y), c rounded first: the same floats
+    }
+  }
+}
+
+// ---- determinism -------------------------------------------------------------------------
+
+// The reductions (scatter-add, column sums, row reductions, loss sums, the
+// GEMMs) run in a fixed order: two runs give the same bits.
+TEST(CudaKernels, RepeatedRunsAreBitwiseEqual) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(12);
+  const int64_t n = 2000, d = 96, vocab = 17;
+  const Tokens tokens = tokens_below(n, vocab, rng);
+  const Vec dout = uniform(n * d, rng), dtable0 = uniform(vocab * d, rng), x = uniform(n * d, rng);
+  const Vec g = uniform(d, rng), logits = uniform(n * vocab, rng, -4.0f, 4.0f);
+  Buf<int32_t> gtok(tokens);
+  Buf<float> gdout(dout), gx(x), gg(g), glogits(logits);
+
+  auto run = [&] {
+    std::vector<Vec> results;
+    Buf<float> dtable(dtable0), db(Vec(d, 0.0f)), rms = Buf<float>::nan(n);
+    Buf<float> y = Buf<float>::nan(n * d), dx = Buf<float>::nan(n * d), dg(Vec(d, 0.0f));
+    Buf<float> lse = Buf<float>::nan(n);
+    k.gpu->embedding_backward(dtable.get(), gdout.get(), gtok.get(), n, d);
+    k.gpu->bias_backward(db.get(), gdout.get(), n, d);
+    k.gpu->rmsnorm_forward(y.get(), rms.get(), gx.get(), gg.get(), n, d);
+    k.gpu->rmsnorm_backward(dx.get(), dg.get(), gdout.get(), gx.get(), gg.get(), rms.get(), n, d,
+                            false);
+    const float ce = k.gpu->cross_entropy_forward(lse.get(), glogits.get(), gtok.get(), n, vocab);
+    const float mse = k.gpu->mse_forward(gx.get(), gdout.get(), n * d);
+    for (const Buf<float>* b : {&dtable, &db, &rms, &y, &dx, &dg, &lse})
+      results.push_back(k.get(*b));
+    results.push_back({ce, mse});
+    return results;
+  };
+  const std::vector<Vec> first = run(), second = run();
+  const char* names[] = {"embedding dtable", "bias db",    "rms", "rmsnorm y",
+                         "rmsnorm dx",       "rmsnorm dg", "lse", "losses"};
+  for (size_t i = 0; i < first.size(); ++i) expect_equal(names[i], second[i], first[i]);
+}
+
+}  // namespace
+}  // namespace ddp
