@@ -168,6 +168,11 @@ class Device {
   // Zeroed, 64-byte aligned, accounted under `category`. Throws on failure.
   virtual void* alloc(size_t bytes, MemCategory category) = 0;
   virtual void free(void* ptr) = 0;  // accepts nullptr
+  // Host memory to stage this device's buffers through, accounted like
+  // alloc: page-locked on CUDA (async copies stay async), plain on the CPU.
+  // Not from a stream's host task (no CUDA calls there).
+  virtual void* alloc_host(size_t bytes, MemCategory category) = 0;
+  virtual void free_host(void* ptr) = 0;  // accepts nullptr
   virtual void copy(void* dst, const void* src, size_t bytes, Stream& stream) = 0;
   virtual void fill(float* data, size_t count, float value, Stream& stream) = 0;
   virtual void scale(float* data, size_t count, float factor, Stream& stream) = 0;
@@ -192,6 +197,8 @@ class CpuDevice final : public Device {
   ddp_device_kind kind() const override { return DDP_DEVICE_CPU; }
   void* alloc(size_t bytes, MemCategory category) override;
   void free(void* ptr) override;
+  void* alloc_host(size_t bytes, MemCategory category) override { return alloc(bytes, category); }
+  void free_host(void* ptr) override { free(ptr); }
   void copy(void* dst, const void* src, size_t bytes, Stream& stream) override;
   void fill(float* data, size_t count, float value, Stream& stream) override;
   void scale(float* data, size_t count, float factor, Stream& stream) override;

@@ -33,7 +33,8 @@ void choose_blas_kernel(char** argv) {
 int main(int argc, char** argv) {
   choose_blas_kernel(argv);
   CLI::App app{"ddp: data-parallel training with plugin strategies and transports"};
-  app.set_version_flag("--version", "ddp 0.1.0 (plugin ABI 1.0)");
+  app.set_version_flag("--version", "ddp 0.2.0 (plugin ABI " + std::to_string(DDP_ABI_VERSION_MAJOR) + "." +
+                                           std::to_string(DDP_ABI_VERSION_MINOR) + ")");
   app.require_subcommand(1);
   std::string config_path;
   std::vector<std::string> overrides;

@@ -190,7 +190,7 @@ TEST(GlooTransport, Descriptor) {
   EXPECT_EQ(t->abi_version, DDP_ABI_VERSION);
   EXPECT_EQ(t->struct_size, sizeof(ddp_transport_v1_t));
   EXPECT_EQ(t->caps & DDP_CAP_DEVICE_CPU, DDP_CAP_DEVICE_CPU);
-  EXPECT_EQ(t->caps & DDP_CAP_DEVICE_CUDA, 0u);
+  EXPECT_EQ(t->caps & DDP_CAP_DEVICE_CUDA, DDP_CAP_DEVICE_CUDA);  // staged through host memory
 }
 
 // ------------------------------------------------------------- collectives
@@ -445,16 +445,26 @@ TEST(GlooTransport, RefusalsAtEnqueue) {
     ddp_buffer cuda{x.data(), x.size(), DDP_FLOAT32, DDP_DEVICE_CUDA};
     const ddp_transport_v1_t* t = rank.t();
 
+    const std::string on_cpu_run = ": a CUDA buffer on a run whose device is not CUDA";
     for (int k = 0; k <= r; ++k) {  // rank 1 is refused twice as often
       expect_refusal(t->all_reduce(rank.comm(), &cuda, DDP_REDUCE_SUM, rank.stream()),
-                     DDP_ERR_UNSUPPORTED, "all_reduce: gloo needs CPU buffers", "all_reduce cuda");
+                     DDP_ERR_UNSUPPORTED, "all_reduce" + on_cpu_run, "all_reduce cuda");
     }
     expect_refusal(t->broadcast(rank.comm(), &cuda, 0, rank.stream()), DDP_ERR_UNSUPPORTED,
-                   "broadcast: gloo needs CPU buffers", "broadcast cuda");
-    expect_refusal(t->all_gather(rank.comm(), ptr(buffer_of(x)), ptr(ddp_buffer{big.data(), 16, DDP_FLOAT32,
-                                                                       DDP_DEVICE_CUDA}),
-                                 rank.stream()),
-                   DDP_ERR_UNSUPPORTED, "all_gather: gloo needs CPU buffers", "all_gather cuda");
+                   "broadcast" + on_cpu_run, "broadcast cuda");
+    const ddp_buffer big_cuda{big.data(), 16, DDP_FLOAT32, DDP_DEVICE_CUDA};
+    expect_refusal(t->all_gather(rank.comm(), &cuda, &big_cuda, rank.stream()), DDP_ERR_UNSUPPORTED,
+                   "all_gather" + on_cpu_run, "all_gather cuda");
+    expect_refusal(t->all_gather(rank.comm(), ptr(buffer_of(x)), &big_cuda, rank.stream()),
+                   DDP_ERR_INVALID_ARGUMENT,
+                   "all_gather: send and recv are on different kinds of device (cpu and cuda): both must be "
+                   "CPU or both CUDA",
+                   "all_gather mixed");
+    expect_refusal(t->reduce_scatter(rank.comm(), &big_cuda, ptr(buffer_of(x)), DDP_REDUCE_SUM, rank.stream()),
+                   DDP_ERR_INVALID_ARGUMENT,
+                   "reduce_scatter: send and recv are on different kinds of device (cuda and cpu): both must be "
+                   "CPU or both CUDA",
+                   "reduce_scatter mixed");
     ddp_buffer bf16{x.data(), x.size(), DDP_BFLOAT16, DDP_DEVICE_CPU};
     expect_refusal(t->all_reduce(rank.comm(), &bf16, DDP_REDUCE_SUM, rank.stream()),
                    DDP_ERR_UNSUPPORTED,
@@ -483,7 +493,7 @@ TEST(GlooTransport, RefusalsAtEnqueue) {
       rank.check(t->all_reduce(rank.comm(), &cuda, DDP_REDUCE_SUM, rank.stream()), "all_reduce");
       fail("check did not throw");
     } catch (const Error& e) {
-      if (std::string(e.what()) != "transport plugin 'gloo': all_reduce: all_reduce: gloo needs CPU buffers")
+      if (std::string(e.what()) != "transport plugin 'gloo': all_reduce: all_reduce" + on_cpu_run)
         fail(std::string("check threw \"") + e.what() + "\"");
     }
 

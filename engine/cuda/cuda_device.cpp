@@ -1,11 +1,13 @@
 // cuda_device.cpp — the CUDA device: one GPU per rank, plain cudaMalloc with
-// the same accounting as the CPU, and two engine-owned streams (compute,
+// the same accounting as the CPU (and cudaHostAlloc'd page-locked memory for
+// staging GPU buffers through the host, alloc_host), and two engine-owned streams (compute,
 // communication) created non-blocking, so neither waits on the legacy
 // default stream. Host tasks on a stream (a transport's bookkeeping, an
 // event's completion) run through cudaLaunchHostFunc, in order with the
 // stream's kernels; they must not call CUDA. Built with DDP_WITH_CUDA only.
 #include <cuda_runtime_api.h>
 
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -93,6 +95,7 @@ class CudaDevice final : public Device {
     comm_.reset();
     compute_.reset();
     for (auto& [ptr, block] : blocks_) cudaFree(ptr);
+    for (auto& [ptr, block] : host_blocks_) cudaFreeHost(ptr);
   }
 
   ddp_device_kind kind() const override { return DDP_DEVICE_CUDA; }
@@ -132,6 +135,39 @@ class CudaDevice final : public Device {
     check(cudaFree(ptr), "cudaFree");  // waits for the device: not inside a step
   }
 
+  // Page-locked, so that copies between it and the GPU stay asynchronous;
+  // cudaHostAlloc's memory is page-aligned, and zeroed here by the CPU.
+  void* alloc_host(size_t bytes, MemCategory category) override {
+    void* ptr = nullptr;
+    const cudaError_t e = cudaHostAlloc(&ptr, bytes ? bytes : 1, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw Error("out of page-locked host memory allocating " + std::to_string(bytes) + " bytes of " +
+                  to_string(category) + " (" + cudaGetErrorString(e) + ")");
+    }
+    std::memset(ptr, 0, bytes);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      host_blocks_[ptr] = {bytes, category};
+    }
+    memory_.add(category, bytes);
+    return ptr;
+  }
+
+  void free_host(void* ptr) override {
+    if (!ptr) return;
+    std::pair<size_t, MemCategory> block;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = host_blocks_.find(ptr);
+      if (it == host_blocks_.end()) throw Error("free_host of memory not allocated by alloc_host of this device");
+      block = it->second;
+      host_blocks_.erase(it);
+    }
+    memory_.sub(block.second, block.first);
+    check(cudaFreeHost(ptr), "cudaFreeHost");
+  }
+
   void copy(void* dst, const void* src, size_t bytes, Stream& stream) override {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, raw(stream)), "cudaMemcpyAsync");
   }
@@ -154,6 +190,7 @@ class CudaDevice final : public Device {
   int ordinal_;
   std::mutex mutex_;
   std::unordered_map<void*, std::pair<size_t, MemCategory>> blocks_;
+  std::unordered_map<void*, std::pair<size_t, MemCategory>> host_blocks_;  // alloc_host's
 };
 
 }  // namespace
@@ -165,11 +202,11 @@ std::unique_ptr<Device> make_cuda_device(int local_rank, bool share_gpus) {
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
     cudaGetLastError();
-    throw Error(std::string("run.device = \"cuda\": no usable GPU on this machine (cudaGetDeviceCount: ") +
+    throw Error(std::string("device \"cuda\": no usable GPU on this machine (cudaGetDeviceCount: ") +
                 (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")");
   }
   if (local_rank >= count && !share_gpus)
-    throw Error("run.device = \"cuda\": local rank " + std::to_string(local_rank) + " needs GPU " +
+    throw Error("device \"cuda\": local rank " + std::to_string(local_rank) + " needs GPU " +
                 std::to_string(local_rank) + ", but this machine has " + std::to_string(count) +
                 " GPU" + (count == 1 ? "" : "s") +
                 " (one GPU per local rank; set run.share_gpus = true to let ranks share them, "

@@ -4,12 +4,19 @@
 // training thread never blocks on the network. Gloo exceptions become a
 // failed stream whose message names the collective.
 //
+// CUDA buffers (a CUDA run) are staged through page-locked host memory, all
+// on the given stream: host->copy into the staging memory (async D2H), the
+// same Gloo closure on it, host->copy back (async H2D). The staging memory
+// (host->alloc_host, accounted as comm_buffers) is allocated at enqueue time
+// on the calling thread, never in a closure; see stage().
+//
 // Keys ([transport]): hostname (string, default "127.0.0.1": the address
 // this rank listens on), algorithm: all_reduce's, "auto" (default: "direct"
 // on 2 ranks and up to kDirectMaxBytes, else "ring"), "direct" (see
 // direct_all_reduce below), or Gloo's "ring" or "bcube".
 //
-// Not here: GPU memory (that is the nccl plugin), TLS, ibverbs.
+// Not here: GPUDirect or any CUDA call of its own (the nccl plugin moves GPU
+// memory directly), TLS, ibverbs.
 #include <ddp/plugin.h>
 
 #include <gloo/allgather.h>
@@ -24,16 +31,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace {
 
-constexpr const char* kVersion = "0.2.0";
+constexpr const char* kVersion = "0.3.0";  // 0.3: CUDA buffers, staged
 
 // Gloo's rendezvous, through the engine's store (so every transport meets the
 // same way, and the engine decides where: a file store, or Redis).
@@ -84,6 +93,28 @@ struct ddp_comm_s {
   // all_reduce's scratch (direct): like the temporaries Gloo's own
   // algorithms allocate, not accounted; at most (n-1)/n of a piece.
   std::vector<unsigned char> temp;
+  // Host memory that the calls on one stream stage their buffers through
+  // (host->alloc_host), on a CUDA run: one region per stream, reused by
+  // every call on that stream. Calls on one stream run in order, so a call's
+  // copies into the region come after the previous call's copies out of it;
+  // calls on two streams could overlap, hence one region each.
+  struct Staging {
+    ddp_stream stream;
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  std::vector<Staging> staging;
+  // Outgrown regions: work enqueued before the growth may still use one, so
+  // it is freed only once `done` (recorded on its stream at the growth) has
+  // completed, as seen without waiting at a later growth, or in destroy.
+  // Only a growth frees: once the sizes of a step have all been seen, the
+  // staging memory stays the same from step to step (no allocation, no
+  // free, constant comm_buffers), as the engine's conformance suite checks.
+  struct Retired {
+    void* ptr;
+    ddp_event done;  // null: kept until destroy
+  };
+  std::vector<Retired> retired;
 };
 
 namespace {
@@ -131,16 +162,41 @@ ddp_status run_job(void* user, int cancelled) {
   }
 }
 
-ddp_status enqueue(ddp_comm* comm, ddp_stream stream, std::string what, std::function<void()> run) {
+// A copy between a CUDA buffer and its staging part (host->copy, on the
+// stream). One whose dst is its src (a CPU buffer, not staged) is no copy.
+struct Copy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
+
+// Enqueues the copies `in`, then `run` in a host function, then the copies
+// `out`, all on `stream`, in that order.
+ddp_status enqueue(ddp_comm* comm, ddp_stream stream, std::string what, std::function<void()> run,
+                   std::initializer_list<Copy> in = {}, std::initializer_list<Copy> out = {}) {
+  const ddp_host* h = comm->host;
+  for (const Copy& c : in)
+    if (c.dst != c.src && c.bytes > 0)
+      if (ddp_status s = h->copy(h->ctx, c.dst, c.src, c.bytes, stream)) return s;
   auto* job = new Job{comm, std::move(what), std::move(run)};
-  ddp_status status = comm->host->launch_host_func(comm->host->ctx, stream, run_job, job);
-  if (status != DDP_OK) delete job;
-  return status;
+  ddp_status status = h->launch_host_func(h->ctx, stream, run_job, job);
+  if (status != DDP_OK) {
+    delete job;
+    return status;
+  }
+  for (const Copy& c : out)
+    if (c.dst != c.src && c.bytes > 0)
+      if (ddp_status s = h->copy(h->ctx, c.dst, c.src, c.bytes, stream)) return s;
+  return DDP_OK;
 }
 
+// CPU buffers, or CUDA buffers on a CUDA run (staged through host memory).
 ddp_status check_buffer(ddp_comm* comm, const ddp_buffer& buf, const char* entry) {
-  if (buf.device != DDP_DEVICE_CPU)
-    return fail(comm->host, DDP_ERR_UNSUPPORTED, std::string(entry) + ": gloo needs CPU buffers");
+  if (buf.device == DDP_DEVICE_CUDA && comm->host->device != DDP_DEVICE_CUDA)
+    return fail(comm->host, DDP_ERR_UNSUPPORTED, std::string(entry) + ": a CUDA buffer on a run whose device is not CUDA");
+  if (buf.device != DDP_DEVICE_CPU && buf.device != DDP_DEVICE_CUDA)
+    return fail(comm->host, DDP_ERR_UNSUPPORTED,
+                std::string(entry) + ": device kind " + std::to_string(int(buf.device)) + " not supported (cpu, cuda)");
   if (dtype_size(buf.dtype) == 0)
     return fail(comm->host, DDP_ERR_UNSUPPORTED,
                 std::string(entry) + ": dtype not supported (float32, float64, int32, int64)");
@@ -149,11 +205,30 @@ ddp_status check_buffer(ddp_comm* comm, const ddp_buffer& buf, const char* entry
   return DDP_OK;
 }
 
+std::string device_name(ddp_device_kind kind) {
+  return kind == DDP_DEVICE_CPU ? "cpu" : kind == DDP_DEVICE_CUDA ? "cuda" : "device " + std::to_string(int(kind));
+}
+
+// send and recv of one call: on the same kind of device, and each valid.
+ddp_status check_pair(ddp_comm* comm, const ddp_buffer& send, const ddp_buffer& recv, const char* entry) {
+  if (send.device != recv.device)
+    return fail(comm->host, DDP_ERR_INVALID_ARGUMENT,
+                std::string(entry) + ": send and recv are on different kinds of device (" +
+                    device_name(send.device) + " and " + device_name(recv.device) +
+                    "): both must be CPU or both CUDA");
+  if (ddp_status s = check_buffer(comm, send, entry)) return s;
+  return check_buffer(comm, recv, entry);
+}
+
+size_t bytes_of(const ddp_buffer& buf) { return buf.count * dtype_size(buf.dtype); }
+
 std::string describe(const char* entry, const ddp_buffer& buf) {
   return std::string(entry) + " (" + std::to_string(buf.count * dtype_size(buf.dtype)) + " bytes)";
 }
 
-// comm->scratch holding at least `bytes`; runs on the stream.
+// comm->scratch holding at least `bytes`; runs on the stream. CPU runs only
+// (host->alloc is GPU memory on a CUDA run, not for a host function): other
+// runs take their scratch from stage() at enqueue time.
 void* scratch_of(ddp_comm* comm, size_t bytes) {
   if (comm->scratch_bytes < bytes) {
     const ddp_host* h = comm->host;
@@ -165,6 +240,71 @@ void* scratch_of(ddp_comm* comm, size_t bytes) {
     comm->scratch_bytes = bytes;
   }
   return comm->scratch;
+}
+
+bool has_alloc_host(const ddp_host* h) {
+  return h->struct_size >= offsetof(ddp_host, free_host) + sizeof(h->free_host) && h->alloc_host && h->free_host;
+}
+
+// Frees the outgrown staging regions whose event has completed, without
+// waiting; at a growth only (see ddp_comm_s::retired). A region whose event
+// failed, or could not be recorded, waits for destroy.
+void release_retired(ddp_comm* comm) {
+  const ddp_host* h = comm->host;
+  auto& retired = comm->retired;
+  for (size_t i = 0; i < retired.size();) {
+    int done = 0;
+    if (retired[i].done && h->event_query(h->ctx, retired[i].done, &done) == DDP_OK && done) {
+      h->event_destroy(h->ctx, retired[i].done);
+      h->free_host(h->ctx, retired[i].ptr);
+      retired[i] = retired.back();
+      retired.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+// Points parts[i] at sizes[i] bytes (each 64-byte aligned) of the staging
+// region of `stream`, growing it if needed. On the calling thread, at
+// enqueue time: alloc_host may not be called from a host function. The
+// parts stay valid for the work enqueued next on `stream`.
+ddp_status stage(ddp_comm* comm, ddp_stream stream, const char* entry, std::initializer_list<size_t> sizes,
+                 void** parts) {
+  const ddp_host* h = comm->host;
+  if (!has_alloc_host(h))
+    return fail(h, DDP_ERR_UNSUPPORTED,
+                std::string(entry) + ": on a CUDA run gloo stages buffers through host->alloc_host, which this "
+                "engine (ABI " + std::to_string(DDP_ABI_MAJOR(h->abi_version)) + "." +
+                std::to_string(DDP_ABI_MINOR(h->abi_version)) + ") lacks: it needs ABI 1.1 or newer");
+  constexpr size_t kAlign = 64;
+  size_t total = 0;
+  for (size_t bytes : sizes) total += (bytes + kAlign - 1) / kAlign * kAlign;
+  auto it = std::find_if(comm->staging.begin(), comm->staging.end(),
+                         [&](const ddp_comm_s::Staging& s) { return s.stream == stream; });
+  if (it == comm->staging.end()) it = comm->staging.insert(it, ddp_comm_s::Staging{stream});
+  if (it->bytes < total) {
+    release_retired(comm);
+    void* grown = nullptr;
+    if (ddp_status s = h->alloc_host(h->ctx, total, DDP_MEM_COMM_BUFFERS, &grown)) return s;  // text set
+    if (it->ptr) {  // retired until the work already enqueued on the stream is done with it
+      ddp_event done = nullptr;
+      if (h->event_create(h->ctx, &done) != DDP_OK) done = nullptr;
+      if (done && h->event_record(h->ctx, done, stream) != DDP_OK) {
+        h->event_destroy(h->ctx, done);
+        done = nullptr;
+      }
+      comm->retired.push_back(ddp_comm_s::Retired{it->ptr, done});
+    }
+    it->ptr = grown;
+    it->bytes = total;
+  }
+  size_t offset = 0;
+  for (size_t bytes : sizes) {
+    *parts++ = static_cast<unsigned char*>(it->ptr) + offset;
+    offset += (bytes + kAlign - 1) / kAlign * kAlign;
+  }
+  return DDP_OK;
 }
 
 // Slots of the direct algorithms, beside Gloo's own prefixes (gloo/types.h).
@@ -307,7 +447,14 @@ ddp_status gloo_init(const ddp_host* host, ddp_comm** out) {
 }
 
 void gloo_destroy(ddp_comm* comm) {
-  comm->host->free(comm->host->ctx, comm->scratch);
+  const ddp_host* h = comm->host;
+  h->free(h->ctx, comm->scratch);
+  // The host has synchronised every stream: no work uses staging memory now.
+  for (const auto& r : comm->retired) {
+    if (r.done) h->event_destroy(h->ctx, r.done);
+    h->free_host(h->ctx, r.ptr);
+  }
+  for (const auto& st : comm->staging) h->free_host(h->ctx, st.ptr);
   delete comm;
 }
 
@@ -315,13 +462,16 @@ ddp_status gloo_all_reduce(ddp_comm* comm, const ddp_buffer* buf_in, ddp_reduce_
   if (!buf_in) return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "all_reduce: NULL buffer");
   const ddp_buffer buf = *buf_in;
   if (ddp_status s = check_buffer(comm, buf, "all_reduce")) return s;
+  ddp_buffer work = buf;  // what Gloo works on: buf, or its staging part for a CUDA buffer
+  if (buf.device == DDP_DEVICE_CUDA)
+    if (ddp_status s = stage(comm, stream, "all_reduce", {bytes_of(buf)}, &work.ptr)) return s;
   uint32_t tag = comm->next_tag++;
   return enqueue(comm, stream, describe("all_reduce", buf), [=] {
-    with_type(buf.dtype, [&](auto* type) {
+    with_type(work.dtype, [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
-      reduce_in_place(comm, static_cast<T*>(buf.ptr), buf.count, op, tag);
+      reduce_in_place(comm, static_cast<T*>(work.ptr), work.count, op, tag);
     });
-  });
+  }, {{work.ptr, buf.ptr, bytes_of(buf)}}, {{buf.ptr, work.ptr, bytes_of(buf)}});
 }
 
 ddp_status gloo_broadcast(ddp_comm* comm, const ddp_buffer* buf_in, int root, ddp_stream stream) {
@@ -330,45 +480,55 @@ ddp_status gloo_broadcast(ddp_comm* comm, const ddp_buffer* buf_in, int root, dd
   if (ddp_status s = check_buffer(comm, buf, "broadcast")) return s;
   if (root < 0 || root >= comm->host->world_size)
     return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "broadcast: root " + std::to_string(root) + " out of range");
+  ddp_buffer work = buf;  // as in all_reduce; only the root's data need go to the host
+  if (buf.device == DDP_DEVICE_CUDA)
+    if (ddp_status s = stage(comm, stream, "broadcast", {bytes_of(buf)}, &work.ptr)) return s;
+  const size_t in_bytes = comm->host->rank == root ? bytes_of(buf) : 0;
   uint32_t tag = comm->next_tag++;
   return enqueue(comm, stream, describe("broadcast", buf), [=] {
     if (comm->context->size == 1) return;
-    with_type(buf.dtype, [&](auto* type) {
+    with_type(work.dtype, [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
       gloo::BroadcastOptions opts(comm->context);
-      opts.setOutput(static_cast<T*>(buf.ptr), buf.count);
+      opts.setOutput(static_cast<T*>(work.ptr), work.count);
       opts.setRoot(root);
       opts.setTag(tag);
       gloo::broadcast(opts);
     });
-  });
+  }, {{work.ptr, buf.ptr, in_bytes}}, {{buf.ptr, work.ptr, bytes_of(buf)}});
 }
 
 ddp_status gloo_all_gather(ddp_comm* comm, const ddp_buffer* send_in, const ddp_buffer* recv_in,
                            ddp_stream stream) {
   if (!send_in || !recv_in) return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "all_gather: NULL buffer");
   const ddp_buffer send = *send_in, recv = *recv_in;
-  if (ddp_status s = check_buffer(comm, send, "all_gather")) return s;
-  if (ddp_status s = check_buffer(comm, recv, "all_gather")) return s;
+  if (ddp_status s = check_pair(comm, send, recv, "all_gather")) return s;
   size_t world = static_cast<size_t>(comm->host->world_size);
   if (recv.count != send.count * world || recv.dtype != send.dtype)
     return fail(comm->host, DDP_ERR_INVALID_ARGUMENT,
                 "all_gather: recv must hold send.count * world_size elements of send's dtype");
+  ddp_buffer hsend = send, hrecv = recv;  // what Gloo works on (staging parts for CUDA buffers)
+  if (send.device == DDP_DEVICE_CUDA) {
+    void* parts[2];
+    if (ddp_status s = stage(comm, stream, "all_gather", {bytes_of(send), bytes_of(recv)}, parts)) return s;
+    hsend.ptr = parts[0];
+    hrecv.ptr = parts[1];
+  }
   uint32_t tag = comm->next_tag++;
   return enqueue(comm, stream, describe("all_gather", recv), [=] {
-    with_type(send.dtype, [&](auto* type) {
+    with_type(hsend.dtype, [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
       if (world == 1) {
-        std::memmove(recv.ptr, send.ptr, send.count * sizeof(T));
+        std::memmove(hrecv.ptr, hsend.ptr, hsend.count * sizeof(T));
         return;
       }
       gloo::AllgatherOptions opts(comm->context);
-      opts.setInput(static_cast<T*>(send.ptr), send.count);
-      opts.setOutput(static_cast<T*>(recv.ptr), recv.count);
+      opts.setInput(static_cast<T*>(hsend.ptr), hsend.count);
+      opts.setOutput(static_cast<T*>(hrecv.ptr), hrecv.count);
       opts.setTag(tag);
       gloo::allgather(opts);
     });
-  });
+  }, {{hsend.ptr, send.ptr, bytes_of(send)}}, {{recv.ptr, hrecv.ptr, bytes_of(recv)}});
 }
 
 // reduce_scatter: the first step of direct_all_reduce alone (this Gloo
@@ -378,28 +538,40 @@ ddp_status gloo_reduce_scatter(ddp_comm* comm, const ddp_buffer* send_in, const 
                                ddp_reduce_op op, ddp_stream stream) {
   if (!send_in || !recv_in) return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "reduce_scatter: NULL buffer");
   const ddp_buffer send = *send_in, recv = *recv_in;
-  if (ddp_status s = check_buffer(comm, send, "reduce_scatter")) return s;
-  if (ddp_status s = check_buffer(comm, recv, "reduce_scatter")) return s;
+  if (ddp_status s = check_pair(comm, send, recv, "reduce_scatter")) return s;
   size_t world = static_cast<size_t>(comm->host->world_size);
   if (send.count != recv.count * world || recv.dtype != send.dtype)
     return fail(comm->host, DDP_ERR_INVALID_ARGUMENT,
                 "reduce_scatter: send must hold recv.count * world_size elements of recv's dtype");
+  ddp_buffer hsend = send, hrecv = recv;  // what Gloo works on (staging parts for CUDA buffers)
+  void* staged_scratch = nullptr;  // null on a CPU run: scratch_of, on the stream, as ever
+  if (comm->host->device != DDP_DEVICE_CPU) {  // no host->alloc in a host function there
+    const bool cuda = send.device == DDP_DEVICE_CUDA;
+    void* parts[3];
+    if (ddp_status s = stage(comm, stream, "reduce_scatter",
+                             {cuda ? bytes_of(send) : 0, cuda ? bytes_of(recv) : 0, (world - 1) * bytes_of(recv)},
+                             parts))
+      return s;
+    if (cuda) hsend.ptr = parts[0], hrecv.ptr = parts[1];
+    staged_scratch = parts[2];
+  }
   uint32_t tag = comm->next_tag++;
   return enqueue(comm, stream, describe("reduce_scatter", send), [=] {
-    with_type(send.dtype, [&](auto* type) {
+    with_type(hsend.dtype, [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
-      T* out = static_cast<T*>(recv.ptr);
-      if (world == 1 || recv.count == 0) {
-        std::memmove(out, send.ptr, recv.count * sizeof(T));
+      T* out = static_cast<T*>(hrecv.ptr);
+      if (world == 1 || hrecv.count == 0) {
+        std::memmove(out, hsend.ptr, hrecv.count * sizeof(T));
         return;
       }
-      auto in = comm->context->createUnboundBuffer(send.ptr, send.count * sizeof(T));
-      T* scratch = static_cast<T*>(scratch_of(comm, (world - 1) * recv.count * sizeof(T)));
-      scatter_reduce_step<T>(comm, *in, 0, send.count, recv.count, out, scratch,
+      auto in = comm->context->createUnboundBuffer(hsend.ptr, hsend.count * sizeof(T));
+      T* scratch = static_cast<T*>(staged_scratch ? staged_scratch
+                                                  : scratch_of(comm, (world - 1) * hrecv.count * sizeof(T)));
+      scatter_reduce_step<T>(comm, *in, 0, hsend.count, hrecv.count, out, scratch,
                              gloo::Slot::build(kDirectSlotPrefix, tag));
-      if (op == DDP_REDUCE_AVG) divide(out, recv.count, int(world));
+      if (op == DDP_REDUCE_AVG) divide(out, hrecv.count, int(world));
     });
-  });
+  }, {{hsend.ptr, send.ptr, bytes_of(send)}}, {{recv.ptr, hrecv.ptr, bytes_of(recv)}});
 }
 
 ddp_status gloo_barrier(ddp_comm* comm, ddp_stream stream) {
@@ -420,7 +592,7 @@ extern "C" const ddp_transport_v1_t ddp_transport_v1 = {
     sizeof(ddp_transport_v1_t),
     "gloo",
     kVersion,
-    DDP_CAP_DEVICE_CPU,
+    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA,  // CUDA: staged through page-locked host memory
     gloo_init,
     gloo_destroy,
     gloo_all_reduce,

@@ -26,12 +26,20 @@
  *   own type assumptions beyond the fields you know.
  * - Threads: the host calls plugin entries from the training thread only.
  *   Host functions may be called from the training thread and from host
- *   functions running on a stream, with two exceptions: config_* only inside
- *   create/init, and nothing may block on the stream it runs on. One event
- *   is not used from two threads at once.
+ *   functions running on a stream, with three exceptions: config_* only
+ *   inside create/init, alloc_host/free_host never inside a host function,
+ *   and nothing may block on the stream it runs on. One event is not used
+ *   from two threads at once.
  *
  * Stability: changing or removing anything here is a new major ABI version
  * (a new entry symbol, e.g. ddp_strategy_v2). Adding at the end is a minor.
+ *
+ * Minor versions of ABI 1:
+ *   1.0  the first release.
+ *   1.1  ddp_host gains alloc_host and free_host (staging memory on the
+ *        host for a device's buffers). A plugin checks host->struct_size
+ *        before using them, e.g.
+ *          host->struct_size >= offsetof(ddp_host, free_host) + sizeof(host->free_host)
  */
 #ifndef DDP_PLUGIN_H
 #define DDP_PLUGIN_H
@@ -44,7 +52,7 @@ extern "C" {
 #endif
 
 #define DDP_ABI_VERSION_MAJOR 1
-#define DDP_ABI_VERSION_MINOR 0
+#define DDP_ABI_VERSION_MINOR 1
 /* abi_version = major << 16 | minor. */
 #define DDP_ABI_VERSION ((uint32_t)((DDP_ABI_VERSION_MAJOR << 16) | DDP_ABI_VERSION_MINOR))
 #define DDP_ABI_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -240,6 +248,17 @@ typedef struct ddp_host {
    * optimizer state for exactly these parameters. For strategies that own
    * the optimizer step (sharded). */
   ddp_status (*run_optimizer)(void* ctx, const size_t* param_indices, size_t count);
+
+  /* (ABI 1.1; check struct_size) Host memory for staging a device's
+   * buffers, accounted under `category`: page-locked (cudaHostAlloc) on a
+   * CUDA run, so that host->copy to and from it stays asynchronous; plain
+   * memory on a CPU run. Zeroed, aligned to 64 bytes. Blocking, not
+   * stream-ordered; never from a host function (on CUDA those run on the
+   * driver's callback thread and may not call CUDA): a transport calls
+   * them on the calling thread at enqueue time. free_host accepts NULL and
+   * never fails; free only what no enqueued work still uses. */
+  ddp_status (*alloc_host)(void* ctx, size_t bytes, ddp_mem_category category, void** out);
+  void (*free_host)(void* ctx, void* ptr);
 } ddp_host;
 
 /* ------------------------------------------------------ transport vtable */
