@@ -103,6 +103,14 @@ class Stream {
   using NativeEventDestroy = void (*)(void* event);
   virtual NativeEventDestroy native_event_destroyer() const { return nullptr; }
 
+  // Timestamps for traces: a point the stream takes when the device gets
+  // there (a timing CUDA event). resolve_timestamp waits for it and gives
+  // the host clock's time of it; release_timestamp frees it. A CPU stream
+  // has none (null; its work runs when enqueued: the host clock says when).
+  virtual void* record_timestamp() { return nullptr; }
+  virtual Clock::time_point resolve_timestamp(void* /*stamp*/) { return Clock::now(); }
+  virtual void release_timestamp(void* /*stamp*/) {}
+
  protected:
   // A device stream: no executor thread; enqueue and synchronize overridden.
   Stream(std::string name, void* native);

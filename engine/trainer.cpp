@@ -159,8 +159,8 @@ class RankRun {
       // Room for every step's ranges and collectives (about one per parameter each).
       const size_t per_step = size_t(config_.run.grad_accum_steps + 1) * (model_->params().size() + 8);
       trace_ = std::make_unique<Trace>(r.rank, std::min<size_t>(size_t(config_.run.steps) * per_step, 1 << 20));
-      model_->set_range_hook([trace = trace_.get()](const char* name, Clock::time_point begin, Clock::time_point end) {
-        trace->compute(name, begin, end);
+      model_->set_range_hook([this](const char* name, Clock::time_point begin, Clock::time_point end) {
+        trace_lap(name, begin, end);
       });
     }
     tokens_per_row_ = shape.kind == DataShape::Tokens ? shape.context : 1;
@@ -237,6 +237,7 @@ class RankRun {
     const int64_t allocations0 = device_->memory().allocations();
     if (trace_) trace_->set_step(step);
     const auto t0 = Clock::now();
+    const Mark m0 = mark();
     const bool params_changed = apply_unfreeze(step);
     auto& params = model_->params();
     for (Parameter& p : params) {
@@ -251,37 +252,42 @@ class RankRun {
       ddp_step_info info{sizeof(ddp_step_info), step, int32_t(micro), int32_t(k), micro == k - 1 ? 1 : 0,
                          params_changed && micro == 0 ? 1 : 0};
       auto t = Clock::now();
+      Mark m = mark();
       sh.check(api.on_step_begin(plugins_.strategy, &info), "on_step_begin");
-      trace_range("on_step_begin", t);
+      trace_range("on_step_begin", m);
       t = Clock::now();
       const Batch batch = data_->batch(step * k + micro);
       rec.data_s += seconds_since(t);
       t = Clock::now();
+      m = mark();
       {
         nvtx::Range range("forward");
         rec.loss += model_->forward(batch) / double(k);
       }
       rec.forward_s += seconds_since(t);
-      trace_range("forward", t);
+      trace_range("forward", m);
       t = Clock::now();
+      m = mark();
+      lap_ = m;  // the model's per-layer ranges start here
       nvtx::Range backward_range("backward");
       model_->backward(1.0f / float(k), [&](size_t index) {
         if (--remaining_uses_[index] != 0) return;
         rec.collectives_before_last_grad_ready = c.collectives - calls0;
         sh.check(api.on_grad_ready(plugins_.strategy, &services_.param_table[index]), "on_grad_ready");
       });
-      trace_range("backward", t);
+      trace_range("backward", m);
       rec.backward_s += seconds_since(t);  // the model's backward, as the trace's range
-      const auto backward_end = Clock::now();
+      const Mark backward_end = mark();
       sh.check(api.on_backward_end(plugins_.strategy), "on_backward_end");
       trace_range("on_backward_end", backward_end);
     }
-    auto t = Clock::now();
+    Mark m = mark();
     sh.check(api.finish(plugins_.strategy), "finish");
-    trace_range("finish", t);
+    trace_range("finish", m);
     take_peaks(device_->memory(), mem_before_optimizer_);
 
-    t = Clock::now();
+    auto t = Clock::now();
+    m = mark();
     const int64_t blocked_before_optimizer = c.blocked_ns;
     nvtx::Range optimizer_range("optimizer");
     if (api.caps & DDP_CAP_OWNS_OPTIMIZER) {
@@ -295,11 +301,12 @@ class RankRun {
     // compute stream is the training thread).
     device_->compute_stream().synchronize();
     rec.optimizer_s = seconds_since(t) - (c.blocked_ns - blocked_before_optimizer) * 1e-9;
-    trace_range("optimizer", t);
+    trace_range("optimizer", m);
     take_peaks(device_->memory(), mem_after_optimizer_);
 
     rec.step_s = seconds_since(t0);
-    trace_range("step", t0);
+    trace_range("step", m0);
+    flush_device_ranges();
     rec.comm_blocked_s = (c.blocked_ns - blocked0) * 1e-9;
     rec.comm_busy_s = (c.busy_ns - busy0) * 1e-9;
     rec.collectives = c.collectives - calls0;
@@ -309,9 +316,57 @@ class RankRun {
     return rec;
   }
 
+  // Trace marks. On the CPU a mark is the host clock, which is when the
+  // compute stream (the training thread) got there. On a GPU run the host
+  // only enqueues: a mark is also a timestamp the compute stream takes when
+  // the GPU gets there (a CUDA event), and the step's ranges are resolved to
+  // those times at its end.
+  struct Mark {
+    Clock::time_point host;
+    int stamp = -1;  // index in stamps_ (GPU runs with a trace)
+  };
+  Mark mark() {
+    Mark m{Clock::now()};
+    if (trace_ && device_->compute_stream().native()) {
+      m.stamp = int(stamps_.size());
+      stamps_.push_back(device_->compute_stream().record_timestamp());
+    }
+    return m;
+  }
+
   // [begin, now] on the trace's compute lane, when tracing.
-  void trace_range(const char* name, Clock::time_point begin) {
-    if (trace_) trace_->compute(name, begin, Clock::now());
+  void trace_range(const char* name, const Mark& begin) {
+    if (!trace_) return;
+    const Mark end = mark();
+    if (begin.stamp < 0) {
+      trace_->compute(name, begin.host, end.host);
+    } else {
+      device_ranges_.push_back({name, begin.stamp, end.stamp});
+    }
+  }
+
+  // The model's per-layer backward ranges: each from the previous one's end.
+  void trace_lap(const char* name, Clock::time_point begin, Clock::time_point end) {
+    if (lap_.stamp < 0) {
+      trace_->compute(name, begin, end);
+      return;
+    }
+    const Mark now = mark();
+    device_ranges_.push_back({name, lap_.stamp, now.stamp});
+    lap_ = now;
+  }
+
+  // GPU runs: the step's ranges at the times the GPU reached their marks.
+  void flush_device_ranges() {
+    if (stamps_.empty()) return;
+    Stream& s = device_->compute_stream();
+    std::vector<Clock::time_point> at;
+    at.reserve(stamps_.size());
+    for (void* stamp : stamps_) at.push_back(s.resolve_timestamp(stamp));
+    for (const DeviceRange& r : device_ranges_) trace_->compute(r.name, at[r.begin], at[r.end]);
+    for (void* stamp : stamps_) s.release_timestamp(stamp);
+    stamps_.clear();
+    device_ranges_.clear();
   }
 
   // Makes the parameters scheduled for `step` trainable (with a zeroed
@@ -504,6 +559,13 @@ class RankRun {
   TrainObserver* observer_;
   std::string trace_path_;        // empty: no trace
   std::unique_ptr<Trace> trace_;  // before device_: outlives the comm stream's tasks
+  struct DeviceRange {
+    const char* name;
+    int begin, end;  // indices in stamps_
+  };
+  std::vector<void*> stamps_;  // this step's device timestamps (GPU runs with a trace)
+  std::vector<DeviceRange> device_ranges_;
+  Mark lap_;  // where the model's next per-layer range begins
   std::unique_ptr<Device> device_;  // run.device; made first in set_up
   std::unique_ptr<Device> host_device_;  // the data's buffers on a GPU run
   std::unique_ptr<Model> model_;

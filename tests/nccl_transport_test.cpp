@@ -481,7 +481,7 @@ TEST(NcclPlugin, RefusesACpuRun) {
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(),
                  "transport plugin 'nccl': init: the nccl transport needs a CUDA device "
-                 "(the engine has none yet); this run's device is cpu");
+                 "(run.device = \"cuda\"); this run's device is cpu");
   }
 }
 

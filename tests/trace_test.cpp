@@ -19,6 +19,9 @@
 
 #include <nlohmann/json.hpp>
 
+#if DDP_WITH_CUDA
+#include "gpu.h"
+#endif
 #include "lm.h"
 #include "mlp.h"
 #include "model.h"
@@ -40,8 +43,10 @@ int wait_ddp(pid_t pid) { return wait_for(Process{pid, "", ""}, std::chrono::sec
 // The quick start's config with an `mlp` big enough (4 layers of 1024, 256
 // rows) that backward lasts tens of milliseconds: long enough for overlap
 // to show (toy's lasts about 10 µs, less than a collective takes to start).
-std::vector<std::string> run_args(const std::string& strategy, const std::string& out) {
+std::vector<std::string> run_args(const std::string& strategy, const std::string& out,
+                                  const std::vector<std::string>& extra = {}) {
   std::vector<std::string> args = {"run", kRepo + "/configs/toy.toml", "--trace"};
+  for (const std::string& kv : extra) args.insert(args.end(), {"--set", kv});
   for (const std::string& kv :
        {"run.output_dir=\"" + out + "\"", "strategy.plugin=\"" + strategy + "\"", std::string("model.name=\"mlp\""),
         std::string("model.width=1024"), std::string("model.depth=4"), std::string("data.path=\"\""),
@@ -78,9 +83,9 @@ std::vector<json> exactly(const std::vector<json>& events, const std::string& na
 
 // Runs `strategy` with --trace and checks what every trace must hold; returns
 // the trace (null when the run failed).
-json traced_run(const std::string& strategy, const std::string& dir) {
+json traced_run(const std::string& strategy, const std::string& dir, const std::vector<std::string>& extra = {}) {
   const std::string out = dir + "/out";
-  const int code = wait_ddp(start_ddp(run_args(strategy, out), {}, dir + "/ddp"));
+  const int code = wait_ddp(start_ddp(run_args(strategy, out, extra), {}, dir + "/ddp"));
   EXPECT_EQ(code, 0) << read_file(dir + "/ddp.err");
   if (code != 0) return nullptr;
   EXPECT_NE(read_file(dir + "/ddp.out").find("trace: " + out + "/trace.json"), std::string::npos);
@@ -178,6 +183,19 @@ TEST(Trace, NaiveCommunicatesOnlyAfterBackward) {
     }
   fs::remove_all(dir);
 }
+
+#if DDP_WITH_CUDA
+// On a GPU the compute lane's ranges are the times the GPU reached them
+// (CUDA events), with the same structure: every range once per step, the
+// layers inside backward inside the step, a collective event per collective.
+TEST(Trace, OnCudaTheSameLanesFromGpuTimes) {
+  DDP_REQUIRE_GPUS(1);
+  const std::string dir = temp_dir();
+  const json trace = traced_run("overlap", dir, {"run.device=\"cuda\"", "run.share_gpus=true"});
+  ASSERT_FALSE(trace.is_null());
+  fs::remove_all(dir);
+}
+#endif
 
 TEST(Trace, RanksUnderAnotherLauncherEachWriteTheirOwn) {
   const std::string dir = temp_dir();

@@ -120,13 +120,13 @@ summary="$out/gpu_check.md"
 say "GPU tests"
 set +e
 (cd "$root/$build/tests" && ctest -j4 --timeout 300 --output-on-failure \
-   -R 'cuda|nccl|gloo_cuda|Golden|MakeDevice|CudaDevice' ) >"$out/tests.log" 2>&1
+   -R 'cuda|nccl|gloo_cuda|Golden|MakeDevice|CudaDevice|OnCuda' ) >"$out/tests.log" 2>&1
 rc=$?
 set -e
 [ $rc -eq 0 ] || status=1
 {
   echo
-  echo "## GPU tests (ctest -R 'cuda|nccl|gloo_cuda|Golden|MakeDevice|CudaDevice')"
+  echo "## GPU tests (ctest -R 'cuda|nccl|gloo_cuda|Golden|MakeDevice|CudaDevice|OnCuda')"
   echo
   echo '```'
   grep -E "tests passed|tests failed|Total Test time" "$out/tests.log" || echo "ctest printed no result (see tests.log)"

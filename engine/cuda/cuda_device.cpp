@@ -34,6 +34,7 @@ class CudaStream final : public Stream {
   CudaStream(std::string name, cudaStream_t stream) : Stream(std::move(name), stream) {}
   ~CudaStream() override {
     cudaStreamSynchronize(raw(*this));  // host tasks reference this object
+    if (anchor_) cudaEventDestroy(anchor_);
     cudaStreamDestroy(raw(*this));
   }
 
@@ -66,11 +67,37 @@ class CudaStream final : public Stream {
     return [](void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); };
   }
 
+  // Timestamps: timing events, placed on the host clock through an anchor
+  // (an event the host saw complete at a known time; the error is the
+  // host's wake-up latency, microseconds).
+  void* record_timestamp() override {
+    cudaEvent_t event = nullptr;
+    check(cudaEventCreate(&event), "cudaEventCreate (timestamp)");
+    check(cudaEventRecord(event, raw(*this)), "cudaEventRecord (timestamp)");
+    return event;
+  }
+  Clock::time_point resolve_timestamp(void* stamp) override {
+    if (!anchor_) {
+      check(cudaEventCreate(&anchor_), "cudaEventCreate (anchor)");
+      check(cudaEventRecord(anchor_, raw(*this)), "cudaEventRecord (anchor)");
+      check(cudaEventSynchronize(anchor_), "cudaEventSynchronize (anchor)");
+      anchor_at_ = Clock::now();
+    }
+    const auto event = static_cast<cudaEvent_t>(stamp);
+    check(cudaEventSynchronize(event), "cudaEventSynchronize (timestamp)");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, anchor_, event), "cudaEventElapsedTime");
+    return anchor_at_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+  }
+  void release_timestamp(void* stamp) override { cudaEventDestroy(static_cast<cudaEvent_t>(stamp)); }
+
  private:
   struct Call {
     CudaStream* stream;
     Task task;
   };
+  cudaEvent_t anchor_ = nullptr;  // timestamps' reference point
+  Clock::time_point anchor_at_{};
   // Runs on CUDA's callback thread; run() records a failure (never throws
   // for a threaded stream), so nothing escapes into the driver.
   static void CUDART_CB trampoline(void* user) {

@@ -379,7 +379,7 @@ ddp_status nccl_init(const ddp_host* host, ddp_comm** out) {
   return ddp::plugin::guard(host, [&] {
     if (host->device != DDP_DEVICE_CUDA)
       throw Failure(DDP_ERR_UNSUPPORTED,
-                    std::string("the nccl transport needs a CUDA device (the engine has none yet); this run's device is ") +
+                    std::string("the nccl transport needs a CUDA device (run.device = \"cuda\"); this run's device is ") +
                         device_name(host->device));
     auto comm = std::make_unique<ddp_comm_s>();
     comm->host = host;
