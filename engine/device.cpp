@@ -126,7 +126,6 @@ std::string Stream::error() const {
 void Event::record(Stream& stream) {
   auto state = std::make_shared<State>();
   state->done = false;
-  state_ = state;  // earlier waiters keep the old state
   stream.enqueue([state, &stream](bool cancelled) {
     std::lock_guard<std::mutex> lock(state->mutex);
     if (cancelled) state->error = stream.error();
@@ -134,6 +133,7 @@ void Event::record(Stream& stream) {
     state->at = Clock::now();
     state->cv.notify_all();
   });
+  state_ = state;  // once enqueued (a throwing enqueue keeps the old point); earlier waiters keep the old state
   // After the host task: when the native event completes, the task has run.
   if (!stream.native()) {
     native_.reset();

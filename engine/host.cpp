@@ -298,25 +298,37 @@ struct MeterCallbacks {
     MeteredTransport& m = self(comm);
     auto* span = new Span{Clock::time_point(), nullptr, op, int64_t(bytes), 0};
     Stream& s = *to_stream(stream);
-    s.enqueue([span](bool) {
-      span->start = Clock::now();
-      span->nvtx = nvtx::start(span->op);
-    });
+    // A device stream's enqueue can fail (cudaLaunchHostFunc): the error
+    // goes back as a status, never as an exception across the C ABI.
+    ddp_status queued = guarded([&] {
+      s.enqueue([span](bool) {
+        span->start = Clock::now();
+        span->nvtx = nvtx::start(span->op);
+      });
+    }, DDP_ERR_COMM);
+    if (queued != DDP_OK) {
+      delete span;
+      return queued;
+    }
     ddp_status status = call(m.real_, m.real_comm_);
     if (status == DDP_OK && m.trace_) {  // traced iff counted, under the step that issued it
       span->trace = m.trace_;
       span->step = m.trace_->step();
     }
     CommCounters* counters = &m.services_.counters;
-    s.enqueue([span, counters](bool cancelled) {
-      nvtx::end(span->nvtx);
-      if (!cancelled) {
-        const Clock::time_point end = Clock::now();
-        counters->busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(end - span->start).count();
-        if (span->trace) span->trace->collective(span->op, span->bytes, span->step, span->start, end);
-      }
-      delete span;
-    });
+    // (If this enqueue fails, the first task still holds span: it leaks.)
+    queued = guarded([&] {
+      s.enqueue([span, counters](bool cancelled) {
+        nvtx::end(span->nvtx);
+        if (!cancelled) {
+          const Clock::time_point end = Clock::now();
+          counters->busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(end - span->start).count();
+          if (span->trace) span->trace->collective(span->op, span->bytes, span->step, span->start, end);
+        }
+        delete span;
+      });
+    }, DDP_ERR_COMM);
+    if (queued != DDP_OK) return queued;
     if (status == DDP_OK) {
       m.services_.counters.collectives += 1;
       m.services_.counters.bytes += static_cast<int64_t>(bytes);

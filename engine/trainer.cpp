@@ -107,6 +107,10 @@ class RankRun {
       device_->comm_stream().synchronize();
     } catch (const std::exception&) {
     }
+    try {  // a GPU's compute stream may hold a plugin's host functions too
+      device_->compute_stream().synchronize();
+    } catch (const std::exception&) {
+    }
   }
 
   // On any failure (a wait given up on a stuck collective among them) the
@@ -275,6 +279,10 @@ class RankRun {
         rec.collectives_before_last_grad_ready = c.collectives - calls0;
         sh.check(api.on_grad_ready(plugins_.strategy, &services_.param_table[index]), "on_grad_ready");
       });
+      // On a GPU backward has only been enqueued: wait for it, so that
+      // backward_s is its time and the strategy's waits (comm_blocked_s) are
+      // communication only. (The CPU's compute stream is this thread: a no-op.)
+      device_->compute_stream().synchronize();
       trace_range("backward", m);
       rec.backward_s += seconds_since(t);  // the model's backward, as the trace's range
       const Mark backward_end = mark();

@@ -344,20 +344,6 @@ void relu_backward(float* dx, const float* dy, const float* y, int64_t n) {
 // ---- cross-entropy ----------------------------------------------------------
 
 DDP_SIMD_CLONES
-double mse_forward(const float* pred, const float* y, int64_t n) {
-  double sum = 0.0;
-  for (int64_t k = 0; k < n; ++k) {
-    const double d = static_cast<double>(pred[k]) - y[k];
-    sum += d * d;
-  }
-  return sum / static_cast<double>(n);
-}
-
-void mse_backward(float* d, const float* pred, const float* y, int64_t n, float scale) {
-  const float c = 2.0f * scale / static_cast<float>(n);
-  for (int64_t k = 0; k < n; ++k) d[k] = c * (pred[k] - y[k]);
-}
-
 double cross_entropy_forward(float* lse, const float* logits, const int32_t* targets, int64_t n,
                              int64_t v) {
   double total = 0.0;
@@ -387,6 +373,22 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
     for (int64_t j = 0; j < v; ++j) drow[j] = c * exp_approx(row[j] - l);
     drow[targets[i]] -= c;
   }
+}
+
+// ---- mean squared error (toy models): plain loops, as the models had them ----
+
+double mse_forward(const float* pred, const float* y, int64_t n) {
+  double sum = 0.0;
+  for (int64_t k = 0; k < n; ++k) {
+    const double d = static_cast<double>(pred[k]) - y[k];
+    sum += d * d;
+  }
+  return sum / static_cast<double>(n);
+}
+
+void mse_backward(float* d, const float* pred, const float* y, int64_t n, float scale) {
+  const float c = 2.0f * scale / static_cast<float>(n);
+  for (int64_t k = 0; k < n; ++k) d[k] = c * (pred[k] - y[k]);
 }
 
 // ---- initialisation ---------------------------------------------------------

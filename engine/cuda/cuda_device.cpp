@@ -159,7 +159,10 @@ class CudaDevice final : public Device {
       blocks_.erase(it);
     }
     memory_.sub(block.second, block.first);
-    check(cudaFree(ptr), "cudaFree");  // waits for the device: not inside a step
+    // Waits for the device: not inside a step. Never throws: tensors free in
+    // destructors, also while an earlier CUDA error unwinds (after a device
+    // fault every call fails), and that error is the one to report.
+    if (cudaFree(ptr) != cudaSuccess) cudaGetLastError();
   }
 
   // Page-locked, so that copies between it and the GPU stay asynchronous;
@@ -192,7 +195,7 @@ class CudaDevice final : public Device {
       host_blocks_.erase(it);
     }
     memory_.sub(block.second, block.first);
-    check(cudaFreeHost(ptr), "cudaFreeHost");
+    if (cudaFreeHost(ptr) != cudaSuccess) cudaGetLastError();  // never throws, as free
   }
 
   void copy(void* dst, const void* src, size_t bytes, Stream& stream) override {
