@@ -40,6 +40,35 @@ void MemoryTracker::reset_peaks() {
   total_peak_ = total_current_.load();
 }
 
+// -------------------------------------------------------------- BlockTable
+
+void BlockTable::add(void* ptr, size_t bytes, MemCategory category) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    blocks_[ptr] = {bytes, category};
+  }
+  memory_.add(category, bytes);
+}
+
+void BlockTable::remove(void* ptr, const char* refusal) {
+  std::pair<size_t, MemCategory> block;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = blocks_.find(ptr);
+    if (it == blocks_.end()) throw Error(refusal);
+    block = it->second;
+    blocks_.erase(it);
+  }
+  memory_.sub(block.second, block.first);
+}
+
+std::vector<void*> BlockTable::pointers() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<void*> out;
+  for (const auto& entry : blocks_) out.push_back(entry.first);
+  return out;
+}
+
 // ------------------------------------------------------------------ Stream
 
 Stream::Stream(std::string name, bool threaded) : name_(std::move(name)), threaded_(threaded) {
@@ -203,7 +232,7 @@ CpuDevice::CpuDevice() {
 
 CpuDevice::~CpuDevice() {
   comm_.reset();  // join the executor before memory goes away
-  for (auto& [ptr, block] : blocks_) std::free(ptr);
+  for (void* ptr : blocks_.pointers()) std::free(ptr);
 }
 
 void* CpuDevice::alloc(size_t bytes, MemCategory category) {
@@ -213,25 +242,13 @@ void* CpuDevice::alloc(size_t bytes, MemCategory category) {
   if (!ptr) throw Error("out of memory allocating " + std::to_string(bytes) + " bytes of " +
                         to_string(category));
   std::memset(ptr, 0, rounded);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    blocks_[ptr] = {bytes, category};
-  }
-  memory_.add(category, bytes);
+  blocks_.add(ptr, bytes, category);
   return ptr;
 }
 
 void CpuDevice::free(void* ptr) {
   if (!ptr) return;
-  std::pair<size_t, MemCategory> block;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = blocks_.find(ptr);
-    if (it == blocks_.end()) throw Error("free of memory not allocated by this device");
-    block = it->second;
-    blocks_.erase(it);
-  }
-  memory_.sub(block.second, block.first);
+  blocks_.remove(ptr, "free of memory not allocated by this device");
   std::free(ptr);
 }
 

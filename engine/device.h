@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include <ddp/plugin.h>
 
@@ -61,6 +62,23 @@ class MemoryTracker {
   std::atomic<size_t> total_current_{0};
   std::atomic<size_t> total_peak_{0};
   std::atomic<int64_t> allocations_{0};
+};
+
+// The blocks a device has handed out, with their sizes and categories,
+// accounted in `memory` as they come and go. Thread-safe.
+class BlockTable {
+ public:
+  explicit BlockTable(MemoryTracker& memory) : memory_(memory) {}
+  void add(void* ptr, size_t bytes, MemCategory category);
+  // Forgets a block and takes its bytes off; throws Error(refusal) for a
+  // pointer that is not in the table.
+  void remove(void* ptr, const char* refusal);
+  std::vector<void*> pointers() const;  // the blocks still out
+
+ private:
+  MemoryTracker& memory_;
+  mutable std::mutex mutex_;
+  std::unordered_map<void*, std::pair<size_t, MemCategory>> blocks_;
 };
 
 // An in-order queue of work. CPU streams: inline ones run each task in the
@@ -214,8 +232,7 @@ class CpuDevice final : public Device {
   void download(void* host_dst, const void* src, size_t bytes) override;
 
  private:
-  std::mutex mutex_;
-  std::unordered_map<void*, std::pair<size_t, MemCategory>> blocks_;
+  BlockTable blocks_{memory_};
 };
 
 // The device of `kind` for the rank with this local rank. CUDA: GPU

@@ -121,8 +121,8 @@ class CudaDevice final : public Device {
     cudaDeviceSynchronize();
     comm_.reset();
     compute_.reset();
-    for (auto& [ptr, block] : blocks_) cudaFree(ptr);
-    for (auto& [ptr, block] : host_blocks_) cudaFreeHost(ptr);
+    for (void* ptr : blocks_.pointers()) cudaFree(ptr);
+    for (void* ptr : host_blocks_.pointers()) cudaFreeHost(ptr);
   }
 
   ddp_device_kind kind() const override { return DDP_DEVICE_CUDA; }
@@ -140,25 +140,13 @@ class CudaDevice final : public Device {
     }
     check(cudaMemsetAsync(ptr, 0, bytes, raw(*compute_)), "cudaMemsetAsync");
     check(cudaStreamSynchronize(raw(*compute_)), "cudaStreamSynchronize after cudaMemsetAsync");
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      blocks_[ptr] = {bytes, category};
-    }
-    memory_.add(category, bytes);
+    blocks_.add(ptr, bytes, category);
     return ptr;
   }
 
   void free(void* ptr) override {
     if (!ptr) return;
-    std::pair<size_t, MemCategory> block;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = blocks_.find(ptr);
-      if (it == blocks_.end()) throw Error("free of memory not allocated by this device");
-      block = it->second;
-      blocks_.erase(it);
-    }
-    memory_.sub(block.second, block.first);
+    blocks_.remove(ptr, "free of memory not allocated by this device");
     // Waits for the device: not inside a step. Never throws: tensors free in
     // destructors, also while an earlier CUDA error unwinds (after a device
     // fault every call fails), and that error is the one to report.
@@ -176,25 +164,13 @@ class CudaDevice final : public Device {
                   to_string(category) + " (" + cudaGetErrorString(e) + ")");
     }
     std::memset(ptr, 0, bytes);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      host_blocks_[ptr] = {bytes, category};
-    }
-    memory_.add(category, bytes);
+    host_blocks_.add(ptr, bytes, category);
     return ptr;
   }
 
   void free_host(void* ptr) override {
     if (!ptr) return;
-    std::pair<size_t, MemCategory> block;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = host_blocks_.find(ptr);
-      if (it == host_blocks_.end()) throw Error("free_host of memory not allocated by alloc_host of this device");
-      block = it->second;
-      host_blocks_.erase(it);
-    }
-    memory_.sub(block.second, block.first);
+    host_blocks_.remove(ptr, "free_host of memory not allocated by alloc_host of this device");
     if (cudaFreeHost(ptr) != cudaSuccess) cudaGetLastError();  // never throws, as free
   }
 
@@ -218,9 +194,8 @@ class CudaDevice final : public Device {
 
  private:
   int ordinal_;
-  std::mutex mutex_;
-  std::unordered_map<void*, std::pair<size_t, MemCategory>> blocks_;
-  std::unordered_map<void*, std::pair<size_t, MemCategory>> host_blocks_;  // alloc_host's
+  BlockTable blocks_{memory_};
+  BlockTable host_blocks_{memory_};  // alloc_host's
 };
 
 }  // namespace
