@@ -28,7 +28,9 @@
 #   tools/gpu_check.sh pack      # here
 #   run(command="bash tools/gpu_check.sh run --out $OUT", carry=[".gpu"], timeout_s=600)
 #
-# The tests were compiled with this checkout's absolute paths (test data,
+# Each stage appends to DIR/gpu_check.md as it ends, so a run stopped by a
+# time limit still returns what it finished. The tests were compiled with
+# this checkout's absolute paths (test data,
 # plugin directories); `run` makes that path lead to the checkout there
 # (a symbolic link) when it differs.
 set -euo pipefail
@@ -65,7 +67,9 @@ if [ "$mode" = pack ]; then
       *) cp -L "$lib" .gpu/lib/ ;;
     esac
   done
-  tar -C "$root" -cJf .gpu/build.tar.xz "$build/bin" "$build/lib" "$build/tests"
+  # Compressed (OpenBLAS alone is 36 MB): the libraries travel in the archive.
+  tar -C "$root" -cJf .gpu/build.tar.xz "$build/bin" "$build/lib" "$build/tests" .gpu/lib
+  rm -rf .gpu/lib
   printf 'root=%s\nbuild=%s\n' "$root" "$build" >.gpu/paths
   size=$(du -sm .gpu | cut -f1)
   [ "$size" -lt 60 ] || die ".gpu is ${size} MiB: over what the device tool carries"
@@ -96,9 +100,9 @@ out=$(cd "$out" && pwd)
 # its Python (nvidia-*), or the loader's cache.
 libdirs="$root/.gpu/lib"
 for name in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
-  found=$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n {print $NF; exit}')
+  found=$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n && !f {print $NF; f = 1}' || true)
   [ -n "$found" ] || found=$(find /usr/local/cuda*/ /usr/lib /opt "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || echo /nonexistent)" \
-                                -name "$name" 2>/dev/null | head -1)
+                                -name "$name" 2>/dev/null | sed -n 1p || true)
   [ -n "$found" ] && libdirs="$libdirs:$(dirname "$found")" || say "warning: $name not found"
 done
 export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -137,7 +141,7 @@ set -e
 
 # 2. Collectives on GPU buffers.
 say "bench-comm"
-gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c "^GPU" || true)
 [ "$gpus" -ge 1 ] || gpus=1
 set +e
 "$bin/ddp" bench-comm --device cuda --transport nccl --world "$gpus" --sizes 1MB,10MB,100MB,1GB \
@@ -152,7 +156,9 @@ done
   echo
   echo "## bench-comm --device cuda"
   echo
-  cat "$out/bench_nccl.md" "$out/bench_gloo.md" 2>/dev/null
+  for part in nccl gloo; do
+    if [ -s "$out/bench_$part.md" ]; then cat "$out/bench_$part.md"; else echo "($part: failed, see tests.log)"; fi
+  done
 } >>"$summary"
 
 # 3. lm `small` with every strategy, world 1 (nccl).
