@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 namespace ddp {
 
@@ -152,7 +153,24 @@ std::string Stream::error() const {
 
 // ------------------------------------------------------------------- Event
 
+// On a device stream an event is its native event alone: no host task per
+// record (the device's host tasks may run on one thread for all streams, so
+// one per event would tie the streams together). Its failure is the
+// recording stream's: a host task that failed before the point has failed
+// the stream by the time the device passes it.
 void Event::record(Stream& stream) {
+  if (stream.native()) {
+    if (!native_ || native_.use_count() > 1) {  // a copy may still wait on the old one
+      native_ = std::make_shared<Native>();
+      native_->event = stream.create_native_event();
+      native_->destroy = stream.native_event_destroyer();
+    }
+    stream.record_native_event(native_->event);
+    native_->recorded = true;
+    native_->stream = &stream;
+    state_ = std::make_shared<State>();  // done: the native event decides
+    return;
+  }
   auto state = std::make_shared<State>();
   state->done = false;
   stream.enqueue([state, &stream](bool cancelled) {
@@ -163,21 +181,15 @@ void Event::record(Stream& stream) {
     state->cv.notify_all();
   });
   state_ = state;  // once enqueued (a throwing enqueue keeps the old point); earlier waiters keep the old state
-  // After the host task: when the native event completes, the task has run.
-  if (!stream.native()) {
-    native_.reset();
-    return;
-  }
-  if (!native_ || native_.use_count() > 1) {  // a copy may still wait on the old one
-    native_ = std::make_shared<Native>();
-    native_->event = stream.create_native_event();
-    native_->destroy = stream.native_event_destroyer();
-  }
-  stream.record_native_event(native_->event);
-  native_->recorded = true;
+  native_.reset();
 }
 
 namespace {
+
+[[noreturn]] void stuck(std::chrono::milliseconds limit) {
+  throw Error("communication made no progress for " + std::to_string(limit.count() / 1000) +
+              " s (run.timeout_s plus a grace): a collective is stuck");
+}
 
 template <typename State>
 void wait_for_state(State& state, std::chrono::milliseconds limit) {
@@ -185,34 +197,59 @@ void wait_for_state(State& state, std::chrono::milliseconds limit) {
   if (limit == std::chrono::milliseconds::max()) {
     state.cv.wait(lock, [&] { return state.done; });
   } else if (!state.cv.wait_for(lock, limit, [&] { return state.done; })) {
-    throw Error("communication made no progress for " + std::to_string(limit.count() / 1000) +
-                " s (run.timeout_s plus a grace): a collective is stuck");
+    stuck(limit);
   }
   if (!state.error.empty()) throw Error(state.error);
 }
 
 }  // namespace
 
+// Polls the device (a short sleep between queries) until it has passed the
+// event or `limit` is over.
+void Event::wait_native(std::chrono::milliseconds limit) const {
+  const auto native = native_;
+  const auto deadline =
+      limit == std::chrono::milliseconds::max() ? Clock::time_point::max() : Clock::now() + limit;
+  while (!native->stream->query_native_event(native->event)) {
+    if (Clock::now() >= deadline) stuck(limit);
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  if (native->stream->failed()) throw Error(native->stream->error());
+}
+
 void Event::synchronize(std::chrono::milliseconds limit) {
+  if (native_ && native_->recorded) {
+    wait_native(limit);
+    return;
+  }
   auto state = state_;
   wait_for_state(*state, limit);
 }
 
 bool Event::query() {
+  if (native_ && native_->recorded)
+    return native_->stream->failed() || native_->stream->query_native_event(native_->event);
   auto state = state_;
   std::lock_guard<std::mutex> lock(state->mutex);
   return state->done;
 }
 
-// The tasks below hold the State only, never the Native: a device's host
-// task must not free a native event (no device calls from its callbacks).
+// Device to device: the device waits, the host does not. Otherwise a task on
+// `stream` waits, holding the State (or a copy of the Event for a native
+// one; device streams never run such a task).
 void Event::make_wait(Stream& stream, std::chrono::milliseconds limit) {
-  auto state = state_;  // as recorded now
-  if (native_ && native_->recorded && stream.native()) {
-    // The device waits; then a host task passes the event's failure on (by
-    // the time it runs, the recording stream's host task has run too).
-    stream.wait_native_event(native_->event);
+  if (native_ && native_->recorded) {
+    if (stream.native()) {
+      stream.wait_native_event(native_->event);
+      return;
+    }
+    Event copy = *this;
+    stream.enqueue([copy, limit](bool cancelled) {
+      if (!cancelled) copy.wait_native(limit);
+    });
+    return;
   }
+  auto state = state_;  // as recorded now
   stream.enqueue([state, limit](bool cancelled) {
     if (!cancelled) wait_for_state(*state, limit);
   });
@@ -220,7 +257,7 @@ void Event::make_wait(Stream& stream, std::chrono::milliseconds limit) {
 
 Clock::time_point Event::completed_at() {
   synchronize();
-  return state_->at;
+  return native_ && native_->recorded ? Clock::now() : state_->at;
 }
 
 // --------------------------------------------------------------- CpuDevice

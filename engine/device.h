@@ -117,6 +117,8 @@ class Stream {
   virtual void* create_native_event() { return nullptr; }
   virtual void record_native_event(void* /*event*/) {}
   virtual void wait_native_event(void* /*event*/) {}
+  // Whether the device has passed the event (throws Error on a device error).
+  virtual bool query_native_event(void* /*event*/) { return true; }
   // Frees an event create_native_event made (any stream of the device).
   using NativeEventDestroy = void (*)(void* event);
   virtual NativeEventDestroy native_event_destroyer() const { return nullptr; }
@@ -152,8 +154,8 @@ class Stream {
 
 // A point on a stream. Recording re-arms it; it completes when the stream
 // reaches it, or fails if the stream has failed by then. On a device stream
-// it also records a native event, so that waits between the device's
-// streams stay on the device.
+// it is a native event, so that waits between the device's streams stay on
+// the device.
 class Event {
  public:
   void record(Stream& stream);
@@ -178,12 +180,15 @@ class Event {
     void* event = nullptr;
     Stream::NativeEventDestroy destroy = nullptr;
     bool recorded = false;
+    Stream* stream = nullptr;  // where it was last recorded
     ~Native() {
       if (event && destroy) destroy(event);
     }
   };
+  void wait_native(std::chrono::milliseconds limit) const;
+
   std::shared_ptr<State> state_ = std::make_shared<State>();
-  std::shared_ptr<Native> native_;
+  std::shared_ptr<Native> native_;  // recorded on a device stream
 };
 
 // The engine's device: memory and the two streams. One per rank.

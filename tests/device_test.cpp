@@ -432,6 +432,117 @@ TEST(Event, ReRecordingKeepsEarlierWaitersOnTheOldPoint) {
 }
 
 
+// ------------------------------------------------- events on device streams
+
+// A stream with a device's interface, for Event's native path on any
+// machine: its work runs on an executor thread (a CPU stream inside), its
+// "native events" are positions in that work, and a native wait is a task
+// that waits for the other stream's position. (The CUDA device's streams
+// are exercised for real in CudaDevice.StreamsEventsAndMemory, on a GPU.)
+class DeviceLikeStream final : public Stream {
+ public:
+  explicit DeviceLikeStream(const std::string& name) : Stream(name, static_cast<void*>(&inner_)) {}
+  ~DeviceLikeStream() override { inner_.synchronize_quietly(); }
+
+  void enqueue(Task task) override {
+    ++queued_;
+    inner_.enqueue([this, task = std::move(task)](bool) mutable {
+      run(task);  // records a failure on this stream, as a device's host task does
+      ++ran_;
+    });
+  }
+  void synchronize() override {
+    inner_.synchronize();
+    if (failed()) throw Error(error());
+  }
+  void* create_native_event() override { return new std::atomic<int64_t>(0); }
+  void record_native_event(void* event) override { static_cast<std::atomic<int64_t>*>(event)->store(queued_); }
+  void wait_native_event(void* event) override {
+    const int64_t point = static_cast<std::atomic<int64_t>*>(event)->load();
+    DeviceLikeStream* source = last_recorder_;  // set by the test: whose position the event is
+    enqueue([source, point](bool) {
+      while (source->ran_ < point) std::this_thread::sleep_for(1ms);
+    });
+  }
+  bool query_native_event(void* event) override { return ran_ >= static_cast<std::atomic<int64_t>*>(event)->load(); }
+  NativeEventDestroy native_event_destroyer() const override {
+    return [](void* event) { delete static_cast<std::atomic<int64_t>*>(event); };
+  }
+  DeviceLikeStream* last_recorder_ = nullptr;
+
+ private:
+  struct Inner : Stream {
+    Inner() : Stream("inner", /*threaded=*/true) {}
+    void synchronize_quietly() {
+      try {
+        Stream::synchronize();
+      } catch (const std::exception&) {
+      }
+    }
+  } inner_;
+  std::atomic<int64_t> queued_{0}, ran_{0};
+};
+
+TEST(EventOnDeviceStreams, RecordQuerySynchronizeAndNativeWait) {
+  DeviceLikeStream a("a"), b("b");
+  b.last_recorder_ = &a;
+  std::atomic<bool> release{false};
+  std::vector<int> order;
+  std::mutex order_mutex;
+  auto note = [&](int v) {
+    std::lock_guard<std::mutex> lock(order_mutex);
+    order.push_back(v);
+  };
+  a.enqueue([&](bool) {
+    while (!release) std::this_thread::sleep_for(1ms);
+    note(1);
+  });
+  Event e;
+  e.record(a);
+  EXPECT_FALSE(e.query());  // a is blocked before the point
+  e.make_wait(b);           // b waits on the device, the caller does not
+  b.enqueue([&](bool) { note(2); });
+  EXPECT_THROW(e.synchronize(20ms), Error);  // not passed within the limit: stuck
+  release = true;
+  e.synchronize();
+  EXPECT_TRUE(e.query());
+  b.synchronize();
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+}
+
+TEST(EventOnDeviceStreams, AFailedHostTaskFailsLaterEvents) {
+  DeviceLikeStream a("a");
+  a.enqueue([](bool) { throw std::runtime_error("transport exploded"); });
+  Event e;
+  e.record(a);
+  try {
+    e.synchronize(5000ms);
+    FAIL() << "no error";
+  } catch (const Error& err) {
+    EXPECT_STREQ(err.what(), "transport exploded");
+  }
+  EXPECT_TRUE(e.query());  // failed counts as complete
+}
+
+TEST(EventOnDeviceStreams, NativeEventWaitedFromACpuStream) {
+  DeviceLikeStream a("a");
+  Stream cpu("cpu", /*threaded=*/true);
+  std::atomic<bool> release{false}, after{false};
+  a.enqueue([&](bool) {
+    while (!release) std::this_thread::sleep_for(1ms);
+  });
+  Event e;
+  e.record(a);
+  e.make_wait(cpu);  // a host task waits for the device's point
+  cpu.enqueue([&](bool) { after = true; });
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(after.load());
+  release = true;
+  cpu.synchronize();
+  EXPECT_TRUE(after.load());
+  a.synchronize();
+}
+
 // ------------------------------------------------------------ make_device
 
 TEST(MakeDevice, CpuAlways) {

@@ -63,6 +63,15 @@ class CudaStream final : public Stream {
   void wait_native_event(void* event) override {
     check(cudaStreamWaitEvent(raw(*this), static_cast<cudaEvent_t>(event), 0), "cudaStreamWaitEvent");
   }
+  bool query_native_event(void* event) override {
+    const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    if (e == cudaErrorNotReady) {
+      cudaGetLastError();  // not an error
+      return false;
+    }
+    check(e, "cudaEventQuery");
+    return true;
+  }
   NativeEventDestroy native_event_destroyer() const override {
     return [](void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); };
   }
