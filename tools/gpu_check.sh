@@ -64,6 +64,8 @@ if [ "$mode" = pack ]; then
   done | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
       libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libcuda.so*|libcudart.so*|libcublas*|libnccl*|libnvidia*) ;;
+      # The C++ runtime only where the machine's own is older (see run).
+      libstdc++.so*|libgcc_s.so*) mkdir -p .gpu/lib/fallback && cp -L "$lib" .gpu/lib/fallback/ ;;
       *) cp -L "$lib" .gpu/lib/ ;;
     esac
   done
@@ -105,6 +107,13 @@ for name in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
                                 -name "$name" 2>/dev/null | sed -n 1p || true)
   [ -n "$found" ] && libdirs="$libdirs:$(dirname "$found")" || say "warning: $name not found"
 done
+# GCC 12's C++ runtime (GLIBCXX_3.4.30) from the packing machine, only if
+# this machine's is older: a newer one serves, and ours would need its glibc.
+system_cxx=$(ldconfig -p 2>/dev/null | awk '$1 == "libstdc++.so.6" && !f {print $NF; f = 1}' || true)
+if [ -z "$system_cxx" ] || ! grep -aq GLIBCXX_3.4.30 "$system_cxx"; then
+  libdirs="$libdirs:$root/.gpu/lib/fallback"
+  say "using the packed libstdc++ (this machine's lacks GLIBCXX_3.4.30)"
+fi
 export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 bin="$root/$build/bin"
 missing=$(ldd "$bin/ddp" | grep "not found" || true)
@@ -117,6 +126,8 @@ summary="$out/gpu_check.md"
   echo
   echo '```'
   nvidia-smi -L 2>&1 || echo "nvidia-smi failed"
+  ldd --version 2>&1 | sed -n 1p || true
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   echo '```'
 } >"$summary"
 
