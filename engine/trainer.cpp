@@ -480,14 +480,9 @@ class RankRun {
     namespace fs = std::filesystem;
     fs::create_directories(config_.run.output_dir);
     std::vector<NamedFloats> weights;
-    std::vector<std::vector<float>> host;  // device weights copied out
+    std::vector<std::vector<float>> host;  // a GPU's weights, copied out
     for (const Parameter& p : model_->params()) {
-      const float* values = p.data.data();
-      if (device_->kind() != DDP_DEVICE_CPU) {
-        host.emplace_back(p.data.numel());
-        device_->download(host.back().data(), values, p.data.bytes());
-        values = host.back().data();
-      }
+      const float* values = device_->kind() == DDP_DEVICE_CPU ? p.data.data() : host.emplace_back(p.data.to_host()).data();
       weights.push_back({p.name, p.shape, values});
     }
     write_safetensors((fs::path(config_.run.output_dir) / "weights.safetensors").string(), weights);

@@ -36,39 +36,14 @@
 #include "host.h"
 #include "multirank.h"
 #include "plugin_loader.h"
+#include "rank_checks.h"
 #include "store.h"
 
 namespace ddp {
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw std::runtime_error(message); }
 
-template <typename T>
-constexpr ddp_dtype dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DDP_FLOAT32;
-  if constexpr (std::is_same_v<T, double>) return DDP_FLOAT64;
-  if constexpr (std::is_same_v<T, int32_t>) return DDP_INT32;
-  return DDP_INT64;
-}
 
-template <typename T>
-std::string str(T v) {
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  return os.str();
-}
-
-// Throws naming the first mismatch unless got[i] == expected(i) for every i.
-template <typename T, typename F>
-void check_all(const std::string& what, const std::vector<T>& got, F&& expected) {
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < got.size(); ++i)
-    if (!(got[i] == static_cast<T>(expected(i))) && bad++ == 0) first = i;
-  if (bad)
-    fail(what + ": " + std::to_string(bad) + " of " + std::to_string(got.size()) + " elements wrong, first at [" +
-         std::to_string(first) + "]: got " + str(got[first]) + ", expected " + str(static_cast<T>(expected(first))));
-}
 
 // An array in the device's memory (device->alloc), filled from `values`.
 template <typename T>
@@ -371,10 +346,6 @@ std::vector<std::string> run_scenario(const std::string& scenario, int world) {
       /*timeout_s=*/120);
 }
 
-#define EXPECT_RANKS_OK(...)                                                      \
-  do {                                                                            \
-    for (const std::string& failure_ : (__VA_ARGS__)) ADD_FAILURE() << failure_;  \
-  } while (0)
 
 TEST(GlooCuda, AllReduce) {
   DDP_REQUIRE_GPUS(1);

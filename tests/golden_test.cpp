@@ -74,7 +74,6 @@ std::vector<float> host(Device& device, const float* data, size_t count) {
   device.download(out.data(), data, count * sizeof(float));
   return out;
 }
-std::vector<float> host(Device& device, const Tensor& t) { return host(device, t.data(), t.numel()); }
 
 // The devices the tests run on: the CPU, and CUDA in GPU builds.
 std::unique_ptr<Device> test_device(const std::string& kind) {
@@ -110,7 +109,7 @@ void check_golden(Device& device, Model& m, const Tensors& t, const std::string&
   expect_close("logits", host(device, logits().first, logits().second), floats(t, file, "logits"), kRtol, kAtol);
   m.backward(1.0f, [](size_t) {});
   for (const Parameter& p : m.params())
-    expect_close("grad/" + p.name, host(device, p.grad), floats(t, file, "grad/" + p.name), kRtol, kAtol);
+    expect_close("grad/" + p.name, p.grad.to_host(), floats(t, file, "grad/" + p.name), kRtol, kAtol);
 
   // AdamW(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1), 10 steps
   // on the same batch from the initial weights.
@@ -134,7 +133,7 @@ void check_golden(Device& device, Model& m, const Tensors& t, const std::string&
   // AdamW turns near-zero gradient entries into lr-sized steps whose sign
   // depends on rounding (fixtures/README.md): absolute 1e-3 on the weights.
   for (const Parameter& p : m.params())
-    expect_close("adamw_final/" + p.name, host(device, p.data), floats(t, file, "adamw_final/" + p.name),
+    expect_close("adamw_final/" + p.name, p.data.to_host(), floats(t, file, "adamw_final/" + p.name),
                  0.0, 1e-3);
 }
 
@@ -167,8 +166,8 @@ void check_against_cpu(Device& device, Model& on_device, Model& on_cpu, const Te
   on_device.backward(1.0f, [](size_t) {});
   on_cpu.backward(1.0f, [](size_t) {});
   for (size_t i = 0; i < on_cpu.params().size(); ++i)
-    expect_close_to_cpu("grad/" + on_cpu.params()[i].name, host(device, on_device.params()[i].grad),
-                        host(cpu, on_cpu.params()[i].grad));
+    expect_close_to_cpu("grad/" + on_cpu.params()[i].name, on_device.params()[i].grad.to_host(),
+                        on_cpu.params()[i].grad.to_host());
 }
 
 class Golden : public ::testing::TestWithParam<std::string> {

@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "exports.h"
 #include "plugin_loader.h"
 
 namespace ddp {
@@ -252,27 +253,6 @@ TEST(LoadPluginRefuses, OwnsOptimizerWithoutOptimizerStep) {
                 "(caps has DDP_CAP_OWNS_OPTIMIZER)");
 }
 
-// Every symbol `file` defines in its dynamic table (nm -D), or nullopt when
-// nm is missing.
-std::optional<std::vector<std::string>> exported_symbols(const std::string& file) {
-  const std::string command = "nm -D --defined-only '" + file + "' 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return std::nullopt;
-  std::string output;
-  char chunk[4096];
-  size_t n;
-  while ((n = fread(chunk, 1, sizeof chunk, pipe)) > 0) output.append(chunk, n);
-  if (pclose(pipe) != 0) {
-    if (output.find("not found") != std::string::npos) return std::nullopt;
-    ADD_FAILURE() << command << "\n" << output;
-  }
-  std::istringstream lines(output);
-  std::string line;
-  std::vector<std::string> symbols;
-  while (std::getline(lines, line))
-    if (!line.empty()) symbols.push_back(line.substr(line.rfind(' ') + 1));
-  return symbols;
-}
 
 // Standing rule: a plugin exports exactly one symbol, its entry — the test
 // plugins and every plugin the build ships.
@@ -282,7 +262,7 @@ TEST(PluginExports, ExactlyItsEntrySymbol) {
     if (entry.path().filename().string().rfind("libddp_", 0) == 0) files.push_back(entry.path().string());
   ASSERT_GE(files.size(), 4u) << "the shipped plugins (gloo, naive) are missing from " << DDP_TEST_PLUGIN_DIR;
   for (const auto& file : files) {
-    auto symbols = exported_symbols(file);
+    auto symbols = test::exported_symbols(file);
     if (!symbols) GTEST_SKIP() << "nm is not available";
     const bool strategy = file.find("libddp_strategy_") != std::string::npos;
     EXPECT_EQ(*symbols, std::vector<std::string>{strategy ? DDP_STRATEGY_ENTRY_V1 : DDP_TRANSPORT_ENTRY_V1})

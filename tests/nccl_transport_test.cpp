@@ -40,17 +40,17 @@
 
 #include "config.h"
 #include "device.h"
+#include "exports.h"
 #include "host.h"
 #include "multirank.h"
 #include "plugin_loader.h"
+#include "rank_checks.h"
 #include "store.h"
 
 namespace ddp {
 namespace {
 
 using namespace std::chrono_literals;
-
-[[noreturn]] void fail(const std::string& message) { throw std::runtime_error(message); }
 
 void cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail(std::string(what) + ": " + cudaGetErrorString(e));
@@ -256,14 +256,6 @@ class TestHost {
 
 // ------------------------------------------------------------ device data
 
-template <typename T>
-constexpr ddp_dtype dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DDP_FLOAT32;
-  if constexpr (std::is_same_v<T, double>) return DDP_FLOAT64;
-  if constexpr (std::is_same_v<T, int32_t>) return DDP_INT32;
-  if constexpr (std::is_same_v<T, int64_t>) return DDP_INT64;
-  return DDP_BFLOAT16;  // uint16_t: bfloat16 or float16, given explicitly
-}
 
 // A cudaMalloc'd array holding `values`.
 template <typename T>
@@ -294,24 +286,7 @@ class DeviceArray {
   ddp_dtype dtype_;
 };
 
-template <typename T>
-std::string str(T v) {
-  std::ostringstream os;
-  os.precision(17);
-  os << +v;
-  return os.str();
-}
 
-// Throws naming the first mismatch unless got[i] == expected(i) for every i.
-template <typename T, typename F>
-void check_all(const std::string& what, const std::vector<T>& got, F&& expected) {
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < got.size(); ++i)
-    if (!(got[i] == static_cast<T>(expected(i))) && bad++ == 0) first = i;
-  if (bad)
-    fail(what + ": " + std::to_string(bad) + " of " + std::to_string(got.size()) + " elements wrong, first at [" +
-         std::to_string(first) + "]: got " + str(got[first]) + ", expected " + str(static_cast<T>(expected(first))));
-}
 
 // The bfloat16 and float16 bits of a small non-negative integer k (exact:
 // k < 256 for bfloat16, k < 2048 for float16).
@@ -391,10 +366,6 @@ class Rank {
   ddp_comm* comm_ = nullptr;
 };
 
-#define EXPECT_RANKS_OK(...)                                                      \
-  do {                                                                            \
-    for (const std::string& failure_ : (__VA_ARGS__)) ADD_FAILURE() << failure_;  \
-  } while (0)
 
 // Blocks a CUDA stream for `ms` milliseconds (a host function that sleeps).
 void block_stream(cudaStream_t s, int ms) {
@@ -431,32 +402,11 @@ TEST(NcclPlugin, Descriptor) {
   EXPECT_NE(t->barrier, nullptr);
 }
 
-// Every symbol `file` defines in its dynamic table (nm -D), or nullopt when
-// nm is missing.
-std::optional<std::vector<std::string>> exported_symbols(const std::string& file) {
-  const std::string command = "nm -D --defined-only '" + file + "' 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return std::nullopt;
-  std::string output;
-  char chunk[4096];
-  size_t n;
-  while ((n = fread(chunk, 1, sizeof chunk, pipe)) > 0) output.append(chunk, n);
-  if (pclose(pipe) != 0) {
-    if (output.find("not found") != std::string::npos) return std::nullopt;
-    ADD_FAILURE() << command << "\n" << output;
-  }
-  std::istringstream lines(output);
-  std::string line;
-  std::vector<std::string> symbols;
-  while (std::getline(lines, line))
-    if (!line.empty()) symbols.push_back(line.substr(line.rfind(' ') + 1));
-  return symbols;
-}
 
 TEST(NcclPlugin, ExportsExactlyItsEntrySymbol) {
   const std::string file = std::string(DDP_TEST_PLUGIN_DIR) + "/libddp_transport_nccl.so";
   ASSERT_TRUE(std::filesystem::exists(file)) << file;
-  auto symbols = exported_symbols(file);
+  auto symbols = test::exported_symbols(file);
   if (!symbols) GTEST_SKIP() << "nm is not available";
   EXPECT_EQ(*symbols, std::vector<std::string>{DDP_TRANSPORT_ENTRY_V1});
 }

@@ -33,6 +33,7 @@
 #include "host.h"
 #include "multirank.h"
 #include "plugin_loader.h"
+#include "rank_checks.h"
 #include "store.h"
 
 namespace ddp {
@@ -46,15 +47,6 @@ using namespace std::chrono_literals;
 
 // ------------------------------------------------------------------ helpers
 
-[[noreturn]] void fail(const std::string& message) { throw std::runtime_error(message); }
-
-template <typename T>
-constexpr ddp_dtype dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DDP_FLOAT32;
-  if constexpr (std::is_same_v<T, double>) return DDP_FLOAT64;
-  if constexpr (std::is_same_v<T, int32_t>) return DDP_INT32;
-  if constexpr (std::is_same_v<T, int64_t>) return DDP_INT64;
-}
 
 template <typename T>
 const char* type_name() {
@@ -72,29 +64,7 @@ ddp_buffer buffer_of(std::vector<T>& v) {
 // The ABI takes buffers by pointer; a temporary lives to the end of the call.
 const ddp_buffer* ptr(const ddp_buffer& b) { return &b; }
 
-template <typename T>
-std::string str(T v) {
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  return os.str();
-}
 
-// Throws naming the first mismatch (and how many there are) unless
-// got[i] == expected(i) for every i.
-template <typename T, typename F>
-void check_all(const std::string& what, const std::vector<T>& got, F&& expected) {
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!(got[i] == static_cast<T>(expected(i)))) {
-      if (bad++ == 0) first = i;
-    }
-  }
-  if (bad)
-    fail(what + ": " + std::to_string(bad) + " of " + std::to_string(got.size()) +
-         " elements wrong, first at [" + std::to_string(first) + "]: got " + str(got[first]) +
-         ", expected " + str(static_cast<T>(expected(first))));
-}
 
 // One rank: the engine's pieces around a loaded gloo transport.
 class Rank {
@@ -165,11 +135,6 @@ class Rank {
   ddp_comm* comm_ = nullptr;
 };
 
-// One GoogleTest failure per failing rank, at the line of the call.
-#define EXPECT_RANKS_OK(...)                                        \
-  do {                                                              \
-    for (const std::string& failure_ : (__VA_ARGS__)) ADD_FAILURE() << failure_; \
-  } while (0)
 
 // Element counts every collective is tried with.
 const std::vector<size_t> kCounts = {1, 7, 1000};
