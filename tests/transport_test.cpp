@@ -26,6 +26,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <ddp/plugin.hpp>
 #include <gtest/gtest.h>
 
 #include "config.h"
@@ -156,6 +157,39 @@ TEST(GlooTransport, Descriptor) {
   EXPECT_EQ(t->struct_size, sizeof(ddp_transport_v1_t));
   EXPECT_EQ(t->caps & DDP_CAP_DEVICE_CPU, DDP_CAP_DEVICE_CPU);
   EXPECT_EQ(t->caps & DDP_CAP_DEVICE_CUDA, DDP_CAP_DEVICE_CUDA);  // staged through host memory
+}
+
+// plugin.hpp's alloc_host over the engine's own host (a transport's staging
+// memory): accounted, zeroed and freed on an engine of ABI 1.1; refused by
+// name on one of ABI 1.0, whose ddp_host ends before alloc_host.
+TEST(HostAbi, AllocHostThroughPluginHpp) {
+  CpuDevice device;
+  HostServices services;
+  services.device = &device;
+  const PluginSection section = plugin_section_from_overrides("transport", {});
+  PluginHost engine_host(services, section, "transport plugin 'test'");
+  const plugin::Host host(engine_host.get());
+  ASSERT_TRUE(plugin::has_alloc_host(engine_host.get()));
+  auto* p = static_cast<unsigned char*>(host.alloc_host(100, DDP_MEM_COMM_BUFFERS));
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+  for (size_t i = 0; i < 100; ++i) ASSERT_EQ(p[i], 0u) << "byte " << i;
+  EXPECT_EQ(device.memory().current(MemCategory::CommBuffers), 100u);
+  host.free_host(p);
+  EXPECT_EQ(device.memory().current(MemCategory::CommBuffers), 0u);
+
+  ddp_host old = *engine_host.get();
+  old.abi_version = (1u << 16) | 0u;
+  old.struct_size = static_cast<uint32_t>(offsetof(ddp_host, alloc_host));
+  EXPECT_FALSE(plugin::has_alloc_host(&old));
+  try {
+    plugin::Host(&old).alloc_host(100, DDP_MEM_COMM_BUFFERS);
+    ADD_FAILURE() << "alloc_host on an ABI 1.0 engine did not throw";
+  } catch (const plugin::Failure& f) {
+    EXPECT_EQ(f.status(), DDP_ERR_UNSUPPORTED);
+    EXPECT_STREQ(f.what(), "alloc_host: this engine's ABI 1.0 lacks it (it needs ABI 1.1 or newer)");
+  }
+  EXPECT_EQ(device.memory().current(MemCategory::CommBuffers), 0u);
 }
 
 // ------------------------------------------------------------- collectives

@@ -18,6 +18,7 @@
 // Not here: GPUDirect or any CUDA call of its own (the nccl plugin moves GPU
 // memory directly), TLS, ibverbs.
 #include <ddp/plugin.h>
+#include <ddp/plugin.hpp>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -242,10 +243,6 @@ void* scratch_of(ddp_comm* comm, size_t bytes) {
   return comm->scratch;
 }
 
-bool has_alloc_host(const ddp_host* h) {
-  return h->struct_size >= offsetof(ddp_host, free_host) + sizeof(h->free_host) && h->alloc_host && h->free_host;
-}
-
 // Frees the outgrown staging regions whose event has completed, without
 // waiting; at a growth only (see ddp_comm_s::retired). A region whose event
 // failed, or could not be recorded, waits for destroy.
@@ -272,7 +269,7 @@ void release_retired(ddp_comm* comm) {
 ddp_status stage(ddp_comm* comm, ddp_stream stream, const char* entry, std::initializer_list<size_t> sizes,
                  void** parts) {
   const ddp_host* h = comm->host;
-  if (!has_alloc_host(h))
+  if (!ddp::plugin::has_alloc_host(h))
     return fail(h, DDP_ERR_UNSUPPORTED,
                 std::string(entry) + ": on a CUDA run gloo stages buffers through host->alloc_host, which this "
                 "engine (ABI " + std::to_string(DDP_ABI_MAJOR(h->abi_version)) + "." +

@@ -10,6 +10,7 @@
 
 #include <ddp/plugin.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <stdexcept>
@@ -60,6 +61,12 @@ ddp_status guard(const ddp_host* host, Body&& body) noexcept {
   }
 }
 
+// Whether the engine offers alloc_host/free_host (ABI 1.1): an engine of
+// ABI 1.0 hands a shorter ddp_host, without them.
+inline bool has_alloc_host(const ddp_host* h) noexcept {
+  return h->struct_size >= offsetof(ddp_host, free_host) + sizeof(h->free_host) && h->alloc_host && h->free_host;
+}
+
 // The host vtable with throwing, typed calls.
 class Host {
  public:
@@ -100,6 +107,20 @@ class Host {
     return p;
   }
   void free(void* p) const { h_->free(h_->ctx, p); }
+  // Staging memory on the host (ABI 1.1; see ddp_host::alloc_host): on the
+  // calling thread, never inside a host function.
+  void* alloc_host(size_t bytes, ddp_mem_category category) const {
+    if (!has_alloc_host(h_))
+      throw Failure(DDP_ERR_UNSUPPORTED, "alloc_host: this engine's ABI " + std::to_string(DDP_ABI_MAJOR(h_->abi_version)) +
+                                             "." + std::to_string(DDP_ABI_MINOR(h_->abi_version)) +
+                                             " lacks it (it needs ABI 1.1 or newer)");
+    void* p = nullptr;
+    check(h_->alloc_host(h_->ctx, bytes, category, &p));
+    return p;
+  }
+  void free_host(void* p) const {
+    if (has_alloc_host(h_)) h_->free_host(h_->ctx, p);
+  }
   void copy(void* dst, const void* src, size_t bytes, ddp_stream s) const {
     check(h_->copy(h_->ctx, dst, src, bytes, s));
   }
