@@ -7,22 +7,27 @@
 #       then packs its programs, plugins and the shared libraries a bare GPU
 #       machine lacks (OpenBLAS, Gloo, Boost, libstdc++...: everything but
 #       glibc and CUDA's own) into .gpu/ (ignored by git, under 64 MiB).
-#   tools/gpu_check.sh run [--out DIR]
+#   tools/gpu_check.sh run [--out DIR] [--only STAGES]
 #       There, on the GPU machine, from the repository root with .gpu/ beside
-#       it: unpacks, then runs
-#         1. the GPU tests: device (CUDA streams, events, memory), cuda_ops
-#            (update kernels bitwise against the CPU), cuda_kernels (every
-#            model kernel against the CPU), golden (lm-tiny and mlp on CUDA
-#            against PyTorch and the CPU), nccl transport, gloo on CUDA
-#            buffers, and the conformance protocol on device "cuda" with
-#            nccl and gloo for every shipped strategy;
-#         2. ddp bench-comm --device cuda with nccl (world 1 per GPU present)
-#            and gloo (world 2 sharing a GPU), 1MB..1GB;
-#         3. configs/lm-gpu.toml (lm `small`) with each strategy;
+#       it: unpacks, then runs the stages (--only: a comma list of them;
+#       default all, in this order)
+#         tests      the GPU tests: device (CUDA streams, events, memory),
+#                    cuda_ops (update kernels bitwise against the CPU),
+#                    cuda_kernels (every model kernel against the CPU), golden
+#                    (lm-tiny and mlp on CUDA against PyTorch and the CPU),
+#                    nccl transport, gloo on CUDA buffers, and the
+#                    conformance protocol on device "cuda" with nccl and gloo
+#                    for every shipped strategy;
+#         sanitizer  compute-sanitizer memcheck over cuda_kernels_test and
+#                    cuda_ops_test (out-of-bounds and misaligned accesses,
+#                    CUDA API errors), where the machine has compute-sanitizer;
+#         bench      ddp bench-comm --device cuda with nccl (world 1 per GPU
+#                    present) and gloo (world 2 sharing a GPU), 1MB..1GB;
+#         lm         configs/lm-gpu.toml (lm `small`) with each strategy;
 #       and writes DIR/gpu_check.md (the summary: GPU, test counts, tables),
-#       DIR/tests.log, DIR/bench_{nccl,gloo}.{md,json}, DIR/lm_gpu.csv and
-#       DIR/lm_gpu.log (8 files: what the device tool brings back). Exit
-#       status 1 when a test or run failed.
+#       DIR/tests.log, DIR/sanitizer.log, DIR/bench_{nccl,gloo}.json,
+#       DIR/lm_gpu.csv and DIR/lm_gpu.log (at most 8 files: what the device
+#       tool brings back). Exit status 1 when a test or run failed.
 #
 # With the device tool (one call of a lent machine):
 #   tools/gpu_check.sh pack      # here
@@ -42,11 +47,12 @@ die() { say "error: $*"; exit 2; }
 mode=${1:-}
 [ -n "$mode" ] || die "usage: tools/gpu_check.sh pack [--build DIR] | run [--out DIR]"
 shift
-build=build-gpu out=runs/gpu_check
+build=build-gpu out=runs/gpu_check only=tests,sanitizer,bench,lm
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=${2:?--build needs a directory}; shift 2 ;;
     --out) out=${2:?--out needs a directory}; shift 2 ;;
+    --only) only=${2:?--only needs stages}; shift 2 ;;
     *) die "unknown argument '$1'" ;;
   esac
 done
@@ -80,6 +86,10 @@ if [ "$mode" = pack ]; then
 fi
 
 [ "$mode" = run ] || die "unknown mode '$mode' (pack or run)"
+for stage in ${only//,/ }; do
+  case "$stage" in tests|sanitizer|bench|lm) ;; *) die "unknown stage '$stage' in --only (tests, sanitizer, bench, lm)" ;; esac
+done
+wanted() { [[ ",$only," == *",$1,"* ]]; }
 
 # ------------------------------------------------------------------- run
 [ -f .gpu/paths ] || die ".gpu/ is missing: run 'tools/gpu_check.sh pack' first and carry .gpu"
@@ -131,67 +141,102 @@ summary="$out/gpu_check.md"
   echo '```'
 } >"$summary"
 
-# 1. GPU tests: the suites that touch CUDA, through ctest (compiled paths).
-say "GPU tests"
-set +e
-(cd "$root/$build/tests" && ctest -j4 --timeout 300 --output-on-failure \
-   -R 'cuda|nccl|gloo_cuda|Golden|MakeDevice|CudaDevice|OnCuda' ) >"$out/tests.log" 2>&1
-rc=$?
-set -e
-[ $rc -eq 0 ] || status=1
-{
-  echo
-  echo "## GPU tests (ctest -R 'cuda|nccl|gloo_cuda|Golden|MakeDevice|CudaDevice|OnCuda')"
-  echo
-  echo '```'
-  grep -E "tests passed|tests failed|Total Test time" "$out/tests.log" || echo "ctest printed no result (see tests.log)"
-  grep -E "\*\*\*Failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)" "$out/tests.log" | head -40 || true
-  echo "skipped: $(grep -c '(Skipped)' "$out/tests.log" || true)"
-  echo '```'
-} >>"$summary"
+# The tests that touch CUDA (ctest -R is case-sensitive: both spellings).
+gpu_tests='[Cc]uda|[Nn]ccl|Golden|MakeDevice|EventOnDeviceStreams|OnCuda'
 
-# 2. Collectives on GPU buffers.
-say "bench-comm"
-gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c "^GPU" || true)
-[ "$gpus" -ge 1 ] || gpus=1
-set +e
-"$bin/ddp" bench-comm --device cuda --transport nccl --world "$gpus" --sizes 1MB,10MB,100MB,1GB \
-  --out "$out/bench_nccl" >"$out/bench_nccl.md" 2>>"$out/tests.log" || status=1
-"$bin/ddp" bench-comm --device cuda --transport gloo --world 2 --sizes 1MB,10MB,100MB \
-  --ops all_reduce --out "$out/bench_gloo" >"$out/bench_gloo.md" 2>>"$out/tests.log" || status=1
-set -e
-for part in nccl gloo; do
-  [ -f "$out/bench_$part/bench_comm.json" ] && cp "$out/bench_$part/bench_comm.json" "$out/bench_$part.json"
-done
-{
-  echo
-  echo "## bench-comm --device cuda"
-  echo
-  for part in nccl gloo; do
-    if [ -s "$out/bench_$part.md" ]; then cat "$out/bench_$part.md"; else echo "($part: failed, see tests.log)"; fi
-  done
-} >>"$summary"
-
-# 3. lm `small` with every strategy, world 1 (nccl).
-say "lm small"
-echo "strategy,mean_step_s,tokens_per_s,comm_blocked_s,peak_total_bytes,final_loss,status" >"$out/lm_gpu.csv"
-mkdir -p "$out/lm_gpu"
-: >"$out/lm_gpu.log"
-for strategy in naive flat overlap bucketed sharded; do
-  dir="$out/lm_gpu/$strategy"
+# 1. GPU tests, through ctest (compiled paths).
+if wanted tests; then
+  say "GPU tests"
   set +e
-  (cd "$root" && "$bin/ddp" run configs/lm-gpu.toml --set "strategy.plugin=\"$strategy\"" \
-     --set "run.output_dir=\"$dir\"") >"$out/lm_gpu.part" 2>&1
+  (cd "$root/$build/tests" && timeout 420 ctest -j8 --timeout 300 --output-on-failure -R "$gpu_tests") \
+    >"$out/tests.log" 2>&1
   rc=$?
-  { echo "== $strategy (exit $rc)"; cat "$out/lm_gpu.part"; } >>"$out/lm_gpu.log"
-  rm -f "$out/lm_gpu.part"
   set -e
-  if [ $rc -ne 0 ]; then
-    status=1
-    echo "$strategy,,,,,,failed (exit $rc)" >>"$out/lm_gpu.csv"
-    continue
+  [ $rc -eq 0 ] || status=1
+  {
+    echo
+    echo "## GPU tests (ctest -R '$gpu_tests'; exit $rc)"
+    echo
+    echo '```'
+    grep -E "tests passed|tests failed|Total Test time" "$out/tests.log" || echo "ctest printed no result (see tests.log)"
+    grep -E "\*\*\*Failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)|\(Subprocess aborted\)" "$out/tests.log" | head -40 || true
+    echo "skipped: $(grep -c '(Skipped)' "$out/tests.log" || true)"
+    echo '```'
+  } >>"$summary"
+fi
+
+# 2. compute-sanitizer (memcheck) over the kernel tests.
+if wanted sanitizer; then
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | sed -n 1p || true)
+  {
+    echo
+    echo "## compute-sanitizer memcheck"
+    echo
+    echo '```'
+  } >>"$summary"
+  if [ -z "$sanitizer" ]; then
+    echo "compute-sanitizer not found: skipped" >>"$summary"
+  else
+    say "compute-sanitizer"
+    : >"$out/sanitizer.log"
+    for t in cuda_kernels_test cuda_ops_test; do
+      set +e
+      timeout 240 "$sanitizer" --tool memcheck --error-exitcode 3 "$bin/$t" >>"$out/sanitizer.log" 2>&1
+      rc=$?
+      set -e
+      [ $rc -eq 0 ] || status=1
+      echo "$t: exit $rc, $(grep -cE '^========= (Invalid|Program hit|Error)' "$out/sanitizer.log" || true) reports so far" >>"$summary"
+    done
+    grep -E "ERROR SUMMARY" "$out/sanitizer.log" >>"$summary" || true
   fi
-  python3 - "$dir/summary.json" "$strategy" >>"$out/lm_gpu.csv" <<'EOF'
+  echo '```' >>"$summary"
+fi
+
+# 3. Collectives on GPU buffers.
+if wanted bench; then
+  say "bench-comm"
+  gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c "^GPU" || true)
+  [ "$gpus" -ge 1 ] || gpus=1
+  tmp=$(mktemp -d)
+  set +e
+  timeout 240 "$bin/ddp" bench-comm --device cuda --transport nccl --world "$gpus" --sizes 1MB,10MB,100MB,1GB \
+    --out "$tmp/nccl" >"$tmp/nccl.md" 2>>"$out/tests.log" || status=1
+  timeout 240 "$bin/ddp" bench-comm --device cuda --transport gloo --world 2 --sizes 1MB,10MB,100MB \
+    --ops all_reduce --out "$tmp/gloo" >"$tmp/gloo.md" 2>>"$out/tests.log" || status=1
+  set -e
+  {
+    echo
+    echo "## bench-comm --device cuda"
+    echo
+    for part in nccl gloo; do
+      [ -f "$tmp/$part/bench_comm.json" ] && cp "$tmp/$part/bench_comm.json" "$out/bench_$part.json"
+      if [ -s "$tmp/$part.md" ]; then cat "$tmp/$part.md"; else echo "($part: failed, see tests.log)"; fi
+    done
+  } >>"$summary"
+  rm -rf "$tmp"
+fi
+
+# 4. lm `small` with every strategy, world 1 (nccl).
+if wanted lm; then
+  say "lm small"
+  echo "strategy,mean_step_s,tokens_per_s,comm_blocked_s,peak_total_bytes,final_loss,status" >"$out/lm_gpu.csv"
+  mkdir -p "$out/lm_gpu"
+  : >"$out/lm_gpu.log"
+  for strategy in naive flat overlap bucketed sharded; do
+    dir="$out/lm_gpu/$strategy"
+    set +e
+    (cd "$root" && timeout 120 "$bin/ddp" run configs/lm-gpu.toml --set "strategy.plugin=\"$strategy\"" \
+       --set "run.output_dir=\"$dir\"") >"$out/lm_gpu.part" 2>&1
+    rc=$?
+    { echo "== $strategy (exit $rc)"; cat "$out/lm_gpu.part"; } >>"$out/lm_gpu.log"
+    rm -f "$out/lm_gpu.part"
+    set -e
+    if [ $rc -ne 0 ]; then
+      status=1
+      echo "$strategy,,,,,,failed (exit $rc)" >>"$out/lm_gpu.csv"
+      continue
+    fi
+    python3 - "$dir/summary.json" "$strategy" >>"$out/lm_gpu.csv" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
 steps = s["step_time_s"][3:] or s["step_time_s"]
@@ -200,15 +245,16 @@ blocked = s["comm_blocked_s"][3:] or s["comm_blocked_s"]
 print(f'{sys.argv[2]},{mean:.5f},{s.get("tokens_per_s", 0):.0f},{sum(blocked) / len(blocked):.5f},'
       f'{s["peak_bytes"]["before_optimizer_step"]["total"]},{s["loss"][-1]:.4f},ok')
 EOF
-done
-{
-  echo
-  echo "## lm small (configs/lm-gpu.toml), world 1, step time without the first 3 steps"
-  echo
-  echo '```'
-  cat "$out/lm_gpu.csv"
-  echo '```'
-} >>"$summary"
-rm -rf "$out/lm_gpu" "$out/bench_nccl" "$out/bench_gloo"
+  done
+  {
+    echo
+    echo "## lm small (configs/lm-gpu.toml), world 1, step time without the first 3 steps"
+    echo
+    echo '```'
+    cat "$out/lm_gpu.csv"
+    echo '```'
+  } >>"$summary"
+  rm -rf "$out/lm_gpu"
+fi
 cat "$summary"
 exit $status
