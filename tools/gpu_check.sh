@@ -23,7 +23,8 @@
 #                    CUDA API errors), where the machine has compute-sanitizer;
 #         bench      ddp bench-comm --device cuda with nccl (world 1 per GPU
 #                    present) and gloo (world 2 sharing a GPU), 1MB..1GB;
-#         lm         configs/lm-gpu.toml (lm `small`) with each strategy;
+#         lm         configs/lm-gpu.toml (lm `small`) with each strategy, and
+#                    the same model in PyTorch on the GPU (pytorch_ddp_bench.py);
 #       and writes DIR/gpu_check.md (the summary: GPU, test counts, tables),
 #       DIR/tests.log, DIR/sanitizer.log, DIR/bench_{nccl,gloo}.json,
 #       DIR/lm_gpu.csv and DIR/lm_gpu.log (at most 8 files: what the device
@@ -246,6 +247,23 @@ print(f'{sys.argv[2]},{mean:.5f},{s.get("tokens_per_s", 0):.0f},{sum(blocked) / 
       f'{s["peak_bytes"]["before_optimizer_step"]["total"]},{s["loss"][-1]:.4f},ok')
 EOF
   done
+  # The same model and steps in PyTorch on this GPU (float32, TF32 off), where
+  # the machine's python3 has torch.
+  set +e
+  timeout 120 python3 tools/pytorch_ddp_bench.py --device cuda --world 1 --preset small --batch 8 \
+    --warmup 3 --steps 17 >"$out/lm_gpu.part" 2>>"$out/lm_gpu.log"
+  rc=$?
+  set -e
+  if [ $rc -eq 0 ]; then
+    python3 - "$out/lm_gpu.part" >>"$out/lm_gpu.csv" <<'EOF'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+print(f'pytorch-single (torch {r["torch"]}),{r["step_s_mean"]:.5f},{8 * 256 / r["step_s_mean"]:.0f},,,{r["final_loss"]:.4f},ok')
+EOF
+  else
+    echo "pytorch-single,,,,,,failed (exit $rc)" >>"$out/lm_gpu.csv"
+  fi
+  rm -f "$out/lm_gpu.part"
   {
     echo
     echo "## lm small (configs/lm-gpu.toml), world 1, step time without the first 3 steps"

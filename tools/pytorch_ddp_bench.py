@@ -1,15 +1,19 @@
 #!/usr/bin/python3
 """PyTorch baseline for the engine's benchmarks: trains `lm` or `mlp` with PyTorch's own
-torch.nn.parallel.DistributedDataParallel (gloo, CPU) and times the steps.
+torch.nn.parallel.DistributedDataParallel (gloo on the CPU, nccl on GPUs) and times the steps.
 
 usage (from anywhere; Debian's python3 with torch 1.13, not the pyenv python):
   /usr/bin/python3 tools/pytorch_ddp_bench.py [--world N] [--batch B] [--steps S] [--warmup W]
       [--preset lm-cpu | --model mlp --width 1024 --depth 8 --classes 10] [--bucket-cap-mb 25]
+      [--device cpu | cuda]
 
   --world N        ranks (default 2): N processes (torch.multiprocessing spawn), gloo over
                    127.0.0.1 on a free port, each rank wrapped in DistributedDataParallel
                    with its defaults (bucket_cap_mb 25, broadcast_buffers, ...).
                    --world 1: one process, plain model, no DDP and no process group.
+  --device cuda    one GPU per rank (rank r on GPU r), nccl instead of gloo, float32 with
+                   TF32 off (as the engine's cuBLAS calls); each step ends with
+                   torch.cuda.synchronize(), so its time is the GPU's too.
   --batch B        rows per rank (default 8); an lm row is context_length + 1 tokens
   --steps S        timed steps (default 20), after --warmup W untimed ones (default 3)
   --threads T      torch threads per rank (default 1: torch.set_num_threads(1))
@@ -69,12 +73,16 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout-s", type=float, default=300.0, help="gloo timeout")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="process group timeout")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     a = p.parse_args(argv)
     if a.world < 1 or a.batch < 1 or a.steps < 1 or a.warmup < 0 or a.threads < 1:
         p.error("--world, --batch, --steps, --threads must be >= 1 and --warmup >= 0")
     if a.model == "mlp" and (a.width < 1 or a.depth < 0 or a.classes < 2):
         p.error("mlp needs --width >= 1, --depth >= 0, --classes >= 2")
+    if a.device == "cuda" and torch.cuda.device_count() < a.world:
+        p.error(f"--device cuda --world {a.world} needs a GPU per rank; this machine has "
+                f"{torch.cuda.device_count()}")
     return a
 
 
@@ -105,21 +113,39 @@ def build(a):
     return model, loss_fn, batches, "mlp"
 
 
+def to_device(batch, device):
+    if isinstance(batch, tuple):
+        return tuple(t.to(device) for t in batch)
+    return batch.to(device)
+
+
 def train(a):
     """Runs warm-up + timed steps on this rank; returns the result dict (meaningful on rank 0)."""
     torch.set_num_threads(a.threads)
     model, loss_fn, batches, label = build(a)
     n_params = sum(p.numel() for p in model.parameters())
+    cuda = a.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(a.rank)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        model = model.cuda()
+        batches = [to_device(b, "cuda") for b in batches]
     if a.world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_cap_mb)
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=a.bucket_cap_mb, device_ids=[a.rank] if cuda else None)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
     times = []
     for step, batch in enumerate(batches):
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model, batch)
         loss.backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         if step >= a.warmup:
             times.append(dt)
@@ -135,6 +161,7 @@ def train(a):
         "steps": a.steps,
         "warmup": a.warmup,
         "threads": a.threads,
+        "device": a.device,
         "parameters": n_params,
         "final_loss": float(loss.detach()),
         "torch": torch.__version__,
@@ -146,7 +173,7 @@ def rank_main(rank, a, port, results):
     a.rank = rank
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=a.world,
+    dist.init_process_group("nccl" if a.device == "cuda" else "gloo", rank=rank, world_size=a.world,
                             timeout=datetime.timedelta(seconds=a.timeout_s))
     try:
         out = train(a)
