@@ -1,11 +1,26 @@
 // gpu.h — whether this machine has a usable GPU, for tests of the GPU path
-// that must skip (GTEST_SKIP, with the reason) where none is. Any error of
-// cudaGetDeviceCount counts as none: without a driver the runtime returns
-// cudaErrorInsufficientDriver, not "no device".
+// that must skip (GTEST_SKIP, with the reason) where none is.
+//
+// - Counted in a forked child: the CUDA driver does not survive fork(), and
+//   a test that forks ranks (tests/multirank.h, the conformance harness)
+//   would give them a CUDA that fails with "initialization error" if this
+//   process had initialised it, even only to count devices.
+// - Any error of cudaGetDeviceCount counts as none: without a driver the
+//   runtime returns cudaErrorInsufficientDriver, not "no device".
+// - DDP_EXPECT_GPU=1 (tools/gpu_check.sh sets it) says the machine has a GPU:
+//   there, finding none fails the test instead of skipping it, so that a
+//   driver the build cannot use is not a green run of skipped tests.
 #pragma once
+
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
 #include <string>
 
 namespace ddp::test {
@@ -18,23 +33,58 @@ struct Gpus {
 inline const Gpus& gpus() {
   static const Gpus found = [] {
     Gpus g;
-    const cudaError_t e = cudaGetDeviceCount(&g.count);
-    if (e != cudaSuccess) {
-      g.count = 0;
-      g.why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
-      cudaGetLastError();  // clear it
-    } else if (g.count == 0) {
-      g.why = "cudaGetDeviceCount: 0 devices";
+    int fds[2];
+    if (pipe(fds) != 0) {
+      g.why = "pipe failed";
+      return g;
     }
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      int n = 0;
+      const cudaError_t e = cudaGetDeviceCount(&n);
+      const std::string out = e != cudaSuccess
+                                   ? "0 cudaGetDeviceCount: " + std::string(cudaGetErrorString(e))
+                                   : std::to_string(n) + " cudaGetDeviceCount: 0 devices";
+      const ssize_t written = write(fds[1], out.data(), out.size());
+      _exit(written == static_cast<ssize_t>(out.size()) ? 0 : 1);
+    }
+    close(fds[1]);
+    std::string text;
+    char chunk[256];
+    ssize_t got;
+    while (pid > 0 && (got = read(fds[0], chunk, sizeof chunk)) > 0) text.append(chunk, static_cast<size_t>(got));
+    close(fds[0]);
+    if (pid > 0) waitpid(pid, nullptr, 0);
+    std::istringstream in(text);
+    in >> g.count;
+    std::getline(in >> std::ws, g.why);
+    if (!in && g.why.empty()) g.why = pid < 0 ? "fork failed" : "no answer from the child that counts GPUs";
+    if (g.count > 0) g.why.clear();
     return g;
   }();
   return found;
 }
 
+// "N (the runtime's words)", or "N" where there are GPUs.
+inline std::string describe(const Gpus& g) {
+  return std::to_string(g.count) + (g.why.empty() ? "" : " (" + g.why + ")");
+}
+
+inline bool gpu_expected() {
+  const char* v = std::getenv("DDP_EXPECT_GPU");
+  return v && *v && std::string(v) != "0";
+}
+
 }  // namespace ddp::test
 
-// First statement of a test that needs n GPUs.
-#define DDP_REQUIRE_GPUS(n)                                                                  \
-  if (::ddp::test::gpus().count < (n))                                                       \
-  GTEST_SKIP() << "needs " << (n) << " GPU(s); this machine has " << ::ddp::test::gpus().count \
-               << " (" << ::ddp::test::gpus().why << ")"
+// First statement of a test that needs n GPUs, counted by `found` (a Gpus).
+#define DDP_REQUIRE_GPUS_OF(found, n)                                                                      \
+  if ((found).count >= (n)) {                                                                              \
+  } else if ((found).count == 0 && ::ddp::test::gpu_expected())                                            \
+    GTEST_FAIL() << "DDP_EXPECT_GPU is set, but this machine has " << ::ddp::test::describe(found);       \
+  else                                                                                                     \
+    GTEST_SKIP() << "needs " << (n) << " GPU(s); this machine has " << ::ddp::test::describe(found)
+
+#define DDP_REQUIRE_GPUS(n) DDP_REQUIRE_GPUS_OF(::ddp::test::gpus(), n)

@@ -41,6 +41,7 @@
 #include "config.h"
 #include "device.h"
 #include "exports.h"
+#include "gpu.h"
 #include "host.h"
 #include "multirank.h"
 #include "plugin_loader.h"
@@ -58,52 +59,8 @@ void cuda(cudaError_t e, const char* what) {
 
 // ------------------------------------------------------------ GPU presence
 
-struct Gpus {
-  int count = 0;
-  std::string why;  // when count == 0
-};
-
-// Counted in a child process (see the header comment); any cudaGetDeviceCount
-// error counts as no GPU (without a driver it is cudaErrorInsufficientDriver).
-const Gpus& gpus() {
-  static const Gpus found = [] {
-    Gpus g;
-    int fds[2];
-    if (pipe(fds) != 0) {
-      g.why = "pipe failed";
-      return g;
-    }
-    std::fflush(nullptr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      close(fds[0]);
-      int n = 0;
-      cudaError_t e = cudaGetDeviceCount(&n);
-      std::string out = e != cudaSuccess ? "0 cudaGetDeviceCount: " + std::string(cudaGetErrorString(e))
-                                         : std::to_string(n) + " cudaGetDeviceCount: 0 devices";
-      const ssize_t written = write(fds[1], out.data(), out.size());
-      _exit(written == static_cast<ssize_t>(out.size()) ? 0 : 1);
-    }
-    close(fds[1]);
-    std::string text;
-    char chunk[256];
-    ssize_t got;
-    while ((got = read(fds[0], chunk, sizeof chunk)) > 0) text.append(chunk, static_cast<size_t>(got));
-    close(fds[0]);
-    if (pid > 0) waitpid(pid, nullptr, 0);
-    std::istringstream in(text);
-    in >> g.count;
-    std::getline(in >> std::ws, g.why);
-    if (g.why.empty()) g.why = "no answer from the child that counts GPUs";
-    return g;
-  }();
-  return found;
-}
-
-#define REQUIRE_GPUS(n)                                                                              \
-  if (gpus().count < (n))                                                                            \
-  GTEST_SKIP() << "needs " << (n) << " GPU(s); this machine has " << gpus().count << " ("            \
-               << gpus().why << ")"
+using test::gpus;  // counted in a child (gpu.h)
+#define REQUIRE_GPUS(n) DDP_REQUIRE_GPUS_OF(gpus(), n)
 
 // ------------------------------------------------------- a minimal ddp_host
 
