@@ -105,6 +105,9 @@ class Stream {
   virtual void synchronize();
   bool failed() const;
   std::string error() const;
+  // Whether the calling thread is running a device stream's task (a CUDA
+  // host function), where no call into the device is allowed.
+  static bool in_device_task();
   const std::string& name() const { return name_; }
   // Whether enqueue returns before the work ran (false: inline).
   bool threaded() const { return threaded_; }
@@ -162,7 +165,11 @@ class Event {
   // Blocks until complete; throws Error with the stream's message on failure,
   // or when `limit` passes first (a stuck collective).
   void synchronize(std::chrono::milliseconds limit = std::chrono::milliseconds::max());
-  bool query();  // true once complete (or failed)
+  // True once complete, or failed (CPU); on a device stream once the device
+  // has passed it, even if the stream failed before (error() says).
+  bool query();
+  // The failure of a completed event ("" if none): its stream's message.
+  std::string error();
   // Makes `stream` wait (without blocking the caller, unless inline); the
   // wait fails the stream if `limit` passes first, or if the event failed.
   void make_wait(Stream& stream, std::chrono::milliseconds limit = std::chrono::milliseconds::max());

@@ -64,6 +64,17 @@ struct HostCallbacks {
   static PluginHost& self(void* ctx) { return *static_cast<PluginHost*>(ctx); }
   static HostServices& svc(void* ctx) { return self(ctx).services_; }
 
+  // Entries that call into the device are refused inside a device stream's
+  // host function (CUDA forbids CUDA calls there: they may fail, or
+  // deadlock, as a blocking allocation would). Sets the text.
+  static bool in_host_function(const char* entry) {
+    if (!Stream::in_device_task()) return false;
+    t_plugin_error = std::string(entry) +
+                     ": not allowed inside a host function on a device stream (CUDA allows no CUDA "
+                     "calls there): call it at enqueue time, on the calling thread";
+    return true;
+  }
+
   static void log(void* ctx, ddp_log_level level, const char* message) {
     static const char* kLevels[] = {"debug", "info", "warning", "error"};
     if (level == DDP_LOG_DEBUG && !std::getenv("DDP_DEBUG")) return;
@@ -95,6 +106,7 @@ struct HostCallbacks {
   }
 
   static ddp_status alloc(void* ctx, size_t bytes, ddp_mem_category category, void** out) {
+    if (in_host_function("alloc")) return DDP_ERR_UNSUPPORTED;
     if (category < 0 || category >= DDP_MEM_CATEGORY_COUNT) {
       t_plugin_error = "alloc: unknown memory category " + std::to_string(category);
       return DDP_ERR_INVALID_ARGUMENT;
@@ -103,6 +115,7 @@ struct HostCallbacks {
                    DDP_ERR_OUT_OF_MEMORY);
   }
   static void free(void* ctx, void* ptr) {
+    if (in_host_function("free")) return log(ctx, DDP_LOG_ERROR, t_plugin_error.c_str());  // leaks: never blocks
     try {
       svc(ctx).device->free(ptr);
     } catch (const std::exception& e) {  // never across the ABI
@@ -111,6 +124,7 @@ struct HostCallbacks {
   }
 
   static ddp_status alloc_host(void* ctx, size_t bytes, ddp_mem_category category, void** out) {
+    if (in_host_function("alloc_host")) return DDP_ERR_UNSUPPORTED;
     if (category < 0 || category >= DDP_MEM_CATEGORY_COUNT) {
       t_plugin_error = "alloc_host: unknown memory category " + std::to_string(category);
       return DDP_ERR_INVALID_ARGUMENT;
@@ -119,6 +133,7 @@ struct HostCallbacks {
                    DDP_ERR_OUT_OF_MEMORY);
   }
   static void free_host(void* ctx, void* ptr) {
+    if (in_host_function("free_host")) return log(ctx, DDP_LOG_ERROR, t_plugin_error.c_str());
     try {
       svc(ctx).device->free_host(ptr);
     } catch (const std::exception& e) {  // never across the ABI
@@ -127,9 +142,11 @@ struct HostCallbacks {
   }
 
   static ddp_status copy(void* ctx, void* dst, const void* src, size_t bytes, ddp_stream stream) {
+    if (in_host_function("copy")) return DDP_ERR_UNSUPPORTED;
     return guarded([&] { svc(ctx).device->copy(dst, src, bytes, *to_stream(stream)); });
   }
   static ddp_status fill(void* ctx, const ddp_buffer* buf, double value, ddp_stream stream) {
+    if (in_host_function("fill")) return DDP_ERR_UNSUPPORTED;
     if (buf->dtype != DDP_FLOAT32) return unsupported_dtype("fill");
     return guarded([&] {
       svc(ctx).device->fill(static_cast<float*>(buf->ptr), buf->count, static_cast<float>(value),
@@ -137,6 +154,7 @@ struct HostCallbacks {
     });
   }
   static ddp_status scale(void* ctx, const ddp_buffer* buf, double factor, ddp_stream stream) {
+    if (in_host_function("scale")) return DDP_ERR_UNSUPPORTED;
     if (buf->dtype != DDP_FLOAT32) return unsupported_dtype("scale");
     return guarded([&] {
       svc(ctx).device->scale(static_cast<float*>(buf->ptr), buf->count, static_cast<float>(factor),
@@ -151,6 +169,7 @@ struct HostCallbacks {
   static ddp_stream compute_stream(void* ctx) { return from_stream(svc(ctx).device->compute_stream()); }
   static ddp_stream comm_stream(void* ctx) { return from_stream(svc(ctx).device->comm_stream()); }
   static ddp_status launch_host_func(void*, ddp_stream stream, ddp_host_func fn, void* user) {
+    if (in_host_function("launch_host_func")) return DDP_ERR_UNSUPPORTED;
     return guarded([&] {
       to_stream(stream)->enqueue([fn, user](bool cancelled) {
         if (fn(user, cancelled ? 1 : 0) != DDP_OK && !cancelled) throw Error(take_plugin_error());
@@ -163,11 +182,13 @@ struct HostCallbacks {
   }
   static void event_destroy(void*, ddp_event event) { delete to_event(event); }
   static ddp_status event_record(void*, ddp_event event, ddp_stream stream) {
+    if (in_host_function("event_record")) return DDP_ERR_UNSUPPORTED;
     return guarded([&] { to_event(event)->record(*to_stream(stream)); });
   }
   // A wait on an inline stream (CPU compute) blocks the training thread, so
   // it counts as exposed communication time just like event_synchronize.
   static ddp_status stream_wait_event(void* ctx, ddp_stream stream, ddp_event event) {
+    if (in_host_function("stream_wait_event")) return DDP_ERR_UNSUPPORTED;
     auto start = Clock::now();
     ddp_status status =
         guarded([&] { to_event(event)->make_wait(*to_stream(stream), svc(ctx).wait_limit()); }, DDP_ERR_COMM);
@@ -175,6 +196,7 @@ struct HostCallbacks {
     return status;
   }
   static ddp_status event_synchronize(void* ctx, ddp_event event) {
+    if (in_host_function("event_synchronize")) return DDP_ERR_UNSUPPORTED;
     auto start = Clock::now();
     ddp_status status = guarded([&] { to_event(event)->synchronize(svc(ctx).wait_limit()); }, DDP_ERR_COMM);
     add_blocked(ctx, start);
@@ -185,7 +207,15 @@ struct HostCallbacks {
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
   }
   static ddp_status event_query(void*, ddp_event event, int* done) {
-    return guarded([&] { *done = to_event(event)->query() ? 1 : 0; }, DDP_ERR_COMM);
+    if (in_host_function("event_query")) return DDP_ERR_UNSUPPORTED;
+    // Done and failed: the failure, as the ABI says (*done is still 1).
+    return guarded([&] {
+      *done = to_event(event)->query() ? 1 : 0;
+      if (*done) {
+        const std::string error = to_event(event)->error();
+        if (!error.empty()) throw Error(error);
+      }
+    }, DDP_ERR_COMM);
   }
   static void* stream_native(void*, ddp_stream stream) { return to_stream(stream)->native(); }  // CPU: null
 
@@ -210,6 +240,7 @@ struct HostCallbacks {
   }
 
   static ddp_status run_optimizer(void* ctx, const size_t* indices, size_t count) {
+    if (in_host_function("run_optimizer")) return DDP_ERR_UNSUPPORTED;
     return guarded([&] {
       HostServices& s = svc(ctx);
       s.optimizer->step(s.model->params(), indices, count);

@@ -308,6 +308,10 @@ class RankRun {
     // The step ends when the device has done it (a no-op on the CPU, whose
     // compute stream is the training thread).
     device_->compute_stream().synchronize();
+    // A strategy may order compute after communication on the device
+    // (stream_wait_event), which on a GPU carries no failure across: a
+    // collective of this step that failed fails the step here.
+    if (device_->comm_stream().failed()) throw Error(device_->comm_stream().error());
     rec.optimizer_s = seconds_since(t) - (c.blocked_ns - blocked_before_optimizer) * 1e-9;
     trace_range("optimizer", m);
     take_peaks(device_->memory(), mem_after_optimizer_);

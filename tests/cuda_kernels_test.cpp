@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <random>
@@ -413,7 +414,9 @@ TEST(CudaKernels, SwiGluMatchesCpu) {
   DDP_REQUIRE_GPUS(1);
   Both k;
   std::mt19937 rng(8);
-  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{100003}}) {
+  // The last size is beyond one grid's 65536 x 256 threads: the grid-stride
+  // loop takes a second lap (as the lm's larger elementwise passes do).
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{100003}, (int64_t{65536} << 8) + 1001}) {
     SCOPED_TRACE(shape({{"n", n}}));
     const Vec a = uniform(n, rng, -6.0f, 6.0f), b = uniform(n, rng), dout = uniform(n, rng);
     Buf<float> ga(a), gb(b), gdout(dout);
@@ -520,8 +523,9 @@ TEST(CudaKernels, MseMatchesCpu) {
 
 // ---- determinism -------------------------------------------------------------------------
 
-// The reductions (scatter-add, column sums, row reductions, loss sums, the
-// GEMMs) run in a fixed order: two runs give the same bits.
+// The reductions (scatter-add, column sums, row reductions, loss sums) and
+// the GEMMs (one cuBLAS handle on one stream) run in a fixed order: two runs
+// give the same bits.
 TEST(CudaKernels, RepeatedRunsAreBitwiseEqual) {
   DDP_REQUIRE_GPUS(1);
   Both k;
@@ -533,8 +537,28 @@ TEST(CudaKernels, RepeatedRunsAreBitwiseEqual) {
   Buf<int32_t> gtok(tokens);
   Buf<float> gdout(dout), gx(x), gg(g), glogits(logits);
 
+  // A linear layer (cuBLAS: forward, both backward GEMMs) and attention
+  // (strided-batched GEMMs, softmax) over 4 sequences.
+  const int64_t out = 40, b = 4, t = 50, heads = 2, dh = 16;
+  const Vec w = uniform(out * d, rng), dy = uniform(n * out, rng);
+  const Vec q = uniform(b * t * heads * dh, rng), kv = uniform(b * t * heads * dh, rng);
+  Buf<float> gw(w), gdy(dy), gq(q), gkv(kv);
+
   auto run = [&] {
     std::vector<Vec> results;
+    Buf<float> y_lin = Buf<float>::nan(n * out), dx_lin = Buf<float>::nan(n * d), dw(Vec(out * d, 0.0f));
+    k.gpu->linear_forward(y_lin.get(), gx.get(), gw.get(), n, d, out, false);
+    k.gpu->linear_backward_input(dx_lin.get(), gdy.get(), gw.get(), n, d, out, false);
+    k.gpu->linear_backward_weight(dw.get(), gdy.get(), gx.get(), n, d, out);
+    const size_t qsize = q.size(), psize = size_t(b * heads * t * t);
+    Buf<float> att = Buf<float>::nan(qsize), p = Buf<float>::nan(psize), dq = Buf<float>::nan(qsize),
+               dk = Buf<float>::nan(qsize), dv = Buf<float>::nan(qsize),
+               scratch = Buf<float>::nan(k.gpu->attention_scratch_floats(b, t, heads));
+    k.gpu->attention_forward(att.get(), p.get(), gq.get(), gkv.get(), gkv.get(), b, t, heads, dh);
+    k.gpu->attention_backward(dq.get(), dk.get(), dv.get(), scratch.get(), gq.get(), p.get(), gq.get(),
+                              gkv.get(), gkv.get(), b, t, heads, dh);
+    for (const Buf<float>* buf : {&y_lin, &dx_lin, &dw, &att, &p, &dq, &dk, &dv}) results.push_back(k.get(*buf));
+
     Buf<float> dtable(dtable0), db(Vec(d, 0.0f)), rms = Buf<float>::nan(n);
     Buf<float> y = Buf<float>::nan(n * d), dx = Buf<float>::nan(n * d), dg(Vec(d, 0.0f));
     Buf<float> lse = Buf<float>::nan(n);
@@ -551,8 +575,11 @@ TEST(CudaKernels, RepeatedRunsAreBitwiseEqual) {
     return results;
   };
   const std::vector<Vec> first = run(), second = run();
-  const char* names[] = {"embedding dtable", "bias db",    "rms", "rmsnorm y",
-                         "rmsnorm dx",       "rmsnorm dg", "lse", "losses"};
+  const char* names[] = {"linear y", "linear dx", "linear dw", "attention out", "attention p",
+                         "attention dq", "attention dk", "attention dv",
+                         "embedding dtable", "bias db", "rms", "rmsnorm y",
+                         "rmsnorm dx", "rmsnorm dg", "lse", "losses"};
+  ASSERT_EQ(first.size(), std::size(names));
   for (size_t i = 0; i < first.size(); ++i) expect_equal(names[i], second[i], first[i]);
 }
 

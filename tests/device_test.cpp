@@ -1,7 +1,9 @@
 // device_test.cpp — the CPU device without communication: memory accounting
 // (current and peak per category), CpuDevice allocation, in-order streams,
-// sticky stream failure and how events report it, cross-stream waits, and
-// inline streams.
+// sticky stream failure and how events report it, cross-stream waits,
+// inline streams; events on device-like streams (native events, as on a
+// GPU), and the plugin host's rules there (device calls refused inside a
+// device stream's host function, a failed event's error from event_query).
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -13,7 +15,9 @@
 
 #include <gtest/gtest.h>
 
+#include "config.h"
 #include "device.h"
+#include "host.h"
 #if DDP_WITH_CUDA
 #include "gpu.h"
 #endif
@@ -522,6 +526,123 @@ TEST(EventOnDeviceStreams, AFailedHostTaskFailsLaterEvents) {
     EXPECT_STREQ(err.what(), "transport exploded");
   }
   EXPECT_TRUE(e.query());  // failed counts as complete
+}
+
+// After a failure the device still runs the work before the point (its
+// kernels and copies): the event is done only once the device passed it,
+// so memory that work uses is not freed early; the failure is error()'s.
+TEST(EventOnDeviceStreams, AFailedStreamsEventIsDoneOnlyWhenTheDevicePassedIt) {
+  DeviceLikeStream a("a");
+  std::atomic<bool> release{false};
+  a.enqueue([](bool) { throw std::runtime_error("transport exploded"); });
+  a.enqueue([&](bool) {  // device work: runs although the stream has failed
+    while (!release) std::this_thread::sleep_for(1ms);
+  });
+  Event e;
+  e.record(a);
+  while (!a.failed()) std::this_thread::sleep_for(1ms);
+  EXPECT_FALSE(e.query());
+  release = true;
+  EXPECT_EQ(error_of([&] { e.synchronize(5000ms); }), "transport exploded");
+  EXPECT_TRUE(e.query());
+  EXPECT_EQ(e.error(), "transport exploded");
+}
+
+// Tasks of a device stream (CUDA host functions) are flagged; CPU streams'
+// tasks and the caller are not.
+TEST(EventOnDeviceStreams, DeviceTasksAreFlagged) {
+  DeviceLikeStream a("a");
+  Stream cpu("cpu", /*threaded=*/true);
+  std::atomic<int> on_device{-1}, on_cpu{-1};
+  a.enqueue([&](bool) { on_device = Stream::in_device_task(); });
+  cpu.enqueue([&](bool) { on_cpu = Stream::in_device_task(); });
+  a.synchronize();
+  cpu.synchronize();
+  EXPECT_EQ(on_device.load(), 1);
+  EXPECT_EQ(on_cpu.load(), 0);
+  EXPECT_FALSE(Stream::in_device_task());
+}
+
+// Inside such a task the plugin host refuses every entry that reaches the
+// device, by name, and still serves the rest.
+TEST(EventOnDeviceStreams, HostRefusesDeviceCallsInsideADeviceTask) {
+  CpuDevice device;
+  HostServices services;
+  services.device = &device;
+  const PluginSection section = plugin_section_from_overrides("strategy", {});
+  PluginHost plugin_host(services, section, "strategy plugin 'test'");
+  const ddp_host* h = plugin_host.get();
+  DeviceLikeStream a("a");
+  const ddp_stream stream = reinterpret_cast<ddp_stream>(&a);
+  float x[4] = {1, 2, 3, 4}, y[4] = {};
+  const ddp_buffer buf{x, 4, DDP_FLOAT32, DDP_DEVICE_CPU};
+  std::vector<std::pair<std::string, ddp_status>> got;
+  std::string error_text;
+  a.enqueue([&](bool) {
+    void* mem = nullptr;
+    ddp_event event = nullptr;
+    int done = 0;
+    got.emplace_back("alloc", h->alloc(h->ctx, 64, DDP_MEM_COMM_BUFFERS, &mem));
+    error_text = take_plugin_error();
+    got.emplace_back("alloc_host", h->alloc_host(h->ctx, 64, DDP_MEM_COMM_BUFFERS, &mem));
+    got.emplace_back("copy", h->copy(h->ctx, y, x, sizeof x, stream));
+    got.emplace_back("fill", h->fill(h->ctx, &buf, 0.0, stream));
+    got.emplace_back("scale", h->scale(h->ctx, &buf, 2.0, stream));
+    got.emplace_back("launch_host_func",
+                     h->launch_host_func(h->ctx, stream, [](void*, int) { return DDP_OK; }, nullptr));
+    got.emplace_back("event_create", h->event_create(h->ctx, &event));
+    got.emplace_back("event_record", h->event_record(h->ctx, event, stream));
+    got.emplace_back("event_query", h->event_query(h->ctx, event, &done));
+    got.emplace_back("event_synchronize", h->event_synchronize(h->ctx, event));
+    got.emplace_back("stream_wait_event", h->stream_wait_event(h->ctx, stream, event));
+    got.emplace_back("run_optimizer", h->run_optimizer(h->ctx, nullptr, 0));
+    h->event_destroy(h->ctx, event);  // never recorded: allowed
+  });
+  a.synchronize();
+  ASSERT_EQ(got.size(), 12u);
+  for (const auto& [entry, status] : got)
+    EXPECT_EQ(status, entry == "event_create" ? DDP_OK : DDP_ERR_UNSUPPORTED) << entry;
+  EXPECT_EQ(error_text,
+            "alloc: not allowed inside a host function on a device stream (CUDA allows no CUDA calls there): "
+            "call it at enqueue time, on the calling thread");
+  EXPECT_EQ(x[0], 1.0f);  // nothing ran
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_EQ(device.memory().current(MemCategory::CommBuffers), 0u);
+  // Outside the task the same host serves them.
+  void* mem = nullptr;
+  EXPECT_EQ(h->alloc(h->ctx, 64, DDP_MEM_COMM_BUFFERS, &mem), DDP_OK);
+  h->free(h->ctx, mem);
+}
+
+// event_query of an event its stream failed before: done, and the failure
+// (as plugin.h says), not a plain "done".
+TEST(HostEvents, QueryOfAFailedEventReturnsItsError) {
+  CpuDevice device;
+  HostServices services;
+  services.device = &device;
+  const PluginSection section = plugin_section_from_overrides("transport", {});
+  PluginHost plugin_host(services, section, "transport plugin 'test'");
+  const ddp_host* h = plugin_host.get();
+  const ddp_stream comm = h->comm_stream(h->ctx);
+  ASSERT_EQ(h->launch_host_func(
+                h->ctx, comm,
+                [](void* host, int) {
+                  auto* hh = static_cast<const ddp_host*>(host);
+                  hh->set_error(hh->ctx, "peer 1 went away");
+                  return DDP_ERR_COMM;
+                },
+                const_cast<ddp_host*>(h)),
+            DDP_OK);
+  ddp_event event = nullptr;
+  ASSERT_EQ(h->event_create(h->ctx, &event), DDP_OK);
+  ASSERT_EQ(h->event_record(h->ctx, event, comm), DDP_OK);
+  EXPECT_EQ(h->event_synchronize(h->ctx, event), DDP_ERR_COMM);
+  EXPECT_EQ(take_plugin_error(), "peer 1 went away");
+  int done = 0;
+  EXPECT_EQ(h->event_query(h->ctx, event, &done), DDP_ERR_COMM);
+  EXPECT_EQ(done, 1);
+  EXPECT_EQ(take_plugin_error(), "peer 1 went away");
+  h->event_destroy(h->ctx, event);
 }
 
 TEST(EventOnDeviceStreams, NativeEventWaitedFromACpuStream) {

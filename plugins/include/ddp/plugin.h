@@ -26,10 +26,18 @@
  *   own type assumptions beyond the fields you know.
  * - Threads: the host calls plugin entries from the training thread only.
  *   Host functions may be called from the training thread and from host
- *   functions running on a stream, with three exceptions: config_* only
- *   inside create/init, alloc_host/free_host never inside a host function,
- *   and nothing may block on the stream it runs on. One event is not used
- *   from two threads at once.
+ *   functions running on a stream, with these exceptions: config_* only
+ *   inside create/init; alloc_host/free_host never inside a host function;
+ *   nothing may block on the stream it runs on; and on a device stream
+ *   (CUDA: a host function runs where CUDA allows no CUDA call) a host
+ *   function may call only log, set_error, param_count, param, store_* and
+ *   event_create: the entries that reach the device (alloc, free, copy,
+ *   fill, scale, launch_host_func, event_record, event_query,
+ *   event_synchronize, stream_wait_event, run_optimizer) return
+ *   DDP_ERR_UNSUPPORTED there, with the reason (free and free_host log it
+ *   and leave the memory), and event_destroy of an event recorded on a
+ *   device stream is not allowed there either. One event is not used from
+ *   two threads at once.
  *
  * Stability: changing or removing anything here is a new major ABI version
  * (a new entry symbol, e.g. ddp_strategy_v2). Adding at the end is a minor.
