@@ -23,8 +23,10 @@
 #                    CUDA API errors), where the machine has compute-sanitizer;
 #         bench      ddp bench-comm --device cuda with nccl (world 1 per GPU
 #                    present) and gloo (world 2 sharing a GPU), 1MB..1GB;
-#         lm         configs/lm-gpu.toml (lm `small`) with each strategy, and
-#                    the same model in PyTorch on the GPU (pytorch_ddp_bench.py);
+#         lm         configs/lm-gpu.toml (lm `small`) with each strategy,
+#                    overlap again with transport.fail_streams = false (the
+#                    cost of nccl's host function per collective), and the
+#                    same model in PyTorch on the GPU (pytorch_ddp_bench.py);
 #       and writes DIR/gpu_check.md (the summary: GPU, test counts, tables),
 #       DIR/tests.log, DIR/sanitizer.log, DIR/bench_{nccl,gloo}.json,
 #       DIR/lm_gpu.csv and DIR/lm_gpu.log (at most 8 files: what the device
@@ -222,31 +224,37 @@ fi
 # 4. lm `small` with every strategy, world 1 (nccl).
 if wanted lm; then
   say "lm small"
-  echo "strategy,mean_step_s,tokens_per_s,comm_blocked_s,peak_total_bytes,final_loss,status" >"$out/lm_gpu.csv"
+  echo "strategy,mean_step_s,tokens_per_s,comm_blocked_s,collectives_per_step,peak_total_bytes,final_loss,status" >"$out/lm_gpu.csv"
   mkdir -p "$out/lm_gpu"
   : >"$out/lm_gpu.log"
-  for strategy in naive flat overlap bucketed sharded; do
-    dir="$out/lm_gpu/$strategy"
+  # The last run repeats overlap (one collective per parameter) without the
+  # nccl plugin's host function after each collective: the difference in
+  # step time is that host function's cost, times the collectives.
+  for variant in naive flat overlap bucketed sharded overlap+no_fail_streams; do
+    strategy=${variant%%+*}
+    extra=()
+    [ "$variant" = "$strategy" ] || extra=(--set transport.fail_streams=false)
+    dir="$out/lm_gpu/$variant"
     set +e
     (cd "$root" && timeout 120 "$bin/ddp" run configs/lm-gpu.toml --set "strategy.plugin=\"$strategy\"" \
-       --set "run.output_dir=\"$dir\"") >"$out/lm_gpu.part" 2>&1
+       --set "run.output_dir=\"$dir\"" "${extra[@]}") >"$out/lm_gpu.part" 2>&1
     rc=$?
-    { echo "== $strategy (exit $rc)"; cat "$out/lm_gpu.part"; } >>"$out/lm_gpu.log"
+    { echo "== $variant (exit $rc)"; cat "$out/lm_gpu.part"; } >>"$out/lm_gpu.log"
     rm -f "$out/lm_gpu.part"
     set -e
     if [ $rc -ne 0 ]; then
       status=1
-      echo "$strategy,,,,,,failed (exit $rc)" >>"$out/lm_gpu.csv"
+      echo "$variant,,,,,,,failed (exit $rc)" >>"$out/lm_gpu.csv"
       continue
     fi
-    python3 - "$dir/summary.json" "$strategy" >>"$out/lm_gpu.csv" <<'EOF'
+    python3 - "$dir/summary.json" "$variant" >>"$out/lm_gpu.csv" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
 steps = s["step_time_s"][3:] or s["step_time_s"]
 mean = sum(steps) / len(steps)
 blocked = s["comm_blocked_s"][3:] or s["comm_blocked_s"]
 print(f'{sys.argv[2]},{mean:.5f},{s.get("tokens_per_s", 0):.0f},{sum(blocked) / len(blocked):.5f},'
-      f'{s["peak_bytes"]["before_optimizer_step"]["total"]},{s["loss"][-1]:.4f},ok')
+      f'{s["collectives"][-1]},{s["peak_bytes"]["before_optimizer_step"]["total"]},{s["loss"][-1]:.4f},ok')
 EOF
   done
   # The same model and steps in PyTorch on this GPU (float32, TF32 off), where
@@ -260,10 +268,10 @@ EOF
     python3 - "$out/lm_gpu.part" >>"$out/lm_gpu.csv" <<'EOF'
 import json, sys
 r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-print(f'pytorch-single (torch {r["torch"]}),{r["step_s_mean"]:.5f},{8 * 256 / r["step_s_mean"]:.0f},,,{r["final_loss"]:.4f},ok')
+print(f'pytorch-single (torch {r["torch"]}),{r["step_s_mean"]:.5f},{8 * 256 / r["step_s_mean"]:.0f},,,,{r["final_loss"]:.4f},ok')
 EOF
   else
-    echo "pytorch-single,,,,,,failed (exit $rc)" >>"$out/lm_gpu.csv"
+    echo "pytorch-single,,,,,,,failed (exit $rc)" >>"$out/lm_gpu.csv"
   fi
   rm -f "$out/lm_gpu.part"
   {
