@@ -327,8 +327,9 @@ struct MeterCallbacks {
   template <typename Call>
   static ddp_status metered(ddp_comm* comm, ddp_stream stream, const char* op, size_t bytes, Call&& call) {
     MeteredTransport& m = self(comm);
-    auto* span = new Span{Clock::time_point(), nullptr, op, int64_t(bytes), 0};
     Stream& s = *to_stream(stream);
+    if (s.native()) return metered_on_device(m, s, op, bytes, std::forward<Call>(call));
+    auto* span = new Span{Clock::time_point(), nullptr, op, int64_t(bytes), 0};
     // A device stream's enqueue can fail (cudaLaunchHostFunc): the error
     // goes back as a status, never as an exception across the C ABI.
     ddp_status queued = guarded([&] {
@@ -360,6 +361,35 @@ struct MeterCallbacks {
       });
     }, DDP_ERR_COMM);
     if (queued != DDP_OK) return queued;
+    if (status == DDP_OK) {
+      m.services_.counters.collectives += 1;
+      m.services_.counters.bytes += static_cast<int64_t>(bytes);
+    }
+    return status;
+  }
+
+  // A device stream: timestamps around the collective, read in settle().
+  template <typename Call>
+  static ddp_status metered_on_device(MeteredTransport& m, Stream& s, const char* op, size_t bytes, Call&& call) {
+    void* begin = nullptr;
+    void* end = nullptr;
+    ddp_status queued = guarded([&] { begin = s.record_timestamp(); }, DDP_ERR_COMM);
+    if (queued != DDP_OK) return queued;
+    ddp_status status;
+    {
+      nvtx::Range range(op);
+      status = call(m.real_, m.real_comm_);
+    }
+    queued = guarded([&] {
+      end = s.record_timestamp();
+      m.pending_.push_back(MeteredTransport::Pending{&s, begin, end, op, int64_t(bytes),
+                                                     status == DDP_OK && m.trace_ ? m.trace_->step() : -1});
+    }, DDP_ERR_COMM);
+    if (queued != DDP_OK) {
+      s.release_timestamp(begin);
+      s.release_timestamp(end);
+      return queued;
+    }
     if (status == DDP_OK) {
       m.services_.counters.collectives += 1;
       m.services_.counters.bytes += static_cast<int64_t>(bytes);
@@ -406,6 +436,31 @@ struct MeterCallbacks {
     if (m.real_->abort) m.real_->abort(m.real_comm_);
   }
 };
+
+MeteredTransport::~MeteredTransport() {
+  for (const Pending& p : pending_) {
+    p.stream->release_timestamp(p.begin);
+    p.stream->release_timestamp(p.end);
+  }
+}
+
+void MeteredTransport::settle(bool wait) {
+  size_t kept = 0;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    const Pending p = pending_[i];
+    if (!wait && !p.stream->timestamp_passed(p.end)) {
+      pending_[kept++] = p;
+      continue;
+    }
+    const Clock::time_point begin = p.stream->resolve_timestamp(p.begin);
+    const Clock::time_point end = p.stream->resolve_timestamp(p.end);
+    p.stream->release_timestamp(p.begin);
+    p.stream->release_timestamp(p.end);
+    services_.counters.busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(end - begin).count();
+    if (trace_ && p.step >= 0) trace_->collective(p.op, p.bytes, p.step, begin, end);
+  }
+  pending_.resize(kept);
+}
 
 MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* comm,
                                    HostServices& services)

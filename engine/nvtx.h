@@ -1,7 +1,9 @@
 // nvtx.h — NVTX ranges for Nsight Systems on GPU builds: the trainer marks
 // forward, backward and the optimizer step on the training thread; the
-// metered transport marks each collective from when the communication
-// stream starts it to when it is done. Without a profiler attached NVTX
+// metered transport marks each collective: on a GPU its enqueue on the
+// training thread (Nsight Systems projects such a range onto the kernels
+// launched in it), on a CPU stream from when the stream starts it to when
+// it is done. Without a profiler attached NVTX
 // calls return at once; in builds without CUDA they compile to nothing.
 #pragma once
 

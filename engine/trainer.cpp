@@ -145,6 +145,11 @@ class RankRun {
       if ((step + 1) % config_.run.log_every == 0 || step + 1 == config_.run.steps) report(step);
     }
     device_->comm_stream().synchronize();
+    // A GPU's collectives still unsettled (a step's last ones may end after
+    // it): their busy time goes to the last step.
+    const int64_t busy_before = services_.counters.busy_ns;
+    plugins_.metered->settle(/*wait=*/true);
+    if (!records_.empty()) records_.back().comm_busy_s += double(services_.counters.busy_ns - busy_before) * 1e-9;
     finish_run(api);
     if (trace_) {
       const auto dir = std::filesystem::path(trace_path_).parent_path();
@@ -312,6 +317,7 @@ class RankRun {
     // (stream_wait_event), which on a GPU carries no failure across: a
     // collective of this step that failed fails the step here.
     if (device_->comm_stream().failed()) throw Error(device_->comm_stream().error());
+    plugins_.metered->settle(/*wait=*/false);  // a GPU's collectives the device has done
     rec.optimizer_s = seconds_since(t) - (c.blocked_ns - blocked_before_optimizer) * 1e-9;
     trace_range("optimizer", m);
     take_peaks(device_->memory(), mem_after_optimizer_);

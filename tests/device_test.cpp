@@ -17,6 +17,7 @@
 
 #include "config.h"
 #include "device.h"
+#include "device_like_stream.h"
 #include "host.h"
 #if DDP_WITH_CUDA
 #include "gpu.h"
@@ -26,6 +27,7 @@ namespace ddp {
 namespace {
 
 using namespace std::chrono_literals;
+using test::DeviceLikeStream;
 
 // The message `f` throws as ddp::Error, or "" if it does not throw.
 template <typename F>
@@ -437,55 +439,7 @@ TEST(Event, ReRecordingKeepsEarlierWaitersOnTheOldPoint) {
 
 
 // ------------------------------------------------- events on device streams
-
-// A stream with a device's interface, for Event's native path on any
-// machine: its work runs on an executor thread (a CPU stream inside), its
-// "native events" are positions in that work, and a native wait is a task
-// that waits for the other stream's position. (The CUDA device's streams
-// are exercised for real in CudaDevice.StreamsEventsAndMemory, on a GPU.)
-class DeviceLikeStream final : public Stream {
- public:
-  explicit DeviceLikeStream(const std::string& name) : Stream(name, static_cast<void*>(&inner_)) {}
-  ~DeviceLikeStream() override { inner_.synchronize_quietly(); }
-
-  void enqueue(Task task) override {
-    ++queued_;
-    inner_.enqueue([this, task = std::move(task)](bool) mutable {
-      run(task);  // records a failure on this stream, as a device's host task does
-      ++ran_;
-    });
-  }
-  void synchronize() override {
-    inner_.synchronize();
-    if (failed()) throw Error(error());
-  }
-  void* create_native_event() override { return new std::atomic<int64_t>(0); }
-  void record_native_event(void* event) override { static_cast<std::atomic<int64_t>*>(event)->store(queued_); }
-  void wait_native_event(void* event) override {
-    const int64_t point = static_cast<std::atomic<int64_t>*>(event)->load();
-    DeviceLikeStream* source = last_recorder_;  // set by the test: whose position the event is
-    enqueue([source, point](bool) {
-      while (source->ran_ < point) std::this_thread::sleep_for(1ms);
-    });
-  }
-  bool query_native_event(void* event) override { return ran_ >= static_cast<std::atomic<int64_t>*>(event)->load(); }
-  NativeEventDestroy native_event_destroyer() const override {
-    return [](void* event) { delete static_cast<std::atomic<int64_t>*>(event); };
-  }
-  DeviceLikeStream* last_recorder_ = nullptr;
-
- private:
-  struct Inner : Stream {
-    Inner() : Stream("inner", /*threaded=*/true) {}
-    void synchronize_quietly() {
-      try {
-        Stream::synchronize();
-      } catch (const std::exception&) {
-      }
-    }
-  } inner_;
-  std::atomic<int64_t> queued_{0}, ran_{0};
-};
+// (through tests/device_like_stream.h: a GPU stream's interface on the CPU)
 
 TEST(EventOnDeviceStreams, RecordQuerySynchronizeAndNativeWait) {
   DeviceLikeStream a("a"), b("b");

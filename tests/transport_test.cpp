@@ -12,6 +12,7 @@
 // skip for others.
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -31,6 +32,7 @@
 
 #include "config.h"
 #include "device.h"
+#include "device_like_stream.h"
 #include "host.h"
 #include "multirank.h"
 #include "plugin_loader.h"
@@ -190,6 +192,54 @@ TEST(HostAbi, AllocHostThroughPluginHpp) {
     EXPECT_STREQ(f.what(), "alloc_host: this engine's ABI 1.0 lacks it (it needs ABI 1.1 or newer)");
   }
   EXPECT_EQ(device.memory().current(MemCategory::CommBuffers), 0u);
+}
+
+// The metered transport (what strategies call) on a device stream, as on a
+// GPU: timestamps around each collective instead of host tasks, counted
+// only when settled, and settle(false) only those the device has passed.
+// One rank, in a forked child (the parent stays free of Gloo).
+TEST(MeteredTransport, OnADeviceStreamCountsBusyTimeWhenSettled) {
+  EXPECT_RANKS_OK(run_ranks(1, [](int, const std::string& dir) {
+    CpuDevice device;
+    Store store("file:" + dir, "metered", std::chrono::milliseconds(30000));
+    HostServices services;
+    services.device = &device;
+    services.store = &store;
+    const PluginSection section = plugin_section_from_overrides("transport", g_sets);
+    PluginHost host(services, section, "transport plugin '" + g_transport + "'");
+    auto plugin = load_plugin(PluginKind::Transport, g_transport, DDP_TEST_PLUGIN_DIR);
+    ddp_comm* comm = nullptr;
+    host.check(plugin->transport()->init(host.get(), &comm), "init");
+    {
+      test::DeviceLikeStream stream("comm");
+      const ddp_stream s = reinterpret_cast<ddp_stream>(&stream);
+      MeteredTransport metered(plugin->transport(), comm, services);
+      std::atomic<bool> release{false};
+      stream.enqueue([&](bool) {  // the device is busy before the collectives
+        while (!release) std::this_thread::sleep_for(1ms);
+      });
+      std::vector<float> v(1000, 1.5f);
+      const ddp_buffer buf{v.data(), v.size(), DDP_FLOAT32, DDP_DEVICE_CPU};
+      for (int i = 0; i < 3; ++i)
+        host.check(metered.vtable()->all_reduce(metered.comm(), &buf, DDP_REDUCE_SUM, s), "all_reduce");
+      if (services.counters.collectives != 3 || services.counters.bytes != 3 * 4000)
+        fail("counted " + std::to_string(services.counters.collectives.load()) + " collectives, " +
+             std::to_string(services.counters.bytes.load()) + " bytes; expected 3 and 12000");
+      metered.settle(false);
+      if (services.counters.busy_ns != 0) fail("busy time counted before the device passed the collectives");
+      release = true;
+      stream.synchronize();
+      if (services.counters.busy_ns != 0) fail("busy time counted by the stream, not at settle (host tasks?)");
+      metered.settle(false);
+      const int64_t busy = services.counters.busy_ns;
+      if (busy <= 0) fail("no busy time once the device passed the collectives");
+      metered.settle(true);
+      if (services.counters.busy_ns != busy) fail("a collective's busy time was counted twice");
+      for (float x : v)
+        if (x != 1.5f) fail("all_reduce on one rank changed the buffer: " + std::to_string(x));
+    }
+    plugin->transport()->destroy(comm);
+  }));
 }
 
 // ------------------------------------------------------------- collectives

@@ -87,6 +87,7 @@ class CudaStream final : public Stream {
     check(cudaEventRecord(event, raw(*this)), "cudaEventRecord (timestamp)");
     return event;
   }
+  bool timestamp_passed(void* stamp) override { return query_native_event(stamp); }
   Clock::time_point resolve_timestamp(void* stamp) override {
     if (!anchor_ || Clock::now() - anchor_at_ > std::chrono::seconds(10)) {
       if (!anchor_) check(cudaEventCreate(&anchor_), "cudaEventCreate (anchor)");
