@@ -95,7 +95,12 @@ thread_local bool t_in_device_task = false;
 
 bool Stream::in_device_task() { return t_in_device_task; }
 
-void Stream::run(Task& task) {
+bool Stream::failed_before(int64_t point) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !error_.empty() && failed_task_ < point;
+}
+
+void Stream::run(Task& task, int64_t index) {
   bool cancelled;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -113,7 +118,10 @@ void Stream::run(Task& task) {
   } catch (const std::exception& e) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (error_.empty()) error_ = e.what()[0] ? e.what() : "unknown error";
+      if (error_.empty()) {
+        error_ = e.what()[0] ? e.what() : "unknown error";
+        failed_task_ = index;
+      }
     }
     if (!threaded_) throw;
   }
@@ -168,9 +176,9 @@ std::string Stream::error() const {
 
 // On a device stream an event is its native event alone: no host task per
 // record (the device's host tasks may run on one thread for all streams, so
-// one per event would tie the streams together). Its failure is the
-// recording stream's: a host task that failed before the point has failed
-// the stream by the time the device passes it.
+// one per event would tie the streams together). It fails if one of the
+// stream's host tasks before its point failed (the tasks are numbered):
+// by the time the device passes the point, that task has run.
 void Event::record(Stream& stream) {
   if (stream.native()) {
     if (!native_ || native_.use_count() > 1) {  // a copy may still wait on the old one
@@ -181,6 +189,7 @@ void Event::record(Stream& stream) {
     stream.record_native_event(native_->event);
     native_->recorded = true;
     native_->stream = &stream;
+    native_->point = stream.task_count();
     state_ = std::make_shared<State>();  // done: the native event decides
     return;
   }
@@ -235,7 +244,7 @@ void Event::wait_native(std::chrono::milliseconds limit) const {
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
-  if (native->stream->failed()) throw Error(native->stream->error());
+  if (native->stream->failed_before(native->point)) throw Error(native->stream->error());
 }
 
 void Event::synchronize(std::chrono::milliseconds limit) {
@@ -257,7 +266,8 @@ bool Event::query() {
 }
 
 std::string Event::error() {
-  if (native_ && native_->recorded) return native_->stream->error();
+  if (native_ && native_->recorded)
+    return native_->stream->failed_before(native_->point) ? native_->stream->error() : std::string();
   auto state = state_;
   std::lock_guard<std::mutex> lock(state->mutex);
   return state->error;

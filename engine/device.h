@@ -126,20 +126,35 @@ class Stream {
   using NativeEventDestroy = void (*)(void* event);
   virtual NativeEventDestroy native_event_destroyer() const { return nullptr; }
 
-  // Timestamps for traces: a point the stream takes when the device gets
-  // there (a timing CUDA event). resolve_timestamp waits for it and gives
-  // the host clock's time of it; release_timestamp frees it. A CPU stream
-  // has none (null; its work runs when enqueued: the host clock says when).
+  // Timestamps for traces and metering: a point the stream takes when the
+  // device gets there (a timing CUDA event). resolve_timestamps waits for
+  // each and gives the host clock's time of them (placed together, so the
+  // durations between them are the device's); release_timestamp frees one.
+  // A CPU stream has none (null; its work runs when enqueued: the host
+  // clock says when).
   virtual void* record_timestamp() { return nullptr; }
   // Whether the device has passed it, without waiting.
   virtual bool timestamp_passed(void* /*stamp*/) { return true; }
-  virtual Clock::time_point resolve_timestamp(void* /*stamp*/) { return Clock::now(); }
+  virtual void resolve_timestamps(void* const* /*stamps*/, size_t n, Clock::time_point* out) {
+    for (size_t i = 0; i < n; ++i) out[i] = Clock::now();
+  }
   virtual void release_timestamp(void* /*stamp*/) {}
+
+  // A device stream numbers its tasks (next_task_index, at enqueue), so
+  // that an event can tell whether a failure came before its point:
+  // task_count() when it was recorded.
+  int64_t task_count() const { return tasks_.load(); }
+  // Whether the stream failed in one of its first `point` tasks (or in a
+  // task it did not number).
+  bool failed_before(int64_t point) const;
 
  protected:
   // A device stream: no executor thread; enqueue and synchronize overridden.
   Stream(std::string name, void* native);
-  void run(Task& task);  // runs one task, recording a failure (rethrown if inline)
+  // Runs one task (`index`: its number, device streams), recording a
+  // failure (rethrown if inline).
+  void run(Task& task, int64_t index = -1);
+  int64_t next_task_index() { return tasks_.fetch_add(1); }
 
  private:
   void loop();
@@ -154,6 +169,8 @@ class Stream {
   bool busy_ = false;
   bool stop_ = false;
   std::string error_;  // sticky; empty while healthy
+  int64_t failed_task_ = -1;  // the numbered task that failed, -1: none or unnumbered
+  std::atomic<int64_t> tasks_{0};
   std::thread thread_;
 };
 
@@ -172,6 +189,8 @@ class Event {
   bool query();
   // The failure of a completed event ("" if none): its stream's message.
   std::string error();
+  // Whether it was recorded on a device stream (a native event).
+  bool on_device() const { return native_ && native_->recorded; }
   // Makes `stream` wait (without blocking the caller, unless inline); the
   // wait fails the stream if `limit` passes first, or if the event failed.
   void make_wait(Stream& stream, std::chrono::milliseconds limit = std::chrono::milliseconds::max());
@@ -190,6 +209,7 @@ class Event {
     Stream::NativeEventDestroy destroy = nullptr;
     bool recorded = false;
     Stream* stream = nullptr;  // where it was last recorded
+    int64_t point = 0;  // the stream's task count then
     ~Native() {
       if (event && destroy) destroy(event);
     }

@@ -67,11 +67,21 @@ struct HostCallbacks {
   // Entries that call into the device are refused inside a device stream's
   // host function (CUDA forbids CUDA calls there: they may fail, or
   // deadlock, as a blocking allocation would). Sets the text.
+  static std::string refusal(const char* entry) {
+    return std::string(entry) +
+           ": not allowed inside a host function on a device stream (CUDA allows no CUDA calls there, "
+           "and none may block): call it at enqueue time, on the calling thread";
+  }
   static bool in_host_function(const char* entry) {
     if (!Stream::in_device_task()) return false;
-    t_plugin_error = std::string(entry) +
-                     ": not allowed inside a host function on a device stream (CUDA allows no CUDA "
-                     "calls there): call it at enqueue time, on the calling thread";
+    t_plugin_error = refusal(entry);
+    return true;
+  }
+  // For the entries without a status: logged, and the call dropped (memory
+  // or an event left, never a blocking device call there).
+  static bool dropped_in_host_function(void* ctx, const char* entry) {
+    if (!Stream::in_device_task()) return false;
+    log(ctx, DDP_LOG_ERROR, refusal(entry).c_str());
     return true;
   }
 
@@ -115,7 +125,7 @@ struct HostCallbacks {
                    DDP_ERR_OUT_OF_MEMORY);
   }
   static void free(void* ctx, void* ptr) {
-    if (in_host_function("free")) return log(ctx, DDP_LOG_ERROR, t_plugin_error.c_str());  // leaks: never blocks
+    if (ptr && dropped_in_host_function(ctx, "free")) return;
     try {
       svc(ctx).device->free(ptr);
     } catch (const std::exception& e) {  // never across the ABI
@@ -133,7 +143,7 @@ struct HostCallbacks {
                    DDP_ERR_OUT_OF_MEMORY);
   }
   static void free_host(void* ctx, void* ptr) {
-    if (in_host_function("free_host")) return log(ctx, DDP_LOG_ERROR, t_plugin_error.c_str());
+    if (ptr && dropped_in_host_function(ctx, "free_host")) return;
     try {
       svc(ctx).device->free_host(ptr);
     } catch (const std::exception& e) {  // never across the ABI
@@ -180,7 +190,10 @@ struct HostCallbacks {
   static ddp_status event_create(void*, ddp_event* out) {
     return guarded([&] { *out = reinterpret_cast<ddp_event>(new Event()); });
   }
-  static void event_destroy(void*, ddp_event event) { delete to_event(event); }
+  static void event_destroy(void* ctx, ddp_event event) {
+    if (event && to_event(event)->on_device() && dropped_in_host_function(ctx, "event_destroy")) return;
+    delete to_event(event);
+  }
   static ddp_status event_record(void*, ddp_event event, ddp_stream stream) {
     if (in_host_function("event_record")) return DDP_ERR_UNSUPPORTED;
     return guarded([&] { to_event(event)->record(*to_stream(stream)); });
@@ -220,12 +233,14 @@ struct HostCallbacks {
   static void* stream_native(void*, ddp_stream stream) { return to_stream(stream)->native(); }  // CPU: null
 
   static ddp_status store_set(void* ctx, const char* key, const void* data, size_t bytes) {
+    if (in_host_function("store_set")) return DDP_ERR_UNSUPPORTED;
     return guarded([&] {
       const char* p = static_cast<const char*>(data);
       svc(ctx).store->set(key, std::vector<char>(p, p + bytes));
     }, DDP_ERR_COMM);
   }
   static ddp_status store_get(void* ctx, const char* key, void** out, size_t* bytes) {
+    if (in_host_function("store_get")) return DDP_ERR_UNSUPPORTED;
     return guarded([&] {
       std::vector<char> value = svc(ctx).store->get(key);
       *out = std::malloc(value.size() ? value.size() : 1);
@@ -235,6 +250,7 @@ struct HostCallbacks {
     }, DDP_ERR_TIMEOUT);
   }
   static ddp_status store_wait(void* ctx, const char* const* keys, size_t count) {
+    if (in_host_function("store_wait")) return DDP_ERR_UNSUPPORTED;
     return guarded([&] { svc(ctx).store->wait(std::vector<std::string>(keys, keys + count)); },
                    DDP_ERR_TIMEOUT);
   }
@@ -452,8 +468,10 @@ void MeteredTransport::settle(bool wait) {
       pending_[kept++] = p;
       continue;
     }
-    const Clock::time_point begin = p.stream->resolve_timestamp(p.begin);
-    const Clock::time_point end = p.stream->resolve_timestamp(p.end);
+    void* const stamps[2] = {p.begin, p.end};
+    Clock::time_point at[2];
+    p.stream->resolve_timestamps(stamps, 2, at);
+    const Clock::time_point begin = at[0], end = at[1];
     p.stream->release_timestamp(p.begin);
     p.stream->release_timestamp(p.end);
     services_.counters.busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(end - begin).count();

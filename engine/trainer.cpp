@@ -378,9 +378,8 @@ class RankRun {
   void flush_device_ranges() {
     if (stamps_.empty()) return;
     Stream& s = device_->compute_stream();
-    std::vector<Clock::time_point> at;
-    at.reserve(stamps_.size());
-    for (void* stamp : stamps_) at.push_back(s.resolve_timestamp(stamp));
+    std::vector<Clock::time_point> at(stamps_.size());
+    s.resolve_timestamps(stamps_.data(), stamps_.size(), at.data());
     for (const DeviceRange& r : device_ranges_) trace_->compute(r.name, at[r.begin], at[r.end]);
     for (void* stamp : stamps_) s.release_timestamp(stamp);
     stamps_.clear();

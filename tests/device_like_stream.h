@@ -24,8 +24,8 @@ class DeviceLikeStream final : public Stream {
 
   void enqueue(Task task) override {
     ++queued_;
-    inner_.enqueue([this, task = std::move(task)](bool) mutable {
-      run(task);  // records a failure on this stream, as a device's host task does
+    inner_.enqueue([this, task = std::move(task), index = next_task_index()](bool) mutable {
+      run(task, index);  // records a failure on this stream, as a device's host task does
       ++ran_;
     });
   }
@@ -62,10 +62,12 @@ class DeviceLikeStream final : public Stream {
     return stamp;
   }
   bool timestamp_passed(void* stamp) override { return static_cast<Stamp*>(stamp)->passed; }
-  Clock::time_point resolve_timestamp(void* stamp) override {
-    auto* s = static_cast<Stamp*>(stamp);
-    while (!s->passed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    return s->at;
+  void resolve_timestamps(void* const* stamps, size_t n, Clock::time_point* out) override {
+    for (size_t i = 0; i < n; ++i) {
+      auto* s = static_cast<Stamp*>(stamps[i]);
+      while (!s->passed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      out[i] = s->at;
+    }
   }
   void release_timestamp(void* stamp) override { delete static_cast<Stamp*>(stamp); }
 

@@ -482,6 +482,26 @@ TEST(EventOnDeviceStreams, AFailedHostTaskFailsLaterEvents) {
   EXPECT_TRUE(e.query());  // failed counts as complete
 }
 
+// A failure fails the events recorded after it, not those before: the
+// stream's host tasks are numbered, an event keeps the count at its record.
+TEST(EventOnDeviceStreams, AFailureFailsOnlyTheEventsAfterIt) {
+  DeviceLikeStream a("a");
+  a.enqueue([](bool) {});
+  Event before;
+  before.record(a);
+  a.enqueue([](bool) { throw std::runtime_error("peer 2 went away"); });
+  Event after;
+  after.record(a);
+  EXPECT_EQ(error_of([&] { a.synchronize(); }), "peer 2 went away");
+  EXPECT_EQ(error_of([&] { before.synchronize(5000ms); }), "");
+  EXPECT_EQ(before.error(), "");
+  EXPECT_EQ(error_of([&] { after.synchronize(5000ms); }), "peer 2 went away");
+  EXPECT_EQ(after.error(), "peer 2 went away");
+  Event later;  // re-recorded after the failure: fails too
+  later.record(a);
+  EXPECT_EQ(error_of([&] { later.synchronize(5000ms); }), "peer 2 went away");
+}
+
 // After a failure the device still runs the work before the point (its
 // kernels and copies): the event is done only once the device passed it,
 // so memory that work uses is not freed early; the failure is error()'s.
@@ -550,15 +570,18 @@ TEST(EventOnDeviceStreams, HostRefusesDeviceCallsInsideADeviceTask) {
     got.emplace_back("event_synchronize", h->event_synchronize(h->ctx, event));
     got.emplace_back("stream_wait_event", h->stream_wait_event(h->ctx, stream, event));
     got.emplace_back("run_optimizer", h->run_optimizer(h->ctx, nullptr, 0));
+    const char* key = "k";
+    got.emplace_back("store_set", h->store_set(h->ctx, key, "v", 1));
+    got.emplace_back("store_wait", h->store_wait(h->ctx, &key, 1));
     h->event_destroy(h->ctx, event);  // never recorded: allowed
   });
   a.synchronize();
-  ASSERT_EQ(got.size(), 12u);
+  ASSERT_EQ(got.size(), 14u);
   for (const auto& [entry, status] : got)
     EXPECT_EQ(status, entry == "event_create" ? DDP_OK : DDP_ERR_UNSUPPORTED) << entry;
   EXPECT_EQ(error_text,
-            "alloc: not allowed inside a host function on a device stream (CUDA allows no CUDA calls there): "
-            "call it at enqueue time, on the calling thread");
+            "alloc: not allowed inside a host function on a device stream (CUDA allows no CUDA calls there, and "
+            "none may block): call it at enqueue time, on the calling thread");
   EXPECT_EQ(x[0], 1.0f);  // nothing ran
   EXPECT_EQ(y[0], 0.0f);
   EXPECT_EQ(device.memory().current(MemCategory::CommBuffers), 0u);

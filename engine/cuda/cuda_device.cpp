@@ -35,11 +35,12 @@ class CudaStream final : public Stream {
   ~CudaStream() override {
     cudaStreamSynchronize(raw(*this));  // host tasks reference this object
     if (anchor_) cudaEventDestroy(anchor_);
+    if (anchor_stream_) cudaStreamDestroy(anchor_stream_);
     cudaStreamDestroy(raw(*this));
   }
 
   void enqueue(Task task) override {
-    auto* call = new Call{this, std::move(task)};
+    auto* call = new Call{this, std::move(task), next_task_index()};
     const cudaError_t e = cudaLaunchHostFunc(raw(*this), &CudaStream::trampoline, call);
     if (e != cudaSuccess) {
       delete call;
@@ -78,9 +79,12 @@ class CudaStream final : public Stream {
 
   // Timestamps: timing events, placed on the host clock through an anchor
   // (an event the host saw complete at a known time; the error is the
-  // host's wake-up latency, microseconds). The anchor is renewed every 10 s:
-  // cudaEventElapsedTime is a float of milliseconds, whose resolution
-  // would fall to 0.1 ms after half an hour from one anchor.
+  // host's wake-up latency, microseconds). The anchor is recorded on a
+  // stream of its own, always idle, so taking it never waits for this
+  // stream's queued work; it is renewed every 10 s (cudaEventElapsedTime is
+  // a float of milliseconds, whose resolution would fall to 0.1 ms after
+  // half an hour from one anchor), at most once per resolve_timestamps, so
+  // that the stamps resolved together share one.
   void* record_timestamp() override {
     cudaEvent_t event = nullptr;
     check(cudaEventCreate(&event), "cudaEventCreate (timestamp)");
@@ -88,18 +92,23 @@ class CudaStream final : public Stream {
     return event;
   }
   bool timestamp_passed(void* stamp) override { return query_native_event(stamp); }
-  Clock::time_point resolve_timestamp(void* stamp) override {
+  void resolve_timestamps(void* const* stamps, size_t n, Clock::time_point* out) override {
     if (!anchor_ || Clock::now() - anchor_at_ > std::chrono::seconds(10)) {
-      if (!anchor_) check(cudaEventCreate(&anchor_), "cudaEventCreate (anchor)");
-      check(cudaEventRecord(anchor_, raw(*this)), "cudaEventRecord (anchor)");
+      if (!anchor_) {
+        check(cudaStreamCreateWithFlags(&anchor_stream_, cudaStreamNonBlocking), "cudaStreamCreate (anchor)");
+        check(cudaEventCreate(&anchor_), "cudaEventCreate (anchor)");
+      }
+      check(cudaEventRecord(anchor_, anchor_stream_), "cudaEventRecord (anchor)");
       check(cudaEventSynchronize(anchor_), "cudaEventSynchronize (anchor)");
       anchor_at_ = Clock::now();
     }
-    const auto event = static_cast<cudaEvent_t>(stamp);
-    check(cudaEventSynchronize(event), "cudaEventSynchronize (timestamp)");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, anchor_, event), "cudaEventElapsedTime");
-    return anchor_at_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+    for (size_t i = 0; i < n; ++i) {
+      const auto event = static_cast<cudaEvent_t>(stamps[i]);
+      check(cudaEventSynchronize(event), "cudaEventSynchronize (timestamp)");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, anchor_, event), "cudaEventElapsedTime");
+      out[i] = anchor_at_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+    }
   }
   void release_timestamp(void* stamp) override { cudaEventDestroy(static_cast<cudaEvent_t>(stamp)); }
 
@@ -107,14 +116,16 @@ class CudaStream final : public Stream {
   struct Call {
     CudaStream* stream;
     Task task;
+    int64_t index;  // the stream's task number
   };
   cudaEvent_t anchor_ = nullptr;  // timestamps' reference point
+  cudaStream_t anchor_stream_ = nullptr;  // where it is recorded: idle
   Clock::time_point anchor_at_{};
   // Runs on CUDA's callback thread; run() records a failure (never throws
   // for a threaded stream), so nothing escapes into the driver.
   static void CUDART_CB trampoline(void* user) {
     std::unique_ptr<Call> call(static_cast<Call*>(user));
-    call->stream->run(call->task);
+    call->stream->run(call->task, call->index);
   }
 };
 

@@ -30,14 +30,14 @@
  *   inside create/init; alloc_host/free_host never inside a host function;
  *   nothing may block on the stream it runs on; and on a device stream
  *   (CUDA: a host function runs where CUDA allows no CUDA call) a host
- *   function may call only log, set_error, param_count, param, store_* and
- *   event_create: the entries that reach the device (alloc, free, copy,
- *   fill, scale, launch_host_func, event_record, event_query,
- *   event_synchronize, stream_wait_event, run_optimizer) return
- *   DDP_ERR_UNSUPPORTED there, with the reason (free and free_host log it
- *   and leave the memory), and event_destroy of an event recorded on a
- *   device stream is not allowed there either. One event is not used from
- *   two threads at once.
+ *   function may call only log, set_error, param_count, param and
+ *   event_create: the entries that reach the device or block (alloc,
+ *   alloc_host, copy, fill, scale, launch_host_func, event_record,
+ *   event_query, event_synchronize, stream_wait_event, run_optimizer,
+ *   store_*) return DDP_ERR_UNSUPPORTED there, with the reason; free,
+ *   free_host and event_destroy (of an event recorded on a device stream)
+ *   log the reason and leave the memory or event. One event is not used
+ *   from two threads at once.
  *
  * Stability: changing or removing anything here is a new major ABI version
  * (a new entry symbol, e.g. ddp_strategy_v2). Adding at the end is a minor.
