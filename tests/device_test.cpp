@@ -15,10 +15,9 @@
 
 #include <gtest/gtest.h>
 
-#include "config.h"
+#include "cpu_host.h"
 #include "device.h"
 #include "device_like_stream.h"
-#include "host.h"
 #if DDP_WITH_CUDA
 #include "gpu.h"
 #endif
@@ -540,11 +539,8 @@ TEST(EventOnDeviceStreams, DeviceTasksAreFlagged) {
 // Inside such a task the plugin host refuses every entry that reaches the
 // device, by name, and still serves the rest.
 TEST(EventOnDeviceStreams, HostRefusesDeviceCallsInsideADeviceTask) {
-  CpuDevice device;
-  HostServices services;
-  services.device = &device;
-  const PluginSection section = plugin_section_from_overrides("strategy", {});
-  PluginHost plugin_host(services, section, "strategy plugin 'test'");
+  test::CpuPluginHost plugin_host("strategy");
+  CpuDevice& device = plugin_host.device;
   const ddp_host* h = plugin_host.get();
   DeviceLikeStream a("a");
   const ddp_stream stream = reinterpret_cast<ddp_stream>(&a);
@@ -594,11 +590,7 @@ TEST(EventOnDeviceStreams, HostRefusesDeviceCallsInsideADeviceTask) {
 // event_query of an event its stream failed before: done, and the failure
 // (as plugin.h says), not a plain "done".
 TEST(HostEvents, QueryOfAFailedEventReturnsItsError) {
-  CpuDevice device;
-  HostServices services;
-  services.device = &device;
-  const PluginSection section = plugin_section_from_overrides("transport", {});
-  PluginHost plugin_host(services, section, "transport plugin 'test'");
+  test::CpuPluginHost plugin_host;
   const ddp_host* h = plugin_host.get();
   const ddp_stream comm = h->comm_stream(h->ctx);
   ASSERT_EQ(h->launch_host_func(

@@ -32,6 +32,7 @@
 
 #include "config.h"
 #include "device.h"
+#include "cpu_host.h"
 #include "device_like_stream.h"
 #include "host.h"
 #include "multirank.h"
@@ -165,11 +166,8 @@ TEST(GlooTransport, Descriptor) {
 // memory): accounted, zeroed and freed on an engine of ABI 1.1; refused by
 // name on one of ABI 1.0, whose ddp_host ends before alloc_host.
 TEST(HostAbi, AllocHostThroughPluginHpp) {
-  CpuDevice device;
-  HostServices services;
-  services.device = &device;
-  const PluginSection section = plugin_section_from_overrides("transport", {});
-  PluginHost engine_host(services, section, "transport plugin 'test'");
+  test::CpuPluginHost engine_host;
+  CpuDevice& device = engine_host.device;
   const plugin::Host host(engine_host.get());
   ASSERT_TRUE(plugin::has_alloc_host(engine_host.get()));
   auto* p = static_cast<unsigned char*>(host.alloc_host(100, DDP_MEM_COMM_BUFFERS));
@@ -200,13 +198,11 @@ TEST(HostAbi, AllocHostThroughPluginHpp) {
 // One rank, in a forked child (the parent stays free of Gloo).
 TEST(MeteredTransport, OnADeviceStreamCountsBusyTimeWhenSettled) {
   EXPECT_RANKS_OK(run_ranks(1, [](int, const std::string& dir) {
-    CpuDevice device;
     Store store("file:" + dir, "metered", std::chrono::milliseconds(30000));
-    HostServices services;
-    services.device = &device;
+    test::CpuPluginHost cpu_host("transport", g_sets);
+    HostServices& services = cpu_host.services;
     services.store = &store;
-    const PluginSection section = plugin_section_from_overrides("transport", g_sets);
-    PluginHost host(services, section, "transport plugin '" + g_transport + "'");
+    PluginHost& host = *cpu_host.host;
     auto plugin = load_plugin(PluginKind::Transport, g_transport, DDP_TEST_PLUGIN_DIR);
     ddp_comm* comm = nullptr;
     host.check(plugin->transport()->init(host.get(), &comm), "init");
