@@ -115,40 +115,37 @@ struct HostCallbacks {
     return index < table.size() ? &table[index] : nullptr;
   }
 
-  static ddp_status alloc(void* ctx, size_t bytes, ddp_mem_category category, void** out) {
-    if (in_host_function("alloc")) return DDP_ERR_UNSUPPORTED;
+  // alloc and alloc_host: device memory, or host memory for staging it.
+  template <typename Alloc>
+  static ddp_status allocate(const char* entry, ddp_mem_category category, Alloc&& alloc) {
+    if (in_host_function(entry)) return DDP_ERR_UNSUPPORTED;
     if (category < 0 || category >= DDP_MEM_CATEGORY_COUNT) {
-      t_plugin_error = "alloc: unknown memory category " + std::to_string(category);
+      t_plugin_error = std::string(entry) + ": unknown memory category " + std::to_string(category);
       return DDP_ERR_INVALID_ARGUMENT;
     }
-    return guarded([&] { *out = svc(ctx).device->alloc(bytes, static_cast<MemCategory>(category)); },
-                   DDP_ERR_OUT_OF_MEMORY);
+    return guarded([&] { alloc(static_cast<MemCategory>(category)); }, DDP_ERR_OUT_OF_MEMORY);
+  }
+  // free and free_host: never fail across the ABI.
+  template <typename Free>
+  static void release(void* ctx, const char* entry, void* ptr, Free&& free) {
+    if (ptr && dropped_in_host_function(ctx, entry)) return;
+    try {
+      free();
+    } catch (const std::exception& e) {
+      log(ctx, DDP_LOG_ERROR, e.what());
+    }
+  }
+  static ddp_status alloc(void* ctx, size_t bytes, ddp_mem_category category, void** out) {
+    return allocate("alloc", category, [&](MemCategory c) { *out = svc(ctx).device->alloc(bytes, c); });
   }
   static void free(void* ctx, void* ptr) {
-    if (ptr && dropped_in_host_function(ctx, "free")) return;
-    try {
-      svc(ctx).device->free(ptr);
-    } catch (const std::exception& e) {  // never across the ABI
-      log(ctx, DDP_LOG_ERROR, e.what());
-    }
+    release(ctx, "free", ptr, [&] { svc(ctx).device->free(ptr); });
   }
-
   static ddp_status alloc_host(void* ctx, size_t bytes, ddp_mem_category category, void** out) {
-    if (in_host_function("alloc_host")) return DDP_ERR_UNSUPPORTED;
-    if (category < 0 || category >= DDP_MEM_CATEGORY_COUNT) {
-      t_plugin_error = "alloc_host: unknown memory category " + std::to_string(category);
-      return DDP_ERR_INVALID_ARGUMENT;
-    }
-    return guarded([&] { *out = svc(ctx).device->alloc_host(bytes, static_cast<MemCategory>(category)); },
-                   DDP_ERR_OUT_OF_MEMORY);
+    return allocate("alloc_host", category, [&](MemCategory c) { *out = svc(ctx).device->alloc_host(bytes, c); });
   }
   static void free_host(void* ctx, void* ptr) {
-    if (ptr && dropped_in_host_function(ctx, "free_host")) return;
-    try {
-      svc(ctx).device->free_host(ptr);
-    } catch (const std::exception& e) {  // never across the ABI
-      log(ctx, DDP_LOG_ERROR, e.what());
-    }
+    release(ctx, "free_host", ptr, [&] { svc(ctx).device->free_host(ptr); });
   }
 
   static ddp_status copy(void* ctx, void* dst, const void* src, size_t bytes, ddp_stream stream) {

@@ -302,11 +302,13 @@ class RankRun {
     auto t = Clock::now();
     m = mark();
     const int64_t blocked_before_optimizer = c.blocked_ns;
-    nvtx::Range optimizer_range("optimizer");
-    if (api.caps & DDP_CAP_OWNS_OPTIMIZER) {
-      sh.check(api.optimizer_step(plugins_.strategy), "optimizer_step");
-    } else {
-      optimizer_->step(params, trainable_);
+    {
+      nvtx::Range optimizer_range("optimizer");
+      if (api.caps & DDP_CAP_OWNS_OPTIMIZER) {
+        sh.check(api.optimizer_step(plugins_.strategy), "optimizer_step");
+      } else {
+        optimizer_->step(params, trainable_);
+      }
     }
     // A strategy's optimizer_step may wait for communication (bucketed waits
     // for each bucket); that wait is exposed communication, not optimizer.

@@ -38,6 +38,7 @@
 #include "plugin_loader.h"
 #include "rank_checks.h"
 #include "store.h"
+#include "transport_rank.h"
 
 namespace ddp {
 namespace {
@@ -71,74 +72,29 @@ class GpuArray {
 };
 
 // One rank: the engine's CUDA device (GPUs shared), a PluginHost over it, the
-// gloo plugin loaded and connected; collectives go on the comm stream.
-class Rank {
+// gloo plugin loaded and connected; collectives on GpuArrays.
+class Rank : public test::TransportRank {
  public:
   Rank(int rank, int world, const std::string& dir)
-      : device_(make_device(DDP_DEVICE_CUDA, rank, /*share_gpus=*/true)),
-        store_("file:" + dir, "gloo_cuda_test", std::chrono::milliseconds(30000)),
-        section_(plugin_section_from_overrides("transport", {})) {
-    services_.rank = RankInfo{rank, world, rank};
-    services_.device = device_.get();
-    services_.store = &store_;
-    services_.timeout_ms = 30000;
-    host_ = std::make_unique<PluginHost>(services_, section_, "transport plugin 'gloo'");
-    plugin_ = load_plugin(PluginKind::Transport, "gloo", DDP_TEST_PLUGIN_DIR);
-    t_ = plugin_->transport();
-    if (!t_) fail("load_plugin returned no transport descriptor");
-    host_->check(t_->init(host_->get(), &comm_), "init");
-  }
-  ~Rank() {
-    try {
-      device_->comm_stream().synchronize();
-    } catch (...) {
-    }
-    if (comm_) t_->destroy(comm_);
-  }
-
-  int rank() const { return services_.rank.rank; }
-  Device& device() { return *device_; }
-  const ddp_transport_v1_t* t() const { return t_; }
-  ddp_comm* comm() const { return comm_; }
-  PluginHost& host() { return *host_; }
-  ddp_stream stream() { return reinterpret_cast<ddp_stream>(&device_->comm_stream()); }
-  void check(ddp_status s, const char* entry) { host_->check(s, entry); }
-  void sync() {  // as the engine waits: an event on the comm stream
-    Event e;
-    e.record(device_->comm_stream());
-    e.synchronize();
-  }
+      : TransportRank(make_device(DDP_DEVICE_CUDA, rank, /*share_gpus=*/true), rank, world, dir, "gloo_cuda_test",
+                      "gloo", {}) {}
 
   template <typename T>
   void all_reduce(const GpuArray<T>& a, ddp_reduce_op op) {
-    const ddp_buffer b = a.buffer();
-    check(t_->all_reduce(comm_, &b, op, stream()), "all_reduce");
+    TransportRank::all_reduce(a.buffer(), op);
   }
   template <typename T>
   void broadcast(const GpuArray<T>& a, int root) {
-    const ddp_buffer b = a.buffer();
-    check(t_->broadcast(comm_, &b, root, stream()), "broadcast");
+    TransportRank::broadcast(a.buffer(), root);
   }
   template <typename T>
   void all_gather(const GpuArray<T>& send, const GpuArray<T>& recv) {
-    const ddp_buffer s = send.buffer(), r = recv.buffer();
-    check(t_->all_gather(comm_, &s, &r, stream()), "all_gather");
+    TransportRank::all_gather(send.buffer(), recv.buffer());
   }
   template <typename T>
   void reduce_scatter(const GpuArray<T>& send, const GpuArray<T>& recv, ddp_reduce_op op) {
-    const ddp_buffer s = send.buffer(), r = recv.buffer();
-    check(t_->reduce_scatter(comm_, &s, &r, op, stream()), "reduce_scatter");
+    TransportRank::reduce_scatter(send.buffer(), recv.buffer(), op);
   }
-
- private:
-  std::unique_ptr<Device> device_;
-  Store store_;
-  HostServices services_;
-  PluginSection section_;
-  std::unique_ptr<PluginHost> host_;
-  std::unique_ptr<LoadedPlugin> plugin_;
-  const ddp_transport_v1_t* t_ = nullptr;
-  ddp_comm* comm_ = nullptr;
 };
 
 // Sizes from 1 element to 4 MB of float32, growing (the staging memory too).

@@ -39,6 +39,7 @@
 #include "plugin_loader.h"
 #include "rank_checks.h"
 #include "store.h"
+#include "transport_rank.h"
 
 namespace ddp {
 
@@ -70,73 +71,30 @@ const ddp_buffer* ptr(const ddp_buffer& b) { return &b; }
 
 
 
-// One rank: the engine's pieces around a loaded gloo transport.
-class Rank {
+// One rank: the engine's pieces around the loaded transport (a CPU device),
+// with collectives on std::vector.
+class Rank : public test::TransportRank {
  public:
-  // `timeout_ms` is the run timeout the transport gets (host->timeout_ms);
-  // the store keeps 30 s so that a slow start never fails the rendezvous.
   Rank(int rank, int world, const std::string& dir, int64_t timeout_ms = 30000)
-      : store_("file:" + dir, "transport_test", std::chrono::milliseconds(30000)),
-        section_(plugin_section_from_overrides("transport", g_sets)) {
-    services_.rank = RankInfo{rank, world, rank};
-    services_.device = &device_;
-    services_.store = &store_;
-    services_.timeout_ms = timeout_ms;
-    host_ = std::make_unique<PluginHost>(services_, section_, "transport plugin 'gloo'");
-    plugin_ = load_plugin(PluginKind::Transport, g_transport, DDP_TEST_PLUGIN_DIR);
-    t_ = plugin_->transport();
-    if (!t_) fail("load_plugin returned no transport descriptor");
-    host_->check(t_->init(host_->get(), &comm_), "init");
-  }
-  ~Rank() {
-    try {
-      device_.comm_stream().synchronize();
-    } catch (...) {
-    }
-    if (comm_) t_->destroy(comm_);
-  }
-
-  int rank() const { return services_.rank.rank; }
-  int world() const { return services_.rank.world_size; }
-  const ddp_transport_v1_t* t() const { return t_; }
-  ddp_comm* comm() const { return comm_; }
-  ddp_stream stream() { return reinterpret_cast<ddp_stream>(&device_.comm_stream()); }
-  void check(ddp_status s, const char* entry) { host_->check(s, entry); }
-  // Waits for everything enqueued so far, as the engine does: with an event.
-  void sync() {
-    Event e;
-    e.record(device_.comm_stream());
-    e.synchronize();
-  }
+      : TransportRank(std::make_unique<CpuDevice>(), rank, world, dir, "transport_test", g_transport, g_sets,
+                      timeout_ms) {}
 
   template <typename T>
   void all_reduce(std::vector<T>& v, ddp_reduce_op op) {
-    check(t_->all_reduce(comm_, ptr(buffer_of(v)), op, stream()), "all_reduce");
+    TransportRank::all_reduce(buffer_of(v), op);
   }
   template <typename T>
   void broadcast(std::vector<T>& v, int root) {
-    check(t_->broadcast(comm_, ptr(buffer_of(v)), root, stream()), "broadcast");
+    TransportRank::broadcast(buffer_of(v), root);
   }
   template <typename T>
   void all_gather(std::vector<T>& send, std::vector<T>& recv) {
-    check(t_->all_gather(comm_, ptr(buffer_of(send)), ptr(buffer_of(recv)), stream()), "all_gather");
+    TransportRank::all_gather(buffer_of(send), buffer_of(recv));
   }
   template <typename T>
   void reduce_scatter(std::vector<T>& send, std::vector<T>& recv, ddp_reduce_op op) {
-    check(t_->reduce_scatter(comm_, ptr(buffer_of(send)), ptr(buffer_of(recv)), op, stream()),
-          "reduce_scatter");
+    TransportRank::reduce_scatter(buffer_of(send), buffer_of(recv), op);
   }
-  void barrier() { check(t_->barrier(comm_, stream()), "barrier"); }
-
- private:
-  CpuDevice device_;
-  Store store_;
-  HostServices services_;
-  PluginSection section_;
-  std::unique_ptr<PluginHost> host_;
-  std::unique_ptr<LoadedPlugin> plugin_;
-  const ddp_transport_v1_t* t_ = nullptr;
-  ddp_comm* comm_ = nullptr;
 };
 
 
