@@ -9,14 +9,17 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "bench_comm.h"
 #include "config.h"
 #include "launcher.h"
+#include "trace.h"
+#include "trainer.h"
 
 // OpenBLAS 0.3.21 does not know this CPU generation and picks its AVX2
 // (Haswell) GEMM kernel, half as fast as the AVX-512 one (SkylakeX) on a
-// CPU that has AVX-512 (notes/toolchain.md). It reads OPENBLAS_CORETYPE
+// CPU that has AVX-512 (docs/benchmarks.md). It reads OPENBLAS_CORETYPE
 // when it is loaded, before main, so set it and start again, once. A value
 // the user set is kept.
 void choose_blas_kernel(char** argv) {
@@ -29,6 +32,55 @@ void choose_blas_kernel(char** argv) {
   setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
   execv("/proc/self/exe", argv);  // returns only on failure: go on with the default kernel
 }
+
+namespace ddp {
+namespace {
+
+// `ddp run` as one rank: under our launcher, or under another one (RANK
+// set by hand, srun, mpirun) with a world size that must match the config.
+int run_as_rank(const Config& config) {
+  return run_rank([&](const RankEnv& env) {
+    if (env.rank.world_size != config.run.world_size)
+      throw ConfigError("WORLD_SIZE=" + std::to_string(env.rank.world_size) +
+                        " in the environment but run.world_size = " + std::to_string(config.run.world_size) +
+                        " in " + config.file);
+    train_rank(config, env);
+  });
+}
+
+// `ddp run` on this machine: run.world_size ranks of this executable, each
+// running the same command line as a rank. With --trace, each rank records
+// into the run's private directory and the files are merged into
+// <output_dir>/trace.json once every rank has succeeded.
+int launch_run(const Config& config, const std::string& config_path, const std::vector<std::string>& overrides,
+               bool trace) {
+  LaunchSpec spec;
+  spec.world = config.run.world_size;
+  spec.output_dir = config.run.output_dir;
+  spec.args = {"ddp", "run", config_path};
+  for (const auto& o : overrides) spec.args.insert(spec.args.end(), {"--set", o});
+  std::ostringstream timeout;
+  timeout << "run.timeout_s = " << config.run.timeout_s;
+  spec.timeout_note = timeout.str();
+  spec.unset = {"DDP_TRACE"};
+  auto trace_file = [](const std::string& run_dir, int r) { return run_dir + "/trace.rank" + std::to_string(r) + ".json"; };
+  if (trace) {
+    spec.rank_env = [&](int r, const std::string& run_dir) {
+      return std::vector<std::string>{"DDP_TRACE=" + trace_file(run_dir, r)};
+    };
+    spec.on_success = [&](const std::string& run_dir) {
+      std::vector<std::string> files;
+      for (int r = 0; r < spec.world; ++r) files.push_back(trace_file(run_dir, r));
+      const std::string merged = (std::filesystem::path(config.run.output_dir) / "trace.json").string();
+      merge_traces(files, merged);
+      std::cout << "trace: " << merged << " (open it in https://ui.perfetto.dev or chrome://tracing)\n";
+    };
+  }
+  return launch_ranks(spec);
+}
+
+}  // namespace
+}  // namespace ddp
 
 int main(int argc, char** argv) {
   choose_blas_kernel(argv);
@@ -101,7 +153,7 @@ int main(int argc, char** argv) {
       }
       return ddp::run_as_rank(config);
     }
-    return ddp::launch_local(config, config_path, overrides, trace);
+    return ddp::launch_run(config, config_path, overrides, trace);
   } catch (const std::exception& e) {
     std::cerr << "ddp: error: " << e.what() << std::endl;
     return 1;

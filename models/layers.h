@@ -1,4 +1,4 @@
-// layers.h — the building blocks of the reference models (spec/models.md) as
+// layers.h — the building blocks of the reference models (docs/models.md) as
 // pure functions over raw float32 buffers, forward and backward, CPU only.
 // Each buffer's shape is in the comment beside it; every buffer is
 // row-major and contiguous unless a row stride is named. GEMMs go through

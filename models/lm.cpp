@@ -16,30 +16,28 @@
 
 namespace ddp {
 
-LmConfig lm_preset(const std::string& name) {
+const std::vector<LmPreset>& lm_presets() {
   // {vocab, context, d_model, layers, heads, d_ff}. The GPT-2-like sizes
   // (small .. 2.7B) use context 256 here, the CS336 benchmarking setting.
-  LmConfig c;
-  auto set = [&](int64_t vocab, int64_t context, int64_t d_model, int64_t layers, int64_t heads,
-                 int64_t d_ff) {
-    c.vocab_size = vocab;
-    c.context_length = context;
-    c.d_model = d_model;
-    c.num_layers = layers;
-    c.num_heads = heads;
-    c.d_ff = d_ff;
+  static const std::vector<LmPreset> presets = {
+      {"lm-tiny", {512, 32, 64, 2, 4, 256}},
+      {"lm-cpu", {10000, 128, 256, 4, 4, 1024}},
+      {"small", {10000, 256, 768, 12, 12, 3072}},
+      {"medium", {10000, 256, 1024, 24, 16, 4096}},
+      {"large", {10000, 256, 1280, 36, 20, 5120}},
+      {"xl", {10000, 256, 1600, 48, 25, 6400}},
+      {"2.7B", {10000, 256, 2560, 32, 32, 10240}},
   };
-  if (name == "lm-tiny") set(512, 32, 64, 2, 4, 256);
-  else if (name == "lm-cpu") set(10000, 128, 256, 4, 4, 1024);
-  else if (name == "small") set(10000, 256, 768, 12, 12, 3072);
-  else if (name == "medium") set(10000, 256, 1024, 24, 16, 4096);
-  else if (name == "large") set(10000, 256, 1280, 36, 20, 5120);
-  else if (name == "xl") set(10000, 256, 1600, 48, 25, 6400);
-  else if (name == "2.7B") set(10000, 256, 2560, 32, 32, 10240);
-  else
-    throw Error("unknown lm preset '" + name +
-                "' (known: lm-tiny, lm-cpu, small, medium, large, xl, 2.7B)");
-  return c;
+  return presets;
+}
+
+LmConfig lm_preset(const std::string& name) {
+  std::string known;
+  for (const LmPreset& p : lm_presets()) {
+    if (p.name == name) return p.config;
+    known += (known.empty() ? "" : ", ") + p.name;
+  }
+  throw Error("unknown lm preset '" + name + "' (known: " + known + ")");
 }
 
 int64_t lm_parameter_count(const LmConfig& c) {

@@ -1,4 +1,4 @@
-// lm.h — the `lm` model of spec/models.md: a pre-norm decoder-only
+// lm.h — the `lm` model of docs/models.md: a pre-norm decoder-only
 // Transformer (Stanford CS336's BasicsTransformerLM) with RoPE, SwiGLU and
 // RMSNorm, no biases, trained on next-token cross-entropy. CPU only; the
 // layers are the functions of layers.h.
@@ -24,8 +24,14 @@ struct LmConfig {
   double rope_theta = 10000;
 };
 
-// The named sizes of spec/models.md: lm-tiny, lm-cpu, small, medium, large,
-// xl, 2.7B. Throws Error listing the names for an unknown one.
+// The named sizes of docs/models.md, in its order: lm-tiny, lm-cpu, small,
+// medium, large, xl, 2.7B.
+struct LmPreset {
+  std::string name;
+  LmConfig config;
+};
+const std::vector<LmPreset>& lm_presets();
+// The preset of that name. Throws Error listing the names for an unknown one.
 LmConfig lm_preset(const std::string& name);
 
 // Parameters of a model of this size (token embeddings and lm_head untied).

@@ -1,4 +1,4 @@
-// mlp.h — the `mlp` model of spec/models.md: `depth` width x width linear
+// mlp.h — the `mlp` model of docs/models.md: `depth` width x width linear
 // layers with bias, each followed by ReLU, then a linear head to `classes`
 // logits; mean cross-entropy against integer labels. Many parameters, little
 // compute: it makes gradient synchronisation visible. CPU only.

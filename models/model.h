@@ -36,6 +36,16 @@ struct Batch {
   const int32_t* labels = nullptr;  // [rows] (mlp class labels)
 };
 
+// What a model's batches hold, and their sizes (the data sources shape
+// rows to it).
+struct DataShape {
+  enum Kind { Regression, Classification, Tokens } kind = Regression;
+  int64_t in = 0;       // Regression, Classification: input width
+  int64_t out = 0;      // Regression: target width; Classification: classes
+  int64_t context = 0;  // Tokens: positions per row (rows hold context + 1 ids)
+  int64_t vocab = 0;    // Tokens: ids must be < vocab
+};
+
 class Model {
  public:
   // Called by backward right after it has added one use's contribution to
@@ -90,7 +100,8 @@ class Model {
 // Builds a model by name ("toy", "toy_tied") with parameters initialised
 // from `seed` (nn.Linear's default: U(-1/sqrt(in), 1/sqrt(in))). Throws
 // Error for an unknown name. (The lm and mlp models, which take sizes, are
-// made by make_lm in lm.h and make_mlp in mlp.h.)
+// made by make_lm in lm.h and make_mlp in mlp.h; registry.h builds any
+// model by name and options.)
 std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint64_t seed);
 
 }  // namespace ddp

@@ -1,4 +1,4 @@
-// models.cpp — `toy` and `toy_tied` (spec/models.md): chains of bias-free
+// models.cpp — `toy` and `toy_tied` (docs/models.md): chains of bias-free
 // (or frozen-bias) linear layers and ReLUs with an MSE loss, forward and
 // backward written out over the device's kernels (kernels.h). A layer names its weight by index
 // into the parameter table, which is how `toy_tied` uses fc2.weight twice.
@@ -201,12 +201,6 @@ std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint6
     return m;
   }
   throw Error("unknown model '" + name + "' (known: toy, toy_tied)");
-}
-
-std::string shape_string(const Shape& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 }  // namespace ddp

@@ -773,16 +773,16 @@ std::string with_model_and_data(const std::string& model, const std::string& dat
 TEST_F(ConfigTest, LmAndMlpHyperParameters) {
   const Config lm = load_config(write("lm.toml", with_model_and_data(
       "name = \"lm\"\npreset = \"lm-cpu\"\nd_model = 128\nrope_theta = 500000", "")));
-  EXPECT_EQ(lm.model.preset, "lm-cpu");
-  EXPECT_EQ(lm.model.d_model, 128);
-  EXPECT_EQ(lm.model.num_layers, 0);  // from the preset
-  EXPECT_EQ(lm.model.rope_theta, 500000.0);
+  EXPECT_EQ(lm.model.options.get_string("preset"), "lm-cpu");
+  EXPECT_EQ(lm.model.options.get_int("d_model"), 128);
+  EXPECT_EQ(lm.model.options.get_int("num_layers"), 0);  // from the preset
+  EXPECT_EQ(lm.model.options.get_float("rope_theta"), 500000.0);
   const Config tiny = load_config(write("tiny.toml", with_model_and_data("name = \"lm\"", "")));
-  EXPECT_EQ(tiny.model.preset, "lm-tiny");
+  EXPECT_EQ(tiny.model.options.get_string("preset"), "lm-tiny");
   const Config mlp = load_config(write("mlp.toml", with_model_and_data("name = \"mlp\"\nwidth = 64\ndepth = 2", "")));
-  EXPECT_EQ(mlp.model.width, 64);
-  EXPECT_EQ(mlp.model.depth, 2);
-  EXPECT_EQ(mlp.model.classes, 10);
+  EXPECT_EQ(mlp.model.options.get_int("width"), 64);
+  EXPECT_EQ(mlp.model.options.get_int("depth"), 2);
+  EXPECT_EQ(mlp.model.options.get_int("classes"), 10);
   const Config t = load_config(write("t.toml", minimal_with_run("threads = 2")));
   EXPECT_EQ(t.run.threads, 2);
   EXPECT_EQ(load_config(write("d.toml", minimal_with_run(""))).run.threads, 1);

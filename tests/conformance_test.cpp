@@ -1,5 +1,5 @@
 // conformance_test.cpp — the conformance suite every strategy plugin must
-// pass: the DDP correctness protocol of spec/models.md on `toy` and
+// pass: the DDP correctness protocol of docs/models.md on `toy` and
 // `toy_tied`, world sizes 1 to 4 (3 where the batch allows), each rank a forked process over the real
 // transport, in these scenarios:
 //   sgd, adamw              vs the single-process engine (world 1, naive)

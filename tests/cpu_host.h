@@ -9,7 +9,7 @@
 
 #include "config.h"
 #include "device.h"
-#include "host.h"
+#include "plugin_host.h"
 
 namespace ddp::test {
 

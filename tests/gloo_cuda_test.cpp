@@ -33,7 +33,7 @@
 #include "config.h"
 #include "device.h"
 #include "gpu.h"
-#include "host.h"
+#include "plugin_host.h"
 #include "multirank.h"
 #include "plugin_loader.h"
 #include "rank_checks.h"

@@ -16,6 +16,7 @@
 
 #include "config.h"
 #include "multirank.h"
+#include "registry.h"
 #include "safetensors.h"
 #include "trainer.h"
 
@@ -98,7 +99,7 @@ inline RunResult run(const std::string& toml, int world) {
     result.final_weights = read_safetensors(dir + "/out/weights.safetensors");
   CpuDevice device;
   DataShape shape;
-  auto reference = build_model(config.model, device, 0, &shape);
+  auto reference = build_model(config.model.name, config.model.options, device, 0, &shape);
   for (const auto& p : reference->params()) result.names.push_back(p.name);
   fs::remove_all(dir);
   return result;

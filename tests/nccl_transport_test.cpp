@@ -42,7 +42,7 @@
 #include "device.h"
 #include "exports.h"
 #include "gpu.h"
-#include "host.h"
+#include "plugin_host.h"
 #include "multirank.h"
 #include "plugin_loader.h"
 #include "rank_checks.h"

@@ -13,7 +13,7 @@
 
 #include "config.h"
 #include "device.h"
-#include "host.h"
+#include "plugin_host.h"
 #include "plugin_loader.h"
 #include "rank_checks.h"
 #include "store.h"

@@ -1,6 +1,6 @@
 """PyTorch reference implementations of the engine's `lm` and `mlp` models.
 
-Spec: /work/shared/spec/models.md. Shared by tests/fixtures/make_lm_fixtures.py
+Spec: docs/models.md. Shared by tests/fixtures/make_lm_fixtures.py
 (the golden fixtures) and tools/pytorch_ddp_bench.py (the PyTorch DDP
 baseline), so that both use exactly the same definitions.
 
@@ -69,7 +69,7 @@ def lm_preset(name, **overrides):
 
 
 # ---------------------------------------------------------------------------
-# lm: decoder-only Transformer (spec: /work/shared/spec/models.md, `lm`)
+# lm: decoder-only Transformer (spec: docs/models.md, `lm`)
 # ---------------------------------------------------------------------------
 
 class Linear(nn.Module):

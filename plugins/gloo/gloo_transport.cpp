@@ -10,10 +10,8 @@
 // (host->alloc_host, accounted as comm_buffers) is allocated at enqueue time
 // on the calling thread, never in a closure; see stage().
 //
-// Keys ([transport]): hostname (string, default "127.0.0.1": the address
-// this rank listens on), algorithm: all_reduce's, "auto" (default: "direct"
-// on 2 ranks and up to kDirectMaxBytes, else "ring"), "direct" (see
-// direct_all_reduce below), or Gloo's "ring" or "bcube".
+// Keys ([transport], README.md): hostname (the address this rank listens
+// on), algorithm (all_reduce's: "auto", "direct", "ring" or "bcube").
 //
 // Not here: GPUDirect or any CUDA call of its own (the nccl plugin moves GPU
 // memory directly), TLS, ibverbs.
@@ -58,7 +56,7 @@ class HostStore final : public gloo::rendezvous::Store {
     void* data = nullptr;
     size_t bytes = 0;
     if (host_->store_get(host_->ctx, key.c_str(), &data, &bytes) != DDP_OK)
-      throw std::runtime_error("timed out waiting for rendezvous key '" + key + "'");
+      throw ddp::plugin::Failure(DDP_ERR_TIMEOUT, "timed out waiting for rendezvous key '" + key + "'");
     std::vector<char> out(static_cast<char*>(data), static_cast<char*>(data) + bytes);
     std::free(data);
     return out;
@@ -67,8 +65,9 @@ class HostStore final : public gloo::rendezvous::Store {
     std::vector<const char*> raw;
     for (const auto& k : keys) raw.push_back(k.c_str());
     if (host_->store_wait(host_->ctx, raw.data(), raw.size()) != DDP_OK)
-      throw std::runtime_error("no answer from the other ranks within " + std::to_string(host_->timeout_ms) +
-                               " ms (is every rank started, with the same rendezvous?)");
+      throw ddp::plugin::Failure(DDP_ERR_TIMEOUT, "no answer from the other ranks within " +
+                                                      std::to_string(host_->timeout_ms) +
+                                                      " ms (is every rank started, with the same rendezvous?)");
   }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
     wait(keys);  // the engine's store applies the run's timeout
@@ -94,23 +93,19 @@ struct ddp_comm_s {
   // all_reduce's scratch (direct): like the temporaries Gloo's own
   // algorithms allocate, not accounted; at most (n-1)/n of a piece.
   std::vector<unsigned char> temp;
-  // Host memory that the calls on one stream stage their buffers through
-  // (host->alloc_host), on a CUDA run: one region per stream, reused by
-  // every call on that stream. Calls on one stream run in order, so a call's
-  // copies into the region come after the previous call's copies out of it;
-  // calls on two streams could overlap, hence one region each.
+  // Host memory (host->alloc_host) the calls on one stream stage their
+  // buffers through on a CUDA run, one region per stream: calls on one stream
+  // run in order, so a call's copies in come after the previous call's out.
   struct Staging {
     ddp_stream stream;
     void* ptr = nullptr;
     size_t bytes = 0;
   };
   std::vector<Staging> staging;
-  // Outgrown regions: work enqueued before the growth may still use one, so
-  // it is freed only once `done` (recorded on its stream at the growth) has
-  // completed, as seen without waiting at a later growth, or in destroy.
-  // Only a growth frees: once the sizes of a step have all been seen, the
-  // staging memory stays the same from step to step (no allocation, no
-  // free, constant comm_buffers), as the engine's conformance suite checks.
+  // Outgrown regions, freed once `done` (recorded on its stream at the
+  // growth) has completed, as seen at a later growth, or in destroy. Only a
+  // growth frees: once a step's sizes have been seen, staging memory stays
+  // the same from step to step, as the engine's conformance suite checks.
   struct Retired {
     void* ptr;
     ddp_event done;  // null: kept until destroy
@@ -125,14 +120,6 @@ ddp_status fail(const ddp_host* host, ddp_status status, const std::string& mess
   return status;
 }
 
-size_t dtype_size(ddp_dtype dtype) {
-  switch (dtype) {
-    case DDP_FLOAT32: case DDP_INT32: return 4;
-    case DDP_FLOAT64: case DDP_INT64: return 8;
-    default: return 0;
-  }
-}
-
 // Calls f(T*) with the buffer typed by its dtype.
 template <typename F>
 void with_type(ddp_dtype dtype, F&& f) {
@@ -145,6 +132,19 @@ void with_type(ddp_dtype dtype, F&& f) {
   }
 }
 
+bool gloo_supports(ddp_dtype dtype) {
+  return dtype == DDP_FLOAT32 || dtype == DDP_FLOAT64 || dtype == DDP_INT32 || dtype == DDP_INT64;
+}
+
+// The status of a Gloo failure after `since`: Gloo throws one exception
+// type (IoException) for a lost peer and for a timeout alike, so a failure
+// that took the run's timeout is DDP_ERR_TIMEOUT (a peer hung), any earlier
+// one DDP_ERR_COMM (a peer or its connection is gone).
+ddp_status gloo_failure(const ddp_host* host, std::chrono::steady_clock::time_point since) {
+  const auto took = std::chrono::steady_clock::now() - since;
+  return took >= std::chrono::milliseconds(host->timeout_ms) ? DDP_ERR_TIMEOUT : DDP_ERR_COMM;
+}
+
 // One enqueued collective: `run` executes on the stream's executor.
 struct Job {
   ddp_comm* comm;
@@ -155,11 +155,13 @@ struct Job {
 ddp_status run_job(void* user, int cancelled) {
   std::unique_ptr<Job> job(static_cast<Job*>(user));
   if (cancelled) return DDP_OK;
+  const auto start = std::chrono::steady_clock::now();
   try {
     job->run();
     return DDP_OK;
   } catch (const std::exception& e) {
-    return fail(job->comm->host, DDP_ERR_COMM, "gloo " + job->what + ": " + e.what());
+    const ddp_host* h = job->comm->host;
+    return fail(h, gloo_failure(h, start), "gloo " + job->what + ": " + e.what());
   }
 }
 
@@ -198,7 +200,7 @@ ddp_status check_buffer(ddp_comm* comm, const ddp_buffer& buf, const char* entry
   if (buf.device != DDP_DEVICE_CPU && buf.device != DDP_DEVICE_CUDA)
     return fail(comm->host, DDP_ERR_UNSUPPORTED,
                 std::string(entry) + ": device kind " + std::to_string(int(buf.device)) + " not supported (cpu, cuda)");
-  if (dtype_size(buf.dtype) == 0)
+  if (!gloo_supports(buf.dtype))
     return fail(comm->host, DDP_ERR_UNSUPPORTED,
                 std::string(entry) + ": dtype not supported (float32, float64, int32, int64)");
   if (buf.count > 0 && !buf.ptr)
@@ -221,10 +223,10 @@ ddp_status check_pair(ddp_comm* comm, const ddp_buffer& send, const ddp_buffer& 
   return check_buffer(comm, recv, entry);
 }
 
-size_t bytes_of(const ddp_buffer& buf) { return buf.count * dtype_size(buf.dtype); }
+size_t bytes_of(const ddp_buffer& buf) { return buf.count * ddp_dtype_size(buf.dtype); }
 
 std::string describe(const char* entry, const ddp_buffer& buf) {
-  return std::string(entry) + " (" + std::to_string(buf.count * dtype_size(buf.dtype)) + " bytes)";
+  return std::string(entry) + " (" + std::to_string(bytes_of(buf)) + " bytes)";
 }
 
 // comm->scratch holding at least `bytes`; runs on the stream. CPU runs only
@@ -309,17 +311,11 @@ constexpr uint8_t kDirectSlotPrefix = 0x40;
 // all_reduce goes in pieces of at most this (and at most 128 pieces): the
 // scratch stays under (n-1)/n of a piece.
 constexpr size_t kDirectPieceBytes = size_t(16) << 20;
-// "auto" takes "direct" up to this size on more than 2 ranks, Gloo's ring
-// above: the ring overlaps its transfers with its sums, which pays from
-// about 100 MB on 4 and 6 ranks (median busbw of 4 interleaved rounds on 2
-// cores, GB/s, direct / ring: 4 ranks 0.29 / 0.25 at 1 MB, 0.62 / 0.64 at
-// 10 MB, 0.60 / 0.66 at 100 MB; 6 ranks 0.21 / 0.11, 0.50 / 0.43,
-// 0.45 / 0.51; on 2 ranks direct won at every size: 0.57 / 0.51, 0.89 /
-// 0.76, 0.98 / 0.90).
+// "auto" takes "direct" on 2 ranks, and on more up to this size, Gloo's
+// ring above, which overlaps transfers with sums (README.md: measurements).
 constexpr size_t kDirectMaxBytes = size_t(32) << 20;
-// Gloo's ring moves segments of at most this (its default is 1 MiB): fewer,
-// larger messages wake fewer threads; at 100 MB on 2, 4 and 6 ranks 16 MiB
-// segments took 20-35 % less time than 1 MiB ones (interleaved runs).
+// Gloo's ring moves segments of at most this (its default, 1 MiB, wakes
+// more threads: 20-35 % slower at 100 MB; README.md).
 constexpr size_t kRingSegmentBytes = size_t(16) << 20;
 
 // One direct step of a reduce-scatter over `count` elements of `send` from
@@ -355,7 +351,7 @@ void scatter_reduce_step(ddp_comm* comm, gloo::transport::UnboundBuffer& send, s
 // rank moves 2(n-1)/n of the bytes, as the ring, but in 2 steps of
 // concurrent messages where the ring takes 2(n-1) steps of dependent ones,
 // each waiting for two threads to wake. On 2 shared cores that waking is
-// what a small all-reduce costs (kDirectMaxBytes has the measurements).
+// what a small all-reduce costs (README.md has the measurements).
 template <typename T>
 void direct_all_reduce(ddp_comm* comm, T* ptr, size_t count, uint32_t tag) {
   const auto& ctx = comm->context;
@@ -411,6 +407,7 @@ void reduce_in_place(ddp_comm* comm, T* ptr, size_t count, ddp_reduce_op op, uin
 // ------------------------------------------------------------------ entries
 
 ddp_status gloo_init(const ddp_host* host, ddp_comm** out) {
+  const auto start = std::chrono::steady_clock::now();
   try {
     const char* hostname = nullptr;
     const char* algorithm = nullptr;
@@ -438,8 +435,10 @@ ddp_status gloo_init(const ddp_host* host, ddp_comm** out) {
     comm->context->connectFullMesh(store, comm->device);
     *out = comm.release();
     return DDP_OK;
+  } catch (const ddp::plugin::Failure& e) {  // the store's own timeout
+    return fail(host, e.status(), std::string("gloo rendezvous: ") + e.what());
   } catch (const std::exception& e) {
-    return fail(host, DDP_ERR_COMM, std::string("gloo rendezvous: ") + e.what());
+    return fail(host, gloo_failure(host, start), std::string("gloo rendezvous: ") + e.what());
   }
 }
 
@@ -583,8 +582,7 @@ ddp_status gloo_barrier(ddp_comm* comm, ddp_stream stream) {
 
 }  // namespace
 
-extern "C" DDP_PLUGIN_EXPORT const ddp_transport_v1_t ddp_transport_v1;
-extern "C" const ddp_transport_v1_t ddp_transport_v1 = {
+DDP_TRANSPORT_ENTRY = {
     DDP_ABI_VERSION,
     sizeof(ddp_transport_v1_t),
     "gloo",

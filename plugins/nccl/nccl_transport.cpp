@@ -256,15 +256,6 @@ void enqueue(ddp_comm* comm, ddp_stream stream, std::string what, Call&& call) {
 
 // --------------------------------------------------------- argument checks
 
-size_t dtype_size(ddp_dtype dtype) {
-  switch (dtype) {
-    case DDP_FLOAT32: case DDP_INT32: return 4;
-    case DDP_FLOAT64: case DDP_INT64: return 8;
-    case DDP_BFLOAT16: case DDP_FLOAT16: return 2;
-  }
-  return 0;
-}
-
 ncclDataType_t nccl_type(ddp_dtype dtype) {
   switch (dtype) {
     case DDP_FLOAT32: return ncclFloat32;
@@ -285,7 +276,7 @@ ncclDataType_t checked(const ddp_buffer* buf, const char* entry) {
   if (buf->device != DDP_DEVICE_CUDA)
     throw Failure(DDP_ERR_UNSUPPORTED, std::string(entry) + ": the nccl transport needs CUDA buffers (this one is on the " +
                                            device_name(buf->device) + ")");
-  if (dtype_size(buf->dtype) == 0)
+  if (ddp_dtype_size(buf->dtype) == 0)
     throw Failure(DDP_ERR_UNSUPPORTED, std::string(entry) + ": dtype " + std::to_string(buf->dtype) +
                                            " not supported (float32, float64, int32, int64, bfloat16, float16)");
   if (buf->count > 0 && buf->ptr == nullptr)
@@ -300,7 +291,7 @@ ncclRedOp_t checked(ddp_reduce_op op, const char* entry) {
 }
 
 std::string describe(const char* entry, const ddp_buffer& buf) {
-  return std::string(entry) + " (" + std::to_string(buf.count * dtype_size(buf.dtype)) + " bytes)";
+  return std::string(entry) + " (" + std::to_string(buf.count * ddp_dtype_size(buf.dtype)) + " bytes)";
 }
 
 // ------------------------------------------------------------------ set-up
@@ -493,8 +484,7 @@ ddp_comm_s::~ddp_comm_s() {
   if (host != nullptr) host->free(host->ctx, barrier_buf);
 }
 
-extern "C" DDP_PLUGIN_EXPORT const ddp_transport_v1_t ddp_transport_v1;
-extern "C" const ddp_transport_v1_t ddp_transport_v1 = {
+DDP_TRANSPORT_ENTRY = {
     DDP_ABI_VERSION,
     sizeof(ddp_transport_v1_t),
     "nccl",

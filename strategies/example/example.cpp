@@ -181,11 +181,11 @@ void example_destroy(ddp_strategy* s) { delete s; }
 
 }  // namespace
 
-// The one exported symbol. DDP_PLUGIN_EXPORT gives it default visibility
-// (everything else is hidden); ddp_add_plugin's version script keeps the
-// dynamic symbol table to exactly this.
-extern "C" DDP_PLUGIN_EXPORT const ddp_strategy_v1_t ddp_strategy_v1;
-extern "C" const ddp_strategy_v1_t ddp_strategy_v1 = {
+// The one exported symbol: DDP_STRATEGY_ENTRY (ddp/plugin.h) defines
+// ddp_strategy_v1 with C linkage and default visibility (everything else is
+// hidden); ddp_add_plugin's version script keeps the dynamic symbol table
+// to exactly this.
+DDP_STRATEGY_ENTRY = {
     DDP_ABI_VERSION,            // the ABI this was built against (major.minor)
     sizeof(ddp_strategy_v1_t),  // lets a newer host see which entries exist
     "example",                  // name, as the host reports it

@@ -94,8 +94,7 @@ void overlap_destroy(ddp_strategy* s) { delete s; }
 
 }  // namespace
 
-extern "C" DDP_PLUGIN_EXPORT const ddp_strategy_v1_t ddp_strategy_v1;
-extern "C" const ddp_strategy_v1_t ddp_strategy_v1 = {
+DDP_STRATEGY_ENTRY = {
     DDP_ABI_VERSION,
     sizeof(ddp_strategy_v1_t),
     "overlap",

@@ -1,8 +1,7 @@
 /* Broken: the required entry finish is NULL. */
 #include "stubs.h"
 
-DDP_PLUGIN_EXPORT extern const ddp_strategy_v1_t ddp_strategy_v1;
-const ddp_strategy_v1_t ddp_strategy_v1 = {
+DDP_STRATEGY_ENTRY = {
     STUB_STRATEGY_FIELDS,
     .finish = NULL,
 };

@@ -97,8 +97,7 @@ static ddp_status rec_stats(ddp_strategy* s, char* buf, size_t cap, size_t* need
 
 static void rec_destroy(ddp_strategy* s) { free(s); }
 
-DDP_PLUGIN_EXPORT extern const ddp_strategy_v1_t ddp_strategy_v1;
-const ddp_strategy_v1_t ddp_strategy_v1 = {
+DDP_STRATEGY_ENTRY = {
     DDP_ABI_VERSION, sizeof(ddp_strategy_v1_t), "recorder", "0.1.0", DDP_CAP_DEVICE_CPU,
     rec_create,      rec_train_begin,           rec_step_begin, rec_grad_ready, rec_backward_end,
     rec_finish,      NULL,                      rec_stats,      rec_destroy};

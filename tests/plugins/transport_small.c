@@ -3,8 +3,7 @@
 
 #include "stubs.h"
 
-DDP_PLUGIN_EXPORT extern const ddp_transport_v1_t ddp_transport_v1;
-const ddp_transport_v1_t ddp_transport_v1 = {
+DDP_TRANSPORT_ENTRY = {
     STUB_TRANSPORT_FIELDS,
     .struct_size = offsetof(ddp_transport_v1_t, barrier),
 };

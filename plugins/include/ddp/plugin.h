@@ -3,11 +3,10 @@
  * A plugin is a shared library that exports exactly one const descriptor:
  *   ddp_transport_v1   (type ddp_transport_v1_t)  moves bytes between ranks
  *   ddp_strategy_v1    (type ddp_strategy_v1_t)   decides what to move, when
- * The descriptor begins with abi_version, struct_size, name, version and
- * capability bits, then a vtable. The engine passes a ddp_host vtable in
- * (logging, the plugin's own TOML keys, parameters, device memory, streams
- * and events, the rendezvous store). A plugin includes only this header and
- * never links against the engine.
+ * beginning with abi_version, struct_size, name, version and capability
+ * bits, then a vtable. The engine passes a ddp_host vtable in (logging, the
+ * plugin's TOML keys, parameters, device memory, streams and events, the
+ * rendezvous store). A plugin includes only this header, links no engine.
  *
  * Rules that hold for every entry:
  * - C99, no exceptions cross this boundary. Every entry returns ddp_status;
@@ -45,9 +44,9 @@
  * Minor versions of ABI 1:
  *   1.0  the first release.
  *   1.1  ddp_host gains alloc_host and free_host (staging memory on the
- *        host for a device's buffers). A plugin checks host->struct_size
- *        before using them, e.g.
- *          host->struct_size >= offsetof(ddp_host, free_host) + sizeof(host->free_host)
+ *        host for a device's buffers). Check host->struct_size first: >=
+ *        offsetof(ddp_host, free_host) + sizeof(host->free_host).
+ * Header-only helpers (ddp_dtype_size, DDP_*_ENTRY) are no ABI change.
  */
 #ifndef DDP_PLUGIN_H
 #define DDP_PLUGIN_H
@@ -66,7 +65,7 @@ extern "C" {
 #define DDP_ABI_MAJOR(v) ((uint32_t)(v) >> 16)
 #define DDP_ABI_MINOR(v) ((uint32_t)(v)&0xffffu)
 
-/* Entry symbol names, for hosts that look them up. */
+/* Entry symbol names, for hosts that look them up (see DDP_*_ENTRY below). */
 #define DDP_TRANSPORT_ENTRY_V1 "ddp_transport_v1"
 #define DDP_STRATEGY_ENTRY_V1 "ddp_strategy_v1"
 
@@ -97,6 +96,16 @@ typedef enum ddp_dtype {
   DDP_FLOAT16 = 5
 } ddp_dtype;
 
+/* Bytes per element of `dtype`; 0 for a value this header does not name. */
+static inline size_t ddp_dtype_size(ddp_dtype dtype) {
+  switch (dtype) {
+    case DDP_FLOAT32: case DDP_INT32: return 4;
+    case DDP_FLOAT64: case DDP_INT64: return 8;
+    case DDP_BFLOAT16: case DDP_FLOAT16: return 2;
+  }
+  return 0;
+}
+
 typedef enum ddp_device_kind { DDP_DEVICE_CPU = 0, DDP_DEVICE_CUDA = 1 } ddp_device_kind;
 
 typedef enum ddp_reduce_op {
@@ -126,9 +135,9 @@ typedef enum ddp_mem_category {
 #define DDP_CAP_DEVICE_CUDA (1u << 1)     /* works on CUDA memory */
 #define DDP_CAP_OWNS_OPTIMIZER (1u << 8)  /* strategy: implements optimizer_step */
 
-/* A contiguous buffer on the run's device. `count` is in elements. */
-/* A buffer argument; passed by pointer, read during the call only (the
- * memory it names must stay valid until the enqueued work completes). */
+/* A contiguous buffer on the run's device; `count` in elements. Passed by
+ * pointer, read during the call only (the memory it names must stay valid
+ * until the enqueued work completes). */
 typedef struct ddp_buffer {
   void* ptr;
   size_t count;
@@ -150,8 +159,8 @@ typedef struct ddp_param {
   int trainable; /* 0: frozen, never touched, never fires on_grad_ready */
 } ddp_param;
 
-/* Opaque handles. Streams and events belong to the host; ddp_comm to the
- * transport that made it; ddp_strategy to the strategy that made it. */
+/* Opaque handles. Streams and events belong to the host; ddp_comm and
+ * ddp_strategy to the plugin that made them. */
 typedef struct ddp_stream_s* ddp_stream;
 typedef struct ddp_event_s* ddp_event;
 typedef struct ddp_comm_s ddp_comm;
@@ -172,9 +181,7 @@ typedef struct ddp_host {
   uint32_t abi_version; /* DDP_ABI_VERSION of the engine */
   uint32_t struct_size; /* sizeof(ddp_host) as the engine knows it */
   void* ctx;
-  int rank;
-  int world_size;
-  int local_rank;
+  int rank, world_size, local_rank;
   ddp_device_kind device;
 
   /* Logging; the host prefixes rank and plugin name. Non-blocking. */
@@ -372,9 +379,18 @@ typedef struct ddp_strategy_v1_t {
   void (*destroy)(ddp_strategy* s);
 } ddp_strategy_v1_t;
 
-/* What a plugin exports (exactly one of these, as the entry symbol):
- *   DDP_PLUGIN_EXPORT extern const ddp_strategy_v1_t ddp_strategy_v1;
- *   DDP_PLUGIN_EXPORT extern const ddp_transport_v1_t ddp_transport_v1;  */
+/* What a plugin exports: exactly one entry symbol, defined with one of
+ *   DDP_STRATEGY_ENTRY = {DDP_ABI_VERSION, sizeof(ddp_strategy_v1_t), "name",
+ *                         "0.1.0", caps, create, on_train_begin, ...};
+ *   DDP_TRANSPORT_ENTRY = {...};
+ * (the same in C and C++: exported, and unmangled in C++). */
+#ifdef __cplusplus
+#define DDP_ENTRY_LINKAGE extern "C" DDP_PLUGIN_EXPORT
+#else
+#define DDP_ENTRY_LINKAGE DDP_PLUGIN_EXPORT
+#endif
+#define DDP_STRATEGY_ENTRY DDP_ENTRY_LINKAGE const ddp_strategy_v1_t ddp_strategy_v1
+#define DDP_TRANSPORT_ENTRY DDP_ENTRY_LINKAGE const ddp_transport_v1_t ddp_transport_v1
 
 #ifdef __cplusplus
 } /* extern "C" */

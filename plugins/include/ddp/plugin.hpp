@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -40,24 +41,29 @@ inline void check(ddp_status status) {
   if (status != DDP_OK) throw Failure(status, "", /*text_is_set=*/true);
 }
 
-// Runs `body` at an ABI entry: every exception becomes a status plus text.
+// Runs `body` at an ABI entry: every exception becomes a status plus text
+// (host->set_error). A Failure returns its own status; one without a kind
+// (DDP_ERR_INTERNAL) and any other exception return `fallback`, the status
+// that stands for "this entry failed" (the engine's memory entries say
+// DDP_ERR_OUT_OF_MEMORY, its waits DDP_ERR_COMM). The one guard of ddp:
+// plugins and the engine's own host entries both use it.
 template <typename Body>
-ddp_status guard(const ddp_host* host, Body&& body) noexcept {
+ddp_status guard(const ddp_host* host, Body&& body, ddp_status fallback = DDP_ERR_INTERNAL) noexcept {
   try {
     body();
     return DDP_OK;
   } catch (const Failure& f) {
     if (!f.text_is_set()) host->set_error(host->ctx, f.what());
-    return f.status();
+    return f.status() == DDP_ERR_INTERNAL ? fallback : f.status();
   } catch (const std::bad_alloc&) {
     host->set_error(host->ctx, "out of memory");
     return DDP_ERR_OUT_OF_MEMORY;
   } catch (const std::exception& e) {
     host->set_error(host->ctx, e.what());
-    return DDP_ERR_INTERNAL;
+    return fallback;
   } catch (...) {
     host->set_error(host->ctx, "unknown exception");
-    return DDP_ERR_INTERNAL;
+    return fallback;
   }
 }
 

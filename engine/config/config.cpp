@@ -1,0 +1,421 @@
+// config.cpp — the run's configuration: load, apply --set overrides,
+// validate against the fixed schema below and the models' keys
+// (models/registry.h). See config.h for the exact error messages.
+#include "config.h"
+
+#include <algorithm>
+#include <climits>
+#include <filesystem>
+#include <optional>
+#include <sstream>
+#include <tuple>
+
+#include "toml_read.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+using toml_read::format_double;
+using toml_read::from_override;
+using toml_read::has_type;
+using toml_read::wrong_type;
+
+// Every key of the fixed sections (the models' own keys are the registry's). The plugin sections list only `plugin`;
+// their other keys belong to the plugin and are checked by PluginSection.
+struct KeySpec {
+  const char* section;
+  const char* key;
+  toml::node_type type;
+  bool required;
+};
+
+constexpr KeySpec kSchema[] = {
+    {"run", "world_size", toml::node_type::integer, false},
+    {"run", "steps", toml::node_type::integer, true},
+    {"run", "seed", toml::node_type::integer, false},
+    {"run", "output_dir", toml::node_type::string, false},
+    {"run", "timeout_s", toml::node_type::floating_point, false},
+    {"run", "log_every", toml::node_type::integer, false},
+    {"run", "grad_accum_steps", toml::node_type::integer, false},
+    {"run", "threads", toml::node_type::integer, false},
+    {"run", "device", toml::node_type::string, false},
+    {"run", "share_gpus", toml::node_type::boolean, false},
+    {"model", "name", toml::node_type::string, true},
+    {"model", "init_from", toml::node_type::string, false},
+    {"model", "freeze", toml::node_type::array, false},
+    {"data", "kind", toml::node_type::string, false},
+    {"data", "path", toml::node_type::string, false},
+    {"data", "batch_size", toml::node_type::integer, true},
+    {"optimizer", "name", toml::node_type::string, false},
+    {"optimizer", "lr", toml::node_type::floating_point, true},
+    {"optimizer", "momentum", toml::node_type::floating_point, false},
+    {"optimizer", "betas", toml::node_type::array, false},
+    {"optimizer", "eps", toml::node_type::floating_point, false},
+    {"optimizer", "weight_decay", toml::node_type::floating_point, false},
+    {"optimizer", "groups", toml::node_type::array, false},
+    {"schedule", "unfreeze", toml::node_type::array, false},
+    {"transport", "plugin", toml::node_type::string, false},
+    {"strategy", "plugin", toml::node_type::string, false},
+};
+
+bool is_plugin_section(const std::string& section) {
+  return section == "transport" || section == "strategy";
+}
+
+bool is_known_section(const std::string& section) {
+  return std::any_of(std::begin(kSchema), std::end(kSchema),
+                     [&](const KeySpec& s) { return section == s.section; });
+}
+
+const KeySpec* find_spec(const std::string& section, const std::string& key) {
+  for (const KeySpec& s : kSchema)
+    if (section == s.section && key == s.key) return &s;
+  return nullptr;
+}
+
+const ModelKey* model_key(const ModelInfo& model, const std::string& key) {
+  for (const ModelKey& k : model.keys)
+    if (k.name == key) return &k;
+  return nullptr;
+}
+
+// The type of a key of the fixed sections, or of any model's key.
+std::optional<toml::node_type> key_type(const std::string& section, const std::string& key) {
+  if (const KeySpec* spec = find_spec(section, key)) return spec->type;
+  if (section != "model") return std::nullopt;
+  for (const ModelInfo& model : model_registry()) {
+    if (const ModelKey* k = model_key(model, key)) {
+      return k->type == ModelKey::Int     ? toml::node_type::integer
+             : k->type == ModelKey::Float ? toml::node_type::floating_point
+                                          : toml::node_type::string;
+    }
+  }
+  return std::nullopt;
+}
+
+// Reads the fixed sections of a parsed document. check_structure() first;
+// the typed reads then assume types are right and check value constraints.
+class Reader {
+ public:
+  Reader(const toml::table& doc, const std::string& file) : doc_(doc), file_(file) {}
+
+  void check_structure() const {
+    for (auto&& [name, node] : doc_) {
+      const std::string section(name.str());
+      if (!is_known_section(section)) {
+        if (node.is_table()) throw ConfigError(where(node) + ": unknown section '" + section + "'");
+        throw ConfigError(where(node) + ": unknown key '" + section + "'");
+      }
+      if (!node.is_table()) throw wrong_type(where(node), section, toml::node_type::table, node);
+      for (auto&& [key_name, value] : *node.as_table()) {
+        const std::string key(key_name.str());
+        const std::optional<toml::node_type> type = key_type(section, key);
+        if (!type) {
+          if (is_plugin_section(section)) continue;
+          throw ConfigError(where(value) + ": unknown key '" + section + "." + key + "'");
+        }
+        if (!has_type(value, *type)) throw wrong_type(where(value), section + "." + key, *type, value);
+      }
+    }
+    for (const KeySpec& s : kSchema)
+      if (s.required && !find(s.section, s.key))
+        throw ConfigError(file_ + ": missing required key '" + s.section + "." + s.key + "'");
+  }
+
+  int64_t integer(const char* section, const char* key, int64_t fallback, int64_t min,
+                  int64_t max = INT64_MAX) const {
+    const toml::node* node = find(section, key);
+    if (!node) return fallback;
+    const int64_t value = node->as_integer()->get();
+    require(value >= min, section, key, ">= " + std::to_string(min), std::to_string(value));
+    require(value <= max, section, key, "<= " + std::to_string(max), std::to_string(value));
+    return value;
+  }
+
+  double positive(const char* section, const char* key, double fallback) const {
+    const toml::node* node = find(section, key);
+    if (!node) return fallback;
+    const double value = node->is_integer() ? double(node->as_integer()->get())
+                                            : node->as_floating_point()->get();
+    require(value > 0, section, key, "> 0", format_double(value));  // also rejects nan
+    return value;
+  }
+
+  double non_negative(const char* section, const char* key, double fallback) const {
+    const toml::node* node = find(section, key);
+    if (!node) return fallback;
+    const double value = as_double(*node);
+    require(value >= 0, section, key, ">= 0", format_double(value));
+    return value;
+  }
+
+  // optimizer.betas: exactly two floats, each in [0, 1).
+  std::pair<double, double> betas(double b1, double b2) const {
+    const toml::node* node = find("optimizer", "betas");
+    if (!node) return {b1, b2};
+    const toml::array& a = *node->as_array();
+    bool ok = a.size() == 2;
+    for (size_t i = 0; ok && i < 2; ++i) {
+      ok = has_type(a[i], toml::node_type::floating_point);
+      if (ok) ok = as_double(a[i]) >= 0 && as_double(a[i]) < 1;
+    }
+    // Floats as format_double writes them elsewhere ("0.9", not TOML++'s
+    // full-precision "0.90000000000000002").
+    std::ostringstream got;
+    got << toml::toml_formatter(a, toml::toml_formatter::default_flags |
+                                       toml::format_flags::relaxed_float_precision);
+    require(ok, "optimizer", "betas", "two floats in [0, 1)", got.str());
+    return {as_double(a[0]), as_double(a[1])};
+  }
+
+  // An array of tables ([[section.key]]), each checked against `fields`
+  // (name → type, required); calls `read(table, where_prefix)` for each.
+  template <typename Read>
+  void tables(const char* section, const char* key,
+              std::initializer_list<std::tuple<const char*, toml::node_type, bool>> fields, Read read) const {
+    const toml::node* node = find(section, key);
+    if (!node) return;
+    size_t index = 0;
+    for (const toml::node& element : *node->as_array()) {
+      const std::string name = std::string(section) + "." + key + "[" + std::to_string(index++) + "]";
+      if (!element.is_table()) throw wrong_type(where(element), name, toml::node_type::table, element);
+      const toml::table& t = *element.as_table();
+      for (auto&& [k, v] : t) {
+        auto field = std::find_if(fields.begin(), fields.end(),
+                                  [&](const auto& f) { return k.str() == std::get<0>(f); });
+        if (field == fields.end()) throw ConfigError(where(v) + ": unknown key '" + name + "." + std::string(k.str()) + "'");
+        if (!has_type(v, std::get<1>(*field))) throw wrong_type(where(v), name + "." + std::string(k.str()), std::get<1>(*field), v);
+      }
+      for (const auto& f : fields)
+        if (std::get<2>(f) && !t.contains(std::get<0>(f)))
+          throw ConfigError(where(element) + ": missing required key '" + name + "." + std::get<0>(f) + "'");
+      read(t, name);
+    }
+  }
+
+  static double as_double(const toml::node& node) {
+    return node.is_integer() ? double(node.as_integer()->get()) : node.as_floating_point()->get();
+  }
+
+  std::string string(const char* section, const char* key, const std::string& fallback) const {
+    const toml::node* node = find(section, key);
+    return node ? node->as_string()->get() : fallback;
+  }
+
+  bool boolean(const char* section, const char* key, bool fallback) const {
+    const toml::node* node = find(section, key);
+    return node ? node->as_boolean()->get() : fallback;
+  }
+
+  std::string one_of(const char* section, const char* key, const std::string& fallback,
+                     const std::vector<std::string>& allowed) const {
+    const std::string value = string(section, key, fallback);
+    std::string list;
+    for (const std::string& a : allowed) list += (list.empty() ? "" : ", ") + a;
+    require(std::find(allowed.begin(), allowed.end(), value) != allowed.end(), section, key,
+            "one of: " + list, "'" + value + "'");
+    return value;
+  }
+
+  // A path written in the file is relative to the file's directory, so that
+  // configs/x.toml can name ../tests/fixtures/...; one given with --set is
+  // relative to the working directory, like any command-line path.
+  std::string path_from_file(const char* section, const char* key) const {
+    const toml::node* node = find(section, key);
+    if (!node) return "";
+    const fs::path path(node->as_string()->get());
+    if (path.is_absolute() || from_override(node->source())) return path.string();
+    return (fs::path(file_).parent_path() / path).lexically_normal().string();
+  }
+
+  PluginSection plugin_section(const char* section) const {
+    static const toml::table empty;
+    const toml::table* table = doc_[section].as_table();
+    return PluginSection(file_, section, table ? *table : empty);
+  }
+
+  const toml::node* find(const char* section, const char* key) const {
+    return doc_[section][key].node();
+  }
+
+  const toml::node* find(const char* section) const { return doc_[section].node(); }
+  const std::string& file() const { return file_; }
+  std::string where(const toml::node& node) const { return toml_read::where_of(node.source(), file_); }
+
+  void require(bool ok, const char* section, const char* key, const std::string& constraint,
+               const std::string& got) const {
+    if (ok) return;
+    throw ConfigError(where(*find(section, key)) + ": key '" + section + "." + key +
+                      "' must be " + constraint + " (got " + got + ")");
+  }
+
+ private:
+  const toml::table& doc_;
+  const std::string& file_;
+};
+
+RunConfig read_run(const Reader& r) {
+  RunConfig run;
+  run.world_size = int(r.integer("run", "world_size", 1, 1, INT_MAX));
+  run.steps = r.integer("run", "steps", 0, 0);
+  run.seed = uint64_t(r.integer("run", "seed", 0, 0));
+  // Relative to the working directory: users expect runs/ where they run.
+  run.output_dir = r.string("run", "output_dir", "runs/" + fs::path(r.file()).stem().string());
+  run.timeout_s = r.positive("run", "timeout_s", 30.0);
+  run.log_every = r.integer("run", "log_every", 1, 1);
+
+  run.threads = int(r.integer("run", "threads", 1, 1, 1024));
+  run.device = r.one_of("run", "device", "cpu", {"cpu", "cuda"}) == "cuda" ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
+  run.share_gpus = r.boolean("run", "share_gpus", false);
+
+  return run;
+}
+
+// [model]: name, init_from, freeze, then the keys the registry lists for
+// that model, each at its fallback when unset. A key of another model is a
+// mistake, named as such.
+ModelConfig read_model(const Reader& r) {
+  ModelConfig m;
+  std::vector<std::string> names;
+  for (const ModelInfo& info : model_registry()) names.push_back(info.name);
+  m.name = r.one_of("model", "name", "", names);
+  m.init_from = r.path_from_file("model", "init_from");
+  if (const toml::node* f = r.find("model", "freeze")) {
+    for (const toml::node& e : *f->as_array()) {
+      if (!e.is_string())
+        throw ConfigError(r.where(*f) + ": key 'model.freeze' must be an array of strings (parameter name globs)");
+      m.freeze.push_back(e.as_string()->get());
+    }
+  }
+  const ModelInfo& model = *find_model(m.name);
+  for (auto&& [name, node] : *r.find("model")->as_table()) {
+    const std::string key(name.str());
+    if (find_spec("model", key) || model_key(model, key)) continue;
+    std::string owners;
+    for (const ModelInfo& other : model_registry())
+      if (model_key(other, key)) owners += (owners.empty() ? "'" : ", '") + other.name + "'";
+    throw ConfigError(r.where(node) + ": key 'model." + key + "' applies to model" +
+                      (owners.find(',') == std::string::npos ? " " : "s ") + owners + " only");
+  }
+  for (const ModelKey& k : model.keys) {
+    const char* key = k.name.c_str();
+    if (k.type == ModelKey::Int) {
+      m.options.set(k.name, r.integer("model", key, std::get<int64_t>(k.fallback), k.min));
+    } else if (k.type == ModelKey::Float) {
+      m.options.set(k.name, r.positive("model", key, std::get<double>(k.fallback)));
+    } else {
+      m.options.set(k.name, r.one_of("model", key, std::get<std::string>(k.fallback), k.choices));
+    }
+  }
+  return m;
+}
+
+DataConfig read_data(const Reader& r, const std::string& model, int world_size) {
+  DataConfig d;
+  d.path = r.path_from_file("data", "path");
+  {
+    const std::string inferred = d.path.empty() ? "random"
+                                 : fs::path(d.path).extension() == ".safetensors" ? "safetensors"
+                                                                                       : "tokens";
+    d.kind = r.one_of("data", "kind", inferred, {"random", "safetensors", "tokens"});
+    if (d.kind == "random" && !d.path.empty())
+      throw ConfigError(r.where(*r.find("data", "path")) + ": key 'data.path' is not used with data.kind = \"random\"");
+    if (d.kind != "random" && d.path.empty())
+      throw ConfigError(r.file() + ": missing required key 'data.path' (data.kind = \"" + d.kind + "\")");
+    if (d.kind == "tokens" && find_model(model)->data != DataShape::Tokens) {
+      std::string readers;
+      for (const ModelInfo& m : model_registry())
+        if (m.data == DataShape::Tokens) readers += (readers.empty() ? "'" : " or '") + m.name + "'";
+      throw ConfigError(r.where(r.find("data", "kind") ? *r.find("data", "kind") : *r.find("data", "path")) +
+                        ": data.kind = \"tokens\" (a token file) needs model " + readers);
+    }
+  }
+  d.batch_size = r.integer("data", "batch_size", 0, 1);
+  // The batch is global: every rank takes an equal share.
+  if (d.batch_size % world_size != 0)
+    throw ConfigError(r.where(*r.find("data", "batch_size")) + ": key 'data.batch_size' (" +
+                      std::to_string(d.batch_size) +
+                      ") must be divisible by run.world_size (" +
+                      std::to_string(world_size) + ")");
+
+  return d;
+}
+
+OptimizerConfig read_optimizer(const Reader& r) {
+  OptimizerConfig o;
+  o.name = r.one_of("optimizer", "name", "sgd", {"sgd", "adamw"});
+  o.lr = r.positive("optimizer", "lr", 0.0);
+  o.momentum = r.non_negative("optimizer", "momentum", 0.0);
+  std::tie(o.beta1, o.beta2) = r.betas(o.beta1, o.beta2);
+  o.eps = r.positive("optimizer", "eps", o.eps);
+  o.weight_decay = r.non_negative("optimizer", "weight_decay", o.name == "adamw" ? 0.01 : 0.0);
+  for (const char* key : {"momentum"})
+    if (o.name != "sgd" && r.find("optimizer", key))
+      throw ConfigError(r.where(*r.find("optimizer", key)) + ": key 'optimizer." + key + "' applies to sgd only");
+  for (const char* key : {"betas", "eps"})
+    if (o.name != "adamw" && r.find("optimizer", key))
+      throw ConfigError(r.where(*r.find("optimizer", key)) + ": key 'optimizer." + key + "' applies to adamw only");
+  using T = toml::node_type;
+  r.tables("optimizer", "groups", {{"params", T::string, true}, {"lr", T::floating_point, false},
+                                   {"weight_decay", T::floating_point, false}},
+           [&](const toml::table& t, const std::string& name) {
+             ParamGroupConfig g;
+             g.params = t["params"].value_or(std::string());
+             g.lr = t["lr"].node() ? Reader::as_double(*t["lr"].node()) : o.lr;
+             g.weight_decay = t["weight_decay"].node() ? Reader::as_double(*t["weight_decay"].node()) : o.weight_decay;
+             if (!(g.lr > 0)) throw ConfigError(r.where(*t["lr"].node()) + ": key '" + name + ".lr' must be > 0 (got " + format_double(g.lr) + ")");
+             if (!(g.weight_decay >= 0))
+               throw ConfigError(r.where(*t["weight_decay"].node()) + ": key '" + name + ".weight_decay' must be >= 0 (got " + format_double(g.weight_decay) + ")");
+             o.groups.push_back(g);
+           });
+  return o;
+}
+
+std::vector<UnfreezeConfig> read_unfreeze(const Reader& r) {
+  using T = toml::node_type;
+  std::vector<UnfreezeConfig> unfreeze;
+  r.tables("schedule", "unfreeze", {{"step", T::integer, true}, {"params", T::string, true}},
+           [&](const toml::table& t, const std::string& name) {
+             UnfreezeConfig u{t["step"].value_or(int64_t(0)), t["params"].value_or(std::string())};
+             if (u.step < 0) throw ConfigError(r.where(*t["step"].node()) + ": key '" + name + ".step' must be >= 0 (got " + std::to_string(u.step) + ")");
+             unfreeze.push_back(u);
+           });
+
+  return unfreeze;
+}
+
+}  // namespace
+
+Config validate_config(const toml::table& doc, const std::string& file) {
+  const Reader r(doc, file);
+  r.check_structure();
+
+  Config c;
+  c.file = file;
+  c.run = read_run(r);
+  c.model = read_model(r);
+  c.data = read_data(r, c.model.name, c.run.world_size);
+  // Plugins see it as ddp_step_info.micro_steps, an int32_t.
+  c.run.grad_accum_steps = r.integer("run", "grad_accum_steps", 1, 1, INT_MAX);
+
+  c.optimizer = read_optimizer(r);
+  c.unfreeze = read_unfreeze(r);
+  c.transport_plugin = r.string("transport", "plugin", "gloo");
+  c.strategy_plugin = r.string("strategy", "plugin", "naive");
+  c.transport = r.plugin_section("transport");
+  c.strategy = r.plugin_section("strategy");
+
+  std::ostringstream text;
+  text << doc;
+  c.toml_text = text.str();
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  toml::table doc = toml_read::parse_file(path);
+  for (const std::string& arg : overrides) toml_read::apply_override(doc, arg);
+  return validate_config(doc, path);
+}
+
+}  // namespace ddp

@@ -1,0 +1,119 @@
+// config.h — the run's TOML configuration, read with TOML++ and validated
+// against a fixed schema. Unknown keys and wrong types are errors that name
+// file, line, column and key; a missing required key names itself. The
+// plugin tables ([transport], [strategy]) are kept as PluginSection: plugins
+// read them through the host vtable, and keys no plugin read are unknown.
+// The [model] table's keys beyond name, init_from and freeze are the model's
+// own, as models/registry.h lists them.
+//
+// Error messages (exact; tests check them):
+//   <file>: cannot open config file
+//   <file>:<line>:<col>: <TOML++ description>                   (parse error)
+//   <file>:<line>:<col>: unknown key '<section>.<key>'
+//   <file>:<line>:<col>: unknown section '<name>'
+//   <file>:<line>:<col>: key '<section>.<key>' must be <a/an> <type>, not <a/an> <type>
+//   <file>: missing required key '<section>.<key>'
+//   <file>:<line>:<col>: key '<section>.<key>' must be <constraint> (got <value>)
+//   <file>:<line>:<col>: key 'data.batch_size' (<B>) must be divisible by run.world_size (<N>)
+//   --set <arg>: expected section.key=value
+//   --set <arg>: <TOML++ description>                           (bad value)
+// Keys given with --set are reported as "--set section.key=value" in place
+// of "<file>:<line>:<col>".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <toml++/toml.h>
+
+#include <ddp/plugin.h>
+
+#include "error.h"
+#include "plugin_section.h"
+#include "registry.h"
+
+namespace ddp {
+
+struct RunConfig {
+  int world_size = 1;
+  int64_t grad_accum_steps = 1;  // micro-batches per optimizer step, >= 1
+  int64_t steps = 0;          // required, >= 0
+  uint64_t seed = 0;
+  std::string output_dir;     // default: "runs/<config file stem>"
+  double timeout_s = 30.0;    // > 0
+  int64_t log_every = 1;      // progress line every N steps, >= 1
+  int threads = 1;            // BLAS threads per rank, >= 1
+  ddp_device_kind device = DDP_DEVICE_CPU;  // "cpu" | "cuda" (GPU local_rank per rank)
+  bool share_gpus = false;    // cuda: ranks beyond the GPU count share them (gloo only)
+};
+
+struct ModelConfig {
+  std::string name;           // required: a name of models/registry.h
+  std::string init_from;      // optional safetensors path, relative to the config file
+  std::vector<std::string> freeze;  // globs: parameters frozen from the start (fine-tuning)
+  // The model's own keys (registry.h), each with its fallback where unset.
+  ModelOptions options;
+};
+
+struct DataConfig {
+  // "random": inputs (or token ids) from run.seed; "safetensors": x/y (or
+  // tokens) rows consumed in order; "tokens": a flat uint16 token file,
+  // memory-mapped, random windows. Default: from `path` (none: random;
+  // *.safetensors: safetensors; else tokens).
+  std::string kind;
+  std::string path;           // relative to the config file
+  int64_t batch_size = 0;     // required, global batch, > 0, divisible by world_size
+};
+
+// [[optimizer.groups]]: parameters whose name matches `params` (a glob:
+// `*` and `?`, matching dots too) take this group's lr and weight_decay
+// (torch.optim's param_groups). The first matching group wins; the rest use
+// the [optimizer] values.
+struct ParamGroupConfig {
+  std::string params;
+  double lr = 0.0;
+  double weight_decay = 0.0;
+};
+
+struct OptimizerConfig {
+  std::string name = "sgd";   // "sgd" | "adamw"
+  double lr = 0.0;            // required, > 0
+  double momentum = 0.0;      // sgd, >= 0
+  double beta1 = 0.9, beta2 = 0.999;  // adamw `betas`, each in [0, 1)
+  double eps = 1e-8;          // adamw, > 0
+  double weight_decay = 0.0;  // >= 0; default 0 for sgd (L2), 0.01 for adamw (decoupled), as PyTorch
+  std::vector<ParamGroupConfig> groups;
+};
+
+// [[schedule.unfreeze]]: before optimizer step `step` (0-based), the frozen
+// parameters whose name matches `params` become trainable (the
+// assignment's add_param_group during training).
+struct UnfreezeConfig {
+  int64_t step = 0;
+  std::string params;
+};
+
+struct Config {
+  std::string file;           // path as given
+  RunConfig run;
+  ModelConfig model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  std::vector<UnfreezeConfig> unfreeze;
+  std::string transport_plugin = "gloo";
+  std::string strategy_plugin = "naive";
+  PluginSection transport;
+  PluginSection strategy;
+  std::string toml_text;      // the effective config (after --set), for summary.json
+};
+
+// Pure: validates a parsed document. `file` is used in messages only and to
+// resolve relative paths. Throws ConfigError.
+Config validate_config(const toml::table& doc, const std::string& file);
+
+// Reads `path`, applies `overrides` ("section.key=value", value in TOML
+// syntax; a bare word that is not valid TOML is taken as a string), validates.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+}  // namespace ddp

@@ -1,0 +1,99 @@
+// plugin_section.cpp — see plugin_section.h.
+#include "plugin_section.h"
+
+#include <tuple>
+
+#include "toml_read.h"
+
+namespace ddp {
+
+using toml_read::from_override;
+using toml_read::kSetPrefix;
+using toml_read::where_of;
+using toml_read::wrong_type;
+
+PluginSection::PluginSection(std::string file, std::string section, const toml::table& table)
+    : file_(std::move(file)), section_(std::move(section)) {
+  for (auto&& [key, node] : table) {
+    if (key.str() == "plugin") continue;  // the host's key: which plugin, not its settings
+    table_.insert(key, node);
+    sources_[std::string(key.str())] = node.source();
+  }
+}
+
+const toml::node* PluginSection::find(const std::string& key) const {
+  read_.insert(key);
+  return table_.get(key);
+}
+
+std::string PluginSection::where(const std::string& key) const {
+  return where_of(sources_.at(key), file_);
+}
+
+int64_t PluginSection::get_int(const std::string& key, int64_t fallback) const {
+  const toml::node* node = find(key);
+  if (!node) return fallback;
+  if (!node->is_integer())
+    throw wrong_type(where(key), section_ + "." + key, toml::node_type::integer, *node);
+  return node->as_integer()->get();
+}
+
+double PluginSection::get_float(const std::string& key, double fallback) const {
+  const toml::node* node = find(key);
+  if (!node) return fallback;
+  if (node->is_integer()) return double(node->as_integer()->get());
+  if (!node->is_floating_point())
+    throw wrong_type(where(key), section_ + "." + key, toml::node_type::floating_point, *node);
+  return node->as_floating_point()->get();
+}
+
+bool PluginSection::get_bool(const std::string& key, bool fallback) const {
+  const toml::node* node = find(key);
+  if (!node) return fallback;
+  if (!node->is_boolean())
+    throw wrong_type(where(key), section_ + "." + key, toml::node_type::boolean, *node);
+  return node->as_boolean()->get();
+}
+
+std::string PluginSection::get_string(const std::string& key,
+                                      const std::string& fallback) const {
+  const toml::node* node = find(key);
+  if (!node) return fallback;
+  if (!node->is_string())
+    throw wrong_type(where(key), section_ + "." + key, toml::node_type::string, *node);
+  return node->as_string()->get();
+}
+
+void PluginSection::check_all_read(const std::string& kind,
+                                   const std::string& plugin_name) const {
+  // File order; keys from --set come after the file's.
+  auto order = [&](const std::string& key) {
+    const toml::source_region& s = sources_.at(key);
+    return std::make_tuple(from_override(s), s.begin.line, s.begin.column);
+  };
+  const std::string* first = nullptr;
+  for (const auto& entry : sources_) {
+    const std::string& key = entry.first;
+    if (!read_.count(key) && (!first || order(key) < order(*first))) first = &key;
+  }
+  if (first)
+    throw ConfigError(where(*first) + ": unknown key '" + section_ + "." + *first + "' (" +
+                      kind + " plugin '" + plugin_name + "' does not read it)");
+}
+
+PluginSection plugin_section_from_overrides(const std::string& section, const std::vector<std::string>& overrides) {
+  toml::table doc;
+  for (const std::string& arg : overrides) {
+    toml_read::apply_override(doc, arg);
+    const std::string name = toml_read::trim(arg.substr(0, arg.find('=')));
+    if (name.compare(0, section.size() + 1, section + ".") != 0)
+      throw ConfigError(kSetPrefix + arg + ": only " + section + ".<key> can be set here");
+    if (name == section + ".plugin")
+      throw ConfigError(kSetPrefix + arg + ": the " + section + " plugin is not a key here (name it with --" + section + ")");
+  }
+  const toml::table empty;
+  const toml::table* table = doc[section].as_table();
+  return PluginSection("", section, table ? *table : empty);
+}
+
+}  // namespace ddp

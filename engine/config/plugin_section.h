@@ -1,0 +1,54 @@
+// plugin_section.h — a plugin's own TOML table ([transport] or [strategy]
+// minus `plugin`). Plugins read it through the host vtable (typed reads that
+// throw ConfigError naming the key's location); every key read is
+// remembered, so that keys no plugin read can be reported as unknown.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <toml++/toml.h>
+
+#include "error.h"
+
+namespace ddp {
+
+class PluginSection {
+ public:
+  PluginSection() = default;
+  // Takes the table by reference: copying a TOML++ node drops its source
+  // position, so the positions are recorded here before the copy.
+  PluginSection(std::string file, std::string section, const toml::table& table);
+
+  int64_t get_int(const std::string& key, int64_t fallback) const;
+  double get_float(const std::string& key, double fallback) const;  // ints accepted
+  bool get_bool(const std::string& key, bool fallback) const;
+  std::string get_string(const std::string& key, const std::string& fallback) const;
+
+  // Throws ConfigError "<where>: unknown key '<section>.<key>' (<kind> plugin
+  // '<name>' does not read it)" for the first key (in file order) not read.
+  void check_all_read(const std::string& kind, const std::string& plugin_name) const;
+
+  const std::string& section() const { return section_; }
+
+ private:
+  const toml::node* find(const std::string& key) const;
+  std::string where(const std::string& key) const;  // "<file>:<l>:<c>" or "--set ..."
+
+  std::string file_;
+  std::string section_;
+  toml::table table_;
+  std::map<std::string, toml::source_region> sources_;  // key -> position in the file
+  mutable std::set<std::string> read_;
+};
+
+// One plugin's table from --set arguments alone ("<section>.key=value", the
+// value as for load_config), for commands without a config file (`ddp
+// bench-comm`). Throws ConfigError naming the argument for any other
+// section, and for "<section>.plugin" (the command names the plugin).
+PluginSection plugin_section_from_overrides(const std::string& section, const std::vector<std::string>& overrides);
+
+}  // namespace ddp

@@ -1,0 +1,131 @@
+// toml_read.cpp — see toml_read.h.
+#include "toml_read.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace ddp::toml_read {
+
+namespace fs = std::filesystem;
+
+const char* const kSetPrefix = "--set ";
+
+const char* type_name(toml::node_type type) {
+  switch (type) {
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+    case toml::node_type::none: break;
+  }
+  return "nothing";
+}
+
+bool has_type(const toml::node& node, toml::node_type type) {
+  return node.type() == type ||
+         (type == toml::node_type::floating_point && node.is_integer());
+}
+
+bool from_override(const toml::source_region& source) {
+  return source.path && source.path->rfind(kSetPrefix, 0) == 0;
+}
+
+std::string where_of(const toml::source_region& source, const std::string& file) {
+  if (from_override(source)) return *source.path;
+  if (source.begin.line == 0) return file;  // built in code, not parsed
+  return file + ":" + std::to_string(source.begin.line) + ":" +
+         std::to_string(source.begin.column);
+}
+
+ConfigError wrong_type(const std::string& where, const std::string& name,
+                       toml::node_type expected, const toml::node& node) {
+  return ConfigError(where + ": key '" + name + "' must be " + type_name(expected) +
+                     ", not " + type_name(node.type()));
+}
+
+std::string format_double(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+namespace {
+
+// Letters, digits and '_' '-': what a bare TOML key may hold, so that
+// "<key> = <value>" parses as exactly one key.
+bool is_bare_key(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '_' || c == '-';
+  });
+}
+
+// A word that may stand for a string without quotes (plugin names, paths).
+// It holds no quote or backslash, so quoting it always yields valid TOML.
+bool is_bare_word(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) {
+    return std::isalnum(c) || std::string("_-./:+").find(char(c)) != std::string::npos;
+  });
+}
+
+}  // namespace
+
+std::string trim(const std::string& s) {
+  const auto first = s.find_first_not_of(" \t");
+  if (first == std::string::npos) return "";
+  return s.substr(first, s.find_last_not_of(" \t") - first + 1);
+}
+
+// Parses the value as TOML with "--set <arg>" as source path, so that the
+// node reports itself as "--set <arg>" wherever it is later found wrong.
+void apply_override(toml::table& doc, const std::string& arg) {
+  const std::string source = kSetPrefix + arg;
+  const auto eq = arg.find('=');
+  const std::string name = trim(arg.substr(0, eq));
+  const auto dot = name.find('.');
+  const std::string section = name.substr(0, dot);
+  const std::string key = dot == std::string::npos ? "" : name.substr(dot + 1);
+  if (eq == std::string::npos || !is_bare_key(section) || !is_bare_key(key))
+    throw ConfigError(source + ": expected section.key=value");
+
+  const std::string value = trim(arg.substr(eq + 1));
+  toml::table parsed;
+  try {
+    parsed = toml::parse(key + " = " + value, source);
+  } catch (const toml::parse_error& e) {
+    if (!is_bare_word(value)) throw ConfigError(source + ": " + std::string(e.description()));
+    parsed = toml::parse(key + " = \"" + value + "\"", source);
+  }
+
+  toml::node* existing = doc.get(section);
+  if (!existing) {
+    doc.insert(section, std::move(parsed));  // moving keeps the source
+  } else if (toml::table* table = existing->as_table()) {
+    table->insert_or_assign(key, std::move(*parsed.get(key)));
+  }
+  // else: the file has a non-table `section`; validation reports it.
+}
+
+toml::table parse_file(const std::string& path) {
+  std::error_code ec;
+  std::ifstream in(path, std::ios::binary);
+  if (!in || fs::is_directory(path, ec)) throw ConfigError(path + ": cannot open config file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  try {
+    return toml::parse(text.str(), path);
+  } catch (const toml::parse_error& e) {
+    const auto& begin = e.source().begin;
+    throw ConfigError(path + ":" + std::to_string(begin.line) + ":" +
+                      std::to_string(begin.column) + ": " + std::string(e.description()));
+  }
+}
+
+}  // namespace ddp::toml_read

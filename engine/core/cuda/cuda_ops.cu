@@ -1,0 +1,137 @@
+// cuda_ops.cu — the CUDA device's elementwise kernels (fill, scale) and the
+// optimizer's update rules (SGD, SGD with momentum, AdamW), one grid-stride
+// kernel each. Not here: fused or multi-tensor updates, vectorised loads —
+// these kernels are memory-bound and simple on purpose.
+//
+// Bitwise agreement with optimizer.cpp's CPU loops: every arithmetic
+// operation is an explicit round-to-nearest intrinsic (__fmul_rn,
+// __fadd_rn, __fdiv_rn, __fsqrt_rn), which nvcc never contracts into a
+// fused multiply-add, and the operands and their order are those of the C++
+// expressions, read with C++'s precedence and left-to-right associativity
+// (each kernel quotes the line it mirrors). The intrinsics keep denormals
+// unless the file is built with -ftz=true (--use_fast_math), which must
+// therefore stay off; the CPU side sets no flush-to-zero mode either.
+#include "cuda_ops.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/cuda_check.h"
+
+namespace ddp::cuda_ops {
+namespace {
+
+constexpr unsigned kThreads = 256;     // per block
+constexpr size_t kMaxBlocks = 4096;    // beyond this each thread loops (grid-stride)
+
+// Blocks for n > 0 elements: one element per thread, up to kMaxBlocks.
+unsigned blocks_for(size_t n) {
+  const size_t blocks = n / kThreads + (n % kThreads != 0 ? 1 : 0);
+  return static_cast<unsigned>(std::min(blocks, kMaxBlocks));
+}
+
+cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+using cuda::check_launch;
+
+// size_t indices throughout: n may exceed 2^31.
+#define DDP_GRID_STRIDE_LOOP(i, n)                                                          \
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);                   \
+       i += size_t(gridDim.x) * blockDim.x)
+
+__global__ void fill_kernel(float* __restrict__ data, size_t n, float value) {
+  DDP_GRID_STRIDE_LOOP(i, n) data[i] = value;
+}
+
+// CpuDevice::scale: data[i] *= factor.
+__global__ void scale_kernel(float* __restrict__ data, size_t n, float factor) {
+  DDP_GRID_STRIDE_LOOP(i, n) data[i] = __fmul_rn(data[i], factor);
+}
+
+// w[k] += -lr * (wd != 0.0f ? g[k] + wd * w[k] : g[k]);
+//   d = g + (wd * w);  w = w + ((-lr) * d)
+__global__ void sgd_plain_kernel(float* __restrict__ w, const float* __restrict__ g, size_t n, float lr,
+                                 float wd) {
+  const float neg_lr = -lr;  // negation is exact
+  DDP_GRID_STRIDE_LOOP(i, n) {
+    const float wi = w[i];
+    const float d = wd != 0.0f ? __fadd_rn(g[i], __fmul_rn(wd, wi)) : g[i];
+    w[i] = __fadd_rn(wi, __fmul_rn(neg_lr, d));
+  }
+}
+
+// const float d = wd != 0.0f ? g[k] + wd * w[k] : g[k];
+// buf[k] = first ? d : buf[k] * mu + d;      buf = (buf * mu) + d
+// w[k] += -lr * buf[k];                      w = w + ((-lr) * buf)
+__global__ void sgd_momentum_kernel(float* __restrict__ w, const float* __restrict__ g,
+                                    float* __restrict__ buf, size_t n, float lr, float wd, float mu,
+                                    bool first) {
+  const float neg_lr = -lr;
+  DDP_GRID_STRIDE_LOOP(i, n) {
+    const float wi = w[i];
+    const float d = wd != 0.0f ? __fadd_rn(g[i], __fmul_rn(wd, wi)) : g[i];
+    const float b = first ? d : __fadd_rn(__fmul_rn(buf[i], mu), d);
+    buf[i] = b;
+    w[i] = __fadd_rn(wi, __fmul_rn(neg_lr, b));
+  }
+}
+
+// w[k] *= c.decay;
+// m[k] = m[k] * c.b1 + c.one_minus_b1 * g[k];          (m*b1) + (omb1*g)
+// v[k] = v[k] * c.b2 + c.one_minus_b2 * g[k] * g[k];   (v*b2) + ((omb2*g)*g)
+// const float denom = std::sqrt(v[k]) / c.bias2_sqrt + c.eps;   (sqrt(v)/b2s) + eps
+// w[k] = w[k] + -c.step_size * m[k] / denom;           w + (((-step_size)*m) / denom)
+__global__ void adamw_kernel(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
+                             float* __restrict__ v, size_t n, const AdamScalars c) {
+  const float neg_step_size = -c.step_size;
+  DDP_GRID_STRIDE_LOOP(i, n) {
+    const float gi = g[i];
+    const float wi = __fmul_rn(w[i], c.decay);
+    const float mi = __fadd_rn(__fmul_rn(m[i], c.b1), __fmul_rn(c.one_minus_b1, gi));
+    const float vi = __fadd_rn(__fmul_rn(v[i], c.b2), __fmul_rn(__fmul_rn(c.one_minus_b2, gi), gi));
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bias2_sqrt), c.eps);
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = __fadd_rn(wi, __fdiv_rn(__fmul_rn(neg_step_size, mi), denom));
+  }
+}
+
+#undef DDP_GRID_STRIDE_LOOP
+
+}  // namespace
+
+void fill(void* stream, float* data, size_t n, float value) {
+  if (n == 0) return;
+  fill_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(data, n, value);
+  check_launch("fill");
+}
+
+void scale(void* stream, float* data, size_t n, float factor) {
+  if (n == 0) return;
+  scale_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(data, n, factor);
+  check_launch("scale");
+}
+
+void sgd_plain(void* stream, float* w, const float* g, size_t n, float lr, float wd) {
+  if (n == 0) return;
+  sgd_plain_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(w, g, n, lr, wd);
+  check_launch("sgd_plain");
+}
+
+void sgd_momentum(void* stream, float* w, const float* g, float* buf, size_t n, float lr, float wd,
+                  float mu, bool first) {
+  if (n == 0) return;
+  sgd_momentum_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(w, g, buf, n, lr, wd, mu, first);
+  check_launch("sgd_momentum");
+}
+
+void adamw_update(void* stream, float* w, const float* g, float* m, float* v, size_t n,
+                  const AdamScalars& c) {
+  if (n == 0) return;
+  adamw_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(w, g, m, v, n, c);
+  check_launch("adamw_update");
+}
+
+}  // namespace ddp::cuda_ops

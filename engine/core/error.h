@@ -1,0 +1,81 @@
+// error.h — the engine's one error type. Inside the engine errors are
+// exceptions carrying a user-facing message (file, line, key or rank named by
+// whoever throws); across the plugin ABI they are ddp_status codes; only
+// main() turns them into an exit code.
+//
+// An Error is a plugin::Failure (ddp/plugin.hpp): it carries the ddp_status
+// it stands for, its kind, so that one guard turns it into a status at the
+// ABI (plugin::guard) and a status coming back out of a plugin keeps its
+// kind. On its way up it also learns which plugin entry and which step it
+// came from. A rank reports all of these to its launcher as fields
+// (engine/launch/failure.h), so that the launcher tells a timeout from a lost
+// peer without reading the text.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <ddp/plugin.hpp>
+
+namespace ddp {
+
+class Error : public plugin::Failure {
+ public:
+  explicit Error(const std::string& message, ddp_status kind = DDP_ERR_INTERNAL) : Failure(kind, message) {}
+  // What kind of failure: DDP_ERR_TIMEOUT (a wait outlasted run.timeout_s),
+  // DDP_ERR_COMM (a peer or the network failed), DDP_ERR_INVALID_ARGUMENT
+  // (the configuration or a file it names), ...; DDP_ERR_INTERNAL when
+  // nothing more is known.
+  ddp_status kind() const { return status(); }
+
+  // Where it happened, as far as known: the plugin ("strategy plugin
+  // 'naive'") and entry ("finish") that returned it, and the training step
+  // (-1: set-up, or the end of the run).
+  const std::string& plugin() const { return plugin_; }
+  const std::string& entry() const { return entry_; }
+  int64_t step() const { return step_; }
+  Error& in_plugin(std::string plugin, std::string entry) {
+    plugin_ = std::move(plugin);
+    entry_ = std::move(entry);
+    return *this;
+  }
+  Error& at_step(int64_t step) {
+    step_ = step;
+    return *this;
+  }
+
+ private:
+  std::string plugin_, entry_;
+  int64_t step_ = -1;
+};
+
+// The configuration (or a file it names) is wrong: the message names the
+// file, line and key, or the --set argument.
+class ConfigError : public Error {
+ public:
+  explicit ConfigError(const std::string& message) : Error(message, DDP_ERR_INVALID_ARGUMENT) {}
+};
+
+// The status of any exception: an Error's (or a plugin::Failure's) own,
+// else DDP_ERR_INTERNAL.
+inline ddp_status kind_of(const std::exception& e) {
+  const auto* f = dynamic_cast<const plugin::Failure*>(&e);
+  return f ? f->status() : DDP_ERR_INTERNAL;
+}
+
+// A status as a word: "ok", "invalid_argument", "unsupported", "comm",
+// "timeout", "out_of_memory", "internal".
+inline const char* kind_name(ddp_status status) {
+  switch (status) {
+    case DDP_OK: return "ok";
+    case DDP_ERR_INVALID_ARGUMENT: return "invalid_argument";
+    case DDP_ERR_UNSUPPORTED: return "unsupported";
+    case DDP_ERR_COMM: return "comm";
+    case DDP_ERR_TIMEOUT: return "timeout";
+    case DDP_ERR_OUT_OF_MEMORY: return "out_of_memory";
+    case DDP_ERR_INTERNAL: break;
+  }
+  return "internal";
+}
+
+}  // namespace ddp

@@ -1,0 +1,24 @@
+// update_rules.h — the per-element update rules' scalars, shared by the
+// optimizer's CPU loops (engine/train/optimizer.cpp) and its CUDA kernels
+// (cuda/cuda_ops.cu), so both devices apply the same float32 constants.
+#pragma once
+
+#include <cstdint>
+
+namespace ddp {
+
+// torch.optim.AdamW's per-step constants (_single_tensor_adamw, PyTorch
+// 1.13), each computed in double and rounded once to float32 as a Python
+// float is when PyTorch applies it to a float32 tensor. Per element:
+//   w *= decay;  m = m*b1 + one_minus_b1*g;  v = v*b2 + one_minus_b2*g*g;
+//   denom = sqrt(v) / bias2_sqrt + eps;  w = w + (-step_size) * m / denom
+// each operation rounded on its own (no fused multiply-add).
+struct AdamScalars {
+  float decay, b1, one_minus_b1, b2, one_minus_b2, bias2_sqrt, eps, step_size;
+};
+
+// The constants for step `step` (1-based) with these hyper-parameters.
+AdamScalars adamw_scalars(double lr, double weight_decay, double beta1, double beta2, double eps,
+                          int64_t step);
+
+}  // namespace ddp

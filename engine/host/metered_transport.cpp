@@ -1,0 +1,202 @@
+// metered_transport.cpp — see metered_transport.h.
+#include "metered_transport.h"
+
+#include "nvtx.h"
+#include "plugin_host.h"
+
+namespace ddp {
+namespace {
+
+Stream* to_stream(ddp_stream s) { return reinterpret_cast<Stream*>(s); }
+
+}  // namespace
+
+struct MeterCallbacks {
+  static MeteredTransport& self(ddp_comm* comm) { return *reinterpret_cast<MeteredTransport*>(comm); }
+
+  // Brackets the real call with two host functions on the same stream: the
+  // second one runs when the collective has finished, in stream order.
+  // Issue order is the training thread's order, so the hash is race-free.
+  static void fingerprint(ddp_comm* comm, uint64_t op, uint64_t count, uint64_t dtype, uint64_t arg) {
+    std::atomic<uint64_t>& h = self(comm).services_.counters.sequence_hash;
+    uint64_t v = h.load();
+    for (uint64_t word : {op, count, dtype, arg})
+      for (int b = 0; b < 8; ++b) v = (v ^ ((word >> (8 * b)) & 0xff)) * 1099511628211ull;
+    h.store(v);
+  }
+
+  // What the closing host function needs (the start, and for a trace the
+  // collective): heap-held so the tasks stay two pointers, as without a trace.
+  struct Span {
+    Clock::time_point start;
+    Trace* trace;  // null: not traced
+    const char* op;
+    int64_t bytes, step;
+    uint64_t nvtx = 0;  // the collective's NVTX range (GPU builds)
+  };
+
+  template <typename Call>
+  static ddp_status metered(ddp_comm* comm, ddp_stream stream, const char* op, size_t bytes, Call&& call) {
+    MeteredTransport& m = self(comm);
+    Stream& s = *to_stream(stream);
+    if (s.native()) return metered_on_device(m, s, op, bytes, std::forward<Call>(call));
+    auto* span = new Span{Clock::time_point(), nullptr, op, int64_t(bytes), 0};
+    // A device stream's enqueue can fail (cudaLaunchHostFunc): the error
+    // goes back as a status, never as an exception across the C ABI.
+    ddp_status queued = host_guard([&] {
+      s.enqueue([span](bool) {
+        span->start = Clock::now();
+        span->nvtx = nvtx::start(span->op);
+      });
+    }, DDP_ERR_COMM);
+    if (queued != DDP_OK) {
+      delete span;
+      return queued;
+    }
+    ddp_status status = call(m.real_, m.real_comm_);
+    if (status == DDP_OK && m.trace_) {  // traced iff counted, under the step that issued it
+      span->trace = m.trace_;
+      span->step = m.trace_->step();
+    }
+    CommCounters* counters = &m.services_.counters;
+    // (If this enqueue fails, the first task still holds span: it leaks.)
+    queued = host_guard([&] {
+      s.enqueue([span, counters](bool cancelled) {
+        nvtx::end(span->nvtx);
+        if (!cancelled) {
+          const Clock::time_point end = Clock::now();
+          counters->busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(end - span->start).count();
+          if (span->trace) span->trace->collective(span->op, span->bytes, span->step, span->start, end);
+        }
+        delete span;
+      });
+    }, DDP_ERR_COMM);
+    if (queued != DDP_OK) return queued;
+    if (status == DDP_OK) {
+      m.services_.counters.collectives += 1;
+      m.services_.counters.bytes += static_cast<int64_t>(bytes);
+    }
+    return status;
+  }
+
+  // A device stream: timestamps around the collective, read in settle().
+  template <typename Call>
+  static ddp_status metered_on_device(MeteredTransport& m, Stream& s, const char* op, size_t bytes, Call&& call) {
+    void* begin = nullptr;
+    void* end = nullptr;
+    ddp_status queued = host_guard([&] { begin = s.record_timestamp(); }, DDP_ERR_COMM);
+    if (queued != DDP_OK) return queued;
+    ddp_status status;
+    {
+      nvtx::Range range(op);
+      status = call(m.real_, m.real_comm_);
+    }
+    queued = host_guard([&] {
+      end = s.record_timestamp();
+      m.pending_.push_back(MeteredTransport::Pending{&s, begin, end, op, int64_t(bytes),
+                                                     status == DDP_OK && m.trace_ ? m.trace_->step() : -1});
+    }, DDP_ERR_COMM);
+    if (queued != DDP_OK) {
+      s.release_timestamp(begin);
+      s.release_timestamp(end);
+      return queued;
+    }
+    if (status == DDP_OK) {
+      m.services_.counters.collectives += 1;
+      m.services_.counters.bytes += static_cast<int64_t>(bytes);
+    }
+    return status;
+  }
+
+  static ddp_status init(const ddp_host*, ddp_comm**) {
+    return host_guard([] {
+      throw Error("a strategy may not create another communicator", DDP_ERR_UNSUPPORTED);
+    });
+  }
+  static void destroy(ddp_comm*) {}
+  static ddp_status all_reduce(ddp_comm* c, const ddp_buffer* buf, ddp_reduce_op op, ddp_stream s) {
+    fingerprint(c, 1, buf->count, buf->dtype, op);
+    return metered(c, s, "all_reduce", buf->count * ddp_dtype_size(buf->dtype), [&](auto* t, ddp_comm* rc) {
+      return t->all_reduce(rc, buf, op, s);
+    });
+  }
+  static ddp_status broadcast(ddp_comm* c, const ddp_buffer* buf, int root, ddp_stream s) {
+    fingerprint(c, 2, buf->count, buf->dtype, uint64_t(root));
+    return metered(c, s, "broadcast", buf->count * ddp_dtype_size(buf->dtype), [&](auto* t, ddp_comm* rc) {
+      return t->broadcast(rc, buf, root, s);
+    });
+  }
+  static ddp_status all_gather(ddp_comm* c, const ddp_buffer* send, const ddp_buffer* recv, ddp_stream s) {
+    fingerprint(c, 3, send->count, send->dtype, recv->count);
+    return metered(c, s, "all_gather", recv->count * ddp_dtype_size(recv->dtype), [&](auto* t, ddp_comm* rc) {
+      return t->all_gather(rc, send, recv, s);
+    });
+  }
+  static ddp_status reduce_scatter(ddp_comm* c, const ddp_buffer* send, const ddp_buffer* recv,
+                                   ddp_reduce_op op, ddp_stream s) {
+    fingerprint(c, 4, send->count, send->dtype, op);
+    return metered(c, s, "reduce_scatter", send->count * ddp_dtype_size(send->dtype), [&](auto* t, ddp_comm* rc) {
+      return t->reduce_scatter(rc, send, recv, op, s);
+    });
+  }
+  static ddp_status barrier(ddp_comm* c, ddp_stream s) {
+    fingerprint(c, 5, 0, 0, 0);
+    return metered(c, s, "barrier", 0, [&](auto* t, ddp_comm* rc) { return t->barrier(rc, s); });
+  }
+  static void abort(ddp_comm* c) {
+    MeteredTransport& m = self(c);
+    if (m.real_->abort) m.real_->abort(m.real_comm_);
+  }
+};
+
+MeteredTransport::~MeteredTransport() {
+  for (const Pending& p : pending_) {
+    p.stream->release_timestamp(p.begin);
+    p.stream->release_timestamp(p.end);
+  }
+}
+
+void MeteredTransport::settle(bool wait) {
+  size_t kept = 0;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    const Pending p = pending_[i];
+    if (!wait && !p.stream->timestamp_passed(p.end)) {
+      pending_[kept++] = p;
+      continue;
+    }
+    void* const stamps[2] = {p.begin, p.end};
+    Clock::time_point at[2];
+    p.stream->resolve_timestamps(stamps, 2, at);
+    const Clock::time_point begin = at[0], end = at[1];
+    p.stream->release_timestamp(p.begin);
+    p.stream->release_timestamp(p.end);
+    services_.counters.busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(end - begin).count();
+    if (trace_ && p.step >= 0) trace_->collective(p.op, p.bytes, p.step, begin, end);
+  }
+  pending_.resize(kept);
+}
+
+MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* comm,
+                                   HostServices& services)
+    : real_(real), real_comm_(comm), services_(services) {
+  // Every entry is listed here: a new one must be metered (or refused), never
+  // passed through with the wrapper's handle.
+  static_assert(sizeof(ddp_transport_v1_t) == 4 + 4 + 2 * sizeof(void*) + 8 + 8 * sizeof(void*),
+                "ddp_transport_v1_t changed: update MeteredTransport");
+  vtable_ = ddp_transport_v1_t{};
+  vtable_.abi_version = real->abi_version;
+  vtable_.name = real->name;
+  vtable_.version = real->version;
+  vtable_.caps = real->caps;
+  vtable_.struct_size = sizeof(ddp_transport_v1_t);
+  vtable_.init = MeterCallbacks::init;
+  vtable_.destroy = MeterCallbacks::destroy;
+  vtable_.all_reduce = MeterCallbacks::all_reduce;
+  vtable_.broadcast = MeterCallbacks::broadcast;
+  vtable_.all_gather = MeterCallbacks::all_gather;
+  vtable_.reduce_scatter = MeterCallbacks::reduce_scatter;
+  vtable_.barrier = MeterCallbacks::barrier;
+  vtable_.abort = MeterCallbacks::abort;
+}
+
+}  // namespace ddp

@@ -1,0 +1,87 @@
+// plugin_host.h — the engine side of the plugin ABI: the ddp_host vtable a
+// plugin receives (PluginHost, one per loaded plugin, over the rank's
+// HostServices), and the conversion of a plugin's failure into an Error in
+// the plugin's own words, with its kind, plugin and entry.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ddp/plugin.hpp>
+
+#include "device.h"
+#include "model.h"
+#include "plugin_section.h"
+#include "rank.h"
+#include "store.h"
+
+namespace ddp {
+
+// Communication counters of the strategy's collectives. Thread-safe.
+struct CommCounters {
+  std::atomic<int64_t> collectives{0};
+  std::atomic<int64_t> bytes{0};
+  std::atomic<int64_t> busy_ns{0};     // time collectives ran on the comm stream
+  std::atomic<int64_t> blocked_ns{0};  // time the training thread waited on events
+  // FNV-1a over (op, count, dtype, reduce op / root) of every collective in
+  // issue order: equal on every rank iff they issued the same sequence.
+  std::atomic<uint64_t> sequence_hash{14695981039346656037ull};
+};
+
+// Everything the host vtable reaches. Owned by the trainer (or a test),
+// outlives the plugins.
+struct HostServices {
+  RankInfo rank;
+  Device* device = nullptr;
+  Model* model = nullptr;  // for the parameter table; null: no parameters
+  Store* store = nullptr;
+  int64_t timeout_ms = 30000;
+  CommCounters counters;
+  std::vector<ddp_param> param_table;  // mirrors model->params()
+  // ddp_host::run_optimizer: the engine's optimizer on these parameters.
+  std::function<void(const size_t* indices, size_t count)> run_optimizer;
+
+  // How long a blocking wait may take before the engine gives up on a stuck
+  // collective: the transport's own timeout plus a grace for it to fire.
+  std::chrono::milliseconds wait_limit() const { return std::chrono::milliseconds(timeout_ms + 5000); }
+
+  void refresh_param_table();  // after trainable flags change
+};
+
+// One plugin's view of the host: its TOML section and its ddp_host struct.
+class PluginHost {
+ public:
+  PluginHost(HostServices& services, const PluginSection& section, std::string label);
+  const ddp_host* get() const { return &host_; }
+  // Throws Error("<label>: <entry>: <plugin's error text>") if status is not
+  // DDP_OK, of the status's kind, in this plugin and entry.
+  void check(ddp_status status, const char* entry) const;
+  const std::string& label() const { return label_; }
+
+ private:
+  friend struct HostCallbacks;
+  HostServices& services_;
+  const PluginSection& section_;
+  std::string label_;  // "strategy plugin 'naive'"
+  std::deque<std::string> strings_;  // config_string results, kept alive
+  ddp_host host_{};
+};
+
+// The error text a plugin set on the calling thread (and clears it).
+std::string take_plugin_error();
+
+// The host's own entries (and the metered transport's) report a failure as
+// a plugin's entries do: through plugin::guard, which sets the calling
+// thread's error text, with `fallback` for a failure of no kind.
+const ddp_host* engine_error_sink();
+template <typename Body>
+ddp_status host_guard(Body&& body, ddp_status fallback = DDP_ERR_INTERNAL) {
+  return plugin::guard(engine_error_sink(), std::forward<Body>(body), fallback);
+}
+
+}  // namespace ddp

@@ -1,0 +1,38 @@
+// data.h — the training data one rank sees. Every source is a sequence of
+// global rows; micro-batch m (counted over the run) is global rows
+// [m*B, (m+1)*B) and rank r takes its contiguous B/N of them, so DDP over N
+// ranks sees exactly the rows single-process training sees.
+//   random       inputs / labels / token ids of global row g drawn from (run.seed, g)
+//   safetensors  x [N, in] with y [N, out] (regression) or y [N] labels
+//                (classification); or tokens [N, context+1]; rows in order,
+//                wrapping around
+//   tokens       a flat little-endian uint16 token file (nanoGPT / llm.c),
+//                memory-mapped; global row g is the window of context+1
+//                tokens at an offset drawn from (seed, g)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "config.h"
+#include "model.h"
+
+namespace ddp {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  // This rank's rows of micro-batch `micro`, in buffers owned by the
+  // dataset (valid until the next call). Throws Error naming the file on
+  // bad data.
+  virtual Batch batch(int64_t micro) = 0;
+};
+
+// Opens the configured source for `rank` of `world`; local rows =
+// data.batch_size / world. Throws Error naming the file: missing, empty,
+// too short, wrong tensors or shapes.
+std::unique_ptr<Dataset> make_dataset(const Config& config, const DataShape& shape, int rank, int world,
+                                      Device& device);
+
+}  // namespace ddp

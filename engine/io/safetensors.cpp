@@ -1,0 +1,104 @@
+// safetensors.cpp — see safetensors.h.
+#include "safetensors.h"
+
+#include "atomic_file.h"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace ddp {
+namespace {
+
+size_t dtype_size(const std::string& dtype) {
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
+  if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL") return 1;
+  return 0;
+}
+
+}  // namespace
+
+std::vector<float> HostTensor::as_floats(const std::string& file, const std::string& name) const {
+  if (dtype != "F32")
+    throw Error(file + ": tensor '" + name + "' has dtype " + dtype + ", expected F32");
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open safetensors file");
+  in.seekg(0, std::ios::end);
+  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  uint8_t len_bytes[8];
+  if (file_size < 8 || !in.read(reinterpret_cast<char*>(len_bytes), 8))
+    throw Error(path + ": not a safetensors file (shorter than its 8-byte header length)");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = header_len << 8 | len_bytes[i];
+  if (header_len > file_size - 8)
+    throw Error(path + ": not a safetensors file (header length " + std::to_string(header_len) +
+                " exceeds the file)");
+  std::string header(header_len, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header_len));
+  const uint64_t data_start = 8 + header_len, data_size = file_size - data_start;
+
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(header);
+  } catch (const std::exception& e) {
+    throw Error(path + ": malformed safetensors header: " + e.what());
+  }
+  std::map<std::string, HostTensor> out;
+  for (auto& [name, info] : doc.items()) {
+    if (name == "__metadata__") continue;
+    try {
+      HostTensor t;
+      t.dtype = info.at("dtype").get<std::string>();
+      t.shape = info.at("shape").get<Shape>();
+      auto offsets = info.at("data_offsets").get<std::vector<uint64_t>>();
+      size_t esize = dtype_size(t.dtype);
+      if (esize == 0) throw Error("unknown dtype " + t.dtype);
+      if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size)
+        throw Error("data_offsets out of range");
+      if (offsets[1] - offsets[0] != numel_of(t.shape) * esize)
+        throw Error("data_offsets do not match shape " + shape_string(t.shape));
+      t.bytes.resize(offsets[1] - offsets[0]);
+      in.seekg(static_cast<std::streamoff>(data_start + offsets[0]));
+      in.read(reinterpret_cast<char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
+      if (!in) throw Error("short read");
+      out.emplace(name, std::move(t));
+    } catch (const std::exception& e) {
+      throw Error(path + ": tensor '" + name + "': " + e.what());
+    }
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const std::vector<NamedFloats>& tensors) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    uint64_t bytes = numel_of(t.shape) * sizeof(float);
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // data section 8-byte aligned
+  std::string blob(8, '\0');
+  for (int i = 0; i < 8; ++i) blob[i] = static_cast<char>((uint64_t{h.size()} >> (8 * i)) & 0xff);
+  blob += h;
+  for (const auto& t : tensors)
+    blob.append(reinterpret_cast<const char*>(t.data), numel_of(t.shape) * sizeof(float));
+  write_file_atomically(path, blob);
+}
+
+}  // namespace ddp

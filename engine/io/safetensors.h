@@ -1,0 +1,36 @@
+// safetensors.h — read and write the safetensors format (the one PyTorch
+// users share weights in): an 8-byte little-endian header length, a JSON
+// header {name: {dtype, shape, data_offsets}}, then raw little-endian data.
+// Only what the engine uses: F32 for weights and data, I32/I64 for tokens.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "atomic_file.h"  // write_file_atomically, which write_safetensors uses
+#include "tensor.h"
+
+namespace ddp {
+
+struct HostTensor {
+  std::string dtype;  // "F32", "I32", "I64", ...
+  Shape shape;
+  std::vector<uint8_t> bytes;
+  std::vector<float> as_floats(const std::string& file, const std::string& name) const;
+};
+
+// Throws Error naming the file (and tensor) on any malformed input.
+std::map<std::string, HostTensor> read_safetensors(const std::string& path);
+
+// Writes float32 tensors in the given order, to a temporary name first and
+// renamed into place, so a reader never sees a half-written file.
+struct NamedFloats {
+  std::string name;
+  Shape shape;
+  const float* data;
+};
+void write_safetensors(const std::string& path, const std::vector<NamedFloats>& tensors);
+
+}  // namespace ddp

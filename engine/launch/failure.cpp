@@ -1,0 +1,70 @@
+// failure.cpp — see failure.h.
+#include "failure.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "error.h"
+
+namespace ddp {
+namespace {
+
+ddp_status kind_from_name(const std::string& name) {
+  for (ddp_status s : {DDP_ERR_INVALID_ARGUMENT, DDP_ERR_UNSUPPORTED, DDP_ERR_COMM, DDP_ERR_TIMEOUT,
+                       DDP_ERR_OUT_OF_MEMORY, DDP_ERR_INTERNAL})
+    if (name == kind_name(s)) return s;
+  return DDP_ERR_INTERNAL;
+}
+
+}  // namespace
+
+RankFailure failure_of(const std::exception& e, int rank) {
+  RankFailure f;
+  f.kind = kind_of(e);
+  f.rank = rank;
+  f.message = e.what();
+  if (const auto* error = dynamic_cast<const Error*>(&e)) {
+    f.step = error->step();
+    f.plugin = error->plugin();
+    f.entry = error->entry();
+  }
+  return f;
+}
+
+void write_failure(const std::string& path, const RankFailure& f) {
+  const nlohmann::ordered_json j = {{"kind", kind_name(f.kind)}, {"rank", f.rank},       {"step", f.step},
+                                    {"plugin", f.plugin},        {"entry", f.entry},     {"message", f.message}};
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+    if (!out) return;
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+std::optional<RankFailure> read_failure(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  RankFailure f;
+  try {
+    f.kind = kind_from_name(j.value("kind", ""));
+    f.rank = j.value("rank", -1);
+    f.step = j.value("step", int64_t(-1));
+    f.plugin = j.value("plugin", "");
+    f.entry = j.value("entry", "");
+    f.message = j.value("message", "");
+  } catch (const nlohmann::json::exception&) {  // a field of another type
+    return std::nullopt;
+  }
+  return f;
+}
+
+}  // namespace ddp

@@ -1,0 +1,43 @@
+// failure.h — how a rank tells its launcher why it failed: a structured
+// report in the file $DDP_ERROR_FILE names, written once by the rank as it
+// exits, read by the launcher's diagnosis (diagnose.h). The launcher ranks
+// failures by `kind`, never by the message's words.
+//
+// The file is one JSON object:
+//   {"kind": "timeout", "rank": 2, "step": 17,
+//    "plugin": "strategy plugin 'naive'", "entry": "finish",
+//    "message": "strategy plugin 'naive': finish: gloo all_reduce ..."}
+// kind: a status word of error.h's kind_name ("timeout": a wait outlasted
+// run.timeout_s; "comm": a peer or the network failed; "invalid_argument":
+// the configuration or a file; "internal": anything else, ...); step: the
+// 0-based optimizer step (-1: set-up or the end of the run); plugin and
+// entry: empty unless a plugin entry returned the error.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+
+#include <ddp/plugin.h>
+
+namespace ddp {
+
+struct RankFailure {
+  ddp_status kind = DDP_ERR_INTERNAL;
+  int rank = -1;
+  int64_t step = -1;
+  std::string plugin, entry;
+  std::string message;
+};
+
+// The report of an exception that ended rank `rank` (an Error's fields,
+// or the text and DDP_ERR_INTERNAL of any other exception).
+RankFailure failure_of(const std::exception& e, int rank);
+
+// Writes the report to `path` (through a temporary name); never throws.
+void write_failure(const std::string& path, const RankFailure& failure);
+// The report at `path`; nullopt if there is none or it does not parse.
+std::optional<RankFailure> read_failure(const std::string& path);
+
+}  // namespace ddp

@@ -1,0 +1,118 @@
+// launcher.cpp — see launcher.h.
+#include "launcher.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+
+#include "diagnose.h"
+#include "error.h"
+#include "failure.h"
+#include "spawn.h"
+#include "watch.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A failed rank's peers get this long to fail on their own before the
+// launcher stops them (a dead peer's connections drop at once).
+constexpr std::chrono::milliseconds kGrace{1000};
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+int env_int(const char* name) {
+  const std::string v = env_or(name, "");
+  try {
+    size_t used = 0;
+    const int value = std::stoi(v, &used);
+    if (used == v.size()) return value;
+  } catch (const std::exception&) {
+  }
+  throw Error(std::string("environment variable ") + name + "='" + v + "' is not an integer", DDP_ERR_INVALID_ARGUMENT);
+}
+
+std::string error_file(const std::string& run_dir, int rank) {
+  return run_dir + "/rank" + std::to_string(rank) + ".error";
+}
+
+std::vector<std::vector<std::string>> environments(const LaunchSpec& spec, const std::string& run_dir) {
+  std::vector<std::string> unset = spec.unset;
+  std::vector<std::vector<std::string>> envs;
+  for (int r = 0; r < spec.world; ++r) {
+    std::vector<std::string> set = {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r),
+                                    "WORLD_SIZE=" + std::to_string(spec.world), "DDP_RENDEZVOUS=file:" + run_dir,
+                                    "DDP_RUN_ID=" + fs::path(run_dir).filename().string(),
+                                    "DDP_ERROR_FILE=" + error_file(run_dir, r)};
+    if (spec.rank_env) {
+      const std::vector<std::string> more = spec.rank_env(r, run_dir);
+      set.insert(set.end(), more.begin(), more.end());
+    }
+    envs.push_back(rank_environment(set, unset));
+  }
+  return envs;
+}
+
+}  // namespace
+
+int launch_ranks(const LaunchSpec& spec) {
+  fs::create_directories(spec.output_dir);
+  std::string pattern = (fs::path(spec.output_dir) / ".rendezvous-XXXXXX").string();
+  if (!mkdtemp(pattern.data())) throw Error(spec.output_dir + ": cannot create a rendezvous directory");
+  const std::string run_dir = pattern;
+
+  const WatchResult watched = watch_ranks(spawn_ranks(spec.args, environments(spec, run_dir)), kGrace);
+  std::vector<std::optional<RankFailure>> reports;
+  for (int r = 0; r < spec.world; ++r) reports.push_back(read_failure(error_file(run_dir, r)));
+  Diagnosis verdict = diagnose(watched, reports, spec.timeout_note);
+  if (verdict.exit_code == 0 && spec.on_success) {
+    try {
+      spec.on_success(run_dir);
+    } catch (const std::exception& e) {
+      verdict = {1, std::string("ddp: error: ") + e.what() + "\n"};
+    }
+  }
+  std::cerr << verdict.message;
+  std::error_code ec;
+  fs::remove_all(run_dir, ec);
+  return verdict.exit_code;
+}
+
+int run_rank(const std::function<void(const RankEnv&)>& body) {
+  int rank = -1;
+  try {
+    rank = env_int("RANK");
+    RankEnv env;
+    env.rank.rank = rank;
+    env.rank.world_size = env_int("WORLD_SIZE");
+    env.rank.local_rank = std::getenv("LOCAL_RANK") ? env_int("LOCAL_RANK") : rank;
+    if (rank < 0 || rank >= env.rank.world_size)
+      throw Error("RANK=" + std::to_string(rank) + " is outside [0, WORLD_SIZE)", DDP_ERR_INVALID_ARGUMENT);
+    env.rendezvous = env_or("DDP_RENDEZVOUS", "");
+    if (env.rendezvous.empty())
+      throw Error("RANK is set but DDP_RENDEZVOUS is not: set it to file:<directory shared by all ranks> "
+                  "(fresh for each run) or redis:<host>:<port>",
+                  DDP_ERR_INVALID_ARGUMENT);
+    env.run_id = env_or("DDP_RUN_ID", "ddp");
+    body(env);
+    return 0;
+  } catch (const std::exception& e) {
+    // Under our own launcher the report goes to a file and the launcher
+    // names the rank to blame; otherwise each rank says it.
+    const std::string file = env_or("DDP_ERROR_FILE", "");
+    if (file.empty())
+      std::cerr << "ddp: rank " << rank << ": error: " << e.what() << std::endl;
+    else
+      write_failure(file, failure_of(e, rank));
+    return 1;
+  }
+}
+
+}  // namespace ddp

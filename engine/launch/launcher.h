@@ -1,0 +1,47 @@
+// launcher.h — starting a run's ranks on this machine and telling the user
+// why it failed, in three parts: spawn (spawn.h) starts the rank processes,
+// watch (watch.h) waits and stops the others once one fails, diagnose
+// (diagnose.h) names the rank to blame from the structured report each rank
+// writes (failure.h). `ddp run` and `ddp bench-comm` both start their ranks
+// here; a rank runs its body under run_rank, which writes that report.
+//
+// Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, DDP_RENDEZVOUS (a fresh file
+// store in a directory of its own under the output directory: Gloo's
+// FileStore never deletes its files and refuses to reuse a key), DDP_RUN_ID
+// and DDP_ERROR_FILE (where it reports its failure).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "rank.h"
+
+namespace ddp {
+
+struct LaunchSpec {
+  int world = 1;
+  std::string output_dir;         // the run's private directory goes under it
+  std::vector<std::string> args;  // every rank's argv (args[0]: the program name)
+  std::string timeout_note;       // what a hung rank ran into: "run.timeout_s = 30"
+  // More environment for rank r ("NAME=value"), given the run's private
+  // directory; and names no rank inherits from this process.
+  std::function<std::vector<std::string>(int rank, const std::string& run_dir)> rank_env;
+  std::vector<std::string> unset;
+  // Called once every rank succeeded, before the run's private directory is
+  // removed; an exception it throws fails the launch (reported, exit 1).
+  std::function<void(const std::string& run_dir)> on_success;
+};
+
+// Runs the ranks as child processes; returns the exit code for the user (0
+// when every rank succeeded; 1 after printing which rank failed and why;
+// 130 on Ctrl-C).
+int launch_ranks(const LaunchSpec& spec);
+
+// Runs this process as the rank that RANK, WORLD_SIZE, LOCAL_RANK and
+// DDP_RENDEZVOUS (and DDP_RUN_ID) name. Returns 0, or 1 after reporting the
+// failure: to $DDP_ERROR_FILE if set (our launcher reads it), else on
+// stderr ("ddp: rank <r>: error: <message>").
+int run_rank(const std::function<void(const RankEnv&)>& body);
+
+}  // namespace ddp

@@ -1,0 +1,22 @@
+// spawn.h — starting rank processes: this executable again
+// (/proc/self/exe), never threads, so that a rank that crashes or is killed
+// cannot take the launcher with it, and the launcher sees it. A rank never
+// outlives its launcher (killed by CI, by the OOM killer, by hand).
+#pragma once
+
+#include <string>
+#include <sys/types.h>
+#include <vector>
+
+namespace ddp {
+
+// The environment of a rank: this process's own, less every variable named
+// in `set` (NAME=value entries) or `unset` (NAME), plus `set`.
+std::vector<std::string> rank_environment(const std::vector<std::string>& set, const std::vector<std::string>& unset);
+
+// Starts one process per entry of `envs`, each running `args` (args[0] is
+// the program name) with that environment. Throws Error naming the rank
+// that could not be started, after killing and reaping the ones that were.
+std::vector<pid_t> spawn_ranks(std::vector<std::string> args, std::vector<std::vector<std::string>> envs);
+
+}  // namespace ddp

@@ -1,0 +1,70 @@
+// model_setup.cpp — see model_setup.h.
+#include "model_setup.h"
+
+#include "optimizer.h"  // name_matches
+#include "registry.h"
+#include "safetensors.h"
+
+namespace ddp {
+namespace {
+
+void load_init(const std::string& path, Model& model, Device& device) {
+  auto tensors = read_safetensors(path);
+  for (Parameter& p : model.params()) {
+    auto it = tensors.find(p.name);
+    if (it == tensors.end()) throw Error(path + ": missing tensor '" + p.name + "'");
+    if (it->second.shape != p.shape)
+      throw Error(path + ": tensor '" + p.name + "' has shape " + shape_string(it->second.shape) +
+                  ", model expects " + shape_string(p.shape));
+    std::vector<float> values = it->second.as_floats(path, p.name);
+    device.upload(p.data.data(), values.data(), p.data.bytes());
+  }
+}
+
+void freeze(const std::vector<std::string>& patterns, Model& model, const std::string& model_name) {
+  for (const std::string& pattern : patterns) {
+    bool used = false;
+    for (Parameter& p : model.params()) {
+      if (!name_matches(pattern, p.name)) continue;
+      used = true;
+      p.trainable = false;
+      p.grad.reset();
+    }
+    if (!used) throw ConfigError("model.freeze: '" + pattern + "' matches no parameter of model '" + model_name + "'");
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Model> set_up_model(const Config& config, Device& device, uint64_t seed, DataShape* shape) {
+  auto model = build_model(config.model.name, config.model.options, device, seed, shape);
+  if (!config.model.init_from.empty()) load_init(config.model.init_from, *model, device);
+  freeze(config.model.freeze, *model, config.model.name);
+  return model;
+}
+
+void check_unfreeze(const std::vector<UnfreezeConfig>& schedule, const Model& model, const std::string& model_name) {
+  for (size_t u = 0; u < schedule.size(); ++u) {
+    bool used = false;
+    for (const Parameter& p : model.params()) used |= name_matches(schedule[u].params, p.name);
+    if (!used)
+      throw ConfigError("schedule.unfreeze[" + std::to_string(u) + "].params: '" + schedule[u].params +
+                        "' matches no parameter of model '" + model_name + "'");
+  }
+}
+
+bool apply_unfreeze(const std::vector<UnfreezeConfig>& schedule, int64_t step, Model& model, Device& device) {
+  bool changed = false;
+  for (const UnfreezeConfig& u : schedule) {
+    if (u.step != step) continue;
+    for (Parameter& p : model.params()) {
+      if (p.trainable || !name_matches(u.params, p.name)) continue;
+      p.trainable = true;
+      p.grad = Tensor(device, p.shape, MemCategory::Gradients);
+      changed = true;
+    }
+  }
+  return changed;
+}
+
+}  // namespace ddp

@@ -1,0 +1,30 @@
+// model_setup.h — the model as the config sets it up: built through the
+// registry (models/registry.h) from run.seed + rank, initial weights from
+// model.init_from, parameters frozen by model.freeze, and the unfreeze
+// schedule ([[schedule.unfreeze]]) applied step by step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "model.h"
+
+namespace ddp {
+
+// The config's model on `device`, initialised from `seed` (then from
+// model.init_from, if set), with model.freeze applied; `shape` receives what
+// data it reads. Throws ConfigError for a freeze pattern that matches no
+// parameter, Error for a bad init file.
+std::unique_ptr<Model> set_up_model(const Config& config, Device& device, uint64_t seed, DataShape* shape);
+
+// Throws ConfigError for an unfreeze pattern that matches no parameter.
+void check_unfreeze(const std::vector<UnfreezeConfig>& schedule, const Model& model, const std::string& model_name);
+
+// Makes the parameters scheduled for `step` trainable, each with a zeroed
+// gradient on `device`; returns whether any changed.
+bool apply_unfreeze(const std::vector<UnfreezeConfig>& schedule, int64_t step, Model& model, Device& device);
+
+}  // namespace ddp

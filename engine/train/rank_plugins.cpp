@@ -1,0 +1,169 @@
+// rank_plugins.cpp — see rank_plugins.h.
+#include "rank_plugins.h"
+
+#include <cstring>
+
+namespace ddp {
+
+RankPlugins::RankPlugins(const Config& config, HostServices& services, Trace* trace) : services_(services) {
+  try {
+    start_transport(config);  // config → engine → transport
+    start_strategy(config, trace);  // engine → strategy (→ transport, metered)
+  } catch (...) {
+    abort();
+    shutdown();
+    throw;
+  }
+}
+
+RankPlugins::~RankPlugins() { shutdown(); }
+
+void RankPlugins::start_transport(const Config& config) {
+  transport_lib_ = load_plugin(PluginKind::Transport, config.transport_plugin);
+  const ddp_transport_v1_t* t = transport_lib_->transport();
+  require_device_cap("transport", t->name, t->caps);
+  transport_host_ =
+      std::make_unique<PluginHost>(services_, config.transport, std::string("transport plugin '") + t->name + "'");
+  transport_host_->check(t->init(transport_host_->get(), &comm_), "init");
+  config.transport.check_all_read("transport", t->name);
+}
+
+void RankPlugins::start_strategy(const Config& config, Trace* trace) {
+  strategy_lib_ = load_plugin(PluginKind::Strategy, config.strategy_plugin);
+  const ddp_strategy_v1_t* s = strategy_lib_->strategy();
+  require_device_cap("strategy", s->name, s->caps);
+  strategy_host_ =
+      std::make_unique<PluginHost>(services_, config.strategy, std::string("strategy plugin '") + s->name + "'");
+  metered_ = std::make_unique<MeteredTransport>(transport_lib_->transport(), comm_, services_);
+  metered_->set_trace(trace);
+  strategy_host_->check(s->create(strategy_host_->get(), metered_->vtable(), metered_->comm(), &strategy_), "create");
+  config.strategy.check_all_read("strategy", s->name);
+}
+
+void RankPlugins::require_device_cap(const char* kind, const char* name, uint64_t caps) const {
+  const bool cuda = services_.device->kind() == DDP_DEVICE_CUDA;
+  if (!(caps & (cuda ? DDP_CAP_DEVICE_CUDA : DDP_CAP_DEVICE_CPU)))
+    throw Error(std::string(kind) + " plugin '" + name + "' does not support device '" + (cuda ? "cuda" : "cpu") +
+                    "' (its caps lack DDP_CAP_DEVICE_" + (cuda ? "CUDA" : "CPU") + ")",
+                DDP_ERR_UNSUPPORTED);
+}
+
+void RankPlugins::on_train_begin() { strategy_host_->check(strategy_api().on_train_begin(strategy_), "on_train_begin"); }
+void RankPlugins::on_step_begin(const ddp_step_info& info) {
+  strategy_host_->check(strategy_api().on_step_begin(strategy_, &info), "on_step_begin");
+}
+void RankPlugins::on_grad_ready(const ddp_param& param) {
+  strategy_host_->check(strategy_api().on_grad_ready(strategy_, &param), "on_grad_ready");
+}
+void RankPlugins::on_backward_end() { strategy_host_->check(strategy_api().on_backward_end(strategy_), "on_backward_end"); }
+void RankPlugins::finish() { strategy_host_->check(strategy_api().finish(strategy_), "finish"); }
+void RankPlugins::optimizer_step() { strategy_host_->check(strategy_api().optimizer_step(strategy_), "optimizer_step"); }
+
+bool RankPlugins::stats(nlohmann::ordered_json* out) {
+  const ddp_strategy_v1_t& api = strategy_api();
+  if (!api.stats) return false;
+  std::string buf(4096, '\0');
+  size_t needed = 0;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    strategy_host_->check(api.stats(strategy_, buf.data(), buf.size(), &needed), "stats");
+    if (needed < buf.size()) break;
+    buf.assign(needed + 1, '\0');
+  }
+  buf.resize(std::strlen(buf.c_str()));
+  nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(buf, nullptr, /*allow_exceptions=*/false);
+  *out = parsed.is_discarded() ? nlohmann::ordered_json(buf) : parsed;
+  return true;
+}
+
+void RankPlugins::engine_collective(const Call& call, const char* what,
+                                    std::initializer_list<std::pair<void*, size_t>> host) {
+  Device& device = *services_.device;
+  Stream& stream = device.comm_stream();
+  const bool staged = device.kind() != DDP_DEVICE_CPU;
+  std::vector<Tensor> copies;
+  std::vector<void*> ptrs;
+  for (const auto& [ptr, bytes] : host) {
+    if (!staged) {
+      ptrs.push_back(ptr);
+      continue;
+    }
+    copies.emplace_back(device, Shape{int64_t((bytes + sizeof(float) - 1) / sizeof(float))}, MemCategory::CommBuffers);
+    device.upload(copies.back().data(), ptr, bytes);
+    ptrs.push_back(copies.back().data());
+  }
+  transport_host_->check(
+      call(*transport_lib_->transport(), comm_, reinterpret_cast<ddp_stream>(&stream), ptrs.data(), device.kind()),
+      what);
+  Event done;
+  done.record(stream);
+  done.synchronize(services_.wait_limit());
+  if (!staged) return;
+  size_t i = 0;
+  for (const auto& [ptr, bytes] : host) device.download(ptr, copies[i++].data(), bytes);
+}
+
+void RankPlugins::all_reduce_mean(std::vector<float>& values) {
+  const size_t count = values.size();
+  engine_collective(
+      [count](const ddp_transport_v1_t& t, ddp_comm* comm, ddp_stream s, void* const* ptrs, ddp_device_kind kind) {
+        const ddp_buffer buf{ptrs[0], count, DDP_FLOAT32, kind};
+        return t.all_reduce(comm, &buf, DDP_REDUCE_AVG, s);
+      },
+      "all_reduce of the loss", {{values.data(), count * sizeof(float)}});
+}
+
+void RankPlugins::all_gather(const std::vector<double>& mine, std::vector<double>& all) {
+  const size_t send = mine.size(), recv = all.size();
+  std::vector<double> copy = mine;  // the engine collective's buffers are read-write
+  engine_collective(
+      [send, recv](const ddp_transport_v1_t& t, ddp_comm* comm, ddp_stream s, void* const* ptrs,
+                   ddp_device_kind kind) {
+        const ddp_buffer send_buf{ptrs[0], send, DDP_FLOAT64, kind};
+        const ddp_buffer recv_buf{ptrs[1], recv, DDP_FLOAT64, kind};
+        return t.all_gather(comm, &send_buf, &recv_buf, s);
+      },
+      "all_gather of the rank summaries", {{copy.data(), send * sizeof(double)}, {all.data(), recv * sizeof(double)}});
+}
+
+void RankPlugins::abort() {
+  const ddp_transport_v1_t* t = transport_lib_ ? transport_lib_->transport() : nullptr;
+  if (t && t->abort && comm_) t->abort(comm_);
+}
+
+// Nothing enqueued may outlive the code it calls into: the streams are
+// drained before each plugin is destroyed and after (destroy may enqueue),
+// all before the libraries are unloaded. A failed stream cancels what is
+// left at once.
+void RankPlugins::shutdown() {
+  if (strategy_) {
+    drain();
+    strategy_api().destroy(strategy_);
+    strategy_ = nullptr;
+  }
+  drain();
+  metered_.reset();  // releases its device timestamps
+  if (comm_) {
+    transport_lib_->transport()->destroy(comm_);
+    comm_ = nullptr;
+  }
+  drain();
+  strategy_host_.reset();
+  transport_host_.reset();
+  strategy_lib_.reset();
+  transport_lib_.reset();
+}
+
+void RankPlugins::drain() {
+  Device* device = services_.device;
+  if (!device) return;
+  try {
+    device->comm_stream().synchronize();
+  } catch (const std::exception&) {
+  }
+  try {  // a GPU's compute stream may hold a plugin's host functions too
+    device->compute_stream().synchronize();
+  } catch (const std::exception&) {
+  }
+}
+
+}  // namespace ddp

@@ -1,0 +1,91 @@
+// rank_plugins.h — this rank's transport and strategy, in the order the ABI
+// gives them life and takes it back:
+//   start:    load the transport, check its device cap, init (the
+//             rendezvous), check its keys were all read; load the strategy,
+//             check its cap, create it over the metered transport, check its
+//             keys;
+//   shutdown: drain the streams, destroy the strategy, drain (destroy may
+//             enqueue), destroy the transport, drain, unload both libraries.
+// After a failure, abort() first: it makes the transport fail what it still
+// has queued (a stuck collective), so that the drain cannot wait for ever.
+//
+// The trainer calls the strategy's hooks through the methods below, each
+// checked: a failure throws Error in the plugin's words, of the kind of the
+// status it returned, naming the plugin and the entry. The engine's own
+// collectives (the loss, the summary's per-rank totals) go to the real
+// transport, not the metered one: they are not the strategy's.
+#pragma once
+
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ddp/plugin.h>
+#include <nlohmann/json.hpp>
+
+#include "config.h"
+#include "metered_transport.h"
+#include "plugin_host.h"
+#include "plugin_loader.h"
+
+namespace ddp {
+
+class RankPlugins {
+ public:
+  // Starts both plugins for `config` over `services` (device, store, rank
+  // set). `trace` (or null) records the strategy's collectives. Throws
+  // Error; whatever started is shut down again.
+  // `config` must outlive this object (the plugins' hosts read its tables).
+  RankPlugins(const Config& config, HostServices& services, Trace* trace);
+  ~RankPlugins();  // shutdown(), if not done; never throws
+  RankPlugins(const RankPlugins&) = delete;
+  RankPlugins& operator=(const RankPlugins&) = delete;
+
+  const char* transport_name() const { return transport_lib_->transport()->name; }
+  const char* strategy_name() const { return strategy_api().name; }
+  bool owns_optimizer() const { return strategy_api().caps & DDP_CAP_OWNS_OPTIMIZER; }
+  MeteredTransport& metered() { return *metered_; }
+
+  // The strategy's hooks (plugin.h gives their contract and order).
+  void on_train_begin();
+  void on_step_begin(const ddp_step_info& info);
+  void on_grad_ready(const ddp_param& param);
+  void on_backward_end();
+  void finish();
+  void optimizer_step();
+  // The strategy's stats as JSON (a string if it wrote something else);
+  // false if it has none.
+  bool stats(nlohmann::ordered_json* out);
+
+  // Engine collectives, blocking: `values` becomes the mean over ranks;
+  // `all` (world × mine.size()) receives every rank's `mine`, rank order.
+  void all_reduce_mean(std::vector<float>& values);
+  void all_gather(const std::vector<double>& mine, std::vector<double>& all);
+
+  void abort();     // the transport's abort, if it has one; any thread
+  void shutdown();  // see above; idempotent, never throws
+
+ private:
+  const ddp_strategy_v1_t& strategy_api() const { return *strategy_lib_->strategy(); }
+  void start_transport(const Config& config);
+  void start_strategy(const Config& config, Trace* trace);
+  void require_device_cap(const char* kind, const char* name, uint64_t caps) const;
+  void drain();
+  // One engine collective on the comm stream, waited for. On a GPU the host
+  // buffers travel through device copies (a transport like nccl reads device
+  // memory only); `call` gets the pointers to use, in order.
+  using Call = std::function<ddp_status(const ddp_transport_v1_t&, ddp_comm*, ddp_stream, void* const* ptrs,
+                                        ddp_device_kind device)>;
+  void engine_collective(const Call& call, const char* what, std::initializer_list<std::pair<void*, size_t>> host);
+
+  HostServices& services_;
+  std::unique_ptr<LoadedPlugin> transport_lib_, strategy_lib_;
+  std::unique_ptr<PluginHost> transport_host_, strategy_host_;
+  ddp_comm* comm_ = nullptr;
+  std::unique_ptr<MeteredTransport> metered_;
+  ddp_strategy* strategy_ = nullptr;
+};
+
+}  // namespace ddp

@@ -1,0 +1,122 @@
+// summary.cpp — see summary.h.
+#include "summary.h"
+
+#include <algorithm>
+
+namespace ddp {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+json peaks_json(const PeakBytes& peaks) {
+  json j = json::object();
+  size_t total = 0;
+  for (int c = 0; c < kMemCategories; ++c) {
+    j[to_string(static_cast<MemCategory>(c))] = peaks[c];
+    total += peaks[c];
+  }
+  j["total"] = total;
+  return j;
+}
+
+json rank_json(int rank, const RankTotals& t) {
+  json peaks = json::object();
+  for (int c = 0; c < kMemCategories; ++c) peaks[to_string(static_cast<MemCategory>(c))] = int64_t(t.peaks[c]);
+  return {{"rank", rank},
+          {"peak_bytes", peaks},
+          {"total_comm_blocked_s", t.comm_blocked_s},
+          {"total_comm_busy_s", t.comm_busy_s},
+          {"collective_sequence", t.collective_sequence}};
+}
+
+// One column per StepRecord field, as summary.json lists them.
+void add_columns(json& summary, const std::vector<StepRecord>& steps) {
+  auto column = [&](auto member) {
+    json a = json::array();
+    for (const StepRecord& r : steps) a.push_back(r.*member);
+    return a;
+  };
+  summary["data_s"] = column(&StepRecord::data_s);
+  summary["forward_s"] = column(&StepRecord::forward_s);
+  summary["backward_s"] = column(&StepRecord::backward_s);
+  summary["optimizer_s"] = column(&StepRecord::optimizer_s);
+  summary["comm_blocked_s"] = column(&StepRecord::comm_blocked_s);
+  summary["comm_busy_s"] = column(&StepRecord::comm_busy_s);
+  summary["collectives"] = column(&StepRecord::collectives);
+  summary["comm_bytes"] = column(&StepRecord::comm_bytes);
+  summary["collectives_before_last_grad_ready"] = column(&StepRecord::collectives_before_last_grad_ready);
+  summary["collectives_before_sync_micro_batch"] = column(&StepRecord::collectives_before_sync_micro_batch);
+  summary["comm_buffer_bytes"] = column(&StepRecord::comm_buffer_bytes);
+  summary["device_allocations"] = column(&StepRecord::device_allocations);
+}
+
+}  // namespace
+
+void take_peaks(MemoryTracker& memory, PeakBytes& into) {
+  for (int c = 0; c < kMemCategories; ++c)
+    into[c] = std::max(into[c], memory.peak(static_cast<MemCategory>(c)));
+  memory.reset_peaks();
+}
+
+std::vector<double> RankTotals::to_doubles() const {
+  std::vector<double> v;
+  for (size_t p : peaks) v.push_back(double(p));
+  v.push_back(comm_blocked_s);
+  v.push_back(comm_busy_s);
+  v.push_back(double(collective_sequence));
+  return v;
+}
+
+RankTotals RankTotals::from_doubles(const double* v) {
+  RankTotals t;
+  for (int c = 0; c < kMemCategories; ++c) t.peaks[c] = size_t(int64_t(v[c]));
+  t.comm_blocked_s = v[kMemCategories];
+  t.comm_busy_s = v[kMemCategories + 1];
+  t.collective_sequence = uint64_t(v[kMemCategories + 2]);
+  return t;
+}
+
+json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, const std::vector<RankTotals>& ranks,
+                 const json* strategy_stats) {
+  json summary;
+  summary["world_size"] = facts.world_size;
+  summary["steps"] = facts.steps;
+  summary["model"] = facts.model;
+  summary["transport"] = facts.transport;
+  summary["strategy"] = facts.strategy;
+  double total = 0, blocked = 0, busy = 0;
+  json loss = json::array(), step_time = json::array();
+  for (const StepRecord& r : steps) {
+    loss.push_back(r.loss);
+    step_time.push_back(r.step_s);
+    total += r.step_s, blocked += r.comm_blocked_s, busy += r.comm_busy_s;
+  }
+  summary["loss"] = loss;
+  summary["step_time_s"] = step_time;
+  summary["mean_step_time_s"] = steps.empty() ? 0.0 : total / steps.size();
+  // Samples (tokens for lm) the whole run processes per second of step time.
+  const double per_step = facts.rows_per_step * double(facts.tokens_per_row);
+  summary[facts.tokens_per_row > 1 ? "tokens_per_s" : "samples_per_s"] =
+      total > 0 ? per_step * steps.size() / total : 0.0;
+  add_columns(summary, steps);
+  summary["total_comm_blocked_s"] = blocked;
+  summary["total_comm_busy_s"] = busy;
+  summary["peak_bytes"] = {{"after_setup", peaks_json(facts.after_setup)},
+                           {"before_optimizer_step", peaks_json(facts.before_optimizer)},
+                           {"after_optimizer_step", peaks_json(facts.after_optimizer)}};
+  json ranks_json = json::array();
+  bool agree = true;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    ranks_json.push_back(rank_json(int(r), ranks[r]));
+    agree &= ranks[r].collective_sequence == ranks[0].collective_sequence;
+  }
+  summary["ranks"] = ranks_json;
+  // A false here means ranks issued different collectives: with Gloo that
+  // usually hangs; when it does not, data were silently mixed.
+  summary["collective_sequences_agree"] = agree;
+  if (strategy_stats) summary["strategy_stats"] = *strategy_stats;
+  summary["config"] = facts.config_toml;
+  return summary;
+}
+
+}  // namespace ddp

@@ -1,0 +1,71 @@
+// summary.h — what a run reports: a StepRecord per optimizer step, memory
+// peaks over three windows of every step, and summary.json, built from them
+// by a pure function (run_summary). The trainer fills the records; the
+// ranks exchange their RankTotals at the end (as doubles, one all-gather),
+// and rank 0 writes the summary.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "device.h"
+
+namespace ddp {
+
+struct StepRecord {
+  double loss = 0, step_s = 0, data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;
+  double comm_blocked_s = 0, comm_busy_s = 0;
+  int64_t collectives = 0, comm_bytes = 0;
+  // Collectives the strategy had enqueued when the step's last
+  // on_grad_ready was called: > 0 means communication overlapped backward.
+  int64_t collectives_before_last_grad_ready = 0;
+  // Collectives enqueued during micro-batches without sync_grads: must be 0.
+  int64_t collectives_before_sync_micro_batch = 0;
+  int64_t comm_buffer_bytes = 0;  // current at the end of the step (a leak grows it)
+  int64_t device_allocations = 0;  // device memory allocated during the step
+};
+
+// Peak bytes per memory category over a window of the run.
+using PeakBytes = std::array<size_t, kMemCategories>;
+
+// Folds the peaks of the window that just ended into `into`, then opens a
+// new window.
+void take_peaks(MemoryTracker& memory, PeakBytes& into);
+
+// One rank's figures for every rank's summary: its peak bytes per category
+// (over all windows), its total communication times and its collective
+// sequence fingerprint.
+struct RankTotals {
+  PeakBytes peaks{};
+  double comm_blocked_s = 0, comm_busy_s = 0;
+  uint64_t collective_sequence = 0;  // 52 bits of the fingerprint: exact in a double
+
+  static constexpr size_t kDoubles = kMemCategories + 3;
+  std::vector<double> to_doubles() const;
+  static RankTotals from_doubles(const double* values);  // kDoubles of them
+};
+
+// What summary.json says of the run besides its steps.
+struct RunFacts {
+  int world_size = 1;
+  int64_t steps = 0;
+  std::string model, transport, strategy;
+  double rows_per_step = 0;    // data.batch_size * run.grad_accum_steps
+  int64_t tokens_per_row = 1;  // lm: context_length (tokens_per_s), else 1 (samples_per_s)
+  PeakBytes after_setup{}, before_optimizer{}, after_optimizer{};
+  std::string config_toml;  // the effective config
+};
+
+// summary.json: the run's facts, one column per StepRecord field, means and
+// totals, rank 0's peaks per window, every rank's totals, whether the ranks
+// issued the same collectives, the strategy's own stats (if it has any:
+// not null). Pure.
+nlohmann::ordered_json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps,
+                                   const std::vector<RankTotals>& ranks, const nlohmann::ordered_json* strategy_stats);
+
+}  // namespace ddp

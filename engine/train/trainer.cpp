@@ -1,0 +1,348 @@
+// trainer.cpp — one rank's run (see trainer.h). A step, as the strategy
+// sees it (plugin.h's hook order):
+//   zero grads → per micro-batch: on_step_begin → forward → backward
+//   (on_grad_ready after a parameter's last use) → on_backward_end;
+//   then finish → optimizer_step (the strategy's, if it owns it, else the
+//   engine's on every trainable parameter).
+// The pieces live beside it: rank_plugins.h (the plugins, their start and
+// shutdown order), step_timeline.h (--trace), summary.h (summary.json),
+// model_setup.h (model, init, freezing), optimizer.h.
+#include "trainer.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include <cblas.h>
+
+#include "data.h"
+#include "model_setup.h"
+#include "nvtx.h"
+#include "optimizer.h"
+#include "rank_plugins.h"
+#include "safetensors.h"
+#include "step_timeline.h"
+#include "store.h"
+#include "summary.h"
+
+namespace ddp {
+namespace {
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+class RankRun {
+ public:
+  RankRun(const Config& config, const RankEnv& env, TrainObserver* observer)
+      : config_(config), env_(env), observer_(observer) {}
+
+  // Set-up, the steps, the outputs. On any failure the plugins are aborted
+  // and shut down before the error (with the step it happened in) goes on.
+  void run() {
+    try {
+      set_up();
+      train();
+      finish_run();
+    } catch (Error& e) {
+      if (e.step() < 0) e.at_step(step_);
+      stop_plugins();
+      throw;
+    } catch (const std::exception& e) {
+      Error error(e.what(), kind_of(e));
+      error.at_step(step_);
+      stop_plugins();
+      throw error;
+    }
+    plugins_->shutdown();
+  }
+
+ private:
+  void set_up() {
+    const RankInfo& r = env_.rank;
+    openblas_set_num_threads(config_.run.threads);
+    device_ = make_device(config_.run.device, r.local_rank, config_.run.share_gpus);
+    DataShape shape;
+    model_ = set_up_model(config_, *device_, config_.run.seed + static_cast<uint64_t>(r.rank), &shape);
+    tokens_per_row_ = shape.kind == DataShape::Tokens ? shape.context : 1;
+    set_up_timeline();
+    // Batches are host memory (the models upload what they use): on a GPU
+    // run the data's buffers come from a host device of their own.
+    if (device_->kind() != DDP_DEVICE_CPU) host_device_ = std::make_unique<CpuDevice>();
+    data_ = make_dataset(config_, shape, r.rank, r.world_size, host_device_ ? *host_device_ : *device_);
+    optimizer_ = std::make_unique<Optimizer>(config_.optimizer, *device_, model_->params());
+    check_unfreeze(config_.unfreeze, *model_, config_.model.name);
+    store_ = std::make_unique<Store>(env_.rendezvous, env_.run_id,
+                                     std::chrono::milliseconds(int64_t(config_.run.timeout_s * 1000)));
+    services_.rank = r;
+    services_.device = device_.get();
+    services_.model = model_.get();
+    services_.store = store_.get();
+    services_.timeout_ms = static_cast<int64_t>(config_.run.timeout_s * 1000);
+    services_.run_optimizer = [this](const size_t* indices, size_t count) {
+      optimizer_->step(model_->params(), indices, count);
+    };
+    services_.refresh_param_table();
+    refresh_trainable();
+    plugins_ = std::make_unique<RankPlugins>(config_, services_, timeline_->trace());
+    remaining_uses_.assign(model_->params().size(), 0);
+  }
+
+  // `ddp run --trace`: the launcher names this rank's trace file.
+  void set_up_timeline() {
+    std::unique_ptr<Trace> trace;
+    if (const char* path = std::getenv("DDP_TRACE"); path && *path) {
+      trace_path_ = path;
+      // Room for every step's ranges and collectives (about one per parameter each).
+      const size_t per_step = size_t(config_.run.grad_accum_steps + 1) * (model_->params().size() + 8);
+      trace = std::make_unique<Trace>(env_.rank.rank, std::min<size_t>(size_t(config_.run.steps) * per_step, 1 << 20));
+      model_->set_range_hook([this](const char* name, Clock::time_point begin, Clock::time_point end) {
+        timeline_->layer(name, begin, end);
+      });
+    }
+    timeline_ = std::make_unique<StepTimeline>(std::move(trace), device_->compute_stream());
+  }
+
+  void train() {
+    if (observer_) observer_->on_weights(-1, *model_);
+    plugins_->on_train_begin();
+    if (observer_) observer_->on_weights(0, *model_);
+    take_peaks(device_->memory(), mem_after_setup_);
+    records_.reserve(static_cast<size_t>(config_.run.steps));
+    for (step_ = 0; step_ < config_.run.steps; ++step_) {
+      records_.push_back(train_step(step_));
+      if (observer_) observer_->on_weights(step_ + 1, *model_);
+      if ((step_ + 1) % config_.run.log_every == 0 || step_ + 1 == config_.run.steps) report(step_);
+    }
+    step_ = -1;  // what follows is the end of the run, not a step
+    device_->comm_stream().synchronize();
+    // A GPU's collectives still unsettled (a step's last ones may end after
+    // it): their busy time goes to the last step.
+    const int64_t busy_before = services_.counters.busy_ns;
+    plugins_->metered().settle(/*wait=*/true);
+    if (!records_.empty()) records_.back().comm_busy_s += double(services_.counters.busy_ns - busy_before) * 1e-9;
+  }
+
+  // The communication counters and allocations at the start of a step.
+  struct Before {
+    int64_t blocked_ns, busy_ns, collectives, bytes, allocations;
+  };
+
+  StepRecord train_step(int64_t step) {
+    StepRecord rec;
+    const CommCounters& c = services_.counters;
+    const Before before{c.blocked_ns, c.busy_ns, c.collectives, c.bytes, device_->memory().allocations()};
+    timeline_->begin_step(step);
+    const auto t0 = Clock::now();
+    const StepTimeline::Mark m0 = timeline_->mark();
+    const bool params_changed = unfreeze(step);
+    for (Parameter& p : model_->params())
+      if (p.trainable) device_->fill(p.grad.data(), p.grad.numel(), 0.0f, device_->compute_stream());
+    // Micro-batches accumulate into the gradients; each one's loss is scaled
+    // by 1/k so the sum is the gradient of the mean over k x the batch.
+    const int64_t k = config_.run.grad_accum_steps;
+    for (int64_t micro = 0; micro < k; ++micro) {
+      const bool sync = micro == k - 1;
+      if (sync) rec.collectives_before_sync_micro_batch = c.collectives - before.collectives;
+      const ddp_step_info info{sizeof(ddp_step_info), step, int32_t(micro), int32_t(k), sync ? 1 : 0,
+                               params_changed && micro == 0 ? 1 : 0};
+      StepTimeline::Mark m = timeline_->mark();
+      plugins_->on_step_begin(info);
+      timeline_->range("on_step_begin", m);
+      const auto t = Clock::now();
+      const Batch batch = data_->batch(step * k + micro);
+      rec.data_s += seconds_since(t);
+      forward(batch, k, rec);
+      backward(k, before.collectives, rec);
+      m = timeline_->mark();
+      plugins_->on_backward_end();
+      timeline_->range("on_backward_end", m);
+    }
+    const StepTimeline::Mark m = timeline_->mark();
+    plugins_->finish();
+    timeline_->range("finish", m);
+    take_peaks(device_->memory(), mem_before_optimizer_);
+    optimizer_step(rec);
+    take_peaks(device_->memory(), mem_after_optimizer_);
+    rec.step_s = seconds_since(t0);
+    timeline_->range("step", m0);
+    timeline_->end_step();
+    rec.comm_blocked_s = (c.blocked_ns - before.blocked_ns) * 1e-9;
+    rec.comm_busy_s = (c.busy_ns - before.busy_ns) * 1e-9;
+    rec.collectives = c.collectives - before.collectives;
+    rec.comm_bytes = c.bytes - before.bytes;
+    rec.comm_buffer_bytes = int64_t(device_->memory().current(MemCategory::CommBuffers));
+    rec.device_allocations = device_->memory().allocations() - before.allocations;
+    return rec;
+  }
+
+  void forward(const Batch& batch, int64_t k, StepRecord& rec) {
+    const auto t = Clock::now();
+    const StepTimeline::Mark m = timeline_->mark();
+    {
+      nvtx::Range range("forward");
+      rec.loss += model_->forward(batch) / double(k);
+    }
+    rec.forward_s += seconds_since(t);
+    timeline_->range("forward", m);
+  }
+
+  // Backward, firing on_grad_ready after each parameter's last use.
+  void backward(int64_t k, int64_t collectives_at_start, StepRecord& rec) {
+    const auto t = Clock::now();
+    const StepTimeline::Mark m = timeline_->mark();
+    timeline_->start_layers(m);  // the model's per-layer ranges start here
+    {
+      nvtx::Range range("backward");
+      auto& params = model_->params();
+      for (size_t i = 0; i < params.size(); ++i) remaining_uses_[i] = params[i].uses;
+      model_->backward(1.0f / float(k), [&](size_t index) {
+        if (--remaining_uses_[index] != 0) return;
+        rec.collectives_before_last_grad_ready = services_.counters.collectives - collectives_at_start;
+        plugins_->on_grad_ready(services_.param_table[index]);
+      });
+      // On a GPU backward has only been enqueued: wait for it, so that
+      // backward_s is its time and the strategy's waits (comm_blocked_s) are
+      // communication only. (The CPU's compute stream is this thread: a no-op.)
+      device_->compute_stream().synchronize();
+    }
+    timeline_->range("backward", m);
+    rec.backward_s += seconds_since(t);  // the model's backward, as the trace's range
+  }
+
+  void optimizer_step(StepRecord& rec) {
+    const auto t = Clock::now();
+    const StepTimeline::Mark m = timeline_->mark();
+    const int64_t blocked_before = services_.counters.blocked_ns;
+    {
+      nvtx::Range range("optimizer");
+      if (plugins_->owns_optimizer()) {
+        plugins_->optimizer_step();
+      } else {
+        optimizer_->step(model_->params(), trainable_);
+      }
+    }
+    // A strategy's optimizer_step may wait for communication (bucketed waits
+    // for each bucket); that wait is exposed communication, not optimizer.
+    // The step ends when the device has done it (a no-op on the CPU, whose
+    // compute stream is the training thread).
+    device_->compute_stream().synchronize();
+    // A strategy may order compute after communication on the device
+    // (stream_wait_event), which on a GPU carries no failure across: a
+    // collective of this step that failed fails the step here.
+    Stream& comm = device_->comm_stream();
+    if (comm.failed()) throw Error(comm.error(), comm.error_kind());
+    plugins_->metered().settle(/*wait=*/false);  // a GPU's collectives the device has done
+    rec.optimizer_s = seconds_since(t) - (services_.counters.blocked_ns - blocked_before) * 1e-9;
+    timeline_->range("optimizer", m);
+  }
+
+  bool unfreeze(int64_t step) {
+    if (!apply_unfreeze(config_.unfreeze, step, *model_, *device_)) return false;
+    services_.refresh_param_table();
+    refresh_trainable();
+    return true;
+  }
+
+  // The indices of trainable parameters; kept, not rebuilt every step.
+  void refresh_trainable() {
+    trainable_.clear();
+    for (size_t i = 0; i < model_->params().size(); ++i)
+      if (model_->params()[i].trainable) trainable_.push_back(i);
+  }
+
+  // Replaces the local losses since the last report by the global mean (the
+  // loss single-process training would report), then prints from rank 0.
+  void report(int64_t step) {
+    const size_t begin = reported_;
+    std::vector<float> losses;
+    for (size_t i = begin; i < records_.size(); ++i) losses.push_back(static_cast<float>(records_[i].loss));
+    plugins_->all_reduce_mean(losses);
+    for (size_t i = begin; i < records_.size(); ++i) records_[i].loss = losses[i - begin];
+    reported_ = records_.size();
+    if (env_.rank.rank != 0) return;
+    const StepRecord& r = records_.back();
+    std::printf("step %lld/%lld  loss %.6f  step %.2f ms  comm blocked %.2f ms  (%lld collectives, %.3f MB)\n",
+                static_cast<long long>(step + 1), static_cast<long long>(config_.run.steps), r.loss,
+                r.step_s * 1e3, r.comm_blocked_s * 1e3, static_cast<long long>(r.collectives),
+                r.comm_bytes / 1e6);
+    std::fflush(stdout);
+  }
+
+  // Every rank's totals to every rank; rank 0 writes weights and summary;
+  // each rank its trace.
+  void finish_run() {
+    RankTotals mine;
+    for (int c = 0; c < kMemCategories; ++c)
+      mine.peaks[c] = std::max({mem_after_setup_[c], mem_before_optimizer_[c], mem_after_optimizer_[c]});
+    for (const StepRecord& r : records_) mine.comm_blocked_s += r.comm_blocked_s, mine.comm_busy_s += r.comm_busy_s;
+    mine.collective_sequence = services_.counters.sequence_hash.load() >> 12;
+    std::vector<double> all(RankTotals::kDoubles * env_.rank.world_size);
+    plugins_->all_gather(mine.to_doubles(), all);
+    if (env_.rank.rank == 0) write_outputs(all);
+    if (!trace_path_.empty()) timeline_->write(trace_path_);
+  }
+
+  void write_outputs(const std::vector<double>& all) {
+    namespace fs = std::filesystem;
+    fs::create_directories(config_.run.output_dir);
+    std::vector<NamedFloats> weights;
+    std::vector<std::vector<float>> host;  // a GPU's weights, copied out
+    for (const Parameter& p : model_->params()) {
+      const float* values = device_->kind() == DDP_DEVICE_CPU ? p.data.data() : host.emplace_back(p.data.to_host()).data();
+      weights.push_back({p.name, p.shape, values});
+    }
+    write_safetensors((fs::path(config_.run.output_dir) / "weights.safetensors").string(), weights);
+
+    std::vector<RankTotals> ranks;
+    for (int r = 0; r < env_.rank.world_size; ++r) ranks.push_back(RankTotals::from_doubles(&all[r * RankTotals::kDoubles]));
+    const RunFacts facts{env_.rank.world_size, config_.run.steps, config_.model.name, plugins_->transport_name(),
+                         plugins_->strategy_name(), double(config_.data.batch_size) * double(config_.run.grad_accum_steps),
+                         tokens_per_row_, mem_after_setup_, mem_before_optimizer_, mem_after_optimizer_,
+                         config_.toml_text};
+    nlohmann::ordered_json stats;
+    const bool has_stats = plugins_->stats(&stats);
+    const auto summary = run_summary(facts, records_, ranks, has_stats ? &stats : nullptr);
+    write_file_atomically((fs::path(config_.run.output_dir) / "summary.json").string(), summary.dump(2) + "\n");
+  }
+
+  void stop_plugins() {
+    if (!plugins_) return;
+    plugins_->abort();  // before draining: queued NCCL kernels would keep the drain waiting for ever
+    plugins_->shutdown();
+  }
+
+  // What the run is given.
+  const Config config_;
+  const RankEnv env_;
+  TrainObserver* const observer_;
+  // What set_up builds, in this order (and destroys in reverse: the device
+  // last). The plugins are shut down explicitly before any of it goes.
+  std::unique_ptr<Device> device_;       // run.device
+  std::unique_ptr<Device> host_device_;  // the data's buffers on a GPU run
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<StepTimeline> timeline_;
+  std::unique_ptr<Dataset> data_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Store> store_;
+  HostServices services_;
+  std::unique_ptr<RankPlugins> plugins_;
+  std::string trace_path_;  // empty: no trace
+  // The run's state.
+  int64_t step_ = -1;               // the step under way (-1: set-up or the end)
+  int64_t tokens_per_row_ = 1;      // positions a row trains (lm: context_length)
+  std::vector<size_t> trainable_;   // indices of trainable parameters
+  std::vector<int> remaining_uses_;  // per parameter, this micro-batch's backward
+  std::vector<StepRecord> records_;
+  size_t reported_ = 0;
+  PeakBytes mem_after_setup_{}, mem_before_optimizer_{}, mem_after_optimizer_{};
+};
+
+}  // namespace
+
+void train_rank(const Config& config, const RankEnv& env, TrainObserver* observer) {
+  RankRun(config, env, observer).run();
+}
+
+}  // namespace ddp

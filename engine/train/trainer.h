@@ -1,0 +1,27 @@
+// trainer.h — one rank's training run: builds the device, model, data,
+// optimizer and plugins from the config, runs the steps with the strategy's
+// hooks in their contract order (plugin.h), and writes weights and
+// summary.json (rank 0).
+#pragma once
+
+#include <cstdint>
+
+#include "config.h"
+#include "model.h"
+#include "rank.h"
+
+namespace ddp {
+
+// Lets tests look at the weights: step -1 before the strategy's set-up
+// (each rank's own initialisation), 0 after it, s after optimizer step s.
+class TrainObserver {
+ public:
+  virtual ~TrainObserver() = default;
+  virtual void on_weights(int64_t step, const Model& model) = 0;
+};
+
+// Runs the whole training of one rank. Throws Error on any failure, with
+// its kind, and the step and plugin entry where known (error.h).
+void train_rank(const Config& config, const RankEnv& env, TrainObserver* observer = nullptr);
+
+}  // namespace ddp
