@@ -1,7 +1,7 @@
 // lm.h — the `lm` model of docs/models.md: a pre-norm decoder-only
 // Transformer (Stanford CS336's BasicsTransformerLM) with RoPE, SwiGLU and
-// RMSNorm, no biases, trained on next-token cross-entropy. CPU only; the
-// layers are the functions of layers.h.
+// RMSNorm, no biases, trained on next-token cross-entropy, on either device:
+// its layers are the device's kernels (kernels.h).
 #pragma once
 
 #include <cstdint>

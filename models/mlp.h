@@ -1,7 +1,8 @@
 // mlp.h — the `mlp` model of docs/models.md: `depth` width x width linear
 // layers with bias, each followed by ReLU, then a linear head to `classes`
 // logits; mean cross-entropy against integer labels. Many parameters, little
-// compute: it makes gradient synchronisation visible. CPU only.
+// compute: it makes gradient synchronisation visible. On either device,
+// through the device's kernels (kernels.h).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // cuda_ops_test — the CUDA device's elementwise kernels and the optimizer's
-// CUDA update kernels (engine/cuda/cuda_ops.h). fill and scale against
+// CUDA update kernels (engine/core/cuda/cuda_ops.h). fill and scale against
 // closed-form values; SGD, SGD with momentum and AdamW against the engine's
 // real CPU Optimizer on a CpuDevice, stepped the same number of times from
 // the same weights and gradients, compared BITWISE after every step (the

@@ -12,7 +12,7 @@ usage: /usr/bin/python3 tools/bench_comm_compare.py [--world 2,4,6] [--sizes 1MB
                ddp-w<N>-r<R>/bench_comm.json, pytorch-w<N>-r<R>.json, compare.json (the table)
                and bench_comm.png (busbw against size, both implementations)
   --set        passed to ddp bench-comm (e.g. --set transport.algorithm=bcube)
-Both use the same conventions (engine/bench_comm.h): float32, 5 warm-up iterations, a barrier
+Both use the same conventions (engine/bench/bench_comm.h): float32, 5 warm-up iterations, a barrier
 before each timed one, mean over ranks per iteration, busbw = S / mean time * 2(n-1)/n.
 Target (issue 5): ours / PyTorch >= 1.5 at 1MB and >= 1.0 at every other size and world size.
 Prints the Markdown table on stdout; exit status 1 if a run failed, else 0 (a missed target is

@@ -164,12 +164,8 @@ def read_toml(path, what):
         raise SuiteError(f"{path}: {e}")
 
 
-def load_suite(path, root=ROOT, _stack=()):
-    """Reads and checks a suite file (and its includes) -> (description, [Variant])."""
-    path = Path(path).resolve()
-    if path in _stack:
-        raise SuiteError(f"{_stack[-1]}: key 'include': '{path}' includes itself")
-    doc = read_toml(path, "suite")
+def suite_header(doc, path):
+    """The suite-wide keys of a suite file -> (description, warmup, common overrides, tables, includes)."""
     for k in doc:
         if k not in SUITE_KEYS:
             raise SuiteError(f"{path}: unknown key '{k}' (known: {', '.join(sorted(SUITE_KEYS))})")
@@ -188,7 +184,37 @@ def load_suite(path, root=ROOT, _stack=()):
         raise SuiteError(f"{path}: key 'include' must be an array of file names")
     if not tables and not includes:
         raise SuiteError(f"{path}: no [[variant]] and no 'include': nothing to run")
+    return description, warmup, common, tables, includes
 
+
+def variant_overrides(t, common, where):
+    """A [[variant]] table's overrides on top of the suite's `common` ones: short keys and set.*."""
+    overrides = dict(common)
+    mine = {}
+    for k, v in t.items():
+        if k in VARIANT_OWN_KEYS:
+            continue
+        if k not in SHORTHANDS:
+            raise SuiteError(f"{where}: unknown key '{k}' (known: {', '.join(VARIANT_OWN_KEYS)}, "
+                             f"{', '.join(SHORTHANDS)})")
+        mine[SHORTHANDS[k]] = v
+    for k, v in flatten_overrides(t.get("set", {}), where).items():
+        if k in mine:
+            raise SuiteError(f"{where}: '{k}' is set twice (by a short key and by 'set')")
+        mine[k] = v
+    overrides.update(mine)
+    for k, v in overrides.items():
+        toml_value(v, f"{where}: key '{k}'")
+    return overrides
+
+
+def load_suite(path, root=ROOT, _stack=()):
+    """Reads and checks a suite file (and its includes) -> (description, [Variant])."""
+    path = Path(path).resolve()
+    if path in _stack:
+        raise SuiteError(f"{_stack[-1]}: key 'include': '{path}' includes itself")
+    doc = read_toml(path, "suite")
+    description, warmup, common, tables, includes = suite_header(doc, path)
     variants = []
     bases = {}  # path -> parsed config
 
@@ -214,22 +240,7 @@ def load_suite(path, root=ROOT, _stack=()):
         else:
             raise SuiteError(f"{where}: no 'base' (the ddp config it starts from): set it for the "
                              f"suite or the variant")
-        overrides = dict(common)
-        mine = {}
-        for k, v in t.items():
-            if k in VARIANT_OWN_KEYS:
-                continue
-            if k not in SHORTHANDS:
-                raise SuiteError(f"{where}: unknown key '{k}' (known: {', '.join(VARIANT_OWN_KEYS)}, "
-                                 f"{', '.join(SHORTHANDS)})")
-            mine[SHORTHANDS[k]] = v
-        for k, v in flatten_overrides(t.get("set", {}), where).items():
-            if k in mine:
-                raise SuiteError(f"{where}: '{k}' is set twice (by a short key and by 'set')")
-            mine[k] = v
-        overrides.update(mine)
-        for k, v in overrides.items():
-            toml_value(v, f"{where}: key '{k}'")
+        overrides = variant_overrides(t, common, where)
         mine_base, rewrite = plugin_defaults(base_config, overrides)
         v = Variant(name, base, overrides, warmup, str(path), mine_base, rewrite)
         steps = v.setting("run.steps")

@@ -16,7 +16,7 @@ usage: tools/plot_trace.py TRACE.json [TRACE.json ...] [--step N] [--labels A,B,
   --labels     one label per file (default: the file's parent directory name)
   --out        the PNG (default trace.png)
 
-e.g. (README, "Traces"):
+e.g. (docs/traces.md):
   tools/plot_trace.py runs/toy/trace.json runs/overlap/trace.json \\
       --labels naive,overlap --out tools/results/trace-naive-vs-overlap.png
 Needs matplotlib (Debian python3-matplotlib; tools/setup.sh installs it).

@@ -6,7 +6,7 @@ usage (Debian's python3 with torch 1.13, not the pyenv python):
   /usr/bin/python3 tools/pytorch_allreduce_bench.py [--world 2,4,6] [--sizes 1MB,10MB,100MB,1GB]
       [--warmup 5] [--iters N] [--threads 1] [--out FILE]
 
-Conventions, as `ddp bench-comm` (engine/bench_comm.h) and nccl-tests:
+Conventions, as `ddp bench-comm` (engine/bench/bench_comm.h) and nccl-tests:
   - a float32 tensor of S bytes (binary units: 1MB = 2^20 bytes), dist.all_reduce (SUM, in place);
   - one untimed run on known values (rank r holds r + 1) checked everywhere, then the tensor is zeroed;
   - `warmup` untimed iterations, then `iters` timed ones (default: about 2 GiB per size, between 5

@@ -219,8 +219,8 @@ class Reader {
   }
 
   // A path written in the file is relative to the file's directory, so that
-  // configs/x.toml can name ../tests/fixtures/...; one given with --set is
-  // relative to the working directory, like any command-line path.
+  // a config in configs/ can name ../tests/fixtures/...; one given with --set
+  // is relative to the working directory, like any command-line path.
   std::string path_from_file(const char* section, const char* key) const {
     const toml::node* node = find(section, key);
     if (!node) return "";

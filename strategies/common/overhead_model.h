@@ -16,7 +16,7 @@
 //   overhead(n_b) = n_b·o + s / (n_b·w)          (time after backward)
 // It is smallest at n_b* = sqrt(s / (w·o)), i.e. buckets of
 //   b* = s / n_b* = sqrt(s·w·o),   overhead(n_b*) = 2·sqrt(s·o / w).
-// (README.md, "Communication overhead model", says the same in prose.)
+// (docs/benchmarks.md, "Communication overhead model", says the same in prose.)
 //
 // Not here: measuring (strategies/common/bucket_cap.h, `ddp bench-comm`).
 // auto_probe_sizes, at the end, is what bucket_cap.h measures.

@@ -1,0 +1,152 @@
+// diagnose_test.cpp — the launcher's diagnosis (engine/launch/diagnose.h), a
+// pure function: which rank is named, and in what words, from how each rank
+// exited and the kind it reported — never from the words of its message.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "diagnose.h"
+#include "error.h"
+#include "failure.h"
+
+namespace ddp {
+namespace {
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/ddp-test-XXXXXX";
+  return mkdtemp(tmpl);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+RankExit exited(int code, int failed_order = -1) { return RankExit{W_EXITCODE(code, 0), failed_order, false}; }
+RankExit killed(int sig, int failed_order) { return RankExit{sig, failed_order, false}; }
+RankExit stopped() { return RankExit{SIGKILL, -1, true}; }  // killed by the launcher while it still ran
+
+RankFailure report(ddp_status kind, const std::string& message, int64_t step = -1) {
+  RankFailure f;
+  f.kind = kind;
+  f.message = message;
+  f.step = step;
+  return f;
+}
+
+const std::string kNote = "run.timeout_s = 3";
+const std::string kTail = "ddp: stopped the other ranks; run failed\n";
+
+TEST(Diagnose, EveryRankSucceededIsExitZeroAndSilent) {
+  const Diagnosis d = diagnose({{exited(0), exited(0)}, false}, {std::nullopt, std::nullopt}, kNote);
+  EXPECT_EQ(d.exit_code, 0);
+  EXPECT_EQ(d.message, "");
+}
+
+TEST(Diagnose, InterruptedIs130) {
+  const Diagnosis d = diagnose({{stopped(), stopped()}, true}, {std::nullopt, std::nullopt}, kNote);
+  EXPECT_EQ(d.exit_code, 130);
+  EXPECT_EQ(d.message, "ddp: interrupted; stopped all ranks\n");
+}
+
+TEST(Diagnose, ARankKilledByASignalIsNamedOverItsPeersEchoes) {
+  // Rank 0 saw the connection drop first; rank 1 was the one killed.
+  const WatchResult w{{exited(1, 0), killed(SIGKILL, 1), exited(1, 2)}, false};
+  const Diagnosis d = diagnose(w, {report(DDP_ERR_COMM, "peer went away", 4), std::nullopt,
+                                   report(DDP_ERR_COMM, "peer went away", 4)}, kNote);
+  EXPECT_EQ(d.exit_code, 1);
+  EXPECT_EQ(d.message, "ddp: rank 1 failed: killed by signal 9 (Killed)\n" + kTail);
+}
+
+TEST(Diagnose, TimeoutsNameTheRanksThatWereStillRunning) {
+  const WatchResult w{{exited(1, 0), exited(1, 1), stopped(), exited(1, 2)}, false};
+  const Diagnosis d = diagnose(w, {report(DDP_ERR_TIMEOUT, "recv timed out", 17), report(DDP_ERR_COMM, "reset", 17),
+                                   std::nullopt, report(DDP_ERR_TIMEOUT, "recv timed out", 17)}, kNote);
+  EXPECT_EQ(d.exit_code, 1);
+  EXPECT_EQ(d.message,
+            "ddp: rank 2 stopped responding: the other ranks timed out waiting (run.timeout_s = 3)\n"
+            "ddp: rank 0 reported in step 18: exited with code 1: recv timed out\n" + kTail);
+}
+
+TEST(Diagnose, TheKindDecidesNotTheWords) {
+  // A message that reads like a timeout, of kind comm, is the echo; the
+  // plain error is the cause. (The old launcher matched "imed out".)
+  const WatchResult w{{exited(1, 0), exited(1, 1)}, false};
+  const Diagnosis d = diagnose(w, {report(DDP_ERR_COMM, "Timed out: Connection reset by peer"),
+                                   report(DDP_ERR_INVALID_ARGUMENT, "run.toml:3:1: unknown key 'run.stpes'")},
+                               kNote);
+  EXPECT_EQ(d.message, "ddp: rank 1 failed: exited with code 1: run.toml:3:1: unknown key 'run.stpes'\n" + kTail);
+}
+
+TEST(Diagnose, OnEqualWeightTheFirstToFailIsNamed) {
+  const WatchResult w{{exited(1, 1), exited(1, 0)}, false};
+  const Diagnosis d = diagnose(w, {report(DDP_ERR_INTERNAL, "second"), report(DDP_ERR_INTERNAL, "first")}, kNote);
+  EXPECT_EQ(d.message, "ddp: rank 1 failed: exited with code 1: first\n" + kTail);
+}
+
+TEST(Diagnose, ARankWithoutAReportIsNamedByItsExitCode) {
+  const WatchResult w{{exited(0), exited(3, 0)}, false};
+  const Diagnosis d = diagnose(w, {std::nullopt, std::nullopt}, kNote);
+  EXPECT_EQ(d.message, "ddp: rank 1 failed: exited with code 3\n" + kTail);
+}
+
+TEST(Diagnose, ATimeoutWithNobodyStillRunningNamesTheRankThatTimedOut) {
+  const WatchResult w{{exited(1, 0), exited(0)}, false};
+  const Diagnosis d = diagnose(w, {report(DDP_ERR_TIMEOUT, "store: no answer"), std::nullopt}, kNote);
+  EXPECT_EQ(d.message, "ddp: rank 0 failed: exited with code 1: store: no answer\n" + kTail);
+}
+
+TEST(Diagnose, FailuresAfterTheLauncherStoppedTheRunAreNotBlamed) {
+  // Rank 1 failed first; rank 0 died of the launcher's SIGKILL afterwards.
+  const WatchResult w{{RankExit{SIGKILL, -1, true}, exited(1, 0)}, false};
+  const Diagnosis d = diagnose(w, {std::nullopt, report(DDP_ERR_INTERNAL, "bad data", 2)}, kNote);
+  EXPECT_EQ(d.message, "ddp: rank 1 failed in step 3: exited with code 1: bad data\n" + kTail);
+}
+
+// A rank's report carries the Error's kind, plugin, entry and step, and
+// survives the file between rank and launcher.
+TEST(FailureReport, AnErrorsFieldsRoundTripThroughTheFile) {
+  Error e("strategy plugin 'naive': finish: gloo all_reduce (400 bytes): timed out", DDP_ERR_TIMEOUT);
+  e.in_plugin("strategy plugin 'naive'", "finish").at_step(17);
+  const RankFailure f = failure_of(e, 2);
+  const std::string dir = temp_dir(), path = dir + "/rank2.error";
+  write_failure(path, f);
+  const std::optional<RankFailure> back = read_failure(path);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->kind, DDP_ERR_TIMEOUT);
+  EXPECT_EQ(back->rank, 2);
+  EXPECT_EQ(back->step, 17);
+  EXPECT_EQ(back->plugin, "strategy plugin 'naive'");
+  EXPECT_EQ(back->entry, "finish");
+  EXPECT_EQ(back->message, e.what());
+  EXPECT_EQ(read_file(path).rfind("{\"kind\":\"timeout\",\"rank\":2,\"step\":17,", 0), 0u) << read_file(path);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(FailureReport, AnyOtherExceptionIsAnInternalFailureWithItsText) {
+  const RankFailure f = failure_of(std::runtime_error("boom"), 0);
+  EXPECT_EQ(f.kind, DDP_ERR_INTERNAL);
+  EXPECT_EQ(f.step, -1);
+  EXPECT_EQ(f.plugin, "");
+  EXPECT_EQ(f.message, "boom");
+  EXPECT_EQ(failure_of(ConfigError("x.toml:1:1: bad"), 0).kind, DDP_ERR_INVALID_ARGUMENT);
+}
+
+TEST(FailureReport, AMissingOrGarbledFileIsNoReport) {
+  const std::string dir = temp_dir();
+  EXPECT_FALSE(read_failure(dir + "/none.error"));
+  std::ofstream(dir + "/bad.error") << "not json";
+  EXPECT_FALSE(read_failure(dir + "/bad.error"));
+  std::ofstream(dir + "/typed.error") << "{\"rank\": \"two\"}";
+  EXPECT_FALSE(read_failure(dir + "/typed.error"));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ddp

@@ -1,0 +1,109 @@
+// summary_test.cpp — summary.json as the pure function run_summary
+// (engine/train/summary.h) builds it from step records and rank totals:
+// the fields, means, rates and the cross-rank checks that users and
+// tools/ddp_suite.py read.
+#include <gtest/gtest.h>
+
+#include "summary.h"
+
+namespace ddp {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+RunFacts facts(int64_t tokens_per_row) {
+  RunFacts f;
+  f.world_size = 2;
+  f.steps = 2;
+  f.model = "lm";
+  f.transport = "gloo";
+  f.strategy = "naive";
+  f.rows_per_step = 8;  // batch 4, 2 micro-batches
+  f.tokens_per_row = tokens_per_row;
+  f.after_setup[int(MemCategory::Parameters)] = 100;
+  f.before_optimizer[int(MemCategory::Gradients)] = 40;
+  f.config_toml = "[run]\nsteps = 2\n";
+  return f;
+}
+
+std::vector<StepRecord> two_steps() {
+  StepRecord a, b;
+  a.loss = 2.0, a.step_s = 0.5, a.comm_blocked_s = 0.1, a.comm_busy_s = 0.2, a.collectives = 3, a.comm_bytes = 12;
+  b.loss = 1.5, b.step_s = 1.5, b.comm_blocked_s = 0.3, b.comm_busy_s = 0.4, b.collectives = 3, b.comm_bytes = 12;
+  return {a, b};
+}
+
+RankTotals totals(uint64_t sequence) {
+  RankTotals t;
+  t.peaks[int(MemCategory::Parameters)] = 100;
+  t.comm_blocked_s = 0.4;
+  t.collective_sequence = sequence;
+  return t;
+}
+
+TEST(Summary, StepColumnsMeansAndRates) {
+  const json s = run_summary(facts(32), two_steps(), {totals(7), totals(7)}, nullptr);
+  EXPECT_EQ(s["world_size"], 2);
+  EXPECT_EQ(s["strategy"], "naive");
+  EXPECT_EQ(s["loss"], json::array({2.0, 1.5}));
+  EXPECT_EQ(s["collectives"], json::array({3, 3}));
+  EXPECT_DOUBLE_EQ(s["mean_step_time_s"].get<double>(), 1.0);
+  // 8 rows of 32 tokens per step, 2 steps in 2 s.
+  EXPECT_DOUBLE_EQ(s["tokens_per_s"].get<double>(), 8.0 * 32 * 2 / 2.0);
+  EXPECT_FALSE(s.contains("samples_per_s"));
+  EXPECT_DOUBLE_EQ(s["total_comm_blocked_s"].get<double>(), 0.4);
+  EXPECT_DOUBLE_EQ(s["total_comm_busy_s"].get<double>(), 0.6000000000000001);
+  EXPECT_EQ(s["peak_bytes"]["after_setup"]["parameters"], 100);
+  EXPECT_EQ(s["peak_bytes"]["after_setup"]["total"], 100);
+  EXPECT_EQ(s["peak_bytes"]["before_optimizer_step"]["gradients"], 40);
+  EXPECT_EQ(s["config"], "[run]\nsteps = 2\n");
+  EXPECT_FALSE(s.contains("strategy_stats"));
+  // The order users see in the file.
+  std::vector<std::string> keys;
+  for (auto it = s.begin(); it != s.end(); ++it) keys.push_back(it.key());
+  EXPECT_EQ(std::vector<std::string>(keys.begin(), keys.begin() + 9),
+            (std::vector<std::string>{"world_size", "steps", "model", "transport", "strategy", "loss", "step_time_s",
+                                      "mean_step_time_s", "tokens_per_s"}));
+  EXPECT_EQ(keys.back(), "config");
+}
+
+TEST(Summary, ModelsWithoutTokensReportSamples) {
+  const json s = run_summary(facts(1), two_steps(), {totals(7)}, nullptr);
+  EXPECT_DOUBLE_EQ(s["samples_per_s"].get<double>(), 8.0 * 2 / 2.0);
+  EXPECT_FALSE(s.contains("tokens_per_s"));
+}
+
+TEST(Summary, RanksAgreeOnlyIfTheyIssuedTheSameCollectives) {
+  EXPECT_TRUE(run_summary(facts(1), two_steps(), {totals(7), totals(7)}, nullptr)["collective_sequences_agree"]);
+  const json s = run_summary(facts(1), two_steps(), {totals(7), totals(8)}, nullptr);
+  EXPECT_FALSE(s["collective_sequences_agree"]);
+  EXPECT_EQ(s["ranks"][1]["rank"], 1);
+  EXPECT_EQ(s["ranks"][1]["collective_sequence"], 8);
+  EXPECT_EQ(s["ranks"][1]["peak_bytes"]["parameters"], 100);
+}
+
+TEST(Summary, StrategyStatsAreCopiedWhenTheStrategyHasThem) {
+  const json stats = {{"buckets", json::array({1, 2})}};
+  EXPECT_EQ(run_summary(facts(1), two_steps(), {totals(7)}, &stats)["strategy_stats"], stats);
+}
+
+TEST(Summary, NoStepsMeansZeroRatesNotNaN) {
+  const json s = run_summary(facts(1), {}, {totals(7)}, nullptr);
+  EXPECT_EQ(s["mean_step_time_s"], 0.0);
+  EXPECT_EQ(s["samples_per_s"], 0.0);
+}
+
+TEST(Summary, RankTotalsTravelAsDoubles) {
+  RankTotals t = totals((uint64_t(1) << 52) - 3);
+  t.comm_busy_s = 1.25;
+  const std::vector<double> v = t.to_doubles();
+  ASSERT_EQ(v.size(), RankTotals::kDoubles);
+  const RankTotals back = RankTotals::from_doubles(v.data());
+  EXPECT_EQ(back.peaks, t.peaks);
+  EXPECT_EQ(back.comm_blocked_s, t.comm_blocked_s);
+  EXPECT_EQ(back.comm_busy_s, t.comm_busy_s);
+  EXPECT_EQ(back.collective_sequence, t.collective_sequence);
+}
+
+}  // namespace
+}  // namespace ddp

@@ -1,0 +1,315 @@
+#!/usr/bin/env python3
+"""check_structure.py — the layering and size rules of CONTRIBUTING.md, checked.
+
+  tools/check_structure.py [--root DIR]
+
+Fails (exit 1, one line per finding: file, line, rule) on
+- an include that crosses the layering: a file of folder A including a
+  header of folder B where LAYERS does not let A depend on B (models see
+  engine/core only; strategies and transport plugins see the public headers,
+  their own folder and, for strategies, strategies/common);
+- a source file over its budget (BUDGETS: the public header 400 lines, a
+  plugin or strategy file 600, an engine or model file 500);
+- a function over 80 lines outside tests/ (C, C++, CUDA, Python, shell);
+- a reference to a path outside the repository (../shared, a Markdown link
+  that leaves it), or to a repository path that does not exist (a path
+  named in prose or a comment, or a relative Markdown link): docs must not
+  point at what moved.
+
+Includes resolve as the compiler sees them: "x.h" next to the including
+file first, then in the folders the including folder may depend on; a
+header found only in a folder it may not depend on is the finding. The
+folders' CMake targets give the compiler the same view (each target's
+include directory is its own folder), so this check and the build agree.
+Pure Python 3 (Debian's), no third-party modules.
+"""
+import argparse
+import ast
+import os
+import re
+import subprocess
+import sys
+
+# Folder -> the folders its files may include from (besides their own). A
+# folder not listed takes the rule of its nearest listed parent.
+PUBLIC = "plugins/include"
+LAYERS = {
+    "engine/core": [PUBLIC],
+    "models": ["engine/core", PUBLIC],
+    "engine/config": ["models", "engine/core", PUBLIC],
+    "engine/io": ["engine/config", "models", "engine/core", PUBLIC],
+    "engine/host": ["engine/io", "engine/config", "models", "engine/core", PUBLIC],
+    "engine/train": ["engine/host", "engine/io", "engine/config", "models", "engine/core", PUBLIC],
+    "engine/launch": ["engine/core", PUBLIC],
+    "engine/bench": ["engine/launch", "engine/host", "engine/io", "engine/config", "engine/core",
+                     "strategies/common", PUBLIC],
+    "engine": ["engine/bench", "engine/launch", "engine/train", "engine/host", "engine/io",
+               "engine/config", "models", "engine/core", PUBLIC],
+    PUBLIC: [],
+    "plugins": [PUBLIC],
+    "strategies/common": [PUBLIC],
+    "strategies": ["strategies/common", PUBLIC],
+}
+# Folders whose files are not checked for layering (they may use anything).
+UNLAYERED = ("tests", "tools", "cmake")
+
+# (path prefix, suffixes, lines): the first match applies.
+BUDGETS = [
+    ("plugins/include/ddp/plugin.h", (".h",), 400),
+    ("plugins/", (".h", ".hpp", ".c", ".cpp", ".cu"), 600),
+    ("strategies/", (".h", ".hpp", ".c", ".cpp", ".cu"), 600),
+    ("engine/", (".h", ".hpp", ".c", ".cpp", ".cu"), 500),
+    ("models/", (".h", ".hpp", ".c", ".cpp", ".cu"), 500),
+]
+FUNCTION_LINES = 80
+SOURCE = (".h", ".hpp", ".c", ".cpp", ".cu")
+TOP = ("engine", "models", "plugins", "strategies", "configs", "tools", "tests", "docs", "cmake", ".ci")
+# A repository path as prose names it: a top-level folder, then a file with
+# an extension (no globs or placeholders).
+PATH_RE = re.compile(r"(?<![\w./-])((?:%s)/[\w./+-]*\.(?:h|hpp|c|cpp|cu|md|py|sh|toml|txt|cmake|json|png|csv|in))(?![\w/-])"
+                     % "|".join(re.escape(t) for t in TOP))
+LINK_RE = re.compile(r"\]\(([^)\s]+)\)")  # a Markdown link's target
+OUTSIDE_RE = re.compile(r"\.\./shared|/work/shared|notes/toolchain\.md|spec/models\.md|shared/(?:DESIGN|STYLE)\.md")
+
+
+def tracked_files(root):
+    """The repository's files: git's list, or (outside a git checkout) every file but build outputs."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+        files = out.decode().split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        files = [os.path.relpath(os.path.join(d, f), root) for d, dirs, fs in os.walk(root)
+                 for f in fs if not os.path.relpath(d, root).split(os.sep)[0].startswith((".git", "build", "runs"))]
+    return sorted(p for p in files if p and os.path.isfile(os.path.join(root, p)))
+
+
+def folder_rule(path):
+    """The LAYERS key that governs `path` (a file), or None if unlayered."""
+    parts = os.path.dirname(path).split("/")
+    if parts[0] in UNLAYERED:
+        return None
+    for n in range(len(parts), 0, -1):
+        key = "/".join(parts[:n])
+        if key in LAYERS:
+            return key
+    return None
+
+
+def own_folder(path):
+    """The folder a file belongs to for 'its own folder': its plugin, or its LAYERS key."""
+    parts = path.split("/")
+    if parts[0] in ("plugins", "strategies") and len(parts) > 2 and "/".join(parts[:2]) not in (PUBLIC, "strategies/common"):
+        return "/".join(parts[:2])
+    return folder_rule(path)
+
+
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
+
+
+def check_includes(root, files, findings):
+    headers = {}  # basename -> [paths]
+    for f in files:
+        if f.endswith((".h", ".hpp")):
+            headers.setdefault(os.path.basename(f), []).append(f)
+    for f in files:
+        if not f.endswith(SOURCE):
+            continue
+        rule = folder_rule(f)
+        if rule is None:
+            continue
+        allowed = [own_folder(f)] + LAYERS[rule]
+        text = open(os.path.join(root, f), encoding="utf-8", errors="replace").read()
+        for m in INCLUDE_RE.finditer(text):
+            kind, name = m.group(1), m.group(2)
+            line = text.count("\n", 0, m.start()) + 1
+            target = resolve(root, f, kind, name, headers, allowed)
+            if target is None:
+                continue  # a system or third-party header
+            where = own_folder(target)
+            if not any(where == a or where.startswith(a + "/") for a in allowed):
+                findings.append(f"{f}:{line}: includes {target}: {rule}/ may not depend on {where}/ "
+                                f"(it may use: {', '.join(LAYERS[rule]) or 'nothing else'})")
+
+
+def resolve(root, f, kind, name, headers, allowed):
+    if kind == "<":
+        path = os.path.normpath(os.path.join(PUBLIC, name))
+        return path if os.path.isfile(os.path.join(root, path)) else None
+    near = os.path.normpath(os.path.join(os.path.dirname(f), name))
+    if os.path.isfile(os.path.join(root, near)):
+        return near
+    candidates = [h for h in headers.get(os.path.basename(name), []) if h.endswith(name)]
+    if not candidates:
+        return None
+    for c in candidates:  # the compiler finds the one in a folder it may see
+        if any(own_folder(c) == a or own_folder(c).startswith(a + "/") for a in allowed if a):
+            return c
+    return candidates[0]
+
+
+def check_budgets(root, files, findings):
+    for f in files:
+        for prefix, suffixes, limit in BUDGETS:
+            if f.startswith(prefix) and f.endswith(suffixes):
+                n = count_lines(root, f)
+                if n > limit:
+                    findings.append(f"{f}:{n}: {n} lines, over the budget of {limit} for {prefix}")
+                break
+
+
+def count_lines(root, f):
+    with open(os.path.join(root, f), encoding="utf-8", errors="replace") as fh:
+        return sum(1 for _ in fh)
+
+
+def strip_c(text):
+    """C/C++ text with comments, strings and character literals blanked (newlines kept)."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i)); i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r"[^\n]", " ", text[i:j])); i = j
+        elif c == 'R' and text.startswith('R"', i) and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+            k = text.find("(", i)
+            delim = ")" + text[i + 2:k] + '"'
+            j = text.find(delim, k)
+            j = n if j < 0 else j + len(delim)
+            out.append(re.sub(r"[^\n]", " ", text[i:j])); i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            out.append(" " * (min(j + 1, n) - i)); i = min(j + 1, n)
+        else:
+            out.append(c); i += 1
+    return "".join(out)
+
+
+def c_functions(text):
+    """(name, first line, last line) of each function body in C/C++/CUDA text.
+
+    A function body is a brace block whose opening follows a ')' (possibly
+    with qualifiers, an initializer list or a trailing return type) at a
+    level where only namespaces, classes and extern "C" blocks enclose it.
+    Lambdas and blocks inside a body count as part of it.
+    """
+    s = strip_c(text)
+    s = re.sub(r"^[ \t]*#.*$", lambda m: " " * len(m.group(0)), s, flags=re.M)  # preprocessor lines
+    found, stack, i = [], [], 0
+    for m in re.finditer(r"[{}]", s):
+        pos = m.start()
+        if s[pos] == "{":
+            head = s[max(0, pos - 400):pos]
+            is_body = not any(k == "body" for k in stack) and re.search(
+                r"\)\s*(?:const|noexcept|override|final|mutable|->\s*[\w:<>,\s*&]+|\s|:[^;{}]*)*$", head) \
+                and not re.search(r"\b(?:namespace|class|struct|union|enum|extern\s+\"C\")\b[^;{})]*$", head) \
+                and not re.search(r"=\s*$", head)
+            if is_body:
+                name = re.search(r"([~\w:]+)\s*\([^()]*(?:\([^()]*\)[^()]*)*\)[^()]*$", head)
+                stack.append("body")
+                stack.append((name.group(1) if name else "?", s.count("\n", 0, pos) + 1))
+            else:
+                stack.append("block")
+        else:
+            if not stack:
+                continue
+            top = stack.pop()
+            if isinstance(top, tuple):
+                stack.pop()  # its "body" marker
+                found.append((top[0], top[1], s.count("\n", 0, pos) + 1))
+    return found
+
+
+def check_functions(root, files, findings):
+    for f in files:
+        if f.startswith("tests/") or "/tests/" in f:
+            continue
+        path = os.path.join(root, f)
+        if f.endswith(SOURCE):
+            text = open(path, encoding="utf-8", errors="replace").read()
+            funcs = c_functions(text)
+        elif f.endswith(".py"):
+            try:
+                tree = ast.parse(open(path, encoding="utf-8").read())
+            except SyntaxError as e:
+                findings.append(f"{f}:{e.lineno}: does not parse: {e.msg}")
+                continue
+            funcs = [(n.name, n.lineno, n.end_lineno) for n in ast.walk(tree)
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        elif f.endswith(".sh") or f == ".ci/run":
+            funcs = shell_functions(open(path, encoding="utf-8", errors="replace").read())
+        else:
+            continue
+        for name, first, last in funcs:
+            if last - first + 1 > FUNCTION_LINES:
+                findings.append(f"{f}:{first}: function {name} has {last - first + 1} lines (at most {FUNCTION_LINES})")
+
+
+def shell_functions(text):
+    found, lines = [], text.split("\n")
+    for i, line in enumerate(lines):
+        m = re.match(r"^(?:function\s+)?([\w-]+)\s*\(\)\s*\{\s*$", line)
+        if m:
+            for j in range(i + 1, len(lines)):
+                if lines[j].startswith("}"):
+                    found.append((m.group(1), i + 1, j + 1))
+                    break
+    return found
+
+
+def check_references(root, files, findings):
+    exists = set(files)
+    for f in files:
+        if f.endswith((".png", ".safetensors", ".bin")) or f == "tools/check_structure.py":
+            continue
+        try:
+            text = open(os.path.join(root, f), encoding="utf-8").read()
+        except UnicodeDecodeError:
+            continue
+        for lineno, line in enumerate(text.split("\n"), 1):
+            if OUTSIDE_RE.search(line):
+                findings.append(f"{f}:{lineno}: refers to a path outside the repository: {OUTSIDE_RE.search(line).group(0)}")
+            if f.endswith(".md"):
+                for m in LINK_RE.finditer(line):
+                    target = m.group(1).split("#")[0]
+                    if not target or re.match(r"[a-z]+:", target):
+                        continue  # an anchor in the page, or a URL
+                    path = os.path.normpath(os.path.join(os.path.dirname(f), target))
+                    if path.startswith("..") or not os.path.exists(os.path.join(root, path)):
+                        findings.append(f"{f}:{lineno}: links to {target}, which is not in the repository")
+            if f.startswith("tests/") and not f.endswith(".md"):
+                continue  # tests name files they make (configs/x.toml in a temporary directory)
+            for m in PATH_RE.finditer(line):
+                p = m.group(1).rstrip(".")
+                if p not in exists and not os.path.isdir(os.path.join(root, p)):
+                    findings.append(f"{f}:{lineno}: names {p}, which is not in the repository")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    args = ap.parse_args()
+    root = os.path.abspath(args.root)
+    files = tracked_files(root)
+    findings = []
+    check_includes(root, files, findings)
+    check_budgets(root, files, findings)
+    check_functions(root, files, findings)
+    check_references(root, files, findings)
+    for line in findings:
+        print(line)
+    if findings:
+        print(f"check_structure: {len(findings)} finding(s); the rules are in CONTRIBUTING.md", file=sys.stderr)
+        return 1
+    print(f"check_structure: {len(files)} files: layering, budgets, function sizes and references hold")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
