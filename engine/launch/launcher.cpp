@@ -67,6 +67,13 @@ int launch_ranks(const LaunchSpec& spec) {
   std::string pattern = (fs::path(spec.output_dir) / ".rendezvous-XXXXXX").string();
   if (!mkdtemp(pattern.data())) throw Error(spec.output_dir + ": cannot create a rendezvous directory");
   const std::string run_dir = pattern;
+  struct RemoveRunDir {  // whatever happens: the run's private directory goes
+    const std::string& dir;
+    ~RemoveRunDir() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } remove_run_dir{run_dir};
 
   const WatchResult watched = watch_ranks(spawn_ranks(spec.args, environments(spec, run_dir)), kGrace);
   std::vector<std::optional<RankFailure>> reports;
@@ -80,8 +87,6 @@ int launch_ranks(const LaunchSpec& spec) {
     }
   }
   std::cerr << verdict.message;
-  std::error_code ec;
-  fs::remove_all(run_dir, ec);
   return verdict.exit_code;
 }
 
