@@ -63,14 +63,13 @@ int launch_run(const Config& config, const std::string& config_path, const std::
   timeout << "run.timeout_s = " << config.run.timeout_s;
   spec.timeout_note = timeout.str();
   spec.unset = {"DDP_TRACE"};
-  auto trace_file = [](const std::string& run_dir, int r) { return run_dir + "/trace.rank" + std::to_string(r) + ".json"; };
   if (trace) {
     spec.rank_env = [&](int r, const std::string& run_dir) {
-      return std::vector<std::string>{"DDP_TRACE=" + trace_file(run_dir, r)};
+      return std::vector<std::string>{"DDP_TRACE=" + rank_trace_path(run_dir, std::to_string(r))};
     };
     spec.on_success = [&](const std::string& run_dir) {
       std::vector<std::string> files;
-      for (int r = 0; r < spec.world; ++r) files.push_back(trace_file(run_dir, r));
+      for (int r = 0; r < spec.world; ++r) files.push_back(rank_trace_path(run_dir, std::to_string(r)));
       const std::string merged = (std::filesystem::path(config.run.output_dir) / "trace.json").string();
       merge_traces(files, merged);
       std::cout << "trace: " << merged << " (open it in https://ui.perfetto.dev or chrome://tracing)\n";
@@ -144,9 +143,8 @@ int main(int argc, char** argv) {
       // it. Under another launcher nobody merges: with --trace each rank
       // keeps its own file, and an inherited DDP_TRACE does not count.
       if (!std::getenv("DDP_ERROR_FILE")) {
-        const auto file = std::filesystem::path(config.run.output_dir) / ("trace.rank" + std::string(rank) + ".json");
         if (trace) {
-          setenv("DDP_TRACE", file.c_str(), 1);
+          setenv("DDP_TRACE", ddp::rank_trace_path(config.run.output_dir, rank).c_str(), 1);
         } else {
           unsetenv("DDP_TRACE");
         }

@@ -57,6 +57,32 @@ class CheckStructure(unittest.TestCase):
         self.assertEqual(code, 1)
         self.assertIn("strategies/naive/naive.cpp:1: includes engine/core/error.h", out)
 
+    def test_an_angle_bracket_include_of_a_repository_header_is_checked_too(self):
+        tree = dict(CLEAN)
+        tree["models/model.h"] = '#pragma once\n#include <config.h>\n'
+        code, out = run(tree)
+        self.assertIn("models/model.h:2: includes engine/config/config.h", out)
+
+    def test_an_include_of_a_test_header_is_a_finding_not_a_crash(self):
+        tree = dict(CLEAN)
+        tree["tests/harness.h"] = "#pragma once\n"
+        tree["strategies/naive/naive.cpp"] = '#include "../../tests/harness.h"\n'
+        code, out = run(tree)
+        self.assertEqual(code, 1, out)
+        self.assertIn("strategies/naive/naive.cpp:1: includes tests/harness.h", out)
+
+    def test_a_folder_of_the_engine_outside_the_table_is_a_finding(self):
+        tree = dict(CLEAN)
+        tree["engine/extra/x.cpp"] = '#include "error.h"\n'
+        code, out = run(tree)
+        self.assertIn("engine/extra/: a folder of the engine that is not in the layering table", out)
+
+    def test_cuda_headers_and_function_try_blocks_are_measured(self):
+        tree = dict(CLEAN)
+        tree["models/k.cuh"] = "int g() try {\n" + "  int x = 0;\n" * 90 + "} catch (...) {\n  return 1;\n}\n"
+        code, out = run(tree)
+        self.assertIn("models/k.cuh:1: function g has 92 lines", out)
+
     def test_a_file_over_its_budget_and_a_long_function_are_findings(self):
         tree = dict(CLEAN)
         tree["engine/train/big.cpp"] = "int g() {\n" + "  int x = 0;\n" * 90 + "  return 0;\n}\n" + "\n" * 420
@@ -83,6 +109,14 @@ class CheckStructure(unittest.TestCase):
         self.assertIn("docs/a.md:1: names engine/gone.h, which is not in the repository", out)
         self.assertIn("docs/a.md:1: links to c.md, which is not in the repository", out)
         self.assertIn("docs/a.md:1: links to ../../etc/passwd, which is not in the repository", out)
+
+    def test_a_relative_path_that_climbs_out_is_a_finding_and_one_inside_is_not(self):
+        tree = dict(CLEAN)
+        tree["docs/a.md"] = "Data: `../tests/x.bin`; notes in ../../other-repo/notes.txt.\n"
+        tree["tests/x.bin"] = ""
+        code, out = run(tree)
+        self.assertIn("docs/a.md:1: refers to a path outside the repository: ../../other-repo/notes.txt", out)
+        self.assertNotIn("../tests/x.bin", out)
 
 
 if __name__ == "__main__":

@@ -53,29 +53,32 @@ LAYERS = {
 # Folders whose files are not checked for layering (they may use anything).
 UNLAYERED = ("tests", "tools", "cmake")
 
+SOURCE = (".h", ".hpp", ".c", ".cpp", ".cu", ".cuh")
 # (path prefix, suffixes, lines): the first match applies.
 BUDGETS = [
     ("plugins/include/ddp/plugin.h", (".h",), 400),
-    ("plugins/", (".h", ".hpp", ".c", ".cpp", ".cu"), 600),
-    ("strategies/", (".h", ".hpp", ".c", ".cpp", ".cu"), 600),
-    ("engine/", (".h", ".hpp", ".c", ".cpp", ".cu"), 500),
-    ("models/", (".h", ".hpp", ".c", ".cpp", ".cu"), 500),
+    ("plugins/", SOURCE, 600),
+    ("strategies/", SOURCE, 600),
+    ("engine/", SOURCE, 500),
+    ("models/", SOURCE, 500),
 ]
 FUNCTION_LINES = 80
-SOURCE = (".h", ".hpp", ".c", ".cpp", ".cu")
 TOP = ("engine", "models", "plugins", "strategies", "configs", "tools", "tests", "docs", "cmake", ".ci")
 # A repository path as prose names it: a top-level folder, then a file with
 # an extension (no globs or placeholders).
 PATH_RE = re.compile(r"(?<![\w./-])((?:%s)/[\w./+-]*\.(?:h|hpp|c|cpp|cu|md|py|sh|toml|txt|cmake|json|png|csv|in))(?![\w/-])"
                      % "|".join(re.escape(t) for t in TOP))
 LINK_RE = re.compile(r"\]\(([^)\s]+)\)")  # a Markdown link's target
-OUTSIDE_RE = re.compile(r"\.\./shared|/work/shared|notes/toolchain\.md|spec/models\.md|shared/(?:DESIGN|STYLE)\.md")
+OUTSIDE_RE = re.compile(r"\.\./shared|/work/|notes/toolchain\.md|spec/models\.md|shared/(?:DESIGN|STYLE)\.md")
+# A relative path that climbs: it must stay inside the repository.
+CLIMB_RE = re.compile(r"(?<![\w/.])((?:\.\./)+[\w][\w./-]*)")
 
 
 def tracked_files(root):
     """The repository's files: git's list, or (outside a git checkout) every file but build outputs."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                             capture_output=True, check=True).stdout
         files = out.decode().split("\0")
     except (OSError, subprocess.CalledProcessError):
         files = [os.path.relpath(os.path.join(d, f), root) for d, dirs, fs in os.walk(root)
@@ -125,26 +128,37 @@ def check_includes(root, files, findings):
             target = resolve(root, f, kind, name, headers, allowed)
             if target is None:
                 continue  # a system or third-party header
-            where = own_folder(target)
+            where = own_folder(target) or os.path.dirname(target)
             if not any(where == a or where.startswith(a + "/") for a in allowed):
                 findings.append(f"{f}:{line}: includes {target}: {rule}/ may not depend on {where}/ "
                                 f"(it may use: {', '.join(LAYERS[rule]) or 'nothing else'})")
 
 
 def resolve(root, f, kind, name, headers, allowed):
-    if kind == "<":
-        path = os.path.normpath(os.path.join(PUBLIC, name))
-        return path if os.path.isfile(os.path.join(root, path)) else None
+    """The repository file an include names, as the compiler would find it; None for a header
+    outside the repository. <...> and "..." alike: CMake's include directories serve both."""
+    public = os.path.normpath(os.path.join(PUBLIC, name))
+    if kind == "<" and os.path.isfile(os.path.join(root, public)):
+        return public
     near = os.path.normpath(os.path.join(os.path.dirname(f), name))
-    if os.path.isfile(os.path.join(root, near)):
+    if kind == '"' and os.path.isfile(os.path.join(root, near)):
         return near
-    candidates = [h for h in headers.get(os.path.basename(name), []) if h.endswith(name)]
+    candidates = [h for h in headers.get(os.path.basename(name), []) if h == name or h.endswith("/" + name)]
     if not candidates:
         return None
     for c in candidates:  # the compiler finds the one in a folder it may see
-        if any(own_folder(c) == a or own_folder(c).startswith(a + "/") for a in allowed if a):
+        folder = own_folder(c) or ""
+        if any(folder == a or folder.startswith(a + "/") for a in allowed if a):
             return c
     return candidates[0]
+
+
+def check_folders(files, findings):
+    """Every folder of engine/ with sources is a layer of its own, in LAYERS."""
+    for folder in sorted({"/".join(f.split("/")[:2]) for f in files if f.startswith("engine/") and f.count("/") > 1}):
+        if folder not in LAYERS:
+            findings.append(f"{folder}/: a folder of the engine that is not in the layering table "
+                            f"(LAYERS in tools/check_structure.py, and CONTRIBUTING.md)")
 
 
 def check_budgets(root, files, findings):
@@ -207,7 +221,7 @@ def c_functions(text):
         if s[pos] == "{":
             head = s[max(0, pos - 400):pos]
             is_body = not any(k == "body" for k in stack) and re.search(
-                r"\)\s*(?:const|noexcept|override|final|mutable|->\s*[\w:<>,\s*&]+|\s|:[^;{}]*)*$", head) \
+                r"\)\s*(?:const|noexcept|override|final|mutable|try|->\s*[\w:<>,\s*&]+|\s|:[^;{}]*)*$", head) \
                 and not re.search(r"\b(?:namespace|class|struct|union|enum|extern\s+\"C\")\b[^;{})]*$", head) \
                 and not re.search(r"=\s*$", head)
             if is_body:
@@ -285,6 +299,10 @@ def check_references(root, files, findings):
                         findings.append(f"{f}:{lineno}: links to {target}, which is not in the repository")
             if f.startswith("tests/") and not f.endswith(".md"):
                 continue  # tests name files they make (configs/x.toml in a temporary directory)
+            for m in CLIMB_RE.finditer(line):
+                path = os.path.normpath(os.path.join(os.path.dirname(f), m.group(1)))
+                if path.startswith(".."):
+                    findings.append(f"{f}:{lineno}: refers to a path outside the repository: {m.group(1)}")
             for m in PATH_RE.finditer(line):
                 p = m.group(1).rstrip(".")
                 if p not in exists and not os.path.isdir(os.path.join(root, p)):
@@ -298,6 +316,7 @@ def main():
     root = os.path.abspath(args.root)
     files = tracked_files(root)
     findings = []
+    check_folders(files, findings)
     check_includes(root, files, findings)
     check_budgets(root, files, findings)
     check_functions(root, files, findings)

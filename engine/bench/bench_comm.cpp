@@ -436,7 +436,7 @@ int bench_comm(const BenchOptions& options) {
     {
       const auto lib = load_plugin(PluginKind::Transport, transport);
       const bool cuda = options.device == "cuda";
-      if (!(lib->transport()->caps & (cuda ? DDP_CAP_DEVICE_CUDA : DDP_CAP_DEVICE_CPU))) {
+      if (!supports_device(lib->transport()->caps, cuda ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU)) {
         std::cerr << "bench-comm: transport '" << transport << "' skipped: it does not work on "
                   << (cuda ? "GPU" : "CPU") << " memory (--device " << options.device << ")\n";
         continue;

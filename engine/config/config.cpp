@@ -272,6 +272,27 @@ RunConfig read_run(const Reader& r) {
   return run;
 }
 
+// A [model] key of another model than `model` is a mistake, named as such;
+// the first in the file is reported.
+void refuse_foreign_keys(const Reader& r, const ModelInfo& model) {
+  const toml::node* first = nullptr;
+  std::string first_key;
+  for (auto&& [name, node] : *r.find("model")->as_table()) {
+    const std::string key(name.str());
+    if (find_spec("model", key) || model_key(model, key)) continue;
+    const auto at = [](const toml::node& n) {  // file order; keys from --set after the file's
+      return std::make_tuple(from_override(n.source()), n.source().begin.line, n.source().begin.column);
+    };
+    if (!first || at(node) < at(*first)) first = &node, first_key = key;
+  }
+  if (!first) return;
+  std::string owners;
+  for (const ModelInfo& other : model_registry())
+    if (model_key(other, first_key)) owners += (owners.empty() ? "'" : ", '") + other.name + "'";
+  throw ConfigError(r.where(*first) + ": key 'model." + first_key + "' applies to model" +
+                    (owners.find(',') == std::string::npos ? " " : "s ") + owners + " only");
+}
+
 // [model]: name, init_from, freeze, then the keys the registry lists for
 // that model, each at its fallback when unset. A key of another model is a
 // mistake, named as such.
@@ -289,15 +310,7 @@ ModelConfig read_model(const Reader& r) {
     }
   }
   const ModelInfo& model = *find_model(m.name);
-  for (auto&& [name, node] : *r.find("model")->as_table()) {
-    const std::string key(name.str());
-    if (find_spec("model", key) || model_key(model, key)) continue;
-    std::string owners;
-    for (const ModelInfo& other : model_registry())
-      if (model_key(other, key)) owners += (owners.empty() ? "'" : ", '") + other.name + "'";
-    throw ConfigError(r.where(node) + ": key 'model." + key + "' applies to model" +
-                      (owners.find(',') == std::string::npos ? " " : "s ") + owners + " only");
-  }
+  refuse_foreign_keys(r, model);
   for (const ModelKey& k : model.keys) {
     const char* key = k.name.c_str();
     if (k.type == ModelKey::Int) {

@@ -87,7 +87,7 @@ void* CpuDevice::alloc(size_t bytes, MemCategory category) {
   size_t rounded = std::max<size_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
   void* ptr = std::aligned_alloc(kAlign, rounded);
   if (!ptr) throw Error("out of memory allocating " + std::to_string(bytes) + " bytes of " +
-                        to_string(category));
+                        to_string(category), DDP_ERR_OUT_OF_MEMORY);
   std::memset(ptr, 0, rounded);
   blocks_.add(ptr, bytes, category);
   return ptr;
@@ -138,7 +138,8 @@ std::unique_ptr<Device> make_device(ddp_device_kind kind, int local_rank, bool s
   (void)local_rank;
   (void)share_gpus;
   throw Error("device \"cuda\": this build of ddp has no CUDA (it was configured without "
-              "nvcc or with -DDDP_WITH_CUDA=OFF)");
+              "nvcc or with -DDDP_WITH_CUDA=OFF)",
+              DDP_ERR_UNSUPPORTED);
 #endif
 }
 

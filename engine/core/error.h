@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <new>
 #include <string>
 
 #include <ddp/plugin.hpp>
@@ -21,12 +22,12 @@ namespace ddp {
 
 class Error : public plugin::Failure {
  public:
+  // `kind`, the status() it stands for: DDP_ERR_TIMEOUT (a wait outlasted
+  // run.timeout_s), DDP_ERR_COMM (a peer or the network failed),
+  // DDP_ERR_INVALID_ARGUMENT (the configuration or a file it names),
+  // DDP_ERR_OUT_OF_MEMORY, DDP_ERR_UNSUPPORTED; DDP_ERR_INTERNAL for
+  // anything else.
   explicit Error(const std::string& message, ddp_status kind = DDP_ERR_INTERNAL) : Failure(kind, message) {}
-  // What kind of failure: DDP_ERR_TIMEOUT (a wait outlasted run.timeout_s),
-  // DDP_ERR_COMM (a peer or the network failed), DDP_ERR_INVALID_ARGUMENT
-  // (the configuration or a file it names), ...; DDP_ERR_INTERNAL when
-  // nothing more is known.
-  ddp_status kind() const { return status(); }
 
   // Where it happened, as far as known: the plugin ("strategy plugin
   // 'naive'") and entry ("finish") that returned it, and the training step
@@ -49,18 +50,19 @@ class Error : public plugin::Failure {
   int64_t step_ = -1;
 };
 
-// The configuration (or a file it names) is wrong: the message names the
-// file, line and key, or the --set argument.
+// The configuration, or a file it names (weights, data), is wrong: the
+// message names the file (and line and key), or the --set argument.
 class ConfigError : public Error {
  public:
   explicit ConfigError(const std::string& message) : Error(message, DDP_ERR_INVALID_ARGUMENT) {}
 };
 
-// The status of any exception: an Error's (or a plugin::Failure's) own,
-// else DDP_ERR_INTERNAL.
+// The kind of any exception: an Error's (or a plugin::Failure's) own;
+// DDP_ERR_OUT_OF_MEMORY for std::bad_alloc; else DDP_ERR_INTERNAL.
 inline ddp_status kind_of(const std::exception& e) {
-  const auto* f = dynamic_cast<const plugin::Failure*>(&e);
-  return f ? f->status() : DDP_ERR_INTERNAL;
+  if (const auto* f = dynamic_cast<const plugin::Failure*>(&e)) return f->status();
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return DDP_ERR_OUT_OF_MEMORY;
+  return DDP_ERR_INTERNAL;
 }
 
 // A status as a word: "ok", "invalid_argument", "unsupported", "comm",

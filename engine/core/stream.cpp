@@ -220,7 +220,8 @@ std::string Event::error() {
 }
 
 ddp_status Event::error_kind() {
-  if (native_ && native_->recorded) return native_->stream->error_kind();
+  if (native_ && native_->recorded)
+    return native_->stream->failed_before(native_->point) ? native_->stream->error_kind() : DDP_OK;
   auto state = state_;
   std::lock_guard<std::mutex> lock(state->mutex);
   return state->kind;

@@ -142,7 +142,7 @@ class Event {
   bool query();
   // The failure of a completed event ("" if none): its stream's message.
   std::string error();
-  ddp_status error_kind();  // the stream's error_kind() for a failed event
+  ddp_status error_kind();  // its failure's kind (DDP_OK if none), as error()
   // Whether it was recorded on a device stream (a native event).
   bool on_device() const { return native_ && native_->recorded; }
   // Makes `stream` wait (without blocking the caller, unless inline); the

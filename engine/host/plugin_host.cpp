@@ -24,6 +24,8 @@ std::string take_plugin_error() {
 }
 
 void HostServices::refresh_param_table() {
+  param_table.clear();
+  if (!model) return;
   auto& params = model->params();
   param_table.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {

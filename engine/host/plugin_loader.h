@@ -58,6 +58,11 @@ class LoadedPlugin {
   const ddp_transport_v1_t* transport_ = nullptr;
 };
 
+// Whether a descriptor's caps cover `device` (DDP_CAP_DEVICE_CPU or _CUDA).
+inline bool supports_device(uint64_t caps, ddp_device_kind device) {
+  return caps & (device == DDP_DEVICE_CUDA ? DDP_CAP_DEVICE_CUDA : DDP_CAP_DEVICE_CPU);
+}
+
 std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& name_or_path,
                                           const std::string& plugin_dir = default_plugin_dir());
 

@@ -28,7 +28,7 @@ Store::Store(const std::string& location, const std::string& prefix,
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw Error("rendezvous store '" + location + "': " + e.what());
+    throw Error("rendezvous store '" + location + "': " + e.what(), DDP_ERR_COMM);
   }
   prefixed_ = std::make_unique<gloo::rendezvous::PrefixStore>(prefix, *base_);
 }
@@ -39,7 +39,7 @@ void Store::set(const std::string& key, const std::vector<char>& value) {
   try {
     prefixed_->set(key, value);
   } catch (const std::exception& e) {
-    throw Error("rendezvous store: cannot set '" + key + "': " + e.what());
+    throw Error("rendezvous store: cannot set '" + key + "': " + e.what(), DDP_ERR_COMM);
   }
 }
 
@@ -48,7 +48,7 @@ std::vector<char> Store::get(const std::string& key) {
   try {
     return prefixed_->get(key);
   } catch (const std::exception& e) {
-    throw Error("rendezvous store: cannot get '" + key + "': " + e.what());
+    throw Error("rendezvous store: cannot get '" + key + "': " + e.what(), DDP_ERR_COMM);
   }
 }
 

@@ -59,13 +59,13 @@ class InMemory final : public Dataset {
     auto tensors = read_safetensors(path);
     auto need = [&](const char* name) -> const HostTensor& {
       auto it = tensors.find(name);
-      if (it == tensors.end()) throw Error(path + ": missing tensor '" + name + "'");
+      if (it == tensors.end()) throw ConfigError(path + ": missing tensor '" + name + "'");
       return it->second;
     };
     if (shape_.kind == DataShape::Tokens) {
       const HostTensor& t = need("tokens");
       if (t.shape.size() != 2 || t.shape[1] != row_width() || t.shape[0] < 1)
-        throw Error(path + ": tensor 'tokens' has shape " + shape_string(t.shape) + ", expected [samples, " +
+        throw ConfigError(path + ": tensor 'tokens' has shape " + shape_string(t.shape) + ", expected [samples, " +
                     std::to_string(row_width()) + "] (context_length + 1)");
       rows_ = t.shape[0];
       tokens_ = ids(path, "tokens", t, shape_.vocab);
@@ -73,19 +73,19 @@ class InMemory final : public Dataset {
     }
     const HostTensor& x = need("x");
     if (x.shape.size() != 2 || x.shape[1] != shape_.in || x.shape[0] < 1)
-      throw Error(path + ": tensor 'x' has shape " + shape_string(x.shape) + ", expected [samples, " +
+      throw ConfigError(path + ": tensor 'x' has shape " + shape_string(x.shape) + ", expected [samples, " +
                   std::to_string(shape_.in) + "]");
     rows_ = x.shape[0];
     xs_ = x.as_floats(path, "x");
     const HostTensor& y = need("y");
     if (shape_.kind == DataShape::Regression) {
       if (y.shape != Shape{rows_, shape_.out})
-        throw Error(path + ": tensor 'y' has shape " + shape_string(y.shape) + ", expected " +
+        throw ConfigError(path + ": tensor 'y' has shape " + shape_string(y.shape) + ", expected " +
                     shape_string({rows_, shape_.out}));
       ys_ = y.as_floats(path, "y");
     } else {
       if (y.shape != Shape{rows_})
-        throw Error(path + ": tensor 'y' has shape " + shape_string(y.shape) + ", expected labels " +
+        throw ConfigError(path + ": tensor 'y' has shape " + shape_string(y.shape) + ", expected labels " +
                     shape_string({rows_}));
       labels_ = ids(path, "y", y, shape_.out);
     }
@@ -124,10 +124,10 @@ class InMemory final : public Dataset {
         std::memcpy(&v32, t.bytes.data() + k * 4, 4);
         v = v32;
       } else {
-        throw Error(path + ": tensor '" + std::string(name) + "' has dtype " + t.dtype + ", expected I32 or I64");
+        throw ConfigError(path + ": tensor '" + std::string(name) + "' has dtype " + t.dtype + ", expected I32 or I64");
       }
       if (v < 0 || v >= limit)
-        throw Error(path + ": tensor '" + std::string(name) + "' holds " + std::to_string(v) + " at element " +
+        throw ConfigError(path + ": tensor '" + std::string(name) + "' holds " + std::to_string(v) + " at element " +
                     std::to_string(k) + ", outside [0, " + std::to_string(limit) + ")");
       out[k] = int32_t(v);
     }
@@ -185,23 +185,23 @@ class TokenFile final : public Dataset {
       : path_(config.data.path), shape_(shape), seed_(config.run.seed), global_(config.data.batch_size),
         local_(global_ / world), first_(int64_t(rank) * local_), out_(shape, local_, device) {
     int fd = ::open(path_.c_str(), O_RDONLY);
-    if (fd < 0) throw Error(path_ + ": cannot open token file: " + std::strerror(errno));
+    if (fd < 0) throw ConfigError(path_ + ": cannot open token file: " + std::strerror(errno));
     struct stat st {};
     ::fstat(fd, &st);
     bytes_ = size_t(st.st_size);
     if (bytes_ % 2 != 0) {
       ::close(fd);
-      throw Error(path_ + ": token file has an odd size (" + std::to_string(bytes_) + " bytes): not uint16 tokens");
+      throw ConfigError(path_ + ": token file has an odd size (" + std::to_string(bytes_) + " bytes): not uint16 tokens");
     }
     count_ = bytes_ / 2;
     if (count_ < size_t(shape.context + 1)) {
       ::close(fd);
-      throw Error(path_ + ": token file holds " + std::to_string(count_) + " tokens; a window needs context_length + 1 = " +
+      throw ConfigError(path_ + ": token file holds " + std::to_string(count_) + " tokens; a window needs context_length + 1 = " +
                   std::to_string(shape.context + 1));
     }
     void* map = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
     ::close(fd);
-    if (map == MAP_FAILED) throw Error(path_ + ": cannot map token file: " + std::strerror(errno));
+    if (map == MAP_FAILED) throw ConfigError(path_ + ": cannot map token file: " + std::strerror(errno));
     tokens_ = static_cast<const uint16_t*>(map);
   }
   ~TokenFile() override { ::munmap(const_cast<uint16_t*>(tokens_), bytes_); }
@@ -217,7 +217,7 @@ class TokenFile final : public Dataset {
       for (int64_t k = 0; k < w; ++k) {
         const uint16_t id = tokens_[start + uint64_t(k)];
         if (id >= shape_.vocab)
-          throw Error(path_ + ": token " + std::to_string(id) + " at position " + std::to_string(start + k) +
+          throw ConfigError(path_ + ": token " + std::to_string(id) + " at position " + std::to_string(start + k) +
                       " is >= vocab_size " + std::to_string(shape_.vocab));
         out_.ints[size_t(i * w + k)] = id;
       }

@@ -26,7 +26,7 @@ size_t dtype_size(const std::string& dtype) {
 
 std::vector<float> HostTensor::as_floats(const std::string& file, const std::string& name) const {
   if (dtype != "F32")
-    throw Error(file + ": tensor '" + name + "' has dtype " + dtype + ", expected F32");
+    throw ConfigError(file + ": tensor '" + name + "' has dtype " + dtype + ", expected F32");
   std::vector<float> out(bytes.size() / sizeof(float));
   std::memcpy(out.data(), bytes.data(), bytes.size());
   return out;
@@ -34,17 +34,17 @@ std::vector<float> HostTensor::as_floats(const std::string& file, const std::str
 
 std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open safetensors file");
+  if (!in) throw ConfigError(path + ": cannot open safetensors file");
   in.seekg(0, std::ios::end);
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
   in.seekg(0);
   uint8_t len_bytes[8];
   if (file_size < 8 || !in.read(reinterpret_cast<char*>(len_bytes), 8))
-    throw Error(path + ": not a safetensors file (shorter than its 8-byte header length)");
+    throw ConfigError(path + ": not a safetensors file (shorter than its 8-byte header length)");
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = header_len << 8 | len_bytes[i];
   if (header_len > file_size - 8)
-    throw Error(path + ": not a safetensors file (header length " + std::to_string(header_len) +
+    throw ConfigError(path + ": not a safetensors file (header length " + std::to_string(header_len) +
                 " exceeds the file)");
   std::string header(header_len, '\0');
   in.read(header.data(), static_cast<std::streamsize>(header_len));
@@ -54,7 +54,7 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
   try {
     doc = nlohmann::json::parse(header);
   } catch (const std::exception& e) {
-    throw Error(path + ": malformed safetensors header: " + e.what());
+    throw ConfigError(path + ": malformed safetensors header: " + e.what());
   }
   std::map<std::string, HostTensor> out;
   for (auto& [name, info] : doc.items()) {
@@ -65,18 +65,18 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
       t.shape = info.at("shape").get<Shape>();
       auto offsets = info.at("data_offsets").get<std::vector<uint64_t>>();
       size_t esize = dtype_size(t.dtype);
-      if (esize == 0) throw Error("unknown dtype " + t.dtype);
+      if (esize == 0) throw ConfigError("unknown dtype " + t.dtype);
       if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size)
-        throw Error("data_offsets out of range");
+        throw ConfigError("data_offsets out of range");
       if (offsets[1] - offsets[0] != numel_of(t.shape) * esize)
-        throw Error("data_offsets do not match shape " + shape_string(t.shape));
+        throw ConfigError("data_offsets do not match shape " + shape_string(t.shape));
       t.bytes.resize(offsets[1] - offsets[0]);
       in.seekg(static_cast<std::streamoff>(data_start + offsets[0]));
       in.read(reinterpret_cast<char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
-      if (!in) throw Error("short read");
+      if (!in) throw ConfigError("short read");
       out.emplace(name, std::move(t));
     } catch (const std::exception& e) {
-      throw Error(path + ": tensor '" + name + "': " + e.what());
+      throw ConfigError(path + ": tensor '" + name + "': " + e.what());
     }
   }
   return out;

@@ -86,4 +86,8 @@ void merge_traces(const std::vector<std::string>& rank_files, const std::string&
   for (const std::string& file : rank_files) std::filesystem::remove(file, ec);
 }
 
+std::string rank_trace_path(const std::string& dir, const std::string& rank) {
+  return (std::filesystem::path(dir) / ("trace.rank" + rank + ".json")).string();
+}
+
 }  // namespace ddp

@@ -54,6 +54,11 @@ class Trace {
   std::vector<Event> events_;
 };
 
+// Where rank `rank` writes its trace in `dir` when the ranks' files are to
+// be merged (the launcher's run directory) or kept (ranks of another
+// launcher): <dir>/trace.rank<rank>.json.
+std::string rank_trace_path(const std::string& dir, const std::string& rank);
+
 // Writes one trace holding every event of the rank files (in their order),
 // times shifted so the earliest is 0, to `output` (atomically), then
 // removes the rank files. Throws Error naming a file that cannot be read.

@@ -1,12 +1,12 @@
 // failure.cpp — see failure.h.
 #include "failure.h"
 
-#include <cstdio>
 #include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "atomic_file.h"
 #include "error.h"
 
 namespace ddp {
@@ -35,15 +35,12 @@ RankFailure failure_of(const std::exception& e, int rank) {
 }
 
 void write_failure(const std::string& path, const RankFailure& f) {
-  const nlohmann::ordered_json j = {{"kind", kind_name(f.kind)}, {"rank", f.rank},       {"step", f.step},
-                                    {"plugin", f.plugin},        {"entry", f.entry},     {"message", f.message}};
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
-    if (!out) return;
+  const nlohmann::ordered_json j = {{"kind", kind_name(f.kind)}, {"rank", f.rank},   {"step", f.step},
+                                    {"plugin", f.plugin},        {"entry", f.entry}, {"message", f.message}};
+  try {
+    write_file_atomically(path, j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n");
+  } catch (const std::exception&) {  // a full disk: the launcher still has the exit code
   }
-  std::rename(tmp.c_str(), path.c_str());
 }
 
 std::optional<RankFailure> read_failure(const std::string& path) {

@@ -42,7 +42,7 @@ void RankPlugins::start_strategy(const Config& config, Trace* trace) {
 
 void RankPlugins::require_device_cap(const char* kind, const char* name, uint64_t caps) const {
   const bool cuda = services_.device->kind() == DDP_DEVICE_CUDA;
-  if (!(caps & (cuda ? DDP_CAP_DEVICE_CUDA : DDP_CAP_DEVICE_CPU)))
+  if (!supports_device(caps, services_.device->kind()))
     throw Error(std::string(kind) + " plugin '" + name + "' does not support device '" + (cuda ? "cuda" : "cpu") +
                     "' (its caps lack DDP_CAP_DEVICE_" + (cuda ? "CUDA" : "CPU") + ")",
                 DDP_ERR_UNSUPPORTED);

@@ -52,12 +52,6 @@ void add_columns(json& summary, const std::vector<StepRecord>& steps) {
 
 }  // namespace
 
-void take_peaks(MemoryTracker& memory, PeakBytes& into) {
-  for (int c = 0; c < kMemCategories; ++c)
-    into[c] = std::max(into[c], memory.peak(static_cast<MemCategory>(c)));
-  memory.reset_peaks();
-}
-
 std::vector<double> RankTotals::to_doubles() const {
   std::vector<double> v;
   for (size_t p : peaks) v.push_back(double(p));

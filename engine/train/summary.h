@@ -33,10 +33,6 @@ struct StepRecord {
 // Peak bytes per memory category over a window of the run.
 using PeakBytes = std::array<size_t, kMemCategories>;
 
-// Folds the peaks of the window that just ended into `into`, then opens a
-// new window.
-void take_peaks(MemoryTracker& memory, PeakBytes& into);
-
 // One rank's figures for every rank's summary: its peak bytes per category
 // (over all windows), its total communication times and its collective
 // sequence fingerprint.

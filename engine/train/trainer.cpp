@@ -33,6 +33,13 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Folds the memory peaks of the window that just ended into `into`, then
+// opens a new window.
+void take_peaks(MemoryTracker& memory, PeakBytes& into) {
+  for (int c = 0; c < kMemCategories; ++c) into[c] = std::max(into[c], memory.peak(static_cast<MemCategory>(c)));
+  memory.reset_peaks();
+}
+
 class RankRun {
  public:
   RankRun(const Config& config, const RankEnv& env, TrainObserver* observer)

@@ -22,11 +22,14 @@
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/common/error.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
+
+#include "direct.h"
 
 #include <algorithm>
 #include <chrono>
@@ -36,6 +39,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -136,11 +140,15 @@ bool gloo_supports(ddp_dtype dtype) {
   return dtype == DDP_FLOAT32 || dtype == DDP_FLOAT64 || dtype == DDP_INT32 || dtype == DDP_INT64;
 }
 
-// The status of a Gloo failure after `since`: Gloo throws one exception
-// type (IoException) for a lost peer and for a timeout alike, so a failure
-// that took the run's timeout is DDP_ERR_TIMEOUT (a peer hung), any earlier
-// one DDP_ERR_COMM (a peer or its connection is gone).
-ddp_status gloo_failure(const ddp_host* host, std::chrono::steady_clock::time_point since) {
+// The status of an exception a Gloo call started at `since` threw. Gloo
+// throws one type (IoException) for a lost peer and for a timeout alike, so
+// an I/O failure that took the run's timeout is DDP_ERR_TIMEOUT (a peer
+// hung), an earlier one DDP_ERR_COMM (a peer or its connection is gone).
+// Anything else (Gloo's enforce checks, out of memory) is not the network.
+ddp_status gloo_failure(const std::exception& e, const ddp_host* host, std::chrono::steady_clock::time_point since) {
+  if (dynamic_cast<const ddp::plugin::Failure*>(&e)) return static_cast<const ddp::plugin::Failure&>(e).status();
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return DDP_ERR_OUT_OF_MEMORY;
+  if (!dynamic_cast<const gloo::IoException*>(&e)) return DDP_ERR_INTERNAL;
   const auto took = std::chrono::steady_clock::now() - since;
   return took >= std::chrono::milliseconds(host->timeout_ms) ? DDP_ERR_TIMEOUT : DDP_ERR_COMM;
 }
@@ -161,7 +169,7 @@ ddp_status run_job(void* user, int cancelled) {
     return DDP_OK;
   } catch (const std::exception& e) {
     const ddp_host* h = job->comm->host;
-    return fail(h, gloo_failure(h, start), "gloo " + job->what + ": " + e.what());
+    return fail(h, gloo_failure(e, h, start), "gloo " + job->what + ": " + e.what());
   }
 }
 
@@ -306,77 +314,12 @@ ddp_status stage(ddp_comm* comm, ddp_stream stream, const char* entry, std::init
   return DDP_OK;
 }
 
-// Slots of the direct algorithms, beside Gloo's own prefixes (gloo/types.h).
-constexpr uint8_t kDirectSlotPrefix = 0x40;
-// all_reduce goes in pieces of at most this (and at most 128 pieces): the
-// scratch stays under (n-1)/n of a piece.
-constexpr size_t kDirectPieceBytes = size_t(16) << 20;
 // "auto" takes "direct" on 2 ranks, and on more up to this size, Gloo's
 // ring above, which overlaps transfers with sums (README.md: measurements).
 constexpr size_t kDirectMaxBytes = size_t(32) << 20;
 // Gloo's ring moves segments of at most this (its default, 1 MiB, wakes
 // more threads: 20-35 % slower at 100 MB; README.md).
 constexpr size_t kRingSegmentBytes = size_t(16) << 20;
-
-// One direct step of a reduce-scatter over `count` elements of `send` from
-// element `begin`, split in world chunks of `chunk` elements (the last ones
-// shorter or empty): chunk q goes to rank q, all at once, and this rank's
-// chunk is summed from everyone's into `into` (which may be send's own).
-// `scratch` holds (n-1)·chunk elements.
-template <typename T>
-void scatter_reduce_step(ddp_comm* comm, gloo::transport::UnboundBuffer& send, size_t begin, size_t count,
-                         size_t chunk, T* into, T* scratch, uint64_t slot) {
-  const auto& ctx = comm->context;
-  const size_t n = size_t(ctx->size), rank = size_t(ctx->rank);
-  auto lo = [&](size_t q) { return std::min(count, q * chunk); };
-  auto len = [&](size_t q) { return std::min(count, (q + 1) * chunk) - lo(q); };
-  auto tmp = ctx->createUnboundBuffer(scratch, (n - 1) * chunk * sizeof(T));
-  size_t sends = 0, recvs = 0;
-  for (size_t q = 0, k = 0; q < n; ++q) {
-    if (q == rank) continue;
-    if (len(rank) > 0) tmp->recv(int(q), slot, k * chunk * sizeof(T), len(rank) * sizeof(T)), ++recvs;
-    if (len(q) > 0) send.send(int(q), slot, (begin + lo(q)) * sizeof(T), len(q) * sizeof(T)), ++sends;
-    ++k;
-  }
-  for (; recvs > 0; --recvs) tmp->waitRecv(ctx->getTimeout());
-  const T* own = static_cast<const T*>(send.ptr) + begin + lo(rank);
-  if (into != own) std::memcpy(into, own, len(rank) * sizeof(T));
-  for (size_t k = 0; k + 1 < n; ++k) gloo::sum<T>(into, into, scratch + k * chunk, len(rank));
-  for (; sends > 0; --sends) send.waitSend(ctx->getTimeout());
-}
-
-// all_reduce, "direct": per piece, a reduce-scatter in one step (every rank
-// sends chunk q to rank q and sums its own chunk from all), then an
-// all-gather in one step (every rank sends its summed chunk to all). Each
-// rank moves 2(n-1)/n of the bytes, as the ring, but in 2 steps of
-// concurrent messages where the ring takes 2(n-1) steps of dependent ones,
-// each waiting for two threads to wake. On 2 shared cores that waking is
-// what a small all-reduce costs (README.md has the measurements).
-template <typename T>
-void direct_all_reduce(ddp_comm* comm, T* ptr, size_t count, uint32_t tag) {
-  const auto& ctx = comm->context;
-  const size_t n = size_t(ctx->size), rank = size_t(ctx->rank);
-  const size_t piece = std::max(kDirectPieceBytes / sizeof(T), (count + 127) / 128);
-  auto out = ctx->createUnboundBuffer(ptr, count * sizeof(T));
-  comm->temp.resize(std::max(comm->temp.size(), (n - 1) * ((std::min(piece, count) + n - 1) / n) * sizeof(T)));
-  T* scratch = reinterpret_cast<T*>(comm->temp.data());
-  const gloo::Slot base = gloo::Slot::build(kDirectSlotPrefix, tag);
-  for (size_t begin = 0, p = 0; begin < count; begin += piece, ++p) {
-    const size_t len = std::min(piece, count - begin), chunk = (len + n - 1) / n;
-    auto lo = [&](size_t q) { return begin + std::min(len, q * chunk); };
-    auto size = [&](size_t q) { return begin + std::min(len, (q + 1) * chunk) - lo(q); };
-    scatter_reduce_step<T>(comm, *out, begin, len, chunk, ptr + lo(rank), scratch, base + uint8_t(2 * p));
-    const uint64_t gather = base + uint8_t(2 * p + 1);
-    size_t sends = 0, recvs = 0;
-    for (size_t q = 0; q < n; ++q) {
-      if (q == rank) continue;
-      if (size(q) > 0) out->recv(int(q), gather, lo(q) * sizeof(T), size(q) * sizeof(T)), ++recvs;
-      if (size(rank) > 0) out->send(int(q), gather, lo(rank) * sizeof(T), size(rank) * sizeof(T)), ++sends;
-    }
-    for (; recvs > 0; --recvs) out->waitRecv(ctx->getTimeout());
-    for (; sends > 0; --sends) out->waitSend(ctx->getTimeout());
-  }
-}
 
 template <typename T>
 void divide(T* ptr, size_t count, int world) {
@@ -391,7 +334,7 @@ void reduce_in_place(ddp_comm* comm, T* ptr, size_t count, ddp_reduce_op op, uin
   const bool direct = comm->choice == ddp_comm_s::Choice::Direct ||
                       (comm->choice == ddp_comm_s::Choice::Auto && (world == 2 || count * sizeof(T) <= kDirectMaxBytes));
   if (direct) {
-    direct_all_reduce(comm, ptr, count, tag);
+    ddp_gloo::direct_all_reduce(*comm->context, comm->temp, ptr, count, tag);
   } else {
     gloo::AllreduceOptions opts(comm->context);
     opts.setOutput(ptr, count);
@@ -435,10 +378,8 @@ ddp_status gloo_init(const ddp_host* host, ddp_comm** out) {
     comm->context->connectFullMesh(store, comm->device);
     *out = comm.release();
     return DDP_OK;
-  } catch (const ddp::plugin::Failure& e) {  // the store's own timeout
-    return fail(host, e.status(), std::string("gloo rendezvous: ") + e.what());
-  } catch (const std::exception& e) {
-    return fail(host, gloo_failure(host, start), std::string("gloo rendezvous: ") + e.what());
+  } catch (const std::exception& e) {  // the store's own timeout is a Failure of its kind
+    return fail(host, gloo_failure(e, host, start), std::string("gloo rendezvous: ") + e.what());
   }
 }
 
@@ -563,8 +504,8 @@ ddp_status gloo_reduce_scatter(ddp_comm* comm, const ddp_buffer* send_in, const 
       auto in = comm->context->createUnboundBuffer(hsend.ptr, hsend.count * sizeof(T));
       T* scratch = static_cast<T*>(staged_scratch ? staged_scratch
                                                   : scratch_of(comm, (world - 1) * hrecv.count * sizeof(T)));
-      scatter_reduce_step<T>(comm, *in, 0, hsend.count, hrecv.count, out, scratch,
-                             gloo::Slot::build(kDirectSlotPrefix, tag));
+      ddp_gloo::scatter_reduce_step<T>(*comm->context, *in, 0, hsend.count, hrecv.count, out, scratch,
+                                       gloo::Slot::build(ddp_gloo::kDirectSlotPrefix, tag));
       if (op == DDP_REDUCE_AVG) divide(out, hrecv.count, int(world));
     });
   }, {{hsend.ptr, send.ptr, bytes_of(send)}}, {{recv.ptr, hrecv.ptr, bytes_of(recv)}});

@@ -154,8 +154,9 @@ class CudaDevice final : public Device {
     if (e != cudaSuccess) {
       cudaGetLastError();
       throw Error("out of GPU memory allocating " + std::to_string(bytes) + " bytes of " +
-                  to_string(category) + " on GPU " + std::to_string(ordinal_) + " (" +
-                  cudaGetErrorString(e) + ")");
+                      to_string(category) + " on GPU " + std::to_string(ordinal_) + " (" +
+                      cudaGetErrorString(e) + ")",
+                  DDP_ERR_OUT_OF_MEMORY);
     }
     check(cudaMemsetAsync(ptr, 0, bytes, raw(*compute_)), "cudaMemsetAsync");
     check(cudaStreamSynchronize(raw(*compute_)), "cudaStreamSynchronize after cudaMemsetAsync");
@@ -180,7 +181,8 @@ class CudaDevice final : public Device {
     if (e != cudaSuccess) {
       cudaGetLastError();
       throw Error("out of page-locked host memory allocating " + std::to_string(bytes) + " bytes of " +
-                  to_string(category) + " (" + cudaGetErrorString(e) + ")");
+                      to_string(category) + " (" + cudaGetErrorString(e) + ")",
+                  DDP_ERR_OUT_OF_MEMORY);
     }
     std::memset(ptr, 0, bytes);
     host_blocks_.add(ptr, bytes, category);
@@ -227,14 +229,16 @@ std::unique_ptr<Device> make_cuda_device(int local_rank, bool share_gpus) {
   if (e != cudaSuccess || count == 0) {
     cudaGetLastError();
     throw Error(std::string("device \"cuda\": no usable GPU on this machine (cudaGetDeviceCount: ") +
-                (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")");
+                    (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")",
+                DDP_ERR_UNSUPPORTED);
   }
   if (local_rank >= count && !share_gpus)
     throw Error("device \"cuda\": local rank " + std::to_string(local_rank) + " needs GPU " +
                 std::to_string(local_rank) + ", but this machine has " + std::to_string(count) +
                 " GPU" + (count == 1 ? "" : "s") +
-                " (one GPU per local rank; set run.share_gpus = true to let ranks share them, "
-                "which the gloo transport allows and nccl does not)");
+                    " (one GPU per local rank; set run.share_gpus = true to let ranks share them, "
+                    "which the gloo transport allows and nccl does not)",
+                DDP_ERR_UNSUPPORTED);
   return std::make_unique<CudaDevice>(local_rank % count);
 }
 

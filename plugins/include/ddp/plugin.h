@@ -10,7 +10,9 @@
  *
  * Rules that hold for every entry:
  * - C99, no exceptions cross this boundary. Every entry returns ddp_status;
- *   on failure it first calls host->set_error() with its own words.
+ *   on failure it first calls host->set_error() with its own words. The
+ *   status is the failure's kind, which the engine reports to the user:
+ *   DDP_ERR_TIMEOUT for a peer that did not answer, DDP_ERR_COMM for one lost.
  * - "Enqueue" entries never block: they put work on the ddp_stream given and
  *   return. Completion is observed with events, as with CUDA streams; a
  *   failed operation makes its stream fail, and every event recorded on it
@@ -24,19 +26,15 @@
  *   grow at the end in a minor version; never copy them into arrays of your
  *   own type assumptions beyond the fields you know.
  * - Threads: the host calls plugin entries from the training thread only.
- *   Host functions may be called from the training thread and from host
- *   functions running on a stream, with these exceptions: config_* only
- *   inside create/init; alloc_host/free_host never inside a host function;
- *   nothing may block on the stream it runs on; and on a device stream
- *   (CUDA: a host function runs where CUDA allows no CUDA call) a host
- *   function may call only log, set_error, param_count, param and
- *   event_create: the entries that reach the device or block (alloc,
- *   alloc_host, copy, fill, scale, launch_host_func, event_record,
- *   event_query, event_synchronize, stream_wait_event, run_optimizer,
- *   store_*) return DDP_ERR_UNSUPPORTED there, with the reason; free,
- *   free_host and event_destroy (of an event recorded on a device stream)
- *   log the reason and leave the memory or event. One event is not used
- *   from two threads at once.
+ *   Host entries may be called from the training thread and from host
+ *   functions running on a stream, except: config_* only inside
+ *   create/init; alloc_host/free_host never inside a host function; nothing
+ *   may block on the stream it runs on; and inside a host function on a
+ *   device stream (where CUDA allows no CUDA call) every entry that reaches
+ *   the device or blocks (alloc, copy, launch_host_func, event_record, the
+ *   waits, run_optimizer, store_*, ...) returns DDP_ERR_UNSUPPORTED with the
+ *   reason; free, free_host and event_destroy (of a device event) log it and
+ *   leave the memory or event. One event is not used from two threads at once.
  *
  * Stability: changing or removing anything here is a new major ABI version
  * (a new entry symbol, e.g. ddp_strategy_v2). Adding at the end is a minor.
@@ -181,7 +179,9 @@ typedef struct ddp_host {
   uint32_t abi_version; /* DDP_ABI_VERSION of the engine */
   uint32_t struct_size; /* sizeof(ddp_host) as the engine knows it */
   void* ctx;
-  int rank, world_size, local_rank;
+  int rank;
+  int world_size;
+  int local_rank;
   ddp_device_kind device;
 
   /* Logging; the host prefixes rank and plugin name. Non-blocking. */

@@ -42,11 +42,10 @@ inline void check(ddp_status status) {
 }
 
 // Runs `body` at an ABI entry: every exception becomes a status plus text
-// (host->set_error). A Failure returns its own status; one without a kind
-// (DDP_ERR_INTERNAL) and any other exception return `fallback`, the status
-// that stands for "this entry failed" (the engine's memory entries say
-// DDP_ERR_OUT_OF_MEMORY, its waits DDP_ERR_COMM). The one guard of ddp:
-// plugins and the engine's own host entries both use it.
+// (host->set_error). A Failure returns its own status, std::bad_alloc
+// DDP_ERR_OUT_OF_MEMORY, any other exception `fallback`: the status that
+// stands for "this entry failed" when nothing says more. The one guard of
+// ddp: plugins and the engine's own host entries both use it.
 template <typename Body>
 ddp_status guard(const ddp_host* host, Body&& body, ddp_status fallback = DDP_ERR_INTERNAL) noexcept {
   try {
@@ -54,7 +53,7 @@ ddp_status guard(const ddp_host* host, Body&& body, ddp_status fallback = DDP_ER
     return DDP_OK;
   } catch (const Failure& f) {
     if (!f.text_is_set()) host->set_error(host->ctx, f.what());
-    return f.status() == DDP_ERR_INTERNAL ? fallback : f.status();
+    return f.status();
   } catch (const std::bad_alloc&) {
     host->set_error(host->ctx, "out of memory");
     return DDP_ERR_OUT_OF_MEMORY;
