@@ -11,10 +11,10 @@ Fails (exit 1, one line per finding: file, line, rule) on
 - a source file over its budget (BUDGETS: the public header 400 lines, a
   plugin or strategy file 600, an engine or model file 500);
 - a function over 80 lines outside tests/ (C, C++, CUDA, Python, shell);
-- a reference to a path outside the repository (../shared, a Markdown link
-  that leaves it), or to a repository path that does not exist (a path
-  named in prose or a comment, or a relative Markdown link): docs must not
-  point at what moved.
+- a reference to a path outside the repository (the workplace's shared
+  folder, a relative path or Markdown link that leaves it), or to a
+  repository path that does not exist (a path named in prose or a comment,
+  or a relative Markdown link): docs must not point at what moved.
 
 Includes resolve as the compiler sees them: "x.h" next to the including
 file first, then in the folders the including folder may depend on; a
