@@ -36,16 +36,25 @@ void choose_blas_kernel(char** argv) {
 namespace ddp {
 namespace {
 
+// "run.timeout_s = 30": what a hung rank ran into.
+std::string timeout_note(const Config& config) {
+  std::ostringstream note;
+  note << "run.timeout_s = " << config.run.timeout_s;
+  return note.str();
+}
+
 // `ddp run` as one rank: under our launcher, or under another one (RANK
 // set by hand, srun, mpirun) with a world size that must match the config.
 int run_as_rank(const Config& config) {
-  return run_rank([&](const RankEnv& env) {
-    if (env.rank.world_size != config.run.world_size)
-      throw ConfigError("WORLD_SIZE=" + std::to_string(env.rank.world_size) +
-                        " in the environment but run.world_size = " + std::to_string(config.run.world_size) +
-                        " in " + config.file);
-    train_rank(config, env);
-  });
+  return run_rank(
+      [&](const RankEnv& env) {
+        if (env.rank.world_size != config.run.world_size)
+          throw ConfigError("WORLD_SIZE=" + std::to_string(env.rank.world_size) +
+                            " in the environment but run.world_size = " + std::to_string(config.run.world_size) +
+                            " in " + config.file);
+        train_rank(config, env);
+      },
+      std::chrono::milliseconds(int64_t(config.run.timeout_s * 1000)), timeout_note(config));
 }
 
 // `ddp run` on this machine: run.world_size ranks of this executable, each
@@ -59,9 +68,7 @@ int launch_run(const Config& config, const std::string& config_path, const std::
   spec.output_dir = config.run.output_dir;
   spec.args = {"ddp", "run", config_path};
   for (const auto& o : overrides) spec.args.insert(spec.args.end(), {"--set", o});
-  std::ostringstream timeout;
-  timeout << "run.timeout_s = " << config.run.timeout_s;
-  spec.timeout_note = timeout.str();
+  spec.timeout_note = timeout_note(config);
   spec.unset = {"DDP_TRACE"};
   if (trace) {
     spec.rank_env = [&](int r, const std::string& run_dir) {
@@ -139,10 +146,10 @@ int main(int argc, char** argv) {
     }
     ddp::Config config = ddp::load_config(config_path, overrides);
     if (const char* rank = std::getenv("RANK")) {
-      // Ranks of our own launcher (it sets DDP_ERROR_FILE) get DDP_TRACE from
+      // Ranks of our own launcher (it sets DDP_STATUS_FD) get DDP_TRACE from
       // it. Under another launcher nobody merges: with --trace each rank
       // keeps its own file, and an inherited DDP_TRACE does not count.
-      if (!std::getenv("DDP_ERROR_FILE")) {
+      if (!std::getenv("DDP_STATUS_FD")) {
         if (trace) {
           setenv("DDP_TRACE", ddp::rank_trace_path(config.run.output_dir, rank).c_str(), 1);
         } else {

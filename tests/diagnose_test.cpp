@@ -4,12 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include "diagnose.h"
 #include "error.h"
@@ -18,19 +14,18 @@
 namespace ddp {
 namespace {
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/ddp-test-XXXXXX";
-  return mkdtemp(tmpl);
+RankExit end(int status, int failed_order, bool stopped, bool completed) {
+  RankExit e;
+  e.status = status;
+  e.failed_order = failed_order;
+  e.stopped = stopped;
+  e.completed = completed;
+  return e;
 }
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-RankExit exited(int code, int failed_order = -1) { return RankExit{W_EXITCODE(code, 0), failed_order, false}; }
-RankExit killed(int sig, int failed_order) { return RankExit{sig, failed_order, false}; }
-RankExit stopped() { return RankExit{SIGKILL, -1, true}; }  // killed by the launcher while it still ran
+// An exit 0 here is one that said it completed.
+RankExit exited(int code, int failed_order = -1) { return end(W_EXITCODE(code, 0), failed_order, false, code == 0); }
+RankExit killed(int sig, int failed_order) { return end(sig, failed_order, false, false); }
+RankExit stopped() { return end(SIGKILL, -1, true, false); }  // killed by the launcher while it still ran
 
 RankFailure report(ddp_status kind, const std::string& message, int64_t step = -1) {
   RankFailure f;
@@ -104,20 +99,55 @@ TEST(Diagnose, ATimeoutWithNobodyStillRunningNamesTheRankThatTimedOut) {
 
 TEST(Diagnose, FailuresAfterTheLauncherStoppedTheRunAreNotBlamed) {
   // Rank 1 failed first; rank 0 died of the launcher's SIGKILL afterwards.
-  const WatchResult w{{RankExit{SIGKILL, -1, true}, exited(1, 0)}, false};
+  const WatchResult w{{stopped(), exited(1, 0)}, false};
   const Diagnosis d = diagnose(w, {std::nullopt, report(DDP_ERR_INTERNAL, "bad data", 2)}, kNote);
   EXPECT_EQ(d.message, "ddp: rank 1 failed in step 3: exited with code 1: bad data\n" + kTail);
 }
 
-// A rank's report carries the Error's kind, plugin, entry and step, and
-// survives the file between rank and launcher.
-TEST(FailureReport, AnErrorsFieldsRoundTripThroughTheFile) {
-  Error e("strategy plugin 'naive': finish: gloo all_reduce (400 bytes): timed out", DDP_ERR_TIMEOUT);
+TEST(Diagnose, ARankThatExitsZeroWithoutCompletingFailedInItsLastStep) {
+  RankExit early = end(W_EXITCODE(0, 0), 0, false, false);
+  early.last_step = 4;
+  const WatchResult w{{exited(0), early}, false};
+  EXPECT_TRUE(failed(early));
+  EXPECT_FALSE(failed(exited(0)));
+  const Diagnosis d = diagnose(w, {std::nullopt, std::nullopt}, kNote);
+  EXPECT_EQ(d.exit_code, 1);
+  EXPECT_EQ(d.message, "ddp: rank 1 failed in step 5: exited with code 0 before completing its run\n" + kTail);
+}
+
+TEST(Diagnose, ACrashReportNamesThePluginBesideTheSignal) {
+  const WatchResult w{{killed(SIGSEGV, 0), exited(1, 1)}, false};
+  RankFailure crash = report(DDP_ERR_INTERNAL, "strategy plugin 'x' crashed in on_grad_ready", 2);
+  const Diagnosis d = diagnose(w, {crash, report(DDP_ERR_COMM, "reset", 2)}, kNote);
+  EXPECT_EQ(d.message,
+            "ddp: rank 0 failed in step 3: killed by signal 11 (Segmentation fault): strategy plugin 'x' crashed "
+            "in on_grad_ready\n" + kTail);
+}
+
+// What a rank says on its channel, line by line.
+TEST(Channel, StepsFailuresAndCompletionAreHeard) {
+  RankExit r;
+  hear(r, "step 0");
+  hear(r, "step 12");
+  hear(r, "step x");  // garbled: ignored
+  EXPECT_EQ(r.last_step, 12);
+  hear(r, "failure {\"kind\":\"timeout\"}");
+  hear(r, "failure {\"kind\":\"comm\"}");  // an echo after the cause
+  EXPECT_EQ(r.failure, "{\"kind\":\"timeout\"}");
+  EXPECT_FALSE(r.completed);
+  hear(r, "completed");
+  EXPECT_TRUE(r.completed);
+}
+
+// A rank's report carries the Error's kind, plugin, entry and step, through
+// the line it sends.
+TEST(FailureReport, AnErrorsFieldsRoundTripThroughItsLine) {
+  Error e("strategy plugin 'naive': finish: gloo all_reduce (400 bytes): \"timed out\"", DDP_ERR_TIMEOUT);
   e.in_plugin("strategy plugin 'naive'", "finish").at_step(17);
-  const RankFailure f = failure_of(e, 2);
-  const std::string dir = temp_dir(), path = dir + "/rank2.error";
-  write_failure(path, f);
-  const std::optional<RankFailure> back = read_failure(path);
+  const std::string json = failure_json(failure_of(e, 2));
+  EXPECT_EQ(json.rfind("{\"kind\":\"timeout\",\"rank\":2,\"step\":17,", 0), 0u) << json;
+  EXPECT_EQ(json.find('\n'), std::string::npos);
+  const std::optional<RankFailure> back = parse_failure(json);
   ASSERT_TRUE(back);
   EXPECT_EQ(back->kind, DDP_ERR_TIMEOUT);
   EXPECT_EQ(back->rank, 2);
@@ -125,8 +155,6 @@ TEST(FailureReport, AnErrorsFieldsRoundTripThroughTheFile) {
   EXPECT_EQ(back->plugin, "strategy plugin 'naive'");
   EXPECT_EQ(back->entry, "finish");
   EXPECT_EQ(back->message, e.what());
-  EXPECT_EQ(read_file(path).rfind("{\"kind\":\"timeout\",\"rank\":2,\"step\":17,", 0), 0u) << read_file(path);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(FailureReport, AnyOtherExceptionIsAnInternalFailureWithItsText) {
@@ -136,16 +164,13 @@ TEST(FailureReport, AnyOtherExceptionIsAnInternalFailureWithItsText) {
   EXPECT_EQ(f.plugin, "");
   EXPECT_EQ(f.message, "boom");
   EXPECT_EQ(failure_of(ConfigError("x.toml:1:1: bad"), 0).kind, DDP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(failure_of(std::bad_alloc(), 0).kind, DDP_ERR_OUT_OF_MEMORY);
 }
 
-TEST(FailureReport, AMissingOrGarbledFileIsNoReport) {
-  const std::string dir = temp_dir();
-  EXPECT_FALSE(read_failure(dir + "/none.error"));
-  std::ofstream(dir + "/bad.error") << "not json";
-  EXPECT_FALSE(read_failure(dir + "/bad.error"));
-  std::ofstream(dir + "/typed.error") << "{\"rank\": \"two\"}";
-  EXPECT_FALSE(read_failure(dir + "/typed.error"));
-  std::filesystem::remove_all(dir);
+TEST(FailureReport, AGarbledLineIsNoReport) {
+  EXPECT_FALSE(parse_failure("not json"));
+  EXPECT_FALSE(parse_failure("[1, 2]"));
+  EXPECT_FALSE(parse_failure("{\"rank\": \"two\"}"));
 }
 
 }  // namespace

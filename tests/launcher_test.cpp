@@ -236,4 +236,55 @@ TEST(Launcher, WorldSizeMismatchIsRefused) {
   fs::remove_all(dir);
 }
 
+// The faulty test strategy (tests/plugins/strategy_faulty.c) misbehaves in
+// `entry` at `step` on `rank`: the run must end within the timeout, naming
+// the rank, the step, the plugin and the entry.
+Process start_faulty(const std::string& dir, const std::string& fault, const std::string& entry, int step,
+                     int rank, int timeout_s = 10) {
+  return start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
+                "strategy.plugin=" + std::string(DDP_TEST_BROKEN_PLUGIN_DIR) + "/libddp_strategy_faulty.so", "--set",
+                "strategy.fault=" + fault, "--set", "strategy.entry=" + entry, "--set",
+                "strategy.step=" + std::to_string(step), "--set", "strategy.rank=" + std::to_string(rank), "--set",
+                "run.timeout_s=" + std::to_string(timeout_s)},
+               {}, dir + "/ddp");
+}
+
+TEST(Launcher, ACrashInAPluginNamesThePluginTheEntryAndTheStep) {
+  std::string dir = temp_dir();
+  Process p = start_faulty(dir, "segv", "on_grad_ready", 2, 1);
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  EXPECT_EQ(read_file(p.err),
+            "ddp: rank 1 failed in step 3: killed by signal 11 (Segmentation fault): strategy plugin 'faulty' "
+            "crashed in on_grad_ready\nddp: stopped the other ranks; run failed\n");
+  EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
+  fs::remove_all(dir);
+}
+
+TEST(Launcher, ARankThatExitsZeroBeforeItCompletesFailsTheRun) {
+  std::string dir = temp_dir();
+  Process p = start_faulty(dir, "exit0", "finish", 1, 0);
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  EXPECT_EQ(read_file(p.err),
+            "ddp: rank 0 failed in step 2: exited with code 0 before completing its run\n"
+            "ddp: stopped the other ranks; run failed\n");
+  EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
+  fs::remove_all(dir);
+}
+
+TEST(Launcher, APluginEntryThatNeverReturnsEndsTheRunWithinTheTimeout) {
+  std::string dir = temp_dir();
+  const int timeout_s = 2;
+  const auto started = Clock::now();
+  Process p = start_faulty(dir, "hang", "finish", 1, -1, timeout_s);  // every rank
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  const double took = std::chrono::duration<double>(Clock::now() - started).count();
+  EXPECT_LT(took, timeout_s + 10) << "the run took " << took << " s";
+  const std::string err = read_file(p.err);
+  EXPECT_NE(err.find(" failed in step 2: exited with code 1: strategy plugin 'faulty': finish: no progress for "),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find(" (run.timeout_s = 2 plus 7 s); the rank was stopped\n"), std::string::npos) << err;
+  fs::remove_all(dir);
+}
+
 }  // namespace

@@ -487,7 +487,7 @@ int bench_comm_rank(const BenchOptions& options) {
     json all = json::array();
     for (const Row& r : rows) all.push_back(to_json(r));
     write_file_atomically(options.part_file, all.dump() + "\n");
-  });
+  }, std::chrono::milliseconds(int64_t(options.timeout_s * 1000)), "--timeout " + number_text(options.timeout_s));
 }
 
 }  // namespace ddp

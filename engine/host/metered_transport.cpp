@@ -3,6 +3,7 @@
 
 #include "nvtx.h"
 #include "plugin_host.h"
+#include "whereabouts.h"
 
 namespace ddp {
 namespace {
@@ -53,7 +54,11 @@ struct MeterCallbacks {
       delete span;
       return queued;
     }
-    ddp_status status = call(m.real_, m.real_comm_);
+    ddp_status status;
+    {
+      whereabouts::Inside in(m.label_, op);
+      status = call(m.real_, m.real_comm_);
+    }
     if (status == DDP_OK && m.trace_) {  // traced iff counted, under the step that issued it
       span->trace = m.trace_;
       span->step = m.trace_->step();
@@ -89,6 +94,7 @@ struct MeterCallbacks {
     ddp_status status;
     {
       nvtx::Range range(op);
+      whereabouts::Inside in(m.label_, op);
       status = call(m.real_, m.real_comm_);
     }
     queued = host_guard([&] {
@@ -176,9 +182,9 @@ void MeteredTransport::settle(bool wait) {
   pending_.resize(kept);
 }
 
-MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* comm,
-                                   HostServices& services)
-    : real_(real), real_comm_(comm), services_(services) {
+MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* comm, HostServices& services,
+                                   const char* label)
+    : real_(real), real_comm_(comm), services_(services), label_(label) {
   // Every entry is listed here: a new one must be metered (or refused), never
   // passed through with the wrapper's handle.
   static_assert(sizeof(ddp_transport_v1_t) == 4 + 4 + 2 * sizeof(void*) + 8 + 8 * sizeof(void*),

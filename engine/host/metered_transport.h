@@ -20,7 +20,10 @@ namespace ddp {
 // forwarded to the real transport and metered into services.counters.
 class MeteredTransport {
  public:
-  MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* comm, HostServices& services);
+  // `label` names the transport while a call is in it ("transport plugin
+  // 'gloo'", kept by the caller), for the crash handler and the watchdog.
+  MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* comm, HostServices& services,
+                   const char* label = "transport plugin");
   const ddp_transport_v1_t* vtable() const { return &vtable_; }
   ddp_comm* comm() { return reinterpret_cast<ddp_comm*>(this); }
   ~MeteredTransport();  // releases timestamps not yet settled; never throws
@@ -51,6 +54,7 @@ class MeteredTransport {
   const ddp_transport_v1_t* real_;
   ddp_comm* real_comm_;
   HostServices& services_;
+  const char* label_;
   Trace* trace_ = nullptr;
   ddp_transport_v1_t vtable_{};
   std::vector<Pending> pending_;  // the training thread's only

@@ -3,6 +3,8 @@
 // the work, and turns exceptions into a status plus text (host_guard).
 #include "plugin_host.h"
 
+#include "whereabouts.h"
+
 #include <cstdlib>
 #include <cstring>
 
@@ -151,10 +153,12 @@ struct HostCallbacks {
 
   static ddp_stream compute_stream(void* ctx) { return from_stream(svc(ctx).device->compute_stream()); }
   static ddp_stream comm_stream(void* ctx) { return from_stream(svc(ctx).device->comm_stream()); }
-  static ddp_status launch_host_func(void*, ddp_stream stream, ddp_host_func fn, void* user) {
+  static ddp_status launch_host_func(void* ctx, ddp_stream stream, ddp_host_func fn, void* user) {
     if (in_host_function("launch_host_func")) return DDP_ERR_UNSUPPORTED;
+    const char* label = self(ctx).label_.c_str();  // the PluginHost outlives the plugin's work
     return host_guard([&] {
-      to_stream(stream)->enqueue([fn, user](bool cancelled) {
+      to_stream(stream)->enqueue([fn, user, label](bool cancelled) {
+        whereabouts::Inside in(label, "a host function");
         const ddp_status status = fn(user, cancelled ? 1 : 0);
         if (status != DDP_OK && !cancelled) throw Error(take_plugin_error(), status);
       });

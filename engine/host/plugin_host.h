@@ -61,6 +61,7 @@ class PluginHost {
   // Throws Error("<label>: <entry>: <plugin's error text>") if status is not
   // DDP_OK, of the status's kind, in this plugin and entry.
   void check(ddp_status status, const char* entry) const;
+  const std::string& label() const { return label_; }
 
  private:
   friend struct HostCallbacks;

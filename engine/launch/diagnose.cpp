@@ -3,6 +3,7 @@
 
 #include <sys/wait.h>
 
+#include <cstdint>
 #include <cstring>
 
 namespace ddp {
@@ -18,20 +19,33 @@ int weight(const RankExit& exit, const std::optional<RankFailure>& report) {
   return 1;
 }
 
-// "killed by signal 9 (Killed)", or "exited with code 1: <message>", and
-// where the failure happened when the rank said.
+// A rank that exited 0 without saying it completed: a plugin or a bug ended
+// the process early.
+bool ended_early(const RankExit& exit) {
+  return WIFEXITED(exit.status) && WEXITSTATUS(exit.status) == 0 && !exit.completed;
+}
+
+// "killed by signal 9 (Killed)", "exited with code 1", or "exited with code
+// 0 before completing its run", then what the rank reported, if it did (a
+// crash handler reports too).
 std::string cause(const RankExit& exit, const std::optional<RankFailure>& report) {
+  std::string text;
   if (WIFSIGNALED(exit.status)) {
     const int sig = WTERMSIG(exit.status);
-    return "killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+    text = "killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+  } else {
+    text = "exited with code " + std::to_string(WEXITSTATUS(exit.status));
+    if (ended_early(exit)) text += " before completing its run";
   }
-  std::string text = "exited with code " + std::to_string(WEXITSTATUS(exit.status));
   if (report && !report->message.empty()) text += ": " + report->message;
   return text;
 }
 
-std::string at_step(const std::optional<RankFailure>& report) {
-  return report && report->step >= 0 ? " in step " + std::to_string(report->step + 1) : "";
+// " in step N" (counted from 1, as the progress lines) where the rank said
+// so: in its report, or, for one that ended early, in its last step line.
+std::string at_step(const RankExit& exit, const std::optional<RankFailure>& report) {
+  const int64_t step = report ? report->step : ended_early(exit) ? exit.last_step : -1;
+  return step >= 0 ? " in step " + std::to_string(step + 1) : "";
 }
 
 }  // namespace
@@ -57,9 +71,9 @@ Diagnosis diagnose(const WatchResult& watched, const std::vector<std::optional<R
   if (weight(exit, report) == 2 && !stopped.empty()) {
     message = "ddp: rank" + std::string(stopped.find(',') == std::string::npos ? " " : "s ") + stopped +
               " stopped responding: the other ranks timed out waiting (" + timeout_note + ")\n" + "ddp: rank " +
-              std::to_string(blamed) + " reported" + at_step(report) + ": " + cause(exit, report) + "\n";
+              std::to_string(blamed) + " reported" + at_step(exit, report) + ": " + cause(exit, report) + "\n";
   } else {
-    message = "ddp: rank " + std::to_string(blamed) + " failed" + at_step(report) + ": " + cause(exit, report) + "\n";
+    message = "ddp: rank " + std::to_string(blamed) + " failed" + at_step(exit, report) + ": " + cause(exit, report) + "\n";
   }
   return {1, message + "ddp: stopped the other ranks; run failed\n"};
 }

@@ -1,6 +1,7 @@
 // diagnose.h — what the user is told when the ranks of a run have ended, and
-// the exit code: a pure function of how each rank exited (watch.h) and what
-// it reported (failure.h). Which rank is to blame:
+// the exit code: a pure function of how each rank exited and what it said
+// (watch.h, failure.h). A rank fails if it exits non-zero, dies of a signal,
+// or exits 0 without having said it completed. Which rank is to blame:
 //   1. a rank killed by a signal (its peers' failures are the echo);
 //   2. else, if a rank's failure was a timeout, the ranks that were still
 //      running when the launcher stopped the run (they hung: the others

@@ -1,13 +1,10 @@
 // failure.cpp — see failure.h.
 #include "failure.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
 
-#include "atomic_file.h"
 #include "error.h"
+#include "whereabouts.h"
 
 namespace ddp {
 namespace {
@@ -34,21 +31,14 @@ RankFailure failure_of(const std::exception& e, int rank) {
   return f;
 }
 
-void write_failure(const std::string& path, const RankFailure& f) {
+std::string failure_json(const RankFailure& f) {
   const nlohmann::ordered_json j = {{"kind", kind_name(f.kind)}, {"rank", f.rank},   {"step", f.step},
                                     {"plugin", f.plugin},        {"entry", f.entry}, {"message", f.message}};
-  try {
-    write_file_atomically(path, j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n");
-  } catch (const std::exception&) {  // a full disk: the launcher still has the exit code
-  }
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
-std::optional<RankFailure> read_failure(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+std::optional<RankFailure> parse_failure(const std::string& json) {
+  const nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return std::nullopt;
   RankFailure f;
   try {
@@ -62,6 +52,13 @@ std::optional<RankFailure> read_failure(const std::string& path) {
     return std::nullopt;
   }
   return f;
+}
+
+bool report_failure(const RankFailure& f) {
+  if (!whereabouts::has_channel()) return false;
+  const std::string line = "failure " + failure_json(f) + "\n";
+  whereabouts::send_line(line.data(), line.size());
+  return true;
 }
 
 }  // namespace ddp

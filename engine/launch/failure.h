@@ -1,15 +1,15 @@
 // failure.h — how a rank tells its launcher why it failed: a structured
-// report in the file $DDP_ERROR_FILE names, written once by the rank as it
-// exits, read by the launcher's diagnosis (diagnose.h). The launcher ranks
-// failures by `kind`, never by the message's words.
+// report, one line "failure <json>" on the rank's channel
+// (core/whereabouts.h), read by the launcher's diagnosis (diagnose.h). The
+// launcher ranks failures by `kind`, never by the message's words.
 //
-// The file is one JSON object:
+// The report is one JSON object:
 //   {"kind": "timeout", "rank": 2, "step": 17,
 //    "plugin": "strategy plugin 'naive'", "entry": "finish",
 //    "message": "strategy plugin 'naive': finish: gloo all_reduce ..."}
 // kind: a status word of error.h's kind_name ("timeout": a wait outlasted
 // run.timeout_s; "comm": a peer or the network failed; "invalid_argument":
-// the configuration or a file; "internal": anything else, ...); step: the
+// the configuration or a file it names; "internal": anything else, ...); step: the
 // 0-based optimizer step (-1: set-up or the end of the run); plugin and
 // entry: empty unless a plugin entry returned the error.
 #pragma once
@@ -35,9 +35,12 @@ struct RankFailure {
 // or the text and DDP_ERR_INTERNAL of any other exception).
 RankFailure failure_of(const std::exception& e, int rank);
 
-// Writes the report to `path` (through a temporary name); never throws.
-void write_failure(const std::string& path, const RankFailure& failure);
-// The report at `path`; nullopt if there is none or it does not parse.
-std::optional<RankFailure> read_failure(const std::string& path);
+// The report as one line of JSON (no newline), and back; nullopt if `json`
+// is not such a report.
+std::string failure_json(const RankFailure& failure);
+std::optional<RankFailure> parse_failure(const std::string& json);
+
+// Sends "failure <json>" on this rank's channel; false if it has none.
+bool report_failure(const RankFailure& failure);
 
 }  // namespace ddp

@@ -3,16 +3,20 @@
 
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <optional>
 
+#include "crash_handler.h"
 #include "diagnose.h"
 #include "error.h"
 #include "failure.h"
 #include "spawn.h"
 #include "watch.h"
+#include "watchdog.h"
+#include "whereabouts.h"
 
 namespace ddp {
 namespace {
@@ -39,18 +43,14 @@ int env_int(const char* name) {
   throw Error(std::string("environment variable ") + name + "='" + v + "' is not an integer", DDP_ERR_INVALID_ARGUMENT);
 }
 
-std::string error_file(const std::string& run_dir, int rank) {
-  return run_dir + "/rank" + std::to_string(rank) + ".error";
-}
-
 std::vector<std::vector<std::string>> environments(const LaunchSpec& spec, const std::string& run_dir) {
   std::vector<std::string> unset = spec.unset;
+  unset.push_back("DDP_STATUS_FD");  // spawn_ranks sets each rank's own
   std::vector<std::vector<std::string>> envs;
   for (int r = 0; r < spec.world; ++r) {
     std::vector<std::string> set = {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r),
                                     "WORLD_SIZE=" + std::to_string(spec.world), "DDP_RENDEZVOUS=file:" + run_dir,
-                                    "DDP_RUN_ID=" + fs::path(run_dir).filename().string(),
-                                    "DDP_ERROR_FILE=" + error_file(run_dir, r)};
+                                    "DDP_RUN_ID=" + fs::path(run_dir).filename().string()};
     if (spec.rank_env) {
       const std::vector<std::string> more = spec.rank_env(r, run_dir);
       set.insert(set.end(), more.begin(), more.end());
@@ -77,7 +77,8 @@ int launch_ranks(const LaunchSpec& spec) {
 
   const WatchResult watched = watch_ranks(spawn_ranks(spec.args, environments(spec, run_dir)), kGrace);
   std::vector<std::optional<RankFailure>> reports;
-  for (int r = 0; r < spec.world; ++r) reports.push_back(read_failure(error_file(run_dir, r)));
+  for (const RankExit& r : watched.ranks)
+    reports.push_back(r.failure.empty() ? std::nullopt : parse_failure(r.failure));
   Diagnosis verdict = diagnose(watched, reports, spec.timeout_note);
   if (verdict.exit_code == 0 && spec.on_success) {
     try {
@@ -90,10 +91,16 @@ int launch_ranks(const LaunchSpec& spec) {
   return verdict.exit_code;
 }
 
-int run_rank(const std::function<void(const RankEnv&)>& body) {
+int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milliseconds timeout,
+             const std::string& timeout_note) {
   int rank = -1;
+  // A peer's closed socket is an error to report, not a death by SIGPIPE
+  // that would hide the cause.
+  std::signal(SIGPIPE, SIG_IGN);
+  whereabouts::has_channel();  // looked up now, not first in a signal handler
   try {
     rank = env_int("RANK");
+    install_crash_handler(rank);
     RankEnv env;
     env.rank.rank = rank;
     env.rank.world_size = env_int("WORLD_SIZE");
@@ -106,16 +113,14 @@ int run_rank(const std::function<void(const RankEnv&)>& body) {
                   "(fresh for each run) or redis:<host>:<port>",
                   DDP_ERR_INVALID_ARGUMENT);
     env.run_id = env_or("DDP_RUN_ID", "ddp");
+    const Watchdog watchdog(rank, timeout + Watchdog::kGrace, timeout_note + " plus 7 s");
     body(env);
+    whereabouts::send_line("completed\n", 10);
     return 0;
   } catch (const std::exception& e) {
-    // Under our own launcher the report goes to a file and the launcher
-    // names the rank to blame; otherwise each rank says it.
-    const std::string file = env_or("DDP_ERROR_FILE", "");
-    if (file.empty())
-      std::cerr << "ddp: rank " << rank << ": error: " << e.what() << std::endl;
-    else
-      write_failure(file, failure_of(e, rank));
+    // Under our own launcher the report goes on the channel and the
+    // launcher names the rank to blame; otherwise each rank says it.
+    if (!report_failure(failure_of(e, rank))) std::cerr << "ddp: rank " << rank << ": error: " << e.what() << std::endl;
     return 1;
   }
 }

@@ -8,9 +8,11 @@
 // Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, DDP_RENDEZVOUS (a fresh file
 // store in a directory of its own under the output directory: Gloo's
 // FileStore never deletes its files and refuses to reuse a key), DDP_RUN_ID
-// and DDP_ERROR_FILE (where it reports its failure).
+// and DDP_STATUS_FD (its channel to the launcher: core/whereabouts.h). The
+// launch succeeds only if every rank said it completed.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -39,9 +41,13 @@ struct LaunchSpec {
 int launch_ranks(const LaunchSpec& spec);
 
 // Runs this process as the rank that RANK, WORLD_SIZE, LOCAL_RANK and
-// DDP_RENDEZVOUS (and DDP_RUN_ID) name. Returns 0, or 1 after reporting the
-// failure: to $DDP_ERROR_FILE if set (our launcher reads it), else on
-// stderr ("ddp: rank <r>: error: <message>").
-int run_rank(const std::function<void(const RankEnv&)>& body);
+// DDP_RENDEZVOUS (and DDP_RUN_ID) name: SIGPIPE ignored, the crash handler
+// installed, a watchdog at `timeout` (run.timeout_s; `timeout_note` says so:
+// "run.timeout_s = 30") plus Watchdog::kGrace. Returns 0 after saying
+// "completed" on the rank's channel, or 1 after reporting the failure: on
+// the channel if there is one (our launcher's), else on stderr ("ddp: rank
+// <r>: error: <message>").
+int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milliseconds timeout,
+             const std::string& timeout_note);
 
 }  // namespace ddp

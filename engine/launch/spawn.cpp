@@ -1,6 +1,7 @@
 // spawn.cpp — see spawn.h.
 #include "spawn.h"
 
+#include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,29 +41,42 @@ std::vector<std::string> rank_environment(const std::vector<std::string>& set, c
   return env;
 }
 
-std::vector<pid_t> spawn_ranks(std::vector<std::string> args, std::vector<std::vector<std::string>> envs) {
+std::vector<RankProcess> spawn_ranks(std::vector<std::string> args, std::vector<std::vector<std::string>> envs) {
   std::vector<char*> argv = pointers(args);
-  std::vector<pid_t> pids;
+  std::vector<RankProcess> ranks;
   const pid_t launcher = getpid();
+  auto give_up = [&](size_t r, int err) {
+    for (const RankProcess& p : ranks) {
+      kill(p.pid, SIGKILL);
+      close(p.channel);
+    }
+    while (wait(nullptr) > 0) {
+    }
+    throw Error("cannot start rank " + std::to_string(r) + ": " + std::strerror(err));
+  };
   for (size_t r = 0; r < envs.size(); ++r) {
+    int fds[2];  // close-on-exec: no rank inherits another's channel
+    if (pipe2(fds, O_CLOEXEC) != 0) give_up(r, errno);
+    envs[r].push_back("DDP_STATUS_FD=" + std::to_string(fds[1]));
     std::vector<char*> envp = pointers(envs[r]);
     const pid_t pid = fork();
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != launcher) _exit(1);  // the launcher died before prctl
+      fcntl(fds[1], F_SETFD, 0);            // this rank's write end survives the exec
       execve("/proc/self/exe", argv.data(), envp.data());
       _exit(127);
     }
+    const int err = errno;
+    close(fds[1]);
     if (pid < 0) {
-      const int err = errno;
-      for (pid_t p : pids) kill(p, SIGKILL);
-      while (wait(nullptr) > 0) {
-      }
-      throw Error("cannot start rank " + std::to_string(r) + ": " + std::strerror(err));
+      close(fds[0]);
+      give_up(r, err);
     }
-    pids.push_back(pid);
+    fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    ranks.push_back(RankProcess{pid, fds[0]});
   }
-  return pids;
+  return ranks;
 }
 
 }  // namespace ddp

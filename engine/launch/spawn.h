@@ -14,9 +14,17 @@ namespace ddp {
 // in `set` (NAME=value entries) or `unset` (NAME), plus `set`.
 std::vector<std::string> rank_environment(const std::vector<std::string>& set, const std::vector<std::string>& unset);
 
+// A rank process, and the read end of its channel (whereabouts.h): a pipe
+// whose write end the rank finds in DDP_STATUS_FD. Non-blocking.
+struct RankProcess {
+  pid_t pid = -1;
+  int channel = -1;
+};
+
 // Starts one process per entry of `envs`, each running `args` (args[0] is
-// the program name) with that environment. Throws Error naming the rank
-// that could not be started, after killing and reaping the ones that were.
-std::vector<pid_t> spawn_ranks(std::vector<std::string> args, std::vector<std::vector<std::string>> envs);
+// the program name) with that environment and DDP_STATUS_FD. Throws Error
+// naming the rank that could not be started, after killing and reaping the
+// ones that were.
+std::vector<RankProcess> spawn_ranks(std::vector<std::string> args, std::vector<std::vector<std::string>> envs);
 
 }  // namespace ddp

@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "whereabouts.h"
+
 namespace ddp {
 
 RankPlugins::RankPlugins(const Config& config, HostServices& services, Trace* trace) : services_(services) {
@@ -24,7 +26,12 @@ void RankPlugins::start_transport(const Config& config) {
   require_device_cap("transport", t->name, t->caps);
   transport_host_ =
       std::make_unique<PluginHost>(services_, config.transport, std::string("transport plugin '") + t->name + "'");
-  transport_host_->check(t->init(transport_host_->get(), &comm_), "init");
+  ddp_status status;
+  {
+    whereabouts::Inside in(transport_host_->label().c_str(), "init");
+    status = t->init(transport_host_->get(), &comm_);
+  }
+  transport_host_->check(status, "init");
   config.transport.check_all_read("transport", t->name);
 }
 
@@ -34,9 +41,10 @@ void RankPlugins::start_strategy(const Config& config, Trace* trace) {
   require_device_cap("strategy", s->name, s->caps);
   strategy_host_ =
       std::make_unique<PluginHost>(services_, config.strategy, std::string("strategy plugin '") + s->name + "'");
-  metered_ = std::make_unique<MeteredTransport>(transport_lib_->transport(), comm_, services_);
+  metered_ = std::make_unique<MeteredTransport>(transport_lib_->transport(), comm_, services_,
+                                                transport_host_->label().c_str());
   metered_->set_trace(trace);
-  strategy_host_->check(s->create(strategy_host_->get(), metered_->vtable(), metered_->comm(), &strategy_), "create");
+  call("create", [&] { return s->create(strategy_host_->get(), metered_->vtable(), metered_->comm(), &strategy_); });
   config.strategy.check_all_read("strategy", s->name);
 }
 
@@ -48,16 +56,16 @@ void RankPlugins::require_device_cap(const char* kind, const char* name, uint64_
                 DDP_ERR_UNSUPPORTED);
 }
 
-void RankPlugins::on_train_begin() { strategy_host_->check(strategy_api().on_train_begin(strategy_), "on_train_begin"); }
+void RankPlugins::on_train_begin() { call("on_train_begin", [&] { return strategy_api().on_train_begin(strategy_); }); }
 void RankPlugins::on_step_begin(const ddp_step_info& info) {
-  strategy_host_->check(strategy_api().on_step_begin(strategy_, &info), "on_step_begin");
+  call("on_step_begin", [&] { return strategy_api().on_step_begin(strategy_, &info); });
 }
 void RankPlugins::on_grad_ready(const ddp_param& param) {
-  strategy_host_->check(strategy_api().on_grad_ready(strategy_, &param), "on_grad_ready");
+  call("on_grad_ready", [&] { return strategy_api().on_grad_ready(strategy_, &param); });
 }
-void RankPlugins::on_backward_end() { strategy_host_->check(strategy_api().on_backward_end(strategy_), "on_backward_end"); }
-void RankPlugins::finish() { strategy_host_->check(strategy_api().finish(strategy_), "finish"); }
-void RankPlugins::optimizer_step() { strategy_host_->check(strategy_api().optimizer_step(strategy_), "optimizer_step"); }
+void RankPlugins::on_backward_end() { call("on_backward_end", [&] { return strategy_api().on_backward_end(strategy_); }); }
+void RankPlugins::finish() { call("finish", [&] { return strategy_api().finish(strategy_); }); }
+void RankPlugins::optimizer_step() { call("optimizer_step", [&] { return strategy_api().optimizer_step(strategy_); }); }
 
 bool RankPlugins::stats(nlohmann::ordered_json* out) {
   const ddp_strategy_v1_t& api = strategy_api();
@@ -65,7 +73,7 @@ bool RankPlugins::stats(nlohmann::ordered_json* out) {
   std::string buf(4096, '\0');
   size_t needed = 0;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    strategy_host_->check(api.stats(strategy_, buf.data(), buf.size(), &needed), "stats");
+    call("stats", [&] { return api.stats(strategy_, buf.data(), buf.size(), &needed); });
     if (needed < buf.size()) break;
     buf.assign(needed + 1, '\0');
   }
@@ -137,12 +145,14 @@ void RankPlugins::abort() {
 void RankPlugins::shutdown() {
   if (strategy_) {
     drain();
+    whereabouts::Inside in(strategy_host_->label().c_str(), "destroy");
     strategy_api().destroy(strategy_);
     strategy_ = nullptr;
   }
   drain();
   metered_.reset();  // releases its device timestamps
   if (comm_) {
+    whereabouts::Inside in(transport_host_->label().c_str(), "destroy");
     transport_lib_->transport()->destroy(comm_);
     comm_ = nullptr;
   }
@@ -156,6 +166,7 @@ void RankPlugins::shutdown() {
 void RankPlugins::drain() {
   Device* device = services_.device;
   if (!device) return;
+  whereabouts::Inside in(nullptr, "draining the streams");  // bounded by the watchdog
   try {
     device->comm_stream().synchronize();
   } catch (const std::exception&) {

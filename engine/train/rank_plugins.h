@@ -29,6 +29,7 @@
 #include "metered_transport.h"
 #include "plugin_host.h"
 #include "plugin_loader.h"
+#include "whereabouts.h"
 
 namespace ddp {
 
@@ -69,6 +70,17 @@ class RankPlugins {
 
  private:
   const ddp_strategy_v1_t& strategy_api() const { return *strategy_lib_->strategy(); }
+  // One strategy entry: `entry` names it to the crash handler and the
+  // watchdog while it runs, and to the user if it fails.
+  template <typename Call>
+  void call(const char* entry, Call&& entry_call) {
+    ddp_status status;
+    {
+      whereabouts::Inside in(strategy_host_->label().c_str(), entry);
+      status = entry_call();
+    }
+    strategy_host_->check(status, entry);
+  }
   void start_transport(const Config& config);
   void start_strategy(const Config& config, Trace* trace);
   void require_device_cap(const char* kind, const char* name, uint64_t caps) const;

@@ -25,6 +25,7 @@
 #include "step_timeline.h"
 #include "store.h"
 #include "summary.h"
+#include "whereabouts.h"
 
 namespace ddp {
 namespace {
@@ -48,17 +49,18 @@ class RankRun {
   // Set-up, the steps, the outputs. On any failure the plugins are aborted
   // and shut down before the error (with the step it happened in) goes on.
   void run() {
+    whereabouts::bind_training_thread();
     try {
       set_up();
       train();
       finish_run();
     } catch (Error& e) {
-      if (e.step() < 0) e.at_step(step_);
+      if (e.step() < 0) e.at_step(whereabouts::step());
       stop_plugins();
       throw;
     } catch (const std::exception& e) {
       Error error(e.what(), kind_of(e));
-      error.at_step(step_);
+      error.at_step(whereabouts::step());
       stop_plugins();
       throw error;
     }
@@ -117,13 +119,17 @@ class RankRun {
     if (observer_) observer_->on_weights(0, *model_);
     take_peaks(device_->memory(), mem_after_setup_);
     records_.reserve(static_cast<size_t>(config_.run.steps));
-    for (step_ = 0; step_ < config_.run.steps; ++step_) {
-      records_.push_back(train_step(step_));
-      if (observer_) observer_->on_weights(step_ + 1, *model_);
-      if ((step_ + 1) % config_.run.log_every == 0 || step_ + 1 == config_.run.steps) report(step_);
+    for (int64_t step = 0; step < config_.run.steps; ++step) {
+      whereabouts::enter_step(step);
+      records_.push_back(train_step(step));
+      if (observer_) observer_->on_weights(step + 1, *model_);
+      if ((step + 1) % config_.run.log_every == 0 || step + 1 == config_.run.steps) report(step);
     }
-    step_ = -1;  // what follows is the end of the run, not a step
-    device_->comm_stream().synchronize();
+    whereabouts::enter_step(-1);  // what follows is the end of the run, not a step
+    {
+      whereabouts::Inside in(nullptr, "waiting for the last collectives");
+      device_->comm_stream().synchronize();
+    }
     // A GPU's collectives still unsettled (a step's last ones may end after
     // it): their busy time goes to the last step.
     const int64_t busy_before = services_.counters.busy_ns;
@@ -337,7 +343,6 @@ class RankRun {
   std::unique_ptr<RankPlugins> plugins_;
   std::string trace_path_;  // empty: no trace
   // The run's state.
-  int64_t step_ = -1;               // the step under way (-1: set-up or the end)
   int64_t tokens_per_row_ = 1;      // positions a row trains (lm: context_length)
   std::vector<size_t> trainable_;   // indices of trainable parameters
   std::vector<int> remaining_uses_;  // per parameter, this micro-batch's backward

@@ -1,0 +1,113 @@
+// whereabouts.cpp — see whereabouts.h.
+#include "whereabouts.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+namespace ddp::whereabouts {
+namespace {
+
+std::atomic<int64_t> g_step{-1};
+// The training thread's stage, published for other threads.
+std::atomic<const char*> g_plugin{nullptr};
+std::atomic<const char*> g_entry{nullptr};
+std::atomic<int64_t> g_since_ns{0};
+// Each thread's own innermost entry (the crash handler reads its thread's).
+thread_local const char* t_plugin = nullptr;
+thread_local const char* t_entry = nullptr;
+thread_local bool t_training = false;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// -1: not looked up yet; -2: no channel.
+std::atomic<int> g_fd{-1};
+
+int channel_fd() {
+  int fd = g_fd.load(std::memory_order_acquire);
+  if (fd != -1) return fd;
+  const char* text = std::getenv("DDP_STATUS_FD");
+  char* end = nullptr;
+  const long value = text && *text ? std::strtol(text, &end, 10) : -1;
+  fd = value >= 0 && end && *end == '\0' ? int(value) : -2;
+  g_fd.store(fd, std::memory_order_release);
+  return fd;
+}
+
+// "step <n>\n" without the C library's formatting (async-signal-safe).
+size_t format_step(char* out, int64_t step) {
+  char digits[24];
+  size_t n = 0;
+  uint64_t v = uint64_t(step);
+  do {
+    digits[n++] = char('0' + v % 10);
+    v /= 10;
+  } while (v > 0);
+  size_t k = 0;
+  for (const char* p = "step "; *p; ++p) out[k++] = *p;
+  while (n > 0) out[k++] = digits[--n];
+  out[k++] = '\n';
+  return k;
+}
+
+}  // namespace
+
+void enter_step(int64_t step) {
+  g_step.store(step, std::memory_order_relaxed);
+  if (step < 0 || !has_channel()) return;
+  char line[40];
+  send_line(line, format_step(line, step));
+}
+
+int64_t step() { return g_step.load(std::memory_order_relaxed); }
+
+void bind_training_thread() { t_training = true; }
+
+Inside::Inside(const char* plugin, const char* entry) : outer_plugin_(t_plugin), outer_entry_(t_entry) {
+  t_plugin = plugin;
+  t_entry = entry;
+  if (!t_training) return;
+  g_plugin.store(plugin, std::memory_order_relaxed);
+  g_entry.store(entry, std::memory_order_relaxed);
+  g_since_ns.store(now_ns(), std::memory_order_relaxed);
+}
+
+Inside::~Inside() {
+  t_plugin = outer_plugin_;
+  t_entry = outer_entry_;
+  if (!t_training) return;
+  g_plugin.store(outer_plugin_, std::memory_order_relaxed);
+  g_entry.store(outer_entry_, std::memory_order_relaxed);
+  g_since_ns.store(now_ns(), std::memory_order_relaxed);
+}
+
+const char* plugin() { return t_plugin; }
+const char* entry() { return t_entry; }
+
+Stage training_stage() {
+  return Stage{g_plugin.load(std::memory_order_relaxed), g_entry.load(std::memory_order_relaxed),
+               g_since_ns.load(std::memory_order_relaxed)};
+}
+
+bool has_channel() { return channel_fd() >= 0; }
+
+void send_line(const char* line, size_t bytes) {
+  const int fd = channel_fd();
+  if (fd < 0) return;
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, line, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    line += n;
+    bytes -= size_t(n);
+  }
+}
+
+}  // namespace ddp::whereabouts
