@@ -266,6 +266,28 @@ TEST_F(ConfigTest, MissingRequiredKeys) {
   EXPECT_EQ(load_error(empty), empty + ": missing required key 'run.steps'");
 }
 
+// A value that cannot train (issue 13): infinities and NaN are refused by
+// name wherever a number is read; run.check_finite reads as a boolean.
+TEST_F(ConfigTest, NonFiniteNumbersAreRefused) {
+  struct Case {
+    std::string set, message;
+  };
+  const Case cases[] = {
+      {"run.timeout_s=inf", "--set run.timeout_s=inf: key 'run.timeout_s' must be finite (got inf)"},
+      {"optimizer.lr=inf", "--set optimizer.lr=inf: key 'optimizer.lr' must be finite (got inf)"},
+      {"optimizer.lr=nan", "--set optimizer.lr=nan: key 'optimizer.lr' must be > 0 (got nan)"},
+      {"optimizer.momentum=inf", "--set optimizer.momentum=inf: key 'optimizer.momentum' must be finite (got inf)"},
+      {"optimizer.weight_decay=inf",
+       "--set optimizer.weight_decay=inf: key 'optimizer.weight_decay' must be finite (got inf)"},
+  };
+  const std::string path = write("c.toml", kMinimal);
+  for (const Case& c : cases) EXPECT_EQ(load_error(path, {c.set}), c.message) << c.set;
+  const std::string group = write("g.toml", std::string(kMinimal) + "[[optimizer.groups]]\nparams = \"fc1.*\"\nlr = inf\n");
+  EXPECT_EQ(load_error(group), group + ":14:6: key 'optimizer.groups[0].lr' must be finite (got inf)");
+  EXPECT_TRUE(load_config(path).run.check_finite);
+  EXPECT_FALSE(load_config(path, {"run.check_finite=false"}).run.check_finite);
+}
+
 TEST_F(ConfigTest, ValueConstraints) {
   struct Case {
     std::string line, message;

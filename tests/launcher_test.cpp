@@ -287,4 +287,24 @@ TEST(Launcher, APluginEntryThatNeverReturnsEndsTheRunWithinTheTimeout) {
   fs::remove_all(dir);
 }
 
+// run.check_finite (on by default): a loss that is not a number stops the
+// run in the step it appeared, and says whether a parameter is to blame.
+TEST(Launcher, ANonFiniteLossStopsTheRunInItsStep) {
+  std::string dir = temp_dir();
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
+                     "optimizer.lr=1e30"},
+                    {}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  const std::string err = read_file(p.err);
+  EXPECT_NE(err.find(" failed in step 2: exited with code 1: the loss is nan; every parameter is finite: the data or "
+                     "the forward pass made it (run.check_finite = false lets the run go on)\n"),
+            std::string::npos)
+      << err;
+  Process off = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/off\"", "--set",
+                       "optimizer.lr=1e30", "--set", "run.check_finite=false"},
+                      {}, dir + "/off");
+  EXPECT_EQ(wait_for(off, std::chrono::seconds(60)), 0) << read_file(off.err);
+  fs::remove_all(dir);
+}
+
 }  // namespace

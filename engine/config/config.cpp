@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <filesystem>
 #include <optional>
 #include <sstream>
@@ -41,6 +42,7 @@ constexpr KeySpec kSchema[] = {
     {"run", "threads", toml::node_type::integer, false},
     {"run", "device", toml::node_type::string, false},
     {"run", "share_gpus", toml::node_type::boolean, false},
+    {"run", "check_finite", toml::node_type::boolean, false},
     {"model", "name", toml::node_type::string, true},
     {"model", "init_from", toml::node_type::string, false},
     {"model", "freeze", toml::node_type::array, false},
@@ -139,6 +141,7 @@ class Reader {
     const double value = node->is_integer() ? double(node->as_integer()->get())
                                             : node->as_floating_point()->get();
     require(value > 0, section, key, "> 0", format_double(value));  // also rejects nan
+    require(std::isfinite(value), section, key, "finite", format_double(value));
     return value;
   }
 
@@ -147,6 +150,7 @@ class Reader {
     if (!node) return fallback;
     const double value = as_double(*node);
     require(value >= 0, section, key, ">= 0", format_double(value));
+    require(std::isfinite(value), section, key, "finite", format_double(value));
     return value;
   }
 
@@ -268,6 +272,7 @@ RunConfig read_run(const Reader& r) {
   run.threads = int(r.integer("run", "threads", 1, 1, 1024));
   run.device = r.one_of("run", "device", "cpu", {"cpu", "cuda"}) == "cuda" ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
   run.share_gpus = r.boolean("run", "share_gpus", false);
+  run.check_finite = r.boolean("run", "check_finite", true);
 
   return run;
 }
@@ -378,6 +383,10 @@ OptimizerConfig read_optimizer(const Reader& r) {
              g.lr = t["lr"].node() ? Reader::as_double(*t["lr"].node()) : o.lr;
              g.weight_decay = t["weight_decay"].node() ? Reader::as_double(*t["weight_decay"].node()) : o.weight_decay;
              if (!(g.lr > 0)) throw ConfigError(r.where(*t["lr"].node()) + ": key '" + name + ".lr' must be > 0 (got " + format_double(g.lr) + ")");
+             for (const char* key : {"lr", "weight_decay"})
+               if (t[key].node() && !std::isfinite(Reader::as_double(*t[key].node())))
+                 throw ConfigError(r.where(*t[key].node()) + ": key '" + name + "." + key + "' must be finite (got " +
+                                   format_double(Reader::as_double(*t[key].node())) + ")");
              if (!(g.weight_decay >= 0))
                throw ConfigError(r.where(*t["weight_decay"].node()) + ": key '" + name + ".weight_decay' must be >= 0 (got " + format_double(g.weight_decay) + ")");
              o.groups.push_back(g);

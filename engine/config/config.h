@@ -46,6 +46,7 @@ struct RunConfig {
   int threads = 1;            // BLAS threads per rank, >= 1
   ddp_device_kind device = DDP_DEVICE_CPU;  // "cpu" | "cuda" (GPU local_rank per rank)
   bool share_gpus = false;    // cuda: ranks beyond the GPU count share them (gloo only)
+  bool check_finite = true;   // a non-finite loss stops the run, naming the first non-finite parameter
 };
 
 struct ModelConfig {

@@ -10,6 +10,7 @@
 #include "trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -199,6 +200,22 @@ class RankRun {
     }
     rec.forward_s += seconds_since(t);
     timeline_->range("forward", m);
+    if (config_.run.check_finite && !std::isfinite(rec.loss)) throw Error(non_finite_loss(rec.loss));
+  }
+
+  // run.check_finite: a loss that is not a number stops the run; the first
+  // parameter that is not finite either says where it came from.
+  std::string non_finite_loss(double loss) const {
+    std::string text = "the loss is " + std::string(std::isnan(loss) ? "nan" : "inf") + "; ";
+    for (const Parameter& p : model_->params()) {
+      const std::vector<float> values = p.data.to_host();
+      for (size_t i = 0; i < values.size(); ++i)
+        if (!std::isfinite(values[i]))
+          return text + "the first parameter that is not finite is '" + p.name + "' (element " + std::to_string(i) +
+                 " is " + std::to_string(values[i]) + ") (run.check_finite = false lets the run go on)";
+    }
+    return text + "every parameter is finite: the data or the forward pass made it (run.check_finite = false "
+                  "lets the run go on)";
   }
 
   // Backward, firing on_grad_ready after each parameter's last use.
