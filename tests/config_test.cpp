@@ -288,6 +288,18 @@ TEST_F(ConfigTest, NonFiniteNumbersAreRefused) {
   EXPECT_FALSE(load_config(path, {"run.check_finite=false"}).run.check_finite);
 }
 
+// Hostile input (issue 13): a config that is not a regular file or is far
+// too large to be one, a batch beyond what a rank can index.
+TEST_F(ConfigTest, OnlyARegularFileOfBoundedSizeIsRead) {
+  EXPECT_EQ(load_error("/dev/zero"), "/dev/zero: cannot open config file");
+  const std::string big = write("big.toml", std::string(kMinimal) + "# " + std::string(2 << 20, 'x') + "\n");
+  EXPECT_EQ(load_error(big), big + ": " + std::to_string(std::filesystem::file_size(big)) +
+                                 " bytes is not a config file (at most 1048576)");
+  const std::string path = write("c.toml", kMinimal);
+  EXPECT_EQ(load_error(path, {"data.batch_size=4294967296"}),
+            "--set data.batch_size=4294967296: key 'data.batch_size' must be <= 2147483647 (got 4294967296)");
+}
+
 TEST_F(ConfigTest, ValueConstraints) {
   struct Case {
     std::string line, message;

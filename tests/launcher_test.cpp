@@ -307,4 +307,48 @@ TEST(Launcher, ANonFiniteLossStopsTheRunInItsStep) {
   fs::remove_all(dir);
 }
 
+// transport.hostname (issue 13): a name that does not resolve is refused
+// naming the key; ranks on two hosts with the loopback default are told to
+// set it instead of timing out. Two "hosts" here: rank 1 runs in a UTS
+// namespace of its own (unshare -u, as root) with another host name.
+TEST(Launcher, AHostnameThatDoesNotResolveIsRefusedByKey) {
+  std::string dir = temp_dir();
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
+                     "transport.hostname=no.such.host.invalid"},
+                    {}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  const std::string err = read_file(p.err);
+  EXPECT_NE(err.find(" failed: exited with code 1: transport plugin 'gloo': init: transport.hostname "
+                     "'no.such.host.invalid' does not resolve ("),
+            std::string::npos)
+      << err;
+  fs::remove_all(dir);
+}
+
+TEST(Launcher, RanksOnTwoHostsWithTheLoopbackAddressAreToldToSetTheHostname) {
+  if (geteuid() != 0 || system("unshare -u true 2>/dev/null") != 0) GTEST_SKIP() << "needs root for unshare -u";
+  std::string dir = temp_dir();
+  fs::create_directories(dir + "/rdzv");
+  const std::vector<std::string> env = {"WORLD_SIZE=2", "DDP_RENDEZVOUS=file:" + dir + "/rdzv"};
+  Process rank0 = start({"run", kRepo + "/configs/toy.toml", "--set", "run.timeout_s=3", "--set",
+                         "run.output_dir=\"" + dir + "/out\""},
+                        {"RANK=0", env[0], env[1]}, dir + "/rank0");
+  // Rank 1, as a script run in a namespace whose host name differs.
+  std::ofstream(dir + "/rank1.sh") << "hostname ddp-other-host\nexec env RANK=1 " << env[0] << " " << env[1] << " "
+                                   << kDdp << " run " << kRepo << "/configs/toy.toml --set run.timeout_s=3"
+                                   << " --set 'run.output_dir=\"" << dir << "/out\"' 2> " << dir << "/rank1.err\n";
+  EXPECT_NE(system(("unshare -u sh " + dir + "/rank1.sh").c_str()), 0);
+  EXPECT_EQ(wait_for(rank0, std::chrono::seconds(30)), 1);
+  const std::string err1 = read_file(dir + "/rank1.err");
+  EXPECT_NE(err1.find("ddp: rank 1: error: transport plugin 'gloo': init: this rank runs on host 'ddp-other-host', "
+                      "rank 0 on '"),
+            std::string::npos)
+      << err1;
+  EXPECT_NE(err1.find("but transport.hostname is '127.0.0.1', a loopback address the other hosts cannot reach: set "
+                      "it to this host's address\n"),
+            std::string::npos)
+      << err1;
+  fs::remove_all(dir);
+}
+
 }  // namespace

@@ -304,5 +304,30 @@ TEST_F(Safetensors, MissingFieldNamesTheTensor) {
   EXPECT_NE(msg.find("shape"), std::string::npos) << msg;
 }
 
+// Hostile files (issue 13): a shape whose product wraps around, a negative
+// dimension, a header over the format's cap or not an object, a directory.
+TEST_F(Safetensors, AShapeWhoseSizeWrapsAroundIsRefused) {
+  const std::string file = path("wrap");
+  // 2^62 * 4 floats of 4 bytes: 2^66 bytes, which wraps to 0 in 64 bits.
+  write_bytes(file, make_file(R"({"w":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})"));
+  EXPECT_EQ(read_error(file), file + ": tensor 'w': shape [4611686018427387904, 4] holds more bytes than this "
+                                     "machine can address");
+  write_bytes(file, make_file(R"({"w":{"dtype":"F32","shape":[-1,4],"data_offsets":[0,0]}})"));
+  EXPECT_EQ(read_error(file), file + ": tensor 'w': shape [-1, 4] has a negative dimension");
+}
+
+TEST_F(Safetensors, AHeaderOverTheFormatsCapOrNotAnObjectIsRefused) {
+  const std::string file = path("cap");
+  write_bytes(file, make_file("[1]", std::string(8, '\0')));
+  EXPECT_EQ(read_error(file), file + ": malformed safetensors header: not a JSON object");
+  write_bytes(file, make_file(std::string(100'000'001, ' ')));
+  EXPECT_EQ(read_error(file),
+            file + ": not a safetensors file (header length 100000001 is over the format's 100 MB)");
+}
+
+TEST_F(Safetensors, ADirectoryIsNotAFile) {
+  EXPECT_EQ(read_error(dir_), dir_ + ": cannot open safetensors file");
+}
+
 }  // namespace
 }  // namespace ddp

@@ -349,7 +349,7 @@ DataConfig read_data(const Reader& r, const std::string& model, int world_size) 
                         ": data.kind = \"tokens\" (a token file) needs model " + readers);
     }
   }
-  d.batch_size = r.integer("data", "batch_size", 0, 1);
+  d.batch_size = r.integer("data", "batch_size", 0, 1, INT_MAX);
   // The batch is global: every rank takes an equal share.
   if (d.batch_size % world_size != 0)
     throw ConfigError(r.where(*r.find("data", "batch_size")) + ": key 'data.batch_size' (" +

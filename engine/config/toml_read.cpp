@@ -13,6 +13,11 @@ namespace fs = std::filesystem;
 
 const char* const kSetPrefix = "--set ";
 
+namespace {
+// A config is a few kilobytes; this bounds what a wrong path makes us read.
+constexpr uintmax_t kMaxConfigBytes = 1 << 20;
+}  // namespace
+
 const char* type_name(toml::node_type type) {
   switch (type) {
     case toml::node_type::integer: return "an integer";
@@ -116,7 +121,10 @@ void apply_override(toml::table& doc, const std::string& arg) {
 toml::table parse_file(const std::string& path) {
   std::error_code ec;
   std::ifstream in(path, std::ios::binary);
-  if (!in || fs::is_directory(path, ec)) throw ConfigError(path + ": cannot open config file");
+  if (!in || !fs::is_regular_file(path, ec)) throw ConfigError(path + ": cannot open config file");
+  if (fs::file_size(path, ec) > kMaxConfigBytes)
+    throw ConfigError(path + ": " + std::to_string(fs::file_size(path, ec)) + " bytes is not a config file (at most " +
+                      std::to_string(kMaxConfigBytes) + ")");
   std::ostringstream text;
   text << in.rdbuf();
   try {

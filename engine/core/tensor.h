@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -13,12 +12,13 @@ namespace ddp {
 
 using Shape = std::vector<int64_t>;
 
-inline size_t numel_of(const Shape& shape) {
-  return std::accumulate(shape.begin(), shape.end(), size_t{1},
-                         [](size_t a, int64_t d) { return a * static_cast<size_t>(d); });
-}
-
 std::string shape_string(const Shape& shape);  // "[20, 10]"
+
+// The elements of `shape`. Throws Error (DDP_ERR_INVALID_ARGUMENT) for a
+// negative dimension, or a count whose bytes (`element_bytes` each) do not
+// fit in a size_t: a shape from a file or the config that wraps around must
+// not allocate less than it claims.
+size_t numel_of(const Shape& shape, size_t element_bytes = sizeof(float));
 
 class Tensor {
  public:

@@ -14,11 +14,18 @@
 namespace ddp {
 namespace {
 
+// Global row `offset` of micro-batch `micro` (batch rows each), counted
+// over the run; unsigned, so that an absurdly long run wraps instead of
+// overflowing.
+uint64_t global_row(int64_t micro, int64_t batch, int64_t offset) {
+  return uint64_t(micro) * uint64_t(batch) + uint64_t(offset);
+}
+
 // This rank's rows of one micro-batch, in buffers made once (activations).
 struct LocalRows {
   LocalRows(const DataShape& s, int64_t n, Device& device) : shape(s), rows(n) {
     if (shape.kind == DataShape::Tokens) {
-      ints.resize(size_t(rows * (shape.context + 1)));
+      ints.resize(numel_of({rows, shape.context + 1}, sizeof(int32_t)));
       return;
     }
     x = Tensor(device, {rows, shape.in}, MemCategory::Activations);
@@ -94,7 +101,7 @@ class InMemory final : public Dataset {
   Batch batch(int64_t micro) override {
     const int64_t w = row_width();
     for (int64_t i = 0; i < local_; ++i) {
-      const int64_t row = (micro * global_ + first_ + i) % rows_;
+      const int64_t row = int64_t(global_row(micro, global_, first_ + i) % uint64_t(rows_));
       if (shape_.kind == DataShape::Tokens) {
         std::memcpy(&out_.ints[size_t(i * w)], &tokens_[size_t(row * w)], size_t(w) * sizeof(int32_t));
         continue;
@@ -153,7 +160,7 @@ class RandomRows final : public Dataset {
 
   Batch batch(int64_t micro) override {
     for (int64_t i = 0; i < local_; ++i) {
-      std::mt19937_64 rng(seed_ * 0x9e3779b97f4a7c15ull + uint64_t(micro * global_ + first_ + i));
+      std::mt19937_64 rng(seed_ * 0x9e3779b97f4a7c15ull + global_row(micro, global_, first_ + i));
       if (shape_.kind == DataShape::Tokens) {
         std::uniform_int_distribution<int32_t> id(0, int32_t(shape_.vocab - 1));
         const int64_t w = shape_.context + 1;
@@ -211,7 +218,7 @@ class TokenFile final : public Dataset {
     const uint64_t starts = count_ - uint64_t(w) + 1;
     for (int64_t i = 0; i < local_; ++i) {
       // The window of global row g depends only on (seed, g).
-      const uint64_t g = uint64_t(micro * global_ + first_ + i);
+      const uint64_t g = global_row(micro, global_, first_ + i);
       std::mt19937_64 rng(seed_ * 0x9e3779b97f4a7c15ull + g);
       const uint64_t start = rng() % starts;
       for (int64_t k = 0; k < w; ++k) {

@@ -14,6 +14,9 @@
 namespace ddp {
 namespace {
 
+// The format caps its JSON header at 100 MB (huggingface/safetensors).
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
 size_t dtype_size(const std::string& dtype) {
   if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
   if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
@@ -33,8 +36,9 @@ std::vector<float> HostTensor::as_floats(const std::string& file, const std::str
 }
 
 std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
+  std::error_code ec;
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path + ": cannot open safetensors file");
+  if (!in || !std::filesystem::is_regular_file(path, ec)) throw ConfigError(path + ": cannot open safetensors file");
   in.seekg(0, std::ios::end);
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
   in.seekg(0);
@@ -46,6 +50,9 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
   if (header_len > file_size - 8)
     throw ConfigError(path + ": not a safetensors file (header length " + std::to_string(header_len) +
                 " exceeds the file)");
+  if (header_len > kMaxHeaderBytes)
+    throw ConfigError(path + ": not a safetensors file (header length " + std::to_string(header_len) +
+                      " is over the format's 100 MB)");
   std::string header(header_len, '\0');
   in.read(header.data(), static_cast<std::streamsize>(header_len));
   const uint64_t data_start = 8 + header_len, data_size = file_size - data_start;
@@ -56,6 +63,7 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
   } catch (const std::exception& e) {
     throw ConfigError(path + ": malformed safetensors header: " + e.what());
   }
+  if (!doc.is_object()) throw ConfigError(path + ": malformed safetensors header: not a JSON object");
   std::map<std::string, HostTensor> out;
   for (auto& [name, info] : doc.items()) {
     if (name == "__metadata__") continue;
@@ -68,7 +76,7 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
       if (esize == 0) throw ConfigError("unknown dtype " + t.dtype);
       if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size)
         throw ConfigError("data_offsets out of range");
-      if (offsets[1] - offsets[0] != numel_of(t.shape) * esize)
+      if (offsets[1] - offsets[0] != numel_of(t.shape, esize) * esize)
         throw ConfigError("data_offsets do not match shape " + shape_string(t.shape));
       t.bytes.resize(offsets[1] - offsets[0]);
       in.seekg(static_cast<std::streamoff>(data_start + offsets[0]));

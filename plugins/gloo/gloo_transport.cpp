@@ -31,6 +31,12 @@
 
 #include "direct.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -349,6 +355,38 @@ void reduce_in_place(ddp_comm* comm, T* ptr, size_t count, ddp_reduce_op op, uin
 
 // ------------------------------------------------------------------ entries
 
+// The address this rank listens on (transport.hostname) must resolve, and
+// a loopback one serves only ranks on this machine: every rank publishes its
+// host name, and one that is not on rank 0's host is refused at once
+// instead of timing out.
+ddp_status check_listen_address(const ddp_host* host, const std::string& hostname) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(hostname.c_str(), nullptr, &hints, &found))
+    return fail(host, DDP_ERR_INVALID_ARGUMENT,
+                "transport.hostname '" + hostname + "' does not resolve (" + gai_strerror(rc) + ")");
+  bool loopback = false;
+  for (const addrinfo* a = found; a; a = a->ai_next) {
+    if (a->ai_family == AF_INET)
+      loopback |= (ntohl(reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+    if (a->ai_family == AF_INET6) loopback |= IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr);
+  }
+  freeaddrinfo(found);
+  if (!loopback || host->world_size == 1) return DDP_OK;
+  char mine[256] = {};
+  gethostname(mine, sizeof mine - 1);
+  HostStore store(host);
+  store.set("ddp_host_" + std::to_string(host->rank), std::vector<char>(mine, mine + std::strlen(mine)));
+  if (host->rank == 0) return DDP_OK;
+  const std::vector<char> first = store.get("ddp_host_0");
+  if (std::string(first.begin(), first.end()) == mine) return DDP_OK;
+  return fail(host, DDP_ERR_INVALID_ARGUMENT,
+              "this rank runs on host '" + std::string(mine) + "', rank 0 on '" + std::string(first.begin(), first.end()) +
+                  "', but transport.hostname is '" + hostname +
+                  "', a loopback address the other hosts cannot reach: set it to this host's address");
+}
+
 ddp_status gloo_init(const ddp_host* host, ddp_comm** out) {
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -369,6 +407,7 @@ ddp_status gloo_init(const ddp_host* host, ddp_comm** out) {
       return fail(host, DDP_ERR_INVALID_ARGUMENT,
                   "transport.algorithm must be \"auto\", \"direct\", \"ring\" or \"bcube\" (got \"" + name + "\")");
     }
+    if (ddp_status st = check_listen_address(host, hostname)) return st;
     gloo::transport::tcp::attr attr;
     attr.hostname = hostname;
     comm->device = gloo::transport::tcp::CreateDevice(attr);
