@@ -9,8 +9,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <sstream>
 
+#include "atomic_file.h"
 #include "bench_comm.h"
 #include "config.h"
 #include "launcher.h"
@@ -52,6 +54,10 @@ int run_as_rank(const Config& config) {
           throw ConfigError("WORLD_SIZE=" + std::to_string(env.rank.world_size) +
                             " in the environment but run.world_size = " + std::to_string(config.run.world_size) +
                             " in " + config.file);
+        // Under another launcher rank 0 holds the output directory itself.
+        std::unique_ptr<DirectoryLock> lock;
+        if (env.rank.rank == 0 && !std::getenv("DDP_STATUS_FD"))
+          lock = std::make_unique<DirectoryLock>(config.run.output_dir, "run.output_dir");
         train_rank(config, env);
       },
       std::chrono::milliseconds(int64_t(config.run.timeout_s * 1000)), timeout_note(config));
@@ -82,6 +88,7 @@ int launch_run(const Config& config, const std::string& config_path, const std::
       std::cout << "trace: " << merged << " (open it in https://ui.perfetto.dev or chrome://tracing)\n";
     };
   }
+  const DirectoryLock lock(config.run.output_dir, "run.output_dir");  // one run per output directory
   return launch_ranks(spec);
 }
 

@@ -351,4 +351,63 @@ TEST(Launcher, RanksOnTwoHostsWithTheLoopbackAddressAreToldToSetTheHostname) {
   fs::remove_all(dir);
 }
 
+// One run per output directory, and a rendezvous store is not reused
+// silently (issue 13).
+TEST(Launcher, ASecondRunIntoTheSameOutputDirectoryIsRefused) {
+  std::string dir = temp_dir();
+  Process first = start_long_run(dir, 30);
+  Process second = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\""}, {},
+                         dir + "/second");
+  EXPECT_EQ(wait_for(second, std::chrono::seconds(30)), 1);
+  EXPECT_EQ(read_file(second.err), "ddp: error: " + dir + "/out is in use by another ddp run (pid " +
+                                       std::to_string(first.pid) + "): give this one another run.output_dir\n");
+  kill(first.pid, SIGINT);
+  EXPECT_EQ(wait_for(first, std::chrono::seconds(30)), 130);
+  EXPECT_FALSE(fs::exists(dir + "/out/.ddp.lock")) << "the lock outlived its run";
+  fs::remove_all(dir);
+}
+
+TEST(Launcher, AReusedRendezvousStoreIsExplained) {
+  std::string dir = temp_dir();
+  fs::create_directories(dir + "/rdzv");
+  auto rank = [&](int r, const std::string& tag) {
+    return start({"run", kRepo + "/configs/toy.toml", "--set", "run.timeout_s=5", "--set",
+                  "run.output_dir=\"" + dir + "/" + tag + "\""},
+                 {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "DDP_RENDEZVOUS=file:" + dir + "/rdzv"},
+                 dir + "/" + tag + std::to_string(r));
+  };
+  std::vector<Process> first = {rank(0, "a"), rank(1, "a")};
+  for (auto& p : first) EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 0) << read_file(p.err);
+  Process again = rank(1, "b");
+  EXPECT_EQ(wait_for(again, std::chrono::seconds(30)), 1);
+  EXPECT_EQ(read_file(again.err), "ddp: rank 1: error: the rendezvous store file:" + dir +
+                                      "/rdzv already holds a run named 'ddp' (keys an earlier run left): give each "
+                                      "run a fresh directory, or a DDP_RUN_ID of its own\n");
+  fs::remove_all(dir);
+}
+
+// A full disk (issue 13): the reason reaches the user, naming the file, and
+// nothing half-written or temporary is left. The disk is a 64 KiB tmpfs in a
+// mount namespace of the run's own (unshare -m, as root).
+TEST(Launcher, AFullDiskIsNamedAndLeavesNothingHalfWritten) {
+  if (geteuid() != 0 || system("unshare -m true 2>/dev/null") != 0) GTEST_SKIP() << "needs root for unshare -m";
+  std::string dir = temp_dir();
+  fs::create_directories(dir + "/out");
+  std::ofstream(dir + "/run.sh") << "mount -t tmpfs -o size=64k tmpfs " << dir << "/out || exit 99\n"
+                                 << kDdp << " run " << kRepo << "/configs/toy.toml --set 'model.name=\"lm\"'"
+                                 << " --set 'data.path=\"\"' --set run.steps=1 --set 'run.output_dir=\"" << dir
+                                 << "/out\"' 2> " << dir << "/err\ncode=$?\nls -A " << dir << "/out > " << dir
+                                 << "/listing\nexit $code\n";
+  const int status = system(("unshare -m sh " + dir + "/run.sh").c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_NE(WEXITSTATUS(status), 99) << "could not mount a tmpfs";
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_EQ(read_file(dir + "/err"),
+            "ddp: rank 0 failed: exited with code 1: " + dir +
+                "/out/weights.safetensors: cannot write file (No space left on device)\n"
+                "ddp: stopped the other ranks; run failed\n");
+  EXPECT_EQ(read_file(dir + "/listing"), "") << "left on the full disk";
+  fs::remove_all(dir);
+}
+
 }  // namespace

@@ -430,6 +430,7 @@ int bench_comm(const BenchOptions& options) {
   for (size_t s : options.sizes) sizes.push_back(format_size(s));
   for (Collective op : options.ops) ops.push_back(to_string(op));
   plugin_section_from_overrides("transport", options.transport_sets);  // bad --set: refused before any rank starts
+  const DirectoryLock lock(options.out_dir, "--out");
   std::vector<Row> rows;
   int code = 0;
   for (const std::string& transport : options.transports) {

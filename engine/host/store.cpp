@@ -8,19 +8,36 @@
 #include "error.h"
 
 namespace ddp {
+namespace {
+
+// Gloo's stores, with their protected check (does a key exist, without
+// waiting) in reach.
+class FileStore final : public gloo::rendezvous::FileStore {
+ public:
+  using gloo::rendezvous::FileStore::FileStore;
+  bool holds(const std::vector<std::string>& keys) { return check(keys); }
+};
+
+class RedisStore final : public gloo::rendezvous::RedisStore {
+ public:
+  using gloo::rendezvous::RedisStore::RedisStore;
+  bool holds(const std::vector<std::string>& keys) { return check(keys); }
+};
+
+}  // namespace
 
 Store::Store(const std::string& location, const std::string& prefix,
              std::chrono::milliseconds timeout)
-    : timeout_(timeout) {
+    : location_(location), prefix_(prefix), timeout_(timeout) {
   try {
     if (location.rfind("file:", 0) == 0) {
-      base_ = std::make_unique<gloo::rendezvous::FileStore>(location.substr(5));
+      base_ = std::make_unique<FileStore>(location.substr(5));
     } else if (location.rfind("redis:", 0) == 0) {
       std::string rest = location.substr(6);
       auto colon = rest.rfind(':');
       std::string host = colon == std::string::npos ? rest : rest.substr(0, colon);
       int port = colon == std::string::npos ? 6379 : std::stoi(rest.substr(colon + 1));
-      base_ = std::make_unique<gloo::rendezvous::RedisStore>(host, port);
+      base_ = std::make_unique<RedisStore>(host, port);
     } else {
       throw Error("rendezvous location '" + location + "' is neither file:<shared dir> nor redis:<host>:<port>",
                   DDP_ERR_INVALID_ARGUMENT);
@@ -60,6 +77,27 @@ void Store::wait(const std::vector<std::string>& keys) {
                     " ms waiting for other ranks: " + e.what(),
                 DDP_ERR_TIMEOUT);
   }
+}
+
+bool Store::holds(const std::string& key) const {
+  const std::vector<std::string> keys = {prefix_ + "/" + key};  // as gloo's PrefixStore joins them
+  if (auto* file = dynamic_cast<FileStore*>(base_.get())) return file->holds(keys);
+  if (auto* redis = dynamic_cast<RedisStore*>(base_.get())) return redis->holds(keys);
+  return false;
+}
+
+void Store::claim(int rank) {
+  const std::string key = "ddp_started_" + std::to_string(rank);
+  bool taken = false;
+  try {
+    taken = holds(key);
+  } catch (const std::exception&) {  // a store that cannot answer fails at its first use instead
+  }
+  if (taken)
+    throw Error("the rendezvous store " + location_ + " already holds a run named '" + prefix_ +
+                    "' (keys an earlier run left): give each run a fresh directory, or a DDP_RUN_ID of its own",
+                DDP_ERR_INVALID_ARGUMENT);
+  set(key, {'1'});
 }
 
 }  // namespace ddp

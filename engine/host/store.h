@@ -29,7 +29,15 @@ class Store {
   void wait(const std::vector<std::string>& keys);
   std::chrono::milliseconds timeout() const { return timeout_; }
 
+  // Marks rank `rank` as started in this run. Throws Error naming the store
+  // and the run id if a rank of that number already started under this id:
+  // the store holds an earlier run's keys (a reused directory, or Redis with
+  // the default run id), which would fail later, in words that do not say so.
+  void claim(int rank);
+
  private:
+  bool holds(const std::string& key) const;  // without waiting
+  std::string location_, prefix_;
   std::unique_ptr<gloo::rendezvous::Store> base_;
   std::unique_ptr<gloo::rendezvous::Store> prefixed_;
   std::chrono::milliseconds timeout_;

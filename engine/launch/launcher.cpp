@@ -43,6 +43,17 @@ int env_int(const char* name) {
   throw Error(std::string("environment variable ") + name + "='" + v + "' is not an integer", DDP_ERR_INVALID_ARGUMENT);
 }
 
+// A run id every rank of one launch agrees on and the next launch does not
+// reuse, from the launcher that started the ranks (SLURM, Open MPI's PMIx,
+// torchrun); "ddp" when none says (ranks started by hand: set DDP_RUN_ID).
+std::string default_run_id() {
+  if (const char* job = std::getenv("SLURM_JOB_ID"))
+    return std::string("slurm-") + job + "." + env_or("SLURM_STEP_ID", "0");
+  if (const char* ns = std::getenv("PMIX_NAMESPACE")) return std::string("pmix-") + ns;
+  if (const char* id = std::getenv("TORCHELASTIC_RUN_ID")) return std::string("torchrun-") + id;
+  return "ddp";
+}
+
 std::vector<std::vector<std::string>> environments(const LaunchSpec& spec, const std::string& run_dir) {
   std::vector<std::string> unset = spec.unset;
   unset.push_back("DDP_STATUS_FD");  // spawn_ranks sets each rank's own
@@ -112,7 +123,7 @@ int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milli
       throw Error("RANK is set but DDP_RENDEZVOUS is not: set it to file:<directory shared by all ranks> "
                   "(fresh for each run) or redis:<host>:<port>",
                   DDP_ERR_INVALID_ARGUMENT);
-    env.run_id = env_or("DDP_RUN_ID", "ddp");
+    env.run_id = env_or("DDP_RUN_ID", default_run_id());
     const Watchdog watchdog(rank, timeout + Watchdog::kGrace, timeout_note + " plus 7 s");
     body(env);
     whereabouts::send_line("completed\n", 10);

@@ -85,6 +85,7 @@ class RankRun {
     check_unfreeze(config_.unfreeze, *model_, config_.model.name);
     store_ = std::make_unique<Store>(env_.rendezvous, env_.run_id,
                                      std::chrono::milliseconds(int64_t(config_.run.timeout_s * 1000)));
+    store_->claim(r.rank);
     services_.rank = r;
     services_.device = device_.get();
     services_.model = model_.get();
