@@ -410,4 +410,25 @@ TEST(Launcher, AFullDiskIsNamedAndLeavesNothingHalfWritten) {
   fs::remove_all(dir);
 }
 
+// Ranks given different configs are refused before training (issue 13),
+// every rank with the same words.
+TEST(Launcher, RanksGivenDifferentConfigsAreRefusedBeforeTraining) {
+  std::string dir = temp_dir();
+  fs::create_directories(dir + "/rdzv");
+  std::vector<Process> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.push_back(start({"run", kRepo + "/configs/toy.toml", "--set", "optimizer.lr=" + std::string(r ? "0.2" : "0.1"),
+                           "--set", "run.output_dir=\"" + dir + "/out" + std::to_string(r) + "\""},
+                          {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "DDP_RENDEZVOUS=file:" + dir + "/rdzv"},
+                          dir + "/rank" + std::to_string(r)));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(wait_for(ranks[r], std::chrono::seconds(60)), 1);
+    EXPECT_EQ(read_file(ranks[r].err), "ddp: rank " + std::to_string(r) +
+                                           ": error: the ranks disagree on config optimizer.lr: rank 0 has 0.1, "
+                                           "rank 1 0.2: every rank must train the same model with the same config\n");
+    EXPECT_EQ(read_file(ranks[r].out), "") << "a step ran";
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace

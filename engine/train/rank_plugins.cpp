@@ -7,7 +7,14 @@
 
 namespace ddp {
 
-RankPlugins::RankPlugins(const Config& config, HostServices& services, Trace* trace) : services_(services) {
+RankPlugins::RankPlugins(const Config& config, HostServices& services) : services_(services) {
+  transport_lib_ = load_plugin(PluginKind::Transport, config.transport_plugin);
+  require_device_cap("transport", transport_lib_->transport()->name, transport_lib_->transport()->caps);
+  strategy_lib_ = load_plugin(PluginKind::Strategy, config.strategy_plugin);
+  require_device_cap("strategy", strategy_api().name, strategy_api().caps);
+}
+
+void RankPlugins::start(const Config& config, Trace* trace) {
   try {
     start_transport(config);  // config → engine → transport
     start_strategy(config, trace);  // engine → strategy (→ transport, metered)
@@ -20,10 +27,14 @@ RankPlugins::RankPlugins(const Config& config, HostServices& services, Trace* tr
 
 RankPlugins::~RankPlugins() { shutdown(); }
 
+std::string RankPlugins::identity() const {
+  const ddp_transport_v1_t& t = *transport_lib_->transport();
+  return std::string("transport ") + t.name + " " + t.version + ", strategy " + strategy_api().name + " " +
+         strategy_api().version;
+}
+
 void RankPlugins::start_transport(const Config& config) {
-  transport_lib_ = load_plugin(PluginKind::Transport, config.transport_plugin);
   const ddp_transport_v1_t* t = transport_lib_->transport();
-  require_device_cap("transport", t->name, t->caps);
   transport_host_ =
       std::make_unique<PluginHost>(services_, config.transport, std::string("transport plugin '") + t->name + "'");
   ddp_status status;
@@ -36,9 +47,7 @@ void RankPlugins::start_transport(const Config& config) {
 }
 
 void RankPlugins::start_strategy(const Config& config, Trace* trace) {
-  strategy_lib_ = load_plugin(PluginKind::Strategy, config.strategy_plugin);
   const ddp_strategy_v1_t* s = strategy_lib_->strategy();
-  require_device_cap("strategy", s->name, s->caps);
   strategy_host_ =
       std::make_unique<PluginHost>(services_, config.strategy, std::string("strategy plugin '") + s->name + "'");
   metered_ = std::make_unique<MeteredTransport>(transport_lib_->transport(), comm_, services_,

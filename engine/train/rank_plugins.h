@@ -1,9 +1,9 @@
 // rank_plugins.h — this rank's transport and strategy, in the order the ABI
 // gives them life and takes it back:
-//   start:    load the transport, check its device cap, init (the
-//             rendezvous), check its keys were all read; load the strategy,
-//             check its cap, create it over the metered transport, check its
-//             keys;
+//   load:     both libraries, each checked for the run's device;
+//   start:    init the transport (the rendezvous), check its keys were all
+//             read; create the strategy over the metered transport, check
+//             its keys;
 //   shutdown: drain the streams, destroy the strategy, drain (destroy may
 //             enqueue), destroy the transport, drain, unload both libraries.
 // After a failure, abort() first: it makes the transport fail what it still
@@ -35,11 +35,17 @@ namespace ddp {
 
 class RankPlugins {
  public:
-  // Starts both plugins for `config` over `services` (device, store, rank
-  // set). `trace` (or null) records the strategy's collectives. Throws
-  // Error; whatever started is shut down again.
-  // `config` must outlive this object (the plugins' hosts read its tables).
-  RankPlugins(const Config& config, HostServices& services, Trace* trace);
+  // Loads both plugins for `config` and checks they support the device of
+  // `services`; start() starts them. Throws Error naming a plugin that
+  // cannot be loaded.
+  RankPlugins(const Config& config, HostServices& services);
+  // Starts both plugins (services' device, store and rank set); `trace` (or
+  // null) records the strategy's collectives. Throws Error; whatever
+  // started is shut down again. `config` must outlive this object (the
+  // plugins' hosts read its tables).
+  void start(const Config& config, Trace* trace);
+  // "transport gloo 0.3.0, strategy naive 0.1.0": what ranks must agree on.
+  std::string identity() const;
   ~RankPlugins();  // shutdown(), if not done; never throws
   RankPlugins(const RankPlugins&) = delete;
   RankPlugins& operator=(const RankPlugins&) = delete;

@@ -17,6 +17,7 @@
 
 #include <cblas.h>
 
+#include "agreement.h"
 #include "data.h"
 #include "model_setup.h"
 #include "nvtx.h"
@@ -96,7 +97,9 @@ class RankRun {
     };
     services_.refresh_param_table();
     refresh_trainable();
-    plugins_ = std::make_unique<RankPlugins>(config_, services_, timeline_->trace());
+    plugins_ = std::make_unique<RankPlugins>(config_, services_);
+    plugins_->start(config_, timeline_->trace());
+    agree_before_training(*store_, r, fingerprint(config_, model_->params(), plugins_->identity()));
     remaining_uses_.assign(model_->params().size(), 0);
   }
 

@@ -1,0 +1,126 @@
+// agreement.cpp — see agreement.h.
+#include "agreement.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <toml++/toml.h>
+
+namespace ddp {
+namespace {
+
+// Keys that may differ from rank to rank: where a rank writes, how often it
+// prints, its BLAS threads, the address it listens on.
+bool rank_local(const std::string& key) {
+  return key == "run.output_dir" || key == "run.log_every" || key == "run.threads" || key == "transport.hostname";
+}
+
+// The shortest text that reads back as `x` exactly: 0.1, not
+// 0.10000000000000001 (equal texts are equal values).
+std::string shortest(double x) {
+  char text[32];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, x);
+    if (std::strtod(text, nullptr) == x) break;
+  }
+  return text;
+}
+
+// A value as the fingerprint holds it: TOML's text, floats the shortest.
+std::string value_text(const toml::node& node) {
+  if (const auto* f = node.as_floating_point()) return shortest(f->get());
+  std::string out;
+  if (const toml::array* a = node.as_array()) {
+    for (const toml::node& e : *a) out += (out.empty() ? "" : ", ") + value_text(e);
+    return "[" + out + "]";
+  }
+  if (const toml::table* t = node.as_table()) {
+    for (auto&& [k, v] : *t) out += (out.empty() ? "" : ", ") + std::string(k.str()) + " = " + value_text(v);
+    return "{" + out + "}";
+  }
+  std::ostringstream text;
+  node.visit([&](auto&& v) { text << v; });
+  return text.str();
+}
+
+// "config section.key" → its value, for every key of `doc` but the rank-local.
+void flatten(const toml::table& doc, Fingerprint& out) {
+  for (auto&& [section, node] : doc) {
+    const toml::table* table = node.as_table();
+    if (!table) continue;
+    for (auto&& [key, value] : *table) {
+      const std::string name = std::string(section.str()) + "." + std::string(key.str());
+      if (!rank_local(name)) out["config " + name] = value_text(value);
+    }
+  }
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+  return out;
+}
+
+std::string show(const std::string& value) { return value.empty() ? "(nothing)" : value; }
+
+}  // namespace
+
+Fingerprint fingerprint(const Config& config, const std::vector<Parameter>& params, const std::string& plugins) {
+  Fingerprint f;
+  flatten(toml::parse(config.toml_text, config.file), f);
+  f["plugins"] = plugins;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string index = std::to_string(i);
+    f["parameter " + std::string(6 - std::min<size_t>(6, index.size()), '0') + index] =
+        params[i].name + " " + shape_string(params[i].shape) + " float32";
+  }
+  return f;
+}
+
+std::string first_difference(const Fingerprint& base, int base_rank,
+                             const std::vector<std::pair<int, Fingerprint>>& others) {
+  // The items of every rank, in order: the first one anyone differs on.
+  Fingerprint all = base;
+  for (const auto& [rank, f] : others) all.insert(f.begin(), f.end());
+  for (const auto& [item, unused] : all) {
+    const auto mine = base.find(item);
+    const std::string expected = mine == base.end() ? "" : mine->second;
+    std::vector<int> differ;
+    std::string theirs;
+    for (const auto& [rank, f] : others) {
+      const auto it = f.find(item);
+      const std::string value = it == f.end() ? "" : it->second;
+      if (value == expected) continue;
+      if (differ.empty()) theirs = value;
+      differ.push_back(rank);
+    }
+    if (differ.empty()) continue;
+    return "the ranks disagree on " + item + ": rank " + std::to_string(base_rank) + " has " + show(expected) +
+           ", rank" + (differ.size() > 1 ? "s " : " ") + join_ranks(differ) + " " + show(theirs) +
+           (differ.size() > 1 ? " (or another value)" : "") +
+           ": every rank must train the same model with the same config";
+  }
+  return "";
+}
+
+void agree_before_training(Store& store, const RankInfo& rank, const Fingerprint& mine) {
+  const std::string text = nlohmann::json(mine).dump();
+  store.set("ddp_agree_" + std::to_string(rank.rank), std::vector<char>(text.begin(), text.end()));
+  if (rank.rank == 0) {
+    std::vector<std::pair<int, Fingerprint>> others;
+    for (int r = 1; r < rank.world_size; ++r) {
+      const std::vector<char> theirs = store.get("ddp_agree_" + std::to_string(r));
+      others.emplace_back(r, nlohmann::json::parse(theirs.begin(), theirs.end()).get<Fingerprint>());
+    }
+    const std::string verdict = "verdict " + first_difference(mine, 0, others);
+    store.set("ddp_agree_verdict", std::vector<char>(verdict.begin(), verdict.end()));
+  }
+  const std::vector<char> reply = store.get("ddp_agree_verdict");
+  const std::string verdict(reply.begin() + std::min<size_t>(8, reply.size()), reply.end());  // past "verdict "
+  if (!verdict.empty()) throw ConfigError(verdict);
+}
+
+}  // namespace ddp

@@ -1,0 +1,75 @@
+// agreement_test.cpp — ranks agree before they train (engine/train/
+// agreement.h): the fingerprint of a config, its plugins and parameters,
+// and the first difference between ranks, named with the ranks that differ.
+#include <gtest/gtest.h>
+
+#include "agreement.h"
+#include "device.h"
+#include "registry.h"
+
+namespace ddp {
+namespace {
+
+Config config_from(const std::string& extra) {
+  return validate_config(toml::parse("[run]\nsteps = 2\noutput_dir = \"out\"\nthreads = 2\n[model]\nname = \"toy\"\n"
+                                     "[data]\nbatch_size = 4\n[optimizer]\nlr = 0.1\nbetas = [0.9, 0.999]\n"
+                                     "name = \"adamw\"\n" + extra),
+                         "t.toml");
+}
+
+std::vector<Parameter> toy_params(CpuDevice& device) {
+  DataShape shape;
+  auto model = build_model("toy", default_model_options("toy"), device, 0, &shape);
+  return std::move(model->params());
+}
+
+TEST(Agreement, TheFingerprintHoldsConfigPluginsAndParametersButNotRankLocalKeys) {
+  CpuDevice device;
+  const auto params = toy_params(device);
+  const Fingerprint f = fingerprint(config_from(""), params, "transport gloo 0.3.0, strategy naive 0.1.0");
+  EXPECT_EQ(f.at("config optimizer.lr"), "0.1");  // the shortest exact text
+  EXPECT_EQ(f.at("config optimizer.betas"), "[0.9, 0.999]");
+  EXPECT_EQ(f.at("plugins"), "transport gloo 0.3.0, strategy naive 0.1.0");
+  EXPECT_EQ(f.at("parameter 000000"), "no_grad_fixed_param [2] float32");
+  EXPECT_EQ(f.at("parameter 000002"), "fc2.fc.weight [50, 10] float32");
+  EXPECT_FALSE(f.count("config run.output_dir"));
+  EXPECT_FALSE(f.count("config run.threads"));
+}
+
+TEST(Agreement, EqualRanksAgree) {
+  CpuDevice device;
+  const Fingerprint f = fingerprint(config_from(""), toy_params(device), "p");
+  EXPECT_EQ(first_difference(f, 0, {{1, f}, {2, f}}), "");
+}
+
+TEST(Agreement, TheFirstDifferenceNamesTheItemAndTheRanks) {
+  CpuDevice device;
+  const auto params = toy_params(device);
+  const Fingerprint base = fingerprint(config_from(""), params, "p");
+  const Fingerprint lr = fingerprint(validate_config(toml::parse(
+      "[run]\nsteps = 2\n[model]\nname = \"toy\"\n[data]\nbatch_size = 4\n[optimizer]\nlr = 0.2\n"
+      "betas = [0.9, 0.999]\nname = \"adamw\"\n"), "t.toml"), params, "p");
+  EXPECT_EQ(first_difference(base, 0, {{1, base}, {2, lr}, {3, lr}}),
+            "the ranks disagree on config optimizer.lr: rank 0 has 0.1, ranks 2 and 3 0.2 (or another value): every "
+            "rank must train the same model with the same config");
+  // A value of 0.1 + 1e-17 is not 0.1: no digit is lost.
+  Fingerprint near = base;
+  near["config optimizer.lr"] = "0.10000000000000002";
+  EXPECT_NE(first_difference(base, 0, {{1, near}}), "");
+  // A key only one rank has, and another model.
+  Fingerprint extra = base;
+  extra["config run.grad_accum_steps"] = "2";
+  EXPECT_EQ(first_difference(base, 0, {{1, extra}}),
+            "the ranks disagree on config run.grad_accum_steps: rank 0 has (nothing), rank 1 2: every rank must "
+            "train the same model with the same config");
+  Fingerprint model = base;
+  model["parameter 000002"] = "fc2.fc.weight [60, 10] float32";
+  EXPECT_EQ(first_difference(base, 0, {{1, model}}).rfind("the ranks disagree on parameter 000002: rank 0 has "
+                                                          "fc2.fc.weight [50, 10] float32, rank 1 fc2.fc.weight "
+                                                          "[60, 10] float32",
+                                                          0),
+            0u);
+}
+
+}  // namespace
+}  // namespace ddp
