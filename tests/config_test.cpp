@@ -288,6 +288,20 @@ TEST_F(ConfigTest, NonFiniteNumbersAreRefused) {
   EXPECT_FALSE(load_config(path, {"run.check_finite=false"}).run.check_finite);
 }
 
+// The replica check (issue 13): every 10 steps by default, 0 for only at
+// the end, never negative; run.debug_collectives off by default.
+TEST_F(ConfigTest, ReplicaChecksAndCollectiveDebugging) {
+  const std::string path = write("c.toml", kMinimal);
+  EXPECT_EQ(load_config(path).run.check_replicas_every, 10);
+  EXPECT_EQ(load_config(path, {"run.check_replicas_every=0"}).run.check_replicas_every, 0);
+  EXPECT_EQ(load_error(path, {"run.check_replicas_every=-1"}),
+            "--set run.check_replicas_every=-1: key 'run.check_replicas_every' must be >= 0 (got -1)");
+  EXPECT_FALSE(load_config(path).run.debug_collectives);
+  EXPECT_TRUE(load_config(path, {"run.debug_collectives=true"}).run.debug_collectives);
+  EXPECT_EQ(load_error(path, {"run.debug_collectives=1"}),
+            "--set run.debug_collectives=1: key 'run.debug_collectives' must be a boolean, not an integer");
+}
+
 // Hostile input (issue 13): a config that is not a regular file or is far
 // too large to be one, a batch beyond what a rank can index.
 TEST_F(ConfigTest, OnlyARegularFileOfBoundedSizeIsRead) {

@@ -240,13 +240,14 @@ TEST(Launcher, WorldSizeMismatchIsRefused) {
 // `entry` at `step` on `rank`: the run must end within the timeout, naming
 // the rank, the step, the plugin and the entry.
 Process start_faulty(const std::string& dir, const std::string& fault, const std::string& entry, int step,
-                     int rank, int timeout_s = 10) {
-  return start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
-                "strategy.plugin=" + std::string(DDP_TEST_BROKEN_PLUGIN_DIR) + "/libddp_strategy_faulty.so", "--set",
-                "strategy.fault=" + fault, "--set", "strategy.entry=" + entry, "--set",
-                "strategy.step=" + std::to_string(step), "--set", "strategy.rank=" + std::to_string(rank), "--set",
-                "run.timeout_s=" + std::to_string(timeout_s)},
-               {}, dir + "/ddp");
+                     int rank, int timeout_s = 10, const std::vector<std::string>& more = {}) {
+  std::vector<std::string> args = {
+      "run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
+      "strategy.plugin=" + std::string(DDP_TEST_BROKEN_PLUGIN_DIR) + "/libddp_strategy_faulty.so", "--set",
+      "strategy.fault=" + fault, "--set", "strategy.entry=" + entry, "--set", "strategy.step=" + std::to_string(step),
+      "--set", "strategy.rank=" + std::to_string(rank), "--set", "run.timeout_s=" + std::to_string(timeout_s)};
+  args.insert(args.end(), more.begin(), more.end());
+  return start(args, {}, dir + "/ddp");
 }
 
 TEST(Launcher, ACrashInAPluginNamesThePluginTheEntryAndTheStep) {
@@ -284,6 +285,56 @@ TEST(Launcher, APluginEntryThatNeverReturnsEndsTheRunWithinTheTimeout) {
             std::string::npos)
       << err;
   EXPECT_NE(err.find(" (run.timeout_s = 2 plus 7 s); the rank was stopped\n"), std::string::npos) << err;
+  fs::remove_all(dir);
+}
+
+// The replica check (issue 13): the faulty strategy with no fault issues no
+// collective at all, so each rank trains on its own data and the replicas
+// drift apart; the check after step 2 stops the run naming the parameter.
+TEST(Launcher, ReplicasThatDriftApartStopTheRun) {
+  std::string dir = temp_dir();
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
+                     "strategy.plugin=" + std::string(DDP_TEST_BROKEN_PLUGIN_DIR) + "/libddp_strategy_faulty.so",
+                     "--set", "run.check_replicas_every=2"},
+                    {}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  const std::string err = read_file(p.err);
+  EXPECT_NE(err.find(" failed in step 2: exited with code 1: the replicas differ after step 2: parameter "
+                     "'fc1.weight' of rank 1 differs from rank 0's (a strategy that reduced the wrong buffers or "
+                     "skipped one, or ranks given other data; run.debug_collectives = true compares every "
+                     "collective across ranks)\n"),
+            std::string::npos)
+      << err;
+  EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
+  fs::remove_all(dir);
+}
+
+// run.debug_collectives (issue 13): rank 1 all-reduces each gradient one
+// element short; the check names both sides before the collective runs.
+// With a correct strategy it changes no bit of the result.
+TEST(Launcher, DebugCollectivesNamesTheCollectiveTheRanksDisagreeOn) {
+  std::string dir = temp_dir();
+  Process p = start_faulty(dir, "mismatch", "none", 0, 1, 10, {"--set", "run.debug_collectives=true"});
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  const std::string err = read_file(p.err);
+  EXPECT_NE(err.find(" failed in step 1: exited with code 1: strategy plugin 'faulty': on_grad_ready: "
+                     "run.debug_collectives: the ranks disagree on collective #1: rank 0 calls all_reduce (avg) of "
+                     "250 float32 (parameter 'fc3.weight'), rank 1 calls all_reduce (avg) of 249 float32 (parameter "
+                     "'fc3.weight'): every rank must issue the same collectives in the same order\n"),
+            std::string::npos)
+      << err;
+  for (const char* strategy : {"overlap", "sharded"}) {
+    const std::string on = dir + "/" + strategy + "-on", off = dir + "/" + strategy + "-off";
+    Process a = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + on + "\"", "--set",
+                       std::string("strategy.plugin=") + strategy, "--set", "run.debug_collectives=true"},
+                      {}, on);
+    EXPECT_EQ(wait_for(a, std::chrono::seconds(60)), 0) << read_file(a.err);
+    Process b = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + off + "\"", "--set",
+                       std::string("strategy.plugin=") + strategy},
+                      {}, off);
+    EXPECT_EQ(wait_for(b, std::chrono::seconds(60)), 0) << read_file(b.err);
+    EXPECT_EQ(read_file(on + "/weights.safetensors"), read_file(off + "/weights.safetensors")) << strategy;
+  }
   fs::remove_all(dir);
 }
 

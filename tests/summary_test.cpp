@@ -82,6 +82,20 @@ TEST(Summary, RanksAgreeOnlyIfTheyIssuedTheSameCollectives) {
   EXPECT_EQ(s["ranks"][1]["peak_bytes"]["parameters"], 100);
 }
 
+// Which steps' replicas were proven equal (0: the end of the run), at what
+// cost (issue 13).
+TEST(Summary, ReplicaChecksAreReported) {
+  RunFacts f = facts(1);
+  f.replica_check_every = 1;
+  f.replica_checked_after = {1, 2};
+  f.replica_check_s = 0.25;
+  const json s = run_summary(f, two_steps(), {totals(7)}, nullptr);
+  EXPECT_EQ(s["replica_checks"], json({{"every", 1}, {"after_steps", {1, 2}}, {"seconds", 0.25}}));
+  f.replica_check_every = 0;
+  f.replica_checked_after = {0};
+  EXPECT_EQ(run_summary(f, two_steps(), {totals(7)}, nullptr)["replica_checks"]["after_steps"], json({0}));
+}
+
 TEST(Summary, StrategyStatsAreCopiedWhenTheStrategyHasThem) {
   const json stats = {{"buckets", json::array({1, 2})}};
   EXPECT_EQ(run_summary(facts(1), two_steps(), {totals(7)}, &stats)["strategy_stats"], stats);

@@ -43,6 +43,8 @@ constexpr KeySpec kSchema[] = {
     {"run", "device", toml::node_type::string, false},
     {"run", "share_gpus", toml::node_type::boolean, false},
     {"run", "check_finite", toml::node_type::boolean, false},
+    {"run", "check_replicas_every", toml::node_type::integer, false},
+    {"run", "debug_collectives", toml::node_type::boolean, false},
     {"model", "name", toml::node_type::string, true},
     {"model", "init_from", toml::node_type::string, false},
     {"model", "freeze", toml::node_type::array, false},
@@ -273,6 +275,8 @@ RunConfig read_run(const Reader& r) {
   run.device = r.one_of("run", "device", "cpu", {"cpu", "cuda"}) == "cuda" ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
   run.share_gpus = r.boolean("run", "share_gpus", false);
   run.check_finite = r.boolean("run", "check_finite", true);
+  run.check_replicas_every = r.integer("run", "check_replicas_every", run.check_replicas_every, 0);
+  run.debug_collectives = r.boolean("run", "debug_collectives", false);
 
   return run;
 }

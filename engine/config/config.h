@@ -47,6 +47,11 @@ struct RunConfig {
   ddp_device_kind device = DDP_DEVICE_CPU;  // "cpu" | "cuda" (GPU local_rank per rank)
   bool share_gpus = false;    // cuda: ranks beyond the GPU count share them (gloo only)
   bool check_finite = true;   // a non-finite loss stops the run, naming the first non-finite parameter
+  // Steps between checks that every rank holds the same parameters (0: only
+  // at the end of the run). The default costs well under 1 % of lm-cpu's
+  // step (docs/benchmarks.md).
+  int64_t check_replicas_every = 10;
+  bool debug_collectives = false;  // compare every collective across ranks before it runs
 };
 
 struct ModelConfig {

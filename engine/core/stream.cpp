@@ -26,9 +26,11 @@ Stream::~Stream() {
 
 namespace {
 thread_local bool t_in_device_task = false;
+thread_local bool t_in_task = false;
 }  // namespace
 
 bool Stream::in_device_task() { return t_in_device_task; }
+bool Stream::in_task() { return t_in_task; }
 
 bool Stream::failed_before(int64_t point) const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -44,9 +46,12 @@ void Stream::run(Task& task, int64_t index) {
   // A device stream's task runs where the device allows no calls into it
   // (CUDA's host functions): flagged, so the plugin host can refuse them.
   struct Flag {
-    bool was;
-    explicit Flag(bool on) : was(t_in_device_task) { t_in_device_task = was || on; }
-    ~Flag() { t_in_device_task = was; }
+    bool was, was_task;
+    explicit Flag(bool on) : was(t_in_device_task), was_task(t_in_task) {
+      t_in_device_task = was || on;
+      t_in_task = true;
+    }
+    ~Flag() { t_in_device_task = was, t_in_task = was_task; }
   } flag(native_ != nullptr);
   try {
     task(cancelled);

@@ -60,6 +60,9 @@ class Stream {
   // Whether the calling thread is running a device stream's task (a CUDA
   // host function), where no call into the device is allowed.
   static bool in_device_task();
+  // Whether it is running any stream's task (where waiting for a stream may
+  // wait for itself).
+  static bool in_task();
   const std::string& name() const { return name_; }
   // Whether enqueue returns before the work ran (false: inline).
   bool threaded() const { return threaded_; }

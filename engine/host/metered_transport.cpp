@@ -1,8 +1,10 @@
 // metered_transport.cpp — see metered_transport.h.
 #include "metered_transport.h"
 
+#include "collective_check.h"
 #include "nvtx.h"
 #include "plugin_host.h"
+#include "staged.h"
 #include "whereabouts.h"
 
 namespace ddp {
@@ -24,6 +26,54 @@ struct MeterCallbacks {
     for (uint64_t word : {op, count, dtype, arg})
       for (int b = 0; b < 8; ++b) v = (v ^ ((word >> (8 * b)) & 0xff)) * 1099511628211ull;
     h.store(v);
+  }
+
+  // The parameter whose data or gradient holds `p`, -1 if none.
+  static int64_t param_of(const HostServices& services, const void* p) {
+    const auto* at = static_cast<const char*>(p);
+    for (const ddp_param& q : services.param_table)
+      for (const void* base : {q.data, q.grad}) {
+        const auto* b = static_cast<const char*>(base);
+        if (b && at >= b && at < b + q.numel * ddp_dtype_size(q.dtype)) return int64_t(q.index);
+      }
+    return -1;
+  }
+
+  // run.debug_collectives: every rank's description of the call it is about
+  // to make, all-gathered on the call's stream (through the real transport,
+  // unmetered) and compared before the call is made.
+  static ddp_status agree(ddp_comm* comm, ddp_stream stream, CollectiveCall call, const void* data) {
+    MeteredTransport& m = self(comm);
+    if (!m.debug_) return DDP_OK;
+    if (Stream::in_task())
+      return host_guard([] {
+        throw Error("run.debug_collectives: a collective issued inside a host function cannot be checked (the "
+                    "check waits for its stream): issue it at enqueue time, or turn the check off",
+                    DDP_ERR_UNSUPPORTED);
+      });
+    call.seq = m.described_++;
+    call.param = param_of(m.services_, data);
+    std::vector<int64_t> mine(kCallWords), all(kCallWords * size_t(m.services_.rank.world_size));
+    to_words(call, mine.data());
+    const ddp_device_kind kind = m.services_.device->kind();
+    ddp_status status = DDP_OK;
+    const ddp_status thrown = host_guard([&] {
+      whereabouts::Inside in(m.label_, "all_gather (run.debug_collectives)");
+      status = run_staged(
+          *m.services_.device, *to_stream(stream),
+          [&](void* const* p) {
+            const ddp_buffer send{p[0], kCallWords, DDP_INT64, kind}, recv{p[1], all.size(), DDP_INT64, kind};
+            return m.real_->all_gather(m.real_comm_, &send, &recv, stream);
+          },
+          {{mine.data(), mine.size() * sizeof(int64_t)}, {all.data(), all.size() * sizeof(int64_t)}},
+          m.services_.wait_limit());
+    }, DDP_ERR_COMM);
+    if (thrown != DDP_OK || status != DDP_OK) return thrown != DDP_OK ? thrown : status;  // the error text is set
+    std::vector<std::string> names;
+    for (const ddp_param& q : m.services_.param_table) names.emplace_back(q.name);
+    const std::string mismatch = first_mismatch(all, m.services_.rank.world_size, names);
+    if (mismatch.empty()) return DDP_OK;
+    return host_guard([&] { throw Error("run.debug_collectives: " + mismatch, DDP_ERR_INVALID_ARGUMENT); });
   }
 
   // What the closing host function needs (the start, and for a trace the
@@ -121,18 +171,22 @@ struct MeterCallbacks {
   }
   static void destroy(ddp_comm*) {}
   static ddp_status all_reduce(ddp_comm* c, const ddp_buffer* buf, ddp_reduce_op op, ddp_stream s) {
+    if (ddp_status bad = agree(c, s, {0, 1, int64_t(buf->count), buf->dtype, op}, buf->ptr)) return bad;
     fingerprint(c, 1, buf->count, buf->dtype, op);
     return metered(c, s, "all_reduce", buf->count * ddp_dtype_size(buf->dtype), [&](auto* t, ddp_comm* rc) {
       return t->all_reduce(rc, buf, op, s);
     });
   }
   static ddp_status broadcast(ddp_comm* c, const ddp_buffer* buf, int root, ddp_stream s) {
+    if (ddp_status bad = agree(c, s, {0, 2, int64_t(buf->count), buf->dtype, root}, buf->ptr)) return bad;
     fingerprint(c, 2, buf->count, buf->dtype, uint64_t(root));
     return metered(c, s, "broadcast", buf->count * ddp_dtype_size(buf->dtype), [&](auto* t, ddp_comm* rc) {
       return t->broadcast(rc, buf, root, s);
     });
   }
   static ddp_status all_gather(ddp_comm* c, const ddp_buffer* send, const ddp_buffer* recv, ddp_stream s) {
+    if (ddp_status bad = agree(c, s, {0, 3, int64_t(send->count), send->dtype, int64_t(recv->count)}, send->ptr))
+      return bad;
     fingerprint(c, 3, send->count, send->dtype, recv->count);
     return metered(c, s, "all_gather", recv->count * ddp_dtype_size(recv->dtype), [&](auto* t, ddp_comm* rc) {
       return t->all_gather(rc, send, recv, s);
@@ -140,12 +194,14 @@ struct MeterCallbacks {
   }
   static ddp_status reduce_scatter(ddp_comm* c, const ddp_buffer* send, const ddp_buffer* recv,
                                    ddp_reduce_op op, ddp_stream s) {
+    if (ddp_status bad = agree(c, s, {0, 4, int64_t(send->count), send->dtype, op}, send->ptr)) return bad;
     fingerprint(c, 4, send->count, send->dtype, op);
     return metered(c, s, "reduce_scatter", send->count * ddp_dtype_size(send->dtype), [&](auto* t, ddp_comm* rc) {
       return t->reduce_scatter(rc, send, recv, op, s);
     });
   }
   static ddp_status barrier(ddp_comm* c, ddp_stream s) {
+    if (ddp_status bad = agree(c, s, {0, 5, 0, 0, 0}, nullptr)) return bad;
     fingerprint(c, 5, 0, 0, 0);
     return metered(c, s, "barrier", 0, [&](auto* t, ddp_comm* rc) { return t->barrier(rc, s); });
   }

@@ -30,6 +30,10 @@ class MeteredTransport {
   // With a trace, each collective is also recorded there (op, bytes, from
   // when the comm stream starts it to when it is done).
   void set_trace(Trace* trace) { trace_ = trace; }
+  // run.debug_collectives (collective_check.h): each collective is first
+  // described, all-gathered and compared across ranks; a disagreement fails
+  // the call, naming both sides.
+  void set_debug_collectives(bool on) { debug_ = on; }
 
   // How a collective is timed. On a CPU stream: two host tasks around it,
   // which read the host clock (its busy time and trace event are counted
@@ -56,6 +60,8 @@ class MeteredTransport {
   HostServices& services_;
   const char* label_;
   Trace* trace_ = nullptr;
+  bool debug_ = false;
+  int64_t described_ = 0;  // collectives described so far (run.debug_collectives)
   ddp_transport_v1_t vtable_{};
   std::vector<Pending> pending_;  // the training thread's only
 };

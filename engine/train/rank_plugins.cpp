@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "staged.h"
 #include "whereabouts.h"
 
 namespace ddp {
@@ -53,6 +54,7 @@ void RankPlugins::start_strategy(const Config& config, Trace* trace) {
   metered_ = std::make_unique<MeteredTransport>(transport_lib_->transport(), comm_, services_,
                                                 transport_host_->label().c_str());
   metered_->set_trace(trace);
+  metered_->set_debug_collectives(config.run.debug_collectives);
   call("create", [&] { return s->create(strategy_host_->get(), metered_->vtable(), metered_->comm(), &strategy_); });
   config.strategy.check_all_read("strategy", s->name);
 }
@@ -96,27 +98,13 @@ void RankPlugins::engine_collective(const Call& call, const char* what,
                                     std::initializer_list<std::pair<void*, size_t>> host) {
   Device& device = *services_.device;
   Stream& stream = device.comm_stream();
-  const bool staged = device.kind() != DDP_DEVICE_CPU;
-  std::vector<Tensor> copies;
-  std::vector<void*> ptrs;
-  for (const auto& [ptr, bytes] : host) {
-    if (!staged) {
-      ptrs.push_back(ptr);
-      continue;
-    }
-    copies.emplace_back(device, Shape{int64_t((bytes + sizeof(float) - 1) / sizeof(float))}, MemCategory::CommBuffers);
-    device.upload(copies.back().data(), ptr, bytes);
-    ptrs.push_back(copies.back().data());
-  }
-  transport_host_->check(
-      call(*transport_lib_->transport(), comm_, reinterpret_cast<ddp_stream>(&stream), ptrs.data(), device.kind()),
-      what);
-  Event done;
-  done.record(stream);
-  done.synchronize(services_.wait_limit());
-  if (!staged) return;
-  size_t i = 0;
-  for (const auto& [ptr, bytes] : host) device.download(ptr, copies[i++].data(), bytes);
+  const ddp_status status = run_staged(
+      device, stream,
+      [&](void* const* ptrs) {
+        return call(*transport_lib_->transport(), comm_, reinterpret_cast<ddp_stream>(&stream), ptrs, device.kind());
+      },
+      host, services_.wait_limit());
+  transport_host_->check(status, what);
 }
 
 void RankPlugins::all_reduce_mean(std::vector<float>& values) {
@@ -130,16 +118,24 @@ void RankPlugins::all_reduce_mean(std::vector<float>& values) {
 }
 
 void RankPlugins::all_gather(const std::vector<double>& mine, std::vector<double>& all) {
-  const size_t send = mine.size(), recv = all.size();
-  std::vector<double> copy = mine;  // the engine collective's buffers are read-write
+  gather_words(mine.data(), all.data(), mine.size(), all.size(), DDP_FLOAT64, "all_gather of the rank summaries");
+}
+
+void RankPlugins::all_gather(const std::vector<int64_t>& mine, std::vector<int64_t>& all) {
+  gather_words(mine.data(), all.data(), mine.size(), all.size(), DDP_INT64, "all_gather of the replica digests");
+}
+
+void RankPlugins::gather_words(const void* mine, void* all, size_t send, size_t recv, ddp_dtype dtype,
+                               const char* what) {
+  std::vector<char> copy(static_cast<const char*>(mine), static_cast<const char*>(mine) + send * 8);  // read-write
   engine_collective(
-      [send, recv](const ddp_transport_v1_t& t, ddp_comm* comm, ddp_stream s, void* const* ptrs,
-                   ddp_device_kind kind) {
-        const ddp_buffer send_buf{ptrs[0], send, DDP_FLOAT64, kind};
-        const ddp_buffer recv_buf{ptrs[1], recv, DDP_FLOAT64, kind};
+      [send, recv, dtype](const ddp_transport_v1_t& t, ddp_comm* comm, ddp_stream s, void* const* ptrs,
+                          ddp_device_kind kind) {
+        const ddp_buffer send_buf{ptrs[0], send, dtype, kind};
+        const ddp_buffer recv_buf{ptrs[1], recv, dtype, kind};
         return t.all_gather(comm, &send_buf, &recv_buf, s);
       },
-      "all_gather of the rank summaries", {{copy.data(), send * sizeof(double)}, {all.data(), recv * sizeof(double)}});
+      what, {{copy.data(), send * 8}, {all, recv * 8}});
 }
 
 void RankPlugins::abort() {

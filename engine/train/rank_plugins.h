@@ -70,6 +70,7 @@ class RankPlugins {
   // `all` (world × mine.size()) receives every rank's `mine`, rank order.
   void all_reduce_mean(std::vector<float>& values);
   void all_gather(const std::vector<double>& mine, std::vector<double>& all);
+  void all_gather(const std::vector<int64_t>& mine, std::vector<int64_t>& all);
 
   void abort();     // the transport's abort, if it has one; any thread
   void shutdown();  // see above; idempotent, never throws
@@ -97,6 +98,8 @@ class RankPlugins {
   using Call = std::function<ddp_status(const ddp_transport_v1_t&, ddp_comm*, ddp_stream, void* const* ptrs,
                                         ddp_device_kind device)>;
   void engine_collective(const Call& call, const char* what, std::initializer_list<std::pair<void*, size_t>> host);
+  // all_gather of 8-byte words (float64 or int64).
+  void gather_words(const void* mine, void* all, size_t send, size_t recv, ddp_dtype dtype, const char* what);
 
   HostServices& services_;
   std::unique_ptr<LoadedPlugin> transport_lib_, strategy_lib_;

@@ -108,6 +108,9 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
   // A false here means ranks issued different collectives: with Gloo that
   // usually hangs; when it does not, data were silently mixed.
   summary["collective_sequences_agree"] = agree;
+  summary["replica_checks"] = {{"every", facts.replica_check_every},
+                               {"after_steps", facts.replica_checked_after},
+                               {"seconds", facts.replica_check_s}};
   if (strategy_stats) summary["strategy_stats"] = *strategy_stats;
   summary["config"] = facts.config_toml;
   return summary;

@@ -55,6 +55,11 @@ struct RunFacts {
   int64_t tokens_per_row = 1;  // lm: context_length (tokens_per_s), else 1 (samples_per_s)
   PeakBytes after_setup{}, before_optimizer{}, after_optimizer{};
   std::string config_toml;  // the effective config
+  // The replica checks that passed: run.check_replicas_every, after which
+  // steps (from 1; 0: the end of the run), and the seconds they took.
+  int64_t replica_check_every = 0;
+  std::vector<int64_t> replica_checked_after;
+  double replica_check_s = 0;
 };
 
 // summary.json: the run's facts, one column per StepRecord field, means and

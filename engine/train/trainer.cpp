@@ -23,6 +23,7 @@
 #include "nvtx.h"
 #include "optimizer.h"
 #include "rank_plugins.h"
+#include "replica_check.h"
 #include "safetensors.h"
 #include "step_timeline.h"
 #include "store.h"
@@ -124,13 +125,17 @@ class RankRun {
     if (observer_) observer_->on_weights(0, *model_);
     take_peaks(device_->memory(), mem_after_setup_);
     records_.reserve(static_cast<size_t>(config_.run.steps));
+    const int64_t every = config_.run.check_replicas_every;
     for (int64_t step = 0; step < config_.run.steps; ++step) {
       whereabouts::enter_step(step);
       records_.push_back(train_step(step));
       if (observer_) observer_->on_weights(step + 1, *model_);
       if ((step + 1) % config_.run.log_every == 0 || step + 1 == config_.run.steps) report(step);
+      if (every > 0 && (step + 1) % every == 0) check_replicas(step);
     }
     whereabouts::enter_step(-1);  // what follows is the end of the run, not a step
+    const int64_t steps = config_.run.steps;
+    if (steps == 0 || every == 0 || steps % every != 0) check_replicas(-1);  // unless the last step was checked
     {
       whereabouts::Inside in(nullptr, "waiting for the last collectives");
       device_->comm_stream().synchronize();
@@ -272,6 +277,31 @@ class RankRun {
     timeline_->range("optimizer", m);
   }
 
+  // Every rank's digest of every parameter, compared (replica_check.h);
+  // `step` is the step just done, -1 the end of the run.
+  void check_replicas(int64_t step) {
+    const auto t = Clock::now();
+    const auto& params = model_->params();
+    std::vector<int64_t> mine;
+    std::vector<std::string> names;
+    for (const Parameter& p : params) {
+      const std::vector<float> host = device_->kind() == DDP_DEVICE_CPU ? std::vector<float>() : p.data.to_host();
+      const Digest d = digest(host.empty() ? p.data.data() : host.data(), p.data.numel());
+      if (config_.run.check_finite && !d.finite)
+        throw Error("parameter '" + p.name + "' is not finite " +
+                    (step >= 0 ? "after step " + std::to_string(step + 1) : std::string("at the end of the run")) +
+                    " (run.check_finite = false lets the run go on)");
+      mine.push_back(int64_t(d.bits));
+      names.push_back(p.name);
+    }
+    std::vector<int64_t> all(mine.size() * size_t(env_.rank.world_size));
+    plugins_->all_gather(mine, all);
+    const std::string divergence = first_divergence(names, all, env_.rank.world_size, step);
+    if (!divergence.empty()) throw Error(divergence);
+    replica_checked_after_.push_back(step + 1);
+    replica_check_s_ += seconds_since(t);
+  }
+
   bool unfreeze(int64_t step) {
     if (!apply_unfreeze(config_.unfreeze, step, *model_, *device_)) return false;
     services_.refresh_param_table();
@@ -331,10 +361,20 @@ class RankRun {
 
     std::vector<RankTotals> ranks;
     for (int r = 0; r < env_.rank.world_size; ++r) ranks.push_back(RankTotals::from_doubles(&all[r * RankTotals::kDoubles]));
-    const RunFacts facts{env_.rank.world_size, config_.run.steps, config_.model.name, plugins_->transport_name(),
-                         plugins_->strategy_name(), double(config_.data.batch_size) * double(config_.run.grad_accum_steps),
-                         tokens_per_row_, mem_after_setup_, mem_before_optimizer_, mem_after_optimizer_,
-                         config_.toml_text};
+    RunFacts facts;
+    facts.world_size = env_.rank.world_size;
+    facts.steps = config_.run.steps;
+    facts.model = config_.model.name;
+    facts.transport = plugins_->transport_name();
+    facts.strategy = plugins_->strategy_name();
+    facts.rows_per_step = double(config_.data.batch_size) * double(config_.run.grad_accum_steps);
+    facts.tokens_per_row = tokens_per_row_;
+    facts.after_setup = mem_after_setup_, facts.before_optimizer = mem_before_optimizer_;
+    facts.after_optimizer = mem_after_optimizer_;
+    facts.config_toml = config_.toml_text;
+    facts.replica_check_every = config_.run.check_replicas_every;
+    facts.replica_checked_after = replica_checked_after_;
+    facts.replica_check_s = replica_check_s_;
     nlohmann::ordered_json stats;
     const bool has_stats = plugins_->stats(&stats);
     const auto summary = run_summary(facts, records_, ranks, has_stats ? &stats : nullptr);
@@ -369,6 +409,8 @@ class RankRun {
   std::vector<int> remaining_uses_;  // per parameter, this micro-batch's backward
   std::vector<StepRecord> records_;
   size_t reported_ = 0;
+  std::vector<int64_t> replica_checked_after_;  // steps (from 1; 0: the end) whose replicas agreed
+  double replica_check_s_ = 0;
   PeakBytes mem_after_setup_{}, mem_before_optimizer_{}, mem_after_optimizer_{};
 };
 

@@ -3,7 +3,10 @@
  * the process with code 0), "hang" (never returns); `entry` — the entry it
  * misbehaves in ("on_step_begin", "on_grad_ready", "on_backward_end",
  * "finish"); `step` — at which optimizer step (from 0); `rank` — on which
- * rank (-1: every rank). Otherwise it does nothing: no collective at all. */
+ * rank (-1: every rank); "mismatch": from `step` on, every rank
+ * all-reduces each gradient as it becomes ready, but `rank` one element
+ * short (for run.debug_collectives). Otherwise it does nothing: no
+ * collective at all, so the replicas drift apart (for the replica check). */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -11,6 +14,9 @@
 #include "stubs.h"
 
 struct ddp_strategy_s {
+  const ddp_host* host;
+  const ddp_transport_v1_t* transport;
+  ddp_comm* comm;
   const char* fault;
   const char* entry;
   int64_t step, rank, now;
@@ -19,9 +25,9 @@ struct ddp_strategy_s {
 
 static ddp_status faulty_create(const ddp_host* host, const ddp_transport_v1_t* t, ddp_comm* comm,
                                 ddp_strategy** out) {
-  (void)t, (void)comm;
   struct ddp_strategy_s* s = calloc(1, sizeof *s);
   if (!s) return DDP_ERR_OUT_OF_MEMORY;
+  s->host = host, s->transport = t, s->comm = comm;
   s->my_rank = host->rank;
   s->now = -1;
   if (host->config_string(host->ctx, "fault", "none", &s->fault) != DDP_OK ||
@@ -53,9 +59,11 @@ static ddp_status faulty_step_begin(ddp_strategy* s, const ddp_step_info* info) 
   return DDP_OK;
 }
 static ddp_status faulty_grad_ready(ddp_strategy* s, const ddp_param* p) {
-  (void)p;
   maybe_fault(s, "on_grad_ready");
-  return DDP_OK;
+  if (strcmp(s->fault, "mismatch") != 0 || s->now < s->step) return DDP_OK;
+  const int short_one = s->rank < 0 || s->rank == s->my_rank;
+  const ddp_buffer buf = {p->grad, p->numel - (size_t)short_one, p->dtype, s->host->device};
+  return s->transport->all_reduce(s->comm, &buf, DDP_REDUCE_AVG, s->host->comm_stream(s->host->ctx));
 }
 static ddp_status faulty_backward_end(ddp_strategy* s) {
   maybe_fault(s, "on_backward_end");

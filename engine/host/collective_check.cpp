@@ -1,0 +1,57 @@
+// collective_check.cpp — see collective_check.h.
+#include "collective_check.h"
+
+namespace ddp {
+namespace {
+
+const char* op_name(int64_t op) {
+  static const char* kOps[] = {"?", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"};
+  return op >= 1 && op <= 5 ? kOps[op] : "an unknown collective";
+}
+
+const char* dtype_name(int64_t dtype) {
+  static const char* kTypes[] = {"float32", "float64", "int32", "int64", "bfloat16", "float16"};
+  return dtype >= 0 && dtype <= 5 ? kTypes[dtype] : "elements of an unknown type";
+}
+
+const char* reduce_name(int64_t op) { return op == 0 ? "sum" : op == 1 ? "avg" : "unknown op"; }
+
+}  // namespace
+
+void to_words(const CollectiveCall& c, int64_t* w) {
+  w[0] = c.seq, w[1] = c.op, w[2] = c.count, w[3] = c.dtype, w[4] = c.arg, w[5] = c.param;
+}
+
+CollectiveCall from_words(const int64_t* w) { return CollectiveCall{w[0], w[1], w[2], w[3], w[4], w[5]}; }
+
+std::string describe(const CollectiveCall& c, const std::vector<std::string>& names) {
+  std::string s = op_name(c.op);
+  if (c.op == 5) return s;
+  if (c.op == 1 || c.op == 4) s += std::string(" (") + reduce_name(c.arg) + ")";
+  if (c.op == 2) s += " from rank " + std::to_string(c.arg);
+  s += " of " + std::to_string(c.count) + " " + dtype_name(c.dtype);
+  if (c.op == 3) s += " into " + std::to_string(c.arg);
+  if (c.param >= 0 && size_t(c.param) < names.size()) s += " (parameter '" + names[size_t(c.param)] + "')";
+  return s;
+}
+
+std::string first_mismatch(const std::vector<int64_t>& all, int world, const std::vector<std::string>& names) {
+  const CollectiveCall first = from_words(all.data());
+  for (int r = 1; r < world; ++r) {
+    const int64_t* w = all.data() + size_t(r) * kCallWords;
+    bool same = true;
+    for (size_t k = 0; k < kCallWords; ++k) same = same && w[k] == all[k];
+    if (same) continue;
+    const CollectiveCall other = from_words(w);
+    const std::string which = first.seq == other.seq ? "collective #" + std::to_string(first.seq + 1)
+                                                     : "the next collective (rank 0's #" +
+                                                           std::to_string(first.seq + 1) + ", rank " +
+                                                           std::to_string(r) + "'s #" + std::to_string(other.seq + 1) + ")";
+    return "the ranks disagree on " + which + ": rank 0 calls " + describe(first, names) + ", rank " +
+           std::to_string(r) + " calls " + describe(other, names) +
+           ": every rank must issue the same collectives in the same order";
+  }
+  return "";
+}
+
+}  // namespace ddp

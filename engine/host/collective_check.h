@@ -1,0 +1,40 @@
+// collective_check.h — run.debug_collectives. Collectives match across
+// ranks by order alone: if rank 1's next all-reduce is of another size,
+// type or buffer than rank 0's, the transport hangs, fails with a message
+// about sizes, or — same size, other buffer — silently mixes two tensors.
+// With the check on, before each collective a strategy issues every rank's
+// description of it (sequence number, op, count, type, argument, and the
+// parameter whose memory it is) is all-gathered and compared, and the
+// first disagreement stops the run naming both sides. It costs one small
+// blocking all-gather per collective: a debugging aid, off by default.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+// A collective as a rank describes it; kCallWords int64 on the wire.
+struct CollectiveCall {
+  int64_t seq = 0;    // this rank's count of collectives before it
+  int64_t op = 0;     // 1 all_reduce, 2 broadcast, 3 all_gather, 4 reduce_scatter, 5 barrier
+  int64_t count = 0;  // elements sent
+  int64_t dtype = 0;  // ddp_dtype
+  int64_t arg = 0;    // all_reduce, reduce_scatter: ddp_reduce_op; broadcast: root; all_gather: count received
+  int64_t param = -1;  // the parameter whose data or gradient holds the buffer; -1: none
+};
+constexpr size_t kCallWords = 6;
+void to_words(const CollectiveCall& call, int64_t* words);
+CollectiveCall from_words(const int64_t* words);
+
+// "all_reduce (sum) of 1024 float32 (parameter 'fc1.weight')". Pure.
+std::string describe(const CollectiveCall& call, const std::vector<std::string>& param_names);
+
+// `all` holds every rank's call (world × kCallWords, rank order): the first
+// rank that disagrees with rank 0, as a sentence naming both calls; "" if
+// all agree. Pure.
+std::string first_mismatch(const std::vector<int64_t>& all, int world, const std::vector<std::string>& param_names);
+
+}  // namespace ddp

@@ -1,0 +1,63 @@
+// collective_check_test.cpp — run.debug_collectives' pure parts
+// (engine/host/collective_check.h): how a collective is described, and the
+// sentence naming the first rank whose next collective is another.
+#include <gtest/gtest.h>
+
+#include "collective_check.h"
+
+namespace ddp {
+namespace {
+
+const std::vector<std::string> kNames = {"fc1.weight", "fc1.bias"};
+
+TEST(CollectiveCheck, DescribesEachCollective) {
+  EXPECT_EQ(describe({0, 1, 1024, 0, 0, 0}, kNames), "all_reduce (sum) of 1024 float32 (parameter 'fc1.weight')");
+  EXPECT_EQ(describe({0, 1, 3, 1, 1, -1}, kNames), "all_reduce (avg) of 3 float64");
+  EXPECT_EQ(describe({0, 2, 5, 2, 1, 1}, kNames), "broadcast from rank 1 of 5 int32 (parameter 'fc1.bias')");
+  EXPECT_EQ(describe({0, 3, 4, 4, 8, -1}, kNames), "all_gather of 4 bfloat16 into 8");
+  EXPECT_EQ(describe({0, 4, 8, 5, 0, -1}, kNames), "reduce_scatter (sum) of 8 float16");
+  EXPECT_EQ(describe({0, 5, 0, 0, 0, -1}, kNames), "barrier");
+  // Out of range (a corrupt word) never indexes past a table.
+  EXPECT_EQ(describe({0, 9, 2, 77, 0, 5}, kNames), "an unknown collective of 2 elements of an unknown type");
+}
+
+TEST(CollectiveCheck, WordsRoundTrip) {
+  const CollectiveCall call{3, 4, 5, 1, 0, 2};
+  int64_t words[kCallWords];
+  to_words(call, words);
+  const CollectiveCall back = from_words(words);
+  EXPECT_EQ(back.seq, 3);
+  EXPECT_EQ(back.op, 4);
+  EXPECT_EQ(back.count, 5);
+  EXPECT_EQ(back.dtype, 1);
+  EXPECT_EQ(back.arg, 0);
+  EXPECT_EQ(back.param, 2);
+}
+
+std::vector<int64_t> gathered(const std::vector<CollectiveCall>& calls) {
+  std::vector<int64_t> all(calls.size() * kCallWords);
+  for (size_t r = 0; r < calls.size(); ++r) to_words(calls[r], all.data() + r * kCallWords);
+  return all;
+}
+
+TEST(CollectiveCheck, NamesTheFirstRankThatDisagrees) {
+  const CollectiveCall a{6, 1, 250, 0, 1, 0};
+  EXPECT_EQ(first_mismatch(gathered({a, a, a}), 3, kNames), "");
+  CollectiveCall shorter = a, other = a;
+  shorter.count = 249;
+  other.param = 1;
+  EXPECT_EQ(first_mismatch(gathered({a, other, shorter}), 3, kNames),
+            "the ranks disagree on collective #7: rank 0 calls all_reduce (avg) of 250 float32 (parameter "
+            "'fc1.weight'), rank 1 calls all_reduce (avg) of 250 float32 (parameter 'fc1.bias'): every rank must "
+            "issue the same collectives in the same order");
+  CollectiveCall ahead = a;
+  ahead.seq = 7;
+  ahead.op = 5;
+  EXPECT_EQ(first_mismatch(gathered({a, ahead}), 2, kNames),
+            "the ranks disagree on the next collective (rank 0's #7, rank 1's #8): rank 0 calls all_reduce (avg) "
+            "of 250 float32 (parameter 'fc1.weight'), rank 1 calls barrier: every rank must issue the same "
+            "collectives in the same order");
+}
+
+}  // namespace
+}  // namespace ddp
