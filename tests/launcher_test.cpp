@@ -418,22 +418,60 @@ TEST(Launcher, ASecondRunIntoTheSameOutputDirectoryIsRefused) {
   fs::remove_all(dir);
 }
 
+// Rendezvous hygiene (issue 13): a run that completes removes the keys it
+// set, so the store can serve the next run; one that failed leaves them,
+// and a later run under the same id is told why it cannot start.
 TEST(Launcher, AReusedRendezvousStoreIsExplained) {
   std::string dir = temp_dir();
   fs::create_directories(dir + "/rdzv");
   auto rank = [&](int r, const std::string& tag) {
-    return start({"run", kRepo + "/configs/toy.toml", "--set", "run.timeout_s=5", "--set",
+    return start({"run", kRepo + "/configs/toy.toml", "--set", "run.timeout_s=2", "--set",
                   "run.output_dir=\"" + dir + "/" + tag + "\""},
                  {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "DDP_RENDEZVOUS=file:" + dir + "/rdzv"},
                  dir + "/" + tag + std::to_string(r));
   };
-  std::vector<Process> first = {rank(0, "a"), rank(1, "a")};
-  for (auto& p : first) EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 0) << read_file(p.err);
-  Process again = rank(1, "b");
+  for (const char* tag : {"a", "b"}) {
+    std::vector<Process> pair = {rank(0, tag), rank(1, tag)};
+    for (auto& p : pair) EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 0) << read_file(p.err);
+    EXPECT_TRUE(fs::is_empty(dir + "/rdzv")) << "a completed run left keys in its store";
+  }
+  Process alone = rank(1, "c");  // its peer never comes: it fails, its keys stay
+  EXPECT_EQ(wait_for(alone, std::chrono::seconds(30)), 1);
+  Process again = rank(1, "d");
   EXPECT_EQ(wait_for(again, std::chrono::seconds(30)), 1);
   EXPECT_EQ(read_file(again.err), "ddp: rank 1: error: the rendezvous store file:" + dir +
                                       "/rdzv already holds a run named 'ddp' (keys an earlier run left): give each "
                                       "run a fresh directory, or a DDP_RUN_ID of its own\n");
+  fs::remove_all(dir);
+}
+
+// The Redis store (for ranks on many machines): a completed run removes its
+// keys, so the default run id serves run after run.
+TEST(Launcher, ARedisStoreIsLeftEmptyByACompletedRun) {
+  if (system("command -v redis-server >/dev/null && command -v redis-cli >/dev/null") != 0)
+    GTEST_SKIP() << "needs redis-server and redis-cli (Debian's redis-server; tools/setup.sh installs it)";
+  std::string dir = temp_dir();
+  const int port = 20000 + int(getpid() % 20000);
+  const std::string cli = "redis-cli -p " + std::to_string(port);
+  ASSERT_EQ(system(("redis-server --port " + std::to_string(port) + " --bind 127.0.0.1 --save '' --appendonly no " +
+                    "--daemonize yes --dir " + dir + " >/dev/null").c_str()),
+            0);
+  for (int i = 0; i < 50 && system((cli + " ping >/dev/null 2>&1").c_str()) != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (const char* tag : {"a", "b"}) {
+    std::vector<Process> pair;
+    for (int r = 0; r < 2; ++r)
+      pair.push_back(start({"run", kRepo + "/configs/toy.toml", "--set",
+                            "run.output_dir=\"" + dir + "/" + tag + "\""},
+                           {"RANK=" + std::to_string(r), "WORLD_SIZE=2",
+                            "DDP_RENDEZVOUS=redis:127.0.0.1:" + std::to_string(port)},
+                           dir + "/" + tag + std::to_string(r)));
+    for (auto& p : pair) EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 0) << read_file(p.err);
+    EXPECT_TRUE(fs::exists(dir + "/" + tag + "/summary.json")) << tag;
+    ASSERT_EQ(system((cli + " dbsize > " + dir + "/dbsize").c_str()), 0);
+    EXPECT_EQ(read_file(dir + "/dbsize"), "0\n") << "a completed run left keys in Redis";
+  }
+  if (system((cli + " shutdown nosave >/dev/null 2>&1").c_str()) == -1) ADD_FAILURE() << "cannot stop redis-server";
   fs::remove_all(dir);
 }
 

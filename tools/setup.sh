@@ -16,6 +16,7 @@ packages=(
   libgtest-dev libgmock-dev                   # tests
   binutils                                    # nm, for the one-exported-symbol test
   python3-matplotlib                          # plots of tools/ddp_suite.py (Debian's python3: tomllib)
+  redis-server                                # the Redis rendezvous store's test
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -5,6 +5,9 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/redis_store.h>
 
+#include <cstdio>
+#include <cstring>
+
 #include "error.h"
 
 namespace ddp {
@@ -16,12 +19,25 @@ class FileStore final : public gloo::rendezvous::FileStore {
  public:
   using gloo::rendezvous::FileStore::FileStore;
   bool holds(const std::vector<std::string>& keys) { return check(keys); }
+  std::string remove(const std::string& key) {
+    const std::string path = objectPath(key);
+    if (std::remove(path.c_str()) == 0 || errno == ENOENT) return "";
+    return path + ": " + std::strerror(errno);
+  }
 };
 
 class RedisStore final : public gloo::rendezvous::RedisStore {
  public:
   using gloo::rendezvous::RedisStore::RedisStore;
   bool holds(const std::vector<std::string>& keys) { return check(keys); }
+  std::string remove(const std::string& key) {
+    auto* reply = static_cast<redisReply*>(redisCommand(redis_, "DEL %b", key.data(), key.size()));
+    if (!reply) return "DEL " + key + ": " + (redis_->errstr[0] ? redis_->errstr : "no reply");
+    const bool failed = reply->type == REDIS_REPLY_ERROR;
+    const std::string why = failed ? std::string(reply->str, reply->len) : "";
+    freeReplyObject(reply);
+    return failed ? "DEL " + key + ": " + why : "";
+  }
 };
 
 }  // namespace
@@ -58,6 +74,25 @@ void Store::set(const std::string& key, const std::vector<char>& value) {
   } catch (const std::exception& e) {
     throw Error("rendezvous store: cannot set '" + key + "': " + e.what(), DDP_ERR_COMM);
   }
+  std::lock_guard<std::mutex> lock(mutex_);
+  written_.push_back(prefix_ + "/" + key);  // as gloo's PrefixStore joins them
+}
+
+std::string Store::remove_written() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string failed;
+  for (const std::string& key : written_) {
+    std::string why;
+    try {
+      if (auto* file = dynamic_cast<FileStore*>(base_.get())) why = file->remove(key);
+      if (auto* redis = dynamic_cast<RedisStore*>(base_.get())) why = redis->remove(key);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    if (failed.empty() && !why.empty()) failed = "cannot remove the rendezvous key " + why;
+  }
+  written_.clear();
+  return failed;
 }
 
 std::vector<char> Store::get(const std::string& key) {
@@ -80,7 +115,7 @@ void Store::wait(const std::vector<std::string>& keys) {
 }
 
 bool Store::holds(const std::string& key) const {
-  const std::vector<std::string> keys = {prefix_ + "/" + key};  // as gloo's PrefixStore joins them
+  const std::vector<std::string> keys = {prefix_ + "/" + key};
   if (auto* file = dynamic_cast<FileStore*>(base_.get())) return file->holds(keys);
   if (auto* redis = dynamic_cast<RedisStore*>(base_.get())) return redis->holds(keys);
   return false;

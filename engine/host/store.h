@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -35,12 +36,20 @@ class Store {
   // the default run id), which would fail later, in words that do not say so.
   void claim(int rank);
 
+  // Removes every key this rank set (a file store's files, a Redis store's
+  // keys), once no rank will read them again: after the run's last
+  // collective. Keys of a failed run stay, and claim() explains them.
+  // Returns "" or what could not be removed; never throws.
+  std::string remove_written();
+
  private:
   bool holds(const std::string& key) const;  // without waiting
   std::string location_, prefix_;
   std::unique_ptr<gloo::rendezvous::Store> base_;
   std::unique_ptr<gloo::rendezvous::Store> prefixed_;
   std::chrono::milliseconds timeout_;
+  std::mutex mutex_;                 // set() may be called from a stream's thread
+  std::vector<std::string> written_;  // the keys set, as the base store names them
 };
 
 }  // namespace ddp

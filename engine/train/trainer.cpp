@@ -344,6 +344,9 @@ class RankRun {
     mine.collective_sequence = services_.counters.sequence_hash.load() >> 12;
     std::vector<double> all(RankTotals::kDoubles * env_.rank.world_size);
     plugins_->all_gather(mine.to_doubles(), all);
+    // Every rank has passed its last read of the store (it is in this gather).
+    const std::string left = store_->remove_written();
+    if (!left.empty()) std::fprintf(stderr, "[rank %d] warning: %s\n", env_.rank.rank, left.c_str());
     if (env_.rank.rank == 0) write_outputs(all);
     if (!trace_path_.empty()) timeline_->write(trace_path_);
   }
