@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace ddp {
@@ -306,6 +307,9 @@ TEST_F(ConfigTest, ReplicaChecksAndCollectiveDebugging) {
 // too large to be one, a batch beyond what a rank can index.
 TEST_F(ConfigTest, OnlyARegularFileOfBoundedSizeIsRead) {
   EXPECT_EQ(load_error("/dev/zero"), "/dev/zero: cannot open config file");
+  const std::string fifo = write("c.toml", kMinimal) + ".fifo";  // no writer: opening it blocking would hang
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(load_error(fifo), fifo + ": cannot open config file");
   const std::string big = write("big.toml", std::string(kMinimal) + "# " + std::string(2 << 20, 'x') + "\n");
   EXPECT_EQ(load_error(big), big + ": " + std::to_string(std::filesystem::file_size(big)) +
                                  " bytes is not a config file (at most 1048576)");

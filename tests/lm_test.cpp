@@ -11,6 +11,8 @@
 
 #include <fstream>
 
+#include <sys/stat.h>
+
 #include "data.h"
 #include "harness.h"
 #include "lm.h"
@@ -139,6 +141,10 @@ TEST(TokenFile, BadFilesAreRefusedClearly) {
   std::ofstream(dir + "/odd.bin") << "abc";
   EXPECT_EQ(dataset_error(dir + "/odd.bin", 32),
             dir + "/odd.bin: token file has an odd size (3 bytes): not uint16 tokens");
+  // A FIFO (no writer: opening it blocking would hang) and a directory.
+  ASSERT_EQ(mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  EXPECT_EQ(dataset_error(dir + "/fifo", 32), dir + "/fifo: cannot open token file: not a regular file");
+  EXPECT_EQ(dataset_error(dir, 32), dir + ": cannot open token file: not a regular file");
   EXPECT_EQ(dataset_error(token_file(), 4096),
             token_file() + ": token file holds 2432 tokens; a window needs context_length + 1 = 4097");
   // Exactly one window's worth is enough: every row is the whole file.

@@ -3,6 +3,7 @@
 // writes, the committed toy_data fixture, and every malformed-input refusal
 // with its exact message.
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -327,6 +328,13 @@ TEST_F(Safetensors, AHeaderOverTheFormatsCapOrNotAnObjectIsRefused) {
 
 TEST_F(Safetensors, ADirectoryIsNotAFile) {
   EXPECT_EQ(read_error(dir_), dir_ + ": cannot open safetensors file");
+}
+
+// Opening a FIFO with no writer would block: it is refused before that.
+TEST_F(Safetensors, AFifoIsRefusedWithoutBlocking) {
+  const std::string fifo = path("fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(read_error(fifo), fifo + ": cannot open safetensors file");
 }
 
 }  // namespace

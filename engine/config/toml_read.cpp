@@ -120,15 +120,18 @@ void apply_override(toml::table& doc, const std::string& arg) {
 
 toml::table parse_file(const std::string& path) {
   std::error_code ec;
+  // Checked before the open: opening a FIFO would block until a writer came.
+  if (!fs::is_regular_file(path, ec)) throw ConfigError(path + ": cannot open config file");
   std::ifstream in(path, std::ios::binary);
-  if (!in || !fs::is_regular_file(path, ec)) throw ConfigError(path + ": cannot open config file");
-  if (fs::file_size(path, ec) > kMaxConfigBytes)
+  if (!in) throw ConfigError(path + ": cannot open config file");
+  std::string text(kMaxConfigBytes + 1, '\0');  // at most this much is read, whatever the file does meanwhile
+  in.read(text.data(), std::streamsize(text.size()));
+  text.resize(size_t(in.gcount()));
+  if (text.size() > kMaxConfigBytes)
     throw ConfigError(path + ": " + std::to_string(fs::file_size(path, ec)) + " bytes is not a config file (at most " +
                       std::to_string(kMaxConfigBytes) + ")");
-  std::ostringstream text;
-  text << in.rdbuf();
   try {
-    return toml::parse(text.str(), path);
+    return toml::parse(text, path);
   } catch (const toml::parse_error& e) {
     const auto& begin = e.source().begin;
     throw ConfigError(path + ":" + std::to_string(begin.line) + ":" +

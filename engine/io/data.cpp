@@ -191,10 +191,13 @@ class TokenFile final : public Dataset {
   TokenFile(const Config& config, const DataShape& shape, int rank, int world, Device& device)
       : path_(config.data.path), shape_(shape), seed_(config.run.seed), global_(config.data.batch_size),
         local_(global_ / world), first_(int64_t(rank) * local_), out_(shape, local_, device) {
-    int fd = ::open(path_.c_str(), O_RDONLY);
+    int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO must not block the open
     if (fd < 0) throw ConfigError(path_ + ": cannot open token file: " + std::strerror(errno));
     struct stat st {};
-    ::fstat(fd, &st);
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw ConfigError(path_ + ": cannot open token file: not a regular file");
+    }
     bytes_ = size_t(st.st_size);
     if (bytes_ % 2 != 0) {
       ::close(fd);

@@ -37,8 +37,10 @@ std::vector<float> HostTensor::as_floats(const std::string& file, const std::str
 
 std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
   std::error_code ec;
+  // Checked before the open: opening a FIFO would block until a writer came.
+  if (!std::filesystem::is_regular_file(path, ec)) throw ConfigError(path + ": cannot open safetensors file");
   std::ifstream in(path, std::ios::binary);
-  if (!in || !std::filesystem::is_regular_file(path, ec)) throw ConfigError(path + ": cannot open safetensors file");
+  if (!in) throw ConfigError(path + ": cannot open safetensors file");
   in.seekg(0, std::ios::end);
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
   in.seekg(0);
