@@ -31,8 +31,12 @@ function(ddp_add_plugin kind name)
     VISIBILITY_INLINES_HIDDEN ON
     LINK_DEPENDS ${map})
   target_link_libraries(${target} PRIVATE ddp::plugin_api ${P_LIBS})
-  target_link_options(${target} PRIVATE -Wl,--no-undefined -Wl,--exclude-libs,ALL
-                      -Wl,--version-script=${map})
+  target_link_options(${target} PRIVATE -Wl,--exclude-libs,ALL -Wl,--version-script=${map})
+  # Every symbol resolved at link time, but in a sanitized build (DDP_SANITIZE):
+  # there the sanitizers' runtime is in the executable that loads the plugin.
+  if(NOT DDP_SANITIZE)
+    target_link_options(${target} PRIVATE -Wl,--no-undefined)
+  endif()
   if(DDP_PLUGIN_INSTALL_DIR)
     install(TARGETS ${target} LIBRARY DESTINATION ${DDP_PLUGIN_INSTALL_DIR})
   endif()

@@ -281,6 +281,7 @@ int main(int argc, char** argv) {
     }
   }
   int n = static_cast<int>(rest.size());
+  rest.push_back(nullptr);  // argv[argc] is null: gtest moves it along when it removes its flags
   testing::InitGoogleTest(&n, rest.data());
   std::cout << "conformance: strategy " << ddp::g_options.strategy << ", transport " << ddp::g_options.transport
             << ", device " << ddp::g_options.device;

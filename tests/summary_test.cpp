@@ -93,7 +93,7 @@ TEST(Summary, ReplicaChecksAreReported) {
   EXPECT_EQ(s["replica_checks"], json({{"every", 1}, {"after_steps", {1, 2}}, {"seconds", 0.25}}));
   f.replica_check_every = 0;
   f.replica_checked_after = {0};
-  EXPECT_EQ(run_summary(f, two_steps(), {totals(7)}, nullptr)["replica_checks"]["after_steps"], json({0}));
+  EXPECT_EQ(run_summary(f, two_steps(), {totals(7)}, nullptr)["replica_checks"]["after_steps"], json::array({0}));
 }
 
 TEST(Summary, StrategyStatsAreCopiedWhenTheStrategyHasThem) {

@@ -436,7 +436,7 @@ INSTANTIATE_TEST_SUITE_P(Worlds, Collectives, ::testing::Values(1, 2, 3, 4, 6),
 TEST(GlooTransport, RefusalsAtEnqueue) {
   GLOO_ONLY();
   const int w = 2;
-  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+  EXPECT_RANKS_OK(run_ranks(w, [](int r, const std::string& dir) {
     Rank rank(r, w, dir, /*timeout_ms=*/5000);
     auto expect_refusal = [&](ddp_status got, ddp_status want, const std::string& text,
                               const std::string& what) {
@@ -518,7 +518,7 @@ TEST(GlooTransport, RefusalsAtEnqueue) {
 TEST(GlooTransport, PeerThatNeverJoinsTimesOut) {
   GLOO_ONLY();
   const int w = 2;
-  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+  EXPECT_RANKS_OK(run_ranks(w, [](int r, const std::string& dir) {
     Rank rank(r, w, dir, /*timeout_ms=*/1000);
     if (r == 1) {
       std::this_thread::sleep_for(3s);
@@ -606,6 +606,7 @@ int main(int argc, char** argv) {
     }
   }
   int n = static_cast<int>(rest.size());
+  rest.push_back(nullptr);  // argv[argc] is null: gtest moves it along when it removes its flags
   testing::InitGoogleTest(&n, rest.data());
   return RUN_ALL_TESTS();
 }

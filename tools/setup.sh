@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# tools/setup.sh — everything a fresh Debian 12 machine needs, as root:
-# installs the Debian packages ddp builds against (only those missing),
-# configures the release preset and builds. Safe to run again: it then only
-# rebuilds what changed.
+# tools/setup.sh [PRESET] — everything a fresh Debian 12 machine needs, as
+# root: installs the Debian packages ddp builds against (only those
+# missing), configures PRESET (default `release`; `sanitize`: Clang with
+# ASan, UBSan and the libFuzzer targets, in build-sanitize/) and builds.
+# Safe to run again: it then only rebuilds what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+preset=${1:-release}
+case "$preset" in
+  release | debug | sanitize) ;;
+  *) echo "setup: unknown preset '$preset' (release, debug or sanitize)" >&2; exit 2 ;;
+esac
 
 packages=(
   build-essential cmake pkg-config
@@ -18,6 +24,9 @@ packages=(
   python3-matplotlib                          # plots of tools/ddp_suite.py (Debian's python3: tomllib)
   redis-server                                # the Redis rendezvous store's test
 )
+if [ "$preset" = sanitize ]; then
+  packages+=(clang libclang-rt-14-dev)        # ASan, UBSan and libFuzzer's runtimes
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -29,5 +38,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-[ -f build/CMakeCache.txt ] || cmake --preset release
-cmake --build --preset release -j "$(nproc)"
+dir=build
+[ "$preset" = release ] || dir=build-$preset
+[ -f "$dir/CMakeCache.txt" ] || cmake --preset "$preset"
+cmake --build --preset "$preset" -j "$(nproc)"

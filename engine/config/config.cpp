@@ -188,8 +188,9 @@ class Reader {
       if (!element.is_table()) throw wrong_type(where(element), name, toml::node_type::table, element);
       const toml::table& t = *element.as_table();
       for (auto&& [k, v] : t) {
+        const std::string_view key_name = k.str();  // (a lambda may not capture a structured binding in C++17)
         auto field = std::find_if(fields.begin(), fields.end(),
-                                  [&](const auto& f) { return k.str() == std::get<0>(f); });
+                                  [&](const auto& f) { return key_name == std::get<0>(f); });
         if (field == fields.end()) throw ConfigError(where(v) + ": unknown key '" + name + "." + std::string(k.str()) + "'");
         if (!has_type(v, std::get<1>(*field))) throw wrong_type(where(v), name + "." + std::string(k.str()), std::get<1>(*field), v);
       }
