@@ -167,6 +167,7 @@ int main(int argc, char** argv) {
     }
     return ddp::launch_run(config, config_path, overrides, trace);
   } catch (const std::exception& e) {
+    if (run->parsed() && std::getenv("RANK")) return ddp::rank_failed_early(e);  // a rank: say which
     std::cerr << "ddp: error: " << e.what() << std::endl;
     return 1;
   }

@@ -202,6 +202,17 @@ TEST(Launcher, RanksStartedByAnOutsideLauncherMeetThroughTheEnvironment) {
   fs::remove_all(dir);
 }
 
+// A rank whose config does not load says which rank it is, as any other
+// failure of a rank under another launcher does.
+TEST(Launcher, ARankWhoseConfigDoesNotLoadSaysWhichRankItIs) {
+  std::string dir = temp_dir();
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.bogus=1"},
+                    {"RANK=1", "WORLD_SIZE=2", "DDP_RENDEZVOUS=file:" + dir}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(30)), 1);
+  EXPECT_EQ(read_file(p.err), "ddp: rank 1: error: --set run.bogus=1: unknown key 'run.bogus'\n");
+  fs::remove_all(dir);
+}
+
 TEST(Launcher, RankWhosePeersNeverJoinFailsWithinTimeout) {
   std::string dir = temp_dir();
   auto started = Clock::now();

@@ -102,6 +102,15 @@ int launch_ranks(const LaunchSpec& spec) {
   return verdict.exit_code;
 }
 
+namespace {
+// Under our own launcher the report goes on the channel and the launcher
+// names the rank to blame; otherwise each rank says it. Returns 1.
+int report(const std::exception& e, int rank) {
+  if (!report_failure(failure_of(e, rank))) std::cerr << "ddp: rank " << rank << ": error: " << e.what() << std::endl;
+  return 1;
+}
+}  // namespace
+
 int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milliseconds timeout,
              const std::string& timeout_note) {
   int rank = -1;
@@ -129,11 +138,19 @@ int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milli
     whereabouts::send_line("completed\n", 10);
     return 0;
   } catch (const std::exception& e) {
-    // Under our own launcher the report goes on the channel and the
-    // launcher names the rank to blame; otherwise each rank says it.
-    if (!report_failure(failure_of(e, rank))) std::cerr << "ddp: rank " << rank << ": error: " << e.what() << std::endl;
+    return report(e, rank);
+  }
+}
+
+int rank_failed_early(const std::exception& e) {
+  int rank = -1;
+  try {
+    rank = env_int("RANK");
+  } catch (const std::exception&) {  // no rank to name
+    std::cerr << "ddp: error: " << e.what() << std::endl;
     return 1;
   }
+  return report(e, rank);
 }
 
 }  // namespace ddp

@@ -50,4 +50,8 @@ int launch_ranks(const LaunchSpec& spec);
 int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milliseconds timeout,
              const std::string& timeout_note);
 
+// A rank's failure before run_rank (its config does not load), reported as
+// run_rank reports one ("ddp: error: ..." if RANK is no integer). Returns 1.
+int rank_failed_early(const std::exception& e);
+
 }  // namespace ddp
