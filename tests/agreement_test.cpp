@@ -42,6 +42,25 @@ TEST(Agreement, EqualRanksAgree) {
   EXPECT_EQ(first_difference(f, 0, {{1, f}, {2, f}}), "");
 }
 
+// The engine's keys are compared as they take effect: a default written
+// out is the same config as one left unset; run.log_every is not
+// rank-local (the loss all-reduce follows it).
+TEST(Agreement, DefaultsWrittenOutAgreeWithDefaultsLeftUnset) {
+  CpuDevice device;
+  const auto params = toy_params(device);
+  const Fingerprint unset = fingerprint(config_from(""), params, "p");
+  const Fingerprint written = fingerprint(
+      config_from("[strategy]\nplugin = \"naive\"\n[transport]\nplugin = \"gloo\"\n"), params, "p");
+  EXPECT_EQ(first_difference(unset, 0, {{1, written}}), "");
+  EXPECT_EQ(unset.at("config run.check_finite"), "true");
+  EXPECT_EQ(unset.at("config run.timeout_s"), "30");
+  Config often = config_from("");
+  often.effective["run.log_every"] = "5";
+  EXPECT_EQ(first_difference(unset, 0, {{1, fingerprint(often, params, "p")}}),
+            "the ranks disagree on config run.log_every: rank 0 has 1, rank 1 has 5: every rank must train the "
+            "same model with the same config");
+}
+
 TEST(Agreement, TheFirstDifferenceNamesTheItemAndTheRanks) {
   CpuDevice device;
   const auto params = toy_params(device);
@@ -50,22 +69,22 @@ TEST(Agreement, TheFirstDifferenceNamesTheItemAndTheRanks) {
       "[run]\nsteps = 2\n[model]\nname = \"toy\"\n[data]\nbatch_size = 4\n[optimizer]\nlr = 0.2\n"
       "betas = [0.9, 0.999]\nname = \"adamw\"\n"), "t.toml"), params, "p");
   EXPECT_EQ(first_difference(base, 0, {{1, base}, {2, lr}, {3, lr}}),
-            "the ranks disagree on config optimizer.lr: rank 0 has 0.1, ranks 2 and 3 0.2 (or another value): every "
+            "the ranks disagree on config optimizer.lr: rank 0 has 0.1, ranks 2 and 3 have 0.2 (or another value): every "
             "rank must train the same model with the same config");
   // A value of 0.1 + 1e-17 is not 0.1: no digit is lost.
   Fingerprint near = base;
   near["config optimizer.lr"] = "0.10000000000000002";
   EXPECT_NE(first_difference(base, 0, {{1, near}}), "");
-  // A key only one rank has, and another model.
+  // A key only one rank has (a plugin's, read by the plugin), and another model.
   Fingerprint extra = base;
-  extra["config run.grad_accum_steps"] = "2";
+  extra["config strategy.bucket_mb"] = "2";
   EXPECT_EQ(first_difference(base, 0, {{1, extra}}),
-            "the ranks disagree on config run.grad_accum_steps: rank 0 has (nothing), rank 1 2: every rank must "
+            "the ranks disagree on config strategy.bucket_mb: rank 0 has (not set), rank 1 has 2: every rank must "
             "train the same model with the same config");
   Fingerprint model = base;
   model["parameter 000002"] = "fc2.fc.weight [60, 10] float32";
   EXPECT_EQ(first_difference(base, 0, {{1, model}}).rfind("the ranks disagree on parameter 000002: rank 0 has "
-                                                          "fc2.fc.weight [50, 10] float32, rank 1 fc2.fc.weight "
+                                                          "fc2.fc.weight [50, 10] float32, rank 1 has fc2.fc.weight "
                                                           "[60, 10] float32",
                                                           0),
             0u);

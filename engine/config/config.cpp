@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <sstream>
@@ -127,33 +129,38 @@ class Reader {
         throw ConfigError(file_ + ": missing required key '" + s.section + "." + s.key + "'");
   }
 
+  // What every key read with a fallback holds, set or not: "section.key" →
+  // its value as text (Config::effective).
+  const std::map<std::string, std::string>& effective() const { return effective_; }
+
   int64_t integer(const char* section, const char* key, int64_t fallback, int64_t min,
                   int64_t max = INT64_MAX) const {
     const toml::node* node = find(section, key);
-    if (!node) return fallback;
-    const int64_t value = node->as_integer()->get();
-    require(value >= min, section, key, ">= " + std::to_string(min), std::to_string(value));
-    require(value <= max, section, key, "<= " + std::to_string(max), std::to_string(value));
-    return value;
+    const int64_t value = node ? node->as_integer()->get() : fallback;
+    if (node) {
+      require(value >= min, section, key, ">= " + std::to_string(min), std::to_string(value));
+      require(value <= max, section, key, "<= " + std::to_string(max), std::to_string(value));
+    }
+    return note(section, key, value, std::to_string(value));
   }
 
   double positive(const char* section, const char* key, double fallback) const {
     const toml::node* node = find(section, key);
-    if (!node) return fallback;
+    if (!node) return note(section, key, fallback, exact(fallback));
     const double value = node->is_integer() ? double(node->as_integer()->get())
                                             : node->as_floating_point()->get();
     require(value > 0, section, key, "> 0", format_double(value));  // also rejects nan
     require(std::isfinite(value), section, key, "finite", format_double(value));
-    return value;
+    return note(section, key, value, exact(value));
   }
 
   double non_negative(const char* section, const char* key, double fallback) const {
     const toml::node* node = find(section, key);
-    if (!node) return fallback;
+    if (!node) return note(section, key, fallback, exact(fallback));
     const double value = as_double(*node);
     require(value >= 0, section, key, ">= 0", format_double(value));
     require(std::isfinite(value), section, key, "finite", format_double(value));
-    return value;
+    return note(section, key, value, exact(value));
   }
 
   // optimizer.betas: exactly two floats, each in [0, 1).
@@ -207,12 +214,14 @@ class Reader {
 
   std::string string(const char* section, const char* key, const std::string& fallback) const {
     const toml::node* node = find(section, key);
-    return node ? node->as_string()->get() : fallback;
+    const std::string value = node ? node->as_string()->get() : fallback;
+    return note(section, key, value, value);
   }
 
   bool boolean(const char* section, const char* key, bool fallback) const {
     const toml::node* node = find(section, key);
-    return node ? node->as_boolean()->get() : fallback;
+    const bool value = node ? node->as_boolean()->get() : fallback;
+    return note(section, key, value, value ? "true" : "false");
   }
 
   std::string one_of(const char* section, const char* key, const std::string& fallback,
@@ -258,8 +267,16 @@ class Reader {
   }
 
  private:
+  template <typename T>
+  T note(const char* section, const char* key, T value, std::string text) const {
+    effective_[std::string(section) + "." + key] = std::move(text);
+    return value;
+  }
+  static std::string exact(double x) { return shortest_text(x); }
+
   const toml::table& doc_;
   const std::string& file_;
+  mutable std::map<std::string, std::string> effective_;
 };
 
 RunConfig read_run(const Reader& r) {
@@ -414,6 +431,19 @@ std::vector<UnfreezeConfig> read_unfreeze(const Reader& r) {
 
 }  // namespace
 
+std::string shortest_text(double x) {
+  char text[32];
+  if (x == std::floor(x) && std::fabs(x) < 1e15) {
+    std::snprintf(text, sizeof text, "%.0f", x);  // 30, not 3e+01
+    return text;
+  }
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, x);
+    if (std::strtod(text, nullptr) == x) break;
+  }
+  return text;
+}
+
 Config validate_config(const toml::table& doc, const std::string& file) {
   const Reader r(doc, file);
   r.check_structure();
@@ -433,6 +463,7 @@ Config validate_config(const toml::table& doc, const std::string& file) {
   c.transport = r.plugin_section("transport");
   c.strategy = r.plugin_section("strategy");
 
+  c.effective = r.effective();
   std::ostringstream text;
   text << doc;
   c.toml_text = text.str();

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -112,11 +113,18 @@ struct Config {
   PluginSection transport;
   PluginSection strategy;
   std::string toml_text;      // the effective config (after --set), for summary.json
+  // Every engine key read with a fallback, set or not: "run.timeout_s" → "30"
+  // (what the ranks compare: a default written out equals one left unset).
+  std::map<std::string, std::string> effective;
 };
 
 // Pure: validates a parsed document. `file` is used in messages only and to
 // resolve relative paths. Throws ConfigError.
 Config validate_config(const toml::table& doc, const std::string& file);
+
+// The shortest text that reads back as `x` exactly: 0.1 (not
+// 0.10000000000000001), 30 (not 3e+01). Pure.
+std::string shortest_text(double x);
 
 // Reads `path`, applies `overrides` ("section.key=value", value in TOML
 // syntax; a bare word that is not valid TOML is taken as a string), validates.

@@ -1,8 +1,6 @@
 // agreement.cpp — see agreement.h.
 #include "agreement.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -11,26 +9,16 @@
 namespace ddp {
 namespace {
 
-// Keys that may differ from rank to rank: where a rank writes, how often it
-// prints, its BLAS threads, the address it listens on.
+// Keys that may differ from rank to rank: where a rank writes, its BLAS
+// threads, the address it listens on. (Not run.log_every: the loss
+// all-reduce follows it.)
 bool rank_local(const std::string& key) {
-  return key == "run.output_dir" || key == "run.log_every" || key == "run.threads" || key == "transport.hostname";
-}
-
-// The shortest text that reads back as `x` exactly: 0.1, not
-// 0.10000000000000001 (equal texts are equal values).
-std::string shortest(double x) {
-  char text[32];
-  for (int digits = 1; digits <= 17; ++digits) {
-    std::snprintf(text, sizeof text, "%.*g", digits, x);
-    if (std::strtod(text, nullptr) == x) break;
-  }
-  return text;
+  return key == "run.output_dir" || key == "run.threads" || key == "transport.hostname";
 }
 
 // A value as the fingerprint holds it: TOML's text, floats the shortest.
 std::string value_text(const toml::node& node) {
-  if (const auto* f = node.as_floating_point()) return shortest(f->get());
+  if (const auto* f = node.as_floating_point()) return shortest_text(f->get());
   std::string out;
   if (const toml::array* a = node.as_array()) {
     for (const toml::node& e : *a) out += (out.empty() ? "" : ", ") + value_text(e);
@@ -64,13 +52,16 @@ std::string join_ranks(const std::vector<int>& ranks) {
   return out;
 }
 
-std::string show(const std::string& value) { return value.empty() ? "(nothing)" : value; }
+std::string show(const std::string& value) { return value.empty() ? "(not set)" : value; }
 
 }  // namespace
 
 Fingerprint fingerprint(const Config& config, const std::vector<Parameter>& params, const std::string& plugins) {
   Fingerprint f;
   flatten(toml::parse(config.toml_text, config.file), f);
+  // Engine keys as they take effect: a default written out equals one unset.
+  for (const auto& [key, value] : config.effective)
+    if (!rank_local(key)) f["config " + key] = value;
   f["plugins"] = plugins;
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string index = std::to_string(i);
@@ -99,7 +90,8 @@ std::string first_difference(const Fingerprint& base, int base_rank,
     }
     if (differ.empty()) continue;
     return "the ranks disagree on " + item + ": rank " + std::to_string(base_rank) + " has " + show(expected) +
-           ", rank" + (differ.size() > 1 ? "s " : " ") + join_ranks(differ) + " " + show(theirs) +
+           ", rank" + (differ.size() > 1 ? "s " : " ") + join_ranks(differ) + (differ.size() > 1 ? " have " : " has ") +
+           show(theirs) +
            (differ.size() > 1 ? " (or another value)" : "") +
            ": every rank must train the same model with the same config";
   }
