@@ -356,9 +356,9 @@ void reduce_in_place(ddp_comm* comm, T* ptr, size_t count, ddp_reduce_op op, uin
 // ------------------------------------------------------------------ entries
 
 // The address this rank listens on (transport.hostname) must resolve, and
-// a loopback one serves only ranks on this machine: every rank publishes its
-// host name, and one that is not on rank 0's host is refused at once
-// instead of timing out.
+// a loopback one serves only ranks on this machine: rank 0 publishes its
+// host name and whether it listens on loopback, and a rank on another host
+// where either side does is refused at once instead of timing out.
 ddp_status check_listen_address(const ddp_host* host, const std::string& hostname) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
@@ -373,18 +373,27 @@ ddp_status check_listen_address(const ddp_host* host, const std::string& hostnam
     if (a->ai_family == AF_INET6) loopback |= IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr);
   }
   freeaddrinfo(found);
-  if (!loopback || host->world_size == 1) return DDP_OK;
+  if (host->world_size == 1) return DDP_OK;
   char mine[256] = {};
   gethostname(mine, sizeof mine - 1);
   HostStore store(host);
-  store.set("ddp_host_" + std::to_string(host->rank), std::vector<char>(mine, mine + std::strlen(mine)));
-  if (host->rank == 0) return DDP_OK;
-  const std::vector<char> first = store.get("ddp_host_0");
-  if (std::string(first.begin(), first.end()) == mine) return DDP_OK;
+  if (host->rank == 0) {
+    const std::string entry = std::string(loopback ? "1" : "0") + mine;
+    store.set("ddp_host_0", std::vector<char>(entry.begin(), entry.end()));
+    return DDP_OK;
+  }
+  const std::vector<char> got = store.get("ddp_host_0");
+  const bool first_loopback = !got.empty() && got[0] == '1';
+  const std::string first(got.begin() + (got.empty() ? 0 : 1), got.end());
+  if (first == mine || (!loopback && !first_loopback)) return DDP_OK;
+  const std::string where = "this rank runs on host '" + std::string(mine) + "', rank 0 on '" + first + "', but ";
+  if (loopback)
+    return fail(host, DDP_ERR_INVALID_ARGUMENT,
+                where + "transport.hostname is '" + hostname +
+                    "', a loopback address the other hosts cannot reach: set it to this host's address");
   return fail(host, DDP_ERR_INVALID_ARGUMENT,
-              "this rank runs on host '" + std::string(mine) + "', rank 0 on '" + std::string(first.begin(), first.end()) +
-                  "', but transport.hostname is '" + hostname +
-                  "', a loopback address the other hosts cannot reach: set it to this host's address");
+              where + "rank 0 listens on a loopback address this host cannot reach: set rank 0's "
+                      "transport.hostname to its host's address");
 }
 
 ddp_status gloo_init(const ddp_host* host, ddp_comm** out) {
