@@ -3,7 +3,10 @@
 // rank failing with an error, and ranks started by an outside launcher.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -283,6 +286,24 @@ TEST(Launcher, ARankThatExitsZeroBeforeItCompletesFailsTheRun) {
   fs::remove_all(dir);
 }
 
+// Under another launcher nobody watches for "completed": the rank itself
+// turns a plugin's exit(0) into exit code 1 and says where it happened.
+TEST(Launcher, APluginThatExitsZeroUnderAnOutsideLauncherFailsTheRank) {
+  std::string dir = temp_dir();
+  fs::create_directories(dir + "/rdzv");
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
+                     "strategy.plugin=" + std::string(DDP_TEST_BROKEN_PLUGIN_DIR) + "/libddp_strategy_faulty.so",
+                     "--set", "strategy.fault=\"exit0\"", "--set", "strategy.entry=\"finish\"", "--set",
+                     "strategy.step=1", "--set", "strategy.rank=0", "--set", "run.world_size=1"},
+                    {"RANK=0", "WORLD_SIZE=1", "DDP_RENDEZVOUS=file:" + dir + "/rdzv"}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  EXPECT_EQ(read_file(p.err),
+            "ddp: rank 0: error: the process exited before completing its run (strategy plugin 'faulty' called "
+            "exit in finish)\n");
+  EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
+  fs::remove_all(dir);
+}
+
 TEST(Launcher, APluginEntryThatNeverReturnsEndsTheRunWithinTheTimeout) {
   std::string dir = temp_dir();
   const int timeout_s = 2;
@@ -312,8 +333,8 @@ TEST(Launcher, ReplicasThatDriftApartStopTheRun) {
   const std::string err = read_file(p.err);
   EXPECT_NE(err.find(" failed in step 2: exited with code 1: the replicas differ after step 2: parameter "
                      "'fc1.weight' of rank 1 differs from rank 0's (a strategy that reduced the wrong buffers or "
-                     "skipped one, or ranks given other data; run.debug_collectives = true compares every "
-                     "collective across ranks)\n"),
+                     "skipped one, or a transport whose results are not the same on every rank; "
+                     "run.debug_collectives = true compares every collective across ranks)\n"),
             std::string::npos)
       << err;
   EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
@@ -384,6 +405,36 @@ TEST(Launcher, AHostnameThatDoesNotResolveIsRefusedByKey) {
                      "'no.such.host.invalid' does not resolve ("),
             std::string::npos)
       << err;
+  fs::remove_all(dir);
+}
+
+// On one host, rank 0 may listen on a real address while the others keep the
+// loopback default: they reach it, and the run trains.
+TEST(Launcher, RankZeroOnARealAddressAndTheOthersOnLoopbackTrainOnOneHost) {
+  std::string address;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) == 0) {
+    for (const ifaddrs* a = list; a && address.empty(); a = a->ifa_next) {
+      if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET) continue;
+      char text[INET_ADDRSTRLEN] = {};
+      inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+      if (std::string(text).rfind("127.", 0) != 0) address = text;
+    }
+    freeifaddrs(list);
+  }
+  if (address.empty()) GTEST_SKIP() << "no IPv4 address but loopback on this machine";
+  std::string dir = temp_dir();
+  fs::create_directories(dir + "/rdzv");
+  std::vector<Process> ranks;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> args = {"run", kRepo + "/configs/toy.toml", "--set", "run.timeout_s=10", "--set",
+                                     "run.output_dir=\"" + dir + "/out\""};
+    if (r == 0) args.insert(args.end(), {"--set", "transport.hostname=\"" + address + "\""});
+    ranks.push_back(start(args, {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "DDP_RENDEZVOUS=file:" + dir + "/rdzv"},
+                          dir + "/rank" + std::to_string(r)));
+  }
+  for (auto& p : ranks) EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 0) << read_file(p.err);
+  EXPECT_TRUE(fs::exists(dir + "/out/summary.json"));
   fs::remove_all(dir);
 }
 
@@ -525,7 +576,7 @@ TEST(Launcher, RanksGivenDifferentConfigsAreRefusedBeforeTraining) {
     EXPECT_EQ(wait_for(ranks[r], std::chrono::seconds(60)), 1);
     EXPECT_EQ(read_file(ranks[r].err), "ddp: rank " + std::to_string(r) +
                                            ": error: the ranks disagree on config optimizer.lr: rank 0 has 0.1, "
-                                           "rank 1 0.2: every rank must train the same model with the same config\n");
+                                           "rank 1 has 0.2: every rank must train the same model with the same config\n");
     EXPECT_EQ(read_file(ranks[r].out), "") << "a step ran";
   }
   fs::remove_all(dir);

@@ -76,13 +76,13 @@ TEST(ReplicaDivergence, NamesTheFirstParameterAndTheRanks) {
   all[6 + 1] = 1;  // rank 2, fc1.bias: the first parameter that differs
   EXPECT_EQ(first_divergence(names, all, 3, 4),
             "the replicas differ after step 5: parameter 'fc1.bias' of rank 2 differs from rank 0's (a strategy "
-            "that reduced the wrong buffers or skipped one, or ranks given other data; run.debug_collectives = "
-            "true compares every collective across ranks)");
+            "that reduced the wrong buffers or skipped one, or a transport whose results are not the same on every "
+            "rank; run.debug_collectives = true compares every collective across ranks)");
   all[3 + 1] = 2;
   EXPECT_EQ(first_divergence(names, all, 3, -1),
-            "the replicas differ at the end of the run: parameter 'fc1.bias' of ranks 1, 2 differ from rank 0's (a "
-            "strategy that reduced the wrong buffers or skipped one, or ranks given other data; "
-            "run.debug_collectives = true compares every collective across ranks)");
+            "the replicas differ at the end of the run: parameter 'fc1.bias' of ranks 1, 2 differs from rank 0's (a "
+            "strategy that reduced the wrong buffers or skipped one, or a transport whose results are not the same "
+            "on every rank; run.debug_collectives = true compares every collective across ranks)");
   EXPECT_EQ(first_divergence(names, {7, 8, 9}, 1, 0), "");
 }
 

@@ -3,13 +3,13 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "error.h"
 
@@ -25,19 +25,37 @@ std::string temporary_for(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// Writes all of `text` to `fd`, then fsync: a short write, a full disk
+// (which may show only at fsync) or an I/O error is reported by errno.
+bool write_all(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += size_t(n);
+  }
+  return ::fsync(fd) == 0;
+}
+
+}  // namespace
+
 void write_file_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = temporary_for(path);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(path + ": cannot write file (" + std::strerror(errno) + ")");
+  bool ok = write_all(fd, text);
+  int err = errno;
+  if (::close(fd) != 0 && ok) {
+    ok = false;
+    err = errno;
+  }
   std::error_code ec;
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.flush();
-    if (!out) {
-      const int err = errno;
-      out.close();
-      std::filesystem::remove(tmp, ec);
-      throw Error(path + ": cannot write file (" + std::strerror(err) + ")");
-    }
+  if (!ok) {
+    std::filesystem::remove(tmp, ec);
+    throw Error(path + ": cannot write file (" + std::strerror(err) + ")");
   }
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
@@ -47,20 +65,39 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   }
 }
 
+namespace {
+
+// The same file: `fd` is still the file named `path` (the holder before us
+// removes the lock file as it leaves, so an fd opened just before that
+// locks a file no one else will see).
+bool still_named(int fd, const std::string& path) {
+  struct stat open_st {}, named_st {};
+  return ::fstat(fd, &open_st) == 0 && ::stat(path.c_str(), &named_st) == 0 && open_st.st_dev == named_st.st_dev &&
+         open_st.st_ino == named_st.st_ino;
+}
+
+}  // namespace
+
 DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   path_ = (std::filesystem::path(dir) / ".ddp.lock").string();
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(dir + ": cannot lock " + what + " (" + std::strerror(errno) + ")");
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    char holder[32] = {};
-    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
-    ::close(fd_);
-    fd_ = -1;
-    throw Error(dir + " is in use by another ddp run (pid " + std::string(holder, n > 0 ? size_t(n) : 0) +
-                    "): give this one another " + what,
-                DDP_ERR_INVALID_ARGUMENT);
+  for (;;) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw Error(dir + ": cannot lock " + what + " (" + std::strerror(errno) + ")");
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      char holder[32] = {};
+      const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+      ::close(fd_);
+      fd_ = -1;
+      if (err != EWOULDBLOCK) throw Error(dir + ": cannot lock " + what + " (" + std::strerror(err) + ")");
+      throw Error(dir + " is in use by another ddp run (pid " + std::string(holder, n > 0 ? size_t(n) : 0) +
+                      "): give this one another " + what,
+                  DDP_ERR_INVALID_ARGUMENT);
+    }
+    if (still_named(fd_, path_)) break;
+    ::close(fd_);  // locked a file its holder removed as it left: again
   }
   const std::string pid = std::to_string(getpid());
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {

@@ -57,6 +57,14 @@ size_t format_step(char* out, int64_t step) {
   return k;
 }
 
+// The training thread's new stage: the time first, the entry last, so that
+// training_stage() never pairs a new entry with an old time.
+void publish(const char* plugin, const char* entry) {
+  g_since_ns.store(now_ns(), std::memory_order_release);
+  g_plugin.store(plugin, std::memory_order_release);
+  g_entry.store(entry, std::memory_order_release);
+}
+
 }  // namespace
 
 void enter_step(int64_t step) {
@@ -69,32 +77,45 @@ void enter_step(int64_t step) {
 int64_t step() { return g_step.load(std::memory_order_relaxed); }
 
 void bind_training_thread() { t_training = true; }
+bool on_training_thread() { return t_training; }
 
 Inside::Inside(const char* plugin, const char* entry) : outer_plugin_(t_plugin), outer_entry_(t_entry) {
   t_plugin = plugin;
   t_entry = entry;
   if (!t_training) return;
-  g_plugin.store(plugin, std::memory_order_relaxed);
-  g_entry.store(entry, std::memory_order_relaxed);
-  g_since_ns.store(now_ns(), std::memory_order_relaxed);
+  publish(plugin, entry);
 }
 
 Inside::~Inside() {
   t_plugin = outer_plugin_;
   t_entry = outer_entry_;
   if (!t_training) return;
-  g_plugin.store(outer_plugin_, std::memory_order_relaxed);
-  g_entry.store(outer_entry_, std::memory_order_relaxed);
-  g_since_ns.store(now_ns(), std::memory_order_relaxed);
+  publish(outer_plugin_, outer_entry_);
 }
 
 const char* plugin() { return t_plugin; }
 const char* entry() { return t_entry; }
 
 Stage training_stage() {
-  return Stage{g_plugin.load(std::memory_order_relaxed), g_entry.load(std::memory_order_relaxed),
-               g_since_ns.load(std::memory_order_relaxed)};
+  // Acquire the entry, then the time: a reader that sees an entry sees a
+  // time no older than the entry's (it never pairs an entry with the time
+  // the previous one was left).
+  const char* entry = g_entry.load(std::memory_order_acquire);
+  const char* plugin = g_plugin.load(std::memory_order_acquire);
+  return Stage{plugin, entry, g_since_ns.load(std::memory_order_acquire)};
 }
+
+namespace {
+std::atomic<Reporter> g_reporter{nullptr};
+std::atomic<bool> g_reported{false};
+}  // namespace
+
+void set_reporter(Reporter reporter) { g_reporter.store(reporter); }
+void report_first(const std::exception& e) {
+  const Reporter r = g_reporter.load();
+  if (r && !g_reported.exchange(true)) r(e);
+}
+bool reported() { return g_reported.load(); }
 
 bool has_channel() { return channel_fd() >= 0; }
 

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 
 namespace ddp::whereabouts {
 
@@ -62,6 +63,16 @@ Stage training_stage();
 // Marks the calling thread as the training thread (whose Inside scopes
 // training_stage reports).
 void bind_training_thread();
+bool on_training_thread();  // the calling thread is the bound one (async-signal-safe)
+
+// The rank's first failure, reported as soon as it is caught (run_rank sets
+// the reporter), before the teardown that follows it: a teardown that then
+// crashes or hangs cannot hide the cause. report_first calls the reporter
+// once per process; reported() says whether it has.
+using Reporter = void (*)(const std::exception& e);
+void set_reporter(Reporter reporter);
+void report_first(const std::exception& e);
+bool reported();
 
 // The channel: whether there is one, and a whole line sent on it (the
 // newline included). Async-signal-safe; a failed write is dropped.

@@ -62,7 +62,8 @@ struct MeterCallbacks {
       status = run_staged(
           *m.services_.device, *to_stream(stream),
           [&](void* const* p) {
-            const ddp_buffer send{p[0], kCallWords, DDP_INT64, kind}, recv{p[1], all.size(), DDP_INT64, kind};
+            // int64 words sent as float64 (which every transport supports): copied, not computed on.
+            const ddp_buffer send{p[0], kCallWords, DDP_FLOAT64, kind}, recv{p[1], all.size(), DDP_FLOAT64, kind};
             return m.real_->all_gather(m.real_comm_, &send, &recv, stream);
           },
           {{mine.data(), mine.size() * sizeof(int64_t)}, {all.data(), all.size() * sizeof(int64_t)}},

@@ -189,6 +189,9 @@ struct HostCallbacks {
   static ddp_status event_synchronize(void* ctx, ddp_event event) {
     if (in_host_function("event_synchronize")) return DDP_ERR_UNSUPPORTED;
     auto start = Clock::now();
+    // Its own stage: the watchdog's clock restarts for the wait (bounded by
+    // wait_limit) and again after it, so an entry of many waits is not stuck.
+    whereabouts::Inside in(self(ctx).label_.c_str(), "event_synchronize");
     ddp_status status = host_guard([&] { to_event(event)->synchronize(svc(ctx).wait_limit()); }, DDP_ERR_COMM);
     add_blocked(ctx, start);
     return status;
@@ -235,6 +238,9 @@ struct HostCallbacks {
 
   static ddp_status run_optimizer(void* ctx, const size_t* indices, size_t count) {
     if (in_host_function("run_optimizer")) return DDP_ERR_UNSUPPORTED;
+    // The engine's optimizer computes, with no limit, as it does outside a
+    // plugin: not a stage the watchdog times (no entry).
+    whereabouts::Inside in(nullptr, nullptr);
     return host_guard([&] {
       if (!svc(ctx).run_optimizer) throw Error("run_optimizer: this host has no optimizer", DDP_ERR_UNSUPPORTED);
       svc(ctx).run_optimizer(indices, count);

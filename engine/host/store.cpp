@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "error.h"
 
@@ -68,13 +69,16 @@ Store::Store(const std::string& location, const std::string& prefix,
 
 Store::~Store() = default;
 
+// Every call into the base store holds mutex_ (a hiredis context and
+// FileStore's bookkeeping are not thread-safe, and a plugin may use the
+// store from a stream's thread); none holds it while waiting.
 void Store::set(const std::string& key, const std::vector<char>& value) {
+  std::lock_guard<std::mutex> lock(mutex_);
   try {
     prefixed_->set(key, value);
   } catch (const std::exception& e) {
     throw Error("rendezvous store: cannot set '" + key + "': " + e.what(), DDP_ERR_COMM);
   }
-  std::lock_guard<std::mutex> lock(mutex_);
   written_.push_back(prefix_ + "/" + key);  // as gloo's PrefixStore joins them
 }
 
@@ -97,6 +101,7 @@ std::string Store::remove_written() {
 
 std::vector<char> Store::get(const std::string& key) {
   wait({key});
+  std::lock_guard<std::mutex> lock(mutex_);
   try {
     return prefixed_->get(key);
   } catch (const std::exception& e) {
@@ -105,12 +110,25 @@ std::vector<char> Store::get(const std::string& key) {
 }
 
 void Store::wait(const std::vector<std::string>& keys) {
-  try {
-    prefixed_->wait(keys, timeout_);
-  } catch (const std::exception& e) {
-    throw Error("rendezvous store: timed out after " + std::to_string(timeout_.count()) +
-                    " ms waiting for other ranks: " + e.what(),
-                DDP_ERR_TIMEOUT);
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  for (const std::string& key : keys) {
+    for (;;) {
+      bool there = false;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        try {
+          there = holds(key);
+        } catch (const std::exception& e) {
+          throw Error("rendezvous store: cannot look up '" + key + "': " + e.what(), DDP_ERR_COMM);
+        }
+      }
+      if (there) break;
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw Error("rendezvous store: timed out after " + std::to_string(timeout_.count()) +
+                        " ms waiting for other ranks: no key '" + key + "' yet",
+                    DDP_ERR_TIMEOUT);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
 }
 
@@ -125,6 +143,7 @@ void Store::claim(int rank) {
   const std::string key = "ddp_started_" + std::to_string(rank);
   bool taken = false;
   try {
+    std::lock_guard<std::mutex> lock(mutex_);
     taken = holds(key);
   } catch (const std::exception&) {  // a store that cannot answer fails at its first use instead
   }

@@ -63,7 +63,9 @@ const char* signal_name(int sig) {
 }
 
 // "<plugin> crashed in <entry>", "crashed in the engine (<what it was
-// doing>)" or "crashed in the engine"; for stderr, with the signal's name
+// doing>)", "crashed in the engine", or, on a thread no plugin entry or host
+// function runs on (Gloo's own), "crashed on a thread of a library, outside
+// any plugin entry"; for stderr, with the signal's name
 // (on the channel the launcher names it).
 void describe(Line& line, int sig, bool json) {
   const char* plugin = whereabouts::plugin();
@@ -73,6 +75,8 @@ void describe(Line& line, int sig, bool json) {
     text(plugin);
     line.add(" crashed in ");
     text(entry ? entry : "an entry");
+  } else if (!whereabouts::on_training_thread()) {
+    line.add("crashed on a thread of a library, outside any plugin entry");
   } else {
     line.add("crashed in the engine");
     if (entry) {

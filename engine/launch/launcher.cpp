@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -104,9 +106,34 @@ int launch_ranks(const LaunchSpec& spec) {
 
 namespace {
 // Under our own launcher the report goes on the channel and the launcher
-// names the rank to blame; otherwise each rank says it. Returns 1.
-int report(const std::exception& e, int rank) {
+// names the rank to blame; otherwise each rank says it. Once: a failure the
+// trainer reported before its teardown is not reported again. Returns 1.
+std::atomic<int> g_rank{-1};
+void report_now(const std::exception& e) {
+  const int rank = g_rank.load();
   if (!report_failure(failure_of(e, rank))) std::cerr << "ddp: rank " << rank << ": error: " << e.what() << std::endl;
+}
+// A plugin that calls exit() in the middle of the run: under our launcher
+// the launcher sees no "completed" and says so; under another one the exit
+// code would be the plugin's (0 looks like success), so it becomes 1 here.
+std::atomic<bool> g_in_body{false};
+void exited_early() {
+  if (!g_in_body.load() || whereabouts::has_channel()) return;
+  std::string where;
+  if (const char* plugin = whereabouts::plugin()) {
+    const char* entry = whereabouts::entry();
+    where = std::string(" (") + plugin + (entry ? std::string(" called exit in ") + entry : std::string()) + ")";
+  }
+  std::fprintf(stderr, "ddp: rank %d: error: the process exited before completing its run%s\n", g_rank.load(),
+               where.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+int report(const std::exception& e, int rank) {
+  g_rank.store(rank);
+  whereabouts::set_reporter(report_now);
+  whereabouts::report_first(e);
   return 1;
 }
 }  // namespace
@@ -120,6 +147,8 @@ int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milli
   whereabouts::has_channel();  // looked up now, not first in a signal handler
   try {
     rank = env_int("RANK");
+    g_rank.store(rank);
+    whereabouts::set_reporter(report_now);
     install_crash_handler(rank);
     RankEnv env;
     env.rank.rank = rank;
@@ -134,10 +163,15 @@ int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milli
                   DDP_ERR_INVALID_ARGUMENT);
     env.run_id = env_or("DDP_RUN_ID", default_run_id());
     const Watchdog watchdog(rank, timeout + Watchdog::kGrace, timeout_note + " plus 7 s");
+    static const bool registered = std::atexit(exited_early) == 0;
+    (void)registered;
+    g_in_body = true;
     body(env);
+    g_in_body = false;
     whereabouts::send_line("completed\n", 10);
     return 0;
   } catch (const std::exception& e) {
+    g_in_body = false;
     return report(e, rank);
   }
 }

@@ -122,7 +122,9 @@ void RankPlugins::all_gather(const std::vector<double>& mine, std::vector<double
 }
 
 void RankPlugins::all_gather(const std::vector<int64_t>& mine, std::vector<int64_t>& all) {
-  gather_words(mine.data(), all.data(), mine.size(), all.size(), DDP_INT64, "all_gather of the replica digests");
+  // As float64 words: every transport supports float64 (int64 is optional
+  // in the ABI), and an all-gather copies the bits whatever they are.
+  gather_words(mine.data(), all.data(), mine.size(), all.size(), DDP_FLOAT64, "all_gather of the replica digests");
 }
 
 void RankPlugins::gather_words(const void* mine, void* all, size_t send, size_t recv, ddp_dtype dtype,

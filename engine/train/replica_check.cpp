@@ -66,8 +66,9 @@ std::string first_divergence(const std::vector<std::string>& names, const std::v
     if (count == 0) continue;
     const std::string when = step >= 0 ? "after step " + std::to_string(step + 1) : "at the end of the run";
     return "the replicas differ " + when + ": parameter '" + names[p] + "' of rank" + (count > 1 ? "s " : " ") +
-           ranks + (count > 1 ? " differ" : " differs") + " from rank 0's (a strategy that reduced the wrong buffers or skipped one, or ranks given other "
-           "data; run.debug_collectives = true compares every collective across ranks)";
+           ranks + " differs from rank 0's (a strategy that reduced the wrong buffers or skipped one, or a transport "
+           "whose results are not the same on every rank; run.debug_collectives = true compares every collective "
+           "across ranks)";
   }
   return "";
 }

@@ -59,11 +59,13 @@ class RankRun {
       finish_run();
     } catch (Error& e) {
       if (e.step() < 0) e.at_step(whereabouts::step());
+      whereabouts::report_first(e);  // before a teardown that could crash or hang
       stop_plugins();
       throw;
     } catch (const std::exception& e) {
       Error error(e.what(), kind_of(e));
       error.at_step(whereabouts::step());
+      whereabouts::report_first(error);
       stop_plugins();
       throw error;
     }
