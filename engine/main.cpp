@@ -1,5 +1,5 @@
 // main.cpp — the `ddp` command. The only place that exits.
-//   ddp run CONFIG [--set section.key=value]... [--trace]
+//   ddp run CONFIG [--set section.key=value]... [--trace] [--resume [PATH]]
 //   ddp bench-comm [--transport gloo|PATH] [--world 2,4,6] [--sizes 1MB,...]
 //                  [--ops all_reduce,...] [--warmup 5] [--iters N] [--out DIR]
 //                  [--set transport.key=value]... [--timeout S]
@@ -12,8 +12,11 @@
 #include <memory>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "atomic_file.h"
 #include "bench_comm.h"
+#include "checkpoint.h"
 #include "config.h"
 #include "launcher.h"
 #include "trace.h"
@@ -63,23 +66,37 @@ int run_as_rank(const Config& config) {
       std::chrono::milliseconds(int64_t(config.run.timeout_s * 1000)), timeout_note(config));
 }
 
+// Every rank's command line: `ddp run CONFIG --set ... [--resume WHICH]`.
+std::vector<std::string> rank_args(const std::string& config_path, const std::vector<std::string>& overrides,
+                                   const std::string& resume) {
+  std::vector<std::string> args = {"ddp", "run", config_path};
+  for (const auto& o : overrides) args.insert(args.end(), {"--set", o});
+  if (!resume.empty()) args.insert(args.end(), {"--resume", resume});
+  return args;
+}
+
 // `ddp run` on this machine: run.world_size ranks of this executable, each
 // running the same command line as a rank. With --trace, each rank records
 // into the run's private directory and the files are merged into
-// <output_dir>/trace.json once every rank has succeeded.
+// <output_dir>/trace.json once every rank has succeeded. A failed group
+// starts again from its latest checkpoint (from the start if it has none),
+// up to run.max_restarts times; a rank that refused its input is not
+// started again.
 int launch_run(const Config& config, const std::string& config_path, const std::vector<std::string>& overrides,
                bool trace) {
   LaunchSpec spec;
   spec.world = config.run.world_size;
   spec.output_dir = config.run.output_dir;
-  spec.args = {"ddp", "run", config_path};
-  for (const auto& o : overrides) spec.args.insert(spec.args.end(), {"--set", o});
   spec.timeout_note = timeout_note(config);
-  spec.unset = {"DDP_TRACE"};
+  spec.unset = {"DDP_TRACE", "DDP_RESTARTS"};
+  nlohmann::json restarts = nlohmann::json::array();
+  spec.rank_env = [&](int r, const std::string& run_dir) {
+    std::vector<std::string> env;
+    if (trace) env.push_back("DDP_TRACE=" + rank_trace_path(run_dir, std::to_string(r)));
+    if (!restarts.empty()) env.push_back("DDP_RESTARTS=" + restarts.dump());
+    return env;
+  };
   if (trace) {
-    spec.rank_env = [&](int r, const std::string& run_dir) {
-      return std::vector<std::string>{"DDP_TRACE=" + rank_trace_path(run_dir, std::to_string(r))};
-    };
     spec.on_success = [&](const std::string& run_dir) {
       std::vector<std::string> files;
       for (int r = 0; r < spec.world; ++r) files.push_back(rank_trace_path(run_dir, std::to_string(r)));
@@ -89,7 +106,18 @@ int launch_run(const Config& config, const std::string& config_path, const std::
     };
   }
   const DirectoryLock lock(config.run.output_dir, "run.output_dir");  // one run per output directory
-  return launch_ranks(spec);
+  std::string resume = config.resume;
+  for (int64_t attempt = 0;; ++attempt) {
+    spec.args = rank_args(config_path, overrides, resume);
+    LaunchOutcome outcome;
+    const int code = launch_ranks(spec, &outcome);
+    if (code != 1 || attempt >= config.run.max_restarts || outcome.bad_input) return code;
+    if (std::filesystem::exists(std::filesystem::path(config.checkpoint.dir) / "latest")) resume = "latest";
+    const std::string from = resume.empty() ? "" : resolve_checkpoint(config.checkpoint.dir, resume);
+    std::cerr << "ddp: restarting the run (" << attempt + 1 << " of run.max_restarts = " << config.run.max_restarts
+              << ") from " << (from.empty() ? "the start" : from) << std::endl;
+    restarts.push_back({{"failure", outcome.message}, {"resumed_from", from.empty() ? nlohmann::json() : nlohmann::json(from)}});
+  }
 }
 
 }  // namespace
@@ -107,6 +135,11 @@ int main(int argc, char** argv) {
   run->add_option("config", config_path, "the run's TOML file")->required();
   run->add_option("--set", overrides, "override a key: section.key=value (TOML value; repeatable)")
       ->take_all();
+  std::string resume;
+  CLI::Option* resume_option =
+      run->add_option("--resume", resume,
+                      "continue from the latest checkpoint in checkpoint.dir, or from the checkpoint PATH")
+          ->expected(0, 1);
   bool trace = false;
   run->add_flag("--trace", trace,
                 "write a Chrome trace (Perfetto) of compute and communication per rank to <output_dir>/trace.json");
@@ -152,6 +185,7 @@ int main(int argc, char** argv) {
       return std::getenv("RANK") ? ddp::bench_comm_rank(bench) : ddp::bench_comm(bench);
     }
     ddp::Config config = ddp::load_config(config_path, overrides);
+    if (resume_option->count() > 0) config.resume = resume.empty() ? "latest" : resume;
     if (const char* rank = std::getenv("RANK")) {
       // Ranks of our own launcher (it sets DDP_STATUS_FD) get DDP_TRACE from
       // it. Under another launcher nobody merges: with --trace each rank

@@ -75,14 +75,19 @@ struct RunResult {
 };
 
 // Trains with `world` ranks on the configuration `toml` (a whole TOML
-// document without [run] world_size/output_dir, which this adds).
-inline RunResult run(const std::string& toml, int world) {
+// document without [run] world_size/output_dir, which this adds), with
+// `sets` as --set overrides and `resume` as --resume ("": none).
+inline RunResult run(const std::string& toml, int world, const std::vector<std::string>& sets = {},
+                     const std::string& resume = "") {
   namespace fs = std::filesystem;
   char tmpl[] = "/tmp/ddp-harness-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   std::ofstream(dir + "/run.toml") << toml;
-  Config config = load_config(dir + "/run.toml", {"run.world_size=" + std::to_string(world),
-                                                  "run.output_dir=\"" + dir + "/out\""});
+  std::vector<std::string> overrides = {"run.world_size=" + std::to_string(world),
+                                        "run.output_dir=\"" + dir + "/out\""};
+  overrides.insert(overrides.end(), sets.begin(), sets.end());
+  Config config = load_config(dir + "/run.toml", overrides);
+  config.resume = resume;
   RunResult result;
   result.failures = run_ranks(world, [&](int rank, const std::string& rendezvous) {
     RankEnv env;

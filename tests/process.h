@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -74,6 +75,29 @@ int wait_for(const Process& p, std::chrono::seconds limit) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// The child of `parent` whose environment has RANK=<rank>.
+pid_t find_rank(pid_t parent, int rank) {
+  const std::string want = "RANK=" + std::to_string(rank);
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string stat = read_file(entry.path() / "stat");
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    fields >> state >> ppid;
+    if (ppid != parent) continue;
+    std::string env = read_file(entry.path() / "environ");
+    for (size_t at = 0; at < env.size(); at = env.find('\0', at) + 1) {
+      if (env.compare(at, want.size() + 1, want + '\0') == 0) return std::stoi(name);
+      if (env.find('\0', at) == std::string::npos) break;
+    }
+  }
+  return -1;
 }
 
 }  // namespace

@@ -47,6 +47,10 @@ constexpr KeySpec kSchema[] = {
     {"run", "check_finite", toml::node_type::boolean, false},
     {"run", "check_replicas_every", toml::node_type::integer, false},
     {"run", "debug_collectives", toml::node_type::boolean, false},
+    {"run", "max_restarts", toml::node_type::integer, false},
+    {"checkpoint", "every", toml::node_type::integer, false},
+    {"checkpoint", "dir", toml::node_type::string, false},
+    {"checkpoint", "keep", toml::node_type::integer, false},
     {"model", "name", toml::node_type::string, true},
     {"model", "init_from", toml::node_type::string, false},
     {"model", "freeze", toml::node_type::array, false},
@@ -295,6 +299,7 @@ RunConfig read_run(const Reader& r) {
   run.check_finite = r.boolean("run", "check_finite", true);
   run.check_replicas_every = r.integer("run", "check_replicas_every", run.check_replicas_every, 0);
   run.debug_collectives = r.boolean("run", "debug_collectives", false);
+  run.max_restarts = r.integer("run", "max_restarts", 0, 0, 1000);
 
   return run;
 }
@@ -458,6 +463,9 @@ Config validate_config(const toml::table& doc, const std::string& file) {
 
   c.optimizer = read_optimizer(r);
   c.unfreeze = read_unfreeze(r);
+  c.checkpoint.every = r.integer("checkpoint", "every", 0, 0);
+  c.checkpoint.dir = r.string("checkpoint", "dir", (fs::path(c.run.output_dir) / "checkpoints").string());
+  c.checkpoint.keep = r.integer("checkpoint", "keep", 2, 1);
   c.transport_plugin = r.string("transport", "plugin", "gloo");
   c.strategy_plugin = r.string("strategy", "plugin", "naive");
   c.transport = r.plugin_section("transport");

@@ -53,6 +53,16 @@ struct RunConfig {
   // step (docs/benchmarks.md).
   int64_t check_replicas_every = 10;
   bool debug_collectives = false;  // compare every collective across ranks before it runs
+  // `ddp run` restarts a failed group from its latest checkpoint this many times.
+  int64_t max_restarts = 0;
+};
+
+// [checkpoint] (engine/train/checkpoint.h): every `every` steps (0: never)
+// a checkpoint into `dir`, keeping the newest `keep`.
+struct CheckpointConfig {
+  int64_t every = 0;
+  std::string dir;  // default: <run.output_dir>/checkpoints
+  int64_t keep = 2;
 };
 
 struct ModelConfig {
@@ -108,11 +118,15 @@ struct Config {
   DataConfig data;
   OptimizerConfig optimizer;
   std::vector<UnfreezeConfig> unfreeze;
+  CheckpointConfig checkpoint;
   std::string transport_plugin = "gloo";
   std::string strategy_plugin = "naive";
   PluginSection transport;
   PluginSection strategy;
   std::string toml_text;      // the effective config (after --set), for summary.json
+  // Not a key: `ddp run --resume [PATH]`: "" (start afresh), "latest" (the
+  // checkpoint checkpoint.dir/latest names) or a checkpoint's path.
+  std::string resume;
   // Every engine key read with a fallback, set or not: "run.timeout_s" → "30"
   // (what the ranks compare: a default written out equals one left unset).
   std::map<std::string, std::string> effective;

@@ -75,7 +75,7 @@ std::vector<std::vector<std::string>> environments(const LaunchSpec& spec, const
 
 }  // namespace
 
-int launch_ranks(const LaunchSpec& spec) {
+int launch_ranks(const LaunchSpec& spec, LaunchOutcome* outcome) {
   fs::create_directories(spec.output_dir);
   std::string pattern = (fs::path(spec.output_dir) / ".rendezvous-XXXXXX").string();
   if (!mkdtemp(pattern.data())) throw Error(spec.output_dir + ": cannot create a rendezvous directory");
@@ -101,6 +101,10 @@ int launch_ranks(const LaunchSpec& spec) {
     }
   }
   std::cerr << verdict.message;
+  if (outcome) {
+    outcome->message = verdict.message;
+    for (const auto& report : reports) outcome->bad_input |= report && report->kind == DDP_ERR_INVALID_ARGUMENT;
+  }
   return verdict.exit_code;
 }
 

@@ -35,10 +35,18 @@ struct LaunchSpec {
   std::function<void(const std::string& run_dir)> on_success;
 };
 
+// How a launch that failed failed: what the user was told, and whether a
+// rank refused its input (a config or file error: starting again would
+// only repeat it).
+struct LaunchOutcome {
+  std::string message;
+  bool bad_input = false;
+};
+
 // Runs the ranks as child processes; returns the exit code for the user (0
 // when every rank succeeded; 1 after printing which rank failed and why;
-// 130 on Ctrl-C).
-int launch_ranks(const LaunchSpec& spec);
+// 130 on Ctrl-C), and fills `outcome` if given.
+int launch_ranks(const LaunchSpec& spec, LaunchOutcome* outcome = nullptr);
 
 // Runs this process as the rank that RANK, WORLD_SIZE, LOCAL_RANK and
 // DDP_RENDEZVOUS (and DDP_RUN_ID) name: SIGPIPE ignored, the crash handler

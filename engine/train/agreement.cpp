@@ -33,15 +33,12 @@ std::string value_text(const toml::node& node) {
   return text.str();
 }
 
-// "config section.key" → its value, for every key of `doc` but the rank-local.
-void flatten(const toml::table& doc, Fingerprint& out) {
+// "section.key" → its value, for every key of `doc`.
+void flatten(const toml::table& doc, std::map<std::string, std::string>& out) {
   for (auto&& [section, node] : doc) {
     const toml::table* table = node.as_table();
     if (!table) continue;
-    for (auto&& [key, value] : *table) {
-      const std::string name = std::string(section.str()) + "." + std::string(key.str());
-      if (!rank_local(name)) out["config " + name] = value_text(value);
-    }
+    for (auto&& [key, value] : *table) out[std::string(section.str()) + "." + std::string(key.str())] = value_text(value);
   }
 }
 
@@ -56,11 +53,17 @@ std::string show(const std::string& value) { return value.empty() ? "(not set)" 
 
 }  // namespace
 
+std::map<std::string, std::string> config_items(const Config& config) {
+  std::map<std::string, std::string> items;
+  flatten(toml::parse(config.toml_text, config.file), items);
+  // Engine keys as they take effect: a default written out equals one unset.
+  for (const auto& [key, value] : config.effective) items[key] = value;
+  return items;
+}
+
 Fingerprint fingerprint(const Config& config, const std::vector<Parameter>& params, const std::string& plugins) {
   Fingerprint f;
-  flatten(toml::parse(config.toml_text, config.file), f);
-  // Engine keys as they take effect: a default written out equals one unset.
-  for (const auto& [key, value] : config.effective)
+  for (const auto& [key, value] : config_items(config))
     if (!rank_local(key)) f["config " + key] = value;
   f["plugins"] = plugins;
   for (size_t i = 0; i < params.size(); ++i) {

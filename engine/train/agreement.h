@@ -2,7 +2,7 @@
 // given different configs would otherwise diverge silently, or die in a
 // Gloo error that names no mismatch. Each rank's fingerprint (a pure
 // function): every key of its effective config but the rank-local ones
-// (run.output_dir, run.log_every, run.threads, transport.hostname), its
+// (run.output_dir, run.threads, transport.hostname), its
 // plugins' names and versions, its parameters' names, shapes and dtypes.
 // Once the plugins have started (before the first collective), every rank
 // publishes its fingerprint in the rendezvous store; rank 0 compares them with its own and publishes the
@@ -22,6 +22,10 @@
 namespace ddp {
 
 using Fingerprint = std::map<std::string, std::string>;  // item → value, in item order
+
+// Every key of the config as it takes effect: "optimizer.lr" → "0.1", a
+// default left unset as if written out. Pure.
+std::map<std::string, std::string> config_items(const Config& config);
 
 // This rank's fingerprint. `plugins` says which plugins, of which versions.
 // Pure.

@@ -90,13 +90,40 @@ void Optimizer::step(std::vector<Parameter>& params, const size_t* indices, size
     const size_t i = indices[k];
     Parameter& p = params.at(i);
     if (!p.trainable || p.uses == 0) continue;
-    if (!state_[i]) state_[i] = std::make_unique<State>();
+    if (!state_[i]) {
+      state_[i] = std::make_unique<State>();
+      take_up(i, p, *state_[i]);
+    }
     if (config_.name == "adamw") {
       adamw(p, hyper_[i], *state_[i]);
     } else {
       sgd(p, hyper_[i], *state_[i]);
     }
   }
+}
+
+std::optional<SavedState> Optimizer::saved(size_t i) const {
+  if (i >= state_.size() || !state_[i]) return std::nullopt;
+  const State& s = *state_[i];
+  return SavedState{s.steps, s.first.to_host(), s.second.to_host()};
+}
+
+void Optimizer::take_up(size_t i, const Parameter& p, State& s) {
+  const auto it = pending_.find(i);
+  if (it == pending_.end()) return;
+  const SavedState& saved = it->second;
+  s.steps = saved.steps;
+  const auto upload = [&](Tensor& t, const std::vector<float>& values) {
+    if (values.empty()) return;
+    if (values.size() != p.data.numel())
+      throw Error("checkpoint: optimizer state of '" + p.name + "' has " + std::to_string(values.size()) +
+                  " elements, the parameter " + std::to_string(p.data.numel()));
+    t = Tensor(device_, p.shape, MemCategory::OptimizerState);
+    device_.upload(t.data(), values.data(), t.bytes());
+  };
+  upload(s.first, saved.first);
+  upload(s.second, saved.second);
+  pending_.erase(it);
 }
 
 // d = g + wd * w;  buf = momentum * buf + d (buf = d at first);  w -= lr * buf

@@ -6,13 +6,23 @@
 // state.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "config.h"
 #include "model.h"
 
 namespace ddp {
+
+// One parameter's optimizer state as a checkpoint holds it, on the host:
+// `steps` (AdamW's step count; 0 for SGD), `first` (SGD's momentum_buffer or
+// AdamW's exp_avg; empty if none), `second` (AdamW's exp_avg_sq).
+struct SavedState {
+  int64_t steps = 0;
+  std::vector<float> first, second;
+};
 
 class Optimizer {
  public:
@@ -30,6 +40,18 @@ class Optimizer {
     step(params, indices.data(), indices.size());
   }
 
+  // The state of params[i] as this rank holds it; none if it never stepped i.
+  std::optional<SavedState> saved(size_t i) const;
+  // Whether this rank holds state for params[i], and its step count.
+  bool has_state(size_t i) const { return i < state_.size() && state_[i]; }
+  int64_t state_steps(size_t i) const { return has_state(i) ? state_[i]->steps : 0; }
+  bool is_adamw() const { return config_.name == "adamw"; }
+  // A resumed run's state (by parameter index), taken up when a parameter
+  // is first stepped: a rank of `sharded` materialises its own shard only.
+  // Whatever no step claimed is dropped by drop_unclaimed().
+  void restore_on_first_step(std::map<size_t, SavedState> states) { pending_ = std::move(states); }
+  void drop_unclaimed() { pending_.clear(); }
+
  private:
   struct State {
     int64_t steps = 0;
@@ -46,6 +68,8 @@ class Optimizer {
   Device& device_;
   std::vector<Hyper> hyper_;                   // per parameter
   std::vector<std::unique_ptr<State>> state_;  // per parameter, made on first step
+  std::map<size_t, SavedState> pending_;       // restored, not yet claimed
+  void take_up(size_t i, const Parameter& p, State& s);
 };
 
 // fnmatch-style glob over parameter names: `*` any run (dots too), `?` one.

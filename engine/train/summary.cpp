@@ -79,12 +79,13 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
   summary["transport"] = facts.transport;
   summary["strategy"] = facts.strategy;
   double total = 0, blocked = 0, busy = 0;
-  json loss = json::array(), step_time = json::array();
+  json loss = facts.losses_before, step_time = json::array();
   for (const StepRecord& r : steps) {
     loss.push_back(r.loss);
     step_time.push_back(r.step_s);
     total += r.step_s, blocked += r.comm_blocked_s, busy += r.comm_busy_s;
   }
+  summary["first_step"] = facts.first_step;
   summary["loss"] = loss;
   summary["step_time_s"] = step_time;
   summary["mean_step_time_s"] = steps.empty() ? 0.0 : total / steps.size();
@@ -111,6 +112,10 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
   summary["replica_checks"] = {{"every", facts.replica_check_every},
                                {"after_steps", facts.replica_checked_after},
                                {"seconds", facts.replica_check_s}};
+  summary["checkpoints"] = {{"after_steps", facts.checkpoints}, {"seconds", facts.checkpoint_s}};
+  summary["resumed_from"] = facts.resumed_from.empty() ? json() : json(facts.resumed_from);
+  json restarts = facts.restarts_json.empty() ? json::array() : json::parse(facts.restarts_json, nullptr, false);
+  summary["restarts"] = restarts.is_discarded() ? json::array() : restarts;
   if (strategy_stats) summary["strategy_stats"] = *strategy_stats;
   summary["config"] = facts.config_toml;
   return summary;

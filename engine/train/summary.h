@@ -60,9 +60,21 @@ struct RunFacts {
   int64_t replica_check_every = 0;
   std::vector<int64_t> replica_checked_after;
   double replica_check_s = 0;
+  // A resumed run: the step it started after, from which checkpoint ("":
+  // none), the losses of the steps before. The checkpoints this run wrote
+  // (after which steps) and their seconds. The restarts of `ddp run` before
+  // this one (a JSON array, "" for none).
+  int64_t first_step = 0;
+  std::string resumed_from;
+  std::vector<double> losses_before;
+  std::vector<int64_t> checkpoints;
+  double checkpoint_s = 0;
+  std::string restarts_json;
 };
 
-// summary.json: the run's facts, one column per StepRecord field, means and
+// summary.json: the run's facts, `loss` for every step (a resumed run's
+// earlier steps from its checkpoint), one column per StepRecord field (the
+// steps this process ran, from first_step + 1), means and
 // totals, rank 0's peaks per window, every rank's totals, whether the ranks
 // issued the same collectives, the strategy's own stats (if it has any:
 // not null). Pure.

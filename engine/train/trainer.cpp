@@ -18,6 +18,7 @@
 #include <cblas.h>
 
 #include "agreement.h"
+#include "checkpoint.h"
 #include "data.h"
 #include "model_setup.h"
 #include "nvtx.h"
@@ -87,6 +88,8 @@ class RankRun {
     data_ = make_dataset(config_, shape, r.rank, r.world_size, host_device_ ? *host_device_ : *device_);
     optimizer_ = std::make_unique<Optimizer>(config_.optimizer, *device_, model_->params());
     check_unfreeze(config_.unfreeze, *model_, config_.model.name);
+    refuse_foreign_checkpoints(config_);
+    if (!config_.resume.empty()) resume();
     store_ = std::make_unique<Store>(env_.rendezvous, env_.run_id,
                                      std::chrono::milliseconds(int64_t(config_.run.timeout_s * 1000)));
     store_->claim(r.rank);
@@ -128,16 +131,19 @@ class RankRun {
     take_peaks(device_->memory(), mem_after_setup_);
     records_.reserve(static_cast<size_t>(config_.run.steps));
     const int64_t every = config_.run.check_replicas_every;
-    for (int64_t step = 0; step < config_.run.steps; ++step) {
+    const int64_t checkpoint_every = config_.checkpoint.every;
+    for (int64_t step = start_step_; step < config_.run.steps; ++step) {
       whereabouts::enter_step(step);
       records_.push_back(train_step(step));
+      if (step == start_step_) optimizer_->drop_unclaimed();  // a resumed run's state not this rank's
       if (observer_) observer_->on_weights(step + 1, *model_);
       if ((step + 1) % config_.run.log_every == 0 || step + 1 == config_.run.steps) report(step);
       if (every > 0 && (step + 1) % every == 0) check_replicas(step);
+      if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0) checkpoint(step + 1);
     }
     whereabouts::enter_step(-1);  // what follows is the end of the run, not a step
     const int64_t steps = config_.run.steps;
-    if (steps == 0 || every == 0 || steps % every != 0) check_replicas(-1);  // unless the last step was checked
+    if (steps == start_step_ || every == 0 || steps % every != 0) check_replicas(-1);  // unless the last step was checked
     {
       whereabouts::Inside in(nullptr, "waiting for the last collectives");
       device_->comm_stream().synchronize();
@@ -304,6 +310,38 @@ class RankRun {
     replica_check_s_ += seconds_since(t);
   }
 
+  // --resume: the checkpoint's parameters, optimizer state (taken up at
+  // each parameter's first step), frozen set and losses; training goes on
+  // after its step. A config that changes what the run trains is refused.
+  void resume() {
+    const Resumed r = resume_run(config_, *model_, *device_, *optimizer_);
+    start_step_ = r.step;
+    loss_prefix_ = r.losses;
+    resumed_from_ = r.path;
+    if (env_.rank.rank != 0) return;
+    std::printf("resuming from %s after step %lld of %lld\n", r.path.c_str(), static_cast<long long>(r.step),
+                static_cast<long long>(config_.run.steps));
+    for (const std::string& change : r.changed) std::printf("  changed: %s\n", change.c_str());
+    std::fflush(stdout);
+  }
+
+  // After `step` steps: every rank's part of a checkpoint (checkpoint.h).
+  void checkpoint(int64_t step) {
+    const auto t = Clock::now();
+    whereabouts::Inside in(nullptr, "writing a checkpoint");
+    average_losses();
+    CheckpointInput input{config_, env_.rank.rank, env_.rank.world_size, model_->params(), *optimizer_,
+                          plugins_->strategy_name(), plugins_->transport_name(), config_items(config_),
+                          loss_prefix_, {}};
+    for (const StepRecord& r : records_) input.losses.push_back(r.loss);
+    input.all_gather = [this](const std::vector<double>& mine, std::vector<double>& all) {
+      plugins_->all_gather(mine, all);
+    };
+    write_checkpoint(input, step);
+    checkpoints_.push_back(step);
+    checkpoint_s_ += seconds_since(t);
+  }
+
   bool unfreeze(int64_t step) {
     if (!apply_unfreeze(config_.unfreeze, step, *model_, *device_)) return false;
     services_.refresh_param_table();
@@ -318,15 +356,26 @@ class RankRun {
       if (model_->params()[i].trainable) trainable_.push_back(i);
   }
 
-  // Replaces the local losses since the last report by the global mean (the
-  // loss single-process training would report), then prints from rank 0.
-  void report(int64_t step) {
-    const size_t begin = reported_;
-    std::vector<float> losses;
-    for (size_t i = begin; i < records_.size(); ++i) losses.push_back(static_cast<float>(records_[i].loss));
-    plugins_->all_reduce_mean(losses);
-    for (size_t i = begin; i < records_.size(); ++i) records_[i].loss = losses[i - begin];
+  // Replaces the local losses not yet averaged by their mean over ranks (the
+  // loss single-process training would report), summed in rank order: the
+  // same bits however the steps are grouped.
+  void average_losses() {
+    const size_t begin = reported_, count = records_.size() - begin;
     reported_ = records_.size();
+    if (count == 0) return;
+    std::vector<double> mine, all(count * size_t(env_.rank.world_size));
+    for (size_t i = begin; i < records_.size(); ++i) mine.push_back(records_[i].loss);
+    plugins_->all_gather(mine, all);
+    for (size_t i = 0; i < count; ++i) {
+      double sum = 0;
+      for (int r = 0; r < env_.rank.world_size; ++r) sum += all[size_t(r) * count + i];
+      records_[begin + i].loss = sum / env_.rank.world_size;
+    }
+  }
+
+  // The averaged losses, then a progress line from rank 0.
+  void report(int64_t step) {
+    average_losses();
     if (env_.rank.rank != 0) return;
     const StepRecord& r = records_.back();
     std::printf("step %lld/%lld  loss %.6f  step %.2f ms  comm blocked %.2f ms  (%lld collectives, %.3f MB)\n",
@@ -380,6 +429,12 @@ class RankRun {
     facts.replica_check_every = config_.run.check_replicas_every;
     facts.replica_checked_after = replica_checked_after_;
     facts.replica_check_s = replica_check_s_;
+    facts.first_step = start_step_;
+    facts.resumed_from = resumed_from_;
+    facts.losses_before = loss_prefix_;
+    facts.checkpoints = checkpoints_;
+    facts.checkpoint_s = checkpoint_s_;
+    if (const char* restarts = std::getenv("DDP_RESTARTS")) facts.restarts_json = restarts;
     nlohmann::ordered_json stats;
     const bool has_stats = plugins_->stats(&stats);
     const auto summary = run_summary(facts, records_, ranks, has_stats ? &stats : nullptr);
@@ -416,6 +471,11 @@ class RankRun {
   size_t reported_ = 0;
   std::vector<int64_t> replica_checked_after_;  // steps (from 1; 0: the end) whose replicas agreed
   double replica_check_s_ = 0;
+  int64_t start_step_ = 0;            // a resumed run's first step
+  std::vector<double> loss_prefix_;   // its checkpoint's losses, steps 1..start_step_
+  std::string resumed_from_;          // the checkpoint ("": none)
+  std::vector<int64_t> checkpoints_;  // after which steps this run wrote one
+  double checkpoint_s_ = 0;
   PeakBytes mem_after_setup_{}, mem_before_optimizer_{}, mem_after_optimizer_{};
 };
 

@@ -1,0 +1,347 @@
+// checkpoint.cpp — see checkpoint.h.
+#include "checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "agreement.h"
+#include "atomic_file.h"
+#include "error.h"
+#include "model_setup.h"
+#include "safetensors.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+constexpr const char* kMeta = "checkpoint.json";
+constexpr const char* kPartial = ".partial";
+
+// Keys a resumed run may change: how many steps, on how many ranks, with
+// which plugins, and how it is run and checked. Everything else shapes the
+// trajectory (model, data, optimizer, schedule, seed, batch).
+bool may_change(const std::string& key) {
+  static const std::set<std::string> run_keys = {
+      "run.steps",     "run.world_size",           "run.timeout_s",         "run.output_dir",
+      "run.log_every", "run.threads",              "run.device",            "run.share_gpus",
+      "run.check_finite", "run.check_replicas_every", "run.debug_collectives", "run.max_restarts"};
+  for (const char* section : {"strategy.", "transport.", "checkpoint."})
+    if (key.rfind(section, 0) == 0) return true;
+  return run_keys.count(key) != 0;
+}
+
+std::string shown(const std::string& value) { return value.empty() ? "(not set)" : value; }
+
+// Runs `f`; its failure as text ("" if none).
+template <typename F>
+std::string attempt(F&& f) {
+  try {
+    f();
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+// The directory's entries are on disk (a rename is durable once its
+// directory is synced).
+void sync_directory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+int64_t step_of(const std::string& name) {
+  if (name.rfind("step-", 0) != 0) return -1;
+  const std::string digits = name.substr(5, name.find('.') == std::string::npos ? std::string::npos : name.find('.') - 5);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
+}
+
+// The suffixes of a parameter's state tensors: first, second.
+std::pair<std::string, std::string> state_names(bool adamw) {
+  return adamw ? std::make_pair(".exp_avg", ".exp_avg_sq") : std::make_pair(".momentum_buffer", "");
+}
+
+// This rank's optimizer file: the state it is the writer of ("" if none).
+std::string write_state_file(const CheckpointInput& in, const std::vector<int>& writers, const fs::path& dir) {
+  const auto [first, second] = state_names(in.optimizer.is_adamw());
+  std::vector<std::vector<float>> values;  // kept alive until written
+  std::vector<NamedFloats> tensors;
+  for (size_t i = 0; i < in.params.size(); ++i) {
+    if (writers[i] != in.rank) continue;
+    SavedState s = *in.optimizer.saved(i);
+    const Parameter& p = in.params[i];
+    if (!s.first.empty()) tensors.push_back({p.name + first, p.shape, values.emplace_back(std::move(s.first)).data()});
+    if (!s.second.empty())
+      tensors.push_back({p.name + second, p.shape, values.emplace_back(std::move(s.second)).data()});
+  }
+  const std::string file = "optimizer-" + std::to_string(in.rank) + ".safetensors";
+  write_safetensors((dir / file).string(), tensors);
+  return file;
+}
+
+void write_weights(const std::vector<Parameter>& params, const fs::path& file) {
+  std::vector<std::vector<float>> values;
+  std::vector<NamedFloats> tensors;
+  for (const Parameter& p : params) tensors.push_back({p.name, p.shape, values.emplace_back(p.data.to_host()).data()});
+  write_safetensors(file.string(), tensors);
+}
+
+json meta_json(const CheckpointInput& in, int64_t step, const std::vector<int>& writers,
+               const std::vector<double>& steps) {
+  json state = json::object();
+  for (size_t i = 0; i < in.params.size(); ++i) {
+    if (writers[i] < 0) continue;
+    state[in.params[i].name] = {{"file", "optimizer-" + std::to_string(writers[i]) + ".safetensors"},
+                                {"steps", int64_t(steps[i])}};
+  }
+  json trainable = json::array();
+  for (const Parameter& p : in.params)
+    if (p.trainable) trainable.push_back(p.name);
+  return {{"format", "ddp-checkpoint 1"},      {"step", step},
+          {"world_size", in.world},            {"strategy", in.strategy},
+          {"transport", in.transport},         {"optimizer", in.config.optimizer.name},
+          {"trainable", trainable},            {"losses", in.losses},
+          {"state", state},                    {"config", json(in.config_items)}};
+}
+
+// Rank 0, once every rank's files are in `partial`: the metadata, then the
+// rename, then `latest`, then the old checkpoints go.
+void complete(const CheckpointInput& in, int64_t step, const json& meta, const fs::path& partial) {
+  const fs::path dir = in.config.checkpoint.dir;
+  const std::string name = checkpoint_name(step);
+  write_file_atomically((partial / kMeta).string(), meta.dump(1) + "\n");
+  sync_directory(partial);
+  const fs::path final_path = dir / name, replaced = dir / (name + ".replaced");
+  if (fs::exists(final_path)) {  // a run resumed from before it comes past it again
+    fs::remove_all(replaced);
+    fs::rename(final_path, replaced);
+  }
+  fs::rename(partial, final_path);
+  sync_directory(dir);
+  write_file_atomically((dir / "latest").string(), name + "\n");
+  sync_directory(dir);
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  std::error_code ignored;
+  for (const std::string& old : checkpoints_to_remove(names, in.config.checkpoint.keep, name))
+    fs::remove_all(dir / old, ignored);
+}
+
+// Throws on every rank if any rank failed: the first failing rank's words
+// where it is this rank, else its number.
+void all_or_none(const CheckpointInput& in, const std::string& failure, const std::string& what) {
+  std::vector<double> all(size_t(in.world));
+  in.all_gather({failure.empty() ? 1.0 : 0.0}, all);
+  for (int r = 0; r < in.world; ++r) {
+    if (all[size_t(r)] != 0.0) continue;
+    if (r == in.rank) throw Error("checkpoint: " + failure);
+    throw Error("checkpoint: rank " + std::to_string(r) + " could not " + what + " (its own report says why)");
+  }
+}
+
+}  // namespace
+
+std::string checkpoint_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  return name;
+}
+
+std::string resolve_checkpoint(const std::string& dir, const std::string& given) {
+  if (!given.empty() && given != "latest") {
+    if (fs::is_regular_file(fs::path(given) / kMeta)) return given;
+    if (fs::exists(fs::path(given) / "latest")) return resolve_checkpoint(given, "");
+    throw Error(given + ": not a checkpoint (no " + kMeta + " in it, and no 'latest')", DDP_ERR_INVALID_ARGUMENT);
+  }
+  const fs::path latest = fs::path(dir) / "latest";
+  std::ifstream in(latest);
+  std::string name;
+  if (!in || !std::getline(in, name) || name.empty())
+    throw Error(dir + ": no checkpoint to resume from (no 'latest' in checkpoint.dir)", DDP_ERR_INVALID_ARGUMENT);
+  const fs::path path = fs::path(dir) / name;
+  if (!fs::is_regular_file(path / kMeta))
+    throw Error(latest.string() + " names " + name + ", which is not a whole checkpoint" +
+                    (fs::exists(fs::path(dir) / (name + ".replaced")) ? " (" + name + ".replaced holds it)" : ""),
+                DDP_ERR_INVALID_ARGUMENT);
+  return path.string();
+}
+
+CheckpointMeta read_checkpoint_meta(const std::string& path) {
+  const std::string file = (fs::path(path) / kMeta).string();
+  try {
+    std::ifstream in(file);
+    const json j = json::parse(in);
+    CheckpointMeta m;
+    m.step = j.at("step").get<int64_t>();
+    m.world_size = j.at("world_size").get<int>();
+    m.strategy = j.at("strategy").get<std::string>();
+    m.transport = j.at("transport").get<std::string>();
+    m.optimizer = j.at("optimizer").get<std::string>();
+    m.config = j.at("config").get<std::map<std::string, std::string>>();
+    m.trainable = j.at("trainable").get<std::vector<std::string>>();
+    m.losses = j.at("losses").get<std::vector<double>>();
+    for (const auto& [name, s] : j.at("state").items())
+      m.state[name] = {s.at("file").get<std::string>(), s.at("steps").get<int64_t>()};
+    return m;
+  } catch (const json::exception& e) {
+    throw Error(file + ": not a checkpoint's metadata (" + e.what() + ")", DDP_ERR_INVALID_ARGUMENT);
+  }
+}
+
+ResumeCheck compare_for_resume(const std::map<std::string, std::string>& saved,
+                               const std::map<std::string, std::string>& now) {
+  std::set<std::string> keys;
+  for (const auto& [k, v] : saved) keys.insert(k);
+  for (const auto& [k, v] : now) keys.insert(k);
+  ResumeCheck check;
+  for (const std::string& key : keys) {
+    const auto a = saved.find(key), b = now.find(key);
+    const std::string was = a == saved.end() ? "" : a->second, is = b == now.end() ? "" : b->second;
+    if (was == is) continue;
+    if (may_change(key)) {
+      check.changed.push_back(key + " " + shown(was) + " → " + shown(is));
+    } else if (check.refused.empty()) {
+      check.refused = key + " is " + shown(is) + " but was " + shown(was) +
+                      " in the checkpoint: a resumed run may change run.steps, run.world_size, the strategy, the "
+                      "transport, timeouts and checks, not what it trains";
+    }
+  }
+  return check;
+}
+
+std::vector<int> state_writers(const std::vector<double>& held, size_t params, int world) {
+  std::vector<int> writers(params, -1);
+  for (size_t i = 0; i < params; ++i)
+    for (int r = 0; r < world && writers[i] < 0; ++r)
+      if (held[size_t(r) * params + i] != 0.0) writers[i] = r;
+  return writers;
+}
+
+std::vector<std::string> checkpoints_to_remove(const std::vector<std::string>& names, int64_t keep,
+                                               const std::string& writing) {
+  std::vector<std::pair<int64_t, std::string>> whole;
+  std::vector<std::string> out;
+  for (const std::string& name : names) {
+    const int64_t step = step_of(name);
+    if (step < 0 || name == writing) continue;
+    const bool partial = name.size() > 8 && name.compare(name.size() - 8, 8, kPartial) == 0;
+    const bool replaced = name.size() > 9 && name.compare(name.size() - 9, 9, ".replaced") == 0;
+    if (partial || replaced) {
+      out.push_back(name);
+    } else if (name.find('.') == std::string::npos) {
+      whole.emplace_back(step, name);
+    }
+  }
+  std::sort(whole.begin(), whole.end());
+  if (!writing.empty()) whole.emplace_back(step_of(writing), writing);  // the newest
+  const int64_t drop = int64_t(whole.size()) - keep;
+  for (int64_t k = 0; k < drop; ++k)
+    if (whole[size_t(k)].second != writing) out.push_back(whole[size_t(k)].second);
+  return out;
+}
+
+std::string write_checkpoint(const CheckpointInput& in, int64_t step) {
+  const fs::path dir = in.config.checkpoint.dir;
+  const fs::path partial = dir / (checkpoint_name(step) + kPartial);
+  std::string failure;
+  if (in.rank == 0)
+    failure = attempt([&] {
+      fs::remove_all(partial);
+      fs::create_directories(partial);
+    });
+  // Which rank holds which state, and rank 0's directory is ready.
+  const size_t n = in.params.size();
+  std::vector<double> mine(2 * n);
+  for (size_t i = 0; i < n; ++i) mine[i] = in.optimizer.has_state(i), mine[n + i] = double(in.optimizer.state_steps(i));
+  std::vector<double> all(mine.size() * size_t(in.world));
+  all_or_none(in, failure.empty() ? "" : partial.string() + ": " + failure, "create " + partial.string());
+  in.all_gather(mine, all);
+  std::vector<double> held, steps(n);
+  for (int r = 0; r < in.world; ++r)
+    held.insert(held.end(), all.begin() + long(size_t(r) * 2 * n), all.begin() + long(size_t(r) * 2 * n + n));
+  const std::vector<int> writers = state_writers(held, n, in.world);
+  for (size_t i = 0; i < n; ++i)
+    if (writers[i] >= 0) steps[i] = all[size_t(writers[i]) * 2 * n + n + i];
+  failure = attempt([&] {
+    if (std::count(writers.begin(), writers.end(), in.rank) > 0) write_state_file(in, writers, partial);
+    if (in.rank == 0) write_weights(in.params, partial / "weights.safetensors");
+  });
+  all_or_none(in, failure, "write its files into " + partial.string());
+  if (in.rank == 0) {
+    failure = attempt([&] { complete(in, step, meta_json(in, step, writers, steps), partial); });
+    if (!failure.empty()) throw Error("checkpoint: " + failure);
+  }
+  return (dir / checkpoint_name(step)).string();
+}
+
+void load_checkpoint(const std::string& path, const CheckpointMeta& meta, std::vector<Parameter>& params,
+                     Optimizer& optimizer) {
+  const std::string weights_file = (fs::path(path) / "weights.safetensors").string();
+  const auto weights = read_safetensors(weights_file);
+  std::map<std::string, std::map<std::string, HostTensor>> files;
+  for (const auto& [name, s] : meta.state)
+    if (!files.count(s.file)) files[s.file] = read_safetensors((fs::path(path) / s.file).string());
+  const auto [first, second] = state_names(optimizer.is_adamw());
+  std::map<size_t, SavedState> states;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Parameter& p = params[i];
+    const auto w = weights.find(p.name);
+    if (w == weights.end() || w->second.shape != p.shape)
+      throw Error(weights_file + ": no tensor '" + p.name + "' of shape " + shape_string(p.shape),
+                  DDP_ERR_INVALID_ARGUMENT);
+    const std::vector<float> values = w->second.as_floats(weights_file, p.name);
+    p.data.device()->upload(p.data.data(), values.data(), p.data.bytes());
+    const auto s = meta.state.find(p.name);
+    if (s == meta.state.end()) continue;
+    const std::string file = (fs::path(path) / s->second.file).string();
+    const auto& tensors = files[s->second.file];
+    const auto take = [&](const std::string& suffix) {
+      const auto t = suffix.empty() ? tensors.end() : tensors.find(p.name + suffix);
+      return t == tensors.end() ? std::vector<float>() : t->second.as_floats(file, p.name + suffix);
+    };
+    states[i] = SavedState{s->second.steps, take(first), take(second)};
+  }
+  optimizer.restore_on_first_step(std::move(states));
+}
+
+Resumed resume_run(const Config& config, Model& model, Device& device, Optimizer& optimizer) {
+  const std::string path = resolve_checkpoint(config.checkpoint.dir, config.resume);
+  const CheckpointMeta meta = read_checkpoint_meta(path);
+  const ResumeCheck check = compare_for_resume(meta.config, config_items(config));
+  if (!check.refused.empty()) throw ConfigError("--resume " + path + ": " + check.refused);
+  if (meta.step > config.run.steps)
+    throw ConfigError("--resume " + path + ": the checkpoint is after step " + std::to_string(meta.step) +
+                      ", past run.steps = " + std::to_string(config.run.steps));
+  for (int64_t step = 0; step < meta.step; ++step) apply_unfreeze(config.unfreeze, step, model, device);
+  std::vector<std::string> trainable;
+  for (const Parameter& p : model.params())
+    if (p.trainable) trainable.push_back(p.name);
+  if (trainable != meta.trainable)
+    throw ConfigError("--resume " + path + ": the parameters trainable after step " + std::to_string(meta.step) +
+                      " differ from the checkpoint's");
+  load_checkpoint(path, meta, model.params(), optimizer);
+  return Resumed{path, meta.step, meta.losses, check.changed};
+}
+
+void refuse_foreign_checkpoints(const Config& config) {
+  if (config.checkpoint.every == 0 || !config.resume.empty()) return;
+  if (!fs::exists(fs::path(config.checkpoint.dir) / "latest")) return;
+  throw ConfigError("checkpoint.dir " + config.checkpoint.dir +
+                    " holds an earlier run's checkpoints: continue it with --resume, or give this run another "
+                    "checkpoint.dir (or remove that one)");
+}
+
+}  // namespace ddp

@@ -1,0 +1,121 @@
+// checkpoint.h — what a run leaves to continue from, and how it continues.
+//
+// Layout of [checkpoint] dir (docs/checkpoints.md):
+//   step-00000010/weights.safetensors    every parameter, under its model name
+//   step-00000010/optimizer-<r>.safetensors
+//                                        the optimizer state rank r held and
+//                                        no lower rank did: "<name>.exp_avg",
+//                                        "<name>.exp_avg_sq" (AdamW),
+//                                        "<name>.momentum_buffer" (SGD)
+//   step-00000010/checkpoint.json        written last: the step, the world
+//                                        size and plugins, every config key,
+//                                        the trainable parameters, each
+//                                        parameter's state file and AdamW
+//                                        step count, the losses so far
+//   latest                               "step-00000010": moved last
+// A checkpoint is built in "step-00000010.partial" and renamed into place
+// once every file is written and synced; `latest` moves after the rename.
+// A crash at any point leaves `latest` naming a whole checkpoint.
+//
+// What the next step depends on and where it is: the parameters and the
+// optimizer state (above); the data position and its random state follow
+// from the step (micro-batch m reads rows [m*B, (m+1)*B), each drawn from
+// run.seed and its row number); the frozen set from the step and the
+// unfreeze schedule; the config (compared on resume).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "model.h"
+#include "optimizer.h"
+
+namespace ddp {
+
+struct CheckpointMeta {
+  int64_t step = 0;  // optimizer steps done
+  int world_size = 1;
+  std::string strategy, transport, optimizer;
+  std::map<std::string, std::string> config;  // config_items() of the run
+  std::vector<std::string> trainable;         // parameters trainable at `step`
+  std::vector<double> losses;                 // the mean loss of steps 1..step
+  struct State {
+    std::string file;   // "optimizer-0.safetensors"
+    int64_t steps = 0;  // AdamW's step count
+  };
+  std::map<std::string, State> state;  // parameter name → its optimizer state
+};
+
+std::string checkpoint_name(int64_t step);  // "step-00000010"
+
+// The checkpoint `given` names: "" or "latest" → the one `dir`/latest names;
+// else a checkpoint directory, or a checkpoint dir holding `latest`.
+// Throws Error saying what is missing.
+std::string resolve_checkpoint(const std::string& dir, const std::string& given);
+
+CheckpointMeta read_checkpoint_meta(const std::string& path);
+
+// Whether a run configured as `now` may resume a checkpoint of `saved`:
+// `refused` names the first key that may not change (model, data, the
+// optimizer, the schedule, the seed, the batch; "" if none), `changed`
+// lists the keys that may and did ("run.world_size 2 → 4"). Pure.
+struct ResumeCheck {
+  std::string refused;
+  std::vector<std::string> changed;
+};
+ResumeCheck compare_for_resume(const std::map<std::string, std::string>& saved,
+                               const std::map<std::string, std::string>& now);
+
+// Which rank writes each parameter's state: the lowest rank holding it, -1
+// if none does. `held` is every rank's per-parameter flag, rank-major. Pure.
+std::vector<int> state_writers(const std::vector<double>& held, size_t params, int world);
+
+// The checkpoint directories `keep` leaves: all but the newest `keep` whole
+// ones, and partial ones of other steps than `writing`. Pure.
+std::vector<std::string> checkpoints_to_remove(const std::vector<std::string>& names, int64_t keep,
+                                               const std::string& writing);
+
+// What writing a checkpoint needs from the run.
+struct CheckpointInput {
+  const Config& config;
+  int rank = 0, world = 1;
+  const std::vector<Parameter>& params;
+  const Optimizer& optimizer;
+  std::string strategy, transport;
+  std::map<std::string, std::string> config_items;  // agreement.h's config_items()
+  std::vector<double> losses;  // steps 1..step
+  // Every rank's `mine`, rank-major, to every rank (an engine collective).
+  std::function<void(const std::vector<double>& mine, std::vector<double>& all)> all_gather;
+};
+
+// Every rank calls it after the same step; returns the checkpoint's path.
+// Throws Error naming the file and the reason (on every rank: a rank's
+// failure to write is everyone's).
+std::string write_checkpoint(const CheckpointInput& in, int64_t step);
+
+// Loads `path` into `params` and (for their first step) `optimizer`.
+void load_checkpoint(const std::string& path, const CheckpointMeta& meta, std::vector<Parameter>& params,
+                     Optimizer& optimizer);
+
+// config.resume, before the plugins start: the checkpoint it names, checked
+// against `config` (ConfigError naming the first key that may not change),
+// loaded into `model` and `optimizer`, with the unfreeze schedule applied
+// up to its step.
+struct Resumed {
+  std::string path;
+  int64_t step = 0;
+  std::vector<double> losses;        // steps 1..step
+  std::vector<std::string> changed;  // what the config changed, as allowed
+};
+Resumed resume_run(const Config& config, Model& model, Device& device, Optimizer& optimizer);
+
+// A run that starts afresh with checkpoints on does not write into a
+// checkpoint.dir that holds another run's: throws ConfigError saying what
+// to do.
+void refuse_foreign_checkpoints(const Config& config);
+
+}  // namespace ddp
