@@ -123,30 +123,9 @@ int launch_run(const Config& config, const std::string& config_path, const std::
 }  // namespace
 }  // namespace ddp
 
-int main(int argc, char** argv) {
-  choose_blas_kernel(argv);
-  CLI::App app{"ddp: data-parallel training with plugin strategies and transports"};
-  app.set_version_flag("--version", "ddp 0.2.0 (plugin ABI " + std::to_string(DDP_ABI_VERSION_MAJOR) + "." +
-                                           std::to_string(DDP_ABI_VERSION_MINOR) + ")");
-  app.require_subcommand(1);
-  std::string config_path;
-  std::vector<std::string> overrides;
-  CLI::App* run = app.add_subcommand("run", "train as the TOML file says (starts run.world_size ranks)");
-  run->add_option("config", config_path, "the run's TOML file")->required();
-  run->add_option("--set", overrides, "override a key: section.key=value (TOML value; repeatable)")
-      ->take_all();
-  std::string resume;
-  CLI::Option* resume_option =
-      run->add_option("--resume", resume,
-                      "continue from the latest checkpoint in checkpoint.dir, or from the checkpoint PATH")
-          ->expected(0, 1);
-  bool trace = false;
-  run->add_flag("--trace", trace,
-                "write a Chrome trace (Perfetto) of compute and communication per rank to <output_dir>/trace.json");
-
-  ddp::BenchOptions bench;
-  std::vector<std::string> bench_sizes = {"1MB", "10MB", "100MB", "1GB"};
-  std::vector<std::string> bench_ops = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
+// `ddp bench-comm` and its options.
+CLI::App* add_bench_comm(CLI::App& app, ddp::BenchOptions& bench, std::vector<std::string>& bench_sizes,
+                         std::vector<std::string>& bench_ops) {
   CLI::App* bc = app.add_subcommand(
       "bench-comm", "time collectives through a transport plugin (nccl-tests' algbw/busbw; starts the ranks)");
   bc->add_option("--transport", bench.transports, "transport plugin names or paths (comma-separated)")
@@ -174,6 +153,34 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   bc->add_option("--part", bench.part_file, "(internal) where rank 0 writes its rows")->group("");
+  return bc;
+}
+
+int main(int argc, char** argv) {
+  choose_blas_kernel(argv);
+  CLI::App app{"ddp: data-parallel training with plugin strategies and transports"};
+  app.set_version_flag("--version", "ddp 0.2.0 (plugin ABI " + std::to_string(DDP_ABI_VERSION_MAJOR) + "." +
+                                           std::to_string(DDP_ABI_VERSION_MINOR) + ")");
+  app.require_subcommand(1);
+  std::string config_path;
+  std::vector<std::string> overrides;
+  CLI::App* run = app.add_subcommand("run", "train as the TOML file says (starts run.world_size ranks)");
+  run->add_option("config", config_path, "the run's TOML file")->required();
+  run->add_option("--set", overrides, "override a key: section.key=value (TOML value; repeatable)")
+      ->take_all();
+  std::string resume;
+  CLI::Option* resume_option =
+      run->add_option("--resume", resume,
+                      "continue from the latest checkpoint in checkpoint.dir, or from the checkpoint PATH")
+          ->expected(0, 1);
+  bool trace = false;
+  run->add_flag("--trace", trace,
+                "write a Chrome trace (Perfetto) of compute and communication per rank to <output_dir>/trace.json");
+
+  ddp::BenchOptions bench;
+  std::vector<std::string> bench_sizes = {"1MB", "10MB", "100MB", "1GB"};
+  std::vector<std::string> bench_ops = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
+  CLI::App* bc = add_bench_comm(app, bench, bench_sizes, bench_ops);
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -96,6 +96,30 @@ TEST(Summary, ReplicaChecksAreReported) {
   EXPECT_EQ(run_summary(f, two_steps(), {totals(7)}, nullptr)["replica_checks"]["after_steps"], json::array({0}));
 }
 
+// A resumed run: `loss` covers every step (the checkpoint's first), the
+// timing columns the steps this process ran; restarts and checkpoints said.
+TEST(Summary, AResumedRunReportsEveryLossItsStartAndItsRestarts) {
+  RunFacts f = facts(1);
+  f.first_step = 3;
+  f.losses_before = {3.0, 2.5, 2.25};
+  f.resumed_from = "ck/step-00000003";
+  f.checkpoints = {4};
+  f.checkpoint_s = 0.5;
+  f.restarts_json = R"([{"failure": "ddp: rank 1 failed\n", "resumed_from": "ck/step-00000003"}])";
+  const json s = run_summary(f, two_steps(), {totals(7)}, nullptr);
+  EXPECT_EQ(s["loss"].size(), 5u);
+  EXPECT_EQ(s["loss"][0], 3.0);
+  EXPECT_EQ(s["step_time_s"].size(), 2u);
+  EXPECT_EQ(s["first_step"], 3);
+  EXPECT_EQ(s["resumed_from"], "ck/step-00000003");
+  EXPECT_EQ(s["checkpoints"], json({{"after_steps", {4}}, {"seconds", 0.5}}));
+  EXPECT_EQ(s["restarts"][0]["resumed_from"], "ck/step-00000003");
+  f.restarts_json = "";
+  f.resumed_from = "";
+  EXPECT_EQ(run_summary(f, two_steps(), {totals(7)}, nullptr)["restarts"], json::array());
+  EXPECT_TRUE(run_summary(f, two_steps(), {totals(7)}, nullptr)["resumed_from"].is_null());
+}
+
 TEST(Summary, StrategyStatsAreCopiedWhenTheStrategyHasThem) {
   const json stats = {{"buckets", json::array({1, 2})}};
   EXPECT_EQ(run_summary(facts(1), two_steps(), {totals(7)}, &stats)["strategy_stats"], stats);

@@ -85,7 +85,6 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
     step_time.push_back(r.step_s);
     total += r.step_s, blocked += r.comm_blocked_s, busy += r.comm_busy_s;
   }
-  summary["first_step"] = facts.first_step;
   summary["loss"] = loss;
   summary["step_time_s"] = step_time;
   summary["mean_step_time_s"] = steps.empty() ? 0.0 : total / steps.size();
@@ -113,6 +112,7 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
                                {"after_steps", facts.replica_checked_after},
                                {"seconds", facts.replica_check_s}};
   summary["checkpoints"] = {{"after_steps", facts.checkpoints}, {"seconds", facts.checkpoint_s}};
+  summary["first_step"] = facts.first_step;
   summary["resumed_from"] = facts.resumed_from.empty() ? json() : json(facts.resumed_from);
   json restarts = facts.restarts_json.empty() ? json::array() : json::parse(facts.restarts_json, nullptr, false);
   summary["restarts"] = restarts.is_discarded() ? json::array() : restarts;
