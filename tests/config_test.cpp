@@ -882,3 +882,43 @@ TEST_F(ConfigTest, DataKinds) {
 
 }  // namespace
 }  // namespace ddp
+
+namespace ddp {
+namespace {
+
+TEST_F(ConfigTest, ScheduleCheckpointAndClippingKeys) {
+  const std::string path = write("s.toml", kMinimal);
+  const Config plain = load_config(path);
+  EXPECT_EQ(plain.lr_schedule.kind, "constant");
+  EXPECT_EQ(plain.optimizer.clip_grad_norm, 0.0);
+  EXPECT_EQ(plain.checkpoint.every, 0);
+  EXPECT_EQ(plain.checkpoint.keep, 2);
+  EXPECT_EQ(plain.checkpoint.dir, "runs/s/checkpoints");
+  EXPECT_EQ(plain.run.max_restarts, 0);
+  const Config cosine = load_config(path, {"schedule.lr=\"cosine\"", "schedule.warmup_steps=2", "schedule.min_lr=0.01",
+                                           "optimizer.clip_grad_norm=1.0", "checkpoint.every=5"});
+  EXPECT_EQ(cosine.lr_schedule.kind, "cosine");
+  EXPECT_EQ(cosine.lr_schedule.warmup_steps, 2);
+  EXPECT_EQ(cosine.lr_schedule.cosine_steps, 10) << "defaults to run.steps";
+  EXPECT_EQ(cosine.lr_schedule.min_lr, 0.01);
+  EXPECT_EQ(cosine.optimizer.clip_grad_norm, 1.0);
+  EXPECT_EQ(cosine.checkpoint.every, 5);
+}
+
+TEST_F(ConfigTest, ScheduleKeysThatCannotTrainAreRefused) {
+  const std::string path = write("s.toml", kMinimal);
+  EXPECT_EQ(load_error(path, {"schedule.warmup_steps=2"}),
+            "--set schedule.warmup_steps=2: key 'schedule.warmup_steps' applies to lr = \"cosine\" only");
+  EXPECT_EQ(load_error(path, {"schedule.lr=\"cosine\"", "schedule.min_lr=0.5"}),
+            "--set schedule.min_lr=0.5: key 'schedule.min_lr' must be <= optimizer.lr (0.1) (got 0.5)");
+  EXPECT_EQ(load_error(path, {"schedule.lr=\"cosine\"", "schedule.warmup_steps=4", "schedule.cosine_steps=4"}),
+            "--set schedule.cosine_steps=4: key 'schedule.cosine_steps' must be >= 5 (got 4)");
+  EXPECT_EQ(load_error(path, {"schedule.lr=\"linear\""}),
+            "--set schedule.lr=\"linear\": key 'schedule.lr' must be one of: constant, cosine (got 'linear')");
+  EXPECT_EQ(load_error(path, {"optimizer.clip_grad_norm=0.0"}),
+            "--set optimizer.clip_grad_norm=0.0: key 'optimizer.clip_grad_norm' must be > 0 (got 0)");
+  EXPECT_EQ(load_error(path, {"checkpoint.keep=0"}), "--set checkpoint.keep=0: key 'checkpoint.keep' must be >= 1 (got 0)");
+}
+
+}  // namespace
+}  // namespace ddp

@@ -3,7 +3,8 @@
 // `toy_tied`, world sizes 1 to 4 (3 where the batch allows), each rank a forked process over the real
 // transport, in these scenarios:
 //   sgd, adamw              vs the single-process engine (world 1, naive)
-//   pytorch_sgd/adamw/momentum/accum   vs PyTorch-computed weights
+//   pytorch_sgd/adamw/momentum/accum/clip/cosine   vs PyTorch-computed
+//                           weights (and the lr and gradient norm per step)
 //                           (tests/fixtures/make_toy_fixtures.py)
 //   unfreeze_sgd/adamw      a frozen parameter made trainable at step 2,
 //                           with an optimizer parameter group
@@ -84,6 +85,11 @@ const std::vector<Scenario> kScenarios = {
     {"pytorch_momentum", {"toy"}, {1, 2, 4}, "lr = 0.1\nmomentum = 0.9\n", "", "", 20, 1e-6f,
      "toy_sgd_momentum_expected", ""},
     {"pytorch_accum", {"toy"}, {1, 2}, "lr = 0.1\n", "grad_accum_steps = 2\n", "", 10, 1e-6f, "toy_accum_expected", ""},
+    {"pytorch_clip", {"toy", "toy_tied"}, {1, 2, 4}, kAdamW + "clip_grad_norm = 0.05\n", "", "", 20, 1e-5f,
+     "<model>_clip_adamw_expected", ""},
+    {"pytorch_cosine", {"toy"}, {1, 2, 4}, "lr = 0.1\nmomentum = 0.9\n", "",
+     "[schedule]\nlr = \"cosine\"\nwarmup_steps = 1\ncosine_steps = 3\nmin_lr = 0.01\n", 20, 1e-6f,
+     "toy_cosine_momentum_expected", ""},
     {"unfreeze_sgd", {"toy"}, {1, 2, 3, 4}, "lr = 0.1\n", "", kGroups + kUnfreeze, 24, 1e-6f, "", "fc2.fc.bias"},
     {"unfreeze_adamw", {"toy"}, {1, 2, 3, 4}, kAdamW, "", kGroups + kUnfreeze, 24, 1e-5f, "", "fc2.fc.bias"},
     // The largest parameter starts frozen and joins at step 2: a strategy
@@ -241,6 +247,14 @@ TEST_P(Conformance, Protocol) {
   ASSERT_EQ(ddp.summary["loss"].size(), expected_loss.size());
   for (size_t s = 0; s < expected_loss.size(); ++s)
     EXPECT_NEAR(ddp.summary["loss"][s].get<double>(), expected_loss[s], 1e-6) << "loss of step " << s + 1;
+  // The schedule's lr and the norm clipping saw, where the fixture has them.
+  for (const char* column : {"lr", "grad_norm"}) {
+    if (!fixture.count(column)) continue;
+    const std::vector<float> want = fixture.at(column).as_floats(fixture_file, column);
+    for (size_t s = 0; s < want.size(); ++s)
+      EXPECT_NEAR(ddp.summary[column][s].get<double>(), want[s], 1e-6 * std::max(1.0f, want[s]))
+          << column << " of step " << s + 1;
+  }
   for (size_t p = 0; p < ddp.names.size(); ++p) {
     ASSERT_TRUE(ddp.final_weights.count(ddp.names[p])) << ddp.names[p] << " missing in weights.safetensors";
     EXPECT_EQ(ddp.final_weights.at(ddp.names[p]).as_floats("weights.safetensors", ddp.names[p]),

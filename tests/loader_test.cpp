@@ -158,23 +158,34 @@ TEST(LoadPlugin, NewerMinorWithLargerDescriptor) {
   EXPECT_STREQ(s->name, "newer_minor");
 }
 
+// A plugin built against ABI 1.1 loads on this 1.2 engine, and the entry
+// 1.2 appended (held_grads) reads as absent whatever lies past its struct.
+TEST(LoadPlugin, OlderMinorLoadsWithoutTheEntriesAppendedSince) {
+  auto plugin = load_plugin(PluginKind::Strategy, "older_minor", kDir);
+  const ddp_strategy_v1_t* s = plugin->strategy();
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(DDP_ABI_MINOR(s->abi_version), 1u);
+  EXPECT_EQ(s->held_grads, nullptr);
+  EXPECT_NE(s->finish, nullptr);
+}
+
 TEST(LoadPluginRefuses, FileNotFoundByName) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "missing"),
             "cannot load strategy plugin '" + plugin_file("strategy", "missing") +
-                "' (host ABI 1.1, plugin ABI none): file not found");
+                "' (host ABI 1.2, plugin ABI none): file not found");
 }
 
 TEST(LoadPluginRefuses, FileNotFoundByPath) {
   EXPECT_EQ(refusal(PluginKind::Transport, "/nonexistent/libddp_transport_x.so"),
             "cannot load transport plugin '/nonexistent/libddp_transport_x.so' "
-            "(host ABI 1.1, plugin ABI none): file not found");
+            "(host ABI 1.2, plugin ABI none): file not found");
 }
 
 TEST(LoadPluginRefuses, NotAPlugin) {
   const std::string path = kDir + "/libnot_a_ddp_plugin.so";  // a shared library, but no entry symbol
   EXPECT_EQ(refusal(PluginKind::Strategy, path),
             "cannot load strategy plugin '" + path +
-                "' (host ABI 1.1, plugin ABI none): not a ddp plugin "
+                "' (host ABI 1.2, plugin ABI none): not a ddp plugin "
                 "(no ddp_strategy_v1 or ddp_transport_v1 symbol)");
 }
 
@@ -193,7 +204,7 @@ TEST(LoadPluginRefuses, NotASharedLibrary) {
   const std::string dl_message = dlerror();
 
   EXPECT_EQ(refusal(PluginKind::Strategy, "garbage", dir.string()),
-            "cannot load strategy plugin '" + path + "' (host ABI 1.1, plugin ABI none): " +
+            "cannot load strategy plugin '" + path + "' (host ABI 1.2, plugin ABI none): " +
                 dl_message);
   fs::remove_all(dir);
 }
@@ -201,28 +212,28 @@ TEST(LoadPluginRefuses, NotASharedLibrary) {
 TEST(LoadPluginRefuses, NewerMajorEntrySymbol) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "v2"),
             "cannot load strategy plugin '" + plugin_file("strategy", "v2") +
-                "' (host ABI 1.1, plugin ABI 2.3): other major ABI version");
+                "' (host ABI 1.2, plugin ABI 2.3): other major ABI version");
 }
 
 // A v1 symbol whose descriptor claims another major (a broken build).
 TEST(LoadPluginRefuses, OtherMajorAbiVersion) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "abi2"),
             "cannot load strategy plugin '" + plugin_file("strategy", "abi2") +
-                "' (host ABI 1.1, plugin ABI 2.0): other major ABI version");
+                "' (host ABI 1.2, plugin ABI 2.0): other major ABI version");
 }
 
 TEST(LoadPluginRefuses, StrategyLoadedAsTransport) {
   const std::string path = plugin_file("strategy", "valid");
   EXPECT_EQ(refusal(PluginKind::Transport, path),
             "cannot load transport plugin '" + path +
-                "' (host ABI 1.1, plugin ABI 1.1): wrong kind: it is a strategy plugin");
+                "' (host ABI 1.2, plugin ABI 1.2): wrong kind: it is a strategy plugin");
 }
 
 TEST(LoadPluginRefuses, TransportLoadedAsStrategy) {
   const std::string path = plugin_file("transport", "valid");
   EXPECT_EQ(refusal(PluginKind::Strategy, path),
             "cannot load strategy plugin '" + path +
-                "' (host ABI 1.1, plugin ABI 1.1): wrong kind: it is a transport plugin");
+                "' (host ABI 1.2, plugin ABI 1.2): wrong kind: it is a transport plugin");
 }
 
 TEST(LoadPluginRefuses, DescriptorTooSmall) {
@@ -230,26 +241,26 @@ TEST(LoadPluginRefuses, DescriptorTooSmall) {
   const size_t need = have + sizeof(ddp_transport_v1_t::barrier);
   EXPECT_EQ(refusal(PluginKind::Transport, "small"),
             "cannot load transport plugin '" + plugin_file("transport", "small") +
-                "' (host ABI 1.1, plugin ABI 1.1): descriptor too small (struct_size " +
+                "' (host ABI 1.2, plugin ABI 1.2): descriptor too small (struct_size " +
                 std::to_string(have) + ", need " + std::to_string(need) + ")");
 }
 
 TEST(LoadPluginRefuses, NullName) {
   EXPECT_EQ(refusal(PluginKind::Transport, "noname"),
             "cannot load transport plugin '" + plugin_file("transport", "noname") +
-                "' (host ABI 1.1, plugin ABI 1.1): required entry 'name' is NULL");
+                "' (host ABI 1.2, plugin ABI 1.2): required entry 'name' is NULL");
 }
 
 TEST(LoadPluginRefuses, NullRequiredEntry) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "nofinish"),
             "cannot load strategy plugin '" + plugin_file("strategy", "nofinish") +
-                "' (host ABI 1.1, plugin ABI 1.1): required entry 'finish' is NULL");
+                "' (host ABI 1.2, plugin ABI 1.2): required entry 'finish' is NULL");
 }
 
 TEST(LoadPluginRefuses, OwnsOptimizerWithoutOptimizerStep) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "ownsopt"),
             "cannot load strategy plugin '" + plugin_file("strategy", "ownsopt") +
-                "' (host ABI 1.1, plugin ABI 1.1): required entry 'optimizer_step' is NULL "
+                "' (host ABI 1.2, plugin ABI 1.2): required entry 'optimizer_step' is NULL "
                 "(caps has DDP_CAP_OWNS_OPTIMIZER)");
 }
 

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "schema.h"
 #include "toml_read.h"
 
 namespace ddp {
@@ -23,86 +24,6 @@ using toml_read::format_double;
 using toml_read::from_override;
 using toml_read::has_type;
 using toml_read::wrong_type;
-
-// Every key of the fixed sections (the models' own keys are the registry's). The plugin sections list only `plugin`;
-// their other keys belong to the plugin and are checked by PluginSection.
-struct KeySpec {
-  const char* section;
-  const char* key;
-  toml::node_type type;
-  bool required;
-};
-
-constexpr KeySpec kSchema[] = {
-    {"run", "world_size", toml::node_type::integer, false},
-    {"run", "steps", toml::node_type::integer, true},
-    {"run", "seed", toml::node_type::integer, false},
-    {"run", "output_dir", toml::node_type::string, false},
-    {"run", "timeout_s", toml::node_type::floating_point, false},
-    {"run", "log_every", toml::node_type::integer, false},
-    {"run", "grad_accum_steps", toml::node_type::integer, false},
-    {"run", "threads", toml::node_type::integer, false},
-    {"run", "device", toml::node_type::string, false},
-    {"run", "share_gpus", toml::node_type::boolean, false},
-    {"run", "check_finite", toml::node_type::boolean, false},
-    {"run", "check_replicas_every", toml::node_type::integer, false},
-    {"run", "debug_collectives", toml::node_type::boolean, false},
-    {"run", "max_restarts", toml::node_type::integer, false},
-    {"checkpoint", "every", toml::node_type::integer, false},
-    {"checkpoint", "dir", toml::node_type::string, false},
-    {"checkpoint", "keep", toml::node_type::integer, false},
-    {"model", "name", toml::node_type::string, true},
-    {"model", "init_from", toml::node_type::string, false},
-    {"model", "freeze", toml::node_type::array, false},
-    {"data", "kind", toml::node_type::string, false},
-    {"data", "path", toml::node_type::string, false},
-    {"data", "batch_size", toml::node_type::integer, true},
-    {"optimizer", "name", toml::node_type::string, false},
-    {"optimizer", "lr", toml::node_type::floating_point, true},
-    {"optimizer", "momentum", toml::node_type::floating_point, false},
-    {"optimizer", "betas", toml::node_type::array, false},
-    {"optimizer", "eps", toml::node_type::floating_point, false},
-    {"optimizer", "weight_decay", toml::node_type::floating_point, false},
-    {"optimizer", "groups", toml::node_type::array, false},
-    {"schedule", "unfreeze", toml::node_type::array, false},
-    {"transport", "plugin", toml::node_type::string, false},
-    {"strategy", "plugin", toml::node_type::string, false},
-};
-
-bool is_plugin_section(const std::string& section) {
-  return section == "transport" || section == "strategy";
-}
-
-bool is_known_section(const std::string& section) {
-  return std::any_of(std::begin(kSchema), std::end(kSchema),
-                     [&](const KeySpec& s) { return section == s.section; });
-}
-
-const KeySpec* find_spec(const std::string& section, const std::string& key) {
-  for (const KeySpec& s : kSchema)
-    if (section == s.section && key == s.key) return &s;
-  return nullptr;
-}
-
-const ModelKey* model_key(const ModelInfo& model, const std::string& key) {
-  for (const ModelKey& k : model.keys)
-    if (k.name == key) return &k;
-  return nullptr;
-}
-
-// The type of a key of the fixed sections, or of any model's key.
-std::optional<toml::node_type> key_type(const std::string& section, const std::string& key) {
-  if (const KeySpec* spec = find_spec(section, key)) return spec->type;
-  if (section != "model") return std::nullopt;
-  for (const ModelInfo& model : model_registry()) {
-    if (const ModelKey* k = model_key(model, key)) {
-      return k->type == ModelKey::Int     ? toml::node_type::integer
-             : k->type == ModelKey::Float ? toml::node_type::floating_point
-                                          : toml::node_type::string;
-    }
-  }
-  return std::nullopt;
-}
 
 // Reads the fixed sections of a parsed document. check_structure() first;
 // the typed reads then assume types are right and check value constraints.
@@ -128,7 +49,7 @@ class Reader {
         if (!has_type(value, *type)) throw wrong_type(where(value), section + "." + key, *type, value);
       }
     }
-    for (const KeySpec& s : kSchema)
+    for (const KeySpec& s : schema())
       if (s.required && !find(s.section, s.key))
         throw ConfigError(file_ + ": missing required key '" + s.section + "." + s.key + "'");
   }
@@ -395,6 +316,7 @@ OptimizerConfig read_optimizer(const Reader& r) {
   std::tie(o.beta1, o.beta2) = r.betas(o.beta1, o.beta2);
   o.eps = r.positive("optimizer", "eps", o.eps);
   o.weight_decay = r.non_negative("optimizer", "weight_decay", o.name == "adamw" ? 0.01 : 0.0);
+  if (r.find("optimizer", "clip_grad_norm")) o.clip_grad_norm = r.positive("optimizer", "clip_grad_norm", 1.0);
   for (const char* key : {"momentum"})
     if (o.name != "sgd" && r.find("optimizer", key))
       throw ConfigError(r.where(*r.find("optimizer", key)) + ": key 'optimizer." + key + "' applies to sgd only");
@@ -419,6 +341,21 @@ OptimizerConfig read_optimizer(const Reader& r) {
              o.groups.push_back(g);
            });
   return o;
+}
+
+LrScheduleConfig read_lr_schedule(const Reader& r, const RunConfig& run, double lr) {
+  LrScheduleConfig s;
+  s.kind = r.one_of("schedule", "lr", "constant", {"constant", "cosine"});
+  for (const char* key : {"warmup_steps", "cosine_steps", "min_lr"})
+    if (s.kind != "cosine" && r.find("schedule", key))
+      throw ConfigError(r.where(*r.find("schedule", key)) + ": key 'schedule." + key + "' applies to lr = \"cosine\" only");
+  if (s.kind != "cosine") return s;
+  s.warmup_steps = r.integer("schedule", "warmup_steps", 0, 0);
+  s.cosine_steps = r.integer("schedule", "cosine_steps", std::max(run.steps, s.warmup_steps + 1), s.warmup_steps + 1);
+  s.min_lr = r.non_negative("schedule", "min_lr", 0.0);
+  if (r.find("schedule", "min_lr"))
+    r.require(s.min_lr <= lr, "schedule", "min_lr", "<= optimizer.lr (" + format_double(lr) + ")", format_double(s.min_lr));
+  return s;
 }
 
 std::vector<UnfreezeConfig> read_unfreeze(const Reader& r) {
@@ -463,6 +400,7 @@ Config validate_config(const toml::table& doc, const std::string& file) {
 
   c.optimizer = read_optimizer(r);
   c.unfreeze = read_unfreeze(r);
+  c.lr_schedule = read_lr_schedule(r, c.run, c.optimizer.lr);
   c.checkpoint.every = r.integer("checkpoint", "every", 0, 0);
   c.checkpoint.dir = r.string("checkpoint", "dir", (fs::path(c.run.output_dir) / "checkpoints").string());
   c.checkpoint.keep = r.integer("checkpoint", "keep", 2, 1);

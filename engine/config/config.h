@@ -101,6 +101,19 @@ struct OptimizerConfig {
   double eps = 1e-8;          // adamw, > 0
   double weight_decay = 0.0;  // >= 0; default 0 for sgd (L2), 0.01 for adamw (decoupled), as PyTorch
   std::vector<ParamGroupConfig> groups;
+  // > 0: gradients scaled to this global L2 norm at most before each step
+  // (torch.nn.utils.clip_grad_norm_); 0: off.
+  double clip_grad_norm = 0.0;
+};
+
+// [schedule] lr: "constant", or "cosine" (CS336 assignment 1): linear
+// warm-up from 0 over warmup_steps, cosine decay to min_lr at cosine_steps,
+// min_lr after. It scales every group's lr by scheduled / optimizer.lr.
+struct LrScheduleConfig {
+  std::string kind = "constant";
+  int64_t warmup_steps = 0;
+  int64_t cosine_steps = 0;  // > warmup_steps; default run.steps
+  double min_lr = 0.0;       // <= optimizer.lr
 };
 
 // [[schedule.unfreeze]]: before optimizer step `step` (0-based), the frozen
@@ -118,6 +131,7 @@ struct Config {
   DataConfig data;
   OptimizerConfig optimizer;
   std::vector<UnfreezeConfig> unfreeze;
+  LrScheduleConfig lr_schedule;
   CheckpointConfig checkpoint;
   std::string transport_plugin = "gloo";
   std::string strategy_plugin = "naive";

@@ -10,10 +10,11 @@ namespace ddp {
 namespace {
 
 // Keys that may differ from rank to rank: where a rank writes, its BLAS
-// threads, the address it listens on. (Not run.log_every: the loss
+// threads, the address it listens on, where its checkpoints go (a shared
+// directory may be mounted elsewhere on each host). (Not run.log_every: the loss
 // all-reduce follows it.)
 bool rank_local(const std::string& key) {
-  return key == "run.output_dir" || key == "run.threads" || key == "transport.hostname";
+  return key == "run.output_dir" || key == "run.threads" || key == "transport.hostname" || key == "checkpoint.dir";
 }
 
 // A value as the fingerprint holds it: TOML's text, floats the shortest.

@@ -2,7 +2,7 @@
 // given different configs would otherwise diverge silently, or die in a
 // Gloo error that names no mismatch. Each rank's fingerprint (a pure
 // function): every key of its effective config but the rank-local ones
-// (run.output_dir, run.threads, transport.hostname), its
+// (run.output_dir, run.threads, transport.hostname, checkpoint.dir), its
 // plugins' names and versions, its parameters' names, shapes and dtypes.
 // Once the plugins have started (before the first collective), every rank
 // publishes its fingerprint in the rendezvous store; rank 0 compares them with its own and publishes the

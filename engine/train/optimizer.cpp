@@ -94,10 +94,11 @@ void Optimizer::step(std::vector<Parameter>& params, const size_t* indices, size
       state_[i] = std::make_unique<State>();
       take_up(i, p, *state_[i]);
     }
+    const Hyper h{hyper_[i].lr * lr_scale_, hyper_[i].weight_decay};
     if (config_.name == "adamw") {
-      adamw(p, hyper_[i], *state_[i]);
+      adamw(p, h, *state_[i]);
     } else {
-      sgd(p, hyper_[i], *state_[i]);
+      sgd(p, h, *state_[i]);
     }
   }
 }

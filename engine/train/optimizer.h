@@ -51,6 +51,9 @@ class Optimizer {
   // Whatever no step claimed is dropped by drop_unclaimed().
   void restore_on_first_step(std::map<size_t, SavedState> states) { pending_ = std::move(states); }
   void drop_unclaimed() { pending_.clear(); }
+  // The learning-rate schedule's factor for the next steps: every group's
+  // lr times `scale` ([schedule] lr).
+  void set_lr_scale(double scale) { lr_scale_ = scale; }
 
  private:
   struct State {
@@ -69,6 +72,7 @@ class Optimizer {
   std::vector<Hyper> hyper_;                   // per parameter
   std::vector<std::unique_ptr<State>> state_;  // per parameter, made on first step
   std::map<size_t, SavedState> pending_;       // restored, not yet claimed
+  double lr_scale_ = 1.0;
   void take_up(size_t i, const Parameter& p, State& s);
 };
 

@@ -78,6 +78,20 @@ void RankPlugins::on_backward_end() { call("on_backward_end", [&] { return strat
 void RankPlugins::finish() { call("finish", [&] { return strategy_api().finish(strategy_); }); }
 void RankPlugins::optimizer_step() { call("optimizer_step", [&] { return strategy_api().optimizer_step(strategy_); }); }
 
+std::optional<std::vector<size_t>> RankPlugins::held_grads() {
+  const ddp_strategy_v1_t& api = strategy_api();
+  if (!api.held_grads) return std::nullopt;
+  std::vector<size_t> held(services_.param_table.size());
+  size_t count = 0;
+  int partitioned = 0;
+  call("held_grads", [&] { return api.held_grads(strategy_, held.data(), held.size(), &count, &partitioned); });
+  if (!partitioned) return std::nullopt;
+  if (count > held.size()) throw Error(strategy_host_->label() + ": held_grads: count " + std::to_string(count) +
+                                       " exceeds the " + std::to_string(held.size()) + " parameters");
+  held.resize(count);
+  return held;
+}
+
 bool RankPlugins::stats(nlohmann::ordered_json* out) {
   const ddp_strategy_v1_t& api = strategy_api();
   if (!api.stats) return false;

@@ -19,6 +19,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,10 @@ class RankPlugins {
   void on_backward_end();
   void finish();
   void optimizer_step();
+  // After finish: the parameters whose averaged gradient this rank holds,
+  // when the strategy leaves each on one rank (held_grads, ABI 1.2);
+  // nullopt when every rank holds every one.
+  std::optional<std::vector<size_t>> held_grads();
   // The strategy's stats as JSON (a string if it wrote something else);
   // false if it has none.
   bool stats(nlohmann::ordered_json* out);

@@ -1,6 +1,7 @@
 // replica_check.cpp — see replica_check.h.
 #include "replica_check.h"
 
+#include <cmath>
 #include <cstring>
 
 namespace ddp {
@@ -71,6 +72,21 @@ std::string first_divergence(const std::vector<std::string>& names, const std::v
            "across ranks)";
   }
   return "";
+}
+
+// run.check_finite: a loss that is not a number stops the run; the first
+// parameter that is not finite either says where it came from.
+std::string non_finite_loss(double loss, const std::vector<Parameter>& params) {
+  std::string text = "the loss is " + std::string(std::isnan(loss) ? "nan" : "inf") + "; ";
+  for (const Parameter& p : params) {
+    const std::vector<float> values = p.data.to_host();
+    for (size_t i = 0; i < values.size(); ++i)
+      if (!std::isfinite(values[i]))
+        return text + "the first parameter that is not finite is '" + p.name + "' (element " + std::to_string(i) +
+               " is " + std::to_string(values[i]) + ") (run.check_finite = false lets the run go on)";
+  }
+  return text + "every parameter is finite: the data or the forward pass made it (run.check_finite = false "
+                "lets the run go on)";
 }
 
 }  // namespace ddp

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "model.h"
+
 namespace ddp {
 
 // A parameter's 64-bit digest (equal bits, equal digests; one bit flipped,
@@ -29,5 +31,9 @@ Digest digest(const float* data, size_t count);
 // it, the step and the ranks; "" if every rank agrees. Pure.
 std::string first_divergence(const std::vector<std::string>& names, const std::vector<int64_t>& all, int world,
                              int64_t step);
+
+// run.check_finite: the message for a loss that is not finite, naming the
+// first parameter that is not finite (if any): where it came from.
+std::string non_finite_loss(double loss, const std::vector<Parameter>& params);
 
 }  // namespace ddp

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -28,6 +29,8 @@ struct StepRecord {
   int64_t collectives_before_sync_micro_batch = 0;
   int64_t comm_buffer_bytes = 0;  // current at the end of the step (a leak grows it)
   int64_t device_allocations = 0;  // device memory allocated during the step
+  double lr = 0;                     // the scheduled learning rate ([optimizer] lr unless a schedule)
+  double grad_norm = NAN;            // before clipping (optimizer.clip_grad_norm); NaN (null): not clipped
 };
 
 // Peak bytes per memory category over a window of the run.

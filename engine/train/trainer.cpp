@@ -26,6 +26,7 @@
 #include "rank_plugins.h"
 #include "replica_check.h"
 #include "safetensors.h"
+#include "schedule.h"
 #include "step_timeline.h"
 #include "store.h"
 #include "summary.h"
@@ -168,6 +169,8 @@ class RankRun {
     const auto t0 = Clock::now();
     const StepTimeline::Mark m0 = timeline_->mark();
     const bool params_changed = unfreeze(step);
+    rec.lr = scheduled_lr(config_.lr_schedule, config_.optimizer.lr, step);
+    optimizer_->set_lr_scale(rec.lr / config_.optimizer.lr);
     for (Parameter& p : model_->params())
       if (p.trainable) device_->fill(p.grad.data(), p.grad.numel(), 0.0f, device_->compute_stream());
     // Micro-batches accumulate into the gradients; each one's loss is scaled
@@ -193,6 +196,7 @@ class RankRun {
     const StepTimeline::Mark m = timeline_->mark();
     plugins_->finish();
     timeline_->range("finish", m);
+    if (config_.optimizer.clip_grad_norm > 0) rec.grad_norm = clip();
     take_peaks(device_->memory(), mem_before_optimizer_);
     optimizer_step(rec);
     take_peaks(device_->memory(), mem_after_optimizer_);
@@ -217,22 +221,7 @@ class RankRun {
     }
     rec.forward_s += seconds_since(t);
     timeline_->range("forward", m);
-    if (config_.run.check_finite && !std::isfinite(rec.loss)) throw Error(non_finite_loss(rec.loss));
-  }
-
-  // run.check_finite: a loss that is not a number stops the run; the first
-  // parameter that is not finite either says where it came from.
-  std::string non_finite_loss(double loss) const {
-    std::string text = "the loss is " + std::string(std::isnan(loss) ? "nan" : "inf") + "; ";
-    for (const Parameter& p : model_->params()) {
-      const std::vector<float> values = p.data.to_host();
-      for (size_t i = 0; i < values.size(); ++i)
-        if (!std::isfinite(values[i]))
-          return text + "the first parameter that is not finite is '" + p.name + "' (element " + std::to_string(i) +
-                 " is " + std::to_string(values[i]) + ") (run.check_finite = false lets the run go on)";
-    }
-    return text + "every parameter is finite: the data or the forward pass made it (run.check_finite = false "
-                  "lets the run go on)";
+    if (config_.run.check_finite && !std::isfinite(rec.loss)) throw Error(non_finite_loss(rec.loss, model_->params()));
   }
 
   // Backward, firing on_grad_ready after each parameter's last use.
@@ -340,6 +329,20 @@ class RankRun {
     write_checkpoint(input, step);
     checkpoints_.push_back(step);
     checkpoint_s_ += seconds_since(t);
+  }
+
+  // optimizer.clip_grad_norm, once every averaged gradient is in place.
+  double clip() {
+    {
+      whereabouts::Inside in(nullptr, "waiting for the gradients to clip");
+      device_->comm_stream().synchronize();
+    }
+    const std::optional<std::vector<size_t>> held = plugins_->held_grads();
+    return clip_gradients(model_->params(), held ? *held : trainable_, held.has_value(),
+                          config_.optimizer.clip_grad_norm, *device_, env_.rank.world_size,
+                          [this](const std::vector<double>& mine, std::vector<double>& all) {
+                            plugins_->all_gather(mine, all);
+                          });
   }
 
   bool unfreeze(int64_t step) {

@@ -138,4 +138,5 @@ DDP_STRATEGY_ENTRY = {
     bucketed_optimizer_step,
     bucketed_stats,
     bucketed_destroy,
+    nullptr,  // held_grads: every rank holds every averaged gradient
 };

@@ -200,4 +200,5 @@ DDP_STRATEGY_ENTRY = {
     nullptr,  // optimizer_step: optional; the engine's optimizer runs
     example_stats,
     example_destroy,
+    nullptr,  // held_grads: every rank holds every averaged gradient
 };

@@ -109,4 +109,5 @@ DDP_STRATEGY_ENTRY = {
     nullptr,  // optimizer_step: the engine's optimizer runs
     nullptr,  // stats
     overlap_destroy,
+    nullptr,  // held_grads: every rank holds every averaged gradient
 };

@@ -26,6 +26,10 @@
 // optimizer_step: each rank steps its parameters, puts them in a shard of S
 // elements, all_gather, every rank copies the others' parameters back.
 //
+// held_grads (ABI 1.2): with allgather, each rank holds its own parameters'
+// averaged gradients only, so the engine's gradient clipping adds the
+// ranks' squared norms.
+//
 // Only micro-batches with sync_grads communicate (gradient accumulation).
 // When on_step_begin says params_changed (a parameter unfrozen mid-run) the
 // partition is recomputed stably (owned parameters keep their owner: their
@@ -287,6 +291,16 @@ ddp_status sharded_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed)
   });
 }
 
+// Variant allgather leaves each averaged gradient on its owner only.
+ddp_status sharded_held_grads(ddp_strategy* s, size_t* indices, size_t cap, size_t* count, int* partitioned) {
+  return guard(s->host.raw(), [&] {
+    *partitioned = s->variant == Variant::AllGather ? 1 : 0;
+    *count = *partitioned ? s->owned.size() : 0;
+    if (*count > cap) throw Failure(DDP_ERR_INVALID_ARGUMENT, "held_grads: room for fewer indices than parameters");
+    std::copy(s->owned.begin(), s->owned.begin() + long(*count), indices);
+  });
+}
+
 void sharded_destroy(ddp_strategy* s) { delete s; }
 
 }  // namespace
@@ -306,4 +320,5 @@ DDP_STRATEGY_ENTRY = {
     sharded_optimizer_step,
     sharded_stats,
     sharded_destroy,
+    sharded_held_grads,
 };

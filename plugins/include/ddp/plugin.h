@@ -44,6 +44,8 @@
  *   1.1  ddp_host gains alloc_host and free_host (staging memory on the
  *        host for a device's buffers). Check host->struct_size first: >=
  *        offsetof(ddp_host, free_host) + sizeof(host->free_host).
+ *   1.2  ddp_strategy_v1_t gains held_grads (gradient clipping under a
+ *        strategy that leaves each averaged gradient on one rank).
  * Header-only helpers (ddp_dtype_size, DDP_*_ENTRY) are no ABI change.
  */
 #ifndef DDP_PLUGIN_H
@@ -57,7 +59,7 @@ extern "C" {
 #endif
 
 #define DDP_ABI_VERSION_MAJOR 1
-#define DDP_ABI_VERSION_MINOR 1
+#define DDP_ABI_VERSION_MINOR 2
 /* abi_version = major << 16 | minor. */
 #define DDP_ABI_VERSION ((uint32_t)((DDP_ABI_VERSION_MAJOR << 16) | DDP_ABI_VERSION_MINOR))
 #define DDP_ABI_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -106,17 +108,9 @@ static inline size_t ddp_dtype_size(ddp_dtype dtype) {
 
 typedef enum ddp_device_kind { DDP_DEVICE_CPU = 0, DDP_DEVICE_CUDA = 1 } ddp_device_kind;
 
-typedef enum ddp_reduce_op {
-  DDP_REDUCE_SUM = 0,
-  DDP_REDUCE_AVG = 1 /* sum / world_size */
-} ddp_reduce_op;
+typedef enum ddp_reduce_op { DDP_REDUCE_SUM = 0, DDP_REDUCE_AVG = 1 /* sum / world_size */ } ddp_reduce_op;
 
-typedef enum ddp_log_level {
-  DDP_LOG_DEBUG = 0,
-  DDP_LOG_INFO = 1,
-  DDP_LOG_WARN = 2,
-  DDP_LOG_ERROR = 3
-} ddp_log_level;
+typedef enum ddp_log_level { DDP_LOG_DEBUG = 0, DDP_LOG_INFO = 1, DDP_LOG_WARN = 2, DDP_LOG_ERROR = 3 } ddp_log_level;
 
 /* Memory categories of the engine's accounting (current and peak bytes). */
 typedef enum ddp_mem_category {
@@ -377,6 +371,11 @@ typedef struct ddp_strategy_v1_t {
   ddp_status (*stats)(ddp_strategy* s, char* buf, size_t cap, size_t* needed);
   /* Releases everything. The host has synchronised all streams first. */
   void (*destroy)(ddp_strategy* s);
+  /* (ABI 1.2, optional) After finish: *partitioned = 1 if each averaged
+   * gradient is on one rank only (sharded's reduce_scatter), the indices this
+   * rank holds in indices[0, *count) (cap >= param_count); 0 if every rank
+   * has all (also if NULL). optimizer.clip_grad_norm sums these ranks' norms. */
+  ddp_status (*held_grads)(ddp_strategy* s, size_t* indices, size_t cap, size_t* count, int* partitioned);
 } ddp_strategy_v1_t;
 
 /* What a plugin exports: exactly one entry symbol, defined with one of

@@ -1,0 +1,35 @@
+// schedule.h — what changes from step to step besides the weights: the
+// learning rate ([schedule] lr) and gradient clipping
+// (optimizer.clip_grad_norm), as CS336's trainer and PyTorch define them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "config.h"
+#include "model.h"
+
+namespace ddp {
+
+// The learning rate of optimizer step `step` (from 0) for a group whose
+// unscheduled lr is `lr`: `lr` when constant; cosine (CS336 assignment 1,
+// alpha_max = lr, alpha_min = min_lr): t/T_w·lr while t < T_w, then
+// min_lr + ½(1 + cos(π(t − T_w)/(T_c − T_w)))(lr − min_lr) up to T_c, then
+// min_lr. Pure.
+double scheduled_lr(const LrScheduleConfig& schedule, double lr, int64_t step);
+
+// torch.nn.utils.clip_grad_norm_'s factor: max_norm / (norm + 1e-6), at
+// most 1. Pure.
+double clip_coefficient(double total_norm, double max_norm);
+
+// Clips the gradients of params[i], i in `held`, to a global L2 norm of
+// `max_norm` and returns the norm before clipping. `partitioned`: each
+// averaged gradient is on one rank (the strategy's held_grads), so the
+// ranks' squared norms are added through `all_gather` (in rank order: the
+// same bits on every rank); else every rank holds them all.
+double clip_gradients(std::vector<Parameter>& params, const std::vector<size_t>& held, bool partitioned,
+                      double max_norm, Device& device, int world,
+                      const std::function<void(const std::vector<double>&, std::vector<double>&)>& all_gather);
+
+}  // namespace ddp
