@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <cblas.h>
+
 namespace ddp {
 
 double scheduled_lr(const LrScheduleConfig& s, double lr, int64_t step) {
@@ -24,7 +26,7 @@ double clip_gradients(std::vector<Parameter>& params, const std::vector<size_t>&
     const Parameter& p = params[i];
     const std::vector<float> host = device.kind() == DDP_DEVICE_CPU ? std::vector<float>() : p.grad.to_host();
     const float* g = host.empty() ? p.grad.data() : host.data();
-    for (size_t k = 0; k < p.grad.numel(); ++k) sum += double(g[k]) * double(g[k]);
+    sum += cblas_dsdot(int(p.grad.numel()), g, 1, g, 1);  // float32 in, accumulated in float64
   }
   if (partitioned) {
     std::vector<double> all(static_cast<size_t>(world));
@@ -33,7 +35,7 @@ double clip_gradients(std::vector<Parameter>& params, const std::vector<size_t>&
     for (double part : all) sum += part;
   }
   const double norm = std::sqrt(sum);
-  const double coef = clip_coefficient(norm, max_norm);
+  const double coef = max_norm > 0 ? clip_coefficient(norm, max_norm) : 1.0;
   if (coef < 1.0)
     for (size_t i : held) device.scale(params[i].grad.data(), params[i].grad.numel(), float(coef), device.compute_stream());
   return norm;

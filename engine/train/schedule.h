@@ -24,7 +24,7 @@ double scheduled_lr(const LrScheduleConfig& schedule, double lr, int64_t step);
 double clip_coefficient(double total_norm, double max_norm);
 
 // Clips the gradients of params[i], i in `held`, to a global L2 norm of
-// `max_norm` and returns the norm before clipping. `partitioned`: each
+// `max_norm` (0: measures only) and returns the norm before clipping. `partitioned`: each
 // averaged gradient is on one rank (the strategy's held_grads), so the
 // ranks' squared norms are added through `all_gather` (in rank order: the
 // same bits on every rank); else every rank holds them all.

@@ -196,9 +196,10 @@ class RankRun {
     const StepTimeline::Mark m = timeline_->mark();
     plugins_->finish();
     timeline_->range("finish", m);
-    if (config_.optimizer.clip_grad_norm > 0) rec.grad_norm = clip();
+    if (config_.optimizer.clip_grad_norm > 0) rec.grad_norm = gradient_norm(/*clip=*/true);
     take_peaks(device_->memory(), mem_before_optimizer_);
     optimizer_step(rec);
+    if (config_.optimizer.clip_grad_norm == 0) rec.grad_norm = gradient_norm(/*clip=*/false);
     take_peaks(device_->memory(), mem_after_optimizer_);
     rec.step_s = seconds_since(t0);
     timeline_->range("step", m0);
@@ -331,15 +332,18 @@ class RankRun {
     checkpoint_s_ += seconds_since(t);
   }
 
-  // optimizer.clip_grad_norm, once every averaged gradient is in place.
-  double clip() {
-    {
+  // The global L2 norm of the averaged gradients (summed across ranks where
+  // the strategy partitions them). With `clip`, after finish: waits for
+  // every gradient, then clips them to optimizer.clip_grad_norm; else after
+  // the optimizer step, when every strategy has them all in place.
+  double gradient_norm(bool clip) {
+    if (clip) {
       whereabouts::Inside in(nullptr, "waiting for the gradients to clip");
       device_->comm_stream().synchronize();
     }
     const std::optional<std::vector<size_t>> held = plugins_->held_grads();
     return clip_gradients(model_->params(), held ? *held : trainable_, held.has_value(),
-                          config_.optimizer.clip_grad_norm, *device_, env_.rank.world_size,
+                          clip ? config_.optimizer.clip_grad_norm : 0.0, *device_, env_.rank.world_size,
                           [this](const std::vector<double>& mine, std::vector<double>& all) {
                             plugins_->all_gather(mine, all);
                           });
