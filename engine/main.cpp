@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -48,6 +49,23 @@ std::string timeout_note(const Config& config) {
   return note.str();
 }
 
+// What checkpoint.dir/latest says now ("" if nothing).
+std::string latest_of(const Config& config) {
+  std::ifstream in(std::filesystem::path(config.checkpoint.dir) / "latest");
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
+// One run per checkpoint.dir as per output directory, when it is another
+// one; this also finds a directory that cannot be written before training.
+std::unique_ptr<DirectoryLock> lock_checkpoint_dir(const Config& config) {
+  std::error_code ec;
+  if (config.checkpoint.every == 0 || std::filesystem::equivalent(config.checkpoint.dir, config.run.output_dir, ec))
+    return nullptr;
+  return std::make_unique<DirectoryLock>(config.checkpoint.dir, "checkpoint.dir");
+}
+
 // `ddp run` as one rank: under our launcher, or under another one (RANK
 // set by hand, srun, mpirun) with a world size that must match the config.
 int run_as_rank(const Config& config) {
@@ -58,9 +76,11 @@ int run_as_rank(const Config& config) {
                             " in the environment but run.world_size = " + std::to_string(config.run.world_size) +
                             " in " + config.file);
         // Under another launcher rank 0 holds the output directory itself.
-        std::unique_ptr<DirectoryLock> lock;
-        if (env.rank.rank == 0 && !std::getenv("DDP_STATUS_FD"))
+        std::unique_ptr<DirectoryLock> lock, checkpoint_lock;
+        if (env.rank.rank == 0 && !std::getenv("DDP_STATUS_FD")) {
           lock = std::make_unique<DirectoryLock>(config.run.output_dir, "run.output_dir");
+          checkpoint_lock = lock_checkpoint_dir(config);
+        }
         train_rank(config, env);
       },
       std::chrono::milliseconds(int64_t(config.run.timeout_s * 1000)), timeout_note(config));
@@ -106,13 +126,20 @@ int launch_run(const Config& config, const std::string& config_path, const std::
     };
   }
   const DirectoryLock lock(config.run.output_dir, "run.output_dir");  // one run per output directory
+  const auto checkpoint_lock = lock_checkpoint_dir(config);
   std::string resume = config.resume;
   for (int64_t attempt = 0;; ++attempt) {
     spec.args = rank_args(config_path, overrides, resume);
+    const std::string latest_before = latest_of(config);
     LaunchOutcome outcome;
     const int code = launch_ranks(spec, &outcome);
-    if (code != 1 || attempt >= config.run.max_restarts || outcome.bad_input) return code;
-    if (std::filesystem::exists(std::filesystem::path(config.checkpoint.dir) / "latest")) resume = "latest";
+    if (code != 1 || outcome.bad_input) return code;
+    if (attempt >= config.run.max_restarts) {
+      if (attempt > 0) std::cerr << "ddp: no restart left (run.max_restarts = " << config.run.max_restarts << ")\n";
+      return code;
+    }
+    // From a checkpoint this attempt wrote; else from where this attempt began.
+    if (latest_of(config) != latest_before) resume = "latest";
     const std::string from = resume.empty() ? "" : resolve_checkpoint(config.checkpoint.dir, resume);
     std::cerr << "ddp: restarting the run (" << attempt + 1 << " of run.max_restarts = " << config.run.max_restarts
               << ") from " << (from.empty() ? "the start" : from) << std::endl;

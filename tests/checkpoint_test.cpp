@@ -190,6 +190,57 @@ TEST(ResumeRefused, AFreshRunDoesNotWriteIntoAnotherRunsCheckpoints) {
                                "another checkpoint.dir (or remove that one)");
 }
 
+TEST(ResumeRefused, ACheckpointDirHoldingAnotherRunsCheckpointsIsNotWrittenInto) {
+  TempDir mine, theirs;
+  const std::string config = toml(kStrategies[0], kSgd);
+  run_ok(config, 1, checkpointing(theirs.path));
+  run_ok(config, 1, checkpointing(mine.path));
+  const RunResult r = harness::run(config, 1, checkpointing(theirs.path), mine.path + "/step-00000002");
+  ASSERT_EQ(r.failures.size(), 1u);
+  EXPECT_EQ(r.failures[0], "rank 0: checkpoint.dir " + theirs.path + " holds other checkpoints than " + mine.path +
+                               "/step-00000002's: give this run a checkpoint.dir of its own (or resume from one in " +
+                               theirs.path + ")");
+}
+
+// Each state checkpoint.json lists must be there, and as many losses as steps.
+TEST(ResumeRefused, ACheckpointMissingWhatItsIndexListsIsRefused) {
+  TempDir dir;
+  const std::string config = toml(kStrategies[0], kSgd);
+  run_ok(config, 1, checkpointing(dir.path));
+  const std::string step2 = dir.path + "/step-00000002", file = step2 + "/optimizer-0.safetensors";
+  auto tensors = read_safetensors(file);
+  tensors.erase("fc3.weight.momentum_buffer");  // fc1 is still frozen at step 2
+  std::vector<std::vector<float>> values;
+  std::vector<NamedFloats> kept;
+  for (const auto& [name, t] : tensors)
+    kept.push_back({name, t.shape, values.emplace_back(t.as_floats(file, name)).data()});
+  write_safetensors(file, kept);
+  RunResult r = harness::run(config, 1, checkpointing(dir.path), step2);
+  ASSERT_EQ(r.failures.size(), 1u);
+  EXPECT_EQ(r.failures[0], "rank 0: " + file + ": no tensor 'fc3.weight.momentum_buffer', which checkpoint.json "
+                           "says holds its state");
+
+  const std::string meta = step2 + "/checkpoint.json";
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(meta));
+  j["losses"].erase(0);
+  std::ofstream(meta) << j.dump();
+  r = harness::run(config, 1, checkpointing(dir.path), dir.path + "/step-00000004");
+  EXPECT_TRUE(r.failures.empty()) << r.failures[0];
+  r = harness::run(config, 1, checkpointing(dir.path), step2);
+  ASSERT_EQ(r.failures.size(), 1u);
+  EXPECT_EQ(r.failures[0], "rank 0: " + meta + ": 1 losses for 2 steps");
+}
+
+// A run whose steps do not divide by checkpoint.every still ends with one.
+TEST(Checkpoint, TheEndOfARunIsCheckpointedToo) {
+  TempDir dir;
+  const RunResult r = run_ok(toml(kStrategies[0], kSgd), 1,
+                             {"checkpoint.every=4", "checkpoint.dir=\"" + dir.path + "\""});
+  EXPECT_EQ(r.summary["checkpoints"]["after_steps"], nlohmann::json({4, 6}));
+  EXPECT_TRUE(fs::exists(dir.path + "/step-00000006/checkpoint.json"));
+  EXPECT_TRUE(fs::exists(dir.path + "/step-00000004/checkpoint.json")) << "keep = 2 holds both";
+}
+
 // ------------------------------------------------------------ pure parts
 
 TEST(Checkpoint, NamesSortByStep) {
@@ -210,9 +261,20 @@ TEST(Checkpoint, ResumeMayChangeHowTheRunRunsNotWhatItTrains) {
                                                      "strategy.variant (not set) → allgather"}));
   now["run.seed"] = "8";
   now["data.batch_size"] = "40";
+  now["model.init_from"] = "elsewhere.safetensors";  // the weights come from the checkpoint
   check = compare_for_resume(saved, now);
-  EXPECT_EQ(check.refused.substr(0, check.refused.find(':')),
-            "data.batch_size is 40 but was (not set) in the checkpoint");
+  EXPECT_EQ(check.refused,
+            "data.batch_size is 40 but was (not set) in the checkpoint; also run.seed: a resumed run may change "
+            "run.steps, run.world_size, the strategy, the transport, timeouts and checks, not what it trains");
+  // What the run trains is named first; a default that follows run.steps says so.
+  EXPECT_EQ(compare_for_resume({{"model.name", "toy"}, {"data.batch_size", "8"}},
+                               {{"model.name", "lm"}, {"data.batch_size", "16"}})
+                .refused.substr(0, 46),
+            "model.name is lm but was toy in the checkpoint");
+  const std::string cosine = compare_for_resume({{"schedule.cosine_steps", "5"}}, {{"schedule.cosine_steps", "8"}}).refused;
+  EXPECT_EQ(cosine.substr(0, cosine.find(')') + 1),
+            "schedule.cosine_steps is 8 but was 5 in the checkpoint (unless set, it follows run.steps: --set "
+            "schedule.cosine_steps=5 keeps the schedule)");
 }
 
 TEST(Checkpoint, TheLowestRankHoldingAStateWritesIt) {

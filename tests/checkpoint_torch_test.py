@@ -10,7 +10,8 @@ model in PyTorch), 2 ranks:
      optimizer, which train steps 4-6 on the same batches: its weights equal
      ddp's after step 6 within 1e-5, and its losses ddp's within 1e-6;
   3. PyTorch's state after step 3, imported back, resumes in ddp to weights
-     bitwise equal to ddp's own resume.
+     bitwise equal to ddp's own resume; after PyTorch's steps 4-6, imported,
+     ddp goes on to step 8 as from its own step 6 (1e-5), all 8 losses said.
 
 usage: checkpoint_torch_test.py --ddp build/bin/ddp
 """
@@ -94,6 +95,7 @@ def continue_in_pytorch(pt, optimizer):
     d["model"] = {n: p.detach().clone() for n, p in model.named_parameters()}
     d["optimizer"] = opt.state_dict()
     d["step"] = 6
+    d["losses"] = d["losses"] + losses
     return d, losses
 
 
@@ -116,7 +118,18 @@ def check(args, tmp, optimizer):
     via_torch, _ = ddp(args, cfg, os.path.join(tmp, f"{optimizer}-via-torch"), "--resume", back)
     for n in resumed:
         assert torch.equal(resumed[n], via_torch[n]), f"{optimizer}: {n} differs after the round trip"
-    print(f"ok {optimizer}: PyTorch within {worst:.2e} of ddp; the round trip resumes bit for bit")
+    # PyTorch's own steps 4-6, imported, go on in ddp as ddp's own step 6 does.
+    pt6, back6 = os.path.join(tmp, f"{optimizer}-6.pt"), os.path.join(tmp, f"{optimizer}-back6")
+    torch.save(continued, pt6)
+    tool("import", pt6, back6, "--like", checkpoint)
+    own6 = os.path.join(tmp, f"{optimizer}-whole", "checkpoints", "step-00000006")
+    mine, s_mine = ddp(args, cfg, os.path.join(tmp, f"{optimizer}-8a"), "--set", "run.steps=8", "--resume", own6)
+    theirs, s_theirs = ddp(args, cfg, os.path.join(tmp, f"{optimizer}-8b"), "--set", "run.steps=8", "--resume", back6)
+    worst8 = max((mine[n] - theirs[n]).abs().max().item() for n in mine)
+    assert worst8 <= 1e-5, f"{optimizer}: ddp on from PyTorch's step 6 differs from ddp's own by {worst8}"
+    assert len(s_theirs["loss"]) == 8 and s_theirs["first_step"] == 6, s_theirs["loss"]
+    print(f"ok {optimizer}: PyTorch within {worst:.2e} of ddp; the round trip resumes bit for bit; "
+          f"ddp on from PyTorch's steps within {worst8:.2e}")
 
 
 def main():

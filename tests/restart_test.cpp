@@ -7,8 +7,8 @@
 //  - ranks killed while a checkpoint is being written leave `latest` naming
 //    the previous one, from which --resume ends equal to the uninterrupted
 //    run (and the partial checkpoint is cleared away);
-//  - without max_restarts a failure is final, and a rank that refused its
-//    config is not restarted.
+//  - a full checkpoint.dir is named by the rank that could not write, and
+//    neither it nor a rank that refused its config is restarted.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -124,6 +124,31 @@ TEST(Restart, RanksKilledWhileACheckpointIsWrittenLeaveThePreviousOneToResumeFro
   EXPECT_EQ(summary_of(out)["loss"], whole.summary["loss"]);
   for (const auto& e : fs::directory_iterator(checkpoints))
     EXPECT_EQ(e.path().filename().string().find(".partial"), std::string::npos) << "left behind: " << e.path();
+  fs::remove_all(dir);
+}
+
+// A checkpoint.dir that runs out of space: rank 0's own report is the one
+// named (its peer's "rank 0 could not write" is the echo), and a disk that
+// refused the files is not worth a restart.
+TEST(Restart, AFullCheckpointDirIsNamedByTheRankThatWroteAndNotRestarted) {
+  if (geteuid() != 0 || system("unshare -m true 2>/dev/null") != 0) GTEST_SKIP() << "needs root for unshare -m";
+  const std::string dir = temp_dir();
+  fs::create_directories(dir + "/full");
+  std::ofstream(dir + "/run.sh") << "mount -t tmpfs -o size=20k tmpfs " << dir << "/full || exit 99\n"
+                                 << kDdp << " run " << kRepo << "/configs/toy.toml --set run.steps=6"
+                                 << " --set checkpoint.every=1 --set optimizer.momentum=0.9 --set run.max_restarts=2"
+                                 << " --set 'checkpoint.dir=\"" << dir << "/full/ck\"' --set 'run.output_dir=\""
+                                 << dir << "/out\"' > /dev/null 2> " << dir << "/err\n";
+  for (int attempt = 0; attempt < 3; ++attempt) {  // whichever rank notices first
+    const int status = system(("unshare -m sh " + dir + "/run.sh").c_str());
+    ASSERT_TRUE(WIFEXITED(status));
+    ASSERT_NE(WEXITSTATUS(status), 99) << "could not mount a tmpfs";
+    EXPECT_EQ(WEXITSTATUS(status), 1);
+    const std::string err = read_file(dir + "/err");
+    EXPECT_NE(err.find("ddp: rank 0 failed in step "), std::string::npos) << err;
+    EXPECT_NE(err.find("cannot write file (No space left on device)"), std::string::npos) << err;
+    EXPECT_EQ(err.find("restarting"), std::string::npos) << err;
+  }
   fs::remove_all(dir);
 }
 

@@ -4,15 +4,18 @@
   checkpoint_torch.py export CHECKPOINT OUT.pt
       OUT.pt (torch.save) holds {"model": the model's state_dict, "optimizer":
       torch.optim.SGD's or AdamW's state_dict over the trainable parameters in
-      model order, "step": optimizer steps done, "trainable": their names}.
+      model order, "step": optimizer steps done, "trainable": their names,
+      "losses": the mean loss of every step so far}.
       Load it with model.load_state_dict(d["model"]) and, for an optimizer
       made as torch.optim.AdamW([p for p in model.parameters() if
       p.requires_grad], ...), optimizer.load_state_dict(d["optimizer"]).
 
   checkpoint_torch.py import IN.pt CHECKPOINT_OUT --like CHECKPOINT
       A ddp checkpoint from IN.pt (as export writes it, after PyTorch trained
-      on), with the run's metadata (config, plugins, losses) of CHECKPOINT.
+      on: put the new step in "step" and append each step's loss to
+      "losses"), with the run's metadata (config, plugins) of CHECKPOINT.
       Continue with: ddp run CONFIG --resume CHECKPOINT_OUT.
+      A CHECKPOINT may also be a checkpoint.dir holding `latest`.
 
 The layout is docs/checkpoints.md's. One optimizer group (no
 [[optimizer.groups]]); the learning rate in the state_dict is optimizer.lr
@@ -53,6 +56,21 @@ def param_group(meta, count):
     return group
 
 
+def fail(message):
+    sys.exit(f"checkpoint_torch: {message}")
+
+
+def checkpoint_path(path):
+    """`path`, or the checkpoint its `latest` names."""
+    if os.path.isfile(os.path.join(path, "checkpoint.json")):
+        return path
+    latest = os.path.join(path, "latest")
+    if os.path.isfile(latest):
+        with open(latest) as f:
+            return checkpoint_path(os.path.join(path, f.read().strip()))
+    fail(f"{path}: not a checkpoint (no checkpoint.json in it, and no 'latest')")
+
+
 def read_checkpoint(path):
     with open(os.path.join(path, "checkpoint.json")) as f:
         meta = json.load(f)
@@ -65,7 +83,7 @@ def read_checkpoint(path):
 
 
 def export(args):
-    meta, weights, files = read_checkpoint(args.checkpoint)
+    meta, weights, files = read_checkpoint(checkpoint_path(args.checkpoint))
     state = {}
     for index, name in enumerate(meta["trainable"]):
         s = meta["state"].get(name)
@@ -76,21 +94,28 @@ def export(args):
         if meta["optimizer"] == "adamw":
             entry["step"] = torch.tensor(float(s["steps"]))
         state[index] = entry
-    out = {"model": weights, "step": meta["step"], "trainable": meta["trainable"],
+    out = {"model": weights, "step": meta["step"], "trainable": meta["trainable"], "losses": meta["losses"],
            "optimizer": {"state": state, "param_groups": [param_group(meta, len(meta["trainable"]))]}}
     torch.save(out, args.out)
     print(f"{args.out}: {len(weights)} parameters, optimizer state of {len(state)}, after step {meta['step']}")
 
 
 def import_(args):
-    with open(os.path.join(args.like, "checkpoint.json")) as f:
+    like = checkpoint_path(args.like)
+    with open(os.path.join(like, "checkpoint.json")) as f:
         meta = json.load(f)
     d = torch.load(args.pt)
     names = list(d["model"].keys())
-    like_weights, _ = read_safetensors(os.path.join(args.like, "weights.safetensors"))
+    like_weights, _ = read_safetensors(os.path.join(like, "weights.safetensors"))
     if names != list(like_weights.keys()):
-        sys.exit(f"checkpoint_torch: {args.pt}'s parameters are not {args.like}'s: {names}")
-    os.makedirs(args.out, exist_ok=False)
+        fail(f"{args.pt}'s parameters are not {like}'s: {names}")
+    losses = list(d.get("losses", meta["losses"]))[:int(d["step"])]
+    if len(losses) != int(d["step"]):
+        fail(f"{args.pt} has {len(losses)} losses for {int(d['step'])} steps: append each step's loss to its "
+             "\"losses\"")
+    if os.path.exists(args.out):
+        fail(f"{args.out} exists: give a new directory")
+    os.makedirs(args.out)
     write_safetensors(os.path.join(args.out, "weights.safetensors"), [(n, d["model"][n]) for n in names],
                       {"format": "pt"})
     tensors, state = [], {}
@@ -99,7 +124,7 @@ def import_(args):
         tensors += [(f"{name}.{k}", entry[k]) for k in SUFFIXES[meta["optimizer"]] if k in entry]
         state[name] = {"file": "optimizer-0.safetensors", "steps": int(entry.get("step", torch.tensor(0.0)))}
     write_safetensors(os.path.join(args.out, "optimizer-0.safetensors"), tensors, {"format": "pt"})
-    meta.update(step=int(d["step"]), state=state, losses=meta["losses"][:int(d["step"])])
+    meta.update(step=int(d["step"]), state=state, losses=losses)
     with open(os.path.join(args.out, "checkpoint.json"), "w") as f:  # last: the checkpoint is whole
         json.dump(meta, f, indent=1)
     print(f"{args.out}: a ddp checkpoint after step {meta['step']}")

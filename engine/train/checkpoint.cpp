@@ -37,7 +37,18 @@ bool may_change(const std::string& key) {
       "run.check_finite", "run.check_replicas_every", "run.debug_collectives", "run.max_restarts"};
   for (const char* section : {"strategy.", "transport.", "checkpoint."})
     if (key.rfind(section, 0) == 0) return true;
-  return run_keys.count(key) != 0;
+  // The weights come from the checkpoint: where they first came from no longer matters.
+  return run_keys.count(key) != 0 || key == "model.init_from";
+}
+
+// The order refusals are named in: what the run trains first.
+int refusal_rank(const std::string& key) {
+  int rank = 0;
+  for (const char* section : {"model.", "data.", "optimizer.", "schedule."}) {
+    if (key.rfind(section, 0) == 0) return rank;
+    ++rank;
+  }
+  return rank;
 }
 
 std::string shown(const std::string& value) { return value.empty() ? "(not set)" : value; }
@@ -147,8 +158,11 @@ void all_or_none(const CheckpointInput& in, const std::string& failure, const st
   in.all_gather({failure.empty() ? 1.0 : 0.0}, all);
   for (int r = 0; r < in.world; ++r) {
     if (all[size_t(r)] != 0.0) continue;
-    if (r == in.rank) throw Error("checkpoint: " + failure);
-    throw Error("checkpoint: rank " + std::to_string(r) + " could not " + what + " (its own report says why)");
+    // A checkpoint.dir that cannot take the files would refuse them again:
+    // not worth a restart. A peer's failure is the echo (a lost peer's kind).
+    if (r == in.rank) throw Error("checkpoint: " + failure, DDP_ERR_INVALID_ARGUMENT);
+    throw Error("checkpoint: rank " + std::to_string(r) + " could not " + what + " (its own report says why)",
+                DDP_ERR_COMM);
   }
 }
 
@@ -169,8 +183,9 @@ std::string resolve_checkpoint(const std::string& dir, const std::string& given)
   const fs::path latest = fs::path(dir) / "latest";
   std::ifstream in(latest);
   std::string name;
-  if (!in || !std::getline(in, name) || name.empty())
-    throw Error(dir + ": no checkpoint to resume from (no 'latest' in checkpoint.dir)", DDP_ERR_INVALID_ARGUMENT);
+  if (!in) throw Error(dir + ": no checkpoint to resume from (no 'latest' in checkpoint.dir)", DDP_ERR_INVALID_ARGUMENT);
+  if (!std::getline(in, name) || name.empty())
+    throw Error(latest.string() + " is empty: give --resume a checkpoint's path", DDP_ERR_INVALID_ARGUMENT);
   const fs::path path = fs::path(dir) / name;
   if (!fs::is_regular_file(path / kMeta))
     throw Error(latest.string() + " names " + name + ", which is not a whole checkpoint" +
@@ -207,18 +222,28 @@ ResumeCheck compare_for_resume(const std::map<std::string, std::string>& saved,
   for (const auto& [k, v] : saved) keys.insert(k);
   for (const auto& [k, v] : now) keys.insert(k);
   ResumeCheck check;
+  std::vector<std::pair<int, std::string>> refused;  // (order, key)
   for (const std::string& key : keys) {
     const auto a = saved.find(key), b = now.find(key);
     const std::string was = a == saved.end() ? "" : a->second, is = b == now.end() ? "" : b->second;
     if (was == is) continue;
     if (may_change(key)) {
       check.changed.push_back(key + " " + shown(was) + " → " + shown(is));
-    } else if (check.refused.empty()) {
-      check.refused = key + " is " + shown(is) + " but was " + shown(was) +
-                      " in the checkpoint: a resumed run may change run.steps, run.world_size, the strategy, the "
-                      "transport, timeouts and checks, not what it trains";
+    } else {
+      refused.emplace_back(refusal_rank(key), key);
     }
   }
+  if (refused.empty()) return check;
+  std::stable_sort(refused.begin(), refused.end(),
+                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  const std::string& key = refused[0].second;
+  const std::string was = saved.count(key) ? saved.at(key) : "", is = now.count(key) ? now.at(key) : "";
+  check.refused = key + " is " + shown(is) + " but was " + shown(was) + " in the checkpoint";
+  if (key == "schedule.cosine_steps")
+    check.refused += " (unless set, it follows run.steps: --set schedule.cosine_steps=" + was + " keeps the schedule)";
+  for (size_t k = 1; k < refused.size(); ++k) check.refused += (k == 1 ? "; also " : ", ") + refused[k].second;
+  check.refused += ": a resumed run may change run.steps, run.world_size, the strategy, the transport, timeouts and "
+                   "checks, not what it trains";
   return check;
 }
 
@@ -282,7 +307,7 @@ std::string write_checkpoint(const CheckpointInput& in, int64_t step) {
   all_or_none(in, failure, "write its files into " + partial.string());
   if (in.rank == 0) {
     failure = attempt([&] { complete(in, step, meta_json(in, step, writers, steps), partial); });
-    if (!failure.empty()) throw Error("checkpoint: " + failure);
+    if (!failure.empty()) throw Error("checkpoint: " + failure, DDP_ERR_INVALID_ARGUMENT);
   }
   return (dir / checkpoint_name(step)).string();
 }
@@ -308,19 +333,46 @@ void load_checkpoint(const std::string& path, const CheckpointMeta& meta, std::v
     if (s == meta.state.end()) continue;
     const std::string file = (fs::path(path) / s->second.file).string();
     const auto& tensors = files[s->second.file];
-    const auto take = [&](const std::string& suffix) {
+    // What checkpoint.json says is there must be: a state taken up without
+    // its moments would train on from zeros without a word.
+    const auto take = [&](const std::string& suffix, bool required) {
       const auto t = suffix.empty() ? tensors.end() : tensors.find(p.name + suffix);
+      if (t == tensors.end() && required)
+        throw Error(file + ": no tensor '" + p.name + suffix + "', which checkpoint.json says holds its state",
+                    DDP_ERR_INVALID_ARGUMENT);
       return t == tensors.end() ? std::vector<float>() : t->second.as_floats(file, p.name + suffix);
     };
-    states[i] = SavedState{s->second.steps, take(first), take(second)};
+    states[i] = SavedState{s->second.steps, take(first, optimizer.keeps_state()), take(second, optimizer.is_adamw())};
   }
+  // Every parameter trained in the last step has state, if the optimizer keeps any.
+  for (size_t i = 0; i < params.size() && meta.step > 0 && optimizer.keeps_state(); ++i)
+    if (params[i].trainable && params[i].uses > 0 && !states.count(i))
+      throw Error((fs::path(path) / kMeta).string() + ": no optimizer state for '" + params[i].name +
+                      "', which trained in step " + std::to_string(meta.step),
+                  DDP_ERR_INVALID_ARGUMENT);
   optimizer.restore_on_first_step(std::move(states));
+}
+
+std::map<std::string, std::string> resume_items(const Config& config) {
+  std::map<std::string, std::string> items = config_items(config);
+  if (!config.data.path.empty()) {  // the file it names, wherever the config is
+    std::error_code ec;
+    const fs::path data = fs::absolute(config.data.path, ec).lexically_normal();
+    const auto bytes = fs::file_size(data, ec);
+    items["data.path"] = data.string() + (ec ? "" : " (" + std::to_string(bytes) + " bytes)");
+  }
+  return items;
 }
 
 Resumed resume_run(const Config& config, Model& model, Device& device, Optimizer& optimizer) {
   const std::string path = resolve_checkpoint(config.checkpoint.dir, config.resume);
+  refuse_foreign_checkpoints(config, path);
   const CheckpointMeta meta = read_checkpoint_meta(path);
-  const ResumeCheck check = compare_for_resume(meta.config, config_items(config));
+  if (meta.losses.size() != size_t(meta.step))
+    throw Error((fs::path(path) / kMeta).string() + ": " + std::to_string(meta.losses.size()) + " losses for " +
+                    std::to_string(meta.step) + " steps",
+                DDP_ERR_INVALID_ARGUMENT);
+  const ResumeCheck check = compare_for_resume(meta.config, resume_items(config));
   if (!check.refused.empty()) throw ConfigError("--resume " + path + ": " + check.refused);
   if (meta.step > config.run.steps)
     throw ConfigError("--resume " + path + ": the checkpoint is after step " + std::to_string(meta.step) +
@@ -336,12 +388,28 @@ Resumed resume_run(const Config& config, Model& model, Device& device, Optimizer
   return Resumed{path, meta.step, meta.losses, check.changed};
 }
 
-void refuse_foreign_checkpoints(const Config& config) {
-  if (config.checkpoint.every == 0 || !config.resume.empty()) return;
-  if (!fs::exists(fs::path(config.checkpoint.dir) / "latest")) return;
-  throw ConfigError("checkpoint.dir " + config.checkpoint.dir +
-                    " holds an earlier run's checkpoints: continue it with --resume, or give this run another "
-                    "checkpoint.dir (or remove that one)");
+namespace {
+
+// The directory itself: "runs/x/checkpoints" and "./runs/x/checkpoints/" alike.
+bool same_directory(const fs::path& a, const fs::path& b) {
+  std::error_code ec;
+  return fs::equivalent(a, b, ec);
+}
+
+}  // namespace
+
+void refuse_foreign_checkpoints(const Config& config, const std::string& resumed) {
+  if (config.checkpoint.every == 0) return;
+  const fs::path dir = config.checkpoint.dir;
+  if (!fs::exists(dir / "latest")) return;
+  if (resumed.empty())
+    throw ConfigError("checkpoint.dir " + config.checkpoint.dir +
+                      " holds an earlier run's checkpoints: continue it with --resume, or give this run another "
+                      "checkpoint.dir (or remove that one)");
+  if (!same_directory((fs::path(resumed) / kMeta).parent_path().parent_path(), dir))
+    throw ConfigError("checkpoint.dir " + config.checkpoint.dir + " holds other checkpoints than " + resumed +
+                      "'s: give this run a checkpoint.dir of its own (or resume from one in " +
+                      config.checkpoint.dir + ")");
 }
 
 }  // namespace ddp

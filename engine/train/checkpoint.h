@@ -113,9 +113,14 @@ struct Resumed {
 };
 Resumed resume_run(const Config& config, Model& model, Device& device, Optimizer& optimizer);
 
-// A run that starts afresh with checkpoints on does not write into a
-// checkpoint.dir that holds another run's: throws ConfigError saying what
-// to do.
-void refuse_foreign_checkpoints(const Config& config);
+// A run with checkpoints on writes into a checkpoint.dir that holds
+// another run's checkpoints only to continue that run: starting afresh
+// (`resumed` "") or resuming a checkpoint from elsewhere there throws
+// ConfigError saying what to do.
+void refuse_foreign_checkpoints(const Config& config, const std::string& resumed = "");
+
+// config_items() as a checkpoint compares them on resume: data.path as the
+// absolute path of the file and its size, wherever the config is.
+std::map<std::string, std::string> resume_items(const Config& config);
 
 }  // namespace ddp

@@ -46,6 +46,8 @@ class Optimizer {
   bool has_state(size_t i) const { return i < state_.size() && state_[i]; }
   int64_t state_steps(size_t i) const { return has_state(i) ? state_[i]->steps : 0; }
   bool is_adamw() const { return config_.name == "adamw"; }
+  // Whether a stepped parameter has state to keep: AdamW's moments, SGD's momentum.
+  bool keeps_state() const { return is_adamw() || config_.momentum != 0.0; }
   // A resumed run's state (by parameter index), taken up when a parameter
   // is first stepped: a rank of `sharded` materialises its own shard only.
   // Whatever no step claimed is dropped by drop_unclaimed().

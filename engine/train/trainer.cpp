@@ -89,8 +89,8 @@ class RankRun {
     data_ = make_dataset(config_, shape, r.rank, r.world_size, host_device_ ? *host_device_ : *device_);
     optimizer_ = std::make_unique<Optimizer>(config_.optimizer, *device_, model_->params());
     check_unfreeze(config_.unfreeze, *model_, config_.model.name);
-    refuse_foreign_checkpoints(config_);
-    if (!config_.resume.empty()) resume();
+    if (config_.resume.empty()) refuse_foreign_checkpoints(config_);
+    else resume();
     store_ = std::make_unique<Store>(env_.rendezvous, env_.run_id,
                                      std::chrono::milliseconds(int64_t(config_.run.timeout_s * 1000)));
     store_->claim(r.rank);
@@ -140,7 +140,8 @@ class RankRun {
       if (observer_) observer_->on_weights(step + 1, *model_);
       if ((step + 1) % config_.run.log_every == 0 || step + 1 == config_.run.steps) report(step);
       if (every > 0 && (step + 1) % every == 0) check_replicas(step);
-      if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0) checkpoint(step + 1);
+      if (checkpoint_every > 0 && ((step + 1) % checkpoint_every == 0 || step + 1 == config_.run.steps))
+        checkpoint(step + 1);  // and at the end, to go on from
     }
     whereabouts::enter_step(-1);  // what follows is the end of the run, not a step
     const int64_t steps = config_.run.steps;
@@ -321,7 +322,7 @@ class RankRun {
     whereabouts::Inside in(nullptr, "writing a checkpoint");
     average_losses();
     CheckpointInput input{config_, env_.rank.rank, env_.rank.world_size, model_->params(), *optimizer_,
-                          plugins_->strategy_name(), plugins_->transport_name(), config_items(config_),
+                          plugins_->strategy_name(), plugins_->transport_name(), resume_items(config_),
                           loss_prefix_, {}};
     for (const StepRecord& r : records_) input.losses.push_back(r.loss);
     input.all_gather = [this](const std::vector<double>& mine, std::vector<double>& all) {
