@@ -78,7 +78,7 @@ int wait_for(const Process& p, std::chrono::seconds limit) {
 }
 
 // The child of `parent` whose environment has RANK=<rank>.
-pid_t find_rank(pid_t parent, int rank) {
+inline pid_t find_rank(pid_t parent, int rank) {
   const std::string want = "RANK=" + std::to_string(rank);
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     const std::string name = entry.path().filename();
