@@ -8,7 +8,6 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -47,14 +46,6 @@ std::string timeout_note(const Config& config) {
   std::ostringstream note;
   note << "run.timeout_s = " << config.run.timeout_s;
   return note.str();
-}
-
-// What checkpoint.dir/latest says now ("" if nothing).
-std::string latest_of(const Config& config) {
-  std::ifstream in(std::filesystem::path(config.checkpoint.dir) / "latest");
-  std::string name;
-  std::getline(in, name);
-  return name;
 }
 
 // One run per checkpoint.dir as per output directory, when it is another
@@ -130,7 +121,7 @@ int launch_run(const Config& config, const std::string& config_path, const std::
   std::string resume = config.resume;
   for (int64_t attempt = 0;; ++attempt) {
     spec.args = rank_args(config_path, overrides, resume);
-    const std::string latest_before = latest_of(config);
+    const std::string latest_before = latest_name(config.checkpoint.dir);
     LaunchOutcome outcome;
     const int code = launch_ranks(spec, &outcome);
     if (code != 1 || outcome.bad_input) return code;
@@ -139,7 +130,7 @@ int launch_run(const Config& config, const std::string& config_path, const std::
       return code;
     }
     // From a checkpoint this attempt wrote; else from where this attempt began.
-    if (latest_of(config) != latest_before) resume = "latest";
+    if (latest_name(config.checkpoint.dir) != latest_before) resume = "latest";
     const std::string from = resume.empty() ? "" : resolve_checkpoint(config.checkpoint.dir, resume);
     std::cerr << "ddp: restarting the run (" << attempt + 1 << " of run.max_restarts = " << config.run.max_restarts
               << ") from " << (from.empty() ? "the start" : from) << std::endl;

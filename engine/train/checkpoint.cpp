@@ -174,6 +174,13 @@ std::string checkpoint_name(int64_t step) {
   return name;
 }
 
+std::string latest_name(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "latest");
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
 std::string resolve_checkpoint(const std::string& dir, const std::string& given) {
   if (!given.empty() && given != "latest") {
     if (fs::is_regular_file(fs::path(given) / kMeta)) return given;
@@ -181,10 +188,10 @@ std::string resolve_checkpoint(const std::string& dir, const std::string& given)
     throw Error(given + ": not a checkpoint (no " + kMeta + " in it, and no 'latest')", DDP_ERR_INVALID_ARGUMENT);
   }
   const fs::path latest = fs::path(dir) / "latest";
-  std::ifstream in(latest);
-  std::string name;
-  if (!in) throw Error(dir + ": no checkpoint to resume from (no 'latest' in checkpoint.dir)", DDP_ERR_INVALID_ARGUMENT);
-  if (!std::getline(in, name) || name.empty())
+  if (!fs::exists(latest))
+    throw Error(dir + ": no checkpoint to resume from (no 'latest' in checkpoint.dir)", DDP_ERR_INVALID_ARGUMENT);
+  const std::string name = latest_name(dir);
+  if (name.empty())
     throw Error(latest.string() + " is empty: give --resume a checkpoint's path", DDP_ERR_INVALID_ARGUMENT);
   const fs::path path = fs::path(dir) / name;
   if (!fs::is_regular_file(path / kMeta))

@@ -52,6 +52,9 @@ struct CheckpointMeta {
 
 std::string checkpoint_name(int64_t step);  // "step-00000010"
 
+// What `dir`/latest names ("" if there is no such file, or it is empty).
+std::string latest_name(const std::string& dir);
+
 // The checkpoint `given` names: "" or "latest" → the one `dir`/latest names;
 // else a checkpoint directory, or a checkpoint dir holding `latest`.
 // Throws Error saying what is missing.

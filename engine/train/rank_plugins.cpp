@@ -121,15 +121,6 @@ void RankPlugins::engine_collective(const Call& call, const char* what,
   transport_host_->check(status, what);
 }
 
-void RankPlugins::all_reduce_mean(std::vector<float>& values) {
-  const size_t count = values.size();
-  engine_collective(
-      [count](const ddp_transport_v1_t& t, ddp_comm* comm, ddp_stream s, void* const* ptrs, ddp_device_kind kind) {
-        const ddp_buffer buf{ptrs[0], count, DDP_FLOAT32, kind};
-        return t.all_reduce(comm, &buf, DDP_REDUCE_AVG, s);
-      },
-      "all_reduce of the loss", {{values.data(), count * sizeof(float)}});
-}
 
 void RankPlugins::all_gather(const std::vector<double>& mine, std::vector<double>& all) {
   gather_words(mine.data(), all.data(), mine.size(), all.size(), DDP_FLOAT64, "all_gather of the rank summaries");

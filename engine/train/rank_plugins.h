@@ -71,9 +71,8 @@ class RankPlugins {
   // false if it has none.
   bool stats(nlohmann::ordered_json* out);
 
-  // Engine collectives, blocking: `values` becomes the mean over ranks;
-  // `all` (world × mine.size()) receives every rank's `mine`, rank order.
-  void all_reduce_mean(std::vector<float>& values);
+  // Engine collectives, blocking: `all` (world × mine.size()) receives
+  // every rank's `mine`, rank order.
   void all_gather(const std::vector<double>& mine, std::vector<double>& all);
   void all_gather(const std::vector<int64_t>& mine, std::vector<int64_t>& all);
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -29,7 +30,7 @@ struct StepRecord {
   int64_t comm_buffer_bytes = 0;  // current at the end of the step (a leak grows it)
   int64_t device_allocations = 0;  // device memory allocated during the step
   double lr = 0;                     // the scheduled learning rate ([optimizer] lr unless a schedule)
-  double grad_norm = 0;              // the averaged gradients' L2 norm (before clipping)
+  double grad_norm = NAN;            // the averaged gradients' L2 norm before clipping; NaN (null): not measured
 };
 
 // Peak bytes per memory category over a window of the run.

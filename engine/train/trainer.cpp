@@ -200,7 +200,10 @@ class RankRun {
     if (config_.optimizer.clip_grad_norm > 0) rec.grad_norm = gradient_norm(/*clip=*/true);
     take_peaks(device_->memory(), mem_before_optimizer_);
     optimizer_step(rec);
-    if (config_.optimizer.clip_grad_norm == 0) rec.grad_norm = gradient_norm(/*clip=*/false);
+    // Without clipping, measured where the gradients are host memory: on a
+    // GPU it would copy every gradient out each step (summary: null).
+    if (config_.optimizer.clip_grad_norm == 0 && device_->kind() == DDP_DEVICE_CPU)
+      rec.grad_norm = gradient_norm(/*clip=*/false);
     take_peaks(device_->memory(), mem_after_optimizer_);
     rec.step_s = seconds_since(t0);
     timeline_->range("step", m0);
