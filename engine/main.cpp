@@ -19,6 +19,7 @@
 #include "checkpoint.h"
 #include "config.h"
 #include "launcher.h"
+#include "rank_env.h"
 #include "trace.h"
 #include "trainer.h"
 
@@ -46,6 +47,17 @@ std::string timeout_note(const Config& config) {
   std::ostringstream note;
   note << "run.timeout_s = " << config.run.timeout_s;
   return note.str();
+}
+
+// This rank's number as text, for its trace file's name ("0" where the
+// environment cannot tell: run_rank then refuses it).
+std::string rank_text() {
+  try {
+    const auto source = rank_from_environment(std::getenv);
+    return source ? std::to_string(source->rank.rank) : "0";
+  } catch (const std::exception&) {
+    return "0";
+  }
 }
 
 // One run per checkpoint.dir as per output directory, when it is another
@@ -207,17 +219,17 @@ int main(int argc, char** argv) {
       for (const auto& s : bench_sizes) bench.sizes.push_back(ddp::parse_size(s));
       bench.ops.clear();
       for (const auto& o : bench_ops) bench.ops.push_back(ddp::parse_collective(o));
-      return std::getenv("RANK") ? ddp::bench_comm_rank(bench) : ddp::bench_comm(bench);
+      return ddp::launched_as_rank() ? ddp::bench_comm_rank(bench) : ddp::bench_comm(bench);
     }
     ddp::Config config = ddp::load_config(config_path, overrides);
     if (resume_option->count() > 0) config.resume = resume.empty() ? "latest" : resume;
-    if (const char* rank = std::getenv("RANK")) {
+    if (ddp::launched_as_rank()) {
       // Ranks of our own launcher (it sets DDP_STATUS_FD) get DDP_TRACE from
       // it. Under another launcher nobody merges: with --trace each rank
       // keeps its own file, and an inherited DDP_TRACE does not count.
       if (!std::getenv("DDP_STATUS_FD")) {
         if (trace) {
-          setenv("DDP_TRACE", ddp::rank_trace_path(config.run.output_dir, rank).c_str(), 1);
+          setenv("DDP_TRACE", ddp::rank_trace_path(config.run.output_dir, ddp::rank_text()).c_str(), 1);
         } else {
           unsetenv("DDP_TRACE");
         }
@@ -226,7 +238,7 @@ int main(int argc, char** argv) {
     }
     return ddp::launch_run(config, config_path, overrides, trace);
   } catch (const std::exception& e) {
-    if (run->parsed() && std::getenv("RANK")) return ddp::rank_failed_early(e);  // a rank: say which
+    if (run->parsed() && ddp::launched_as_rank()) return ddp::rank_failed_early(e);  // a rank: say which
     std::cerr << "ddp: error: " << e.what() << std::endl;
     return 1;
   }

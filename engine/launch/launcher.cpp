@@ -15,6 +15,7 @@
 #include "diagnose.h"
 #include "error.h"
 #include "failure.h"
+#include "rank_env.h"
 #include "spawn.h"
 #include "watch.h"
 #include "watchdog.h"
@@ -32,17 +33,6 @@ constexpr std::chrono::milliseconds kGrace{1000};
 std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v && *v ? v : fallback;
-}
-
-int env_int(const char* name) {
-  const std::string v = env_or(name, "");
-  try {
-    size_t used = 0;
-    const int value = std::stoi(v, &used);
-    if (used == v.size()) return value;
-  } catch (const std::exception&) {
-  }
-  throw Error(std::string("environment variable ") + name + "='" + v + "' is not an integer", DDP_ERR_INVALID_ARGUMENT);
 }
 
 // A run id every rank of one launch agrees on and the next launch does not
@@ -150,20 +140,20 @@ int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milli
   std::signal(SIGPIPE, SIG_IGN);
   whereabouts::has_channel();  // looked up now, not first in a signal handler
   try {
-    rank = env_int("RANK");
+    const std::optional<RankSource> source = rank_from_environment(std::getenv);
+    if (!source)
+      throw Error("no launcher says which rank this is (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID)",
+                  DDP_ERR_INVALID_ARGUMENT);
+    rank = source->rank.rank;
     g_rank.store(rank);
     whereabouts::set_reporter(report_now);
     install_crash_handler(rank);
     RankEnv env;
-    env.rank.rank = rank;
-    env.rank.world_size = env_int("WORLD_SIZE");
-    env.rank.local_rank = std::getenv("LOCAL_RANK") ? env_int("LOCAL_RANK") : rank;
-    if (rank < 0 || rank >= env.rank.world_size)
-      throw Error("RANK=" + std::to_string(rank) + " is outside [0, WORLD_SIZE)", DDP_ERR_INVALID_ARGUMENT);
+    env.rank = source->rank;
     env.rendezvous = env_or("DDP_RENDEZVOUS", "");
     if (env.rendezvous.empty())
-      throw Error("RANK is set but DDP_RENDEZVOUS is not: set it to file:<directory shared by all ranks> "
-                  "(fresh for each run) or redis:<host>:<port>",
+      throw Error(source->variable + " is set but DDP_RENDEZVOUS is not: set it to file:<directory shared by all "
+                  "ranks> (fresh for each run) or redis:<host>:<port>",
                   DDP_ERR_INVALID_ARGUMENT);
     env.run_id = env_or("DDP_RUN_ID", default_run_id());
     const Watchdog watchdog(rank, timeout + Watchdog::kGrace, timeout_note + " plus 7 s");
@@ -181,14 +171,24 @@ int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milli
 }
 
 int rank_failed_early(const std::exception& e) {
-  int rank = -1;
+  std::optional<RankSource> source;
   try {
-    rank = env_int("RANK");
+    source = rank_from_environment(std::getenv);
   } catch (const std::exception&) {  // no rank to name
+  }
+  if (!source) {
     std::cerr << "ddp: error: " << e.what() << std::endl;
     return 1;
   }
-  return report(e, rank);
+  return report(e, source->rank.rank);
+}
+
+bool launched_as_rank() {
+  try {
+    return rank_from_environment(std::getenv).has_value();
+  } catch (const std::exception&) {
+    return true;  // a rank with a bad variable: run_rank says which
+  }
 }
 
 }  // namespace ddp

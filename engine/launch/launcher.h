@@ -59,7 +59,11 @@ int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milli
              const std::string& timeout_note);
 
 // A rank's failure before run_rank (its config does not load), reported as
-// run_rank reports one ("ddp: error: ..." if RANK is no integer). Returns 1.
+// run_rank reports one ("ddp: error: ..." if no rank can be told). Returns 1.
 int rank_failed_early(const std::exception& e);
+
+// Whether a launcher started this process as a rank (rank_env.h: RANK,
+// mpirun's, mpiexec's or srun's variables), rather than `ddp run` itself.
+bool launched_as_rank();
 
 }  // namespace ddp
