@@ -2,10 +2,9 @@
 // MPI: shared memory between ranks of one host, TCP or a fabric between
 // hosts). Every entry enqueues a closure on the stream it is given
 // (host->launch_host_func) that starts the non-blocking MPI collective there
-// (MPI_Iallreduce, ...) and completes it with MPI_Test until it is done, the
-// run's timeout passes or abort() is called: the training thread never
-// blocks on the network, and a stuck peer fails the stream, naming the
-// collective, instead of hanging.
+// (MPI_Allreduce, ...; with the nonblocking key, MPI_Iallreduce completed
+// with MPI_Test until it is done, the run's timeout passes or abort() is
+// called): the training thread never blocks on the network.
 //
 // The ranks are MPI's: the process must have been started by mpirun (or
 // srun), so that MPI_COMM_WORLD is the run's ranks, in the run's order.
@@ -13,7 +12,11 @@
 // collectives run on the comm stream's thread, not the one that called
 // MPI_Init) and finalised at destroy; one per process.
 //
-// Keys ([transport], README.md): none yet.
+// Keys ([transport], README.md): nonblocking (false: each collective is the
+// blocking MPI call, on the comm stream's thread: Open MPI's tuned
+// algorithms, about twice the bandwidth of its non-blocking ones here; a
+// stuck peer is then bounded by the engine's own waits; true: MPI_I* and
+// MPI_Test, bounded by run.timeout_s and abort()).
 //
 // Not here (yet): CUDA buffers (refused: use nccl, or gloo's staging).
 #include <ddp/plugin.h>
@@ -44,6 +47,7 @@ struct ddp_comm_s {
   const ddp_host* host;
   MPI_Comm comm = MPI_COMM_NULL;
   bool owns_init = false;            // MPI_Init was ours: MPI_Finalize is too
+  bool nonblocking = false;          // the nonblocking key: MPI_I* and MPI_Test
   std::atomic<bool> aborted{false};  // abort(): pending and later collectives fail
   std::atomic<bool> stuck{false};    // a collective was given up: MPI's state is not clean
 };
@@ -104,11 +108,13 @@ void divide_by(const ddp_buffer& buf, int world) {
   }
 }
 
-// One enqueued collective: `start` begins it (an MPI_I* call), `then` runs
+// One enqueued collective: `block` runs it (MPI_Allreduce, ...), or, with
+// the nonblocking key, `start` begins it (MPI_Iallreduce, ...); `then` runs
 // once it completed (AVG's division).
 struct Job {
   ddp_comm* comm;
   std::string what;  // "all_reduce (4096 bytes)", for messages
+  std::function<int()> block;
   std::function<int(MPI_Request*)> start;
   std::function<void()> then;
 };
@@ -145,17 +151,21 @@ ddp_status run_job(void* user, int cancelled) {
   if (cancelled) return DDP_OK;
   ddp_comm* comm = job->comm;
   if (comm->aborted) return fail(comm->host, DDP_ERR_COMM, "mpi " + job->what + ": the communicator was aborted");
-  MPI_Request request = MPI_REQUEST_NULL;
-  if (int rc = job->start(&request)) return fail(comm->host, DDP_ERR_COMM, "mpi " + job->what + ": " + mpi_error(rc));
-  if (ddp_status s = complete(*job, request)) return s;
+  if (comm->nonblocking) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (int rc = job->start(&request)) return fail(comm->host, DDP_ERR_COMM, "mpi " + job->what + ": " + mpi_error(rc));
+    if (ddp_status s = complete(*job, request)) return s;
+  } else if (int rc = job->block()) {
+    return fail(comm->host, DDP_ERR_COMM, "mpi " + job->what + ": " + mpi_error(rc));
+  }
   if (job->then) job->then();
   return DDP_OK;
 }
 
-ddp_status enqueue(ddp_comm* comm, ddp_stream stream, std::string what, std::function<int(MPI_Request*)> start,
-                   std::function<void()> then = {}) {
+ddp_status enqueue(ddp_comm* comm, ddp_stream stream, std::string what, std::function<int()> block,
+                   std::function<int(MPI_Request*)> start, std::function<void()> then = {}) {
   const ddp_host* h = comm->host;
-  auto* job = new Job{comm, std::move(what), std::move(start), std::move(then)};
+  auto* job = new Job{comm, std::move(what), std::move(block), std::move(start), std::move(then)};
   const ddp_status status = h->launch_host_func(h->ctx, stream, run_job, job);
   if (status != DDP_OK) delete job;
   return status;
@@ -211,6 +221,10 @@ ddp_status mpi_init(const ddp_host* host, ddp_comm** out) {
   return ddp::plugin::guard(host, [&] {
     auto comm = std::make_unique<ddp_comm_s>();
     comm->host = host;
+    int nonblocking = 0;
+    if (host->config_bool(host->ctx, "nonblocking", 0, &nonblocking) != DDP_OK)
+      throw ddp::plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "", /*text_is_set=*/true);
+    comm->nonblocking = nonblocking != 0;
     if (ddp_status s = start_mpi(host, &comm->owns_init)) throw ddp::plugin::Failure(s, "", /*text_is_set=*/true);
     int rank = -1, size = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -250,6 +264,7 @@ ddp_status mpi_all_reduce(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op o
   const int world = comm->host->world_size;
   return enqueue(
       comm, stream, describe("all_reduce", b),
+      [comm, b] { return MPI_Allreduce(MPI_IN_PLACE, b.ptr, int(b.count), mpi_type(b.dtype), MPI_SUM, comm->comm); },
       [comm, b](MPI_Request* r) {
         return MPI_Iallreduce(MPI_IN_PLACE, b.ptr, int(b.count), mpi_type(b.dtype), MPI_SUM, comm->comm, r);
       },
@@ -261,9 +276,10 @@ ddp_status mpi_broadcast(ddp_comm* comm, const ddp_buffer* buf, int root, ddp_st
   if (root < 0 || root >= comm->host->world_size)
     return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "broadcast: root " + std::to_string(root) + " is not a rank");
   const ddp_buffer b = *buf;
-  return enqueue(comm, stream, describe("broadcast", b), [comm, b, root](MPI_Request* r) {
-    return MPI_Ibcast(b.ptr, int(b.count), mpi_type(b.dtype), root, comm->comm, r);
-  });
+  return enqueue(
+      comm, stream, describe("broadcast", b),
+      [comm, b, root] { return MPI_Bcast(b.ptr, int(b.count), mpi_type(b.dtype), root, comm->comm); },
+      [comm, b, root](MPI_Request* r) { return MPI_Ibcast(b.ptr, int(b.count), mpi_type(b.dtype), root, comm->comm, r); });
 }
 
 ddp_status mpi_all_gather(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv, ddp_stream stream) {
@@ -272,9 +288,13 @@ ddp_status mpi_all_gather(ddp_comm* comm, const ddp_buffer* send, const ddp_buff
   if (send->dtype != recv->dtype || recv->count != send->count * size_t(comm->host->world_size))
     return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "all_gather: recv must hold world_size × send of send's dtype");
   const ddp_buffer s = *send, v = *recv;
-  return enqueue(comm, stream, describe("all_gather", s), [comm, s, v](MPI_Request* r) {
-    return MPI_Iallgather(s.ptr, int(s.count), mpi_type(s.dtype), v.ptr, int(s.count), mpi_type(s.dtype), comm->comm, r);
-  });
+  const MPI_Datatype t = mpi_type(s.dtype);
+  return enqueue(
+      comm, stream, describe("all_gather", s),
+      [comm, s, v, t] { return MPI_Allgather(s.ptr, int(s.count), t, v.ptr, int(s.count), t, comm->comm); },
+      [comm, s, v, t](MPI_Request* r) {
+        return MPI_Iallgather(s.ptr, int(s.count), t, v.ptr, int(s.count), t, comm->comm, r);
+      });
 }
 
 ddp_status mpi_reduce_scatter(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv, ddp_reduce_op op,
@@ -287,6 +307,7 @@ ddp_status mpi_reduce_scatter(ddp_comm* comm, const ddp_buffer* send, const ddp_
   const ddp_buffer s = *send, v = *recv;
   return enqueue(
       comm, stream, describe("reduce_scatter", s),
+      [comm, s, v] { return MPI_Reduce_scatter_block(s.ptr, v.ptr, int(v.count), mpi_type(v.dtype), MPI_SUM, comm->comm); },
       [comm, s, v](MPI_Request* r) {
         return MPI_Ireduce_scatter_block(s.ptr, v.ptr, int(v.count), mpi_type(v.dtype), MPI_SUM, comm->comm, r);
       },
@@ -294,7 +315,9 @@ ddp_status mpi_reduce_scatter(ddp_comm* comm, const ddp_buffer* send, const ddp_
 }
 
 ddp_status mpi_barrier(ddp_comm* comm, ddp_stream stream) {
-  return enqueue(comm, stream, "barrier", [comm](MPI_Request* r) { return MPI_Ibarrier(comm->comm, r); });
+  return enqueue(
+      comm, stream, "barrier", [comm] { return MPI_Barrier(comm->comm); },
+      [comm](MPI_Request* r) { return MPI_Ibarrier(comm->comm, r); });
 }
 
 }  // namespace
