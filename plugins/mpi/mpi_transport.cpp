@@ -222,7 +222,7 @@ ddp_status mpi_init(const ddp_host* host, ddp_comm** out) {
     auto comm = std::make_unique<ddp_comm_s>();
     comm->host = host;
     int nonblocking = 0;
-    if (host->config_bool(host->ctx, "nonblocking", 0, &nonblocking) != DDP_OK)
+    if (host->config_bool(host->ctx, "nonblocking", false, &nonblocking) != DDP_OK)
       throw ddp::plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "", /*text_is_set=*/true);
     comm->nonblocking = nonblocking != 0;
     if (ddp_status s = start_mpi(host, &comm->owns_init)) throw ddp::plugin::Failure(s, "", /*text_is_set=*/true);
