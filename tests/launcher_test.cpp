@@ -422,11 +422,12 @@ TEST(Launcher, RanksOnTwoHostsWithTheLoopbackAddressAreToldToSetTheHostname) {
   fs::create_directories(dir + "/rdzv");
   const std::vector<std::string> env = {"WORLD_SIZE=2", "DDP_RENDEZVOUS=file:" + dir + "/rdzv"};
   Process rank0 = start({"run", kRepo + "/configs/toy.toml", "--set", "run.timeout_s=3", "--set",
-                         "run.output_dir=\"" + dir + "/out\""},
+                         "run.output_dir=\"" + dir + "/out\"", "--set", "transport.hostname=\"127.0.0.1\""},
                         {"RANK=0", env[0], env[1]}, dir + "/rank0");
   // Rank 1, as a script run in a namespace whose host name differs.
   std::ofstream(dir + "/rank1.sh") << "hostname ddp-other-host\nexec env RANK=1 " << env[0] << " " << env[1] << " "
                                    << kDdp << " run " << kRepo << "/configs/toy.toml --set run.timeout_s=3"
+                                   << " --set 'transport.hostname=\"127.0.0.1\"'"
                                    << " --set 'run.output_dir=\"" << dir << "/out\"' 2> " << dir << "/rank1.err\n";
   EXPECT_NE(system(("unshare -u sh " + dir + "/rank1.sh").c_str()), 0);
   EXPECT_EQ(wait_for(rank0, std::chrono::seconds(30)), 1);
