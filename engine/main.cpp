@@ -22,6 +22,7 @@
 #include "rank_env.h"
 #include "trace.h"
 #include "trainer.h"
+#include "whereabouts.h"
 
 // OpenBLAS 0.3.21 does not know this CPU generation and picks its AVX2
 // (Haswell) GEMM kernel, half as fast as the AVX-512 one (SkylakeX) on a
@@ -80,7 +81,7 @@ int run_as_rank(const Config& config) {
                             " in " + config.file);
         // Under another launcher rank 0 holds the output directory itself.
         std::unique_ptr<DirectoryLock> lock, checkpoint_lock;
-        if (env.rank.rank == 0 && !std::getenv("DDP_STATUS_FD")) {
+        if (env.rank.rank == 0 && !whereabouts::has_channel()) {
           lock = std::make_unique<DirectoryLock>(config.run.output_dir, "run.output_dir");
           checkpoint_lock = lock_checkpoint_dir(config);
         }
@@ -111,6 +112,7 @@ int launch_run(const Config& config, const std::string& config_path, const std::
   spec.world = config.run.world_size;
   spec.output_dir = config.run.output_dir;
   spec.timeout_note = timeout_note(config);
+  spec.through_mpirun = needs_mpirun(config.transport_plugin);
   spec.unset = {"DDP_TRACE", "DDP_RESTARTS"};
   nlohmann::json restarts = nlohmann::json::array();
   spec.rank_env = [&](int r, const std::string& run_dir) {
@@ -224,10 +226,10 @@ int main(int argc, char** argv) {
     ddp::Config config = ddp::load_config(config_path, overrides);
     if (resume_option->count() > 0) config.resume = resume.empty() ? "latest" : resume;
     if (ddp::launched_as_rank()) {
-      // Ranks of our own launcher (it sets DDP_STATUS_FD) get DDP_TRACE from
+      // Ranks of our own launcher (they have its channel) get DDP_TRACE from
       // it. Under another launcher nobody merges: with --trace each rank
       // keeps its own file, and an inherited DDP_TRACE does not count.
-      if (!std::getenv("DDP_STATUS_FD")) {
+      if (!ddp::whereabouts::has_channel()) {
         if (trace) {
           setenv("DDP_TRACE", ddp::rank_trace_path(config.run.output_dir, ddp::rank_text()).c_str(), 1);
         } else {

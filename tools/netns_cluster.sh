@@ -57,8 +57,12 @@ agent() {  # its own network and its own host name (ddp-h2), as a real host
   exec ip netns exec "$ns" unshare -u sh -c "hostname $ns; $*"
 }
 
-link() {
-  local ns=$PREFIX${1#"$PREFIX"}
+link() {  # HOST: 10.77.0.12, as elsewhere (ddp-h2 and 2 are taken too)
+  local ns
+  case $1 in
+    *.*) ns=$(ns_of "$1") ;;
+    *) ns=$PREFIX${1#"$PREFIX"} ;;
+  esac
   ip link set "veth-$ns" "$2"
 }
 

@@ -63,7 +63,38 @@ std::vector<std::vector<std::string>> environments(const LaunchSpec& spec, const
   return envs;
 }
 
+// The ranks as mpirun's: one app context per rank (MPMD), so that each gets
+// its own variables (-x) and its channel; mpirun's environment is this
+// process's, with what every rank shares. Ranks of a root user need
+// --allow-run-as-root, as every rank of ours may run as root; more ranks than
+// cores need --oversubscribe, as ours may; no binding, as ours have none.
+std::vector<RankProcess> spawn_mpirun(const LaunchSpec& spec, const std::string& run_dir) {
+  std::vector<std::string> command = {"mpirun", "--bind-to", "none", "--oversubscribe"};
+  if (geteuid() == 0) command.push_back("--allow-run-as-root");
+  std::vector<std::string> fifos;
+  const std::string exe = fs::read_symlink("/proc/self/exe").string();
+  for (int r = 0; r < spec.world; ++r) {
+    fifos.push_back((fs::path(run_dir) / ("status-" + std::to_string(r))).string());
+    if (r > 0) command.push_back(":");
+    command.insert(command.end(), {"-np", "1", "-x", "DDP_STATUS_PATH=" + fifos.back()});
+    if (spec.rank_env)
+      for (const std::string& kv : spec.rank_env(r, run_dir)) command.insert(command.end(), {"-x", kv});
+    command.push_back(exe);
+    command.insert(command.end(), spec.args.begin() + 1, spec.args.end());
+  }
+  std::vector<std::string> unset = spec.unset;
+  unset.insert(unset.end(), {"RANK", "WORLD_SIZE", "LOCAL_RANK", "DDP_STATUS_FD", "DDP_STATUS_PATH"});
+  const std::vector<std::string> set = {"DDP_RENDEZVOUS=file:" + run_dir,
+                                        "DDP_RUN_ID=" + fs::path(run_dir).filename().string()};
+  return spawn_through(command, rank_environment(set, unset), fifos);
+}
+
 }  // namespace
+
+bool needs_mpirun(const std::string& plugin) {
+  const std::string name = fs::path(plugin).filename().string();
+  return name == "mpi" || name.rfind("libddp_transport_mpi.", 0) == 0;
+}
 
 int launch_ranks(const LaunchSpec& spec, LaunchOutcome* outcome) {
   fs::create_directories(spec.output_dir);
@@ -78,7 +109,9 @@ int launch_ranks(const LaunchSpec& spec, LaunchOutcome* outcome) {
     }
   } remove_run_dir{run_dir};
 
-  const WatchResult watched = watch_ranks(spawn_ranks(spec.args, environments(spec, run_dir)), kGrace);
+  const std::vector<RankProcess> ranks =
+      spec.through_mpirun ? spawn_mpirun(spec, run_dir) : spawn_ranks(spec.args, environments(spec, run_dir));
+  const WatchResult watched = watch_ranks(ranks, kGrace);
   std::vector<std::optional<RankFailure>> reports;
   for (const RankExit& r : watched.ranks)
     reports.push_back(r.failure.empty() ? std::nullopt : parse_failure(r.failure));

@@ -30,6 +30,11 @@ struct LaunchSpec {
   // directory; and names no rank inherits from this process.
   std::function<std::vector<std::string>(int rank, const std::string& run_dir)> rank_env;
   std::vector<std::string> unset;
+  // Start the ranks through Open MPI's mpirun (found on PATH) rather than
+  // as this process's children: for the mpi transport, whose ranks must be
+  // MPI's. Each rank learns its number from mpirun; the launcher hears it on
+  // a FIFO in the run's directory (DDP_STATUS_PATH) instead of a pipe.
+  bool through_mpirun = false;
   // Called once every rank succeeded, before the run's private directory is
   // removed; an exception it throws fails the launch (reported, exit 1).
   std::function<void(const std::string& run_dir)> on_success;
@@ -47,6 +52,10 @@ struct LaunchOutcome {
 // when every rank succeeded; 1 after printing which rank failed and why;
 // 130 on Ctrl-C), and fills `outcome` if given.
 int launch_ranks(const LaunchSpec& spec, LaunchOutcome* outcome = nullptr);
+
+// Whether ranks with transport plugin `plugin` are started through mpirun
+// (LaunchSpec::through_mpirun): the mpi transport's, by name or file name.
+bool needs_mpirun(const std::string& plugin);
 
 // Runs this process as the rank that RANK, WORLD_SIZE, LOCAL_RANK and
 // DDP_RENDEZVOUS (and DDP_RUN_ID) name: SIGPIPE ignored, the crash handler

@@ -16,7 +16,8 @@
 // blocking MPI call, on the comm stream's thread: Open MPI's tuned
 // algorithms, about twice the bandwidth of its non-blocking ones here; a
 // stuck peer is then bounded by the engine's own waits; true: MPI_I* and
-// MPI_Test, bounded by run.timeout_s and abort()).
+// MPI_Test, bounded by run.timeout_s). After a failure, abort() ends the
+// MPI job (MPI_Abort): every rank stops at once, none waits in a collective.
 //
 // Not here (yet): CUDA buffers (refused: use nccl, or gloo's staging).
 #include <ddp/plugin.h>
@@ -256,7 +257,15 @@ void mpi_destroy(ddp_comm* comm) {
   delete comm;
 }
 
-void mpi_abort(ddp_comm* comm) { comm->aborted = true; }
+// MPI cannot cancel a collective, and a peer that waits in one for this
+// rank would wait until its own timeout; MPI_Finalize, a fence, would wait
+// for the peers too. So abort, called only on a failed run (after the rank
+// reported why), ends the whole MPI job as MPI does: MPI_Abort, which has
+// mpirun (or srun) stop every rank at once, this one with exit code 1.
+void mpi_abort(ddp_comm* comm) {
+  comm->aborted = true;
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
 
 ddp_status mpi_all_reduce(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op op, ddp_stream stream) {
   if (ddp_status s = check_buffer(comm, *buf, "all_reduce")) return s;
