@@ -213,8 +213,9 @@ TEST(Launcher, RankWithoutRendezvousIsRefused) {
   Process p = start({"run", kRepo + "/configs/toy.toml"}, {"RANK=0", "WORLD_SIZE=2"}, dir + "/ddp");
   EXPECT_EQ(wait_for(p, std::chrono::seconds(30)), 1);
   EXPECT_EQ(read_file(p.err),
-            "ddp: rank 0: error: RANK is set but DDP_RENDEZVOUS is not: set it to file:<directory shared by all "
-            "ranks> (fresh for each run) or redis:<host>:<port>\n");
+            "ddp: rank 0: error: no rendezvous: set DDP_RENDEZVOUS to file:<directory shared by all ranks> (fresh "
+            "for each run) or redis:<host>:<port>, or MASTER_ADDR and MASTER_PORT (rank 0 then serves a Redis store "
+            "there)\n");
   fs::remove_all(dir);
 }
 

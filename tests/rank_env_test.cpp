@@ -7,6 +7,7 @@
 
 #include "error.h"
 #include "rank_env.h"
+#include "rendezvous.h"
 
 namespace ddp {
 namespace {
@@ -68,6 +69,45 @@ TEST(RankEnv, BadValuesAreRefusedNamingTheVariable) {
   EXPECT_EQ(refusal({{"OMPI_COMM_WORLD_RANK", "4"}, {"OMPI_COMM_WORLD_SIZE", "4"}}),
             "OMPI_COMM_WORLD_RANK=4 is outside [0, OMPI_COMM_WORLD_SIZE)");
   EXPECT_EQ(refusal({{"PMI_RANK", "0"}, {"PMI_SIZE", "0"}}), "PMI_SIZE=0 is not a world size");
+}
+
+// Where ranks of another launcher meet (rendezvous.h), in order.
+RendezvousPlan plan(const std::map<std::string, std::string>& env, const std::string& run_id = "pmix-7") {
+  return plan_rendezvous(
+      [&](const char* name) -> const char* {
+        auto it = env.find(name);
+        return it == env.end() ? nullptr : it->second.c_str();
+      },
+      run_id, "/tmp");
+}
+
+TEST(Rendezvous, DdpRendezvousWinsThenMasterAddrThenOneHostThenPmix) {
+  const std::map<std::string, std::string> all = {
+      {"DDP_RENDEZVOUS", "file:/shared/r"}, {"MASTER_ADDR", "node1"},       {"MASTER_PORT", "29500"},
+      {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},  {"OMPI_COMM_WORLD_SIZE", "4"}, {"PMIX_NAMESPACE", "7"}};
+  auto env = all;
+  EXPECT_EQ(plan(env).way, RendezvousPlan::kGiven);
+  EXPECT_EQ(plan(env).location, "file:/shared/r");
+  env.erase("DDP_RENDEZVOUS");
+  EXPECT_EQ(plan(env).way, RendezvousPlan::kMaster);
+  EXPECT_EQ(plan(env).location, "node1:29500");
+  env.erase("MASTER_PORT");  // both, or neither
+  EXPECT_EQ(plan(env).way, RendezvousPlan::kLocalFile);
+  EXPECT_EQ(plan(env).location, "file:/tmp/ddp-rendezvous-pmix-7");
+  env["OMPI_COMM_WORLD_LOCAL_SIZE"] = "2";  // two hosts
+  EXPECT_EQ(plan(env).way, RendezvousPlan::kPmix);
+  env.erase("PMIX_NAMESPACE");
+  EXPECT_EQ(plan(env).way, RendezvousPlan::kNone);
+}
+
+TEST(Rendezvous, OneHostAsEachLauncherSaysIt) {
+  EXPECT_EQ(plan({{"SLURM_STEP_NUM_NODES", "1"}}, "slurm-5.0").way, RendezvousPlan::kLocalFile);
+  EXPECT_EQ(plan({{"SLURM_STEP_NUM_NODES", "2"}}, "slurm-5.0").way, RendezvousPlan::kNone);
+  EXPECT_EQ(plan({{"LOCAL_WORLD_SIZE", "2"}, {"WORLD_SIZE", "2"}}, "torchrun-x").way, RendezvousPlan::kLocalFile);
+  EXPECT_EQ(plan({{"MPI_LOCALNRANKS", "3"}, {"PMI_SIZE", "3"}}, "job").way, RendezvousPlan::kLocalFile);
+  // No launcher's job id to name the directory by: nothing to agree on.
+  EXPECT_EQ(plan({{"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"}}, "ddp").way,
+            RendezvousPlan::kNone);
 }
 
 }  // namespace

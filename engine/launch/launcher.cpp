@@ -16,6 +16,7 @@
 #include "error.h"
 #include "failure.h"
 #include "rank_env.h"
+#include "rendezvous.h"
 #include "spawn.h"
 #include "watch.h"
 #include "watchdog.h"
@@ -183,12 +184,9 @@ int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milli
     install_crash_handler(rank);
     RankEnv env;
     env.rank = source->rank;
-    env.rendezvous = env_or("DDP_RENDEZVOUS", "");
-    if (env.rendezvous.empty())
-      throw Error(source->variable + " is set but DDP_RENDEZVOUS is not: set it to file:<directory shared by all "
-                  "ranks> (fresh for each run) or redis:<host>:<port>",
-                  DDP_ERR_INVALID_ARGUMENT);
     env.run_id = env_or("DDP_RUN_ID", default_run_id());
+    const Rendezvous rendezvous(env.rank, env.run_id, double(timeout.count()) / 1000);
+    env.rendezvous = rendezvous.location();
     const Watchdog watchdog(rank, timeout + Watchdog::kGrace, timeout_note + " plus 7 s");
     static const bool registered = std::atexit(exited_early) == 0;
     (void)registered;

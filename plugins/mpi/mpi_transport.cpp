@@ -236,7 +236,7 @@ ddp_status mpi_init(const ddp_host* host, ddp_comm** out) {
           "MPI_COMM_WORLD is " + std::to_string(size) + " ranks and this is rank " + std::to_string(rank) +
               ", but the run is " + std::to_string(host->world_size) + " ranks and this is rank " +
               std::to_string(host->rank) + ": start the ranks with mpirun -np " + std::to_string(host->world_size) +
-              " -x DDP_RENDEZVOUS=file:<shared directory> ddp run CONFIG (ddp run does not start mpi ranks itself yet)");
+              " ddp run CONFIG, or srun, or let ddp run start them (it does so through mpirun)");
     if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm->comm))
       throw ddp::plugin::Failure(DDP_ERR_COMM, "MPI_Comm_dup failed: " + mpi_error(rc));
     MPI_Comm_set_errhandler(comm->comm, MPI_ERRORS_RETURN);
