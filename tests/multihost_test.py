@@ -14,15 +14,24 @@ Scenarios, each into an output directory of its own:
   gloo-redis  the 4 ranks started by hand with `ip netns exec`, meeting
               through a redis-server in ddp-h1 (DDP_RENDEZVOUS=redis:...);
   each of these three writes weights equal to the reference's within 1e-6;
-  linkdown-gloo, linkdown-mpi
-              a long run under mpirun with run.timeout_s = 10 whose host
-              10.77.0.12 loses its link once training has started: mpirun
-              must end within timeout_s + 10 s of the link going down, with
-              a non-zero exit, its output naming a rank.
+  linkdown-gloo-redis
+              a long run (run.timeout_s = 10), its ranks started by hand as
+              in gloo-redis, whose host 10.77.0.12 loses its link once rank
+              0 reports progress: within timeout_s + 10 s of the link going
+              down every rank exits non-zero, those on 10.77.0.11 naming
+              themselves on stderr ("ddp: rank N: error: ...");
+  linkdown-mpi, linkdown-gloo
+              the same under mpirun, with the mpi and the gloo transport:
+              mpirun must end within timeout_s + 10 s of the link going
+              down, non-zero, its output naming the lost host or a rank.
+              Open MPI 4.1's mpirun notices a lost host only through TCP
+              keepalive (which tools/netns_cluster.sh up turns on); it then
+              ends naming the host, before the ranks time out. Without it,
+              it would wait for the lost daemon for good (see link_down).
 
 Needs root, `ip netns`, mpirun (Open MPI) and the mpi and gloo plugins;
 skips (exit 77, one line saying why) without them. The namespaces are
-removed at the end, whatever happens. About 1 minute.
+removed at the end, whatever happens. About 35 s.
 
 usage: tests/multihost_test.py --ddp build/bin/ddp
 """
@@ -52,6 +61,9 @@ TOLERANCE = 1e-6
 RUN_LIMIT_S = 40          # any one short run (they take about 2 s)
 LINKDOWN_TIMEOUT_S = 10   # run.timeout_s of the link-down runs
 SKIP = 77
+# mpirun's TCP keepalive on its links to its daemons (see link_down).
+KEEPALIVE = ["--mca", "oob_tcp_keepalive_time", "2", "--mca", "oob_tcp_keepalive_intvl", "1",
+             "--mca", "oob_tcp_keepalive_probes", "3"]
 
 # configs/toy.toml on 4 ranks, the data path absolute (ranks may start elsewhere).
 CONFIG = f"""[run]
@@ -170,6 +182,8 @@ def cluster_up():
     options = shlex.split(r.stdout)
     hosts = options.index("--host") + 1
     options[hosts] = ",".join(f"{h.split(':')[0]}:{RANKS_PER_HOST}" for h in options[hosts].split(","))
+    if "oob_tcp_keepalive_time" not in options:  # so that mpirun notices a lost host (see link_down)
+        options += KEEPALIVE
     return options + ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
 
 
@@ -260,54 +274,170 @@ def wait_for_port(host, port, limit_s):
             time.sleep(0.1)
 
 
-def start_ranks_by_hand(ctx, name, rendezvous, run_id):
-    """The WORLD ranks in the namespaces, RANKS_PER_HOST to a host; [(rank,
-    process, log path)]."""
-    ranks = []
-    for rank in range(WORLD):
+def start_redis(port):
+    """A redis-server in ddp-h1 on HOSTS[0]:port, once it listens; the caller
+    ends it (kill_group)."""
+    redis = subprocess.Popen(["ip", "netns", "exec", NAMESPACES[0], "redis-server", "--port", str(port),
+                              "--bind", HOSTS[0], "--protected-mode", "no", "--save", "", "--appendonly", "no"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for_port(HOSTS[0], port, 10)
+    except Failure:
+        kill_group(redis)
+        raise
+    return redis
+
+
+class Rank:
+    """A rank started by hand: its process, and files for its stdout and stderr."""
+
+    def __init__(self, ctx, name, rank, env, *more):
+        self.rank = rank
+        self.stdout = os.path.join(ctx.tmp, f"{name}-rank{rank}.out")
+        self.stderr = os.path.join(ctx.tmp, f"{name}-rank{rank}.err")
         ns = NAMESPACES[rank // RANKS_PER_HOST]
-        env = clean_env(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank % RANKS_PER_HOST),
-                        DDP_RENDEZVOUS=rendezvous, DDP_RUN_ID=run_id)
-        log = os.path.join(ctx.tmp, f"{name}-rank{rank}.log")
-        with open(log, "w") as f:
-            proc = subprocess.Popen(["ip", "netns", "exec", ns, *ctx.ddp_run(name)], stdout=f,
-                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        ranks.append((rank, proc, log))
-    return ranks
+        with open(self.stdout, "w") as out, open(self.stderr, "w") as err:
+            self.proc = subprocess.Popen(["ip", "netns", "exec", ns, *ctx.ddp_run(name, *more)], stdout=out,
+                                         stderr=err, env=env, start_new_session=True)
+
+    def read(self, which):
+        with open(getattr(self, which)) as f:
+            return f.read()
+
+    def output(self):
+        return f"--- rank {self.rank} stdout\n{self.read('stdout')}--- rank {self.rank} stderr\n{self.read('stderr')}"
+
+
+def start_ranks_by_hand(ctx, name, rendezvous, *more):
+    """The WORLD ranks in the namespaces, RANKS_PER_HOST to a host, under a
+    run id of their own; `more`: more arguments to `ddp run`."""
+    run_id = f"multihost-{os.getpid()}-{time.time_ns()}"
+    return [Rank(ctx, name, rank, clean_env(RANK=str(rank), WORLD_SIZE=str(WORLD),
+                                            LOCAL_RANK=str(rank % RANKS_PER_HOST),
+                                            DDP_RENDEZVOUS=rendezvous, DDP_RUN_ID=run_id), *more)
+            for rank in range(WORLD)]
 
 
 def wait_ranks(ranks, limit_s):
     """Waits for every rank (killing all past limit_s); the failures, and
     every rank's output."""
     deadline = time.monotonic() + limit_s
-    failures, output = [], ""
-    for rank, proc, log in ranks:
+    failures = []
+    for r in ranks:
         try:
-            code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            code = r.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            kill_group(proc)
+            kill_group(r.proc)
             code = None
         if code != 0:
-            failures.append(f"rank {rank} " + (f"exited {code}" if code is not None else f"ran past {limit_s} s"))
-        with open(log) as f:
-            output += f"--- rank {rank}\n{f.read()}"
-    return failures, output
+            failures.append(f"rank {r.rank} " + (f"exited {code}" if code is not None else f"ran past {limit_s} s"))
+    return failures, "".join(r.output() for r in ranks)
 
 
 def gloo_redis(ctx):
     name, port = "gloo-redis", 6379
-    redis = subprocess.Popen(["ip", "netns", "exec", NAMESPACES[0], "redis-server", "--port", str(port),
-                              "--bind", HOSTS[0], "--protected-mode", "no", "--save", "", "--appendonly", "no"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    redis = start_redis(port)
     try:
-        wait_for_port(HOSTS[0], port, 10)
-        ranks = start_ranks_by_hand(ctx, name, f"redis:{HOSTS[0]}:{port}", f"multihost-{os.getpid()}-{time.time_ns()}")
+        ranks = start_ranks_by_hand(ctx, name, f"redis:{HOSTS[0]}:{port}")
         failures, output = wait_ranks(ranks, RUN_LIMIT_S)
     finally:
         kill_group(redis)
     if failures:
         raise Failure("; ".join(failures), output)
     return check_outputs(ctx.out(name), ctx.reference, "gloo", output)
+
+
+# --- a host cut off -------------------------------------------------------------
+#
+# Long runs (LINKDOWN_STEPS steps, run.timeout_s = LINKDOWN_TIMEOUT_S) whose
+# host 10.77.0.12 loses its link once rank 0 reports progress; whatever must
+# end does so within LINKDOWN_LIMIT_S of the link going down.
+
+LINKDOWN_STEPS = 1000000
+LINKDOWN_LIMIT_S = LINKDOWN_TIMEOUT_S + 10
+PROGRESS = re.compile(r"step \d+/\d+")
+
+
+def long_run(transport):
+    return ["--set", f'transport.plugin="{transport}"', "--set", f"run.steps={LINKDOWN_STEPS}",
+            "--set", "run.log_every=50", "--set", f"run.timeout_s={LINKDOWN_TIMEOUT_S}"]
+
+
+def wait_for(condition, still_running, limit_s, what):
+    """Polls condition() until it holds; Failure if still_running() turns
+    false or limit_s passes first."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        if not still_running():
+            raise Failure(f"{what}: the run ended first")
+        if time.monotonic() > deadline:
+            raise Failure(f"{what}: not within {limit_s} s")
+        time.sleep(0.2)
+
+
+def cut_off_host():
+    """Takes 10.77.0.12's link down (a second after training started); the
+    time it went down."""
+    time.sleep(1)
+    r = cluster("link", HOSTS[1], "down")
+    if r.returncode != 0:
+        raise Failure(f"tools/netns_cluster.sh link {HOSTS[1]} down failed", r.stderr)
+    return time.monotonic()
+
+
+def restore_host():
+    cluster("link", HOSTS[1], "up")
+    kill_namespace_processes()
+
+
+def linkdown_gloo_redis(ctx):
+    """The ranks started by hand: every rank, on either host, fails on its
+    own within the limit; those on 10.77.0.11 name themselves."""
+    name, port = "linkdown-gloo-redis", 6380
+    redis, ranks = start_redis(port), []
+    try:
+        ranks = start_ranks_by_hand(ctx, name, f"redis:{HOSTS[0]}:{port}", *long_run("gloo"))
+        wait_for(lambda: PROGRESS.search(ranks[0].read("stdout")),
+                 lambda: all(r.proc.poll() is None for r in ranks), RUN_LIMIT_S, "rank 0 reporting progress")
+        down_at = cut_off_host()
+        ended = wait_all(ranks, down_at + LINKDOWN_LIMIT_S)
+        return judge_ranks(ranks, ended, down_at)
+    finally:
+        for r in ranks:
+            kill_group(r.proc)
+        kill_group(redis)
+        restore_host()
+
+
+def wait_all(ranks, deadline):
+    """{rank: time it ended} for the ranks that end by deadline."""
+    ended = {}
+    while len(ended) < len(ranks) and time.monotonic() < deadline:
+        for r in ranks:
+            if r.rank not in ended and r.proc.poll() is not None:
+                ended[r.rank] = time.monotonic()
+        time.sleep(0.1)
+    return ended
+
+
+def judge_ranks(ranks, ended, down_at):
+    failures, seen, named = [], [], {}
+    for r in ranks:
+        if r.rank not in ended:
+            failures.append(f"rank {r.rank} still running {LINKDOWN_LIMIT_S} s after the link went down "
+                            f"(run.timeout_s = {LINKDOWN_TIMEOUT_S})")
+            continue
+        took, code = ended[r.rank] - down_at, r.proc.returncode
+        named[r.rank] = re.search(r"ddp: rank \d.*", r.read("stderr"))
+        if code == 0:
+            failures.append(f"rank {r.rank} exited 0")
+        elif r.rank < RANKS_PER_HOST and not named[r.rank]:
+            failures.append(f"rank {r.rank} exited {code} {took:.1f} s after the link went down, "
+                            "its stderr naming no rank")
+        seen.append(f"rank {r.rank} exited {code} after {took:.1f} s" + ("" if named[r.rank] else " (unnamed)"))
+    if failures:
+        raise Failure("; ".join(failures), "".join(r.output() for r in ranks))
+    return f"{', '.join(seen)}; rank 0: {named[0].group(0)[:110]}"
 
 
 class LineWatcher(threading.Thread):
@@ -320,7 +450,7 @@ class LineWatcher(threading.Thread):
     def run(self):
         for line in self.stream:
             self.lines.append(line)
-            if re.match(r"step \d+/\d+", line):
+            if PROGRESS.match(line):
                 self.started.set()
 
     def text(self):
@@ -328,53 +458,53 @@ class LineWatcher(threading.Thread):
 
 
 def link_down(ctx, transport):
-    """A long run under mpirun; 10.77.0.12's link goes down once it trains."""
+    """A long run under mpirun: mpirun ends, non-zero, naming the lost host
+    or a rank.
+
+    Open MPI 4.1's mpirun notices a lost daemon only through TCP keepalive
+    on its link to it (the oob_tcp_keepalive_* options, which
+    tools/netns_cluster.sh up prints; cluster_up adds them if missing).
+    Without them, once a rank fails mpirun sends the kill to the lost daemon
+    as well and waits for it for good (the message is retransmitted for some
+    15 minutes, and no keepalive goes out meanwhile), though the ranks on
+    10.77.0.11 fail on time and name themselves. With them (2 s idle, 3
+    probes 1 s apart) mpirun ends about 5 s after the link goes down, naming
+    the host, before the ranks time out. A keepalive slower than the ranks'
+    timeout does not give both: the kill goes out first, and mpirun hangs.
+    """
     name = f"linkdown-{transport}"
-    cmd = ["mpirun", *ctx.mpirun_options,
-           *ctx.ddp_run(name, "--set", f'transport.plugin="{transport}"', "--set", "run.steps=1000000",
-                        "--set", "run.log_every=50", "--set", f"run.timeout_s={LINKDOWN_TIMEOUT_S}")]
+    cmd = ["mpirun", *ctx.mpirun_options, *ctx.ddp_run(name, *long_run(transport))]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(),
                             start_new_session=True)
     watcher = LineWatcher(proc.stdout)
     watcher.start()
     try:
-        if not wait_until_training(proc, watcher, RUN_LIMIT_S):
-            raise Failure("the run never started training" + (f" (mpirun exited {proc.returncode})"
-                                                            if proc.poll() is not None else ""), watcher.text())
-        time.sleep(1)
-        r = cluster("link", HOSTS[1], "down")
-        if r.returncode != 0:
-            raise Failure(f"tools/netns_cluster.sh link {HOSTS[1]} down failed", r.stderr)
-        down_at, limit = time.monotonic(), LINKDOWN_TIMEOUT_S + 10
         try:
-            code = proc.wait(timeout=limit)
+            wait_for(watcher.started.is_set, lambda: proc.poll() is None, RUN_LIMIT_S, "training")
+        except Failure as e:
+            raise Failure(str(e), watcher.text()) from None
+        down_at = cut_off_host()
+        try:
+            code = proc.wait(timeout=LINKDOWN_LIMIT_S)
         except subprocess.TimeoutExpired:
-            raise Failure(f"mpirun still running {limit} s after the link went down "
+            raise Failure(f"mpirun still running {LINKDOWN_LIMIT_S} s after the link went down "
                           f"(run.timeout_s = {LINKDOWN_TIMEOUT_S})", watcher.text()) from None
         took = time.monotonic() - down_at
         watcher.join(timeout=5)
         return judge_link_down(code, took, watcher.text())
     finally:
         kill_group(proc)
-        cluster("link", HOSTS[1], "up")
-        kill_namespace_processes()
-
-
-def wait_until_training(proc, watcher, limit_s):
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        if watcher.started.wait(timeout=0.2):
-            return True
-    return watcher.started.is_set() and proc.poll() is None
+        restore_host()
 
 
 def judge_link_down(code, took, output):
     if code == 0:
         raise Failure(f"mpirun exited 0 {took:.1f} s after the link went down", output)
-    rank = re.search(r"rank \d", output)
-    if not rank:
-        raise Failure(f"mpirun exited {code} {took:.1f} s after the link went down, naming no rank", output)
-    line = next(l for l in output.splitlines() if rank.group(0) in l)
+    named = re.search(r"rank \d|10\.77\.0\.12", output)
+    if not named:
+        raise Failure(f"mpirun exited {code} {took:.1f} s after the link went down, naming neither "
+                      "the host nor a rank", output)
+    line = next(l for l in output.splitlines() if named.group(0) in l)
     return f"mpirun exited {code} {took:.1f} s after the link went down: {line.strip()}"
 
 
@@ -390,7 +520,7 @@ def run_scenario(name, fn, *args):
         detail, ok = fn(*args), True
     except Failure as e:
         detail, ok = str(e) + (f"\n{tail(e.output)}" if e.output else ""), False
-    print(f"{'PASS' if ok else 'FAIL'}  {name:<14} {time.monotonic() - start:5.1f} s  {detail}", flush=True)
+    print(f"{'PASS' if ok else 'FAIL'}  {name:<19} {time.monotonic() - start:5.1f} s  {detail}", flush=True)
     return ok
 
 
@@ -403,8 +533,12 @@ def scenarios(ctx):
         results.append(run_scenario("gloo-redis", gloo_redis, ctx))
     else:
         print("SKIP  gloo-redis      redis-server not found", flush=True)
-    results.append(run_scenario("linkdown-gloo", link_down, ctx, "gloo"))
+    if shutil.which("redis-server"):
+        results.append(run_scenario("linkdown-gloo-redis", linkdown_gloo_redis, ctx))
+    else:
+        print("SKIP  linkdown-gloo-redis redis-server not found", flush=True)
     results.append(run_scenario("linkdown-mpi", link_down, ctx, "mpi"))
+    results.append(run_scenario("linkdown-gloo", link_down, ctx, "gloo"))
     return all(results)
 
 
