@@ -19,8 +19,10 @@
 #include "checkpoint.h"
 #include "config.h"
 #include "launcher.h"
+#include "rank_env.h"
 #include "trace.h"
 #include "trainer.h"
+#include "whereabouts.h"
 
 // OpenBLAS 0.3.21 does not know this CPU generation and picks its AVX2
 // (Haswell) GEMM kernel, half as fast as the AVX-512 one (SkylakeX) on a
@@ -48,6 +50,17 @@ std::string timeout_note(const Config& config) {
   return note.str();
 }
 
+// This rank's number as text, for its trace file's name ("0" where the
+// environment cannot tell: run_rank then refuses it).
+std::string rank_text() {
+  try {
+    const auto source = rank_from_environment(std::getenv);
+    return source ? std::to_string(source->rank.rank) : "0";
+  } catch (const std::exception&) {
+    return "0";
+  }
+}
+
 // One run per checkpoint.dir as per output directory, when it is another
 // one; this also finds a directory that cannot be written before training.
 std::unique_ptr<DirectoryLock> lock_checkpoint_dir(const Config& config) {
@@ -68,7 +81,7 @@ int run_as_rank(const Config& config) {
                             " in " + config.file);
         // Under another launcher rank 0 holds the output directory itself.
         std::unique_ptr<DirectoryLock> lock, checkpoint_lock;
-        if (env.rank.rank == 0 && !std::getenv("DDP_STATUS_FD")) {
+        if (env.rank.rank == 0 && !whereabouts::has_channel()) {
           lock = std::make_unique<DirectoryLock>(config.run.output_dir, "run.output_dir");
           checkpoint_lock = lock_checkpoint_dir(config);
         }
@@ -99,6 +112,7 @@ int launch_run(const Config& config, const std::string& config_path, const std::
   spec.world = config.run.world_size;
   spec.output_dir = config.run.output_dir;
   spec.timeout_note = timeout_note(config);
+  spec.through_mpirun = needs_mpirun(config.transport_plugin);
   spec.unset = {"DDP_TRACE", "DDP_RESTARTS"};
   nlohmann::json restarts = nlohmann::json::array();
   spec.rank_env = [&](int r, const std::string& run_dir) {
@@ -207,17 +221,17 @@ int main(int argc, char** argv) {
       for (const auto& s : bench_sizes) bench.sizes.push_back(ddp::parse_size(s));
       bench.ops.clear();
       for (const auto& o : bench_ops) bench.ops.push_back(ddp::parse_collective(o));
-      return std::getenv("RANK") ? ddp::bench_comm_rank(bench) : ddp::bench_comm(bench);
+      return ddp::launched_as_rank() ? ddp::bench_comm_rank(bench) : ddp::bench_comm(bench);
     }
     ddp::Config config = ddp::load_config(config_path, overrides);
     if (resume_option->count() > 0) config.resume = resume.empty() ? "latest" : resume;
-    if (const char* rank = std::getenv("RANK")) {
-      // Ranks of our own launcher (it sets DDP_STATUS_FD) get DDP_TRACE from
+    if (ddp::launched_as_rank()) {
+      // Ranks of our own launcher (they have its channel) get DDP_TRACE from
       // it. Under another launcher nobody merges: with --trace each rank
       // keeps its own file, and an inherited DDP_TRACE does not count.
-      if (!std::getenv("DDP_STATUS_FD")) {
+      if (!ddp::whereabouts::has_channel()) {
         if (trace) {
-          setenv("DDP_TRACE", ddp::rank_trace_path(config.run.output_dir, rank).c_str(), 1);
+          setenv("DDP_TRACE", ddp::rank_trace_path(config.run.output_dir, ddp::rank_text()).c_str(), 1);
         } else {
           unsetenv("DDP_TRACE");
         }
@@ -226,7 +240,7 @@ int main(int argc, char** argv) {
     }
     return ddp::launch_run(config, config_path, overrides, trace);
   } catch (const std::exception& e) {
-    if (run->parsed() && std::getenv("RANK")) return ddp::rank_failed_early(e);  // a rank: say which
+    if (run->parsed() && ddp::launched_as_rank()) return ddp::rank_failed_early(e);  // a rank: say which
     std::cerr << "ddp: error: " << e.what() << std::endl;
     return 1;
   }

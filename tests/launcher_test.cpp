@@ -213,8 +213,9 @@ TEST(Launcher, RankWithoutRendezvousIsRefused) {
   Process p = start({"run", kRepo + "/configs/toy.toml"}, {"RANK=0", "WORLD_SIZE=2"}, dir + "/ddp");
   EXPECT_EQ(wait_for(p, std::chrono::seconds(30)), 1);
   EXPECT_EQ(read_file(p.err),
-            "ddp: rank 0: error: RANK is set but DDP_RENDEZVOUS is not: set it to file:<directory shared by all "
-            "ranks> (fresh for each run) or redis:<host>:<port>\n");
+            "ddp: rank 0: error: no rendezvous: set DDP_RENDEZVOUS to file:<directory shared by all ranks> (fresh "
+            "for each run) or redis:<host>:<port>, or MASTER_ADDR and MASTER_PORT (rank 0 then serves a Redis store "
+            "there)\n");
   fs::remove_all(dir);
 }
 
@@ -422,11 +423,12 @@ TEST(Launcher, RanksOnTwoHostsWithTheLoopbackAddressAreToldToSetTheHostname) {
   fs::create_directories(dir + "/rdzv");
   const std::vector<std::string> env = {"WORLD_SIZE=2", "DDP_RENDEZVOUS=file:" + dir + "/rdzv"};
   Process rank0 = start({"run", kRepo + "/configs/toy.toml", "--set", "run.timeout_s=3", "--set",
-                         "run.output_dir=\"" + dir + "/out\""},
+                         "run.output_dir=\"" + dir + "/out\"", "--set", "transport.hostname=\"127.0.0.1\""},
                         {"RANK=0", env[0], env[1]}, dir + "/rank0");
   // Rank 1, as a script run in a namespace whose host name differs.
   std::ofstream(dir + "/rank1.sh") << "hostname ddp-other-host\nexec env RANK=1 " << env[0] << " " << env[1] << " "
                                    << kDdp << " run " << kRepo << "/configs/toy.toml --set run.timeout_s=3"
+                                   << " --set 'transport.hostname=\"127.0.0.1\"'"
                                    << " --set 'run.output_dir=\"" << dir << "/out\"' 2> " << dir << "/rank1.err\n";
   EXPECT_NE(system(("unshare -u sh " + dir + "/rank1.sh").c_str()), 0);
   EXPECT_EQ(wait_for(rank0, std::chrono::seconds(30)), 1);

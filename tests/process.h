@@ -77,9 +77,9 @@ int wait_for(const Process& p, std::chrono::seconds limit) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-// The child of `parent` whose environment has RANK=<rank>.
-inline pid_t find_rank(pid_t parent, int rank) {
-  const std::string want = "RANK=" + std::to_string(rank);
+// The child of `parent` whose environment has RANK=<rank> (or `variable`).
+inline pid_t find_rank(pid_t parent, int rank, const std::string& variable = "RANK") {
+  const std::string want = variable + "=" + std::to_string(rank);
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     const std::string name = entry.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;

@@ -24,6 +24,8 @@ packages=(
   python3-matplotlib                          # plots of tools/ddp_suite.py (Debian's python3: tomllib)
   python3-torch                               # PyTorch fixtures, tools/checkpoint_torch.py and its test
   redis-server                                # the Redis rendezvous store's test
+  libopenmpi-dev openmpi-bin libpmix-dev      # the mpi transport (plugins/mpi), mpirun, PMIx (rendezvous.h)
+  iproute2                                    # tools/netns_cluster.sh (the multihost test)
 )
 if [ "$preset" = sanitize ]; then
   packages+=(clang libclang-rt-14-dev)        # ASan, UBSan and libFuzzer's runtimes

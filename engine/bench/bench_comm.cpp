@@ -457,6 +457,7 @@ int bench_comm(const BenchOptions& options) {
       spec.output_dir = options.out_dir;
       spec.args = args;
       spec.timeout_note = "--timeout " + number_text(options.timeout_s);
+      spec.through_mpirun = needs_mpirun(transport);
       const int rc = launch_ranks(spec);
       std::ifstream in(part);
       if (rc == 0 && in) {

@@ -1,6 +1,7 @@
 // whereabouts.cpp — see whereabouts.h.
 #include "whereabouts.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -30,13 +31,27 @@ int64_t now_ns() {
 // -1: not looked up yet; -2: no channel.
 std::atomic<int> g_fd{-1};
 
+// A FIFO our launcher reads (it opened its end first, so this does not
+// wait), written blocking as a pipe is.
+int open_fifo(const char* path) {
+  const int fd = ::open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return -2;
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
 int channel_fd() {
   int fd = g_fd.load(std::memory_order_acquire);
   if (fd != -1) return fd;
   const char* text = std::getenv("DDP_STATUS_FD");
+  const char* path = std::getenv("DDP_STATUS_PATH");
   char* end = nullptr;
   const long value = text && *text ? std::strtol(text, &end, 10) : -1;
-  fd = value >= 0 && end && *end == '\0' ? int(value) : -2;
+  if (value >= 0 && end && *end == '\0') {
+    fd = int(value);
+  } else {
+    fd = path && *path ? open_fifo(path) : -2;
+  }
   g_fd.store(fd, std::memory_order_release);
   return fd;
 }

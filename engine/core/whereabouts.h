@@ -10,12 +10,16 @@
 // atomic stores; reads are lock-free and async-signal-safe.
 //
 // The launcher's channel: our launcher hands each rank the write end of a
-// pipe (the fd in DDP_STATUS_FD), and the rank sends one line per event:
+// pipe (the fd in DDP_STATUS_FD) or, for ranks it starts through mpirun
+// (which passes no descriptor on), the path of a FIFO it reads
+// (DDP_STATUS_PATH), and the rank sends one line per event:
 //   step <n>          as optimizer step n (from 0) begins
 //   failure <json>    when it fails (engine/launch/failure.h)
 //   completed         once its work is done and its outputs are in place
+//   alive             each second, from the rank's watchdog (launch/watchdog.h):
+//                     a rank that falls silent is frozen
 // A pipe, not a file: a full disk cannot refuse it, and the launcher sees
-// it close when the rank dies. Without DDP_STATUS_FD (ranks of another
+// it close when the rank dies. Without either variable (ranks of another
 // launcher) nothing is sent.
 #pragma once
 

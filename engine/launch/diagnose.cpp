@@ -12,17 +12,27 @@ namespace {
 // How much a rank's failure explains the run's: the rank with the highest
 // weight is named (the first of them to fail on a tie).
 int weight(const RankExit& exit, const std::optional<RankFailure>& report) {
-  if (WIFSIGNALED(exit.status)) return 3;
+  if (WIFSIGNALED(exit.status) || !exit.status_known) return 3;
   if (!report) return 1;
   if (report->kind == DDP_ERR_TIMEOUT) return 2;
   if (report->kind == DDP_ERR_COMM) return 0;
   return 1;
 }
 
-// A rank that exited 0 without saying it completed: a plugin or a bug ended
-// the process early.
+// A rank that exited 0 without saying it completed (a plugin or a bug ended
+// the process early), or one of mpirun's that ended without a word.
 bool ended_early(const RankExit& exit) {
+  if (!exit.status_known) return true;
   return WIFEXITED(exit.status) && WEXITSTATUS(exit.status) == 0 && !exit.completed;
+}
+
+// How the launcher that started a rank (mpirun) ended, for a rank that
+// could not say how it did: mpirun's own lines, printed above, say more.
+std::string launcher_said(int status) {
+  if (WIFSIGNALED(status)) return "mpirun was killed by signal " + std::to_string(WTERMSIG(status));
+  if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+    return "mpirun exited with code " + std::to_string(WEXITSTATUS(status)) + "; its own lines above say why";
+  return "see mpirun's lines above";
 }
 
 // "killed by signal 9 (Killed)", "exited with code 1", or "exited with code
@@ -30,7 +40,9 @@ bool ended_early(const RankExit& exit) {
 // crash handler reports too).
 std::string cause(const RankExit& exit, const std::optional<RankFailure>& report) {
   std::string text;
-  if (WIFSIGNALED(exit.status)) {
+  if (!exit.status_known) {
+    text = "ended before completing its run, without a report (" + launcher_said(exit.status) + ")";
+  } else if (WIFSIGNALED(exit.status)) {
     const int sig = WTERMSIG(exit.status);
     text = "killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
   } else {
@@ -62,9 +74,14 @@ Diagnosis diagnose(const WatchResult& watched, const std::vector<std::optional<R
   }
   if (blamed < 0) return {0, ""};
 
-  std::string stopped;
-  for (size_t r = 0; r < ranks.size(); ++r)
+  // The ranks the others waited for: those that fell silent (mpirun's), else
+  // those still running when the launcher stopped the run.
+  std::string stopped, silent;
+  for (size_t r = 0; r < ranks.size(); ++r) {
     if (ranks[r].stopped) stopped += (stopped.empty() ? "" : ", ") + std::to_string(r);
+    if (ranks[r].silent) silent += (silent.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!silent.empty()) stopped = silent;
   const RankExit& exit = ranks[blamed];
   const std::optional<RankFailure>& report = reports[blamed];
   std::string message;

@@ -15,6 +15,8 @@
 #include "diagnose.h"
 #include "error.h"
 #include "failure.h"
+#include "rank_env.h"
+#include "rendezvous.h"
 #include "spawn.h"
 #include "watch.h"
 #include "watchdog.h"
@@ -32,17 +34,6 @@ constexpr std::chrono::milliseconds kGrace{1000};
 std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v && *v ? v : fallback;
-}
-
-int env_int(const char* name) {
-  const std::string v = env_or(name, "");
-  try {
-    size_t used = 0;
-    const int value = std::stoi(v, &used);
-    if (used == v.size()) return value;
-  } catch (const std::exception&) {
-  }
-  throw Error(std::string("environment variable ") + name + "='" + v + "' is not an integer", DDP_ERR_INVALID_ARGUMENT);
 }
 
 // A run id every rank of one launch agrees on and the next launch does not
@@ -73,7 +64,38 @@ std::vector<std::vector<std::string>> environments(const LaunchSpec& spec, const
   return envs;
 }
 
+// The ranks as mpirun's: one app context per rank (MPMD), so that each gets
+// its own variables (-x) and its channel; mpirun's environment is this
+// process's, with what every rank shares. Ranks of a root user need
+// --allow-run-as-root, as every rank of ours may run as root; more ranks than
+// cores need --oversubscribe, as ours may; no binding, as ours have none.
+std::vector<RankProcess> spawn_mpirun(const LaunchSpec& spec, const std::string& run_dir) {
+  std::vector<std::string> command = {"mpirun", "--bind-to", "none", "--oversubscribe"};
+  if (geteuid() == 0) command.push_back("--allow-run-as-root");
+  std::vector<std::string> fifos;
+  const std::string exe = fs::read_symlink("/proc/self/exe").string();
+  for (int r = 0; r < spec.world; ++r) {
+    fifos.push_back((fs::path(run_dir) / ("status-" + std::to_string(r))).string());
+    if (r > 0) command.push_back(":");
+    command.insert(command.end(), {"-np", "1", "-x", "DDP_STATUS_PATH=" + fifos.back()});
+    if (spec.rank_env)
+      for (const std::string& kv : spec.rank_env(r, run_dir)) command.insert(command.end(), {"-x", kv});
+    command.push_back(exe);
+    command.insert(command.end(), spec.args.begin() + 1, spec.args.end());
+  }
+  std::vector<std::string> unset = spec.unset;
+  unset.insert(unset.end(), {"RANK", "WORLD_SIZE", "LOCAL_RANK", "DDP_STATUS_FD", "DDP_STATUS_PATH"});
+  const std::vector<std::string> set = {"DDP_RENDEZVOUS=file:" + run_dir,
+                                        "DDP_RUN_ID=" + fs::path(run_dir).filename().string()};
+  return spawn_through(command, rank_environment(set, unset), fifos);
+}
+
 }  // namespace
+
+bool needs_mpirun(const std::string& plugin) {
+  const std::string name = fs::path(plugin).filename().string();
+  return name == "mpi" || name.rfind("libddp_transport_mpi.", 0) == 0;
+}
 
 int launch_ranks(const LaunchSpec& spec, LaunchOutcome* outcome) {
   fs::create_directories(spec.output_dir);
@@ -88,7 +110,9 @@ int launch_ranks(const LaunchSpec& spec, LaunchOutcome* outcome) {
     }
   } remove_run_dir{run_dir};
 
-  const WatchResult watched = watch_ranks(spawn_ranks(spec.args, environments(spec, run_dir)), kGrace);
+  const std::vector<RankProcess> ranks =
+      spec.through_mpirun ? spawn_mpirun(spec, run_dir) : spawn_ranks(spec.args, environments(spec, run_dir));
+  const WatchResult watched = watch_ranks(ranks, kGrace);
   std::vector<std::optional<RankFailure>> reports;
   for (const RankExit& r : watched.ranks)
     reports.push_back(r.failure.empty() ? std::nullopt : parse_failure(r.failure));
@@ -150,22 +174,19 @@ int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milli
   std::signal(SIGPIPE, SIG_IGN);
   whereabouts::has_channel();  // looked up now, not first in a signal handler
   try {
-    rank = env_int("RANK");
+    const std::optional<RankSource> source = rank_from_environment(std::getenv);
+    if (!source)
+      throw Error("no launcher says which rank this is (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID)",
+                  DDP_ERR_INVALID_ARGUMENT);
+    rank = source->rank.rank;
     g_rank.store(rank);
     whereabouts::set_reporter(report_now);
     install_crash_handler(rank);
     RankEnv env;
-    env.rank.rank = rank;
-    env.rank.world_size = env_int("WORLD_SIZE");
-    env.rank.local_rank = std::getenv("LOCAL_RANK") ? env_int("LOCAL_RANK") : rank;
-    if (rank < 0 || rank >= env.rank.world_size)
-      throw Error("RANK=" + std::to_string(rank) + " is outside [0, WORLD_SIZE)", DDP_ERR_INVALID_ARGUMENT);
-    env.rendezvous = env_or("DDP_RENDEZVOUS", "");
-    if (env.rendezvous.empty())
-      throw Error("RANK is set but DDP_RENDEZVOUS is not: set it to file:<directory shared by all ranks> "
-                  "(fresh for each run) or redis:<host>:<port>",
-                  DDP_ERR_INVALID_ARGUMENT);
+    env.rank = source->rank;
     env.run_id = env_or("DDP_RUN_ID", default_run_id());
+    const Rendezvous rendezvous(env.rank, env.run_id, double(timeout.count()) / 1000);
+    env.rendezvous = rendezvous.location();
     const Watchdog watchdog(rank, timeout + Watchdog::kGrace, timeout_note + " plus 7 s");
     static const bool registered = std::atexit(exited_early) == 0;
     (void)registered;
@@ -181,14 +202,24 @@ int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milli
 }
 
 int rank_failed_early(const std::exception& e) {
-  int rank = -1;
+  std::optional<RankSource> source;
   try {
-    rank = env_int("RANK");
+    source = rank_from_environment(std::getenv);
   } catch (const std::exception&) {  // no rank to name
+  }
+  if (!source) {
     std::cerr << "ddp: error: " << e.what() << std::endl;
     return 1;
   }
-  return report(e, rank);
+  return report(e, source->rank.rank);
+}
+
+bool launched_as_rank() {
+  try {
+    return rank_from_environment(std::getenv).has_value();
+  } catch (const std::exception&) {
+    return true;  // a rank with a bad variable: run_rank says which
+  }
 }
 
 }  // namespace ddp

@@ -30,6 +30,11 @@ struct LaunchSpec {
   // directory; and names no rank inherits from this process.
   std::function<std::vector<std::string>(int rank, const std::string& run_dir)> rank_env;
   std::vector<std::string> unset;
+  // Start the ranks through Open MPI's mpirun (found on PATH) rather than
+  // as this process's children: for the mpi transport, whose ranks must be
+  // MPI's. Each rank learns its number from mpirun; the launcher hears it on
+  // a FIFO in the run's directory (DDP_STATUS_PATH) instead of a pipe.
+  bool through_mpirun = false;
   // Called once every rank succeeded, before the run's private directory is
   // removed; an exception it throws fails the launch (reported, exit 1).
   std::function<void(const std::string& run_dir)> on_success;
@@ -48,6 +53,10 @@ struct LaunchOutcome {
 // 130 on Ctrl-C), and fills `outcome` if given.
 int launch_ranks(const LaunchSpec& spec, LaunchOutcome* outcome = nullptr);
 
+// Whether ranks with transport plugin `plugin` are started through mpirun
+// (LaunchSpec::through_mpirun): the mpi transport's, by name or file name.
+bool needs_mpirun(const std::string& plugin);
+
 // Runs this process as the rank that RANK, WORLD_SIZE, LOCAL_RANK and
 // DDP_RENDEZVOUS (and DDP_RUN_ID) name: SIGPIPE ignored, the crash handler
 // installed, a watchdog at `timeout` (run.timeout_s; `timeout_note` says so:
@@ -59,7 +68,11 @@ int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milli
              const std::string& timeout_note);
 
 // A rank's failure before run_rank (its config does not load), reported as
-// run_rank reports one ("ddp: error: ..." if RANK is no integer). Returns 1.
+// run_rank reports one ("ddp: error: ..." if no rank can be told). Returns 1.
 int rank_failed_early(const std::exception& e);
+
+// Whether a launcher started this process as a rank (rank_env.h: RANK,
+// mpirun's, mpiexec's or srun's variables), rather than `ddp run` itself.
+bool launched_as_rank();
 
 }  // namespace ddp

@@ -2,6 +2,7 @@
 #include "spawn.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +27,26 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
   return out;
 }
 
+// fork + exec, the child never outliving this process; `keep` (or -1) is
+// the one descriptor the child keeps across the exec. Returns the child's
+// pid, or -1 with errno.
+pid_t start(const char* file, bool search_path, std::vector<char*>& argv, std::vector<char*>& envp, int keep) {
+  const pid_t launcher = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher) _exit(1);  // the launcher died before prctl
+    if (keep >= 0) fcntl(keep, F_SETFD, 0);
+    if (search_path) {
+      execvpe(file, argv.data(), envp.data());
+    } else {
+      execve(file, argv.data(), envp.data());
+    }
+    _exit(127);
+  }
+  return pid;
+}
+
 }  // namespace
 
 std::vector<std::string> rank_environment(const std::vector<std::string>& set, const std::vector<std::string>& unset) {
@@ -44,7 +65,6 @@ std::vector<std::string> rank_environment(const std::vector<std::string>& set, c
 std::vector<RankProcess> spawn_ranks(std::vector<std::string> args, std::vector<std::vector<std::string>> envs) {
   std::vector<char*> argv = pointers(args);
   std::vector<RankProcess> ranks;
-  const pid_t launcher = getpid();
   auto give_up = [&](size_t r, int err) {
     for (const RankProcess& p : ranks) {
       kill(p.pid, SIGKILL);
@@ -59,14 +79,7 @@ std::vector<RankProcess> spawn_ranks(std::vector<std::string> args, std::vector<
     if (pipe2(fds, O_CLOEXEC) != 0) give_up(r, errno);
     envs[r].push_back("DDP_STATUS_FD=" + std::to_string(fds[1]));
     std::vector<char*> envp = pointers(envs[r]);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != launcher) _exit(1);  // the launcher died before prctl
-      fcntl(fds[1], F_SETFD, 0);            // this rank's write end survives the exec
-      execve("/proc/self/exe", argv.data(), envp.data());
-      _exit(127);
-    }
+    const pid_t pid = start("/proc/self/exe", false, argv, envp, fds[1]);
     const int err = errno;
     close(fds[1]);
     if (pid < 0) {
@@ -76,6 +89,28 @@ std::vector<RankProcess> spawn_ranks(std::vector<std::string> args, std::vector<
     fcntl(fds[0], F_SETFL, O_NONBLOCK);
     ranks.push_back(RankProcess{pid, fds[0]});
   }
+  return ranks;
+}
+
+std::vector<RankProcess> spawn_through(std::vector<std::string> command, std::vector<std::string> env,
+                                       const std::vector<std::string>& fifos) {
+  std::vector<RankProcess> ranks;
+  auto give_up = [&](const std::string& why) {
+    for (const RankProcess& p : ranks) close(p.channel);
+    throw Error(why);
+  };
+  for (const std::string& fifo : fifos) {
+    // Read end non-blocking: opening it waits for no writer, and the rank's
+    // open for writing then finds a reader.
+    int fd = -1;
+    if (mkfifo(fifo.c_str(), 0600) != 0 || (fd = open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)) < 0)
+      give_up("cannot make the channel " + fifo + ": " + std::strerror(errno));
+    ranks.push_back(RankProcess{-1, fd, true});
+  }
+  std::vector<char*> argv = pointers(command), envp = pointers(env);
+  const pid_t pid = start(command[0].c_str(), true, argv, envp, -1);
+  if (pid < 0) give_up("cannot start " + command[0] + ": " + std::strerror(errno));
+  for (RankProcess& p : ranks) p.pid = pid;
   return ranks;
 }
 

@@ -19,6 +19,7 @@ std::vector<std::string> rank_environment(const std::vector<std::string>& set, c
 struct RankProcess {
   pid_t pid = -1;
   int channel = -1;
+  bool shared = false;  // pid is the launcher's that started every rank (spawn_through)
 };
 
 // Starts one process per entry of `envs`, each running `args` (args[0] is
@@ -26,5 +27,15 @@ struct RankProcess {
 // naming the rank that could not be started, after killing and reaping the
 // ones that were.
 std::vector<RankProcess> spawn_ranks(std::vector<std::string> args, std::vector<std::vector<std::string>> envs);
+
+// Starts the ranks through another launcher (mpirun): one process running
+// `command` (the launcher's whole command line; command[0] is looked up on
+// PATH) with the environment `env`. Rank r's channel is a FIFO made at
+// fifos[r] and opened here before the launcher starts; the rank finds it in
+// DDP_STATUS_PATH (the command gives it). Every RankProcess holds the
+// launcher's pid, shared. Throws Error if a FIFO cannot be made or the
+// launcher cannot be started.
+std::vector<RankProcess> spawn_through(std::vector<std::string> command, std::vector<std::string> env,
+                                       const std::vector<std::string>& fifos);
 
 }  // namespace ddp

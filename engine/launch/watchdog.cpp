@@ -38,8 +38,9 @@ Watchdog::~Watchdog() {
 
 void Watchdog::watch() {
   const int64_t limit_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(limit_).count();
-  while (!stop_) {
+  for (int tick = 1; !stop_; ++tick) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (tick % 10 == 0) whereabouts::send_line("alive\n", 6);  // each second: this process is not frozen
     const whereabouts::Stage stage = whereabouts::training_stage();
     if (!stage.entry) continue;
     const int64_t waited = now_ns() - stage.since_ns;

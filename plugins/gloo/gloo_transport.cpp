@@ -10,8 +10,9 @@
 // (host->alloc_host, accounted as comm_buffers) is allocated at enqueue time
 // on the calling thread, never in a closure; see stage().
 //
-// Keys ([transport], README.md): hostname (the address this rank listens
-// on), algorithm (all_reduce's: "auto", "direct", "ring" or "bcube").
+// Keys ([transport], README.md): hostname and interface (the address this
+// rank listens on: address.h), algorithm (all_reduce's: "auto", "direct",
+// "ring" or "bcube").
 //
 // Not here: GPUDirect or any CUDA call of its own (the nccl plugin moves GPU
 // memory directly), TLS, ibverbs.
@@ -29,6 +30,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
+#include "address.h"
 #include "direct.h"
 
 #include <arpa/inet.h>
@@ -399,11 +401,14 @@ ddp_status check_listen_address(const ddp_host* host, const std::string& hostnam
 ddp_status gloo_init(const ddp_host* host, ddp_comm** out) {
   const auto start = std::chrono::steady_clock::now();
   try {
-    const char* hostname = nullptr;
-    const char* algorithm = nullptr;
-    if (host->config_string(host->ctx, "hostname", "127.0.0.1", &hostname) != DDP_OK ||
+    const char *key = nullptr, *interface = nullptr, *algorithm = nullptr;
+    if (host->config_string(host->ctx, "hostname", "auto", &key) != DDP_OK ||
+        host->config_string(host->ctx, "interface", "", &interface) != DDP_OK ||
         host->config_string(host->ctx, "algorithm", "auto", &algorithm) != DDP_OK)
       return DDP_ERR_INVALID_ARGUMENT;  // the host has set the error text
+    std::string why;
+    const std::string hostname = ddp_gloo::listen_address(key, interface, host->world_size, &why);
+    if (hostname.empty()) return fail(host, DDP_ERR_INVALID_ARGUMENT, why);
     auto comm = std::make_unique<ddp_comm_s>();
     comm->host = host;
     const std::string name = algorithm;

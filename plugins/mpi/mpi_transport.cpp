@@ -1,0 +1,362 @@
+// mpi_transport.cpp — the `mpi` transport: CPU collectives through MPI (Open
+// MPI: shared memory between ranks of one host, TCP or a fabric between
+// hosts). Every entry enqueues a closure on the stream it is given
+// (host->launch_host_func) that starts the non-blocking MPI collective there
+// (MPI_Allreduce, ...; with the nonblocking key, MPI_Iallreduce completed
+// with MPI_Test until it is done, the run's timeout passes or abort() is
+// called): the training thread never blocks on the network.
+//
+// The ranks are MPI's: the process must have been started by mpirun (or
+// srun), so that MPI_COMM_WORLD is the run's ranks, in the run's order.
+// MPI is initialised here at init (MPI_THREAD_SERIALIZED at least: the
+// collectives run on the comm stream's thread, not the one that called
+// MPI_Init) and finalised at destroy; one per process.
+//
+// Keys ([transport], README.md): nonblocking (false: each collective is the
+// blocking MPI call, on the comm stream's thread: Open MPI's tuned
+// algorithms, about twice the bandwidth of its non-blocking ones here; a
+// stuck peer is then bounded by the engine's own waits; true: MPI_I* and
+// MPI_Test, bounded by run.timeout_s). After a failure, abort() ends the
+// MPI job (MPI_Abort): every rank stops at once, none waits in a collective.
+//
+// Not here (yet): CUDA buffers (refused: use nccl, or gloo's staging).
+#include <ddp/plugin.h>
+#include <ddp/plugin.hpp>
+
+#include <dlfcn.h>
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+
+// Whether this process finalised MPI already (it cannot start again).
+std::atomic<bool> g_finalized{false};
+
+}  // namespace
+
+struct ddp_comm_s {
+  const ddp_host* host;
+  MPI_Comm comm = MPI_COMM_NULL;
+  bool owns_init = false;            // MPI_Init was ours: MPI_Finalize is too
+  bool nonblocking = false;          // the nonblocking key: MPI_I* and MPI_Test
+  std::atomic<bool> aborted{false};  // abort(): pending and later collectives fail
+  std::atomic<bool> stuck{false};    // a collective was given up: MPI's state is not clean
+};
+
+namespace {
+
+ddp_status fail(const ddp_host* host, ddp_status status, const std::string& message) {
+  host->set_error(host->ctx, message.c_str());
+  return status;
+}
+
+std::string mpi_error(int code) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return std::string(text, size_t(length));
+}
+
+// The MPI datatype of an ABI dtype; MPI_DATATYPE_NULL where MPI has none.
+MPI_Datatype mpi_type(ddp_dtype dtype) {
+  switch (dtype) {
+    case DDP_FLOAT32: return MPI_FLOAT;
+    case DDP_FLOAT64: return MPI_DOUBLE;
+    case DDP_INT32: return MPI_INT32_T;
+    case DDP_INT64: return MPI_INT64_T;
+    default: return MPI_DATATYPE_NULL;  // bfloat16 and float16: MPI has no sum for them
+  }
+}
+
+size_t bytes_of(const ddp_buffer& buf) { return buf.count * ddp_dtype_size(buf.dtype); }
+
+ddp_status check_buffer(ddp_comm* comm, const ddp_buffer& buf, const char* entry) {
+  if (buf.device != DDP_DEVICE_CPU)
+    return fail(comm->host, DDP_ERR_UNSUPPORTED,
+                std::string(entry) + ": mpi moves CPU buffers only (a CUDA run: use transport nccl, or gloo)");
+  if (mpi_type(buf.dtype) == MPI_DATATYPE_NULL)
+    return fail(comm->host, DDP_ERR_UNSUPPORTED, std::string(entry) + ": dtype not supported (float32, float64, int32, int64)");
+  if (buf.count > size_t(INT_MAX))
+    return fail(comm->host, DDP_ERR_UNSUPPORTED,
+                std::string(entry) + ": " + std::to_string(buf.count) + " elements, more than MPI's int count");
+  if (buf.count > 0 && !buf.ptr) return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, std::string(entry) + ": NULL buffer");
+  return DDP_OK;
+}
+
+template <typename T>
+void divide(void* ptr, size_t count, int world) {
+  T* p = static_cast<T*>(ptr);
+  for (size_t i = 0; i < count; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(world));
+}
+
+void divide_by(const ddp_buffer& buf, int world) {
+  switch (buf.dtype) {
+    case DDP_FLOAT32: divide<float>(buf.ptr, buf.count, world); return;
+    case DDP_FLOAT64: divide<double>(buf.ptr, buf.count, world); return;
+    case DDP_INT32: divide<int32_t>(buf.ptr, buf.count, world); return;
+    case DDP_INT64: divide<int64_t>(buf.ptr, buf.count, world); return;
+    default: return;
+  }
+}
+
+// One enqueued collective: `block` runs it (MPI_Allreduce, ...), or, with
+// the nonblocking key, `start` begins it (MPI_Iallreduce, ...); `then` runs
+// once it completed (AVG's division).
+struct Job {
+  ddp_comm* comm;
+  std::string what;  // "all_reduce (4096 bytes)", for messages
+  std::function<int()> block;
+  std::function<int(MPI_Request*)> start;
+  std::function<void()> then;
+};
+
+// Tests `request` until it completes, the run's timeout passes or the
+// communicator is aborted.
+ddp_status complete(Job& job, MPI_Request& request) {
+  ddp_comm* comm = job.comm;
+  const ddp_host* h = comm->host;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::milliseconds(h->timeout_ms);
+  for (long tries = 0;; ++tries) {
+    int done = 0;
+    if (int rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE))
+      return fail(h, DDP_ERR_COMM, "mpi " + job.what + ": " + mpi_error(rc));
+    if (done) return DDP_OK;
+    if (comm->aborted) {
+      comm->stuck = true;
+      return fail(h, DDP_ERR_COMM, "mpi " + job.what + ": the communicator was aborted");
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      comm->stuck = true;
+      return fail(h, DDP_ERR_TIMEOUT, "mpi " + job.what + ": not complete within " + std::to_string(h->timeout_ms) +
+                                          " ms (a peer is stuck or gone)");
+    }
+    // Open MPI progresses a collective only inside MPI calls: sleeping
+    // between tests stalls a large one. Yield, so that compute still runs.
+    if (tries % 64 == 63) std::this_thread::yield();
+  }
+}
+
+ddp_status run_job(void* user, int cancelled) {
+  std::unique_ptr<Job> job(static_cast<Job*>(user));
+  if (cancelled) return DDP_OK;
+  ddp_comm* comm = job->comm;
+  if (comm->aborted) return fail(comm->host, DDP_ERR_COMM, "mpi " + job->what + ": the communicator was aborted");
+  if (comm->nonblocking) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (int rc = job->start(&request)) return fail(comm->host, DDP_ERR_COMM, "mpi " + job->what + ": " + mpi_error(rc));
+    if (ddp_status s = complete(*job, request)) return s;
+  } else if (int rc = job->block()) {
+    return fail(comm->host, DDP_ERR_COMM, "mpi " + job->what + ": " + mpi_error(rc));
+  }
+  if (job->then) job->then();
+  return DDP_OK;
+}
+
+ddp_status enqueue(ddp_comm* comm, ddp_stream stream, std::string what, std::function<int()> block,
+                   std::function<int(MPI_Request*)> start, std::function<void()> then = {}) {
+  const ddp_host* h = comm->host;
+  auto* job = new Job{comm, std::move(what), std::move(block), std::move(start), std::move(then)};
+  const ddp_status status = h->launch_host_func(h->ctx, stream, run_job, job);
+  if (status != DDP_OK) delete job;
+  return status;
+}
+
+std::string describe(const char* entry, const ddp_buffer& buf) {
+  return std::string(entry) + " (" + std::to_string(bytes_of(buf)) + " bytes)";
+}
+
+// ------------------------------------------------------------------ entries
+
+// Open MPI loads its components with dlopen, and they find libmpi's symbols
+// only if libmpi is global; reached through a plugin dlopen'ed locally it is
+// not. Makes the libmpi this plugin links global (RTLD_NOLOAD: no new load).
+void make_libmpi_global() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&MPI_Init_thread), &info) && info.dli_fname)
+    dlopen(info.dli_fname, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
+}
+
+std::string thread_level(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    default: return "MPI_THREAD_MULTIPLE";
+  }
+}
+
+// Each rank runs two busy threads (compute, and the comm stream's MPI
+// calls, which spin while they wait for a peer). Where the ranks of this
+// host have fewer cores than that, the spinning takes the cores compute
+// needs (mlp 1024x8 on 2 cores, 2 ranks: backward 2x slower), so Open MPI
+// is told to yield while idle, as it does itself for more ranks than cores.
+// A value already in the environment (mpirun --mca, or the user) wins.
+void yield_when_oversubscribed() {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const long ranks = local ? std::strtol(local, nullptr, 10) : 1;
+  if (2 * ranks > long(std::thread::hardware_concurrency())) setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
+}
+
+// MPI initialised (by us, unless it already was) at a thread level the
+// comm stream's thread may call it at.
+ddp_status start_mpi(const ddp_host* host, bool* owns_init) {
+  int initialized = 0, provided = MPI_THREAD_SINGLE;
+  MPI_Initialized(&initialized);
+  if (g_finalized)
+    return fail(host, DDP_ERR_UNSUPPORTED, "MPI was finalised in this process and cannot start again: one mpi transport per process");
+  if (initialized) {
+    MPI_Query_thread(&provided);
+  } else {
+    make_libmpi_global();
+    yield_when_oversubscribed();
+    if (int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided))
+      return fail(host, DDP_ERR_COMM, "MPI_Init_thread failed: " + mpi_error(rc));
+    *owns_init = true;
+  }
+  if (provided < MPI_THREAD_SERIALIZED)
+    return fail(host, DDP_ERR_UNSUPPORTED,
+                "the MPI library gives " + thread_level(provided) +
+                    "; the mpi transport needs MPI_THREAD_SERIALIZED (collectives run on the comm stream's thread)");
+  return DDP_OK;
+}
+
+ddp_status mpi_init(const ddp_host* host, ddp_comm** out) {
+  return ddp::plugin::guard(host, [&] {
+    auto comm = std::make_unique<ddp_comm_s>();
+    comm->host = host;
+    int nonblocking = 0;
+    if (host->config_bool(host->ctx, "nonblocking", false, &nonblocking) != DDP_OK)
+      throw ddp::plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "", /*text_is_set=*/true);
+    comm->nonblocking = nonblocking != 0;
+    if (ddp_status s = start_mpi(host, &comm->owns_init)) throw ddp::plugin::Failure(s, "", /*text_is_set=*/true);
+    int rank = -1, size = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (rank != host->rank || size != host->world_size)
+      throw ddp::plugin::Failure(
+          DDP_ERR_INVALID_ARGUMENT,
+          "MPI_COMM_WORLD is " + std::to_string(size) + " ranks and this is rank " + std::to_string(rank) +
+              ", but the run is " + std::to_string(host->world_size) + " ranks and this is rank " +
+              std::to_string(host->rank) + ": start the ranks with mpirun -np " + std::to_string(host->world_size) +
+              " ddp run CONFIG, or srun, or let ddp run start them (it does so through mpirun)");
+    if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm->comm))
+      throw ddp::plugin::Failure(DDP_ERR_COMM, "MPI_Comm_dup failed: " + mpi_error(rc));
+    MPI_Comm_set_errhandler(comm->comm, MPI_ERRORS_RETURN);
+    *out = comm.release();
+  });
+}
+
+void mpi_destroy(ddp_comm* comm) {
+  // A collective given up on is still pending: freeing or finalising under
+  // it could hang, and the process is about to end anyway.
+  if (!comm->stuck) {
+    if (comm->comm != MPI_COMM_NULL) MPI_Comm_free(&comm->comm);
+    if (comm->owns_init) {
+      MPI_Finalize();
+      g_finalized = true;
+    }
+  }
+  delete comm;
+}
+
+// MPI cannot cancel a collective, and a peer that waits in one for this
+// rank would wait until its own timeout; MPI_Finalize, a fence, would wait
+// for the peers too. So abort, called only on a failed run (after the rank
+// reported why), ends the whole MPI job as MPI does: MPI_Abort, which has
+// mpirun (or srun) stop every rank at once, this one with exit code 1.
+void mpi_abort(ddp_comm* comm) {
+  comm->aborted = true;
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+ddp_status mpi_all_reduce(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op op, ddp_stream stream) {
+  if (ddp_status s = check_buffer(comm, *buf, "all_reduce")) return s;
+  const ddp_buffer b = *buf;
+  const int world = comm->host->world_size;
+  return enqueue(
+      comm, stream, describe("all_reduce", b),
+      [comm, b] { return MPI_Allreduce(MPI_IN_PLACE, b.ptr, int(b.count), mpi_type(b.dtype), MPI_SUM, comm->comm); },
+      [comm, b](MPI_Request* r) {
+        return MPI_Iallreduce(MPI_IN_PLACE, b.ptr, int(b.count), mpi_type(b.dtype), MPI_SUM, comm->comm, r);
+      },
+      op == DDP_REDUCE_AVG ? std::function<void()>([b, world] { divide_by(b, world); }) : std::function<void()>());
+}
+
+ddp_status mpi_broadcast(ddp_comm* comm, const ddp_buffer* buf, int root, ddp_stream stream) {
+  if (ddp_status s = check_buffer(comm, *buf, "broadcast")) return s;
+  if (root < 0 || root >= comm->host->world_size)
+    return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "broadcast: root " + std::to_string(root) + " is not a rank");
+  const ddp_buffer b = *buf;
+  return enqueue(
+      comm, stream, describe("broadcast", b),
+      [comm, b, root] { return MPI_Bcast(b.ptr, int(b.count), mpi_type(b.dtype), root, comm->comm); },
+      [comm, b, root](MPI_Request* r) { return MPI_Ibcast(b.ptr, int(b.count), mpi_type(b.dtype), root, comm->comm, r); });
+}
+
+ddp_status mpi_all_gather(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv, ddp_stream stream) {
+  if (ddp_status s = check_buffer(comm, *send, "all_gather")) return s;
+  if (ddp_status s = check_buffer(comm, *recv, "all_gather")) return s;
+  if (send->dtype != recv->dtype || recv->count != send->count * size_t(comm->host->world_size))
+    return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "all_gather: recv must hold world_size × send of send's dtype");
+  const ddp_buffer s = *send, v = *recv;
+  const MPI_Datatype t = mpi_type(s.dtype);
+  return enqueue(
+      comm, stream, describe("all_gather", s),
+      [comm, s, v, t] { return MPI_Allgather(s.ptr, int(s.count), t, v.ptr, int(s.count), t, comm->comm); },
+      [comm, s, v, t](MPI_Request* r) {
+        return MPI_Iallgather(s.ptr, int(s.count), t, v.ptr, int(s.count), t, comm->comm, r);
+      });
+}
+
+ddp_status mpi_reduce_scatter(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv, ddp_reduce_op op,
+                              ddp_stream stream) {
+  if (ddp_status s = check_buffer(comm, *send, "reduce_scatter")) return s;
+  if (ddp_status s = check_buffer(comm, *recv, "reduce_scatter")) return s;
+  const int world = comm->host->world_size;
+  if (send->dtype != recv->dtype || send->count != recv->count * size_t(world))
+    return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "reduce_scatter: send must hold world_size × recv of recv's dtype");
+  const ddp_buffer s = *send, v = *recv;
+  return enqueue(
+      comm, stream, describe("reduce_scatter", s),
+      [comm, s, v] { return MPI_Reduce_scatter_block(s.ptr, v.ptr, int(v.count), mpi_type(v.dtype), MPI_SUM, comm->comm); },
+      [comm, s, v](MPI_Request* r) {
+        return MPI_Ireduce_scatter_block(s.ptr, v.ptr, int(v.count), mpi_type(v.dtype), MPI_SUM, comm->comm, r);
+      },
+      op == DDP_REDUCE_AVG ? std::function<void()>([v, world] { divide_by(v, world); }) : std::function<void()>());
+}
+
+ddp_status mpi_barrier(ddp_comm* comm, ddp_stream stream) {
+  return enqueue(
+      comm, stream, "barrier", [comm] { return MPI_Barrier(comm->comm); },
+      [comm](MPI_Request* r) { return MPI_Ibarrier(comm->comm, r); });
+}
+
+}  // namespace
+
+DDP_TRANSPORT_ENTRY = {
+    DDP_ABI_VERSION,
+    sizeof(ddp_transport_v1_t),
+    "mpi",
+    kVersion,
+    DDP_CAP_DEVICE_CPU,
+    mpi_init,
+    mpi_destroy,
+    mpi_all_reduce,
+    mpi_broadcast,
+    mpi_all_gather,
+    mpi_reduce_scatter,
+    mpi_barrier,
+    mpi_abort,
+};

@@ -1,0 +1,124 @@
+// mpi_launch_test.cpp — `ddp run` with transport.plugin = "mpi": the same
+// command as with gloo, the ranks started through mpirun. It trains to the
+// same weights, and a rank that is killed or hangs is named within the
+// timeout, as under our own launcher (launcher_test.cpp).
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "process.h"
+#include "safetensors.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The one child of `parent` (our launcher's mpirun).
+pid_t only_child(pid_t parent) {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_file(entry.path() / "stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    fields >> state >> ppid;
+    if (ppid == parent) return std::stoi(name);
+  }
+  return -1;
+}
+
+// Rank `rank` of a run `ddp run` (pid `ddp`) started through mpirun.
+pid_t find_mpi_rank(pid_t ddp, int rank) {
+  const pid_t mpirun = only_child(ddp);
+  return mpirun < 0 ? -1 : find_rank(mpirun, rank, "OMPI_COMM_WORLD_RANK");
+}
+
+std::vector<std::string> toy_args(const std::string& out, const std::string& transport) {
+  return {"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + out + "\"", "--set",
+          "transport.plugin=\"" + transport + "\""};
+}
+
+TEST(MpiLaunch, TheTomlSwapTrainsToGloosWeightsWithProgressLines) {
+  const std::string dir = temp_dir();
+  for (const std::string transport : {"gloo", "mpi"}) {
+    Process p = start(toy_args(dir + "/" + transport, transport), {}, dir + "/" + transport);
+    ASSERT_EQ(wait_for(p, std::chrono::seconds(60)), 0) << read_file(p.err);
+    EXPECT_NE(read_file(p.out).find("step 5/5  loss "), std::string::npos) << read_file(p.out);
+  }
+  const auto gloo = ddp::read_safetensors(dir + "/gloo/weights.safetensors");
+  const auto mpi = ddp::read_safetensors(dir + "/mpi/weights.safetensors");
+  ASSERT_EQ(gloo.size(), mpi.size());
+  for (const auto& [name, tensor] : gloo) {
+    ASSERT_TRUE(mpi.count(name)) << name;
+    EXPECT_EQ(tensor.bytes, mpi.at(name).bytes) << name << " differs between gloo and mpi";
+  }
+  for (const auto& e : fs::directory_iterator(dir + "/mpi")) {
+    const std::string name = e.path().filename();
+    EXPECT_TRUE(name == "summary.json" || name == "weights.safetensors") << "left behind: " << name;
+  }
+  fs::remove_all(dir);
+}
+
+// A 4-rank mpi run, training; fails the test if it does not get there.
+Process start_long_mpi_run(const std::string& dir, int timeout_s) {
+  std::vector<std::string> args = toy_args(dir + "/out", "mpi");
+  args.insert(args.end(), {"--set", "run.steps=100000000", "--set", "run.log_every=100", "--set",
+                           "run.timeout_s=" + std::to_string(timeout_s), "--set", "run.world_size=4"});
+  Process p = start(args, {}, dir + "/ddp");
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (read_file(p.out).find("step ") == std::string::npos && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_NE(read_file(p.out).find("step "), std::string::npos) << read_file(p.err);
+  return p;
+}
+
+TEST(MpiLaunch, AKilledRankIsNamedAndTheRunStops) {
+  const std::string dir = temp_dir();
+  const int timeout_s = 10;
+  Process p = start_long_mpi_run(dir, timeout_s);
+  const pid_t victim = find_mpi_rank(p.pid, 2);
+  ASSERT_GT(victim, 0) << "rank 2's process not found under mpirun";
+  const auto killed_at = Clock::now();
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(timeout_s + 30)), 1);
+  const double took = std::chrono::duration<double>(Clock::now() - killed_at).count();
+  EXPECT_LT(took, timeout_s) << "the run took " << took << " s to stop after a rank was killed";
+  const std::string err = read_file(p.err);
+  EXPECT_NE(err.find("ddp: rank 2 failed in step "), std::string::npos) << err;
+  EXPECT_NE(err.find(": ended before completing its run, without a report (mpirun exited with code "),
+            std::string::npos)
+      << err;
+  EXPECT_FALSE(fs::exists(dir + "/out/summary.json")) << "a failed run wrote a summary";
+  fs::remove_all(dir);
+}
+
+TEST(MpiLaunch, AHungRankIsNamedWithinTheTimeout) {
+  const std::string dir = temp_dir();
+  const int timeout_s = 3;
+  Process p = start_long_mpi_run(dir, timeout_s);
+  const pid_t victim = find_mpi_rank(p.pid, 2);
+  ASSERT_GT(victim, 0);
+  const auto stopped_at = Clock::now();
+  ASSERT_EQ(kill(victim, SIGSTOP), 0);  // alive, but never answers again
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(timeout_s + 40)), 1);
+  const double took = std::chrono::duration<double>(Clock::now() - stopped_at).count();
+  EXPECT_LT(took, timeout_s + 10) << "the run took " << took << " s to stop after a rank hung";
+  const std::string err = read_file(p.err);
+  EXPECT_EQ(err.find("ddp: rank 2 stopped responding: the other ranks timed out waiting (run.timeout_s = 3)\n"),
+            err.rfind("MPI_ABORT") == std::string::npos ? 0 : err.find("ddp: "))
+      << err;
+  // mpirun's own children: gone, or reaped by init an instant later.
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  while (kill(victim, 0) == 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(kill(victim, 0), -1) << "the hung rank was left behind";
+  fs::remove_all(dir);
+}
+
+}  // namespace
