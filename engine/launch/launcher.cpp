@@ -47,14 +47,19 @@ std::string default_run_id() {
   return "ddp";
 }
 
+// What every rank of a launch shares: the run's private store and its id.
+std::vector<std::string> shared_environment(const std::string& run_dir) {
+  return {"DDP_RENDEZVOUS=file:" + run_dir, "DDP_RUN_ID=" + fs::path(run_dir).filename().string()};
+}
+
 std::vector<std::vector<std::string>> environments(const LaunchSpec& spec, const std::string& run_dir) {
   std::vector<std::string> unset = spec.unset;
   unset.push_back("DDP_STATUS_FD");  // spawn_ranks sets each rank's own
   std::vector<std::vector<std::string>> envs;
   for (int r = 0; r < spec.world; ++r) {
-    std::vector<std::string> set = {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r),
-                                    "WORLD_SIZE=" + std::to_string(spec.world), "DDP_RENDEZVOUS=file:" + run_dir,
-                                    "DDP_RUN_ID=" + fs::path(run_dir).filename().string()};
+    std::vector<std::string> set = shared_environment(run_dir);
+    set.insert(set.end(), {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r),
+                           "WORLD_SIZE=" + std::to_string(spec.world)});
     if (spec.rank_env) {
       const std::vector<std::string> more = spec.rank_env(r, run_dir);
       set.insert(set.end(), more.begin(), more.end());
@@ -85,9 +90,7 @@ std::vector<RankProcess> spawn_mpirun(const LaunchSpec& spec, const std::string&
   }
   std::vector<std::string> unset = spec.unset;
   unset.insert(unset.end(), {"RANK", "WORLD_SIZE", "LOCAL_RANK", "DDP_STATUS_FD", "DDP_STATUS_PATH"});
-  const std::vector<std::string> set = {"DDP_RENDEZVOUS=file:" + run_dir,
-                                        "DDP_RUN_ID=" + fs::path(run_dir).filename().string()};
-  return spawn_through(command, rank_environment(set, unset), fifos);
+  return spawn_through(command, rank_environment(shared_environment(run_dir), unset), fifos);
 }
 
 }  // namespace

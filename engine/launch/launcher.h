@@ -8,7 +8,8 @@
 // Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, DDP_RENDEZVOUS (a fresh file
 // store in a directory of its own under the output directory: Gloo's
 // FileStore never deletes its files and refuses to reuse a key), DDP_RUN_ID
-// and DDP_STATUS_FD (its channel to the launcher: core/whereabouts.h). The
+// and DDP_STATUS_FD or, through mpirun, DDP_STATUS_PATH (its channel to the
+// launcher: core/whereabouts.h). The
 // launch succeeds only if every rank said it completed.
 #pragma once
 
