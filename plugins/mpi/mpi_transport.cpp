@@ -230,6 +230,14 @@ void pin_this_plugin() {
     dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
 }
 
+// srun started this rank without a process-management interface (srun
+// --mpi=none, SLURM's default): no MPI can start then, and Open MPI would
+// abort inside MPI_Init with a page about rebuilding it.
+bool srun_without_pmi(const char* (*get)(const char*)) {
+  return get("SLURM_PROCID") && get("SLURM_STEP_NUM_TASKS") && !get("PMIX_RANK") && !get("PMI_FD") &&
+         !get("PMI_RANK") && !get("OMPI_COMM_WORLD_RANK");
+}
+
 // MPI initialised (by us, once per process, unless it already was) at a
 // thread level the comm stream's thread may call it at.
 ddp_status start_mpi(const ddp_host* host) {
@@ -241,6 +249,10 @@ ddp_status start_mpi(const ddp_host* host) {
   if (initialized) {
     MPI_Query_thread(&provided);
   } else {
+    if (srun_without_pmi([](const char* name) -> const char* { return std::getenv(name); }))
+      return fail(host, DDP_ERR_UNSUPPORTED,
+                  "srun started this rank without PMIx (srun --mpi=none): start the ranks with "
+                  "srun --mpi=pmix (or set MpiDefault=pmix in slurm.conf) for the mpi transport");
     make_libmpi_global();
     yield_when_oversubscribed();
     if (int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided))
