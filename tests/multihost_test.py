@@ -539,23 +539,38 @@ def scenarios(ctx):
     return all(results)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def start(doc, name, skip_reason):
+    """The command line (--ddp) and the checks every such test starts with:
+    exits 1 if --ddp is no executable, SKIP saying why if this machine
+    cannot run it; else (ddp, a fresh output directory, the 4-rank config
+    written in it, the start time)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--ddp", required=True, help="the ddp executable (build/bin/ddp)")
-    args = parser.parse_args()
-    ddp = os.path.abspath(args.ddp)
+    ddp = os.path.abspath(parser.parse_args().ddp)
     if not os.access(ddp, os.X_OK):
         print(f"FAIL: {ddp} is not an executable", flush=True)
-        return 1
+        sys.exit(1)
     reason = skip_reason(ddp)
     if reason:
         print(f"SKIP: {reason}", flush=True)
-        return SKIP
-    start = time.monotonic()
-    tmp = tempfile.mkdtemp(prefix="ddp-multihost-")
+        sys.exit(SKIP)
+    tmp = tempfile.mkdtemp(prefix=f"ddp-{name}-")
     config = os.path.join(tmp, "toy4.toml")
     with open(config, "w") as f:
         f.write(CONFIG)
+    return ddp, tmp, config, time.monotonic()
+
+
+def finish(name, ok, tmp, started):
+    """Says how it went; removes the outputs of a passing run. The exit code."""
+    print(f"{'PASS' if ok else 'FAIL'}: {name}, {time.monotonic() - started:.0f} s (outputs in {tmp})", flush=True)
+    if ok:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if ok else 1
+
+
+def main():
+    ddp, tmp, config, started = start(__doc__, "multihost", skip_reason)
     try:
         cluster("down")
         ok = scenarios(Context(ddp, tmp, config, cluster_up()))
@@ -565,10 +580,7 @@ def main():
     finally:
         kill_namespace_processes()
         cluster("down")
-    print(f"{'PASS' if ok else 'FAIL'}: multihost, {time.monotonic() - start:.0f} s (outputs in {tmp})", flush=True)
-    if ok:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0 if ok else 1
+    return finish("multihost", ok, tmp, started)
 
 
 if __name__ == "__main__":

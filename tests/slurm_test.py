@@ -20,13 +20,11 @@ line saying why) without them. About 20 s.
 
 usage: tests/slurm_test.py --ddp build/bin/ddp
 """
-import argparse
 import os
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -165,19 +163,7 @@ def refused_without_pmi(cluster, ctx):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ddp", required=True, help="the ddp executable (build/bin/ddp)")
-    args = parser.parse_args()
-    ddp = os.path.abspath(args.ddp)
-    reason = skip_reason(ddp)
-    if reason:
-        print(f"SKIP: {reason}", flush=True)
-        return SKIP
-    start = time.monotonic()
-    tmp = tempfile.mkdtemp(prefix="ddp-slurm-")
-    config = os.path.join(tmp, "toy4.toml")
-    with open(config, "w") as f:
-        f.write(mh.CONFIG)
+    ddp, tmp, config, started = mh.start(__doc__, "slurm", skip_reason)
     ctx = mh.Context(ddp, tmp, config, [])
     cluster = Cluster(tmp)
     try:
@@ -190,10 +176,7 @@ def main():
             print(mh.tail(cluster.logs()), flush=True)
     finally:
         cluster.stop()
-    print(f"{'PASS' if ok else 'FAIL'}: slurm, {time.monotonic() - start:.0f} s (outputs in {tmp})", flush=True)
-    if ok:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0 if ok else 1
+    return mh.finish("slurm", ok, tmp, started)
 
 
 if __name__ == "__main__":
