@@ -110,9 +110,11 @@ std::string replace_model(std::string s, const std::string& model) {
   return at == std::string::npos ? s : s.replace(at, 7, model);
 }
 
-// The whole TOML document of a run; `strategy` overrides the plugin.
-std::string toml_for(const Scenario& sc, const std::string& model, const std::string& strategy,
-                     bool with_keys) {
+// The whole TOML document of a run; `strategy` overrides the plugin,
+// `transport` the transport (empty: --transport's).
+std::string toml_for(const Scenario& sc, const std::string& model, const std::string& strategy, bool with_keys,
+                     std::string transport = "") {
+  if (transport.empty()) transport = g_options.transport;
   std::string t = "[run]\nsteps = " + std::to_string(kSteps) + "\nseed = 7\ntimeout_s = 30\n" + sc.run_extra;
   if (g_options.device != "cpu") {
     t += "device = \"" + g_options.device + "\"\n";
@@ -123,7 +125,7 @@ std::string toml_for(const Scenario& sc, const std::string& model, const std::st
   if (!sc.fixture.empty()) t += "init_from = \"" + kFixtures + model + "_init.safetensors\"\n";
   t += "[data]\npath = \"" + kFixtures + "toy_data.safetensors\"\nbatch_size = " + std::to_string(sc.batch) + "\n";
   t += "[optimizer]\n" + sc.optimizer;
-  t += "[transport]\nplugin = \"" + g_options.transport + "\"\n";
+  t += "[transport]\nplugin = \"" + transport + "\"\n";
   t += "[strategy]\nplugin = \"" + strategy + "\"\n";
   if (with_keys) {
     for (const auto& kv : g_options.strategy_keys) {
@@ -134,12 +136,16 @@ std::string toml_for(const Scenario& sc, const std::string& model, const std::st
   return t + sc.tail;
 }
 
-// The single-process engine: world 1, naive, same configuration.
+// The single-process engine: world 1, naive, same configuration, forked
+// (under mpirun too: each rank computes it). A transport whose ranks only a
+// launcher starts (mpi) cannot run a forked world; on one rank every
+// transport leaves the gradients as they are, so gloo stands in for it.
 const RunResult& engine_reference(const Scenario& sc, const std::string& model) {
   static std::map<std::string, RunResult> cache;
-  const std::string toml = toml_for(sc, model, "naive", false);
+  const std::string transport = g_options.transport == "mpi" ? "gloo" : g_options.transport;
+  const std::string toml = toml_for(sc, model, "naive", false, transport);
   auto it = cache.find(toml);
-  if (it == cache.end()) it = cache.emplace(toml, harness::run(toml, 1)).first;
+  if (it == cache.end()) it = cache.emplace(toml, harness::run(toml, 1, {}, "", harness::Ranks::kForked)).first;
   return it->second;
 }
 

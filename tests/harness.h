@@ -74,29 +74,45 @@ struct RunResult {
   std::vector<std::string> failures;                // "rank r: message"
 };
 
+enum class Ranks {
+  kAsTest,  // as the test's ranks are: forked, or launched by mpirun (multirank.h)
+  kForked,  // forked children of this process, even when it was launched
+};
+
 // Trains with `world` ranks on the configuration `toml` (a whole TOML
 // document without [run] world_size/output_dir, which this adds), with
 // `sets` as --set overrides and `resume` as --resume ("": none).
 inline RunResult run(const std::string& toml, int world, const std::vector<std::string>& sets = {},
-                     const std::string& resume = "") {
+                     const std::string& resume = "", Ranks ranks = Ranks::kAsTest) {
   namespace fs = std::filesystem;
-  char tmpl[] = "/tmp/ddp-harness-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
-  std::ofstream(dir + "/run.toml") << toml;
+  const auto launched = ranks == Ranks::kAsTest ? launched_rank() : std::nullopt;
+  std::string dir;
+  if (launched) {
+    dir = launched_call_dir(*launched, "harness");  // every rank's, and shared
+  } else {
+    char tmpl[] = "/tmp/ddp-harness-XXXXXX";
+    dir = mkdtemp(tmpl);
+  }
+  {  // launched: every rank writes the same file; whole (a rename), never half
+    const std::string partial = dir + "/run.toml." + std::to_string(getpid());
+    std::ofstream(partial) << toml;
+    fs::rename(partial, dir + "/run.toml");
+  }
   std::vector<std::string> overrides = {"run.world_size=" + std::to_string(world),
                                         "run.output_dir=\"" + dir + "/out\""};
   overrides.insert(overrides.end(), sets.begin(), sets.end());
   Config config = load_config(dir + "/run.toml", overrides);
   config.resume = resume;
   RunResult result;
-  result.failures = run_ranks(world, [&](int rank, const std::string& rendezvous) {
+  const RankBody body = [&](int rank, const std::string& rendezvous) {
     RankEnv env;
     env.rank = RankInfo{rank, world, rank};
     env.rendezvous = "file:" + rendezvous;
     env.run_id = "harness";
     FileObserver observer(dir + "/rank" + std::to_string(rank) + ".bin");
     train_rank(config, env, &observer);
-  });
+  };
+  result.failures = launched ? run_launched_rank(*launched, world, body, 60) : fork_ranks(world, body);
   for (int r = 0; r < world; ++r) result.ranks.push_back(read_snapshots(dir + "/rank" + std::to_string(r) + ".bin"));
   std::ifstream summary(dir + "/out/summary.json");
   if (summary) result.summary = nlohmann::json::parse(summary);
@@ -106,7 +122,7 @@ inline RunResult run(const std::string& toml, int world, const std::vector<std::
   DataShape shape;
   auto reference = build_model(config.model.name, config.model.options, device, 0, &shape);
   for (const auto& p : reference->params()) result.names.push_back(p.name);
-  fs::remove_all(dir);
+  if (!launched) fs::remove_all(dir);  // launched: others may still read it; mpirun_ranks.sh removes it
   return result;
 }
 

@@ -16,6 +16,14 @@
 //
 // Returns one "rank <r>: <message>" per failing rank, in rank order; empty
 // when every rank succeeded.
+//
+// Launched by mpirun instead (tests/mpirun_ranks.sh W TEST ...: a transport
+// whose ranks must come from a launcher, such as mpi), each process is one
+// rank and run_ranks runs the body once, as that rank, in this process: the
+// ranks meet in the directory the script names (DDP_TEST_SHARED_DIR), each
+// call in its own subdirectory (every rank makes the same calls in the same
+// order), and wait there for each other's outcome, so that every rank
+// returns every rank's failures. A world other than the launch's fails.
 #pragma once
 
 #include <signal.h>
@@ -27,10 +35,12 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <iostream>
 #include <iterator>
 #include <string>
@@ -41,11 +51,88 @@
 
 namespace ddp {
 
+using RankBody = std::function<void(int rank, const std::string& rendezvous_dir)>;
+
+// The body's outcome: "" when it returned and no GoogleTest assertion failed.
+inline std::string run_body(const RankBody& body, int rank, const std::string& dir) {
+  std::string message;
+  try {
+    body(rank, dir);
+    if (::testing::Test::HasFailure()) message = "a GoogleTest assertion failed in this rank (see its output above)";
+  } catch (const std::exception& e) {
+    message = e.what();
+    if (message.empty()) message = "exception with an empty message";
+  } catch (...) {
+    message = "unknown exception";
+  }
+  return message;
+}
+
+// This process's place when mpirun launched it: its rank, the launch's
+// world and the directory all its ranks share; nullopt when not launched.
+struct LaunchedRank {
+  int rank = 0;
+  int world = 1;
+  std::string shared_dir;
+};
+inline std::optional<LaunchedRank> launched_rank() {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const char* dir = std::getenv("DDP_TEST_SHARED_DIR");
+  if (!rank || !world) return std::nullopt;
+  if (!dir || !*dir) {
+    std::cerr << "multirank: launched by mpirun without DDP_TEST_SHARED_DIR: use tests/mpirun_ranks.sh" << std::endl;
+    std::abort();
+  }
+  return LaunchedRank{std::atoi(rank), std::atoi(world), dir};
+}
+
+// A directory for this call that every rank of a launch names alike (the
+// n-th call of a process is the n-th of every other); made if missing.
+inline std::string launched_call_dir(const LaunchedRank& me, const std::string& what) {
+  static int calls = 0;
+  const std::string dir = me.shared_dir + "/" + what + std::to_string(calls++);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// One rank of a launched world: runs the body, publishes its outcome, waits
+// up to `timeout_s` for every other rank's.
+inline std::vector<std::string> run_launched_rank(const LaunchedRank& me, int world, const RankBody& body,
+                                                  int timeout_s) {
+  if (world != me.world)
+    return {"rank " + std::to_string(me.rank) + ": the test needs " + std::to_string(world) +
+            " ranks and mpirun launched " + std::to_string(me.world) + " (filter it out: --gtest_filter)"};
+  const std::string base = launched_call_dir(me, "ranks");
+  const std::string store_dir = base + "/store";
+  std::filesystem::create_directories(store_dir);
+  auto outcome = [&](int rank) { return base + "/outcome." + std::to_string(rank); };
+  {
+    const std::string message = run_body(body, me.rank, store_dir);
+    const std::string partial = outcome(me.rank) + ".partial";
+    std::ofstream(partial, std::ios::binary | std::ios::trunc) << message;
+    std::filesystem::rename(partial, outcome(me.rank));  // whole, or not there
+  }
+  std::vector<std::string> failures;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  for (int rank = 0; rank < world; ++rank) {
+    while (!std::filesystem::exists(outcome(rank)) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::ifstream in(outcome(rank), std::ios::binary);
+    if (!in) {
+      failures.push_back("rank " + std::to_string(rank) + ": no outcome after " + std::to_string(timeout_s) + " s");
+      continue;
+    }
+    const std::string message{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    if (!message.empty()) failures.push_back("rank " + std::to_string(rank) + ": " + message);
+  }
+  return failures;
+}
+
+// The ranks as forked children of this process (even when launched).
 // `body(rank, rendezvous_dir)`: rendezvous_dir is an empty directory made for
 // this call and shared by all its ranks (use it as "file:" + dir).
-inline std::vector<std::string> run_ranks(
-    int world, const std::function<void(int rank, const std::string& rendezvous_dir)>& body,
-    int timeout_s = 60) {
+inline std::vector<std::string> fork_ranks(int world, const RankBody& body, int timeout_s = 60) {
   namespace fs = std::filesystem;
   std::vector<std::string> failures;
 
@@ -70,17 +157,7 @@ inline std::vector<std::string> run_ranks(
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test program
       if (getppid() != parent) _exit(3);
-      std::string message;
-      try {
-        body(rank, store_dir);
-        if (::testing::Test::HasFailure())
-          message = "a GoogleTest assertion failed in this rank (see its output above)";
-      } catch (const std::exception& e) {
-        message = e.what();
-        if (message.empty()) message = "exception with an empty message";
-      } catch (...) {
-        message = "unknown exception";
-      }
+      const std::string message = run_body(body, rank, store_dir);
       if (message.empty()) _exit(0);
       {
         std::ofstream out(result_file(rank), std::ios::binary | std::ios::trunc);
@@ -153,6 +230,12 @@ inline std::vector<std::string> run_ranks(
   std::error_code ec;
   fs::remove_all(base, ec);
   return failures;
+}
+
+// The ranks of a test: forked, or this process's own when launched.
+inline std::vector<std::string> run_ranks(int world, const RankBody& body, int timeout_s = 60) {
+  if (const auto me = launched_rank()) return run_launched_rank(*me, world, body, timeout_s);
+  return fork_ranks(world, body, timeout_s);
 }
 
 }  // namespace ddp

@@ -2,7 +2,13 @@
 // (engine/launch/rank_env.h), with exact messages for bad values.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <stdexcept>
 #include <string>
 
 #include "error.h"
@@ -108,6 +114,37 @@ TEST(Rendezvous, OneHostAsEachLauncherSaysIt) {
   // No launcher's job id to name the directory by: nothing to agree on.
   EXPECT_EQ(plan({{"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"}}, "ddp").way,
             RendezvousPlan::kNone);
+}
+
+// A rank of one host's run (SLURM, one node): the file store is its own
+// directory under TMPDIR, named by the job. A rank that ends well removes
+// only the directory, once empty (its keys it removed itself); one that
+// fails removes it with what is left, so that the job id, should it come
+// again, starts clean.
+TEST(Rendezvous, AFailedRankTakesTheLocalDirectoryWithIt) {
+  namespace fs = std::filesystem;
+  const fs::path tmp = fs::temp_directory_path() / ("rendezvous_test." + std::to_string(getpid()));
+  fs::create_directories(tmp);
+  setenv("TMPDIR", tmp.c_str(), 1);
+  setenv("SLURM_STEP_NUM_NODES", "1", 1);
+  const fs::path dir = tmp / "ddp-rendezvous-slurm-9.0";
+  const RankInfo rank{0, 2, 0};
+  {
+    const Rendezvous ok(rank, "slurm-9.0", 5);
+    EXPECT_EQ(ok.location(), "file:" + dir.string());
+    fs::create_directories(dir);
+    std::ofstream(dir / "a peer's key") << "x";
+  }
+  EXPECT_TRUE(fs::exists(dir / "a peer's key")) << "a rank that ended well removed a peer's key";
+  try {
+    const Rendezvous failing(rank, "slurm-9.0", 5);
+    throw std::runtime_error("the rank failed");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_FALSE(fs::exists(dir)) << "a failed rank left the job's directory behind";
+  unsetenv("SLURM_STEP_NUM_NODES");
+  unsetenv("TMPDIR");
+  fs::remove_all(tmp);
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 MPI_Allreduce, in one invocation: for each round and world size, raw
 MPI_Allreduce (tools/mpi_allreduce_bench.c, built here with mpicc) and
 `ddp bench-comm --transport mpi` (started by mpirun) alternate, with the
-same conventions (engine/bench/bench_comm.h). Prints, per world size and
+same conventions (engine/bench/bench_comm.h) and the same Open MPI
+settings (mpirun below). Prints, per world size and
 size, each one's median busbw over the rounds and the ratio plugin / raw:
 median and min–max of the per-round ratios.
 
@@ -26,7 +27,12 @@ def size_bytes(text):
 
 
 def mpirun(world):
-    cmd = ["mpirun", "--oversubscribe", "-np", str(world)]
+    """mpirun for both sides, with the same Open MPI settings: those the mpi
+    plugin would choose by itself (it yields while idle where the ranks have
+    fewer than two cores each), so that the ratio is the plugin's overhead,
+    not a difference of settings."""
+    yield_when_idle = "1" if 2 * world > (os.cpu_count() or 1) else "0"
+    cmd = ["mpirun", "--oversubscribe", "-np", str(world), "--mca", "mpi_yield_when_idle", yield_when_idle]
     return cmd + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
 
 

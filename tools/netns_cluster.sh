@@ -3,12 +3,13 @@
 # without a cluster: one network namespace per host (ddp-h1, ddp-h2, ...),
 # each with its own address on a bridge (ddp-br0, 10.77.0.0/24; host i is
 # 10.77.0.1i), its own loopback, and an rsh agent so that
-# `mpirun --host 10.77.0.11:2,10.77.0.12:2` starts ranks inside them.
+# `mpirun --host 10.77.0.11:2,10.77.0.12:2` starts ranks inside them; and a
+# head (ddp-h0, 10.77.0.10) to run mpirun on, as a cluster's login node.
 #
 #   tools/netns_cluster.sh up N      make N hosts (needs root); prints the
-#                                    mpirun options that use them (keepalive
-#                                    included, so that mpirun notices a lost
-#                                    host)
+#                                    mpirun options that use them; run
+#                                    mpirun on the head:
+#                                    ip netns exec ddp-h0 mpirun OPTIONS ...
 #   tools/netns_cluster.sh agent HOST COMMAND...
 #                                    (the rsh agent mpirun calls) runs
 #                                    COMMAND in HOST's namespace
@@ -36,7 +37,7 @@ up() {
   ip addr add "$NET.1/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
   local hosts=()
-  for i in $(seq 1 "$n"); do
+  for i in $(seq 0 "$n"); do  # 0: the head, where mpirun runs
     local ns=$PREFIX$i addr=$NET.$((10 + i))
     ip netns add "$ns"
     ip link add "veth-$ns" type veth peer name eth0 netns "$ns"
@@ -44,20 +45,20 @@ up() {
     ip -n "$ns" addr add "$addr/24" dev eth0
     ip -n "$ns" link set eth0 up
     ip -n "$ns" link set lo up
-    hosts+=("$addr")
+    [ "$i" -eq 0 ] || hosts+=("$addr")
   done
   local agent
   agent=$(realpath "$0")
-  # TCP keepalive on mpirun's links to its daemons (idle 2 s, then 3 probes
-  # 1 s apart), so that mpirun notices a host whose link went down: Open MPI
-  # 4.1 has no other check, and its default (300 s idle) comes too late.
-  # Without it, once a rank fails mpirun sends the kill to the lost daemon
-  # too and waits for it for good: the message is retransmitted for some
-  # 15 minutes, and no keepalive goes out while it is. With it, mpirun ends
-  # about 5 s after the link goes down, naming the host.
+  # mpirun runs on the head (ip netns exec ddp-h0 mpirun ...), as on a
+  # cluster's login node. Open MPI 4.1's mpirun has no check of its own that
+  # a host is still there: once a rank fails, it sends the kill to every
+  # daemon and waits until each answers or TCP gives up on it, which by
+  # default (net.ipv4.tcp_retries2 = 15) takes some 15 minutes for a lost
+  # host. The head's TCP gives up after one retransmission (about 2 s), so
+  # that a run that loses a host ends seconds after its ranks report it.
+  ip netns exec "${PREFIX}0" sysctl -q -w net.ipv4.tcp_retries2=1
   echo "--host $(IFS=,; echo "${hosts[*]/%/:1}") --mca plm_rsh_agent '$agent agent'" \
-       "--mca oob_tcp_if_include $NET.0/24 --mca btl_tcp_if_include $NET.0/24" \
-       "--mca oob_tcp_keepalive_time 2 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3"
+       "--mca oob_tcp_if_include $NET.0/24 --mca btl_tcp_if_include $NET.0/24"
 }
 
 agent() {  # its own network and its own host name (ddp-h2), as a real host

@@ -26,6 +26,7 @@ packages=(
   redis-server                                # the Redis rendezvous store's test
   libopenmpi-dev openmpi-bin libpmix-dev      # the mpi transport (plugins/mpi), mpirun, PMIx (rendezvous.h)
   iproute2                                    # tools/netns_cluster.sh (the multihost test)
+  slurmctld slurmd slurm-client munge         # srun, and the one-node cluster of the slurm test
 )
 if [ "$preset" = sanitize ]; then
   packages+=(clang libclang-rt-14-dev)        # ASan, UBSan and libFuzzer's runtimes

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <thread>
 #include <vector>
@@ -207,7 +208,8 @@ std::string share_through_pmix(const std::string& mine, double timeout_s) {
 
 }  // namespace
 
-Rendezvous::Rendezvous(const RankInfo& rank, const std::string& run_id, double timeout_s) {
+Rendezvous::Rendezvous(const RankInfo& rank, const std::string& run_id, double timeout_s)
+    : unwinding_(std::uncaught_exceptions()) {
   const char* tmp = std::getenv("TMPDIR");
   const RendezvousPlan plan = plan_rendezvous(std::getenv, run_id, tmp && *tmp ? tmp : "/tmp");
   switch (plan.way) {
@@ -264,7 +266,12 @@ Rendezvous::Rendezvous(const RankInfo& rank, const std::string& run_id, double t
 }
 
 Rendezvous::~Rendezvous() {
-  if (!local_dir_.empty()) rmdir(local_dir_.c_str());  // the last rank out removes it (each removes its keys)
+  if (!local_dir_.empty() && std::uncaught_exceptions() > unwinding_) {
+    std::error_code ec;
+    std::filesystem::remove_all(local_dir_, ec);  // peers still in it are failing too
+  } else if (!local_dir_.empty()) {
+    rmdir(local_dir_.c_str());  // the last rank out removes it (each removes its keys)
+  }
   if (server_ > 0) {
     kill(server_, SIGTERM);
     waitpid(server_, nullptr, 0);

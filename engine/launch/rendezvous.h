@@ -31,7 +31,11 @@ RendezvousPlan plan_rendezvous(const std::function<const char*(const char*)>& lo
 // What a rank holds while it runs: the store location all ranks use, and
 // for rank 0 of a kMaster or kPmix plan the Redis server it serves (stopped
 // when this is destroyed). Throws Error saying what to set when no way
-// applies, or what failed (no redis-server, a port taken, PMIx).
+// applies, or what failed (no redis-server, a port taken, PMIx). Destroyed
+// by a failure (an exception passing through), a kLocalFile directory goes
+// with whatever keys are in it: it is ours, and the launcher's job id may
+// come again (a restarted slurmctld counts from 1), whose run the keys of
+// a failed one would refuse.
 class Rendezvous {
  public:
   Rendezvous(const RankInfo& rank, const std::string& run_id, double timeout_s);
@@ -41,6 +45,7 @@ class Rendezvous {
  private:
   std::string location_;
   std::string local_dir_;  // kLocalFile's directory
+  int unwinding_ = 0;      // std::uncaught_exceptions() at construction: more at destruction is a failure
   int server_ = -1;   // redis-server's pid (rank 0), or -1
   bool pmix_ = false;  // PMIx_Init was called: PMIx_Finalize at the end
 };

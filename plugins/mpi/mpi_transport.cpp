@@ -8,9 +8,11 @@
 //
 // The ranks are MPI's: the process must have been started by mpirun (or
 // srun), so that MPI_COMM_WORLD is the run's ranks, in the run's order.
-// MPI is initialised here at init (MPI_THREAD_SERIALIZED at least: the
+// MPI is initialised at the first init (MPI_THREAD_SERIALIZED at least: the
 // collectives run on the comm stream's thread, not the one that called
-// MPI_Init) and finalised at destroy; one per process.
+// MPI_Init) and finalised when the process exits, as PyTorch's MPI process
+// group does: MPI cannot start again once finalised, and a process may
+// create and destroy several communicators (each its own MPI_Comm_dup).
 //
 // Keys ([transport], README.md): nonblocking (false: each collective is the
 // blocking MPI call, on the comm stream's thread: Open MPI's tuned
@@ -40,15 +42,15 @@ namespace {
 
 constexpr const char* kVersion = "0.1.0";
 
-// Whether this process finalised MPI already (it cannot start again).
-std::atomic<bool> g_finalized{false};
+// A collective was given up on in this process: it is still pending, and
+// MPI_Finalize under it could hang (the process is failing anyway).
+std::atomic<bool> g_stuck{false};
 
 }  // namespace
 
 struct ddp_comm_s {
   const ddp_host* host;
   MPI_Comm comm = MPI_COMM_NULL;
-  bool owns_init = false;            // MPI_Init was ours: MPI_Finalize is too
   bool nonblocking = false;          // the nonblocking key: MPI_I* and MPI_Test
   std::atomic<bool> aborted{false};  // abort(): pending and later collectives fail
   std::atomic<bool> stuck{false};    // a collective was given up: MPI's state is not clean
@@ -135,10 +137,12 @@ ddp_status complete(Job& job, MPI_Request& request) {
     if (done) return DDP_OK;
     if (comm->aborted) {
       comm->stuck = true;
+      g_stuck = true;
       return fail(h, DDP_ERR_COMM, "mpi " + job.what + ": the communicator was aborted");
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       comm->stuck = true;
+      g_stuck = true;
       return fail(h, DDP_ERR_TIMEOUT, "mpi " + job.what + ": not complete within " + std::to_string(h->timeout_ms) +
                                           " ms (a peer is stuck or gone)");
     }
@@ -209,21 +213,52 @@ void yield_when_oversubscribed() {
   if (2 * ranks > long(std::thread::hardware_concurrency())) setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
 }
 
-// MPI initialised (by us, unless it already was) at a thread level the
-// comm stream's thread may call it at.
-ddp_status start_mpi(const ddp_host* host, bool* owns_init) {
-  int initialized = 0, provided = MPI_THREAD_SINGLE;
+// At process exit: MPI_Finalize, where this process initialised MPI and
+// no collective of it was given up on.
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && !g_stuck) MPI_Finalize();
+}
+
+// Keeps this plugin loaded to the end of the process, so that
+// finalize_at_exit is still there to run (a library's atexit handlers run
+// when it is unloaded, which would finalise MPI under the next init).
+void pin_this_plugin() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&finalize_at_exit), &info) && info.dli_fname)
+    dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+}
+
+// srun started this rank without a process-management interface (srun
+// --mpi=none, SLURM's default): no MPI can start then, and Open MPI would
+// abort inside MPI_Init with a page about rebuilding it.
+bool srun_without_pmi(const char* (*get)(const char*)) {
+  return get("SLURM_PROCID") && get("SLURM_STEP_NUM_TASKS") && !get("PMIX_RANK") && !get("PMI_FD") &&
+         !get("PMI_RANK") && !get("OMPI_COMM_WORLD_RANK");
+}
+
+// MPI initialised (by us, once per process, unless it already was) at a
+// thread level the comm stream's thread may call it at.
+ddp_status start_mpi(const ddp_host* host) {
+  int initialized = 0, finalized = 0, provided = MPI_THREAD_SINGLE;
   MPI_Initialized(&initialized);
-  if (g_finalized)
-    return fail(host, DDP_ERR_UNSUPPORTED, "MPI was finalised in this process and cannot start again: one mpi transport per process");
+  MPI_Finalized(&finalized);
+  if (finalized)
+    return fail(host, DDP_ERR_UNSUPPORTED, "MPI was finalised in this process (by its host) and cannot start again");
   if (initialized) {
     MPI_Query_thread(&provided);
   } else {
+    if (srun_without_pmi([](const char* name) -> const char* { return std::getenv(name); }))
+      return fail(host, DDP_ERR_UNSUPPORTED,
+                  "srun started this rank without PMIx (srun --mpi=none): start the ranks with "
+                  "srun --mpi=pmix (or set MpiDefault=pmix in slurm.conf) for the mpi transport");
     make_libmpi_global();
     yield_when_oversubscribed();
     if (int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided))
       return fail(host, DDP_ERR_COMM, "MPI_Init_thread failed: " + mpi_error(rc));
-    *owns_init = true;
+    pin_this_plugin();
+    std::atexit(finalize_at_exit);
   }
   if (provided < MPI_THREAD_SERIALIZED)
     return fail(host, DDP_ERR_UNSUPPORTED,
@@ -240,7 +275,7 @@ ddp_status mpi_init(const ddp_host* host, ddp_comm** out) {
     if (host->config_bool(host->ctx, "nonblocking", false, &nonblocking) != DDP_OK)
       throw ddp::plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "", /*text_is_set=*/true);
     comm->nonblocking = nonblocking != 0;
-    if (ddp_status s = start_mpi(host, &comm->owns_init)) throw ddp::plugin::Failure(s, "", /*text_is_set=*/true);
+    if (ddp_status s = start_mpi(host)) throw ddp::plugin::Failure(s, "", /*text_is_set=*/true);
     int rank = -1, size = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -259,15 +294,9 @@ ddp_status mpi_init(const ddp_host* host, ddp_comm** out) {
 }
 
 void mpi_destroy(ddp_comm* comm) {
-  // A collective given up on is still pending: freeing or finalising under
-  // it could hang, and the process is about to end anyway.
-  if (!comm->stuck) {
-    if (comm->comm != MPI_COMM_NULL) MPI_Comm_free(&comm->comm);
-    if (comm->owns_init) {
-      MPI_Finalize();
-      g_finalized = true;
-    }
-  }
+  // A collective given up on is still pending: freeing the communicator
+  // under it could hang, and the process is about to end anyway.
+  if (!comm->stuck && comm->comm != MPI_COMM_NULL) MPI_Comm_free(&comm->comm);
   delete comm;
 }
 
