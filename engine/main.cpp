@@ -19,6 +19,7 @@
 #include "checkpoint.h"
 #include "config.h"
 #include "launcher.h"
+#include "plugin_loader.h"
 #include "rank_env.h"
 #include "trace.h"
 #include "trainer.h"
@@ -130,6 +131,10 @@ int launch_run(const Config& config, const std::string& config_path, const std::
       std::cout << "trace: " << merged << " (open it in https://ui.perfetto.dev or chrome://tracing)\n";
     };
   }
+  // The plugins every rank will load, loaded here once: a misspelt name or
+  // a library that cannot load is refused before any rank starts.
+  load_plugin(PluginKind::Strategy, config.strategy_plugin);
+  load_plugin(PluginKind::Transport, config.transport_plugin);
   const DirectoryLock lock(config.run.output_dir, "run.output_dir");  // one run per output directory
   const auto checkpoint_lock = lock_checkpoint_dir(config);
   std::string resume = config.resume;

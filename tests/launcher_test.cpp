@@ -167,6 +167,25 @@ TEST(Launcher, KeyNoPluginReadsIsAnUnknownKeyWithItsLocation) {
   fs::remove_all(dir);
 }
 
+// A misspelt plugin name is refused by the launcher, before any rank
+// starts, with the nearest name and what there is.
+TEST(Launcher, AMisspeltPluginIsRefusedBeforeAnyRankStarts) {
+  std::string dir = temp_dir();
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "strategy.plugin=bucketd", "--set",
+                     "run.output_dir=\"" + dir + "/out\""},
+                    {}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(30)), 1);
+  const std::string err = read_file(p.err);
+  EXPECT_EQ(err.rfind("ddp: error: cannot load strategy plugin '", 0), 0u) << err;
+  EXPECT_NE(err.find("libddp_strategy_bucketd.so' (host ABI 1.2, plugin ABI none): file not found; did you mean "
+                     "'bucketed'? (strategy plugins in "),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find(": bucketed, flat, naive, overlap, sharded)\n"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir + "/out")) << "a rank started";
+  fs::remove_all(dir);
+}
+
 TEST(Launcher, RanksStartedByAnOutsideLauncherMeetThroughTheEnvironment) {
   std::string dir = temp_dir();
   fs::create_directories(dir + "/rdzv");
