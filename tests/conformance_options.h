@@ -18,6 +18,8 @@
 
 #include <gtest/gtest.h>
 
+#include "plugin_loader.h"  // nearest_name
+
 namespace ddp {
 
 struct ConformanceOptions {
@@ -57,24 +59,6 @@ inline const char* kConformanceHelp =
     "buffers bounded, no allocation once settled, frozen parameters unchanged) or [parity]\n"
     "(against the reference, within the tolerance). The last line is the verdict.\n";
 
-namespace conformance_detail {
-
-inline size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-
-}  // namespace conformance_detail
 
 // Fills `out` from `args` (argv without the program), GoogleTest's flags
 // (--gtest_*) into `gtest`. Returns "" or what is wrong: an unknown option
@@ -95,10 +79,7 @@ inline std::string parse_conformance_args(const std::vector<std::string>& args, 
     const size_t eq = a.find('=');
     const std::string flag = a.substr(0, eq);
     if (std::find(known.begin(), known.end(), flag) == known.end()) {
-      std::string nearest;
-      size_t best = 3;  // suggest only what is close
-      for (const std::string& k : known)
-        if (size_t d = conformance_detail::edit_distance(flag, k); d < best) best = d, nearest = k;
+      const std::string nearest = nearest_name(flag, known);
       return "unknown option '" + a + "'" + (nearest.empty() ? "" : " (did you mean " + nearest + "?)") +
              "; ddp-conformance --help lists the options";
     }
