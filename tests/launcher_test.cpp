@@ -1,6 +1,9 @@
 // launcher_test.cpp — `ddp run` as a user runs it: the quick start, a rank
 // killed mid-run (the run must stop within timeout_s, naming the rank), a
 // rank failing with an error, and ranks started by an outside launcher.
+#include <iomanip>
+#include <sstream>
+
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -49,6 +52,15 @@ TEST(Launcher, QuickStartTrainsTwoRanksAndWritesOutputs) {
   EXPECT_EQ(summary["comm_bytes"][0], 4 * (100 + 500 + 250));
   EXPECT_EQ(summary["peak_bytes"]["after_setup"]["parameters"], 4 * (2 + 100 + 500 + 50 + 250));
   EXPECT_EQ(summary["ranks"].size(), 2u);
+  // The last line: the mean step, the throughput, where the outputs are.
+  std::ostringstream done;
+  done.setf(std::ios::fixed);
+  done << "ddp: done: 5 steps, mean step " << std::setprecision(1) << summary["mean_step_time_s"].get<double>() * 1e3
+       << " ms, " << std::setprecision(0) << summary["samples_per_s"].get<double>() << " samples/s; outputs in "
+       << dir << "/out\n";
+  EXPECT_TRUE(out.size() >= done.str().size() && out.compare(out.size() - done.str().size(), std::string::npos,
+                                                             done.str()) == 0)
+      << "the last line is not\n" << done.str() << "in\n" << out;
 
   auto weights = ddp::read_safetensors(dir + "/out/weights.safetensors");
   EXPECT_EQ(weights.size(), 5u);
