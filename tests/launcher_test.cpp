@@ -50,6 +50,7 @@ TEST(Launcher, QuickStartTrainsTwoRanksAndWritesOutputs) {
   // naive: one all-reduce per trainable parameter per step (3 in `toy`).
   EXPECT_EQ(summary["collectives"][0], 3);
   EXPECT_EQ(summary["comm_bytes"][0], 4 * (100 + 500 + 250));
+  EXPECT_EQ(summary["bus_bytes"][0], 4 * (100 + 500 + 250));  // all-reduce on 2 ranks: 2(n-1)/n = 1
   EXPECT_EQ(summary["peak_bytes"]["after_setup"]["parameters"], 4 * (2 + 100 + 500 + 50 + 250));
   EXPECT_EQ(summary["ranks"].size(), 2u);
   // The last line: the mean step, the throughput, where the outputs are.
