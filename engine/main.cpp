@@ -8,6 +8,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -19,6 +21,7 @@
 #include "checkpoint.h"
 #include "config.h"
 #include "launcher.h"
+#include "plugin_loader.h"
 #include "rank_env.h"
 #include "trace.h"
 #include "trainer.h"
@@ -99,6 +102,23 @@ std::vector<std::string> rank_args(const std::string& config_path, const std::ve
   return args;
 }
 
+// The last line of a completed `ddp run`: its mean step, its throughput
+// and where its outputs are, from the summary.json rank 0 wrote.
+std::string run_done_line(const std::string& output_dir) {
+  const std::filesystem::path summary_path = std::filesystem::path(output_dir) / "summary.json";
+  std::ifstream in(summary_path);
+  const nlohmann::json s = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (s.is_discarded() || !s.contains("mean_step_time_s")) return "ddp: done; outputs in " + output_dir;
+  std::ostringstream line;
+  line.setf(std::ios::fixed);
+  line << "ddp: done: " << s["steps"].get<int64_t>() << " steps, mean step " << std::setprecision(1)
+       << s["mean_step_time_s"].get<double>() * 1e3 << " ms, ";
+  const bool tokens = s.contains("tokens_per_s");
+  line << std::setprecision(0) << s[tokens ? "tokens_per_s" : "samples_per_s"].get<double>()
+       << (tokens ? " tokens/s" : " samples/s") << "; outputs in " << output_dir;
+  return line.str();
+}
+
 // `ddp run` on this machine: run.world_size ranks of this executable, each
 // running the same command line as a rank. With --trace, each rank records
 // into the run's private directory and the files are merged into
@@ -130,6 +150,10 @@ int launch_run(const Config& config, const std::string& config_path, const std::
       std::cout << "trace: " << merged << " (open it in https://ui.perfetto.dev or chrome://tracing)\n";
     };
   }
+  // The plugins every rank will load, loaded here once: a misspelt name or
+  // a library that cannot load is refused before any rank starts.
+  load_plugin(PluginKind::Strategy, config.strategy_plugin);
+  load_plugin(PluginKind::Transport, config.transport_plugin);
   const DirectoryLock lock(config.run.output_dir, "run.output_dir");  // one run per output directory
   const auto checkpoint_lock = lock_checkpoint_dir(config);
   std::string resume = config.resume;
@@ -138,6 +162,7 @@ int launch_run(const Config& config, const std::string& config_path, const std::
     const std::string latest_before = latest_name(config.checkpoint.dir);
     LaunchOutcome outcome;
     const int code = launch_ranks(spec, &outcome);
+    if (code == 0) std::cout << run_done_line(config.run.output_dir) << std::endl;
     if (code != 1 || outcome.bad_input) return code;
     if (attempt >= config.run.max_restarts) {
       if (attempt > 0) std::cerr << "ddp: no restart left (run.max_restarts = " << config.run.max_restarts << ")\n";

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "collective_check.h"
+#include "plugin_host.h"
 
 namespace ddp {
 namespace {
@@ -57,6 +58,27 @@ TEST(CollectiveCheck, NamesTheFirstRankThatDisagrees) {
             "the ranks disagree on the next collective (rank 0's #7, rank 1's #8): rank 0 calls all_reduce (avg) "
             "of 250 float32 (parameter 'fc1.weight'), rank 1 calls barrier: every rank must issue the same "
             "collectives in the same order");
+}
+
+}  // namespace
+}  // namespace ddp
+
+namespace ddp {
+namespace {
+
+// What each rank sends (and receives) per collective of S buffer bytes, as
+// nccl-tests' bus bandwidth counts it: an all-gather's S is the gathered
+// buffer, of which each rank sends (n-1)/n, not S.
+TEST(BusBytes, AsNcclTestsCountThem) {
+  EXPECT_EQ(bus_bytes("all_reduce", 1000, 2), 1000);
+  EXPECT_EQ(bus_bytes("all_reduce", 1000, 4), 1500);
+  EXPECT_EQ(bus_bytes("all_gather", 1000, 4), 750);
+  EXPECT_EQ(bus_bytes("reduce_scatter", 1000, 4), 750);
+  EXPECT_EQ(bus_bytes("broadcast", 1000, 4), 1000);
+  EXPECT_EQ(bus_bytes("barrier", 0, 4), 0);
+  EXPECT_EQ(bus_bytes("all_reduce", 1000, 1), 0);  // one rank sends nothing
+  // ZeRO's reduce_scatter + all_gather moves what one all_reduce moves.
+  EXPECT_EQ(bus_bytes("reduce_scatter", 1000, 4) + bus_bytes("all_gather", 1000, 4), bus_bytes("all_reduce", 1000, 4));
 }
 
 }  // namespace

@@ -411,8 +411,8 @@ TEST_F(ConfigTest, SetErrorsNameTheArgument) {
   EXPECT_EQ(load_error(path, {"extra.x=1"}), "--set extra.x=1: unknown section 'extra'");
 }
 
-// [strategy] of a file with plugin keys of every type, for PluginSection.
-const char* const kPluginFile = R"([run]
+// The smallest valid file, to which the plugin tests add their tables.
+const std::string kSmallest = R"([run]
 steps = 1
 [model]
 name = "toy"
@@ -420,7 +420,10 @@ name = "toy"
 batch_size = 1
 [optimizer]
 lr = 0.1
-[strategy]
+)";
+
+// [strategy] of a file with plugin keys of every type, for PluginSection.
+const std::string kPluginFile = kSmallest + R"([strategy]
 plugin = "bucketed"
 zeta = 1
 alpha = 2
@@ -462,6 +465,61 @@ TEST_F(ConfigTest, PluginSectionWrongTypes) {
   const Config o = load_config(path, {"strategy.mode=3"});
   EXPECT_EQ(error_of([&] { o.strategy.get_string("mode", ""); }),
             "--set strategy.mode=3: key 'strategy.mode' must be a string, not an integer");
+}
+
+// Each plugin's keys may live in a table of its own, read only while that
+// plugin is the chosen one: changing `plugin` alone swaps.
+const std::string kPluginTables = kSmallest + R"([strategy]
+plugin = "sharded"
+[strategy.bucketed]
+bucket_mb = 8
+[strategy.sharded]
+variant = "allgather"
+bucket_mb = 25.0
+)";
+
+TEST_F(ConfigTest, PluginTablesAreReadForTheChosenPluginOnly) {
+  const std::string path = write("c.toml", kPluginTables);
+  const Config sharded = load_config(path);
+  EXPECT_EQ(sharded.strategy.get_string("variant", ""), "allgather");
+  EXPECT_DOUBLE_EQ(sharded.strategy.get_float("bucket_mb", 0), 25.0);
+  EXPECT_NO_THROW(sharded.strategy.check_all_read("strategy", "sharded"));
+  const Config bucketed = load_config(path, {"strategy.plugin=bucketed"});
+  EXPECT_DOUBLE_EQ(bucketed.strategy.get_float("bucket_mb", 0), 8.0);
+  EXPECT_EQ(bucketed.strategy.get_string("variant", "none"), "none");
+  EXPECT_NO_THROW(bucketed.strategy.check_all_read("strategy", "bucketed"));
+  const Config naive = load_config(path, {"strategy.plugin=naive"});
+  EXPECT_NO_THROW(naive.strategy.check_all_read("strategy", "naive"));
+  // By path, the table goes by the plugin's name.
+  const Config by_path = load_config(path, {"strategy.plugin=\"/x/libddp_strategy_bucketed.so\""});
+  EXPECT_DOUBLE_EQ(by_path.strategy.get_float("bucket_mb", 0), 8.0);
+  EXPECT_EQ(plugin_table_name("/opt/libddp_transport_mine.so"), "mine");
+  EXPECT_EQ(plugin_table_name("gloo"), "gloo");
+}
+
+TEST_F(ConfigTest, PluginTableKeysAreCheckedNamedAndOverridable) {
+  const std::string path = write("c.toml", kPluginTables + "bucket_mbb = 1\n");
+  const Config c = load_config(path);
+  c.strategy.get_string("variant", "");
+  c.strategy.get_float("bucket_mb", 0);
+  EXPECT_EQ(error_of([&] { c.strategy.check_all_read("strategy", "sharded"); }),
+            path + ":16:14: unknown key 'strategy.sharded.bucket_mbb' (strategy plugin 'sharded' does not read it)");
+  EXPECT_EQ(error_of([&] { c.strategy.get_bool("variant", false); }),
+            path + ":14:11: key 'strategy.sharded.variant' must be a boolean, not a string");
+  // --set wins over either table, in either spelling.
+  EXPECT_DOUBLE_EQ(load_config(path, {"strategy.bucket_mb=4"}).strategy.get_float("bucket_mb", 0), 4.0);
+  EXPECT_DOUBLE_EQ(load_config(path, {"strategy.sharded.bucket_mb=2"}).strategy.get_float("bucket_mb", 0), 2.0);
+}
+
+TEST_F(ConfigTest, AKeyInBothTablesIsRefusedNamingBoth) {
+  const std::string path = write("c.toml", kSmallest + R"([strategy]
+plugin = "sharded"
+variant = "broadcast"
+[strategy.sharded]
+variant = "allgather"
+)");
+  EXPECT_EQ(load_error(path), path + ":13:11: key 'strategy.sharded.variant' is set twice: also as 'strategy.variant' at " +
+                                  path + ":11:11 (keep one)");
 }
 
 TEST_F(ConfigTest, PluginSectionUnreadKeys) {

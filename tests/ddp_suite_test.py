@@ -141,6 +141,14 @@ class LoadSuiteTest(unittest.TestCase):
         self.assertEqual(config["data"]["path"], str((self.f.dir / "tests/fixtures/toy_data.safetensors")))
         self.assertEqual(config["optimizer"], {"name": "sgd", "lr": 0.1})
 
+    def test_plugin_tables_stay_when_a_variant_names_a_plugin(self):
+        self.f.write("configs/tables.toml", BASE.replace("bucket_mb = 8", "bucket_mb = 8\n[strategy.sharded]\n"
+                                                         "variant = \"allgather\""))
+        _, vs = self.load('base = "configs/tables.toml"\n[[variant]]\nname = "s"\nstrategy = "sharded"\n')
+        self.assertTrue(vs[0].rewrite_base)  # bucket_mb, directly under [strategy], was the base plugin's
+        config = tomllib.loads(S.base_text(vs[0]))
+        self.assertEqual(config["strategy"], {"plugin": "bucketed", "sharded": {"variant": "allgather"}})
+
     def test_a_variant_may_have_its_own_base(self):
         self.f.write("configs/other.toml", BASE.replace("steps = 5", "steps = 9"))
         _, vs = self.load('base = "configs/base.toml"\n[[variant]]\nname = "a"\n'

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "exports.h"
@@ -85,9 +87,52 @@ TEST(ResolvePluginPath, PathIsTakenAsGiven) {
   EXPECT_EQ(resolve_plugin_path(PluginKind::Transport, "libmine.so", dir), "libmine.so");
 }
 
-TEST(DefaultPluginDir, EnvironmentOverrides) {
-  PluginDirEnv env("/somewhere/else");
-  EXPECT_EQ(default_plugin_dir(), "/somewhere/else");
+// DDP_PLUGIN_DIR goes in front of the shipped plugins, not instead of
+// them: naming one's own directory keeps gloo and the shipped strategies.
+TEST(DefaultPluginDir, EnvironmentGoesInFront) {
+  PluginDirEnv env("/somewhere/else:/and/more");
+  EXPECT_EQ(default_plugin_dir(), "/somewhere/else:/and/more:" + fs::weakly_canonical(DDP_TEST_PLUGIN_DIR).string());
+  EXPECT_EQ(search_dirs(default_plugin_dir()),
+            (std::vector<std::string>{"/somewhere/else", "/and/more", fs::weakly_canonical(DDP_TEST_PLUGIN_DIR).string()}));
+  EXPECT_EQ(search_dirs("::a::b:"), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(ResolvePluginPath, TheFirstDirectoryThatHasIt) {
+  const std::string search = kDir + ":" + std::string(DDP_TEST_PLUGIN_DIR);
+  EXPECT_EQ(resolve_plugin_path(PluginKind::Transport, "gloo", search),
+            std::string(DDP_TEST_PLUGIN_DIR) + "/libddp_transport_gloo.so");
+  EXPECT_EQ(resolve_plugin_path(PluginKind::Strategy, "older_minor", search), plugin_file("strategy", "older_minor"));
+  EXPECT_EQ(resolve_plugin_path(PluginKind::Strategy, "nowhere", search), plugin_file("strategy", "nowhere"));
+  auto plugin = load_plugin(PluginKind::Transport, "gloo", "/nonexistent:" + search);
+  EXPECT_EQ(plugin->path(), std::string(DDP_TEST_PLUGIN_DIR) + "/libddp_transport_gloo.so");
+}
+
+TEST(NearestName, OnlyWhatIsCloseEnoughToBeATypo) {
+  const std::vector<std::string> names = {"bucketed", "flat", "naive", "overlap", "sharded"};
+  EXPECT_EQ(nearest_name("bucketd", names), "bucketed");
+  EXPECT_EQ(nearest_name("Naive", names), "naive");
+  EXPECT_EQ(nearest_name("overlapped", names), "overlap");
+  EXPECT_EQ(nearest_name("zero1", names), "");
+  EXPECT_EQ(nearest_name("x", {}), "");
+}
+
+TEST(LoadPluginRefuses, AMisspeltNameSuggestsTheNearestAndListsWhatThereIs) {
+  const std::string dir = std::string(DDP_TEST_PLUGIN_DIR);
+  const auto names = available_plugins(PluginKind::Strategy, dir);
+  ASSERT_FALSE(names.empty());
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  try {
+    load_plugin(PluginKind::Strategy, "bucketd", dir);
+    ADD_FAILURE() << "loaded";
+  } catch (const PluginError& e) {
+    EXPECT_EQ(std::string(e.what()), "cannot load strategy plugin '" + dir +
+                                         "/libddp_strategy_bucketd.so' (host ABI 1.2, plugin ABI none): file not "
+                                         "found; did you mean 'bucketed'? (strategy plugins in " +
+                                         dir + ": " + list + ")");
+  }
+  EXPECT_NE(std::find(names.begin(), names.end(), "bucketed"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "naive"), names.end());
 }
 
 TEST(DefaultPluginDir, BesideTheExecutable) {
@@ -170,9 +215,14 @@ TEST(LoadPlugin, OlderMinorLoadsWithoutTheEntriesAppendedSince) {
 }
 
 TEST(LoadPluginRefuses, FileNotFoundByName) {
+  std::string list;
+  for (const auto& n : available_plugins(PluginKind::Strategy, kDir)) list += (list.empty() ? "" : ", ") + n;
   EXPECT_EQ(refusal(PluginKind::Strategy, "missing"),
             "cannot load strategy plugin '" + plugin_file("strategy", "missing") +
-                "' (host ABI 1.2, plugin ABI none): file not found");
+                "' (host ABI 1.2, plugin ABI none): file not found (strategy plugins in " + kDir + ": " + list + ")");
+  EXPECT_EQ(refusal(PluginKind::Strategy, "missing", "/nonexistent"),
+            "cannot load strategy plugin '/nonexistent/libddp_strategy_missing.so' (host ABI 1.2, plugin ABI none): "
+            "file not found; no strategy plugin in /nonexistent");
 }
 
 TEST(LoadPluginRefuses, FileNotFoundByPath) {

@@ -16,7 +16,7 @@
 #   --smoke N        run configs/toy.toml on N ranks with the example; checks
 #                    that it succeeds, the loss decreases and each step is
 #                    one collective (repeatable: --smoke 2 --smoke 4)
-#   --conformance    run DIR/bin/conformance_test --strategy <the .so>
+#   --conformance    run the installed bin/ddp-conformance --strategy <the .so>
 # e.g. tools/build_example.sh --smoke 2 --smoke 4
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -88,9 +88,9 @@ for n in "${worlds[@]}"; do
     }' >&2 || die "the run on $n ranks is wrong (see above)"
 done
 
-# 5. The conformance suite every strategy passes.
+# 5. The conformance suite every strategy passes, as the installed tool.
 if [ "$conformance" = 1 ]; then
-  [ -x "$build/bin/conformance_test" ] || die "$build/bin/conformance_test is not built"
-  say "conformance_test --strategy $so"
-  "$build/bin/conformance_test" --strategy "$so" >&2 || die "the conformance suite failed"
+  [ -x "$prefix/bin/ddp-conformance" ] || die "$prefix/bin/ddp-conformance was not installed"
+  say "ddp-conformance --strategy $so"
+  "$prefix/bin/ddp-conformance" --strategy "$so" >&2 || die "the conformance suite failed"
 fi

@@ -265,13 +265,17 @@ def load_suite(path, root=ROOT, _stack=()):
 
 def plugin_defaults(base_config, overrides):
     """A variant that names a strategy (transport) plugin starts from that plugin's defaults:
-    the base's other keys of that section, which belonged to the base's plugin, are dropped.
+    the base's keys directly under that section, which belonged to the base's plugin, are
+    dropped; plugins' own tables ([strategy.bucketed]) stay, read only by their plugin.
     -> (base config as the variant sees it, whether anything was dropped)."""
     config, dropped = dict(base_config), False
     for section in PLUGIN_SECTIONS:
         table = base_config.get(section, {})
-        if f"{section}.plugin" in overrides and isinstance(table, dict) and set(table) - {"plugin"}:
-            config[section] = {k: v for k, v in table.items() if k == "plugin"}
+        if not isinstance(table, dict) or f"{section}.plugin" not in overrides:
+            continue
+        keep = {k: v for k, v in table.items() if k == "plugin" or isinstance(v, dict)}
+        if keep != table:
+            config[section] = keep
             dropped = True
     return config, dropped
 
@@ -292,7 +296,12 @@ def base_text(variant):
     for k, v in config.items():
         if isinstance(v, dict):
             lines.append(f"[{json.dumps(k)}]")
-            lines += [f"{json.dumps(k2)} = {toml_value(v2, str(variant.base))}" for k2, v2 in v.items()]
+            lines += [f"{json.dumps(k2)} = {toml_value(v2, str(variant.base))}" for k2, v2 in v.items()
+                      if not isinstance(v2, dict)]
+            for k2, v2 in v.items():  # a plugin's own table
+                if isinstance(v2, dict):
+                    lines.append(f"[{json.dumps(k)}.{json.dumps(k2)}]")
+                    lines += [f"{json.dumps(k3)} = {toml_value(v3, str(variant.base))}" for k3, v3 in v2.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -170,10 +170,10 @@ class Reader {
     return (fs::path(file_).parent_path() / path).lexically_normal().string();
   }
 
-  PluginSection plugin_section(const char* section) const {
+  PluginSection plugin_section(const char* section, const std::string& plugin) const {
     static const toml::table empty;
     const toml::table* table = doc_[section].as_table();
-    return PluginSection(file_, section, table ? *table : empty);
+    return PluginSection(file_, section, table ? *table : empty, plugin);
   }
 
   const toml::node* find(const char* section, const char* key) const {
@@ -406,8 +406,8 @@ Config validate_config(const toml::table& doc, const std::string& file) {
   c.checkpoint.keep = r.integer("checkpoint", "keep", 2, 1);
   c.transport_plugin = r.string("transport", "plugin", "gloo");
   c.strategy_plugin = r.string("strategy", "plugin", "naive");
-  c.transport = r.plugin_section("transport");
-  c.strategy = r.plugin_section("strategy");
+  c.transport = r.plugin_section("transport", c.transport_plugin);
+  c.strategy = r.plugin_section("strategy", c.strategy_plugin);
 
   c.effective = r.effective();
   std::ostringstream text;

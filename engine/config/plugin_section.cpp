@@ -12,13 +12,48 @@ using toml_read::kSetPrefix;
 using toml_read::where_of;
 using toml_read::wrong_type;
 
-PluginSection::PluginSection(std::string file, std::string section, const toml::table& table)
+std::string plugin_table_name(const std::string& plugin) {
+  std::string name = plugin.substr(plugin.rfind('/') == std::string::npos ? 0 : plugin.rfind('/') + 1);
+  if (name.size() > 3 && name.compare(name.size() - 3, 3, ".so") == 0) name.resize(name.size() - 3);
+  for (const char* prefix : {"libddp_strategy_", "libddp_transport_", "lib"})
+    if (name.rfind(prefix, 0) == 0) return name.substr(std::string(prefix).size());
+  return name;
+}
+
+PluginSection::PluginSection(std::string file, std::string section, const toml::table& table,
+                             const std::string& plugin)
     : file_(std::move(file)), section_(std::move(section)) {
+  const std::string own = plugin.empty() ? "" : plugin_table_name(plugin);
   for (auto&& [key, node] : table) {
     if (key.str() == "plugin") continue;  // the host's key: which plugin, not its settings
-    table_.insert(key, node);
-    sources_[std::string(key.str())] = node.source();
+    if (const toml::table* sub = node.as_table()) {  // a plugin's own table: the chosen one's only
+      if (key.str() == own)
+        for (auto&& [k, n] : *sub) add(section_ + "." + own, k, n);
+      continue;
+    }
+    add(section_, key, node);
   }
+}
+
+void PluginSection::add(const std::string& table_name, const toml::key& key, const toml::node& node) {
+  const std::string k(key.str());
+  if (const toml::node* before = table_.get(k)) {
+    const bool mine_set = from_override(node.source()), before_set = from_override(sources_.at(k));
+    if (mine_set == before_set) {  // both in the file: named from the later one
+      const toml::source_region& a = node.source();
+      const toml::source_region& b = sources_.at(k);
+      const bool mine_later = std::tie(a.begin.line, a.begin.column) > std::tie(b.begin.line, b.begin.column);
+      const std::string mine_name = table_name + "." + k, mine_where = where_of(a, file_);
+      throw ConfigError((mine_later ? mine_where : where(k)) + ": key '" + (mine_later ? mine_name : name_of(k)) +
+                        "' is set twice: also as '" + (mine_later ? name_of(k) : mine_name) + "' at " +
+                        (mine_later ? where(k) : mine_where) + " (keep one)");
+    }
+    (void)before;
+    if (before_set) return;  // --set wins
+  }
+  table_.insert_or_assign(k, node);
+  sources_[k] = node.source();
+  owner_[k] = table_name;
 }
 
 const toml::node* PluginSection::find(const std::string& key) const {
@@ -34,7 +69,7 @@ int64_t PluginSection::get_int(const std::string& key, int64_t fallback) const {
   const toml::node* node = find(key);
   if (!node) return fallback;
   if (!node->is_integer())
-    throw wrong_type(where(key), section_ + "." + key, toml::node_type::integer, *node);
+    throw wrong_type(where(key), name_of(key), toml::node_type::integer, *node);
   return node->as_integer()->get();
 }
 
@@ -43,7 +78,7 @@ double PluginSection::get_float(const std::string& key, double fallback) const {
   if (!node) return fallback;
   if (node->is_integer()) return double(node->as_integer()->get());
   if (!node->is_floating_point())
-    throw wrong_type(where(key), section_ + "." + key, toml::node_type::floating_point, *node);
+    throw wrong_type(where(key), name_of(key), toml::node_type::floating_point, *node);
   return node->as_floating_point()->get();
 }
 
@@ -51,7 +86,7 @@ bool PluginSection::get_bool(const std::string& key, bool fallback) const {
   const toml::node* node = find(key);
   if (!node) return fallback;
   if (!node->is_boolean())
-    throw wrong_type(where(key), section_ + "." + key, toml::node_type::boolean, *node);
+    throw wrong_type(where(key), name_of(key), toml::node_type::boolean, *node);
   return node->as_boolean()->get();
 }
 
@@ -60,7 +95,7 @@ std::string PluginSection::get_string(const std::string& key,
   const toml::node* node = find(key);
   if (!node) return fallback;
   if (!node->is_string())
-    throw wrong_type(where(key), section_ + "." + key, toml::node_type::string, *node);
+    throw wrong_type(where(key), name_of(key), toml::node_type::string, *node);
   return node->as_string()->get();
 }
 
@@ -77,7 +112,7 @@ void PluginSection::check_all_read(const std::string& kind,
     if (!read_.count(key) && (!first || order(key) < order(*first))) first = &key;
   }
   if (first)
-    throw ConfigError(where(*first) + ": unknown key '" + section_ + "." + *first + "' (" +
+    throw ConfigError(where(*first) + ": unknown key '" + name_of(*first) + "' (" +
                       kind + " plugin '" + plugin_name + "' does not read it)");
 }
 

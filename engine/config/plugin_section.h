@@ -1,5 +1,8 @@
-// plugin_section.h — a plugin's own TOML table ([transport] or [strategy]
-// minus `plugin`). Plugins read it through the host vtable (typed reads that
+// plugin_section.h — a plugin's own TOML table: [transport] or [strategy]
+// minus `plugin`, with the keys of the chosen plugin's own table
+// ([strategy.bucketed] when plugin = "bucketed"); the tables of the other
+// plugins are not read, so one file carries settings for several and
+// changing `plugin` alone swaps. Plugins read it through the host vtable (typed reads that
 // throw ConfigError naming the key's location); every key read is
 // remembered, so that keys no plugin read can be reported as unknown.
 #pragma once
@@ -20,8 +23,11 @@ class PluginSection {
  public:
   PluginSection() = default;
   // Takes the table by reference: copying a TOML++ node drops its source
-  // position, so the positions are recorded here before the copy.
-  PluginSection(std::string file, std::string section, const toml::table& table);
+  // position, so the positions are recorded here before the copy. `plugin`:
+  // the chosen plugin's name or path, whose table ([<section>.<name>]) is
+  // merged in. A key set both there and in [<section>] is refused, naming
+  // both places, unless one comes from --set: that one wins.
+  PluginSection(std::string file, std::string section, const toml::table& table, const std::string& plugin = "");
 
   int64_t get_int(const std::string& key, int64_t fallback) const;
   double get_float(const std::string& key, double fallback) const;  // ints accepted
@@ -38,9 +44,13 @@ class PluginSection {
   const toml::node* find(const std::string& key) const;
   std::string where(const std::string& key) const;  // "<file>:<l>:<c>" or "--set ..."
 
+  void add(const std::string& table_name, const toml::key& key, const toml::node& node);
+  std::string name_of(const std::string& key) const { return owner_.at(key) + "." + key; }
+
   std::string file_;
   std::string section_;
   toml::table table_;
+  std::map<std::string, std::string> owner_;  // key -> the table it came from ("strategy.bucketed")
   std::map<std::string, toml::source_region> sources_;  // key -> position in the file
   mutable std::set<std::string> read_;
 };
@@ -50,5 +60,10 @@ class PluginSection {
 // bench-comm`). Throws ConfigError naming the argument for any other
 // section, and for "<section>.plugin" (the command names the plugin).
 PluginSection plugin_section_from_overrides(const std::string& section, const std::vector<std::string>& overrides);
+
+// The name a plugin's own table goes by: the name itself, or for a path
+// ".../libddp_strategy_mine.so" "mine" (the file name without lib, .so and
+// the kind's prefix). Pure.
+std::string plugin_table_name(const std::string& plugin);
 
 }  // namespace ddp

@@ -94,11 +94,19 @@ void apply_override(toml::table& doc, const std::string& arg) {
   const std::string source = kSetPrefix + arg;
   const auto eq = arg.find('=');
   const std::string name = trim(arg.substr(0, eq));
-  const auto dot = name.find('.');
-  const std::string section = name.substr(0, dot);
-  const std::string key = dot == std::string::npos ? "" : name.substr(dot + 1);
-  if (eq == std::string::npos || !is_bare_key(section) || !is_bare_key(key))
-    throw ConfigError(source + ": expected section.key=value");
+  // section.key, or section.table.key (a plugin's own table: strategy.bucketed.bucket_mb)
+  std::vector<std::string> parts;
+  for (size_t begin = 0;;) {
+    const size_t dot = name.find('.', begin);
+    parts.push_back(name.substr(begin, dot == std::string::npos ? dot : dot - begin));
+    if (dot == std::string::npos) break;
+    begin = dot + 1;
+  }
+  const bool plugin_table = parts.size() == 3 && (parts[0] == "strategy" || parts[0] == "transport");
+  bool bare = parts.size() == 2 || plugin_table;
+  for (const std::string& p : parts) bare = bare && is_bare_key(p);
+  if (eq == std::string::npos || !bare) throw ConfigError(source + ": expected section.key=value");
+  const std::string& key = parts.back();
 
   const std::string value = trim(arg.substr(eq + 1));
   toml::table parsed;
@@ -109,13 +117,21 @@ void apply_override(toml::table& doc, const std::string& arg) {
     parsed = toml::parse(key + " = \"" + value + "\"", source);
   }
 
-  toml::node* existing = doc.get(section);
-  if (!existing) {
-    doc.insert(section, std::move(parsed));  // moving keeps the source
-  } else if (toml::table* table = existing->as_table()) {
-    table->insert_or_assign(key, std::move(*parsed.get(key)));
+  toml::table* table = &doc;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    toml::node* existing = table->get(parts[i]);
+    if (!existing) {  // a new table holding the key: moving the parsed one keeps its source
+      if (i + 2 == parts.size()) {
+        table->insert(parts[i], std::move(parsed));
+        return;
+      }
+      table->insert(parts[i], toml::table{});
+      existing = table->get(parts[i]);
+    }
+    table = existing->as_table();
+    if (!table) return;  // the file has a non-table there; validation reports it
   }
-  // else: the file has a non-table `section`; validation reports it.
+  table->insert_or_assign(key, std::move(*parsed.get(key)));  // moving keeps the source
 }
 
 toml::table parse_file(const std::string& path) {

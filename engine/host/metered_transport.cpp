@@ -131,6 +131,7 @@ struct MeterCallbacks {
     if (status == DDP_OK) {
       m.services_.counters.collectives += 1;
       m.services_.counters.bytes += static_cast<int64_t>(bytes);
+      m.services_.counters.bus_bytes += bus_bytes(op, int64_t(bytes), m.services_.rank.world_size);
     }
     return status;
   }
@@ -161,6 +162,7 @@ struct MeterCallbacks {
     if (status == DDP_OK) {
       m.services_.counters.collectives += 1;
       m.services_.counters.bytes += static_cast<int64_t>(bytes);
+      m.services_.counters.bus_bytes += bus_bytes(op, int64_t(bytes), m.services_.rank.world_size);
     }
     return status;
   }

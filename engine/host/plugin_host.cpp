@@ -9,6 +9,15 @@
 #include <cstring>
 
 namespace ddp {
+
+int64_t bus_bytes(const char* op, int64_t buffer_bytes, int world) {
+  if (world <= 1) return 0;
+  const std::string o(op);
+  if (o == "all_reduce") return 2 * (world - 1) * buffer_bytes / world;
+  if (o == "all_gather" || o == "reduce_scatter") return (world - 1) * buffer_bytes / world;
+  if (o == "broadcast") return buffer_bytes;
+  return 0;  // barrier
+}
 namespace {
 
 thread_local std::string t_plugin_error;

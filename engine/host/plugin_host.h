@@ -25,13 +25,21 @@ namespace ddp {
 // Communication counters of the strategy's collectives. Thread-safe.
 struct CommCounters {
   std::atomic<int64_t> collectives{0};
-  std::atomic<int64_t> bytes{0};
+  std::atomic<int64_t> bytes{0};      // buffer bytes: S of each collective (all_gather: the gathered buffer)
+  std::atomic<int64_t> bus_bytes{0};  // bytes each rank sends (and receives): bus_bytes() of each collective
   std::atomic<int64_t> busy_ns{0};     // time collectives ran on the comm stream
   std::atomic<int64_t> blocked_ns{0};  // time the training thread waited on events
   // FNV-1a over (op, count, dtype, reduce op / root) of every collective in
   // issue order: equal on every rank iff they issued the same sequence.
   std::atomic<uint64_t> sequence_hash{14695981039346656037ull};
 };
+
+// The bytes each rank sends, and receives, for one collective of S buffer
+// bytes on `world` ranks under ring algorithms, as nccl-tests' bus
+// bandwidth counts them (doc/PERFORMANCE.md): all_reduce 2(n-1)/n S;
+// all_gather (S the gathered buffer) and reduce_scatter (S the send
+// buffer) (n-1)/n S; broadcast S; barrier 0. One rank sends nothing. Pure.
+int64_t bus_bytes(const char* op, int64_t buffer_bytes, int world);
 
 // Everything the host vtable reaches. Owned by the trainer (or a test),
 // outlives the plugins.

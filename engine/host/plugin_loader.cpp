@@ -4,9 +4,11 @@
 // refusal is a PluginError worded as documented in plugin_loader.h.
 #include "plugin_loader.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
@@ -153,23 +155,106 @@ const char* to_string(PluginKind kind) {
 }
 
 std::string default_plugin_dir() {
+  const fs::path beside = boost::dll::program_location().parent_path() / ".." / "lib" / "ddp";
+  const std::string shipped = fs::weakly_canonical(beside).string();
   const char* env = std::getenv("DDP_PLUGIN_DIR");
-  if (env != nullptr && env[0] != '\0') return env;
-  const fs::path dir = boost::dll::program_location().parent_path() / ".." / "lib" / "ddp";
-  return fs::weakly_canonical(dir).string();
+  return env != nullptr && env[0] != '\0' ? std::string(env) + ":" + shipped : shipped;
 }
 
-std::string resolve_plugin_path(PluginKind kind, const std::string& name_or_path,
-                                const std::string& plugin_dir) {
-  const std::string suffix = ".so";
-  const bool is_path = name_or_path.find('/') != std::string::npos ||
-                       (name_or_path.size() >= suffix.size() &&
-                        name_or_path.compare(name_or_path.size() - suffix.size(),
-                                             suffix.size(), suffix) == 0);
-  if (is_path) return name_or_path;
-  const std::string file = "libddp_" + std::string(to_string(kind)) + "_" + name_or_path + ".so";
-  return (fs::path(plugin_dir) / file).string();
+std::vector<std::string> search_dirs(const std::string& search_path) {
+  std::vector<std::string> dirs;
+  size_t begin = 0;
+  for (;;) {
+    const size_t end = search_path.find(':', begin);
+    const std::string dir = search_path.substr(begin, end == std::string::npos ? end : end - begin);
+    if (!dir.empty()) dirs.push_back(dir);
+    if (end == std::string::npos) return dirs;
+    begin = end + 1;
+  }
 }
+
+namespace {
+
+bool is_path(const std::string& name_or_path) {
+  const std::string suffix = ".so";
+  return name_or_path.find('/') != std::string::npos ||
+         (name_or_path.size() >= suffix.size() &&
+          name_or_path.compare(name_or_path.size() - suffix.size(), suffix.size(), suffix) == 0);
+}
+
+std::string file_name(PluginKind kind, const std::string& name) {
+  return "libddp_" + std::string(to_string(kind)) + "_" + name + ".so";
+}
+
+}  // namespace
+
+std::string resolve_plugin_path(PluginKind kind, const std::string& name_or_path,
+                                const std::string& search_path) {
+  if (is_path(name_or_path)) return name_or_path;
+  const std::vector<std::string> dirs = search_dirs(search_path);
+  boost::system::error_code ec;
+  for (const std::string& dir : dirs) {
+    const fs::path candidate = fs::path(dir) / file_name(kind, name_or_path);
+    if (fs::exists(candidate, ec)) return candidate.string();
+  }
+  return (fs::path(dirs.empty() ? std::string(".") : dirs.front()) / file_name(kind, name_or_path)).string();
+}
+
+std::vector<std::string> available_plugins(PluginKind kind, const std::string& search_path) {
+  const std::string prefix = "libddp_" + std::string(to_string(kind)) + "_", suffix = ".so";
+  std::vector<std::string> names;
+  for (const std::string& dir : search_dirs(search_path)) {
+    boost::system::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string f = it->path().filename().string();
+      if (f.size() > prefix.size() + suffix.size() && f.rfind(prefix, 0) == 0 &&
+          f.compare(f.size() - suffix.size(), suffix.size(), suffix) == 0)
+        names.push_back(f.substr(prefix.size(), f.size() - prefix.size() - suffix.size()));
+    }
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+std::string nearest_name(const std::string& name, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(3, name.size() / 3 + 1);  // close enough to be a typo
+  for (const std::string& candidate : names) {
+    std::vector<size_t> row(candidate.size() + 1);
+    for (size_t j = 0; j <= candidate.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= name.size(); ++i) {
+      size_t diagonal = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= candidate.size(); ++j) {
+        const size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (name[i - 1] == candidate[j - 1] ? 0 : 1)});
+        diagonal = up;
+      }
+    }
+    if (row[candidate.size()] < best_distance) best_distance = row[candidate.size()], best = candidate;
+  }
+  return best;
+}
+
+namespace {
+
+// "file not found", and for a name what there is instead.
+std::string not_found(PluginKind kind, const std::string& name_or_path, const std::string& search_path) {
+  if (is_path(name_or_path)) return "file not found";
+  const std::vector<std::string> names = available_plugins(kind, search_path);
+  std::string reason = "file not found";
+  std::string dirs;
+  for (const std::string& d : search_dirs(search_path)) dirs += (dirs.empty() ? "" : ", ") + d;
+  if (names.empty()) return reason + "; no " + to_string(kind) + " plugin in " + dirs;
+  const std::string nearest = nearest_name(name_or_path, names);
+  if (!nearest.empty()) reason += "; did you mean '" + nearest + "'?";
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  return reason + " (" + to_string(kind) + " plugins in " + dirs + ": " + list + ")";
+}
+
+}  // namespace
 
 std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& name_or_path,
                                           const std::string& plugin_dir) {
@@ -177,7 +262,7 @@ std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& na
   Refusal refusal(kind, path);
 
   boost::system::error_code ec;
-  if (!fs::exists(path, ec)) refusal.fail("file not found");
+  if (!fs::exists(path, ec)) refusal.fail(not_found(kind, name_or_path, plugin_dir));
 
   std::unique_ptr<LoadedPlugin> plugin(new LoadedPlugin());
   plugin->path_ = path;

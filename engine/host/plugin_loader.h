@@ -1,11 +1,14 @@
 // plugin_loader.h — finds, loads and checks strategy and transport plugins
 // with Boost.DLL (used only as a portable dlopen: no C++ type crosses).
 //
-// A plugin name ("naive") resolves to <plugin_dir>/libddp_<kind>_<name>.so;
-// anything containing '/' or ending in ".so" is a path taken as given.
+// A plugin name ("naive") resolves to libddp_<kind>_<name>.so in the first
+// directory of the search path that has it; anything containing '/' or
+// ending in ".so" is a path taken as given.
 // Refusals throw PluginError with exactly this message:
 //   cannot load <kind> plugin '<path>' (host ABI <M>.<m>, plugin ABI <M>.<m>|none): <reason>
 // reasons: "file not found"
+//          "file not found; did you mean '<name>'? (<kind> plugins in <dirs>: <names>)"
+//              (a name: the nearest name, if one is close, and what there is)
 //          "not a ddp plugin (no ddp_strategy_v1 or ddp_transport_v1 symbol)"
 //          "other major ABI version"
 //          "wrong kind: it is a <other kind> plugin"
@@ -16,6 +19,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ddp/plugin.h>
 
@@ -31,13 +35,25 @@ class PluginError : public Error {
 enum class PluginKind { Strategy, Transport };
 const char* to_string(PluginKind kind);  // "strategy" | "transport"
 
-// The directory shipped plugins live in: $DDP_PLUGIN_DIR if set, else
+// The search path of plugin names: $DDP_PLUGIN_DIR's directories
+// (colon-separated), if set, then the shipped plugins' directory,
 // <directory of the running executable>/../lib/ddp.
 std::string default_plugin_dir();
 
-// Resolves a name or path as described above.
+// The directories of a search path ("a:b:c"; empty entries dropped). Pure.
+std::vector<std::string> search_dirs(const std::string& search_path);
+
+// Resolves a name or path as described above; a name found nowhere
+// resolves into the first directory (for the refusal to name).
 std::string resolve_plugin_path(PluginKind kind, const std::string& name_or_path,
-                                const std::string& plugin_dir);
+                                const std::string& search_path);
+
+// The names of the plugins of `kind` in the search path, sorted, each once.
+std::vector<std::string> available_plugins(PluginKind kind, const std::string& search_path);
+
+// The name among `names` nearest to `name`, if close enough to be a typo;
+// else "". Pure.
+std::string nearest_name(const std::string& name, const std::vector<std::string>& names);
 
 // Keeps the library loaded for as long as the descriptor is used.
 class LoadedPlugin {

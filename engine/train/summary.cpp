@@ -44,6 +44,7 @@ void add_columns(json& summary, const std::vector<StepRecord>& steps) {
   summary["comm_busy_s"] = column(&StepRecord::comm_busy_s);
   summary["collectives"] = column(&StepRecord::collectives);
   summary["comm_bytes"] = column(&StepRecord::comm_bytes);
+  summary["bus_bytes"] = column(&StepRecord::bus_bytes);
   summary["collectives_before_last_grad_ready"] = column(&StepRecord::collectives_before_last_grad_ready);
   summary["collectives_before_sync_micro_batch"] = column(&StepRecord::collectives_before_sync_micro_batch);
   summary["comm_buffer_bytes"] = column(&StepRecord::comm_buffer_bytes);

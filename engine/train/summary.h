@@ -22,6 +22,7 @@ struct StepRecord {
   double loss = 0, step_s = 0, data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;
   double comm_blocked_s = 0, comm_busy_s = 0;
   int64_t collectives = 0, comm_bytes = 0;
+  int64_t bus_bytes = 0;  // sent (and received) by this rank: bus_bytes() of plugin_host.h
   // Collectives the strategy had enqueued when the step's last
   // on_grad_ready was called: > 0 means communication overlapped backward.
   int64_t collectives_before_last_grad_ready = 0;

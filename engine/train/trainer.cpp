@@ -159,13 +159,13 @@ class RankRun {
 
   // The communication counters and allocations at the start of a step.
   struct Before {
-    int64_t blocked_ns, busy_ns, collectives, bytes, allocations;
+    int64_t blocked_ns, busy_ns, collectives, bytes, bus_bytes, allocations;
   };
 
   StepRecord train_step(int64_t step) {
     StepRecord rec;
     const CommCounters& c = services_.counters;
-    const Before before{c.blocked_ns, c.busy_ns, c.collectives, c.bytes, device_->memory().allocations()};
+    const Before before{c.blocked_ns, c.busy_ns, c.collectives, c.bytes, c.bus_bytes, device_->memory().allocations()};
     timeline_->begin_step(step);
     const auto t0 = Clock::now();
     const StepTimeline::Mark m0 = timeline_->mark();
@@ -212,6 +212,7 @@ class RankRun {
     rec.comm_busy_s = (c.busy_ns - before.busy_ns) * 1e-9;
     rec.collectives = c.collectives - before.collectives;
     rec.comm_bytes = c.bytes - before.bytes;
+    rec.bus_bytes = c.bus_bytes - before.bus_bytes;
     rec.comm_buffer_bytes = int64_t(device_->memory().current(MemCategory::CommBuffers));
     rec.device_allocations = device_->memory().allocations() - before.allocations;
     return rec;

@@ -165,7 +165,10 @@ ddp_status sharded_create(const ddp_host* host, const ddp_transport_v1_t* transp
       throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.variant must be \"broadcast\" or \"allgather\" (got \"" +
                                                   s->variant_name + "\")");
     }
-    s->bucket_cap = ds::BucketCap::read(s->host);
+    // bucket_mb shapes the broadcast variant's buckets only: not read for
+    // allgather, so that setting it there is refused as a key the plugin
+    // does not read, not silently ignored.
+    if (s->variant == Variant::Broadcast) s->bucket_cap = ds::BucketCap::read(s->host);
     *out = s.release();
   });
 }
