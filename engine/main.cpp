@@ -221,6 +221,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string config_path;
   std::vector<std::string> overrides;
+  CLI::App* plugins = app.add_subcommand(
+      "plugins", "list the strategy and transport plugins ddp can load (DDP_PLUGIN_DIR, then lib/ddp)");
   CLI::App* run = app.add_subcommand("run", "train as the TOML file says (starts run.world_size ranks)");
   run->add_option("config", config_path, "the run's TOML file")->required();
   run->add_option("--set", overrides, "override a key: section.key=value (TOML value; repeatable)")
@@ -241,6 +243,12 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (plugins->parsed()) {  // what a config may name, loaded and checked as a run loads it
+      std::cout << "search path: " << ddp::default_plugin_dir() << "\n"
+                << ddp::format_plugins(ddp::describe_plugins(ddp::PluginKind::Strategy))
+                << ddp::format_plugins(ddp::describe_plugins(ddp::PluginKind::Transport));
+      return 0;
+    }
     if (bc->parsed()) {
       bench.sizes.clear();
       for (const auto& s : bench_sizes) bench.sizes.push_back(ddp::parse_size(s));

@@ -342,3 +342,33 @@ TEST(ShippedPlugins, LoadByName) {
 
 }  // namespace
 }  // namespace ddp
+
+namespace ddp {
+namespace {
+
+TEST(FormatPlugins, OneLinePerPluginOrWhyItCannotLoad) {
+  PluginInfo ok{PluginKind::Strategy, "sharded", "/p/libddp_strategy_sharded.so", "0.2.0", DDP_ABI_VERSION,
+                DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER, ""};
+  PluginInfo bad{PluginKind::Transport, "x", "/p/libddp_transport_x.so", "", 0, 0, "cannot load transport plugin"};
+  EXPECT_EQ(format_plugins({ok, bad}),
+            "strategy   sharded     0.2.0  ABI 1.2  cpu,cuda,owns-optimizer  /p/libddp_strategy_sharded.so\n"
+            "transport  x           cannot load: cannot load transport plugin\n");
+}
+
+// Every plugin of the search path, loaded as a run loads it: the broken
+// test plugins say why, the shipped ones give their descriptors.
+TEST(DescribePlugins, LoadsEachAsARunWould) {
+  const auto shipped = describe_plugins(PluginKind::Transport, DDP_TEST_PLUGIN_DIR);
+  auto gloo = std::find_if(shipped.begin(), shipped.end(), [](const PluginInfo& p) { return p.name == "gloo"; });
+  ASSERT_NE(gloo, shipped.end());
+  EXPECT_EQ(gloo->refusal, "");
+  EXPECT_EQ(gloo->abi_version, DDP_ABI_VERSION);
+  EXPECT_TRUE(gloo->caps & DDP_CAP_DEVICE_CPU);
+  const auto broken = describe_plugins(PluginKind::Strategy, kDir);
+  auto abi2 = std::find_if(broken.begin(), broken.end(), [](const PluginInfo& p) { return p.name == "abi2"; });
+  ASSERT_NE(abi2, broken.end());
+  EXPECT_EQ(abi2->refusal, refusal(PluginKind::Strategy, "abi2"));
+}
+
+}  // namespace
+}  // namespace ddp

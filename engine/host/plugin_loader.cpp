@@ -312,4 +312,46 @@ std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& na
   return plugin;
 }
 
+std::vector<PluginInfo> describe_plugins(PluginKind kind, const std::string& search_path) {
+  std::vector<PluginInfo> out;
+  for (const std::string& name : available_plugins(kind, search_path)) {
+    PluginInfo info;
+    info.kind = kind;
+    info.name = name;
+    info.path = resolve_plugin_path(kind, name, search_path);
+    try {
+      const std::unique_ptr<LoadedPlugin> plugin = load_plugin(kind, name, search_path);
+      if (const ddp_strategy_v1_t* d = plugin->strategy()) {
+        info.version = d->version, info.abi_version = d->abi_version, info.caps = d->caps;
+      } else if (const ddp_transport_v1_t* t = plugin->transport()) {
+        info.version = t->version, info.abi_version = t->abi_version, info.caps = t->caps;
+      }
+    } catch (const PluginError& e) {
+      info.refusal = e.what();
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+std::string format_plugins(const std::vector<PluginInfo>& plugins) {
+  std::string text;
+  for (const PluginInfo& p : plugins) {
+    auto padded = [](std::string t, size_t width) { return t.size() < width ? t.append(width - t.size(), ' ') : t; };
+    std::string line = padded(to_string(p.kind), 9) + "  " + padded(p.name, 10);
+    if (!p.refusal.empty()) {
+      text += line + "  cannot load: " + p.refusal + "\n";
+      continue;
+    }
+    line += "  " + p.version + "  ABI " + std::to_string(DDP_ABI_MAJOR(p.abi_version)) + "." +
+            std::to_string(DDP_ABI_MINOR(p.abi_version)) + "  ";
+    std::string caps;
+    if (p.caps & DDP_CAP_DEVICE_CPU) caps += "cpu";
+    if (p.caps & DDP_CAP_DEVICE_CUDA) caps += caps.empty() ? "cuda" : ",cuda";
+    if (p.caps & DDP_CAP_OWNS_OPTIMIZER) caps += ",owns-optimizer";
+    text += line + (caps.empty() ? "-" : caps) + "  " + p.path + "\n";
+  }
+  return text;
+}
+
 }  // namespace ddp

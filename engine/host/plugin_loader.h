@@ -17,6 +17,7 @@
 //          "<dlerror text>"   (file exists but dlopen failed)
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,5 +82,20 @@ inline bool supports_device(uint64_t caps, ddp_device_kind device) {
 
 std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& name_or_path,
                                           const std::string& plugin_dir = default_plugin_dir());
+
+// What `ddp plugins` says of one plugin of the search path: loaded and
+// checked as a run would load it, or why it cannot be.
+struct PluginInfo {
+  PluginKind kind = PluginKind::Strategy;
+  std::string name, path, version;  // name as a config names it; version from its descriptor
+  uint32_t abi_version = 0;
+  uint64_t caps = 0;
+  std::string refusal;  // "" if it loads
+};
+std::vector<PluginInfo> describe_plugins(PluginKind kind, const std::string& search_path = default_plugin_dir());
+
+// The listing, one line per plugin (name, version, ABI, what it supports,
+// path; or the refusal). Pure.
+std::string format_plugins(const std::vector<PluginInfo>& plugins);
 
 }  // namespace ddp
