@@ -37,6 +37,7 @@
 
 #include <cstring>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <sstream>
 
@@ -172,7 +173,7 @@ class Conformance : public testing::TestWithParam<Case> {};
 struct Reference {
   std::function<std::vector<float>(int, size_t)> weights;
   std::vector<double> loss;
-  std::map<std::string, HostTensor> fixture;
+  std::shared_ptr<const std::map<std::string, HostTensor>> fixture;  // shared with `weights`; null: none
   std::string name;  // "the single-process engine" or the fixture file
 };
 
@@ -187,14 +188,14 @@ Reference reference_of(const Scenario& sc, const std::string& model, const RunRe
     return ref;
   }
   ref.name = replace_model(sc.fixture, model) + ".safetensors";
-  ref.fixture = read_safetensors(kFixtures + ref.name);
-  const auto* fixture = &ref.fixture;
+  const auto fixture = std::make_shared<const std::map<std::string, HostTensor>>(read_safetensors(kFixtures + ref.name));
+  ref.fixture = fixture;
   const std::string file = ref.name;
   ref.weights = [fixture, file, &ddp](int s, size_t p) {
     const std::string key = "step" + std::to_string(s) + "/" + ddp.names[p];
     return fixture->at(key).as_floats(file, key);
   };
-  for (float l : ref.fixture.at("loss").as_floats(ref.name, "loss")) ref.loss.push_back(l);
+  for (float l : fixture->at("loss").as_floats(ref.name, "loss")) ref.loss.push_back(l);
   return ref;
 }
 
@@ -275,8 +276,8 @@ void check_parity(const RunResult& ddp, const Reference& ref, float tolerance) {
   EXPECT_LE(loss_worst, std::max(1e-6, double(tolerance))) << "[parity] the loss differs from " << ref.name
                                                            << " by up to " << loss_worst;
   for (const char* column : {"lr", "grad_norm"}) {
-    if (!ref.fixture.count(column)) continue;
-    const std::vector<float> want = ref.fixture.at(column).as_floats(ref.name, column);
+    if (!ref.fixture || !ref.fixture->count(column)) continue;
+    const std::vector<float> want = ref.fixture->at(column).as_floats(ref.name, column);
     for (size_t s = 0; s < want.size(); ++s)
       EXPECT_NEAR(ddp.summary[column][s].get<double>(), want[s],
                   std::max(1e-6 * std::max(1.0f, want[s]), double(tolerance)))

@@ -37,7 +37,7 @@ PluginSection::PluginSection(std::string file, std::string section, const toml::
 
 void PluginSection::add(const std::string& table_name, const toml::key& key, const toml::node& node) {
   const std::string k(key.str());
-  if (const toml::node* before = table_.get(k)) {
+  if (table_.get(k)) {
     const bool mine_set = from_override(node.source()), before_set = from_override(sources_.at(k));
     if (mine_set == before_set) {  // both in the file: named from the later one
       const toml::source_region& a = node.source();
@@ -48,7 +48,6 @@ void PluginSection::add(const std::string& table_name, const toml::key& key, con
                         "' is set twice: also as '" + (mine_later ? name_of(k) : mine_name) + "' at " +
                         (mine_later ? where(k) : mine_where) + " (keep one)");
     }
-    (void)before;
     if (before_set) return;  // --set wins
   }
   table_.insert_or_assign(k, node);

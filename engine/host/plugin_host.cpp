@@ -7,12 +7,13 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 namespace ddp {
 
 int64_t bus_bytes(const char* op, int64_t buffer_bytes, int world) {
   if (world <= 1) return 0;
-  const std::string o(op);
+  const std::string_view o(op);  // per collective: no allocation
   if (o == "all_reduce") return 2 * (world - 1) * buffer_bytes / world;
   if (o == "all_gather" || o == "reduce_scatter") return (world - 1) * buffer_bytes / world;
   if (o == "broadcast") return buffer_bytes;
