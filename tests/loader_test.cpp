@@ -346,12 +346,24 @@ TEST(ShippedPlugins, LoadByName) {
 namespace ddp {
 namespace {
 
-TEST(FormatPlugins, OneLinePerPluginOrWhyItCannotLoad) {
-  PluginInfo ok{PluginKind::Strategy, "sharded", "/p/libddp_strategy_sharded.so", "0.2.0", DDP_ABI_VERSION,
-                DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER, ""};
-  PluginInfo bad{PluginKind::Transport, "x", "/p/libddp_transport_x.so", "", 0, 0, "cannot load transport plugin"};
-  EXPECT_EQ(format_plugins({ok, bad}),
-            "strategy   sharded     0.2.0  ABI 1.2  cpu,cuda,owns-optimizer  /p/libddp_strategy_sharded.so\n"
+TEST(FormatPlugins, OneLinePerPluginOrWhyItCannotLoadThenItsKeys) {
+  PluginInfo ok{PluginKind::Strategy, "sharded", "/p/libddp_strategy_sharded.so", "0.2.0", (1u << 16) | 3,
+                DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER, "",
+                std::vector<PluginKey>{{"variant", "string", "how"}, {"bucket_mb", "float", "MiB"}}};
+  PluginInfo none{PluginKind::Strategy, "naive", "/p/n.so", "0.1.0", (1u << 16) | 3, DDP_CAP_DEVICE_CPU, "",
+                  std::vector<PluginKey>{}};
+  PluginInfo old{PluginKind::Strategy, "old", "/p/o.so", "0.1.0", (1u << 16) | 2, DDP_CAP_DEVICE_CPU, "",
+                 std::nullopt};
+  PluginInfo bad{PluginKind::Transport, "x", "/p/libddp_transport_x.so", "", 0, 0, "cannot load transport plugin",
+                 std::nullopt};
+  EXPECT_EQ(format_plugins({ok, none, old, bad}),
+            "strategy   sharded     0.2.0  ABI 1.3  cpu,cuda,owns-optimizer  /p/libddp_strategy_sharded.so\n"
+            "    variant             string            how\n"
+            "    bucket_mb           float             MiB\n"
+            "strategy   naive       0.1.0  ABI 1.3  cpu  /p/n.so\n"
+            "    (no keys)\n"
+            "strategy   old         0.1.0  ABI 1.2  cpu  /p/o.so\n"
+            "    (keys not declared: checked once the plugin starts)\n"
             "transport  x           cannot load: cannot load transport plugin\n");
 }
 

@@ -1,6 +1,8 @@
 // device.cpp — memory accounting, the CPU device, make_device (see device.h).
 #include "device.h"
 
+#include "convert.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -123,6 +125,14 @@ void CpuDevice::scale(float* data, size_t count, float factor, Stream& stream) {
   stream.enqueue([=](bool cancelled) {
     if (cancelled) return;
     for (size_t i = 0; i < count; ++i) data[i] *= factor;
+  });
+}
+
+void CpuDevice::convert(void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t count,
+                        Stream& stream) {
+  if (std::string why = convert_refusal(dst_type, src_type); !why.empty()) throw Error(why, DDP_ERR_UNSUPPORTED);
+  stream.enqueue([=](bool cancelled) {
+    if (!cancelled) convert_cpu(dst, dst_type, src, src_type, count);
   });
 }
 

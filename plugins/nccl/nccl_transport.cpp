@@ -64,6 +64,13 @@
 namespace {
 
 constexpr const char* kVersion = "0.1.0";
+constexpr ddp_key kKeys[] = {
+    {"fail_streams", "bool", "true (default): a failed communicator fails the streams of later collectives"},
+    {nullptr, nullptr, nullptr},
+};
+// NCCL reduces each in its own type (bfloat16 and float16 natively).
+constexpr uint64_t kDtypes = DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_FLOAT64) | DDP_DTYPE_BIT(DDP_INT32) |
+                             DDP_DTYPE_BIT(DDP_INT64) | DDP_DTYPE_BIT(DDP_BFLOAT16) | DDP_DTYPE_BIT(DDP_FLOAT16);
 using Clock = std::chrono::steady_clock;
 using ddp::plugin::Failure;
 
@@ -498,4 +505,6 @@ DDP_TRANSPORT_ENTRY = {
     nccl_reduce_scatter,
     nccl_barrier,
     nccl_abort,
+    kDtypes,
+    kKeys,
 };

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "cuda/cuda_check.h"
+#include "convert.h"
 #include "cuda/cuda_ops.h"
 #include "device.h"
 #include "error.h"
@@ -203,6 +204,11 @@ class CudaDevice final : public Device {
   }
   void scale(float* data, size_t count, float factor, Stream& stream) override {
     cuda_ops::scale(stream.native(), data, count, factor);
+  }
+  void convert(void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t count,
+               Stream& stream) override {
+    if (std::string why = convert_refusal(dst_type, src_type); !why.empty()) throw Error(why, DDP_ERR_UNSUPPORTED);
+    cuda_ops::convert(stream.native(), dst, dst_type, src, src_type, count);
   }
   void upload(void* dst, const void* host_src, size_t bytes) override {
     check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, raw(*compute_)), "cudaMemcpyAsync (upload)");

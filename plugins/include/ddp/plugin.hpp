@@ -72,6 +72,11 @@ inline bool has_alloc_host(const ddp_host* h) noexcept {
   return h->struct_size >= offsetof(ddp_host, free_host) + sizeof(h->free_host) && h->alloc_host && h->free_host;
 }
 
+// Whether the engine offers convert (ABI 1.3).
+inline bool has_convert(const ddp_host* h) noexcept {
+  return h->struct_size >= offsetof(ddp_host, convert) + sizeof(h->convert) && h->convert;
+}
+
 // The host vtable with throwing, typed calls.
 class Host {
  public:
@@ -131,6 +136,14 @@ class Host {
   }
   void fill(const ddp_buffer& b, double value, ddp_stream s) const { check(h_->fill(h_->ctx, &b, value, s)); }
   void scale(const ddp_buffer& b, double factor, ddp_stream s) const { check(h_->scale(h_->ctx, &b, factor, s)); }
+  // float32 <-> bfloat16/float16 (ABI 1.3; see ddp_host::convert).
+  void convert(const ddp_buffer& dst, const ddp_buffer& src, ddp_stream s) const {
+    if (!has_convert(h_))
+      throw Failure(DDP_ERR_UNSUPPORTED, "convert: this engine's ABI " + std::to_string(DDP_ABI_MAJOR(h_->abi_version)) +
+                                             "." + std::to_string(DDP_ABI_MINOR(h_->abi_version)) +
+                                             " lacks it (it needs ABI 1.3 or newer)");
+    check(h_->convert(h_->ctx, &dst, &src, s));
+  }
 
   ddp_stream compute_stream() const { return h_->compute_stream(h_->ctx); }
   ddp_stream comm_stream() const { return h_->comm_stream(h_->ctx); }
@@ -140,8 +153,9 @@ class Host {
     check(h_->run_optimizer(h_->ctx, indices, count));
   }
 
-  // A float32 buffer on the run's device.
+  // A float32 buffer on the run's device; one of `dtype`.
   ddp_buffer floats(void* ptr, size_t count) const { return ddp_buffer{ptr, count, DDP_FLOAT32, h_->device}; }
+  ddp_buffer buffer(void* ptr, size_t count, ddp_dtype dtype) const { return ddp_buffer{ptr, count, dtype, h_->device}; }
 
  private:
   const ddp_host* h_;
