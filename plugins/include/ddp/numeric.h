@@ -45,10 +45,10 @@ static inline float ddp_f32_from_bits(uint32_t u) {
 static inline float ddp_bf16_to_float(uint16_t h) { return ddp_f32_from_bits((uint32_t)h << 16); }
 
 static inline uint16_t ddp_float_to_bf16(float f) {
-  uint32_t u = ddp_f32_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)0x7fc0u; /* NaN */
-  u += 0x7fffu + ((u >> 16) & 1u);                                 /* nearest, ties to even */
-  return (uint16_t)(u >> 16);
+  const uint32_t u = ddp_f32_bits(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16; /* nearest, ties to even */
+  const uint32_t nan = 0u - (uint32_t)((u & 0x7fffffffu) > 0x7f800000u); /* all ones for a NaN */
+  return (uint16_t)((0x7fc0u & nan) | (rounded & ~nan));  /* branch-free: loops vectorise */
 }
 
 static inline float ddp_fp16_to_float(uint16_t h) {
@@ -57,7 +57,8 @@ static inline float ddp_fp16_to_float(uint16_t h) {
   const float normalized = ddp_f32_from_bits((two_w >> 4) + (0xe0u << 23)) * 0x1.0p-112f;
   /* subnormal: the mantissa as the low bits of 0.5's, minus 0.5 */
   const float denormalized = ddp_f32_from_bits((two_w >> 17) | (126u << 23)) - 0.5f;
-  return ddp_f32_from_bits(sign | (two_w < (1u << 27) ? ddp_f32_bits(denormalized) : ddp_f32_bits(normalized)));
+  const uint32_t small = 0u - (uint32_t)(two_w < (1u << 27)); /* all ones for a subnormal */
+  return ddp_f32_from_bits(sign | (ddp_f32_bits(denormalized) & small) | (ddp_f32_bits(normalized) & ~small));
 }
 
 static inline uint16_t ddp_float_to_fp16(float f) {
@@ -66,11 +67,12 @@ static inline uint16_t ddp_float_to_fp16(float f) {
   float base = (abs_f * scale_to_inf) * scale_to_zero; /* overflow to infinity, keep small */
   const uint32_t w = ddp_f32_bits(f), shl1_w = w + w, sign = w & 0x80000000u;
   uint32_t bias = shl1_w & 0xff000000u;
-  if (bias < 0x71000000u) bias = 0x71000000u;
+  bias += (0x71000000u - bias) & (0u - (uint32_t)(bias < 0x71000000u)); /* at least 0x71000000 */
   base = ddp_f32_from_bits((bias >> 1) + 0x07800000u) + base; /* the add rounds to 10 bits */
   const uint32_t bits = ddp_f32_bits(base);
   const uint32_t nonsign = ((bits >> 13) & 0x00007c00u) + (bits & 0x00000fffu);
-  return (uint16_t)((sign >> 16) | (shl1_w > 0xff000000u ? 0x7e00u : nonsign));
+  const uint32_t nan = 0u - (uint32_t)(shl1_w > 0xff000000u);
+  return (uint16_t)((sign >> 16) | (0x7e00u & nan) | (nonsign & ~nan));
 }
 
 #endif /* DDP_NUMERIC_H */
