@@ -123,12 +123,7 @@ std::string run_done_line(const std::string& output_dir) {
 // against those it declares (if it declares them; else each rank checks
 // them once the plugin has read its keys).
 void check_plugin(PluginKind kind, const std::string& name, const PluginSection& section) {
-  const std::unique_ptr<LoadedPlugin> plugin = load_plugin(kind, name);
-  if (const auto keys = declared_keys(*plugin)) {
-    std::vector<std::string> names;
-    for (const PluginKey& k : *keys) names.push_back(k.name);
-    section.check_declared(names, to_string(kind), plugin->strategy() ? plugin->strategy()->name : plugin->transport()->name);
-  }
+  check_declared_keys(*load_plugin(kind, name), section);
 }
 
 // `ddp run` on this machine: run.world_size ranks of this executable, each

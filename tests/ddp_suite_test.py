@@ -304,6 +304,7 @@ class PytorchVariantTest(SuiteFiles):
                 (lm + p + 'strategy = "naive"\n', r"no strategy\.plugin"),
                 (lm + p + 'set.data.batch_size = 15\n', r"batch_size = 15 does not divide by world 2"),
                 (lm + p + 'set.strategy.bucket_mb = "auto"\n', r"strategy\.bucket_mb .* must be a number"),
+                (lm + p + 'set.strategy.compress = "bf16"\n', r"cannot reproduce 'strategy\.compress' = 'bf16'"),
                 (lm + p + 'set.optimizer.name = "lion"\n', r"optimizer 'lion'")]:
             self.error(text, pattern)
 

@@ -606,7 +606,7 @@ TEST(Launcher, RanksGivenDifferentConfigsAreRefusedBeforeTraining) {
 // Every shipped config with every shipped strategy, by changing
 // strategy.plugin alone (and, for the test's sake, one step into a
 // temporary directory): each plugin's keys live in a table of its own.
-// lm-gpu.toml needs a GPU (its nccl transport) and is left out here.
+// lm-gpu.toml needs a GPU (its nccl transport): LmGpuConfig below.
 class SwapByOneLine : public testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(SwapByOneLine, TheRunTrains) {
@@ -619,6 +619,27 @@ TEST_P(SwapByOneLine, TheRunTrains) {
   EXPECT_TRUE(fs::exists(dir + "/out/summary.json")) << read_file(p.err);
   fs::remove_all(dir);
 }
+
+// configs/lm-gpu.toml with every strategy gpu_check.sh runs, by changing
+// strategy.plugin alone, one step of lm-tiny on the CPU (transport gloo:
+// nccl needs a GPU): a key a strategy does not read is refused here, not
+// on the GPU machine.
+class LmGpuConfig : public testing::TestWithParam<std::string> {};
+
+TEST_P(LmGpuConfig, EveryStrategyTakesIt) {
+  const std::string& strategy = GetParam();
+  std::string dir = temp_dir();
+  Process p = start({"run", kRepo + "/configs/lm-gpu.toml", "--set", "strategy.plugin=" + strategy, "--set",
+                     "run.device=\"cpu\"", "--set", "transport.plugin=\"gloo\"", "--set", "model.preset=\"lm-tiny\"",
+                     "--set", "run.steps=1", "--set", "run.output_dir=\"" + dir + "/out\""},
+                    {}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(120)), 0) << read_file(p.err);
+  EXPECT_TRUE(fs::exists(dir + "/out/summary.json")) << read_file(p.err);
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, LmGpuConfig,
+                         testing::Values("naive", "flat", "overlap", "bucketed", "sharded"));
 
 INSTANTIATE_TEST_SUITE_P(ShippedConfigs, SwapByOneLine,
                          testing::Combine(testing::Values("toy", "flat", "overlap", "bucketed", "sharded", "mlp",

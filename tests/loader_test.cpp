@@ -349,14 +349,16 @@ namespace {
 TEST(FormatPlugins, OneLinePerPluginOrWhyItCannotLoadThenItsKeys) {
   PluginInfo ok{PluginKind::Strategy, "sharded", "/p/libddp_strategy_sharded.so", "0.2.0", (1u << 16) | 3,
                 DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER, "",
-                std::vector<PluginKey>{{"variant", "string", "how"}, {"bucket_mb", "float", "MiB"}}};
+                std::vector<PluginKey>{{"variant", "string", "how"}, {"bucket_mb", "float", "MiB"}}, 0};
   PluginInfo none{PluginKind::Strategy, "naive", "/p/n.so", "0.1.0", (1u << 16) | 3, DDP_CAP_DEVICE_CPU, "",
-                  std::vector<PluginKey>{}};
+                  std::vector<PluginKey>{}, 0};
   PluginInfo old{PluginKind::Strategy, "old", "/p/o.so", "0.1.0", (1u << 16) | 2, DDP_CAP_DEVICE_CPU, "",
-                 std::nullopt};
+                 std::nullopt, 0};
   PluginInfo bad{PluginKind::Transport, "x", "/p/libddp_transport_x.so", "", 0, 0, "cannot load transport plugin",
-                 std::nullopt};
-  EXPECT_EQ(format_plugins({ok, none, old, bad}),
+                 std::nullopt, 0};
+  PluginInfo gloo{PluginKind::Transport, "gloo", "/p/g.so", "0.4.0", (1u << 16) | 3, DDP_CAP_DEVICE_CPU, "",
+                  std::vector<PluginKey>{}, DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_BFLOAT16)};
+  EXPECT_EQ(format_plugins({ok, none, old, bad, gloo}),
             "strategy   sharded     0.2.0  ABI 1.3  cpu,cuda,owns-optimizer  /p/libddp_strategy_sharded.so\n"
             "    variant             string            how\n"
             "    bucket_mb           float             MiB\n"
@@ -364,7 +366,10 @@ TEST(FormatPlugins, OneLinePerPluginOrWhyItCannotLoadThenItsKeys) {
             "    (no keys)\n"
             "strategy   old         0.1.0  ABI 1.2  cpu  /p/o.so\n"
             "    (keys not declared: checked once the plugin starts)\n"
-            "transport  x           cannot load: cannot load transport plugin\n");
+            "transport  x           cannot load: cannot load transport plugin\n"
+            "transport  gloo        0.4.0  ABI 1.3  cpu  /p/g.so\n"
+            "    dtypes: float32, bfloat16\n"
+            "    (no keys)\n");
 }
 
 // Every plugin of the search path, loaded as a run loads it: the broken

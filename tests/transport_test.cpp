@@ -532,11 +532,11 @@ TEST(GlooTransport, RefusalsAtEnqueue) {
                    "reduce_scatter: send and recv are on different kinds of device (cuda and cpu): both must be "
                    "CPU or both CUDA",
                    "reduce_scatter mixed");
-    ddp_buffer unknown{x.data(), x.size(), static_cast<ddp_dtype>(9), DDP_DEVICE_CPU};  // no dtype of the ABI
+    ddp_buffer unknown{x.data(), x.size(), static_cast<ddp_dtype>(6), DDP_DEVICE_CPU};  // no dtype of ABI 1.3
     expect_refusal(t->all_reduce(rank.comm(), &unknown, DDP_REDUCE_SUM, rank.stream()),
                    DDP_ERR_UNSUPPORTED,
                    "all_reduce: dtype not supported (float32, float64, int32, int64, bfloat16, float16)",
-                   "all_reduce dtype 9");
+                   "all_reduce dtype 6");
     ddp_buffer null_buf{nullptr, 4, DDP_FLOAT32, DDP_DEVICE_CPU};
     expect_refusal(t->all_reduce(rank.comm(), &null_buf, DDP_REDUCE_SUM, rank.stream()),
                    DDP_ERR_INVALID_ARGUMENT, "all_reduce: NULL buffer", "all_reduce NULL");

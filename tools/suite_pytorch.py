@@ -98,6 +98,10 @@ def pytorch_args(c, overrides, warmup, where):
         raise Unreproducible(f"{where}: kind = \"pytorch\": needs run.steps and data.batch_size")
     if batch % world:
         raise Unreproducible(f"{where}: data.batch_size = {batch} does not divide by world {world}")
+    for key, value in overrides.items():  # a strategy setting PyTorch's DDP would not apply
+        if key.startswith("strategy.") and key.rsplit(".", 1)[1] not in ("bucket_mb",):
+            raise Unreproducible(f"{where}: kind = \"pytorch\" cannot reproduce '{key}' = {value!r} "
+                                 "(PyTorch's DDP here takes bucket_mb, as its bucket_cap_mb, alone)")
     bucket = overrides.get("strategy.bucket_mb", TORCH_BUCKET_MB)
     if not isinstance(bucket, (int, float)) or isinstance(bucket, bool) or bucket <= 0:
         raise Unreproducible(f"{where}: kind = \"pytorch\": strategy.bucket_mb (its bucket_cap_mb) "

@@ -123,6 +123,12 @@ class CpuDevice final : public Device {
   BlockTable blocks_{memory_};
 };
 
+// The GPU (index among the `visible` ones) of the rank with `local_rank`:
+// ddp::plugin::rank_gpu (the one GPU a launcher left visible, else GPU
+// local_rank, else local_rank modulo visible when shared); throws Error
+// (DDP_ERR_UNSUPPORTED) saying why where there is none. Pure.
+int choose_gpu(int local_rank, int visible, const char* cuda_visible_devices, bool share_gpus);
+
 // The device of `kind` for the rank with this local rank. CUDA: GPU
 // local_rank, or local_rank modulo the GPUs present when share_gpus. Throws
 // Error where there is no usable GPU, too few of them, or no CUDA in this

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <vector>
 
+#include <ddp/numeric.h>
+
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
 #include <boost/filesystem.hpp>
@@ -300,6 +302,16 @@ std::optional<std::vector<PluginKey>> declared_keys(const LoadedPlugin& plugin) 
   return out;
 }
 
+void check_declared_keys(const LoadedPlugin& plugin, const PluginSection& section) {
+  const auto keys = declared_keys(plugin);
+  if (!keys) return;
+  std::vector<std::string> names;
+  for (const PluginKey& k : *keys) names.push_back(k.name);
+  const bool strategy = plugin.strategy() != nullptr;
+  section.check_declared(names, strategy ? "strategy" : "transport",
+                         strategy ? plugin.strategy()->name : plugin.transport()->name);
+}
+
 std::vector<PluginInfo> describe_plugins(PluginKind kind, const std::string& search_path) {
   std::vector<PluginInfo> out;
   for (const std::string& name : available_plugins(kind, search_path)) {
@@ -313,6 +325,7 @@ std::vector<PluginInfo> describe_plugins(PluginKind kind, const std::string& sea
         info.version = d->version, info.abi_version = d->abi_version, info.caps = d->caps;
       } else if (const ddp_transport_v1_t* t = plugin->transport()) {
         info.version = t->version, info.abi_version = t->abi_version, info.caps = t->caps;
+        info.dtypes = ddp_transport_dtypes(t);
       }
       info.keys = declared_keys(*plugin);
     } catch (const PluginError& e) {
@@ -339,6 +352,12 @@ std::string format_plugins(const std::vector<PluginInfo>& plugins) {
     if (p.caps & DDP_CAP_DEVICE_CUDA) caps += caps.empty() ? "cuda" : ",cuda";
     if (p.caps & DDP_CAP_OWNS_OPTIMIZER) caps += ",owns-optimizer";
     text += line + (caps.empty() ? "-" : caps) + "  " + p.path + "\n";
+    if (p.dtypes) {
+      std::string dtypes;
+      for (int d = DDP_FLOAT32; d <= DDP_FLOAT16; ++d)
+        if (p.dtypes & DDP_DTYPE_BIT(d)) dtypes += (dtypes.empty() ? "" : ", ") + std::string(ddp_dtype_name(ddp_dtype(d)));
+      text += "    dtypes: " + dtypes + "\n";
+    }
     if (!p.keys) {
       text += "    (keys not declared: checked once the plugin starts)\n";
       continue;

@@ -27,6 +27,7 @@
 
 #include "error.h"
 #include "nearest.h"
+#include "plugin_section.h"
 
 namespace ddp {
 
@@ -89,6 +90,10 @@ struct PluginKey {
 // The keys the plugin declares in its descriptor, or nullopt where it
 // declares none (keys NULL, or a plugin older than ABI 1.3).
 std::optional<std::vector<PluginKey>> declared_keys(const LoadedPlugin& plugin);
+// The keys of the plugin's table against those it declares, if it declares
+// them (PluginSection::check_declared: throws ConfigError naming the first
+// unknown one); nothing for a plugin that declares none.
+void check_declared_keys(const LoadedPlugin& plugin, const PluginSection& section);
 
 // What `ddp plugins` says of one plugin of the search path: loaded and
 // checked as a run would load it, or why it cannot be.
@@ -99,6 +104,7 @@ struct PluginInfo {
   uint64_t caps = 0;
   std::string refusal;  // "" if it loads
   std::optional<std::vector<PluginKey>> keys;
+  uint64_t dtypes = 0;  // a transport's (ddp_transport_dtypes); 0 for a strategy
 };
 std::vector<PluginInfo> describe_plugins(PluginKind kind, const std::string& search_path = default_plugin_dir());
 

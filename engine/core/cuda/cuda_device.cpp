@@ -238,14 +238,7 @@ std::unique_ptr<Device> make_cuda_device(int local_rank, bool share_gpus) {
                     (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")",
                 DDP_ERR_UNSUPPORTED);
   }
-  if (local_rank >= count && !share_gpus)
-    throw Error("device \"cuda\": local rank " + std::to_string(local_rank) + " needs GPU " +
-                std::to_string(local_rank) + ", but this machine has " + std::to_string(count) +
-                " GPU" + (count == 1 ? "" : "s") +
-                    " (one GPU per local rank; set run.share_gpus = true to let ranks share them, "
-                    "which the gloo transport allows and nccl does not)",
-                DDP_ERR_UNSUPPORTED);
-  return std::make_unique<CudaDevice>(local_rank % count);
+  return std::make_unique<CudaDevice>(choose_gpu(local_rank, count, std::getenv("CUDA_VISIBLE_DEVICES"), share_gpus));
 }
 
 }  // namespace ddp

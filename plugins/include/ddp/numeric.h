@@ -1,8 +1,9 @@
 /* ddp/numeric.h — header-only C99 helpers for the ABI's dtypes: their names,
  * and conversions between float32 and the two 16-bit floats (DDP_BFLOAT16,
  * DDP_FLOAT16), bit for bit as
- * PyTorch's CPU .to() does them: round to nearest, ties to even; a NaN stays
- * a NaN (bfloat16: 0x7fc0); a float too large for float16 becomes infinity.
+ * PyTorch's CPU .to() does them for every number: round to nearest, ties to
+ * even; a float too large for float16 becomes infinity. A NaN stays a NaN
+ * (bfloat16 0x7fc0; PyTorch's bits for a NaN vary with its code path).
  * For plugins and the engine alike; no ABI (nothing here crosses it).
  *
  * The float16 pair is the branch-free method of Maratyszcza's FP16 library,

@@ -302,7 +302,7 @@ typedef struct ddp_transport_v1_t {
    * reduce_scatter take; any other fails with DDP_ERR_UNSUPPORTED. Read it
    * with ddp_transport_dtypes(). */
   uint64_t dtypes;
-  const ddp_key* keys; /* (ABI 1.3, may be NULL) its TOML keys */
+  const ddp_key* keys; /* (ABI 1.3) its TOML keys; {NULL}: none; NULL: not declared */
 } ddp_transport_v1_t;
 
 /* The dtypes `t` takes: float32 alone where it declares none (before 1.3). */
@@ -377,7 +377,7 @@ typedef struct ddp_strategy_v1_t {
    * rank holds in indices[0, *count) (cap >= param_count); 0 if every rank
    * has all (also if NULL). optimizer.clip_grad_norm sums these ranks' norms. */
   ddp_status (*held_grads)(ddp_strategy* s, size_t* indices, size_t cap, size_t* count, int* partitioned);
-  const ddp_key* keys; /* (ABI 1.3, may be NULL) its TOML keys */
+  const ddp_key* keys; /* (ABI 1.3) its TOML keys; {NULL}: none; NULL: not declared */
 } ddp_strategy_v1_t;
 
 /* What a plugin exports: exactly one entry symbol, defined with one of

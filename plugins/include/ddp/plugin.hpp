@@ -72,6 +72,19 @@ inline bool has_alloc_host(const ddp_host* h) noexcept {
   return h->struct_size >= offsetof(ddp_host, free_host) + sizeof(h->free_host) && h->alloc_host && h->free_host;
 }
 
+// The GPU, by its index among the `visible` ones, that the rank with
+// `local_rank` uses on a CUDA run, as the engine chooses it (and as a plugin
+// that opens the device itself must): the one GPU a rank sees when a
+// launcher gave each rank its own (CUDA_VISIBLE_DEVICES set, as SLURM's
+// --gpus-per-task does), whatever its local rank; else GPU local_rank; else,
+// where ranks may share GPUs, local_rank modulo visible. -1: none for it.
+inline int rank_gpu(int local_rank, int visible, const char* cuda_visible_devices, bool share) noexcept {
+  if (visible <= 0 || local_rank < 0) return -1;
+  if (visible == 1 && cuda_visible_devices != nullptr && *cuda_visible_devices != '\0') return 0;
+  if (local_rank < visible) return local_rank;
+  return share ? local_rank % visible : -1;
+}
+
 // Whether the engine offers convert (ABI 1.3).
 inline bool has_convert(const ddp_host* h) noexcept {
   return h->struct_size >= offsetof(ddp_host, convert) + sizeof(h->convert) && h->convert;
