@@ -470,6 +470,29 @@ TEST(EventOnDeviceStreams, RecordQuerySynchronizeAndNativeWait) {
   EXPECT_EQ(order, (std::vector<int>{1, 2}));
 }
 
+// A wait past its first 100 us blocks on the event where the stream can
+// (a CUDA stream: cudaEventSynchronize) instead of polling with sleeps;
+// one that ends sooner never blocks; a stream that cannot block is polled.
+TEST(EventOnDeviceStreams, AWaitPastItsFirst100usBlocksWhereTheStreamCan) {
+  for (const bool can_block : {true, false}) {
+    test::DeviceLikeStream a("a");
+    a.blocking = can_block;
+    a.enqueue([](bool) { std::this_thread::sleep_for(5ms); });
+    Event slow;
+    slow.record(a);
+    const auto start = std::chrono::steady_clock::now();
+    slow.synchronize();
+    EXPECT_GE(std::chrono::steady_clock::now() - start, 4ms);
+    EXPECT_TRUE(slow.query());
+    EXPECT_EQ(a.blocked.load(), can_block ? 1 : 0);
+    Event done;
+    done.record(a);  // nothing queued after the sleep: passed at once
+    a.synchronize();
+    done.synchronize();
+    EXPECT_EQ(a.blocked.load(), can_block ? 1 : 0) << "a wait that ended within 100 us blocked";
+  }
+}
+
 TEST(EventOnDeviceStreams, AFailedHostTaskFailsLaterEvents) {
   DeviceLikeStream a("a");
   a.enqueue([](bool) { throw std::runtime_error("transport exploded"); });

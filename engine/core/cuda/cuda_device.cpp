@@ -70,6 +70,10 @@ class CudaStream final : public Stream {
     check(e, "cudaEventQuery");
     return true;
   }
+  bool block_on_native_event(void* event) override {
+    check(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "cudaEventSynchronize");
+    return true;
+  }
   NativeEventDestroy native_event_destroyer() const override {
     return [](void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); };
   }
