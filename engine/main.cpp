@@ -119,6 +119,13 @@ std::string run_done_line(const std::string& output_dir) {
   return line.str();
 }
 
+// Loads the plugin every rank will load and checks the keys of its table
+// against those it declares (if it declares them; else each rank checks
+// them once the plugin has read its keys).
+void check_plugin(PluginKind kind, const std::string& name, const PluginSection& section) {
+  check_declared_keys(*load_plugin(kind, name), section);
+}
+
 // `ddp run` on this machine: run.world_size ranks of this executable, each
 // running the same command line as a rank. With --trace, each rank records
 // into the run's private directory and the files are merged into
@@ -150,10 +157,11 @@ int launch_run(const Config& config, const std::string& config_path, const std::
       std::cout << "trace: " << merged << " (open it in https://ui.perfetto.dev or chrome://tracing)\n";
     };
   }
-  // The plugins every rank will load, loaded here once: a misspelt name or
-  // a library that cannot load is refused before any rank starts.
-  load_plugin(PluginKind::Strategy, config.strategy_plugin);
-  load_plugin(PluginKind::Transport, config.transport_plugin);
+  // The plugins every rank will load, loaded here once: a misspelt name, a
+  // library that cannot load or a key the plugin does not declare is
+  // refused before any rank starts.
+  check_plugin(PluginKind::Strategy, config.strategy_plugin, config.strategy);
+  check_plugin(PluginKind::Transport, config.transport_plugin, config.transport);
   const DirectoryLock lock(config.run.output_dir, "run.output_dir");  // one run per output directory
   const auto checkpoint_lock = lock_checkpoint_dir(config);
   std::string resume = config.resume;

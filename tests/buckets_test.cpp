@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "../strategies/common/buckets.h"
+#include "../strategies/common/compress.h"
 
 namespace ddp {
 namespace strategy {
@@ -59,3 +60,30 @@ TEST(AssignBuckets, NothingTrainableGivesNoBuckets) {
 }  // namespace
 }  // namespace strategy
 }  // namespace ddp
+
+// ------------------------------------------------------- compress (compress.h)
+
+namespace ddp::strategy {
+namespace {
+
+TEST(Compress, ValuesOfTheKey) {
+  EXPECT_EQ(compress_dtype("none"), DDP_FLOAT32);
+  EXPECT_EQ(compress_dtype("bf16"), DDP_BFLOAT16);
+  EXPECT_EQ(compress_dtype("fp16"), DDP_FLOAT16);
+  EXPECT_EQ(compress_dtype("BF16"), std::nullopt);
+  EXPECT_EQ(compress_dtype("int8"), std::nullopt);
+}
+
+TEST(Compress, RefusedWhereTheTransportOrHostCannot) {
+  const uint64_t f32 = DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_INT64);
+  const uint64_t all = f32 | DDP_DTYPE_BIT(DDP_BFLOAT16) | DDP_DTYPE_BIT(DDP_FLOAT16);
+  EXPECT_EQ(compress_refusal(DDP_FLOAT32, "old", DDP_DTYPE_BIT(DDP_FLOAT32), false), "");
+  EXPECT_EQ(compress_refusal(DDP_BFLOAT16, "gloo", all, true), "");
+  EXPECT_EQ(compress_refusal(DDP_BFLOAT16, "old", f32, true),
+            "strategy.compress = \"bf16\": transport 'old' does not take bfloat16 (it takes float32, int64)");
+  EXPECT_EQ(compress_refusal(DDP_FLOAT16, "gloo", all, false),
+            "strategy.compress = \"fp16\": this engine has no host->convert (it needs ABI 1.3 or newer)");
+}
+
+}  // namespace
+}  // namespace ddp::strategy

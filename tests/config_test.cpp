@@ -546,6 +546,31 @@ TEST_F(ConfigTest, PluginSectionUnreadKeys) {
   EXPECT_NO_THROW(s.check_all_read("strategy", "naive"));
 }
 
+// The launcher's check, from the keys a plugin declares: the first key in
+// file order (then --set) that it does not declare, what it does read, and
+// the nearest if one is close.
+TEST_F(ConfigTest, PluginSectionKeysAgainstThoseDeclared) {
+  const std::string path = write("c.toml", kPluginFile);
+  const Config c = load_config(path, {"strategy.late=1"});
+  const PluginSection& s = c.strategy;
+  const std::vector<std::string> all = {"alpha", "late", "mode", "overlap", "ratio", "whole", "zeta"};
+  EXPECT_NO_THROW(s.check_declared(all, "strategy", "mine"));
+  EXPECT_EQ(error_of([&] { s.check_declared({"alpha", "mode"}, "strategy", "mine"); }),
+            path + ":11:8: unknown key 'strategy.zeta' (strategy plugin 'mine' does not read it; it reads: alpha, "
+                   "mode)");
+  EXPECT_EQ(error_of([&] { s.check_declared({"zeta", "alpah", "mode", "overlap", "ratio", "whole", "late"},
+                                            "strategy", "mine"); }),
+            path + ":12:9: unknown key 'strategy.alpha' (strategy plugin 'mine' does not read it; it reads: zeta, "
+                   "alpah, mode, overlap, ratio, whole, late; did you mean 'alpah'?)");
+  std::vector<std::string> no_late = all;
+  no_late.erase(no_late.begin() + 1);
+  EXPECT_EQ(error_of([&] { s.check_declared(no_late, "strategy", "mine"); }),
+            "--set strategy.late=1: unknown key 'strategy.late' (strategy plugin 'mine' does not read it; it reads: "
+            "alpha, mode, overlap, ratio, whole, zeta)");
+  EXPECT_EQ(error_of([&] { s.check_declared({}, "strategy", "naive"); }),
+            path + ":11:8: unknown key 'strategy.zeta' (strategy plugin 'naive' does not read it; it reads no keys)");
+}
+
 TEST_F(ConfigTest, ValidateConfigIsPure) {
   // A document parsed from a string: `file` only names it in messages.
   const toml::table doc = toml::parse(std::string_view(kMinimal), std::string_view("ignored"));

@@ -18,7 +18,7 @@
 
 #include <gtest/gtest.h>
 
-#include "plugin_loader.h"  // nearest_name
+#include "nearest.h"
 
 namespace ddp {
 

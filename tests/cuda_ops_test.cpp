@@ -5,6 +5,7 @@
 // the same weights and gradients, compared BITWISE after every step (the
 // kernels promise the CPU loops' rounding, operation by operation). Every
 // test needs a GPU and skips, with the reason, where there is none.
+#include <ddp/numeric.h>
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "config.h"
+#include "convert.h"
 #include "cuda/cuda_ops.h"
 #include "device.h"
 #include "gpu.h"
@@ -163,6 +165,32 @@ TEST_F(CudaOps, ScaleIsExactAndStaysInRange) {
   }
   cuda_ops::scale(stream(), nullptr, 0, factor);
   CUDA_ASSERT(cudaStreamSynchronize(stream_));
+}
+
+// convert: float32 to bfloat16 and float16 and back, bit for bit as the
+// CPU (convert_cpu) on random values of every magnitude, ties and NaN left out.
+TEST_F(CudaOps, ConvertMatchesCpuBitwise) {
+  DDP_REQUIRE_GPUS(1);
+  for (const ddp_dtype half : {DDP_BFLOAT16, DDP_FLOAT16}) {
+    const size_t n = (size_t{1} << 20) + 3;
+    const std::vector<float> data = random_values(n, 1e4f, 11);
+    std::vector<uint16_t> want16(n);
+    std::vector<float> want32(n);
+    convert_cpu(want16.data(), half, data.data(), DDP_FLOAT32, n);
+    convert_cpu(want32.data(), DDP_FLOAT32, want16.data(), half, n);
+    DeviceFloats in(n), back(n), mid((n + 1) / 2);  // mid: n 16-bit values
+    CUDA_ASSERT(in.error());
+    CUDA_ASSERT(back.error());
+    CUDA_ASSERT(mid.error());
+    upload(in, data, stream_);
+    cuda_ops::convert(stream(), mid.get(), half, in.get(), DDP_FLOAT32, n);
+    cuda_ops::convert(stream(), back.get(), DDP_FLOAT32, mid.get(), half, n);
+    std::vector<uint16_t> got16(n);
+    CUDA_ASSERT(cudaMemcpyAsync(got16.data(), mid.get(), n * sizeof(uint16_t), cudaMemcpyDeviceToHost, stream_));
+    const std::vector<float> got32 = download(back, stream_);
+    EXPECT_EQ(got16, want16) << ddp_dtype_name(half);
+    EXPECT_TRUE(bitwise_equal(want32.data(), got32.data(), n)) << ddp_dtype_name(half);
+  }
 }
 
 // Indices past 2^31 (size_t, not int): fill and scale 2^31 + 1000 floats

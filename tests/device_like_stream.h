@@ -10,6 +10,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -26,7 +28,11 @@ class DeviceLikeStream final : public Stream {
     ++queued_;
     inner_.enqueue([this, task = std::move(task), index = next_task_index()](bool) mutable {
       run(task, index);  // records a failure on this stream, as a device's host task does
-      ++ran_;
+      {
+        std::lock_guard<std::mutex> lock(passed_mutex_);
+        ++ran_;
+      }
+      passed_.notify_all();
     });
   }
   void synchronize() override {
@@ -43,6 +49,17 @@ class DeviceLikeStream final : public Stream {
     });
   }
   bool query_native_event(void* event) override { return ran_ >= static_cast<std::atomic<int64_t>*>(event)->load(); }
+  // With `blocking` set, blocks until the stream passes the event, as a CUDA
+  // stream does (cudaEventSynchronize), and counts the calls.
+  bool block_on_native_event(void* event) override {
+    if (!blocking) return false;
+    ++blocked;
+    std::unique_lock<std::mutex> lock(passed_mutex_);
+    passed_.wait(lock, [&] { return query_native_event(event); });
+    return true;
+  }
+  bool blocking = false;
+  std::atomic<int> blocked{0};
   NativeEventDestroy native_event_destroyer() const override {
     return [](void* event) { delete static_cast<std::atomic<int64_t>*>(event); };
   }
@@ -72,6 +89,12 @@ class DeviceLikeStream final : public Stream {
   void release_timestamp(void* stamp) override { delete static_cast<Stamp*>(stamp); }
 
   DeviceLikeStream* last_recorder_ = nullptr;
+
+ private:
+  std::mutex passed_mutex_;
+  std::condition_variable passed_;
+
+ public:
 
  private:
   struct Inner : Stream {

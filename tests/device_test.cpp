@@ -7,6 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -20,6 +22,7 @@
 #include "device_like_stream.h"
 #if DDP_WITH_CUDA
 #include "gpu.h"
+#include "process.h"
 #endif
 
 namespace ddp {
@@ -467,6 +470,29 @@ TEST(EventOnDeviceStreams, RecordQuerySynchronizeAndNativeWait) {
   EXPECT_EQ(order, (std::vector<int>{1, 2}));
 }
 
+// A wait past its first 100 us blocks on the event where the stream can
+// (a CUDA stream: cudaEventSynchronize) instead of polling with sleeps;
+// one that ends sooner never blocks; a stream that cannot block is polled.
+TEST(EventOnDeviceStreams, AWaitPastItsFirst100usBlocksWhereTheStreamCan) {
+  for (const bool can_block : {true, false}) {
+    test::DeviceLikeStream a("a");
+    a.blocking = can_block;
+    a.enqueue([](bool) { std::this_thread::sleep_for(5ms); });
+    Event slow;
+    slow.record(a);
+    const auto start = std::chrono::steady_clock::now();
+    slow.synchronize();
+    EXPECT_GE(std::chrono::steady_clock::now() - start, 4ms);
+    EXPECT_TRUE(slow.query());
+    EXPECT_EQ(a.blocked.load(), can_block ? 1 : 0);
+    Event done;
+    done.record(a);  // nothing queued after the sleep: passed at once
+    a.synchronize();
+    done.synchronize();
+    EXPECT_EQ(a.blocked.load(), can_block ? 1 : 0) << "a wait that ended within 100 us blocked";
+  }
+}
+
 TEST(EventOnDeviceStreams, AFailedHostTaskFailsLaterEvents) {
   DeviceLikeStream a("a");
   a.enqueue([](bool) { throw std::runtime_error("transport exploded"); });
@@ -653,9 +679,38 @@ TEST(MakeDevice, CudaWithoutAGpuIsAClearError) {
   }
 }
 
+// Which GPU a rank takes (pure): GPU local_rank; the one GPU a launcher
+// left visible whatever the local rank; shared ones modulo their count.
+TEST(ChooseGpu, OnePerLocalRankOrTheOneVisible) {
+  EXPECT_EQ(choose_gpu(0, 4, nullptr, false), 0);
+  EXPECT_EQ(choose_gpu(3, 4, nullptr, false), 3);
+  EXPECT_EQ(choose_gpu(3, 1, "2", false), 0);    // SLURM --gpus-per-task=1: GPU 2 is this rank's only one
+  EXPECT_EQ(choose_gpu(5, 2, nullptr, true), 1);  // shared
+  EXPECT_EQ(choose_gpu(3, 1, nullptr, true), 0);
+  const std::string tail =
+      " visible (one GPU per local rank, or one visible to each rank through CUDA_VISIBLE_DEVICES; set "
+      "run.share_gpus = true to let ranks share them, which the gloo transport allows and nccl does not)";
+  const auto error_of = [](int local_rank, int visible, const char* cvd) {
+    try {
+      choose_gpu(local_rank, visible, cvd, false);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), DDP_ERR_UNSUPPORTED);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // One GPU, no launcher's restriction: local rank 3 is refused (4 ranks on one GPU).
+  EXPECT_EQ(error_of(3, 1, nullptr), "device \"cuda\": local rank 3 needs GPU 3, but this machine has 1 GPU" + tail);
+  EXPECT_EQ(error_of(3, 1, ""), "device \"cuda\": local rank 3 needs GPU 3, but this machine has 1 GPU" + tail);
+  // Two visible: the launcher did not give this rank one of its own.
+  EXPECT_EQ(error_of(2, 2, "0,1"), "device \"cuda\": local rank 2 needs GPU 2, but this machine has 2 GPUs" + tail);
+}
+
 TEST(MakeDevice, CudaNeedsAGpuPerLocalRankUnlessShared) {
   DDP_REQUIRE_GPUS(1);
   const int n = test::gpus().count;
+  if (n == 1 && std::getenv("CUDA_VISIBLE_DEVICES"))
+    GTEST_SKIP() << "one GPU visible through CUDA_VISIBLE_DEVICES: every local rank takes it (ChooseGpu)";
   try {
     make_device(DDP_DEVICE_CUDA, n, false);
     FAIL() << "no error";
@@ -667,6 +722,22 @@ TEST(MakeDevice, CudaNeedsAGpuPerLocalRankUnlessShared) {
   auto shared = make_device(DDP_DEVICE_CUDA, n, true);  // GPU n % n = 0
   EXPECT_EQ(shared->kind(), DDP_DEVICE_CUDA);
   EXPECT_NE(shared->compute_stream().native(), nullptr);
+}
+
+// A rank that sees exactly one GPU (CUDA_VISIBLE_DEVICES, as SLURM gives
+// each task its own) uses it with local rank 3: `ddp run` as rank 0 of 1
+// started by an outside launcher, one step of lm-tiny with nccl.
+TEST(MakeDevice, ARankThatSeesOneGpuUsesItWhateverItsLocalRank) {
+  DDP_REQUIRE_GPUS(1);
+  const std::string dir = temp_dir();
+  Process p = start({"run", kRepo + "/configs/lm-gpu.toml", "--set", "model.preset=\"lm-tiny\"", "--set",
+                     "run.steps=1", "--set", "run.output_dir=\"" + dir + "/out\""},
+                    {"CUDA_VISIBLE_DEVICES=" + std::to_string(test::gpus().count - 1), "RANK=0", "WORLD_SIZE=1",
+                     "LOCAL_RANK=3", "DDP_RENDEZVOUS=file:" + dir + "/rdzv"},
+                    dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(120)), 0) << read_file(p.err);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/out/summary.json")) << read_file(p.err);
+  std::filesystem::remove_all(dir);
 }
 
 // The CUDA device's streams and events keep the CPU's semantics: host tasks

@@ -127,7 +127,7 @@ TEST(LoadPluginRefuses, AMisspeltNameSuggestsTheNearestAndListsWhatThereIs) {
     ADD_FAILURE() << "loaded";
   } catch (const PluginError& e) {
     EXPECT_EQ(std::string(e.what()), "cannot load strategy plugin '" + dir +
-                                         "/libddp_strategy_bucketd.so' (host ABI 1.2, plugin ABI none): file not "
+                                         "/libddp_strategy_bucketd.so' (host ABI 1.3, plugin ABI none): file not "
                                          "found; did you mean 'bucketed'? (strategy plugins in " +
                                          dir + ": " + list + ")");
   }
@@ -219,23 +219,23 @@ TEST(LoadPluginRefuses, FileNotFoundByName) {
   for (const auto& n : available_plugins(PluginKind::Strategy, kDir)) list += (list.empty() ? "" : ", ") + n;
   EXPECT_EQ(refusal(PluginKind::Strategy, "missing"),
             "cannot load strategy plugin '" + plugin_file("strategy", "missing") +
-                "' (host ABI 1.2, plugin ABI none): file not found (strategy plugins in " + kDir + ": " + list + ")");
+                "' (host ABI 1.3, plugin ABI none): file not found (strategy plugins in " + kDir + ": " + list + ")");
   EXPECT_EQ(refusal(PluginKind::Strategy, "missing", "/nonexistent"),
-            "cannot load strategy plugin '/nonexistent/libddp_strategy_missing.so' (host ABI 1.2, plugin ABI none): "
+            "cannot load strategy plugin '/nonexistent/libddp_strategy_missing.so' (host ABI 1.3, plugin ABI none): "
             "file not found; no strategy plugin in /nonexistent");
 }
 
 TEST(LoadPluginRefuses, FileNotFoundByPath) {
   EXPECT_EQ(refusal(PluginKind::Transport, "/nonexistent/libddp_transport_x.so"),
             "cannot load transport plugin '/nonexistent/libddp_transport_x.so' "
-            "(host ABI 1.2, plugin ABI none): file not found");
+            "(host ABI 1.3, plugin ABI none): file not found");
 }
 
 TEST(LoadPluginRefuses, NotAPlugin) {
   const std::string path = kDir + "/libnot_a_ddp_plugin.so";  // a shared library, but no entry symbol
   EXPECT_EQ(refusal(PluginKind::Strategy, path),
             "cannot load strategy plugin '" + path +
-                "' (host ABI 1.2, plugin ABI none): not a ddp plugin "
+                "' (host ABI 1.3, plugin ABI none): not a ddp plugin "
                 "(no ddp_strategy_v1 or ddp_transport_v1 symbol)");
 }
 
@@ -254,7 +254,7 @@ TEST(LoadPluginRefuses, NotASharedLibrary) {
   const std::string dl_message = dlerror();
 
   EXPECT_EQ(refusal(PluginKind::Strategy, "garbage", dir.string()),
-            "cannot load strategy plugin '" + path + "' (host ABI 1.2, plugin ABI none): " +
+            "cannot load strategy plugin '" + path + "' (host ABI 1.3, plugin ABI none): " +
                 dl_message);
   fs::remove_all(dir);
 }
@@ -262,28 +262,28 @@ TEST(LoadPluginRefuses, NotASharedLibrary) {
 TEST(LoadPluginRefuses, NewerMajorEntrySymbol) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "v2"),
             "cannot load strategy plugin '" + plugin_file("strategy", "v2") +
-                "' (host ABI 1.2, plugin ABI 2.3): other major ABI version");
+                "' (host ABI 1.3, plugin ABI 2.3): other major ABI version");
 }
 
 // A v1 symbol whose descriptor claims another major (a broken build).
 TEST(LoadPluginRefuses, OtherMajorAbiVersion) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "abi2"),
             "cannot load strategy plugin '" + plugin_file("strategy", "abi2") +
-                "' (host ABI 1.2, plugin ABI 2.0): other major ABI version");
+                "' (host ABI 1.3, plugin ABI 2.0): other major ABI version");
 }
 
 TEST(LoadPluginRefuses, StrategyLoadedAsTransport) {
   const std::string path = plugin_file("strategy", "valid");
   EXPECT_EQ(refusal(PluginKind::Transport, path),
             "cannot load transport plugin '" + path +
-                "' (host ABI 1.2, plugin ABI 1.2): wrong kind: it is a strategy plugin");
+                "' (host ABI 1.3, plugin ABI 1.3): wrong kind: it is a strategy plugin");
 }
 
 TEST(LoadPluginRefuses, TransportLoadedAsStrategy) {
   const std::string path = plugin_file("transport", "valid");
   EXPECT_EQ(refusal(PluginKind::Strategy, path),
             "cannot load strategy plugin '" + path +
-                "' (host ABI 1.2, plugin ABI 1.2): wrong kind: it is a transport plugin");
+                "' (host ABI 1.3, plugin ABI 1.3): wrong kind: it is a transport plugin");
 }
 
 TEST(LoadPluginRefuses, DescriptorTooSmall) {
@@ -291,26 +291,26 @@ TEST(LoadPluginRefuses, DescriptorTooSmall) {
   const size_t need = have + sizeof(ddp_transport_v1_t::barrier);
   EXPECT_EQ(refusal(PluginKind::Transport, "small"),
             "cannot load transport plugin '" + plugin_file("transport", "small") +
-                "' (host ABI 1.2, plugin ABI 1.2): descriptor too small (struct_size " +
+                "' (host ABI 1.3, plugin ABI 1.3): descriptor too small (struct_size " +
                 std::to_string(have) + ", need " + std::to_string(need) + ")");
 }
 
 TEST(LoadPluginRefuses, NullName) {
   EXPECT_EQ(refusal(PluginKind::Transport, "noname"),
             "cannot load transport plugin '" + plugin_file("transport", "noname") +
-                "' (host ABI 1.2, plugin ABI 1.2): required entry 'name' is NULL");
+                "' (host ABI 1.3, plugin ABI 1.3): required entry 'name' is NULL");
 }
 
 TEST(LoadPluginRefuses, NullRequiredEntry) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "nofinish"),
             "cannot load strategy plugin '" + plugin_file("strategy", "nofinish") +
-                "' (host ABI 1.2, plugin ABI 1.2): required entry 'finish' is NULL");
+                "' (host ABI 1.3, plugin ABI 1.3): required entry 'finish' is NULL");
 }
 
 TEST(LoadPluginRefuses, OwnsOptimizerWithoutOptimizerStep) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "ownsopt"),
             "cannot load strategy plugin '" + plugin_file("strategy", "ownsopt") +
-                "' (host ABI 1.2, plugin ABI 1.2): required entry 'optimizer_step' is NULL "
+                "' (host ABI 1.3, plugin ABI 1.3): required entry 'optimizer_step' is NULL "
                 "(caps has DDP_CAP_OWNS_OPTIMIZER)");
 }
 
@@ -346,13 +346,30 @@ TEST(ShippedPlugins, LoadByName) {
 namespace ddp {
 namespace {
 
-TEST(FormatPlugins, OneLinePerPluginOrWhyItCannotLoad) {
-  PluginInfo ok{PluginKind::Strategy, "sharded", "/p/libddp_strategy_sharded.so", "0.2.0", DDP_ABI_VERSION,
-                DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER, ""};
-  PluginInfo bad{PluginKind::Transport, "x", "/p/libddp_transport_x.so", "", 0, 0, "cannot load transport plugin"};
-  EXPECT_EQ(format_plugins({ok, bad}),
-            "strategy   sharded     0.2.0  ABI 1.2  cpu,cuda,owns-optimizer  /p/libddp_strategy_sharded.so\n"
-            "transport  x           cannot load: cannot load transport plugin\n");
+TEST(FormatPlugins, OneLinePerPluginOrWhyItCannotLoadThenItsKeys) {
+  PluginInfo ok{PluginKind::Strategy, "sharded", "/p/libddp_strategy_sharded.so", "0.2.0", (1u << 16) | 3,
+                DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER, "",
+                std::vector<PluginKey>{{"variant", "string", "how"}, {"bucket_mb", "float", "MiB"}}, 0};
+  PluginInfo none{PluginKind::Strategy, "naive", "/p/n.so", "0.1.0", (1u << 16) | 3, DDP_CAP_DEVICE_CPU, "",
+                  std::vector<PluginKey>{}, 0};
+  PluginInfo old{PluginKind::Strategy, "old", "/p/o.so", "0.1.0", (1u << 16) | 2, DDP_CAP_DEVICE_CPU, "",
+                 std::nullopt, 0};
+  PluginInfo bad{PluginKind::Transport, "x", "/p/libddp_transport_x.so", "", 0, 0, "cannot load transport plugin",
+                 std::nullopt, 0};
+  PluginInfo gloo{PluginKind::Transport, "gloo", "/p/g.so", "0.4.0", (1u << 16) | 3, DDP_CAP_DEVICE_CPU, "",
+                  std::vector<PluginKey>{}, DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_BFLOAT16)};
+  EXPECT_EQ(format_plugins({ok, none, old, bad, gloo}),
+            "strategy   sharded     0.2.0  ABI 1.3  cpu,cuda,owns-optimizer  /p/libddp_strategy_sharded.so\n"
+            "    variant             string            how\n"
+            "    bucket_mb           float             MiB\n"
+            "strategy   naive       0.1.0  ABI 1.3  cpu  /p/n.so\n"
+            "    (no keys)\n"
+            "strategy   old         0.1.0  ABI 1.2  cpu  /p/o.so\n"
+            "    (keys not declared: checked once the plugin starts)\n"
+            "transport  x           cannot load: cannot load transport plugin\n"
+            "transport  gloo        0.4.0  ABI 1.3  cpu  /p/g.so\n"
+            "    dtypes: float32, bfloat16\n"
+            "    (no keys)\n");
 }
 
 // Every plugin of the search path, loaded as a run loads it: the broken

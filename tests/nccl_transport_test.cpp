@@ -17,10 +17,12 @@
 // All CUDA work runs in forked children (tests/multirank.h): the CUDA runtime
 // does not survive fork(), so this process never initialises it (even the GPU
 // count is taken in a child).
+#include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <utility>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -282,6 +284,7 @@ class Rank {
   int world() const { return host_.get()->world_size; }
   const ddp_transport_v1_t* t() const { return t_; }
   ddp_comm* comm() const { return comm_; }
+  ddp_comm* release() { return std::exchange(comm_, nullptr); }  // the caller destroys it
   TestHost& host() { return host_; }
   ddp_stream stream() { return host_.stream(); }
   void check(ddp_status s, const char* entry) {
@@ -351,12 +354,23 @@ TEST(NcclPlugin, Descriptor) {
   const ddp_transport_v1_t* t = plugin->transport();
   ASSERT_NE(t, nullptr);
   EXPECT_STREQ(t->name, "nccl");
-  EXPECT_STREQ(t->version, "0.1.0");
+  EXPECT_STREQ(t->version, "0.2.0");
   EXPECT_EQ(t->abi_version, DDP_ABI_VERSION);
   EXPECT_EQ(t->struct_size, sizeof(ddp_transport_v1_t));
   EXPECT_EQ(t->caps, DDP_CAP_DEVICE_CUDA);  // GPU memory only
   EXPECT_NE(t->abort, nullptr);             // the optional entry, for the engine's give-up
   EXPECT_NE(t->barrier, nullptr);
+  EXPECT_EQ(ddp_transport_dtypes(t), DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_FLOAT64) |
+                                         DDP_DTYPE_BIT(DDP_INT32) | DDP_DTYPE_BIT(DDP_INT64) |
+                                         DDP_DTYPE_BIT(DDP_BFLOAT16) | DDP_DTYPE_BIT(DDP_FLOAT16));
+}
+
+// NCCL's threads outlive its communicators: once the plugin has been loaded,
+// libnccl stays loaded after the plugin is unloaded. (No GPU needed.)
+TEST(NcclPlugin, KeepsLibncclLoadedForTheProcess) {
+  if (dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD) != nullptr) GTEST_SKIP() << "libnccl was loaded before the test";
+  load_nccl().reset();  // loaded, then unloaded
+  EXPECT_NE(dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD), nullptr) << "libnccl was unloaded with the plugin";
 }
 
 
@@ -415,6 +429,8 @@ TEST(NcclPlugin, RefusesACudaRunWithoutGpu) {
 // A local rank beyond the machine's GPUs.
 TEST(NcclPlugin, RefusesALocalRankWithoutItsGpu) {
   REQUIRE_GPUS(1);
+  if (gpus().count == 1 && std::getenv("CUDA_VISIBLE_DEVICES"))
+    GTEST_SKIP() << "one GPU visible through CUDA_VISIBLE_DEVICES: every local rank takes it";
   const int n = gpus().count;
   EXPECT_RANKS_OK(run_ranks(1, [n](int, const std::string&) {
     TestHost host(n, n + 1, n, DDP_DEVICE_CUDA, nullptr, 30000);
@@ -424,7 +440,7 @@ TEST(NcclPlugin, RefusesALocalRankWithoutItsGpu) {
     const std::string message = take_error();
     const std::string expected = "the nccl transport gives each rank of a machine its own GPU: rank " +
                                  std::to_string(n) + " has local_rank " + std::to_string(n) +
-                                 ", but this machine has " + std::to_string(n) + " GPU(s)";
+                                 ", but this machine has " + std::to_string(n) + " GPU(s) visible";
     if (status != DDP_ERR_UNSUPPORTED || message != expected)
       fail("init returned " + std::to_string(status) + ": " + message + "\nexpected: " + expected);
   }));
@@ -716,6 +732,47 @@ TEST(NcclWatchdog, AbortFailsTheNextCall) {
     if (status != DDP_ERR_COMM || text != "nccl transport, rank 0: the communicator was aborted by the engine")
       fail("after abort: status " + std::to_string(status) + " '" + text + "'");
   }));  // destroy after abort
+}
+
+// The abort that waits for a stuck stream holds no entry: rank 0's stream is
+// blocked for 14 s with a collective behind it, so its watchdog's
+// ncclCommAbort (after 3 s) waits for the stream (NCCL 2.28; world 1 takes
+// another path, hence two GPUs). Meanwhile the next collective and the
+// engine's abort answer at once with the failure, and destroy returns within
+// its 5 s grace, leaving the communicator to the process.
+TEST(NcclWatchdog, AnAbortWaitingForAStuckStreamHoldsNoEntry) {
+  REQUIRE_GPUS(2);
+  EXPECT_RANKS_OK(run_ranks(2, [](int r, const std::string& dir) {
+    Rank rank(r, 2, dir, /*timeout_ms=*/3000);
+    Store store("file:" + dir, "nccl_transport_test_done", std::chrono::milliseconds(60000));
+    DeviceArray<float> x(std::vector<float>(1024, 1.0f));
+    rank.all_reduce(x, DDP_REDUCE_SUM);  // connected
+    rank.sync();
+    if (r == 1) {
+      store.get("done");
+      return;
+    }
+    block_stream(rank.host().native(), 14000);
+    rank.all_reduce(x, DDP_REDUCE_SUM);
+    std::this_thread::sleep_for(4500ms);  // the watchdog has failed it and is inside ncclCommAbort
+    const auto quick = [](const char* what, auto&& call) {
+      const auto start = std::chrono::steady_clock::now();
+      call();
+      const auto took = std::chrono::steady_clock::now() - start;
+      if (took > 1s) fail(std::string(what) + " took " + std::to_string(std::chrono::duration<double>(took).count()) + " s");
+    };
+    const ddp_buffer b = x.buffer();
+    quick("all_reduce after the failure", [&] {
+      if (rank.t()->all_reduce(rank.comm(), &b, DDP_REDUCE_SUM, rank.stream()) != DDP_ERR_TIMEOUT)
+        fail("all_reduce after the failure did not report the timeout: " + take_error());
+      take_error();
+    });
+    quick("the engine's abort", [&] { rank.t()->abort(rank.comm()); });
+    const auto start = std::chrono::steady_clock::now();
+    rank.t()->destroy(rank.release());
+    if (std::chrono::steady_clock::now() - start > 7s) fail("destroy waited past its 5 s grace");
+    store.set("done", {'1'});
+  }));  // ~Rank waits for the stream to be released
 }
 
 // Two ranks, one never issuing the second collective: the other's watchdog

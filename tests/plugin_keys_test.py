@@ -12,8 +12,10 @@ keys are the backquoted names in the first column of the table under
 table's type column must name each type a key is read as (int, float, bool,
 string), and its default column the default the code gives as a literal.
 
-The engine reports at run time a key the plugin did not read as unknown;
-this keeps the documentation of what it does read from drifting.
+Every plugin declares in its descriptor (a ddp_key array, kKeys; kNoKeys
+for none) exactly the keys it reads. The launcher refuses a key no plugin
+declares before any rank starts, and a rank one its plugin did not read;
+this keeps the documentation and the declarations from drifting.
 """
 import os
 import re
@@ -67,6 +69,27 @@ def keys_read(folder):
     return set(reads(folder))
 
 
+# A declared key, ddp_key {"name", "type", "help"}: a quoted word opening a brace, in the
+# plugin's own sources.
+DECLARED_RE = re.compile(r'\{\s*"(\w+)"\s*,\s*"(?:[^"\\]|\\.)*"\s*,')
+
+
+def keys_declared(folder):
+    """The keys `folder`'s sources declare in their ddp_key arrays; None if they declare none
+    (no kKeys array and no kNoKeys)."""
+    names, any_array = set(), False
+    for f in os.listdir(folder):
+        if f.endswith(SOURCE):
+            with open(os.path.join(folder, f), encoding="utf-8") as src:
+                text = src.read()
+            m = re.search(r"ddp_key\s+kKeys\[\]\s*=\s*\{(.*?)\n\};", text, re.S)
+            if m:
+                any_array = True
+                names |= set(DECLARED_RE.findall(m.group(1)))
+            any_array |= "kNoKeys" in text
+    return names if any_array else None
+
+
 def literal(expression):
     """The value a default expression spells, as a README writes it; None if it is not a literal."""
     if re.fullmatch(r'"[^"]+"', expression) or re.fullmatch(r"-?\d+(\.\d+)?", expression):
@@ -110,7 +133,11 @@ class PluginReadmes(unittest.TestCase):
     def test_the_scan_finds_what_the_plugins_are_known_to_read(self):
         # If this fails, READ_RE no longer matches how plugins read keys.
         self.assertEqual(keys_read(os.path.join(ROOT, "plugins", "gloo")), {"hostname", "interface", "algorithm"})
-        self.assertEqual(keys_read(os.path.join(ROOT, "strategies", "bucketed")), {"bucket_mb", "overlap_optimizer"})
+        self.assertEqual(keys_read(os.path.join(ROOT, "strategies", "bucketed")),
+                         {"bucket_mb", "overlap_optimizer", "compress"})
+        self.assertEqual(keys_declared(os.path.join(ROOT, "strategies", "bucketed")),
+                         {"bucket_mb", "overlap_optimizer", "compress"})
+        self.assertEqual(keys_declared(os.path.join(ROOT, "strategies", "naive")), set())
         self.assertEqual(keys_read(os.path.join(ROOT, "strategies", "naive")), set())
 
     def test_every_plugin_readme_lists_exactly_the_keys_it_reads(self):
@@ -125,6 +152,14 @@ class PluginReadmes(unittest.TestCase):
                 self.assertIsNotNone(documented, f"{name}/README.md has no '## Keys' section (a table, or 'None')")
                 self.assertEqual(documented, keys_read(folder),
                                  f"{name}/README.md's key table differs from the keys {name} reads")
+
+    def test_every_plugin_declares_exactly_the_keys_it_reads(self):
+        # ddp_key arrays: the launcher refuses, before any rank starts, a key not declared.
+        for folder in plugin_folders():
+            name = os.path.relpath(folder, ROOT)
+            with self.subTest(plugin=name):
+                self.assertEqual(keys_declared(folder), keys_read(folder),
+                                 f"{name}: the keys its descriptor declares differ from those it reads")
 
     def test_every_readme_gives_the_type_and_literal_default_the_plugin_reads(self):
         for folder in plugin_folders():

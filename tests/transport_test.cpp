@@ -4,7 +4,7 @@
 // the engine does: load_plugin, a PluginHost over HostServices (CPU device,
 // file store), init, collectives enqueued on the comm stream, completion
 // observed with an Event. Every expected value is closed-form and exactly
-// representable, so results are compared with ==.
+// representable, so results are compared with == (16-bit floats too).
 //
 // Usage: transport_test [--transport NAME|PATH] [--set transport.key=value]...
 //                       [GoogleTest flags]
@@ -27,6 +27,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <ddp/numeric.h>
 #include <ddp/plugin.hpp>
 #include <gtest/gtest.h>
 
@@ -368,6 +369,68 @@ TEST_P(Collectives, ReduceScatter) {
   }));
 }
 
+// bfloat16 and float16 (for a transport that declares them): every
+// collective on values whose sums are exact in 8 bits of mantissa, compared
+// bit for bit; and at world 2 one sum that must round (to nearest even,
+// from float32) the way ddp/numeric.h does.
+TEST_P(Collectives, SixteenBitFloats) {
+  const int w = world();
+  {
+    auto plugin = load_plugin(PluginKind::Transport, g_transport, DDP_TEST_PLUGIN_DIR);
+    const uint64_t dtypes = ddp_transport_dtypes(plugin->transport());
+    if (!(dtypes & DDP_DTYPE_BIT(DDP_BFLOAT16)) || !(dtypes & DDP_DTYPE_BIT(DDP_FLOAT16)))
+      GTEST_SKIP() << g_transport << " does not declare bfloat16 and float16";
+  }
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    for (const ddp_dtype dtype : {DDP_BFLOAT16, DDP_FLOAT16}) {
+      const auto to16 = [dtype](double x) {
+        return dtype == DDP_BFLOAT16 ? ddp_float_to_bf16(float(x)) : ddp_float_to_fp16(float(x));
+      };
+      const auto buf = [dtype](std::vector<uint16_t>& v) { return ddp_buffer{v.data(), v.size(), dtype, DDP_DEVICE_CPU}; };
+      for (size_t n : kCounts) {
+        const std::string at = std::string(" ") + ddp_dtype_name(dtype) + " count " + std::to_string(n);
+        std::vector<uint16_t> sum(n), avg(n), bcast(n), send(n), recv(n * w), rs_send(n * w), rs_recv(n);
+        for (size_t i = 0; i < n; ++i) {
+          sum[i] = to16((r + 1) * double(i % 8) * (i % 2 ? -1 : 1));  // sums of at most 21 * 7
+          avg[i] = to16(w * double((i + r) % 4));
+          bcast[i] = to16(r + 0.5 * double(i % 16));
+          send[i] = to16(r * 8 + double(i % 8));
+        }
+        for (size_t j = 0; j < n * w; ++j) rs_send[j] = to16(double(r + 1) * double(j % 5));
+        rank.TransportRank::all_reduce(buf(sum), DDP_REDUCE_SUM);
+        rank.TransportRank::all_reduce(buf(avg), DDP_REDUCE_AVG);
+        rank.TransportRank::broadcast(buf(bcast), w - 1);
+        rank.TransportRank::all_gather(buf(send), buf(recv));
+        rank.TransportRank::reduce_scatter(buf(rs_send), buf(rs_recv), DDP_REDUCE_SUM);
+        rank.sync();
+        const double tri = w * (w + 1) / 2.0;
+        check_all("all_reduce SUM" + at, sum, [&](size_t i) { return to16(tri * double(i % 8) * (i % 2 ? -1 : 1)); });
+        check_all("all_reduce AVG" + at, avg, [&](size_t i) {
+          double total = 0;
+          for (int q = 0; q < w; ++q) total += double((i + q) % 4);
+          return to16(total);
+        });
+        check_all("broadcast" + at, bcast, [&](size_t i) { return to16(w - 1 + 0.5 * double(i % 16)); });
+        check_all("all_gather" + at, recv, [&](size_t j) { return to16(double(j / n) * 8 + double(j % n % 8)); });
+        check_all("reduce_scatter SUM" + at, rs_recv,
+                  [&](size_t i) { return to16(tri * double((size_t(r) * n + i) % 5)); });
+      }
+      if (w == 2) {  // sums that are no 16-bit float: a tie (to even: 1) and one that rounds up
+        const int ulp_exp = dtype == DDP_BFLOAT16 ? -7 : -10;  // of 1
+        const double tie = std::ldexp(1.0, ulp_exp - 1), up = 3 * std::ldexp(1.0, ulp_exp - 2);
+        std::vector<uint16_t> x(1, to16(r == 0 ? 1.0 : tie)), y(1, to16(r == 0 ? 1.0 : up));
+        rank.TransportRank::all_reduce(buf(x), DDP_REDUCE_SUM);
+        rank.TransportRank::all_reduce(buf(y), DDP_REDUCE_SUM);
+        rank.sync();
+        check_all(std::string("all_reduce SUM, a tie, ") + ddp_dtype_name(dtype), x, [&](size_t) { return to16(1.0); });
+        check_all(std::string("all_reduce SUM, rounding up, ") + ddp_dtype_name(dtype), y,
+                  [&](size_t) { return to16(1.0 + std::ldexp(1.0, ulp_exp)); });
+      }
+    }
+  }));
+}
+
 TEST_P(Collectives, Barrier) {
   const int w = world();
   EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
@@ -469,11 +532,11 @@ TEST(GlooTransport, RefusalsAtEnqueue) {
                    "reduce_scatter: send and recv are on different kinds of device (cuda and cpu): both must be "
                    "CPU or both CUDA",
                    "reduce_scatter mixed");
-    ddp_buffer bf16{x.data(), x.size(), DDP_BFLOAT16, DDP_DEVICE_CPU};
-    expect_refusal(t->all_reduce(rank.comm(), &bf16, DDP_REDUCE_SUM, rank.stream()),
+    ddp_buffer unknown{x.data(), x.size(), static_cast<ddp_dtype>(6), DDP_DEVICE_CPU};  // no dtype of ABI 1.3
+    expect_refusal(t->all_reduce(rank.comm(), &unknown, DDP_REDUCE_SUM, rank.stream()),
                    DDP_ERR_UNSUPPORTED,
-                   "all_reduce: dtype not supported (float32, float64, int32, int64)",
-                   "all_reduce bfloat16");
+                   "all_reduce: dtype not supported (float32, float64, int32, int64, bfloat16, float16)",
+                   "all_reduce dtype 6");
     ddp_buffer null_buf{nullptr, 4, DDP_FLOAT32, DDP_DEVICE_CPU};
     expect_refusal(t->all_reduce(rank.comm(), &null_buf, DDP_REDUCE_SUM, rank.stream()),
                    DDP_ERR_INVALID_ARGUMENT, "all_reduce: NULL buffer", "all_reduce NULL");

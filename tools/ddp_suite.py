@@ -1,22 +1,29 @@
 #!/usr/bin/python3
-"""tools/ddp_suite.py — the batch runner: runs every variant of a suite with `ddp run`, then
-tables and plots their summary.json files.
+"""tools/ddp_suite.py — the batch runner: runs every variant of a suite N times with `ddp run`
+(or, for a `pytorch` variant, PyTorch's DDP on the same work), interleaved round by round, then
+tables and plots the medians and 95 % intervals of their per-run figures.
 
-usage: tools/ddp_suite.py SUITE.toml [--out DIR] [--ddp BIN] [--only NAME...] [--keep-weights]
+usage: tools/ddp_suite.py SUITE.toml [--out DIR] [--ddp BIN] [--only NAME...] [--repeats N]
+                          [--python PY] [--keep-weights]
   SUITE.toml      the suite (format below; configs/suites/ has the shipped ones)
   --out DIR       where results go (default runs/suites/<suite name>, in the repository)
   --ddp BIN       the launcher (default build/bin/ddp; build it with tools/setup.sh)
   --only NAME...  run only these variants (shell globs over names: 'strategies-lm/*')
-  --keep-weights  keep each variant's weights.safetensors (removed by default)
-Exit status: 0 when every variant succeeded; 1 when any failed (the table marks it, the
-error's last lines are printed); 2 for a bad suite or command line (the message names the
-file and key).
+  --repeats N     runs per variant, overriding every suite file's `repeats`
+  --python PY     the Python that runs `pytorch` variants (default /usr/bin/python3: Debian's,
+                  with python3-torch)
+  --keep-weights  keep each run's weights.safetensors (removed by default)
+Exit status: 0 when every run succeeded; 1 when any failed (its variant is marked failed,
+naming the run; the error's last lines are printed); 2 for a bad suite or command line (the
+message names the file and key).
 
 Suite format (TOML):
   description = "..."        # optional: the heading of results.md
   base = "../mlp.toml"       # the ddp config the variants start from: relative to this
                              # file, else to the repository root
   warmup = 2                 # steps left out of every mean (default 2); run.steps must exceed it
+  repeats = 3                # runs per variant (default 3), interleaved: round k runs every
+                             # variant once (the order rotated by one each round)
   include = ["a.toml"]       # optional: run these suites' variants too, as they are, their
                              # names prefixed "<suite name>/"
   [set]                      # optional: overrides for every variant of this file
@@ -26,32 +33,32 @@ Suite format (TOML):
   base = "../lm-cpu.toml"    # optional: this variant's own base config
   strategy = "bucketed"      # short for set.strategy.plugin; likewise world_size
   world_size = 2             # (run.world_size), steps (run.steps), preset (model.preset)
-  set.strategy.bucket_mb = 1 # any other section.key (wins over the file's [set])
-Each variant runs `ddp run BASE --set section.key=value ... --set run.output_dir=<out>/<name>`
-from the repository root (so paths given in `set` are relative to it). A variant that names
-a strategy (or transport) plugin starts from that plugin's defaults: the base's other keys of
-that section are dropped, and ddp runs on a copy of the base without them (<name>/base.toml).
+  set.strategy.bucket_mb = 1 # any other section.key (wins over the file's [set]), or a
+                             # plugin's own key: set.strategy.bucketed.bucket_mb = 1
+  kind = "pytorch"           # optional: "ddp" (default) or "pytorch": PyTorch's DDP on the
+                             # variant's model, batch, optimizer, steps and warm-up
+                             # (tools/pytorch_ddp_bench.py); a config it cannot reproduce is
+                             # refused by name
+Run k of a variant runs `ddp run BASE --set section.key=value ... --set
+run.output_dir=<out>/<name>/r<k>` from the repository root (paths given in `set` are relative
+to it). Keep each plugin's keys in a table of its own in the base ([strategy.bucketed]
+bucket_mb = 8): a variant that names another plugin then swaps cleanly.
 
-Outputs in DIR: <name>/ (ddp.log, summary.json), results.csv (every figure, seconds and
-bytes), results.md (the table below, ready to paste), step_breakdown.png (forward, backward,
-optimizer, exposed communication and the rest of each step, per variant, one panel per model)
-and, when variants differ only in strategy.bucket_mb, bucket_sweep.png (step time and exposed
-communication against bucket size, log x; the suite's other strategies on the same model as
-horizontal lines). Each file is written to a temporary name and renamed. Every time is the
-mean over the steps after warm-up; "exposed comm" is the time the training thread was blocked
-on communication (comm_blocked_s), "total comm" the time the collectives ran (comm_busy_s);
-comm % is exposed / step; speed-up is the step time of the `naive` variant of the same suite
-file, model, data, optimizer and world size divided by this one's; memory columns are the
-peak bytes per category of the rank that peaked highest.
-e.g. tools/ddp_suite.py configs/suites/strategies-mlp.toml --only naive overlap
+Outputs in DIR: <name>/r<k>/ per run (ddp.log and summary.json, or pytorch.log and
+pytorch.json), results.md (tables ready to paste), results.csv (per variant: median, low and
+high of every figure, n), runs.csv (every run's figures), step_breakdown.png,
+loss_vs_step.png and, when variants differ only in strategy.bucket_mb, bucket_sweep.png; each
+written to a temporary name and renamed. Every figure is first the mean over a run's steps
+after warm-up (loss: the last step's); across runs it is the median with the 95 % Student-t
+interval of the mean (tools/suite_stats.py). Speed-ups pair run k with run k of the reference
+(the `naive` or `pytorch` variant of the same suite file, model, data, optimizer and world):
+median ratio, interval exp(t-interval of the log ratios). docs/batch-runs.md has every column.
+e.g. tools/ddp_suite.py configs/suites/strategies-mlp.toml --only naive overlap --repeats 1
 """
 import argparse
-import csv
-import datetime
+import copy
 import fnmatch
-import io
 import json
-import math
 import os
 import re
 import shlex
@@ -63,18 +70,25 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import suite_pytorch  # noqa: E402
+import suite_report  # noqa: E402
+from suite_stats import fmt_stat, ratio_stat, scaled, sig, summarize  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-CATEGORIES = ["parameters", "gradients", "optimizer_state", "comm_buffers", "activations"]
-PHASES = ["after_setup", "before_optimizer_step", "after_optimizer_step"]
+CATEGORIES = suite_report.CATEGORIES
+PHASES = suite_report.PHASES
 SHORTHANDS = {"strategy": "strategy.plugin", "world_size": "run.world_size",
               "steps": "run.steps", "preset": "model.preset"}
 PLUGIN_SECTIONS = ("strategy", "transport")
 FILE_RELATIVE_KEYS = [("data", "path"), ("model", "init_from")]  # relative to the config file
-VARIANT_OWN_KEYS = ("name", "base", "set")
-SUITE_KEYS = {"description", "base", "warmup", "include", "set", "variant"}
+VARIANT_OWN_KEYS = ("name", "base", "set", "kind")
+KINDS = ("ddp", "pytorch")
+SUITE_KEYS = {"description", "base", "warmup", "repeats", "include", "set", "variant"}
 NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 # Keys that do not change what a step computes: left out when deciding which runs compare.
 RUN_ONLY_KEYS = {"steps", "log_every", "output_dir", "timeout_s"}
+DEFAULT_REPEATS = 3
 
 
 class SuiteError(Exception):
@@ -85,18 +99,28 @@ class SuiteError(Exception):
 class Variant:
     name: str
     base: Path                  # the ddp config, absolute
-    overrides: dict             # "section.key" -> value (Python, from TOML)
+    overrides: dict             # "section.key" (or "section.plugin.key") -> value (from TOML)
     warmup: int
     suite: str                  # the file that declares it: runs compare within their suite
-    base_config: dict = field(default_factory=dict, repr=False)  # as the variant sees it
-    rewrite_base: bool = False  # base keys were dropped: run a rewritten copy (base_text)
+    base_config: dict = field(default_factory=dict, repr=False)
+    kind: str = "ddp"           # or "pytorch"
+    repeats: int = DEFAULT_REPEATS
 
     def setting(self, key, default=None):
-        """The effective value of section.key: the override, else the base config's."""
+        """The effective value of section.key (or section.plugin.key): the override, else the
+        base config's."""
         if key in self.overrides:
             return self.overrides[key]
-        section, name = key.split(".", 1)
-        return self.base_config.get(section, {}).get(name, default)
+        value = self.base_config
+        for part in key.split("."):
+            if not isinstance(value, dict) or part not in value:
+                return default
+            value = value[part]
+        return value
+
+    def config(self):
+        """The config as ddp runs it: the base with the overrides applied, paths absolute."""
+        return effective_config(self.base_config, self.base, self.overrides)
 
 
 # ---------------------------------------------------------------- suite files
@@ -118,7 +142,8 @@ def toml_value(value, where="value"):
 
 
 def flatten_overrides(table, where):
-    """A `set` table, {section: {key: v}} or {"section.key": v} -> {"section.key": v}; `where`
+    """A `set` table, {section: {key: v}} or {"section.key": v} -> {"section.key": v}; in a
+    plugin section also {section: {plugin: {key: v}}} -> {"section.plugin.key": v}. `where`
     names the file (and variant) in errors."""
     prefix = "set"
     if not isinstance(table, dict):
@@ -127,17 +152,25 @@ def flatten_overrides(table, where):
     for k, v in table.items():
         if isinstance(v, dict):
             for k2, v2 in v.items():
-                if isinstance(v2, dict):
+                if isinstance(v2, dict) and k in PLUGIN_SECTIONS:
+                    for k3, v3 in v2.items():
+                        if isinstance(v3, dict):
+                            raise SuiteError(f"{where}: key '{prefix}.{k}.{k2}.{k3}' is a table")
+                        out[f"{k}.{k2}.{k3}"] = v3
+                elif isinstance(v2, dict):
                     raise SuiteError(f"{where}: key '{prefix}.{k}.{k2}' is a table "
-                                     "(keys are section.key)")
-                out[f"{k}.{k2}"] = v2
-        elif k.count(".") == 1 and all(k.split(".")):
+                                     "(keys are section.key, or section.plugin.key in "
+                                     f"{' and '.join(PLUGIN_SECTIONS)})")
+                else:
+                    out[f"{k}.{k2}"] = v2
+        elif all(k.split(".")) and (k.count(".") == 1 or
+                                    (k.count(".") == 2 and k.split(".")[0] in PLUGIN_SECTIONS)):
             out[k] = v
         else:
             raise SuiteError(f"{where}: key '{prefix}.{k}': expected section.key = value")
     if "run.output_dir" in out:
         raise SuiteError(f"{where}: key '{prefix}.run.output_dir': set by the runner "
-                         "(<out>/<variant name>)")
+                         "(<out>/<variant name>/r<k>)")
     return out
 
 
@@ -164,17 +197,24 @@ def read_toml(path, what):
         raise SuiteError(f"{path}: {e}")
 
 
+def positive_int(doc, key, default, path, least):
+    value = doc.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise SuiteError(f"{path}: key '{key}' must be an integer >= {least} (got {value!r})")
+    return value
+
+
 def suite_header(doc, path):
-    """The suite-wide keys of a suite file -> (description, warmup, common overrides, tables, includes)."""
+    """The suite-wide keys of a suite file -> (description, warmup, repeats, common overrides,
+    tables, includes)."""
     for k in doc:
         if k not in SUITE_KEYS:
             raise SuiteError(f"{path}: unknown key '{k}' (known: {', '.join(sorted(SUITE_KEYS))})")
     description = doc.get("description", path.stem)
     if not isinstance(description, str):
         raise SuiteError(f"{path}: key 'description' must be a string")
-    warmup = doc.get("warmup", 2)
-    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
-        raise SuiteError(f"{path}: key 'warmup' must be an integer >= 0 (got {warmup!r})")
+    warmup = positive_int(doc, "warmup", 2, path, 0)
+    repeats = positive_int(doc, "repeats", DEFAULT_REPEATS, path, 1)
     common = flatten_overrides(doc.get("set", {}), path)
     tables = doc.get("variant", [])
     includes = doc.get("include", [])
@@ -184,7 +224,7 @@ def suite_header(doc, path):
         raise SuiteError(f"{path}: key 'include' must be an array of file names")
     if not tables and not includes:
         raise SuiteError(f"{path}: no [[variant]] and no 'include': nothing to run")
-    return description, warmup, common, tables, includes
+    return description, warmup, repeats, common, tables, includes
 
 
 def variant_overrides(t, common, where):
@@ -208,14 +248,42 @@ def variant_overrides(t, common, where):
     return overrides
 
 
+def make_variant(t, i, doc, path, common, header, base_of):
+    """One [[variant]] table -> Variant (checked)."""
+    warmup, repeats = header
+    where = f"{path}: variant[{i}]"
+    name = t.get("name")
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise SuiteError(f"{where}: key 'name' must be a string of letters, digits, '_', '-', '.' "
+                         f"(got {name!r})")
+    where = f"{path}: variant '{name}'"
+    kind = t.get("kind", "ddp")
+    if kind not in KINDS:
+        raise SuiteError(f"{where}: key 'kind' must be one of {', '.join(KINDS)} (got {kind!r})")
+    if "base" in t:
+        base, base_config = base_of(t["base"], where)
+    elif "base" in doc:
+        base, base_config = base_of(doc["base"], None)
+    else:
+        raise SuiteError(f"{where}: no 'base' (the ddp config it starts from): set it for the "
+                         f"suite or the variant")
+    v = Variant(name, base, variant_overrides(t, common, where), warmup, str(path), base_config,
+                kind, repeats)
+    steps = v.setting("run.steps")
+    if isinstance(steps, int) and steps <= warmup:
+        raise SuiteError(f"{where}: run.steps = {steps} leaves no step after warmup = {warmup}")
+    if kind == "pytorch":
+        pytorch_args(v, where)  # refuses what it cannot reproduce, before anything runs
+    return v
+
+
 def load_suite(path, root=ROOT, _stack=()):
     """Reads and checks a suite file (and its includes) -> (description, [Variant])."""
     path = Path(path).resolve()
     if path in _stack:
         raise SuiteError(f"{_stack[-1]}: key 'include': '{path}' includes itself")
     doc = read_toml(path, "suite")
-    description, warmup, common, tables, includes = suite_header(doc, path)
-    variants = []
+    description, warmup, repeats, common, tables, includes = suite_header(doc, path)
     bases = {}  # path -> parsed config
 
     def base_of(text, where):
@@ -226,28 +294,8 @@ def load_suite(path, root=ROOT, _stack=()):
 
     if "base" in doc:
         base_of(doc["base"], None)  # checked even when every variant has its own
-    for i, t in enumerate(tables):
-        where = f"{path}: variant[{i}]"
-        name = t.get("name")
-        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-            raise SuiteError(f"{where}: key 'name' must be a string of letters, digits, '_', '-', '.' "
-                             f"(got {name!r})")
-        where = f"{path}: variant '{name}'"
-        if "base" in t:
-            base, base_config = base_of(t["base"], where)
-        elif "base" in doc:
-            base, base_config = base_of(doc["base"], None)
-        else:
-            raise SuiteError(f"{where}: no 'base' (the ddp config it starts from): set it for the "
-                             f"suite or the variant")
-        overrides = variant_overrides(t, common, where)
-        mine_base, rewrite = plugin_defaults(base_config, overrides)
-        v = Variant(name, base, overrides, warmup, str(path), mine_base, rewrite)
-        steps = v.setting("run.steps")
-        if isinstance(steps, int) and steps <= warmup:
-            raise SuiteError(f"{where}: run.steps = {steps} leaves no step after warmup = {warmup}")
-        variants.append(v)
-
+    variants = [make_variant(t, i, doc, path, common, (warmup, repeats), base_of)
+                for i, t in enumerate(tables)]
     for i, inc in enumerate(includes):
         sub = resolve(inc, path, root, f"include[{i}]")
         _, sub_variants = load_suite(sub, root, _stack + (path,))
@@ -263,46 +311,53 @@ def load_suite(path, root=ROOT, _stack=()):
     return description, variants
 
 
-def plugin_defaults(base_config, overrides):
-    """A variant that names a strategy (transport) plugin starts from that plugin's defaults:
-    the base's keys directly under that section, which belonged to the base's plugin, are
-    dropped; plugins' own tables ([strategy.bucketed]) stay, read only by their plugin.
-    -> (base config as the variant sees it, whether anything was dropped)."""
-    config, dropped = dict(base_config), False
-    for section in PLUGIN_SECTIONS:
-        table = base_config.get(section, {})
-        if not isinstance(table, dict) or f"{section}.plugin" not in overrides:
-            continue
-        keep = {k: v for k, v in table.items() if k == "plugin" or isinstance(v, dict)}
-        if keep != table:
-            config[section] = keep
-            dropped = True
-    return config, dropped
-
-
-def base_text(variant):
-    """TOML text of the variant's base config after plugin_defaults, to be written somewhere
-    else: the paths the engine reads relative to the config file are made absolute."""
-    lines = [f"# {variant.base} as variant '{variant.name}' starts from it "
-             "(written by tools/ddp_suite.py)"]
-    config = {s: dict(t) if isinstance(t, dict) else t for s, t in variant.base_config.items()}
+def effective_config(base_config, base_path, overrides):
+    """The base config with the overrides applied (section.key, section.plugin.key); the paths
+    the engine reads relative to the config file made absolute (those of overrides: relative to
+    the repository root, where ddp runs)."""
+    config = copy.deepcopy(base_config)
     for section, key in FILE_RELATIVE_KEYS:
         value = config.get(section, {}).get(key)
         if isinstance(value, str) and value and not os.path.isabs(value):
-            config[section][key] = os.path.normpath(variant.base.parent / value)
-    for k, v in config.items():
-        if not isinstance(v, dict):
-            lines.append(f"{json.dumps(k)} = {toml_value(v, str(variant.base))}")
-    for k, v in config.items():
-        if isinstance(v, dict):
-            lines.append(f"[{json.dumps(k)}]")
-            lines += [f"{json.dumps(k2)} = {toml_value(v2, str(variant.base))}" for k2, v2 in v.items()
-                      if not isinstance(v2, dict)]
-            for k2, v2 in v.items():  # a plugin's own table
-                if isinstance(v2, dict):
-                    lines.append(f"[{json.dumps(k)}.{json.dumps(k2)}]")
-                    lines += [f"{json.dumps(k3)} = {toml_value(v3, str(variant.base))}" for k3, v3 in v2.items()]
-    return "\n".join(lines) + "\n"
+            config[section][key] = os.path.normpath(Path(base_path).parent / value)
+    for k, v in overrides.items():
+        *parents, last = k.split(".")
+        table = config
+        for p in parents:
+            if not isinstance(table.get(p), dict):
+                table[p] = {}
+            table = table[p]
+        table[last] = v
+        if tuple(k.split(".")) in FILE_RELATIVE_KEYS and isinstance(v, str) and v and not os.path.isabs(v):
+            table[last] = os.path.normpath(ROOT / v)
+    return config
+
+
+def plugin_name(config, section, default):
+    """The plugin a config chooses in `section`, as its table is named: a path
+    (.../libddp_strategy_mine.so) gives 'mine'."""
+    plugin = (config.get(section) or {}).get("plugin", default)
+    if not isinstance(plugin, str):
+        return str(plugin)
+    base = os.path.basename(plugin)
+    if base.endswith(".so"):
+        return re.sub(rf"^(lib)?(ddp_{section}_)?", "", base[:-3])
+    return plugin
+
+
+def plugin_keys(config, section, default, overrides=()):
+    """The keys the chosen plugin of `section` reads: its own table's, then those directly under
+    the section (which go to whichever plugin is chosen); a key given by `overrides` (--set)
+    wins over the file's."""
+    table = config.get(section) or {}
+    name = plugin_name(config, section, default)
+    own = table.get(name) if isinstance(table.get(name), dict) else {}
+    direct = {k: v for k, v in table.items() if k != "plugin" and not isinstance(v, dict)}
+    keys = {**own, **direct}
+    for k, v in overrides:
+        if k.startswith(f"{section}.{name}."):
+            keys[k.split(".")[-1]] = v
+    return keys
 
 
 def select(variants, patterns):
@@ -316,24 +371,104 @@ def select(variants, patterns):
     return [v for v in variants if any(fnmatch.fnmatchcase(v.name, p) for p in patterns)]
 
 
-def ddp_command(ddp, variant, out_dir, base=None):
-    cmd = [str(ddp), "run", str(base or variant.base)]
+def ddp_command(ddp, variant, out_dir):
+    cmd = [str(ddp), "run", str(variant.base)]
     for k, v in variant.overrides.items():
         cmd += ["--set", f"{k}={toml_value(v)}"]
     return cmd + ["--set", f"run.output_dir={toml_value(str(out_dir))}"]
 
 
-# ---------------------------------------------------------------- summaries -> rows
+# ---------------------------------------------------------------- pytorch variants
 
-def mean_after(summary, key, warmup):
-    values = summary.get(key)
-    if not isinstance(values, list) or not values:
-        raise ValueError(f"summary.json has no per-step '{key}'")
+def pytorch_args(v, where=None):
+    """tools/pytorch_ddp_bench.py's options for pytorch variant v (tools/suite_pytorch.py);
+    SuiteError naming the key it cannot reproduce."""
+    try:
+        return suite_pytorch.pytorch_args(v.config(), v.overrides, v.warmup,
+                                          where or f"variant '{v.name}'")
+    except suite_pytorch.Unreproducible as e:
+        raise SuiteError(str(e))
+
+
+def pytorch_command(python, v):
+    return suite_pytorch.bench_command(python, pytorch_args(v))
+
+
+# ---------------------------------------------------------------- runs -> figures
+
+def mean_after(data, key, warmup, required=True):
+    values = data.get(key)
+    if not isinstance(values, list) or not values or any(x is None for x in values):
+        if required:
+            raise ValueError(f"no per-step '{key}'")
+        return None
     if len(values) <= warmup:
-        raise ValueError(f"summary.json has {len(values)} steps of '{key}', "
-                         f"not more than warmup = {warmup}")
+        raise ValueError(f"{len(values)} steps of '{key}', not more than warmup = {warmup}")
     return statistics.fmean(values[warmup:])
 
+
+PER_STEP = [("step_s", "step_time_s"), ("forward_s", "forward_s"), ("backward_s", "backward_s"),
+            ("optimizer_s", "optimizer_s"), ("exposed_comm_s", "comm_blocked_s"),
+            ("total_comm_s", "comm_busy_s"), ("collectives", "collectives"),
+            ("comm_bytes", "comm_bytes"), ("bus_bytes", "bus_bytes")]
+
+
+def memory_figures(summary):
+    m = {}
+    ranks = summary.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        raise ValueError("no 'ranks'")
+    for c in CATEGORIES:
+        try:
+            m[f"peak_{c}_bytes"] = max(rk["peak_bytes"][c] for rk in ranks)
+        except (KeyError, TypeError):
+            raise ValueError(f"ranks[].peak_bytes has no '{c}'")
+    for p in PHASES:
+        try:
+            m[f"rank0_{p}_bytes"] = summary["peak_bytes"][p]["total"]
+        except (KeyError, TypeError):
+            raise ValueError(f"peak_bytes has no '{p}.total'")
+    return m
+
+
+def units_per_step(data):
+    """(unit, global samples or tokens per step): pytorch_ddp_bench.py says; a summary.json's
+    rate times its mean step time gives it."""
+    if "units_per_step" in data:
+        return data.get("unit", "samples"), data["units_per_step"]
+    for unit in ("tokens", "samples"):
+        rate, mean = data.get(f"{unit}_per_s"), data.get("mean_step_time_s")
+        if isinstance(rate, (int, float)) and isinstance(mean, (int, float)):
+            return unit, round(rate * mean)
+    return None, None
+
+
+def measure(data, warmup, kind="ddp"):
+    """One run's figures from its summary.json (kind ddp) or pytorch_ddp_bench.py's JSON: each
+    per-step figure's mean after warm-up, the last step's loss (and every step's), throughput,
+    MB sent per rank; memory (ddp). ValueError naming what is missing; figures a pytorch run
+    does not measure are None."""
+    ddp = kind == "ddp"
+    m = {col: mean_after(data, key, warmup, required=ddp or col == "step_s") for col, key in PER_STEP}
+    loss = data.get("loss")
+    if not isinstance(loss, list) or not loss or not all(isinstance(x, (int, float)) for x in loss):
+        raise ValueError("no per-step 'loss'")
+    m["loss"], m["loss_curve"] = float(loss[-1]), [float(x) for x in loss]
+    m["timed_steps"] = len(data["step_time_s"]) - warmup
+    m["comm_fraction"] = (m["exposed_comm_s"] / m["step_s"]
+                          if m["exposed_comm_s"] is not None and m["step_s"] > 0 else None)
+    m["mb_sent"] = None if m["bus_bytes"] is None else m["bus_bytes"] / 1e6
+    m["unit"], units = units_per_step(data)
+    m["throughput"] = units / m["step_s"] if units and m["step_s"] > 0 else None
+    if ddp:
+        m.update(memory_figures(data))
+    auto = (data.get("strategy_stats") or {}).get("auto")  # bucket_mb = "auto": its choice
+    m["chosen_bucket_mb"] = auto.get("chosen_bucket_mb") if isinstance(auto, dict) else None
+    m["torch"] = data.get("torch")  # a pytorch run: torch's version
+    return m
+
+
+# ---------------------------------------------------------------- variants -> rows
 
 def model_label(config):
     m = config.get("model", {})
@@ -354,59 +489,74 @@ def comparison_key(config, world):
     return json.dumps(c, sort_keys=True, default=str)
 
 
-def row_from_summary(summary, warmup):
-    """One table row (numbers in seconds and bytes) from a parsed summary.json; ValueError if
-    a field is missing."""
-    try:
-        config = tomllib.loads(summary.get("config", ""))
-    except tomllib.TOMLDecodeError:
-        config = {}
-    world = summary.get("world_size")
-    if not isinstance(world, int):
-        raise ValueError("summary.json has no 'world_size'")
-    r = {"status": "ok", "strategy": summary.get("strategy", "?"), "world": world,
-         "model": model_label(config), "timed_steps": len(summary.get("step_time_s", [])) - warmup}
-    for col, key in [("step_s", "step_time_s"), ("forward_s", "forward_s"), ("backward_s", "backward_s"),
-                     ("optimizer_s", "optimizer_s"), ("exposed_comm_s", "comm_blocked_s"),
-                     ("total_comm_s", "comm_busy_s"), ("collectives", "collectives"),
-                     ("comm_bytes", "comm_bytes")]:
-        r[col] = mean_after(summary, key, warmup)
-    r["comm_fraction"] = r["exposed_comm_s"] / r["step_s"] if r["step_s"] > 0 else float("nan")
-    ranks = summary.get("ranks")
-    if not isinstance(ranks, list) or not ranks:
-        raise ValueError("summary.json has no 'ranks'")
-    for c in CATEGORIES:
-        try:
-            r[f"peak_{c}_bytes"] = max(rk["peak_bytes"][c] for rk in ranks)
-        except (KeyError, TypeError):
-            raise ValueError(f"summary.json: ranks[].peak_bytes has no '{c}'")
-    for p in PHASES:
-        try:
-            r[f"rank0_{p}_bytes"] = summary["peak_bytes"][p]["total"]
-        except (KeyError, TypeError):
-            raise ValueError(f"summary.json: peak_bytes has no '{p}.total'")
-    keys = {k: v for k, v in config.get("strategy", {}).items() if k != "plugin"}
-    r["strategy_keys"] = " ".join(f"{k}={v if isinstance(v, str) else toml_value(v)}"
-                                  for k, v in keys.items())
-    r["bucket_mb"] = keys.get("bucket_mb")
-    auto = (summary.get("strategy_stats") or {}).get("auto")  # bucket_mb = "auto": its choice
-    r["chosen_bucket_mb"] = auto.get("chosen_bucket_mb") if isinstance(auto, dict) else None
-    r["_key"] = comparison_key(config, world)
-    strategy = {k: v for k, v in config.get("strategy", {}).items() if k != "bucket_mb"}
-    r["_sweep_key"] = r["_key"] + json.dumps(strategy, sort_keys=True, default=str)
-    return r
+def keys_text(keys):
+    """bucket_mb=25 variant=allgather: as the table shows a plugin's keys."""
+    text = lambda v: v if isinstance(v, str) else f"{v:g}" if isinstance(v, float) else toml_value(v)
+    return " ".join(f"{k}={text(v)}" for k, v in keys.items())
+
+
+def variant_row(v):
+    """The row of a variant before it runs: what it is (strategy and its keys, world, model,
+    what it compares with); figures come from its runs (aggregate)."""
+    c = v.config()
+    world = v.setting("run.world_size", 1)
+    if v.kind == "pytorch":
+        strategy = "pytorch"
+        keys = {"bucket_cap_mb": pytorch_args(v)["bucket-cap-mb"]} if world > 1 else {}
+        bucket = None
+    else:
+        strategy = plugin_name(c, "strategy", "naive")
+        keys = plugin_keys(c, "strategy", "naive", v.overrides.items())
+        bucket = keys.get("bucket_mb")
+    key = comparison_key(c, world)
+    sweep = {k: val for k, val in keys.items() if k != "bucket_mb"}
+    return {"variant": v.name, "suite": v.suite, "kind": v.kind, "status": "ok", "error": "",
+            "strategy": strategy, "strategy_keys": keys_text(keys), "bucket_mb": bucket,
+            "world": world, "model": model_label(c), "warmup": v.warmup, "repeats": v.repeats,
+            "runs": {}, "seconds": 0.0, "_key": key,
+            "_sweep_key": key + strategy + json.dumps(sweep, sort_keys=True, default=str)}
+
+
+FIGURES = (["step_s", "forward_s", "backward_s", "optimizer_s", "exposed_comm_s", "total_comm_s",
+            "comm_fraction", "throughput", "loss", "collectives", "mb_sent", "comm_bytes",
+            "bus_bytes", "chosen_bucket_mb"]
+           + [f"peak_{c}_bytes" for c in CATEGORIES] + [f"rank0_{p}_bytes" for p in PHASES])
+
+
+def aggregate(row):
+    """Every figure of the row's ok runs -> row["stats"][figure] (a Stat, or None)."""
+    runs = [row["runs"][k] for k in sorted(row["runs"])]
+    row["n"] = len(runs)
+    row["stats"] = {f: summarize([r.get(f) for r in runs]) for f in FIGURES}
+    row["unit"] = next((r["unit"] for r in runs if r.get("unit")), None)
+    row["timed_steps"] = runs[0]["timed_steps"] if runs else None
+    row["torch"] = next((r["torch"] for r in runs if r.get("torch")), None)
+    return row
+
+
+def paired_speedup(ref, row):
+    """Stat of ref's step time / row's, run k against run k (the same round); None without
+    common runs."""
+    if ref is None or row["status"] != "ok":
+        return None
+    common = sorted(set(ref["runs"]) & set(row["runs"]))
+    return ratio_stat([ref["runs"][k]["step_s"] / row["runs"][k]["step_s"] for k in common
+                       if row["runs"][k]["step_s"] > 0])
 
 
 def add_speedups(rows):
-    """speedup = step time of the `naive` row of the same suite file and comparison key / this
-    row's."""
-    naive = {}
+    """speedup: against the `naive` ddp row of the same suite file and comparison key;
+    speedup_pytorch: against its `pytorch` row. Stats of paired ratios, or None."""
+    naive, torch_ref = {}, {}
     for r in rows:
-        if r["status"] == "ok" and r["strategy"] == "naive":
-            naive.setdefault((r.get("suite"), r["_key"]), r["step_s"])
+        if r["status"] == "ok" and r["runs"]:
+            if r["kind"] == "ddp" and r["strategy"] == "naive":
+                naive.setdefault((r["suite"], r["_key"]), r)
+            if r["kind"] == "pytorch":
+                torch_ref.setdefault((r["suite"], r["_key"]), r)
     for r in rows:
-        ref = naive.get((r.get("suite"), r.get("_key"))) if r["status"] == "ok" else None
-        r["speedup"] = ref / r["step_s"] if ref and r["step_s"] > 0 else None
+        r["speedup"] = paired_speedup(naive.get((r["suite"], r["_key"])), r)
+        r["speedup_pytorch"] = paired_speedup(torch_ref.get((r["suite"], r["_key"])), r)
     return rows
 
 
@@ -414,11 +564,11 @@ def bucket_sweeps(rows):
     """Groups of ok rows of one suite file that differ only in a numeric strategy.bucket_mb
     (>= 2 sizes): [(label, [rows by bucket_mb], [references])]. References, drawn as
     horizontal lines: the group's rows with another bucket_mb (such as "auto") and the suite's
-    other rows of the same model, data, optimizer and world (naive, overlap, ...)."""
+    other rows of the same model, data, optimizer and world (naive, overlap, pytorch, ...)."""
     groups = {}
     for r in rows:
-        if r["status"] == "ok" and r.get("bucket_mb") is not None:
-            groups.setdefault((r.get("suite"), r["_sweep_key"]), []).append(r)
+        if r["status"] == "ok" and r["n"] and r.get("bucket_mb") is not None:
+            groups.setdefault((r["suite"], r["_sweep_key"]), []).append(r)
     out = []
     for members in groups.values():
         numeric = [r for r in members if isinstance(r["bucket_mb"], (int, float))
@@ -427,159 +577,17 @@ def bucket_sweeps(rows):
             continue
         first = numeric[0]
         points = {id(r) for r in numeric}
-        refs = [r for r in rows if r["status"] == "ok" and id(r) not in points
-                and r.get("suite") == first.get("suite") and r["_key"] == first["_key"]]
+        refs = [r for r in rows if r["status"] == "ok" and r["n"] and id(r) not in points
+                and r["suite"] == first["suite"] and r["_key"] == first["_key"]]
         out.append((f"{first['model']}, {first['strategy']}, world {first['world']}",
                     sorted(numeric, key=lambda r: r["bucket_mb"]), refs))
     return out
 
 
-# ---------------------------------------------------------------- output files
-
-def sig(x, digits=3):
-    """x with `digits` significant digits, never in exponent notation; '—' for None/NaN."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    if x == 0:
-        return "0"
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
-    return f"{x:.{min(decimals, 6)}f}"
-
-
-MIB = 1024 * 1024
-CSV_COLUMNS = (["variant", "status", "strategy", "strategy_keys", "world", "model", "timed_steps",
-                "step_s", "forward_s", "backward_s", "optimizer_s", "exposed_comm_s", "total_comm_s",
-                "comm_fraction", "speedup", "collectives", "comm_bytes", "bucket_mb", "chosen_bucket_mb"]
-               + [f"peak_{c}_bytes" for c in CATEGORIES] + [f"rank0_{p}_bytes" for p in PHASES]
-               + ["seconds", "error"])
-
-
-def csv_text(rows):
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_COLUMNS})
-    return buf.getvalue()
-
-
-def markdown(rows, title, note, command, plots):
-    """results.md: a table ready to paste."""
-    head = ["variant", "strategy (keys)", "world", "step ms", "forward ms", "backward ms",
-            "optimizer ms", "exposed comm ms", "total comm ms", "comm %", "speed-up vs naive",
-            "params MiB", "grads MiB", "opt state MiB", "comm buf MiB", "activations MiB"]
-    lines = [f"### {title}", "", f"`{command}` — {note}", "",
-             "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
-    for r in rows:
-        if r["status"] != "ok":
-            cells = [r["variant"], r["strategy"], str(r["world"]), "**failed**"]
-            cells += ["—"] * (len(head) - len(cells))
-        else:
-            ms = lambda k: sig(r[k] * 1e3)
-            keys = r["strategy_keys"]
-            if r.get("chosen_bucket_mb") is not None:
-                keys += f" → {sig(r['chosen_bucket_mb'])}"
-            strategy = r["strategy"] + (f" ({keys})" if keys else "")
-            cells = [r["variant"], strategy, str(r["world"]), ms("step_s"), ms("forward_s"),
-                     ms("backward_s"), ms("optimizer_s"), ms("exposed_comm_s"), ms("total_comm_s"),
-                     f"{100 * r['comm_fraction']:.1f}",
-                     "—" if r["speedup"] is None else f"{r['speedup']:.2f}"] + \
-                    [sig(r[f"peak_{c}_bytes"] / MIB) for c in CATEGORIES]
-        lines.append("| " + " | ".join(cells) + " |")
-    ok = [r for r in rows if r["status"] == "ok"]
-    if ok:
-        lines += ["", "Peak memory of rank 0, all categories (MiB): after set-up, before and after the "
-                  "optimizer step.", "", "| variant | after set-up | before optimizer step | "
-                  "after optimizer step |", "|---|---:|---:|---:|"]
-        for r in ok:
-            cells = [r["variant"]] + [sig(r[f"rank0_{p}_bytes"] / MIB) for p in PHASES]
-            lines.append("| " + " | ".join(cells) + " |")
-    failed = [r for r in rows if r["status"] != "ok"]
-    if failed:
-        lines += ["", "Failed:", ""] + [f"- `{r['variant']}`: {r['error']}" for r in failed]
-    if plots:
-        lines += [""] + [f"![{alt}]({name})" for name, alt in plots]
-    return "\n".join(lines) + "\n"
-
-
-def write_atomically(path, data):
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-def save_figure(fig, path):
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    write_atomically(path, buf.getvalue())
-
-
-def plot_breakdown(plt, rows, path):
-    """Stacked bars of each ok row's step, one panel per model."""
-    ok = [r for r in rows if r["status"] == "ok"]
-    models = list(dict.fromkeys(r["model"] for r in ok))
-    most = max(sum(r["model"] == m for r in ok) for m in models)
-    fig, axes = plt.subplots(len(models), 1, figsize=(min(16, 3 + 0.8 * max(most, 4)), 4 * len(models)),
-                             squeeze=False, layout="constrained")
-    parts = [("forward_s", "forward", "#4c72b0"), ("backward_s", "backward", "#55a868"),
-             ("optimizer_s", "optimizer", "#8172b2"), ("exposed_comm_s", "exposed comm", "#c44e52")]
-    for ax, model in zip(axes[:, 0], models):
-        mine = [r for r in ok if r["model"] == model]
-        x = range(len(mine))
-        bottom = [0.0] * len(mine)
-        for key, label, color in parts + [(None, "rest of the step", "#bbbbbb")]:
-            if key:
-                h = [r[key] * 1e3 for r in mine]
-            else:
-                h = [max(0.0, r["step_s"] * 1e3 - b) for r, b in zip(mine, bottom)]
-            ax.bar(x, h, bottom=bottom, label=label, color=color)
-            bottom = [b + v for b, v in zip(bottom, h)]
-        worlds = len({r["world"] for r in mine}) > 1
-        names = [r["variant"] + (f" (world {r['world']})" if worlds else "") for r in mine]
-        tilt = len(mine) > 5
-        ax.set_xticks(list(x), names, fontsize=8, rotation=30 if tilt else 0,
-                      ha="right" if tilt else "center")
-        ax.set_ylabel("ms per step")
-        world = "" if worlds else f", world {mine[0]['world']}"
-        ax.set_title(f"{model}{world}: where a step goes")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    save_figure(fig, path)
-    plt.close(fig)
-
-
-def plot_sweeps(plt, sweeps, path):
-    """Step time and exposed communication against bucket_mb, one row of panels per sweep."""
-    fig, axes = plt.subplots(len(sweeps), 2, figsize=(11, 3.8 * len(sweeps)), squeeze=False,
-                             layout="constrained")
-    styles = ["--", ":", "-."]
-    for (label, rows, refs), (ax_t, ax_c) in zip(sweeps, axes):
-        xs = [r["bucket_mb"] for r in rows]
-        for ax, key, what in [(ax_t, "step_s", "step time"), (ax_c, "exposed_comm_s", "exposed comm")]:
-            ax.plot(xs, [r[key] * 1e3 for r in rows], "o-", label="bucket_mb")
-            for i, ref in enumerate(refs):
-                chose = ref.get("chosen_bucket_mb")
-                name = ref["variant"] + (f" (chose {sig(chose)})" if chose else "")
-                ax.axhline(ref[key] * 1e3, linestyle=styles[i % len(styles)], color=f"C{i + 1}",
-                           label=name)
-                if chose:  # bucket_mb = "auto": a star at the size it chose
-                    ax.plot([chose], [ref[key] * 1e3], "*", color=f"C{i + 1}", ms=12)
-            ax.set_xscale("log")
-            ax.set_xticks(xs, [f"{x:g}" for x in xs])
-            ax.minorticks_off()
-            ax.set_xlabel("bucket_mb (MiB)")
-            ax.set_ylabel(f"{what}, ms")
-            ax.set_ylim(bottom=0)
-            ax.set_title(f"{label}: {what}", fontsize=10)
-            ax.legend(fontsize=8)
-    save_figure(fig, path)
-    plt.close(fig)
-
-
 # ---------------------------------------------------------------- running
 
 def error_tail(log_path, lines=12):
-    """The last lines of a variant's log."""
+    """The last lines of a run's log."""
     try:
         text = Path(log_path).read_text(errors="replace").rstrip().splitlines()
     except OSError:
@@ -594,76 +602,138 @@ def error_summary(tail):
     return text if len(text) <= 400 else "…" + text[-399:]
 
 
-def run_variant(ddp, v, out, keep_weights):
-    """Runs one variant; returns its row (status ok or failed)."""
-    vdir = out / v.name
-    vdir.mkdir(parents=True, exist_ok=True)
-    summary_path = vdir / "summary.json"
-    summary_path.unlink(missing_ok=True)  # never collect a previous run's
-    log = vdir / "ddp.log"
-    base = None
-    if v.rewrite_base:
-        base = vdir / "base.toml"
-        write_atomically(base, base_text(v))
-    cmd = ddp_command(ddp, v, vdir, base)
-    row = {"variant": v.name, "suite": v.suite, "status": "failed", "error": "",
-           "strategy": str(v.setting("strategy.plugin", "naive")),
-           "world": v.setting("run.world_size", 1)}
+def run_once(v, rdir, tools):
+    """Runs variant v once into rdir -> (figures, seconds); RuntimeError(error, tail) when the
+    run fails. tools: {"ddp": launcher, "python": for pytorch, "keep_weights": bool}."""
+    rdir.mkdir(parents=True, exist_ok=True)
+    if v.kind == "pytorch":
+        cmd, log, result = pytorch_command(tools["python"], v), rdir / "pytorch.log", rdir / "pytorch.json"
+    else:
+        cmd, log, result = ddp_command(tools["ddp"], v, rdir), rdir / "ddp.log", rdir / "summary.json"
+    result.unlink(missing_ok=True)  # never collect a previous run's
     t0 = time.monotonic()
     with open(log, "w") as f:
         f.write("$ " + shlex.join(cmd) + "\n")
         f.flush()
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
-    row["seconds"] = time.monotonic() - t0
-    if rc != 0:
+        out = subprocess.PIPE if v.kind == "pytorch" else f
+        p = subprocess.run(cmd, stdout=out, stderr=f, cwd=ROOT, text=True)
+    seconds = time.monotonic() - t0
+    if v.kind == "pytorch" and p.returncode == 0:
+        lines = [l for l in p.stdout.splitlines() if l.strip()]
+        suite_report.write_atomically(result, (lines[-1] if lines else "") + "\n")
+    if p.returncode != 0:
         tail = error_tail(log)
-        row.update(error=f"exit {rc}: {error_summary(tail)}", tail=tail)
-        return row
+        raise RuntimeError(f"exit {p.returncode}: {error_summary(tail)}", tail)
     try:
-        summary = json.loads(summary_path.read_text())
-        row.update(row_from_summary(summary, v.warmup))
+        figures = measure(json.loads(result.read_text()), v.warmup, v.kind)
     except (OSError, ValueError) as e:
-        msg = f"{summary_path}: {e.strerror}" if isinstance(e, OSError) else f"{summary_path}: {e}"
-        row.update(status="failed", error=msg, tail=[msg])
-        return row
-    if not keep_weights:
-        (vdir / "weights.safetensors").unlink(missing_ok=True)
-    return row
+        msg = f"{result}: {e.strerror if isinstance(e, OSError) else e}"
+        raise RuntimeError(msg, [msg])
+    if not tools["keep_weights"]:
+        (rdir / "weights.safetensors").unlink(missing_ok=True)
+    return figures, seconds
 
 
-def result_line(r):
+def run_line(m, seconds):
+    ms = lambda k: sig(m[k] * 1e3) if m.get(k) is not None else "—"
+    comm = (f", exposed comm {ms('exposed_comm_s')} ms ({100 * m['comm_fraction']:.1f} %)"
+            if m.get("comm_fraction") is not None else "")
+    return (f"step {ms('step_s')} ms (forward {ms('forward_s')}, backward {ms('backward_s')}, "
+            f"optimizer {ms('optimizer_s')}){comm}, loss {sig(m['loss'], 5)}; {seconds:.1f} s")
+
+
+def variant_line(r):
     if r["status"] != "ok":
-        return f"FAILED ({r['error']}) in {r['seconds']:.1f} s"
-    up = "" if r["speedup"] is None else f", {r['speedup']:.2f}x naive"
-    return (f"step {sig(r['step_s'] * 1e3)} ms (forward {sig(r['forward_s'] * 1e3)}, backward "
-            f"{sig(r['backward_s'] * 1e3)}, optimizer {sig(r['optimizer_s'] * 1e3)}), exposed comm "
-            f"{sig(r['exposed_comm_s'] * 1e3)} ms ({100 * r['comm_fraction']:.1f} %){up}; "
-            f"{r['seconds']:.1f} s")
+        return f"{r['variant']}: FAILED ({r['error']})"
+    up = "".join(f", {fmt_stat(r[k])}x {ref}" for k, ref in [("speedup", "naive"),
+                                                             ("speedup_pytorch", "pytorch")] if r[k])
+    return (f"{r['variant']}: step {fmt_stat(scaled(r['stats']['step_s'], 1e3))} ms{up} "
+            f"(n = {r['n']})")
 
 
-def main(argv):
+def schedule(variants, repeats_override=None):
+    """[(k, variant)]: round k (from 1) runs every variant with at least k repeats once, the
+    order rotated by one each round so that no variant always runs first or after the same one."""
+    reps = [repeats_override or v.repeats for v in variants]
+    order = []
+    for k in range(1, max(reps, default=0) + 1):
+        todo = [v for v, n in zip(variants, reps) if n >= k]
+        shift = (k - 1) % len(todo)
+        order += [(k, v) for v in todo[shift:] + todo[:shift]]
+    return order
+
+
+def run_all(variants, out, tools, repeats_override):
+    """Runs the schedule; returns the rows (in the suite's order). A failed run marks its
+    variant failed (naming the run) and its later runs are skipped."""
+    rows = {v.name: variant_row(v) for v in variants}
+    order = schedule(variants, repeats_override)
+    for i, (k, v) in enumerate(order, 1):
+        row = rows[v.name]
+        reps = repeats_override or v.repeats
+        tag = f"[{i}/{len(order)}] {v.name}, run {k}/{reps}"
+        if row["status"] != "ok":
+            print(f"{tag}: skipped (failed in an earlier run)", flush=True)
+            continue
+        what = "pytorch" if v.kind == "pytorch" else v.setting("strategy.plugin", "naive")
+        print(f"{tag} ({what}, world {row['world']}) ...", flush=True)
+        try:
+            figures, seconds = run_once(v, out / v.name / f"r{k}", tools)
+            row["runs"][k] = dict(figures, seconds=seconds)
+            row["seconds"] += seconds
+            print(f"{tag}: {run_line(figures, seconds)}", flush=True)
+        except RuntimeError as e:
+            error, tail = e.args
+            row.update(status="failed", error=f"run {k}/{reps}: {error}", failed_run=k)
+            print(f"{tag}: FAILED ({error})", flush=True)
+            for line in tail:
+                print(f"    {line}", file=sys.stderr)
+            sys.stderr.flush()
+    return [aggregate(rows[v.name]) for v in variants]
+
+
+def parse_args(argv):
     ap = argparse.ArgumentParser(prog="tools/ddp_suite.py", add_help=False)
-    if "-h" in argv or "--help" in argv:
-        print(__doc__.strip())
-        return 0
     ap.add_argument("suite")
     ap.add_argument("--out")
     ap.add_argument("--ddp", default=str(ROOT / "build" / "bin" / "ddp"))
     ap.add_argument("--only", nargs="+", metavar="NAME")
+    ap.add_argument("--repeats", type=int)
+    ap.add_argument("--python", default="/usr/bin/python3")
     ap.add_argument("--keep-weights", action="store_true")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def command_text(args):
+    """The command line that made the results, as results.md quotes it."""
+    suite = Path(args.suite).resolve()
+    text = f"tools/ddp_suite.py {suite.relative_to(ROOT) if suite.is_relative_to(ROOT) else suite}"
+    if args.only:
+        text += " --only " + " ".join(map(shlex.quote, args.only))
+    if args.repeats:
+        text += f" --repeats {args.repeats}"
+    return text
+
+
+def main(argv):
+    if "-h" in argv or "--help" in argv:
+        print(__doc__.strip())
+        return 0
+    args = parse_args(argv)
 
     def die(msg):
         print(f"ddp_suite: error: {msg}", file=sys.stderr)
         return 2
 
+    if args.repeats is not None and args.repeats < 1:
+        return die(f"--repeats must be >= 1 (got {args.repeats})")
     try:
         title, variants = load_suite(args.suite)
         variants = select(variants, args.only)
     except SuiteError as e:
         return die(str(e))
     ddp = Path(args.ddp).resolve()
-    if not (ddp.is_file() and os.access(ddp, os.X_OK)):
+    if any(v.kind == "ddp" for v in variants) and not (ddp.is_file() and os.access(ddp, os.X_OK)):
         return die(f"--ddp: '{args.ddp}' is not an executable (build it: tools/setup.sh)")
     try:
         import matplotlib
@@ -675,46 +745,21 @@ def main(argv):
     out = Path(args.out).resolve() if args.out else ROOT / "runs" / "suites" / Path(args.suite).stem
     out.mkdir(parents=True, exist_ok=True)
 
-    rows, n = [], len(variants)
-    print(f"ddp_suite: {n} variant(s) of {args.suite} into {out}", flush=True)
-    for i, v in enumerate(variants, 1):
-        print(f"[{i}/{n}] {v.name} ({v.setting('strategy.plugin', 'naive')}, world "
-              f"{v.setting('run.world_size', 1)}) ...", flush=True)
-        try:
-            row = run_variant(ddp, v, out, args.keep_weights)
-        except KeyboardInterrupt:
-            print("ddp_suite: interrupted; no results written", file=sys.stderr)
-            return 130
-        rows.append(row)
-        add_speedups(rows)
-        print(f"[{i}/{n}] {v.name}: {result_line(row)}", flush=True)
-        for line in row.get("tail", []):
-            print(f"    {line}", file=sys.stderr)
-        sys.stderr.flush()
-
-    warmups = "/".join(map(str, sorted({v.warmup for v in variants})))
-    note = (f"{datetime.date.today().isoformat()}, {os.cpu_count()} CPUs; means over each run's steps "
-            f"after the first {warmups} (warm-up); memory: peak per rank, the highest rank.")
-    suite = Path(args.suite).resolve()
-    command = f"tools/ddp_suite.py {suite.relative_to(ROOT) if suite.is_relative_to(ROOT) else suite}"
-    command += " --only " + " ".join(map(shlex.quote, args.only)) if args.only else ""
-    plots = []
-    for name, alt, make, data in [
-            ("step_breakdown.png", "step time breakdown per variant", plot_breakdown,
-             rows if any(r["status"] == "ok" for r in rows) else None),
-            ("bucket_sweep.png", "step time and exposed communication vs bucket size", plot_sweeps,
-             bucket_sweeps(rows) or None)]:
-        if data:
-            make(plt, data, out / name)
-            plots.append((name, alt))
-        else:
-            (out / name).unlink(missing_ok=True)  # a previous run's would not match the table
-    write_atomically(out / "results.csv", csv_text(rows))
-    write_atomically(out / "results.md", markdown(rows, title, note, command, plots))
+    runs = len(schedule(variants, args.repeats))
+    print(f"ddp_suite: {len(variants)} variant(s) of {args.suite}, {runs} run(s), into {out}", flush=True)
+    tools = {"ddp": ddp, "python": args.python, "keep_weights": args.keep_weights}
+    try:
+        rows = add_speedups(run_all(variants, out, tools, args.repeats))
+    except KeyboardInterrupt:
+        print("ddp_suite: interrupted; no results written", file=sys.stderr)
+        return 130
+    for r in rows:
+        print(variant_line(r), flush=True)
+    plots = suite_report.write_results(plt, out, rows, title, command_text(args), bucket_sweeps(rows))
     failed = [r["variant"] for r in rows if r["status"] != "ok"]
     print(f"ddp_suite: {len(rows) - len(failed)} ok, {len(failed)} failed"
           + (f" ({', '.join(failed)})" if failed else "")
-          + f"; results: {out / 'results.md'}, results.csv" + "".join(f", {p}" for p, _ in plots),
+          + f"; results: {out / 'results.md'}, results.csv, runs.csv" + "".join(f", {p}" for p in plots),
           flush=True)
     return 1 if failed else 0
 

@@ -5,7 +5,7 @@ torch.nn.parallel.DistributedDataParallel (gloo on the CPU, nccl on GPUs) and ti
 usage (from anywhere; Debian's python3 with torch 1.13, not the pyenv python):
   /usr/bin/python3 tools/pytorch_ddp_bench.py [--world N] [--batch B] [--steps S] [--warmup W]
       [--preset lm-cpu | --model mlp --width 1024 --depth 8 --classes 10] [--bucket-cap-mb 25]
-      [--device cpu | cuda]
+      [--optimizer adamw | sgd] [--lr LR] [--weight-decay WD] [--device cpu | cuda]
 
   --world N        ranks (default 2): N processes (torch.multiprocessing spawn), gloo over
                    127.0.0.1 on a free port, each rank wrapped in DistributedDataParallel
@@ -18,22 +18,33 @@ usage (from anywhere; Debian's python3 with torch 1.13, not the pyenv python):
   --steps S        timed steps (default 20), after --warmup W untimed ones (default 3)
   --threads T      torch threads per rank (default 1: torch.set_num_threads(1))
   --model lm       (default) with --preset (default lm-cpu; lm-tiny, small, ...) and optional
-                   --context-length / --vocab-size overrides
+                   overrides of its hyper-parameters, as the engine's [model] keys: --vocab-size,
+                   --context-length, --d-model, --num-layers, --num-heads, --d-ff, --rope-theta
   --model mlp      --width (1024) --depth (8) --classes (10): depth x Linear(width, width)+ReLU,
                    then Linear(width, classes); cross-entropy
   --seed           weights from make_lm/make_mlp(seed) (DDP then broadcasts rank 0's);
                    rank r's data from seed + 1000 + r
 
+  --optimizer      adamw (default: --lr 1e-3, --weight-decay 0.01, --beta1 0.9, --beta2 0.999,
+                   --eps 1e-8) or sgd (--lr, --momentum 0, --weight-decay: give it, L2 as
+                   torch.optim.SGD); torch.optim's own, as the engine's optimizers follow them
+
 Every step: zero_grad(set_to_none=True), forward, cross-entropy loss (lm: next-token over all
-positions), backward (DDP all-reduces the gradients, bucketed, during it), AdamW(lr 1e-3,
-weight_decay 0.01) step. A step's time is wall time on rank 0 from before zero_grad to after
-the optimizer step (the ranks are in lockstep through the all-reduce). Random data are made
-before the timed loop.
+positions), backward (DDP all-reduces the gradients, bucketed, during it), optimizer step. A
+step's time is wall time on rank 0 from before zero_grad to after the optimizer step (the ranks
+are in lockstep through the all-reduce); on the CPU also split into forward (zero_grad and
+forward), backward (which includes DDP's wait for its all-reduces) and optimizer. Random data
+are made before the timed loop. Each step's loss is the mean over the global batch (the ranks'
+losses averaged once, after the last step, outside the timed loop).
 
 Prints one JSON line on stdout:
   {"impl": "pytorch-ddp" | "pytorch-single", "model": "lm-cpu" (the preset) | "mlp", "world": N,
    "batch_per_rank": B, "step_s_mean": ..., "step_s_median": ..., "steps": S,
-   "warmup": W, "threads": T, "parameters": ..., "torch": "1.13...", "step_s": [S times]}
+   "warmup": W, "threads": T, "parameters": ..., "torch": "1.13...", "step_s": [S times],
+   "optimizer": "adamw lr=0.001 ...", "final_loss": ...,
+   per step, warm-up included (as the engine's summary.json names them): "step_time_s",
+   "loss", "forward_s", "backward_s", "optimizer_s" (the last three null on cuda);
+   "unit": "tokens" (lm) | "samples" (mlp), "units_per_step": global tokens or samples per step}
 """
 
 import argparse
@@ -70,8 +81,16 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket_cap_mb (default 25)")
+    for name in ["d-model", "num-layers", "num-heads", "d-ff"]:
+        p.add_argument(f"--{name}", type=int, default=None, help="lm: override the preset's")
+    p.add_argument("--rope-theta", type=float, default=None, help="lm: override the preset's")
+    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--weight-decay", type=float, default=None, help="default 0.01 (adamw), 0 (sgd)")
+    p.add_argument("--momentum", type=float, default=0.0, help="sgd")
+    p.add_argument("--beta1", type=float, default=0.9, help="adamw")
+    p.add_argument("--beta2", type=float, default=0.999, help="adamw")
+    p.add_argument("--eps", type=float, default=1e-8, help="adamw")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout-s", type=float, default=300.0, help="process group timeout")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -80,6 +99,8 @@ def parse_args(argv=None):
         p.error("--world, --batch, --steps, --threads must be >= 1 and --warmup >= 0")
     if a.model == "mlp" and (a.width < 1 or a.depth < 0 or a.classes < 2):
         p.error("mlp needs --width >= 1, --depth >= 0, --classes >= 2")
+    if a.weight_decay is None:
+        a.weight_decay = 0.01 if a.optimizer == "adamw" else 0.0
     if a.device == "cuda" and torch.cuda.device_count() < a.world:
         p.error(f"--device cuda --world {a.world} needs a GPU per rank; this machine has "
                 f"{torch.cuda.device_count()}")
@@ -90,7 +111,9 @@ def build(a):
     """(model, loss_fn(model, batch), batches [warmup + steps], model label)."""
     n = a.warmup + a.steps
     if a.model == "lm":
-        cfg = lm_preset(a.preset, context_length=a.context_length, vocab_size=a.vocab_size)
+        cfg = lm_preset(a.preset, context_length=a.context_length, vocab_size=a.vocab_size,
+                        d_model=a.d_model, num_layers=a.num_layers, num_heads=a.num_heads,
+                        d_ff=a.d_ff, rope_theta=a.rope_theta)
         model = make_lm(cfg, seed=a.seed)
         g = torch.Generator().manual_seed(a.seed + 1000 + a.rank)
         batches = [torch.randint(0, cfg["vocab_size"], (a.batch, cfg["context_length"] + 1), generator=g)
@@ -100,6 +123,7 @@ def build(a):
             logits = m(tokens[:, :-1])
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
+        a.units = ("tokens", a.batch * a.world * cfg["context_length"])
         return model, loss_fn, batches, a.preset
     cfg = dict(width=a.width, depth=a.depth, classes=a.classes)
     model = make_mlp(cfg, seed=a.seed)
@@ -110,6 +134,7 @@ def build(a):
     def loss_fn(m, xy):
         return F.cross_entropy(m(xy[0]), xy[1])
 
+    a.units = ("samples", a.batch * a.world)
     return model, loss_fn, batches, "mlp"
 
 
@@ -117,6 +142,25 @@ def to_device(batch, device):
     if isinstance(batch, tuple):
         return tuple(t.to(device) for t in batch)
     return batch.to(device)
+
+
+def make_optimizer(a, params):
+    if a.optimizer == "sgd":
+        return (torch.optim.SGD(params, lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay),
+                f"sgd lr={a.lr:g} momentum={a.momentum:g} weight_decay={a.weight_decay:g}")
+    return (torch.optim.AdamW(params, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
+                              weight_decay=a.weight_decay),
+            f"adamw lr={a.lr:g} betas=({a.beta1:g}, {a.beta2:g}) eps={a.eps:g} "
+            f"weight_decay={a.weight_decay:g}")
+
+
+def global_losses(a, losses):
+    """Each step's loss, averaged over the ranks (equal batches: the global batch's mean)."""
+    t = torch.stack(losses).detach().to(torch.float64)
+    if a.world > 1:
+        dist.all_reduce(t)
+        t /= a.world
+    return [float(x) for x in t.cpu()]
 
 
 def train(a):
@@ -134,23 +178,28 @@ def train(a):
     if a.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
             model, bucket_cap_mb=a.bucket_cap_mb, device_ids=[a.rank] if cuda else None)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
-    times = []
+    opt, opt_text = make_optimizer(a, model.parameters())
+    every, phases, losses = [], [], []
     for step, batch in enumerate(batches):
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model, batch)
+        t1 = time.perf_counter()
         loss.backward()
+        t2 = time.perf_counter()
         opt.step()
         if cuda:
             torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        if step >= a.warmup:
-            times.append(dt)
+        t3 = time.perf_counter()
+        every.append(t3 - t0)
+        phases.append((t1 - t0, t2 - t1, t3 - t2))
+        losses.append(loss.detach())
     if not torch.isfinite(loss.detach()):
         raise RuntimeError(f"rank {a.rank}: non-finite loss {float(loss)}")
+    times = every[a.warmup:]
+    loss_per_step = global_losses(a, losses)
     return {
         "impl": "pytorch-ddp" if a.world > 1 else "pytorch-single",
         "model": label,
@@ -163,9 +212,18 @@ def train(a):
         "threads": a.threads,
         "device": a.device,
         "parameters": n_params,
-        "final_loss": float(loss.detach()),
+        "final_loss": loss_per_step[-1],
         "torch": torch.__version__,
         "step_s": times,
+        "optimizer": opt_text,
+        "bucket_cap_mb": a.bucket_cap_mb if a.world > 1 else None,
+        "step_time_s": every,
+        "loss": loss_per_step,
+        "forward_s": None if cuda else [p[0] for p in phases],
+        "backward_s": None if cuda else [p[1] for p in phases],
+        "optimizer_s": None if cuda else [p[2] for p in phases],
+        "unit": a.units[0],
+        "units_per_step": a.units[1],
     }
 
 

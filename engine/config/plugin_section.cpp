@@ -1,7 +1,10 @@
 // plugin_section.cpp — see plugin_section.h.
 #include "plugin_section.h"
 
+#include <algorithm>
 #include <tuple>
+
+#include "nearest.h"
 
 #include "toml_read.h"
 
@@ -98,21 +101,35 @@ std::string PluginSection::get_string(const std::string& key,
   return node->as_string()->get();
 }
 
-void PluginSection::check_all_read(const std::string& kind,
-                                   const std::string& plugin_name) const {
+const std::string* PluginSection::first_key(const std::function<bool(const std::string&)>& pick) const {
   // File order; keys from --set come after the file's.
   auto order = [&](const std::string& key) {
     const toml::source_region& s = sources_.at(key);
     return std::make_tuple(from_override(s), s.begin.line, s.begin.column);
   };
   const std::string* first = nullptr;
-  for (const auto& entry : sources_) {
-    const std::string& key = entry.first;
-    if (!read_.count(key) && (!first || order(key) < order(*first))) first = &key;
-  }
-  if (first)
-    throw ConfigError(where(*first) + ": unknown key '" + name_of(*first) + "' (" +
-                      kind + " plugin '" + plugin_name + "' does not read it)");
+  for (const auto& entry : sources_)
+    if (pick(entry.first) && (!first || order(entry.first) < order(*first))) first = &entry.first;
+  return first;
+}
+
+void PluginSection::check_all_read(const std::string& kind, const std::string& plugin_name) const {
+  if (const std::string* key = first_key([&](const std::string& k) { return !read_.count(k); }))
+    throw ConfigError(where(*key) + ": unknown key '" + name_of(*key) + "' (" + kind + " plugin '" + plugin_name +
+                      "' does not read it)");
+}
+
+void PluginSection::check_declared(const std::vector<std::string>& known, const std::string& kind,
+                                   const std::string& plugin_name) const {
+  const std::string* key =
+      first_key([&](const std::string& k) { return std::find(known.begin(), known.end(), k) == known.end(); });
+  if (!key) return;
+  std::string reads;
+  for (const std::string& k : known) reads += (reads.empty() ? "" : ", ") + k;
+  const std::string nearest = nearest_name(*key, known);
+  throw ConfigError(where(*key) + ": unknown key '" + name_of(*key) + "' (" + kind + " plugin '" + plugin_name +
+                    "' does not read it; " + (known.empty() ? "it reads no keys" : "it reads: " + reads) +
+                    (nearest.empty() ? "" : "; did you mean '" + nearest + "'?") + ")");
 }
 
 PluginSection plugin_section_from_overrides(const std::string& section, const std::vector<std::string>& overrides) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -37,11 +38,19 @@ class PluginSection {
   // Throws ConfigError "<where>: unknown key '<section>.<key>' (<kind> plugin
   // '<name>' does not read it)" for the first key (in file order) not read.
   void check_all_read(const std::string& kind, const std::string& plugin_name) const;
+  // Before any rank starts, from the keys a plugin declares (ddp_key): the
+  // same error for the first key (file order) not in `known`, with the
+  // keys the plugin reads and the nearest one if close ("... does not read
+  // it; it reads: bucket_mb, compress; did you mean 'compress'?)").
+  void check_declared(const std::vector<std::string>& known, const std::string& kind,
+                      const std::string& plugin_name) const;
 
   const std::string& section() const { return section_; }
 
  private:
   const toml::node* find(const std::string& key) const;
+  // The first key, in file order (--set's last), that `pick` accepts; null if none.
+  const std::string* first_key(const std::function<bool(const std::string&)>& pick) const;
   std::string where(const std::string& key) const;  // "<file>:<l>:<c>" or "--set ..."
 
   void add(const std::string& table_name, const toml::key& key, const toml::node& node);

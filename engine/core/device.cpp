@@ -1,6 +1,10 @@
 // device.cpp — memory accounting, the CPU device, make_device (see device.h).
 #include "device.h"
 
+#include <ddp/plugin.hpp>
+
+#include "convert.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -124,6 +128,24 @@ void CpuDevice::scale(float* data, size_t count, float factor, Stream& stream) {
     if (cancelled) return;
     for (size_t i = 0; i < count; ++i) data[i] *= factor;
   });
+}
+
+void CpuDevice::convert(void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t count,
+                        Stream& stream) {
+  if (std::string why = convert_refusal(dst_type, src_type); !why.empty()) throw Error(why, DDP_ERR_UNSUPPORTED);
+  stream.enqueue([=](bool cancelled) {
+    if (!cancelled) convert_cpu(dst, dst_type, src, src_type, count);
+  });
+}
+
+int choose_gpu(int local_rank, int visible, const char* cuda_visible_devices, bool share_gpus) {
+  const int gpu = plugin::rank_gpu(local_rank, visible, cuda_visible_devices, share_gpus);
+  if (gpu >= 0) return gpu;
+  throw Error("device \"cuda\": local rank " + std::to_string(local_rank) + " needs GPU " + std::to_string(local_rank) +
+                  ", but this machine has " + std::to_string(visible) + " GPU" + (visible == 1 ? "" : "s") +
+                  " visible (one GPU per local rank, or one visible to each rank through CUDA_VISIBLE_DEVICES; set "
+                  "run.share_gpus = true to let ranks share them, which the gloo transport allows and nccl does not)",
+              DDP_ERR_UNSUPPORTED);
 }
 
 #if DDP_WITH_CUDA

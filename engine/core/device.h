@@ -85,6 +85,9 @@ class Device {
   virtual void copy(void* dst, const void* src, size_t bytes, Stream& stream) = 0;
   virtual void fill(float* data, size_t count, float value, Stream& stream) = 0;
   virtual void scale(float* data, size_t count, float factor, Stream& stream) = 0;
+  // dst[i] = src[i] converted (convert.h: float32 <-> bfloat16, float16).
+  virtual void convert(void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t count,
+                       Stream& stream) = 0;
   // Host <-> device copies, in order with the compute stream; they return
   // when the copy is done (set-up, checkpoints, tests: not the step).
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
@@ -111,12 +114,20 @@ class CpuDevice final : public Device {
   void copy(void* dst, const void* src, size_t bytes, Stream& stream) override;
   void fill(float* data, size_t count, float value, Stream& stream) override;
   void scale(float* data, size_t count, float factor, Stream& stream) override;
+  void convert(void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t count,
+               Stream& stream) override;
   void upload(void* dst, const void* host_src, size_t bytes) override;
   void download(void* host_dst, const void* src, size_t bytes) override;
 
  private:
   BlockTable blocks_{memory_};
 };
+
+// The GPU (index among the `visible` ones) of the rank with `local_rank`:
+// ddp::plugin::rank_gpu (the one GPU a launcher left visible, else GPU
+// local_rank, else local_rank modulo visible when shared); throws Error
+// (DDP_ERR_UNSUPPORTED) saying why where there is none. Pure.
+int choose_gpu(int local_rank, int visible, const char* cuda_visible_devices, bool share_gpus);
 
 // The device of `kind` for the rank with this local rank. CUDA: GPU
 // local_rank, or local_rank modulo the GPUs present when share_gpus. Throws

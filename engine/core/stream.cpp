@@ -176,20 +176,24 @@ void wait_for_state(State& state, std::chrono::milliseconds limit) {
 
 }  // namespace
 
-// Polls the device until it has passed the event or `limit` is over: for
-// the first 200 us with a yield between queries (a collective of a few
-// microseconds is waited for in about that: a sleep would add the kernel's
-// timer slack, ~50 us, to every wait), then with a 20 us sleep.
+// Waits until the device has passed the event: for the first 100 us it
+// queries with a yield between (a collective of a few microseconds is
+// waited for in about that; a sleep would add the kernel's timer slack,
+// ~50 us, to every wait), then blocks on the event where the stream can
+// (a CUDA stream: woken when the device passes it, the watchdog bounding
+// the wait), else polls with a 20 us sleep until `limit` is over.
 void Event::wait_native(std::chrono::milliseconds limit) const {
   const auto native = native_;
   const Clock::time_point start = Clock::now();
   const auto deadline = limit == std::chrono::milliseconds::max() ? Clock::time_point::max() : start + limit;
-  const Clock::time_point spin_until = start + std::chrono::microseconds(200);
+  const Clock::time_point spin_until = start + std::chrono::microseconds(100);
   while (!native->stream->query_native_event(native->event)) {
     const Clock::time_point now = Clock::now();
     if (now >= deadline) stuck(limit);
     if (now < spin_until) {
       std::this_thread::yield();
+    } else if (native->stream->block_on_native_event(native->event)) {
+      break;
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }

@@ -77,6 +77,11 @@ class Stream {
   virtual void wait_native_event(void* /*event*/) {}
   // Whether the device has passed the event (throws Error on a device error).
   virtual bool query_native_event(void* /*event*/) { return true; }
+  // Blocks the calling thread until the device has passed the event, as the
+  // driver blocks (cudaEventSynchronize), and returns true; false where the
+  // stream cannot (the caller polls). No time limit: the rank's watchdog
+  // bounds a wait that never ends (whereabouts.h).
+  virtual bool block_on_native_event(void* /*event*/) { return false; }
   // Frees an event create_native_event made (any stream of the device).
   using NativeEventDestroy = void (*)(void* event);
   virtual NativeEventDestroy native_event_destroyer() const { return nullptr; }

@@ -1,6 +1,8 @@
 // collective_check.cpp — see collective_check.h.
 #include "collective_check.h"
 
+#include <ddp/numeric.h>
+
 namespace ddp {
 namespace {
 
@@ -9,9 +11,8 @@ const char* op_name(int64_t op) {
   return op >= 1 && op <= 5 ? kOps[op] : "an unknown collective";
 }
 
-const char* dtype_name(int64_t dtype) {
-  static const char* kTypes[] = {"float32", "float64", "int32", "int64", "bfloat16", "float16"};
-  return dtype >= 0 && dtype <= 5 ? kTypes[dtype] : "elements of an unknown type";
+const char* dtype_words(int64_t dtype) {
+  return dtype >= 0 && dtype <= DDP_FLOAT16 ? ddp_dtype_name(static_cast<ddp_dtype>(dtype)) : "elements of an unknown type";
 }
 
 const char* reduce_name(int64_t op) { return op == 0 ? "sum" : op == 1 ? "avg" : "unknown op"; }
@@ -29,7 +30,7 @@ std::string describe(const CollectiveCall& c, const std::vector<std::string>& na
   if (c.op == 5) return s;
   if (c.op == 1 || c.op == 4) s += std::string(" (") + reduce_name(c.arg) + ")";
   if (c.op == 2) s += " from rank " + std::to_string(c.arg);
-  s += " of " + std::to_string(c.count) + " " + dtype_name(c.dtype);
+  s += " of " + std::to_string(c.count) + " " + dtype_words(c.dtype);
   if (c.op == 3) s += " into " + std::to_string(c.arg);
   if (c.param >= 0 && size_t(c.param) < names.size()) s += " (parameter '" + names[size_t(c.param)] + "')";
   return s;

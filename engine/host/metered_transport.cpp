@@ -246,7 +246,7 @@ MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* com
     : real_(real), real_comm_(comm), services_(services), label_(label) {
   // Every entry is listed here: a new one must be metered (or refused), never
   // passed through with the wrapper's handle.
-  static_assert(sizeof(ddp_transport_v1_t) == 4 + 4 + 2 * sizeof(void*) + 8 + 8 * sizeof(void*),
+  static_assert(sizeof(ddp_transport_v1_t) == 4 + 4 + 2 * sizeof(void*) + 8 + 8 * sizeof(void*) + 8 + sizeof(void*),
                 "ddp_transport_v1_t changed: update MeteredTransport");
   vtable_ = ddp_transport_v1_t{};
   vtable_.abi_version = real->abi_version;
@@ -262,6 +262,8 @@ MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* com
   vtable_.reduce_scatter = MeterCallbacks::reduce_scatter;
   vtable_.barrier = MeterCallbacks::barrier;
   vtable_.abort = MeterCallbacks::abort;
+  vtable_.dtypes = real->dtypes;  // `real` is the loader's host-sized copy: 0 where the plugin lacks it
+  vtable_.keys = real->keys;
 }
 
 }  // namespace ddp

@@ -156,6 +156,21 @@ struct HostCallbacks {
                              *to_stream(stream));
     });
   }
+  static ddp_status convert(void* ctx, const ddp_buffer* dst, const ddp_buffer* src, ddp_stream stream) {
+    if (in_host_function("convert")) return DDP_ERR_UNSUPPORTED;
+    if (!dst || !src) {
+      t_plugin_error = "convert: NULL buffer";
+      return DDP_ERR_INVALID_ARGUMENT;
+    }
+    if (dst->count != src->count) {
+      t_plugin_error = "convert: dst holds " + std::to_string(dst->count) + " elements, src " +
+                       std::to_string(src->count) + ": they must be equal";
+      return DDP_ERR_INVALID_ARGUMENT;
+    }
+    return host_guard([&] {
+      svc(ctx).device->convert(dst->ptr, dst->dtype, src->ptr, src->dtype, src->count, *to_stream(stream));
+    });
+  }
   static ddp_status unsupported_dtype(const char* what) {
     t_plugin_error = std::string(what) + ": only float32 buffers are supported";
     return DDP_ERR_UNSUPPORTED;
@@ -298,6 +313,7 @@ PluginHost::PluginHost(HostServices& services, const PluginSection& section, std
   host_.run_optimizer = H::run_optimizer;
   host_.alloc_host = H::alloc_host;
   host_.free_host = H::free_host;
+  host_.convert = H::convert;
 }
 
 void PluginHost::check(ddp_status status, const char* entry) const {

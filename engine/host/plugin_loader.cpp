@@ -10,6 +10,8 @@
 #include <cstring>
 #include <vector>
 
+#include <ddp/numeric.h>
+
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
 #include <boost/filesystem.hpp>
@@ -217,26 +219,6 @@ std::vector<std::string> available_plugins(PluginKind kind, const std::string& s
   return names;
 }
 
-std::string nearest_name(const std::string& name, const std::vector<std::string>& names) {
-  std::string best;
-  size_t best_distance = std::max<size_t>(3, name.size() / 3 + 1);  // close enough to be a typo
-  for (const std::string& candidate : names) {
-    std::vector<size_t> row(candidate.size() + 1);
-    for (size_t j = 0; j <= candidate.size(); ++j) row[j] = j;
-    for (size_t i = 1; i <= name.size(); ++i) {
-      size_t diagonal = row[0];
-      row[0] = i;
-      for (size_t j = 1; j <= candidate.size(); ++j) {
-        const size_t up = row[j];
-        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (name[i - 1] == candidate[j - 1] ? 0 : 1)});
-        diagonal = up;
-      }
-    }
-    if (row[candidate.size()] < best_distance) best_distance = row[candidate.size()], best = candidate;
-  }
-  return best;
-}
-
 namespace {
 
 // "file not found", and for a name what there is instead.
@@ -312,6 +294,24 @@ std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& na
   return plugin;
 }
 
+std::optional<std::vector<PluginKey>> declared_keys(const LoadedPlugin& plugin) {
+  const ddp_key* keys = plugin.strategy() ? plugin.strategy()->keys : plugin.transport() ? plugin.transport()->keys : nullptr;
+  if (!keys) return std::nullopt;
+  std::vector<PluginKey> out;
+  for (const ddp_key* k = keys; k->name; ++k) out.push_back({k->name, k->type ? k->type : "", k->help ? k->help : ""});
+  return out;
+}
+
+void check_declared_keys(const LoadedPlugin& plugin, const PluginSection& section) {
+  const auto keys = declared_keys(plugin);
+  if (!keys) return;
+  std::vector<std::string> names;
+  for (const PluginKey& k : *keys) names.push_back(k.name);
+  const bool strategy = plugin.strategy() != nullptr;
+  section.check_declared(names, strategy ? "strategy" : "transport",
+                         strategy ? plugin.strategy()->name : plugin.transport()->name);
+}
+
 std::vector<PluginInfo> describe_plugins(PluginKind kind, const std::string& search_path) {
   std::vector<PluginInfo> out;
   for (const std::string& name : available_plugins(kind, search_path)) {
@@ -325,7 +325,9 @@ std::vector<PluginInfo> describe_plugins(PluginKind kind, const std::string& sea
         info.version = d->version, info.abi_version = d->abi_version, info.caps = d->caps;
       } else if (const ddp_transport_v1_t* t = plugin->transport()) {
         info.version = t->version, info.abi_version = t->abi_version, info.caps = t->caps;
+        info.dtypes = ddp_transport_dtypes(t);
       }
+      info.keys = declared_keys(*plugin);
     } catch (const PluginError& e) {
       info.refusal = e.what();
     }
@@ -350,6 +352,18 @@ std::string format_plugins(const std::vector<PluginInfo>& plugins) {
     if (p.caps & DDP_CAP_DEVICE_CUDA) caps += caps.empty() ? "cuda" : ",cuda";
     if (p.caps & DDP_CAP_OWNS_OPTIMIZER) caps += ",owns-optimizer";
     text += line + (caps.empty() ? "-" : caps) + "  " + p.path + "\n";
+    if (p.dtypes) {
+      std::string dtypes;
+      for (int d = DDP_FLOAT32; d <= DDP_FLOAT16; ++d)
+        if (p.dtypes & DDP_DTYPE_BIT(d)) dtypes += (dtypes.empty() ? "" : ", ") + std::string(ddp_dtype_name(ddp_dtype(d)));
+      text += "    dtypes: " + dtypes + "\n";
+    }
+    if (!p.keys) {
+      text += "    (keys not declared: checked once the plugin starts)\n";
+      continue;
+    }
+    if (p.keys->empty()) text += "    (no keys)\n";
+    for (const PluginKey& k : *p.keys) text += "    " + padded(k.name, 18) + "  " + padded(k.type, 16) + "  " + k.help + "\n";
   }
   return text;
 }

@@ -19,12 +19,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <ddp/plugin.h>
 
 #include "error.h"
+#include "nearest.h"
+#include "plugin_section.h"
 
 namespace ddp {
 
@@ -52,9 +55,6 @@ std::string resolve_plugin_path(PluginKind kind, const std::string& name_or_path
 // The names of the plugins of `kind` in the search path, sorted, each once.
 std::vector<std::string> available_plugins(PluginKind kind, const std::string& search_path);
 
-// The name among `names` nearest to `name`, if close enough to be a typo;
-// else "". Pure.
-std::string nearest_name(const std::string& name, const std::vector<std::string>& names);
 
 // Keeps the library loaded for as long as the descriptor is used.
 class LoadedPlugin {
@@ -83,6 +83,18 @@ inline bool supports_device(uint64_t caps, ddp_device_kind device) {
 std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& name_or_path,
                                           const std::string& plugin_dir = default_plugin_dir());
 
+// One TOML key a plugin declares (ddp_key), copied.
+struct PluginKey {
+  std::string name, type, help;
+};
+// The keys the plugin declares in its descriptor, or nullopt where it
+// declares none (keys NULL, or a plugin older than ABI 1.3).
+std::optional<std::vector<PluginKey>> declared_keys(const LoadedPlugin& plugin);
+// The keys of the plugin's table against those it declares, if it declares
+// them (PluginSection::check_declared: throws ConfigError naming the first
+// unknown one); nothing for a plugin that declares none.
+void check_declared_keys(const LoadedPlugin& plugin, const PluginSection& section);
+
 // What `ddp plugins` says of one plugin of the search path: loaded and
 // checked as a run would load it, or why it cannot be.
 struct PluginInfo {
@@ -91,6 +103,8 @@ struct PluginInfo {
   uint32_t abi_version = 0;
   uint64_t caps = 0;
   std::string refusal;  // "" if it loads
+  std::optional<std::vector<PluginKey>> keys;
+  uint64_t dtypes = 0;  // a transport's (ddp_transport_dtypes); 0 for a strategy
 };
 std::vector<PluginInfo> describe_plugins(PluginKind kind, const std::string& search_path = default_plugin_dir());
 

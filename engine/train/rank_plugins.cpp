@@ -13,12 +13,21 @@ RankPlugins::RankPlugins(const Config& config, HostServices& services) : service
   require_device_cap("transport", transport_lib_->transport()->name, transport_lib_->transport()->caps);
   strategy_lib_ = load_plugin(PluginKind::Strategy, config.strategy_plugin);
   require_device_cap("strategy", strategy_api().name, strategy_api().caps);
+  // Before init: ranks another launcher started (mpirun, srun) were not
+  // checked by `ddp run`'s launcher.
+  check_declared_keys(*transport_lib_, config.transport);
+  check_declared_keys(*strategy_lib_, config.strategy);
 }
 
 void RankPlugins::start(const Config& config, Trace* trace) {
   try {
     start_transport(config);  // config → engine → transport
     start_strategy(config, trace);  // engine → strategy (→ transport, metered)
+  } catch (const std::exception& e) {
+    whereabouts::report_first(e);  // first: the mpi transport's abort ends the process (MPI_Abort)
+    abort();
+    shutdown();
+    throw;
   } catch (...) {
     abort();
     shutdown();

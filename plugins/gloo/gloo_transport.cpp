@@ -32,6 +32,7 @@
 
 #include "address.h"
 #include "direct.h"
+#include "dtypes.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -53,7 +54,15 @@
 
 namespace {
 
-constexpr const char* kVersion = "0.3.0";  // 0.3: CUDA buffers, staged
+constexpr const char* kVersion = "0.4.0";  // 0.3: CUDA buffers, staged; 0.4: bfloat16, float16
+
+// The keys of [transport.gloo] (README.md has them in full).
+constexpr ddp_key kKeys[] = {
+    {"hostname", "string", "the address this rank listens on; \"auto\" (default): found from interface or the routes"},
+    {"interface", "string", "with hostname = \"auto\", the network interface to listen on (as GLOO_SOCKET_IFNAME)"},
+    {"algorithm", "string", "all-reduce: \"auto\" (default), \"direct\", \"ring\" or \"bcube\""},
+    {nullptr, nullptr, nullptr},
+};
 
 // Gloo's rendezvous, through the engine's store (so every transport meets the
 // same way, and the engine decides where: a file store, or Redis).
@@ -127,26 +136,16 @@ struct ddp_comm_s {
 
 namespace {
 
+using ddp_gloo::divide;
+using ddp_gloo::gloo_supports;
+using ddp_gloo::kDtypes;
+using ddp_gloo::with_type;
+
 ddp_status fail(const ddp_host* host, ddp_status status, const std::string& message) {
   host->set_error(host->ctx, message.c_str());
   return status;
 }
 
-// Calls f(T*) with the buffer typed by its dtype.
-template <typename F>
-void with_type(ddp_dtype dtype, F&& f) {
-  switch (dtype) {
-    case DDP_FLOAT32: f(static_cast<float*>(nullptr)); return;
-    case DDP_FLOAT64: f(static_cast<double*>(nullptr)); return;
-    case DDP_INT32: f(static_cast<int32_t*>(nullptr)); return;
-    case DDP_INT64: f(static_cast<int64_t*>(nullptr)); return;
-    default: throw std::runtime_error("unsupported dtype");
-  }
-}
-
-bool gloo_supports(ddp_dtype dtype) {
-  return dtype == DDP_FLOAT32 || dtype == DDP_FLOAT64 || dtype == DDP_INT32 || dtype == DDP_INT64;
-}
 
 // The status of an exception a Gloo call started at `since` threw. Gloo
 // throws one type (IoException) for a lost peer and for a timeout alike, so
@@ -218,7 +217,7 @@ ddp_status check_buffer(ddp_comm* comm, const ddp_buffer& buf, const char* entry
                 std::string(entry) + ": device kind " + std::to_string(int(buf.device)) + " not supported (cpu, cuda)");
   if (!gloo_supports(buf.dtype))
     return fail(comm->host, DDP_ERR_UNSUPPORTED,
-                std::string(entry) + ": dtype not supported (float32, float64, int32, int64)");
+                std::string(entry) + ": dtype not supported (float32, float64, int32, int64, bfloat16, float16)");
   if (buf.count > 0 && !buf.ptr)
     return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, std::string(entry) + ": NULL buffer");
   return DDP_OK;
@@ -329,10 +328,6 @@ constexpr size_t kDirectMaxBytes = size_t(32) << 20;
 // more threads: 20-35 % slower at 100 MB; README.md).
 constexpr size_t kRingSegmentBytes = size_t(16) << 20;
 
-template <typename T>
-void divide(T* ptr, size_t count, int world) {
-  for (size_t i = 0; i < count; ++i) ptr[i] = static_cast<T>(ptr[i] / static_cast<T>(world));
-}
 
 // Sum into `out`, then divide for AVG. Gloo's reduce signature: (dst, a, b, n).
 template <typename T>
@@ -590,4 +585,6 @@ DDP_TRANSPORT_ENTRY = {
     gloo_reduce_scatter,
     gloo_barrier,
     nullptr,  // abort: Gloo collectives end by their own timeout
+    kDtypes,
+    kKeys,
 };

@@ -24,6 +24,7 @@
 // Not here (yet): CUDA buffers (refused: use nccl, or gloo's staging).
 #include <ddp/plugin.h>
 #include <ddp/plugin.hpp>
+#include <ddp/numeric.h>
 
 #include <dlfcn.h>
 #include <mpi.h>
@@ -40,7 +41,26 @@
 
 namespace {
 
-constexpr const char* kVersion = "0.1.0";
+constexpr const char* kVersion = "0.2.0";  // 0.2: bfloat16, float16
+
+constexpr ddp_key kKeys[] = {
+    {"nonblocking", "bool", "true: MPI_I* collectives and MPI_Test, bounded by run.timeout_s; false (default): blocking"},
+    {nullptr, nullptr, nullptr},
+};
+constexpr uint64_t kDtypes = DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_FLOAT64) | DDP_DTYPE_BIT(DDP_INT32) |
+                             DDP_DTYPE_BIT(DDP_INT64) | DDP_DTYPE_BIT(DDP_BFLOAT16) | DDP_DTYPE_BIT(DDP_FLOAT16);
+
+// MPI has no 16-bit floats: they travel as MPI_UINT16_T and are summed by
+// these user operations, each sum in float32 rounded back (ddp/numeric.h).
+// Made once, when MPI starts.
+MPI_Op g_bf16_sum = MPI_OP_NULL, g_fp16_sum = MPI_OP_NULL;
+
+template <uint16_t (*FromFloat)(float), float (*ToFloat)(uint16_t)>
+void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = FromFloat(ToFloat(a[i]) + ToFloat(b[i]));
+}
 
 // A collective was given up on in this process: it is still pending, and
 // MPI_Finalize under it could hang (the process is failing anyway).
@@ -77,8 +97,13 @@ MPI_Datatype mpi_type(ddp_dtype dtype) {
     case DDP_FLOAT64: return MPI_DOUBLE;
     case DDP_INT32: return MPI_INT32_T;
     case DDP_INT64: return MPI_INT64_T;
-    default: return MPI_DATATYPE_NULL;  // bfloat16 and float16: MPI has no sum for them
+    case DDP_BFLOAT16: case DDP_FLOAT16: return MPI_UINT16_T;  // summed by g_bf16_sum, g_fp16_sum
+    default: return MPI_DATATYPE_NULL;
   }
+}
+
+MPI_Op sum_of(ddp_dtype dtype) {
+  return dtype == DDP_BFLOAT16 ? g_bf16_sum : dtype == DDP_FLOAT16 ? g_fp16_sum : MPI_SUM;
 }
 
 size_t bytes_of(const ddp_buffer& buf) { return buf.count * ddp_dtype_size(buf.dtype); }
@@ -88,7 +113,7 @@ ddp_status check_buffer(ddp_comm* comm, const ddp_buffer& buf, const char* entry
     return fail(comm->host, DDP_ERR_UNSUPPORTED,
                 std::string(entry) + ": mpi moves CPU buffers only (a CUDA run: use transport nccl, or gloo)");
   if (mpi_type(buf.dtype) == MPI_DATATYPE_NULL)
-    return fail(comm->host, DDP_ERR_UNSUPPORTED, std::string(entry) + ": dtype not supported (float32, float64, int32, int64)");
+    return fail(comm->host, DDP_ERR_UNSUPPORTED, std::string(entry) + ": dtype not supported (float32, float64, int32, int64, bfloat16, float16)");
   if (buf.count > size_t(INT_MAX))
     return fail(comm->host, DDP_ERR_UNSUPPORTED,
                 std::string(entry) + ": " + std::to_string(buf.count) + " elements, more than MPI's int count");
@@ -102,12 +127,20 @@ void divide(void* ptr, size_t count, int world) {
   for (size_t i = 0; i < count; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(world));
 }
 
+template <uint16_t (*FromFloat)(float), float (*ToFloat)(uint16_t)>
+void divide16(void* ptr, size_t count, int world) {
+  uint16_t* p = static_cast<uint16_t*>(ptr);
+  for (size_t i = 0; i < count; ++i) p[i] = FromFloat(ToFloat(p[i]) / static_cast<float>(world));
+}
+
 void divide_by(const ddp_buffer& buf, int world) {
   switch (buf.dtype) {
     case DDP_FLOAT32: divide<float>(buf.ptr, buf.count, world); return;
     case DDP_FLOAT64: divide<double>(buf.ptr, buf.count, world); return;
     case DDP_INT32: divide<int32_t>(buf.ptr, buf.count, world); return;
     case DDP_INT64: divide<int64_t>(buf.ptr, buf.count, world); return;
+    case DDP_BFLOAT16: divide16<ddp_float_to_bf16, ddp_bf16_to_float>(buf.ptr, buf.count, world); return;
+    case DDP_FLOAT16: divide16<ddp_float_to_fp16, ddp_fp16_to_float>(buf.ptr, buf.count, world); return;
     default: return;
   }
 }
@@ -218,7 +251,10 @@ void yield_when_oversubscribed() {
 void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && !g_stuck) MPI_Finalize();
+  if (finalized || g_stuck) return;
+  if (g_bf16_sum != MPI_OP_NULL) MPI_Op_free(&g_bf16_sum);
+  if (g_fp16_sum != MPI_OP_NULL) MPI_Op_free(&g_fp16_sum);
+  MPI_Finalize();
 }
 
 // Keeps this plugin loaded to the end of the process, so that
@@ -264,6 +300,8 @@ ddp_status start_mpi(const ddp_host* host) {
     return fail(host, DDP_ERR_UNSUPPORTED,
                 "the MPI library gives " + thread_level(provided) +
                     "; the mpi transport needs MPI_THREAD_SERIALIZED (collectives run on the comm stream's thread)");
+  if (g_bf16_sum == MPI_OP_NULL) MPI_Op_create(&sum16<ddp_float_to_bf16, ddp_bf16_to_float>, 1, &g_bf16_sum);
+  if (g_fp16_sum == MPI_OP_NULL) MPI_Op_create(&sum16<ddp_float_to_fp16, ddp_fp16_to_float>, 1, &g_fp16_sum);
   return DDP_OK;
 }
 
@@ -316,9 +354,9 @@ ddp_status mpi_all_reduce(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op o
   const int world = comm->host->world_size;
   return enqueue(
       comm, stream, describe("all_reduce", b),
-      [comm, b] { return MPI_Allreduce(MPI_IN_PLACE, b.ptr, int(b.count), mpi_type(b.dtype), MPI_SUM, comm->comm); },
+      [comm, b] { return MPI_Allreduce(MPI_IN_PLACE, b.ptr, int(b.count), mpi_type(b.dtype), sum_of(b.dtype), comm->comm); },
       [comm, b](MPI_Request* r) {
-        return MPI_Iallreduce(MPI_IN_PLACE, b.ptr, int(b.count), mpi_type(b.dtype), MPI_SUM, comm->comm, r);
+        return MPI_Iallreduce(MPI_IN_PLACE, b.ptr, int(b.count), mpi_type(b.dtype), sum_of(b.dtype), comm->comm, r);
       },
       op == DDP_REDUCE_AVG ? std::function<void()>([b, world] { divide_by(b, world); }) : std::function<void()>());
 }
@@ -359,9 +397,9 @@ ddp_status mpi_reduce_scatter(ddp_comm* comm, const ddp_buffer* send, const ddp_
   const ddp_buffer s = *send, v = *recv;
   return enqueue(
       comm, stream, describe("reduce_scatter", s),
-      [comm, s, v] { return MPI_Reduce_scatter_block(s.ptr, v.ptr, int(v.count), mpi_type(v.dtype), MPI_SUM, comm->comm); },
+      [comm, s, v] { return MPI_Reduce_scatter_block(s.ptr, v.ptr, int(v.count), mpi_type(v.dtype), sum_of(v.dtype), comm->comm); },
       [comm, s, v](MPI_Request* r) {
-        return MPI_Ireduce_scatter_block(s.ptr, v.ptr, int(v.count), mpi_type(v.dtype), MPI_SUM, comm->comm, r);
+        return MPI_Ireduce_scatter_block(s.ptr, v.ptr, int(v.count), mpi_type(v.dtype), sum_of(v.dtype), comm->comm, r);
       },
       op == DDP_REDUCE_AVG ? std::function<void()>([v, world] { divide_by(v, world); }) : std::function<void()>());
 }
@@ -388,4 +426,6 @@ DDP_TRANSPORT_ENTRY = {
     mpi_reduce_scatter,
     mpi_barrier,
     mpi_abort,
+    kDtypes,
+    kKeys,
 };

@@ -1,12 +1,13 @@
 // nccl_transport.cpp — the `nccl` transport: collectives between GPUs with
-// NVIDIA's NCCL. Rank r drives GPU host->local_rank; every collective is
+// NVIDIA's NCCL. Rank r drives the engine's GPU for it (ddp::plugin::rank_gpu:
+// GPU host->local_rank, or the one GPU CUDA_VISIBLE_DEVICES leaves); every collective is
 // enqueued on the cudaStream_t behind the ddp_stream it is given
 // (host->stream_native) and returns at once: no entry waits for the GPU.
 //
 // - Refusals (DDP_ERR_UNSUPPORTED, before any rendezvous): a run whose device
 //   is not CUDA; a rank without a GPU (any cudaGetDeviceCount error, or a
 //   count of 0: without a driver it is cudaErrorInsufficientDriver); a
-//   local_rank beyond the machine's GPUs. One GPU per rank: NCCL does not
+//   local_rank beyond the visible GPUs. One GPU per rank: NCCL does not
 //   allow two ranks of a communicator on one GPU.
 // - Communicator: rank 0 makes the NCCL unique id and publishes it in the
 //   engine's rendezvous store; every rank reads it and joins. The
@@ -26,7 +27,14 @@
 //   ncclCommAbort, which makes NCCL kernels still running or queued return.
 //   Then every later entry fails with that text. The abort entry (the
 //   engine giving up on a wait; any thread) does the same; it may wait for an
-//   entry in progress on the training thread, at most timeout_ms.
+//   entry in progress on the training thread, at most timeout_ms. The
+//   failure is recorded and the handle taken under the plugin's mutex, and
+//   ncclCommAbort runs after it is released (PendingAbort): NCCL 2.28's abort
+//   waits for the stream to reach the aborted kernel, and work queued ahead
+//   that never completes must not hold every other entry. destroy waits at
+//   most 5 s for a watchdog still inside the abort, then leaves the
+//   communicator to the process's exit. libnccl stays loaded for the
+//   process's life (its threads outlive any communicator).
 // - Streams: with `fail_streams` (default), each collective is followed on its
 //   stream by a host function (host->launch_host_func) that fails the stream
 //   once the communicator has failed, so the engine's event waits after it
@@ -46,6 +54,7 @@
 #include <ddp/plugin.hpp>
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <algorithm>
@@ -59,11 +68,19 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
 
-constexpr const char* kVersion = "0.1.0";
+constexpr const char* kVersion = "0.2.0";  // 0.2: dtypes, rank_gpu, abort outside the lock
+constexpr ddp_key kKeys[] = {
+    {"fail_streams", "bool", "true (default): a failed communicator fails the streams of later collectives"},
+    {nullptr, nullptr, nullptr},
+};
+// NCCL reduces each in its own type (bfloat16 and float16 natively).
+constexpr uint64_t kDtypes = DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_FLOAT64) | DDP_DTYPE_BIT(DDP_INT32) |
+                             DDP_DTYPE_BIT(DDP_INT64) | DDP_DTYPE_BIT(DDP_BFLOAT16) | DDP_DTYPE_BIT(DDP_FLOAT16);
 using Clock = std::chrono::steady_clock;
 using ddp::plugin::Failure;
 
@@ -90,6 +107,7 @@ struct ddp_comm_s {
   ~ddp_comm_s();
 
   const ddp_host* host = nullptr;
+  int gpu = 0;  // this rank's, among the visible ones
   bool fail_streams = true;
   std::chrono::milliseconds timeout{30000};
   std::shared_ptr<FailureState> failure = std::make_shared<FailureState>();
@@ -100,7 +118,9 @@ struct ddp_comm_s {
   std::deque<InFlight> in_flight;
   std::vector<cudaEvent_t> spare_events;
   bool stopping = false;
+  bool watchdog_done = false;  // set by the watchdog as it ends
   std::condition_variable wake;
+  std::condition_variable watchdog_ended;
   std::thread watchdog;
 };
 
@@ -134,18 +154,39 @@ ncclResult_t settle(ncclComm_t nccl, ncclResult_t r, Clock::time_point deadline)
   return r;
 }
 
-// Keeps the first failure and aborts the communicator. Holds comm->mutex.
-void fail_locked(ddp_comm* comm, ddp_status status, const std::string& message) {
+// The communicator a failure took, aborted once the lock is released:
+// ncclCommAbort (NCCL 2.28) waits until the stream reaches the aborted
+// kernel, and work queued ahead of it may never complete; under the mutex
+// that wait would block every entry, the engine's abort and destroy. Declare
+// it before the lock, so that it runs after the lock's release (also when
+// an exception leaves the scope).
+class PendingAbort {
+ public:
+  PendingAbort() = default;
+  PendingAbort(const PendingAbort&) = delete;
+  PendingAbort& operator=(const PendingAbort&) = delete;
+  ~PendingAbort() { run(); }
+  void take(ncclComm_t handle) {
+    if (handle != nullptr) handle_ = handle;
+  }
+  void run() {
+    if (handle_ != nullptr) ncclCommAbort(std::exchange(handle_, nullptr));
+  }
+
+ private:
+  ncclComm_t handle_ = nullptr;
+};
+
+// Keeps the first failure and takes the communicator for `abort` (every
+// later call sees the failure, none the handle). Holds comm->mutex.
+void fail_locked(ddp_comm* comm, PendingAbort& abort, ddp_status status, const std::string& message) {
   FailureState& f = *comm->failure;
   if (!f.failed.load(std::memory_order_relaxed)) {
     f.status = status;
     f.message = message;
     f.failed.store(true, std::memory_order_release);
   }
-  if (comm->nccl != nullptr) {
-    ncclCommAbort(comm->nccl);
-    comm->nccl = nullptr;
-  }
+  abort.take(std::exchange(comm->nccl, nullptr));
 }
 
 [[noreturn]] void throw_failure(const FailureState& f) { throw Failure(f.status, f.message); }
@@ -160,15 +201,16 @@ ddp_status check_stream(void* user, int cancelled) {
   return f.status;
 }
 
-// One watchdog round. Holds comm->mutex; comm->nccl is not NULL.
-void watch_once(ddp_comm* comm) {
+// One watchdog round. Holds comm->mutex; comm->nccl is not NULL. A failure
+// leaves the communicator in `abort`.
+void watch_once(ddp_comm* comm, PendingAbort& abort) {
   const std::string prefix = rank_prefix(comm->host);
   ncclResult_t state = ncclSuccess;
   ncclResult_t r = ncclCommGetAsyncError(comm->nccl, &state);
   if (r == ncclSuccess) r = state;
   if (r != ncclSuccess && r != ncclInProgress) {
     std::string during = comm->in_flight.empty() ? "" : " during " + comm->in_flight.front().what;
-    fail_locked(comm, DDP_ERR_COMM,
+    fail_locked(comm, abort, DDP_ERR_COMM,
                 prefix + "asynchronous " + nccl_error(r, comm->nccl) + during + "; the communicator was aborted");
     return;
   }
@@ -179,10 +221,10 @@ void watch_once(ddp_comm* comm) {
       comm->spare_events.push_back(it->done);
       it = comm->in_flight.erase(it);
     } else if (q != cudaErrorNotReady) {
-      fail_locked(comm, DDP_ERR_COMM, prefix + it->what + ": " + cuda_error(q) + "; the communicator was aborted");
+      fail_locked(comm, abort, DDP_ERR_COMM, prefix + it->what + ": " + cuda_error(q) + "; the communicator was aborted");
       return;
     } else if (now - it->since > comm->timeout) {
-      fail_locked(comm, DDP_ERR_TIMEOUT,
+      fail_locked(comm, abort, DDP_ERR_TIMEOUT,
                   prefix + it->what + " did not complete within " + millis(comm->timeout) +
                       " (run.timeout_s): a peer rank died, hung or issued another collective; "
                       "the communicator was aborted");
@@ -194,18 +236,24 @@ void watch_once(ddp_comm* comm) {
 }
 
 void watchdog(ddp_comm* comm) {
-  cudaSetDevice(comm->host->local_rank);  // this thread's events live there
+  cudaSetDevice(comm->gpu);  // this thread's events live there
   const auto poll = std::clamp<std::chrono::milliseconds>(comm->timeout / 10, std::chrono::milliseconds(1),
                                                           std::chrono::milliseconds(100));
   std::unique_lock<std::mutex> lock(comm->mutex);
   while (!comm->stopping) {
     comm->wake.wait_for(lock, poll);
     if (comm->stopping || comm->nccl == nullptr) continue;
+    PendingAbort abort;
     try {
-      watch_once(comm);
+      watch_once(comm, abort);
     } catch (...) {  // out of memory for a message: try again next round
     }
+    lock.unlock();  // the abort may wait on the stream: not under the mutex
+    abort.run();
+    lock.lock();
   }
+  comm->watchdog_done = true;
+  comm->watchdog_ended.notify_all();  // under the lock: destroy joins before it frees comm
 }
 
 // Runs one NCCL call that enqueues on the stream behind `stream`, then marks
@@ -215,15 +263,16 @@ void enqueue(ddp_comm* comm, ddp_stream stream, std::string what, Call&& call) {
   const ddp_host* h = comm->host;
   auto s = static_cast<cudaStream_t>(h->stream_native(h->ctx, stream));
   {
+    PendingAbort abort;  // runs after the lock is released, on every way out
     std::lock_guard<std::mutex> lock(comm->mutex);
     if (comm->failure->failed.load(std::memory_order_acquire)) throw_failure(*comm->failure);
     const std::string prefix = rank_prefix(h);
     ncclResult_t r = settle(comm->nccl, call(comm->nccl, s), Clock::now() + comm->timeout);
     if (r == ncclInProgress) {
-      fail_locked(comm, DDP_ERR_TIMEOUT, prefix + what + ": NCCL did not finish enqueuing it within " +
+      fail_locked(comm, abort, DDP_ERR_TIMEOUT, prefix + what + ": NCCL did not finish enqueuing it within " +
                                              millis(comm->timeout) + " (run.timeout_s); the communicator was aborted");
     } else if (r != ncclSuccess) {
-      fail_locked(comm, DDP_ERR_COMM, prefix + what + ": " + nccl_error(r, comm->nccl) + "; the communicator was aborted");
+      fail_locked(comm, abort, DDP_ERR_COMM, prefix + what + ": " + nccl_error(r, comm->nccl) + "; the communicator was aborted");
     }
     if (comm->failure->failed.load(std::memory_order_acquire)) throw_failure(*comm->failure);
 
@@ -238,7 +287,7 @@ void enqueue(ddp_comm* comm, ddp_stream stream, std::string what, Call&& call) {
     if (e == cudaSuccess) e = cudaEventRecord(done, s);
     if (e != cudaSuccess) {
       if (done != nullptr) cudaEventDestroy(done);
-      fail_locked(comm, DDP_ERR_COMM, prefix + what + ": recording its completion event: " + cuda_error(e) +
+      fail_locked(comm, abort, DDP_ERR_COMM, prefix + what + ": recording its completion event: " + cuda_error(e) +
                                           "; the communicator was aborted");
       throw_failure(*comm->failure);
     }
@@ -296,8 +345,20 @@ std::string describe(const char* entry, const ddp_buffer& buf) {
 
 // ------------------------------------------------------------------ set-up
 
-// Checks this rank's GPU and makes it current on the calling thread.
-void use_gpu(const ddp_host* host) {
+// NCCL starts threads that live as long as the process (its proxy threads,
+// its own watchdog); unloading libnccl under them, as unloading this plugin
+// would, crashes them at their next wake-up. So libnccl stays loaded for the
+// process's life from the moment this plugin is loaded.
+bool keep_nccl_loaded() {
+  Dl_info info{};
+  return dladdr(reinterpret_cast<void*>(&ncclGetVersion), &info) != 0 && info.dli_fname != nullptr &&
+         dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) != nullptr;
+}
+[[maybe_unused]] const bool g_nccl_kept = keep_nccl_loaded();
+
+// Checks this rank's GPU (the engine's choice: ddp::plugin::rank_gpu, never
+// shared), makes it current on the calling thread and returns it.
+int use_gpu(const ddp_host* host) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
@@ -308,14 +369,15 @@ void use_gpu(const ddp_host* host) {
   if (count == 0)
     throw Failure(DDP_ERR_UNSUPPORTED, "the nccl transport needs a GPU: rank " + std::to_string(host->rank) +
                                            " has none (cudaGetDeviceCount: 0 devices)");
-  if (host->local_rank < 0 || host->local_rank >= count)
+  const int gpu = ddp::plugin::rank_gpu(host->local_rank, count, std::getenv("CUDA_VISIBLE_DEVICES"), false);
+  if (gpu < 0)
     throw Failure(DDP_ERR_UNSUPPORTED, "the nccl transport gives each rank of a machine its own GPU: rank " +
                                            std::to_string(host->rank) + " has local_rank " +
                                            std::to_string(host->local_rank) + ", but this machine has " +
-                                           std::to_string(count) + " GPU(s)");
-  if ((e = cudaSetDevice(host->local_rank)) != cudaSuccess)
-    throw Failure(DDP_ERR_UNSUPPORTED, rank_prefix(host) + "cudaSetDevice(" + std::to_string(host->local_rank) +
-                                           "): " + cuda_error(e));
+                                           std::to_string(count) + " GPU(s) visible");
+  if ((e = cudaSetDevice(gpu)) != cudaSuccess)
+    throw Failure(DDP_ERR_UNSUPPORTED, rank_prefix(host) + "cudaSetDevice(" + std::to_string(gpu) + "): " + cuda_error(e));
+  return gpu;
 }
 
 // Rank 0 makes the unique id; the others read it from the rendezvous store.
@@ -347,7 +409,7 @@ ncclUniqueId exchange_unique_id(const ddp_host* host) {
   return id;
 }
 
-ncclComm_t connect(const ddp_host* host, const ncclUniqueId& id, std::chrono::milliseconds timeout) {
+ncclComm_t connect(const ddp_host* host, int gpu, const ncclUniqueId& id, std::chrono::milliseconds timeout) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t nccl = nullptr;
@@ -361,7 +423,7 @@ ncclComm_t connect(const ddp_host* host, const ncclUniqueId& id, std::chrono::mi
   if (nccl != nullptr) ncclCommAbort(nccl);
   throw Failure(r == ncclInProgress ? DDP_ERR_TIMEOUT : DDP_ERR_COMM,
                 rank_prefix(host) + "NCCL communicator set-up (" + std::to_string(host->world_size) +
-                    " ranks, GPU " + std::to_string(host->local_rank) + ") " + why);
+                    " ranks, GPU " + std::to_string(gpu) + ") " + why);
 }
 
 // ----------------------------------------------------------------- entries
@@ -377,20 +439,46 @@ ddp_status nccl_init(const ddp_host* host, ddp_comm** out) {
     comm->failure->host = host;
     comm->timeout = std::chrono::milliseconds(host->timeout_ms);
     comm->fail_streams = ddp::plugin::Host(host).config_bool("fail_streams", true);
-    use_gpu(host);
+    comm->gpu = use_gpu(host);
     ddp::plugin::check(host->alloc(host->ctx, sizeof(float), DDP_MEM_COMM_BUFFERS, &comm->barrier_buf));
-    comm->nccl = connect(host, exchange_unique_id(host), comm->timeout);
+    comm->nccl = connect(host, comm->gpu, exchange_unique_id(host), comm->timeout);
     comm->watchdog = std::thread(watchdog, comm.get());
     *out = comm.release();
   });
 }
 
-void nccl_destroy(ddp_comm* comm) { delete comm; }
+// How long destroy waits for a watchdog still inside ncclCommAbort.
+constexpr std::chrono::seconds kWatchdogGrace{5};
+
+// A watchdog still in ncclCommAbort (waiting for a stream that never reaches
+// the aborted kernel) would hold destroy, and the run, forever: past
+// kWatchdogGrace the communicator is left to the process's exit instead.
+void nccl_destroy(ddp_comm* comm) {
+  bool ended = true;
+  {
+    std::unique_lock<std::mutex> lock(comm->mutex);
+    comm->stopping = true;
+    comm->wake.notify_all();
+    if (comm->watchdog.joinable())
+      ended = comm->watchdog_ended.wait_for(lock, kWatchdogGrace, [comm] { return comm->watchdog_done; });
+  }
+  if (!ended) {
+    comm->watchdog.detach();
+    comm->host->log(comm->host->ctx, DDP_LOG_WARN,
+                    (rank_prefix(comm->host) + "ncclCommAbort has not returned after " +
+                     std::to_string(kWatchdogGrace.count()) + " s (the stream never reached the aborted "
+                     "collective): the communicator is left to the process's exit").c_str());
+    return;  // comm stays allocated: the watchdog still uses it
+  }
+  if (comm->watchdog.joinable()) comm->watchdog.join();
+  delete comm;
+}
 
 void nccl_abort(ddp_comm* comm) {
   try {
+    PendingAbort abort;  // after the lock: see PendingAbort
     std::lock_guard<std::mutex> lock(comm->mutex);
-    fail_locked(comm, DDP_ERR_COMM, rank_prefix(comm->host) + "the communicator was aborted by the engine");
+    fail_locked(comm, abort, DDP_ERR_COMM, rank_prefix(comm->host) + "the communicator was aborted by the engine");
   } catch (...) {  // any thread, nothing may escape
   }
 }
@@ -498,4 +586,6 @@ DDP_TRANSPORT_ENTRY = {
     nccl_reduce_scatter,
     nccl_barrier,
     nccl_abort,
+    kDtypes,
+    kKeys,
 };

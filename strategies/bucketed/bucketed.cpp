@@ -18,7 +18,8 @@
 // follows, as in PyTorch DDP. The results are the same either way.
 //
 // Keys: bucket_mb (MiB, default 25, or "auto": ../common/bucket_cap.h),
-// overlap_optimizer (default true).
+// overlap_optimizer (default true), compress ("none", "bf16" or "fp16":
+// gradients travel in that dtype, ../common/compress.h).
 //
 // The bucket machinery, and the ordering invariant that keeps every rank's
 // collectives in the same order, live in ../common/bucket_sync.h (shared
@@ -28,6 +29,7 @@
 
 #include "../common/bucket_cap.h"
 #include "../common/bucket_sync.h"
+#include "../common/compress.h"
 #include "../common/stats.h"
 #include "../common/strategy_util.h"
 
@@ -48,6 +50,13 @@ struct ddp_strategy_s : StrategyBase {
 
 namespace {
 
+constexpr ddp_key kKeys[] = {
+    {"bucket_mb", "float or \"auto\"", "the most MiB of gradients per bucket (default 25); \"auto\": from the overhead model"},
+    {"overlap_optimizer", "bool", "true (default): update bucket by bucket as each average arrives"},
+    {"compress", "string", "the dtype gradients travel in: \"none\" (default, float32), \"bf16\" or \"fp16\""},
+    {nullptr, nullptr, nullptr},
+};
+
 // At train begin and whenever the trainable set changes (between steps).
 void lay_out(ddp_strategy* s) {
   std::vector<ddp::strategy::ParamInfo> infos;
@@ -65,7 +74,10 @@ ddp_status bucketed_create(const ddp_host* host, const ddp_transport_v1_t* trans
   return guard(host, [&] {
     const ddp::plugin::Host h(host);
     BucketCap cap = BucketCap::read(h);
-    *out = new ddp_strategy_s(host, transport, comm, std::move(cap), h.config_bool("overlap_optimizer", true));
+    const bool overlap_optimizer = h.config_bool("overlap_optimizer", true);
+    const ddp_dtype wire = ddp::strategy::read_compress(h, transport);
+    *out = new ddp_strategy_s(host, transport, comm, std::move(cap), overlap_optimizer);
+    (*out)->buckets.set_wire(wire);
   });
 }
 
@@ -108,12 +120,17 @@ ddp_status bucketed_optimizer_step(ddp_strategy* s) {
   return guard(s->host.raw(), [&] { s->buckets.step_optimizer_by_bucket(); });
 }
 
-// {"bucket_mb": x (or "auto", "auto": {...}: bucket_cap.h), "overlap_optimizer": b,
+const char* compress_name(ddp_dtype wire) {
+  return wire == DDP_BFLOAT16 ? "bf16" : wire == DDP_FLOAT16 ? "fp16" : "none";
+}
+
+// {"bucket_mb": x (or "auto", "auto": {...}: bucket_cap.h), "overlap_optimizer": b, "compress": c,
 //  "buckets": [{"bytes": n, "params": ["name", ...]}, ...]}
 ddp_status bucketed_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed) {
   return guard(s->host.raw(), [&] {
     ddp::strategy::write_stats("{" + s->cap.json_members(s->gradient_bytes, s->buckets.size()) +
                                    ", \"overlap_optimizer\": " + (s->overlap_optimizer ? "true" : "false") +
+                                   ", \"compress\": \"" + compress_name(s->buckets.wire()) + "\"" +
                                    ", \"buckets\": " + s->buckets.json() + "}",
                                buf, cap, needed);
   });
@@ -139,4 +156,5 @@ DDP_STRATEGY_ENTRY = {
     bucketed_stats,
     bucketed_destroy,
     nullptr,  // held_grads: every rank holds every averaged gradient
+    kKeys,
 };

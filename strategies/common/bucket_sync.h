@@ -1,5 +1,6 @@
 // bucket_sync.h — gradient averaging in buckets, overlapped with backward
-// (PyTorch DDP's c10d Reducer), shared by the `bucketed` strategy and the
+// (PyTorch DDP's c10d Reducer), optionally in a 16-bit float (compress.h),
+// shared by the `bucketed` strategy and the
 // `sharded` strategy's variant "broadcast". Header-only, so a plugin stays
 // one shared library that links nothing of the engine. Everything here
 // throws ddp::plugin::Failure; the plugin's entries catch it with
@@ -49,6 +50,11 @@ class BucketSync {
   BucketSync(const BucketSync&) = delete;
   BucketSync& operator=(const BucketSync&) = delete;
 
+  // The dtype gradients travel in (compress.h): float32 (the default), or
+  // bfloat16 or float16 through a second buffer per bucket. Before lay_out.
+  void set_wire(ddp_dtype wire) { wire_ = wire; }
+  ddp_dtype wire() const { return wire_; }
+
   // (Re)makes the buckets for `infos` (ParamInfo::index = table index,
   // bytes = float32 gradient bytes; frozen entries are skipped) with a cap
   // of cap_bytes. At train begin and whenever the trainable set changes,
@@ -76,6 +82,9 @@ class BucketSync {
         offset += bytes_of[i];
       }
       b.buffer = plugin::DeviceBuffer(base_.host.raw(), assigned.bytes, DDP_MEM_COMM_BUFFERS);
+      if (wire_ != DDP_FLOAT32)
+        b.wire = plugin::DeviceBuffer(base_.host.raw(), assigned.bytes / sizeof(float) * ddp_dtype_size(wire_),
+                                      DDP_MEM_COMM_BUFFERS);
       buckets_.push_back(std::move(b));
     }
     syncing_ = false;
@@ -171,6 +180,7 @@ class BucketSync {
     std::vector<Slot> slots;      // in packing order (reverse parameter order)
     std::vector<size_t> params;   // the slots' table indices, same order
     plugin::DeviceBuffer buffer;  // the slots' gradients back to back, float32
+    plugin::DeviceBuffer wire;    // the same in the wire dtype (compress), else empty
     plugin::Event done;           // recorded on comm after the bucket's copies back
     size_t unfilled = 0;          // slots not yet copied in during this sync micro-batch
   };
@@ -194,13 +204,31 @@ class BucketSync {
       BucketState& b = buckets_[launched_];
       char* buffer = static_cast<char*>(b.buffer.get());
       base_.comm_after_compute();
-      base_.comm.all_reduce(h.floats(buffer, b.buffer.bytes() / sizeof(float)), DDP_REDUCE_AVG, h.comm_stream());
+      average(b);
       for (const Slot& slot : b.slots) h.copy(h.param(slot.param).grad, buffer + slot.offset, slot.bytes, h.comm_stream());
       b.done.record(h.comm_stream());
     }
   }
 
+  // Enqueues the average of bucket b's buffer over ranks on the comm stream:
+  // in float32, or (compress) divided by the world size, converted to the
+  // wire dtype, summed there and converted back.
+  void average(BucketState& b) const {
+    const plugin::Host& h = base_.host;
+    const ddp_buffer floats = h.floats(b.buffer.get(), b.buffer.bytes() / sizeof(float));
+    if (wire_ == DDP_FLOAT32) {
+      base_.comm.all_reduce(floats, DDP_REDUCE_AVG, h.comm_stream());
+      return;
+    }
+    const ddp_buffer wire = h.buffer(b.wire.get(), floats.count, wire_);
+    h.scale(floats, 1.0 / h.world_size(), h.comm_stream());
+    h.convert(wire, floats, h.comm_stream());
+    base_.comm.all_reduce(wire, DDP_REDUCE_SUM, h.comm_stream());
+    h.convert(floats, wire, h.comm_stream());
+  }
+
   const StrategyBase& base_;
+  ddp_dtype wire_ = DDP_FLOAT32;
   std::vector<BucketState> buckets_;
   std::vector<Place> place_of_;  // (param_count) where each gradient goes
   std::vector<char> filled_;     // (param_count) 1: copied into its slot this micro-batch

@@ -15,6 +15,9 @@
 namespace ddp {
 namespace strategy {
 
+// The keys of a strategy that reads none (ddp_strategy_v1_t::keys).
+inline constexpr ddp_key kNoKeys[] = {{nullptr, nullptr, nullptr}};
+
 // The state every strategy starts from; a plugin derives its
 // ddp_strategy_s from it. Hooks run on the training thread only, so the
 // events are never used from two threads at once.

@@ -49,6 +49,11 @@ struct ddp_strategy_s {
 
 namespace {
 
+constexpr ddp_key kKeys[] = {
+    {"log_layout", "bool", "rank 0 logs the flat buffer's size (default false)"},
+    {nullptr, nullptr, nullptr},
+};
+
 // The flat buffer's layout is the parameter table's order, trainable
 // entries only: it depends on the model alone, so it is the same on every
 // rank (every rank must issue the same collectives with the same counts).
@@ -201,4 +206,5 @@ DDP_STRATEGY_ENTRY = {
     example_stats,
     example_destroy,
     nullptr,  // held_grads: every rank holds every averaged gradient
+    kKeys,
 };

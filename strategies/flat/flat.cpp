@@ -113,4 +113,5 @@ DDP_STRATEGY_ENTRY = {
     nullptr,  // stats
     flat_destroy,
     nullptr,  // held_grads: every rank holds every averaged gradient
+    ddp::strategy::kNoKeys,
 };

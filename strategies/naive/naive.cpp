@@ -59,4 +59,5 @@ DDP_STRATEGY_ENTRY = {
     nullptr,  // stats
     naive_destroy,
     nullptr,  // held_grads: every rank holds every averaged gradient
+    ddp::strategy::kNoKeys,
 };

@@ -110,4 +110,5 @@ DDP_STRATEGY_ENTRY = {
     nullptr,  // stats
     overlap_destroy,
     nullptr,  // held_grads: every rank holds every averaged gradient
+    ddp::strategy::kNoKeys,
 };

@@ -92,6 +92,12 @@ struct ddp_strategy_s : StrategyBase {
 
 namespace {
 
+constexpr ddp_key kKeys[] = {
+    {"variant", "string", "\"broadcast\" (default): all-reduce in buckets, broadcast the updated shards; \"allgather\""},
+    {"bucket_mb", "float or \"auto\"", "variant broadcast: the most MiB of gradients per bucket (default 25)"},
+    {nullptr, nullptr, nullptr},
+};
+
 // -------------------------------------------------- partition and layouts
 
 void build_flat_layout(ddp_strategy* s) {
@@ -324,4 +330,5 @@ DDP_STRATEGY_ENTRY = {
     sharded_stats,
     sharded_destroy,
     sharded_held_grads,
+    kKeys,
 };

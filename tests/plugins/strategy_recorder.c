@@ -100,4 +100,5 @@ static void rec_destroy(ddp_strategy* s) { free(s); }
 DDP_STRATEGY_ENTRY = {
     DDP_ABI_VERSION, sizeof(ddp_strategy_v1_t), "recorder", "0.1.0", DDP_CAP_DEVICE_CPU,
     rec_create,      rec_train_begin,           rec_step_begin, rec_grad_ready, rec_backward_end,
-    rec_finish,      NULL,                      rec_stats,      rec_destroy,    NULL /* held_grads */};
+    rec_finish,      NULL,                      rec_stats,      rec_destroy,    NULL /* held_grads */,
+    NULL /* keys: not declared, checked as the plugin reads them */};

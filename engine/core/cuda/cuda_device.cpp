@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "cuda/cuda_check.h"
+#include "convert.h"
 #include "cuda/cuda_ops.h"
 #include "device.h"
 #include "error.h"
@@ -67,6 +68,10 @@ class CudaStream final : public Stream {
       return false;
     }
     check(e, "cudaEventQuery");
+    return true;
+  }
+  bool block_on_native_event(void* event) override {
+    check(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "cudaEventSynchronize");
     return true;
   }
   NativeEventDestroy native_event_destroyer() const override {
@@ -204,6 +209,11 @@ class CudaDevice final : public Device {
   void scale(float* data, size_t count, float factor, Stream& stream) override {
     cuda_ops::scale(stream.native(), data, count, factor);
   }
+  void convert(void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t count,
+               Stream& stream) override {
+    if (std::string why = convert_refusal(dst_type, src_type); !why.empty()) throw Error(why, DDP_ERR_UNSUPPORTED);
+    cuda_ops::convert(stream.native(), dst, dst_type, src, src_type, count);
+  }
   void upload(void* dst, const void* host_src, size_t bytes) override {
     check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, raw(*compute_)), "cudaMemcpyAsync (upload)");
     check(cudaStreamSynchronize(raw(*compute_)), "cudaStreamSynchronize (upload)");
@@ -232,14 +242,7 @@ std::unique_ptr<Device> make_cuda_device(int local_rank, bool share_gpus) {
                     (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")",
                 DDP_ERR_UNSUPPORTED);
   }
-  if (local_rank >= count && !share_gpus)
-    throw Error("device \"cuda\": local rank " + std::to_string(local_rank) + " needs GPU " +
-                std::to_string(local_rank) + ", but this machine has " + std::to_string(count) +
-                " GPU" + (count == 1 ? "" : "s") +
-                    " (one GPU per local rank; set run.share_gpus = true to let ranks share them, "
-                    "which the gloo transport allows and nccl does not)",
-                DDP_ERR_UNSUPPORTED);
-  return std::make_unique<CudaDevice>(local_rank % count);
+  return std::make_unique<CudaDevice>(choose_gpu(local_rank, count, std::getenv("CUDA_VISIBLE_DEVICES"), share_gpus));
 }
 
 }  // namespace ddp

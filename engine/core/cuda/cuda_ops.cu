@@ -13,6 +13,8 @@
 // therefore stay off; the CPU side sets no flush-to-zero mode either.
 #include "cuda_ops.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -98,6 +100,22 @@ __global__ void adamw_kernel(float* __restrict__ w, const float* __restrict__ g,
   }
 }
 
+// convert_cpu (convert.cpp): the same rounding, by CUDA's _rn intrinsics.
+struct ToBf16 {
+  __device__ __nv_bfloat16 operator()(float x) const { return __float2bfloat16_rn(x); }
+};
+struct ToHalf {
+  __device__ __half operator()(float x) const { return __float2half_rn(x); }
+};
+struct ToFloat {
+  __device__ float operator()(__nv_bfloat16 x) const { return __bfloat162float(x); }
+  __device__ float operator()(__half x) const { return __half2float(x); }
+};
+template <typename Out, typename In, typename F>
+__global__ void convert_kernel(Out* __restrict__ out, const In* __restrict__ in, size_t n, F f) {
+  DDP_GRID_STRIDE_LOOP(i, n) out[i] = f(in[i]);
+}
+
 #undef DDP_GRID_STRIDE_LOOP
 
 }  // namespace
@@ -112,6 +130,23 @@ void scale(void* stream, float* data, size_t n, float factor) {
   if (n == 0) return;
   scale_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(data, n, factor);
   check_launch("scale");
+}
+
+void convert(void* stream, void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t n) {
+  if (n == 0) return;
+  const auto grid = blocks_for(n);
+  cudaStream_t s = as_stream(stream);
+  float* out_f = static_cast<float*>(dst);
+  const float* in_f = static_cast<const float*>(src);
+  if (src_type == DDP_FLOAT32 && dst_type == DDP_BFLOAT16)
+    convert_kernel<<<grid, kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(dst), in_f, n, ToBf16{});
+  else if (src_type == DDP_FLOAT32)
+    convert_kernel<<<grid, kThreads, 0, s>>>(static_cast<__half*>(dst), in_f, n, ToHalf{});
+  else if (src_type == DDP_BFLOAT16)
+    convert_kernel<<<grid, kThreads, 0, s>>>(out_f, static_cast<const __nv_bfloat16*>(src), n, ToFloat{});
+  else
+    convert_kernel<<<grid, kThreads, 0, s>>>(out_f, static_cast<const __half*>(src), n, ToFloat{});
+  check_launch("convert");
 }
 
 void sgd_plain(void* stream, float* w, const float* g, size_t n, float lr, float wd) {

@@ -12,6 +12,8 @@
 
 #include <cstddef>
 
+#include <ddp/plugin.h>
+
 #include "update_rules.h"
 
 namespace ddp::cuda_ops {
@@ -20,6 +22,10 @@ namespace ddp::cuda_ops {
 void fill(void* stream, float* data, size_t n, float value);
 // data[0, n) *= factor.
 void scale(void* stream, float* data, size_t n, float factor);
+
+// dst[0, n) = src[0, n) converted: float32 to bfloat16 or float16 and back,
+// rounding to nearest even (convert.h; the caller has checked the pair).
+void convert(void* stream, void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t n);
 
 // SGD without momentum: w += -lr * (wd != 0 ? g + wd * w : g).
 void sgd_plain(void* stream, float* w, const float* g, size_t n, float lr, float wd);

@@ -20,21 +20,19 @@
  * - Whoever allocates frees, through the same vtable.
  * - Entries are appended at the end of a struct, never reordered; the host
  *   uses struct_size to see which exist. Optional entries may be NULL. A
- *   plugin built against a newer minor checks host->struct_size before
- *   calling a host entry that the engine's minor may lack.
+ *   plugin checks host->struct_size (>= offsetof of the entry + its size)
+ *   before calling a host entry of a later minor than 1.0.
  * - Structs passed by pointer (ddp_buffer, ddp_param, ddp_step_info) may
- *   grow at the end in a minor version; never copy them into arrays of your
- *   own type assumptions beyond the fields you know.
+ *   grow at the end in a minor version: use only the fields you know.
  * - Threads: the host calls plugin entries from the training thread only.
- *   Host entries may be called from the training thread and from host
- *   functions running on a stream, except: config_* only inside
- *   create/init; alloc_host/free_host never inside a host function; nothing
- *   may block on the stream it runs on; and inside a host function on a
- *   device stream (where CUDA allows no CUDA call) every entry that reaches
- *   the device or blocks (alloc, copy, launch_host_func, event_record, the
- *   waits, run_optimizer, store_*, ...) returns DDP_ERR_UNSUPPORTED with the
- *   reason; free, free_host and event_destroy (of a device event) log it and
- *   leave the memory or event. One event is not used from two threads at once.
+ *   Host entries may be called from it and from host functions on a stream,
+ *   except: config_* only inside create/init; alloc_host/free_host never in
+ *   a host function; nothing may block on the stream it runs on; and in a
+ *   host function on a device stream (no CUDA call allowed) every entry that
+ *   reaches the device or blocks (alloc, copy, convert, launch_host_func,
+ *   event_record, the waits, run_optimizer, store_*, ...) returns
+ *   DDP_ERR_UNSUPPORTED; free, free_host and event_destroy (of a device
+ *   event) log it and leave the memory or event. One event, one thread.
  *
  * Stability: changing or removing anything here is a new major ABI version
  * (a new entry symbol, e.g. ddp_strategy_v2). Adding at the end is a minor.
@@ -42,11 +40,12 @@
  * Minor versions of ABI 1:
  *   1.0  the first release.
  *   1.1  ddp_host gains alloc_host and free_host (staging memory on the
- *        host for a device's buffers). Check host->struct_size first: >=
- *        offsetof(ddp_host, free_host) + sizeof(host->free_host).
+ *        host for a device's buffers).
  *   1.2  ddp_strategy_v1_t gains held_grads (gradient clipping under a
  *        strategy that leaves each averaged gradient on one rank).
- * Header-only helpers (ddp_dtype_size, DDP_*_ENTRY) are no ABI change.
+ *   1.3  ddp_host gains convert (float32 <-> bfloat16, float16); transports
+ *        declare dtypes; both descriptors may list their TOML keys.
+ * Header-only helpers (ddp_dtype_*, DDP_*_ENTRY, ddp/numeric.h) are no ABI change.
  */
 #ifndef DDP_PLUGIN_H
 #define DDP_PLUGIN_H
@@ -59,14 +58,13 @@ extern "C" {
 #endif
 
 #define DDP_ABI_VERSION_MAJOR 1
-#define DDP_ABI_VERSION_MINOR 2
+#define DDP_ABI_VERSION_MINOR 3
 /* abi_version = major << 16 | minor. */
 #define DDP_ABI_VERSION ((uint32_t)((DDP_ABI_VERSION_MAJOR << 16) | DDP_ABI_VERSION_MINOR))
 #define DDP_ABI_MAJOR(v) ((uint32_t)(v) >> 16)
 #define DDP_ABI_MINOR(v) ((uint32_t)(v)&0xffffu)
 
-/* Entry symbol names, for hosts that look them up (see DDP_*_ENTRY below). */
-#define DDP_TRANSPORT_ENTRY_V1 "ddp_transport_v1"
+#define DDP_TRANSPORT_ENTRY_V1 "ddp_transport_v1" /* entry symbols (DDP_*_ENTRY below) */
 #define DDP_STRATEGY_ENTRY_V1 "ddp_strategy_v1"
 
 #if defined(_WIN32)
@@ -88,12 +86,7 @@ typedef enum ddp_status {
 } ddp_status;
 
 typedef enum ddp_dtype {
-  DDP_FLOAT32 = 0,
-  DDP_FLOAT64 = 1,
-  DDP_INT32 = 2,
-  DDP_INT64 = 3,
-  DDP_BFLOAT16 = 4,
-  DDP_FLOAT16 = 5
+  DDP_FLOAT32 = 0, DDP_FLOAT64 = 1, DDP_INT32 = 2, DDP_INT64 = 3, DDP_BFLOAT16 = 4, DDP_FLOAT16 = 5
 } ddp_dtype;
 
 /* Bytes per element of `dtype`; 0 for a value this header does not name. */
@@ -105,21 +98,26 @@ static inline size_t ddp_dtype_size(ddp_dtype dtype) {
   }
   return 0;
 }
+/* A set of dtypes, as a transport's `dtypes` holds it. */
+#define DDP_DTYPE_BIT(dtype) (UINT64_C(1) << (dtype))
+
+/* One TOML key of a plugin, for `ddp plugins` and for the launcher, which
+ * refuses a key of the plugin's table that no entry names before any rank
+ * starts. An array of them ends with an entry whose name is NULL. */
+typedef struct ddp_key {
+  const char* name;
+  const char* type; /* "int", "float", "bool", "string", or as it reads: "float or \"auto\"" */
+  const char* help; /* one line, with the default */
+} ddp_key;
 
 typedef enum ddp_device_kind { DDP_DEVICE_CPU = 0, DDP_DEVICE_CUDA = 1 } ddp_device_kind;
-
 typedef enum ddp_reduce_op { DDP_REDUCE_SUM = 0, DDP_REDUCE_AVG = 1 /* sum / world_size */ } ddp_reduce_op;
-
 typedef enum ddp_log_level { DDP_LOG_DEBUG = 0, DDP_LOG_INFO = 1, DDP_LOG_WARN = 2, DDP_LOG_ERROR = 3 } ddp_log_level;
 
 /* Memory categories of the engine's accounting (current and peak bytes). */
 typedef enum ddp_mem_category {
-  DDP_MEM_PARAMETERS = 0,
-  DDP_MEM_GRADIENTS = 1,
-  DDP_MEM_OPTIMIZER_STATE = 2,
-  DDP_MEM_COMM_BUFFERS = 3,
-  DDP_MEM_ACTIVATIONS = 4,
-  DDP_MEM_CATEGORY_COUNT = 5
+  DDP_MEM_PARAMETERS = 0, DDP_MEM_GRADIENTS = 1, DDP_MEM_OPTIMIZER_STATE = 2,
+  DDP_MEM_COMM_BUFFERS = 3, DDP_MEM_ACTIVATIONS = 4, DDP_MEM_CATEGORY_COUNT = 5
 } ddp_mem_category;
 
 /* Capability bits of a descriptor's `caps`. */
@@ -138,9 +136,8 @@ typedef struct ddp_buffer {
 } ddp_buffer;
 
 /* One model parameter, in the model's named_parameters() order. The host owns
- * `data` and `grad`; both hold `numel` elements of `dtype` on the run's
- * device. `grad` is NULL while the parameter is frozen. Reach entries only
- * through host->param(ctx, i): the struct may grow in a minor version. */
+ * `data` and `grad`: `numel` elements of `dtype` on the run's device; `grad`
+ * is NULL while frozen. Reach entries through host->param(ctx, i) only. */
 typedef struct ddp_param {
   const char* name;
   size_t index; /* position in the parameter table */
@@ -151,8 +148,7 @@ typedef struct ddp_param {
   int trainable; /* 0: frozen, never touched, never fires on_grad_ready */
 } ddp_param;
 
-/* Opaque handles. Streams and events belong to the host; ddp_comm and
- * ddp_strategy to the plugin that made them. */
+/* Opaque handles: streams and events are the host's, the others the plugin's. */
 typedef struct ddp_stream_s* ddp_stream;
 typedef struct ddp_event_s* ddp_event;
 typedef struct ddp_comm_s ddp_comm;
@@ -178,8 +174,7 @@ typedef struct ddp_host {
   int local_rank;
   ddp_device_kind device;
 
-  /* Logging; the host prefixes rank and plugin name. Non-blocking. */
-  void (*log)(void* ctx, ddp_log_level level, const char* message);
+  void (*log)(void* ctx, ddp_log_level level, const char* message); /* prefixed with rank, plugin */
   /* Sets the error text of the calling thread; the host reads it when the
    * entry that this thread is in returns an error. Copied. */
   void (*set_error)(void* ctx, const char* message);
@@ -187,14 +182,13 @@ typedef struct ddp_host {
   /* Typed reads of the plugin's own TOML table ([transport] or [strategy]).
    * A missing key yields `fallback` and DDP_OK; a key of another type is
    * DDP_ERR_INVALID_ARGUMENT with an error naming file, line and key. Keys a
-   * plugin never reads during create/init are reported to the user as
-   * unknown. Strings stay valid until the plugin is destroyed. Integers are
-   * accepted for float keys. */
+   * plugin never reads during create/init (or, before ranks start, that its
+   * `keys` do not name) are refused as unknown. Strings stay valid until the
+   * plugin is destroyed. Integers are accepted for float keys. */
   ddp_status (*config_int)(void* ctx, const char* key, int64_t fallback, int64_t* out);
   ddp_status (*config_float)(void* ctx, const char* key, double fallback, double* out);
   ddp_status (*config_bool)(void* ctx, const char* key, int fallback, int* out);
-  ddp_status (*config_string)(void* ctx, const char* key, const char* fallback,
-                              const char** out);
+  ddp_status (*config_string)(void* ctx, const char* key, const char* fallback, const char** out);
 
   /* The parameter table, in model order: param_count() entries, param(i)
    * for i < count. Pointers and names live as long as the run; `trainable`
@@ -239,35 +233,34 @@ typedef struct ddp_host {
   /* Non-blocking: *done = 1 once complete; a failed event returns its error.
    * event_destroy on a pending event is allowed: waiters are unaffected. */
   ddp_status (*event_query)(void* ctx, ddp_event event, int* done);
-  /* The native handle of a stream: a cudaStream_t on CUDA, NULL on CPU
-   * (where work goes through launch_host_func). */
+  /* A stream's native handle: a cudaStream_t on CUDA, NULL on the CPU. */
   void* (*stream_native)(void* ctx, ddp_stream stream);
 
-  /* Rendezvous store shared by all ranks of the run (Gloo's store: a file
-   * store by default). Keys are namespaced to the run. get blocks until the
-   * key exists or timeout_s elapses; *out is malloc'ed, caller free()s it. */
+  /* The run's rendezvous store, keys namespaced to the run. get blocks until
+   * the key exists or timeout_s elapses; *out is malloc'ed, caller frees. */
   ddp_status (*store_set)(void* ctx, const char* key, const void* data, size_t bytes);
   ddp_status (*store_get)(void* ctx, const char* key, void** out, size_t* bytes);
   ddp_status (*store_wait)(void* ctx, const char* const* keys, size_t count);
   /* Run timeout in milliseconds ([run] timeout_s); transports honour it. */
   int64_t timeout_ms;
 
-  /* Runs the engine's optimizer (as configured) on the parameters whose
-   * indices are given, on the compute stream, blocking; the engine keeps
-   * optimizer state for exactly these parameters. For strategies that own
-   * the optimizer step (sharded). */
+  /* Runs the engine's optimizer on the parameters whose indices are given,
+   * on the compute stream, blocking; the engine keeps optimizer state for
+   * exactly these (strategies that own the optimizer step: sharded). */
   ddp_status (*run_optimizer)(void* ctx, const size_t* param_indices, size_t count);
 
-  /* (ABI 1.1; check struct_size) Host memory for staging a device's
-   * buffers, accounted under `category`: page-locked (cudaHostAlloc) on a
-   * CUDA run, so that host->copy to and from it stays asynchronous; plain
-   * memory on a CPU run. Zeroed, aligned to 64 bytes. Blocking, not
-   * stream-ordered; never from a host function (on CUDA those run on the
-   * driver's callback thread and may not call CUDA): a transport calls
-   * them on the calling thread at enqueue time. free_host accepts NULL and
-   * never fails; free only what no enqueued work still uses. */
+  /* (ABI 1.1) Host memory for staging a device's buffers, accounted under
+   * `category`: page-locked (cudaHostAlloc) on a CUDA run, so that copies
+   * to and from it stay asynchronous; plain memory on a CPU run. As alloc
+   * and free otherwise, and never from a host function (on CUDA those run
+   * on the driver's callback thread): call them at enqueue time. */
   ddp_status (*alloc_host)(void* ctx, size_t bytes, ddp_mem_category category, void** out);
   void (*free_host)(void* ctx, void* ptr);
+
+  /* (ABI 1.3) Enqueues dst[i] = src[i] converted, for
+   * float32 to bfloat16 or float16 and back, rounding to nearest even (as
+   * PyTorch's .to()). Equal counts, on the run's device, not overlapping. */
+  ddp_status (*convert)(void* ctx, const ddp_buffer* dst, const ddp_buffer* src, ddp_stream stream);
 } ddp_host;
 
 /* ------------------------------------------------------ transport vtable */
@@ -290,26 +283,34 @@ typedef struct ddp_transport_v1_t {
   void (*destroy)(ddp_comm* comm);
 
   /* In place: buf holds the reduction of every rank's buf. */
-  ddp_status (*all_reduce)(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op op,
-                           ddp_stream stream);
+  ddp_status (*all_reduce)(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op op, ddp_stream stream);
   /* In place: every rank's buf becomes root's. */
   ddp_status (*broadcast)(ddp_comm* comm, const ddp_buffer* buf, int root, ddp_stream stream);
   /* recv.count == send.count * world_size; rank r's send lands at
    * recv[r * send.count]. send is not modified. */
-  ddp_status (*all_gather)(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv,
-                           ddp_stream stream);
+  ddp_status (*all_gather)(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv, ddp_stream stream);
   /* send.count == recv.count * world_size; rank r receives the reduction
-   * of every rank's send[r * recv.count, (r + 1) * recv.count). send is not
-   * modified. */
+   * of every rank's send[r * recv.count, (r + 1) * recv.count). */
   ddp_status (*reduce_scatter)(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv,
                                ddp_reduce_op op, ddp_stream stream);
   /* Completes on each rank once every rank has reached it. */
   ddp_status (*barrier)(ddp_comm* comm, ddp_stream stream);
   /* (optional) Makes pending and future collectives of comm fail soon
-   * (ncclCommAbort). Any thread; the engine calls it when it gives up on a
-   * stuck collective, then destroy. */
+   * (ncclCommAbort), from any thread; then the engine calls destroy. */
   void (*abort)(ddp_comm* comm);
+  /* (ABI 1.3) DDP_DTYPE_BIT of each dtype that all_reduce, all_gather and
+   * reduce_scatter take; any other fails with DDP_ERR_UNSUPPORTED. Read it
+   * with ddp_transport_dtypes(). */
+  uint64_t dtypes;
+  const ddp_key* keys; /* (ABI 1.3) its TOML keys; {NULL}: none; NULL: not declared */
 } ddp_transport_v1_t;
+
+/* The dtypes `t` takes: float32 alone where it declares none (before 1.3). */
+static inline uint64_t ddp_transport_dtypes(const ddp_transport_v1_t* t) {
+  if (t->struct_size < offsetof(ddp_transport_v1_t, dtypes) + sizeof t->dtypes || !t->dtypes)
+    return DDP_DTYPE_BIT(DDP_FLOAT32);
+  return t->dtypes;
+}
 
 /* ------------------------------------------------------- strategy vtable */
 
@@ -343,9 +344,10 @@ typedef struct ddp_strategy_v1_t {
   uint64_t caps; /* DDP_CAP_DEVICE_*, DDP_CAP_OWNS_OPTIMIZER */
 
   /* Makes a strategy over `transport`/`comm` (owned by the host, valid until
-   * destroy). Reads all its TOML keys here. Blocking; no collectives yet. */
-  ddp_status (*create)(const ddp_host* host, const ddp_transport_v1_t* transport,
-                       ddp_comm* comm, ddp_strategy** out);
+   * destroy). Reads all its TOML keys here. Blocking; no collectives yet. A
+   * strategy that sends other dtypes checks ddp_transport_dtypes() here. */
+  ddp_status (*create)(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm,
+                       ddp_strategy** out);
   /* Once, before the first step: make every rank hold rank 0's parameters
    * (all of them, frozen included). Blocking: done when it returns. */
   ddp_status (*on_train_begin)(ddp_strategy* s);
@@ -365,9 +367,8 @@ typedef struct ddp_strategy_v1_t {
    * parameters on every rank. Blocking. Requires DDP_CAP_OWNS_OPTIMIZER. */
   ddp_status (*optimizer_step)(ddp_strategy* s);
   /* (optional) Writes a JSON object describing the strategy (e.g. bucket
-   * layout) into buf (NUL-terminated, at most cap bytes including the NUL)
-   * and its full length without the NUL into *needed; the host calls again
-   * with a larger buffer if needed >= cap. */
+   * layout) into buf (NUL-terminated, at most cap bytes with the NUL), its
+   * length without the NUL into *needed; called again if needed >= cap. */
   ddp_status (*stats)(ddp_strategy* s, char* buf, size_t cap, size_t* needed);
   /* Releases everything. The host has synchronised all streams first. */
   void (*destroy)(ddp_strategy* s);
@@ -376,13 +377,13 @@ typedef struct ddp_strategy_v1_t {
    * rank holds in indices[0, *count) (cap >= param_count); 0 if every rank
    * has all (also if NULL). optimizer.clip_grad_norm sums these ranks' norms. */
   ddp_status (*held_grads)(ddp_strategy* s, size_t* indices, size_t cap, size_t* count, int* partitioned);
+  const ddp_key* keys; /* (ABI 1.3) its TOML keys; {NULL}: none; NULL: not declared */
 } ddp_strategy_v1_t;
 
 /* What a plugin exports: exactly one entry symbol, defined with one of
  *   DDP_STRATEGY_ENTRY = {DDP_ABI_VERSION, sizeof(ddp_strategy_v1_t), "name",
  *                         "0.1.0", caps, create, on_train_begin, ...};
- *   DDP_TRANSPORT_ENTRY = {...};
- * (the same in C and C++: exported, and unmangled in C++). */
+ *   DDP_TRANSPORT_ENTRY = {...};   (the same in C and C++) */
 #ifdef __cplusplus
 #define DDP_ENTRY_LINKAGE extern "C" DDP_PLUGIN_EXPORT
 #else

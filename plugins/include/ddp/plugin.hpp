@@ -72,6 +72,24 @@ inline bool has_alloc_host(const ddp_host* h) noexcept {
   return h->struct_size >= offsetof(ddp_host, free_host) + sizeof(h->free_host) && h->alloc_host && h->free_host;
 }
 
+// The GPU, by its index among the `visible` ones, that the rank with
+// `local_rank` uses on a CUDA run, as the engine chooses it (and as a plugin
+// that opens the device itself must): the one GPU a rank sees when a
+// launcher gave each rank its own (CUDA_VISIBLE_DEVICES set, as SLURM's
+// --gpus-per-task does), whatever its local rank; else GPU local_rank; else,
+// where ranks may share GPUs, local_rank modulo visible. -1: none for it.
+inline int rank_gpu(int local_rank, int visible, const char* cuda_visible_devices, bool share) noexcept {
+  if (visible <= 0 || local_rank < 0) return -1;
+  if (visible == 1 && cuda_visible_devices != nullptr && *cuda_visible_devices != '\0') return 0;
+  if (local_rank < visible) return local_rank;
+  return share ? local_rank % visible : -1;
+}
+
+// Whether the engine offers convert (ABI 1.3).
+inline bool has_convert(const ddp_host* h) noexcept {
+  return h->struct_size >= offsetof(ddp_host, convert) + sizeof(h->convert) && h->convert;
+}
+
 // The host vtable with throwing, typed calls.
 class Host {
  public:
@@ -131,6 +149,14 @@ class Host {
   }
   void fill(const ddp_buffer& b, double value, ddp_stream s) const { check(h_->fill(h_->ctx, &b, value, s)); }
   void scale(const ddp_buffer& b, double factor, ddp_stream s) const { check(h_->scale(h_->ctx, &b, factor, s)); }
+  // float32 <-> bfloat16/float16 (ABI 1.3; see ddp_host::convert).
+  void convert(const ddp_buffer& dst, const ddp_buffer& src, ddp_stream s) const {
+    if (!has_convert(h_))
+      throw Failure(DDP_ERR_UNSUPPORTED, "convert: this engine's ABI " + std::to_string(DDP_ABI_MAJOR(h_->abi_version)) +
+                                             "." + std::to_string(DDP_ABI_MINOR(h_->abi_version)) +
+                                             " lacks it (it needs ABI 1.3 or newer)");
+    check(h_->convert(h_->ctx, &dst, &src, s));
+  }
 
   ddp_stream compute_stream() const { return h_->compute_stream(h_->ctx); }
   ddp_stream comm_stream() const { return h_->comm_stream(h_->ctx); }
@@ -140,8 +166,9 @@ class Host {
     check(h_->run_optimizer(h_->ctx, indices, count));
   }
 
-  // A float32 buffer on the run's device.
+  // A float32 buffer on the run's device; one of `dtype`.
   ddp_buffer floats(void* ptr, size_t count) const { return ddp_buffer{ptr, count, DDP_FLOAT32, h_->device}; }
+  ddp_buffer buffer(void* ptr, size_t count, ddp_dtype dtype) const { return ddp_buffer{ptr, count, dtype, h_->device}; }
 
  private:
   const ddp_host* h_;
