@@ -124,6 +124,8 @@ std::string run_done_line(const std::string& output_dir) {
 // them once the plugin has read its keys).
 void check_plugin(PluginKind kind, const std::string& name, const PluginSection& section) {
   check_declared_keys(*load_plugin(kind, name), section);
+  const std::string warning = section.unknown_table(available_plugins(kind, default_plugin_dir()), to_string(kind));
+  if (!warning.empty()) std::cerr << "ddp: warning: " << warning << "; its keys go to no plugin\n";
 }
 
 // `ddp run` on this machine: run.world_size ranks of this executable, each

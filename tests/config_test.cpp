@@ -571,6 +571,25 @@ TEST_F(ConfigTest, PluginSectionKeysAgainstThoseDeclared) {
             path + ":11:8: unknown key 'strategy.zeta' (strategy plugin 'naive' does not read it; it reads no keys)");
 }
 
+// A table for a plugin the search path lacks (a misspelling, or one loaded
+// by path elsewhere): a warning with the nearest name, not a refusal.
+TEST_F(ConfigTest, PluginSectionTablesOfOtherPlugins) {
+  const std::string path = write("c.toml", kSmallest + R"([strategy]
+plugin = "naive"
+[strategy.bucketed]
+bucket_mb = 4
+[strategy.bucketd]
+bucket_mb = 8
+)");
+  const Config c = load_config(path);
+  const std::vector<std::string> there = {"bucketed", "flat", "naive", "overlap", "sharded"};
+  EXPECT_EQ(c.strategy.unknown_table(there, "strategy"),
+            path + ":13:1: table '[strategy.bucketd]' names no strategy plugin here; did you mean 'bucketed'? "
+                   "(there are: bucketed, flat, naive, overlap, sharded)");
+  const Config d = load_config(write("d.toml", kSmallest + "[strategy]\nplugin = \"naive\"\n[strategy.sharded]\nvariant = \"allgather\"\n"));
+  EXPECT_EQ(d.strategy.unknown_table(there, "strategy"), "");
+}
+
 TEST_F(ConfigTest, ValidateConfigIsPure) {
   // A document parsed from a string: `file` only names it in messages.
   const toml::table doc = toml::parse(std::string_view(kMinimal), std::string_view("ignored"));

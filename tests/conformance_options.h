@@ -12,7 +12,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -28,7 +30,16 @@ struct ConformanceOptions {
   std::string device = "cpu";              // run.device
   std::vector<std::string> strategy_keys;  // "key=value", values as ddp run --set takes them
   std::optional<float> tolerance;          // parity tolerance the author declares; none: the scenarios'
+  std::map<std::string, float> tolerance_for;  // per optimizer ("sgd", "adamw"): wins over `tolerance`
   bool help = false;
+
+  // The tolerance for a scenario with `optimizer` whose own is `own`.
+  float parity_tolerance(const std::string& optimizer, float own) const {
+    const auto it = tolerance_for.find(optimizer);
+    return it != tolerance_for.end() ? it->second : tolerance.value_or(own);
+  }
+  // "0.25" or "sgd=0.001, adamw=0.25" (as declared), for the report.
+  std::string declared_tolerance() const;
 
   // The keys as --set overrides of the run under test.
   std::vector<std::string> strategy_sets() const {
@@ -52,6 +63,9 @@ inline const char* kConformanceHelp =
     "  --device cpu|cuda         run.device (default cpu)\n"
     "  --tolerance T             parity tolerance for a lossy strategy (default: each scenario's,\n"
     "                            1e-6 SGD, 1e-5 AdamW); invariants are exact whatever it is\n"
+    "  --tolerance OPT=T[,OPT=T] per optimizer (sgd, adamw): AdamW turns a gradient's rounding into\n"
+    "                            lr-sized steps, SGD into rounding-sized ones; one not named keeps\n"
+    "                            the plain --tolerance, else the scenario's\n"
     "  --help                    this text\n"
     "\n"
     "GoogleTest flags pass through (--gtest_filter='*_world2', --gtest_list_tests, ...).\n"
@@ -59,6 +73,40 @@ inline const char* kConformanceHelp =
     "buffers bounded, no allocation once settled, frozen parameters unchanged) or [parity]\n"
     "(against the reference, within the tolerance). The last line is the verdict.\n";
 
+
+// --tolerance's value into `out`: a number >= 0, or sgd=T and adamw=T
+// separated by commas. Returns "" or what is wrong. Pure.
+inline std::string parse_tolerance(const std::string& value, ConformanceOptions* out) {
+  const auto number = [](const std::string& text, float* t) {
+    char* end = nullptr;
+    *t = std::strtof(text.c_str(), &end);
+    return !text.empty() && *end == '\0' && std::isfinite(*t) && *t >= 0;
+  };
+  float t = 0;
+  if (value.find('=') == std::string::npos) {
+    if (!number(value, &t)) return "--tolerance wants a number >= 0 or OPT=T[,OPT=T], got '" + value + "'";
+    out->tolerance = t;
+    return "";
+  }
+  for (size_t begin = 0; begin <= value.size();) {
+    const size_t end = std::min(value.find(',', begin), value.size());
+    const std::string item = value.substr(begin, end - begin);
+    const size_t eq = item.find('=');
+    const std::string opt = item.substr(0, eq);
+    if (eq == std::string::npos || (opt != "sgd" && opt != "adamw") || !number(item.substr(eq + 1), &t))
+      return "--tolerance: '" + item + "' is not sgd=T or adamw=T (T a number >= 0)";
+    out->tolerance_for[opt] = t;
+    begin = end + 1;
+  }
+  return "";
+}
+
+inline std::string ConformanceOptions::declared_tolerance() const {
+  std::ostringstream out;
+  if (tolerance) out << *tolerance;
+  for (const auto& [opt, t] : tolerance_for) out << (out.tellp() > 0 ? ", " : "") << opt << "=" << t;
+  return out.str();
+}
 
 // Fills `out` from `args` (argv without the program), GoogleTest's flags
 // (--gtest_*) into `gtest`. Returns "" or what is wrong: an unknown option
@@ -101,12 +149,8 @@ inline std::string parse_conformance_args(const std::vector<std::string>& args, 
       const size_t at = value.find('=');
       if (at == std::string::npos || at == 0) return "--strategy-key wants KEY=VALUE, got '" + value + "'";
       out->strategy_keys.push_back(value);
-    } else {  // --tolerance
-      char* end = nullptr;
-      const float t = std::strtof(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || !std::isfinite(t) || t < 0)
-        return "--tolerance wants a number >= 0, got '" + value + "'";
-      out->tolerance = t;
+    } else {  // --tolerance T, or OPT=T[,OPT=T]
+      if (std::string why = parse_tolerance(value, out); !why.empty()) return why;
     }
   }
   return "";

@@ -50,12 +50,32 @@ TEST(ConformanceArgs, ValuesAndGoogleTestFlags) {
   EXPECT_TRUE(o.help);
 }
 
+// Per optimizer: each named one its own, the others the plain --tolerance,
+// else the scenario's own.
+TEST(ConformanceArgs, TolerancePerOptimizer) {
+  ConformanceOptions o;
+  EXPECT_EQ(parse({"--tolerance", "sgd=0.001,adamw=0.25"}, &o), "");
+  EXPECT_FLOAT_EQ(o.parity_tolerance("sgd", 1e-6f), 1e-3f);
+  EXPECT_FLOAT_EQ(o.parity_tolerance("adamw", 1e-5f), 0.25f);
+  EXPECT_EQ(o.declared_tolerance(), "adamw=0.25, sgd=0.001");
+  ConformanceOptions p;
+  EXPECT_EQ(parse({"--tolerance", "adamw=0.5", "--tolerance", "0.01"}, &p), "");
+  EXPECT_FLOAT_EQ(p.parity_tolerance("adamw", 1e-5f), 0.5f);
+  EXPECT_FLOAT_EQ(p.parity_tolerance("sgd", 1e-6f), 0.01f);
+  EXPECT_EQ(p.declared_tolerance(), "0.01, adamw=0.5");
+  ConformanceOptions q;
+  EXPECT_EQ(parse({"--tolerance", "adamw=0.5"}, &q), "");
+  EXPECT_FLOAT_EQ(q.parity_tolerance("sgd", 1e-6f), 1e-6f);  // not loosened
+}
+
 TEST(ConformanceArgs, MalformedValuesSaySo) {
   EXPECT_EQ(parse({"--strategy"}), "--strategy needs a value");
   EXPECT_EQ(parse({"--strategy-key", "wire"}), "--strategy-key wants KEY=VALUE, got 'wire'");
   EXPECT_EQ(parse({"--strategy-key", "=fp32"}), "--strategy-key wants KEY=VALUE, got '=fp32'");
-  EXPECT_EQ(parse({"--tolerance", "-1"}), "--tolerance wants a number >= 0, got '-1'");
-  EXPECT_EQ(parse({"--tolerance=loose"}), "--tolerance wants a number >= 0, got 'loose'");
+  EXPECT_EQ(parse({"--tolerance", "-1"}), "--tolerance wants a number >= 0 or OPT=T[,OPT=T], got '-1'");
+  EXPECT_EQ(parse({"--tolerance=loose"}), "--tolerance wants a number >= 0 or OPT=T[,OPT=T], got 'loose'");
+  EXPECT_EQ(parse({"--tolerance", "sgd=1e-3,lion=2"}), "--tolerance: 'lion=2' is not sgd=T or adamw=T (T a number >= 0)");
+  EXPECT_EQ(parse({"--tolerance", "adamw="}), "--tolerance: 'adamw=' is not sgd=T or adamw=T (T a number >= 0)");
 }
 
 // The built tool, run as a user runs it: (exit code, stdout and stderr).

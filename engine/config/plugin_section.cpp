@@ -32,6 +32,8 @@ PluginSection::PluginSection(std::string file, std::string section, const toml::
     if (const toml::table* sub = node.as_table()) {  // a plugin's own table: the chosen one's only
       if (key.str() == own)
         for (auto&& [k, n] : *sub) add(section_ + "." + own, k, n);
+      else
+        other_tables_.emplace_back(std::string(key.str()), node.source());
       continue;
     }
     add(section_, key, node);
@@ -130,6 +132,18 @@ void PluginSection::check_declared(const std::vector<std::string>& known, const 
   throw ConfigError(where(*key) + ": unknown key '" + name_of(*key) + "' (" + kind + " plugin '" + plugin_name +
                     "' does not read it; " + (known.empty() ? "it reads no keys" : "it reads: " + reads) +
                     (nearest.empty() ? "" : "; did you mean '" + nearest + "'?") + ")");
+}
+
+std::string PluginSection::unknown_table(const std::vector<std::string>& available, const std::string& kind) const {
+  for (const auto& [name, source] : other_tables_) {
+    if (std::find(available.begin(), available.end(), name) != available.end()) continue;
+    std::string there;
+    for (const std::string& a : available) there += (there.empty() ? "" : ", ") + a;
+    const std::string nearest = nearest_name(name, available);
+    return where_of(source, file_) + ": table '[" + section_ + "." + name + "]' names no " + kind + " plugin here" +
+           (nearest.empty() ? "" : "; did you mean '" + nearest + "'?") + " (there are: " + there + ")";
+  }
+  return "";
 }
 
 PluginSection plugin_section_from_overrides(const std::string& section, const std::vector<std::string>& overrides) {

@@ -44,6 +44,12 @@ class PluginSection {
   // it; it reads: bucket_mb, compress; did you mean 'compress'?)").
   void check_declared(const std::vector<std::string>& known, const std::string& kind,
                       const std::string& plugin_name) const;
+  // The other plugins' tables ([strategy.<name>] of a plugin not chosen)
+  // should name a plugin of `available` (the search path's; one loaded by
+  // path may not be there): "<where>: table '[strategy.bucketd]' names no
+  // strategy plugin here; did you mean 'bucketed'? (there are: ...)" for
+  // the first that does not, else "". A warning, not a refusal.
+  std::string unknown_table(const std::vector<std::string>& available, const std::string& kind) const;
 
   const std::string& section() const { return section_; }
 
@@ -61,6 +67,7 @@ class PluginSection {
   toml::table table_;
   std::map<std::string, std::string> owner_;  // key -> the table it came from ("strategy.bucketed")
   std::map<std::string, toml::source_region> sources_;  // key -> position in the file
+  std::vector<std::pair<std::string, toml::source_region>> other_tables_;  // not the chosen plugin's
   mutable std::set<std::string> read_;
 };
 
