@@ -262,6 +262,23 @@ TEST_F(Safetensors, DataOffsetsNotMatchingShape) {
   EXPECT_EQ(read_error(file), file + ": tensor 'x': data_offsets do not match shape [2, 3]");
 }
 
+// A shape or offsets that are not whole numbers: refused by name, never
+// converted (the fuzzer found 2e+50 in a shape: undefined as an integer).
+TEST_F(Safetensors, ShapesAndOffsetsAreWholeNumbers) {
+  const std::string file = path("floats");
+  write_bytes(file, make_file(R"({"x":{"dtype":"F32","shape":[2e+50],"data_offsets":[0,4]}})", std::string(4, '\0')));
+  EXPECT_EQ(read_error(file), file + ": tensor 'x': shape holds 2e+50, not an integer of 64 bits");
+  write_bytes(file, make_file(R"({"x":{"dtype":"F32","shape":[9223372036854775808],"data_offsets":[0,4]}})",
+                              std::string(4, '\0')));
+  EXPECT_EQ(read_error(file), file + ": tensor 'x': shape holds 9223372036854775808, not an integer of 64 bits");
+  write_bytes(file, make_file(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4.0]}})", std::string(4, '\0')));
+  EXPECT_EQ(read_error(file), file + ": tensor 'x': data_offsets holds 4.0, not an integer of 64 bits from 0");
+  write_bytes(file, make_file(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[-4,4]}})", std::string(4, '\0')));
+  EXPECT_EQ(read_error(file), file + ": tensor 'x': data_offsets holds -4, not an integer of 64 bits from 0");
+  write_bytes(file, make_file(R"({"x":{"dtype":"F32","shape":3,"data_offsets":[0,4]}})", std::string(4, '\0')));
+  EXPECT_EQ(read_error(file), file + ": tensor 'x': shape is not an array");
+}
+
 TEST_F(Safetensors, DataOffsetsOutOfRange) {
   const std::string file = path("range");
   write_bytes(file, make_file(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",

@@ -3,8 +3,11 @@
 
 #include "atomic_file.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -23,6 +26,25 @@ size_t dtype_size(const std::string& dtype) {
   if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
   if (dtype == "I8" || dtype == "U8" || dtype == "BOOL") return 1;
   return 0;
+}
+
+// An array of integers (a shape: any int64, its checks follow; the data
+// offsets: unsigned). Anything else is refused naming `what`: a float among
+// them too, which nlohmann's get<> would convert (undefined out of range;
+// the fuzzer found 2e+50 in a shape).
+template <typename Int>
+std::vector<Int> integers(const nlohmann::json& j, const char* what) {
+  if (!j.is_array()) throw ConfigError(std::string(what) + " is not an array");
+  std::vector<Int> out;
+  for (const auto& v : j) {
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<Int>::max())
+                                             : v.is_number_integer() && std::is_signed_v<Int>;
+    if (!fits)
+      throw ConfigError(std::string(what) + " holds " + v.dump() + ", not an integer of " +
+                        (std::is_signed_v<Int> ? "64 bits" : "64 bits from 0"));
+    out.push_back(v.get<Int>());
+  }
+  return out;
 }
 
 }  // namespace
@@ -72,8 +94,8 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
     try {
       HostTensor t;
       t.dtype = info.at("dtype").get<std::string>();
-      t.shape = info.at("shape").get<Shape>();
-      auto offsets = info.at("data_offsets").get<std::vector<uint64_t>>();
+      t.shape = integers<int64_t>(info.at("shape"), "shape");
+      const auto offsets = integers<uint64_t>(info.at("data_offsets"), "data_offsets");
       size_t esize = dtype_size(t.dtype);
       if (esize == 0) throw ConfigError("unknown dtype " + t.dtype);
       if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size)
