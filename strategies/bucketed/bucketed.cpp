@@ -120,17 +120,13 @@ ddp_status bucketed_optimizer_step(ddp_strategy* s) {
   return guard(s->host.raw(), [&] { s->buckets.step_optimizer_by_bucket(); });
 }
 
-const char* compress_name(ddp_dtype wire) {
-  return wire == DDP_BFLOAT16 ? "bf16" : wire == DDP_FLOAT16 ? "fp16" : "none";
-}
-
 // {"bucket_mb": x (or "auto", "auto": {...}: bucket_cap.h), "overlap_optimizer": b, "compress": c,
 //  "buckets": [{"bytes": n, "params": ["name", ...]}, ...]}
 ddp_status bucketed_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed) {
   return guard(s->host.raw(), [&] {
     ddp::strategy::write_stats("{" + s->cap.json_members(s->gradient_bytes, s->buckets.size()) +
                                    ", \"overlap_optimizer\": " + (s->overlap_optimizer ? "true" : "false") +
-                                   ", \"compress\": \"" + compress_name(s->buckets.wire()) + "\"" +
+                                   ", \"compress\": \"" + ddp::strategy::compress_value(s->buckets.wire()) + "\"" +
                                    ", \"buckets\": " + s->buckets.json() + "}",
                                buf, cap, needed);
   });

@@ -24,12 +24,17 @@ inline std::optional<ddp_dtype> compress_dtype(const std::string& value) {
   return std::nullopt;
 }
 
+// The key's value for a dtype compress_dtype gives: "none", "bf16", "fp16".
+inline const char* compress_value(ddp_dtype wire) {
+  return wire == DDP_BFLOAT16 ? "bf16" : wire == DDP_FLOAT16 ? "fp16" : "none";
+}
+
 // Why `wire` cannot travel on `transport` (its declared dtypes) with this
 // host, or "" if it can. Pure.
 inline std::string compress_refusal(ddp_dtype wire, const char* transport, uint64_t transport_dtypes,
                                     bool host_converts) {
   if (wire == DDP_FLOAT32) return "";
-  const std::string what = std::string("strategy.compress = \"") + (wire == DDP_BFLOAT16 ? "bf16" : "fp16") + "\": ";
+  const std::string what = std::string("strategy.compress = \"") + compress_value(wire) + "\": ";
   if (!(transport_dtypes & DDP_DTYPE_BIT(wire))) {
     std::string takes;
     for (int d = DDP_FLOAT32; d <= DDP_FLOAT16; ++d)
