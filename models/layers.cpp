@@ -11,20 +11,10 @@
 #include <cmath>
 #include <cstring>
 
+#include "simd_clones.h"
+
 namespace ddp {
 namespace layers {
-
-// The elementwise kernels are built twice, for x86-64-v3 (AVX2, FMA) and
-// for the baseline, and the loader picks one per machine (GCC function
-// multi-versioning): the exp-heavy loops run about twice as fast with AVX2
-// without requiring it of the build. (Vector width changes the order of
-// float reductions: results can differ in the last bits between machines,
-// never between runs on one.)
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DDP_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define DDP_SIMD_CLONES
-#endif
 
 namespace {
 
@@ -90,15 +80,6 @@ void bias_forward(float* y, const float* __restrict b, int64_t n, int64_t out) {
   }
 }
 
-DDP_SIMD_CLONES
-void bias_backward(float* __restrict db, const float* dy, int64_t n, int64_t out) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float* __restrict dyi = dy + i * out;
-#pragma omp simd
-    for (int64_t j = 0; j < out; ++j) db[j] += dyi[j];
-  }
-}
-
 // ---- embedding ------------------------------------------------------------
 
 void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n, int64_t d) {
@@ -158,11 +139,8 @@ void rmsnorm_backward(float* dx, float* __restrict dg, const float* dy, const fl
 #pragma omp simd
       for (int64_t j = 0; j < d; ++j) dxi[j] = g[j] * dyi[j] * inv - xi[j] * c;
     }
-    if (dg) {
-#pragma omp simd
-      for (int64_t j = 0; j < d; ++j) dg[j] += dyi[j] * xi[j] * inv;
-    }
   }
+  if (dg) rmsnorm_gain_backward(dg, dy, x, rms, n, d);
 }
 
 // ---- RoPE -----------------------------------------------------------------

@@ -33,8 +33,19 @@ void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t 
                             int64_t out);
 // y[n, out] += b[out] broadcast over rows.
 void bias_forward(float* y, const float* b, int64_t n, int64_t out);
-// db[out] += sum over rows of dy[n, out].
+// db[out] += sum over rows of dy[n, out], in the column-sum order below.
 void bias_backward(float* db, const float* dy, int64_t n, int64_t out);
+
+// ---- column sums (db, RMSNorm's dg): one fixed order of additions ---------
+
+// The rows are cut into tiles of kColumnSumRows. For column j, each tile's
+// terms are added in row order starting from its first term; then the tile
+// sums are added into sum[j] one by one, in tile order. The CUDA kernels
+// add in exactly this order (a thread per column and tile, then one per
+// column), and neither side contracts a product and a sum into an FMA
+// (column_sums.cpp is built with -ffp-contract=off), so both give the same
+// bits.
+constexpr int64_t kColumnSumRows = 64;
 
 // ---- embedding ----------------------------------------------------------
 
@@ -52,8 +63,12 @@ constexpr float kRmsNormEps = 1e-5f;
 // y[n, d], rms[n] kept for backward = sqrt(mean(x^2) + eps); x[n, d], g[d].
 void rmsnorm_forward(float* y, float* rms, const float* x, const float* g, int64_t n, int64_t d);
 // dx[n, d] (= or +=), dg[d] +=; from dy[n, d], x[n, d], g[d], rms[n].
+// dg is rmsnorm_gain_backward's (skipped if null).
 void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x, const float* g,
                       const float* rms, int64_t n, int64_t d, bool accumulate = false);
+// dg[d] += column sums of dy_ij x_ij (1 / rms_i), in the column-sum order.
+void rmsnorm_gain_backward(float* dg, const float* dy, const float* x, const float* rms, int64_t n,
+                           int64_t d);
 
 // ---- RoPE: rotate adjacent pairs (2k, 2k+1) by pos / theta^(2k/dh) -------
 

@@ -127,6 +127,48 @@ TEST(Bias, ForwardAndBackward) {
   expect_grad("db", b.data(), db.data(), all(db.size()), loss, kStep, kRtol, kAtol);
 }
 
+// The column-sum order layers.h defines (and the CUDA kernels reproduce),
+// written out one scalar at a time: per tile of kColumnSumRows rows, the
+// terms from the tile's first; then the tile sums added into sum[j].
+Vec column_sums_in_order(Vec sum, int64_t n, int64_t cols,
+                         const std::function<float(int64_t, int64_t)>& term) {
+  for (int64_t j = 0; j < cols; ++j)
+    for (int64_t r0 = 0; r0 < n; r0 += layers::kColumnSumRows) {
+      volatile float tile = term(r0, j);  // volatile: one rounding per operation, no FMA
+      for (int64_t i = r0 + 1; i < std::min(n, r0 + layers::kColumnSumRows); ++i)
+        tile = tile + term(i, j);
+      sum[j] = sum[j] + tile;
+    }
+  return sum;
+}
+
+// Bitwise, at sizes spanning several row tiles and column chunks (and
+// neither a multiple of either): the order is what the GPU must reproduce.
+TEST(ColumnSums, BiasAndRmsGainAddInTheDocumentedOrder) {
+  std::mt19937 rng(11);
+  for (const auto& [n, cols] : {std::pair<int64_t, int64_t>{1, 3}, {64, 8}, {65, 300}, {300, 517}}) {
+    SCOPED_TRACE("n=" + std::to_string(n) + " cols=" + std::to_string(cols));
+    const Vec dy = randn(n * cols, rng), x = randn(n * cols, rng), sum0 = randn(cols, rng);
+    Vec rms = randn(n, rng);
+    for (float& r : rms) r = 0.5f + std::abs(r);
+    Vec db = sum0;
+    layers::bias_backward(db.data(), dy.data(), n, cols);
+    const Vec want_db =
+        column_sums_in_order(sum0, n, cols, [&](int64_t i, int64_t j) { return dy[i * cols + j]; });
+    EXPECT_EQ(db, want_db);
+
+    Vec dx(n * cols), dg = sum0;
+    const Vec g(cols, 1.0f);
+    layers::rmsnorm_backward(dx.data(), dg.data(), dy.data(), x.data(), g.data(), rms.data(), n,
+                             cols);
+    const Vec want_dg = column_sums_in_order(sum0, n, cols, [&](int64_t i, int64_t j) {
+      volatile float inv = 1.0f / rms[i], p = dy[i * cols + j] * x[i * cols + j], t = p * inv;
+      return t;
+    });
+    EXPECT_EQ(dg, want_dg);
+  }
+}
+
 // ---- embedding ----------------------------------------------------------
 
 TEST(Embedding, GatherAndScatterAdd) {

@@ -5,7 +5,9 @@
 // (agreement 1e-5 relative is tested in tests/cuda_kernels_test.cpp):
 // accurate expf/logf/sqrtf and IEEE division (no fast math), the CPU's order
 // of operations within an element, and sums in double where the CPU sums in
-// double.
+// double. The column sums (bias and RMSNorm gain gradients) and the
+// embedding's scatter-add are the CPU's bit for bit (same additions, same
+// order, no FMA contraction).
 //
 // Every result is the same from run to run: no float atomics, every
 // reduction runs in a fixed order given by the sizes alone (cuBLAS is
@@ -18,6 +20,7 @@
 // Every call runs on the device current when the kernels were made. A CUDA
 // or cuBLAS failure throws Error naming the call and CUDA's message. The
 // kernels themselves are in layer_kernels.cuh; this file is their host side.
+#include <cub/device/device_radix_sort.cuh>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -133,7 +136,8 @@ class CudaKernels final : public Kernels {
     check_launch("bias_forward_kernel");
   }
   void bias_backward(float* db, const float* dy, int64_t n, int64_t out) override {
-    column_sum(stream_, db, n, out, BiasTerm{dy, out}, "column_sum_kernel (bias_backward)");
+    column_sum(stream_, scratch_floats(column_sum_scratch(n, out)), db, n, out, BiasTerm{dy, out},
+               "column_tile_sums_kernel (bias_backward)");
   }
 
   // ---- embedding -----------------------------------------------------------------
@@ -147,9 +151,25 @@ class CudaKernels final : public Kernels {
   void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t n,
                           int64_t d) override {
     if (n * d == 0) return;
-    embedding_backward_kernel<<<blocks(n, "embedding_backward rows"), kThreads, 0, stream_>>>(
-        dtable, dout, tokens, n, d);
-    check_launch("embedding_backward_kernel");
+    const int items = to_int(n, "embedding_backward rows");
+    // Scratch: sorted tokens, positions, sorted positions, then CUB's own.
+    size_t cub_bytes = 0;
+    check(cub::DeviceRadixSort::SortPairs(nullptr, cub_bytes, tokens, static_cast<int32_t*>(nullptr),
+                                          static_cast<const int32_t*>(nullptr),
+                                          static_cast<int32_t*>(nullptr), items, 0, 32, stream_),
+          "cub::DeviceRadixSort::SortPairs (size)");
+    const size_t ints = (static_cast<size_t>(n) * 3 + 63) / 64 * 64;  // CUB's part 256-byte aligned
+    int32_t* keys = static_cast<int32_t*>(scratch_bytes(ints * sizeof(int32_t) + cub_bytes));
+    int32_t* positions = keys + n;
+    int32_t* sorted_positions = positions + n;
+    iota_kernel<<<grid_for(n), kThreads, 0, stream_>>>(positions, n);
+    check_launch("iota_kernel");
+    check(cub::DeviceRadixSort::SortPairs(keys + ints, cub_bytes, tokens, keys, positions,
+                                          sorted_positions, items, 0, 32, stream_),
+          "cub::DeviceRadixSort::SortPairs (tokens)");
+    embedding_runs_kernel<<<blocks(n, "embedding_backward rows"), kThreads, 0, stream_>>>(
+        dtable, dout, keys, sorted_positions, n, d);
+    check_launch("embedding_runs_kernel");
   }
 
   // ---- RMSNorm, RoPE -----------------------------------------------------------------
@@ -167,7 +187,8 @@ class CudaKernels final : public Kernels {
                                                                                  d, accumulate);
     check_launch("rmsnorm_backward_kernel");
     if (dg)
-      column_sum(stream_, dg, n, d, RmsGainTerm{dy, x, rms, d}, "column_sum_kernel (rmsnorm dg)");
+      column_sum(stream_, scratch_floats(column_sum_scratch(n, d)), dg, n, d,
+                 RmsGainTerm{dy, x, rms, d}, "column_tile_sums_kernel (rmsnorm dg)");
   }
 
   void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t,
@@ -368,6 +389,23 @@ class CudaKernels final : public Kernels {
     return sums_;
   }
 
+  // Device scratch for the column sums and the embedding's sort, grown on
+  // demand as device_doubles is; its contents live for one call.
+  void* scratch_bytes(size_t bytes) {
+    if (bytes > scratch_size_) {
+      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (scratch)");
+      if (scratch_) check(cudaFree(scratch_), "cudaFree (scratch)");
+      scratch_ = nullptr;
+      scratch_size_ = 0;
+      check(cudaMalloc(&scratch_, bytes), "cudaMalloc (scratch)");
+      scratch_size_ = bytes;
+    }
+    return scratch_;
+  }
+  float* scratch_floats(size_t count) {
+    return static_cast<float*>(scratch_bytes(count * sizeof(float)));
+  }
+
   // Sums in[n] into *out on the device and returns it to the host, waiting
   // for the stream (the loss's .item()).
   double sum_to_host(double* out, const double* in, int64_t n) {
@@ -392,10 +430,12 @@ class CudaKernels final : public Kernels {
     }
     if (host_sum_) cudaFreeHost(host_sum_);
     if (sums_) cudaFree(sums_);
+    if (scratch_) cudaFree(scratch_);
     cudaGetLastError();
     blas_ = nullptr;
     host_sum_ = nullptr;
     sums_ = nullptr;
+    scratch_ = nullptr;
   }
 
   cudaStream_t stream_;
@@ -409,6 +449,8 @@ class CudaKernels final : public Kernels {
   double* host_sum_ = nullptr;  // pinned, a loss on its way to the host
   double* sums_ = nullptr;      // device [sums_size_], the losses' partial sums
   size_t sums_size_ = 0;
+  void* scratch_ = nullptr;  // device [scratch_size_] bytes
+  size_t scratch_size_ = 0;
 };
 
 }  // namespace

@@ -74,34 +74,52 @@ __global__ void sum_doubles_kernel(double* out, const double* in, int64_t n) {
 }
 
 // Column sums of a [n, cols] matrix given by term(i, j), added into
-// sum[cols]: a block covers 32 columns; thread (x, y) sums rows y, y + 32,
-// ... of column x in order, then thread (x, 0) adds the 32 partial sums in
-// order of y. Reads are coalesced along a row.
-constexpr int kColTile = 32;
-
-template <typename Term>
-__global__ void column_sum_kernel(float* sum, int64_t n, int64_t cols, Term term) {
-  __shared__ float partial[kColTile][kColTile + 1];  // [y][x], padded
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
-  float s = 0.0f;
-  if (j < cols)
-    for (int64_t i = threadIdx.y; i < n; i += kColTile) s += term(i, j);
-  partial[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && j < cols) {
-    float r = partial[0][threadIdx.x];
-    for (int y = 1; y < kColTile; ++y) r += partial[y][threadIdx.x];
-    sum[j] += r;
+// sum[cols] in layers.h's order (kColumnSumRows), in two passes that scale
+// with both n and cols. Pass 1: a thread per (column, row tile) adds its
+// tile's terms in row order into partial[tile, cols] (reads coalesced along
+// a row). Pass 2: a thread per column adds the tile sums into sum[j] in tile
+// order. Sums and the terms' products are __fadd_rn / __fmul_rn, which nvcc
+// never contracts into FMAs (nor does the CPU: -ffp-contract=off), so the
+// bits are the CPU's.
+__global__ void column_total_kernel(float* sum, const float* partial, int64_t tiles,
+                                    int64_t cols) {
+  DDP_GRID_STRIDE(j, cols) {
+    float acc = sum[j];
+    for (int64_t t = 0; t < tiles; ++t) acc = __fadd_rn(acc, partial[t * cols + j]);
+    sum[j] = acc;
   }
 }
 
 template <typename Term>
-void column_sum(cudaStream_t stream, float* sum, int64_t n, int64_t cols, Term term,
-                const char* name) {
+__global__ void column_tile_sums_kernel(float* partial, int64_t n, int64_t cols, Term term) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  const int64_t tiles = (n + layers::kColumnSumRows - 1) / layers::kColumnSumRows;
+  for (int64_t t = blockIdx.y; t < tiles; t += gridDim.y) {
+    const int64_t r0 = t * layers::kColumnSumRows;
+    const int64_t r1 = r0 + layers::kColumnSumRows < n ? r0 + layers::kColumnSumRows : n;
+    float s = term(r0, j);
+    for (int64_t i = r0 + 1; i < r1; ++i) s = __fadd_rn(s, term(i, j));
+    partial[t * cols + j] = s;
+  }
+}
+
+// Floats of scratch column_sum needs for an [n, cols] matrix.
+size_t column_sum_scratch(int64_t n, int64_t cols) {
+  return static_cast<size_t>((n + layers::kColumnSumRows - 1) / layers::kColumnSumRows * cols);
+}
+
+template <typename Term>
+void column_sum(cudaStream_t stream, float* partial, float* sum, int64_t n, int64_t cols,
+                Term term, const char* name) {
   if (n == 0 || cols == 0) return;
-  const unsigned blocks = static_cast<unsigned>((cols + kColTile - 1) / kColTile);
-  column_sum_kernel<<<blocks, dim3(kColTile, kColTile), 0, stream>>>(sum, n, cols, term);
+  const int64_t tiles = (n + layers::kColumnSumRows - 1) / layers::kColumnSumRows;
+  const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(std::min<int64_t>(tiles, 65535)));
+  column_tile_sums_kernel<<<grid, kThreads, 0, stream>>>(partial, n, cols, term);
   check_launch(name);
+  column_total_kernel<<<grid_for(cols), kThreads, 0, stream>>>(sum, partial, tiles, cols);
+  check_launch("column_total_kernel");
 }
 
 // ---- bias: y[n, out] += b[out]; db[out] += column sums of dy[n, out] ----------
@@ -126,53 +144,45 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, cons
   }
 }
 
-// The scatter-add without atomics and without the vocabulary size: block i
-// handles token position i. If the same token occurs earlier, the block
-// exits (that occurrence's block owns the table row); otherwise it scans
-// positions i..n-1 in chunks of kThreads, lists the matches of each chunk in
-// order (warp ballots, prefix counts), and each thread adds their dout rows
-// into its columns of the table row in increasing position: exactly the
-// CPU's sequence of float additions, so the result is bitwise the CPU's.
-// Cost: O(n^2 / kThreads) token comparisons (tokens stay in cache), tens
-// of microseconds at n = 8k.
-__global__ void embedding_backward_kernel(float* dtable, const float* dout, const int32_t* tokens,
-                                          int64_t n, int64_t d) {
-  __shared__ int64_t match_rows[kThreads];  // positions matching in this chunk, in order
-  __shared__ int warp_matches[kThreads / 32];
-  const int64_t i = blockIdx.x;
-  const int32_t token = tokens[i];
-  for (int64_t j0 = 0; j0 < i; j0 += kThreads) {
-    const int64_t j = j0 + threadIdx.x;
-    if (__syncthreads_or(j < i && tokens[j] == token)) return;  // not the first occurrence
+// The scatter-add without atomics, in the CPU's order, in O(n d) work: the
+// host side sorts the positions by token, stably (CUB's radix sort: equal
+// tokens keep increasing positions), then block k takes sorted index k; the
+// block at the start of a run of equal tokens adds the run's dout rows, in
+// increasing position, into its table row (a thread per column), and every
+// other block exits. Each table element thus gets the same float additions
+// in the same order as the CPU's loop over positions: bitwise its result.
+__global__ void iota_kernel(int32_t* v, int64_t n) {
+  DDP_GRID_STRIDE(i, n) v[i] = static_cast<int32_t>(i);
+}
+
+__global__ void embedding_runs_kernel(float* dtable, const float* dout, const int32_t* sorted_tokens,
+                                      const int32_t* positions, int64_t n, int64_t d) {
+  const int64_t k = blockIdx.x;
+  const int32_t token = sorted_tokens[k];
+  if (k > 0 && sorted_tokens[k - 1] == token) return;  // inside a run: its first block owns it
+  // The run's end, a block-wide chunk at a time (the keys are sorted: the
+  // run is contiguous and nothing after it matches).
+  int64_t end = k + 1;
+  while (end < n) {
+    const int64_t m = end + threadIdx.x;
+    const int same = __syncthreads_count(m < n && sorted_tokens[m] == token);
+    end += same;
+    if (same < static_cast<int>(blockDim.x)) break;
   }
   float* row = dtable + static_cast<int64_t>(token) * d;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int64_t j0 = i; j0 < n; j0 += kThreads) {
-    const int64_t j = j0 + threadIdx.x;
-    const bool match = j < n && tokens[j] == token;
-    const unsigned ballot = __ballot_sync(0xffffffffu, match);
-    if (lane == 0) warp_matches[warp] = __popc(ballot);
-    __syncthreads();
-    int before = 0, count = 0;  // matches in earlier warps, in the whole chunk
-    for (int w = 0; w < kThreads / 32; ++w) {
-      if (w < warp) before += warp_matches[w];
-      count += warp_matches[w];
-    }
-    if (match) match_rows[before + __popc(ballot & ((1u << lane) - 1u))] = j;
-    __syncthreads();
-    for (int64_t c = threadIdx.x; c < d; c += kThreads) {
-      float acc = row[c];
-      for (int m = 0; m < count; ++m) acc += dout[match_rows[m] * d + c];
-      row[c] = acc;
-    }
-    __syncthreads();  // match_rows and warp_matches are rewritten next chunk
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    float acc = row[c];
+#pragma unroll 4
+    for (int64_t m = k; m < end; ++m)
+      acc = __fadd_rn(acc, dout[static_cast<int64_t>(positions[m]) * d + c]);
+    row[c] = acc;
   }
 }
 
 // ---- RMSNorm: one block per row of x[n, d]; rms[n] kept ----------------------
 // Forward y = x / r * g with r = sqrt(mean(x^2) + eps); backward
 // dx_j = g_j dy_j / r - x_j sum_i(g_i dy_i x_i) / (d r^3) (= or +=), and
-// dg_j += sum over rows of dy_j x_j / r (a column sum, see column_sum_kernel).
+// dg_j += sum over rows of dy_j x_j / r (a column sum, see column_sum).
 
 __global__ void rmsnorm_forward_kernel(float* y, float* rms, const float* x, const float* g,
                                        int64_t d) {
@@ -204,13 +214,13 @@ __global__ void rmsnorm_backward_kernel(float* dx, const float* dy, const float*
   }
 }
 
-struct RmsGainTerm {
+struct RmsGainTerm {  // layers.cpp: dy_ij * x_ij * inv, inv = 1 / rms_i
   const float* dy;
   const float* x;
   const float* rms;
   int64_t d;
   __device__ float operator()(int64_t i, int64_t j) const {
-    return dy[i * d + j] * x[i * d + j] * (1.0f / rms[i]);
+    return __fmul_rn(__fmul_rn(dy[i * d + j], x[i * d + j]), __fdiv_rn(1.0f, rms[i]));
   }
 };
 
