@@ -63,9 +63,6 @@ class CpuKernels final : public Kernels {
                      int64_t heads, int64_t dh) override {
     layers::rope_backward(dx, cos, sin, b, t, heads, dh);
   }
-  size_t attention_scratch_floats(int64_t, int64_t t, int64_t) const override {
-    return static_cast<size_t>(t * t);
-  }
   void attention_forward(float* out, float* p, const float* q, const float* k, const float* v,
                          int64_t b, int64_t t, int64_t heads, int64_t dh) override {
     layers::attention_forward(out, p, q, k, v, b, t, heads, dh);
@@ -103,6 +100,15 @@ class CpuKernels final : public Kernels {
 };
 
 }  // namespace
+
+size_t attention_scratch_floats(ddp_device_kind kind, int64_t b, int64_t t, int64_t heads) {
+  const size_t square = static_cast<size_t>(t * t);
+  return kind == DDP_DEVICE_CPU ? square : static_cast<size_t>(b * heads) * square;
+}
+
+size_t Kernels::attention_scratch_floats(int64_t b, int64_t t, int64_t heads) const {
+  return ddp::attention_scratch_floats(kind(), b, t, heads);
+}
 
 std::unique_ptr<Kernels> make_cpu_kernels() { return std::make_unique<CpuKernels>(); }
 

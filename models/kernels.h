@@ -21,6 +21,11 @@ namespace ddp {
 
 class Device;
 
+// Floats of scratch attention backward needs on a device of this kind: the
+// CPU [t, t]; CUDA [b, heads, t, t] (one softmax-backward launch for every
+// sequence and head). A free function so `ddp plan` can count it.
+size_t attention_scratch_floats(ddp_device_kind kind, int64_t b, int64_t t, int64_t heads);
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -62,9 +67,9 @@ class Kernels {
                              int64_t heads, int64_t dh) = 0;
 
   // ---- causal attention -------------------------------------------------------
-  // Floats of scratch attention_backward needs for these sizes (the CPU
-  // needs [t, t]; a device may batch over rows and heads).
-  virtual size_t attention_scratch_floats(int64_t b, int64_t t, int64_t heads) const = 0;
+  // Floats of scratch attention_backward needs for these sizes: the
+  // device kind's rule, attention_scratch_floats below.
+  size_t attention_scratch_floats(int64_t b, int64_t t, int64_t heads) const;
   virtual void attention_forward(float* out, float* p, const float* q, const float* k,
                                  const float* v, int64_t b, int64_t t, int64_t heads,
                                  int64_t dh) = 0;

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <utility>
 
@@ -27,6 +28,8 @@ const std::vector<LmPreset>& lm_presets() {
       {"large", {10000, 256, 1280, 36, 20, 5120}},
       {"xl", {10000, 256, 1600, 48, 25, 6400}},
       {"2.7B", {10000, 256, 2560, 32, 32, 10240}},
+      // Accounting only (`ddp plan`): 126 FFN-only blocks, 2.2e11 parameters.
+      {"xxl", {0, 0, 16384, 126, 0, 53248, 10000, true}},
   };
   return presets;
 }
@@ -42,13 +45,34 @@ LmConfig lm_preset(const std::string& name) {
 
 int64_t lm_parameter_count(const LmConfig& c) {
   const int64_t d = c.d_model;
+  if (c.ffn_only) return c.num_layers * 2 * d * c.d_ff;
   const int64_t per_layer = 2 * d + 4 * d * d + 3 * d * c.d_ff;
   return 2 * c.vocab_size * d + c.num_layers * per_layer + d;
 }
 
-LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed)
-    : device_(device), k_(make_kernels(device)), config_(config) {
-  const LmConfig& c = config_;
+namespace {
+
+// Throws Error if the product of `sizes` (elements of a tensor or a sum of
+// them) exceeds 2^50: sizes no machine holds, whose counts would overflow.
+void check_product(std::initializer_list<int64_t> sizes) {
+  int64_t product = 1;
+  std::string text;
+  for (const int64_t v : sizes) {
+    text += (text.empty() ? "" : " x ") + std::to_string(v);
+    if (__builtin_mul_overflow(product, v, &product) || product > (int64_t{1} << 50))
+      throw Error("lm: sizes too large: " + text + "... elements (at most 2^50)");
+  }
+}
+
+// Throws Error for sizes no model can have: what the constructor refuses,
+// and sizes whose element counts would overflow.
+void check_sizes(const LmConfig& c) {
+  if (c.ffn_only) {  // accounting only: its widths and depth
+    if (c.d_model < 1 || c.d_ff < 1 || c.num_layers < 1)
+      throw Error("lm: an FFN-only model needs d_model, d_ff and num_layers of at least 1");
+    check_product({c.num_layers, c.d_model, c.d_ff});
+    return;
+  }
   if (c.vocab_size < 1 || c.context_length < 1 || c.d_model < 1 || c.num_layers < 0 ||
       c.num_heads < 1 || c.d_ff < 1 || !(c.rope_theta > 0))
     throw Error("lm: sizes must be positive (vocab_size " + std::to_string(c.vocab_size) +
@@ -59,25 +83,83 @@ LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed)
   if (c.d_model % c.num_heads != 0 || (c.d_model / c.num_heads) % 2 != 0)
     throw Error("lm: d_model " + std::to_string(c.d_model) + " must split into num_heads " +
                 std::to_string(c.num_heads) + " heads of an even size (RoPE rotates pairs)");
-  head_dim_ = c.d_model / c.num_heads;
+  check_product({c.num_layers, c.d_model, c.d_ff});
+  check_product({c.vocab_size, c.d_model});
+  check_product({c.context_length, c.context_length, c.num_heads});
+}
 
+}  // namespace
+
+std::vector<std::pair<std::string, Shape>> lm_parameter_shapes(const LmConfig& c) {
   const int64_t d = c.d_model, f = c.d_ff, v = c.vocab_size;
-  add_param("token_embeddings.weight", {v, d});
+  std::vector<std::pair<std::string, Shape>> table;
+  if (!c.ffn_only) table.push_back({"token_embeddings.weight", {v, d}});
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
-    range_names_.push_back("backward layers." + std::to_string(l));
-    add_param(p + "ln1.weight", {d});
-    add_param(p + "attn.q_proj.weight", {d, d});
-    add_param(p + "attn.k_proj.weight", {d, d});
-    add_param(p + "attn.v_proj.weight", {d, d});
-    add_param(p + "attn.output_proj.weight", {d, d});
-    add_param(p + "ln2.weight", {d});
-    add_param(p + "ffn.w1.weight", {f, d});
-    add_param(p + "ffn.w2.weight", {d, f});
-    add_param(p + "ffn.w3.weight", {f, d});
+    if (c.ffn_only) {
+      table.push_back({p + "ffn.w1.weight", {f, d}});
+      table.push_back({p + "ffn.w2.weight", {d, f}});
+      continue;
+    }
+    table.push_back({p + "ln1.weight", {d}});
+    for (const char* m : {"q_proj", "k_proj", "v_proj", "output_proj"})
+      table.push_back({p + "attn." + m + ".weight", {d, d}});
+    table.push_back({p + "ln2.weight", {d}});
+    table.push_back({p + "ffn.w1.weight", {f, d}});
+    table.push_back({p + "ffn.w2.weight", {d, f}});
+    table.push_back({p + "ffn.w3.weight", {f, d}});
   }
-  add_param("ln_final.weight", {d});
-  add_param("lm_head.weight", {v, d});
+  if (!c.ffn_only) {
+    table.push_back({"ln_final.weight", {d}});
+    table.push_back({"lm_head.weight", {v, d}});
+  }
+  return table;
+}
+
+namespace {
+int64_t numel(const Shape& s) {
+  int64_t n = 1;
+  for (const int64_t v : s) n *= v;
+  return n;
+}
+}  // namespace
+
+Footprint lm_footprint(const LmConfig& c, int64_t rows, ddp_device_kind device) {
+  check_sizes(c);
+  check_product({rows, c.context_length, c.vocab_size + c.d_ff + c.num_heads * c.context_length});
+  Footprint f;
+  for (const auto& [name, shape] : lm_parameter_shapes(c)) f.params.push_back({name, numel(shape)});
+  f.data = DataShape{DataShape::Tokens, 0, 0, c.context_length, c.vocab_size};
+  f.d_model = c.d_model;
+  f.d_ff = c.d_ff;
+  f.layers = c.num_layers;
+  f.plan_only = c.ffn_only;
+  f.ffn_matrices = c.ffn_only ? 2 : 3;  // SwiGLU: w1, w2, w3
+  if (c.ffn_only) {  // backward keeps each linear's input: D + F per token per block
+    f.saved_elements_per_token = static_cast<double>(c.num_layers * (c.d_model + c.d_ff));
+    return f;
+  }
+  const int64_t half = c.d_model / c.num_heads / 2, kFloat = 4;
+  f.setup_activation_bytes = 2 * c.context_length * half * kFloat;  // RoPE cos, sin
+  int64_t floats = 0;
+  for (const Shape& s : LmModel::activation_shapes(c, rows, device)) floats += numel(s);
+  f.step_activation_bytes = floats * kFloat;
+  if (rows > 0 && c.context_length > 0)
+    f.saved_elements_per_token = static_cast<double>(floats) / static_cast<double>(rows * c.context_length);
+  return f;
+}
+
+
+LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed)
+    : device_(device), k_(make_kernels(device)), config_(config) {
+  const LmConfig& c = config_;
+  if (c.ffn_only) throw Error("lm: an FFN-only size is for accounting only; no model is built of it");
+  check_sizes(c);
+  head_dim_ = c.d_model / c.num_heads;
+
+  for (const auto& [name, shape] : lm_parameter_shapes(c)) add_param(name, shape);
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    range_names_.push_back("backward layers." + std::to_string(l));
 
   // In table order: embeddings N(0, 1), linears N(0, 2 / (in + out)), both
   // truncated at 3 std; RMSNorm gains 1.
@@ -116,53 +198,49 @@ void LmModel::add_param(const std::string& name, Shape shape) {
   params_.push_back(std::move(p));
 }
 
+std::vector<Shape> LmModel::activation_shapes(const LmConfig& c, int64_t rows, ddp_device_kind device) {
+  const int64_t t = c.context_length, d = c.d_model, f = c.d_ff, h = c.num_heads, n = rows * t;
+  std::vector<Shape> s;
+  if (device != DDP_DEVICE_CPU) s.push_back({2 * n});  // tokens_dev_: int32 ids in floats' bytes
+  s.push_back({n, d});                                  // x0_
+  for (int64_t l = 0; l < c.num_layers; ++l)            // BlockActs, in member order
+    for (Shape b : {Shape{n, d}, Shape{n}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{rows, h, t, t},
+                    Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n}, Shape{n, f}, Shape{n, f},
+                    Shape{n, f}, Shape{n, d}})
+      s.push_back(b);
+  for (Shape b : {Shape{n, d}, Shape{n}, Shape{n, c.vocab_size}, Shape{n},  // lnf_ .. lse_
+                  Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, d},
+                  Shape{n, f}, Shape{n, f}, Shape{n, f}})  // dresid_ .. db_
+    s.push_back(b);
+  s.push_back({static_cast<int64_t>(attention_scratch_floats(device, rows, t, h))});  // dscores_
+  return s;
+}
+
 void LmModel::ensure_activations(int64_t rows) {
   if (rows == rows_) return;
-  const int64_t t = config_.context_length, d = config_.d_model, f = config_.d_ff,
-                h = config_.num_heads, n = rows * t;
-  auto act = [&](Shape s) { return Tensor(device_, std::move(s), MemCategory::Activations); };
   // Release the old sizes first so the peak never holds both.
   blocks_.clear();
   for (Tensor* old : {&tokens_dev_, &x0_, &lnf_, &rmsf_, &logits_, &lse_, &dresid_, &dln_, &datt_,
                       &dq_, &dk_, &dv_, &dgate_, &da_, &db_, &dscores_})
     old->reset();
 
+  const int64_t n = rows * config_.context_length;
   inputs_.assign(static_cast<size_t>(n), 0);
   targets_.assign(static_cast<size_t>(n), 0);
-  // int32 ids in a float tensor's bytes: inputs then targets.
-  if (k_->kind() != DDP_DEVICE_CPU) tokens_dev_ = act({2 * n});
-  x0_ = act({n, d});
+  const std::vector<Shape> shapes = activation_shapes(config_, rows, k_->kind());
+  size_t next = 0;  // the shapes, taken in activation_shapes' order
+  auto act = [&] { return Tensor(device_, shapes.at(next++), MemCategory::Activations); };
+  if (k_->kind() != DDP_DEVICE_CPU) tokens_dev_ = act();
+  x0_ = act();
   blocks_.resize(static_cast<size_t>(config_.num_layers));
-  for (BlockActs& b : blocks_) {
-    b.ln1 = act({n, d});
-    b.rms1 = act({n});
-    b.q = act({n, d});
-    b.k = act({n, d});
-    b.v = act({n, d});
-    b.p = act({rows, h, t, t});
-    b.att = act({n, d});
-    b.h = act({n, d});
-    b.ln2 = act({n, d});
-    b.rms2 = act({n});
-    b.a = act({n, f});
-    b.b = act({n, f});
-    b.gate = act({n, f});
-    b.y = act({n, d});
-  }
-  lnf_ = act({n, d});
-  rmsf_ = act({n});
-  logits_ = act({n, config_.vocab_size});
-  lse_ = act({n});
-  dresid_ = act({n, d});
-  dln_ = act({n, d});
-  datt_ = act({n, d});
-  dq_ = act({n, d});
-  dk_ = act({n, d});
-  dv_ = act({n, d});
-  dgate_ = act({n, f});
-  da_ = act({n, f});
-  db_ = act({n, f});
-  dscores_ = act({static_cast<int64_t>(k_->attention_scratch_floats(rows, t, h))});
+  for (BlockActs& b : blocks_)
+    for (Tensor* t : {&b.ln1, &b.rms1, &b.q, &b.k, &b.v, &b.p, &b.att, &b.h, &b.ln2, &b.rms2, &b.a,
+                      &b.b, &b.gate, &b.y})
+      *t = act();
+  for (Tensor* t : {&lnf_, &rmsf_, &logits_, &lse_, &dresid_, &dln_, &datt_, &dq_, &dk_, &dv_,
+                    &dgate_, &da_, &db_, &dscores_})
+    *t = act();
+  if (next != shapes.size()) throw Error("lm: activation_shapes and ensure_activations disagree");
   rows_ = rows;
 }
 

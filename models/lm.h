@@ -22,6 +22,10 @@ struct LmConfig {
   int64_t num_heads = 0;
   int64_t d_ff = 0;
   double rope_theta = 10000;
+  // Blocks of two linear layers only, d_model -> d_ff -> d_model: no
+  // attention, norms, embeddings or head (CS336's communication_accounting
+  // XXL). Accounting only: `ddp plan` takes it, a model cannot be built.
+  bool ffn_only = false;
 };
 
 // The named sizes of docs/models.md, in its order: lm-tiny, lm-cpu, small,
@@ -36,6 +40,12 @@ LmConfig lm_preset(const std::string& name);
 
 // Parameters of a model of this size (token embeddings and lm_head untied).
 int64_t lm_parameter_count(const LmConfig& config);
+// The parameter table, names and shapes in the spec's order (the model's,
+// exactly).
+std::vector<std::pair<std::string, Shape>> lm_parameter_shapes(const LmConfig& config);
+// What a model of this size holds with `rows` rows per micro-batch
+// (model.h): what LmModel allocates, on that kind of device.
+Footprint lm_footprint(const LmConfig& config, int64_t rows, ddp_device_kind device);
 
 // Parameters in the spec's order and names, initialised from the seed given
 // to make_lm. Batches carry `tokens` [rows, T + 1] (T = context_length):
@@ -77,6 +87,10 @@ class LmModel final : public Model {
   }
   void add_param(const std::string& name, Shape shape);
   void ensure_activations(int64_t rows);
+  // The shapes ensure_activations allocates, in its order (lm_footprint
+  // sums them).
+  static std::vector<Shape> activation_shapes(const LmConfig& c, int64_t rows, ddp_device_kind device);
+  friend Footprint lm_footprint(const LmConfig& config, int64_t rows, ddp_device_kind device);
   // The token ids the kernels read: host vectors on the CPU, else device
   // memory (tokens_dev_).
   const int32_t* in_tokens() const {

@@ -3,6 +3,7 @@
 // allocated on the first forward for a given number of rows and reused.
 #include "mlp.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -11,12 +12,27 @@
 
 namespace ddp {
 
-MlpModel::MlpModel(const MlpConfig& config, Device& device, uint64_t seed)
-    : device_(device), k_(make_kernels(device)), config_(config) {
+namespace {
+
+// Throws Error for sizes the model refuses, or whose element counts (with
+// `rows` rows) would pass 2^50.
+void check_sizes(const MlpConfig& config, int64_t rows) {
   if (config.width < 1 || config.depth < 0 || config.classes < 1)
     throw Error("mlp: width and classes must be positive and depth non-negative (width " +
                 std::to_string(config.width) + ", depth " + std::to_string(config.depth) +
                 ", classes " + std::to_string(config.classes) + ")");
+  const double most = std::max(double(config.width) * double(config.width) * double(config.depth + 1),
+                               double(rows) * double(config.width + config.classes) * double(config.depth + 3));
+  if (most > double(int64_t{1} << 50))
+    throw Error("mlp: sizes too large (width " + std::to_string(config.width) + ", depth " +
+                std::to_string(config.depth) + ", " + std::to_string(rows) + " rows): over 2^50 elements");
+}
+
+}  // namespace
+
+MlpModel::MlpModel(const MlpConfig& config, Device& device, uint64_t seed)
+    : device_(device), k_(make_kernels(device)), config_(config) {
+  check_sizes(config, 0);
   std::mt19937_64 rng(seed);
   const int64_t w = config.width;
   for (int64_t i = 0; i < config.depth; ++i) {
@@ -43,22 +59,51 @@ void MlpModel::add_param(const std::string& name, Shape shape, int64_t fan_in,
   params_.push_back(std::move(p));
 }
 
+std::vector<Shape> MlpModel::activation_shapes(const MlpConfig& c, int64_t rows, ddp_device_kind device) {
+  std::vector<Shape> s(static_cast<size_t>(c.depth), Shape{rows, c.width});  // acts_
+  for (Shape b : {Shape{rows, c.classes}, Shape{rows}, Shape{rows, c.width}, Shape{rows, c.width}})
+    s.push_back(b);  // logits_, lse_, dact_, dtmp_
+  if (device != DDP_DEVICE_CPU) {
+    s.push_back({rows, c.width});  // x_dev_
+    s.push_back({rows});           // labels_dev_: int32 labels in a float tensor's bytes
+  }
+  return s;
+}
+
 void MlpModel::ensure_activations(int64_t rows) {
   if (rows == rows_) return;
   acts_.clear();
   for (Tensor* old : {&x_dev_, &labels_dev_, &logits_, &lse_, &dact_, &dtmp_}) old->reset();
-  auto act = [&](Shape s) { return Tensor(device_, std::move(s), MemCategory::Activations); };
-  for (int64_t i = 0; i < config_.depth; ++i) acts_.push_back(act({rows, config_.width}));
-  logits_ = act({rows, config_.classes});
-  lse_ = act({rows});
-  dact_ = act({rows, config_.width});
-  dtmp_ = act({rows, config_.width});
+  const std::vector<Shape> shapes = activation_shapes(config_, rows, k_->kind());
+  size_t next = 0;  // the shapes, taken in activation_shapes' order
+  auto act = [&] { return Tensor(device_, shapes.at(next++), MemCategory::Activations); };
+  for (int64_t i = 0; i < config_.depth; ++i) acts_.push_back(act());
+  for (Tensor* t : {&logits_, &lse_, &dact_, &dtmp_}) *t = act();
   labels_.assign(static_cast<size_t>(rows), 0);
-  if (k_->kind() != DDP_DEVICE_CPU) {
-    x_dev_ = act({rows, config_.width});
-    labels_dev_ = act({rows});  // int32 labels in a float tensor's bytes
-  }
+  if (k_->kind() != DDP_DEVICE_CPU)
+    for (Tensor* t : {&x_dev_, &labels_dev_}) *t = act();
   rows_ = rows;
+}
+
+Footprint mlp_footprint(const MlpConfig& c, int64_t rows, ddp_device_kind device) {
+  check_sizes(c, rows);
+  Footprint f;
+  for (int64_t i = 0; i < c.depth; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    f.params.push_back({p + "weight", c.width * c.width});
+    f.params.push_back({p + "bias", c.width});
+  }
+  f.params.push_back({"head.weight", c.classes * c.width});
+  f.params.push_back({"head.bias", c.classes});
+  int64_t floats = 0;
+  for (const Shape& s : MlpModel::activation_shapes(c, rows, device)) {
+    int64_t n = 1;
+    for (const int64_t v : s) n *= v;
+    floats += n;
+  }
+  f.step_activation_bytes = floats * 4;
+  f.data = DataShape{DataShape::Classification, c.width, c.classes, 0, 0};
+  return f;
 }
 
 float MlpModel::forward(const Batch& batch) {

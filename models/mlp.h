@@ -46,6 +46,9 @@ class MlpModel final : public Model {
  private:
   void add_param(const std::string& name, Shape shape, int64_t fan_in, std::mt19937_64& rng);
   void ensure_activations(int64_t rows);
+  // The shapes ensure_activations allocates, in its order.
+  static std::vector<Shape> activation_shapes(const MlpConfig& c, int64_t rows, ddp_device_kind device);
+  friend Footprint mlp_footprint(const MlpConfig& config, int64_t rows, ddp_device_kind device);
   // The labels the kernels read: host on the CPU, else device memory.
   const int32_t* labels() const {
     return labels_dev_.defined() ? reinterpret_cast<const int32_t*>(labels_dev_.data()) : labels_.data();
@@ -65,5 +68,9 @@ class MlpModel final : public Model {
 };
 
 std::unique_ptr<Model> make_mlp(const MlpConfig& config, Device& device, uint64_t seed);
+
+// What an mlp of this size holds with `rows` rows per micro-batch
+// (model.h): what MlpModel allocates, on that kind of device.
+Footprint mlp_footprint(const MlpConfig& config, int64_t rows, ddp_device_kind device);
 
 }  // namespace ddp

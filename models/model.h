@@ -46,6 +46,27 @@ struct DataShape {
   int64_t vocab = 0;    // Tokens: ids must be < vocab
 };
 
+// What a model will hold, computed without building it (`ddp plan`): its
+// parameter table and the float32 activation bytes it allocates, exactly,
+// on the device kind asked for (tests build each model and compare).
+struct ParamSize {
+  std::string name;
+  int64_t elements = 0;
+};
+struct Footprint {
+  std::vector<ParamSize> params;       // table order
+  int64_t setup_activation_bytes = 0;  // held from construction on (lm: RoPE tables)
+  int64_t step_activation_bytes = 0;   // allocated by the first forward of `rows` rows, kept
+  DataShape data;                      // what its batches hold
+  // Transformer-like sizes, for hypothetical layouts (plan/mesh.h): model
+  // width D, FFN width F, blocks L, and the activation elements backward
+  // keeps per token. Zero for models that are not.
+  int64_t d_model = 0, d_ff = 0, layers = 0;
+  int ffn_matrices = 2;  // weight matrices of D x F per FFN block (SwiGLU: 3)
+  double saved_elements_per_token = 0;
+  bool plan_only = false;  // a size `ddp plan` accounts for and `ddp run` cannot build
+};
+
 class Model {
  public:
   // Called by backward right after it has added one use's contribution to

@@ -59,6 +59,9 @@ struct ModelInfo {
   // The model with parameters initialised from `seed`, and the shape of the
   // data it reads. Throws Error for sizes it cannot build.
   std::unique_ptr<Model> (*build)(const ModelOptions& options, Device& device, uint64_t seed, DataShape* shape);
+  // What it holds with `rows` rows per micro-batch (model.h); null where
+  // `ddp plan` cannot account for it (the toy models).
+  Footprint (*footprint)(const ModelOptions& options, int64_t rows, ddp_device_kind device) = nullptr;
 };
 
 // Every model, in the order the documentation lists them.
@@ -68,6 +71,11 @@ const ModelInfo* find_model(const std::string& name);
 // The options of `name` with every key at its fallback (what an empty
 // [model] table gives).
 ModelOptions default_model_options(const std::string& name);
+
+// The registry's footprint for `name`. Throws Error for an unknown name or
+// one without a footprint.
+Footprint model_footprint(const std::string& name, const ModelOptions& options, int64_t rows,
+                          ddp_device_kind device);
 
 // The registry's build for `name`. Throws Error for an unknown name.
 std::unique_ptr<Model> build_model(const std::string& name, const ModelOptions& options, Device& device,

@@ -950,7 +950,7 @@ TEST_F(ConfigTest, ModelKeysBelongToTheirModel) {
       {"name = \"lm\"\nwidth = 64", ":5:9: key 'model.width' applies to model 'mlp' only"},
       {"name = \"mlp\"\npreset = \"lm-cpu\"", ":5:10: key 'model.preset' applies to model 'lm' only"},
       {"name = \"lm\"\npreset = \"huge\"",
-       ":5:10: key 'model.preset' must be one of: lm-tiny, lm-cpu, small, medium, large, xl, 2.7B (got 'huge')"},
+       ":5:10: key 'model.preset' must be one of: lm-tiny, lm-cpu, small, medium, large, xl, 2.7B, xxl (got 'huge')"},
       {"name = \"lm\"\nnum_heads = 0", ":5:13: key 'model.num_heads' must be >= 1 (got 0)"},
   };
   for (const auto& c : cases) {

@@ -19,6 +19,7 @@
 #include "layers.h"
 #include "lm.h"
 #include "mlp.h"
+#include "registry.h"
 
 namespace ddp {
 namespace {
@@ -496,7 +497,7 @@ TEST(Lm, PresetsAndParameterCounts) {
     lm_preset("huge");
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "unknown lm preset 'huge' (known: lm-tiny, lm-cpu, small, medium, large, xl, 2.7B)");
+    EXPECT_STREQ(e.what(), "unknown lm preset 'huge' (known: lm-tiny, lm-cpu, small, medium, large, xl, 2.7B, xxl)");
   }
 }
 
@@ -804,6 +805,98 @@ TEST(Mlp, DepthZeroIsLogisticRegression) {
   batch.labels = labels.data();
   batch.rows = 4;
   check_model_gradients(*m, batch, 1e-3f, 2e-2, 1e-4);
+}
+
+// ---- footprints: what `ddp plan` counts is what the models allocate -------
+
+// The parameter table (names, sizes) and the activation bytes after
+// construction and after a forward and backward of `rows` rows, against the
+// device's own accounting.
+void expect_footprint_matches(Model& m, const Footprint& f, CpuDevice& device, size_t setup_bytes,
+                              const Batch& batch) {
+  ASSERT_EQ(f.params.size(), m.params().size());
+  for (size_t i = 0; i < f.params.size(); ++i) {
+    EXPECT_EQ(f.params[i].name, m.params()[i].name);
+    EXPECT_EQ(f.params[i].elements, int64_t(m.params()[i].data.numel())) << f.params[i].name;
+  }
+  EXPECT_EQ(int64_t(setup_bytes), f.setup_activation_bytes);
+  m.forward(batch);
+  m.backward(1.0f, [](size_t) {});
+  EXPECT_EQ(int64_t(device.memory().peak(MemCategory::Activations)),
+            f.setup_activation_bytes + f.step_activation_bytes);
+}
+
+TEST(Footprint, LmCountsWhatItAllocates) {
+  for (const char* preset : {"lm-tiny", "lm-cpu"}) {
+    for (int64_t rows : {1, 3}) {
+      SCOPED_TRACE(std::string(preset) + " rows " + std::to_string(rows));
+      CpuDevice device;
+      const LmConfig c = lm_preset(preset);
+      auto m = make_lm(c, device, 0);
+      const size_t setup = device.memory().current(MemCategory::Activations);
+      auto tokens = random_tokens(rows, c, 5);
+      Batch batch;
+      batch.tokens = tokens.data();
+      batch.rows = rows;
+      const Footprint f = lm_footprint(c, rows, DDP_DEVICE_CPU);
+      expect_footprint_matches(*m, f, device, setup, batch);
+      EXPECT_EQ(f.d_model, c.d_model);
+      EXPECT_FALSE(f.plan_only);
+    }
+  }
+}
+
+TEST(Footprint, MlpCountsWhatItAllocates) {
+  for (const MlpConfig c : {MlpConfig{64, 3, 10}, MlpConfig{16, 0, 4}}) {
+    SCOPED_TRACE("depth " + std::to_string(c.depth));
+    CpuDevice device;
+    auto m = make_mlp(c, device, 1);
+    const int64_t rows = 5;
+    std::vector<float> x(size_t(rows * c.width), 0.5f);
+    std::vector<int32_t> labels(size_t(rows), 1);
+    Batch batch;
+    batch.x = x.data();
+    batch.labels = labels.data();
+    batch.rows = rows;
+    expect_footprint_matches(*m, mlp_footprint(c, rows, DDP_DEVICE_CPU), device, 0, batch);
+  }
+}
+
+// On a GPU the models also keep device copies of the ids and labels.
+TEST(Footprint, GpuCopiesOfTokensAndLabelsAndAttentionScratch) {
+  const LmConfig c = lm_preset("lm-tiny");
+  const int64_t rows = 2, n = rows * c.context_length, t = c.context_length;
+  const int64_t cpu = lm_footprint(c, rows, DDP_DEVICE_CPU).step_activation_bytes;
+  const int64_t gpu = lm_footprint(c, rows, DDP_DEVICE_CUDA).step_activation_bytes;
+  EXPECT_EQ(gpu - cpu, 4 * (2 * n + rows * c.num_heads * t * t - t * t));
+  const MlpConfig m{8, 1, 3};
+  EXPECT_EQ(mlp_footprint(m, 4, DDP_DEVICE_CUDA).step_activation_bytes -
+                mlp_footprint(m, 4, DDP_DEVICE_CPU).step_activation_bytes,
+            4 * (4 * 8 + 4));
+}
+
+// CS336's communication_accounting XXL: FFN-only blocks, accounting only.
+TEST(Footprint, XxlIsFfnOnlyAndCannotBeBuilt) {
+  const LmConfig c = lm_preset("xxl");
+  EXPECT_TRUE(c.ffn_only);
+  EXPECT_EQ(lm_parameter_count(c), int64_t(126) * 2 * 16384 * 53248);  // 2.1985e11
+  const Footprint f = lm_footprint(c, 1, DDP_DEVICE_CPU);
+  EXPECT_TRUE(f.plan_only);
+  ASSERT_EQ(f.params.size(), 252u);
+  EXPECT_EQ(f.params[0].name, "layers.0.ffn.w1.weight");
+  EXPECT_EQ(f.saved_elements_per_token, 126.0 * (16384 + 53248));
+  CpuDevice device;
+  ModelOptions o = default_model_options("lm");
+  o.set("preset", std::string("xxl"));
+  DataShape shape;
+  try {
+    build_model("lm", o, device, 0, &shape);
+    FAIL() << "built xxl";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "lm preset 'xxl' is for accounting only (FFN-only blocks, CS336's communication_accounting): "
+              "`ddp plan` takes it, a run cannot build it");
+  }
 }
 
 }  // namespace

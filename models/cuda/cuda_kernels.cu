@@ -202,11 +202,9 @@ class CudaKernels final : public Kernels {
 
   // ---- causal attention --------------------------------------------------------------
 
-  // ds (dp first) for every sequence and head at once: one softmax-backward
-  // launch instead of one per sequence. The same size as p.
-  size_t attention_scratch_floats(int64_t b, int64_t t, int64_t heads) const override {
-    return static_cast<size_t>(b * heads * t * t);
-  }
+  // The attention scratch (kernels.h: [b, heads, t, t]) holds ds (dp first)
+  // for every sequence and head at once: one softmax-backward launch
+  // instead of one per sequence. The same size as p.
 
   void attention_forward(float* out, float* p, const float* q, const float* k, const float* v,
                          int64_t b, int64_t t, int64_t heads, int64_t dh) override {
