@@ -3,6 +3,9 @@
 //   ddp bench-comm [--transport gloo|PATH] [--world 2,4,6] [--sizes 1MB,...]
 //                  [--ops all_reduce,...] [--warmup 5] [--iters N] [--out DIR]
 //                  [--set transport.key=value]... [--timeout S]
+//   ddp plan CONFIG [--set section.key=value]... [--json] [--bench FILE | --overhead O_US,W_GBPS]
+//                  [--mesh X,Y] [--hardware NAME] [--hw KEY=VALUE]... [--axes MX,MY] [--tokens N]
+//                  [--activation-shard F] [--precision CLASS=BYTES]...
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
@@ -21,6 +24,7 @@
 #include "checkpoint.h"
 #include "config.h"
 #include "launcher.h"
+#include "plan_command.h"
 #include "plugin_loader.h"
 #include "rank_env.h"
 #include "trace.h"
@@ -123,8 +127,8 @@ std::string run_done_line(const std::string& output_dir) {
 // against those it declares (if it declares them; else each rank checks
 // them once the plugin has read its keys).
 void check_plugin(PluginKind kind, const std::string& name, const PluginSection& section) {
-  check_declared_keys(*load_plugin(kind, name), section);
-  const std::string warning = section.unknown_table(available_plugins(kind, default_plugin_dir()), to_string(kind));
+  std::string warning;
+  load_and_check(kind, name, section, &warning);
   if (!warning.empty()) std::cerr << "ddp: warning: " << warning << "; its keys go to no plugin\n";
 }
 
@@ -223,6 +227,30 @@ CLI::App* add_bench_comm(CLI::App& app, ddp::BenchOptions& bench, std::vector<st
   return bc;
 }
 
+// `ddp plan` and its options.
+CLI::App* add_plan(CLI::App& app, ddp::PlanOptions& p) {
+  CLI::App* plan = app.add_subcommand(
+      "plan", "predict a run's memory per rank and communication per step, and FSDP x TP layouts, from its config");
+  plan->add_option("config", p.config_path, "the run's TOML file")->required();
+  plan->add_option("--set", p.overrides, "override a key: section.key=value (TOML value; repeatable)")->take_all();
+  plan->add_flag("--json", p.json, "the plan as JSON on stdout");
+  plan->add_option("--bench", p.bench_file, "a bench_comm.json whose all_reduce fit (o, w) times the step");
+  plan->add_option("--overhead", p.overhead, "o in µs and w in GB/s, instead of --bench")->delimiter(',');
+  plan->add_option("--mesh", p.mesh, "X (FSDP), Y (TP) devices: account for that layout")->delimiter(',');
+  plan->add_option("--hardware", p.hardware, "h100-80gb or tpu-v5p (memory, W, C)")->capture_default_str();
+  plan->add_option("--hw", p.hardware_set, "memory=BYTES, bandwidth=BYTES_PER_S or flops=FLOP_PER_S (repeatable)")
+      ->take_all();
+  plan->add_option("--axes", p.axes, "M_X, M_Y: mesh axes X and Y span (default: the hardware's)")
+      ->delimiter(',');
+  plan->add_option("--tokens", p.tokens, "the batch in tokens (the mesh's activations and compute)");
+  plan->add_option("--activation-shard", p.activation_shard, "fraction of activations sharded over X")
+      ->capture_default_str();
+  plan->add_option("--precision", p.precision,
+                   "bytes per element: master, gradients, optimizer, activations, comm (CLASS=BYTES, repeatable)")
+      ->take_all();
+  return plan;
+}
+
 int main(int argc, char** argv) {
   choose_blas_kernel(argv);
   CLI::App app{"ddp: data-parallel training with plugin strategies and transports"};
@@ -250,6 +278,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> bench_sizes = {"1MB", "10MB", "100MB", "1GB"};
   std::vector<std::string> bench_ops = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
   CLI::App* bc = add_bench_comm(app, bench, bench_sizes, bench_ops);
+  ddp::PlanOptions plan_options;
+  CLI::App* plan = add_plan(app, plan_options);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -257,6 +287,10 @@ int main(int argc, char** argv) {
       std::cout << "search path: " << ddp::default_plugin_dir() << "\n"
                 << ddp::format_plugins(ddp::describe_plugins(ddp::PluginKind::Strategy))
                 << ddp::format_plugins(ddp::describe_plugins(ddp::PluginKind::Transport));
+      return 0;
+    }
+    if (plan->parsed()) {
+      ddp::plan_command(plan_options);
       return 0;
     }
     if (bc->parsed()) {

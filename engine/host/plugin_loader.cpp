@@ -312,6 +312,14 @@ void check_declared_keys(const LoadedPlugin& plugin, const PluginSection& sectio
                          strategy ? plugin.strategy()->name : plugin.transport()->name);
 }
 
+std::unique_ptr<LoadedPlugin> load_and_check(PluginKind kind, const std::string& name, const PluginSection& section,
+                                             std::string* warning) {
+  std::unique_ptr<LoadedPlugin> plugin = load_plugin(kind, name);
+  check_declared_keys(*plugin, section);
+  *warning = section.unknown_table(available_plugins(kind, default_plugin_dir()), to_string(kind));
+  return plugin;
+}
+
 std::vector<PluginInfo> describe_plugins(PluginKind kind, const std::string& search_path) {
   std::vector<PluginInfo> out;
   for (const std::string& name : available_plugins(kind, search_path)) {

@@ -129,11 +129,7 @@ class BucketCap {
     return std::string(text, std::to_chars(text, text + sizeof text, x).ptr);
   }
 
-  static size_t bytes_of_mib(double mib) {
-    const double bytes = mib * 1024.0 * 1024.0;
-    if (bytes >= static_cast<double>(SIZE_MAX)) return SIZE_MAX;
-    return bytes < 1.0 ? 1 : static_cast<size_t>(bytes);
-  }
+  static size_t bytes_of_mib(double mib) { return cap_bytes_of_mib(mib); }
 
   // Rank 0 fits and stores {o, w}; everyone (rank 0 too) reads those bytes.
   void share_rank0_fit(const plugin::Host& h) {

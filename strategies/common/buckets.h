@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace ddp {
@@ -18,6 +19,14 @@ namespace strategy {
 
 // Defaults are named, with units (c10d's kDefaultBucketBytesCap is 25 MiB).
 constexpr double kDefaultBucketMiB = 25.0;
+
+// The bytes of a cap of `mib` MiB (a finite number > 0; callers check):
+// at least 1, at most SIZE_MAX.
+inline size_t cap_bytes_of_mib(double mib) {
+  const double bytes = mib * 1024.0 * 1024.0;
+  if (bytes >= static_cast<double>(SIZE_MAX)) return SIZE_MAX;
+  return bytes < 1.0 ? 1 : static_cast<size_t>(bytes);
+}
 
 struct ParamInfo {
   size_t index;  // position in the host's parameter table

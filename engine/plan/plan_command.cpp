@@ -1,0 +1,353 @@
+// plan_command.cpp — `ddp plan`: the config, as `ddp run` reads it, turned
+// into run_plan.h's and mesh.h's inputs; the results as Markdown tables or
+// JSON.
+#include "plan_command.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "config.h"
+#include "device.h"
+#include "error.h"
+#include "mesh.h"
+#include "plugin_host.h"
+#include "plugin_loader.h"
+#include "registry.h"
+#include "run_plan.h"
+
+namespace ddp {
+namespace {
+
+using json = nlohmann::ordered_json;
+const char* const kMoments[] = {"after_setup", "before_optimizer_step", "after_optimizer_step"};
+
+// The plugins the run would load, loaded and checked as `ddp run` checks
+// them (keys against their declarations, the run's device against their
+// caps); `names` gets their descriptors' names, so that a shipped plugin
+// named by path plans as itself.
+void check_plugins(const Config& c, std::string names[2]) {
+  const std::pair<PluginKind, const std::string*> plugins[] = {{PluginKind::Strategy, &c.strategy_plugin},
+                                                               {PluginKind::Transport, &c.transport_plugin}};
+  for (int i = 0; i < 2; ++i) {
+    const auto& [kind, name] = plugins[i];
+    std::string warning;
+    const auto plugin = load_and_check(kind, *name, i == 0 ? c.strategy : c.transport, &warning);
+    if (!warning.empty()) std::cerr << "ddp: warning: " << warning << "; its keys go to no plugin\n";
+    const uint64_t caps = i == 0 ? plugin->strategy()->caps : plugin->transport()->caps;
+    names[i] = i == 0 ? plugin->strategy()->name : plugin->transport()->name;
+    if (!supports_device(caps, c.run.device))
+      throw ConfigError(c.file + ": " + to_string(kind) + " plugin '" + *name + "' does not run on run.device = \"" +
+                        (c.run.device == DDP_DEVICE_CUDA ? "cuda" : "cpu") + "\"");
+  }
+}
+
+plan::RunInput run_input(const Config& c, const Footprint& model) {
+  std::string names[2];
+  check_plugins(c, names);
+  plan::RunInput in;
+  in.model = model;
+  in.world_size = c.run.world_size;
+  in.rows_per_rank = c.data.batch_size / c.run.world_size;
+  in.optimizer = c.optimizer.name;
+  in.momentum = c.optimizer.momentum;
+  in.strategy = names[0];
+  in.transport = names[1];
+  in.device = c.run.device;
+  if (in.strategy == "bucketed") in.compress = c.strategy.get_string("compress", "none");
+  if (in.strategy == "sharded") in.variant = c.strategy.get_string("variant", "broadcast");
+  if (in.strategy == "bucketed" || (in.strategy == "sharded" && in.variant == "broadcast")) {
+    try {
+      in.bucket_mb = c.strategy.get_float("bucket_mb", 25.0);
+    } catch (const ConfigError&) {
+      throw ConfigError(c.file + ": strategy.bucket_mb = \"auto\" is chosen by a measurement at run time; "
+                        "`ddp plan` needs a number (MiB)");
+    }
+  }
+  return in;
+}
+
+// o and w: from --overhead, else from the bench file's all_reduce fit at
+// this world size (and the config's transport), else none (NaN).
+strategy::OverheadFit checked_fit(double o_s, double w, const std::string& where) {
+  if (!std::isfinite(o_s) || !(w > 0) || !std::isfinite(w))
+    throw Error(where + ": o must be a finite number and w a finite number > 0");
+  return {o_s, w};
+}
+
+// The bench file's all_reduce fit for the config's transport and world.
+strategy::OverheadFit fit_from_bench(const std::string& file, const Config& c) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) throw Error("--bench " + file + ": not a file");
+  std::ifstream in(file);
+  const json doc = json::parse(in, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object() || !doc.contains("overhead_fit") || !doc["overhead_fit"].is_array())
+    throw Error("--bench " + file + ": not a bench_comm.json (no overhead_fit list)");
+  for (const json& f : doc["overhead_fit"]) {
+    if (!f.is_object() || f.value("world", 0) != c.run.world_size || f.value("transport", "") != c.transport_plugin)
+      continue;
+    if (!f.contains("o_s") || !f["o_s"].is_number() || !f.contains("w_bytes_per_s") || !f["w_bytes_per_s"].is_number())
+      throw Error("--bench " + file + ": the fit for '" + c.transport_plugin + "' at world " +
+                  std::to_string(c.run.world_size) + " has no numbers o_s and w_bytes_per_s (one size measured?)");
+    return checked_fit(f["o_s"].get<double>(), f["w_bytes_per_s"].get<double>(), "--bench " + file);
+  }
+  throw Error("--bench " + file + ": no all_reduce fit for transport '" + c.transport_plugin + "' at world " +
+              std::to_string(c.run.world_size));
+}
+
+// o and w from --overhead or --bench; NaN where neither is given.
+strategy::OverheadFit overhead_fit(const PlanOptions& o, const Config& c) {
+  if (!o.overhead.empty() && !o.bench_file.empty()) throw Error("--overhead and --bench: give one of them");
+  if (!o.overhead.empty()) {
+    if (o.overhead.size() != 2) throw Error("--overhead takes two numbers: o in µs, w in GB/s");
+    return checked_fit(o.overhead[0] * 1e-6, o.overhead[1] * 1e9, "--overhead");
+  }
+  if (o.bench_file.empty()) return {NAN, NAN};
+  return fit_from_bench(o.bench_file, c);
+}
+
+json bytes_json(const plan::Bytes& b) {
+  json j = json::object();
+  int64_t total = 0;
+  for (int i = 0; i < DDP_MEM_CATEGORY_COUNT; ++i) {
+    j[to_string(static_cast<MemCategory>(i))] = b[static_cast<size_t>(i)];
+    total += b[static_cast<size_t>(i)];
+  }
+  j["total"] = total;
+  return j;
+}
+
+json run_json(const Config& c, const plan::RunPlan& p, const strategy::OverheadFit& fit) {
+  json ranks = json::array();
+  for (const plan::RankMemory& m : p.ranks)
+    ranks.push_back({{kMoments[0], bytes_json(m.after_setup)},
+                     {kMoments[1], bytes_json(m.before_optimizer_step)},
+                     {kMoments[2], bytes_json(m.after_optimizer_step)}});
+  json collectives = json::array();
+  int64_t bus = 0;
+  for (const plan::Collective& x : p.collectives) {
+    collectives.push_back({{"op", x.op}, {"bytes", x.bytes}});
+    bus += bus_bytes(x.op.c_str(), x.bytes, c.run.world_size);
+  }
+  json j = {{"world_size", c.run.world_size},
+            {"strategy", c.strategy_plugin},
+            {"transport", c.transport_plugin},
+            {"rows_per_rank", c.data.batch_size / c.run.world_size},
+            {"peak_bytes", ranks},
+            {"collectives_per_step", p.collectives.size()},
+            {"comm_bytes_per_step", p.comm_bytes()},
+            {"bus_bytes_per_step", bus},
+            {"collectives", collectives}};
+  if (!std::isnan(fit.o_s)) {
+    j["overhead_fit"] = {{"o_s", fit.o_s}, {"w_bytes_per_s", fit.w_bytes_per_s}};
+    j["comm_seconds_per_step"] = plan::comm_seconds(p.collectives, fit, c.run.world_size);
+  }
+  return j;
+}
+
+// Sets the fields named by KEY=VALUE items (`option` says which flag, in
+// errors); VALUE a finite number > 0.
+void set_fields(const std::vector<std::string>& items, const std::vector<std::pair<const char*, double*>>& fields,
+                const std::string& option) {
+  for (const std::string& item : items) {
+    const size_t eq = item.find('=');
+    double* field = nullptr;
+    std::string keys;
+    for (const auto& [key, f] : fields) {
+      if (eq != std::string::npos && item.compare(0, eq, key) == 0 && eq == std::strlen(key)) field = f;
+      keys += (keys.empty() ? "" : ", ") + std::string(key);
+    }
+    if (!field) throw Error(option + " " + item + ": expected KEY=VALUE, KEY one of " + keys);
+    const std::string text = item.substr(eq + 1);
+    char* end = nullptr;
+    *field = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || !(*field > 0) || !std::isfinite(*field))
+      throw Error(option + " " + item + ": VALUE must be a finite number > 0");
+  }
+}
+
+plan::Precisions precisions(const std::vector<std::string>& items) {
+  plan::Precisions p;
+  set_fields(items, {{"master", &p.master}, {"gradients", &p.gradients}, {"optimizer", &p.optimizer},
+                     {"activations", &p.activations}, {"comm", &p.comm}},
+             "--precision");
+  return p;
+}
+
+json mesh_json(const PlanOptions& o, const Footprint& f) {
+  plan::MeshInput in;
+  for (const ParamSize& p : f.params) in.params += static_cast<double>(p.elements);
+  in.saved_elements_per_token = f.saved_elements_per_token;
+  in.d_model = static_cast<double>(f.d_model);
+  in.d_ff = static_cast<double>(f.d_ff);
+  in.ffn_matrices = f.ffn_matrices;
+  in.tokens = o.tokens;
+  if (o.mesh.size() == 2) {
+    in.x = o.mesh[0];
+    in.y = o.mesh[1];
+  } else if (!o.mesh.empty()) {
+    throw Error("--mesh takes two numbers: X (FSDP), Y (TP)");
+  }
+  in.activation_shard = o.activation_shard;
+  in.precision = precisions(o.precision);
+  try {
+    in.hardware = plan::hardware_preset(o.hardware);
+  } catch (const std::invalid_argument& e) {
+    throw Error(std::string("--hardware: ") + e.what());
+  }
+  set_fields(o.hardware_set,
+             {{"memory", &in.hardware.memory_bytes}, {"bandwidth", &in.hardware.link_bytes_per_s},
+              {"flops", &in.hardware.flops}},
+             "--hw");
+  if (o.axes.size() == 2) {
+    in.hardware.axes_x = o.axes[0];
+    in.hardware.axes_y = o.axes[1];
+  } else if (!o.axes.empty()) {
+    throw Error("--axes takes two numbers: M_X, M_Y");
+  }
+  plan::MeshPlan m;
+  try {
+    m = plan::plan_mesh(in);
+  } catch (const std::invalid_argument& e) {
+    throw Error(e.what());
+  }
+  const plan::Precisions& pr = in.precision;
+  return {{"hardware", in.hardware.name}, {"memory_per_device", in.hardware.memory_bytes},
+          {"W", in.hardware.link_bytes_per_s}, {"C", in.hardware.flops},
+          {"M_X", in.hardware.axes_x}, {"M_Y", in.hardware.axes_y}, {"X", in.x}, {"Y", in.y},
+          {"parameters", in.params}, {"tokens", in.tokens},
+          {"tokens_per_device", in.tokens / (double(in.x) * double(in.y))}, {"ffn_matrices", in.ffn_matrices},
+          {"precision", {{"master", pr.master}, {"gradients", pr.gradients}, {"optimizer", pr.optimizer},
+                         {"activations", pr.activations}, {"comm", pr.comm}}},
+          {"activation_shard", in.activation_shard},
+          {"bytes_per_device", {{"master", m.master}, {"gradients", m.gradients}, {"optimizer", m.optimizer},
+                                {"activations", m.activations}, {"total", m.total}}},
+          {"devices_of_memory", m.devices_of_memory}, {"min_fsdp_to_fit", m.min_x_to_fit},
+          {"alpha", m.alpha}, {"t_math_s", m.t_math}, {"t_fsdp_s", m.t_fsdp}, {"t_tp_s", m.t_tp},
+          {"fsdp_min_tokens_per_device", m.fsdp_min_tokens_per_device},
+          {"fsdp_min_global_tokens", m.fsdp_min_tokens_per_device * double(in.x * in.y)},
+          {"tp_max_y", m.tp_max_y}, {"tp_compute_bound", m.tp_compute_bound}, {"compute_bound", m.compute_bound}};
+}
+
+std::string si(double v, const char* unit) {
+  char buf[64];
+  const char* prefixes[] = {"", "k", "M", "G", "T", "P"};
+  int i = 0;
+  while (std::abs(v) >= 1000.0 && i < 5) {
+    v /= 1000.0;
+    ++i;
+  }
+  std::snprintf(buf, sizeof buf, "%.4g %s%s", v, prefixes[i], unit);
+  return buf;
+}
+
+void print_run(const json& r) {
+  std::cout << "\nPeak bytes per rank (summary.json's peak_bytes; optimizer state from the first update on):\n\n"
+            << "| rank | moment | parameters | gradients | optimizer_state | comm_buffers | activations | total |\n"
+            << "|---|---|---|---|---|---|---|---|\n";
+  for (size_t rank = 0; rank < r["peak_bytes"].size(); ++rank)
+    for (const char* moment : kMoments) {
+      const json& b = r["peak_bytes"][rank][moment];
+      std::cout << "| " << rank << " | " << moment;
+      for (const char* k : {"parameters", "gradients", "optimizer_state", "comm_buffers", "activations", "total"})
+        std::cout << " | " << b[k].get<int64_t>();
+      std::cout << " |\n";
+    }
+  std::cout << "\nPer step and rank: " << r["collectives_per_step"].get<size_t>() << " collectives, "
+            << si(double(r["comm_bytes_per_step"].get<int64_t>()), "B") << " (bus "
+            << si(double(r["bus_bytes_per_step"].get<int64_t>()), "B") << ")";
+  if (r.contains("comm_seconds_per_step"))
+    std::cout << ", " << si(r["comm_seconds_per_step"].get<double>(), "s") << " of communication at o = "
+              << si(r["overhead_fit"]["o_s"].get<double>(), "s") << ", w = "
+              << si(r["overhead_fit"]["w_bytes_per_s"].get<double>(), "B/s");
+  std::cout << "\n";
+}
+
+void print_mesh(const json& m) {
+  const json& b = m["bytes_per_device"];
+  std::cout << "\nMesh " << m["X"].get<int64_t>() << " (FSDP) x " << m["Y"].get<int64_t>() << " (TP) on "
+            << m["hardware"].get<std::string>() << ", " << si(m["parameters"].get<double>(), "parameters")
+            << ", a batch of " << si(m["tokens"].get<double>(), "tokens") << ":\n\n"
+            << "| per device | master | gradients | optimizer | activations | total | devices' worth |\n"
+            << "|---|---|---|---|---|---|---|\n| bytes | " << si(b["master"].get<double>(), "B") << " | "
+            << si(b["gradients"].get<double>(), "B") << " | " << si(b["optimizer"].get<double>(), "B") << " | "
+            << si(b["activations"].get<double>(), "B") << " | " << si(b["total"].get<double>(), "B") << " | "
+            << m["devices_of_memory"].get<double>() << " |\n\n";
+  const int64_t fit = m["min_fsdp_to_fit"].get<int64_t>(), x = m["X"].get<int64_t>(), y = m["Y"].get<int64_t>();
+  std::cout << "Smallest FSDP degree within " << si(m["memory_per_device"].get<double>(), "B")
+            << " per device (this TP degree and batch): "
+            << (fit > 0 ? std::to_string(fit) : std::string("none (the unsharded activations alone exceed it)"))
+            << "\nalpha = C / W = " << m["alpha"].get<double>() << " FLOP per byte\n";
+  if (x > 1)
+    std::cout << "FSDP (X = " << x << ") is compute-bound from " << m["fsdp_min_tokens_per_device"].get<double>()
+              << " tokens per device (" << m["fsdp_min_global_tokens"].get<double>() << " in all)\n";
+  if (y > 1)
+    std::cout << "TP is compute-bound up to Y = " << m["tp_max_y"].get<double>() << ": at Y = " << y << " it is "
+              << (m["tp_compute_bound"].get<bool>() ? "compute-bound" : "communication-bound at any batch") << "\n";
+  if (m["tokens"].get<double>() > 0)
+    std::cout << "Per block's forward at this batch: T_math " << si(m["t_math_s"].get<double>(), "s") << ", T_FSDP "
+              << si(m["t_fsdp_s"].get<double>(), "s") << ", T_TP " << si(m["t_tp_s"].get<double>(), "s") << ": "
+              << (m["compute_bound"].get<bool>() ? "compute-bound" : "communication-bound") << "\n";
+}
+
+}  // namespace
+
+void plan_command(const PlanOptions& o) {
+  const Config c = load_config(o.config_path, o.overrides);
+  Footprint f;
+  try {
+    f = model_footprint(c.model.name, c.model.options, c.data.batch_size / c.run.world_size, c.run.device);
+  } catch (const Error& e) {
+    throw Error(c.file + ": " + e.what());
+  }
+  int64_t params = 0;
+  for (const ParamSize& p : f.params) params += p.elements;
+  json out = {{"config", o.config_path}, {"model", c.model.name}, {"parameters", params}};
+  if (!f.plan_only) {
+    if (!c.model.freeze.empty() || !c.unfreeze.empty())
+      throw ConfigError(c.file + ": model.freeze / [[unfreeze]]: `ddp plan` plans runs that train every parameter");
+    try {
+      out["run"] = run_json(c, plan::plan_run(run_input(c, f)), overhead_fit(o, c));
+      if (c.run.steps < 2)
+        out["run"]["note"] = "run.steps < 2: the optimizer state, created by the first update, is not yet held "
+                             "before the run's only optimizer step";
+    } catch (const std::invalid_argument& e) {
+      throw Error(c.file + ": " + e.what());
+    }
+  }
+  const bool mesh_options = o.hardware != "h100-80gb" || !o.axes.empty() || o.tokens != 0 ||
+                            o.activation_shard != 0.5 || !o.precision.empty() || !o.hardware_set.empty();
+  if (!f.plan_only && o.mesh.empty() && mesh_options)
+    throw Error("--hardware, --hw, --axes, --tokens, --activation-shard and --precision describe a mesh: add --mesh X,Y");
+  if (f.plan_only && (!o.overhead.empty() || !o.bench_file.empty()))
+    throw Error("--overhead and --bench time a run's collectives; this model is accounting only (no run)");
+  if (f.plan_only || !o.mesh.empty()) {
+    if (f.d_model == 0) throw Error("model '" + c.model.name + "': the mesh accounting needs a Transformer");
+    out["mesh"] = mesh_json(o, f);
+  }
+  if (o.json) {
+    std::cout << out.dump(2) << "\n";
+    return;
+  }
+  std::cout << "ddp plan: " << o.config_path << ": " << c.model.name << ", " << params << " parameters";
+  if (out.contains("run"))
+    std::cout << "; " << c.strategy_plugin << " on " << c.run.world_size << " ranks, "
+              << out["run"]["rows_per_rank"].get<int64_t>() << " rows per rank per micro-batch, "
+              << c.optimizer.name << "\n";
+  else
+    std::cout << " (accounting only)\n";
+  if (out.contains("run")) print_run(out["run"]);
+  if (out.contains("run") && out["run"].contains("note"))
+    std::cout << "Note: " << out["run"]["note"].get<std::string>() << "\n";
+  if (out.contains("mesh")) print_mesh(out["mesh"]);
+}
+
+}  // namespace ddp

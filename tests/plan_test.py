@@ -1,0 +1,141 @@
+#!/usr/bin/python3
+"""tests/plan_test.py — `ddp plan` against what `ddp run` measures. For lm-tiny and mlp (256 x 3)
+at worlds 1, 2 and 4 and lm-cpu (its config: world 2) every shipped strategy (sharded in both
+variants, bucketed also compressed and with small buckets), with AdamW (lm) and SGD with momentum
+(mlp):
+  - rank 0's peak bytes at the three moments of summary.json, and every rank's peak over the run,
+    per category: exactly equal for parameters, gradients, optimizer state and communication
+    buffers; within 5 % for activations (the bound the issue sets; they come out exact);
+  - per step: the number of collectives and the bytes they move (comm_bytes, bus_bytes), exactly.
+Then `ddp plan` of the xxl preset: 2.2e11 parameters, 16 bytes per parameter in fp32, the
+smallest FSDP degree within a TPU v5p's 95 GB; and refusals (bucket_mb = "auto", freeze).
+About 80 s. ctest runs it as `plan` with DDP_BIN set; by hand:
+  DDP_BIN=build/bin/ddp /usr/bin/python3 tests/plan_test.py [-v]
+"""
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DDP = os.environ.get("DDP_BIN", str(ROOT / "build" / "bin" / "ddp"))
+MODELS = {
+    "lm-tiny": ["configs/lm-cpu.toml", "--set", 'model.preset="lm-tiny"', "--set", "data.batch_size=8"],
+    "lm-cpu": ["configs/lm-cpu.toml"],
+    "mlp": ["configs/mlp.toml", "--set", "model.width=256", "--set", "model.depth=3", "--set",
+            "optimizer.momentum=0.9", "--set", "data.batch_size=8"],
+}
+STRATEGIES = {
+    "naive": ['strategy.plugin="naive"'],
+    "flat": ['strategy.plugin="flat"'],
+    "overlap": ['strategy.plugin="overlap"'],
+    "bucketed": ['strategy.plugin="bucketed"', "strategy.bucketed.bucket_mb=0.1"],
+    "bucketed_bf16": ['strategy.plugin="bucketed"', 'strategy.bucketed.compress="bf16"'],
+    "sharded": ['strategy.plugin="sharded"', "strategy.sharded.bucket_mb=0.1"],
+    "sharded_allgather": ['strategy.plugin="sharded"', 'strategy.sharded.variant="allgather"'],
+}
+EXACT = ["parameters", "gradients", "optimizer_state", "comm_buffers"]
+MOMENTS = ["after_setup", "before_optimizer_step", "after_optimizer_step"]
+
+
+def sets(items):
+    return [a for s in items for a in ("--set", s)]
+
+
+def ddp(*args):
+    p = subprocess.run([DDP, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise AssertionError(f"ddp {' '.join(args)}: exit {p.returncode}\n{p.stderr}")
+    return p.stdout
+
+
+class PlanAgainstRuns(unittest.TestCase):
+    def check(self, model, strategy, world, more=()):
+        base = MODELS[model] + sets(STRATEGIES[strategy] + [f"run.world_size={world}", *more])
+        with tempfile.TemporaryDirectory() as out:
+            ddp("run", *base, *sets(["run.steps=2", "run.log_every=100", f'run.output_dir="{out}"']))
+            with open(os.path.join(out, "summary.json")) as f:
+                measured = json.load(f)
+        plan = json.loads(ddp("plan", *base, "--json"))["run"]
+        predicted = plan["peak_bytes"]
+        for moment in MOMENTS:
+            for cat in EXACT:
+                self.assertEqual(predicted[0][moment][cat], measured["peak_bytes"][moment][cat], f"rank 0 {moment} {cat}")
+            acts, want = predicted[0][moment]["activations"], measured["peak_bytes"][moment]["activations"]
+            self.assertLessEqual(abs(acts - want), 0.05 * want, f"rank 0 {moment} activations")
+        for r, rank in enumerate(measured["ranks"]):
+            for cat in EXACT + ["activations"]:
+                self.assertEqual(max(predicted[r][m][cat] for m in MOMENTS), rank["peak_bytes"][cat], f"rank {r} {cat}")
+        self.assertEqual(plan["collectives_per_step"], measured["collectives"][-1])
+        self.assertEqual(plan["comm_bytes_per_step"], measured["comm_bytes"][-1])
+        self.assertEqual(plan["bus_bytes_per_step"], measured["bus_bytes"][-1])
+
+    def test_every_strategy_world_and_model(self):
+        for model in MODELS:
+            for strategy in STRATEGIES:
+                for world in (1, 2, 4) if model != "lm-cpu" else (2,):
+                    with self.subTest(model=model, strategy=strategy, world=world):
+                        self.check(model, strategy, world)
+
+    @unittest.skipUnless((Path(DDP).parent.parent / "lib" / "ddp" / "libddp_transport_mpi.so").exists(),
+                         "the mpi transport is not built (no MPI found)")
+    def test_mpi_transport(self):
+        for strategy in ("bucketed", "sharded_allgather"):
+            with self.subTest(strategy=strategy):
+                self.check("mlp", strategy, 2, ['transport.plugin="mpi"'])
+
+
+class Accounting(unittest.TestCase):
+    XXL = ["configs/lm-cpu.toml", "--set", 'model.preset="xxl"']
+
+    def test_xxl_on_one_device_and_the_fsdp_degree_that_fits_a_v5p(self):
+        one = json.loads(ddp("plan", *self.XXL, "--json", "--hardware", "h100-80gb"))
+        self.assertEqual(one["parameters"], 126 * 2 * 16384 * 53248)
+        self.assertNotIn("run", one)
+        mesh = one["mesh"]
+        states = mesh["bytes_per_device"]
+        self.assertEqual(states["master"] + states["gradients"] + states["optimizer"], 16 * one["parameters"])
+        self.assertAlmostEqual(mesh["devices_of_memory"], 16 * one["parameters"] / 80e9)  # 43.97 H100s
+        v5p = json.loads(ddp("plan", *self.XXL, "--json", "--hardware", "tpu-v5p"))["mesh"]
+        # 16 P / N < 95e9  =>  N > 37.02
+        self.assertEqual(v5p["min_fsdp_to_fit"], 38)
+
+    def test_the_v5p_mesh_of_the_assignment(self):
+        m = json.loads(ddp("plan", *self.XXL, "--json", "--hardware", "tpu-v5p", "--mesh", "16,4",
+                           "--tokens", "20480"))["mesh"]
+        alpha = 4.6e14 / 1.8e11  # W_ici = 2 x 9e10
+        self.assertAlmostEqual(m["alpha"], alpha)
+        self.assertAlmostEqual(m["fsdp_min_tokens_per_device"], alpha / (4 * 2))  # comm alpha / (2 Y M_X)
+        self.assertAlmostEqual(m["fsdp_min_global_tokens"], 64 * alpha / 8)  # 20,444
+        self.assertAlmostEqual(m["tp_max_y"], 53248 / alpha)  # m M_Y F / (comm alpha) = 20.8
+        self.assertTrue(m["tp_compute_bound"])
+        self.assertTrue(m["compute_bound"])  # 20 sequences of 1024 > 20,444 tokens
+
+    def test_refusals_name_the_file_and_key(self):
+        for args, message in [
+                (["--precision", "master=abc", "--mesh", "2,2"], "--precision master=abc: VALUE must be a finite number > 0"),
+                (["--tokens", "5"], "--hardware, --hw, --axes, --tokens, --activation-shard and --precision describe a mesh"),
+                (["--overhead", "5,0"], "--overhead: o must be a finite number and w a finite number > 0"),
+                (["--set", "model.num_heads=3"], "must split into num_heads 3 heads of an even size"),
+                (["--set", 'strategy.bucketed.bucket_mbb=1'], "unknown key 'strategy.bucketed.bucket_mbb' (strategy plugin 'bucketed' does not read it"),
+                (["--set", 'strategy.bucketed.bucket_mb=0'], "strategy.bucket_mb must be a finite number of MiB > 0"),
+                (["--set", 'transport.plugin="nccl"'], "transport plugin 'nccl' does not run on run.device = \"cpu\"")]:
+            with self.subTest(args=args):
+                p = subprocess.run([DDP, "plan", "configs/lm-cpu.toml", *args], cwd=ROOT, capture_output=True, text=True)
+                self.assertEqual(p.returncode, 1, p.stdout)
+                self.assertIn(message, p.stderr)
+        p = subprocess.run([DDP, "plan", "configs/lm-cpu.toml", "--set", 'strategy.bucketed.bucket_mb="auto"'],
+                           cwd=ROOT, capture_output=True, text=True)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn('configs/lm-cpu.toml: strategy.bucket_mb = "auto" is chosen by a measurement at run time',
+                      p.stderr)
+        p = subprocess.run([DDP, "plan", "configs/lm-cpu.toml", "--set", 'model.freeze=["lm_head.*"]'],
+                           cwd=ROOT, capture_output=True, text=True)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("`ddp plan` plans runs that train every parameter", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,174 @@
+// plan_unit_test.cpp — the pure functions of engine/plan: run_plan.h's
+// rules on small hand-made footprints (closed forms), and mesh.h's
+// formulas against the numbers worked out by hand in docs/plan.md.
+// tests/plan_test.py checks `ddp plan` against measured runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "mesh.h"
+#include "run_plan.h"
+
+namespace ddp {
+namespace {
+
+// Three parameters of 10, 20 and 30 floats; 2 rows of 5 inputs.
+plan::RunInput three_params(const std::string& strategy, int world) {
+  plan::RunInput in;
+  in.model.params = {{"a", 10}, {"b", 20}, {"c", 30}};
+  in.model.data = DataShape{DataShape::Classification, 5, 3, 0, 0};
+  in.model.setup_activation_bytes = 8;
+  in.model.step_activation_bytes = 100;
+  in.world_size = world;
+  in.rows_per_rank = 2;
+  in.strategy = strategy;
+  in.optimizer = "adamw";
+  return in;
+}
+
+TEST(RunPlan, CategoriesAtTheThreeMoments) {
+  const plan::RunPlan p = plan::plan_run(three_params("flat", 2));
+  ASSERT_EQ(p.ranks.size(), 2u);
+  // parameters, gradients, optimizer_state, comm_buffers, activations
+  EXPECT_EQ(p.ranks[1].after_setup, (plan::Bytes{240, 240, 0, 240, 8 + 2 * 5 * 4}));
+  EXPECT_EQ(p.ranks[1].before_optimizer_step, (plan::Bytes{240, 240, 480, 240, 48 + 100}));
+  EXPECT_EQ(p.ranks[1].after_optimizer_step, p.ranks[1].before_optimizer_step);
+  ASSERT_EQ(p.collectives.size(), 1u);
+  EXPECT_EQ(p.collectives[0].op, "all_reduce");
+  EXPECT_EQ(p.comm_bytes(), 240);
+}
+
+TEST(RunPlan, StrategiesCollectives) {
+  EXPECT_EQ(plan::plan_run(three_params("naive", 2)).collectives.size(), 3u);
+  const plan::RunPlan overlap = plan::plan_run(three_params("overlap", 2));
+  EXPECT_EQ(overlap.collectives.front().bytes, 120);  // c first: backward's order
+  // Buckets of 100 bytes: c (120) alone, then b + a (80 + 40 > 100: b alone, a alone).
+  plan::RunInput bucketed = three_params("bucketed", 2);
+  bucketed.bucket_mb = 100.0 / (1024 * 1024);
+  const plan::RunPlan b = plan::plan_run(bucketed);
+  ASSERT_EQ(b.collectives.size(), 3u);
+  EXPECT_EQ(b.ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 240);
+  bucketed.compress = "bf16";  // half the bytes on the wire, a 16-bit copy of each bucket
+  const plan::RunPlan half = plan::plan_run(bucketed);
+  EXPECT_EQ(half.comm_bytes(), 120);
+  EXPECT_EQ(half.ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 240 + 120);
+}
+
+TEST(RunPlan, ShardedOwnsPartOfTheOptimizerState) {
+  // Largest first to the least loaded: c (30) to rank 0, b (20) to rank 1, a (10) to rank 1.
+  plan::RunInput in = three_params("sharded", 2);
+  in.variant = "allgather";
+  const plan::RunPlan p = plan::plan_run(in);
+  EXPECT_EQ(p.ranks[0].before_optimizer_step[DDP_MEM_OPTIMIZER_STATE], 30 * 8);
+  EXPECT_EQ(p.ranks[1].before_optimizer_step[DDP_MEM_OPTIMIZER_STATE], 30 * 8);
+  // Flat N x S and a shard of S (S = 30), then gloo's reduce-scatter scratch (N - 1) S.
+  EXPECT_EQ(p.ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 3 * 30 * 4);
+  EXPECT_EQ(p.ranks[0].before_optimizer_step[DDP_MEM_COMM_BUFFERS], 3 * 30 * 4 + 30 * 4);
+  in.transport = "mpi";
+  EXPECT_EQ(plan::plan_run(in).ranks[0].before_optimizer_step[DDP_MEM_COMM_BUFFERS], 3 * 30 * 4);
+}
+
+TEST(RunPlan, RefusesWhatItHasNoRulesFor) {
+  try {
+    plan::plan_run(three_params("mine", 2));
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "plan: no rules for strategy 'mine' (the shipped ones: naive, flat, overlap, bucketed, sharded)");
+  }
+  plan::RunInput gpu = three_params("flat", 2);
+  gpu.device = DDP_DEVICE_CUDA;
+  EXPECT_THROW(plan::plan_run(gpu), std::invalid_argument);
+  gpu.transport = "nccl";
+  EXPECT_EQ(plan::plan_run(gpu).ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 240 + 4);
+}
+
+TEST(RunPlan, CommSecondsIsOverheadPlusBusBytesAtTheAllReducesRate) {
+  const std::vector<plan::Collective> c = {{"all_reduce", 1000}, {"all_reduce", 3000}};
+  EXPECT_DOUBLE_EQ(plan::comm_seconds(c, {1e-3, 1e6}, 4), 2e-3 + 4e-3);
+  // Half an all-reduce's bus bytes: half its time beyond o.
+  EXPECT_DOUBLE_EQ(plan::comm_seconds({{"reduce_scatter", 4000}, {"all_gather", 4000}}, {1e-3, 1e6}, 4),
+                   2e-3 + 4e-3);
+  EXPECT_DOUBLE_EQ(plan::comm_seconds(c, {1e-3, 1e6}, 1), 0.0);
+}
+
+// CS336 communication_accounting's XXL on TPU v5p (docs/plan.md); `tokens`:
+// the batch, in tokens.
+plan::MeshInput xxl(int64_t x, int64_t y, double tokens) {
+  plan::MeshInput in;
+  in.params = 126.0 * 2 * 16384 * 53248;
+  in.saved_elements_per_token = 126.0 * (16384 + 53248);
+  in.d_model = 16384;
+  in.d_ff = 53248;
+  in.tokens = tokens;
+  in.x = x;
+  in.y = y;
+  in.hardware = plan::hardware_preset("tpu-v5p");
+  return in;
+}
+
+TEST(Mesh, MemoryPerDeviceAndTheSmallestFsdpThatFits) {
+  const plan::MeshPlan one = plan::plan_mesh(xxl(1, 1, 0));
+  EXPECT_DOUBLE_EQ(one.total, 16 * xxl(1, 1, 0).params);
+  // 16 P / X <= 95e9: X >= 37.02.
+  EXPECT_EQ(one.min_x_to_fit, 38);
+  // Half the activations sharded: 17.5 MB per token, 1000 tokens: 8.8 GB unsharded stay.
+  const plan::MeshPlan acts = plan::plan_mesh(xxl(4, 1, 1000));
+  const double a = 1000 * 126.0 * (16384 + 53248) * 2;
+  EXPECT_DOUBLE_EQ(acts.activations, a / 2 + a / 2 / 4);
+  // (16 P + A / 2) / X + A / 2 <= 95e9 from X = 41.
+  EXPECT_EQ(acts.min_x_to_fit, 41);
+  // Too many tokens: the unsharded half alone exceeds 95 GB, no X fits.
+  EXPECT_EQ(plan::plan_mesh(xxl(1, 1, 20000)).min_x_to_fit, 0);
+}
+
+TEST(Mesh, ComputeBoundByTheScalingBooksCostModel) {
+  const double alpha = 4.6e14 / 1.8e11;  // W_ici = 2 x 9e10
+  const double per_device = 2 * alpha / (2 * 4 * 2);  // comm alpha / (2 Y M_X) = 319.4
+  const plan::MeshPlan m = plan::plan_mesh(xxl(16, 4, 64 * per_device));
+  EXPECT_DOUBLE_EQ(m.alpha, alpha);
+  EXPECT_DOUBLE_EQ(m.fsdp_min_tokens_per_device, per_device);
+  EXPECT_DOUBLE_EQ(m.tp_max_y, 2 * 1 * 53248 / (2 * alpha));  // m M_Y F / (comm alpha) = 20.8
+  EXPECT_TRUE(m.tp_compute_bound);
+  // At the bound T_math = T_FSDP; just above it compute-bound, just below not.
+  EXPECT_DOUBLE_EQ(m.t_math, m.t_fsdp);
+  EXPECT_TRUE(plan::plan_mesh(xxl(16, 4, 64 * per_device * 1.01)).compute_bound);
+  EXPECT_FALSE(plan::plan_mesh(xxl(16, 4, 64 * per_device * 0.99)).compute_bound);
+  // The times themselves, per block's forward, B tokens in all.
+  const double b = 64 * per_device;
+  EXPECT_DOUBLE_EQ(m.t_math, 2 * 2 * b * 16384 * 53248 / (64 * 4.6e14));
+  EXPECT_DOUBLE_EQ(m.t_fsdp, 2 * 2 * 16384.0 * 53248 / (4 * 1.8e11 * 2));
+  EXPECT_DOUBLE_EQ(m.t_tp, 2 * 2 * b * 16384 / (16 * 1.8e11 * 1));
+  // TP past its bound: communication-bound at any batch.
+  EXPECT_FALSE(plan::plan_mesh(xxl(1, 21, 1e9)).tp_compute_bound);
+  // SwiGLU's three matrices raise TP's bound by half.
+  plan::MeshInput swiglu = xxl(16, 4, b);
+  swiglu.ffn_matrices = 3;
+  EXPECT_DOUBLE_EQ(plan::plan_mesh(swiglu).tp_max_y, 1.5 * m.tp_max_y);
+}
+
+TEST(Mesh, Refusals) {
+  EXPECT_THROW(plan::plan_mesh(xxl(0, 1, 0)), std::invalid_argument);
+  EXPECT_THROW(plan::plan_mesh(xxl(int64_t{1} << 30, int64_t{1} << 30, 0)), std::invalid_argument);
+  EXPECT_THROW(plan::plan_mesh(xxl(1, 1, -5)), std::invalid_argument);
+  EXPECT_THROW(plan::plan_mesh(xxl(1, 1, INFINITY)), std::invalid_argument);
+  plan::MeshInput in = xxl(1, 1, 0);
+  in.activation_shard = 1.5;
+  EXPECT_THROW(plan::plan_mesh(in), std::invalid_argument);
+  in = xxl(1, 1, 0);
+  in.precision.master = NAN;
+  EXPECT_THROW(plan::plan_mesh(in), std::invalid_argument);
+  in = xxl(2, 2, 0);
+  in.hardware.axes_x = 0;
+  EXPECT_THROW(plan::plan_mesh(in), std::invalid_argument);
+  try {
+    plan::hardware_preset("a100");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "unknown hardware 'a100' (known: h100-80gb, tpu-v5p)");
+  }
+}
+
+}  // namespace
+}  // namespace ddp
