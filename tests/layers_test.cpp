@@ -147,7 +147,8 @@ Vec column_sums_in_order(Vec sum, int64_t n, int64_t cols,
 // neither a multiple of either): the order is what the GPU must reproduce.
 TEST(ColumnSums, BiasAndRmsGainAddInTheDocumentedOrder) {
   std::mt19937 rng(11);
-  for (const auto& [n, cols] : {std::pair<int64_t, int64_t>{1, 3}, {64, 8}, {65, 300}, {300, 517}}) {
+  for (const auto& size : {std::pair<int64_t, int64_t>{1, 3}, {64, 8}, {65, 300}, {300, 517}}) {
+    const int64_t n = size.first, cols = size.second;  // (lambdas below: clang 14 cannot capture bindings)
     SCOPED_TRACE("n=" + std::to_string(n) + " cols=" + std::to_string(cols));
     const Vec dy = randn(n * cols, rng), x = randn(n * cols, rng), sum0 = randn(cols, rng);
     Vec rms = randn(n, rng);
@@ -818,6 +819,7 @@ void expect_footprint_matches(Model& m, const Footprint& f, CpuDevice& device, s
   for (size_t i = 0; i < f.params.size(); ++i) {
     EXPECT_EQ(f.params[i].name, m.params()[i].name);
     EXPECT_EQ(f.params[i].elements, int64_t(m.params()[i].data.numel())) << f.params[i].name;
+    EXPECT_EQ(f.params[i].shape, m.params()[i].shape) << f.params[i].name;
   }
   EXPECT_EQ(int64_t(setup_bytes), f.setup_activation_bytes);
   m.forward(batch);
