@@ -21,31 +21,18 @@
 
 #include "atomic_file.h"
 #include "bench_comm.h"
+#include "blas_choice.h"
+#include "gemm_floor.h"
 #include "checkpoint.h"
 #include "config.h"
 #include "launcher.h"
 #include "plan_command.h"
 #include "plugin_loader.h"
+#include "registry.h"
 #include "rank_env.h"
 #include "trace.h"
 #include "trainer.h"
 #include "whereabouts.h"
-
-// OpenBLAS 0.3.21 does not know this CPU generation and picks its AVX2
-// (Haswell) GEMM kernel, half as fast as the AVX-512 one (SkylakeX) on a
-// CPU that has AVX-512 (docs/benchmarks.md). It reads OPENBLAS_CORETYPE
-// when it is loaded, before main, so set it and start again, once. A value
-// the user set is kept.
-void choose_blas_kernel(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE")) return;
-  // (__builtin_cpu_supports takes literals only.) Without AVX-512, e.g. on
-  // Zen 3, OpenBLAS's own choice is right.
-  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq") ||
-      !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
-    return;
-  setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
-  execv("/proc/self/exe", argv);  // returns only on failure: go on with the default kernel
-}
 
 namespace ddp {
 namespace {
@@ -139,8 +126,28 @@ void check_plugin(PluginKind kind, const std::string& name, const PluginSection&
 // starts again from its latest checkpoint (from the start if it has none),
 // up to run.max_restarts times; a rank that refused its input is not
 // started again.
+// The GEMM kernel the ranks use (blas_choice.h), measured at the model's
+// GEMMs where it is not given; a GPU run or a model without a footprint
+// leaves OpenBLAS's own pick unless one is given.
+BlasChoice blas_choice(const Config& config) {
+  if (config.run.device != DDP_DEVICE_CPU) return {"default", "GPU run (GEMMs on cuBLAS)"};
+  const ModelInfo* model = find_model(config.model.name);
+  const bool measurable = model && model->footprint;
+  if (std::getenv("OPENBLAS_CORETYPE") || config.run.blas_kernel != "auto" || !measurable)
+    return choose_blas_kernel(config.run.blas_kernel == "auto" && !measurable ? "default" : config.run.blas_kernel,
+                              {}, "");
+  const int64_t rows = config.data.batch_size / config.run.world_size;
+  const Footprint f = model->footprint(config.model.options, rows, config.run.device);
+  if (!std::filesystem::exists(blas_cache_path()))
+    std::cerr << "ddp: choosing the BLAS kernel: timing the model's GEMMs with each, once for this machine ("
+              << blas_cache_path() << ")" << std::endl;
+  return choose_blas_kernel("auto", model_gemm_shapes(f, rows), std::filesystem::read_symlink("/proc/self/exe"),
+                            config.run.threads);
+}
+
 int launch_run(const Config& config, const std::string& config_path, const std::vector<std::string>& overrides,
                bool trace) {
+  const BlasChoice blas = blas_choice(config);
   LaunchSpec spec;
   spec.world = config.run.world_size;
   spec.output_dir = config.run.output_dir;
@@ -149,7 +156,8 @@ int launch_run(const Config& config, const std::string& config_path, const std::
   spec.unset = {"DDP_TRACE", "DDP_RESTARTS"};
   nlohmann::json restarts = nlohmann::json::array();
   spec.rank_env = [&](int r, const std::string& run_dir) {
-    std::vector<std::string> env;
+    std::vector<std::string> env = {"DDP_BLAS_CHOICE=" + blas.json().dump()};
+    if (blas.kernel != "default") env.push_back("OPENBLAS_CORETYPE=" + blas.kernel);
     if (trace) env.push_back("DDP_TRACE=" + rank_trace_path(run_dir, std::to_string(r)));
     if (!restarts.empty()) env.push_back("DDP_RESTARTS=" + restarts.dump());
     return env;
@@ -251,8 +259,41 @@ CLI::App* add_plan(CLI::App& app, ddp::PlanOptions& p) {
   return plan;
 }
 
+// `ddp blas-probe` (internal: blas_choice.h runs it once per candidate
+// kernel) and `ddp gemm-floor CONFIG` (tools/bench_gemm_floor.py): JSON on
+// stdout.
+struct BlasCommands {
+  CLI::App* probe = nullptr;
+  CLI::App* floor = nullptr;
+  std::string shapes, config;
+  std::vector<std::string> sets;
+  int probe_repeats = 3, probe_threads = 1, floor_repeats = 5;
+};
+
+void add_blas_commands(CLI::App& app, BlasCommands& b) {
+  b.probe = app.add_subcommand("blas-probe", "(internal) time GEMMs with this process's BLAS kernel");
+  b.probe->group("");
+  b.probe->add_option("--shapes", b.shapes, "MxKxN,...")->required();
+  b.probe->add_option("--repeats", b.probe_repeats, "timed runs of each")->check(CLI::PositiveNumber);
+  b.probe->add_option("--threads", b.probe_threads, "BLAS threads")->check(CLI::PositiveNumber);
+  b.floor = app.add_subcommand(
+      "gemm-floor", "time one rank's forward and backward GEMMs alone, as the model runs them (JSON on stdout)");
+  b.floor->add_option("config", b.config, "the run's TOML file")->required();
+  b.floor->add_option("--set", b.sets, "override a key: section.key=value (repeatable)")->take_all();
+  b.floor->add_option("--repeats", b.floor_repeats, "timed replays (best of)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+}
+
+int blas_command(const BlasCommands& b) {
+  const nlohmann::json out = b.probe->parsed() ? ddp::probe_gemms(ddp::parse_shapes(b.shapes), b.probe_repeats,
+                                                                   b.probe_threads)
+                                               : ddp::gemm_floor(ddp::load_config(b.config, b.sets), b.floor_repeats);
+  std::cout << out.dump() << "\n";
+  return 0;
+}
+
 int main(int argc, char** argv) {
-  choose_blas_kernel(argv);
   CLI::App app{"ddp: data-parallel training with plugin strategies and transports"};
   app.set_version_flag("--version", "ddp 0.2.0 (plugin ABI " + std::to_string(DDP_ABI_VERSION_MAJOR) + "." +
                                            std::to_string(DDP_ABI_VERSION_MINOR) + ")");
@@ -280,6 +321,8 @@ int main(int argc, char** argv) {
   CLI::App* bc = add_bench_comm(app, bench, bench_sizes, bench_ops);
   ddp::PlanOptions plan_options;
   CLI::App* plan = add_plan(app, plan_options);
+  BlasCommands blas;
+  add_blas_commands(app, blas);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -289,6 +332,7 @@ int main(int argc, char** argv) {
                 << ddp::format_plugins(ddp::describe_plugins(ddp::PluginKind::Transport));
       return 0;
     }
+    if (blas.probe->parsed() || blas.floor->parsed()) return blas_command(blas);
     if (plan->parsed()) {
       ddp::plan_command(plan_options);
       return 0;
@@ -303,6 +347,7 @@ int main(int argc, char** argv) {
     ddp::Config config = ddp::load_config(config_path, overrides);
     if (resume_option->count() > 0) config.resume = resume.empty() ? "latest" : resume;
     if (ddp::launched_as_rank()) {
+      ddp::apply_cached_blas_kernel(argv);  // a rank of mpirun or srun: this machine's choice, if cached
       // Ranks of our own launcher (they have its channel) get DDP_TRACE from
       // it. Under another launcher nobody merges: with --trace each rank
       // keeps its own file, and an inherited DDP_TRACE does not count.

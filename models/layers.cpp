@@ -8,6 +8,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -16,9 +17,40 @@
 namespace ddp {
 namespace layers {
 
+const std::vector<std::string>& blas_kernel_candidates() {
+  static const std::vector<std::string> names = {"Sandybridge", "Haswell", "Zen", "SkylakeX", "Cooperlake"};
+  return names;
+}
+std::string blas_kernel_loaded() { return openblas_get_corename(); }
+void set_blas_threads(int threads) { openblas_set_num_threads(threads); }
+std::string blas_build() {
+  // Its configuration string names the kernel loaded: drop that word, so
+  // that the build reads the same whichever kernel was picked.
+  std::string config = openblas_get_config(), out;
+  const std::string core = openblas_get_corename();
+  size_t start = 0;
+  while (start <= config.size()) {
+    const size_t end = std::min(config.find(' ', start), config.size());
+    const std::string word = config.substr(start, end - start);
+    if (!word.empty() && word != core) out += (out.empty() ? "" : " ") + word;
+    start = end + 1;
+  }
+  return out;
+}
+
 namespace {
 
 blasint bi(int64_t v) { return static_cast<blasint>(v); }
+
+thread_local std::vector<GemmCall>* t_recorded = nullptr;
+
+// cblas_sgemm, row-major, noted in the recording if one is on.
+void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, blasint m, blasint n, blasint k, float alpha, const float* a,
+           blasint lda, const float* b, blasint ldb, float beta, float* c, blasint ldc) {
+  if (t_recorded)
+    t_recorded->push_back({ta == CblasTrans, tb == CblasTrans, m, n, k, lda, ldb, ldc, alpha, beta});
+  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
 
 // exp(x) for float32, branch-free so loops over it vectorise: Cephes' expf
 // (x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial in r, times 2^n),
@@ -51,23 +83,45 @@ inline float sigmoid(float z) { return 1.0f / (1.0f + exp_approx(-z)); }
 
 }  // namespace
 
+void record_gemms(std::vector<GemmCall>* calls) { t_recorded = calls; }
+
+double replay_gemms(const std::vector<GemmCall>& calls) {
+  size_t a_size = 1, b_size = 1, c_size = 1;  // the largest extent each operand reaches
+  for (const GemmCall& g : calls) {
+    a_size = std::max(a_size, size_t((g.trans_a ? g.k : g.m) * g.lda));
+    b_size = std::max(b_size, size_t((g.trans_b ? g.n : g.k) * g.ldb));
+    c_size = std::max(c_size, size_t(g.m * g.ldc));
+  }
+  std::vector<float> a(a_size), b(b_size), c(c_size);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (std::vector<float>* v : {&a, &b, &c})
+    for (float& x : *v) x = dist(rng);
+  const auto begin = std::chrono::steady_clock::now();
+  for (const GemmCall& g : calls)
+    cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
+                bi(g.m), bi(g.n), bi(g.k), g.alpha, a.data(), bi(g.lda), b.data(), bi(g.ldb), g.beta, c.data(),
+                bi(g.ldc));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+}
+
 // ---- linear ---------------------------------------------------------------
 
 void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out,
                     bool accumulate) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(n), bi(out), bi(in), 1.0f, x, bi(in), w,
+  sgemm(CblasNoTrans, CblasTrans, bi(n), bi(out), bi(in), 1.0f, x, bi(in), w,
               bi(in), accumulate ? 1.0f : 0.0f, y, bi(out));
 }
 
 void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in,
                            int64_t out, bool accumulate) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(n), bi(in), bi(out), 1.0f, dy, bi(out),
+  sgemm(CblasNoTrans, CblasNoTrans, bi(n), bi(in), bi(out), 1.0f, dy, bi(out),
               w, bi(in), accumulate ? 1.0f : 0.0f, dx, bi(in));
 }
 
 void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in,
                             int64_t out) {
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(out), bi(in), bi(n), 1.0f, dy, bi(out), x,
+  sgemm(CblasTrans, CblasNoTrans, bi(out), bi(in), bi(n), 1.0f, dy, bi(out), x,
               bi(in), 1.0f, dw, bi(in));
 }
 
@@ -211,7 +265,7 @@ void attention_forward(float* out, float* p, const float* q, const float* k, con
       for (int64_t r0 = 0; r0 < t; r0 += kQueryBlock) {
         const int64_t r1 = std::min(r0 + kQueryBlock, t), rows = r1 - r0;
         // scores[r0:r1, 0:r1] = q_h[r0:r1] · k_h[0:r1]^T / sqrt(dh)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(rows), bi(r1), bi(dh), scale,
+        sgemm(CblasNoTrans, CblasTrans, bi(rows), bi(r1), bi(dh), scale,
                     q + off + r0 * d, bi(d), k + off, bi(d), 0.0f, ph + r0 * t, bi(t));
         for (int64_t i = r0; i < r1; ++i) {
           float* __restrict row = ph + i * t;
@@ -230,7 +284,7 @@ void attention_forward(float* out, float* p, const float* q, const float* k, con
           std::fill(row + i + 1, row + t, 0.0f);  // the causal mask
         }
         // out_h[r0:r1] = p[r0:r1, 0:r1] · v_h[0:r1]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(rows), bi(dh), bi(r1), 1.0f,
+        sgemm(CblasNoTrans, CblasNoTrans, bi(rows), bi(dh), bi(r1), 1.0f,
                     ph + r0 * t, bi(t), v + off, bi(d), 0.0f, out + off + r0 * d, bi(d));
       }
     }
@@ -256,10 +310,10 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
         const float* pb = ph + r0 * t;  // p[r0:r1, 0:r1], row stride t
         float* sb = scratch + r0 * t;   // dp, then ds, same place
         // dp[r0:r1, 0:r1] = dout_h[r0:r1] · v_h[0:r1]^T
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(rows), bi(r1), bi(dh), 1.0f,
+        sgemm(CblasNoTrans, CblasTrans, bi(rows), bi(r1), bi(dh), 1.0f,
                     dout + off + r0 * d, bi(d), v + off, bi(d), 0.0f, sb, bi(t));
         // dv_h[0:r1] += p[r0:r1, 0:r1]^T · dout_h[r0:r1]
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(r1), bi(dh), bi(rows), 1.0f, pb,
+        sgemm(CblasTrans, CblasNoTrans, bi(r1), bi(dh), bi(rows), 1.0f, pb,
                     bi(t), dout + off + r0 * d, bi(d), beta, dv + off, bi(d));
         // Softmax backward, scaled: ds_ij = p_ij (dp_ij - sum_k p_ik dp_ik) / sqrt(dh);
         // masked entries have p = 0 and stay 0.
@@ -274,9 +328,9 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
           std::fill(dr + i + 1, dr + r1, 0.0f);
         }
         // dq_h[r0:r1] = ds[r0:r1, 0:r1] · k_h[0:r1];  dk_h[0:r1] += ds^T · q_h[r0:r1]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(rows), bi(dh), bi(r1), 1.0f, sb,
+        sgemm(CblasNoTrans, CblasNoTrans, bi(rows), bi(dh), bi(r1), 1.0f, sb,
                     bi(t), k + off, bi(d), 0.0f, dq + off + r0 * d, bi(d));
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(r1), bi(dh), bi(rows), 1.0f, sb,
+        sgemm(CblasTrans, CblasNoTrans, bi(r1), bi(dh), bi(rows), 1.0f, sb,
                     bi(t), q + off + r0 * d, bi(d), beta, dk + off, bi(d));
       }
     }

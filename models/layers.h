@@ -16,9 +16,37 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
+#include <vector>
 
 namespace ddp {
 namespace layers {
+
+// ---- the BLAS behind the GEMMs ---------------------------------------------
+
+// The OpenBLAS GEMM kernels (OPENBLAS_CORETYPE values) `ddp run` may choose
+// between, besides OpenBLAS's own pick (engine/blas/blas_choice.h); x86-64
+// kernels of Debian's DYNAMIC_ARCH build, oldest first.
+const std::vector<std::string>& blas_kernel_candidates();
+// The kernel this process's OpenBLAS loaded ("Haswell", ...), and its
+// build (openblas_get_config without the kernel's name).
+std::string blas_kernel_loaded();
+std::string blas_build();
+// The threads OpenBLAS's GEMMs use in this process.
+void set_blas_threads(int threads);
+
+// One GEMM the layers ran (cblas_sgemm, row-major): enough to run it again.
+struct GemmCall {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  float alpha = 1.0f, beta = 0.0f;
+};
+// While `calls` is set (this thread), every GEMM the layers run is also
+// appended to it; null stops. For the GEMM-only floor (`ddp gemm-floor`).
+void record_gemms(std::vector<GemmCall>* calls);
+// Runs the calls again, in order, on random operands sized for the
+// largest; returns the seconds they took.
+double replay_gemms(const std::vector<GemmCall>& calls);
 
 // ---- linear: y = x W^T (+ b), W stored [out, in] as in PyTorch ----------
 

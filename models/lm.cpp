@@ -128,7 +128,7 @@ Footprint lm_footprint(const LmConfig& c, int64_t rows, ddp_device_kind device) 
   check_sizes(c);
   check_product({rows, c.context_length, c.vocab_size + c.d_ff + c.num_heads * c.context_length});
   Footprint f;
-  for (const auto& [name, shape] : lm_parameter_shapes(c)) f.params.push_back({name, numel(shape)});
+  for (const auto& [name, shape] : lm_parameter_shapes(c)) f.params.push_back({name, numel(shape), shape});
   f.data = DataShape{DataShape::Tokens, 0, 0, c.context_length, c.vocab_size};
   f.d_model = c.d_model;
   f.d_ff = c.d_ff;

@@ -90,11 +90,11 @@ Footprint mlp_footprint(const MlpConfig& c, int64_t rows, ddp_device_kind device
   Footprint f;
   for (int64_t i = 0; i < c.depth; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
-    f.params.push_back({p + "weight", c.width * c.width});
-    f.params.push_back({p + "bias", c.width});
+    f.params.push_back({p + "weight", c.width * c.width, {c.width, c.width}});
+    f.params.push_back({p + "bias", c.width, {c.width}});
   }
-  f.params.push_back({"head.weight", c.classes * c.width});
-  f.params.push_back({"head.bias", c.classes});
+  f.params.push_back({"head.weight", c.classes * c.width, {c.classes, c.width}});
+  f.params.push_back({"head.bias", c.classes, {c.classes}});
   int64_t floats = 0;
   for (const Shape& s : MlpModel::activation_shapes(c, rows, device)) {
     int64_t n = 1;

@@ -52,6 +52,7 @@ struct DataShape {
 struct ParamSize {
   std::string name;
   int64_t elements = 0;
+  std::vector<int64_t> shape;
 };
 struct Footprint {
   std::vector<ParamSize> params;       // table order

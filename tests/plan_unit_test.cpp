@@ -17,7 +17,7 @@ namespace {
 // Three parameters of 10, 20 and 30 floats; 2 rows of 5 inputs.
 plan::RunInput three_params(const std::string& strategy, int world) {
   plan::RunInput in;
-  in.model.params = {{"a", 10}, {"b", 20}, {"c", 30}};
+  in.model.params = {{"a", 10, {10}}, {"b", 20, {20}}, {"c", 30, {30}}};
   in.model.data = DataShape{DataShape::Classification, 5, 3, 0, 0};
   in.model.setup_activation_bytes = 8;
   in.model.step_activation_bytes = 100;

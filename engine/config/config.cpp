@@ -13,6 +13,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "layers.h"  // blas_kernel_candidates
 #include "schema.h"
 #include "toml_read.h"
 
@@ -215,6 +216,9 @@ RunConfig read_run(const Reader& r) {
   run.log_every = r.integer("run", "log_every", 1, 1);
 
   run.threads = int(r.integer("run", "threads", 1, 1, 1024));
+  std::vector<std::string> kernels = {"auto", "default"};
+  for (const std::string& k : layers::blas_kernel_candidates()) kernels.push_back(k);
+  run.blas_kernel = r.one_of("run", "blas_kernel", "auto", kernels);
   run.device = r.one_of("run", "device", "cpu", {"cpu", "cuda"}) == "cuda" ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
   run.share_gpus = r.boolean("run", "share_gpus", false);
   run.check_finite = r.boolean("run", "check_finite", true);

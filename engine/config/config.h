@@ -45,6 +45,7 @@ struct RunConfig {
   double timeout_s = 30.0;    // > 0
   int64_t log_every = 1;      // progress line every N steps, >= 1
   int threads = 1;            // BLAS threads per rank, >= 1
+  std::string blas_kernel = "auto";  // "auto" | "default" | an OpenBLAS kernel (layers::blas_kernel_candidates)
   ddp_device_kind device = DDP_DEVICE_CPU;  // "cpu" | "cuda" (GPU local_rank per rank)
   bool share_gpus = false;    // cuda: ranks beyond the GPU count share them (gloo only)
   bool check_finite = true;   // a non-finite loss stops the run, naming the first non-finite parameter

@@ -16,6 +16,7 @@ const KeySpec kSchema[] = {
     {"run", "log_every", toml::node_type::integer, false},
     {"run", "grad_accum_steps", toml::node_type::integer, false},
     {"run", "threads", toml::node_type::integer, false},
+    {"run", "blas_kernel", toml::node_type::string, false},
     {"run", "device", toml::node_type::string, false},
     {"run", "share_gpus", toml::node_type::boolean, false},
     {"run", "check_finite", toml::node_type::boolean, false},

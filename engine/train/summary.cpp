@@ -120,6 +120,9 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
   json restarts = facts.restarts_json.empty() ? json::array() : json::parse(facts.restarts_json, nullptr, false);
   summary["restarts"] = restarts.is_discarded() ? json::array() : restarts;
   if (strategy_stats) summary["strategy_stats"] = *strategy_stats;
+  json choice = facts.blas_choice_json.empty() ? json() : json::parse(facts.blas_choice_json, nullptr, false);
+  summary["blas"] = {{"kernel", facts.blas_kernel}, {"build", facts.blas_build},
+                     {"choice", choice.is_discarded() ? json() : choice}};
   summary["config"] = facts.config_toml;
   return summary;
 }

@@ -74,6 +74,9 @@ struct RunFacts {
   std::vector<int64_t> checkpoints;
   double checkpoint_s = 0;
   std::string restarts_json;
+  // The GEMM kernel rank 0's OpenBLAS loaded, its build, and how it was
+  // chosen (the launcher's DDP_BLAS_CHOICE, JSON; "" for none).
+  std::string blas_kernel, blas_build, blas_choice_json;
 };
 
 // summary.json: the run's facts, `loss` for every step (a resumed run's

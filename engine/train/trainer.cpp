@@ -20,6 +20,7 @@
 #include "agreement.h"
 #include "checkpoint.h"
 #include "data.h"
+#include "layers.h"  // blas_kernel_loaded, blas_build
 #include "model_setup.h"
 #include "nvtx.h"
 #include "optimizer.h"
@@ -428,24 +429,22 @@ class RankRun {
     std::vector<RankTotals> ranks;
     for (int r = 0; r < env_.rank.world_size; ++r) ranks.push_back(RankTotals::from_doubles(&all[r * RankTotals::kDoubles]));
     RunFacts facts;
-    facts.world_size = env_.rank.world_size;
-    facts.steps = config_.run.steps;
+    facts.world_size = env_.rank.world_size, facts.steps = config_.run.steps;
     facts.model = config_.model.name;
-    facts.transport = plugins_->transport_name();
-    facts.strategy = plugins_->strategy_name();
+    facts.transport = plugins_->transport_name(), facts.strategy = plugins_->strategy_name();
     facts.rows_per_step = double(config_.data.batch_size) * double(config_.run.grad_accum_steps);
     facts.tokens_per_row = tokens_per_row_;
     facts.after_setup = mem_after_setup_, facts.before_optimizer = mem_before_optimizer_;
     facts.after_optimizer = mem_after_optimizer_;
     facts.config_toml = config_.toml_text;
+    facts.blas_kernel = layers::blas_kernel_loaded(), facts.blas_build = layers::blas_build();
+    if (const char* choice = std::getenv("DDP_BLAS_CHOICE")) facts.blas_choice_json = choice;
     facts.replica_check_every = config_.run.check_replicas_every;
     facts.replica_checked_after = replica_checked_after_;
     facts.replica_check_s = replica_check_s_;
-    facts.first_step = start_step_;
-    facts.resumed_from = resumed_from_;
+    facts.first_step = start_step_, facts.resumed_from = resumed_from_;
     facts.losses_before = loss_prefix_;
-    facts.checkpoints = checkpoints_;
-    facts.checkpoint_s = checkpoint_s_;
+    facts.checkpoints = checkpoints_, facts.checkpoint_s = checkpoint_s_;
     if (const char* restarts = std::getenv("DDP_RESTARTS")) facts.restarts_json = restarts;
     nlohmann::ordered_json stats;
     const bool has_stats = plugins_->stats(&stats);

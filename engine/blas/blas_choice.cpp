@@ -1,0 +1,164 @@
+// blas_choice.cpp — blas_choice.h: the candidates probed in child
+// processes, the cache.
+#include "blas_choice.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "atomic_file.h"
+#include "error.h"
+#include "layers.h"
+
+namespace ddp {
+
+using json = nlohmann::json;
+
+json BlasChoice::json() const { return {{"kernel", kernel}, {"source", source}, {"timings_s", timings}}; }
+
+std::string blas_cache_path() {
+  namespace fs = std::filesystem;
+  if (const char* d = std::getenv("DDP_CACHE_DIR"); d && *d) return (fs::path(d) / "blas-kernel.json").string();
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
+    return (fs::path(x) / "ddp" / "blas-kernel.json").string();
+  const char* home = std::getenv("HOME");
+  return (fs::path(home && *home ? home : "/tmp") / ".cache" / "ddp" / "blas-kernel.json").string();
+}
+
+std::string blas_machine_key() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, model = "unknown CPU";
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  return model + " | " + layers::blas_build();
+}
+
+namespace {
+
+json read_cache() {
+  std::ifstream in(blas_cache_path());
+  if (!in) return json::object();
+  json doc = json::parse(in, nullptr, false);
+  return doc.is_object() ? doc : json::object();
+}
+
+// One candidate's probe in a child process: its JSON, or null if it died,
+// timed out or printed something else.
+json run_probe(const std::string& exe, const std::string& kernel, const std::vector<GemmShape>& shapes, int threads) {
+  const std::string env = kernel == "default" ? "env -u OPENBLAS_CORETYPE" : "env OPENBLAS_CORETYPE=" + kernel;
+  const std::string command =
+      env + " timeout 120 '" + exe + "' blas-probe --repeats 2 --threads " + std::to_string(threads) + " --shapes " +
+      format_shapes(shapes) + " 2>/dev/null";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return nullptr;
+  std::string out;
+  std::array<char, 4096> buf;
+  for (size_t n; (n = fread(buf.data(), 1, buf.size(), pipe)) > 0;) out.append(buf.data(), n);
+  if (pclose(pipe) != 0) return nullptr;
+  json doc = json::parse(out, nullptr, false);
+  return doc.is_object() && doc.contains("seconds") ? doc : json(nullptr);
+}
+
+double gflop(const std::vector<GemmShape>& shapes) {
+  double flop = 0.0;
+  for (const GemmShape& s : shapes) flop += 2.0 * double(s.m) * double(s.k) * double(s.n);
+  return flop / 1e9;
+}
+
+// Case-insensitive: OpenBLAS names its loaded kernel "Haswell", "SkylakeX", ...
+bool same_name(const std::string& a, const std::string& b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return std::tolower(x) == std::tolower(y); });
+}
+
+// Every candidate, in rounds that rotate their order (so that whatever else
+// runs on the machine meets them alike), each kept at its best round. A
+// candidate is dropped for good when its probe dies (not for this CPU),
+// its results are wrong, or OpenBLAS loaded another kernel instead (or the
+// one it picks by itself: measured as "default").
+BlasChoice measure(const std::vector<GemmShape>& shapes, const std::string& exe, int threads) {
+  constexpr int kRounds = 3;
+  std::vector<std::string> alive = {"default"};
+  alive.insert(alive.end(), layers::blas_kernel_candidates().begin(), layers::blas_kernel_candidates().end());
+  std::string default_core;
+  BlasChoice best{"", "measured"};
+  for (int round = 0; round < kRounds; ++round) {
+    const std::vector<std::string> order = alive;
+    for (size_t i = 0; i < order.size(); ++i) {
+      const std::string& k = order[(i + size_t(round)) % order.size()];
+      const json r = run_probe(exe, k, shapes, threads);
+      const std::string core = r.is_object() ? r.value("corename", "") : "";
+      if (k == "default" && round == 0) default_core = core;
+      const bool same_as_default = k != "default" && same_name(core, default_core);
+      if (r.is_null() || !r.value("ok", false) || (k != "default" && !same_name(core, k)) || same_as_default) {
+        alive.erase(std::find(alive.begin(), alive.end(), k));
+        continue;
+      }
+      const double s = r["seconds"].get<double>();
+      if (!best.timings.contains(k) || s < best.timings[k].get<double>()) best.timings[k] = s;
+    }
+  }
+  double best_s = INFINITY;
+  for (const auto& [k, s] : best.timings.items())
+    if (s.get<double>() < best_s) best_s = s.get<double>(), best.kernel = k;
+  if (best.kernel.empty())
+    throw Error("BLAS kernel: no candidate ran the model's GEMMs correctly (OpenBLAS " + layers::blas_build() +
+                "); set OPENBLAS_CORETYPE or run.blas_kernel");
+  return best;
+}
+
+}  // namespace
+
+BlasChoice choose_blas_kernel(const std::string& setting, const std::vector<GemmShape>& shapes, const std::string& exe,
+                              int threads) {
+  if (const char* env = std::getenv("OPENBLAS_CORETYPE"); env && *env) return {env, "environment"};
+  if (setting != "auto") return {setting, "config"};
+  const std::string key = blas_machine_key(), model = format_shapes(shapes) + " on " + std::to_string(threads) +
+                                                                      (threads == 1 ? " thread" : " threads");
+  json cache = read_cache();
+  if (!cache[key].is_object()) cache[key] = json::object();
+  const json& known = cache[key];
+  if (known.contains(model) && known[model].is_object() && known[model].value("kernel", "") != "")
+    return {known[model]["kernel"].get<std::string>(), "cache", known[model].value("timings_s", json::object())};
+  BlasChoice choice = measure(shapes, exe, threads);
+  cache[key][model] = {{"kernel", choice.kernel}, {"timings_s", choice.timings}, {"gflop", gflop(shapes)}};
+  try {
+    std::filesystem::create_directories(std::filesystem::path(blas_cache_path()).parent_path());
+    write_file_atomically(blas_cache_path(), cache.dump(2) + "\n");
+  } catch (const std::exception&) {  // no cache where it cannot be written: measure next time too
+  }
+  return choice;
+}
+
+void apply_cached_blas_kernel(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") || std::getenv("DDP_BLAS_CHOICE")) return;
+  const json cache = read_cache();
+  const std::string key = blas_machine_key();
+  if (!cache.contains(key) || !cache[key].is_object()) return;
+  // The shapes of this run are not known yet: the choice measured on the
+  // most work, the likeliest to hold for a real model.
+  const json* best = nullptr;
+  for (const auto& [shapes, entry] : cache[key].items())
+    if (entry.is_object() && entry.value("kernel", "") != "" &&
+        (!best || entry.value("gflop", 0.0) > best->value("gflop", 0.0)))
+      best = &entry;
+  if (!best) return;
+  const std::string kernel = best->value("kernel", "");
+  BlasChoice choice{kernel, "cache", best->value("timings_s", json::object())};
+  setenv("DDP_BLAS_CHOICE", choice.json().dump().c_str(), 1);
+  if (kernel.empty() || kernel == "default") return;
+  setenv("OPENBLAS_CORETYPE", kernel.c_str(), 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: go on with OpenBLAS's own pick
+}
+
+}  // namespace ddp

@@ -1,0 +1,56 @@
+// blas_choice_test.cpp — engine/blas: the model's GEMM shapes (closed
+// form), their text form, and a probe in this process (its kernel is the
+// one OpenBLAS loaded, its results check out). tests/blas_kernel_test.py
+// runs `ddp run` for the choice itself: environment, key, cache.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "blas_choice.h"
+#include "error.h"
+#include "gemm_probe.h"
+#include "layers.h"
+#include "mlp.h"
+
+namespace ddp {
+namespace {
+
+TEST(GemmShapes, ForwardInputAndWeightGradientOfEveryMatrixOnce) {
+  // mlp 8 x 2 layers, 3 classes, 4 rows: two [8, 8] weights, a [3, 8] head.
+  const Footprint f = mlp_footprint(MlpConfig{8, 2, 3}, 4, DDP_DEVICE_CPU);
+  const std::vector<GemmShape> want = {{4, 8, 8}, {8, 4, 8}, {4, 8, 3}, {4, 3, 8}, {3, 4, 8}};
+  EXPECT_EQ(model_gemm_shapes(f, 4), want);
+}
+
+TEST(GemmShapes, TextRoundTripAndRefusals) {
+  const std::vector<GemmShape> shapes = {{1024, 256, 10000}, {1, 2, 3}};
+  EXPECT_EQ(format_shapes(shapes), "1024x256x10000,1x2x3");
+  EXPECT_EQ(parse_shapes("1024x256x10000,1x2x3"), shapes);
+  for (const char* bad : {"", "1x2", "1x2x0", "1x2x3x4", "axbxc", "1x2x3,", "1x2x9999999"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(parse_shapes(bad), Error);
+  }
+}
+
+TEST(GemmProbe, TimesWithTheLoadedKernelAndChecksResults) {
+  const nlohmann::json r = probe_gemms({{64, 32, 48}, {7, 5, 3}}, 2, 1);
+  EXPECT_EQ(r["corename"].get<std::string>(), layers::blas_kernel_loaded());
+  EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
+  EXPECT_LT(r["worst_error"].get<double>(), 1e-5);
+  EXPECT_GT(r["seconds"].get<double>(), 0.0);
+}
+
+TEST(BlasChoice, TheEnvironmentAndTheKeyWinWithoutMeasuring) {
+  setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+  BlasChoice c = choose_blas_kernel("Zen", {}, "/nonexistent");
+  EXPECT_EQ(c.kernel, "Haswell");
+  EXPECT_EQ(c.source, "environment");
+  unsetenv("OPENBLAS_CORETYPE");
+  c = choose_blas_kernel("Zen", {}, "/nonexistent");
+  EXPECT_EQ(c.kernel, "Zen");
+  EXPECT_EQ(c.source, "config");
+  EXPECT_EQ(c.json()["source"], "config");
+}
+
+}  // namespace
+}  // namespace ddp
