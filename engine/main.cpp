@@ -110,15 +110,6 @@ std::string run_done_line(const std::string& output_dir) {
   return line.str();
 }
 
-// Loads the plugin every rank will load and checks the keys of its table
-// against those it declares (if it declares them; else each rank checks
-// them once the plugin has read its keys).
-void check_plugin(PluginKind kind, const std::string& name, const PluginSection& section) {
-  std::string warning;
-  load_and_check(kind, name, section, &warning);
-  if (!warning.empty()) std::cerr << "ddp: warning: " << warning << "; its keys go to no plugin\n";
-}
-
 // `ddp run` on this machine: run.world_size ranks of this executable, each
 // running the same command line as a rank. With --trace, each rank records
 // into the run's private directory and the files are merged into
@@ -132,16 +123,14 @@ void check_plugin(PluginKind kind, const std::string& name, const PluginSection&
 BlasChoice blas_choice(const Config& config) {
   if (config.run.device != DDP_DEVICE_CPU) return {"default", "GPU run (GEMMs on cuBLAS)"};
   const ModelInfo* model = find_model(config.model.name);
-  const bool measurable = model && model->footprint;
-  if (std::getenv("OPENBLAS_CORETYPE") || config.run.blas_kernel != "auto" || !measurable)
-    return choose_blas_kernel(config.run.blas_kernel == "auto" && !measurable ? "default" : config.run.blas_kernel,
-                              {}, "");
-  const int64_t rows = config.data.batch_size / config.run.world_size;
-  const Footprint f = model->footprint(config.model.options, rows, config.run.device);
-  if (!std::filesystem::exists(blas_cache_path()))
-    std::cerr << "ddp: choosing the BLAS kernel: timing the model's GEMMs with each, once for this machine ("
-              << blas_cache_path() << ")" << std::endl;
-  return choose_blas_kernel("auto", model_gemm_shapes(f, rows), std::filesystem::read_symlink("/proc/self/exe"),
+  std::vector<GemmShape> shapes;
+  if (model && model->footprint) {
+    const int64_t rows = config.data.batch_size / config.run.world_size;
+    shapes = model_gemm_shapes(model->footprint(config.model.options, rows, config.run.device), rows);
+  } else if (config.run.blas_kernel == "auto" && !std::getenv("OPENBLAS_CORETYPE")) {
+    return {"default", "model without GEMM shapes"};
+  }
+  return choose_blas_kernel(config.run.blas_kernel, shapes, std::filesystem::read_symlink("/proc/self/exe"),
                             config.run.threads);
 }
 
@@ -174,8 +163,9 @@ int launch_run(const Config& config, const std::string& config_path, const std::
   // The plugins every rank will load, loaded here once: a misspelt name, a
   // library that cannot load or a key the plugin does not declare is
   // refused before any rank starts.
-  check_plugin(PluginKind::Strategy, config.strategy_plugin, config.strategy);
-  check_plugin(PluginKind::Transport, config.transport_plugin, config.transport);
+  // (A plugin that declares no keys has them checked by each rank instead.)
+  load_and_check(PluginKind::Strategy, config.strategy_plugin, config.strategy);
+  load_and_check(PluginKind::Transport, config.transport_plugin, config.transport);
   const DirectoryLock lock(config.run.output_dir, "run.output_dir");  // one run per output directory
   const auto checkpoint_lock = lock_checkpoint_dir(config);
   std::string resume = config.resume;

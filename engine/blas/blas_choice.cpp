@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include "atomic_file.h"
@@ -87,6 +88,8 @@ bool same_name(const std::string& a, const std::string& b) {
 // its results are wrong, or OpenBLAS loaded another kernel instead (or the
 // one it picks by itself: measured as "default").
 BlasChoice measure(const std::vector<GemmShape>& shapes, const std::string& exe, int threads) {
+  std::cerr << "ddp: choosing the BLAS kernel: timing the model's GEMMs with each, once for this machine ("
+            << blas_cache_path() << ")" << std::endl;
   constexpr int kRounds = 3;
   std::vector<std::string> alive = {"default"};
   alive.insert(alive.end(), layers::blas_kernel_candidates().begin(), layers::blas_kernel_candidates().end());

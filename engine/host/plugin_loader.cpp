@@ -4,6 +4,7 @@
 // refusal is a PluginError worded as documented in plugin_loader.h.
 #include "plugin_loader.h"
 
+#include <iostream>
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
@@ -312,11 +313,11 @@ void check_declared_keys(const LoadedPlugin& plugin, const PluginSection& sectio
                          strategy ? plugin.strategy()->name : plugin.transport()->name);
 }
 
-std::unique_ptr<LoadedPlugin> load_and_check(PluginKind kind, const std::string& name, const PluginSection& section,
-                                             std::string* warning) {
+std::unique_ptr<LoadedPlugin> load_and_check(PluginKind kind, const std::string& name, const PluginSection& section) {
   std::unique_ptr<LoadedPlugin> plugin = load_plugin(kind, name);
   check_declared_keys(*plugin, section);
-  *warning = section.unknown_table(available_plugins(kind, default_plugin_dir()), to_string(kind));
+  const std::string warning = section.unknown_table(available_plugins(kind, default_plugin_dir()), to_string(kind));
+  if (!warning.empty()) std::cerr << "ddp: warning: " << warning << "; its keys go to no plugin\n";
   return plugin;
 }
 

@@ -95,11 +95,10 @@ std::optional<std::vector<PluginKey>> declared_keys(const LoadedPlugin& plugin);
 // unknown one); nothing for a plugin that declares none.
 void check_declared_keys(const LoadedPlugin& plugin, const PluginSection& section);
 // Before any rank starts (`ddp run`, `ddp plan`): loads the plugin every rank
-// will load and checks its table's keys against those it declares. Sets
-// *warning to the warning for a table of the section that names no plugin
-// of the search path (PluginSection::unknown_table), else "".
-std::unique_ptr<LoadedPlugin> load_and_check(PluginKind kind, const std::string& name, const PluginSection& section,
-                                             std::string* warning);
+// will load and checks its table's keys against those it declares; warns on
+// stderr of a table of the section that names no plugin of the search path
+// (PluginSection::unknown_table).
+std::unique_ptr<LoadedPlugin> load_and_check(PluginKind kind, const std::string& name, const PluginSection& section);
 
 // What `ddp plugins` says of one plugin of the search path: loaded and
 // checked as a run would load it, or why it cannot be.

@@ -39,9 +39,7 @@ void check_plugins(const Config& c, std::string names[2]) {
                                                                {PluginKind::Transport, &c.transport_plugin}};
   for (int i = 0; i < 2; ++i) {
     const auto& [kind, name] = plugins[i];
-    std::string warning;
-    const auto plugin = load_and_check(kind, *name, i == 0 ? c.strategy : c.transport, &warning);
-    if (!warning.empty()) std::cerr << "ddp: warning: " << warning << "; its keys go to no plugin\n";
+    const auto plugin = load_and_check(kind, *name, i == 0 ? c.strategy : c.transport);
     const uint64_t caps = i == 0 ? plugin->strategy()->caps : plugin->transport()->caps;
     names[i] = i == 0 ? plugin->strategy()->name : plugin->transport()->name;
     if (!supports_device(caps, c.run.device))

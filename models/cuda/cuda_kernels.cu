@@ -373,22 +373,10 @@ class CudaKernels final : public Kernels {
     return static_cast<unsigned>(to_int(n, what));
   }
 
-  // The scratch doubles of the losses, grown on demand (rarely: the sizes
-  // are those of the step). The stream is idle before the old buffer goes.
-  double* device_doubles(size_t count) {
-    if (count > sums_size_) {
-      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (loss scratch)");
-      if (sums_) check(cudaFree(sums_), "cudaFree (loss scratch)");
-      sums_ = nullptr;
-      sums_size_ = 0;
-      check(cudaMalloc(&sums_, count * sizeof(double)), "cudaMalloc (loss scratch)");
-      sums_size_ = count;
-    }
-    return sums_;
-  }
-
-  // Device scratch for the column sums and the embedding's sort, grown on
-  // demand as device_doubles is; its contents live for one call.
+  // Device scratch for the losses' partial sums, the column sums and the
+  // embedding's sort; its contents live for one call. Grown on demand
+  // (rarely: the sizes are those of the step); the stream is idle before
+  // the old buffer goes.
   void* scratch_bytes(size_t bytes) {
     if (bytes > scratch_size_) {
       check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (scratch)");
@@ -402,6 +390,9 @@ class CudaKernels final : public Kernels {
   }
   float* scratch_floats(size_t count) {
     return static_cast<float*>(scratch_bytes(count * sizeof(float)));
+  }
+  double* device_doubles(size_t count) {
+    return static_cast<double*>(scratch_bytes(count * sizeof(double)));
   }
 
   // Sums in[n] into *out on the device and returns it to the host, waiting
@@ -427,12 +418,10 @@ class CudaKernels final : public Kernels {
       slot = Slot{};
     }
     if (host_sum_) cudaFreeHost(host_sum_);
-    if (sums_) cudaFree(sums_);
     if (scratch_) cudaFree(scratch_);
     cudaGetLastError();
     blas_ = nullptr;
     host_sum_ = nullptr;
-    sums_ = nullptr;
     scratch_ = nullptr;
   }
 
@@ -445,9 +434,7 @@ class CudaKernels final : public Kernels {
   Slot slots_[kStagingSlots];
   int next_slot_ = 0;
   double* host_sum_ = nullptr;  // pinned, a loss on its way to the host
-  double* sums_ = nullptr;      // device [sums_size_], the losses' partial sums
-  size_t sums_size_ = 0;
-  void* scratch_ = nullptr;  // device [scratch_size_] bytes
+  void* scratch_ = nullptr;  // device [scratch_size_] bytes: scratch_bytes
   size_t scratch_size_ = 0;
 };
 
