@@ -270,7 +270,7 @@ void add_blas_commands(CLI::App& app, BlasCommands& b) {
       "gemm-floor", "time one rank's forward and backward GEMMs alone, as the model runs them (JSON on stdout)");
   b.floor->add_option("config", b.config, "the run's TOML file")->required();
   b.floor->add_option("--set", b.sets, "override a key: section.key=value (repeatable)")->take_all();
-  b.floor->add_option("--repeats", b.floor_repeats, "timed replays (best of)")
+  b.floor->add_option("--repeats", b.floor_repeats, "timed replays (their median)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
 }

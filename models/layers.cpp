@@ -48,7 +48,7 @@ thread_local std::vector<GemmCall>* t_recorded = nullptr;
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, blasint m, blasint n, blasint k, float alpha, const float* a,
            blasint lda, const float* b, blasint ldb, float beta, float* c, blasint ldc) {
   if (t_recorded)
-    t_recorded->push_back({ta == CblasTrans, tb == CblasTrans, m, n, k, lda, ldb, ldc, alpha, beta});
+    t_recorded->push_back({ta == CblasTrans, tb == CblasTrans, m, n, k, lda, ldb, ldc, alpha, beta, a, b, c});
   cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -86,22 +86,10 @@ inline float sigmoid(float z) { return 1.0f / (1.0f + exp_approx(-z)); }
 void record_gemms(std::vector<GemmCall>* calls) { t_recorded = calls; }
 
 double replay_gemms(const std::vector<GemmCall>& calls) {
-  size_t a_size = 1, b_size = 1, c_size = 1;  // the largest extent each operand reaches
-  for (const GemmCall& g : calls) {
-    a_size = std::max(a_size, size_t((g.trans_a ? g.k : g.m) * g.lda));
-    b_size = std::max(b_size, size_t((g.trans_b ? g.n : g.k) * g.ldb));
-    c_size = std::max(c_size, size_t(g.m * g.ldc));
-  }
-  std::vector<float> a(a_size), b(b_size), c(c_size);
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (std::vector<float>* v : {&a, &b, &c})
-    for (float& x : *v) x = dist(rng);
   const auto begin = std::chrono::steady_clock::now();
   for (const GemmCall& g : calls)
     cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
-                bi(g.m), bi(g.n), bi(g.k), g.alpha, a.data(), bi(g.lda), b.data(), bi(g.ldb), g.beta, c.data(),
-                bi(g.ldc));
+                bi(g.m), bi(g.n), bi(g.k), g.alpha, g.a, bi(g.lda), g.b, bi(g.ldb), g.beta, g.c, bi(g.ldc));
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 }
 
@@ -271,7 +259,7 @@ void attention_forward(float* out, float* p, const float* q, const float* k, con
           float* __restrict row = ph + i * t;
           float m = row[0];
 #pragma omp simd reduction(max : m)
-          for (int64_t j = 0; j <= i; ++j) m = std::max(m, row[j]);
+          for (int64_t j = 0; j <= i; ++j) m = row[j] > m ? row[j] : m;
           float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
           for (int64_t j = 0; j <= i; ++j) {
@@ -383,7 +371,7 @@ double cross_entropy_forward(float* lse, const float* logits, const int32_t* tar
     const float* __restrict row = logits + i * v;
     float m = row[0];
 #pragma omp simd reduction(max : m)
-    for (int64_t j = 0; j < v; ++j) m = std::max(m, row[j]);
+    for (int64_t j = 0; j < v; ++j) m = row[j] > m ? row[j] : m;
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < v; ++j) sum += exp_approx(row[j] - m);

@@ -35,17 +35,23 @@ std::string blas_build();
 // The threads OpenBLAS's GEMMs use in this process.
 void set_blas_threads(int threads);
 
-// One GEMM the layers ran (cblas_sgemm, row-major): enough to run it again.
+// One GEMM the layers ran (cblas_sgemm, row-major): enough to run it again,
+// on the same operands.
 struct GemmCall {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
   float alpha = 1.0f, beta = 0.0f;
+  const float* a = nullptr;
+  const float* b = nullptr;
+  float* c = nullptr;
 };
 // While `calls` is set (this thread), every GEMM the layers run is also
 // appended to it; null stops. For the GEMM-only floor (`ddp gemm-floor`).
 void record_gemms(std::vector<GemmCall>* calls);
-// Runs the calls again, in order, on random operands sized for the
-// largest; returns the seconds they took.
+// Runs the calls again, in order, on the buffers they were recorded with
+// (which must still be alive: the model's own weights, activations and
+// gradients, so the GEMMs meet memory and caches as in the step; outputs
+// are overwritten, accumulations added to again); returns the seconds.
 double replay_gemms(const std::vector<GemmCall>& calls);
 
 // ---- linear: y = x W^T (+ b), W stored [out, in] as in PyTorch ----------
