@@ -110,13 +110,6 @@ std::string run_done_line(const std::string& output_dir) {
   return line.str();
 }
 
-// `ddp run` on this machine: run.world_size ranks of this executable, each
-// running the same command line as a rank. With --trace, each rank records
-// into the run's private directory and the files are merged into
-// <output_dir>/trace.json once every rank has succeeded. A failed group
-// starts again from its latest checkpoint (from the start if it has none),
-// up to run.max_restarts times; a rank that refused its input is not
-// started again.
 // The GEMM kernel the ranks use (blas_choice.h), measured at the model's
 // GEMMs where it is not given; a GPU run or a model without a footprint
 // leaves OpenBLAS's own pick unless one is given.
@@ -134,6 +127,13 @@ BlasChoice blas_choice(const Config& config) {
                             config.run.threads);
 }
 
+// `ddp run` on this machine: run.world_size ranks of this executable, each
+// running the same command line as a rank. With --trace, each rank records
+// into the run's private directory and the files are merged into
+// <output_dir>/trace.json once every rank has succeeded. A failed group
+// starts again from its latest checkpoint (from the start if it has none),
+// up to run.max_restarts times; a rank that refused its input is not
+// started again.
 int launch_run(const Config& config, const std::string& config_path, const std::vector<std::string>& overrides,
                bool trace) {
   const BlasChoice blas = blas_choice(config);
@@ -162,8 +162,8 @@ int launch_run(const Config& config, const std::string& config_path, const std::
   }
   // The plugins every rank will load, loaded here once: a misspelt name, a
   // library that cannot load or a key the plugin does not declare is
-  // refused before any rank starts.
-  // (A plugin that declares no keys has them checked by each rank instead.)
+  // refused before any rank starts (a plugin that declares no keys has
+  // them checked by each rank instead).
   load_and_check(PluginKind::Strategy, config.strategy_plugin, config.strategy);
   load_and_check(PluginKind::Transport, config.transport_plugin, config.transport);
   const DirectoryLock lock(config.run.output_dir, "run.output_dir");  // one run per output directory

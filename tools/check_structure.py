@@ -43,7 +43,7 @@ LAYERS = {
     "engine/launch": ["engine/core", PUBLIC],
     "engine/bench": ["engine/launch", "engine/host", "engine/io", "engine/config", "engine/core",
                      "strategies/common", PUBLIC],
-    "engine/blas": ["engine/config", "models", "engine/core", PUBLIC],
+    "engine/blas": ["engine/io", "engine/config", "models", "engine/core", PUBLIC],
     "engine/plan": ["engine/host", "engine/config", "models", "engine/core", "strategies/common", PUBLIC],
     "engine": ["engine/blas", "engine/plan", "engine/bench", "engine/launch", "engine/train", "engine/host", "engine/io",
                "engine/config", "models", "engine/core", PUBLIC],

@@ -2,46 +2,15 @@
 #include "gemm_floor.h"
 
 #include <algorithm>
-#include <cmath>
-#include <random>
 #include <vector>
 
+#include "data.h"
 #include "device.h"
 #include "layers.h"
 #include "registry.h"
 
 namespace ddp {
 namespace {
-
-// Random inputs of the model's data shape, `rows` rows.
-struct RandomBatch {
-  std::vector<float> x, y;
-  std::vector<int32_t> ints;
-  Batch batch;
-  RandomBatch(const DataShape& s, int64_t rows) {
-    std::mt19937 rng(1);
-    batch.rows = rows;
-    if (s.kind == DataShape::Tokens) {
-      ints.resize(size_t(rows * (s.context + 1)));
-      for (int32_t& t : ints) t = int32_t(rng() % uint32_t(s.vocab));
-      batch.tokens = ints.data();
-      return;
-    }
-    std::normal_distribution<float> normal;
-    x.resize(size_t(rows * s.in));
-    for (float& v : x) v = normal(rng);
-    batch.x = x.data();
-    if (s.kind == DataShape::Regression) {
-      y.resize(size_t(rows * s.out));
-      for (float& v : y) v = normal(rng);
-      batch.y = y.data();
-    } else {
-      ints.resize(size_t(rows));
-      for (int32_t& l : ints) l = int32_t(rng() % uint32_t(s.out));
-      batch.labels = ints.data();
-    }
-  }
-};
 
 double gflop(const std::vector<layers::GemmCall>& calls) {
   double flop = 0.0;
@@ -68,12 +37,14 @@ nlohmann::json gemm_floor(const Config& config, int repeats) {
   CpuDevice device;
   DataShape shape;
   auto model = build_model(config.model.name, config.model.options, device, config.run.seed, &shape);
-  const RandomBatch data(shape, config.data.batch_size / config.run.world_size);
-  model->forward(data.batch);  // once unrecorded: activations allocated, caches warm
+  // Rank 0's first micro-batch of the configured data, as the run sees it.
+  const std::unique_ptr<Dataset> data = make_dataset(config, shape, 0, config.run.world_size, device);
+  const Batch batch = data->batch(0);
+  model->forward(batch);  // once unrecorded: activations allocated, caches warm
   model->backward(1.0f, [](size_t) {});
   std::vector<layers::GemmCall> forward, backward;
   layers::record_gemms(&forward);
-  model->forward(data.batch);
+  model->forward(batch);
   layers::record_gemms(&backward);
   model->backward(1.0f, [](size_t) {});
   layers::record_gemms(nullptr);
