@@ -4,11 +4,11 @@
 // refusal is a PluginError worded as documented in plugin_loader.h.
 #include "plugin_loader.h"
 
-#include <iostream>
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <vector>
 
 #include <ddp/numeric.h>
