@@ -2,8 +2,9 @@
 //   ddp run CONFIG [--set section.key=value]... [--trace] [--resume [PATH]]
 //   ddp bench-comm [--transport gloo|PATH] [--world 2,4,6] [--sizes 1MB,...]
 //                  [--ops all_reduce,...] [--warmup 5] [--iters N] [--out DIR]
-//                  [--set transport.key=value]... [--timeout S]
+//                  [--set transport.key=value]... [--timeout S] [--load none|gemm]
 //   ddp plan CONFIG [--set section.key=value]... [--json] [--bench FILE | --overhead O_US,W_GBPS]
+//                  [--bench-busy FILE]
 //                  [--mesh X,Y] [--hardware NAME] [--hw KEY=VALUE]... [--axes MX,MY] [--tokens N]
 //                  [--activation-shard F] [--precision CLASS=BYTES]...
 #include <CLI/CLI.hpp>
@@ -221,6 +222,8 @@ CLI::App* add_bench_comm(CLI::App& app, ddp::BenchOptions& bench, std::vector<st
   bc->add_option("--device", bench.device, "where the buffers live: cpu, or cuda (GPU local_rank per rank)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+  bc->add_option("--load", bench.load, "none, or gemm: one core of each rank busy with GEMMs while timing (CPU)")
+      ->capture_default_str();
   bc->add_option("--part", bench.part_file, "(internal) where rank 0 writes its rows")->group("");
   return bc;
 }
@@ -233,6 +236,8 @@ CLI::App* add_plan(CLI::App& app, ddp::PlanOptions& p) {
   plan->add_option("--set", p.overrides, "override a key: section.key=value (TOML value; repeatable)")->take_all();
   plan->add_flag("--json", p.json, "the plan as JSON on stdout");
   plan->add_option("--bench", p.bench_file, "a bench_comm.json whose all_reduce fit (o, w) times the step");
+  plan->add_option("--bench-busy", p.bench_busy_file,
+                   "a bench_comm.json measured with --load gemm: times the collectives beside compute");
   plan->add_option("--overhead", p.overhead, "o in µs and w in GB/s, instead of --bench")->delimiter(',');
   plan->add_option("--mesh", p.mesh, "X (FSDP), Y (TP) devices: account for that layout")->delimiter(',');
   plan->add_option("--hardware", p.hardware, "h100-80gb or tpu-v5p (memory, W, C)")->capture_default_str();

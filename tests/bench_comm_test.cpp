@@ -145,6 +145,7 @@ TEST(BenchCommCommand, TinyRunWritesTableJsonAndCsv) {
   }
   ASSERT_EQ(doc["overhead_fit"].size(), 1u);  // world 2, all_reduce at two sizes
   EXPECT_EQ(doc["overhead_fit"][0]["world"], 2);
+  EXPECT_EQ(doc["load"], "none");
 
   std::istringstream csv(read_file(dir + "/out/bench_comm.csv"));
   std::string line;
@@ -161,6 +162,23 @@ TEST(BenchCommCommand, TinyRunWritesTableJsonAndCsv) {
   fs::remove_all(dir);
 }
 
+// --load gemm: the same measurement beside a GEMM thread per rank, and the
+// file says so (`ddp plan --bench-busy` takes only such a file).
+TEST(BenchCommCommand, LoadGemmIsRecorded) {
+  const std::string dir = temp_dir();
+  Process p = start({"bench-comm", "--world", "2", "--sizes", "4KB,64KB", "--ops", "all_reduce", "--warmup", "1",
+                     "--iters", "3", "--load", "gemm", "--out", dir + "/out"},
+                    {}, dir + "/ddp");
+  ASSERT_EQ(wait_for(p, std::chrono::seconds(60)), 0) << read_file(p.err);
+  EXPECT_NE(read_file(p.out).find("Timed with --load gemm: one core of each rank busy with GEMMs."), std::string::npos)
+      << read_file(p.out);
+  const auto doc = nlohmann::json::parse(read_file(dir + "/out/bench_comm.json"));
+  EXPECT_EQ(doc["load"], "gemm");
+  EXPECT_EQ(doc["rows"].size(), 2u);
+  ASSERT_EQ(doc["overhead_fit"].size(), 1u);
+  fs::remove_all(dir);
+}
+
 TEST(BenchCommCommand, BadInputIsNamed) {
   const std::string dir = temp_dir();
   struct Case {
@@ -173,6 +191,8 @@ TEST(BenchCommCommand, BadInputIsNamed) {
       {{"--set", "transport.algorithm=spiral"}, "transport.algorithm must be"},
       {{"--set", "transport.bogus=1"}, "unknown key 'transport.bogus'"},
       {{"--transport", dir + "/nowhere.so"}, "nowhere.so"},
+      {{"--load", "spin"}, "--load: unknown load 'spin' (none, or gemm: one core per rank busy with GEMMs)"},
+      {{"--load", "gemm", "--device", "cuda"}, "--load gemm keeps CPU cores busy: it does not load a GPU (use --device cpu)"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {"bench-comm", "--world", "2", "--sizes", "4KB", "--iters", "1", "--out", dir + "/out"};

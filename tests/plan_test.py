@@ -88,6 +88,45 @@ class PlanAgainstRuns(unittest.TestCase):
                 self.check("mlp", strategy, 2, ['transport.plugin="mpi"'])
 
 
+class CommunicationTime(unittest.TestCase):
+    """--bench and --bench-busy: the step's collectives priced in closed form from the fits of two
+    bench_comm.json files, the collectives beside compute with the loaded one."""
+
+    def write(self, d, name, load, o, w):
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            json.dump({"load": load, "rows": [],
+                       "overhead_fit": [{"transport": "gloo", "world": 2, "o_s": o, "w_bytes_per_s": w}]}, f)
+        return path
+
+    def test_collectives_beside_compute_take_the_loaded_price(self):
+        with tempfile.TemporaryDirectory() as d:
+            idle, busy = self.write(d, "idle.json", "none", 1e-3, 1e9), self.write(d, "busy.json", "gemm", 2e-3, 5e8)
+            for overlap_optimizer, alone in (("true", 0), ("false", 1)):
+                with self.subTest(overlap_optimizer=overlap_optimizer):
+                    run = json.loads(ddp("plan", "configs/lm-cpu.toml", "--set",
+                                         f"strategy.bucketed.overlap_optimizer={overlap_optimizer}", "--json",
+                                         "--bench", idle, "--bench-busy", busy))["run"]
+                    marks = [c["beside_compute"] for c in run["collectives"]]
+                    self.assertEqual(marks, [True] * (len(marks) - alone) + [False] * alone)
+                    # world 2: bus bytes = the buffer's, at w bytes/s
+                    want = sum(2e-3 + c["bytes"] / 5e8 if c["beside_compute"] else 1e-3 + c["bytes"] / 1e9
+                               for c in run["collectives"])
+                    self.assertAlmostEqual(run["comm_seconds_per_step"], want, places=12)
+                    self.assertAlmostEqual(sum(c["seconds"] for c in run["collectives"]), want, places=12)
+                    self.assertEqual(run["overhead_fit_busy"], {"o_s": 2e-3, "w_bytes_per_s": 5e8})
+            for args, message in [(["--bench", busy], f"--bench {busy}: measured with --load gemm: give it as "
+                                                      "--bench-busy, and an idle one as --bench"),
+                                  (["--bench", idle, "--bench-busy", idle],
+                                   f"--bench-busy {idle}: measured on idle cores; --bench-busy takes a bench-comm "
+                                   "run with --load gemm")]:
+                with self.subTest(args=args):
+                    p = subprocess.run([DDP, "plan", "configs/lm-cpu.toml", *args], cwd=ROOT, capture_output=True,
+                                       text=True)
+                    self.assertEqual(p.returncode, 1, p.stdout)
+                    self.assertIn(message, p.stderr)
+
+
 class Accounting(unittest.TestCase):
     XXL = ["configs/lm-cpu.toml", "--set", 'model.preset="xxl"']
 
@@ -119,6 +158,8 @@ class Accounting(unittest.TestCase):
                 (["--precision", "master=abc", "--mesh", "2,2"], "--precision master=abc: VALUE must be a finite number > 0"),
                 (["--tokens", "5"], "--hardware, --hw, --axes, --tokens, --activation-shard and --precision describe a mesh"),
                 (["--overhead", "5,0"], "--overhead: o must be a finite number and w a finite number > 0"),
+                (["--bench-busy", "x.json"], "--bench-busy prices the collectives beside compute; the others need --bench or --overhead"),
+                (["--overhead", "5,1", "--bench-busy", "/nonexistent.json"], "--bench-busy /nonexistent.json: not a file"),
                 (["--set", "model.num_heads=3"], "must split into num_heads 3 heads of an even size"),
                 (["--set", 'strategy.bucketed.bucket_mbb=1'], "unknown key 'strategy.bucketed.bucket_mbb' (strategy plugin 'bucketed' does not read it"),
                 (["--set", 'strategy.bucketed.bucket_mb=0'], "strategy.bucket_mb must be a finite number of MiB > 0"),

@@ -93,6 +93,40 @@ TEST(RunPlan, CommSecondsIsOverheadPlusBusBytesAtTheAllReducesRate) {
   EXPECT_DOUBLE_EQ(plan::comm_seconds(c, {1e-3, 1e6}, 1), 0.0);
 }
 
+// Which collectives run beside compute: overlap's all-reduces but the last
+// (launched when backward ends); the buckets but the last, and the last too
+// with bucketed's overlap_optimizer (beside the updates of the others);
+// none of naive's, flat's or sharded's broadcasts after the step.
+TEST(RunPlan, CollectivesBesideCompute) {
+  auto during = [](const plan::RunPlan& p) {
+    std::string marks;
+    for (const plan::Collective& c : p.collectives) marks += c.beside_compute ? 'B' : '-';
+    return marks;
+  };
+  plan::RunInput bucketed = three_params("bucketed", 2);
+  bucketed.bucket_mb = 100.0 / (1024 * 1024);  // c, b, a: three buckets
+  EXPECT_EQ(during(plan::plan_run(bucketed)), "BBB");
+  bucketed.overlap_optimizer = false;
+  EXPECT_EQ(during(plan::plan_run(bucketed)), "BB-");
+  bucketed.strategy = "sharded";  // variant "broadcast": the buckets, then a broadcast per parameter
+  EXPECT_EQ(during(plan::plan_run(bucketed)), "BB----");
+  EXPECT_EQ(during(plan::plan_run(three_params("overlap", 2))), "BB-");
+  EXPECT_EQ(during(plan::plan_run(three_params("naive", 2))), "---");
+  EXPECT_EQ(during(plan::plan_run(three_params("flat", 2))), "-");
+}
+
+// With a fit measured under load, the collectives beside compute take its
+// price, the others the idle one.
+TEST(RunPlan, CommSecondsPricesCollectivesBesideComputeUnderLoad) {
+  const std::vector<plan::Collective> c = {{"all_reduce", 1000, true}, {"all_reduce", 3000, false}};
+  const strategy::OverheadFit idle{1e-3, 1e6}, busy{2e-3, 0.5e6};
+  // World 2: bus bytes = the buffer. 1000 B at busy: 2e-3 + 2e-3; 3000 B idle: 1e-3 + 3e-3.
+  EXPECT_DOUBLE_EQ(plan::comm_seconds(c, idle, 2, &busy), 4e-3 + 4e-3);
+  EXPECT_DOUBLE_EQ(plan::comm_seconds(c, idle, 2), 2e-3 + 4e-3);
+  EXPECT_DOUBLE_EQ(plan::collective_seconds(c[0], busy, 2), 4e-3);
+  EXPECT_DOUBLE_EQ(plan::comm_seconds(c, idle, 1, &busy), 0.0);
+}
+
 // CS336 communication_accounting's XXL on TPU v5p (docs/plan.md); `tokens`:
 // the batch, in tokens.
 plan::MeshInput xxl(int64_t x, int64_t y, double tokens) {

@@ -9,10 +9,15 @@ from when the LAST rank started it to when the last rank saw it done, summed per
 above).
 comm_busy_s also counts the time rank 0 waited in a collective for a slower rank to join it, which
 is compute skew, not communication; the trace's figure leaves that wait out.
+With --busy, each round also runs `ddp bench-comm --load gemm` (a core of each rank busy with GEMMs
+while it times, as a rank's backward keeps it) and gives it to `ddp plan --bench-busy`: the
+collectives the strategy issues beside the rank's compute (`ddp plan`'s "beside_compute": during
+backward, or beside bucketed's bucket-by-bucket updates) are priced with that fit, the others idle.
 Prints each round and the median ratios predicted / measured with their min-max.
 
 usage: tools/bench_plan.py [--config configs/lm-cpu.toml] [--set KEY=VALUE]... [--rounds 3]
-                           [--steps 12] [--skip 3] [--sizes 1MB,4MB,8MB,16MB] [--ddp build/bin/ddp]
+                           [--steps 12] [--skip 3] [--sizes 1MB,...] [--busy]
+                           [--ddp build/bin/ddp]
 """
 import argparse
 import json
@@ -66,6 +71,15 @@ def joined_seconds(trace_path, skip):
                                          for _, (j, b) in sorted(per_collective.items())]
 
 
+def step_sizes(collectives):
+    """bench-comm's sizes for a plan's collectives: their distinct sizes in bytes, and a quarter of
+    the size where there is only one (a fit needs two)."""
+    sizes = sorted({c["bytes"] for c in collectives})
+    if len(sizes) == 1:
+        sizes.insert(0, max(4, sizes[0] // 16 * 4))
+    return sizes
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/lm-cpu.toml")
@@ -73,19 +87,27 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--skip", type=int, default=3)
-    ap.add_argument("--sizes", default="1MB,4MB,8MB,16MB")
+    ap.add_argument("--sizes", help="bench-comm's sizes (default: those of the step's collectives)")
+    ap.add_argument("--busy", action="store_true", help="price collectives beside compute under load")
     ap.add_argument("--ddp", default=os.path.join(ROOT, "build/bin/ddp"))
     a = ap.parse_args()
     sets = [x for s in a.sets for x in ("--set", s)]
     run = json.loads(ddp(a.ddp, "plan", a.config, *sets, "--json"))["run"]
+    if not a.sizes:
+        a.sizes = ",".join(str(b) for b in step_sizes(run["collectives"]))
     ratios, joined_ratios = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
             bench_dir, run_dir = f"{tmp}/bench{r}", f"{tmp}/run{r}"
-            ddp(a.ddp, "bench-comm", "--transport", run["transport"], "--world", str(run["world_size"]),
-                "--sizes", a.sizes, "--ops", "all_reduce", "--out", bench_dir)
+            bench = ["bench-comm", "--transport", run["transport"], "--world", str(run["world_size"]),
+                     "--sizes", a.sizes, "--ops", "all_reduce"]
+            ddp(a.ddp, *bench, "--out", bench_dir)
+            busy_args = []
+            if a.busy:
+                ddp(a.ddp, *bench, "--load", "gemm", "--out", f"{bench_dir}-busy")
+                busy_args = ["--bench-busy", f"{bench_dir}-busy/bench_comm.json"]
             plan = json.loads(ddp(a.ddp, "plan", a.config, *sets, "--json", "--bench",
-                                  f"{bench_dir}/bench_comm.json"))["run"]
+                                  f"{bench_dir}/bench_comm.json", *busy_args))["run"]
             ddp(a.ddp, "run", a.config, *sets, "--set", f"run.steps={a.steps}", "--set", "run.log_every=1000",
                 "--set", f'run.output_dir="{run_dir}"', "--trace")
             with open(f"{run_dir}/summary.json") as f:
@@ -95,22 +117,25 @@ def main():
             ratios.append(predicted / busy)
             joined_ratios.append(predicted / joined)
             fit = plan["overhead_fit"]
-            print(f"round {r + 1}: o {fit['o_s'] * 1e6:.0f} µs, w {fit['w_bytes_per_s'] / 1e9:.3f} GB/s; "
+            loaded = plan.get("overhead_fit_busy")
+            under = (f" (beside compute: o {loaded['o_s'] * 1e6:.0f} µs, w {loaded['w_bytes_per_s'] / 1e9:.3f} GB/s "
+                     f"under load)" if loaded else "")
+            print(f"round {r + 1}: o {fit['o_s'] * 1e6:.0f} µs, w {fit['w_bytes_per_s'] / 1e9:.3f} GB/s{under}; "
                   f"{plan['collectives_per_step']} collectives, {plan['comm_bytes_per_step'] / 1e6:.1f} MB: "
                   f"predicted {predicted * 1e3:.1f} ms, measured comm_busy {busy * 1e3:.1f} ms (ratio {predicted / busy:.3f}), "
                   f"after all joined {joined * 1e3:.1f} ms (ratio {predicted / joined:.3f})", flush=True)
-            o, w = fit["o_s"], fit["w_bytes_per_s"]
             if len(collectives) != len(plan["collectives"]):
                 raise SystemExit(f"bench_plan: the run issued {len(collectives)} collectives a step, "
                                  f"the plan {len(plan['collectives'])}")
             for k, ((j, b), c) in enumerate(zip(collectives, plan["collectives"])):
-                alone = o + c["bytes"] / w if c["op"] == "all_reduce" else float("nan")
-                print(f"  collective {k + 1}: {c['op']} {c['bytes'] / 1e6:.1f} MB, predicted {alone * 1e3:.1f} ms, "
+                when = "beside compute" if c["beside_compute"] else "alone"
+                print(f"  collective {k + 1}: {c['op']} {c['bytes'] / 1e6:.1f} MB ({when}), "
+                      f"predicted {c['seconds'] * 1e3:.1f} ms, "
                       f"in flight on rank 0 {b * 1e3:.1f} ms, after all joined {j * 1e3:.1f} ms", flush=True)
     def spread(v):
         return f"{statistics.median(v):.3f} ({min(v):.3f}–{max(v):.3f})"
     print(f"\npredicted / comm_busy: {spread(ratios)}; predicted / after all joined: {spread(joined_ratios)}; "
-          f"{a.rounds} rounds; {a.config} {' '.join(sets)}")
+          f"{a.rounds} rounds{', --busy' if a.busy else ''}; {a.config} {' '.join(sets)}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "atomic_file.h"
+#include "compute_load.h"
 #include "device.h"
 #include "launcher.h"
 #include "overhead_model.h"
@@ -99,7 +100,8 @@ json overhead_fits(const std::vector<Row>& rows) {
 }
 
 // The Markdown table on stdout; bench_comm.json and bench_comm.csv in out_dir.
-void write_outputs(const std::vector<Row>& rows, const std::string& out_dir) {
+void write_outputs(const std::vector<Row>& rows, const std::string& out_dir, const std::string& load) {
+  if (load != "none") std::cout << "Timed with --load " << load << ": one core of each rank busy with GEMMs.\n\n";
   std::cout << "| transport | op | size | world | iters | mean ms | median ms | algbw GB/s | busbw GB/s |\n"
             << "|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows)
@@ -124,6 +126,7 @@ void write_outputs(const std::vector<Row>& rows, const std::string& out_dir) {
   for (const Row& r : rows) all.push_back(to_json(r));
   const json doc = {{"conventions", "nccl-tests: time = mean over ranks per iteration, mean/median over iterations; "
                                     "algbw = bytes / mean time; busbw = algbw * bus factor; sizes binary, GB/s = 1e9 B/s"},
+                    {"load", load},
                     {"rows", all},
                     {"overhead_fit", fits}};
   const std::string json_path = (fs::path(out_dir) / "bench_comm.json").string();
@@ -196,8 +199,11 @@ class BenchRank {
     host_->check(api_->init(host_->get(), &comm_), "init");
     section_.check_all_read("transport", api_->name);
     std::vector<Row> rows;
+    const ComputeLoad load(parse_load(options_.load));
     for (Collective op : options_.ops)
       for (size_t bytes : options_.sizes) rows.push_back(measure(op, bytes));
+    if (load.gemms() == 0 && options_.load != "none")
+      throw Error("--load " + options_.load + ": the load ran no GEMM while the collectives were timed");
     return rows;
   }
 
@@ -345,91 +351,13 @@ std::string number_text(double x) {
 
 }  // namespace
 
-const char* to_string(Collective op) {
-  switch (op) {
-    case Collective::AllReduce: return "all_reduce";
-    case Collective::AllGather: return "all_gather";
-    case Collective::ReduceScatter: return "reduce_scatter";
-    case Collective::Broadcast: return "broadcast";
-  }
-  return "?";
-}
-
-Collective parse_collective(const std::string& text) {
-  for (Collective op : {Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::Broadcast})
-    if (text == to_string(op)) return op;
-  throw Error("--ops: unknown collective '" + text + "' (all_reduce, all_gather, reduce_scatter, broadcast)");
-}
-
-double bus_factor(Collective op, int world) {
-  const double n = world;
-  switch (op) {
-    case Collective::AllReduce: return 2.0 * (n - 1) / n;
-    case Collective::AllGather:
-    case Collective::ReduceScatter: return (n - 1) / n;
-    case Collective::Broadcast: return 1.0;
-  }
-  return 0;
-}
-
-size_t parse_size(const std::string& text) {
-  size_t digits = 0;
-  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
-  std::string unit;
-  for (char c : text.substr(digits)) unit += char(std::toupper(static_cast<unsigned char>(c)));
-  const std::vector<std::pair<std::string, size_t>> units = {
-      {"", 1}, {"B", 1}, {"K", 1ull << 10}, {"KB", 1ull << 10}, {"KIB", 1ull << 10}, {"M", 1ull << 20},
-      {"MB", 1ull << 20}, {"MIB", 1ull << 20}, {"G", 1ull << 30}, {"GB", 1ull << 30}, {"GIB", 1ull << 30}};
-  for (const auto& [name, scale] : units) {
-    if (digits == 0 || unit != name || digits > 12) continue;
-    const size_t value = std::stoull(text.substr(0, digits)) * scale;
-    if (value > 0) return value;
-  }
-  throw Error("--sizes: '" + text + "' is not a size in bytes > 0 (e.g. 4096, 4KB, 1MB, 1GB)");
-}
-
-std::string format_size(size_t bytes) {
-  for (const auto& [name, scale] : {std::pair<const char*, size_t>{"GB", 1ull << 30}, {"MB", 1ull << 20}, {"KB", 1ull << 10}})
-    if (bytes >= scale && bytes % scale == 0) return std::to_string(bytes / scale) + name;
-  return std::to_string(bytes) + "B";
-}
-
-BufferCounts buffer_counts(Collective op, size_t bytes, int world) {
-  const size_t floats = bytes / kFloat, n = size_t(world);
-  switch (op) {
-    case Collective::AllReduce:
-    case Collective::Broadcast: return {floats, floats};
-    case Collective::AllGather: return {floats / n, floats / n * n};
-    case Collective::ReduceScatter: return {floats / n * n, floats / n};
-  }
-  return {};
-}
-
-int default_iters(size_t bytes) {
-  const double per_size = double(2ull << 30) / double(std::max<size_t>(bytes, 1));
-  return int(std::clamp(std::round(per_size), 5.0, 50.0));
-}
-
-TimeStats aggregate_times(const std::vector<std::vector<double>>& times) {
-  if (times.empty() || times[0].empty()) throw Error("bench-comm: no times to aggregate");
-  const size_t iters = times[0].size();
-  std::vector<double> per_iteration(iters, 0.0);
-  for (const auto& rank : times) {
-    if (rank.size() != iters) throw Error("bench-comm: ranks timed different numbers of iterations");
-    for (size_t i = 0; i < iters; ++i) per_iteration[i] += rank[i] / double(times.size());
-  }
-  TimeStats stats;
-  for (double t : per_iteration) stats.mean_s += t / double(iters);
-  std::sort(per_iteration.begin(), per_iteration.end());
-  stats.median_s = iters % 2 ? per_iteration[iters / 2] : (per_iteration[iters / 2 - 1] + per_iteration[iters / 2]) / 2;
-  return stats;
-}
-
 int bench_comm(const BenchOptions& options) {
   std::vector<std::string> sizes, ops;
   for (size_t s : options.sizes) sizes.push_back(format_size(s));
   for (Collective op : options.ops) ops.push_back(to_string(op));
   plugin_section_from_overrides("transport", options.transport_sets);  // bad --set: refused before any rank starts
+  if (parse_load(options.load) && options.device != "cpu")
+    throw Error("--load " + options.load + " keeps CPU cores busy: it does not load a GPU (use --device cpu)");
   const DirectoryLock lock(options.out_dir, "--out");
   std::vector<Row> rows;
   int code = 0;
@@ -449,7 +377,7 @@ int bench_comm(const BenchOptions& options) {
                                        "--sizes", join(sizes), "--ops", join(ops), "--warmup",
                                        std::to_string(options.warmup), "--iters", std::to_string(options.iters),
                                        "--out", options.out_dir, "--timeout", number_text(options.timeout_s),
-                                       "--device", options.device, "--part", part};
+                                       "--device", options.device, "--load", options.load, "--part", part};
       for (const auto& set : options.transport_sets) args.insert(args.end(), {"--set", set});
       std::cerr << "bench-comm: " << transport << " on " << world << " ranks" << std::endl;
       LaunchSpec spec;
@@ -471,7 +399,7 @@ int bench_comm(const BenchOptions& options) {
       if (rc == 130) return rc;  // interrupted: stop here
     }
   }
-  if (!rows.empty()) write_outputs(rows, options.out_dir);
+  if (!rows.empty()) write_outputs(rows, options.out_dir, options.load);
   return code;
 }
 
@@ -483,7 +411,7 @@ int bench_comm_rank(const BenchOptions& options) {
     const std::vector<Row> rows = BenchRank(options, env).run();
     if (env.rank.rank != 0) return;
     if (options.part_file.empty()) {
-      write_outputs(rows, options.out_dir);
+      write_outputs(rows, options.out_dir, options.load);
       return;
     }
     json all = json::array();

@@ -21,6 +21,10 @@
 // Sizes are binary (1MB = 2^20 bytes, as nccl-tests' -b 1M); bandwidths
 // decimal GB/s.
 //
+// --load gemm keeps one core of each rank busy with GEMMs while it times
+// (compute_load.h): collectives beside a backward, as overlapping
+// strategies run them. CPU only; bench_comm.json says which load it had.
+//
 // --device cuda puts the buffers in GPU memory (one GPU per local rank,
 // shared where fewer); a transport without the device's capability bit is
 // skipped, and said so.
@@ -83,6 +87,7 @@ struct BenchOptions {
   double timeout_s = 300;  // per collective (Gloo's timeout) and rendezvous
   std::string part_file;   // set by the launcher for its ranks: rank 0 writes its rows there
   std::string device = "cpu";  // "cpu" | "cuda": where the buffers live (cuda: GPU local_rank)
+  std::string load = "none";   // "none" | "gemm": a core of each rank busy with GEMMs (compute_load.h)
 };
 
 // The launcher side: runs every (transport, world) as its own set of ranks,

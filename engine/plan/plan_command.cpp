@@ -60,7 +60,10 @@ plan::RunInput run_input(const Config& c, const Footprint& model) {
   in.strategy = names[0];
   in.transport = names[1];
   in.device = c.run.device;
-  if (in.strategy == "bucketed") in.compress = c.strategy.get_string("compress", "none");
+  if (in.strategy == "bucketed") {
+    in.compress = c.strategy.get_string("compress", "none");
+    in.overlap_optimizer = c.strategy.get_bool("overlap_optimizer", true);
+  }
   if (in.strategy == "sharded") in.variant = c.strategy.get_string("variant", "broadcast");
   if (in.strategy == "bucketed" || (in.strategy == "sharded" && in.variant == "broadcast")) {
     try {
@@ -81,35 +84,51 @@ strategy::OverheadFit checked_fit(double o_s, double w, const std::string& where
   return {o_s, w};
 }
 
-// The bench file's all_reduce fit for the config's transport and world.
-strategy::OverheadFit fit_from_bench(const std::string& file, const Config& c) {
+// The all_reduce fit of a bench_comm.json (given as `option`) for the
+// config's transport and world; `loaded`: whether it must have been
+// measured with --load gemm (a file from before --load was idle).
+strategy::OverheadFit fit_from_bench(const std::string& file, const Config& c, const std::string& option, bool loaded) {
+  const std::string where = option + " " + file;
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(file, ec)) throw Error("--bench " + file + ": not a file");
+  if (!std::filesystem::is_regular_file(file, ec)) throw Error(where + ": not a file");
   std::ifstream in(file);
   const json doc = json::parse(in, nullptr, false);
   if (doc.is_discarded() || !doc.is_object() || !doc.contains("overhead_fit") || !doc["overhead_fit"].is_array())
-    throw Error("--bench " + file + ": not a bench_comm.json (no overhead_fit list)");
+    throw Error(where + ": not a bench_comm.json (no overhead_fit list)");
+  const std::string load = doc.contains("load") && doc["load"].is_string() ? doc["load"].get<std::string>() : "none";
+  if (loaded && load == "none")
+    throw Error(where + ": measured on idle cores; --bench-busy takes a bench-comm run with --load gemm");
+  if (!loaded && load != "none")
+    throw Error(where + ": measured with --load " + load + ": give it as --bench-busy, and an idle one as --bench");
   for (const json& f : doc["overhead_fit"]) {
     if (!f.is_object() || f.value("world", 0) != c.run.world_size || f.value("transport", "") != c.transport_plugin)
       continue;
     if (!f.contains("o_s") || !f["o_s"].is_number() || !f.contains("w_bytes_per_s") || !f["w_bytes_per_s"].is_number())
-      throw Error("--bench " + file + ": the fit for '" + c.transport_plugin + "' at world " +
-                  std::to_string(c.run.world_size) + " has no numbers o_s and w_bytes_per_s (one size measured?)");
-    return checked_fit(f["o_s"].get<double>(), f["w_bytes_per_s"].get<double>(), "--bench " + file);
+      throw Error(where + ": the fit for '" + c.transport_plugin + "' at world " + std::to_string(c.run.world_size) +
+                  " has no numbers o_s and w_bytes_per_s (one size measured?)");
+    return checked_fit(f["o_s"].get<double>(), f["w_bytes_per_s"].get<double>(), where);
   }
-  throw Error("--bench " + file + ": no all_reduce fit for transport '" + c.transport_plugin + "' at world " +
+  throw Error(where + ": no all_reduce fit for transport '" + c.transport_plugin + "' at world " +
               std::to_string(c.run.world_size));
 }
 
 // o and w from --overhead or --bench; NaN where neither is given.
 strategy::OverheadFit overhead_fit(const PlanOptions& o, const Config& c) {
   if (!o.overhead.empty() && !o.bench_file.empty()) throw Error("--overhead and --bench: give one of them");
+  if (!o.bench_busy_file.empty() && o.overhead.empty() && o.bench_file.empty())
+    throw Error("--bench-busy prices the collectives beside compute; the others need --bench or --overhead");
   if (!o.overhead.empty()) {
     if (o.overhead.size() != 2) throw Error("--overhead takes two numbers: o in µs, w in GB/s");
     return checked_fit(o.overhead[0] * 1e-6, o.overhead[1] * 1e9, "--overhead");
   }
   if (o.bench_file.empty()) return {NAN, NAN};
-  return fit_from_bench(o.bench_file, c);
+  return fit_from_bench(o.bench_file, c, "--bench", false);
+}
+
+// The --bench-busy fit; NaN without one.
+strategy::OverheadFit busy_fit(const PlanOptions& o, const Config& c) {
+  if (o.bench_busy_file.empty()) return {NAN, NAN};
+  return fit_from_bench(o.bench_busy_file, c, "--bench-busy", true);
 }
 
 json bytes_json(const plan::Bytes& b) {
@@ -123,7 +142,8 @@ json bytes_json(const plan::Bytes& b) {
   return j;
 }
 
-json run_json(const Config& c, const plan::RunPlan& p, const strategy::OverheadFit& fit) {
+json run_json(const Config& c, const plan::RunPlan& p, const strategy::OverheadFit& fit,
+              const strategy::OverheadFit& busy) {
   json ranks = json::array();
   for (const plan::RankMemory& m : p.ranks)
     ranks.push_back({{kMoments[0], bytes_json(m.after_setup)},
@@ -131,8 +151,12 @@ json run_json(const Config& c, const plan::RunPlan& p, const strategy::OverheadF
                      {kMoments[2], bytes_json(m.after_optimizer_step)}});
   json collectives = json::array();
   int64_t bus = 0;
+  const bool timed = !std::isnan(fit.o_s), loaded = !std::isnan(busy.o_s);
   for (const plan::Collective& x : p.collectives) {
-    collectives.push_back({{"op", x.op}, {"bytes", x.bytes}});
+    json one = {{"op", x.op}, {"bytes", x.bytes}, {"beside_compute", x.beside_compute}};
+    if (timed)
+      one["seconds"] = plan::collective_seconds(x, loaded && x.beside_compute ? busy : fit, c.run.world_size);
+    collectives.push_back(one);
     bus += bus_bytes(x.op.c_str(), x.bytes, c.run.world_size);
   }
   json j = {{"world_size", c.run.world_size},
@@ -144,9 +168,10 @@ json run_json(const Config& c, const plan::RunPlan& p, const strategy::OverheadF
             {"comm_bytes_per_step", p.comm_bytes()},
             {"bus_bytes_per_step", bus},
             {"collectives", collectives}};
-  if (!std::isnan(fit.o_s)) {
+  if (timed) {
     j["overhead_fit"] = {{"o_s", fit.o_s}, {"w_bytes_per_s", fit.w_bytes_per_s}};
-    j["comm_seconds_per_step"] = plan::comm_seconds(p.collectives, fit, c.run.world_size);
+    if (loaded) j["overhead_fit_busy"] = {{"o_s", busy.o_s}, {"w_bytes_per_s", busy.w_bytes_per_s}};
+    j["comm_seconds_per_step"] = plan::comm_seconds(p.collectives, fit, c.run.world_size, loaded ? &busy : nullptr);
   }
   return j;
 }
@@ -266,6 +291,12 @@ void print_run(const json& r) {
     std::cout << ", " << si(r["comm_seconds_per_step"].get<double>(), "s") << " of communication at o = "
               << si(r["overhead_fit"]["o_s"].get<double>(), "s") << ", w = "
               << si(r["overhead_fit"]["w_bytes_per_s"].get<double>(), "B/s");
+  if (r.contains("overhead_fit_busy")) {
+    int during = 0;
+    for (const json& x : r["collectives"]) during += x["beside_compute"].get<bool>();
+    std::cout << " (the " << during << " beside compute at o = " << si(r["overhead_fit_busy"]["o_s"].get<double>(), "s")
+              << ", w = " << si(r["overhead_fit_busy"]["w_bytes_per_s"].get<double>(), "B/s") << ", measured under load)";
+  }
   std::cout << "\n";
 }
 
@@ -313,7 +344,8 @@ void plan_command(const PlanOptions& o) {
     if (!c.model.freeze.empty() || !c.unfreeze.empty())
       throw ConfigError(c.file + ": model.freeze / [[unfreeze]]: `ddp plan` plans runs that train every parameter");
     try {
-      out["run"] = run_json(c, plan::plan_run(run_input(c, f)), overhead_fit(o, c));
+      const strategy::OverheadFit fit = overhead_fit(o, c);  // its refusals first
+      out["run"] = run_json(c, plan::plan_run(run_input(c, f)), fit, busy_fit(o, c));
       if (c.run.steps < 2)
         out["run"]["note"] = "run.steps < 2: the optimizer state, created by the first update, is not yet held "
                              "before the run's only optimizer step";
@@ -325,8 +357,8 @@ void plan_command(const PlanOptions& o) {
                             o.activation_shard != 0.5 || !o.precision.empty() || !o.hardware_set.empty();
   if (!f.plan_only && o.mesh.empty() && mesh_options)
     throw Error("--hardware, --hw, --axes, --tokens, --activation-shard and --precision describe a mesh: add --mesh X,Y");
-  if (f.plan_only && (!o.overhead.empty() || !o.bench_file.empty()))
-    throw Error("--overhead and --bench time a run's collectives; this model is accounting only (no run)");
+  if (f.plan_only && (!o.overhead.empty() || !o.bench_file.empty() || !o.bench_busy_file.empty()))
+    throw Error("--overhead, --bench and --bench-busy time a run's collectives; this model is accounting only (no run)");
   if (f.plan_only || !o.mesh.empty()) {
     if (f.d_model == 0) throw Error("model '" + c.model.name + "': the mesh accounting needs a Transformer");
     out["mesh"] = mesh_json(o, f);

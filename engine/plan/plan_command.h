@@ -14,6 +14,7 @@ struct PlanOptions {
   bool json = false;
   std::string bench_file;              // a bench_comm.json: its all_reduce fit at the run's world size
   std::vector<double> overhead;        // {o in µs, w in GB/s}, instead of bench_file
+  std::string bench_busy_file;         // a bench_comm.json of --load gemm: prices collectives beside compute
   std::vector<int64_t> mesh;           // {X, Y}: FSDP x TP, for the mesh accounting
   std::string hardware = "h100-80gb";
   std::vector<std::string> hardware_set;  // KEY=VALUE: memory, bandwidth, flops (overriding the preset's)

@@ -64,8 +64,11 @@ void add_buckets(const RunInput& in, int64_t wire_bytes, int64_t* buffers, std::
   for (const strategy::Bucket& b : strategy::assign_buckets(param_infos(in.model), cap)) {
     const int64_t elements = static_cast<int64_t>(b.bytes) / kFloat;
     *buffers += static_cast<int64_t>(b.bytes) + (wire_bytes != kFloat ? elements * wire_bytes : 0);
-    steps->push_back({"all_reduce", elements * wire_bytes});
+    steps->push_back({"all_reduce", elements * wire_bytes, true});
   }
+  // flush() launches the last when backward ends: beside the updates of
+  // the others only where the strategy makes them as averages arrive.
+  if (!steps->empty()) steps->back().beside_compute = in.strategy == "bucketed" && in.overlap_optimizer;
 }
 
 // The comm buffers one rank holds and the collectives of one step.
@@ -75,7 +78,10 @@ int64_t strategy_comm(const RunInput& in, std::vector<Collective>* steps) {
   for (const ParamSize& p : in.model.params) total += p.elements * kFloat;
   if (s == "naive" || s == "overlap") {
     for (const ParamSize& p : in.model.params) steps->push_back({"all_reduce", p.elements * kFloat});
-    if (s == "overlap") std::reverse(steps->begin(), steps->end());
+    if (s == "overlap") {  // each as its gradient is final, the first parameter's when backward ends
+      std::reverse(steps->begin(), steps->end());
+      for (size_t i = 0; i + 1 < steps->size(); ++i) (*steps)[i].beside_compute = true;
+    }
   } else if (s == "flat") {
     buffers = total;
     if (total > 0) steps->push_back({"all_reduce", total});
@@ -149,15 +155,19 @@ RunPlan plan_run(const RunInput& in) {
   return plan;
 }
 
-double comm_seconds(const std::vector<Collective>& collectives, const strategy::OverheadFit& fit, int world) {
+double collective_seconds(const Collective& c, const strategy::OverheadFit& fit, int world) {
   if (world < 2) return 0.0;  // nothing crosses between ranks
   // An all-reduce of b bytes moves bus_bytes = 2 (N - 1) / N b in b / w: the
   // link moves bus bytes at that rate, whatever the collective.
   const double all_reduce_bus = static_cast<double>(bus_bytes("all_reduce", 1 << 20, world)) / (1 << 20);
+  return fit.o_s + static_cast<double>(bus_bytes(c.op.c_str(), c.bytes, world)) / all_reduce_bus / fit.w_bytes_per_s;
+}
+
+double comm_seconds(const std::vector<Collective>& collectives, const strategy::OverheadFit& fit, int world,
+                    const strategy::OverheadFit* busy) {
   double seconds = 0.0;
   for (const Collective& c : collectives)
-    seconds += fit.o_s + static_cast<double>(bus_bytes(c.op.c_str(), c.bytes, world)) / all_reduce_bus /
-                             fit.w_bytes_per_s;
+    seconds += collective_seconds(c, busy && c.beside_compute ? *busy : fit, world);
   return seconds;
 }
 

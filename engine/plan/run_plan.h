@@ -17,6 +17,10 @@
 //                    trainable parameter; "allgather": a flat buffer of
 //                    N x S elements and a shard of S (S: the largest rank's
 //                    elements), one reduce-scatter and one all-gather
+// Collectives beside compute (issued while the rank still computes):
+// overlap's all but the last; of the buckets (bucketed, sharded's
+// "broadcast") all but the last, and the last too with bucketed's
+// overlap_optimizer (it runs beside the updates of the buckets before it).
 // The transports' own buffers: gloo's reduce-scatter scratch on a CPU run,
 // (N - 1) receive buffers, grown to the largest; nccl's 4-byte barrier
 // buffer; mpi none. (gloo's staging on a CUDA run is not planned.)
@@ -50,6 +54,7 @@ struct RunInput {
   std::string strategy = "naive";
   double bucket_mb = 25.0;             // bucketed, sharded (broadcast)
   std::string compress = "none";       // bucketed: "none" | "bf16" | "fp16"
+  bool overlap_optimizer = true;       // bucketed: updates bucket by bucket as averages arrive
   std::string variant = "broadcast";   // sharded: "broadcast" | "allgather"
   std::string transport = "gloo";      // "gloo" | "mpi" | "nccl"
   ddp_device_kind device = DDP_DEVICE_CPU;
@@ -62,9 +67,12 @@ struct RankMemory {
 // One collective of a step on one rank: its name as summary.json and the
 // transport count it ("all_reduce", ...) and its bytes as comm_bytes
 // counts them (the buffer; all_gather: what it receives).
+// beside_compute: issued while the rank still computes (the rules above):
+// on a CPU it shares the cores with that compute.
 struct Collective {
   std::string op;
   int64_t bytes = 0;
+  bool beside_compute = false;
 };
 
 struct RunPlan {
@@ -81,8 +89,12 @@ RunPlan plan_run(const RunInput& in);
 // `ddp bench-comm` (t = o + bytes / w): each costs o plus its bus bytes
 // (plugin_host.h: what crosses a link) at the rate an all-reduce moves
 // them, so a reduce-scatter or all-gather of b bytes takes o + b / (2 w).
-// 0 at world 1.
-double comm_seconds(const std::vector<Collective>& collectives, const strategy::OverheadFit& fit, int world);
+// 0 at world 1. With `busy` (a fit measured under load: `ddp bench-comm
+// --load gemm`), the collectives beside compute are priced with it
+// instead.
+double collective_seconds(const Collective& c, const strategy::OverheadFit& fit, int world);
+double comm_seconds(const std::vector<Collective>& collectives, const strategy::OverheadFit& fit, int world,
+                    const strategy::OverheadFit* busy = nullptr);
 
 }  // namespace plan
 }  // namespace ddp
