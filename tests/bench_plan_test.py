@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """tests/bench_plan_test.py — tools/bench_plan.py's measure from a trace (joined_seconds) on small
-synthetic traces: each collective counted from the latest start over the ranks to the latest end,
+synthetic traces (and the sizes it benchmarks, step_sizes): each collective counted from the latest start over the ranks to the latest end,
 summed per step, medians over the steps after --skip; traces whose ranks disagree are refused."""
 import json
 import os
@@ -24,6 +24,14 @@ def joined(events, skip):
         return bench_plan.joined_seconds(f.name, skip)
     finally:
         os.unlink(f.name)
+
+
+class StepSizes(unittest.TestCase):
+    def test_the_distinct_sizes_of_the_step_and_a_quarter_of_a_lone_one(self):
+        c = [{"bytes": b} for b in (10240000, 8130560, 8130560, 525312, 10240000)]
+        self.assertEqual(bench_plan.step_sizes(c), [525312, 8130560, 10240000])
+        self.assertEqual(bench_plan.step_sizes([{"bytes": 37266432}]), [9316608, 37266432])
+        self.assertEqual(bench_plan.step_sizes([{"bytes": 8}]), [4, 8])
 
 
 class JoinedSeconds(unittest.TestCase):

@@ -95,8 +95,8 @@ TEST(RunPlan, CommSecondsIsOverheadPlusBusBytesAtTheAllReducesRate) {
 
 // Which collectives run beside compute: overlap's all-reduces but the last
 // (launched when backward ends); the buckets but the last, and the last too
-// with bucketed's overlap_optimizer (beside the updates of the others);
-// none of naive's, flat's or sharded's broadcasts after the step.
+// with bucketed's overlap_optimizer (beside the updates of the others, if
+// any); none of naive's, flat's or sharded's broadcasts after the step.
 TEST(RunPlan, CollectivesBesideCompute) {
   auto during = [](const plan::RunPlan& p) {
     std::string marks;
@@ -113,6 +113,9 @@ TEST(RunPlan, CollectivesBesideCompute) {
   EXPECT_EQ(during(plan::plan_run(three_params("overlap", 2))), "BB-");
   EXPECT_EQ(during(plan::plan_run(three_params("naive", 2))), "---");
   EXPECT_EQ(during(plan::plan_run(three_params("flat", 2))), "-");
+  plan::RunInput one = three_params("bucketed", 2);
+  one.bucket_mb = 1;  // one bucket, launched when backward ends, no update beside it
+  EXPECT_EQ(during(plan::plan_run(one)), "-");
 }
 
 // With a fit measured under load, the collectives beside compute take its

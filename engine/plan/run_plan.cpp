@@ -67,8 +67,10 @@ void add_buckets(const RunInput& in, int64_t wire_bytes, int64_t* buffers, std::
     steps->push_back({"all_reduce", elements * wire_bytes, true});
   }
   // flush() launches the last when backward ends: beside the updates of
-  // the others only where the strategy makes them as averages arrive.
-  if (!steps->empty()) steps->back().beside_compute = in.strategy == "bucketed" && in.overlap_optimizer;
+  // the others where the strategy makes them as averages arrive (and there
+  // are others); alone otherwise.
+  if (!steps->empty())
+    steps->back().beside_compute = in.strategy == "bucketed" && in.overlap_optimizer && steps->size() > 1;
 }
 
 // The comm buffers one rank holds and the collectives of one step.

@@ -20,7 +20,8 @@
 // Collectives beside compute (issued while the rank still computes):
 // overlap's all but the last; of the buckets (bucketed, sharded's
 // "broadcast") all but the last, and the last too with bucketed's
-// overlap_optimizer (it runs beside the updates of the buckets before it).
+// overlap_optimizer (it runs beside the updates of the buckets before it,
+// where there are any).
 // The transports' own buffers: gloo's reduce-scatter scratch on a CPU run,
 // (N - 1) receive buffers, grown to the largest; nccl's 4-byte barrier
 // buffer; mpi none. (gloo's staging on a CUDA run is not planned.)
