@@ -150,7 +150,7 @@ TEST(BenchCommCommand, TinyRunWritesTableJsonAndCsv) {
   std::istringstream csv(read_file(dir + "/out/bench_comm.csv"));
   std::string line;
   std::getline(csv, line);
-  EXPECT_EQ(line, "transport,op,size,bytes,world,iters,warmup,mean_s,median_s,algbw_GBps,busbw_GBps");
+  EXPECT_EQ(line, "transport,op,size,bytes,world,iters,warmup,mean_s,median_s,algbw_GBps,busbw_GBps,load");
   int rows = 0;
   while (std::getline(csv, line)) ++rows;
   EXPECT_EQ(rows, 8);
@@ -174,7 +174,8 @@ TEST(BenchCommCommand, LoadGemmIsRecorded) {
       << read_file(p.out);
   const auto doc = nlohmann::json::parse(read_file(dir + "/out/bench_comm.json"));
   EXPECT_EQ(doc["load"], "gemm");
-  EXPECT_EQ(doc["rows"].size(), 2u);
+  ASSERT_EQ(doc["rows"].size(), 2u);
+  for (const auto& row : doc["rows"]) EXPECT_EQ(row["load"], "gemm");
   ASSERT_EQ(doc["overhead_fit"].size(), 1u);
   fs::remove_all(dir);
 }

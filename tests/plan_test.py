@@ -102,6 +102,13 @@ class CommunicationTime(unittest.TestCase):
     def test_collectives_beside_compute_take_the_loaded_price(self):
         with tempfile.TemporaryDirectory() as d:
             idle, busy = self.write(d, "idle.json", "none", 1e-3, 1e9), self.write(d, "busy.json", "gemm", 2e-3, 5e8)
+            odd = self.write(d, "odd.json", True, 1e-3, 1e9)
+            broken = os.path.join(d, "broken.json")
+            with open(broken, "w") as f:
+                f.write('{"overhead_fit": [{"o_s": NaN}]}')
+            clipped = json.loads(ddp("plan", "configs/lm-cpu.toml", "--set", "optimizer.clip_grad_norm=1.0", "--json",
+                                     "--bench", idle, "--bench-busy", busy))["run"]
+            self.assertFalse(clipped["collectives"][-1]["beside_compute"])  # the engine waits for every gradient
             for overlap_optimizer, alone in (("true", 0), ("false", 1)):
                 with self.subTest(overlap_optimizer=overlap_optimizer):
                     run = json.loads(ddp("plan", "configs/lm-cpu.toml", "--set",
@@ -119,7 +126,9 @@ class CommunicationTime(unittest.TestCase):
                                                       "--bench-busy, and an idle one as --bench"),
                                   (["--bench", idle, "--bench-busy", idle],
                                    f"--bench-busy {idle}: measured on idle cores; --bench-busy takes a bench-comm "
-                                   "run with --load gemm")]:
+                                   "run with --load gemm"),
+                                  (["--bench", odd], f'--bench {odd}: "load" is true, not "none" or "gemm"'),
+                                  (["--bench", broken], f"--bench {broken}: not valid JSON")]:
                 with self.subTest(args=args):
                     p = subprocess.run([DDP, "plan", "configs/lm-cpu.toml", *args], cwd=ROOT, capture_output=True,
                                        text=True)

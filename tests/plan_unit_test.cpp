@@ -113,6 +113,10 @@ TEST(RunPlan, CollectivesBesideCompute) {
   EXPECT_EQ(during(plan::plan_run(three_params("overlap", 2))), "BB-");
   EXPECT_EQ(during(plan::plan_run(three_params("naive", 2))), "---");
   EXPECT_EQ(during(plan::plan_run(three_params("flat", 2))), "-");
+  plan::RunInput clipped = three_params("bucketed", 2);
+  clipped.bucket_mb = 100.0 / (1024 * 1024);
+  clipped.clips = true;  // the engine waits for every gradient before any update
+  EXPECT_EQ(during(plan::plan_run(clipped)), "BB-");
   plan::RunInput one = three_params("bucketed", 2);
   one.bucket_mb = 1;  // one bucket, launched when backward ends, no update beside it
   EXPECT_EQ(during(plan::plan_run(one)), "-");
@@ -128,6 +132,9 @@ TEST(RunPlan, CommSecondsPricesCollectivesBesideComputeUnderLoad) {
   EXPECT_DOUBLE_EQ(plan::comm_seconds(c, idle, 2), 2e-3 + 4e-3);
   EXPECT_DOUBLE_EQ(plan::collective_seconds(c[0], busy, 2), 4e-3);
   EXPECT_DOUBLE_EQ(plan::comm_seconds(c, idle, 1, &busy), 0.0);
+  // A negative o (a noisy fit) never prices a collective below nothing.
+  EXPECT_DOUBLE_EQ(plan::collective_seconds(c[0], {-2e-3, 1e6}, 2), 0.0);
+  EXPECT_DOUBLE_EQ(plan::comm_seconds(c, {-2e-3, 1e6}, 2), 0.0 + 1e-3);
 }
 
 // CS336 communication_accounting's XXL on TPU v5p (docs/plan.md); `tokens`:

@@ -55,7 +55,11 @@ def fit_from_bench(a):
             sys.exit("overhead_model: ddp bench-comm failed")
         bench = os.path.join(d, "bench_comm.json")
     with open(bench) as f:
-        fits = [x for x in json.load(f).get("overhead_fit", []) if x["world"] == a.world]
+        doc = json.load(f)
+    if doc.get("load", "none") != "none":
+        sys.exit(f"overhead_model: {bench} was measured with --load {doc['load']}: the model prices "
+                 "collectives on idle cores; give a bench-comm run without --load")
+    fits = [x for x in doc.get("overhead_fit", []) if x["world"] == a.world]
     if not fits:
         sys.exit(f"overhead_model: {bench}: no all_reduce fit for world {a.world} (needs two sizes or more)")
     o = fits[0]["o_s"]

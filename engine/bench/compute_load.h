@@ -8,7 +8,6 @@
 #pragma once
 
 #include <atomic>
-#include <cstdint>
 #include <string>
 #include <thread>
 
@@ -19,21 +18,18 @@ bool parse_load(const std::string& text);
 
 class ComputeLoad {
  public:
-  // Starts the thread when `on`; otherwise does nothing.
+  // Starts the thread when `on` and returns once it is inside its first
+  // GEMM; otherwise does nothing.
   explicit ComputeLoad(bool on);
   // Stops the thread after its current GEMM and joins it.
   ~ComputeLoad();
   ComputeLoad(const ComputeLoad&) = delete;
   ComputeLoad& operator=(const ComputeLoad&) = delete;
 
-  // GEMMs completed so far (0 when off).
-  int64_t gemms() const { return gemms_.load(); }
-
  private:
   void loop();
 
-  std::atomic<bool> stop_{false};
-  std::atomic<int64_t> gemms_{0};
+  std::atomic<bool> stop_{false}, running_{false};
   std::thread thread_;
 };
 

@@ -60,6 +60,7 @@ plan::RunInput run_input(const Config& c, const Footprint& model) {
   in.strategy = names[0];
   in.transport = names[1];
   in.device = c.run.device;
+  in.clips = c.optimizer.clip_grad_norm > 0;
   if (in.strategy == "bucketed") {
     in.compress = c.strategy.get_string("compress", "none");
     in.overlap_optimizer = c.strategy.get_bool("overlap_optimizer", true);
@@ -93,9 +94,13 @@ strategy::OverheadFit fit_from_bench(const std::string& file, const Config& c, c
   if (!std::filesystem::is_regular_file(file, ec)) throw Error(where + ": not a file");
   std::ifstream in(file);
   const json doc = json::parse(in, nullptr, false);
-  if (doc.is_discarded() || !doc.is_object() || !doc.contains("overhead_fit") || !doc["overhead_fit"].is_array())
+  if (doc.is_discarded()) throw Error(where + ": not valid JSON");
+  if (!doc.is_object() || !doc.contains("overhead_fit") || !doc["overhead_fit"].is_array())
     throw Error(where + ": not a bench_comm.json (no overhead_fit list)");
-  const std::string load = doc.contains("load") && doc["load"].is_string() ? doc["load"].get<std::string>() : "none";
+  const json& load_field = doc.contains("load") ? doc["load"] : json("none");  // files from before --load: idle
+  if (load_field != "none" && load_field != "gemm")
+    throw Error(where + ": \"load\" is " + load_field.dump() + ", not \"none\" or \"gemm\"");
+  const std::string load = load_field.get<std::string>();
   if (loaded && load == "none")
     throw Error(where + ": measured on idle cores; --bench-busy takes a bench-comm run with --load gemm");
   if (!loaded && load != "none")
@@ -172,6 +177,8 @@ json run_json(const Config& c, const plan::RunPlan& p, const strategy::OverheadF
     j["overhead_fit"] = {{"o_s", fit.o_s}, {"w_bytes_per_s", fit.w_bytes_per_s}};
     if (loaded) j["overhead_fit_busy"] = {{"o_s", busy.o_s}, {"w_bytes_per_s", busy.w_bytes_per_s}};
     j["comm_seconds_per_step"] = plan::comm_seconds(p.collectives, fit, c.run.world_size, loaded ? &busy : nullptr);
+    if (!std::isfinite(j["comm_seconds_per_step"].get<double>()))
+      throw Error("the fit prices the step's collectives beyond any finite time: o or w is out of range");
   }
   return j;
 }
@@ -287,15 +294,20 @@ void print_run(const json& r) {
   std::cout << "\nPer step and rank: " << r["collectives_per_step"].get<size_t>() << " collectives, "
             << si(double(r["comm_bytes_per_step"].get<int64_t>()), "B") << " (bus "
             << si(double(r["bus_bytes_per_step"].get<int64_t>()), "B") << ")";
-  if (r.contains("comm_seconds_per_step"))
-    std::cout << ", " << si(r["comm_seconds_per_step"].get<double>(), "s") << " of communication at o = "
-              << si(r["overhead_fit"]["o_s"].get<double>(), "s") << ", w = "
-              << si(r["overhead_fit"]["w_bytes_per_s"].get<double>(), "B/s");
-  if (r.contains("overhead_fit_busy")) {
-    int during = 0;
-    for (const json& x : r["collectives"]) during += x["beside_compute"].get<bool>();
-    std::cout << " (the " << during << " beside compute at o = " << si(r["overhead_fit_busy"]["o_s"].get<double>(), "s")
-              << ", w = " << si(r["overhead_fit_busy"]["w_bytes_per_s"].get<double>(), "B/s") << ", measured under load)";
+  if (r.contains("comm_seconds_per_step")) {
+    auto at = [](const json& fit) {
+      return "at o = " + si(fit["o_s"].get<double>(), "s") + ", w = " + si(fit["w_bytes_per_s"].get<double>(), "B/s");
+    };
+    std::cout << ", " << si(r["comm_seconds_per_step"].get<double>(), "s") << " of communication";
+    if (!r.contains("overhead_fit_busy")) {
+      std::cout << " " << at(r["overhead_fit"]);
+    } else {
+      size_t beside = 0;
+      for (const json& x : r["collectives"]) beside += x["beside_compute"].get<bool>();
+      std::cout << ": " << beside << " beside compute " << at(r["overhead_fit_busy"]) << " (measured under load)"
+                << (beside == 0 ? ", which prices none of them" : "") << "; " << r["collectives"].size() - beside
+                << " alone " << at(r["overhead_fit"]);
+    }
   }
   std::cout << "\n";
 }

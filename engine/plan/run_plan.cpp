@@ -68,9 +68,10 @@ void add_buckets(const RunInput& in, int64_t wire_bytes, int64_t* buffers, std::
   }
   // flush() launches the last when backward ends: beside the updates of
   // the others where the strategy makes them as averages arrive (and there
-  // are others); alone otherwise.
+  // are others, and no clipping makes the engine wait for all); alone
+  // otherwise.
   if (!steps->empty())
-    steps->back().beside_compute = in.strategy == "bucketed" && in.overlap_optimizer && steps->size() > 1;
+    steps->back().beside_compute = in.strategy == "bucketed" && in.overlap_optimizer && !in.clips && steps->size() > 1;
 }
 
 // The comm buffers one rank holds and the collectives of one step.
@@ -162,7 +163,8 @@ double collective_seconds(const Collective& c, const strategy::OverheadFit& fit,
   // An all-reduce of b bytes moves bus_bytes = 2 (N - 1) / N b in b / w: the
   // link moves bus bytes at that rate, whatever the collective.
   const double all_reduce_bus = static_cast<double>(bus_bytes("all_reduce", 1 << 20, world)) / (1 << 20);
-  return fit.o_s + static_cast<double>(bus_bytes(c.op.c_str(), c.bytes, world)) / all_reduce_bus / fit.w_bytes_per_s;
+  return std::max(0.0, fit.o_s + static_cast<double>(bus_bytes(c.op.c_str(), c.bytes, world)) / all_reduce_bus /
+                           fit.w_bytes_per_s);
 }
 
 double comm_seconds(const std::vector<Collective>& collectives, const strategy::OverheadFit& fit, int world,

@@ -21,7 +21,8 @@
 // overlap's all but the last; of the buckets (bucketed, sharded's
 // "broadcast") all but the last, and the last too with bucketed's
 // overlap_optimizer (it runs beside the updates of the buckets before it,
-// where there are any).
+// where there are any, and unless gradients are clipped: the engine then
+// waits for all of them before any update).
 // The transports' own buffers: gloo's reduce-scatter scratch on a CPU run,
 // (N - 1) receive buffers, grown to the largest; nccl's 4-byte barrier
 // buffer; mpi none. (gloo's staging on a CUDA run is not planned.)
@@ -56,6 +57,7 @@ struct RunInput {
   double bucket_mb = 25.0;             // bucketed, sharded (broadcast)
   std::string compress = "none";       // bucketed: "none" | "bf16" | "fp16"
   bool overlap_optimizer = true;       // bucketed: updates bucket by bucket as averages arrive
+  bool clips = false;                  // optimizer.clip_grad_norm > 0: the engine waits for every gradient
   std::string variant = "broadcast";   // sharded: "broadcast" | "allgather"
   std::string transport = "gloo";      // "gloo" | "mpi" | "nccl"
   ddp_device_kind device = DDP_DEVICE_CPU;
@@ -92,7 +94,9 @@ RunPlan plan_run(const RunInput& in);
 // them, so a reduce-scatter or all-gather of b bytes takes o + b / (2 w).
 // 0 at world 1. With `busy` (a fit measured under load: `ddp bench-comm
 // --load gemm`), the collectives beside compute are priced with it
-// instead.
+// instead. A collective costs at least nothing: a fit whose o came out
+// negative (as a least-squares fit of noisy times may) would otherwise
+// price a small one below zero.
 double collective_seconds(const Collective& c, const strategy::OverheadFit& fit, int world);
 double comm_seconds(const std::vector<Collective>& collectives, const strategy::OverheadFit& fit, int world,
                     const strategy::OverheadFit* busy = nullptr);
