@@ -203,21 +203,21 @@ CLI::App* add_bench_comm(CLI::App& app, ddp::BenchOptions& bench, std::vector<st
       ->capture_default_str();
   bc->add_option("--world", bench.worlds, "world sizes (comma-separated)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   bc->add_option("--sizes", bench_sizes, "sizes S in nccl-tests' sense: 4KB, 1MB, 1GB, ... (binary)")
       ->delimiter(',')
       ->capture_default_str();
   bc->add_option("--ops", bench_ops, "collectives (comma-separated)")->delimiter(',')->capture_default_str();
   bc->add_option("--warmup", bench.warmup, "untimed iterations first")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   bc->add_option("--iters", bench.iters, "timed iterations (default: 50 for small sizes down to 5 at 1GB)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1000000));
   bc->add_option("--out", bench.out_dir, "where bench_comm.json and bench_comm.csv go")->capture_default_str();
   bc->add_option("--set", bench.transport_sets, "a transport key: transport.key=value (repeatable)")->take_all();
   bc->add_option("--timeout", bench.timeout_s, "seconds a collective or the rendezvous may take")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(0.001, 1e7))
       ->capture_default_str();
   bc->add_option("--device", bench.device, "where the buffers live: cpu, or cuda (GPU local_rank per rank)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
@@ -276,7 +276,7 @@ void add_blas_commands(CLI::App& app, BlasCommands& b) {
   b.floor->add_option("config", b.config, "the run's TOML file")->required();
   b.floor->add_option("--set", b.sets, "override a key: section.key=value (repeatable)")->take_all();
   b.floor->add_option("--repeats", b.floor_repeats, "timed replays (their median)")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 100000))
       ->capture_default_str();
 }
 
@@ -318,7 +318,11 @@ int main(int argc, char** argv) {
   CLI::App* plan = add_plan(app, plan_options);
   BlasCommands blas;
   add_blas_commands(app, blas);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {  // --help and --version: 0; a usage error: 2, as getopt's tools
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
   try {
     if (plugins->parsed()) {  // what a config may name, loaded and checked as a run loads it

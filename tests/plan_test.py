@@ -179,6 +179,12 @@ class Accounting(unittest.TestCase):
                 p = subprocess.run([DDP, "plan", "configs/lm-cpu.toml", *args], cwd=ROOT, capture_output=True, text=True)
                 self.assertEqual(p.returncode, 1, p.stdout)
                 self.assertIn(message, p.stderr)
+        # A command line that does not parse: exit 2 (usage), not CLI11's own codes.
+        for args, message in [(["--mesh", "a,b"], "Could not convert: --mesh = a,b"),
+                              (["--bogus"], "The following argument was not expected: --bogus")]:
+            p = subprocess.run([DDP, "plan", "configs/lm-cpu.toml", *args], cwd=ROOT, capture_output=True, text=True)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(message, p.stderr)
         p = subprocess.run([DDP, "plan", "configs/lm-cpu.toml", "--set", 'strategy.bucketed.bucket_mb="auto"'],
                            cwd=ROOT, capture_output=True, text=True)
         self.assertEqual(p.returncode, 1)
