@@ -156,11 +156,11 @@ json run_json(const Config& c, const plan::RunPlan& p, const strategy::OverheadF
                      {kMoments[2], bytes_json(m.after_optimizer_step)}});
   json collectives = json::array();
   int64_t bus = 0;
-  const bool timed = !std::isnan(fit.o_s), loaded = !std::isnan(busy.o_s);
+  const bool timed = !std::isnan(fit.o_s);
+  const strategy::OverheadFit* loaded = std::isnan(busy.o_s) ? nullptr : &busy;
   for (const plan::Collective& x : p.collectives) {
     json one = {{"op", x.op}, {"bytes", x.bytes}, {"beside_compute", x.beside_compute}};
-    if (timed)
-      one["seconds"] = plan::collective_seconds(x, loaded && x.beside_compute ? busy : fit, c.run.world_size);
+    if (timed) one["seconds"] = plan::collective_seconds(x, fit, c.run.world_size, loaded);
     collectives.push_back(one);
     bus += bus_bytes(x.op.c_str(), x.bytes, c.run.world_size);
   }
@@ -176,7 +176,7 @@ json run_json(const Config& c, const plan::RunPlan& p, const strategy::OverheadF
   if (timed) {
     j["overhead_fit"] = {{"o_s", fit.o_s}, {"w_bytes_per_s", fit.w_bytes_per_s}};
     if (loaded) j["overhead_fit_busy"] = {{"o_s", busy.o_s}, {"w_bytes_per_s", busy.w_bytes_per_s}};
-    j["comm_seconds_per_step"] = plan::comm_seconds(p.collectives, fit, c.run.world_size, loaded ? &busy : nullptr);
+    j["comm_seconds_per_step"] = plan::comm_seconds(p.collectives, fit, c.run.world_size, loaded);
     if (!std::isfinite(j["comm_seconds_per_step"].get<double>()))
       throw Error("the fit prices the step's collectives beyond any finite time: o or w is out of range");
   }

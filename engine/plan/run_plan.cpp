@@ -158,8 +158,10 @@ RunPlan plan_run(const RunInput& in) {
   return plan;
 }
 
-double collective_seconds(const Collective& c, const strategy::OverheadFit& fit, int world) {
+double collective_seconds(const Collective& c, const strategy::OverheadFit& idle, int world,
+                          const strategy::OverheadFit* busy) {
   if (world < 2) return 0.0;  // nothing crosses between ranks
+  const strategy::OverheadFit& fit = busy && c.beside_compute ? *busy : idle;
   // An all-reduce of b bytes moves bus_bytes = 2 (N - 1) / N b in b / w: the
   // link moves bus bytes at that rate, whatever the collective.
   const double all_reduce_bus = static_cast<double>(bus_bytes("all_reduce", 1 << 20, world)) / (1 << 20);
@@ -171,7 +173,7 @@ double comm_seconds(const std::vector<Collective>& collectives, const strategy::
                     const strategy::OverheadFit* busy) {
   double seconds = 0.0;
   for (const Collective& c : collectives)
-    seconds += collective_seconds(c, busy && c.beside_compute ? *busy : fit, world);
+    seconds += collective_seconds(c, fit, world, busy);
   return seconds;
 }
 

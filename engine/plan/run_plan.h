@@ -97,7 +97,8 @@ RunPlan plan_run(const RunInput& in);
 // instead. A collective costs at least nothing: a fit whose o came out
 // negative (as a least-squares fit of noisy times may) would otherwise
 // price a small one below zero.
-double collective_seconds(const Collective& c, const strategy::OverheadFit& fit, int world);
+double collective_seconds(const Collective& c, const strategy::OverheadFit& fit, int world,
+                          const strategy::OverheadFit* busy = nullptr);
 double comm_seconds(const std::vector<Collective>& collectives, const strategy::OverheadFit& fit, int world,
                     const strategy::OverheadFit* busy = nullptr);
 
