@@ -24,6 +24,7 @@
 #include "mlp.h"
 #include "optimizer.h"
 #include "safetensors.h"
+#include "schedule.h"
 
 namespace ddp {
 namespace {
@@ -128,7 +129,19 @@ void check_golden(Device& device, Model& m, const Tensors& t, const std::string&
     const float l = m.forward(batch);
     EXPECT_NEAR(l, want_losses[s], 2e-5 * std::abs(want_losses[s])) << "adamw step " << s;
     m.backward(1.0f, [](size_t) {});
+    opt.begin_step(1.0);
     opt.step(m.params(), all);
+    // The CPU's update measures each gradient's squares as the gradient
+    // norm's own pass would, bit for bit (optimizer.h); a GPU's does not.
+    for (const Parameter& p : m.params()) {
+      const double squares = opt.grad_squares()[size_t(&p - m.params().data())];
+      if (device.kind() != DDP_DEVICE_CPU) {
+        EXPECT_TRUE(std::isnan(squares)) << p.name;
+        continue;
+      }
+      const std::vector<float> g = p.grad.to_host();
+      EXPECT_EQ(squares, sum_of_squares(g.data(), g.size())) << p.name << ", adamw step " << s;
+    }
   }
   // AdamW turns near-zero gradient entries into lr-sized steps whose sign
   // depends on rounding (fixtures/README.md): absolute 1e-3 on the weights.

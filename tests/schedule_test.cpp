@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
+#include <vector>
 
 #include "schedule.h"
+#include "update_rules.h"
 
 namespace ddp {
 namespace {
@@ -36,6 +39,32 @@ TEST(Schedule, ClipCoefficientIsPyTorchsClamped) {
   EXPECT_EQ(clip_coefficient(0.5, 1.0), 1.0);
   EXPECT_DOUBLE_EQ(clip_coefficient(4.0, 1.0), 1.0 / (4.0 + 1e-6));
   EXPECT_EQ(clip_coefficient(0.0, 1.0), 1.0);
+}
+
+// sum_of_squares: exact where every partial sum is (1² + ... + n²), 0 for
+// nothing, and the fixed lanes of update_rules.h bit for bit, which here
+// differ from adding the squares one after another.
+TEST(Schedule, SumOfSquaresIsExactAndInFixedLanes) {
+  EXPECT_EQ(sum_of_squares(nullptr, 0), 0.0);
+  for (size_t n : {1u, 15u, 16u, 17u, 1000u, 4099u}) {
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; ++i) x[i] = float(i + 1);
+    EXPECT_EQ(sum_of_squares(x.data(), n), double(n) * double(n + 1) * double(2 * n + 1) / 6) << n;
+  }
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  std::vector<float> x(1003);
+  for (float& v : x) v = std::ldexp(mantissa(gen), exponent(gen)) * (gen() % 2 ? 1.0f : -1.0f);
+  double lane[kSquareLanes] = {}, sequential = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    lane[i % kSquareLanes] += double(x[i]) * double(x[i]);
+    sequential += double(x[i]) * double(x[i]);
+  }
+  double want = 0;
+  for (double l : lane) want += l;
+  EXPECT_EQ(sum_of_squares(x.data(), x.size()), want);
+  EXPECT_NE(want, sequential);  // the lanes are what the test pins down
 }
 
 }  // namespace

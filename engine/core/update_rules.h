@@ -3,6 +3,7 @@
 // (cuda/cuda_ops.cu), so both devices apply the same float32 constants.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace ddp {
@@ -16,6 +17,14 @@ namespace ddp {
 struct AdamScalars {
   float decay, b1, one_minus_b1, b2, one_minus_b2, bias2_sqrt, eps, step_size;
 };
+
+// A gradient's squared L2 norm is summed in float64 in kSquareLanes fixed
+// lanes: element i goes to lane i % kSquareLanes, each lane adds in element
+// order, then the lanes are added in lane order. Each square of a float32 is
+// exact in float64, so the sum has the same bits on every machine, whether
+// or not the compiler vectorises or fuses, and wherever it is taken
+// (sum_of_squares in engine/train/schedule.h, the AdamW update's).
+constexpr size_t kSquareLanes = 16;
 
 // The constants for step `step` (1-based) with these hyper-parameters.
 AdamScalars adamw_scalars(double lr, double weight_decay, double beta1, double beta2, double eps,

@@ -44,16 +44,33 @@ void sgd_momentum(float* __restrict w, const float* __restrict g, float* __restr
   }
 }
 
+// Returns the sum of g's squares, as sum_of_squares (schedule.h) takes it,
+// bit for bit: measured in the pass that reads g anyway, the gradient norm
+// of an unclipped step costs no pass of its own.
 DDP_UPDATE_CLONES
-void adamw_update(float* __restrict w, const float* __restrict g, float* __restrict m, float* __restrict v,
-                  size_t n, const AdamScalars c) {
-  for (size_t k = 0; k < n; ++k) {
+double adamw_update(float* __restrict w, const float* __restrict g, float* __restrict m, float* __restrict v,
+                    size_t n, const AdamScalars c) {
+  const auto one = [&](size_t k) {
     w[k] *= c.decay;
     m[k] = m[k] * c.b1 + c.one_minus_b1 * g[k];         // exp_avg.mul_(b1).add_(g, alpha=1-b1)
     v[k] = v[k] * c.b2 + c.one_minus_b2 * g[k] * g[k];  // exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2)
     const float denom = std::sqrt(v[k]) / c.bias2_sqrt + c.eps;
     w[k] = w[k] + -c.step_size * m[k] / denom;          // param.addcdiv_(m, denom, value=-step_size)
+  };
+  double lane[kSquareLanes] = {};
+  size_t i = 0;
+  for (; i + kSquareLanes <= n; i += kSquareLanes)
+    for (size_t k = 0; k < kSquareLanes; ++k) {
+      one(i + k);
+      lane[k] += double(g[i + k]) * double(g[i + k]);
+    }
+  for (size_t k = 0; i + k < n; ++k) {
+    one(i + k);
+    lane[k] += double(g[i + k]) * double(g[i + k]);
   }
+  double sum = 0;
+  for (double l : lane) sum += l;
+  return sum;
 }
 
 }  // namespace
@@ -63,7 +80,7 @@ bool name_matches(const std::string& pattern, const std::string& name) {
 }
 
 Optimizer::Optimizer(const OptimizerConfig& config, Device& device, const std::vector<Parameter>& params)
-    : config_(config), device_(device), state_(params.size()) {
+    : config_(config), device_(device), state_(params.size()), grad_sq_(params.size(), std::nan("")) {
   for (size_t g = 0; g < config.groups.size(); ++g) {
     bool used = false;
     for (const Parameter& p : params) used |= name_matches(config.groups[g].params, p.name);
@@ -85,6 +102,11 @@ Optimizer::Optimizer(const OptimizerConfig& config, Device& device, const std::v
 
 Optimizer::~Optimizer() = default;
 
+void Optimizer::begin_step(double lr_scale) {
+  lr_scale_ = lr_scale;
+  grad_sq_.assign(hyper_.size(), std::nan(""));
+}
+
 void Optimizer::step(std::vector<Parameter>& params, const size_t* indices, size_t count) {
   for (size_t k = 0; k < count; ++k) {
     const size_t i = indices[k];
@@ -96,7 +118,7 @@ void Optimizer::step(std::vector<Parameter>& params, const size_t* indices, size
     }
     const Hyper h{hyper_[i].lr * lr_scale_, hyper_[i].weight_decay};
     if (config_.name == "adamw") {
-      adamw(p, h, *state_[i]);
+      adamw(i, p, h, *state_[i]);
     } else {
       sgd(p, h, *state_[i]);
     }
@@ -149,7 +171,7 @@ void Optimizer::sgd(Parameter& p, const Hyper& h, State& s) {
 // torch.optim.AdamW (_single_tensor_adamw, PyTorch 1.13):
 //   w *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
 //   denom = sqrt(v) / sqrt(1 - b2^t) + eps;  w -= lr / (1 - b1^t) * m / denom
-void Optimizer::adamw(Parameter& p, const Hyper& h, State& s) {
+void Optimizer::adamw(size_t i, Parameter& p, const Hyper& h, State& s) {
   if (!s.first.defined()) {
     s.first = Tensor(device_, p.shape, MemCategory::OptimizerState);
     s.second = Tensor(device_, p.shape, MemCategory::OptimizerState);
@@ -164,7 +186,7 @@ void Optimizer::adamw(Parameter& p, const Hyper& h, State& s) {
     return;
   }
 #endif
-  adamw_update(p.data.data(), p.grad.data(), s.first.data(), s.second.data(), p.data.numel(), c);
+  grad_sq_.at(i) = adamw_update(p.data.data(), p.grad.data(), s.first.data(), s.second.data(), p.data.numel(), c);
 }
 
 }  // namespace ddp

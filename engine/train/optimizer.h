@@ -53,9 +53,13 @@ class Optimizer {
   // Whatever no step claimed is dropped by drop_unclaimed().
   void restore_on_first_step(std::map<size_t, SavedState> states) { pending_ = std::move(states); }
   void drop_unclaimed() { pending_.clear(); }
-  // The learning-rate schedule's factor for the next steps: every group's
-  // lr times `scale` ([schedule] lr).
-  void set_lr_scale(double scale) { lr_scale_ = scale; }
+  // Begins a training step: every group's lr times `lr_scale` ([schedule]
+  // lr) from now on, and the last step's grad_squares forgotten.
+  void begin_step(double lr_scale);
+  // Per parameter, the sum of the squares of the gradient this step's update
+  // read (sum_of_squares, schedule.h, bit for bit) where the update measured
+  // it (AdamW on the CPU), else NaN.
+  const std::vector<double>& grad_squares() const { return grad_sq_; }
 
  private:
   struct State {
@@ -67,7 +71,7 @@ class Optimizer {
     double lr, weight_decay;
   };
   void sgd(Parameter& p, const Hyper& h, State& s);
-  void adamw(Parameter& p, const Hyper& h, State& s);
+  void adamw(size_t i, Parameter& p, const Hyper& h, State& s);
 
   OptimizerConfig config_;
   Device& device_;
@@ -75,6 +79,7 @@ class Optimizer {
   std::vector<std::unique_ptr<State>> state_;  // per parameter, made on first step
   std::map<size_t, SavedState> pending_;       // restored, not yet claimed
   double lr_scale_ = 1.0;
+  std::vector<double> grad_sq_;  // per parameter: see grad_squares
   void take_up(size_t i, const Parameter& p, State& s);
 };
 

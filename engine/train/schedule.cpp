@@ -4,7 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include <cblas.h>
+#include "simd_clones.h"
+#include "update_rules.h"
 
 namespace ddp {
 
@@ -18,15 +19,32 @@ double scheduled_lr(const LrScheduleConfig& s, double lr, int64_t step) {
 
 double clip_coefficient(double total_norm, double max_norm) { return std::min(1.0, max_norm / (total_norm + 1e-6)); }
 
+DDP_SIMD_CLONES
+double sum_of_squares(const float* x, size_t n) {
+  double lane[kSquareLanes] = {};
+  size_t i = 0;
+  for (; i + kSquareLanes <= n; i += kSquareLanes)
+    for (size_t k = 0; k < kSquareLanes; ++k) lane[k] += double(x[i + k]) * double(x[i + k]);
+  for (size_t k = 0; i + k < n; ++k) lane[k] += double(x[i + k]) * double(x[i + k]);
+  double sum = 0;
+  for (double l : lane) sum += l;
+  return sum;
+}
+
 double clip_gradients(std::vector<Parameter>& params, const std::vector<size_t>& held, bool partitioned,
                       double max_norm, Device& device, int world,
-                      const std::function<void(const std::vector<double>&, std::vector<double>&)>& all_gather) {
+                      const std::function<void(const std::vector<double>&, std::vector<double>&)>& all_gather,
+                      const std::vector<double>* known) {
   double sum = 0;
   for (size_t i : held) {
     const Parameter& p = params[i];
+    if (known && i < known->size() && !std::isnan((*known)[i])) {
+      sum += (*known)[i];
+      continue;
+    }
     const std::vector<float> host = device.kind() == DDP_DEVICE_CPU ? std::vector<float>() : p.grad.to_host();
     const float* g = host.empty() ? p.grad.data() : host.data();
-    sum += cblas_dsdot(int(p.grad.numel()), g, 1, g, 1);  // float32 in, accumulated in float64
+    sum += sum_of_squares(g, p.grad.numel());
   }
   if (partitioned) {
     std::vector<double> all(static_cast<size_t>(world));

@@ -23,13 +23,22 @@ double scheduled_lr(const LrScheduleConfig& schedule, double lr, int64_t step);
 // most 1. Pure.
 double clip_coefficient(double total_norm, double max_norm);
 
+// The sum of x[i]² over i < n in float64, in the fixed lanes of
+// update_rules.h (kSquareLanes): the same bits on every machine (OpenBLAS's
+// dsdot sums in an order of its kernel's choosing). Pure.
+double sum_of_squares(const float* x, size_t n);
+
 // Clips the gradients of params[i], i in `held`, to a global L2 norm of
-// `max_norm` (0: measures only) and returns the norm before clipping. `partitioned`: each
+// `max_norm` (0: measures only) and returns the norm before clipping.
+// `known` (if given): each parameter's sum_of_squares of its gradient where
+// already measured (the optimizer's, Optimizer::grad_squares), NaN where
+// not; those are not read again. `partitioned`: each
 // averaged gradient is on one rank (the strategy's held_grads), so the
 // ranks' squared norms are added through `all_gather` (in rank order: the
 // same bits on every rank); else every rank holds them all.
 double clip_gradients(std::vector<Parameter>& params, const std::vector<size_t>& held, bool partitioned,
                       double max_norm, Device& device, int world,
-                      const std::function<void(const std::vector<double>&, std::vector<double>&)>& all_gather);
+                      const std::function<void(const std::vector<double>&, std::vector<double>&)>& all_gather,
+                      const std::vector<double>* known = nullptr);
 
 }  // namespace ddp

@@ -172,7 +172,7 @@ class RankRun {
     const StepTimeline::Mark m0 = timeline_->mark();
     const bool params_changed = unfreeze(step);
     rec.lr = scheduled_lr(config_.lr_schedule, config_.optimizer.lr, step);
-    optimizer_->set_lr_scale(rec.lr / config_.optimizer.lr);
+    optimizer_->begin_step(rec.lr / config_.optimizer.lr);
     for (Parameter& p : model_->params())
       if (p.trainable) device_->fill(p.grad.data(), p.grad.numel(), 0.0f, device_->compute_stream());
     // Micro-batches accumulate into the gradients; each one's loss is scaled
@@ -352,7 +352,7 @@ class RankRun {
                           clip ? config_.optimizer.clip_grad_norm : 0.0, *device_, env_.rank.world_size,
                           [this](const std::vector<double>& mine, std::vector<double>& all) {
                             plugins_->all_gather(mine, all);
-                          });
+                          }, &optimizer_->grad_squares());  // what this step's update measured
   }
 
   bool unfreeze(int64_t step) {
