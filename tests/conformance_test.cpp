@@ -305,6 +305,33 @@ TEST_P(Conformance, Protocol) {
   check_parity(ddp, reference_of(sc, c.model, ddp), g_options.parity_tolerance(adamw ? "adamw" : "sgd", sc.tolerance));
 }
 
+// summary.json's grad_norm has the same bits whether the engine measures it
+// before the update (clipping on: here at a bound no norm reaches, so
+// nothing is scaled) or takes the squares AdamW's pass measured (off),
+// under gradient accumulation, with a group and a parameter unfrozen at
+// step 2, on one rank and on three.
+TEST(ConformanceGradNorm, TheSameBitsWithAndWithoutClipping) {
+  if (g_options.device != "cpu") GTEST_SKIP() << "without clipping, grad_norm is recorded on CPU runs only";
+  if (g_options.transport == "mpi") GTEST_SKIP() << "the mpi transport's worlds come from mpirun";
+  Scenario sc{"grad_norm", {"toy"}, {1, 3}, kAdamW, "grad_accum_steps = 2\n", kGroups + kUnfreeze, 12, 1e-5f, "",
+              "fc2.fc.bias"};
+  const std::string plain = toml_for(sc, "toy", g_options.strategy);
+  sc.optimizer += "clip_grad_norm = 1e30\n";
+  const std::string clipped = toml_for(sc, "toy", g_options.strategy);
+  for (int world : sc.worlds) {
+    const RunResult a = harness::run(plain, world, g_options.strategy_sets());
+    const RunResult b = harness::run(clipped, world, g_options.strategy_sets());
+    for (const auto& f : a.failures) ADD_FAILURE() << "[run] " << f;
+    for (const auto& f : b.failures) ADD_FAILURE() << "[run, clipped] " << f;
+    ASSERT_TRUE(a.failures.empty() && b.failures.empty());
+    ASSERT_EQ(a.summary["grad_norm"].size(), size_t(kSteps)) << "world " << world;
+    ASSERT_EQ(b.summary["grad_norm"].size(), size_t(kSteps)) << "world " << world;
+    for (size_t s = 0; s < size_t(kSteps); ++s)
+      EXPECT_EQ(a.summary["grad_norm"][s].get<double>(), b.summary["grad_norm"][s].get<double>())
+          << "world " << world << ", step " << s + 1;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Strategy, Conformance, testing::ValuesIn(all_cases()),
                          [](const testing::TestParamInfo<Case>& info) {
                            return info.param.scenario->name + "_" + info.param.model + "_world" +

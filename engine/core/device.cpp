@@ -113,10 +113,11 @@ void CpuDevice::copy(void* dst, const void* src, size_t bytes, Stream& stream) {
 void CpuDevice::fill(float* data, size_t count, float value, Stream& stream) {
   stream.enqueue([=](bool cancelled) {
     if (cancelled) return;
-    if (value == 0.0f && !std::signbit(value))
-      std::memset(data, 0, count * sizeof(float));  // all bits zero: libc's fastest store loop
-    else
+    if (value == 0.0f && !std::signbit(value)) {
+      if (count) std::memset(data, 0, count * sizeof(float));  // all bits zero: libc's fastest store loop
+    } else {
       std::fill(data, data + count, value);
+    }
   });
 }
 

@@ -24,6 +24,10 @@ struct AdamScalars {
 // exact in float64, so the sum has the same bits on every machine, whether
 // or not the compiler vectorises or fuses, and wherever it is taken
 // (sum_of_squares in engine/train/schedule.h, the AdamW update's).
+// Both loops include this header: a build that would reorder them stops here.
+#if defined(__FAST_MATH__) || defined(__ASSOCIATIVE_MATH__)
+#error "built with -ffast-math or -fassociative-math: the lanes of a sum of squares would be reordered"
+#endif
 constexpr size_t kSquareLanes = 16;
 
 // The constants for step `step` (1-based) with these hyper-parameters.

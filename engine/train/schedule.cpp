@@ -38,6 +38,7 @@ double clip_gradients(std::vector<Parameter>& params, const std::vector<size_t>&
   double sum = 0;
   for (size_t i : held) {
     const Parameter& p = params[i];
+    // (A gradient with a NaN has a NaN sum: it is measured again, as NaN.)
     if (known && i < known->size() && !std::isnan((*known)[i])) {
       sum += (*known)[i];
       continue;
