@@ -309,7 +309,10 @@ TEST_P(Conformance, Protocol) {
 // before the update (clipping on: here at a bound no norm reaches, so
 // nothing is scaled) or takes the squares AdamW's pass measured (off),
 // under gradient accumulation, with a group and a parameter unfrozen at
-// step 2, on one rank and on three.
+// step 2, on one rank and on three. The two runs must have had the same
+// gradients: where their weights after a step differ (a strategy whose
+// summation order is not fixed from run to run, e.g. bucket_mb = "auto",
+// measured at start-up), the norms need only agree to float32 rounding.
 TEST(ConformanceGradNorm, TheSameBitsWithAndWithoutClipping) {
   if (g_options.device != "cpu") GTEST_SKIP() << "without clipping, grad_norm is recorded on CPU runs only";
   if (g_options.transport == "mpi") GTEST_SKIP() << "the mpi transport's worlds come from mpirun";
@@ -326,9 +329,13 @@ TEST(ConformanceGradNorm, TheSameBitsWithAndWithoutClipping) {
     ASSERT_TRUE(a.failures.empty() && b.failures.empty());
     ASSERT_EQ(a.summary["grad_norm"].size(), size_t(kSteps)) << "world " << world;
     ASSERT_EQ(b.summary["grad_norm"].size(), size_t(kSteps)) << "world " << world;
-    for (size_t s = 0; s < size_t(kSteps); ++s)
-      EXPECT_EQ(a.summary["grad_norm"][s].get<double>(), b.summary["grad_norm"][s].get<double>())
-          << "world " << world << ", step " << s + 1;
+    for (size_t s = 0; s < size_t(kSteps); ++s) {
+      const double na = a.summary["grad_norm"][s].get<double>(), nb = b.summary["grad_norm"][s].get<double>();
+      if (a.ranks[0].at(int64_t(s) + 1) == b.ranks[0].at(int64_t(s) + 1))
+        EXPECT_EQ(na, nb) << "world " << world << ", step " << s + 1 << " (the same weights after it)";
+      else
+        EXPECT_NEAR(na, nb, 1e-5 * na) << "world " << world << ", step " << s + 1 << " (other weights after it)";
+    }
   }
 }
 
