@@ -23,12 +23,34 @@ struct AdamScalars {
 // order, then the lanes are added in lane order. Each square of a float32 is
 // exact in float64, so the sum has the same bits on every machine, whether
 // or not the compiler vectorises or fuses, and wherever it is taken
-// (sum_of_squares in engine/train/schedule.h, the AdamW update's).
-// Both loops include this header: a build that would reorder them stops here.
+// (sum_squares_while below: sum_of_squares in engine/train/schedule.h, the
+// AdamW update's). A build that would reorder the lanes stops here.
 #if defined(__FAST_MATH__) || defined(__ASSOCIATIVE_MATH__)
 #error "built with -ffast-math or -fassociative-math: the lanes of a sum of squares would be reordered"
 #endif
 constexpr size_t kSquareLanes = 16;
+
+// Calls each(k) for k = 0 .. n-1 in order and returns the sum of g[k]² in
+// those lanes: the one loop of every such sum, so that a pass that reads g
+// anyway (the AdamW update) measures it bit for bit as a pass of its own
+// (sum_of_squares) does.
+template <class Each>
+inline double sum_squares_while(const float* g, size_t n, Each&& each) {
+  double lane[kSquareLanes] = {};
+  size_t i = 0;
+  for (; i + kSquareLanes <= n; i += kSquareLanes)
+    for (size_t k = 0; k < kSquareLanes; ++k) {
+      each(i + k);
+      lane[k] += double(g[i + k]) * double(g[i + k]);
+    }
+  for (size_t k = 0; i + k < n; ++k) {
+    each(i + k);
+    lane[k] += double(g[i + k]) * double(g[i + k]);
+  }
+  double sum = 0;
+  for (double l : lane) sum += l;
+  return sum;
+}
 
 // The constants for step `step` (1-based) with these hyper-parameters.
 AdamScalars adamw_scalars(double lr, double weight_decay, double beta1, double beta2, double eps,

@@ -50,27 +50,13 @@ void sgd_momentum(float* __restrict w, const float* __restrict g, float* __restr
 DDP_UPDATE_CLONES
 double adamw_update(float* __restrict w, const float* __restrict g, float* __restrict m, float* __restrict v,
                     size_t n, const AdamScalars c) {
-  const auto one = [&](size_t k) {
+  return sum_squares_while(g, n, [&](size_t k) {
     w[k] *= c.decay;
     m[k] = m[k] * c.b1 + c.one_minus_b1 * g[k];         // exp_avg.mul_(b1).add_(g, alpha=1-b1)
     v[k] = v[k] * c.b2 + c.one_minus_b2 * g[k] * g[k];  // exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2)
     const float denom = std::sqrt(v[k]) / c.bias2_sqrt + c.eps;
     w[k] = w[k] + -c.step_size * m[k] / denom;          // param.addcdiv_(m, denom, value=-step_size)
-  };
-  double lane[kSquareLanes] = {};
-  size_t i = 0;
-  for (; i + kSquareLanes <= n; i += kSquareLanes)
-    for (size_t k = 0; k < kSquareLanes; ++k) {
-      one(i + k);
-      lane[k] += double(g[i + k]) * double(g[i + k]);
-    }
-  for (size_t k = 0; i + k < n; ++k) {
-    one(i + k);
-    lane[k] += double(g[i + k]) * double(g[i + k]);
-  }
-  double sum = 0;
-  for (double l : lane) sum += l;
-  return sum;
+  });
 }
 
 }  // namespace

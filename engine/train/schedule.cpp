@@ -21,14 +21,7 @@ double clip_coefficient(double total_norm, double max_norm) { return std::min(1.
 
 DDP_SIMD_CLONES
 double sum_of_squares(const float* x, size_t n) {
-  double lane[kSquareLanes] = {};
-  size_t i = 0;
-  for (; i + kSquareLanes <= n; i += kSquareLanes)
-    for (size_t k = 0; k < kSquareLanes; ++k) lane[k] += double(x[i + k]) * double(x[i + k]);
-  for (size_t k = 0; i + k < n; ++k) lane[k] += double(x[i + k]) * double(x[i + k]);
-  double sum = 0;
-  for (double l : lane) sum += l;
-  return sum;
+  return sum_squares_while(x, n, [](size_t) {});
 }
 
 double clip_gradients(std::vector<Parameter>& params, const std::vector<size_t>& held, bool partitioned,
