@@ -26,12 +26,12 @@ class CpuKernels final : public Kernels {
     layers::linear_forward(y, x, w, n, in, out, accumulate);
   }
   void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in,
-                             int64_t out, bool accumulate) override {
-    layers::linear_backward_input(dx, dy, w, n, in, out, accumulate);
+                             int64_t out, bool accumulate, float alpha) override {
+    layers::linear_backward_input(dx, dy, w, n, in, out, accumulate, alpha);
   }
   void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in,
-                              int64_t out) override {
-    layers::linear_backward_weight(dw, dy, x, n, in, out);
+                              int64_t out, float alpha) override {
+    layers::linear_backward_weight(dw, dy, x, n, in, out, alpha);
   }
   void bias_forward(float* y, const float* b, int64_t n, int64_t out) override {
     layers::bias_forward(y, b, n, out);
@@ -83,13 +83,12 @@ class CpuKernels final : public Kernels {
   void relu_backward(float* dx, const float* dy, const float* y, int64_t n) override {
     layers::relu_backward(dx, dy, y, n);
   }
-  float cross_entropy_forward(float* lse, const float* logits, const int32_t* targets, int64_t n,
+  float cross_entropy_forward(float* lse, float* logits, const int32_t* targets, int64_t n,
                               int64_t v) override {
     return static_cast<float>(layers::cross_entropy_forward(lse, logits, targets, n, v));
   }
-  void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
-                              const int32_t* targets, int64_t n, int64_t v, float scale) override {
-    layers::cross_entropy_backward(dlogits, logits, lse, targets, n, v, scale);
+  void cross_entropy_backward(float* dlogits, int64_t n, int64_t v, float scale) override {
+    layers::cross_entropy_backward(dlogits, n, v, scale);
   }
   float mse_forward(const float* pred, const float* y, int64_t n) override {
     return static_cast<float>(layers::mse_forward(pred, y, n));

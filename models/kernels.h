@@ -41,9 +41,10 @@ class Kernels {
   virtual void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in,
                               int64_t out, bool accumulate = false) = 0;
   virtual void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n,
-                                     int64_t in, int64_t out, bool accumulate = false) = 0;
+                                     int64_t in, int64_t out, bool accumulate = false,
+                                     float alpha = 1.0f) = 0;
   virtual void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n,
-                                      int64_t in, int64_t out) = 0;
+                                      int64_t in, int64_t out, float alpha = 1.0f) = 0;
   virtual void bias_forward(float* y, const float* b, int64_t n, int64_t out) = 0;
   virtual void bias_backward(float* db, const float* dy, int64_t n, int64_t out) = 0;
 
@@ -87,12 +88,12 @@ class Kernels {
 
   // ---- losses: the forward returns the loss to the host, so it waits for
   // the compute stream (PyTorch's loss.item()); sums are in double. ---------
-  // Mean cross-entropy over n rows (targets: device memory); lse[n] kept.
-  virtual float cross_entropy_forward(float* lse, const float* logits, const int32_t* targets,
+  // Mean cross-entropy over n rows (targets: device memory); lse[n] kept,
+  // and softmax - onehot left in place of the logits (layers.h).
+  virtual float cross_entropy_forward(float* lse, float* logits, const int32_t* targets,
                                       int64_t n, int64_t v) = 0;
-  virtual void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
-                                      const int32_t* targets, int64_t n, int64_t v,
-                                      float scale) = 0;
+  // dlogits[n, v] *= scale / n: the forward's gradient made the mean's.
+  virtual void cross_entropy_backward(float* dlogits, int64_t n, int64_t v, float scale) = 0;
   // Mean over n elements of (pred - y)^2 (toy models).
   virtual float mse_forward(const float* pred, const float* y, int64_t n) = 0;
   // d[n] = (2 * scale / n) * (pred - y), the factor rounded to float first.

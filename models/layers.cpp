@@ -102,14 +102,14 @@ void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t
 }
 
 void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in,
-                           int64_t out, bool accumulate) {
-  sgemm(CblasNoTrans, CblasNoTrans, bi(n), bi(in), bi(out), 1.0f, dy, bi(out),
+                           int64_t out, bool accumulate, float alpha) {
+  sgemm(CblasNoTrans, CblasNoTrans, bi(n), bi(in), bi(out), alpha, dy, bi(out),
               w, bi(in), accumulate ? 1.0f : 0.0f, dx, bi(in));
 }
 
 void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in,
-                            int64_t out) {
-  sgemm(CblasTrans, CblasNoTrans, bi(out), bi(in), bi(n), 1.0f, dy, bi(out), x,
+                            int64_t out, float alpha) {
+  sgemm(CblasTrans, CblasNoTrans, bi(out), bi(in), bi(n), alpha, dy, bi(out), x,
               bi(in), 1.0f, dw, bi(in));
 }
 
@@ -364,35 +364,39 @@ void relu_backward(float* dx, const float* dy, const float* y, int64_t n) {
 // ---- cross-entropy ----------------------------------------------------------
 
 DDP_SIMD_CLONES
-double cross_entropy_forward(float* lse, const float* logits, const int32_t* targets, int64_t n,
+double cross_entropy_forward(float* lse, float* logits, const int32_t* targets, int64_t n,
                              int64_t v) {
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i) {
-    const float* __restrict row = logits + i * v;
+    float* __restrict row = logits + i * v;
     float m = row[0];
 #pragma omp simd reduction(max : m)
     for (int64_t j = 0; j < v; ++j) m = row[j] > m ? row[j] : m;
+    const float target_logit = row[targets[i]];
+    // One exp an element: exp(x - m) kept in place, then scaled by 1 / sum
+    // while the row (v floats) is still in L1/L2.
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < v; ++j) sum += exp_approx(row[j] - m);
+    for (int64_t j = 0; j < v; ++j) {
+      const float e = exp_approx(row[j] - m);
+      row[j] = e;
+      sum += e;
+    }
     lse[i] = m + std::log(sum);
-    total += static_cast<double>(lse[i]) - static_cast<double>(row[targets[i]]);
+    total += static_cast<double>(lse[i]) - static_cast<double>(target_logit);
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < v; ++j) row[j] *= inv;
+    row[targets[i]] -= 1.0f;
   }
   return total / static_cast<double>(n);
 }
 
 DDP_SIMD_CLONES
-void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
-                            const int32_t* targets, int64_t n, int64_t v, float scale) {
+void cross_entropy_backward(float* dlogits, int64_t n, int64_t v, float scale) {
   const float c = scale / static_cast<float>(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = logits + i * v;
-    float* drow = dlogits + i * v;
-    const float l = lse[i];
 #pragma omp simd
-    for (int64_t j = 0; j < v; ++j) drow[j] = c * exp_approx(row[j] - l);
-    drow[targets[i]] -= c;
-  }
+  for (int64_t k = 0; k < n * v; ++k) dlogits[k] *= c;
 }
 
 // ---- mean squared error (toy models): plain loops, as the models had them ----

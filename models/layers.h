@@ -59,12 +59,13 @@ double replay_gemms(const std::vector<GemmCall>& calls);
 // y[n, out] = x[n, in] · w[out, in]^T; with accumulate, y += that instead.
 void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out,
                     bool accumulate = false);
-// dx[n, in] = dy[n, out] · w[out, in] (accumulate: dx += ...).
+// dx[n, in] = alpha * dy[n, out] · w[out, in] (accumulate: dx += ...).
 void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in,
-                           int64_t out, bool accumulate = false);
-// dw[out, in] += dy[n, out]^T · x[n, in].
+                           int64_t out, bool accumulate = false, float alpha = 1.0f);
+// dw[out, in] += alpha * dy[n, out]^T · x[n, in]. (alpha: a factor of dy
+// folded into the GEMM instead of a pass of its own over dy.)
 void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in,
-                            int64_t out);
+                            int64_t out, float alpha = 1.0f);
 // y[n, out] += b[out] broadcast over rows.
 void bias_forward(float* y, const float* b, int64_t n, int64_t out);
 // db[out] += sum over rows of dy[n, out], in the column-sum order below.
@@ -143,13 +144,16 @@ void relu_backward(float* dx, const float* dy, const float* y, int64_t n);
 // ---- loss ---------------------------------------------------------------
 
 // Mean over n rows of -log_softmax(logits[i])[targets[i]]; logits[n, v],
-// targets[n] in range; keeps lse[n] = logsumexp of each row for backward.
-double cross_entropy_forward(float* lse, const float* logits, const int32_t* targets, int64_t n,
+// targets[n] in range; lse[n] = logsumexp of each row. Leaves in place of
+// the logits the gradient of the rows' summed loss, softmax(logits[i]) -
+// onehot(targets[i]), written while each row is still in cache: backward
+// has only to scale it by loss_scale / n (cross_entropy_backward, or the
+// alpha of the GEMMs that read it next).
+double cross_entropy_forward(float* lse, float* logits, const int32_t* targets, int64_t n,
                              int64_t v);
-// dlogits[n, v] = scale * (softmax(logits) - onehot(targets)) / n. dlogits
-// may alias logits (the models compute it in place).
-void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
-                            const int32_t* targets, int64_t n, int64_t v, float scale);
+// dlogits[n, v] *= c, c = scale / n rounded to float first: the forward's
+// gradient made that of the mean loss times scale.
+void cross_entropy_backward(float* dlogits, int64_t n, int64_t v, float scale);
 
 // Mean over n elements of (pred - y)^2, summed in double (toy models).
 double mse_forward(const float* pred, const float* y, int64_t n);

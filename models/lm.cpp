@@ -309,13 +309,14 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   };
   RangeLaps ranges(range_hook_);
 
-  // Head: dlogits in place of the logits, then lm_head and ln_final.
-  float* dlogits = logits_.data();  // [N, V]
-  k_->cross_entropy_backward(dlogits, logits_.data(), lse_.data(), target_tokens(), n, vocab,
-                                 loss_scale);
-  weight_grad(lm_head_index(), dlogits, lnf_.data(), d, vocab);
+  // Head: the forward left softmax - onehot in place of the logits; the
+  // mean's 1 / N and the loss scale go into the alpha of the two GEMMs
+  // that read it, not a pass of their own over [N, V].
+  const float* dlogits = logits_.data();  // [N, V]
+  const float c = loss_scale / static_cast<float>(n);
+  if (float* dw = g(lm_head_index())) k_->linear_backward_weight(dw, dlogits, lnf_.data(), n, d, vocab, c);
   done(lm_head_index());
-  k_->linear_backward_input(dln_.data(), dlogits, w(lm_head_index()), n, d, vocab);
+  k_->linear_backward_input(dln_.data(), dlogits, w(lm_head_index()), n, d, vocab, false, c);
   ranges.lap("backward lm_head");
   const float* x_last = config_.num_layers ? blocks_.back().y.data() : x0_.data();
   k_->rmsnorm_backward(dresid_.data(), g(ln_final_index()), dln_.data(), x_last,

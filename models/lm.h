@@ -67,9 +67,10 @@ class LmModel final : public Model {
   void backward(float loss_scale, const GradAccumulated& accumulated) override;
 
   const LmConfig& config() const { return config_; }
-  // Logits [rows, T, vocab_size] of the last forward. Valid from forward until
-  // backward, which overwrites them with their gradient.
-  const float* logits() const { return logits_.data(); }
+  // softmax - onehot(targets) [rows, T, vocab_size] of the last forward's
+  // logits: the gradient of the summed loss, which the forward leaves in
+  // place of the logits (layers::cross_entropy_forward). Backward reads it.
+  const float* loss_gradient() const { return logits_.data(); }
 
  private:
   // Parameter indices in the table (spec order).
@@ -134,7 +135,7 @@ class LmModel final : public Model {
   std::vector<BlockActs> blocks_;
   Tensor lnf_;     // [N, D] RMSNorm_final(last block's y)
   Tensor rmsf_;    // [N]
-  Tensor logits_;  // [N, V]; dlogits in place during backward
+  Tensor logits_;  // [N, V]; softmax - onehot in place from the end of forward
   Tensor lse_;     // [N] logsumexp of each row of logits
 
   // Backward scratch, shared by all blocks.

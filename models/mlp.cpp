@@ -158,8 +158,7 @@ void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
 
   RangeLaps ranges(range_hook_);
   float* dlogits = logits_.data();  // [rows, classes]
-  k_->cross_entropy_backward(dlogits, logits_.data(), lse_.data(), labels(), rows,
-                                 classes, loss_scale);
+  k_->cross_entropy_backward(dlogits, rows, classes, loss_scale);  // the forward left the rest
   const size_t head = 2 * static_cast<size_t>(config_.depth);
   const float* last = config_.depth ? acts_.back().data() : input_;
   linear_grads(head, dlogits, last, classes);

@@ -39,9 +39,9 @@ class MlpModel final : public Model {
   void backward(float loss_scale, const GradAccumulated& accumulated) override;
 
   const MlpConfig& config() const { return config_; }
-  // Logits [rows, classes] of the last forward; valid until backward, which
-  // overwrites them with their gradient.
-  const float* logits() const { return logits_.data(); }
+  // softmax - onehot(labels) [rows, classes] of the last forward's logits,
+  // left in place of them (layers::cross_entropy_forward); backward scales it.
+  const float* loss_gradient() const { return logits_.data(); }
 
  private:
   void add_param(const std::string& name, Shape shape, int64_t fan_in, std::mt19937_64& rng);
@@ -62,7 +62,7 @@ class MlpModel final : public Model {
   std::vector<int32_t> labels_;   // [rows]
   Tensor x_dev_, labels_dev_;     // a GPU's copies of x and labels_
   std::vector<Tensor> acts_;      // relu(layer i) [rows, width], i < depth
-  Tensor logits_;                 // [rows, classes]; dlogits in place in backward
+  Tensor logits_;                 // [rows, classes]; softmax - onehot from forward on
   Tensor lse_;                    // [rows]
   Tensor dact_, dtmp_;            // [rows, width] backward scratch (ping-pong)
 };

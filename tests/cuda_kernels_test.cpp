@@ -475,27 +475,24 @@ TEST(CudaKernels, CrossEntropyMatchesCpu) {
   for (const Shape s :
        {Shape{1, 2, 1.0f}, Shape{7, 37, 0.5f}, Shape{65, 1000, 1.0f}, Shape{3, 3001, 0.25f}}) {
     SCOPED_TRACE(shape({{"n", s.n}, {"v", s.v}}));
-    const Vec logits = uniform(s.n * s.v, rng, -4.0f, 4.0f);
+    Vec logits = uniform(s.n * s.v, rng, -4.0f, 4.0f);
     const Tokens targets = tokens_below(s.n, static_cast<int32_t>(s.v), rng);
     Buf<float> glogits(logits), glse = Buf<float>::nan(s.n);
     Buf<int32_t> gtargets(targets);
-    Vec lse(s.n), dlogits(logits.size());
+    Vec lse(s.n);
 
+    // Both in place: softmax - onehot left where the logits were.
     const float loss =
         k.cpu->cross_entropy_forward(lse.data(), logits.data(), targets.data(), s.n, s.v);
     const float loss_gpu =
         k.gpu->cross_entropy_forward(glse.get(), glogits.get(), gtargets.get(), s.n, s.v);
     EXPECT_NEAR(loss_gpu, loss, kRtol * std::abs(loss)) << "loss";
     expect_close("lse", k.get(glse), lse, kAbsFloor);
+    expect_close("softmax - onehot", k.get(glogits), logits, kAbsFloor);
 
-    // Both from the CPU's lse; the GPU in place (dlogits aliases logits, as
-    // the models call it), the CPU out of place.
-    Buf<float> glse_cpu(lse);
-    k.cpu->cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), s.n,
-                                  s.v, s.scale);
-    k.gpu->cross_entropy_backward(glogits.get(), glogits.get(), glse_cpu.get(), gtargets.get(), s.n,
-                                  s.v, s.scale);
-    expect_close("dlogits", k.get(glogits), dlogits, kAbsFloor);
+    k.cpu->cross_entropy_backward(logits.data(), s.n, s.v, s.scale);
+    k.gpu->cross_entropy_backward(glogits.get(), s.n, s.v, s.scale);
+    expect_close("dlogits", k.get(glogits), logits, kAbsFloor);
   }
 }
 
@@ -538,7 +535,7 @@ TEST(CudaKernels, RepeatedRunsAreBitwiseEqual) {
   const Vec dout = uniform(n * d, rng), dtable0 = uniform(vocab * d, rng), x = uniform(n * d, rng);
   const Vec g = uniform(d, rng), logits = uniform(n * vocab, rng, -4.0f, 4.0f);
   Buf<int32_t> gtok(tokens);
-  Buf<float> gdout(dout), gx(x), gg(g), glogits(logits);
+  Buf<float> gdout(dout), gx(x), gg(g);
 
   // A linear layer (cuBLAS: forward, both backward GEMMs) and attention
   // (strided-batched GEMMs, softmax) over 4 sequences.
@@ -564,15 +561,15 @@ TEST(CudaKernels, RepeatedRunsAreBitwiseEqual) {
 
     Buf<float> dtable(dtable0), db(Vec(d, 0.0f)), rms = Buf<float>::nan(n);
     Buf<float> y = Buf<float>::nan(n * d), dx = Buf<float>::nan(n * d), dg(Vec(d, 0.0f));
-    Buf<float> lse = Buf<float>::nan(n);
+    Buf<float> lse = Buf<float>::nan(n), loss_input(logits);  // the forward overwrites it
     k.gpu->embedding_backward(dtable.get(), gdout.get(), gtok.get(), n, d);
     k.gpu->bias_backward(db.get(), gdout.get(), n, d);
     k.gpu->rmsnorm_forward(y.get(), rms.get(), gx.get(), gg.get(), n, d);
     k.gpu->rmsnorm_backward(dx.get(), dg.get(), gdout.get(), gx.get(), gg.get(), rms.get(), n, d,
                             false);
-    const float ce = k.gpu->cross_entropy_forward(lse.get(), glogits.get(), gtok.get(), n, vocab);
+    const float ce = k.gpu->cross_entropy_forward(lse.get(), loss_input.get(), gtok.get(), n, vocab);
     const float mse = k.gpu->mse_forward(gx.get(), gdout.get(), n * d);
-    for (const Buf<float>* b : {&dtable, &db, &rms, &y, &dx, &dg, &lse})
+    for (const Buf<float>* b : {&dtable, &db, &rms, &y, &dx, &dg, &lse, &loss_input})
       results.push_back(k.get(*b));
     results.push_back({ce, mse});
     return results;
@@ -581,7 +578,7 @@ TEST(CudaKernels, RepeatedRunsAreBitwiseEqual) {
   const char* names[] = {"linear y", "linear dx", "linear dw", "attention out", "attention p",
                          "attention dq", "attention dk", "attention dv",
                          "embedding dtable", "bias db", "rms", "rmsnorm y",
-                         "rmsnorm dx", "rmsnorm dg", "lse", "losses"};
+                         "rmsnorm dx", "rmsnorm dg", "lse", "softmax - onehot", "losses"};
   ASSERT_EQ(first.size(), std::size(names));
   for (size_t i = 0; i < first.size(); ++i) expect_equal(names[i], second[i], first[i]);
 }

@@ -97,17 +97,37 @@ void expect_close(const std::string& what, const std::vector<float>& got, const 
 
 constexpr double kRtol = 1e-4, kAtol = 1e-5;
 
-// Forward, backward and 10 AdamW steps against the fixture. `logits`
-// gives the model's logits (device memory) and their count.
+// softmax(logits[i]) - onehot(targets[i]) of each row, in double: what the
+// forward leaves in place of the logits. (Logits that differ from the
+// fixture's by a constant a row would pass; no output of the model, loss
+// or gradient, can see such a difference either.)
+std::vector<float> loss_gradient(const std::vector<float>& logits, const std::vector<int32_t>& targets) {
+  const size_t v = logits.size() / targets.size();
+  std::vector<float> out(logits.size());
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const float* row = &logits[i * v];
+    const double m = *std::max_element(row, row + v);
+    double sum = 0;
+    for (size_t j = 0; j < v; ++j) sum += std::exp(double(row[j]) - m);
+    for (size_t j = 0; j < v; ++j)
+      out[i * v + j] = float(std::exp(double(row[j]) - m) / sum - (int32_t(j) == targets[i] ? 1.0 : 0.0));
+  }
+  return out;
+}
+
+// Forward, backward and 10 AdamW steps against the fixture. `dlogits`
+// gives the model's loss gradient (device memory) and its count; `targets`
+// the batch's target classes, one a row of it.
 using Logits = std::function<std::pair<const float*, size_t>()>;
 void check_golden(Device& device, Model& m, const Tensors& t, const std::string& file, const Batch& batch,
-                  const Logits& logits) {
+                  const Logits& dlogits, const std::vector<int32_t>& targets) {
   load_weights(device, m, t, file);
   zero_grads(device, m);
   const float loss = m.forward(batch);
   const std::vector<float> want_loss = floats(t, file, "loss");
   EXPECT_NEAR(loss, want_loss[0], kRtol * std::abs(want_loss[0])) << "loss";
-  expect_close("logits", host(device, logits().first, logits().second), floats(t, file, "logits"), kRtol, kAtol);
+  expect_close("softmax - onehot", host(device, dlogits().first, dlogits().second),
+               loss_gradient(floats(t, file, "logits"), targets), kRtol, kAtol);
   m.backward(1.0f, [](size_t) {});
   for (const Parameter& p : m.params())
     expect_close("grad/" + p.name, p.grad.to_host(), floats(t, file, "grad/" + p.name), kRtol, kAtol);
@@ -174,7 +194,7 @@ void check_against_cpu(Device& device, Model& on_device, Model& on_cpu, const Te
   zero_grads(cpu, on_cpu);
   const float loss = on_device.forward(batch), cpu_loss = on_cpu.forward(batch);
   EXPECT_NEAR(loss, cpu_loss, 1e-5 * std::abs(cpu_loss)) << "loss";
-  expect_close_to_cpu("logits", host(device, device_logits().first, device_logits().second),
+  expect_close_to_cpu("softmax - onehot", host(device, device_logits().first, device_logits().second),
                       host(cpu, cpu_logits().first, cpu_logits().second));
   on_device.backward(1.0f, [](size_t) {});
   on_cpu.backward(1.0f, [](size_t) {});
@@ -207,12 +227,15 @@ TEST_P(Golden, LmTinyMatchesPyTorch) {
   batch.tokens = tokens.data();
   batch.rows = 2;
   const size_t logits = size_t(2 * c.context_length * c.vocab_size);
-  check_golden(*device_, m, t, file, batch, [&] { return std::pair{m.logits(), logits}; });
+  std::vector<int32_t> targets;  // tokens[:, 1:]
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t i = 1; i <= c.context_length; ++i) targets.push_back(tokens[size_t(r * (c.context_length + 1) + i)]);
+  check_golden(*device_, m, t, file, batch, [&] { return std::pair{m.loss_gradient(), logits}; }, targets);
   if (GetParam() == "cpu") return;
   CpuDevice cpu;
   LmModel on_cpu(c, cpu, 0);
-  check_against_cpu(*device_, m, on_cpu, t, file, batch, [&] { return std::pair{m.logits(), logits}; },
-                    [&] { return std::pair{on_cpu.logits(), logits}; });
+  check_against_cpu(*device_, m, on_cpu, t, file, batch, [&] { return std::pair{m.loss_gradient(), logits}; },
+                    [&] { return std::pair{on_cpu.loss_gradient(), logits}; });
 }
 
 TEST_P(Golden, MlpMatchesPyTorch) {
@@ -226,12 +249,14 @@ TEST_P(Golden, MlpMatchesPyTorch) {
   batch.x = x.data();
   batch.labels = labels.data();
   batch.rows = 8;
-  check_golden(*device_, m, t, file, batch, [&] { return std::pair{m.logits(), size_t(8 * 10)}; });
+  check_golden(*device_, m, t, file, batch, [&] { return std::pair{m.loss_gradient(), size_t(8 * 10)}; },
+               labels);
   if (GetParam() == "cpu") return;
   CpuDevice cpu;
   MlpModel on_cpu(MlpConfig{32, 3, 10}, cpu, 0);
-  check_against_cpu(*device_, m, on_cpu, t, file, batch, [&] { return std::pair{m.logits(), size_t(8 * 10)}; },
-                    [&] { return std::pair{on_cpu.logits(), size_t(8 * 10)}; });
+  check_against_cpu(*device_, m, on_cpu, t, file, batch,
+                    [&] { return std::pair{m.loss_gradient(), size_t(8 * 10)}; },
+                    [&] { return std::pair{on_cpu.loss_gradient(), size_t(8 * 10)}; });
 }
 
 #if DDP_WITH_CUDA

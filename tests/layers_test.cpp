@@ -110,6 +110,12 @@ TEST(Linear, BackwardMatchesFiniteDifferences) {
   layers::linear_backward_input(dx2.data(), r.data(), w.data(), n, in, out, true);
   for (size_t i = 0; i < dw.size(); ++i) EXPECT_FLOAT_EQ(dw2[i], 2 * dw[i]);
   for (size_t i = 0; i < dx.size(); ++i) EXPECT_FLOAT_EQ(dx2[i], 2 * dx[i]);
+  // alpha scales the product: by a power of two, exactly.
+  Vec dx4(n * in), dw4(out * in, 0.0f);
+  layers::linear_backward_input(dx4.data(), r.data(), w.data(), n, in, out, false, 0.25f);
+  layers::linear_backward_weight(dw4.data(), r.data(), x.data(), n, in, out, 0.25f);
+  for (size_t i = 0; i < dw.size(); ++i) EXPECT_EQ(dw4[i], 0.25f * dw[i]);
+  for (size_t i = 0; i < dx.size(); ++i) EXPECT_EQ(dx4[i], 0.25f * dx[i]);
 }
 
 TEST(Bias, ForwardAndBackward) {
@@ -392,7 +398,8 @@ TEST(CrossEntropy, ForwardIsMeanNegativeLogSoftmax) {
   Vec logits = randn(n * v, rng, 3.0f), lse(n);
   logits[3] = 80.0f, logits[v + 2] = -90.0f;  // far from 0: stability
   const std::vector<int32_t> targets = {0, 2, 10, 5, 5};
-  const double loss = layers::cross_entropy_forward(lse.data(), logits.data(), targets.data(), n, v);
+  Vec x = logits;
+  const double loss = layers::cross_entropy_forward(lse.data(), x.data(), targets.data(), n, v);
   double want = 0;
   for (int64_t i = 0; i < n; ++i) {
     double m = -1e300, s = 0;
@@ -401,26 +408,32 @@ TEST(CrossEntropy, ForwardIsMeanNegativeLogSoftmax) {
     const double l = m + std::log(s);
     EXPECT_NEAR(lse[i], l, 1e-6 * std::abs(l) + 1e-6);
     want += l - logits[i * v + targets[i]];
+    // In place of the logits: softmax - onehot, each row summing to 0.
+    double row_sum = 0;
+    for (int64_t j = 0; j < v; ++j) {
+      const double p = std::exp(logits[i * v + j] - l) - (j == targets[i] ? 1.0 : 0.0);
+      EXPECT_NEAR(x[i * v + j], p, 1e-6) << "row " << i << ", column " << j;
+      row_sum += x[i * v + j];
+    }
+    EXPECT_NEAR(row_sum, 0.0, 1e-6) << "row " << i;
   }
   EXPECT_NEAR(loss, want / n, 1e-6 * std::abs(want / n));
 }
 
-TEST(CrossEntropy, BackwardMatchesFiniteDifferencesInPlace) {
+TEST(CrossEntropy, ForwardThenBackwardMatchesFiniteDifferences) {
   std::mt19937 rng(14);
   const int64_t n = 5, v = 11;
   Vec logits = randn(n * v, rng, 2.0f), lse(n);
   const std::vector<int32_t> targets = {0, 2, 10, 5, 5};
   const float scale = 3.0f;
   auto loss = [&] {
-    return scale * layers::cross_entropy_forward(lse.data(), logits.data(), targets.data(), n, v);
+    Vec scratch = logits;  // the forward overwrites its input
+    return scale * layers::cross_entropy_forward(lse.data(), scratch.data(), targets.data(), n, v);
   };
-  loss();
   Vec d = logits;  // in place, as the models do
-  layers::cross_entropy_backward(d.data(), d.data(), lse.data(), targets.data(), n, v, scale);
+  layers::cross_entropy_forward(lse.data(), d.data(), targets.data(), n, v);
+  layers::cross_entropy_backward(d.data(), n, v, scale);
   expect_grad("dlogits", logits.data(), d.data(), all(d.size()), loss, 1e-2f, kRtol, 1e-4);
-  // Each row sums to 0 (softmax - onehot).
-  for (int64_t i = 0; i < n; ++i)
-    EXPECT_NEAR(std::accumulate(&d[i * v], &d[i * v] + v, 0.0), 0.0, 1e-6);
 }
 
 // ---- the lm model -------------------------------------------------------------
@@ -641,16 +654,26 @@ TEST(Lm, CausalMaskHidesTheFuture) {
   batch.tokens = tokens.data();
   batch.rows = 2;
   const int64_t t = c.context_length, v = c.vocab_size;
+  // The forward leaves softmax - onehot(targets) of the logits. The token
+  // changed is also the target of the position before it: there the
+  // softmax is compared, the one-hot added back (to within its rounding).
   m->forward(batch);
-  const Vec before(lm->logits(), lm->logits() + 2 * t * v);
+  const Vec before(lm->loss_gradient(), lm->loss_gradient() + 2 * t * v);
   const int64_t changed = 20;  // input position changed in row 1
-  tokens[(t + 1) + changed] = (tokens[(t + 1) + changed] + 1) % static_cast<int32_t>(v);
+  const int32_t old_token = tokens[(t + 1) + changed];
+  tokens[(t + 1) + changed] = (old_token + 1) % static_cast<int32_t>(v);
   m->forward(batch);
-  const float* after = lm->logits();
+  const float* after = lm->loss_gradient();
   // Row 0 unchanged entirely; row 1 unchanged before `changed`, changed from it on.
   for (int64_t i = 0; i < t * v; ++i) ASSERT_EQ(after[i], before[i]) << "row 0, " << i;
-  for (int64_t i = 0; i < changed * v; ++i)
+  for (int64_t i = 0; i < (changed - 1) * v; ++i)
     ASSERT_EQ(after[t * v + i], before[t * v + i]) << "row 1, position " << i / v;
+  for (int64_t j = 0; j < v; ++j) {
+    const int64_t i = t * v + (changed - 1) * v + j;
+    const float p_before = before[i] + (j == old_token ? 1.0f : 0.0f);
+    const float p_after = after[i] + (j == tokens[(t + 1) + changed] ? 1.0f : 0.0f);
+    ASSERT_NEAR(p_after, p_before, 1e-7) << "row 1, position " << changed - 1 << ", column " << j;
+  }
   double diff = 0;
   for (int64_t i = changed * v; i < (changed + 1) * v; ++i)
     diff = std::max(diff, double(std::abs(after[t * v + i] - before[t * v + i])));

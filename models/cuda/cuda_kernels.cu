@@ -120,14 +120,14 @@ class CudaKernels final : public Kernels {
     gemm(false, true, n, out, in, 1.0f, x, in, w, in, accumulate ? 1.0f : 0.0f, y, out);
   }
   void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in,
-                             int64_t out, bool accumulate) override {
-    // dx[n, in] (+)= dy[n, out] · w[out, in]
-    gemm(false, false, n, in, out, 1.0f, dy, out, w, in, accumulate ? 1.0f : 0.0f, dx, in);
+                             int64_t out, bool accumulate, float alpha) override {
+    // dx[n, in] (+)= alpha * dy[n, out] · w[out, in]
+    gemm(false, false, n, in, out, alpha, dy, out, w, in, accumulate ? 1.0f : 0.0f, dx, in);
   }
   void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in,
-                              int64_t out) override {
-    // dw[out, in] += dy[n, out]^T · x[n, in]
-    gemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
+                              int64_t out, float alpha) override {
+    // dw[out, in] += alpha * dy[n, out]^T · x[n, in]
+    gemm(true, false, out, in, n, alpha, dy, out, x, in, 1.0f, dw, in);
   }
 
   void bias_forward(float* y, const float* b, int64_t n, int64_t out) override {
@@ -287,7 +287,7 @@ class CudaKernels final : public Kernels {
 
   // ---- losses ------------------------------------------------------------------------
 
-  float cross_entropy_forward(float* lse, const float* logits, const int32_t* targets, int64_t n,
+  float cross_entropy_forward(float* lse, float* logits, const int32_t* targets, int64_t n,
                               int64_t v) override {
     double total = 0.0;
     if (n > 0) {
@@ -295,17 +295,20 @@ class CudaKernels final : public Kernels {
       cross_entropy_forward_kernel<<<blocks(n, "cross_entropy rows"), kThreads, 0, stream_>>>(
           lse, terms, logits, targets, v);
       check_launch("cross_entropy_forward_kernel");
+      if (v > 0) {
+        cross_entropy_gradient_kernel<<<grid_for(n * v), kThreads, 0, stream_>>>(logits, lse,
+                                                                                 targets, n, v);
+        check_launch("cross_entropy_gradient_kernel");
+      }
       total = sum_to_host(terms + n, terms, n);
     }
     return static_cast<float>(total / static_cast<double>(n));
   }
-  void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
-                              const int32_t* targets, int64_t n, int64_t v, float scale) override {
+  void cross_entropy_backward(float* dlogits, int64_t n, int64_t v, float scale) override {
     if (n * v == 0) return;
-    const float c = scale / static_cast<float>(n);
-    cross_entropy_backward_kernel<<<grid_for(n * v), kThreads, 0, stream_>>>(dlogits, logits, lse,
-                                                                             targets, n, v, c);
-    check_launch("cross_entropy_backward_kernel");
+    const float c = scale / static_cast<float>(n);  // rounded to float first, as the CPU
+    cross_entropy_scale_kernel<<<grid_for(n * v), kThreads, 0, stream_>>>(dlogits, n * v, c);
+    check_launch("cross_entropy_scale_kernel");
   }
 
   float mse_forward(const float* pred, const float* y, int64_t n) override {

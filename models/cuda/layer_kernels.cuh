@@ -341,15 +341,18 @@ __global__ void cross_entropy_forward_kernel(float* lse, double* loss, const flo
   }
 }
 
-// dlogits may alias logits: each element is read before it is written.
-__global__ void cross_entropy_backward_kernel(float* dlogits, const float* logits, const float* lse,
-                                              const int32_t* targets, int64_t n, int64_t v,
-                                              float c) {
+// logits[n, v] := softmax - onehot in place, from the forward's lse.
+__global__ void cross_entropy_gradient_kernel(float* logits, const float* lse,
+                                              const int32_t* targets, int64_t n, int64_t v) {
   DDP_GRID_STRIDE(idx, n * v) {
     const int64_t i = idx / v, j = idx - i * v;
-    const float e = c * expf(logits[idx] - lse[i]);
-    dlogits[idx] = j == targets[i] ? e - c : e;
+    const float p = expf(logits[idx] - lse[i]);
+    logits[idx] = j == targets[i] ? p - 1.0f : p;
   }
+}
+
+__global__ void cross_entropy_scale_kernel(float* x, int64_t n, float c) {
+  DDP_GRID_STRIDE(k, n) x[k] *= c;
 }
 
 constexpr int64_t kMseBlocks = 1024;  // partial sums of mse_forward
