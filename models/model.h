@@ -77,6 +77,14 @@ class Model {
   virtual ~Model() = default;
   std::vector<Parameter>& params() { return params_; }
   const std::vector<Parameter>& params() const { return params_; }
+
+  // Gives the trainable parameters' gradients one block of `device`
+  // memory, back to back without gaps in reverse parameter order (the
+  // order backward finishes them and strategies pack buckets in), so that
+  // a strategy can average a run of them where they are instead of copying
+  // them into a buffer (bucket_sync.h; PyTorch's gradient_as_bucket_view).
+  // The gradients are zero afterwards. Between steps only.
+  void pack_gradients(Device& device);
   virtual int64_t input_width() const = 0;
   virtual int64_t output_width() const = 0;
 
@@ -115,6 +123,7 @@ class Model {
   };
 
   std::vector<Parameter> params_;
+  Tensor gradient_block_;  // pack_gradients: the memory of every grad, which are views of it
   RangeHook range_hook_;
   std::vector<std::string> range_names_;  // the models' per-layer names for lap()
 };

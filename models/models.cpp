@@ -203,4 +203,23 @@ std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint6
   throw Error("unknown model '" + name + "' (known: toy, toy_tied)");
 }
 
+void Model::pack_gradients(Device& device) {
+  size_t total = 0;
+  for (Parameter& p : params_) {
+    p.grad.reset();
+    if (p.trainable) total += numel_of(p.shape);
+  }
+  gradient_block_.reset();  // the old block goes before the new one comes
+  if (total == 0) return;
+  gradient_block_ = Tensor(device, Shape{static_cast<int64_t>(total)}, MemCategory::Gradients);
+  device.fill(gradient_block_.data(), total, 0.0f, device.compute_stream());
+  size_t offset = 0;
+  for (size_t i = params_.size(); i-- > 0;) {
+    Parameter& p = params_[i];
+    if (!p.trainable) continue;
+    p.grad = Tensor::view(device, gradient_block_.data() + offset, p.shape);
+    offset += p.grad.numel();
+  }
+}
+
 }  // namespace ddp

@@ -183,7 +183,7 @@ TEST(Launcher, KeyNoPluginReadsIsRefusedBeforeAnyRankStarts) {
   EXPECT_EQ(wait_for(q, std::chrono::seconds(60)), 1);
   EXPECT_EQ(read_file(q.err), "ddp: error: --set strategy.bucketed.bucket_md=1: unknown key "
                               "'strategy.bucketed.bucket_md' (strategy plugin 'bucketed' does not read it; it "
-                              "reads: bucket_mb, overlap_optimizer, compress; did you mean 'bucket_mb'?)\n");
+                              "reads: bucket_mb, overlap_optimizer, compress, in_place; did you mean 'bucket_mb'?)\n");
   EXPECT_FALSE(fs::exists(dir + "/out")) << "a rank started";
   fs::remove_all(dir);
 }

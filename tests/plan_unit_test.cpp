@@ -49,11 +49,15 @@ TEST(RunPlan, StrategiesCollectives) {
   bucketed.bucket_mb = 100.0 / (1024 * 1024);
   const plan::RunPlan b = plan::plan_run(bucketed);
   ASSERT_EQ(b.collectives.size(), 3u);
-  EXPECT_EQ(b.ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 240);
+  EXPECT_EQ(b.ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 0);  // averaged in the gradients' memory
+  bucketed.in_place = false;  // a buffer per bucket
+  EXPECT_EQ(plan::plan_run(bucketed).ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 240);
   bucketed.compress = "bf16";  // half the bytes on the wire, a 16-bit copy of each bucket
   const plan::RunPlan half = plan::plan_run(bucketed);
   EXPECT_EQ(half.comm_bytes(), 120);
   EXPECT_EQ(half.ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 240 + 120);
+  bucketed.in_place = true;
+  EXPECT_EQ(plan::plan_run(bucketed).ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 120);
 }
 
 TEST(RunPlan, ShardedOwnsPartOfTheOptimizerState) {

@@ -134,9 +134,9 @@ class PluginReadmes(unittest.TestCase):
         # If this fails, READ_RE no longer matches how plugins read keys.
         self.assertEqual(keys_read(os.path.join(ROOT, "plugins", "gloo")), {"hostname", "interface", "algorithm"})
         self.assertEqual(keys_read(os.path.join(ROOT, "strategies", "bucketed")),
-                         {"bucket_mb", "overlap_optimizer", "compress"})
+                         {"bucket_mb", "overlap_optimizer", "compress", "in_place"})
         self.assertEqual(keys_declared(os.path.join(ROOT, "strategies", "bucketed")),
-                         {"bucket_mb", "overlap_optimizer", "compress"})
+                         {"bucket_mb", "overlap_optimizer", "compress", "in_place"})
         self.assertEqual(keys_declared(os.path.join(ROOT, "strategies", "naive")), set())
         self.assertEqual(keys_read(os.path.join(ROOT, "strategies", "naive")), set())
 

@@ -1,5 +1,6 @@
 // tensor.h — the engine's one tensor type: a float32 buffer on a Device with
-// a shape, owned (freed through the device that made it) and move-only.
+// a shape, owned (freed through the device that made it) and move-only; or
+// a view of part of another Tensor's buffer (Tensor::view), never freed.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,17 @@ class Tensor {
       : device_(&device), shape_(std::move(shape)), numel_(numel_of(shape_)) {
     data_ = static_cast<float*>(device.alloc(numel_ * sizeof(float), category));
   }
+  // `numel_of(shape)` floats at `data`, inside a buffer another Tensor of
+  // `device` owns and that outlives this one.
+  static Tensor view(Device& device, float* data, Shape shape) {
+    Tensor t;
+    t.device_ = &device;
+    t.numel_ = numel_of(shape);
+    t.shape_ = std::move(shape);
+    t.data_ = data;
+    t.owned_ = false;
+    return t;
+  }
   ~Tensor() { reset(); }
   Tensor(Tensor&& o) noexcept { *this = std::move(o); }
   Tensor& operator=(Tensor&& o) noexcept {
@@ -36,6 +48,7 @@ class Tensor {
       std::swap(data_, o.data_);
       std::swap(shape_, o.shape_);
       std::swap(numel_, o.numel_);
+      std::swap(owned_, o.owned_);
     }
     return *this;
   }
@@ -43,8 +56,9 @@ class Tensor {
   Tensor& operator=(const Tensor&) = delete;
 
   void reset() {
-    if (device_ && data_) device_->free(data_);
+    if (device_ && data_ && owned_) device_->free(data_);
     data_ = nullptr;
+    owned_ = true;
     numel_ = 0;
     shape_.clear();
   }
@@ -67,6 +81,7 @@ class Tensor {
   float* data_ = nullptr;
   Shape shape_;
   size_t numel_ = 0;
+  bool owned_ = true;
 };
 
 }  // namespace ddp

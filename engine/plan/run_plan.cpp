@@ -56,14 +56,17 @@ int64_t state_bytes_per_element(const RunInput& in) {
   throw std::invalid_argument("plan: unknown optimizer '" + in.optimizer + "' (sgd or adamw)");
 }
 
-// Each bucket's all-reduce, and the buffers bucket_sync.h makes for them.
+// Each bucket's all-reduce, and the buffers bucket_sync.h makes for them:
+// a wire buffer for compress, and a float32 one only where the bucket is
+// not averaged in place (the engine packs the gradients so that every
+// bucket could be: Model::pack_gradients).
 void add_buckets(const RunInput& in, int64_t wire_bytes, int64_t* buffers, std::vector<Collective>* steps) {
   if (!(in.bucket_mb > 0) || !std::isfinite(in.bucket_mb))
     throw std::invalid_argument("strategy.bucket_mb must be a finite number of MiB > 0");
   const size_t cap = strategy::cap_bytes_of_mib(in.bucket_mb);
   for (const strategy::Bucket& b : strategy::assign_buckets(param_infos(in.model), cap)) {
     const int64_t elements = static_cast<int64_t>(b.bytes) / kFloat;
-    *buffers += static_cast<int64_t>(b.bytes) + (wire_bytes != kFloat ? elements * wire_bytes : 0);
+    *buffers += (in.in_place ? 0 : static_cast<int64_t>(b.bytes)) + (wire_bytes != kFloat ? elements * wire_bytes : 0);
     steps->push_back({"all_reduce", elements * wire_bytes, true});
   }
   // flush() launches the last when backward ends: beside the updates of

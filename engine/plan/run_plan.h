@@ -8,9 +8,12 @@
 // The rules, per strategy (trainable bytes G = 4 x trainable elements):
 //   naive, overlap   no buffers; an all-reduce per trainable parameter
 //   flat             one buffer of G; one all-reduce of G
-//   bucketed         one buffer per bucket (strategies/common/buckets.h),
-//                    G in all, plus a 16-bit copy with compress; an
-//                    all-reduce per bucket (2 bytes per element compressed)
+//   bucketed         buckets (strategies/common/buckets.h) averaged in
+//                    the gradients' memory, which the engine lays out as
+//                    they need: no buffer but a 16-bit copy with compress
+//                    (G / 2 in all); with in_place = false a buffer per
+//                    bucket besides, G in all; an all-reduce per bucket
+//                    (2 bytes per element compressed)
 //   sharded          optimizer state for the parameters the rank owns
 //                    (strategies/common/partition.h); variant "broadcast":
 //                    bucketed's buffers and all-reduces, then a broadcast per
@@ -57,6 +60,7 @@ struct RunInput {
   double bucket_mb = 25.0;             // bucketed, sharded (broadcast)
   std::string compress = "none";       // bucketed: "none" | "bf16" | "fp16"
   bool overlap_optimizer = true;       // bucketed: updates bucket by bucket as averages arrive
+  bool in_place = true;                // bucketed: buckets averaged in the gradients' memory
   bool clips = false;                  // optimizer.clip_grad_norm > 0: the engine waits for every gradient
   std::string variant = "broadcast";   // sharded: "broadcast" | "allgather"
   std::string transport = "gloo";      // "gloo" | "mpi" | "nccl"

@@ -40,6 +40,7 @@ std::unique_ptr<Model> set_up_model(const Config& config, Device& device, uint64
   auto model = build_model(config.model.name, config.model.options, device, seed, shape);
   if (!config.model.init_from.empty()) load_init(config.model.init_from, *model, device);
   freeze(config.model.freeze, *model, config.model.name);
+  model->pack_gradients(device);
   return model;
 }
 
@@ -60,10 +61,10 @@ bool apply_unfreeze(const std::vector<UnfreezeConfig>& schedule, int64_t step, M
     for (Parameter& p : model.params()) {
       if (p.trainable || !name_matches(u.params, p.name)) continue;
       p.trainable = true;
-      p.grad = Tensor(device, p.shape, MemCategory::Gradients);
       changed = true;
     }
   }
+  if (changed) model.pack_gradients(device);  // every gradient moves: the table is refreshed
   return changed;
 }
 

@@ -54,6 +54,7 @@ constexpr ddp_key kKeys[] = {
     {"bucket_mb", "float or \"auto\"", "the most MiB of gradients per bucket (default 25); \"auto\": from the overhead model"},
     {"overlap_optimizer", "bool", "true (default): update bucket by bucket as each average arrives"},
     {"compress", "string", "the dtype gradients travel in: \"none\" (default, float32), \"bf16\" or \"fp16\""},
+    {"in_place", "bool", "true (default): average gradients in their own memory, where they lie as a bucket; false: copy"},
     {nullptr, nullptr, nullptr},
 };
 
@@ -76,8 +77,10 @@ ddp_status bucketed_create(const ddp_host* host, const ddp_transport_v1_t* trans
     BucketCap cap = BucketCap::read(h);
     const bool overlap_optimizer = h.config_bool("overlap_optimizer", true);
     const ddp_dtype wire = ddp::strategy::read_compress(h, transport);
+    const bool in_place = h.config_bool("in_place", true);
     *out = new ddp_strategy_s(host, transport, comm, std::move(cap), overlap_optimizer);
     (*out)->buckets.set_wire(wire);
+    (*out)->buckets.allow_in_place(in_place);
   });
 }
 
@@ -127,6 +130,7 @@ ddp_status bucketed_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed
     ddp::strategy::write_stats("{" + s->cap.json_members(s->gradient_bytes, s->buckets.size()) +
                                    ", \"overlap_optimizer\": " + (s->overlap_optimizer ? "true" : "false") +
                                    ", \"compress\": \"" + ddp::strategy::compress_value(s->buckets.wire()) + "\"" +
+                                   ", \"in_place\": " + (s->buckets.in_place_allowed() ? "true" : "false") +
                                    ", \"buckets\": " + s->buckets.json() + "}",
                                buf, cap, needed);
   });

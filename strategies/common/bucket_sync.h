@@ -8,12 +8,16 @@
 //
 // The trainable parameters are packed into buckets (assign_buckets in
 // buckets.h: reverse parameter order, at most cap_bytes each), every bucket
-// with its own flat float32 buffer of "slots", one per parameter. On the
-// micro-batch that syncs, each gradient is copied into its slot on the
-// compute stream the moment on_grad_ready says it is final; a bucket whose
-// slots are all filled is launched on the comm stream: the comm stream
-// waits for an event recorded on compute (the slot copies), all-reduces
-// (average) the buffer, and copies each slot back into its gradient.
+// a flat float32 buffer of "slots", one per parameter. Where the bucket's
+// gradients already lie back to back in slot order (the engine packs them
+// so: Model::pack_gradients), the buffer is that memory itself and
+// nothing is copied (PyTorch's gradient_as_bucket_view); otherwise the
+// bucket has a buffer of its own, each gradient is copied into its slot
+// on the compute stream the moment on_grad_ready says it is final, and
+// back after the average. A bucket whose slots are all filled is launched
+// on the comm stream: the comm stream waits for an event recorded on
+// compute (the gradients and slot copies), and all-reduces (averages) the
+// buffer.
 //
 // ORDERING INVARIANT. All ranks must issue the same collectives in the same
 // order (plugin.h). Buckets are therefore launched strictly in bucket index
@@ -54,6 +58,10 @@ class BucketSync {
   // bfloat16 or float16 through a second buffer per bucket. Before lay_out.
   void set_wire(ddp_dtype wire) { wire_ = wire; }
   ddp_dtype wire() const { return wire_; }
+  // Whether a bucket whose gradients lie back to back is averaged in
+  // their memory (true, the default) or copied as any other. Before lay_out.
+  void allow_in_place(bool allow) { allow_in_place_ = allow; }
+  bool in_place_allowed() const { return allow_in_place_; }
 
   // (Re)makes the buckets for `infos` (ParamInfo::index = table index,
   // bytes = float32 gradient bytes; frozen entries are skipped) with a cap
@@ -81,7 +89,9 @@ class BucketSync {
         b.params.push_back(i);
         offset += bytes_of[i];
       }
-      b.buffer = plugin::DeviceBuffer(base_.host.raw(), assigned.bytes, DDP_MEM_COMM_BUFFERS);
+      b.bytes = assigned.bytes;
+      b.in_place = allow_in_place_ && back_to_back(b.slots);
+      if (!b.in_place) b.buffer = plugin::DeviceBuffer(base_.host.raw(), assigned.bytes, DDP_MEM_COMM_BUFFERS);
       if (wire_ != DDP_FLOAT32)
         b.wire = plugin::DeviceBuffer(base_.host.raw(), assigned.bytes / sizeof(float) * ddp_dtype_size(wire_),
                                       DDP_MEM_COMM_BUFFERS);
@@ -148,12 +158,13 @@ class BucketSync {
   size_t size() const { return buckets_.size(); }
 
   // The layout as a JSON array, in bucket (= launch) order:
-  // [{"bytes": n, "params": ["name", ...]}, ...], params in packing order.
+  // [{"bytes": n, "in_place": b, "params": ["name", ...]}, ...], params in
+  // packing order; in_place: averaged in the gradients' own memory.
   std::string json() const {
     std::string out = "[";
     for (size_t b = 0; b < buckets_.size(); ++b) {
-      out += (b ? ", " : "") + std::string("{\"bytes\": ") + std::to_string(buckets_[b].buffer.bytes()) +
-             ", \"params\": [";
+      out += (b ? ", " : "") + std::string("{\"bytes\": ") + std::to_string(buckets_[b].bytes) +
+             ", \"in_place\": " + (buckets_[b].in_place ? "true" : "false") + ", \"params\": [";
       const std::vector<Slot>& slots = buckets_[b].slots;
       for (size_t k = 0; k < slots.size(); ++k)
         out += (k ? ", " : "") + json_quote(base_.host.param(slots[k].param).name);
@@ -179,19 +190,37 @@ class BucketSync {
     explicit BucketState(const ddp_host* host) : done(host) {}
     std::vector<Slot> slots;      // in packing order (reverse parameter order)
     std::vector<size_t> params;   // the slots' table indices, same order
-    plugin::DeviceBuffer buffer;  // the slots' gradients back to back, float32
+    size_t bytes = 0;             // the slots' float32 bytes together
+    bool in_place = false;        // the gradients lie as the slots would: no buffer, no copies
+    plugin::DeviceBuffer buffer;  // else the slots' gradients back to back, float32
     plugin::DeviceBuffer wire;    // the same in the wire dtype (compress), else empty
     plugin::Event done;           // recorded on comm after the bucket's copies back
     size_t unfilled = 0;          // slots not yet copied in during this sync micro-batch
   };
 
+  // Whether the gradients of `slots` lie in memory exactly as the slots in
+  // a buffer would: each starts where the one before it ends.
+  bool back_to_back(const std::vector<Slot>& slots) const {
+    for (size_t k = 0; k < slots.size(); ++k) {
+      const char* grad = static_cast<const char*>(base_.host.param(slots[k].param).grad);
+      if (grad == nullptr) return false;
+      if (k > 0 && grad != slot_memory(slots[0]) + slots[k].offset) return false;
+    }
+    return !slots.empty();
+  }
+  char* slot_memory(const Slot& slot) const { return static_cast<char*>(base_.host.param(slot.param).grad); }
+  // The bucket's float32 buffer: its own, or the gradients' memory.
+  char* buffer_of(const BucketState& b) const {
+    return b.in_place ? slot_memory(b.slots.front()) : static_cast<char*>(b.buffer.get());
+  }
+
   // Copies param i's gradient into its slot, on the compute stream where it
-  // was made.
+  // was made (nothing to copy where the bucket is the gradients' memory).
   void fill_slot(size_t i) {
     BucketState& b = buckets_[place_of_[i].bucket];
     const Slot& slot = b.slots[place_of_[i].slot];
-    base_.host.copy(static_cast<char*>(b.buffer.get()) + slot.offset, base_.host.param(i).grad, slot.bytes,
-                    base_.host.compute_stream());
+    if (!b.in_place)
+      base_.host.copy(buffer_of(b) + slot.offset, base_.host.param(i).grad, slot.bytes, base_.host.compute_stream());
     filled_[i] = 1;
     --b.unfilled;
   }
@@ -202,10 +231,11 @@ class BucketSync {
     const plugin::Host& h = base_.host;
     for (; launched_ < buckets_.size() && buckets_[launched_].unfilled == 0; ++launched_) {
       BucketState& b = buckets_[launched_];
-      char* buffer = static_cast<char*>(b.buffer.get());
+      char* buffer = buffer_of(b);
       base_.comm_after_compute();
       average(b);
-      for (const Slot& slot : b.slots) h.copy(h.param(slot.param).grad, buffer + slot.offset, slot.bytes, h.comm_stream());
+      if (!b.in_place)
+        for (const Slot& slot : b.slots) h.copy(h.param(slot.param).grad, buffer + slot.offset, slot.bytes, h.comm_stream());
       b.done.record(h.comm_stream());
     }
   }
@@ -215,7 +245,7 @@ class BucketSync {
   // wire dtype, summed there and converted back.
   void average(BucketState& b) const {
     const plugin::Host& h = base_.host;
-    const ddp_buffer floats = h.floats(b.buffer.get(), b.buffer.bytes() / sizeof(float));
+    const ddp_buffer floats = h.floats(buffer_of(b), b.bytes / sizeof(float));
     if (wire_ == DDP_FLOAT32) {
       base_.comm.all_reduce(floats, DDP_REDUCE_AVG, h.comm_stream());
       return;
@@ -229,6 +259,7 @@ class BucketSync {
 
   const StrategyBase& base_;
   ddp_dtype wire_ = DDP_FLOAT32;
+  bool allow_in_place_ = true;
   std::vector<BucketState> buckets_;
   std::vector<Place> place_of_;  // (param_count) where each gradient goes
   std::vector<char> filled_;     // (param_count) 1: copied into its slot this micro-batch
