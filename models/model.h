@@ -22,7 +22,7 @@ struct Parameter {
   bool trainable = true;
   int uses = 1;  // uses per forward (2 for a tied weight)
   Tensor data;   // category Parameters
-  Tensor grad;   // category Gradients; allocated iff trainable
+  Tensor grad;   // category Gradients, iff trainable; a view of the block pack_gradients makes
 };
 
 // A micro-batch: `rows` samples, row-major. Each model reads the fields it

@@ -213,10 +213,11 @@ TEST(CudaKernels, LinearMatchesCpu) {
 
       k.cpu->linear_forward(y.data(), x.data(), w.data(), s.n, s.in, s.out, accumulate);
       k.gpu->linear_forward(gy.get(), gx.get(), gw.get(), s.n, s.in, s.out, accumulate);
-      k.cpu->linear_backward_input(dx.data(), dy.data(), w.data(), s.n, s.in, s.out, accumulate);
-      k.gpu->linear_backward_input(gdx.get(), gdy.get(), gw.get(), s.n, s.in, s.out, accumulate);
-      k.cpu->linear_backward_weight(dw.data(), dy.data(), x.data(), s.n, s.in, s.out);
-      k.gpu->linear_backward_weight(gdw.get(), gdy.get(), gx.get(), s.n, s.in, s.out);
+      const float alpha = accumulate ? 0.25f : 1.0f;  // a factor of dy folded into the GEMM
+      k.cpu->linear_backward_input(dx.data(), dy.data(), w.data(), s.n, s.in, s.out, accumulate, alpha);
+      k.gpu->linear_backward_input(gdx.get(), gdy.get(), gw.get(), s.n, s.in, s.out, accumulate, alpha);
+      k.cpu->linear_backward_weight(dw.data(), dy.data(), x.data(), s.n, s.in, s.out, alpha);
+      k.gpu->linear_backward_weight(gdw.get(), gdy.get(), gx.get(), s.n, s.in, s.out, alpha);
 
       expect_close("y", k.get(gy), y, sum_atol(y));
       expect_close("dx", k.get(gdx), dx, sum_atol(dx));

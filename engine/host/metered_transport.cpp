@@ -1,6 +1,8 @@
 // metered_transport.cpp — see metered_transport.h.
 #include "metered_transport.h"
 
+#include <cstdint>
+
 #include "collective_check.h"
 #include "nvtx.h"
 #include "plugin_host.h"
@@ -28,13 +30,15 @@ struct MeterCallbacks {
     h.store(v);
   }
 
-  // The parameter whose data or gradient holds `p`, -1 if none.
-  static int64_t param_of(const HostServices& services, const void* p) {
-    const auto* at = static_cast<const char*>(p);
+  // The parameter whose data or gradient holds all `bytes` at `p`, -1 if
+  // none (a bucket averaged in the gradients' memory spans several).
+  static int64_t param_of(const HostServices& services, const void* p, size_t bytes) {
+    const auto at = reinterpret_cast<uintptr_t>(p);
     for (const ddp_param& q : services.param_table)
       for (const void* base : {q.data, q.grad}) {
-        const auto* b = static_cast<const char*>(base);
-        if (b && at >= b && at < b + q.numel * ddp_dtype_size(q.dtype)) return int64_t(q.index);
+        const auto b = reinterpret_cast<uintptr_t>(base);
+        const size_t size = q.numel * ddp_dtype_size(q.dtype);
+        if (b && at >= b && at < b + size && bytes <= b + size - at) return int64_t(q.index);
       }
     return -1;
   }
@@ -52,7 +56,7 @@ struct MeterCallbacks {
                     DDP_ERR_UNSUPPORTED);
       });
     call.seq = m.described_++;
-    call.param = param_of(m.services_, data);
+    call.param = param_of(m.services_, data, size_t(call.count) * ddp_dtype_size(ddp_dtype(call.dtype)));
     std::vector<int64_t> mine(kCallWords), all(kCallWords * size_t(m.services_.rank.world_size));
     to_words(call, mine.data());
     const ddp_device_kind kind = m.services_.device->kind();

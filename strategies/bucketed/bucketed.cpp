@@ -1,12 +1,13 @@
 // bucketed.cpp — the `bucketed` strategy, as in CS336 assignment 2's DDP
 // with bucketed gradients (PyTorch DDP's c10d Reducer): rank 0's parameters
 // are broadcast at the start; trainable parameters are packed, in reverse
-// parameter order, into buckets of at most `bucket_mb` MiB, each with its
-// own flat comm buffer. During the sync micro-batch's backward each
-// gradient is copied into its bucket slot the moment it is final; a bucket
-// whose slots are all filled is all-reduced (average) on the comm stream
-// while backward goes on, then copied back into the gradients. Fewer,
-// larger collectives than `overlap`, still overlapped with backward.
+// parameter order, into buckets of at most `bucket_mb` MiB. The engine lays
+// the gradients out back to back in that order, so a bucket is a run of
+// gradient memory: once all its gradients are final in the sync
+// micro-batch's backward, it is all-reduced (average) where it lies, on the
+// comm stream, while backward goes on (in_place = false: a flat buffer per
+// bucket, gradients copied in and back). Fewer, larger collectives than
+// `overlap`, still overlapped with backward.
 // Frozen parameters are never touched.
 //
 // The strategy owns the optimizer step (DDP_CAP_OWNS_OPTIMIZER) only to
@@ -19,7 +20,8 @@
 //
 // Keys: bucket_mb (MiB, default 25, or "auto": ../common/bucket_cap.h),
 // overlap_optimizer (default true), compress ("none", "bf16" or "fp16":
-// gradients travel in that dtype, ../common/compress.h).
+// gradients travel in that dtype, ../common/compress.h), in_place (default
+// true).
 //
 // The bucket machinery, and the ordering invariant that keeps every rank's
 // collectives in the same order, live in ../common/bucket_sync.h (shared
@@ -124,7 +126,7 @@ ddp_status bucketed_optimizer_step(ddp_strategy* s) {
 }
 
 // {"bucket_mb": x (or "auto", "auto": {...}: bucket_cap.h), "overlap_optimizer": b, "compress": c,
-//  "buckets": [{"bytes": n, "params": ["name", ...]}, ...]}
+//  "in_place": b, "buckets": [{"bytes": n, "in_place": b, "params": ["name", ...]}, ...]}
 ddp_status bucketed_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed) {
   return guard(s->host.raw(), [&] {
     ddp::strategy::write_stats("{" + s->cap.json_members(s->gradient_bytes, s->buckets.size()) +

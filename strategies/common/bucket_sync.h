@@ -29,7 +29,7 @@
 // cap, identical everywhere, and which bucket a given on_grad_ready
 // completes depends only on the engine's on_grad_ready order, which depends
 // only on the model. Trainable parameters the model did not use never fire:
-// flush() (on_backward_end) copies their (zero) gradients into their slots
+// flush() (on_backward_end) fills their slots with their (zero) gradients
 // and launches every remaining bucket, still in index order, so a bucket
 // holding one of them is always launched, by flush() if not before.
 #pragma once
@@ -145,7 +145,7 @@ class BucketSync {
 
   // For a strategy that owns the optimizer step, after finish: steps the
   // engine's optimizer bucket by bucket, in launch order, each bucket as
-  // soon as its all-reduce and copies back have run, so the updates of the
+  // soon as its all-reduce (and copies back) have run, so the updates of the
   // first buckets overlap the communication of the last ones (the update is
   // per parameter: the order changes no result). Blocking.
   void step_optimizer_by_bucket() const {
@@ -194,17 +194,17 @@ class BucketSync {
     bool in_place = false;        // the gradients lie as the slots would: no buffer, no copies
     plugin::DeviceBuffer buffer;  // else the slots' gradients back to back, float32
     plugin::DeviceBuffer wire;    // the same in the wire dtype (compress), else empty
-    plugin::Event done;           // recorded on comm after the bucket's copies back
-    size_t unfilled = 0;          // slots not yet copied in during this sync micro-batch
+    plugin::Event done;           // recorded on comm after the average (and copies back)
+    size_t unfilled = 0;          // slots not yet filled (final) in this sync micro-batch
   };
 
   // Whether the gradients of `slots` lie in memory exactly as the slots in
   // a buffer would: each starts where the one before it ends.
   bool back_to_back(const std::vector<Slot>& slots) const {
     for (size_t k = 0; k < slots.size(); ++k) {
-      const char* grad = static_cast<const char*>(base_.host.param(slots[k].param).grad);
-      if (grad == nullptr) return false;
-      if (k > 0 && grad != slot_memory(slots[0]) + slots[k].offset) return false;
+      const auto grad = reinterpret_cast<uintptr_t>(base_.host.param(slots[k].param).grad);
+      if (grad == 0) return false;
+      if (k > 0 && grad != reinterpret_cast<uintptr_t>(slot_memory(slots[0])) + slots[k].offset) return false;
     }
     return !slots.empty();
   }
@@ -262,7 +262,7 @@ class BucketSync {
   bool allow_in_place_ = true;
   std::vector<BucketState> buckets_;
   std::vector<Place> place_of_;  // (param_count) where each gradient goes
-  std::vector<char> filled_;     // (param_count) 1: copied into its slot this micro-batch
+  std::vector<char> filled_;     // (param_count) 1: in its slot (final) this micro-batch
   size_t launched_ = 0;          // buckets [0, launched_) are on the comm stream
   bool syncing_ = false;         // inside the micro-batch with sync_grads = 1
 };
