@@ -304,8 +304,9 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   auto done = [&](size_t index) {
     if (params_[index].trainable) accumulated(index);
   };
-  auto weight_grad = [&](size_t index, const float* dy, const float* x, int64_t in, int64_t out) {
-    if (float* dw = g(index)) k_->linear_backward_weight(dw, dy, x, n, in, out);
+  auto weight_grad = [&](size_t index, const float* dy, const float* x, int64_t in, int64_t out,
+                         float alpha = 1.0f) {
+    if (float* dw = g(index)) k_->linear_backward_weight(dw, dy, x, n, in, out, alpha);
   };
   RangeLaps ranges(range_hook_);
 
@@ -314,7 +315,7 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   // that read it, not a pass of their own over [N, V].
   const float* dlogits = logits_.data();  // [N, V]
   const float c = loss_scale / static_cast<float>(n);
-  if (float* dw = g(lm_head_index())) k_->linear_backward_weight(dw, dlogits, lnf_.data(), n, d, vocab, c);
+  weight_grad(lm_head_index(), dlogits, lnf_.data(), d, vocab, c);
   done(lm_head_index());
   k_->linear_backward_input(dln_.data(), dlogits, w(lm_head_index()), n, d, vocab, false, c);
   ranges.lap("backward lm_head");

@@ -32,6 +32,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_kernels.h"
+#include "cuda/cuda_ops.h"
 #include "error.h"
 #include "layer_kernels.cuh"
 #include "layers.h"
@@ -307,8 +308,7 @@ class CudaKernels final : public Kernels {
   void cross_entropy_backward(float* dlogits, int64_t n, int64_t v, float scale) override {
     if (n * v == 0) return;
     const float c = scale / static_cast<float>(n);  // rounded to float first, as the CPU
-    cross_entropy_scale_kernel<<<grid_for(n * v), kThreads, 0, stream_>>>(dlogits, n * v, c);
-    check_launch("cross_entropy_scale_kernel");
+    cuda_ops::scale(stream_, dlogits, static_cast<size_t>(n * v), c);
   }
 
   float mse_forward(const float* pred, const float* y, int64_t n) override {

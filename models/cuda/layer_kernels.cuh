@@ -351,10 +351,6 @@ __global__ void cross_entropy_gradient_kernel(float* logits, const float* lse,
   }
 }
 
-__global__ void cross_entropy_scale_kernel(float* x, int64_t n, float c) {
-  DDP_GRID_STRIDE(k, n) x[k] *= c;
-}
-
 constexpr int64_t kMseBlocks = 1024;  // partial sums of mse_forward
 
 __global__ void mse_partial_kernel(double* partial, const float* pred, const float* y, int64_t n) {
