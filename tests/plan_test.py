@@ -31,6 +31,7 @@ MODELS = {
 STRATEGIES = {
     "naive": ['strategy.plugin="naive"'],
     "flat": ['strategy.plugin="flat"'],
+    "flat_copies": ['strategy.plugin="flat"', "strategy.flat.in_place=false"],
     "overlap": ['strategy.plugin="overlap"'],
     "bucketed": ['strategy.plugin="bucketed"', "strategy.bucketed.bucket_mb=0.1"],
     "bucketed_bf16": ['strategy.plugin="bucketed"', 'strategy.bucketed.compress="bf16"'],

@@ -29,7 +29,9 @@ plan::RunInput three_params(const std::string& strategy, int world) {
 }
 
 TEST(RunPlan, CategoriesAtTheThreeMoments) {
-  const plan::RunPlan p = plan::plan_run(three_params("flat", 2));
+  plan::RunInput copies = three_params("flat", 2);
+  copies.in_place = false;  // a flat buffer of all gradients
+  const plan::RunPlan p = plan::plan_run(copies);
   ASSERT_EQ(p.ranks.size(), 2u);
   // parameters, gradients, optimizer_state, comm_buffers, activations
   EXPECT_EQ(p.ranks[1].after_setup, (plan::Bytes{240, 240, 0, 240, 8 + 2 * 5 * 4}));
@@ -37,6 +39,14 @@ TEST(RunPlan, CategoriesAtTheThreeMoments) {
   EXPECT_EQ(p.ranks[1].after_optimizer_step, p.ranks[1].before_optimizer_step);
   ASSERT_EQ(p.collectives.size(), 1u);
   EXPECT_EQ(p.collectives[0].op, "all_reduce");
+  EXPECT_EQ(p.comm_bytes(), 240);
+}
+
+// In place (the default), flat averages the gradients' own memory: no buffer.
+TEST(RunPlan, FlatInPlaceHoldsNoBuffer) {
+  const plan::RunPlan p = plan::plan_run(three_params("flat", 2));
+  EXPECT_EQ(p.ranks[1].after_setup, (plan::Bytes{240, 240, 0, 0, 8 + 2 * 5 * 4}));
+  ASSERT_EQ(p.collectives.size(), 1u);
   EXPECT_EQ(p.comm_bytes(), 240);
 }
 

@@ -137,6 +137,8 @@ class PluginReadmes(unittest.TestCase):
                          {"bucket_mb", "overlap_optimizer", "compress", "in_place"})
         self.assertEqual(keys_declared(os.path.join(ROOT, "strategies", "bucketed")),
                          {"bucket_mb", "overlap_optimizer", "compress", "in_place"})
+        self.assertEqual(keys_read(os.path.join(ROOT, "strategies", "flat")), {"in_place"})
+        self.assertEqual(keys_declared(os.path.join(ROOT, "strategies", "flat")), {"in_place"})
         self.assertEqual(keys_declared(os.path.join(ROOT, "strategies", "naive")), set())
         self.assertEqual(keys_read(os.path.join(ROOT, "strategies", "naive")), set())
 

@@ -64,8 +64,8 @@ plan::RunInput run_input(const Config& c, const Footprint& model) {
   if (in.strategy == "bucketed") {
     in.compress = c.strategy.get_string("compress", "none");
     in.overlap_optimizer = c.strategy.get_bool("overlap_optimizer", true);
-    in.in_place = c.strategy.get_bool("in_place", true);
   }
+  if (in.strategy == "bucketed" || in.strategy == "flat") in.in_place = c.strategy.get_bool("in_place", true);
   if (in.strategy == "sharded") in.variant = c.strategy.get_string("variant", "broadcast");
   if (in.strategy == "bucketed" || (in.strategy == "sharded" && in.variant == "broadcast")) {
     try {

@@ -88,8 +88,8 @@ int64_t strategy_comm(const RunInput& in, std::vector<Collective>* steps) {
       std::reverse(steps->begin(), steps->end());
       for (size_t i = 0; i + 1 < steps->size(); ++i) (*steps)[i].beside_compute = true;
     }
-  } else if (s == "flat") {
-    buffers = total;
+  } else if (s == "flat") {  // in place: the packed gradients tile one range
+    buffers = in.in_place ? 0 : total;
     if (total > 0) steps->push_back({"all_reduce", total});
   } else if (s == "bucketed") {
     if (in.compress != "none" && in.compress != "bf16" && in.compress != "fp16")

@@ -60,7 +60,7 @@ struct RunInput {
   double bucket_mb = 25.0;             // bucketed, sharded (broadcast)
   std::string compress = "none";       // bucketed: "none" | "bf16" | "fp16"
   bool overlap_optimizer = true;       // bucketed: updates bucket by bucket as averages arrive
-  bool in_place = true;                // bucketed: buckets averaged in the gradients' memory
+  bool in_place = true;                // bucketed, flat: averaged in the gradients' memory
   bool clips = false;                  // optimizer.clip_grad_norm > 0: the engine waits for every gradient
   std::string variant = "broadcast";   // sharded: "broadcast" | "allgather"
   std::string transport = "gloo";      // "gloo" | "mpi" | "nccl"

@@ -1,10 +1,20 @@
 // flat.cpp — the `flat` strategy, as in CS336 assignment 2's "flattened"
 // DDP: rank 0's parameters are broadcast at the start; after backward
-// (in finish) every trainable gradient is copied into one flat buffer, the
-// buffer is all-reduced (average) in one collective, and the result is
-// copied back. One collective per step instead of one per parameter, at the
-// price of a buffer as large as all trainable gradients and no overlap with
-// backward. Frozen parameters are never touched. No keys.
+// (in finish) every trainable gradient is averaged over ranks in one
+// all-reduce of one flat buffer. One collective per step instead of one per
+// parameter, and no overlap with backward. Where the trainable gradients
+// already tile one range of memory (the engine packs them so:
+// Model::pack_gradients), that range is the buffer and nothing is copied;
+// otherwise (or with in_place = false) each gradient is copied into a
+// buffer of their size and back. Frozen parameters are never touched.
+// Key: in_place (default true).
+#include <algorithm>
+#include <cstdint>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "../common/stats.h"
 #include "../common/strategy_util.h"
 
 using ddp::plugin::DeviceBuffer;
@@ -14,14 +24,24 @@ using ddp::plugin::guard;
 using ddp::strategy::StrategyBase;
 
 struct ddp_strategy_s : StrategyBase {
-  using StrategyBase::StrategyBase;
-  // (sum of trainable numel) float32: the trainable gradients back to back,
-  // in table order. Made at train begin and again when the trainable set
-  // changes; empty while nothing is trainable.
+  ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c, bool allow_in_place)
+      : StrategyBase(h, t, c), in_place_allowed(allow_in_place) {}
+  bool in_place_allowed;  // the key
+  // Set at train begin and again when the trainable set changes. In place:
+  // `region` is the trainable gradients' own memory, `region_bytes` long.
+  // Otherwise `flat` is (sum of trainable numel) float32, the gradients
+  // back to back in table order; empty while nothing is trainable.
+  char* region = nullptr;
+  size_t region_bytes = 0;
   DeviceBuffer flat;
 };
 
 namespace {
+
+constexpr ddp_key kKeys[] = {
+    {"in_place", "bool", "true (default): average the gradients in their own memory where they tile one range; false: copy"},
+    {nullptr, nullptr, nullptr},
+};
 
 // Calls body(param, byte offset in the flat buffer, bytes) for every
 // trainable parameter, in table order: the flat buffer's layout.
@@ -43,17 +63,38 @@ size_t trainable_bytes(const ddp_strategy* s) {
   return total;
 }
 
+// The range the trainable gradients tile exactly, in whatever order
+// (averaging is elementwise), as {start, bytes}; {nullptr, 0} if they
+// leave a gap or overlap, or if there are none. Addresses compared as
+// integers: the gradients need not be one allocation.
+std::pair<char*, size_t> tiled_range(const ddp_strategy* s) {
+  std::vector<std::pair<uintptr_t, size_t>> grads;
+  for_each_slot(s, [&](const ddp_param& p, size_t, size_t bytes) {
+    grads.emplace_back(reinterpret_cast<uintptr_t>(p.grad), bytes);
+  });
+  std::sort(grads.begin(), grads.end());
+  if (grads.empty() || grads.front().first == 0) return {nullptr, 0};
+  for (size_t k = 1; k < grads.size(); ++k)
+    if (grads[k].first != grads[k - 1].first + grads[k - 1].second) return {nullptr, 0};
+  return {reinterpret_cast<char*>(grads.front().first), grads.back().first + grads.back().second - grads.front().first};
+}
+
 // Only between steps: finish has waited for the comm stream, so no
 // enqueued work still uses the old buffer when it is freed.
 void make_flat_buffer(ddp_strategy* s) {
   s->flat.reset();  // free first: old and new never count together
+  std::tie(s->region, s->region_bytes) = s->in_place_allowed ? tiled_range(s) : std::pair<char*, size_t>{};
   const size_t bytes = trainable_bytes(s);
-  if (bytes > 0) s->flat = DeviceBuffer(s->host.raw(), bytes, DDP_MEM_COMM_BUFFERS);
+  if (bytes > 0 && !s->region) s->flat = DeviceBuffer(s->host.raw(), bytes, DDP_MEM_COMM_BUFFERS);
 }
 
 ddp_status flat_create(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm,
                        ddp_strategy** out) {
-  return guard(host, [&] { *out = new ddp_strategy_s(host, transport, comm); });
+  return guard(host, [&] {
+    const Host h(host);
+    const bool in_place = h.config_bool("in_place", true);
+    *out = new ddp_strategy_s(host, transport, comm, in_place);
+  });
 }
 
 ddp_status flat_on_train_begin(ddp_strategy* s) {
@@ -72,14 +113,22 @@ ddp_status flat_on_step_begin(ddp_strategy* s, const ddp_step_info* info) {
 ddp_status flat_on_grad_ready(ddp_strategy*, const ddp_param*) { return DDP_OK; }
 ddp_status flat_on_backward_end(ddp_strategy*) { return DDP_OK; }
 
-// Pack on the compute stream (where the gradients were made), one
-// all-reduce on the comm stream after it, unpack there, wait.
+// In place: one all-reduce of the gradients' range on the comm stream,
+// after the compute stream has made them, and wait. Else pack on the
+// compute stream, all-reduce on the comm stream after it, unpack there,
+// wait.
 ddp_status flat_finish(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
-    if (trainable_bytes(s) != s->flat.bytes())
+    if (trainable_bytes(s) != (s->region ? s->region_bytes : s->flat.bytes()))
       throw Failure(DDP_ERR_INTERNAL, "the trainable parameters changed without params_changed");
-    if (!s->flat.get()) return;  // nothing trainable: nothing to sync
     const Host& h = s->host;
+    if (s->region) {
+      s->comm_after_compute();
+      s->comm.all_reduce(h.floats(s->region, s->region_bytes / sizeof(float)), DDP_REDUCE_AVG, h.comm_stream());
+      s->wait_comm();
+      return;
+    }
+    if (!s->flat.get()) return;  // nothing trainable: nothing to sync
     char* flat = static_cast<char*>(s->flat.get());
     for_each_slot(s, [&](const ddp_param& p, size_t at, size_t bytes) {
       h.copy(flat + at, p.grad, bytes, h.compute_stream());
@@ -90,6 +139,16 @@ ddp_status flat_finish(ddp_strategy* s) {
       h.copy(p.grad, flat + at, bytes, h.comm_stream());
     });
     s->wait_comm();
+  });
+}
+
+// {"in_place": b (the key), "averaged_in_place": b (this layout), "bytes": n}
+ddp_status flat_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed) {
+  return guard(s->host.raw(), [&] {
+    ddp::strategy::write_stats(std::string("{\"in_place\": ") + (s->in_place_allowed ? "true" : "false") +
+                                   ", \"averaged_in_place\": " + (s->region ? "true" : "false") +
+                                   ", \"bytes\": " + std::to_string(trainable_bytes(s)) + "}",
+                               buf, cap, needed);
   });
 }
 
@@ -110,8 +169,8 @@ DDP_STRATEGY_ENTRY = {
     flat_on_backward_end,
     flat_finish,
     nullptr,  // optimizer_step: the engine's optimizer runs
-    nullptr,  // stats
+    flat_stats,
     flat_destroy,
     nullptr,  // held_grads: every rank holds every averaged gradient
-    ddp::strategy::kNoKeys,
+    kKeys,
 };
