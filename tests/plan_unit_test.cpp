@@ -95,6 +95,8 @@ TEST(RunPlan, RefusesWhatItHasNoRulesFor) {
   gpu.device = DDP_DEVICE_CUDA;
   EXPECT_THROW(plan::plan_run(gpu), std::invalid_argument);
   gpu.transport = "nccl";
+  EXPECT_EQ(plan::plan_run(gpu).ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 4);  // nccl's barrier float
+  gpu.in_place = false;
   EXPECT_EQ(plan::plan_run(gpu).ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 240 + 4);
 }
 

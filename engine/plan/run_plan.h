@@ -7,7 +7,9 @@
 //
 // The rules, per strategy (trainable bytes G = 4 x trainable elements):
 //   naive, overlap   no buffers; an all-reduce per trainable parameter
-//   flat             one buffer of G; one all-reduce of G
+//   flat             no buffer: the packed gradients averaged in place
+//                    (with in_place = false one buffer of G); one
+//                    all-reduce of G
 //   bucketed         buckets (strategies/common/buckets.h) averaged in
 //                    the gradients' memory, which the engine lays out as
 //                    they need: no buffer but a 16-bit copy with compress

@@ -3,12 +3,11 @@
 // (in finish) every trainable gradient is averaged over ranks in one
 // all-reduce of one flat buffer. One collective per step instead of one per
 // parameter, and no overlap with backward. Where the trainable gradients
-// already tile one range of memory (the engine packs them so:
-// Model::pack_gradients), that range is the buffer and nothing is copied;
-// otherwise (or with in_place = false) each gradient is copied into a
-// buffer of their size and back. Frozen parameters are never touched.
-// Key: in_place (default true).
-#include <algorithm>
+// already fill one range of memory, in parameter order or in reverse (the
+// engine packs them so: Model::pack_gradients), that range is the buffer
+// and nothing is copied; otherwise (or with in_place = false) each
+// gradient is copied into a buffer of their size and back. Frozen
+// parameters are never touched. Key: in_place (default true).
 #include <cstdint>
 #include <tuple>
 #include <utility>
@@ -39,7 +38,7 @@ struct ddp_strategy_s : StrategyBase {
 namespace {
 
 constexpr ddp_key kKeys[] = {
-    {"in_place", "bool", "true (default): average the gradients in their own memory where they tile one range; false: copy"},
+    {"in_place", "bool", "true (default): average the gradients in their own memory where they fill one range; false: copy"},
     {nullptr, nullptr, nullptr},
 };
 
@@ -63,27 +62,36 @@ size_t trainable_bytes(const ddp_strategy* s) {
   return total;
 }
 
-// The range the trainable gradients tile exactly, in whatever order
-// (averaging is elementwise), as {start, bytes}; {nullptr, 0} if they
-// leave a gap or overlap, or if there are none. Addresses compared as
-// integers: the gradients need not be one allocation.
-std::pair<char*, size_t> tiled_range(const ddp_strategy* s) {
-  std::vector<std::pair<uintptr_t, size_t>> grads;
+// The range the trainable gradients fill exactly, in table order or in
+// reverse table order (the engine packs them in reverse), as {start,
+// bytes}; {nullptr, 0} if they do not, or if there are none. A fixed order
+// gives every rank the same element layout whatever the host: the one
+// all-reduce sums each element with its counterparts. Addresses compared
+// as integers.
+std::pair<char*, size_t> packed_range(const ddp_strategy* s) {
+  std::vector<std::pair<uintptr_t, size_t>> grads;  // in table order
   for_each_slot(s, [&](const ddp_param& p, size_t, size_t bytes) {
     grads.emplace_back(reinterpret_cast<uintptr_t>(p.grad), bytes);
   });
-  std::sort(grads.begin(), grads.end());
-  if (grads.empty() || grads.front().first == 0) return {nullptr, 0};
-  for (size_t k = 1; k < grads.size(); ++k)
-    if (grads[k].first != grads[k - 1].first + grads[k - 1].second) return {nullptr, 0};
-  return {reinterpret_cast<char*>(grads.front().first), grads.back().first + grads.back().second - grads.front().first};
+  bool forward = true, reverse = true;
+  for (size_t k = 1; k < grads.size(); ++k) {
+    forward = forward && grads[k].first == grads[k - 1].first + grads[k - 1].second;
+    reverse = reverse && grads[k - 1].first == grads[k].first + grads[k].second;
+  }
+  if (grads.empty() || !(forward || reverse)) return {nullptr, 0};
+  const auto& low = forward ? grads.front() : grads.back();
+  if (low.first == 0) return {nullptr, 0};
+  size_t total = 0;
+  for (const auto& g : grads) total += g.second;
+  return {reinterpret_cast<char*>(low.first), total};
 }
 
-// Only between steps: finish has waited for the comm stream, so no
-// enqueued work still uses the old buffer when it is freed.
-void make_flat_buffer(ddp_strategy* s) {
+// Averages in place or makes the flat buffer. Only between steps: finish
+// has waited for the comm stream, so no enqueued work still uses the old
+// buffer when it is freed.
+void lay_out(ddp_strategy* s) {
   s->flat.reset();  // free first: old and new never count together
-  std::tie(s->region, s->region_bytes) = s->in_place_allowed ? tiled_range(s) : std::pair<char*, size_t>{};
+  std::tie(s->region, s->region_bytes) = s->in_place_allowed ? packed_range(s) : std::pair<char*, size_t>{};
   const size_t bytes = trainable_bytes(s);
   if (bytes > 0 && !s->region) s->flat = DeviceBuffer(s->host.raw(), bytes, DDP_MEM_COMM_BUFFERS);
 }
@@ -100,13 +108,13 @@ ddp_status flat_create(const ddp_host* host, const ddp_transport_v1_t* transport
 ddp_status flat_on_train_begin(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
     s->broadcast_params_from_rank0();
-    make_flat_buffer(s);
+    lay_out(s);
   });
 }
 
 ddp_status flat_on_step_begin(ddp_strategy* s, const ddp_step_info* info) {
   return guard(s->host.raw(), [&] {
-    if (info->params_changed) make_flat_buffer(s);
+    if (info->params_changed) lay_out(s);
   });
 }
 
@@ -119,7 +127,8 @@ ddp_status flat_on_backward_end(ddp_strategy*) { return DDP_OK; }
 // wait.
 ddp_status flat_finish(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
-    if (trainable_bytes(s) != (s->region ? s->region_bytes : s->flat.bytes()))
+    const bool moved = s->region && packed_range(s) != std::make_pair(s->region, s->region_bytes);
+    if (moved || trainable_bytes(s) != (s->region ? s->region_bytes : s->flat.bytes()))
       throw Failure(DDP_ERR_INTERNAL, "the trainable parameters changed without params_changed");
     const Host& h = s->host;
     if (s->region) {
