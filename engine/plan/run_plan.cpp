@@ -88,7 +88,7 @@ int64_t strategy_comm(const RunInput& in, std::vector<Collective>* steps) {
       std::reverse(steps->begin(), steps->end());
       for (size_t i = 0; i + 1 < steps->size(); ++i) (*steps)[i].beside_compute = true;
     }
-  } else if (s == "flat") {  // in place: the packed gradients tile one range
+  } else if (s == "flat") {  // in place: the packed gradients are the buffer
     buffers = in.in_place ? 0 : total;
     if (total > 0) steps->push_back({"all_reduce", total});
   } else if (s == "bucketed") {

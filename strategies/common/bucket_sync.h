@@ -90,7 +90,7 @@ class BucketSync {
         offset += bytes_of[i];
       }
       b.bytes = assigned.bytes;
-      b.in_place = allow_in_place_ && back_to_back(b.slots);
+      b.in_place = allow_in_place_ && base_.packed_grads(b.params) != nullptr;
       if (!b.in_place) b.buffer = plugin::DeviceBuffer(base_.host.raw(), assigned.bytes, DDP_MEM_COMM_BUFFERS);
       if (wire_ != DDP_FLOAT32)
         b.wire = plugin::DeviceBuffer(base_.host.raw(), assigned.bytes / sizeof(float) * ddp_dtype_size(wire_),
@@ -198,16 +198,6 @@ class BucketSync {
     size_t unfilled = 0;          // slots not yet filled (final) in this sync micro-batch
   };
 
-  // Whether the gradients of `slots` lie in memory exactly as the slots in
-  // a buffer would: each starts where the one before it ends.
-  bool back_to_back(const std::vector<Slot>& slots) const {
-    for (size_t k = 0; k < slots.size(); ++k) {
-      const auto grad = reinterpret_cast<uintptr_t>(base_.host.param(slots[k].param).grad);
-      if (grad == 0) return false;
-      if (k > 0 && grad != reinterpret_cast<uintptr_t>(slot_memory(slots[0])) + slots[k].offset) return false;
-    }
-    return !slots.empty();
-  }
   char* slot_memory(const Slot& slot) const { return static_cast<char*>(base_.host.param(slot.param).grad); }
   // The bucket's float32 buffer: its own, or the gradients' memory.
   char* buffer_of(const BucketState& b) const {

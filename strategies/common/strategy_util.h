@@ -10,7 +10,9 @@
 #include <ddp/plugin.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ddp {
 namespace strategy {
@@ -66,6 +68,23 @@ struct StrategyBase {
     return p.numel;
   }
   static size_t float32_bytes(const ddp_param& p) { return float32_elements(p) * sizeof(float); }
+
+  // Whether the gradients of the parameters `indices`, in that order, lie
+  // back to back, each starting where the one before ends (the engine
+  // packs the trainable ones so, in reverse parameter order:
+  // Model::pack_gradients): then the first one's memory, which a strategy
+  // averages where it lies instead of copying; else nullptr (also for
+  // none). A fixed order gives every rank the same element layout.
+  char* packed_grads(const std::vector<size_t>& indices) const {
+    uintptr_t next = 0;
+    for (size_t k = 0; k < indices.size(); ++k) {
+      const ddp_param& p = host.param(indices[k]);
+      const auto grad = reinterpret_cast<uintptr_t>(p.grad);
+      if (grad == 0 || (k > 0 && grad != next)) return nullptr;
+      next = grad + float32_bytes(p);
+    }
+    return indices.empty() ? nullptr : static_cast<char*>(host.param(indices.front()).grad);
+  }
 };
 
 }  // namespace strategy

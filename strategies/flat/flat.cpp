@@ -3,14 +3,11 @@
 // (in finish) every trainable gradient is averaged over ranks in one
 // all-reduce of one flat buffer. One collective per step instead of one per
 // parameter, and no overlap with backward. Where the trainable gradients
-// already fill one range of memory, in parameter order or in reverse (the
-// engine packs them so: Model::pack_gradients), that range is the buffer
-// and nothing is copied; otherwise (or with in_place = false) each
+// already lie back to back in reverse parameter order (the engine packs
+// them so: Model::pack_gradients), their memory is the buffer and nothing
+// is copied; otherwise (or with in_place = false) each
 // gradient is copied into a buffer of their size and back. Frozen
 // parameters are never touched. Key: in_place (default true).
-#include <cstdint>
-#include <tuple>
-#include <utility>
 #include <vector>
 
 #include "../common/stats.h"
@@ -26,19 +23,19 @@ struct ddp_strategy_s : StrategyBase {
   ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c, bool allow_in_place)
       : StrategyBase(h, t, c), in_place_allowed(allow_in_place) {}
   bool in_place_allowed;  // the key
-  // Set at train begin and again when the trainable set changes. In place:
-  // `region` is the trainable gradients' own memory, `region_bytes` long.
-  // Otherwise `flat` is (sum of trainable numel) float32, the gradients
-  // back to back in table order; empty while nothing is trainable.
+  // Set at train begin and again when the trainable set changes: `bytes`,
+  // the trainable gradients'; in place, `region`, their own memory;
+  // otherwise `flat`, a buffer of `bytes`, the gradients back to back in
+  // table order. Both empty while nothing is trainable.
+  size_t bytes = 0;
   char* region = nullptr;
-  size_t region_bytes = 0;
   DeviceBuffer flat;
 };
 
 namespace {
 
 constexpr ddp_key kKeys[] = {
-    {"in_place", "bool", "true (default): average the gradients in their own memory where they fill one range; false: copy"},
+    {"in_place", "bool", "true (default): average the gradients in their own memory where they lie back to back; false: copy"},
     {nullptr, nullptr, nullptr},
 };
 
@@ -62,28 +59,13 @@ size_t trainable_bytes(const ddp_strategy* s) {
   return total;
 }
 
-// The range the trainable gradients fill exactly, in table order or in
-// reverse table order (the engine packs them in reverse), as {start,
-// bytes}; {nullptr, 0} if they do not, or if there are none. A fixed order
-// gives every rank the same element layout whatever the host: the one
-// all-reduce sums each element with its counterparts. Addresses compared
-// as integers.
-std::pair<char*, size_t> packed_range(const ddp_strategy* s) {
-  std::vector<std::pair<uintptr_t, size_t>> grads;  // in table order
-  for_each_slot(s, [&](const ddp_param& p, size_t, size_t bytes) {
-    grads.emplace_back(reinterpret_cast<uintptr_t>(p.grad), bytes);
-  });
-  bool forward = true, reverse = true;
-  for (size_t k = 1; k < grads.size(); ++k) {
-    forward = forward && grads[k].first == grads[k - 1].first + grads[k - 1].second;
-    reverse = reverse && grads[k - 1].first == grads[k].first + grads[k].second;
-  }
-  if (grads.empty() || !(forward || reverse)) return {nullptr, 0};
-  const auto& low = forward ? grads.front() : grads.back();
-  if (low.first == 0) return {nullptr, 0};
-  size_t total = 0;
-  for (const auto& g : grads) total += g.second;
-  return {reinterpret_cast<char*>(low.first), total};
+// The trainable gradients' memory if they lie back to back in reverse
+// parameter order, else nullptr (StrategyBase::packed_grads).
+char* packed_range(const ddp_strategy* s) {
+  std::vector<size_t> reverse;
+  for (size_t i = s->host.param_count(); i-- > 0;)
+    if (s->host.param(i).trainable) reverse.push_back(i);
+  return s->packed_grads(reverse);
 }
 
 // Averages in place or makes the flat buffer. Only between steps: finish
@@ -91,9 +73,9 @@ std::pair<char*, size_t> packed_range(const ddp_strategy* s) {
 // buffer when it is freed.
 void lay_out(ddp_strategy* s) {
   s->flat.reset();  // free first: old and new never count together
-  std::tie(s->region, s->region_bytes) = s->in_place_allowed ? packed_range(s) : std::pair<char*, size_t>{};
-  const size_t bytes = trainable_bytes(s);
-  if (bytes > 0 && !s->region) s->flat = DeviceBuffer(s->host.raw(), bytes, DDP_MEM_COMM_BUFFERS);
+  s->bytes = trainable_bytes(s);
+  s->region = s->in_place_allowed ? packed_range(s) : nullptr;
+  if (s->bytes > 0 && !s->region) s->flat = DeviceBuffer(s->host.raw(), s->bytes, DDP_MEM_COMM_BUFFERS);
 }
 
 ddp_status flat_create(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm,
@@ -127,13 +109,12 @@ ddp_status flat_on_backward_end(ddp_strategy*) { return DDP_OK; }
 // wait.
 ddp_status flat_finish(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
-    const bool moved = s->region && packed_range(s) != std::make_pair(s->region, s->region_bytes);
-    if (moved || trainable_bytes(s) != (s->region ? s->region_bytes : s->flat.bytes()))
+    if (trainable_bytes(s) != s->bytes)  // grads move only with params_changed (plugin.h), as bucketed trusts
       throw Failure(DDP_ERR_INTERNAL, "the trainable parameters changed without params_changed");
     const Host& h = s->host;
     if (s->region) {
       s->comm_after_compute();
-      s->comm.all_reduce(h.floats(s->region, s->region_bytes / sizeof(float)), DDP_REDUCE_AVG, h.comm_stream());
+      s->comm.all_reduce(h.floats(s->region, s->bytes / sizeof(float)), DDP_REDUCE_AVG, h.comm_stream());
       s->wait_comm();
       return;
     }
@@ -143,7 +124,7 @@ ddp_status flat_finish(ddp_strategy* s) {
       h.copy(flat + at, p.grad, bytes, h.compute_stream());
     });
     s->comm_after_compute();
-    s->comm.all_reduce(h.floats(flat, s->flat.bytes() / sizeof(float)), DDP_REDUCE_AVG, h.comm_stream());
+    s->comm.all_reduce(h.floats(flat, s->bytes / sizeof(float)), DDP_REDUCE_AVG, h.comm_stream());
     for_each_slot(s, [&](const ddp_param& p, size_t at, size_t bytes) {
       h.copy(p.grad, flat + at, bytes, h.comm_stream());
     });
@@ -156,7 +137,7 @@ ddp_status flat_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed) {
   return guard(s->host.raw(), [&] {
     ddp::strategy::write_stats(std::string("{\"in_place\": ") + (s->in_place_allowed ? "true" : "false") +
                                    ", \"averaged_in_place\": " + (s->region ? "true" : "false") +
-                                   ", \"bytes\": " + std::to_string(trainable_bytes(s)) + "}",
+                                   ", \"bytes\": " + std::to_string(s->bytes) + "}",
                                buf, cap, needed);
   });
 }
