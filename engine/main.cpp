@@ -24,6 +24,7 @@
 #include "bench_comm.h"
 #include "blas_choice.h"
 #include "gemm_floor.h"
+#include "huge_pages.h"
 #include "checkpoint.h"
 #include "config.h"
 #include "launcher.h"
@@ -289,6 +290,7 @@ int blas_command(const BlasCommands& b) {
 }
 
 int main(int argc, char** argv) {
+  ddp::restart_with_huge_pages(argv);  // once, before malloc has served anything that matters
   CLI::App app{"ddp: data-parallel training with plugin strategies and transports"};
   app.set_version_flag("--version", "ddp 0.2.0 (plugin ABI " + std::to_string(DDP_ABI_VERSION_MAJOR) + "." +
                                            std::to_string(DDP_ABI_VERSION_MINOR) + ")");

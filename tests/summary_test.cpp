@@ -67,6 +67,14 @@ TEST(Summary, StepColumnsMeansAndRates) {
   EXPECT_EQ(keys.back(), "config");
 }
 
+TEST(Summary, HugePagesAreReportedAsRankZeroSawThem) {
+  RunFacts f = facts(32);
+  f.huge_pages = {"1", "madvise", int64_t(6) << 20};
+  const json s = run_summary(f, two_steps(), {totals(7), totals(7)}, nullptr);
+  EXPECT_EQ(s["huge_pages"], json({{"malloc_hugetlb", "1"}, {"transparent_huge_pages", "madvise"},
+                                   {"anon_huge_bytes", 6291456}}));
+}
+
 TEST(Summary, ModelsWithoutTokensReportSamples) {
   const json s = run_summary(facts(1), two_steps(), {totals(7)}, nullptr);
   EXPECT_DOUBLE_EQ(s["samples_per_s"].get<double>(), 8.0 * 2 / 2.0);

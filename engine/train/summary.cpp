@@ -123,6 +123,9 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
   json choice = facts.blas_choice_json.empty() ? json() : json::parse(facts.blas_choice_json, nullptr, false);
   summary["blas"] = {{"kernel", facts.blas_kernel}, {"build", facts.blas_build},
                      {"choice", choice.is_discarded() ? json() : choice}};
+  const HugePages& h = facts.huge_pages;
+  summary["huge_pages"] = {{"malloc_hugetlb", h.malloc_hugetlb}, {"transparent_huge_pages", h.thp_mode},
+                           {"anon_huge_bytes", h.anon_huge_bytes}};
   summary["config"] = facts.config_toml;
   return summary;
 }

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "device.h"
+#include "huge_pages.h"
 
 namespace ddp {
 
@@ -77,6 +78,8 @@ struct RunFacts {
   // The GEMM kernel rank 0's OpenBLAS loaded, its build, and how it was
   // chosen (the launcher's DDP_BLAS_CHOICE, JSON; "" for none).
   std::string blas_kernel, blas_build, blas_choice_json;
+  // Rank 0's huge pages at the end of its run (huge_pages.h).
+  HugePages huge_pages;
 };
 
 // summary.json: the run's facts, `loss` for every step (a resumed run's
