@@ -281,7 +281,8 @@ void add_blas_commands(CLI::App& app, BlasCommands& b) {
       ->capture_default_str();
 }
 
-int blas_command(const BlasCommands& b) {
+int blas_command(const BlasCommands& b, char** argv) {
+  ddp::restart_with_huge_pages(argv);  // its GEMMs on the memory a rank's would be on
   const nlohmann::json out = b.probe->parsed() ? ddp::probe_gemms(ddp::parse_shapes(b.shapes), b.probe_repeats,
                                                                    b.probe_threads)
                                                : ddp::gemm_floor(ddp::load_config(b.config, b.sets), b.floor_repeats);
@@ -289,8 +290,19 @@ int blas_command(const BlasCommands& b) {
   return 0;
 }
 
+int bench_comm_command(ddp::BenchOptions& bench, const std::vector<std::string>& sizes,
+                       const std::vector<std::string>& ops, char** argv) {
+  bench.sizes.clear();
+  for (const auto& s : sizes) bench.sizes.push_back(ddp::parse_size(s));
+  bench.ops.clear();
+  for (const auto& o : ops) bench.ops.push_back(ddp::parse_collective(o));
+  if (!ddp::launched_as_rank()) return ddp::bench_comm(bench);
+  ddp::restart_with_huge_pages(argv);
+  return ddp::bench_comm_rank(bench);
+}
+
 int main(int argc, char** argv) {
-  ddp::restart_with_huge_pages(argv);  // once, before malloc has served anything that matters
+  ddp::ask_for_huge_pages();  // for the processes this one starts (huge_pages.h)
   CLI::App app{"ddp: data-parallel training with plugin strategies and transports"};
   app.set_version_flag("--version", "ddp 0.2.0 (plugin ABI " + std::to_string(DDP_ABI_VERSION_MAJOR) + "." +
                                            std::to_string(DDP_ABI_VERSION_MINOR) + ")");
@@ -333,22 +345,17 @@ int main(int argc, char** argv) {
                 << ddp::format_plugins(ddp::describe_plugins(ddp::PluginKind::Transport));
       return 0;
     }
-    if (blas.probe->parsed() || blas.floor->parsed()) return blas_command(blas);
+    if (blas.probe->parsed() || blas.floor->parsed()) return blas_command(blas, argv);
     if (plan->parsed()) {
       ddp::plan_command(plan_options);
       return 0;
     }
-    if (bc->parsed()) {
-      bench.sizes.clear();
-      for (const auto& s : bench_sizes) bench.sizes.push_back(ddp::parse_size(s));
-      bench.ops.clear();
-      for (const auto& o : bench_ops) bench.ops.push_back(ddp::parse_collective(o));
-      return ddp::launched_as_rank() ? ddp::bench_comm_rank(bench) : ddp::bench_comm(bench);
-    }
+    if (bc->parsed()) return bench_comm_command(bench, bench_sizes, bench_ops, argv);
     ddp::Config config = ddp::load_config(config_path, overrides);
     if (resume_option->count() > 0) config.resume = resume.empty() ? "latest" : resume;
     if (ddp::launched_as_rank()) {
       ddp::apply_cached_blas_kernel(argv);  // a rank of mpirun or srun: this machine's choice, if cached
+      ddp::restart_with_huge_pages(argv);   // a rank started without them (by hand, mpirun, srun)
       // Ranks of our own launcher (they have its channel) get DDP_TRACE from
       // it. Under another launcher nobody merges: with --trace each rank
       // keeps its own file, and an inherited DDP_TRACE does not count.

@@ -4,7 +4,9 @@
   - by default every rank runs with glibc.malloc.hugetlb=1, and where the kernel gives huge pages
     on request (THP mode "madvise" or "always") the run's memory is on them;
   - DDP_HUGE_PAGES=0 leaves the environment alone (in "madvise" mode: no huge page at all);
-  - a glibc.malloc.hugetlb the user set in GLIBC_TUNABLES is kept, the other tunables too.
+  - a glibc.malloc.hugetlb the user set in GLIBC_TUNABLES is kept;
+  - a rank started without the tunable (by hand, as mpirun or srun start them) starts itself again
+    with it, and a restart's mark inherited from elsewhere changes nothing.
 About 10 s. ctest runs it as `huge_pages_run` with DDP_BIN set; by hand:
   DDP_BIN=build/bin/ddp /usr/bin/python3 tests/huge_pages_run_test.py [-v]
 """
@@ -37,6 +39,9 @@ class HugePages(unittest.TestCase):
         out = os.path.join(self.tmp.name, "run")
         p = subprocess.run([DDP, "run", *MLP, "--set", f'run.output_dir="{out}"'], cwd=ROOT, capture_output=True,
                            text=True, timeout=120, env=dict(self.env, **env))
+        return self.summary(p, out)
+
+    def summary(self, p, out):
         self.assertEqual(p.returncode, 0, p.stderr)
         with open(os.path.join(out, "summary.json")) as f:
             return json.load(f)["huge_pages"]
@@ -56,8 +61,21 @@ class HugePages(unittest.TestCase):
 
     def test_the_users_setting_is_kept(self):
         self.assertEqual(self.huge_pages(GLIBC_TUNABLES="glibc.malloc.hugetlb=0")["malloc_hugetlb"], "0")
-        h = self.huge_pages(GLIBC_TUNABLES="glibc.malloc.arena_max=2")
+        self.assertEqual(self.huge_pages(GLIBC_TUNABLES="glibc.malloc.arena_max=2")["malloc_hugetlb"], "1")
+
+    def test_an_inherited_restart_mark_changes_nothing(self):
+        self.assertEqual(self.huge_pages(DDP_HUGE_PAGES_RESTARTED="1")["malloc_hugetlb"], "1")
+
+    def test_a_rank_started_by_hand_starts_itself_again(self):
+        out = os.path.join(self.tmp.name, "rank")
+        os.mkdir(os.path.join(self.tmp.name, "rendezvous"))
+        env = dict(self.env, RANK="0", WORLD_SIZE="1", DDP_RENDEZVOUS=f"file:{self.tmp.name}/rendezvous")
+        p = subprocess.run([DDP, "run", *MLP, "--set", f'run.output_dir="{out}"'], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120, env=env)
+        h = self.summary(p, out)
         self.assertEqual(h["malloc_hugetlb"], "1")
+        if MODE in ("madvise", "always"):
+            self.assertGreaterEqual(h["anon_huge_bytes"], 2 << 20, h)
 
 
 if __name__ == "__main__":

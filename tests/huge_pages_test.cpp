@@ -24,6 +24,16 @@ TEST(HugePagesTunable, AUsersSettingAndTheOptOutAreKept) {
   EXPECT_EQ(with_huge_pages_tunable("glibc.malloc.arena_max=2", "0"), std::nullopt);
 }
 
+TEST(HugePagesTunable, NotWhereTheVariableWouldOutgrowWhatExecveTakes) {
+  // Linux takes at most 128 KiB in one string of the environment, its NUL
+  // included: "GLIBC_TUNABLES=" + the value + NUL.
+  const std::string suffix = ":glibc.malloc.hugetlb=1";
+  const std::string fits(131072 - 15 - 1 - suffix.size(), 'x');
+  EXPECT_EQ(with_huge_pages_tunable(fits.c_str(), nullptr), fits + suffix);
+  const std::string too_long = fits + "x";
+  EXPECT_EQ(with_huge_pages_tunable(too_long.c_str(), nullptr), std::nullopt);
+}
+
 TEST(HugePagesTunable, TheValueIsTheLastOneGiven) {
   EXPECT_EQ(malloc_hugetlb_value(nullptr), std::nullopt);
   EXPECT_EQ(malloc_hugetlb_value("glibc.malloc.arena_max=2"), std::nullopt);

@@ -1,6 +1,7 @@
 // huge_pages.cpp — see huge_pages.h.
 #include "huge_pages.h"
 
+#include <sys/auxv.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -11,6 +12,12 @@ namespace ddp {
 namespace {
 
 constexpr const char* kHugetlb = "glibc.malloc.hugetlb";
+constexpr const char* kRestartMark = "DDP_HUGE_PAGES_RESTARTED";
+constexpr size_t kMaxArgString = 32 * 4096;  // Linux's MAX_ARG_STRLEN
+
+bool g_asked = false;                         // ask_for_huge_pages ran
+std::optional<std::string> g_value_at_start;  // glibc.malloc.hugetlb as this process started
+bool g_restarted = false;                     // this process is restart_with_huge_pages's
 
 std::string read_text(const char* path) {
   std::ifstream in(path);
@@ -37,15 +44,30 @@ std::optional<std::string> with_huge_pages_tunable(const char* tunables, const c
   if (ddp_huge_pages && std::string(ddp_huge_pages) == "0") return std::nullopt;
   if (malloc_hugetlb_value(tunables)) return std::nullopt;
   const std::string current = tunables ? tunables : "";
-  return (current.empty() ? "" : current + ":") + kHugetlb + "=1";
+  std::string out = (current.empty() ? "" : current + ":") + kHugetlb + "=1";
+  if (std::string("GLIBC_TUNABLES=").size() + out.size() + 1 > kMaxArgString) return std::nullopt;
+  return out;
+}
+
+void ask_for_huge_pages() {
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  g_asked = true;
+  g_value_at_start = malloc_hugetlb_value(tunables);
+  g_restarted = std::getenv(kRestartMark) != nullptr;
+  unsetenv(kRestartMark);
+  if (const auto wanted = with_huge_pages_tunable(tunables, std::getenv("DDP_HUGE_PAGES")))
+    setenv("GLIBC_TUNABLES", wanted->c_str(), 1);
 }
 
 void restart_with_huge_pages(char** argv) {
-  const auto tunables = with_huge_pages_tunable(std::getenv("GLIBC_TUNABLES"), std::getenv("DDP_HUGE_PAGES"));
-  if (!tunables || std::getenv("DDP_HUGE_PAGES_RESTARTED")) return;
-  setenv("GLIBC_TUNABLES", tunables->c_str(), 1);
-  setenv("DDP_HUGE_PAGES_RESTARTED", "1", 1);
+  if (g_value_at_start || g_restarted || !malloc_hugetlb_value(std::getenv("GLIBC_TUNABLES"))) return;
+  // Run through ld.so by hand (no interpreter in the auxiliary vector),
+  // /proc/self/exe is ld.so; under valgrind it is valgrind's tool.
+  const char* preload = std::getenv("LD_PRELOAD");
+  if (getauxval(AT_BASE) == 0 || (preload && std::string(preload).find("vgpreload") != std::string::npos)) return;
+  setenv(kRestartMark, "1", 1);
   execv("/proc/self/exe", argv);
+  unsetenv(kRestartMark);  // execv failed
 }
 
 std::string thp_mode(const std::string& enabled_text) {
@@ -70,7 +92,8 @@ int64_t anon_huge_bytes(const std::string& smaps_rollup_text) {
 
 HugePages huge_pages_now() {
   HugePages h;
-  h.malloc_hugetlb = malloc_hugetlb_value(std::getenv("GLIBC_TUNABLES")).value_or("");
+  const auto value = g_asked ? g_value_at_start : malloc_hugetlb_value(std::getenv("GLIBC_TUNABLES"));
+  h.malloc_hugetlb = value.value_or("");
   h.thp_mode = thp_mode(read_text("/sys/kernel/mm/transparent_hugepage/enabled"));
   if (h.thp_mode.empty()) h.thp_mode = "unavailable";
   h.anon_huge_bytes = anon_huge_bytes(read_text("/proc/self/smaps_rollup"));

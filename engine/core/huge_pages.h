@@ -3,11 +3,13 @@
 // streamed every step; on 4 KiB pages the per-step streaming passes and the
 // GEMMs' packing run several % slower than on 2 MiB pages (docs/benchmarks.md).
 // glibc's malloc asks the kernel for huge pages where GLIBC_TUNABLES holds
-// glibc.malloc.hugetlb=1 (glibc 2.35+; older ones ignore it), read once at
-// process start: so `ddp` sets it and starts itself again, once, before
-// anything else (with_huge_pages_tunable). A GLIBC_TUNABLES that already
-// names glibc.malloc.hugetlb is kept as it is, and DDP_HUGE_PAGES=0 leaves
-// the environment alone. Whether it took is in summary.json ("huge_pages").
+// glibc.malloc.hugetlb=1 (glibc 2.35+; older ones ignore it), read once, at
+// process start. So `ddp` sets it at start for the processes it starts
+// (ask_for_huge_pages), and a process that does the heavy work itself (a
+// rank, a GEMM benchmark) but started without it starts itself again, once
+// (restart_with_huge_pages). A GLIBC_TUNABLES that already names
+// glibc.malloc.hugetlb is kept as it is, and DDP_HUGE_PAGES=0 leaves the
+// environment alone. summary.json's "huge_pages" says what rank 0 got.
 #pragma once
 
 #include <cstdint>
@@ -16,15 +18,22 @@
 
 namespace ddp {
 
-// Where with_huge_pages_tunable says so: sets GLIBC_TUNABLES and starts
-// this program again (execv of /proc/self/exe with `argv`), once (it marks
-// the environment DDP_HUGE_PAGES_RESTARTED). Returns where nothing is to
-// change, or where execv failed: the program goes on with small pages.
+// First thing in main: notes whether this process started with
+// glibc.malloc.hugetlb, clears the mark of a restart (so that it reaches no
+// child), and sets GLIBC_TUNABLES where with_huge_pages_tunable says so.
+void ask_for_huge_pages();
+
+// Where ask_for_huge_pages set the tunable but this process started without
+// it: starts this program again (execv of /proc/self/exe with `argv`),
+// marked so that it does not do so twice. Returns otherwise, and where it
+// cannot restart (started through the dynamic loader by hand, under
+// valgrind) or execv fails: the process goes on with small pages.
 void restart_with_huge_pages(char** argv);
 
-// The GLIBC_TUNABLES to start again with, given the current one (nullptr:
-// unset) and DDP_HUGE_PAGES (nullptr: unset); nullopt where nothing is to
-// change (the setting is there already, or DDP_HUGE_PAGES is "0").
+// The GLIBC_TUNABLES to set, given the current one (nullptr: unset) and
+// DDP_HUGE_PAGES (nullptr: unset); nullopt where nothing is to change (the
+// setting is there already, DDP_HUGE_PAGES is "0", or the variable would
+// outgrow what execve takes in one string, 128 KiB).
 std::optional<std::string> with_huge_pages_tunable(const char* tunables, const char* ddp_huge_pages);
 
 // The value glibc.malloc.hugetlb has in `tunables` (nullptr: unset), the
@@ -38,11 +47,12 @@ std::string thp_mode(const std::string& enabled_text);
 // AnonHugePages of /proc/<pid>/smaps_rollup's text, in bytes (-1: absent).
 int64_t anon_huge_bytes(const std::string& smaps_rollup_text);
 
-// This process now: its glibc.malloc.hugetlb, the kernel's THP mode
-// ("unavailable" without /sys), its anonymous memory on huge pages (-1
-// where the kernel does not say).
+// This process: the glibc.malloc.hugetlb it started with, which glibc read
+// then ("" where unset; glibc before 2.35 ignores it), the kernel's THP
+// mode ("unavailable" without /sys), its anonymous memory on huge pages now
+// (-1 where the kernel does not say): the proof that they took.
 struct HugePages {
-  std::string malloc_hugetlb, thp_mode;  // malloc_hugetlb "" where unset
+  std::string malloc_hugetlb, thp_mode;
   int64_t anon_huge_bytes = -1;
 };
 HugePages huge_pages_now();
