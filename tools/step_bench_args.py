@@ -1,5 +1,5 @@
 """tools/step_bench_args.py — the options the one-rank step benchmarks share (bench_blas_kernels.py,
-bench_gemm_floor.py): the config and its --set overrides (one rank, 8 sequences by default), the
+bench_gemm_floor.py, bench_step_ab.py): the config and its --set overrides (one rank, 8 sequences by default), the
 rounds, the steps of each run and how many of them to skip, the ddp binary."""
 import argparse
 import os
