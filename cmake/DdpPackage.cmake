@@ -1,5 +1,6 @@
 # Install rules for what a plugin author needs, as the CMake package `ddp`:
-#   include/ddp/plugin.h, plugin.hpp     the ABI and the optional C++ helpers
+#   include/ddp/plugin.h, abi/*.h        the ABI: the umbrella and its parts
+#   include/ddp/plugin.hpp, numeric.h    the optional header-only helpers
 #   lib/cmake/ddp/ddpConfig*.cmake       find_package(ddp): ddp::plugin_api
 #   lib/cmake/ddp/DdpPlugin.cmake        ddp_add_plugin(), as used in tree
 # (bin/ddp and lib/ddp/libddp_*.so are installed by their own directories.)
@@ -10,9 +11,11 @@ set(DDP_INSTALL_INCLUDEDIR include)
 set(DDP_INSTALL_BINDIR bin)
 set(DDP_INSTALL_CMAKEDIR lib/cmake/ddp)
 
-install(FILES ${PROJECT_SOURCE_DIR}/plugins/include/ddp/plugin.h
-              ${PROJECT_SOURCE_DIR}/plugins/include/ddp/plugin.hpp
-        DESTINATION ${DDP_INSTALL_INCLUDEDIR}/ddp)
+# Every header of plugins/include/ddp, as the tree has them: a plugin that
+# builds in tree against ddp::plugin_api builds the same against the install.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/plugins/include/ddp
+        DESTINATION ${DDP_INSTALL_INCLUDEDIR}
+        FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp")
 
 set_target_properties(ddp_plugin_api PROPERTIES EXPORT_NAME plugin_api)
 install(TARGETS ddp_plugin_api EXPORT ddpTargets)

@@ -130,6 +130,7 @@ Footprint lm_footprint(const LmConfig& c, int64_t rows, ddp_device_kind device) 
   Footprint f;
   for (const auto& [name, shape] : lm_parameter_shapes(c)) f.params.push_back({name, numel(shape), shape});
   f.data = DataShape{DataShape::Tokens, 0, 0, c.context_length, c.vocab_size};
+  f.units = lm_units(c);
   f.d_model = c.d_model;
   f.d_ff = c.d_ff;
   f.layers = c.num_layers;
@@ -158,6 +159,7 @@ LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed)
   head_dim_ = c.d_model / c.num_heads;
 
   for (const auto& [name, shape] : lm_parameter_shapes(c)) add_param(name, shape);
+  declare_units(lm_units(c));
   for (int64_t l = 0; l < c.num_layers; ++l)
     range_names_.push_back("backward layers." + std::to_string(l));
 
@@ -267,9 +269,13 @@ float LmModel::forward(const Batch& batch) {
     k_->upload(tokens_dev_.data() + n, targets_.data(), sizeof(int32_t) * n);
   }
 
+  const size_t head = head_unit();
+  unit_event(0, DDP_UNIT_FORWARD_BEGIN);
   k_->embedding_forward(x0_.data(), in_tokens(), w(0), n, d);
+  unit_event(0, DDP_UNIT_FORWARD_END);
   const float* x = x0_.data();  // [N, D] the residual stream entering each block
   for (int64_t l = 0; l < config_.num_layers; ++l) {
+    unit_event(block_unit(l), DDP_UNIT_FORWARD_BEGIN);
     BlockActs& b = blocks_[l];
     // h = x + output_proj(attention(RoPE(q), RoPE(k), v)) of RMSNorm1(x)
     k_->rmsnorm_forward(b.ln1.data(), b.rms1.data(), x, w(layer_param(l, kLn1)), n, d);
@@ -290,9 +296,12 @@ float LmModel::forward(const Batch& batch) {
     k_->copy(b.y.data(), b.h.data(), b.y.bytes());
     k_->linear_forward(b.y.data(), b.gate.data(), w(layer_param(l, kW2)), n, f, d, true);
     x = b.y.data();
+    unit_event(block_unit(l), DDP_UNIT_FORWARD_END);
   }
+  unit_event(head, DDP_UNIT_FORWARD_BEGIN);
   k_->rmsnorm_forward(lnf_.data(), rmsf_.data(), x, w(ln_final_index()), n, d);
   k_->linear_forward(logits_.data(), lnf_.data(), w(lm_head_index()), n, d, vocab);
+  unit_event(head, DDP_UNIT_FORWARD_END);
   return static_cast<float>(
       k_->cross_entropy_forward(lse_.data(), logits_.data(), target_tokens(), n, vocab));
 }
@@ -315,6 +324,7 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   // that read it, not a pass of their own over [N, V].
   const float* dlogits = logits_.data();  // [N, V]
   const float c = loss_scale / static_cast<float>(n);
+  unit_event(head_unit(), DDP_UNIT_BACKWARD_BEGIN);
   weight_grad(lm_head_index(), dlogits, lnf_.data(), d, vocab, c);
   done(lm_head_index());
   k_->linear_backward_input(dln_.data(), dlogits, w(lm_head_index()), n, d, vocab, false, c);
@@ -324,8 +334,10 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
                            w(ln_final_index()), rmsf_.data(), n, d);
   done(ln_final_index());
   ranges.lap("backward ln_final");
+  unit_event(head_unit(), DDP_UNIT_BACKWARD_END);
 
   for (int64_t l = config_.num_layers - 1; l >= 0; --l) {
+    unit_event(block_unit(l), DDP_UNIT_BACKWARD_BEGIN);
     BlockActs& b = blocks_[l];
     const float* x = l ? blocks_[l - 1].y.data() : x0_.data();
     // dresid_ holds dy; FFN branch: y = h + w2 gate.
@@ -364,10 +376,27 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
                              w(layer_param(l, kLn1)), b.rms1.data(), n, d, /*accumulate=*/true);
     done(layer_param(l, kLn1));
     ranges.lap(range_names_[l].c_str());
+    unit_event(block_unit(l), DDP_UNIT_BACKWARD_END);
   }
+  unit_event(0, DDP_UNIT_BACKWARD_BEGIN);
   if (float* de = g(0)) k_->embedding_backward(de, dresid_.data(), in_tokens(), n, d);
   done(0);
   ranges.lap("backward token_embeddings");
+  unit_event(0, DDP_UNIT_BACKWARD_END);
+}
+
+// By the parameters' names, in table order (an FFN-only size has blocks alone).
+std::vector<Unit> lm_units(const LmConfig& config) {
+  std::vector<Unit> units;
+  size_t index = 0;
+  for (const auto& [name, shape] : lm_parameter_shapes(config)) {
+    std::string unit = "head";  // ln_final, lm_head
+    if (name.rfind("token_embeddings.", 0) == 0) unit = "embedding";
+    if (name.rfind("layers.", 0) == 0) unit = name.substr(0, name.find('.', 7));
+    if (units.empty() || units.back().name != unit) units.push_back({unit, {}, {}});
+    units.back().params.push_back(index++);
+  }
+  return units;
 }
 
 std::unique_ptr<Model> make_lm(const LmConfig& config, Device& device, uint64_t seed) {

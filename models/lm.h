@@ -83,9 +83,10 @@ class LmModel final : public Model {
   size_t lm_head_index() const { return ln_final_index() + 1; }
   const float* w(size_t index) const { return params_[index].data.data(); }
   // The gradient buffer of a trainable parameter, or null for a frozen one.
-  float* g(size_t index) {
-    return params_[index].trainable ? params_[index].grad.data() : nullptr;
-  }
+  float* g(size_t index) { return grad_out(index); }
+  // Units (lm_units): the embedding, each block, the final norm with the head.
+  size_t block_unit(int64_t layer) const { return 1 + static_cast<size_t>(layer); }
+  size_t head_unit() const { return 1 + static_cast<size_t>(config_.num_layers); }
   void add_param(const std::string& name, Shape shape);
   void ensure_activations(int64_t rows);
   // The shapes ensure_activations allocates, in its order (lm_footprint
@@ -149,5 +150,9 @@ class LmModel final : public Model {
 };
 
 std::unique_ptr<Model> make_lm(const LmConfig& config, Device& device, uint64_t seed);
+
+// Its units, in forward order: "embedding" (token_embeddings), "layers.{l}"
+// (the block's 9 parameters) for each block, "head" (ln_final, lm_head).
+std::vector<Unit> lm_units(const LmConfig& config);
 
 }  // namespace ddp

@@ -43,6 +43,16 @@ MlpModel::MlpModel(const MlpConfig& config, Device& device, uint64_t seed)
   }
   add_param("head.weight", {config.classes, w}, w, rng);
   add_param("head.bias", {config.classes}, w, rng);
+  declare_units(mlp_units(config));
+}
+
+std::vector<Unit> mlp_units(const MlpConfig& config) {
+  std::vector<Unit> units;
+  for (int64_t i = 0; i <= config.depth; ++i) {
+    const size_t w = 2 * static_cast<size_t>(i);
+    units.push_back({i < config.depth ? "layers." + std::to_string(i) : std::string("head"), {w, w + 1}, {}});
+  }
+  return units;
 }
 
 void MlpModel::add_param(const std::string& name, Shape shape, int64_t fan_in,
@@ -103,6 +113,7 @@ Footprint mlp_footprint(const MlpConfig& c, int64_t rows, ddp_device_kind device
   }
   f.step_activation_bytes = floats * 4;
   f.data = DataShape{DataShape::Classification, c.width, c.classes, 0, 0};
+  f.units = mlp_units(c);
   return f;
 }
 
@@ -126,15 +137,19 @@ float MlpModel::forward(const Batch& batch) {
   }
   const float* in = input_;  // [rows, width]
   for (int64_t i = 0; i < config_.depth; ++i) {
+    unit_event(size_t(i), DDP_UNIT_FORWARD_BEGIN);
     float* out = acts_[i].data();
     k_->linear_forward(out, in, params_[2 * i].data.data(), rows, w, w);
     k_->bias_forward(out, params_[2 * i + 1].data.data(), rows, w);
     k_->relu_forward(out, out, rows * w);
     in = out;
+    unit_event(size_t(i), DDP_UNIT_FORWARD_END);
   }
   const size_t head = 2 * static_cast<size_t>(config_.depth);
+  unit_event(size_t(config_.depth), DDP_UNIT_FORWARD_BEGIN);
   k_->linear_forward(logits_.data(), in, params_[head].data.data(), rows, w, classes);
   k_->bias_forward(logits_.data(), params_[head + 1].data.data(), rows, classes);
+  unit_event(size_t(config_.depth), DDP_UNIT_FORWARD_END);
   return static_cast<float>(
       k_->cross_entropy_forward(lse_.data(), logits_.data(), labels(), rows, classes));
 }
@@ -144,14 +159,12 @@ void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   const int64_t rows = rows_, w = config_.width, classes = config_.classes;
   // Adds dy-derived gradients of linear (weight, weight + 1 = bias) with input x.
   auto linear_grads = [&](size_t weight, const float* dy, const float* x, int64_t out) {
-    Parameter& b = params_[weight + 1];
-    if (b.trainable) {
-      k_->bias_backward(b.grad.data(), dy, rows, out);
+    if (float* db = grad_out(weight + 1)) {
+      k_->bias_backward(db, dy, rows, out);
       accumulated(weight + 1);
     }
-    Parameter& p = params_[weight];
-    if (p.trainable) {
-      k_->linear_backward_weight(p.grad.data(), dy, x, rows, w, out);
+    if (float* dw = grad_out(weight)) {
+      k_->linear_backward_weight(dw, dy, x, rows, w, out);
       accumulated(weight);
     }
   };
@@ -161,14 +174,18 @@ void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   k_->cross_entropy_backward(dlogits, rows, classes, loss_scale);  // the forward left the rest
   const size_t head = 2 * static_cast<size_t>(config_.depth);
   const float* last = config_.depth ? acts_.back().data() : input_;
+  unit_event(head / 2, DDP_UNIT_BACKWARD_BEGIN);
   linear_grads(head, dlogits, last, classes);
   if (config_.depth == 0) {
     ranges.lap("backward head");
+    unit_event(head / 2, DDP_UNIT_BACKWARD_END);
     return;
   }
   k_->linear_backward_input(dact_.data(), dlogits, params_[head].data.data(), rows, w, classes);
   ranges.lap("backward head");
+  unit_event(head / 2, DDP_UNIT_BACKWARD_END);
   for (int64_t i = config_.depth - 1; i >= 0; --i) {
+    unit_event(size_t(i), DDP_UNIT_BACKWARD_BEGIN);
     // dact_ holds d loss / d relu(layer i); through the ReLU, then the layer.
     k_->relu_backward(dact_.data(), dact_.data(), acts_[i].data(), rows * w);
     linear_grads(2 * static_cast<size_t>(i), dact_.data(), i ? acts_[i - 1].data() : input_, w);
@@ -178,6 +195,7 @@ void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
       std::swap(dact_, dtmp_);
     }
     ranges.lap(range_names_[i].c_str());
+    unit_event(size_t(i), DDP_UNIT_BACKWARD_END);
   }
 }
 

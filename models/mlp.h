@@ -69,6 +69,9 @@ class MlpModel final : public Model {
 
 std::unique_ptr<Model> make_mlp(const MlpConfig& config, Device& device, uint64_t seed);
 
+// Its units: "layers.{i}" (weight and bias) for i < depth, then "head".
+std::vector<Unit> mlp_units(const MlpConfig& config);
+
 // What an mlp of this size holds with `rows` rows per micro-batch
 // (model.h): what MlpModel allocates, on that kind of device.
 Footprint mlp_footprint(const MlpConfig& config, int64_t rows, ddp_device_kind device);

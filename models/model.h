@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <ddp/plugin.h>  // ddp_unit_phase
+
 #include "tensor.h"
 
 namespace ddp {
@@ -21,9 +23,27 @@ struct Parameter {
   Shape shape;
   bool trainable = true;
   int uses = 1;  // uses per forward (2 for a tied weight)
+  size_t unit = DDP_NO_UNIT;  // the unit that owns it (Model::units)
   Tensor data;   // category Parameters
-  Tensor grad;   // category Gradients, iff trainable; a view of the block pack_gradients makes
+  // Category Gradients, iff trainable: a view of the block pack_gradients
+  // makes, or of the strategy's memory where it claimed the gradient
+  // (`claimed`; then undefined while the strategy binds none).
+  Tensor grad;
+  bool claimed = false;
 };
+
+// A unit (plugin.h's ddp_unit): parameters that compute together, in
+// forward order; a model's units own every parameter exactly once (one no
+// layer reads goes to the first unit), and may read other units' (tied).
+struct Unit {
+  std::string name;
+  std::vector<size_t> params;  // owned, ascending table indices
+  std::vector<size_t> tied;    // owned by another unit, read by this one, ascending
+};
+
+// Throws Error unless `units` own each of `param_count` parameters exactly
+// once and their tied lists name parameters of other units. Pure.
+void check_units(const std::vector<Unit>& units, size_t param_count);
 
 // A micro-batch: `rows` samples, row-major. Each model reads the fields it
 // trains on: toy models x and y, mlp x and labels, lm tokens.
@@ -59,6 +79,7 @@ struct Footprint {
   int64_t setup_activation_bytes = 0;  // held from construction on (lm: RoPE tables)
   int64_t step_activation_bytes = 0;   // allocated by the first forward of `rows` rows, kept
   DataShape data;                      // what its batches hold
+  std::vector<Unit> units;             // the model's, as it declares them
   // Transformer-like sizes, for hypothetical layouts (plan/mesh.h): model
   // width D, FFN width F, blocks L, and the activation elements backward
   // keeps per token. Zero for models that are not.
@@ -84,6 +105,8 @@ class Model {
   // a strategy can average a run of them where they are instead of copying
   // them into a buffer (bucket_sync.h; PyTorch's gradient_as_bucket_view).
   // The gradients are zero afterwards. Between steps only.
+  // Claimed gradients (Parameter::claimed) are left out: their storage is
+  // the strategy's.
   void pack_gradients(Device& device);
   virtual int64_t input_width() const = 0;
   virtual int64_t output_width() const = 0;
@@ -102,7 +125,30 @@ class Model {
   using RangeHook = std::function<void(const char* name, Clock::time_point begin, Clock::time_point end)>;
   void set_range_hook(RangeHook hook) { range_hook_ = std::move(hook); }
 
+  // The units, declared once by the constructor (declare_units), and the
+  // hook forward and backward call at each unit's begin and end, from the
+  // model's own layer loops: forward in unit order, backward in reverse,
+  // each gradient written between its unit's BACKWARD_BEGIN and END.
+  const std::vector<Unit>& units() const { return units_; }
+  using UnitHook = std::function<void(size_t unit, ddp_unit_phase phase)>;
+  void set_unit_hook(UnitHook hook) { unit_hook_ = std::move(hook); }
+
  protected:
+  // Sets units_ and each parameter's unit; throws as check_units.
+  void declare_units(std::vector<Unit> units);
+  void unit_event(size_t unit, ddp_unit_phase phase) const {
+    if (unit_hook_) unit_hook_(unit, phase);
+  }
+  // Where backward adds params_[index]'s gradient: null for a frozen
+  // parameter; throws Error for a claimed one the strategy bound no
+  // storage to (the engine never writes where the strategy did not say).
+  float* grad_out(size_t index) {
+    Parameter& p = params_[index];
+    if (!p.trainable) return nullptr;
+    if (!p.grad.defined()) unbound_gradient(index);
+    return p.grad.data();
+  }
+
   // Consecutive ranges: lap(name) reports the range since the previous lap
   // (or since construction) under `name`.
   class RangeLaps {
@@ -121,8 +167,11 @@ class Model {
     const RangeHook& hook_;
     Clock::time_point last_{};
   };
+  [[noreturn]] void unbound_gradient(size_t index) const;
 
   std::vector<Parameter> params_;
+  std::vector<Unit> units_;
+  UnitHook unit_hook_;
   Tensor gradient_block_;  // pack_gradients: the memory of every grad, which are views of it
   RangeHook range_hook_;
   std::vector<std::string> range_names_;  // the models' per-layer names for lap()

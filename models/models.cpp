@@ -4,6 +4,7 @@
 // into the parameter table, which is how `toy_tied` uses fc2.weight twice.
 #include "model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -18,7 +19,30 @@ struct Layer {
   int weight = -1;  // parameter index (Linear)
   int bias = -1;    // parameter index or -1
   int64_t in = 0, out = 0;
+  size_t unit = 0;  // a linear layer and the ReLU after it are one unit
 };
+
+// The units of a chain of layers (and each layer's unit, set here).
+std::vector<Unit> sequential_units(std::vector<Layer>& layers, const std::vector<Parameter>& params) {
+  std::vector<Unit> units;
+  std::vector<bool> owned(params.size(), false);
+  for (Layer& l : layers) {
+    if (l.kind == Layer::Linear) {
+      units.push_back({"fc" + std::to_string(units.size() + 1), {}, {}});  // the toys' module names
+      for (int p : {l.weight, l.bias}) {
+        if (p < 0) continue;
+        const size_t i = static_cast<size_t>(p);
+        (owned[i] ? units.back().tied : units.back().params).push_back(i);
+        owned[i] = true;
+      }
+    }
+    l.unit = units.empty() ? 0 : units.size() - 1;
+  }
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!owned[i]) units.front().params.push_back(i);
+  for (Unit& u : units) std::sort(u.params.begin(), u.params.end());
+  return units;
+}
 
 class SequentialMse final : public Model {
  public:
@@ -39,7 +63,11 @@ class SequentialMse final : public Model {
     params_.push_back(std::move(p));
   }
 
+  // Each linear layer (with the ReLU after it) is a unit, named after its
+  // module (fc1, fc2, ...); a parameter no layer reads goes to the first
+  // unit, a weight a later layer reads again is tied there.
   void finish_setup() {
+    declare_units(sequential_units(layers_, params_));
     int64_t width = 0;
     for (auto& l : layers_) width = l.kind == Layer::Linear ? l.out : width;
     out_width_ = width;
@@ -66,6 +94,10 @@ class SequentialMse final : public Model {
     int64_t width = input_width();
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
+      if (i == 0 || l.unit != layers_[i - 1].unit) {
+        if (i > 0) unit_event(layers_[i - 1].unit, DDP_UNIT_FORWARD_END);
+        unit_event(l.unit, DDP_UNIT_FORWARD_BEGIN);
+      }
       float* out = acts_[i].data();
       if (l.kind == Layer::Linear) {
         // out[B, o] = in[B, i] · W[o, i]^T (+ b)
@@ -77,6 +109,7 @@ class SequentialMse final : public Model {
       }
       in = out;
     }
+    unit_event(layers_.back().unit, DDP_UNIT_FORWARD_END);
     // MSE, mean over all elements (summed in double).
     return k_->mse_forward(acts_.back().data(), target_, batch.rows * out_width_);
   }
@@ -89,6 +122,10 @@ class SequentialMse final : public Model {
                      loss_scale);
     for (size_t i = layers_.size(); i-- > 0;) {
       const Layer& l = layers_[i];
+      if (i + 1 == layers_.size() || l.unit != layers_[i + 1].unit) {
+        if (i + 1 < layers_.size()) unit_event(layers_[i + 1].unit, DDP_UNIT_BACKWARD_END);
+        unit_event(l.unit, DDP_UNIT_BACKWARD_BEGIN);
+      }
       const float* dout = grads_[i].data();
       const float* in = i == 0 ? input_ : acts_[i - 1].data();
       float* din = i == 0 ? nullptr : grads_[i - 1].data();
@@ -99,16 +136,17 @@ class SequentialMse final : public Model {
       Parameter& w = params_[l.weight];
       // din[B, i] = dout[B, o] · W[o, i]
       if (din) k_->linear_backward_input(din, dout, w.data.data(), rows, l.in, l.out);
-      if (l.bias >= 0 && params_[l.bias].trainable) {
-        k_->bias_backward(params_[l.bias].grad.data(), dout, rows, l.out);
+      if (float* db = l.bias >= 0 ? grad_out(static_cast<size_t>(l.bias)) : nullptr) {
+        k_->bias_backward(db, dout, rows, l.out);
         accumulated(static_cast<size_t>(l.bias));
       }
-      if (w.trainable) {  // dW[o, i] += dout[B, o]^T · in[B, i]
-        k_->linear_backward_weight(w.grad.data(), dout, in, rows, l.in, l.out);
+      if (float* dw = grad_out(static_cast<size_t>(l.weight))) {  // dW[o, i] += dout[B, o]^T · in[B, i]
+        k_->linear_backward_weight(dw, dout, in, rows, l.in, l.out);
         accumulated(static_cast<size_t>(l.weight));
       }
       ranges.lap(range_names_[i].c_str());
     }
+    unit_event(layers_.front().unit, DDP_UNIT_BACKWARD_END);
   }
 
  private:
@@ -144,7 +182,7 @@ class SequentialMse final : public Model {
 };
 
 Layer linear(int weight, int64_t in, int64_t out, int bias = -1) {
-  return Layer{Layer::Linear, weight, bias, in, out};
+  return Layer{Layer::Linear, weight, bias, in, out, 0};
 }
 Layer relu() { return Layer{Layer::Relu}; }
 
@@ -206,6 +244,7 @@ std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint6
 void Model::pack_gradients(Device& device) {
   size_t total = 0;
   for (Parameter& p : params_) {
+    if (p.claimed) continue;  // the strategy's storage
     p.grad.reset();
     if (p.trainable) total += numel_of(p.shape);
   }
@@ -216,10 +255,47 @@ void Model::pack_gradients(Device& device) {
   size_t offset = 0;
   for (size_t i = params_.size(); i-- > 0;) {
     Parameter& p = params_[i];
-    if (!p.trainable) continue;
+    if (!p.trainable || p.claimed) continue;
     p.grad = Tensor::view(device, gradient_block_.data() + offset, p.shape);
     offset += p.grad.numel();
   }
+}
+
+void check_units(const std::vector<Unit>& units, size_t param_count) {
+  std::vector<int> owner(param_count, -1);
+  for (size_t u = 0; u < units.size(); ++u) {
+    for (size_t i : units[u].params) {
+      if (i >= param_count)
+        throw Error("unit '" + units[u].name + "' owns parameter " + std::to_string(i) + " of a table of " +
+                    std::to_string(param_count));
+      if (owner[i] >= 0)
+        throw Error("parameter " + std::to_string(i) + " is owned by two units, '" + units[size_t(owner[i])].name +
+                    "' and '" + units[u].name + "'");
+      owner[i] = static_cast<int>(u);
+    }
+  }
+  for (size_t i = 0; i < param_count; ++i)
+    if (!units.empty() && owner[i] < 0) throw Error("parameter " + std::to_string(i) + " belongs to no unit");
+  for (size_t u = 0; u < units.size(); ++u)
+    for (size_t i : units[u].tied)
+      if (i >= param_count || owner[i] < 0 || owner[i] == static_cast<int>(u))
+        throw Error("unit '" + units[u].name + "' ties parameter " + std::to_string(i) +
+                    ", which is not another unit's");
+}
+
+void Model::declare_units(std::vector<Unit> units) {
+  check_units(units, params_.size());
+  units_ = std::move(units);
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (size_t i : units_[u].params) params_[i].unit = u;
+}
+
+void Model::unbound_gradient(size_t index) const {
+  const Parameter& p = params_[index];
+  const std::string unit = p.unit < units_.size() ? units_[p.unit].name : std::string("?");
+  throw Error("backward reached the gradient of '" + p.name + "', whose storage the strategy claimed and bound " +
+              "none to: bind it (ddp_host::bind) at the latest in on_unit(BACKWARD_BEGIN) of unit '" + unit +
+              "' or of a unit that reads it before", DDP_ERR_INVALID_ARGUMENT);
 }
 
 }  // namespace ddp

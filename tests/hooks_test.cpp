@@ -18,11 +18,14 @@ namespace {
 
 // Trains `model` for 2 steps on one rank with the test strategy `strategy`;
 // returns summary.json.
-nlohmann::json run_one_rank(const std::string& model, const std::string& strategy) {
+// `model_keys`: more lines of its [model] table.
+nlohmann::json run_one_rank(const std::string& model, const std::string& strategy,
+                            const std::string& model_keys = "") {
   char tmpl[] = "/tmp/ddp-hooks-XXXXXX";
   std::string dir = mkdtemp(tmpl);
   std::ofstream(dir + "/run.toml") << "[run]\nsteps = 2\noutput_dir = \"" << dir << "/out\"\n"
-                                   << "[model]\nname = \"" << model << "\"\n[data]\nbatch_size = 8\n"
+                                   << "[model]\nname = \"" << model << "\"\n" << model_keys
+                                   << "[data]\nbatch_size = 8\n"
                                    << "[optimizer]\nlr = 0.1\n[strategy]\nplugin = \""
                                    << DDP_TEST_BROKEN_PLUGIN_DIR << "/libddp_strategy_" << strategy << ".so\"\n";
   Config config = load_config(dir + "/run.toml");
@@ -58,6 +61,55 @@ TEST(Hooks, TiedWeightFiresOnceAfterItsLastUseWithItsFinalGradient) {
   // fc2.weight's gradient when reported ready already holds both uses.
   EXPECT_EQ(stats["ready_sums"], stats["finish_sums"]);
   EXPECT_NE(stats["finish_sums"]["fc2.weight"], 0.0);
+}
+
+// ABI 1.4: the unit hooks around each unit's forward and backward, from the
+// model's own layer loops; on_grad_ready inside its unit's backward; the
+// unit and parameter tables; total_steps; on_train_end once.
+TEST(Hooks, UnitHooksWrapEachUnitsForwardAndBackwardInModelOrder) {
+  auto stats = run_one_rank("toy_tied", "units").at("strategy_stats");
+  EXPECT_EQ(stats["hooks"],
+            "train_begin step_begin fwd(fc1) /fwd(fc1) fwd(fc2) /fwd(fc2) fwd(fc3) /fwd(fc3) fwd(fc4) /fwd(fc4) "
+            "fwd(fc5) /fwd(fc5) bwd(fc5) ready(fc5.weight) /bwd(fc5) bwd(fc4) /bwd(fc4) bwd(fc3) ready(fc3.weight) "
+            "/bwd(fc3) bwd(fc2) ready(fc2.weight) /bwd(fc2) bwd(fc1) ready(fc1.weight) /bwd(fc1) finish");
+  EXPECT_EQ(stats["total_steps"], 2);
+  EXPECT_EQ(stats["ended"], 1);
+  // fc4 owns nothing and reads fc2's weight: the tie is stated.
+  EXPECT_EQ(stats["units"].dump(),
+            R"([{"index":0,"name":"fc1","params":[0],"tied":[]},{"index":1,"name":"fc2","params":[1],"tied":[]},)"
+            R"({"index":2,"name":"fc3","params":[2],"tied":[]},{"index":3,"name":"fc4","params":[],"tied":[1]},)"
+            R"({"index":4,"name":"fc5","params":[3],"tied":[]}])");
+  EXPECT_EQ(stats["params"][1].dump(), R"({"name":"fc2.weight","shape":[50,10],"unit":1,"uses":2})");
+}
+
+TEST(Hooks, ToysUnusedParameterBelongsToTheFirstUnit) {
+  auto stats = run_one_rank("toy", "units").at("strategy_stats");
+  EXPECT_EQ(stats["units"][0].dump(), R"({"index":0,"name":"fc1","params":[0,1],"tied":[]})");
+  EXPECT_EQ(stats["units"][1].dump(), R"({"index":1,"name":"fc2","params":[2,3],"tied":[]})");
+  EXPECT_EQ(stats["params"][0].dump(), R"({"name":"no_grad_fixed_param","shape":[2],"unit":0,"uses":0})");
+}
+
+TEST(Hooks, MlpAndLmDeclareTheirLayersAsUnits) {
+  auto mlp = run_one_rank("mlp", "units", "width = 4\ndepth = 2\nclasses = 3\n").at("strategy_stats");
+  EXPECT_EQ(mlp["hooks"],
+            "train_begin step_begin fwd(layers.0) /fwd(layers.0) fwd(layers.1) /fwd(layers.1) fwd(head) /fwd(head) "
+            "bwd(head) ready(head.bias) ready(head.weight) /bwd(head) bwd(layers.1) ready(layers.1.bias) "
+            "ready(layers.1.weight) /bwd(layers.1) bwd(layers.0) ready(layers.0.bias) ready(layers.0.weight) "
+            "/bwd(layers.0) finish");
+  auto lm = run_one_rank("lm", "units", "preset = \"lm-tiny\"\n").at("strategy_stats");
+  std::vector<std::string> names;
+  for (const auto& u : lm["units"]) names.push_back(u["name"]);
+  ASSERT_GE(names.size(), 3u);
+  EXPECT_EQ(names.front(), "embedding");
+  EXPECT_EQ(names[1], "layers.0");
+  EXPECT_EQ(names.back(), "head");
+  EXPECT_EQ(lm["units"].back()["params"].size(), 2u);  // ln_final and lm_head
+  EXPECT_EQ(lm["units"][1]["params"].size(), 9u);      // a block's nine
+  const std::string hooks = lm["hooks"];
+  EXPECT_NE(hooks.find("bwd(head) ready(lm_head.weight) ready(ln_final.weight) /bwd(head) bwd(layers."),
+            std::string::npos) << hooks;
+  EXPECT_NE(hooks.find("bwd(embedding) ready(token_embeddings.weight) /bwd(embedding) finish"), std::string::npos)
+      << hooks;
 }
 
 TEST(Hooks, StrategyWithoutTheRunsDeviceIsRefused) {

@@ -198,7 +198,7 @@ TEST(Launcher, AMisspeltPluginIsRefusedBeforeAnyRankStarts) {
   EXPECT_EQ(wait_for(p, std::chrono::seconds(30)), 1);
   const std::string err = read_file(p.err);
   EXPECT_EQ(err.rfind("ddp: error: cannot load strategy plugin '", 0), 0u) << err;
-  EXPECT_NE(err.find("libddp_strategy_bucketd.so' (host ABI 1.3, plugin ABI none): file not found; did you mean "
+  EXPECT_NE(err.find("libddp_strategy_bucketd.so' (host ABI 1.4, plugin ABI none): file not found; did you mean "
                      "'bucketed'? (strategy plugins in "),
             std::string::npos)
       << err;

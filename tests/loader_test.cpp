@@ -127,7 +127,7 @@ TEST(LoadPluginRefuses, AMisspeltNameSuggestsTheNearestAndListsWhatThereIs) {
     ADD_FAILURE() << "loaded";
   } catch (const PluginError& e) {
     EXPECT_EQ(std::string(e.what()), "cannot load strategy plugin '" + dir +
-                                         "/libddp_strategy_bucketd.so' (host ABI 1.3, plugin ABI none): file not "
+                                         "/libddp_strategy_bucketd.so' (host ABI 1.4, plugin ABI none): file not "
                                          "found; did you mean 'bucketed'? (strategy plugins in " +
                                          dir + ": " + list + ")");
   }
@@ -155,8 +155,12 @@ TEST(LoadPlugin, ValidStrategy) {
   EXPECT_EQ(plugin->transport(), nullptr);
   const ddp_strategy_v1_t* s = plugin->strategy();
   ASSERT_NE(s, nullptr);
-  EXPECT_EQ(s->abi_version, DDP_ABI_VERSION);
-  EXPECT_EQ(s->struct_size, sizeof(ddp_strategy_v1_t));
+  // Built against the 1.3 header as released (tests/abi_1_3): it loads as
+  // it is, and what 1.4 appended reads as absent.
+  EXPECT_EQ(s->abi_version, (1u << 16) | 3u);
+  EXPECT_EQ(s->struct_size, offsetof(ddp_strategy_v1_t, on_unit));
+  EXPECT_EQ(s->on_unit, nullptr);
+  EXPECT_EQ(s->plan, nullptr);
   EXPECT_STREQ(s->name, "valid");
   EXPECT_STREQ(s->version, "1.2.3");
   EXPECT_EQ(s->caps, DDP_CAP_DEVICE_CPU | DDP_CAP_OWNS_OPTIMIZER);
@@ -171,8 +175,9 @@ TEST(LoadPlugin, ValidTransport) {
   EXPECT_EQ(plugin->strategy(), nullptr);
   const ddp_transport_v1_t* t = plugin->transport();
   ASSERT_NE(t, nullptr);
-  EXPECT_EQ(t->abi_version, DDP_ABI_VERSION);
-  EXPECT_EQ(t->struct_size, sizeof(ddp_transport_v1_t));
+  EXPECT_EQ(t->abi_version, (1u << 16) | 3u);  // built against 1.3, as above
+  EXPECT_EQ(t->struct_size, offsetof(ddp_transport_v1_t, plan));
+  EXPECT_EQ(t->plan, nullptr);
   EXPECT_STREQ(t->name, "valid");
   EXPECT_STREQ(t->version, "0.4.0");
   EXPECT_EQ(t->caps, DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA);
@@ -219,23 +224,23 @@ TEST(LoadPluginRefuses, FileNotFoundByName) {
   for (const auto& n : available_plugins(PluginKind::Strategy, kDir)) list += (list.empty() ? "" : ", ") + n;
   EXPECT_EQ(refusal(PluginKind::Strategy, "missing"),
             "cannot load strategy plugin '" + plugin_file("strategy", "missing") +
-                "' (host ABI 1.3, plugin ABI none): file not found (strategy plugins in " + kDir + ": " + list + ")");
+                "' (host ABI 1.4, plugin ABI none): file not found (strategy plugins in " + kDir + ": " + list + ")");
   EXPECT_EQ(refusal(PluginKind::Strategy, "missing", "/nonexistent"),
-            "cannot load strategy plugin '/nonexistent/libddp_strategy_missing.so' (host ABI 1.3, plugin ABI none): "
+            "cannot load strategy plugin '/nonexistent/libddp_strategy_missing.so' (host ABI 1.4, plugin ABI none): "
             "file not found; no strategy plugin in /nonexistent");
 }
 
 TEST(LoadPluginRefuses, FileNotFoundByPath) {
   EXPECT_EQ(refusal(PluginKind::Transport, "/nonexistent/libddp_transport_x.so"),
             "cannot load transport plugin '/nonexistent/libddp_transport_x.so' "
-            "(host ABI 1.3, plugin ABI none): file not found");
+            "(host ABI 1.4, plugin ABI none): file not found");
 }
 
 TEST(LoadPluginRefuses, NotAPlugin) {
   const std::string path = kDir + "/libnot_a_ddp_plugin.so";  // a shared library, but no entry symbol
   EXPECT_EQ(refusal(PluginKind::Strategy, path),
             "cannot load strategy plugin '" + path +
-                "' (host ABI 1.3, plugin ABI none): not a ddp plugin "
+                "' (host ABI 1.4, plugin ABI none): not a ddp plugin "
                 "(no ddp_strategy_v1 or ddp_transport_v1 symbol)");
 }
 
@@ -254,7 +259,7 @@ TEST(LoadPluginRefuses, NotASharedLibrary) {
   const std::string dl_message = dlerror();
 
   EXPECT_EQ(refusal(PluginKind::Strategy, "garbage", dir.string()),
-            "cannot load strategy plugin '" + path + "' (host ABI 1.3, plugin ABI none): " +
+            "cannot load strategy plugin '" + path + "' (host ABI 1.4, plugin ABI none): " +
                 dl_message);
   fs::remove_all(dir);
 }
@@ -262,28 +267,28 @@ TEST(LoadPluginRefuses, NotASharedLibrary) {
 TEST(LoadPluginRefuses, NewerMajorEntrySymbol) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "v2"),
             "cannot load strategy plugin '" + plugin_file("strategy", "v2") +
-                "' (host ABI 1.3, plugin ABI 2.3): other major ABI version");
+                "' (host ABI 1.4, plugin ABI 2.3): other major ABI version");
 }
 
 // A v1 symbol whose descriptor claims another major (a broken build).
 TEST(LoadPluginRefuses, OtherMajorAbiVersion) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "abi2"),
             "cannot load strategy plugin '" + plugin_file("strategy", "abi2") +
-                "' (host ABI 1.3, plugin ABI 2.0): other major ABI version");
+                "' (host ABI 1.4, plugin ABI 2.0): other major ABI version");
 }
 
 TEST(LoadPluginRefuses, StrategyLoadedAsTransport) {
   const std::string path = plugin_file("strategy", "valid");
   EXPECT_EQ(refusal(PluginKind::Transport, path),
             "cannot load transport plugin '" + path +
-                "' (host ABI 1.3, plugin ABI 1.3): wrong kind: it is a strategy plugin");
+                "' (host ABI 1.4, plugin ABI 1.3): wrong kind: it is a strategy plugin");
 }
 
 TEST(LoadPluginRefuses, TransportLoadedAsStrategy) {
   const std::string path = plugin_file("transport", "valid");
   EXPECT_EQ(refusal(PluginKind::Strategy, path),
             "cannot load strategy plugin '" + path +
-                "' (host ABI 1.3, plugin ABI 1.3): wrong kind: it is a transport plugin");
+                "' (host ABI 1.4, plugin ABI 1.3): wrong kind: it is a transport plugin");
 }
 
 TEST(LoadPluginRefuses, DescriptorTooSmall) {
@@ -291,26 +296,26 @@ TEST(LoadPluginRefuses, DescriptorTooSmall) {
   const size_t need = have + sizeof(ddp_transport_v1_t::barrier);
   EXPECT_EQ(refusal(PluginKind::Transport, "small"),
             "cannot load transport plugin '" + plugin_file("transport", "small") +
-                "' (host ABI 1.3, plugin ABI 1.3): descriptor too small (struct_size " +
+                "' (host ABI 1.4, plugin ABI 1.3): descriptor too small (struct_size " +
                 std::to_string(have) + ", need " + std::to_string(need) + ")");
 }
 
 TEST(LoadPluginRefuses, NullName) {
   EXPECT_EQ(refusal(PluginKind::Transport, "noname"),
             "cannot load transport plugin '" + plugin_file("transport", "noname") +
-                "' (host ABI 1.3, plugin ABI 1.3): required entry 'name' is NULL");
+                "' (host ABI 1.4, plugin ABI 1.3): required entry 'name' is NULL");
 }
 
 TEST(LoadPluginRefuses, NullRequiredEntry) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "nofinish"),
             "cannot load strategy plugin '" + plugin_file("strategy", "nofinish") +
-                "' (host ABI 1.3, plugin ABI 1.3): required entry 'finish' is NULL");
+                "' (host ABI 1.4, plugin ABI 1.3): required entry 'finish' is NULL");
 }
 
 TEST(LoadPluginRefuses, OwnsOptimizerWithoutOptimizerStep) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "ownsopt"),
             "cannot load strategy plugin '" + plugin_file("strategy", "ownsopt") +
-                "' (host ABI 1.3, plugin ABI 1.3): required entry 'optimizer_step' is NULL "
+                "' (host ABI 1.4, plugin ABI 1.3): required entry 'optimizer_step' is NULL "
                 "(caps has DDP_CAP_OWNS_OPTIMIZER)");
 }
 

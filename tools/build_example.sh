@@ -9,13 +9,16 @@
 # conformance suite on it.
 #
 # usage: tools/build_example.sh [--build DIR] [--work DIR] [--smoke WORLD_SIZE]...
-#                               [--conformance]
+#                               [--headers DIR] [--conformance]
 #   --build DIR      the ddp build to install (default: build); must be built
 #   --work DIR       where prefix/, src/, example-build/ and runs/ go
 #                    (default: a new temporary directory); those are replaced
 #   --smoke N        run configs/toy.toml on N ranks with the example; checks
 #                    that it succeeds, the loss decreases and each step is
 #                    one collective (repeatable: --smoke 2 --smoke 4)
+#   --headers DIR    build against DIR/ddp's headers instead of the installed
+#                    ones, as if an older release had installed them
+#                    (tests/abi_1_3: the ABI 1.3 headers as released)
 #   --conformance    run the installed bin/ddp-conformance --strategy <the .so>
 # e.g. tools/build_example.sh --smoke 2 --smoke 4
 set -euo pipefail
@@ -25,13 +28,14 @@ root=$PWD
 say() { echo "build_example: $*" >&2; }
 die() { say "error: $*"; exit 1; }
 
-build=build work="" conformance=0 worlds=()
+build=build work="" conformance=0 worlds=() headers=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=${2:?--build needs a directory}; shift 2 ;;
     --work) work=${2:?--work needs a directory}; shift 2 ;;
     --smoke) worlds+=("${2:?--smoke needs a world size}"); shift 2 ;;
     --conformance) conformance=1; shift ;;
+    --headers) headers=${2:?--headers needs a directory}; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -48,6 +52,12 @@ rm -rf "$prefix" "$src" "$exbuild" "$work/runs"
 # 1. Install: bin/ddp, lib/ddp/*.so, include/ddp/plugin.h(pp), lib/cmake/ddp.
 say "installing $build into $prefix"
 cmake --install "$build" --prefix "$prefix" >&2
+if [ -n "$headers" ]; then
+  [ -f "$headers/ddp/plugin.h" ] || die "'$headers' has no ddp/plugin.h"
+  say "replacing the installed headers by those of $headers"
+  rm -rf "$prefix/include/ddp"
+  cp -r "$headers/ddp" "$prefix/include/ddp"
+fi
 
 # 2. Configure and build the example outside the tree, from a copy, so that
 #    nothing but the installed package can be what it builds against.

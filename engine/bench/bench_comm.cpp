@@ -223,6 +223,9 @@ class BenchRank {
         host_->check(api_->all_gather(comm_, &s, &r, stream()), "all_gather");
         break;
       case Collective::ReduceScatter:
+        if (!api_->reduce_scatter)
+          throw Error(std::string("transport '") + api_->name + "' has no reduce_scatter: leave it out of --ops",
+                      DDP_ERR_UNSUPPORTED);
         host_->check(api_->reduce_scatter(comm_, &s, &r, DDP_REDUCE_SUM, stream()), "reduce_scatter");
         break;
       case Collective::Broadcast:

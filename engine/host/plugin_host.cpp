@@ -37,14 +37,23 @@ std::string take_plugin_error() {
 
 void HostServices::refresh_param_table() {
   param_table.clear();
+  unit_table.clear();
   if (!model) return;
   auto& params = model->params();
   param_table.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     Parameter& p = params[i];
-    param_table[i] = ddp_param{p.name.c_str(), i, p.data.data(),
-                               p.trainable ? p.grad.data() : nullptr, p.data.numel(), DDP_FLOAT32,
-                               p.trainable ? 1 : 0};
+    ddp_param& e = param_table[i];
+    e = ddp_param{};
+    e.name = p.name.c_str(), e.index = i, e.data = p.data.data();
+    e.grad = p.trainable ? p.grad.data() : nullptr;
+    e.numel = p.data.numel(), e.dtype = DDP_FLOAT32, e.trainable = p.trainable ? 1 : 0;
+    e.ndim = p.shape.size(), e.shape = p.shape.data(), e.unit = p.unit, e.uses = p.uses;
+  }
+  for (size_t u = 0; u < model->units().size(); ++u) {
+    const Unit& unit = model->units()[u];
+    unit_table.push_back(ddp_unit{unit.name.c_str(), u, unit.params.data(), unit.params.size(), unit.tied.data(),
+                                  unit.tied.size()});
   }
 }
 
@@ -98,6 +107,11 @@ struct HostCallbacks {
     });
   }
   static size_t param_count(void* ctx) { return svc(ctx).param_table.size(); }
+  static size_t unit_count(void* ctx) { return svc(ctx).unit_table.size(); }
+  static const ddp_unit* unit(void* ctx, size_t index) {
+    auto& table = svc(ctx).unit_table;
+    return index < table.size() ? &table[index] : nullptr;
+  }
   static const ddp_param* param(void* ctx, size_t index) {
     auto& table = svc(ctx).param_table;
     return index < table.size() ? &table[index] : nullptr;
@@ -314,6 +328,8 @@ PluginHost::PluginHost(HostServices& services, const PluginSection& section, std
   host_.alloc_host = H::alloc_host;
   host_.free_host = H::free_host;
   host_.convert = H::convert;
+  host_.unit_count = H::unit_count;
+  host_.unit = H::unit;
 }
 
 void PluginHost::check(ddp_status status, const char* entry) const {

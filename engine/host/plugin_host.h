@@ -51,6 +51,7 @@ struct HostServices {
   int64_t timeout_ms = 30000;
   CommCounters counters;
   std::vector<ddp_param> param_table;  // mirrors model->params()
+  std::vector<ddp_unit> unit_table;    // mirrors model->units()
   // ddp_host::run_optimizer: the engine's optimizer on these parameters.
   std::function<void(const size_t* indices, size_t count)> run_optimizer;
 
@@ -58,7 +59,7 @@ struct HostServices {
   // collective: the transport's own timeout plus a grace for it to fire.
   std::chrono::milliseconds wait_limit() const { return std::chrono::milliseconds(timeout_ms + 5000); }
 
-  void refresh_param_table();  // after trainable flags change
+  void refresh_param_table();  // after trainable flags change, or storage moved
 };
 
 // One plugin's view of the host: its TOML section and its ddp_host struct.

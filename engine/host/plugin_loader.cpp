@@ -24,8 +24,10 @@ namespace fs = boost::filesystem;
 
 namespace {
 
-// Size of a v1 descriptor up to and including its last required entry: a
-// plugin built against an older minor may stop there, never earlier.
+// Size of a v1 descriptor up to and including its last entry of ABI 1.0: a
+// plugin built against an older minor may stop there, never earlier. (Of
+// those entries, reduce_scatter, on_step_begin, on_grad_ready and
+// on_backward_end are optional since 1.4; the others are required.)
 constexpr size_t kTransportMinSize =
     offsetof(ddp_transport_v1_t, barrier) + sizeof(ddp_transport_v1_t::barrier);
 constexpr size_t kStrategyMinSize =
@@ -123,7 +125,6 @@ void check_entries(const Refusal& refusal, const ddp_transport_v1_t& t) {
   require(refusal, t.all_reduce != nullptr, "all_reduce");
   require(refusal, t.broadcast != nullptr, "broadcast");
   require(refusal, t.all_gather != nullptr, "all_gather");
-  require(refusal, t.reduce_scatter != nullptr, "reduce_scatter");
   require(refusal, t.barrier != nullptr, "barrier");
 }
 
@@ -132,9 +133,6 @@ void check_entries(const Refusal& refusal, const ddp_strategy_v1_t& s) {
   require(refusal, s.version != nullptr, "version");
   require(refusal, s.create != nullptr, "create");
   require(refusal, s.on_train_begin != nullptr, "on_train_begin");
-  require(refusal, s.on_step_begin != nullptr, "on_step_begin");
-  require(refusal, s.on_grad_ready != nullptr, "on_grad_ready");
-  require(refusal, s.on_backward_end != nullptr, "on_backward_end");
   require(refusal, s.finish != nullptr, "finish");
   if (s.caps & DDP_CAP_OWNS_OPTIMIZER) {
     require(refusal, s.optimizer_step != nullptr, "optimizer_step",

@@ -77,15 +77,24 @@ void RankPlugins::require_device_cap(const char* kind, const char* name, uint64_
 }
 
 void RankPlugins::on_train_begin() { call("on_train_begin", [&] { return strategy_api().on_train_begin(strategy_); }); }
+// The hooks a strategy may leave NULL (1.4) do nothing then.
 void RankPlugins::on_step_begin(const ddp_step_info& info) {
-  call("on_step_begin", [&] { return strategy_api().on_step_begin(strategy_, &info); });
+  if (strategy_api().on_step_begin) call("on_step_begin", [&] { return strategy_api().on_step_begin(strategy_, &info); });
 }
 void RankPlugins::on_grad_ready(const ddp_param& param) {
-  call("on_grad_ready", [&] { return strategy_api().on_grad_ready(strategy_, &param); });
+  if (strategy_api().on_grad_ready) call("on_grad_ready", [&] { return strategy_api().on_grad_ready(strategy_, &param); });
 }
-void RankPlugins::on_backward_end() { call("on_backward_end", [&] { return strategy_api().on_backward_end(strategy_); }); }
+void RankPlugins::on_backward_end() {
+  if (strategy_api().on_backward_end) call("on_backward_end", [&] { return strategy_api().on_backward_end(strategy_); });
+}
 void RankPlugins::finish() { call("finish", [&] { return strategy_api().finish(strategy_); }); }
 void RankPlugins::optimizer_step() { call("optimizer_step", [&] { return strategy_api().optimizer_step(strategy_); }); }
+void RankPlugins::on_unit(size_t unit, ddp_unit_phase phase) {
+  if (strategy_api().on_unit) call("on_unit", [&] { return strategy_api().on_unit(strategy_, unit, phase); });
+}
+void RankPlugins::on_train_end() {
+  if (strategy_api().on_train_end) call("on_train_end", [&] { return strategy_api().on_train_end(strategy_); });
+}
 
 std::optional<std::vector<size_t>> RankPlugins::held_grads() {
   const ddp_strategy_v1_t& api = strategy_api();

@@ -63,6 +63,8 @@ class RankPlugins {
   void on_backward_end();
   void finish();
   void optimizer_step();
+  void on_unit(size_t unit, ddp_unit_phase phase);  // (1.4) nothing where the strategy has none
+  void on_train_end();
   // After finish: the parameters whose averaged gradient this rank holds,
   // when the strategy leaves each on one rank (held_grads, ABI 1.2);
   // nullopt when every rank holds every one.

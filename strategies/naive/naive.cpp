@@ -22,11 +22,6 @@ ddp_status naive_on_train_begin(ddp_strategy* s) {
   return guard(s->host.raw(), [&] { s->broadcast_params_from_rank0(); });
 }
 
-// finish runs once per step, after the last micro-batch: nothing to track.
-ddp_status naive_on_step_begin(ddp_strategy*, const ddp_step_info*) { return DDP_OK; }
-ddp_status naive_on_grad_ready(ddp_strategy*, const ddp_param*) { return DDP_OK; }
-ddp_status naive_on_backward_end(ddp_strategy*) { return DDP_OK; }
-
 ddp_status naive_finish(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
     s->comm_after_compute();
@@ -51,9 +46,9 @@ DDP_STRATEGY_ENTRY = {
     DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA,
     naive_create,
     naive_on_train_begin,
-    naive_on_step_begin,
-    naive_on_grad_ready,
-    naive_on_backward_end,
+    nullptr,  // on_step_begin, on_grad_ready, on_backward_end: nothing to
+    nullptr,  // track; finish runs once per step, after the last
+    nullptr,  // micro-batch, and averages every gradient then
     naive_finish,
     nullptr,  // optimizer_step: the engine's optimizer runs
     nullptr,  // stats

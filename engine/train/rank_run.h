@@ -1,0 +1,128 @@
+// rank_run.h — one rank's run as the trainer drives it (trainer.cpp: the
+// set-up, the steps and their hooks; run_end.cpp: what the run checks and
+// leaves besides its steps: replica checks, resume and checkpoints, the
+// averaged losses, summary.json and the weights). Internal to engine/train.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "data.h"
+#include "device.h"
+#include "model.h"
+#include "optimizer.h"
+#include "plugin_host.h"
+#include "rank.h"
+#include "rank_plugins.h"
+#include "step_timeline.h"
+#include "store.h"
+#include "summary.h"
+#include "trainer.h"
+
+namespace ddp {
+
+inline double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+class RankRun {
+ public:
+  RankRun(const Config& config, const RankEnv& env, TrainObserver* observer)
+      : config_(config), env_(env), observer_(observer) {}
+
+  // Set-up, the steps, the outputs. On any failure the plugins are aborted
+  // and shut down before the error (with the step it happened in) goes on.
+  void run();
+
+ private:
+  void set_up();
+
+  // `ddp run --trace`: the launcher names this rank's trace file.
+  void set_up_timeline();
+  void train();
+
+  // The communication counters and allocations at the start of a step.
+  struct Before {
+    int64_t blocked_ns, busy_ns, collectives, bytes, bus_bytes, allocations;
+  };
+
+  StepRecord train_step(int64_t step);
+  void forward(const Batch& batch, int64_t k, StepRecord& rec);
+
+  // Backward, firing on_grad_ready after each parameter's last use.
+  void backward(int64_t k, int64_t collectives_at_start, StepRecord& rec);
+  void optimizer_step(StepRecord& rec);
+
+  // Every rank's digest of every parameter, compared (replica_check.h);
+  // `step` is the step just done, -1 the end of the run.
+  void check_replicas(int64_t step);
+
+  // --resume: the checkpoint's parameters, optimizer state (taken up at
+  // each parameter's first step), frozen set and losses; training goes on
+  // after its step. A config that changes what the run trains is refused.
+  void resume();
+
+  // After `step` steps: every rank's part of a checkpoint (checkpoint.h).
+  void checkpoint(int64_t step);
+
+  // The global L2 norm of the averaged gradients (summed across ranks where
+  // the strategy partitions them). With `clip`, after finish: waits for
+  // every gradient, then clips them to optimizer.clip_grad_norm; else after
+  // the optimizer step, when every strategy has them all in place.
+  double gradient_norm(bool clip);
+  bool unfreeze(int64_t step);
+
+  // The indices of trainable parameters; kept, not rebuilt every step.
+  void refresh_trainable();
+
+  // Replaces the local losses not yet averaged by their mean over ranks (the
+  // loss single-process training would report), summed in rank order: the
+  // same bits however the steps are grouped.
+  void average_losses();
+
+  // The averaged losses, then a progress line from rank 0.
+  void report(int64_t step);
+
+  // Every rank's totals to every rank; rank 0 writes weights and summary;
+  // each rank its trace.
+  void finish_run();
+  void write_outputs(const std::vector<double>& all);
+  void stop_plugins();
+
+  // What the run is given.
+  const Config config_;
+  const RankEnv env_;
+  TrainObserver* const observer_;
+  // What set_up builds, in this order (and destroys in reverse: the device
+  // last). The plugins are shut down explicitly before any of it goes.
+  std::unique_ptr<Device> device_;       // run.device
+  std::unique_ptr<Device> host_device_;  // the data's buffers on a GPU run
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<StepTimeline> timeline_;
+  std::unique_ptr<Dataset> data_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Store> store_;
+  HostServices services_;
+  std::unique_ptr<RankPlugins> plugins_;
+  std::string trace_path_;  // empty: no trace
+  // The run's state.
+  int64_t tokens_per_row_ = 1;      // positions a row trains (lm: context_length)
+  std::vector<size_t> trainable_;   // indices of trainable parameters
+  std::vector<int> remaining_uses_;  // per parameter, this micro-batch's backward
+  std::vector<StepRecord> records_;
+  size_t reported_ = 0;
+  std::vector<int64_t> replica_checked_after_;  // steps (from 1; 0: the end) whose replicas agreed
+  double replica_check_s_ = 0;
+  int64_t start_step_ = 0;            // a resumed run's first step
+  std::vector<double> loss_prefix_;   // its checkpoint's losses, steps 1..start_step_
+  std::string resumed_from_;          // the checkpoint ("": none)
+  std::vector<int64_t> checkpoints_;  // after which steps this run wrote one
+  double checkpoint_s_ = 0;
+  PeakBytes mem_after_setup_{}, mem_before_optimizer_{}, mem_after_optimizer_{};
+};
+
+}  // namespace ddp

@@ -1,0 +1,153 @@
+// run_end.cpp — what a rank's run checks and leaves besides its steps
+// (rank_run.h): the replica checks, --resume and checkpoints, the losses
+// averaged over ranks and the progress line, then summary.json, the
+// weights and the trace.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "agreement.h"
+#include "checkpoint.h"
+#include "layers.h"  // blas_kernel_loaded, blas_build
+#include "rank_run.h"
+#include "replica_check.h"
+#include "safetensors.h"
+#include "whereabouts.h"
+
+namespace ddp {
+
+void RankRun::check_replicas(int64_t step) {
+  const auto t = Clock::now();
+  const auto& params = model_->params();
+  std::vector<int64_t> mine;
+  std::vector<std::string> names;
+  for (const Parameter& p : params) {
+    const std::vector<float> host = device_->kind() == DDP_DEVICE_CPU ? std::vector<float>() : p.data.to_host();
+    const Digest d = digest(host.empty() ? p.data.data() : host.data(), p.data.numel());
+    if (config_.run.check_finite && !d.finite)
+      throw Error("parameter '" + p.name + "' is not finite " +
+                  (step >= 0 ? "after step " + std::to_string(step + 1) : std::string("at the end of the run")) +
+                  " (run.check_finite = false lets the run go on)");
+    mine.push_back(int64_t(d.bits));
+    names.push_back(p.name);
+  }
+  std::vector<int64_t> all(mine.size() * size_t(env_.rank.world_size));
+  plugins_->all_gather(mine, all);
+  const std::string divergence = first_divergence(names, all, env_.rank.world_size, step);
+  if (!divergence.empty()) throw Error(divergence);
+  replica_checked_after_.push_back(step + 1);
+  replica_check_s_ += seconds_since(t);
+}
+
+void RankRun::resume() {
+  const Resumed r = resume_run(config_, *model_, *device_, *optimizer_);
+  start_step_ = r.step;
+  loss_prefix_ = r.losses;
+  resumed_from_ = r.path;
+  if (env_.rank.rank != 0) return;
+  std::printf("resuming from %s after step %lld of %lld\n", r.path.c_str(), static_cast<long long>(r.step),
+              static_cast<long long>(config_.run.steps));
+  for (const std::string& change : r.changed) std::printf("  changed: %s\n", change.c_str());
+  std::fflush(stdout);
+}
+
+void RankRun::checkpoint(int64_t step) {
+  const auto t = Clock::now();
+  whereabouts::Inside in(nullptr, "writing a checkpoint");
+  average_losses();
+  CheckpointInput input{config_, env_.rank.rank, env_.rank.world_size, model_->params(), *optimizer_,
+                        plugins_->strategy_name(), plugins_->transport_name(), resume_items(config_),
+                        loss_prefix_, {}};
+  for (const StepRecord& r : records_) input.losses.push_back(r.loss);
+  input.all_gather = [this](const std::vector<double>& mine, std::vector<double>& all) {
+    plugins_->all_gather(mine, all);
+  };
+  write_checkpoint(input, step);
+  checkpoints_.push_back(step);
+  checkpoint_s_ += seconds_since(t);
+}
+
+void RankRun::average_losses() {
+  const size_t begin = reported_, count = records_.size() - begin;
+  reported_ = records_.size();
+  if (count == 0) return;
+  std::vector<double> mine, all(count * size_t(env_.rank.world_size));
+  for (size_t i = begin; i < records_.size(); ++i) mine.push_back(records_[i].loss);
+  plugins_->all_gather(mine, all);
+  for (size_t i = 0; i < count; ++i) {
+    double sum = 0;
+    for (int r = 0; r < env_.rank.world_size; ++r) sum += all[size_t(r) * count + i];
+    records_[begin + i].loss = sum / env_.rank.world_size;
+  }
+}
+
+void RankRun::report(int64_t step) {
+  average_losses();
+  if (env_.rank.rank != 0) return;
+  const StepRecord& r = records_.back();
+  std::printf("step %lld/%lld  loss %.6f  step %.2f ms  comm blocked %.2f ms  (%lld collectives, %.3f MB)\n",
+              static_cast<long long>(step + 1), static_cast<long long>(config_.run.steps), r.loss,
+              r.step_s * 1e3, r.comm_blocked_s * 1e3, static_cast<long long>(r.collectives),
+              r.comm_bytes / 1e6);
+  std::fflush(stdout);
+}
+
+void RankRun::finish_run() {
+  RankTotals mine;
+  for (int c = 0; c < kMemCategories; ++c)
+    mine.peaks[c] = std::max({mem_after_setup_[c], mem_before_optimizer_[c], mem_after_optimizer_[c]});
+  for (const StepRecord& r : records_) mine.comm_blocked_s += r.comm_blocked_s, mine.comm_busy_s += r.comm_busy_s;
+  mine.collective_sequence = services_.counters.sequence_hash.load() >> 12;
+  std::vector<double> all(RankTotals::kDoubles * env_.rank.world_size);
+  plugins_->all_gather(mine.to_doubles(), all);
+  // Every rank has passed its last read of the store (it is in this gather).
+  const std::string left = store_->remove_written();
+  if (!left.empty()) std::fprintf(stderr, "[rank %d] warning: %s\n", env_.rank.rank, left.c_str());
+  if (env_.rank.rank == 0) write_outputs(all);
+  if (!trace_path_.empty()) timeline_->write(trace_path_);
+}
+
+void RankRun::write_outputs(const std::vector<double>& all) {
+  namespace fs = std::filesystem;
+  fs::create_directories(config_.run.output_dir);
+  std::vector<NamedFloats> weights;
+  std::vector<std::vector<float>> host;  // a GPU's weights, copied out
+  for (const Parameter& p : model_->params()) {
+    const float* values = device_->kind() == DDP_DEVICE_CPU ? p.data.data() : host.emplace_back(p.data.to_host()).data();
+    weights.push_back({p.name, p.shape, values});
+  }
+  write_safetensors((fs::path(config_.run.output_dir) / "weights.safetensors").string(), weights);
+
+  std::vector<RankTotals> ranks;
+  for (int r = 0; r < env_.rank.world_size; ++r) ranks.push_back(RankTotals::from_doubles(&all[r * RankTotals::kDoubles]));
+  RunFacts facts;
+  facts.world_size = env_.rank.world_size, facts.steps = config_.run.steps;
+  facts.model = config_.model.name;
+  facts.transport = plugins_->transport_name(), facts.strategy = plugins_->strategy_name();
+  facts.rows_per_step = double(config_.data.batch_size) * double(config_.run.grad_accum_steps);
+  facts.tokens_per_row = tokens_per_row_;
+  facts.after_setup = mem_after_setup_, facts.before_optimizer = mem_before_optimizer_;
+  facts.after_optimizer = mem_after_optimizer_;
+  facts.config_toml = config_.toml_text;
+  facts.blas_kernel = layers::blas_kernel_loaded(), facts.blas_build = layers::blas_build();
+  if (const char* choice = std::getenv("DDP_BLAS_CHOICE")) facts.blas_choice_json = choice;
+  facts.replica_check_every = config_.run.check_replicas_every, facts.replica_check_s = replica_check_s_;
+  facts.replica_checked_after = replica_checked_after_, facts.huge_pages = huge_pages_now();
+  facts.first_step = start_step_, facts.resumed_from = resumed_from_;
+  facts.losses_before = loss_prefix_;
+  facts.checkpoints = checkpoints_, facts.checkpoint_s = checkpoint_s_;
+  if (const char* restarts = std::getenv("DDP_RESTARTS")) facts.restarts_json = restarts;
+  nlohmann::ordered_json stats;
+  const bool has_stats = plugins_->stats(&stats);
+  const auto summary = run_summary(facts, records_, ranks, has_stats ? &stats : nullptr);
+  write_file_atomically((fs::path(config_.run.output_dir) / "summary.json").string(), summary.dump(2) + "\n");
+}
+
+void RankRun::stop_plugins() {
+  if (!plugins_) return;
+  plugins_->abort();  // before draining: queued NCCL kernels would keep the drain waiting for ever
+  plugins_->shutdown();
+}
+
+}  // namespace ddp

@@ -1,0 +1,151 @@
+/* ddp/abi/strategy.h — part of ddp/plugin.h: the strategy descriptor,
+ * ddp_strategy_v1, which decides what to move between ranks and when. C99,
+ * compiles alone; include ddp/plugin.h rather than this part.
+ *
+ * THE ORDER OF HOOKS. The engine calls them on the training thread. With k
+ * = run.grad_accum_steps micro-batches per step and U units (ddp_unit):
+ *   create, on_train_begin;
+ *   for each step, from the first (0, or a resumed run's) to total_steps:
+ *     for each micro-batch m = 0 .. k-1:
+ *       on_step_begin(step, m);
+ *       forward:  on_unit(u, FORWARD_BEGIN), on_unit(u, FORWARD_END)
+ *                 for u = 0 .. U-1;
+ *       backward: on_unit(u, BACKWARD_BEGIN), on_grad_ready(p) for each
+ *                 trainable p whose last use is in u, on_unit(u,
+ *                 BACKWARD_END), for u = U-1 .. 0;
+ *       on_backward_end;
+ *     finish; the engine clips the gradients (optimizer.clip_grad_norm);
+ *     optimizer_step if the strategy owns it, else the engine's optimizer
+ *     steps every trainable parameter;
+ *   on_train_end; destroy.
+ * Every entry of that list but create, on_train_begin, finish and destroy
+ * may be NULL (since 1.4; before, on_step_begin, on_grad_ready and
+ * on_backward_end were required too), which means "nothing to do". A model
+ * without units fires no unit hook.
+ *
+ * THE ORDER OF on_grad_ready: after a parameter's last use in backward
+ * (PyTorch's post-accumulate-grad hook), once per micro-batch, never for a
+ * frozen parameter or one the model did not use. It depends only on the
+ * model, so it is the same on every rank: for every shipped model it is
+ * strictly decreasing table index (a tied weight fires once, after its
+ * last use). Issue collectives in an order that depends only on this
+ * sequence and on the unit hooks, never on timing: every rank must issue
+ * the same collectives in the same order.
+ *
+ * THE PACKED GRADIENTS. The engine lays the gradients it owns (trainable,
+ * not claimed: ddp_host::claim) out back to back in one block of device
+ * memory, in reverse table order, without gaps: the gradients of a run of
+ * parameters consecutive in that order are one contiguous range, which a
+ * strategy may average where it lies instead of copying it (PyTorch's
+ * gradient_as_bucket_view). The layout changes only between steps, when
+ * on_step_begin says params_changed, or when the strategy claims.
+ *
+ * Gradient accumulation (k > 1): the engine zeroes its gradients before
+ * micro-batch 0 and scales each micro-batch's loss by 1/k, so gradients
+ * are summed in place across the k micro-batches; only the last one has
+ * sync_grads = 1. A strategy that keeps only a shard of the gradients
+ * (claimed storage) reduces each micro-batch's instead and sums the shard. */
+#ifndef DDP_ABI_STRATEGY_H
+#define DDP_ABI_STRATEGY_H
+
+#include "transport.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ddp_step_info {
+  uint32_t struct_size;   /* sizeof(ddp_step_info) as the engine knows it */
+  int64_t step;           /* optimizer step, from 0 */
+  int32_t micro_step;     /* micro-batch index within the step, from 0 */
+  int32_t micro_steps;    /* run.grad_accum_steps */
+  int32_t sync_grads;     /* 1 on the micro-batch whose gradients must be synced */
+  int32_t params_changed; /* 1 if trainable flags changed since last step */
+  int64_t total_steps;    /* (ABI 1.4) run.steps: the last step is total_steps - 1 */
+} ddp_step_info;
+
+typedef struct ddp_strategy_v1_t {
+  uint32_t abi_version;
+  uint32_t struct_size; /* sizeof(ddp_strategy_v1_t) */
+  const char* name;
+  const char* version;
+  uint64_t caps; /* DDP_CAP_DEVICE_*, DDP_CAP_OWNS_OPTIMIZER, DDP_CAP_OWNS_GRADIENTS */
+
+  /* Makes a strategy over `transport`/`comm` (owned by the host, valid until
+   * destroy). Reads all its TOML keys here. Blocking; no collectives yet. A
+   * strategy that sends other dtypes checks ddp_transport_dtypes() here;
+   * one that needs an optional transport entry (reduce_scatter) checks it
+   * here and refuses by name. */
+  ddp_status (*create)(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm,
+                       ddp_strategy** out);
+  /* Once, before the first step: make every rank hold rank 0's parameters
+   * (all of them, frozen included). Blocking: done when it returns. */
+  ddp_status (*on_train_begin)(ddp_strategy* s);
+  /* Before each micro-batch's forward. Non-blocking. */
+  ddp_status (*on_step_begin)(ddp_strategy* s, const ddp_step_info* info);
+  /* `param` is the table entry; its grad is final for this micro-batch on the
+   * compute stream (wait for an event recorded there before reading it on
+   * another stream). Non-blocking. */
+  ddp_status (*on_grad_ready)(ddp_strategy* s, const ddp_param* param);
+  /* Backward of the micro-batch is done. Non-blocking. */
+  ddp_status (*on_backward_end)(ddp_strategy* s);
+  /* Blocks until every trainable gradient holds the average over ranks; for
+   * a strategy that owns the optimizer step, until the gradients its
+   * optimizer_step needs are in place. */
+  ddp_status (*finish)(ddp_strategy* s);
+  /* (optional) Replaces the engine's optimizer step; must leave identical
+   * parameters on every rank. Blocking. Requires DDP_CAP_OWNS_OPTIMIZER. */
+  ddp_status (*optimizer_step)(ddp_strategy* s);
+  /* (optional) Writes a JSON object describing the strategy (e.g. bucket
+   * layout) into buf (NUL-terminated, at most cap bytes including the NUL)
+   * and its full length without the NUL into *needed; the host calls again
+   * with a larger buffer if needed >= cap. */
+  ddp_status (*stats)(ddp_strategy* s, char* buf, size_t cap, size_t* needed);
+  /* Releases everything. The host has synchronised all streams first. */
+  void (*destroy)(ddp_strategy* s);
+  /* (ABI 1.2, optional) After finish: *partitioned = 1 if each averaged
+   * gradient is on one rank only (sharded's reduce_scatter), the indices this
+   * rank holds in indices[0, *count) (cap >= param_count); 0 if every rank
+   * has all (also if NULL). optimizer.clip_grad_norm sums these ranks' norms. */
+  ddp_status (*held_grads)(ddp_strategy* s, size_t* indices, size_t cap, size_t* count, int* partitioned);
+  const ddp_key* keys; /* (ABI 1.3) its TOML keys; {NULL}: none; NULL: not declared */
+
+  /* (ABI 1.4, optional) A unit hook, in the order above. The unit's
+   * parameters are read (forward) or their gradients written (backward)
+   * between its BEGIN and END on the compute stream: a strategy that binds
+   * storage (ddp_host::bind) binds it in BEGIN, and may enqueue work that
+   * waits for the unit's compute after END. Non-blocking, but it may wait
+   * for its own earlier communication (a buffer to reuse). */
+  ddp_status (*on_unit)(ddp_strategy* s, size_t unit, ddp_unit_phase phase);
+  /* (ABI 1.4, optional) After the last step, before the engine's last
+   * check of the replicas and the outputs. Blocking. */
+  ddp_status (*on_train_end)(ddp_strategy* s);
+  /* (ABI 1.4, optional) After finish: the averaged gradients this rank
+   * holds in storage it claimed, as element ranges (their grad set; valid
+   * until the next hook), for the engine to measure and clip
+   * (optimizer.clip_grad_norm) and to report their norm. *partitioned = 1
+   * if each element is held by one rank only (the norm sums the ranks'),
+   * 0 if every rank holds them all. Gradients the strategy did not claim
+   * are measured where they are, as before. Required where the strategy
+   * claims gradients: the engine reads a claimed gradient nowhere else. */
+  ddp_status (*grad_ranges)(ddp_strategy* s, const ddp_range** ranges, size_t* count, int* partitioned);
+  /* (ABI 1.4, optional) `ddp plan`: this strategy's collectives per step
+   * and its own buffers, the elements its optimizer steps and the storage it
+   * claims, on the rank and world of `host`, a planning host (ddp/abi/
+   * host.h, ddp/abi/plan.h), over `transport` (not initialised: read its
+   * dtypes and entries only). Called before any rank starts, without
+   * create; reads its keys as create does. NULL: the strategy's own part
+   * is not planned, and `ddp plan` says so. */
+  ddp_status (*plan)(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_plan* out);
+} ddp_strategy_v1_t;
+
+/* A strategy plugin's one export: DDP_STRATEGY_ENTRY = {DDP_ABI_VERSION,
+ * sizeof(ddp_strategy_v1_t), "name", "0.1.0", caps, create, ...}; (the
+ * same in C and C++: exported, and unmangled in C++). */
+#define DDP_STRATEGY_ENTRY DDP_ENTRY_LINKAGE const ddp_strategy_v1_t ddp_strategy_v1
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* DDP_ABI_STRATEGY_H */
