@@ -136,6 +136,13 @@ void CpuDevice::scale(float* data, size_t count, float factor, Stream& stream) {
   });
 }
 
+void CpuDevice::add(float* dst, const float* src, size_t count, Stream& stream) {
+  stream.enqueue([=](bool cancelled) {
+    if (cancelled) return;
+    for (size_t i = 0; i < count; ++i) dst[i] += src[i];
+  });
+}
+
 void CpuDevice::convert(void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t count,
                         Stream& stream) {
   if (std::string why = convert_refusal(dst_type, src_type); !why.empty()) throw Error(why, DDP_ERR_UNSUPPORTED);

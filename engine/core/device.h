@@ -85,6 +85,8 @@ class Device {
   virtual void copy(void* dst, const void* src, size_t bytes, Stream& stream) = 0;
   virtual void fill(float* data, size_t count, float value, Stream& stream) = 0;
   virtual void scale(float* data, size_t count, float factor, Stream& stream) = 0;
+  // dst[i] += src[i] (a float32 sum, rounded once per element).
+  virtual void add(float* dst, const float* src, size_t count, Stream& stream) = 0;
   // dst[i] = src[i] converted (convert.h: float32 <-> bfloat16, float16).
   virtual void convert(void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t count,
                        Stream& stream) = 0;
@@ -114,6 +116,7 @@ class CpuDevice final : public Device {
   void copy(void* dst, const void* src, size_t bytes, Stream& stream) override;
   void fill(float* data, size_t count, float value, Stream& stream) override;
   void scale(float* data, size_t count, float factor, Stream& stream) override;
+  void add(float* dst, const float* src, size_t count, Stream& stream) override;
   void convert(void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t count,
                Stream& stream) override;
   void upload(void* dst, const void* host_src, size_t bytes) override;

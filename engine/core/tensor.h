@@ -63,6 +63,13 @@ class Tensor {
     shape_.clear();
   }
   bool defined() const { return data_ != nullptr; }
+  // A view's memory from now on (null: none): a gradient the strategy
+  // binds to its own storage. Throws for a tensor that owns its memory.
+  void point_view_at(float* data) {
+    if (owned_ && data_) throw Error("point_view_at: this tensor owns its memory; only a view moves");
+    owned_ = false;
+    data_ = data;
+  }
   Device* device() const { return device_; }  // where the data lives (null: undefined)
   // The values on the host (a copy out of device memory on a GPU).
   std::vector<float> to_host() const {

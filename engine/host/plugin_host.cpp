@@ -35,28 +35,6 @@ std::string take_plugin_error() {
   return text.empty() ? "failed without an error message" : text;
 }
 
-void HostServices::refresh_param_table() {
-  param_table.clear();
-  unit_table.clear();
-  if (!model) return;
-  auto& params = model->params();
-  param_table.resize(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    Parameter& p = params[i];
-    ddp_param& e = param_table[i];
-    e = ddp_param{};
-    e.name = p.name.c_str(), e.index = i, e.data = p.data.data();
-    e.grad = p.trainable ? p.grad.data() : nullptr;
-    e.numel = p.data.numel(), e.dtype = DDP_FLOAT32, e.trainable = p.trainable ? 1 : 0;
-    e.ndim = p.shape.size(), e.shape = p.shape.data(), e.unit = p.unit, e.uses = p.uses;
-  }
-  for (size_t u = 0; u < model->units().size(); ++u) {
-    const Unit& unit = model->units()[u];
-    unit_table.push_back(ddp_unit{unit.name.c_str(), u, unit.params.data(), unit.params.size(), unit.tied.data(),
-                                  unit.tied.size()});
-  }
-}
-
 struct HostCallbacks {
   static PluginHost& self(void* ctx) { return *static_cast<PluginHost*>(ctx); }
   static HostServices& svc(void* ctx) { return self(ctx).services_; }
@@ -275,6 +253,50 @@ struct HostCallbacks {
                    DDP_ERR_TIMEOUT);
   }
 
+  static ddp_status claim(void* ctx, ddp_storage what, const size_t* indices, size_t count) {
+    if (in_host_function("claim")) return DDP_ERR_UNSUPPORTED;
+    if (!storage_allowed(ctx, "claim", what)) return DDP_ERR_UNSUPPORTED;
+    return host_guard([&] { svc(ctx).claim_grads(indices, count); });
+  }
+  static ddp_status bind(void* ctx, ddp_storage what, size_t index, void* ptr) {
+    if (in_host_function("bind")) return DDP_ERR_UNSUPPORTED;
+    if (!storage_allowed(ctx, "bind", what)) return DDP_ERR_UNSUPPORTED;
+    return host_guard([&] { svc(ctx).bind_grad(index, ptr); });
+  }
+  // Gradient storage only (1.4), for a strategy that says it may own it.
+  static bool storage_allowed(void* ctx, const char* entry, ddp_storage what) {
+    if (what != DDP_STORAGE_GRAD) {
+      t_plugin_error = std::string(entry) + ": only DDP_STORAGE_GRAD (gradient storage) can be claimed in ABI 1.4";
+      return false;
+    }
+    if (!(self(ctx).caps_ & DDP_CAP_OWNS_GRADIENTS)) {
+      t_plugin_error = std::string(entry) + ": the plugin's caps lack DDP_CAP_OWNS_GRADIENTS";
+      return false;
+    }
+    return true;
+  }
+  static ddp_status run_optimizer_ranges(void* ctx, const ddp_range* ranges, size_t count) {
+    if (in_host_function("run_optimizer_ranges")) return DDP_ERR_UNSUPPORTED;
+    whereabouts::Inside in(nullptr, nullptr);  // the engine's optimizer, as run_optimizer
+    return host_guard([&] {
+      if (!svc(ctx).run_optimizer_ranges)
+        throw Error("run_optimizer_ranges: this host has no optimizer", DDP_ERR_UNSUPPORTED);
+      svc(ctx).run_optimizer_ranges(ranges, count);
+    });
+  }
+  static ddp_status add(void* ctx, const ddp_buffer* dst, const ddp_buffer* src, ddp_stream stream) {
+    if (in_host_function("add")) return DDP_ERR_UNSUPPORTED;
+    if (!dst || !src || dst->count != src->count) {
+      t_plugin_error = "add: dst and src must be buffers of equal counts";
+      return DDP_ERR_INVALID_ARGUMENT;
+    }
+    if (dst->dtype != DDP_FLOAT32 || src->dtype != DDP_FLOAT32) return unsupported_dtype("add");
+    return host_guard([&] {
+      svc(ctx).device->add(static_cast<float*>(dst->ptr), static_cast<const float*>(src->ptr), dst->count,
+                           *to_stream(stream));
+    });
+  }
+
   static ddp_status run_optimizer(void* ctx, const size_t* indices, size_t count) {
     if (in_host_function("run_optimizer")) return DDP_ERR_UNSUPPORTED;
     // The engine's optimizer computes, with no limit, as it does outside a
@@ -330,6 +352,10 @@ PluginHost::PluginHost(HostServices& services, const PluginSection& section, std
   host_.convert = H::convert;
   host_.unit_count = H::unit_count;
   host_.unit = H::unit;
+  host_.claim = H::claim;
+  host_.bind = H::bind;
+  host_.run_optimizer_ranges = H::run_optimizer_ranges;
+  host_.add = H::add;
 }
 
 void PluginHost::check(ddp_status status, const char* entry) const {

@@ -54,12 +54,23 @@ struct HostServices {
   std::vector<ddp_unit> unit_table;    // mirrors model->units()
   // ddp_host::run_optimizer: the engine's optimizer on these parameters.
   std::function<void(const size_t* indices, size_t count)> run_optimizer;
+  // ddp_host::run_optimizer_ranges: the same on element ranges.
+  std::function<void(const ddp_range* ranges, size_t count)> run_optimizer_ranges;
+  // Whether a strategy may claim storage now: in on_train_begin, or in
+  // on_step_begin of a step's first micro-batch (the engine repacks its
+  // gradients then, when they hold nothing yet). The trainer sets it.
+  bool claims_open = false;
 
   // How long a blocking wait may take before the engine gives up on a stuck
   // collective: the transport's own timeout plus a grace for it to fire.
   std::chrono::milliseconds wait_limit() const { return std::chrono::milliseconds(timeout_ms + 5000); }
 
   void refresh_param_table();  // after trainable flags change, or storage moved
+  // ddp_host::claim and bind of DDP_STORAGE_GRAD (plugin.h); throw Error
+  // naming the parameter.
+  void claim_grads(const size_t* indices, size_t count);
+  void bind_grad(size_t index, void* ptr);
+  bool claims_any() const;  // whether any parameter's gradient is claimed
 };
 
 // One plugin's view of the host: its TOML section and its ddp_host struct.
@@ -71,6 +82,8 @@ class PluginHost {
   // DDP_OK, of the status's kind, in this plugin and entry.
   void check(ddp_status status, const char* entry) const;
   const std::string& label() const { return label_; }
+  // The plugin's caps (its descriptor's): what it may ask of the host.
+  void set_caps(uint64_t caps) { caps_ = caps; }
 
  private:
   friend struct HostCallbacks;
@@ -78,6 +91,7 @@ class PluginHost {
   const PluginSection& section_;
   std::string label_;  // "strategy plugin 'naive'"
   std::deque<std::string> strings_;  // config_string results, kept alive
+  uint64_t caps_ = 0;
   ddp_host host_{};
 };
 

@@ -14,6 +14,7 @@
 
 #include "agreement.h"
 #include "atomic_file.h"
+#include "checkpoint_state.h"
 #include "error.h"
 #include "model_setup.h"
 #include "safetensors.h"
@@ -80,29 +81,6 @@ int64_t step_of(const std::string& name) {
   return std::stoll(digits);
 }
 
-// The suffixes of a parameter's state tensors: first, second.
-std::pair<std::string, std::string> state_names(bool adamw) {
-  return adamw ? std::make_pair(".exp_avg", ".exp_avg_sq") : std::make_pair(".momentum_buffer", "");
-}
-
-// This rank's optimizer file: the state it is the writer of ("" if none).
-std::string write_state_file(const CheckpointInput& in, const std::vector<int>& writers, const fs::path& dir) {
-  const auto [first, second] = state_names(in.optimizer.is_adamw());
-  std::vector<std::vector<float>> values;  // kept alive until written
-  std::vector<NamedFloats> tensors;
-  for (size_t i = 0; i < in.params.size(); ++i) {
-    if (writers[i] != in.rank) continue;
-    SavedState s = *in.optimizer.saved(i);
-    const Parameter& p = in.params[i];
-    if (!s.first.empty()) tensors.push_back({p.name + first, p.shape, values.emplace_back(std::move(s.first)).data()});
-    if (!s.second.empty())
-      tensors.push_back({p.name + second, p.shape, values.emplace_back(std::move(s.second)).data()});
-  }
-  const std::string file = "optimizer-" + std::to_string(in.rank) + ".safetensors";
-  write_safetensors((dir / file).string(), tensors);
-  return file;
-}
-
 void write_weights(const std::vector<Parameter>& params, const fs::path& file) {
   std::vector<std::vector<float>> values;
   std::vector<NamedFloats> tensors;
@@ -110,14 +88,8 @@ void write_weights(const std::vector<Parameter>& params, const fs::path& file) {
   write_safetensors(file.string(), tensors);
 }
 
-json meta_json(const CheckpointInput& in, int64_t step, const std::vector<int>& writers,
-               const std::vector<double>& steps) {
-  json state = json::object();
-  for (size_t i = 0; i < in.params.size(); ++i) {
-    if (writers[i] < 0) continue;
-    state[in.params[i].name] = {{"file", "optimizer-" + std::to_string(writers[i]) + ".safetensors"},
-                                {"steps", int64_t(steps[i])}};
-  }
+json meta_json(const CheckpointInput& in, int64_t step, const StateLayout& layout) {
+  const json state = state_json(in, layout);
   json trainable = json::array();
   for (const Parameter& p : in.params)
     if (p.trainable) trainable.push_back(p.name);
@@ -215,8 +187,16 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
     m.config = j.at("config").get<std::map<std::string, std::string>>();
     m.trainable = j.at("trainable").get<std::vector<std::string>>();
     m.losses = j.at("losses").get<std::vector<double>>();
-    for (const auto& [name, s] : j.at("state").items())
-      m.state[name] = {s.at("file").get<std::string>(), s.at("steps").get<int64_t>()};
+    for (const auto& [name, s] : j.at("state").items()) {
+      CheckpointMeta::State& state = m.state[name];
+      state.steps = s.at("steps").get<int64_t>();
+      if (!s.contains("pieces")) {
+        state.file = s.at("file").get<std::string>();
+        continue;
+      }
+      for (const auto& p : s.at("pieces"))
+        state.pieces.push_back({p.at("file").get<std::string>(), p.at("offset").get<size_t>(), p.at("count").get<size_t>()});
+    }
     return m;
   } catch (const json::exception& e) {
     throw Error(file + ": not a checkpoint's metadata (" + e.what() + ")", DDP_ERR_INVALID_ARGUMENT);
@@ -294,26 +274,16 @@ std::string write_checkpoint(const CheckpointInput& in, int64_t step) {
       fs::remove_all(partial);
       fs::create_directories(partial);
     });
-  // Which rank holds which state, and rank 0's directory is ready.
-  const size_t n = in.params.size();
-  std::vector<double> mine(2 * n);
-  for (size_t i = 0; i < n; ++i) mine[i] = in.optimizer.has_state(i), mine[n + i] = double(in.optimizer.state_steps(i));
-  std::vector<double> all(mine.size() * size_t(in.world));
+  // Rank 0's directory is ready; then which rank holds which state.
   all_or_none(in, failure.empty() ? "" : partial.string() + ": " + failure, "create " + partial.string());
-  in.all_gather(mine, all);
-  std::vector<double> held, steps(n);
-  for (int r = 0; r < in.world; ++r)
-    held.insert(held.end(), all.begin() + long(size_t(r) * 2 * n), all.begin() + long(size_t(r) * 2 * n + n));
-  const std::vector<int> writers = state_writers(held, n, in.world);
-  for (size_t i = 0; i < n; ++i)
-    if (writers[i] >= 0) steps[i] = all[size_t(writers[i]) * 2 * n + n + i];
+  const StateLayout layout = gather_state_layout(in);
   failure = attempt([&] {
-    if (std::count(writers.begin(), writers.end(), in.rank) > 0) write_state_file(in, writers, partial);
+    write_state_file(in, layout, partial);
     if (in.rank == 0) write_weights(in.params, partial / "weights.safetensors");
   });
   all_or_none(in, failure, "write its files into " + partial.string());
   if (in.rank == 0) {
-    failure = attempt([&] { complete(in, step, meta_json(in, step, writers, steps), partial); });
+    failure = attempt([&] { complete(in, step, meta_json(in, step, layout), partial); });
     if (!failure.empty()) throw Error("checkpoint: " + failure, DDP_ERR_INVALID_ARGUMENT);
   }
   return (dir / checkpoint_name(step)).string();
@@ -323,34 +293,15 @@ void load_checkpoint(const std::string& path, const CheckpointMeta& meta, std::v
                      Optimizer& optimizer) {
   const std::string weights_file = (fs::path(path) / "weights.safetensors").string();
   const auto weights = read_safetensors(weights_file);
-  std::map<std::string, std::map<std::string, HostTensor>> files;
-  for (const auto& [name, s] : meta.state)
-    if (!files.count(s.file)) files[s.file] = read_safetensors((fs::path(path) / s.file).string());
-  const auto [first, second] = state_names(optimizer.is_adamw());
-  std::map<size_t, SavedState> states;
-  for (size_t i = 0; i < params.size(); ++i) {
-    Parameter& p = params[i];
+  for (Parameter& p : params) {
     const auto w = weights.find(p.name);
     if (w == weights.end() || w->second.shape != p.shape)
       throw Error(weights_file + ": no tensor '" + p.name + "' of shape " + shape_string(p.shape),
                   DDP_ERR_INVALID_ARGUMENT);
     const std::vector<float> values = w->second.as_floats(weights_file, p.name);
     p.data.device()->upload(p.data.data(), values.data(), p.data.bytes());
-    const auto s = meta.state.find(p.name);
-    if (s == meta.state.end()) continue;
-    const std::string file = (fs::path(path) / s->second.file).string();
-    const auto& tensors = files[s->second.file];
-    // What checkpoint.json says is there must be: a state taken up without
-    // its moments would train on from zeros without a word.
-    const auto take = [&](const std::string& suffix, bool required) {
-      const auto t = suffix.empty() ? tensors.end() : tensors.find(p.name + suffix);
-      if (t == tensors.end() && required)
-        throw Error(file + ": no tensor '" + p.name + suffix + "', which checkpoint.json says holds its state",
-                    DDP_ERR_INVALID_ARGUMENT);
-      return t == tensors.end() ? std::vector<float>() : t->second.as_floats(file, p.name + suffix);
-    };
-    states[i] = SavedState{s->second.steps, take(first, optimizer.keeps_state()), take(second, optimizer.is_adamw())};
   }
+  std::map<size_t, SavedState> states = read_states(path, meta, params, optimizer);
   // Every parameter trained in the last step has state, if the optimizer keeps any.
   for (size_t i = 0; i < params.size() && meta.step > 0 && optimizer.keeps_state(); ++i)
     if (params[i].trainable && params[i].uses > 0 && !states.count(i))

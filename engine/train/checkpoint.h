@@ -43,9 +43,14 @@ struct CheckpointMeta {
   std::map<std::string, std::string> config;  // config_items() of the run
   std::vector<std::string> trainable;         // parameters trainable at `step`
   std::vector<double> losses;                 // the mean loss of steps 1..step
+  struct Piece {
+    std::string file;  // "optimizer-1.safetensors"
+    size_t offset = 0, count = 0;
+  };
   struct State {
-    std::string file;   // "optimizer-0.safetensors"
+    std::string file;   // "optimizer-0.safetensors" ("" where held in pieces)
     int64_t steps = 0;  // AdamW's step count
+    std::vector<Piece> pieces;  // by offset (checkpoint_state.h); empty where whole
   };
   std::map<std::string, State> state;  // parameter name → its optimizer state
 };

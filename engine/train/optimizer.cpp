@@ -67,6 +67,7 @@ bool name_matches(const std::string& pattern, const std::string& name) {
 
 Optimizer::Optimizer(const OptimizerConfig& config, Device& device, const std::vector<Parameter>& params)
     : config_(config), device_(device), state_(params.size()), grad_sq_(params.size(), std::nan("")) {
+  whole_.reserve(params.size());
   for (size_t g = 0; g < config.groups.size(); ++g) {
     bool used = false;
     for (const Parameter& p : params) used |= name_matches(config.groups[g].params, p.name);
@@ -94,29 +95,62 @@ void Optimizer::begin_step(double lr_scale) {
 }
 
 void Optimizer::step(std::vector<Parameter>& params, const size_t* indices, size_t count) {
+  whole_.clear();
   for (size_t k = 0; k < count; ++k) {
-    const size_t i = indices[k];
-    Parameter& p = params.at(i);
+    const Parameter& p = params.at(indices[k]);
+    whole_.push_back(StepRange{indices[k], 0, p.data.numel(), p.grad.data(), nullptr});
+  }
+  step_ranges(params, whole_.data(), whole_.size());
+}
+
+void Optimizer::step_ranges(std::vector<Parameter>& params, const StepRange* ranges, size_t count) {
+  for (size_t k = 0; k < count; ++k) {
+    const StepRange& r = ranges[k];
+    Parameter& p = params.at(r.param);
     if (!p.trainable || p.uses == 0) continue;
-    if (!state_[i]) {
-      state_[i] = std::make_unique<State>();
-      take_up(i, p, *state_[i]);
-    }
-    const Hyper h{hyper_[i].lr * lr_scale_, hyper_[i].weight_decay};
+    if (r.offset > p.data.numel() || r.count > p.data.numel() - r.offset)
+      throw Error("optimizer: elements [" + std::to_string(r.offset) + ", " + std::to_string(r.offset + r.count) +
+                      ") are outside parameter '" + p.name + "' of " + std::to_string(p.data.numel()),
+                  DDP_ERR_INVALID_ARGUMENT);
+    if (!r.grad)
+      throw Error("optimizer: no gradient for parameter '" + p.name + "'", DDP_ERR_INVALID_ARGUMENT);
+    State& s = state_for(p, r);
+    float* w = r.data ? r.data : p.data.data() + r.offset;
+    const Hyper h{hyper_[r.param].lr * lr_scale_, hyper_[r.param].weight_decay};
     if (config_.name == "adamw") {
-      adamw(i, p, h, *state_[i]);
+      adamw(r, w, h, s, r.offset == 0 && r.count == p.data.numel());
     } else {
-      sgd(p, h, *state_[i]);
+      sgd(r, w, h, s);
     }
   }
 }
 
-std::optional<SavedState> Optimizer::saved(size_t i) const {
-  if (i >= state_.size() || !state_[i]) return std::nullopt;
-  const State& s = *state_[i];
-  return SavedState{s.steps, s.first.to_host(), s.second.to_host()};
+Optimizer::State& Optimizer::state_for(const Parameter& p, const StepRange& r) {
+  auto& pieces = state_[r.param];
+  for (const auto& s : pieces) {
+    if (s->offset == r.offset && s->count == r.count) return *s;
+    if (r.offset < s->offset + s->count && s->offset < r.offset + r.count)
+      throw Error("optimizer: the state of '" + p.name + "' elements [" + std::to_string(s->offset) + ", " +
+                      std::to_string(s->offset + s->count) + ") lives on this rank, and a step asks for [" +
+                      std::to_string(r.offset) + ", " + std::to_string(r.offset + r.count) +
+                      "): optimizer state never moves between ranges (or ranks)",
+                  DDP_ERR_INVALID_ARGUMENT);
+  }
+  auto s = std::make_unique<State>();
+  s->offset = r.offset, s->count = r.count;
+  take_up(r.param, p, *s);
+  pieces.push_back(std::move(s));
+  return *pieces.back();
 }
 
+std::vector<SavedState> Optimizer::saved(size_t i) const {
+  std::vector<SavedState> out;
+  if (i >= state_.size()) return out;
+  for (const auto& s : state_[i]) out.push_back(SavedState{s->steps, s->first.to_host(), s->second.to_host(), s->offset, s->count});
+  return out;
+}
+
+// A resumed parameter's state: the slice of it this range steps.
 void Optimizer::take_up(size_t i, const Parameter& p, State& s) {
   const auto it = pending_.find(i);
   if (it == pending_.end()) return;
@@ -127,22 +161,20 @@ void Optimizer::take_up(size_t i, const Parameter& p, State& s) {
     if (values.size() != p.data.numel())
       throw Error("checkpoint: optimizer state of '" + p.name + "' has " + std::to_string(values.size()) +
                   " elements, the parameter " + std::to_string(p.data.numel()));
-    t = Tensor(device_, p.shape, MemCategory::OptimizerState);
-    device_.upload(t.data(), values.data(), t.bytes());
+    t = Tensor(device_, Shape{int64_t(s.count)}, MemCategory::OptimizerState);
+    device_.upload(t.data(), values.data() + s.offset, t.bytes());
   };
   upload(s.first, saved.first);
   upload(s.second, saved.second);
-  pending_.erase(it);
 }
 
 // d = g + wd * w;  buf = momentum * buf + d (buf = d at first);  w -= lr * buf
-void Optimizer::sgd(Parameter& p, const Hyper& h, State& s) {
-  const size_t n = p.data.numel();
-  float* w = p.data.data();
-  const float* g = p.grad.data();
+void Optimizer::sgd(const StepRange& r, float* w, const Hyper& h, State& s) {
+  const size_t n = r.count;
+  const float* g = r.grad;
   const float lr = float(h.lr), wd = float(h.weight_decay), mu = float(config_.momentum);
   const bool first = mu != 0.0f && !s.first.defined();
-  if (first) s.first = Tensor(device_, p.shape, MemCategory::OptimizerState);
+  if (first) s.first = Tensor(device_, Shape{int64_t(n)}, MemCategory::OptimizerState);
 #if DDP_WITH_CUDA
   if (void* stream = device_.compute_stream().native()) {
     if (mu == 0.0f) cuda_ops::sgd_plain(stream, w, g, n, lr, wd);
@@ -157,22 +189,24 @@ void Optimizer::sgd(Parameter& p, const Hyper& h, State& s) {
 // torch.optim.AdamW (_single_tensor_adamw, PyTorch 1.13):
 //   w *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
 //   denom = sqrt(v) / sqrt(1 - b2^t) + eps;  w -= lr / (1 - b1^t) * m / denom
-void Optimizer::adamw(size_t i, Parameter& p, const Hyper& h, State& s) {
+// The update measures the gradient's sum of squares (grad_squares) where
+// it reads the whole parameter's.
+void Optimizer::adamw(const StepRange& r, float* w, const Hyper& h, State& s, bool whole) {
   if (!s.first.defined()) {
-    s.first = Tensor(device_, p.shape, MemCategory::OptimizerState);
-    s.second = Tensor(device_, p.shape, MemCategory::OptimizerState);
+    s.first = Tensor(device_, Shape{int64_t(r.count)}, MemCategory::OptimizerState);
+    s.second = Tensor(device_, Shape{int64_t(r.count)}, MemCategory::OptimizerState);
   }
   s.steps += 1;
   const AdamScalars c =
       adamw_scalars(h.lr, h.weight_decay, config_.beta1, config_.beta2, config_.eps, s.steps);
 #if DDP_WITH_CUDA
   if (void* stream = device_.compute_stream().native()) {
-    cuda_ops::adamw_update(stream, p.data.data(), p.grad.data(), s.first.data(), s.second.data(),
-                           p.data.numel(), c);
+    cuda_ops::adamw_update(stream, w, r.grad, s.first.data(), s.second.data(), r.count, c);
     return;
   }
 #endif
-  grad_sq_.at(i) = adamw_update(p.data.data(), p.grad.data(), s.first.data(), s.second.data(), p.data.numel(), c);
+  const double squares = adamw_update(w, r.grad, s.first.data(), s.second.data(), r.count, c);
+  if (whole) grad_sq_.at(r.param) = squares;
 }
 
 }  // namespace ddp

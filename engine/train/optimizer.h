@@ -1,9 +1,11 @@
 // optimizer.h — the engine's optimizers with torch.optim's semantics, run on
-// any subset of parameters (the sharded strategy asks for its own shard
-// only). State (momentum; AdamW's moments and step count) is created for a
-// parameter the first time it is stepped, in the OptimizerState memory
-// category, so a rank that steps 1/N of the parameters holds 1/N of the
-// state.
+// any subset of parameters, or of their elements (the sharded strategy asks
+// for its own shard only: whole parameters in stage 1, element ranges in
+// stage 2). State (momentum; AdamW's moments and step count) is created for
+// a range the first time it is stepped, in the OptimizerState memory
+// category, so a rank that steps 1/N of the elements holds 1/N of the
+// state. State never moves: a range that overlaps another's state is
+// refused, naming the parameter.
 #pragma once
 
 #include <map>
@@ -16,12 +18,22 @@
 
 namespace ddp {
 
-// One parameter's optimizer state as a checkpoint holds it, on the host:
-// `steps` (AdamW's step count; 0 for SGD), `first` (SGD's momentum_buffer or
-// AdamW's exp_avg; empty if none), `second` (AdamW's exp_avg_sq).
+// Optimizer state as a checkpoint holds it, on the host: `steps` (AdamW's
+// step count; 0 for SGD), `first` (SGD's momentum_buffer or AdamW's
+// exp_avg; empty if none), `second` (AdamW's exp_avg_sq): of a whole
+// parameter, or of its elements [offset, offset + count) (a piece).
 struct SavedState {
   int64_t steps = 0;
   std::vector<float> first, second;
+  size_t offset = 0, count = 0;
+};
+
+// Elements [offset, offset + count) of params[param] to update from `grad`
+// (ddp_range): values at `data`, or the parameter's own + offset if null.
+struct StepRange {
+  size_t param = 0, offset = 0, count = 0;
+  const float* grad = nullptr;
+  float* data = nullptr;
 };
 
 class Optimizer {
@@ -39,18 +51,38 @@ class Optimizer {
   void step(std::vector<Parameter>& params, const std::vector<size_t>& indices) {
     step(params, indices.data(), indices.size());
   }
+  // Updates each range's elements from its gradient, as step() does whole
+  // parameters (step() is the ranges that cover them). Throws Error naming
+  // the parameter for a range outside it, or one that overlaps a range of
+  // this parameter's state but is not that range.
+  void step_ranges(std::vector<Parameter>& params, const StepRange* ranges, size_t count);
 
-  // The state of params[i] as this rank holds it; none if it never stepped i.
-  std::optional<SavedState> saved(size_t i) const;
-  // Whether this rank holds state for params[i], and its step count.
-  bool has_state(size_t i) const { return i < state_.size() && state_[i]; }
-  int64_t state_steps(size_t i) const { return has_state(i) ? state_[i]->steps : 0; }
+  // The state of params[i] as this rank holds it, one piece per range it
+  // stepped (offset 0 and count numel: the whole parameter); none if it
+  // never stepped i.
+  std::vector<SavedState> saved(size_t i) const;
+  // Whether this rank holds state for params[i] (a piece or all), and its
+  // step count.
+  bool has_state(size_t i) const { return i < state_.size() && !state_[i].empty(); }
+  int64_t state_steps(size_t i) const { return has_state(i) ? state_[i].front()->steps : 0; }
+  // The (offset, count) of each range of params[i] this rank holds state for.
+  std::vector<std::pair<size_t, size_t>> state_ranges(size_t i) const {
+    std::vector<std::pair<size_t, size_t>> out;
+    if (i < state_.size())
+      for (const auto& s : state_[i]) out.emplace_back(s->offset, s->count);
+    return out;
+  }
+  // Whether that state is the whole parameter's, in one piece.
+  bool whole_state(size_t i, size_t numel) const {
+    return has_state(i) && state_[i].size() == 1 && state_[i][0]->offset == 0 && state_[i][0]->count == numel;
+  }
   bool is_adamw() const { return config_.name == "adamw"; }
   // Whether a stepped parameter has state to keep: AdamW's moments, SGD's momentum.
   bool keeps_state() const { return is_adamw() || config_.momentum != 0.0; }
-  // A resumed run's state (by parameter index), taken up when a parameter
-  // is first stepped: a rank of `sharded` materialises its own shard only.
-  // Whatever no step claimed is dropped by drop_unclaimed().
+  // A resumed run's state (by parameter index, whole), taken up when a
+  // range of the parameter is first stepped, that range's slice: a rank of
+  // `sharded` materialises its own shard only. Whatever no step claimed is
+  // dropped by drop_unclaimed().
   void restore_on_first_step(std::map<size_t, SavedState> states) { pending_ = std::move(states); }
   void drop_unclaimed() { pending_.clear(); }
   // Begins a training step: every group's lr times `lr_scale` ([schedule]
@@ -62,24 +94,31 @@ class Optimizer {
   const std::vector<double>& grad_squares() const { return grad_sq_; }
 
  private:
+  // The state of elements [offset, offset + count) of a parameter.
   struct State {
+    size_t offset = 0, count = 0;
     int64_t steps = 0;
-    Tensor first;   // momentum buffer (sgd) or exp_avg (adamw)
-    Tensor second;  // exp_avg_sq (adamw)
+    Tensor first;   // momentum buffer (sgd) or exp_avg (adamw) [count]
+    Tensor second;  // exp_avg_sq (adamw) [count]
   };
   struct Hyper {
     double lr, weight_decay;
   };
-  void sgd(Parameter& p, const Hyper& h, State& s);
-  void adamw(size_t i, Parameter& p, const Hyper& h, State& s);
+  // The state of `r`, made (and taken up from pending_) at its first step.
+  State& state_for(const Parameter& p, const StepRange& r);
+  void sgd(const StepRange& r, float* w, const Hyper& h, State& s);
+  void adamw(const StepRange& r, float* w, const Hyper& h, State& s, bool whole);
 
   OptimizerConfig config_;
   Device& device_;
-  std::vector<Hyper> hyper_;                   // per parameter
-  std::vector<std::unique_ptr<State>> state_;  // per parameter, made on first step
-  std::map<size_t, SavedState> pending_;       // restored, not yet claimed
+  std::vector<Hyper> hyper_;  // per parameter
+  // Per parameter, the ranges it was stepped in (made on first step; one
+  // covering it for a whole parameter), in the order they came.
+  std::vector<std::vector<std::unique_ptr<State>>> state_;
+  std::map<size_t, SavedState> pending_;  // restored (whole parameters), not yet claimed
   double lr_scale_ = 1.0;
   std::vector<double> grad_sq_;  // per parameter: see grad_squares
+  std::vector<StepRange> whole_;  // step()'s ranges, kept: it allocates nothing once settled
   void take_up(size_t i, const Parameter& p, State& s);
 };
 

@@ -60,6 +60,7 @@ void RankPlugins::start_strategy(const Config& config, Trace* trace) {
   const ddp_strategy_v1_t* s = strategy_lib_->strategy();
   strategy_host_ =
       std::make_unique<PluginHost>(services_, config.strategy, std::string("strategy plugin '") + s->name + "'");
+  strategy_host_->set_caps(s->caps);
   metered_ = std::make_unique<MeteredTransport>(transport_lib_->transport(), comm_, services_,
                                                 transport_host_->label().c_str());
   metered_->set_trace(trace);
@@ -108,6 +109,18 @@ std::optional<std::vector<size_t>> RankPlugins::held_grads() {
                                        " exceeds the " + std::to_string(held.size()) + " parameters");
   held.resize(count);
   return held;
+}
+
+std::optional<GradRanges> RankPlugins::grad_ranges() {
+  const ddp_strategy_v1_t& api = strategy_api();
+  if (!api.grad_ranges) return std::nullopt;
+  const ddp_range* ranges = nullptr;
+  size_t count = 0;
+  int partitioned = 0;
+  call("grad_ranges", [&] { return api.grad_ranges(strategy_, &ranges, &count, &partitioned); });
+  if (count > 0 && !ranges) throw Error(strategy_host_->label() + ": grad_ranges: " + std::to_string(count) +
+                                        " ranges at NULL", DDP_ERR_INVALID_ARGUMENT);
+  return GradRanges{ranges, count, partitioned != 0};
 }
 
 bool RankPlugins::stats(nlohmann::ordered_json* out) {

@@ -34,6 +34,12 @@
 
 namespace ddp {
 
+struct GradRanges {
+  const ddp_range* ranges = nullptr;
+  size_t count = 0;
+  bool partitioned = false;  // each element on one rank only
+};
+
 class RankPlugins {
  public:
   // Loads both plugins for `config` and checks they support the device of
@@ -69,6 +75,10 @@ class RankPlugins {
   // when the strategy leaves each on one rank (held_grads, ABI 1.2);
   // nullopt when every rank holds every one.
   std::optional<std::vector<size_t>> held_grads();
+  // After finish: the gradients the strategy holds in storage it claimed
+  // (grad_ranges, ABI 1.4), valid until the next hook; nullopt where it has
+  // no such entry.
+  std::optional<GradRanges> grad_ranges();
   // The strategy's stats as JSON (a string if it wrote something else);
   // false if it has none.
   bool stats(nlohmann::ordered_json* out);

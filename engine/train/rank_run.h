@@ -18,6 +18,7 @@
 #include "plugin_host.h"
 #include "rank.h"
 #include "rank_plugins.h"
+#include "schedule.h"
 #include "step_timeline.h"
 #include "store.h"
 #include "summary.h"
@@ -74,6 +75,7 @@ class RankRun {
   // every gradient, then clips them to optimizer.clip_grad_norm; else after
   // the optimizer step, when every strategy has them all in place.
   double gradient_norm(bool clip);
+  bool held_gradients(std::vector<GradSpan>& spans);
   bool unfreeze(int64_t step);
 
   // The indices of trainable parameters; kept, not rebuilt every step.
@@ -112,6 +114,9 @@ class RankRun {
   // The run's state.
   int64_t tokens_per_row_ = 1;      // positions a row trains (lm: context_length)
   std::vector<size_t> trainable_;   // indices of trainable parameters
+  bool claims_ = false;             // the strategy claimed some gradient storage
+  std::vector<GradSpan> spans_;     // held_gradients', kept
+  std::vector<StepRange> step_ranges_;  // run_optimizer_ranges', kept
   std::vector<int> remaining_uses_;  // per parameter, this micro-batch's backward
   std::vector<StepRecord> records_;
   size_t reported_ = 0;

@@ -24,32 +24,36 @@ double sum_of_squares(const float* x, size_t n) {
   return sum_squares_while(x, n, [](size_t) {});
 }
 
-double clip_gradients(std::vector<Parameter>& params, const std::vector<size_t>& held, bool partitioned,
-                      double max_norm, Device& device, int world,
+double clip_gradients(const std::vector<GradSpan>& held, bool gather, double max_norm, Device& device, int world,
                       const std::function<void(const std::vector<double>&, std::vector<double>&)>& all_gather,
                       const std::vector<double>* known) {
-  double sum = 0;
-  for (size_t i : held) {
-    const Parameter& p = params[i];
+  double mine = 0, everyones = 0;  // partitioned, replicated
+  for (const GradSpan& s : held) {
+    double& sum = s.partitioned ? mine : everyones;
     // (A gradient with a NaN has a NaN sum: it is measured again, as NaN.)
-    if (known && i < known->size() && !std::isnan((*known)[i])) {
-      sum += (*known)[i];
+    if (s.whole && known && s.param < known->size() && !std::isnan((*known)[s.param])) {
+      sum += (*known)[s.param];
       continue;
     }
-    const std::vector<float> host = device.kind() == DDP_DEVICE_CPU ? std::vector<float>() : p.grad.to_host();
-    const float* g = host.empty() ? p.grad.data() : host.data();
-    sum += sum_of_squares(g, p.grad.numel());
+    std::vector<float> host;
+    if (device.kind() != DDP_DEVICE_CPU) {
+      host.resize(s.count);
+      device.download(host.data(), s.grad, s.count * sizeof(float));
+    }
+    sum += sum_of_squares(host.empty() ? s.grad : host.data(), s.count);
   }
-  if (partitioned) {
+  double sum = everyones;
+  if (gather) {
     std::vector<double> all(static_cast<size_t>(world));
-    all_gather({sum}, all);
+    all_gather({mine}, all);
     sum = 0;
     for (double part : all) sum += part;
+    sum += everyones;
   }
   const double norm = std::sqrt(sum);
   const double coef = max_norm > 0 ? clip_coefficient(norm, max_norm) : 1.0;
   if (coef < 1.0)
-    for (size_t i : held) device.scale(params[i].grad.data(), params[i].grad.numel(), float(coef), device.compute_stream());
+    for (const GradSpan& s : held) device.scale(s.grad, s.count, float(coef), device.compute_stream());
   return norm;
 }
 

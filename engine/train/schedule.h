@@ -28,16 +28,26 @@ double clip_coefficient(double total_norm, double max_norm);
 // dsdot sums in an order of its kernel's choosing). Pure.
 double sum_of_squares(const float* x, size_t n);
 
-// Clips the gradients of params[i], i in `held`, to a global L2 norm of
-// `max_norm` (0: measures only) and returns the norm before clipping.
-// `known` (if given): each parameter's sum_of_squares of its gradient where
-// already measured (the optimizer's, Optimizer::grad_squares), NaN where
-// not; those are not read again. `partitioned`: each
-// averaged gradient is on one rank (the strategy's held_grads), so the
-// ranks' squared norms are added through `all_gather` (in rank order: the
-// same bits on every rank); else every rank holds them all.
-double clip_gradients(std::vector<Parameter>& params, const std::vector<size_t>& held, bool partitioned,
-                      double max_norm, Device& device, int world,
+// Gradient values a rank holds: `count` floats at `grad` on the device,
+// elements of parameter `param` (all of it where `whole`); `partitioned`:
+// no other rank holds them (the strategy's held_grads or grad_ranges).
+struct GradSpan {
+  size_t param = 0;
+  float* grad = nullptr;
+  size_t count = 0;
+  bool whole = true;
+  bool partitioned = false;
+};
+
+// Clips the gradients of `held` to a global L2 norm of `max_norm` (0:
+// measures only) and returns the norm before clipping. `known` (if given):
+// each parameter's sum_of_squares of its gradient where already measured
+// (the optimizer's, Optimizer::grad_squares), NaN where not; those whole
+// spans are not read again. Where `gather` (some span is partitioned, on
+// any rank: a strategy's choice, the same on every rank), the ranks'
+// squared norms of their partitioned spans are added through `all_gather`
+// in rank order, the same bits on every rank, then the others'.
+double clip_gradients(const std::vector<GradSpan>& held, bool gather, double max_norm, Device& device, int world,
                       const std::function<void(const std::vector<double>&, std::vector<double>&)>& all_gather,
                       const std::vector<double>* known = nullptr);
 

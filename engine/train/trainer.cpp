@@ -85,6 +85,14 @@ void RankRun::set_up() {
   services_.run_optimizer = [this](const size_t* indices, size_t count) {
     optimizer_->step(model_->params(), indices, count);
   };
+  services_.run_optimizer_ranges = [this](const ddp_range* ranges, size_t count) {
+    step_ranges_.clear();  // reserved below: nothing allocated once settled
+    for (size_t k = 0; k < count; ++k)
+      step_ranges_.push_back(StepRange{ranges[k].param, ranges[k].offset, ranges[k].count,
+                                       static_cast<const float*>(ranges[k].grad), static_cast<float*>(ranges[k].data)});
+    optimizer_->step_ranges(model_->params(), step_ranges_.data(), step_ranges_.size());
+  };
+  step_ranges_.reserve(4 * model_->params().size());
   services_.refresh_param_table();
   refresh_trainable();
   plugins_ = std::make_unique<RankPlugins>(config_, services_);
@@ -110,7 +118,10 @@ void RankRun::set_up_timeline() {
 
 void RankRun::train() {
   if (observer_) observer_->on_weights(-1, *model_);
+  services_.claims_open = true;  // a strategy may claim gradient storage here
   plugins_->on_train_begin();
+  services_.claims_open = false;
+  claims_ = services_.claims_any();
   if (observer_) observer_->on_weights(0, *model_);
   take_peaks(device_->memory(), mem_after_setup_);
   records_.reserve(static_cast<size_t>(config_.run.steps));
@@ -152,7 +163,7 @@ StepRecord RankRun::train_step(int64_t step) {
   rec.lr = scheduled_lr(config_.lr_schedule, config_.optimizer.lr, step);
   optimizer_->begin_step(rec.lr / config_.optimizer.lr);
   for (Parameter& p : model_->params())
-    if (p.trainable) device_->fill(p.grad.data(), p.grad.numel(), 0.0f, device_->compute_stream());
+    if (p.trainable && !p.claimed) device_->fill(p.grad.data(), p.grad.numel(), 0.0f, device_->compute_stream());
   // Micro-batches accumulate into the gradients; each one's loss is scaled
   // by 1/k so the sum is the gradient of the mean over k x the batch.
   const int64_t k = config_.run.grad_accum_steps;
@@ -162,7 +173,10 @@ StepRecord RankRun::train_step(int64_t step) {
     const ddp_step_info info{sizeof(ddp_step_info), step, int32_t(micro), int32_t(k), sync ? 1 : 0,
                              params_changed && micro == 0 ? 1 : 0, config_.run.steps};
     StepTimeline::Mark m = timeline_->mark();
+    services_.claims_open = micro == 0;  // before anything is written into the gradients
     plugins_->on_step_begin(info);
+    services_.claims_open = false;
+    if (micro == 0) claims_ = services_.claims_any();
     timeline_->range("on_step_begin", m);
     const auto t = Clock::now();
     const Batch batch = data_->batch(step * k + micro);
@@ -263,12 +277,38 @@ double RankRun::gradient_norm(bool clip) {
     whereabouts::Inside in(nullptr, "waiting for the gradients to clip");
     device_->comm_stream().synchronize();
   }
-  const std::optional<std::vector<size_t>> held = plugins_->held_grads();
-  return clip_gradients(model_->params(), held ? *held : trainable_, held.has_value(),
-                        clip ? config_.optimizer.clip_grad_norm : 0.0, *device_, env_.rank.world_size,
+  const bool gather = held_gradients(spans_);
+  return clip_gradients(spans_, gather, clip ? config_.optimizer.clip_grad_norm : 0.0, *device_,
+                        env_.rank.world_size,
                         [this](const std::vector<double>& mine, std::vector<double>& all) {
                           plugins_->all_gather(mine, all);
                         }, &optimizer_->grad_squares());  // what this step's update measured
+}
+
+// The averaged gradients this rank holds, into `spans`: the engine's own
+// gradients of the trainable parameters (those the strategy's held_grads
+// names, where it partitions them), then the ranges of the storage it
+// claimed (grad_ranges). Whether the norm adds every rank's.
+bool RankRun::held_gradients(std::vector<GradSpan>& spans) {
+  spans.clear();
+  const std::optional<std::vector<size_t>> held = plugins_->held_grads();
+  auto& params = model_->params();
+  for (size_t i : held ? *held : trainable_)
+    if (!params[i].claimed) spans.push_back({i, params[i].grad.data(), params[i].grad.numel(), true, held.has_value()});
+  if (!claims_) return held.has_value();
+  const std::optional<GradRanges> ranges = plugins_->grad_ranges();
+  if (!ranges)
+    throw Error(std::string("strategy plugin '") + plugins_->strategy_name() +
+                "' claimed gradient storage and has no grad_ranges entry: the engine cannot measure or clip "
+                "the gradients it holds", DDP_ERR_UNSUPPORTED);
+  for (size_t k = 0; k < ranges->count; ++k) {
+    const ddp_range& r = ranges->ranges[k];
+    if (r.param >= params.size() || !params[r.param].claimed || !r.grad)
+      throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': grad_ranges: range " +
+                  std::to_string(k) + " names no claimed gradient of the table", DDP_ERR_INVALID_ARGUMENT);
+    spans.push_back({r.param, static_cast<float*>(r.grad), r.count, false, ranges->partitioned});
+  }
+  return held.has_value() || ranges->partitioned;
 }
 
 bool RankRun::unfreeze(int64_t step) {

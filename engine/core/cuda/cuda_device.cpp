@@ -206,6 +206,9 @@ class CudaDevice final : public Device {
   void fill(float* data, size_t count, float value, Stream& stream) override {
     cuda_ops::fill(stream.native(), data, count, value);
   }
+  void add(float* dst, const float* src, size_t count, Stream& stream) override {
+    cuda_ops::add(stream.native(), dst, src, count);
+  }
   void scale(float* data, size_t count, float factor, Stream& stream) override {
     cuda_ops::scale(stream.native(), data, count, factor);
   }

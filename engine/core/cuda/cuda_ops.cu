@@ -52,6 +52,11 @@ __global__ void scale_kernel(float* __restrict__ data, size_t n, float factor) {
   DDP_GRID_STRIDE_LOOP(i, n) data[i] = __fmul_rn(data[i], factor);
 }
 
+// CpuDevice::add: dst[i] += src[i].
+__global__ void add_kernel(float* __restrict__ dst, const float* __restrict__ src, size_t n) {
+  DDP_GRID_STRIDE_LOOP(i, n) dst[i] = __fadd_rn(dst[i], src[i]);
+}
+
 // w[k] += -lr * (wd != 0.0f ? g[k] + wd * w[k] : g[k]);
 //   d = g + (wd * w);  w = w + ((-lr) * d)
 __global__ void sgd_plain_kernel(float* __restrict__ w, const float* __restrict__ g, size_t n, float lr,
@@ -130,6 +135,12 @@ void scale(void* stream, float* data, size_t n, float factor) {
   if (n == 0) return;
   scale_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(data, n, factor);
   check_launch("scale");
+}
+
+void add(void* stream, float* dst, const float* src, size_t n) {
+  if (n == 0) return;
+  add_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(dst, src, n);
+  check_launch("add");
 }
 
 void convert(void* stream, void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t n) {

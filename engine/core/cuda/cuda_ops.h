@@ -22,6 +22,8 @@ namespace ddp::cuda_ops {
 void fill(void* stream, float* data, size_t n, float value);
 // data[0, n) *= factor.
 void scale(void* stream, float* data, size_t n, float factor);
+// dst[0, n) += src[0, n).
+void add(void* stream, float* dst, const float* src, size_t n);
 
 // dst[0, n) = src[0, n) converted: float32 to bfloat16 or float16 and back,
 // rounding to nearest even (convert.h; the caller has checked the pair).

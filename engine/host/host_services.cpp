@@ -1,0 +1,76 @@
+// host_services.cpp — HostServices (plugin_host.h): the parameter and unit
+// tables the host vtable hands out, and the gradient storage a strategy
+// claims and binds (ddp_host::claim, bind): the engine's own gradient
+// block shrinks to what it still owns, and a claimed gradient points
+// wherever the strategy says, or nowhere.
+#include "plugin_host.h"
+
+namespace ddp {
+
+void HostServices::refresh_param_table() {
+  param_table.clear();
+  unit_table.clear();
+  if (!model) return;
+  auto& params = model->params();
+  param_table.resize(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    Parameter& p = params[i];
+    ddp_param& e = param_table[i];
+    e = ddp_param{};
+    e.name = p.name.c_str(), e.index = i, e.data = p.data.data();
+    e.grad = p.trainable ? p.grad.data() : nullptr;
+    e.numel = p.data.numel(), e.dtype = DDP_FLOAT32, e.trainable = p.trainable ? 1 : 0;
+    e.ndim = p.shape.size(), e.shape = p.shape.data(), e.unit = p.unit, e.uses = p.uses;
+  }
+  for (size_t u = 0; u < model->units().size(); ++u) {
+    const Unit& unit = model->units()[u];
+    unit_table.push_back(ddp_unit{unit.name.c_str(), u, unit.params.data(), unit.params.size(), unit.tied.data(),
+                                  unit.tied.size()});
+  }
+}
+
+void HostServices::claim_grads(const size_t* indices, size_t count) {
+  if (!claims_open)
+    throw Error("claim: only in on_train_begin, or in on_step_begin of a step's first micro-batch (the engine "
+                "repacks its own gradients then)", DDP_ERR_INVALID_ARGUMENT);
+  auto& params = model->params();
+  bool changed = false;
+  for (size_t k = 0; k < count; ++k) {
+    if (indices[k] >= params.size())
+      throw Error("claim: parameter index " + std::to_string(indices[k]) + " is not in the table of " +
+                  std::to_string(params.size()), DDP_ERR_INVALID_ARGUMENT);
+    Parameter& p = params[indices[k]];
+    if (!p.trainable)
+      throw Error("claim: parameter '" + p.name + "' is frozen: a strategy may claim the gradient storage of "
+                  "trainable parameters only", DDP_ERR_INVALID_ARGUMENT);
+    if (p.claimed) continue;
+    p.claimed = true;
+    p.grad = Tensor::view(*device, nullptr, p.shape);  // bound to nothing until the strategy binds it
+    changed = true;
+  }
+  if (!changed) return;
+  model->pack_gradients(*device);  // the engine's block shrinks to what it still owns
+  refresh_param_table();
+}
+
+void HostServices::bind_grad(size_t index, void* ptr) {
+  auto& params = model->params();
+  if (index >= params.size())
+    throw Error("bind: parameter index " + std::to_string(index) + " is not in the table of " +
+                std::to_string(params.size()), DDP_ERR_INVALID_ARGUMENT);
+  Parameter& p = params[index];
+  if (!p.claimed)
+    throw Error("bind: the gradient of parameter '" + p.name + "' is the engine's: claim it first (ddp_host::claim)",
+                DDP_ERR_INVALID_ARGUMENT);
+  p.grad.point_view_at(static_cast<float*>(ptr));
+  param_table[index].grad = ptr;
+}
+
+bool HostServices::claims_any() const {
+  if (!model) return false;
+  for (const Parameter& p : model->params())
+    if (p.claimed) return true;
+  return false;
+}
+
+}  // namespace ddp

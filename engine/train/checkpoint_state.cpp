@@ -1,0 +1,185 @@
+// checkpoint_state.cpp — see checkpoint_state.h.
+#include "checkpoint_state.h"
+
+#include <algorithm>
+
+#include "error.h"
+#include "safetensors.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+// The suffixes of a parameter's state tensors: first, second.
+std::pair<std::string, std::string> state_names(bool adamw) {
+  return adamw ? std::make_pair(".exp_avg", ".exp_avg_sq") : std::make_pair(".momentum_buffer", "");
+}
+
+std::string state_file(int rank) { return "optimizer-" + std::to_string(rank) + ".safetensors"; }
+std::string piece_name(const std::string& tensor, size_t offset) { return tensor + "@" + std::to_string(offset); }
+
+enum Held { kNone = 0, kWhole = 1, kPieces = 2 };
+
+// This rank's pieces of the parameters no rank holds whole, as (param,
+// offset, count) triples, padded with -1 to `slots` triples.
+std::vector<double> my_pieces(const CheckpointInput& in, const std::vector<int>& whole_writer, size_t slots) {
+  std::vector<double> out;
+  for (size_t i = 0; i < in.params.size(); ++i) {
+    if (whole_writer[i] >= 0) continue;
+    for (const auto& [offset, count] : in.optimizer.state_ranges(i))
+      out.insert(out.end(), {double(i), double(offset), double(count)});
+  }
+  out.resize(3 * slots, -1.0);
+  return out;
+}
+
+}  // namespace
+
+StateLayout gather_state_layout(const CheckpointInput& in) {
+  const size_t n = in.params.size(), stride = 2 * n + 1;
+  std::vector<double> mine(stride, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    if (!in.optimizer.has_state(i)) continue;
+    const bool whole = in.optimizer.whole_state(i, in.params[i].data.numel());
+    mine[i] = whole ? kWhole : kPieces;
+    mine[n + i] = double(in.optimizer.state_steps(i));
+    if (!whole) mine[2 * n] += double(in.optimizer.state_ranges(i).size());
+  }
+  std::vector<double> all(stride * size_t(in.world));
+  in.all_gather(mine, all);
+  StateLayout layout;
+  std::vector<double> whole(n * size_t(in.world));
+  size_t slots = 0;
+  for (int r = 0; r < in.world; ++r) {
+    for (size_t i = 0; i < n; ++i) whole[size_t(r) * n + i] = all[size_t(r) * stride + i] == kWhole ? 1.0 : 0.0;
+    slots = std::max(slots, size_t(all[size_t(r) * stride + 2 * n]));
+  }
+  layout.whole_writer = state_writers(whole, n, in.world);
+  layout.steps.assign(n, 0);
+  for (size_t i = 0; i < n; ++i)
+    for (int r = in.world - 1; r >= 0; --r)  // the writer's, else the lowest piece holder's
+      if (all[size_t(r) * stride + i] != kNone && (layout.whole_writer[i] < 0 || layout.whole_writer[i] == r))
+        layout.steps[i] = int64_t(all[size_t(r) * stride + n + i]);
+  if (slots == 0) return layout;
+  const std::vector<double> pieces = my_pieces(in, layout.whole_writer, slots);
+  std::vector<double> every(pieces.size() * size_t(in.world));
+  in.all_gather(pieces, every);
+  for (int r = 0; r < in.world; ++r)
+    for (size_t k = 0; k < slots; ++k) {
+      const double* t = &every[(size_t(r) * slots + k) * 3];
+      if (t[0] < 0) continue;
+      layout.pieces[size_t(t[0])].push_back({state_file(r), size_t(t[1]), size_t(t[2])});
+    }
+  for (auto& [i, list] : layout.pieces)
+    std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  return layout;
+}
+
+std::string write_state_file(const CheckpointInput& in, const StateLayout& layout, const fs::path& dir) {
+  const auto [first, second] = state_names(in.optimizer.is_adamw());
+  std::vector<std::vector<float>> values;  // kept alive until written
+  std::vector<NamedFloats> tensors;
+  const auto add = [&](const std::string& name, Shape shape, std::vector<float>&& v) {
+    if (!v.empty()) tensors.push_back({name, std::move(shape), values.emplace_back(std::move(v)).data()});
+  };
+  for (size_t i = 0; i < in.params.size(); ++i) {
+    const Parameter& p = in.params[i];
+    const bool writes_whole = layout.whole_writer[i] == in.rank;
+    if (!writes_whole && (layout.whole_writer[i] >= 0 || !layout.pieces.count(i))) continue;
+    for (SavedState& s : in.optimizer.saved(i)) {
+      if (writes_whole) {
+        add(p.name + first, p.shape, std::move(s.first));
+        add(p.name + second, p.shape, std::move(s.second));
+      } else {
+        add(piece_name(p.name + first, s.offset), Shape{int64_t(s.count)}, std::move(s.first));
+        if (!second.empty()) add(piece_name(p.name + second, s.offset), Shape{int64_t(s.count)}, std::move(s.second));
+      }
+    }
+  }
+  if (tensors.empty()) return "";
+  const std::string file = state_file(in.rank);
+  write_safetensors((dir / file).string(), tensors);
+  return file;
+}
+
+json state_json(const CheckpointInput& in, const StateLayout& layout) {
+  json state = json::object();
+  for (size_t i = 0; i < in.params.size(); ++i) {
+    const std::string& name = in.params[i].name;
+    if (layout.whole_writer[i] >= 0) {
+      state[name] = {{"file", state_file(layout.whole_writer[i])}, {"steps", layout.steps[i]}};
+    } else if (layout.pieces.count(i)) {
+      json pieces = json::array();
+      for (const CheckpointMeta::Piece& p : layout.pieces.at(i))
+        pieces.push_back({{"file", p.file}, {"offset", p.offset}, {"count", p.count}});
+      state[name] = {{"steps", layout.steps[i]}, {"pieces", pieces}};
+    }
+  }
+  return state;
+}
+
+std::vector<float> join_pieces(const std::vector<std::pair<size_t, std::vector<float>>>& pieces, size_t numel,
+                               const std::string& what) {
+  std::vector<float> out(numel);
+  size_t next = 0;
+  for (const auto& [offset, values] : pieces) {
+    if (offset != next || values.size() > numel - offset)
+      throw Error(what + ": its pieces of optimizer state do not cover its " + std::to_string(numel) +
+                      " elements once each (a piece at " + std::to_string(offset) + " where " +
+                      std::to_string(next) + " was next)",
+                  DDP_ERR_INVALID_ARGUMENT);
+    std::copy(values.begin(), values.end(), out.begin() + long(offset));
+    next = offset + values.size();
+  }
+  if (next != numel)
+    throw Error(what + ": its pieces of optimizer state end at element " + std::to_string(next) + " of " +
+                    std::to_string(numel),
+                DDP_ERR_INVALID_ARGUMENT);
+  return out;
+}
+
+std::map<size_t, SavedState> read_states(const std::string& path, const CheckpointMeta& meta,
+                                         const std::vector<Parameter>& params, const Optimizer& optimizer) {
+  std::map<std::string, std::map<std::string, HostTensor>> files;
+  const auto tensors_of = [&](const std::string& file) -> const std::map<std::string, HostTensor>& {
+    if (!files.count(file)) files[file] = read_safetensors((fs::path(path) / file).string());
+    return files[file];
+  };
+  // What checkpoint.json says is there must be: a state taken up without
+  // its moments would train on from zeros without a word.
+  const auto take = [&](const std::string& file, const std::string& tensor, bool required) {
+    const auto& tensors = tensors_of(file);
+    const auto t = tensors.find(tensor);
+    if (t == tensors.end() && required)
+      throw Error((fs::path(path) / file).string() + ": no tensor '" + tensor +
+                      "', which checkpoint.json says holds its state",
+                  DDP_ERR_INVALID_ARGUMENT);
+    return t == tensors.end() ? std::vector<float>() : t->second.as_floats((fs::path(path) / file).string(), tensor);
+  };
+  const auto [first, second] = state_names(optimizer.is_adamw());
+  const bool firsts = optimizer.keeps_state(), seconds = optimizer.is_adamw();
+  std::map<size_t, SavedState> states;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Parameter& p = params[i];
+    const auto s = meta.state.find(p.name);
+    if (s == meta.state.end()) continue;
+    if (s->second.pieces.empty()) {
+      states[i] = SavedState{s->second.steps, take(s->second.file, p.name + first, firsts),
+                             seconds ? take(s->second.file, p.name + second, true) : std::vector<float>()};
+      continue;
+    }
+    std::vector<std::pair<size_t, std::vector<float>>> a, b;
+    for (const CheckpointMeta::Piece& piece : s->second.pieces) {
+      a.emplace_back(piece.offset, take(piece.file, piece_name(p.name + first, piece.offset), firsts));
+      if (seconds) b.emplace_back(piece.offset, take(piece.file, piece_name(p.name + second, piece.offset), true));
+    }
+    const std::string what = (fs::path(path) / "checkpoint.json").string() + ": '" + p.name + "'";
+    states[i] = SavedState{s->second.steps, firsts ? join_pieces(a, p.data.numel(), what) : std::vector<float>(),
+                           seconds ? join_pieces(b, p.data.numel(), what) : std::vector<float>()};
+  }
+  return states;
+}
+
+}  // namespace ddp
