@@ -196,7 +196,6 @@ void LmModel::add_param(const std::string& name, Shape shape) {
   p.name = name;
   p.shape = shape;
   p.data = Tensor(device_, shape, MemCategory::Parameters);
-  p.grad = Tensor(device_, shape, MemCategory::Gradients);
   params_.push_back(std::move(p));
 }
 
@@ -399,8 +398,10 @@ std::vector<Unit> lm_units(const LmConfig& config) {
   return units;
 }
 
-std::unique_ptr<Model> make_lm(const LmConfig& config, Device& device, uint64_t seed) {
-  return std::make_unique<LmModel>(config, device, seed);
+std::unique_ptr<Model> make_lm(const LmConfig& config, Device& device, uint64_t seed, bool with_gradients) {
+  auto model = std::make_unique<LmModel>(config, device, seed);
+  if (with_gradients) model->pack_gradients(device);
+  return model;
 }
 
 }  // namespace ddp

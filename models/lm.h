@@ -149,7 +149,9 @@ class LmModel final : public Model {
   Tensor dscores_;  // attention backward's scratch (CPU: [T, T])
 };
 
-std::unique_ptr<Model> make_lm(const LmConfig& config, Device& device, uint64_t seed);
+// `with_gradients`: with its gradients (pack_gradients); the engine makes
+// them itself, once it knows which a strategy claims.
+std::unique_ptr<Model> make_lm(const LmConfig& config, Device& device, uint64_t seed, bool with_gradients = true);
 
 // Its units, in forward order: "embedding" (token_embeddings), "layers.{l}"
 // (the block's 9 parameters) for each block, "head" (ln_final, lm_head).

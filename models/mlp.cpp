@@ -61,7 +61,6 @@ void MlpModel::add_param(const std::string& name, Shape shape, int64_t fan_in,
   p.name = name;
   p.shape = shape;
   p.data = Tensor(device_, shape, MemCategory::Parameters);
-  p.grad = Tensor(device_, shape, MemCategory::Gradients);
   std::vector<float> host(p.data.numel());  // drawn on the host, then uploaded
   layers::init_uniform(host.data(), static_cast<int64_t>(host.size()),
                        1.0f / std::sqrt(static_cast<float>(fan_in)), rng);
@@ -199,8 +198,10 @@ void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   }
 }
 
-std::unique_ptr<Model> make_mlp(const MlpConfig& config, Device& device, uint64_t seed) {
-  return std::make_unique<MlpModel>(config, device, seed);
+std::unique_ptr<Model> make_mlp(const MlpConfig& config, Device& device, uint64_t seed, bool with_gradients) {
+  auto model = std::make_unique<MlpModel>(config, device, seed);
+  if (with_gradients) model->pack_gradients(device);
+  return model;
 }
 
 }  // namespace ddp

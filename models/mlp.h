@@ -67,7 +67,8 @@ class MlpModel final : public Model {
   Tensor dact_, dtmp_;            // [rows, width] backward scratch (ping-pong)
 };
 
-std::unique_ptr<Model> make_mlp(const MlpConfig& config, Device& device, uint64_t seed);
+// `with_gradients`: as make_lm's.
+std::unique_ptr<Model> make_mlp(const MlpConfig& config, Device& device, uint64_t seed, bool with_gradients = true);
 
 // Its units: "layers.{i}" (weight and bias) for i < depth, then "head".
 std::vector<Unit> mlp_units(const MlpConfig& config);

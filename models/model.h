@@ -26,8 +26,9 @@ struct Parameter {
   size_t unit = DDP_NO_UNIT;  // the unit that owns it (Model::units)
   Tensor data;   // category Parameters
   // Category Gradients, iff trainable: a view of the block pack_gradients
-  // makes, or of the strategy's memory where it claimed the gradient
-  // (`claimed`; then undefined while the strategy binds none).
+  // makes (undefined until it has run: the engine runs it once the
+  // strategy could claim), or of the strategy's memory where it claimed
+  // the gradient (`claimed`; then undefined while the strategy binds none).
   Tensor grad;
   bool claimed = false;
 };
@@ -108,6 +109,7 @@ class Model {
   // Claimed gradients (Parameter::claimed) are left out: their storage is
   // the strategy's.
   void pack_gradients(Device& device);
+  bool gradients_packed() const { return packed_; }  // whether pack_gradients has made them
   virtual int64_t input_width() const = 0;
   virtual int64_t output_width() const = 0;
 
@@ -172,7 +174,8 @@ class Model {
   std::vector<Parameter> params_;
   std::vector<Unit> units_;
   UnitHook unit_hook_;
-  Tensor gradient_block_;  // pack_gradients: the memory of every grad, which are views of it
+  Tensor gradient_block_;
+  bool packed_ = false;  // pack_gradients: the memory of every grad, which are views of it
   RangeHook range_hook_;
   std::vector<std::string> range_names_;  // the models' per-layer names for lap()
 };
@@ -182,6 +185,8 @@ class Model {
 // Error for an unknown name. (The lm and mlp models, which take sizes, are
 // made by make_lm in lm.h and make_mlp in mlp.h; registry.h builds any
 // model by name and options.)
-std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint64_t seed);
+// `with_gradients`: with its gradients (pack_gradients); the engine makes
+// them itself, once it knows which a strategy claims.
+std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint64_t seed, bool with_gradients = true);
 
 }  // namespace ddp

@@ -59,7 +59,6 @@ class SequentialMse final : public Model {
     p.trainable = trainable;
     p.uses = uses;
     p.data = Tensor(device_, shape, MemCategory::Parameters);
-    if (trainable) p.grad = Tensor(device_, shape, MemCategory::Gradients);
     params_.push_back(std::move(p));
   }
 
@@ -196,9 +195,7 @@ void init_uniform(Device& device, Parameter& p, int64_t fan_in, std::mt19937_64&
   device.upload(p.data.data(), host.data(), p.data.bytes());
 }
 
-}  // namespace
-
-std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint64_t seed) {
+std::unique_ptr<Model> make_toy(const std::string& name, Device& device, uint64_t seed) {
   std::mt19937_64 rng(seed);
   if (name == "toy") {
     // 0 no_grad_fixed_param, 1 fc1.weight, 2 fc2.fc.weight, 3 fc2.fc.bias, 4 fc3.weight
@@ -241,7 +238,16 @@ std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint6
   throw Error("unknown model '" + name + "' (known: toy, toy_tied)");
 }
 
+}  // namespace
+
+std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint64_t seed, bool with_gradients) {
+  std::unique_ptr<Model> model = make_toy(name, device, seed);
+  if (with_gradients) model->pack_gradients(device);
+  return model;
+}
+
 void Model::pack_gradients(Device& device) {
+  packed_ = true;
   size_t total = 0;
   for (Parameter& p : params_) {
     if (p.claimed) continue;  // the strategy's storage
@@ -292,6 +298,9 @@ void Model::declare_units(std::vector<Unit> units) {
 
 void Model::unbound_gradient(size_t index) const {
   const Parameter& p = params_[index];
+  if (!p.claimed)
+    throw Error("backward reached the gradient of '" + p.name + "', which has no storage: the model's gradients "
+                "were never made (Model::pack_gradients)", DDP_ERR_INTERNAL);
   const std::string unit = p.unit < units_.size() ? units_[p.unit].name : std::string("?");
   throw Error("backward reached the gradient of '" + p.name + "', whose storage the strategy claimed and bound " +
               "none to: bind it (ddp_host::bind) at the latest in on_unit(BACKWARD_BEGIN) of unit '" + unit +

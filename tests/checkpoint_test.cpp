@@ -13,10 +13,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "checkpoint.h"
+#include "checkpoint_state.h"
 #include "harness.h"
 
 namespace ddp {
@@ -37,6 +39,8 @@ const std::vector<Strategy> kStrategies = {
     {"bucketed", "bucketed", "bucket_mb = 0.001\n"},
     {"sharded_broadcast", "sharded", "variant = \"broadcast\"\nbucket_mb = 0.001\n"},
     {"sharded_allgather", "sharded", "variant = \"allgather\"\n"},
+    // ZeRO-2: optimizer state in pieces, element ranges of each rank.
+    {"sharded_stage2", "sharded", "stage = 2\nbucket_mb = 0.0001\n"},
 };
 
 const std::string kSgd = "[optimizer]\nname = \"sgd\"\nlr = 0.1\nmomentum = 0.9\n";
@@ -144,7 +148,9 @@ TEST(ResumeElsewhere, TwoToFourAndFourToTwoRanksAcrossStrategiesWithinTolerance)
       int from_world, to_world;
       size_t from, to;  // indices into kStrategies
     };
-    for (const Move m : {Move{2, 4, 5, 3}, Move{2, 4, 4, 5}, Move{4, 2, 0, 5}, Move{4, 2, 5, 4}}) {
+    // ... and from ZeRO stage 1 to 2 and back, from bucketed to stage 2 and back.
+    for (const Move m : {Move{2, 4, 5, 3}, Move{2, 4, 4, 5}, Move{4, 2, 0, 5}, Move{4, 2, 5, 4}, Move{2, 4, 5, 6},
+                         Move{4, 2, 6, 5}, Move{2, 2, 3, 6}, Move{4, 4, 6, 3}, Move{2, 4, 6, 6}}) {
       TempDir dir;
       const RunResult first = run_ok(toml(kStrategies[m.from], o), m.from_world, checkpointing(dir.path));
       const RunResult resumed = run_ok(toml(kStrategies[m.to], o), m.to_world, checkpointing(dir.path),
@@ -156,6 +162,47 @@ TEST(ResumeElsewhere, TwoToFourAndFourToTwoRanksAcrossStrategiesWithinTolerance)
       EXPECT_LE(max_weight_difference(whole, first), tolerance) << what;
     }
   }
+}
+
+// Stage 2's state in pieces through 2 → 4 → 3 ranks, each leg a resume
+// of the last one's checkpoint (random data: 24 rows divide 2, 3 and 4).
+TEST(ResumeElsewhere, Stage2FromTwoToFourToThreeRanksWithinTolerance) {
+  for (const char* optimizer : {"sgd", "adamw"}) {
+    const std::string o = optimizer == std::string("sgd") ? kSgd : kAdamW;
+    const float tolerance = optimizer == std::string("sgd") ? 1e-6f : 1e-5f;
+    std::string config = toml(kStrategies[6], o);
+    config.replace(config.find("path = "), config.find("batch_size") - config.find("path = "), "kind = \"random\"\n");
+    config.replace(config.find("batch_size = 20"), 15, "batch_size = 24");
+    const RunResult whole = run_ok(config, 2);
+    TempDir dir;
+    run_ok(config, 2, checkpointing(dir.path));
+    std::vector<std::string> sets = checkpointing(dir.path);
+    run_ok(config, 4, sets, dir.path + "/step-00000002");
+    const RunResult last = run_ok(config, 3, sets, dir.path + "/step-00000004");
+    EXPECT_EQ(last.summary["first_step"], 4);
+    EXPECT_LE(max_weight_difference(whole, last), tolerance) << optimizer << ": stage 2 on 2 → 4 → 3 ranks";
+  }
+}
+
+// What a checkpoint of stage 2 holds: every parameter's state in pieces
+// that tile it, one file per rank.
+TEST(Checkpoint, Stage2WritesEachRanksPiecesAndIndexesThem) {
+  TempDir dir;
+  run_ok(toml(kStrategies[6], kAdamW), 2, checkpointing(dir.path));
+  std::ifstream in(dir.path + "/step-00000006/checkpoint.json");
+  const nlohmann::json meta = nlohmann::json::parse(in);
+  const nlohmann::json& fc2 = meta["state"]["fc2.fc.weight"];
+  ASSERT_TRUE(fc2.contains("pieces")) << meta["state"].dump();
+  size_t next = 0;
+  std::set<std::string> files;
+  for (const auto& piece : fc2["pieces"]) {
+    EXPECT_EQ(piece["offset"], next);
+    next += piece["count"].get<size_t>();
+    files.insert(piece["file"].get<std::string>());
+  }
+  EXPECT_EQ(next, 500u);  // fc2.fc.weight: 50 x 10
+  EXPECT_EQ(files, (std::set<std::string>{"optimizer-0.safetensors", "optimizer-1.safetensors"}));
+  EXPECT_EQ(fc2["steps"], 6);
 }
 
 TEST(ResumeRefused, AConfigThatChangesWhatTheRunTrainsNamesTheKey) {
@@ -280,6 +327,23 @@ TEST(Checkpoint, ResumeMayChangeHowTheRunRunsNotWhatItTrains) {
 TEST(Checkpoint, TheLowestRankHoldingAStateWritesIt) {
   // 3 parameters, 3 ranks: parameter 0 on every rank, 1 on ranks 1 and 2, 2 on none.
   EXPECT_EQ(state_writers({1, 0, 0, 1, 1, 0, 1, 1, 0}, 3, 3), (std::vector<int>{0, 1, -1}));
+}
+
+TEST(Checkpoint, PiecesOfStateJoinOnlyWhereTheyTileTheParameterOnce) {
+  EXPECT_EQ(join_pieces({{0, {1, 2}}, {2, {3}}}, 3, "'w'"), (std::vector<float>{1, 2, 3}));
+  const auto refusal = [](const std::vector<std::pair<size_t, std::vector<float>>>& pieces) {
+    try {
+      join_pieces(pieces, 3, "'w'");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("joined");
+  };
+  EXPECT_EQ(refusal({{0, {1}}, {2, {3}}}),
+            "'w': its pieces of optimizer state do not cover its 3 elements once each (a piece at 2 where 1 was next)");
+  EXPECT_EQ(refusal({{0, {1, 2}}, {1, {3, 4}}}),
+            "'w': its pieces of optimizer state do not cover its 3 elements once each (a piece at 1 where 2 was next)");
+  EXPECT_EQ(refusal({{0, {1, 2}}}), "'w': its pieces of optimizer state end at element 2 of 3");
 }
 
 TEST(Checkpoint, KeepLeavesTheNewestWholeOnesAndNoPartials) {

@@ -66,6 +66,8 @@ void load_weights(Device& device, Model& m, const Tensors& t, const std::string&
 }
 
 void zero_grads(Device& device, Model& m) {
+  for (Parameter& p : m.params())  // a model built directly has none yet: one tensor each
+    if (!p.grad.defined()) p.grad = Tensor(device, p.shape, MemCategory::Gradients);
   for (Parameter& p : m.params()) device.fill(p.grad.data(), p.grad.numel(), 0.0f, device.compute_stream());
 }
 
@@ -164,10 +166,13 @@ void check_golden(Device& device, Model& m, const Tensors& t, const std::string&
     }
   }
   // AdamW turns near-zero gradient entries into lr-sized steps whose sign
-  // depends on rounding (fixtures/README.md): absolute 1e-3 on the weights.
+  // depends on rounding (fixtures/README.md), and the rounding is the BLAS
+  // kernel's: absolute 2.5e-3 on the weights. Measured worst on lm-tiny,
+  // OPENBLAS_CORETYPE forced on one AMD EPYC: SkylakeX and Prescott under
+  // 1e-3, Haswell and Zen 1.14e-3, Sandybridge and Nehalem 1.85e-3.
   for (const Parameter& p : m.params())
     expect_close("adamw_final/" + p.name, p.data.to_host(), floats(t, file, "adamw_final/" + p.name),
-                 0.0, 1e-3);
+                 0.0, 2.5e-3);
 }
 
 // Within 1e-5 relative of the CPU's values, with an absolute floor of 1e-5

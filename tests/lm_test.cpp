@@ -56,6 +56,8 @@ const Strategy kStrategies[] = {
     {"bucketed", "plugin = \"bucketed\"\nbucket_mb = 0.1\n"},
     {"sharded_broadcast", "plugin = \"sharded\"\nvariant = \"broadcast\"\nbucket_mb = 0.1\n"},
     {"sharded_allgather", "plugin = \"sharded\"\nvariant = \"allgather\"\n"},
+    {"sharded_stage2", "plugin = \"sharded\"\nstage = 2\nbucket_mb = 0.1\n"},
+    {"sharded_stage2_one_bucket", "plugin = \"sharded\"\nstage = 2\n"},
 };
 
 TEST(LmTiny, EveryStrategyEqualsSingleProcess) {
@@ -114,6 +116,19 @@ TEST(LmTiny, MemoryAccountingIsExact) {
   EXPECT_EQ(shard_bytes[0] + shard_bytes[1], 4 * count);
   for (int r = 0; r < 2; ++r)  // AdamW: two moments per owned weight
     EXPECT_EQ(sharded.summary["ranks"][r]["peak_bytes"]["optimizer_state"], 2 * shard_bytes[r]) << "rank " << r;
+
+  // Stage 2: a rank's gradients are its shard and the ring of buckets in
+  // flight, nothing of the engine's; its state, its own elements'.
+  const harness::RunResult stage2 =
+      harness::run(lm_tiny(1, adamw, "plugin = \"sharded\"\nstage = 2\nbucket_mb = 0.1\n"), 2);
+  ASSERT_TRUE(stage2.failures.empty()) << stage2.failures[0];
+  const auto& stats = stage2.summary["strategy_stats"];
+  const int64_t shard = stats["shard_elements"], ring = stats["ring_elements"], owned = stats["owned_elements"];
+  EXPECT_LT(shard, count / 2 + 16 * int64_t(stats["buckets"].size()));
+  EXPECT_LT(ring, count);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(stage2.summary["ranks"][r]["peak_bytes"]["gradients"], 4 * (shard + ring)) << "rank " << r;
+  EXPECT_EQ(stage2.summary["ranks"][0]["peak_bytes"]["optimizer_state"], 2 * 4 * owned);
 }
 
 std::string dataset_error(const std::string& path, int64_t context) {

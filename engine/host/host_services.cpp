@@ -31,8 +31,8 @@ void HostServices::refresh_param_table() {
 
 void HostServices::claim_grads(const size_t* indices, size_t count) {
   if (!claims_open)
-    throw Error("claim: only in on_train_begin, or in on_step_begin of a step's first micro-batch (the engine "
-                "repacks its own gradients then)", DDP_ERR_INVALID_ARGUMENT);
+    throw Error("claim: only in create, on_train_begin, or on_step_begin of a step's first micro-batch (the "
+                "engine's own gradients hold nothing then)", DDP_ERR_INVALID_ARGUMENT);
   auto& params = model->params();
   bool changed = false;
   for (size_t k = 0; k < count; ++k) {

@@ -56,8 +56,8 @@ struct HostServices {
   std::function<void(const size_t* indices, size_t count)> run_optimizer;
   // ddp_host::run_optimizer_ranges: the same on element ranges.
   std::function<void(const ddp_range* ranges, size_t count)> run_optimizer_ranges;
-  // Whether a strategy may claim storage now: in on_train_begin, or in
-  // on_step_begin of a step's first micro-batch (the engine repacks its
+  // Whether a strategy may claim storage now: in create, on_train_begin,
+  // or on_step_begin of a step's first micro-batch (the engine repacks its
   // gradients then, when they hold nothing yet). The trainer sets it.
   bool claims_open = false;
 

@@ -40,8 +40,7 @@ std::unique_ptr<Model> set_up_model(const Config& config, Device& device, uint64
   auto model = build_model(config.model.name, config.model.options, device, seed, shape);
   if (!config.model.init_from.empty()) load_init(config.model.init_from, *model, device);
   freeze(config.model.freeze, *model, config.model.name);
-  model->pack_gradients(device);
-  return model;
+  return model;  // gradients: the trainer packs them once the strategy could claim some
 }
 
 void check_unfreeze(const std::vector<UnfreezeConfig>& schedule, const Model& model, const std::string& model_name) {
@@ -64,7 +63,8 @@ bool apply_unfreeze(const std::vector<UnfreezeConfig>& schedule, int64_t step, M
       changed = true;
     }
   }
-  if (changed) model.pack_gradients(device);  // every gradient moves: the table is refreshed
+  // Every gradient moves (the table is refreshed), once they exist.
+  if (changed && model.gradients_packed()) model.pack_gradients(device);
   return changed;
 }
 

@@ -15,18 +15,18 @@
 namespace ddp {
 
 // The config's model on `device`, initialised from `seed` (then from
-// model.init_from, if set), with model.freeze applied and the gradients
-// packed (Model::pack_gradients); `shape` receives what
-// data it reads. Throws ConfigError for a freeze pattern that matches no
+// model.init_from, if set), with model.freeze applied and no gradients
+// yet (the trainer packs them once the strategy could claim some:
+// Model::pack_gradients); `shape` receives what data it reads. Throws ConfigError for a freeze pattern that matches no
 // parameter, Error for a bad init file.
 std::unique_ptr<Model> set_up_model(const Config& config, Device& device, uint64_t seed, DataShape* shape);
 
 // Throws ConfigError for an unfreeze pattern that matches no parameter.
 void check_unfreeze(const std::vector<UnfreezeConfig>& schedule, const Model& model, const std::string& model_name);
 
-// Makes the parameters scheduled for `step` trainable and packs every
-// trainable gradient anew (Model::pack_gradients: all zero, all moved);
-// returns whether any changed.
+// Makes the parameters scheduled for `step` trainable and, where the
+// gradients exist already, packs every trainable gradient anew
+// (Model::pack_gradients: all zero, all moved); returns whether any changed.
 bool apply_unfreeze(const std::vector<UnfreezeConfig>& schedule, int64_t step, Model& model, Device& device);
 
 }  // namespace ddp

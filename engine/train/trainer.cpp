@@ -96,7 +96,12 @@ void RankRun::set_up() {
   services_.refresh_param_table();
   refresh_trainable();
   plugins_ = std::make_unique<RankPlugins>(config_, services_);
+  services_.claims_open = true;  // a strategy may claim gradient storage in create
   plugins_->start(config_, timeline_->trace());
+  services_.claims_open = false;
+  // The engine's gradients, now that it knows which it holds.
+  if (!model_->gradients_packed()) model_->pack_gradients(*device_);
+  services_.refresh_param_table();
   model_->set_unit_hook([this](size_t unit, ddp_unit_phase phase) { plugins_->on_unit(unit, phase); });
   agree_before_training(*store_, r, fingerprint(config_, model_->params(), plugins_->identity()));
   remaining_uses_.assign(model_->params().size(), 0);

@@ -1,15 +1,18 @@
-// sharded.cpp — the `sharded` strategy: optimizer state sharding, ZeRO
-// stage 1 (CS336 assignment 2, "Optimizer State Sharding"; Rajbhandari et
-// al. 2020, P_os). Every trainable parameter has one owner rank
+// sharded.cpp — the `sharded` strategy: ZeRO (Rajbhandari et al. 2020)
+// stage 1, optimizer state sharding (CS336 assignment 2, "Optimizer State
+// Sharding"; P_os), and stage 2, gradients sharded too (P_os+g; stage2.h).
+//
+// Stage 1 (the default). Every trainable parameter has one owner rank
 // (strategies/common/partition.h: size-balanced, the same on every rank);
 // each rank runs the engine's optimizer on the parameters it owns only, so
 // the engine creates optimizer state for 1/N of the model per rank; then
 // the owners send the updated parameters to everyone.
 //
 // Keys ([strategy]):
-//   variant   = "broadcast" (default) | "allgather"
-//   bucket_mb = 25.0  gradient bucket cap, MiB, or "auto" (variant broadcast;
-//                     ../common/bucket_cap.h)
+//   stage     = 1 (default) | 2
+//   variant   = "broadcast" (default) | "allgather"   (stage 1)
+//   bucket_mb = 25.0  gradient bucket cap, MiB, or "auto" (stage 1's variant
+//                     broadcast, and stage 2; ../common/bucket_cap.h)
 //
 // variant "broadcast" (the assignment's form): gradients are averaged as in
 // `bucketed`, by the same code (../common/bucket_sync.h, which also states
@@ -47,6 +50,7 @@
 #include "../common/partition.h"
 #include "../common/stats.h"
 #include "../common/strategy_util.h"
+#include "stage2.h"
 
 using ddp::plugin::DeviceBuffer;
 using ddp::plugin::Failure;
@@ -64,6 +68,8 @@ constexpr size_t kFloat = sizeof(float);
 }  // namespace
 
 struct ddp_strategy_s : StrategyBase {
+  int stage = 1;
+  ddp::strategy::Stage2 stage2;  // stage 2's gradients and shards (unused in stage 1)
   Variant variant = Variant::Broadcast;
   std::string variant_name;
   ds::BucketCap bucket_cap;   // the bucket_mb key (variant broadcast): MiB or "auto"
@@ -87,14 +93,15 @@ struct ddp_strategy_s : StrategyBase {
   DeviceBuffer shard;               // [S]: this rank's averaged grads, then params
 
   ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c)
-      : StrategyBase(h, t, c), buckets(*this) {}
+      : StrategyBase(h, t, c), stage2(*this), buckets(*this) {}
 };
 
 namespace {
 
 constexpr ddp_key kKeys[] = {
-    {"variant", "string", "\"broadcast\" (default): all-reduce in buckets, broadcast the updated shards; \"allgather\""},
-    {"bucket_mb", "float or \"auto\"", "variant broadcast: the most MiB of gradients per bucket (default 25)"},
+    {"stage", "int", "ZeRO stage: 1 (default) shards optimizer state; 2 the gradients too"},
+    {"variant", "string", "stage 1: \"broadcast\" (default): all-reduce in buckets, broadcast the updated shards; \"allgather\""},
+    {"bucket_mb", "float or \"auto\"", "stage 1's variant broadcast, stage 2: the most MiB of gradients per bucket (default 25)"},
     {nullptr, nullptr, nullptr},
 };
 
@@ -162,6 +169,17 @@ ddp_status sharded_create(const ddp_host* host, const ddp_transport_v1_t* transp
         host->run_optimizer == nullptr)
       throw Failure(DDP_ERR_UNSUPPORTED, "the engine offers no run_optimizer: the sharded strategy needs it");
     auto s = std::make_unique<ddp_strategy_s>(host, transport, comm);
+    const int64_t stage = s->host.config_int("stage", 1);
+    if (stage != 1 && stage != 2)
+      throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.stage must be 1 or 2 (got " + std::to_string(stage) + ")");
+    s->stage = int(stage);
+    if (s->stage == 2) {  // no variant: stage 2 reduce-scatters and all-gathers
+      ddp::strategy::Stage2::check_support(host, transport);
+      s->bucket_cap = ds::BucketCap::read(s->host);
+      s->stage2.claim_trainable();  // before the engine makes gradients of its own
+      *out = s.release();
+      return;
+    }
     s->variant_name = s->host.config_string("variant", "broadcast");
     if (s->variant_name == "broadcast") {
       s->variant = Variant::Broadcast;
@@ -175,13 +193,33 @@ ddp_status sharded_create(const ddp_host* host, const ddp_transport_v1_t* transp
     // allgather, so that setting it there is refused as a key the plugin
     // does not read, not silently ignored.
     if (s->variant == Variant::Broadcast) s->bucket_cap = ds::BucketCap::read(s->host);
+    if (s->variant == Variant::AllGather && !DDP_PLUGIN_HAS(transport, reduce_scatter))
+      throw Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.variant = \"allgather\" reduce-scatters the gradients, "
+                                                     "and transport '") + transport->name + "' has no reduce_scatter");
     *out = s.release();
   });
+}
+
+size_t trainable_bytes(ddp_strategy* s) {
+  size_t trainable = 0;
+  for (size_t i = 0; i < s->host.param_count(); ++i)
+    if (s->host.param(i).trainable) trainable += StrategyBase::float32_bytes(s->host.param(i));
+  return trainable;
+}
+
+// Stage 2's bucket cap, in elements.
+size_t stage2_cap(ddp_strategy* s) {
+  return std::max<size_t>(s->bucket_cap.bytes_for(trainable_bytes(s)) / kFloat, 1);
 }
 
 ddp_status sharded_on_train_begin(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
     s->broadcast_params_from_rank0();
+    if (s->stage == 2) {
+      s->bucket_cap.measure(*s);  // "auto": o and w, the same on every rank
+      s->stage2.lay_out(stage2_cap(s));
+      return;
+    }
     if (s->variant == Variant::Broadcast) s->bucket_cap.measure(*s);  // "auto": o and w, same on every rank
     build(s, /*stable=*/false);
   });
@@ -189,6 +227,12 @@ ddp_status sharded_on_train_begin(ddp_strategy* s) {
 
 ddp_status sharded_on_step_begin(ddp_strategy* s, const ddp_step_info* info) {
   return guard(s->host.raw(), [&] {
+    if (s->stage == 2) {
+      if (info->params_changed) s->stage2.lay_out(stage2_cap(s));  // stably: new buckets for the unfrozen
+      s->stage2.begin_micro_batch(info->micro_step == 0);
+      s->syncing = info->sync_grads != 0;
+      return;
+    }
     if (info->params_changed) build(s, /*stable=*/true);
     s->syncing = info->sync_grads != 0;
     if (s->variant == Variant::Broadcast) s->buckets.begin_micro_batch(s->syncing);
@@ -197,19 +241,30 @@ ddp_status sharded_on_step_begin(ddp_strategy* s, const ddp_step_info* info) {
 
 ddp_status sharded_on_grad_ready(ddp_strategy* s, const ddp_param* param) {
   return guard(s->host.raw(), [&] {
-    if (s->variant == Variant::Broadcast) s->buckets.ready(*param);
+    if (s->stage == 1 && s->variant == Variant::Broadcast) s->buckets.ready(*param);
   });
 }
 
 ddp_status sharded_on_backward_end(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
-    if (s->variant == Variant::Broadcast) s->buckets.flush();
+    if (s->stage == 1 && s->variant == Variant::Broadcast) s->buckets.flush();
+  });
+}
+
+// Stage 2: gradients are bound and reduce-scattered unit by unit.
+ddp_status sharded_on_unit(ddp_strategy* s, size_t unit, ddp_unit_phase phase) {
+  return guard(s->host.raw(), [&] {
+    if (s->stage == 2) s->stage2.unit(unit, phase);
   });
 }
 
 ddp_status sharded_finish(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
     if (!s->syncing) return;  // not the micro-batch that syncs (never the case after the last one)
+    if (s->stage == 2) {  // every bucket was reduce-scattered as it closed
+      s->wait_comm();
+      return;
+    }
     if (s->variant == Variant::Broadcast) {
       s->buckets.flush();  // normally done by on_backward_end; then a no-op
       s->wait_comm();
@@ -238,6 +293,10 @@ ddp_status sharded_finish(ddp_strategy* s) {
 
 ddp_status sharded_optimizer_step(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
+    if (s->stage == 2) {
+      s->stage2.step();
+      return;
+    }
     // The engine's optimizer on this rank's parameters only (compute stream,
     // blocking); it keeps state for exactly these.
     s->host.run_optimizer(s->owned.data(), s->owned.size());
@@ -272,6 +331,12 @@ ddp_status sharded_optimizer_step(ddp_strategy* s) {
 
 ddp_status sharded_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed) {
   return guard(s->host.raw(), [&] {
+    if (s->stage == 2) {
+      ds::write_stats("{" + s->stage2.json() + ", " + s->bucket_cap.json_members(trainable_bytes(s),
+                                                                                s->stage2.layout().buckets.size()) + "}",
+                      buf, cap, needed);
+      return;
+    }
     std::string j = "{\"variant\": " + ds::json_quote(s->variant_name) + ", \"owners\": {";
     bool first = true;
     for (size_t i = 0; i < s->owners.size(); ++i) {
@@ -303,10 +368,19 @@ ddp_status sharded_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed)
 // Variant allgather leaves each averaged gradient on its owner only.
 ddp_status sharded_held_grads(ddp_strategy* s, size_t* indices, size_t cap, size_t* count, int* partitioned) {
   return guard(s->host.raw(), [&] {
-    *partitioned = s->variant == Variant::AllGather ? 1 : 0;
+    *partitioned = s->stage == 1 && s->variant == Variant::AllGather ? 1 : 0;
     *count = *partitioned ? s->owned.size() : 0;
     if (*count > cap) throw Failure(DDP_ERR_INVALID_ARGUMENT, "held_grads: room for fewer indices than parameters");
     std::copy(s->owned.begin(), s->owned.begin() + long(*count), indices);
+  });
+}
+
+// Stage 2: this rank's elements of the averaged gradients, in its shard.
+ddp_status sharded_grad_ranges(ddp_strategy* s, const ddp_range** ranges, size_t* count, int* partitioned) {
+  return guard(s->host.raw(), [&] {
+    *ranges = s->stage == 2 ? s->stage2.ranges().data() : nullptr;
+    *count = s->stage == 2 ? s->stage2.ranges().size() : 0;
+    *partitioned = s->stage == 2 ? 1 : 0;
   });
 }
 
@@ -319,7 +393,7 @@ DDP_STRATEGY_ENTRY = {
     sizeof(ddp_strategy_v1_t),
     "sharded",
     "0.1.0",
-    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER,
+    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER | DDP_CAP_OWNS_GRADIENTS,
     sharded_create,
     sharded_on_train_begin,
     sharded_on_step_begin,
@@ -331,4 +405,8 @@ DDP_STRATEGY_ENTRY = {
     sharded_destroy,
     sharded_held_grads,
     kKeys,
+    sharded_on_unit,
+    nullptr,  // on_train_end
+    sharded_grad_ranges,
+    nullptr,  // plan
 };

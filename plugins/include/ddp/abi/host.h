@@ -149,13 +149,15 @@ typedef struct ddp_host {
 
   /* (ABI 1.4) Storage the strategy owns, for a strategy whose caps have
    * DDP_CAP_OWNS_GRADIENTS (`what` DDP_STORAGE_GRAD; DDP_STORAGE_DATA is
-   * refused in 1.4). Blocking; between steps or inside hooks, on the
-   * training thread.
+   * refused in 1.4). Blocking, on the training thread.
    * claim: from now on the strategy supplies the gradient storage of these
-   * trainable parameters, and the engine releases its own copy of their
-   * gradients (claiming again is a no-op; a frozen parameter, or one out
-   * of the table, is refused by name). A claimed parameter's grad is NULL
-   * until bound.
+   * trainable parameters; the engine holds none for them (claiming again
+   * is a no-op; a frozen parameter, or one out of the table, is refused by
+   * name). Only in create (then the engine never makes them: memory
+   * follows ownership from the start), on_train_begin, or on_step_begin of
+   * a step's first micro-batch (unfreezing), when the engine's own
+   * gradients hold nothing yet. A claimed parameter's grad is NULL until
+   * bound.
    * bind: the engine writes the gradient of claimed parameter `index` at
    * `ptr` (numel float32 on the run's device, the strategy's memory) from
    * now on; NULL unbinds it. Backward adds into that memory (it never

@@ -1,0 +1,210 @@
+// stage2.h — the `sharded` strategy's stage 2 (ZeRO-2, P_os+g): each rank
+// keeps the averaged gradients of its own elements only. The layout is
+// grad_shards.h's (buckets of whole units, a chunk per rank, a ring for the
+// buckets in flight); this is what runs it, through ABI 1.4's strategy-owned
+// storage:
+//   on_train_begin  claims every trainable gradient (the engine releases its
+//                   full copy) and allocates the shard and the ring;
+//   on_unit         BACKWARD_BEGIN: the buckets that open there get their
+//                   ring memory (after the reduce-scatters that used it
+//                   last), cleared, and their parameters' gradients bound
+//                   into it; BACKWARD_END: the buckets that close there are
+//                   reduce-scattered (AVG) on the comm stream into this
+//                   rank's chunk of the shard (summed over micro-batches),
+//                   and unbound;
+//   finish          waits for the reduce-scatters;
+//   optimizer_step  the engine's optimizer on this rank's element ranges,
+//                   from the shard; then, bucket by bucket on the comm
+//                   stream, this rank's updated chunk is all-gathered (into
+//                   the ring, idle by then) and copied into the parameters.
+// Every rank issues the same collectives in the same order: the layout is
+// the same everywhere, and buckets close at unit hooks, which fire in the
+// model's order, in bucket index order. Everything here throws
+// ddp::plugin::Failure; the plugin's entries catch it.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "../common/grad_shards.h"
+#include "../common/stats.h"
+#include "../common/strategy_util.h"
+
+namespace ddp {
+namespace strategy {
+
+class Stage2 {
+ public:
+  explicit Stage2(const StrategyBase& base) : base_(base) {}
+  Stage2(const Stage2&) = delete;
+  Stage2& operator=(const Stage2&) = delete;
+
+  // Create: what stage 2 needs of the engine and the transport, by name.
+  static void check_support(const ddp_host* host, const ddp_transport_v1_t* transport) {
+    if (!DDP_HOST_HAS(host, claim) || !DDP_HOST_HAS(host, run_optimizer_ranges) || !DDP_HOST_HAS(host, add) ||
+        !DDP_HOST_HAS(host, unit))
+      throw plugin::Failure(DDP_ERR_UNSUPPORTED, "strategy.stage = 2 needs an engine of ABI 1.4 or newer");
+    if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
+      throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.stage = 2 reduce-scatters the gradients, and "
+                                                             "transport '") + transport->name + "' has no reduce_scatter");
+  }
+
+  // Claims the gradient storage of every trainable parameter.
+  void claim_trainable() {
+    const plugin::Host& h = base_.host;
+    std::vector<size_t> claim;
+    for (size_t i = 0; i < h.param_count(); ++i)
+      if (h.param(i).trainable) claim.push_back(i);
+    plugin::check(h.raw()->claim(h.raw()->ctx, DDP_STORAGE_GRAD, claim.data(), claim.size()));
+  }
+
+  // The layout, for the trainable set of now (stably after the first
+  // time), claims and buffers. Between steps only (no work in flight).
+  void lay_out(size_t cap_elements) {
+    const plugin::Host& h = base_.host;
+    const size_t units = h.raw()->unit_count(h.raw()->ctx);
+    if (units == 0)
+      throw plugin::Failure(DDP_ERR_UNSUPPORTED, "strategy.stage = 2 binds gradients unit by unit, and this model "
+                                                 "declares no units");
+    units_.clear();
+    for (size_t u = 0; u < units; ++u) {
+      const ddp_unit* unit = h.raw()->unit(h.raw()->ctx, u);
+      units_.push_back({{unit->params, unit->params + unit->param_count}, {unit->tied, unit->tied + unit->tied_count}});
+    }
+    params_.clear();
+    for (size_t i = 0; i < h.param_count(); ++i) {
+      const ddp_param& p = h.param(i);
+      params_.push_back({StrategyBase::float32_elements(p), p.trainable != 0});
+    }
+    std::vector<std::vector<size_t>> kept;
+    for (const ShardBucket& b : layout_.buckets) kept.push_back(b.params);
+    layout_ = shard_layout(units_, params_, size_t(h.world_size()), cap_elements, kAlign, &kept);
+    owned_ = owned_ranges(layout_, params_, size_t(h.rank()));
+    std::vector<size_t> claim;
+    for (const ShardBucket& b : layout_.buckets) claim.insert(claim.end(), b.params.begin(), b.params.end());
+    plugin::check(h.raw()->claim(h.raw()->ctx, DDP_STORAGE_GRAD, claim.data(), claim.size()));
+    allocate();
+  }
+
+  void begin_micro_batch(bool first) { first_micro_ = first; }
+
+  // on_unit: binds what opens at BACKWARD_BEGIN, reduce-scatters what
+  // closes at BACKWARD_END.
+  void unit(size_t unit, ddp_unit_phase phase) {
+    const size_t pos = units_.size() - 1 - unit;
+    if (phase == DDP_UNIT_BACKWARD_BEGIN)
+      for (size_t b : layout_.opens_at[pos]) open(b);
+    if (phase == DDP_UNIT_BACKWARD_END && !layout_.closes_at[pos].empty()) {
+      base_.comm_after_compute();  // the unit's gradients are final on compute
+      for (size_t b : layout_.closes_at[pos]) close(b);
+    }
+  }
+
+  // optimizer_step: this rank's ranges, then the parameters gathered.
+  void step() {
+    const plugin::Host& h = base_.host;
+    plugin::check(h.raw()->run_optimizer_ranges(h.raw()->ctx, ranges_.data(), ranges_.size()));
+    base_.comm_after_compute();
+    const ddp_stream comm = h.comm_stream();
+    for (const ShardBucket& b : layout_.buckets) {
+      for (const OwnedRange& r : owned_)
+        if (r.shard >= b.shard && r.shard < b.shard + b.chunk)
+          h.copy(staging_.floats() + (r.shard - b.shard), static_cast<float*>(h.param(r.param).data) + r.offset,
+                 r.count * sizeof(float), comm);
+      base_.comm.all_gather(h.floats(staging_.get(), b.chunk), h.floats(ring_.get(), b.padded()), comm);
+      for (size_t k = 0; k < b.params.size(); ++k)
+        h.copy(h.param(b.params[k]).data, ring_.floats() + b.slots[k], params_[b.params[k]].elements * sizeof(float),
+               comm);
+    }
+    base_.wait_comm();
+  }
+
+  // grad_ranges: this rank's elements of the averaged gradients.
+  const std::vector<ddp_range>& ranges() const { return ranges_; }
+  const ShardLayout& layout() const { return layout_; }
+
+  std::string json() const {
+    std::string j = "\"stage\": 2, \"shard_elements\": " + std::to_string(layout_.shard_elements) +
+                    ", \"ring_elements\": " + std::to_string(layout_.ring_elements) + ", \"owned_elements\": ";
+    size_t owned = 0;
+    for (const OwnedRange& r : owned_) owned += r.count;
+    j += std::to_string(owned) + ", \"buckets\": [";
+    for (size_t k = 0; k < layout_.buckets.size(); ++k) {
+      const ShardBucket& b = layout_.buckets[k];
+      j += std::string(k ? ", " : "") + "{\"elements\": " + std::to_string(b.elements) +
+           ", \"chunk\": " + std::to_string(b.chunk) + ", \"params\": [";
+      for (size_t i = 0; i < b.params.size(); ++i)
+        j += std::string(i ? ", " : "") + json_quote(base_.host.param(b.params[i]).name);
+      j += "]}";
+    }
+    return j + "]";
+  }
+
+  static constexpr size_t kAlign = 16;  // floats: 64 bytes, a cache line
+
+ private:
+  void allocate() {
+    const plugin::Host& h = base_.host;
+    shard_.reset(), ring_.reset(), staging_.reset();  // the old go before the new come
+    size_t chunk = 0;
+    for (const ShardBucket& b : layout_.buckets) chunk = std::max(chunk, b.chunk);
+    if (layout_.buckets.empty()) return;
+    shard_ = plugin::DeviceBuffer(h.raw(), layout_.shard_elements * sizeof(float), DDP_MEM_GRADIENTS);
+    ring_ = plugin::DeviceBuffer(h.raw(), layout_.ring_elements * sizeof(float), DDP_MEM_GRADIENTS);
+    // A micro-batch after the first lands here before it is added to the
+    // shard; optimizer_step sends this rank's chunk from here.
+    staging_ = plugin::DeviceBuffer(h.raw(), chunk * sizeof(float), DDP_MEM_COMM_BUFFERS);
+    ranges_.clear();
+    for (const OwnedRange& r : owned_) ranges_.push_back({r.param, r.offset, r.count, shard_.floats() + r.shard, nullptr});
+    events_.clear();
+    for (size_t k = 0; k < layout_.buckets.size(); ++k) events_.emplace_back(h.raw());
+    in_flight_.assign(layout_.buckets.size(), false);
+  }
+
+  void open(size_t k) {
+    const plugin::Host& h = base_.host;
+    const ShardBucket& b = layout_.buckets[k];
+    for (size_t x : b.reuses)
+      if (in_flight_[x]) {
+        events_[x].make_wait(h.compute_stream());  // its reduce-scatter has read the memory
+        in_flight_[x] = false;
+      }
+    float* memory = ring_.floats() + b.ring;
+    h.fill(h.floats(memory, b.padded()), 0.0, h.compute_stream());
+    for (size_t i = 0; i < b.params.size(); ++i)
+      plugin::check(h.raw()->bind(h.raw()->ctx, DDP_STORAGE_GRAD, b.params[i], memory + b.slots[i]));
+  }
+
+  void close(size_t k) {
+    const plugin::Host& h = base_.host;
+    const ShardBucket& b = layout_.buckets[k];
+    const ddp_stream comm = h.comm_stream();
+    const ddp_buffer send = h.floats(ring_.floats() + b.ring, b.padded());
+    const ddp_buffer mine = h.floats(shard_.floats() + b.shard, b.chunk);
+    if (first_micro_) {
+      base_.comm.reduce_scatter(send, mine, DDP_REDUCE_AVG, comm);
+    } else {  // accumulation: this micro-batch's average, added to the shard
+      const ddp_buffer landing = h.floats(staging_.get(), b.chunk);
+      base_.comm.reduce_scatter(send, landing, DDP_REDUCE_AVG, comm);
+      plugin::check(h.raw()->add(h.raw()->ctx, &mine, &landing, comm));
+    }
+    events_[k].record(comm);
+    in_flight_[k] = true;
+    for (size_t i : b.params) plugin::check(h.raw()->bind(h.raw()->ctx, DDP_STORAGE_GRAD, i, nullptr));
+  }
+
+  const StrategyBase& base_;
+  std::vector<ShardUnit> units_;
+  std::vector<ShardParam> params_;
+  ShardLayout layout_;
+  std::vector<OwnedRange> owned_;
+  std::vector<ddp_range> ranges_;  // owned_, as the engine's optimizer takes them
+  plugin::DeviceBuffer shard_, ring_, staging_;
+  std::vector<plugin::Event> events_;  // per bucket: recorded after its reduce-scatter
+  std::vector<bool> in_flight_;        // its reduce-scatter may still read its ring memory
+  bool first_micro_ = true;
+};
+
+}  // namespace strategy
+}  // namespace ddp
