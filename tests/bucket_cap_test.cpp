@@ -8,7 +8,7 @@
 
 #include <cmath>
 
-#include "../strategies/common/overhead_model.h"
+#include <ddp/overhead_model.hpp>
 #include "harness.h"
 
 namespace ddp {

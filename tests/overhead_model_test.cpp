@@ -1,11 +1,11 @@
 // overhead_model_test.cpp — the pure overhead model of
-// strategies/common/overhead_model.h on synthetic timings with known o and w.
+// plugins/include/ddp/overhead_model.hpp on synthetic timings with known o and w.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
-#include "../strategies/common/overhead_model.h"
+#include <ddp/overhead_model.hpp>
 
 namespace ddp {
 namespace strategy {

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """tests/plan_test.py — `ddp plan` against what `ddp run` measures. For lm-tiny and mlp (256 x 3)
 at worlds 1, 2 and 4 and lm-cpu (its config: world 2) every shipped strategy (sharded in both
-variants, bucketed also compressed and with small buckets), with AdamW (lm) and SGD with momentum
-(mlp):
+variants of stage 1 and in stage 2 with two caps, bucketed also compressed and with small buckets),
+each planning its own part through its plan entry, with AdamW (lm) and SGD with momentum (mlp):
   - rank 0's peak bytes at the three moments of summary.json, and every rank's peak over the run,
     per category: exactly equal for parameters, gradients, optimizer state and communication
     buffers; within 5 % for activations (the bound the issue sets; they come out exact);
@@ -37,6 +37,8 @@ STRATEGIES = {
     "bucketed_bf16": ['strategy.plugin="bucketed"', 'strategy.bucketed.compress="bf16"'],
     "sharded": ['strategy.plugin="sharded"', "strategy.sharded.bucket_mb=0.1"],
     "sharded_allgather": ['strategy.plugin="sharded"', 'strategy.sharded.variant="allgather"'],
+    "sharded_stage2": ['strategy.plugin="sharded"', "strategy.sharded.stage=2", "strategy.sharded.bucket_mb=0.1"],
+    "sharded_stage2_25": ['strategy.plugin="sharded"', "strategy.sharded.stage=2"],
 }
 EXACT = ["parameters", "gradients", "optimizer_state", "comm_buffers"]
 MOMENTS = ["after_setup", "before_optimizer_step", "after_optimizer_step"]
@@ -86,7 +88,7 @@ class PlanAgainstRuns(unittest.TestCase):
     @unittest.skipUnless((Path(DDP).parent.parent / "lib" / "ddp" / "libddp_transport_mpi.so").exists(),
                          "the mpi transport is not built (no MPI found)")
     def test_mpi_transport(self):
-        for strategy in ("bucketed", "sharded_allgather"):
+        for strategy in ("bucketed", "sharded_allgather", "sharded_stage2"):
             with self.subTest(strategy=strategy):
                 self.check("mlp", strategy, 2, ['transport.plugin="mpi"'])
 
@@ -191,8 +193,8 @@ class Accounting(unittest.TestCase):
         p = subprocess.run([DDP, "plan", "configs/lm-cpu.toml", "--set", 'strategy.bucketed.bucket_mb="auto"'],
                            cwd=ROOT, capture_output=True, text=True)
         self.assertEqual(p.returncode, 1)
-        self.assertIn('configs/lm-cpu.toml: strategy.bucket_mb = "auto" is chosen by a measurement at run time',
-                      p.stderr)
+        self.assertIn("configs/lm-cpu.toml: strategy plugin 'bucketed': plan: strategy.bucket_mb = \"auto\" is chosen "
+                      "by a measurement at run time", p.stderr)
         p = subprocess.run([DDP, "plan", "configs/lm-cpu.toml", "--set", 'model.freeze=["lm_head.*"]'],
                            cwd=ROOT, capture_output=True, text=True)
         self.assertEqual(p.returncode, 1)

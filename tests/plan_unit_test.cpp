@@ -1,5 +1,6 @@
-// plan_unit_test.cpp — the pure functions of engine/plan: run_plan.h's
-// rules on small hand-made footprints (closed forms), and mesh.h's
+// plan_unit_test.cpp — engine/plan: run_plan.h on small hand-made
+// footprints (closed forms), with the shipped plugins' plan entries
+// (plugin_plan.h, loaded from the build) saying their part, and mesh.h's
 // formulas against the numbers worked out by hand in docs/plan.md.
 // tests/plan_test.py checks `ddp plan` against measured runs.
 #include <gtest/gtest.h>
@@ -8,30 +9,75 @@
 #include <stdexcept>
 #include <string>
 
+#include <functional>
+
+#include <toml++/toml.h>
+
 #include "mesh.h"
+#include "plugin_loader.h"
+#include "plugin_section.h"
 #include "run_plan.h"
 
 namespace ddp {
 namespace {
 
-// Three parameters of 10, 20 and 30 floats; 2 rows of 5 inputs.
-plan::RunInput three_params(const std::string& strategy, int world) {
+// Three parameters of 10, 20 and 30 floats in units of one each; 2 rows of
+// 5 inputs.
+plan::RunInput three_params(int world) {
   plan::RunInput in;
   in.model.params = {{"a", 10, {10}}, {"b", 20, {20}}, {"c", 30, {30}}};
+  in.model.units = {{"u0", {0}, {}}, {"u1", {1}, {}}, {"u2", {2}, {}}};
   in.model.data = DataShape{DataShape::Classification, 5, 3, 0, 0};
   in.model.setup_activation_bytes = 8;
   in.model.step_activation_bytes = 100;
   in.world_size = world;
   in.rows_per_rank = 2;
-  in.strategy = strategy;
   in.optimizer = "adamw";
   return in;
 }
 
+// A plugin's TOML table as a config file would give it.
+PluginSection section(const std::string& kind, const std::string& plugin, const std::string& keys) {
+  const toml::table t = toml::parse("[" + kind + "]\nplugin = \"" + plugin + "\"\n" + keys);
+  return PluginSection("test.toml", kind, *t[kind].as_table(), plugin);
+}
+
+struct Planned {
+  plan::RunPlan plan;
+  std::vector<plan::RankParts> parts;
+};
+
+// The plan of the three parameters on `world` ranks with the shipped (or a
+// test) strategy and transport, through their plan entries.
+Planned plan_with(const std::string& strategy, const std::string& keys = "", int world = 2,
+                  const std::string& transport = "gloo", ddp_device_kind device = DDP_DEVICE_CPU,
+                  bool clips = false, const std::string& dir = DDP_TEST_PLUGIN_DIR) {
+  const plan::RunInput in = three_params(world);
+  const auto s = load_plugin(PluginKind::Strategy, strategy, dir);
+  const auto t = load_plugin(PluginKind::Transport, transport, DDP_TEST_PLUGIN_DIR);
+  const PluginSection ss = section("strategy", strategy, keys), ts = section("transport", transport, "");
+  plan::PlanRun run;
+  run.model = &in.model, run.world = world, run.device = device, run.clips = clips;
+  Planned out;
+  for (int r = 0; r < world; ++r) {
+    plan::RankParts p;
+    p.strategy = plan::plan_strategy(*s->strategy(), *t->transport(), ss, run, r);
+    p.transport = plan::plan_transport(*t->transport(), ts, run, r, p.strategy.collectives);
+    p.owns_optimizer = (s->strategy()->caps & DDP_CAP_OWNS_OPTIMIZER) != 0;
+    out.parts.push_back(std::move(p));
+  }
+  out.plan = plan::plan_run(in, out.parts);
+  return out;
+}
+
+std::string during(const plan::RunPlan& p) {
+  std::string marks;
+  for (const plan::Collective& c : p.collectives) marks += c.beside_compute ? 'B' : '-';
+  return marks;
+}
+
 TEST(RunPlan, CategoriesAtTheThreeMoments) {
-  plan::RunInput copies = three_params("flat", 2);
-  copies.in_place = false;  // a flat buffer of all gradients
-  const plan::RunPlan p = plan::plan_run(copies);
+  const plan::RunPlan p = plan_with("flat", "in_place = false\n").plan;  // a flat buffer of all gradients
   ASSERT_EQ(p.ranks.size(), 2u);
   // parameters, gradients, optimizer_state, comm_buffers, activations
   EXPECT_EQ(p.ranks[1].after_setup, (plan::Bytes{240, 240, 0, 240, 8 + 2 * 5 * 4}));
@@ -40,64 +86,109 @@ TEST(RunPlan, CategoriesAtTheThreeMoments) {
   ASSERT_EQ(p.collectives.size(), 1u);
   EXPECT_EQ(p.collectives[0].op, "all_reduce");
   EXPECT_EQ(p.comm_bytes(), 240);
+  EXPECT_TRUE(p.unplanned.empty());
 }
 
 // In place (the default), flat averages the gradients' own memory: no buffer.
 TEST(RunPlan, FlatInPlaceHoldsNoBuffer) {
-  const plan::RunPlan p = plan::plan_run(three_params("flat", 2));
+  const plan::RunPlan p = plan_with("flat").plan;
   EXPECT_EQ(p.ranks[1].after_setup, (plan::Bytes{240, 240, 0, 0, 8 + 2 * 5 * 4}));
   ASSERT_EQ(p.collectives.size(), 1u);
   EXPECT_EQ(p.comm_bytes(), 240);
 }
 
 TEST(RunPlan, StrategiesCollectives) {
-  EXPECT_EQ(plan::plan_run(three_params("naive", 2)).collectives.size(), 3u);
-  const plan::RunPlan overlap = plan::plan_run(three_params("overlap", 2));
-  EXPECT_EQ(overlap.collectives.front().bytes, 120);  // c first: backward's order
+  EXPECT_EQ(plan_with("naive").plan.collectives.size(), 3u);
+  EXPECT_EQ(plan_with("overlap").plan.collectives.front().bytes, 120);  // c first: backward's order
   // Buckets of 100 bytes: c (120) alone, then b + a (80 + 40 > 100: b alone, a alone).
-  plan::RunInput bucketed = three_params("bucketed", 2);
-  bucketed.bucket_mb = 100.0 / (1024 * 1024);
-  const plan::RunPlan b = plan::plan_run(bucketed);
+  const std::string cap = "bucket_mb = " + std::to_string(100.0 / (1024 * 1024)) + "\n";
+  const plan::RunPlan b = plan_with("bucketed", cap).plan;
   ASSERT_EQ(b.collectives.size(), 3u);
   EXPECT_EQ(b.ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 0);  // averaged in the gradients' memory
-  bucketed.in_place = false;  // a buffer per bucket
-  EXPECT_EQ(plan::plan_run(bucketed).ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 240);
-  bucketed.compress = "bf16";  // half the bytes on the wire, a 16-bit copy of each bucket
-  const plan::RunPlan half = plan::plan_run(bucketed);
+  EXPECT_EQ(b.ranks[0].before_optimizer_step[DDP_MEM_OPTIMIZER_STATE], 480);  // it steps every parameter
+  // A buffer per bucket.
+  EXPECT_EQ(plan_with("bucketed", cap + "in_place = false\n").plan.ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 240);
+  // Half the bytes on the wire, a 16-bit copy of each bucket.
+  const plan::RunPlan half = plan_with("bucketed", cap + "in_place = false\ncompress = \"bf16\"\n").plan;
   EXPECT_EQ(half.comm_bytes(), 120);
   EXPECT_EQ(half.ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 240 + 120);
-  bucketed.in_place = true;
-  EXPECT_EQ(plan::plan_run(bucketed).ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 120);
+  EXPECT_EQ(plan_with("bucketed", cap + "compress = \"bf16\"\n").plan.ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 120);
 }
 
 TEST(RunPlan, ShardedOwnsPartOfTheOptimizerState) {
   // Largest first to the least loaded: c (30) to rank 0, b (20) to rank 1, a (10) to rank 1.
-  plan::RunInput in = three_params("sharded", 2);
-  in.variant = "allgather";
-  const plan::RunPlan p = plan::plan_run(in);
+  const plan::RunPlan p = plan_with("sharded", "variant = \"allgather\"\n").plan;
   EXPECT_EQ(p.ranks[0].before_optimizer_step[DDP_MEM_OPTIMIZER_STATE], 30 * 8);
   EXPECT_EQ(p.ranks[1].before_optimizer_step[DDP_MEM_OPTIMIZER_STATE], 30 * 8);
   // Flat N x S and a shard of S (S = 30), then gloo's reduce-scatter scratch (N - 1) S.
   EXPECT_EQ(p.ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 3 * 30 * 4);
   EXPECT_EQ(p.ranks[0].before_optimizer_step[DDP_MEM_COMM_BUFFERS], 3 * 30 * 4 + 30 * 4);
-  in.transport = "mpi";
-  EXPECT_EQ(plan::plan_run(in).ranks[0].before_optimizer_step[DDP_MEM_COMM_BUFFERS], 3 * 30 * 4);
+  EXPECT_EQ(plan_with("sharded", "variant = \"allgather\"\n", 2, "mpi").plan.ranks[0]
+                .before_optimizer_step[DDP_MEM_COMM_BUFFERS],
+            3 * 30 * 4);
 }
 
-TEST(RunPlan, RefusesWhatItHasNoRulesFor) {
-  try {
-    plan::plan_run(three_params("mine", 2));
-    FAIL();
-  } catch (const std::invalid_argument& e) {
-    EXPECT_STREQ(e.what(), "plan: no rules for strategy 'mine' (the shipped ones: naive, flat, overlap, bucketed, sharded)");
-  }
-  plan::RunInput gpu = three_params("flat", 2);
-  gpu.device = DDP_DEVICE_CUDA;
-  EXPECT_THROW(plan::plan_run(gpu), std::invalid_argument);
-  gpu.transport = "nccl";
-  EXPECT_EQ(plan::plan_run(gpu).ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 4);  // nccl's barrier float
-  gpu.in_place = false;
-  EXPECT_EQ(plan::plan_run(gpu).ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 240 + 4);
+// ZeRO-2 on 2 ranks, a bucket per unit (a cap of 8 floats): c, b, a, each
+// in chunks of 16 floats (aligned), padded to 32; a ring of the largest
+// bucket (32); the shard of 48; rank 0 owns c[0, 16), b[0, 16), a[0, 10).
+TEST(RunPlan, Stage2ClaimsTheGradientsAndHoldsItsShardAndRing) {
+  const Planned s = plan_with("sharded", "stage = 2\nbucket_mb = " + std::to_string(32.0 / (1024 * 1024)) + "\n");
+  const plan::RunPlan& p = s.plan;
+  EXPECT_EQ(s.parts[0].strategy.claimed, (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(p.ranks[0].after_setup[DDP_MEM_GRADIENTS], (48 + 32) * 4);  // none of the engine's
+  EXPECT_EQ(p.ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 16 * 4);      // staging: the largest chunk
+  EXPECT_EQ(p.ranks[0].before_optimizer_step[DDP_MEM_OPTIMIZER_STATE], (16 + 16 + 10) * 8);
+  EXPECT_EQ(p.ranks[1].before_optimizer_step[DDP_MEM_OPTIMIZER_STATE], (14 + 4 + 0) * 8);
+  // A reduce-scatter per bucket as it closes (all but the last beside
+  // backward), an all-gather per bucket after the update.
+  ASSERT_EQ(p.collectives.size(), 6u);
+  EXPECT_EQ(during(p), "BB----");
+  EXPECT_EQ(p.collectives[0].op, "reduce_scatter");
+  EXPECT_EQ(p.collectives[0].bytes, 32 * 4);
+  EXPECT_EQ(p.collectives[5].op, "all_gather");
+  // Gloo's scratch: (N - 1) chunks of the largest reduce-scatter.
+  EXPECT_EQ(p.ranks[0].before_optimizer_step[DDP_MEM_COMM_BUFFERS], 16 * 4 + 16 * 4);
+}
+
+// A plugin without a plan entry (one built against ABI 1.3) is planned for
+// everything but its own part, and the plan names it.
+TEST(RunPlan, APluginWithoutAPlanEntryIsNamed) {
+  const plan::RunPlan p = plan_with("valid", "", 2, "gloo", DDP_DEVICE_CPU, false, DDP_TEST_BROKEN_PLUGIN_DIR).plan;
+  EXPECT_EQ(p.unplanned, (std::vector<std::string>{"strategy plugin 'valid'"}));
+  EXPECT_TRUE(p.collectives.empty());
+  // Its caps say it owns the optimizer step, and it said nothing of it: no state.
+  EXPECT_EQ(p.ranks[0].before_optimizer_step, (plan::Bytes{240, 240, 0, 0, 48 + 100}));
+}
+
+TEST(RunPlan, RefusesWhatItCannotPlanNamingThePlugin) {
+  const auto refusal = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("planned");
+  };
+  EXPECT_EQ(refusal([] { plan_with("flat", "", 2, "gloo", DDP_DEVICE_CUDA); }),
+            "transport plugin 'gloo': plan: gloo on a GPU stages through host memory, which `ddp plan` does not "
+            "count: plan GPU runs with transport nccl");
+  EXPECT_EQ(refusal([] { plan_with("bucketed", "bucket_mb = \"auto\"\n"); }),
+            "strategy plugin 'bucketed': plan: strategy.bucket_mb = \"auto\" is chosen by a measurement at run time; "
+            "`ddp plan` needs a number (MiB)");
+  EXPECT_EQ(refusal([] { plan_with("sharded", "stage = 3\n"); }),
+            "strategy plugin 'sharded': plan: strategy.stage must be 1 or 2 (got 3)");
+}
+
+TEST(RunPlan, NcclHoldsItsBarriersFloatFromSetUp) {
+#if DDP_WITH_CUDA
+  const plan::RunPlan p = plan_with("flat", "", 2, "nccl", DDP_DEVICE_CUDA).plan;
+  EXPECT_EQ(p.ranks[0].after_setup[DDP_MEM_COMM_BUFFERS], 4);
+  EXPECT_EQ(plan_with("flat", "in_place = false\n", 2, "nccl", DDP_DEVICE_CUDA).plan.ranks[0]
+                .after_setup[DDP_MEM_COMM_BUFFERS],
+            240 + 4);
+#else
+  GTEST_SKIP() << "no nccl transport in this build";
+#endif
 }
 
 TEST(RunPlan, CommSecondsIsOverheadPlusBusBytesAtTheAllReducesRate) {
@@ -114,28 +205,18 @@ TEST(RunPlan, CommSecondsIsOverheadPlusBusBytesAtTheAllReducesRate) {
 // with bucketed's overlap_optimizer (beside the updates of the others, if
 // any); none of naive's, flat's or sharded's broadcasts after the step.
 TEST(RunPlan, CollectivesBesideCompute) {
-  auto during = [](const plan::RunPlan& p) {
-    std::string marks;
-    for (const plan::Collective& c : p.collectives) marks += c.beside_compute ? 'B' : '-';
-    return marks;
-  };
-  plan::RunInput bucketed = three_params("bucketed", 2);
-  bucketed.bucket_mb = 100.0 / (1024 * 1024);  // c, b, a: three buckets
-  EXPECT_EQ(during(plan::plan_run(bucketed)), "BBB");
-  bucketed.overlap_optimizer = false;
-  EXPECT_EQ(during(plan::plan_run(bucketed)), "BB-");
-  bucketed.strategy = "sharded";  // variant "broadcast": the buckets, then a broadcast per parameter
-  EXPECT_EQ(during(plan::plan_run(bucketed)), "BB----");
-  EXPECT_EQ(during(plan::plan_run(three_params("overlap", 2))), "BB-");
-  EXPECT_EQ(during(plan::plan_run(three_params("naive", 2))), "---");
-  EXPECT_EQ(during(plan::plan_run(three_params("flat", 2))), "-");
-  plan::RunInput clipped = three_params("bucketed", 2);
-  clipped.bucket_mb = 100.0 / (1024 * 1024);
-  clipped.clips = true;  // the engine waits for every gradient before any update
-  EXPECT_EQ(during(plan::plan_run(clipped)), "BB-");
-  plan::RunInput one = three_params("bucketed", 2);
-  one.bucket_mb = 1;  // one bucket, launched when backward ends, no update beside it
-  EXPECT_EQ(during(plan::plan_run(one)), "-");
+  const std::string cap = "bucket_mb = " + std::to_string(100.0 / (1024 * 1024)) + "\n";  // c, b, a: three buckets
+  EXPECT_EQ(during(plan_with("bucketed", cap).plan), "BBB");
+  EXPECT_EQ(during(plan_with("bucketed", cap + "overlap_optimizer = false\n").plan), "BB-");
+  // sharded's variant "broadcast": the buckets, then a broadcast per parameter.
+  EXPECT_EQ(during(plan_with("sharded", cap).plan), "BB----");
+  EXPECT_EQ(during(plan_with("overlap").plan), "BB-");
+  EXPECT_EQ(during(plan_with("naive").plan), "---");
+  EXPECT_EQ(during(plan_with("flat").plan), "-");
+  // Clipping: the engine waits for every gradient before any update.
+  EXPECT_EQ(during(plan_with("bucketed", cap, 2, "gloo", DDP_DEVICE_CPU, true).plan), "BB-");
+  // One bucket, launched when backward ends, no update beside it.
+  EXPECT_EQ(during(plan_with("bucketed", "bucket_mb = 1\n").plan), "-");
 }
 
 // With a fit measured under load, the collectives beside compute take its

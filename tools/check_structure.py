@@ -12,6 +12,8 @@ Fails (exit 1, one line per finding: file, line, rule) on
   its parts 400 lines, a plugin or strategy file 600, an engine or model
   file 500);
 - a function over 80 lines outside tests/ (C, C++, CUDA, Python, shell);
+- a string literal in engine/ code that names a shipped strategy (the
+  engine names no strategy; the config's default plugin aside);
 - a reference to a path outside the repository (the workplace's shared
   folder, a relative path or Markdown link that leaves it), or to a
   repository path that does not exist (a path named in prose or a comment,
@@ -42,10 +44,9 @@ LAYERS = {
     "engine/host": ["engine/io", "engine/config", "models", "engine/core", PUBLIC],
     "engine/train": ["engine/host", "engine/io", "engine/config", "models", "engine/core", PUBLIC],
     "engine/launch": ["engine/core", PUBLIC],
-    "engine/bench": ["engine/launch", "engine/host", "engine/io", "engine/config", "engine/core",
-                     "strategies/common", PUBLIC],
+    "engine/bench": ["engine/launch", "engine/host", "engine/io", "engine/config", "engine/core", PUBLIC],
     "engine/blas": ["engine/io", "engine/config", "models", "engine/core", PUBLIC],
-    "engine/plan": ["engine/host", "engine/config", "models", "engine/core", "strategies/common", PUBLIC],
+    "engine/plan": ["engine/host", "engine/config", "models", "engine/core", PUBLIC],
     "engine": ["engine/blas", "engine/plan", "engine/bench", "engine/launch", "engine/train", "engine/host", "engine/io",
                "engine/config", "models", "engine/core", PUBLIC],
     PUBLIC: [],
@@ -313,6 +314,31 @@ def check_references(root, files, findings):
                     findings.append(f"{f}:{lineno}: names {p}, which is not in the repository")
 
 
+# The one place the engine may name a strategy: the config's default plugin.
+NAMED_STRATEGY_ALLOWED = {("engine/config/config.cpp", "naive"), ("engine/config/config.h", "naive")}
+
+
+def check_strategy_names(root, files, findings):
+    """The engine names no strategy: no string literal in engine/ code is a
+    shipped strategy's name (what a strategy does is its plugin's to say:
+    its plan entry, its stats), but for the config's default plugin."""
+    names = sorted({f.split("/")[1] for f in files if f.startswith("strategies/") and f.count("/") > 1}
+                   - {"common", "example"})
+    if not names:
+        return
+    literal = re.compile(r'"(%s)"' % "|".join(re.escape(n) for n in names))
+    for f in files:
+        if not f.startswith("engine/") or not f.endswith(SOURCE):
+            continue
+        with open(os.path.join(root, f), encoding="utf-8", errors="replace") as fh:
+            for n, line in enumerate(fh, 1):
+                code = line.split("//")[0]
+                for m in literal.finditer(code):
+                    if (f, m.group(1)) not in NAMED_STRATEGY_ALLOWED:
+                        findings.append(f"{f}:{n}: names the strategy \"{m.group(1)}\" (the engine names no "
+                                        f"strategy: let the plugin say it, through its plan entry or stats)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -325,6 +351,7 @@ def main():
     check_budgets(root, files, findings)
     check_functions(root, files, findings)
     check_references(root, files, findings)
+    check_strategy_names(root, files, findings)
     for line in findings:
         print(line)
     if findings:

@@ -15,7 +15,7 @@ usage: /usr/bin/python3 tools/overhead_model.py [--config configs/lm-cpu.toml] [
                  buckets then hides part of the last all-reduce, which the model does not know);
                  by default it is false: finish waits for every bucket, as PyTorch DDP
 
-The model (strategies/common/overhead_model.h, docs/benchmarks.md "Communication overhead model"): an
+The model (plugins/include/ddp/overhead_model.hpp, docs/benchmarks.md "Communication overhead model"): an
 all-reduce of b bytes takes o + b/w; with n_b buckets of a model of s bytes, and computing a
 bucket's gradients as long as moving its bytes, the time after backward is
     overhead = n_b * o + s / (n_b * w),   smallest at buckets of sqrt(s * w * o).
@@ -40,7 +40,7 @@ def say(*args):
 
 
 def predicted_overhead_s(o, w, model_bytes, buckets):
-    """overhead_model.h's predicted_overhead_s: n_b * o + s / (n_b * w)."""
+    """overhead_model.hpp's predicted_overhead_s: n_b * o + s / (n_b * w)."""
     return buckets * o + model_bytes / (buckets * w)
 
 

@@ -3,7 +3,7 @@
 // rank loads the transport as the trainer does (plugin loader, host vtable,
 // the run's store) and times the collectives on the comm stream. The
 // all-reduce fit is the overhead model strategies use for bucket_mb =
-// "auto" (strategies/common/overhead_model.h).
+// "auto" (plugins/include/ddp/overhead_model.hpp).
 #include "bench_comm.h"
 
 #include <algorithm>
@@ -24,7 +24,7 @@
 #include "compute_load.h"
 #include "device.h"
 #include "launcher.h"
-#include "overhead_model.h"
+#include <ddp/overhead_model.hpp>
 #include "plugin_host.h"
 #include "plugin_loader.h"
 #include "rank.h"
@@ -77,7 +77,7 @@ std::string fixed(double x, int digits) {
 }
 
 // The all-reduce rows of each (transport, world) fitted to t = o + bytes / w
-// (overhead_model.h), where there are two sizes or more.
+// (ddp/overhead_model.hpp), where there are two sizes or more.
 // Median times: the typical call, as bucket_mb = "auto" measures it (a few
 // descheduled iterations can double a mean at 1 MB on 2 cores).
 json overhead_fits(const std::vector<Row>& rows) {

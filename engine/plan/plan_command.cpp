@@ -32,50 +32,50 @@ const char* const kMoments[] = {"after_setup", "before_optimizer_step", "after_o
 
 // The plugins the run would load, loaded and checked as `ddp run` checks
 // them (keys against their declarations, the run's device against their
-// caps); `names` gets their descriptors' names, so that a shipped plugin
-// named by path plans as itself.
-void check_plugins(const Config& c, std::string names[2]) {
-  const std::pair<PluginKind, const std::string*> plugins[] = {{PluginKind::Strategy, &c.strategy_plugin},
-                                                               {PluginKind::Transport, &c.transport_plugin}};
-  for (int i = 0; i < 2; ++i) {
-    const auto& [kind, name] = plugins[i];
-    const auto plugin = load_and_check(kind, *name, i == 0 ? c.strategy : c.transport);
-    const uint64_t caps = i == 0 ? plugin->strategy()->caps : plugin->transport()->caps;
-    names[i] = i == 0 ? plugin->strategy()->name : plugin->transport()->name;
-    if (!supports_device(caps, c.run.device))
-      throw ConfigError(c.file + ": " + to_string(kind) + " plugin '" + *name + "' does not run on run.device = \"" +
-                        (c.run.device == DDP_DEVICE_CUDA ? "cuda" : "cpu") + "\"");
-  }
+// caps): strategy, then transport.
+std::pair<std::unique_ptr<LoadedPlugin>, std::unique_ptr<LoadedPlugin>> load_plugins(const Config& c) {
+  auto strategy = load_and_check(PluginKind::Strategy, c.strategy_plugin, c.strategy);
+  auto transport = load_and_check(PluginKind::Transport, c.transport_plugin, c.transport);
+  const std::pair<const char*, uint64_t> caps[] = {{"strategy", strategy->strategy()->caps},
+                                                   {"transport", transport->transport()->caps}};
+  for (const auto& [kind, bits] : caps)
+    if (!supports_device(bits, c.run.device))
+      throw ConfigError(c.file + ": " + kind + " plugin '" + (kind[0] == 's' ? c.strategy_plugin : c.transport_plugin) +
+                        "' does not run on run.device = \"" + (c.run.device == DDP_DEVICE_CUDA ? "cuda" : "cpu") +
+                        "\"");
+  return {std::move(strategy), std::move(transport)};
 }
 
-plan::RunInput run_input(const Config& c, const Footprint& model) {
-  std::string names[2];
-  check_plugins(c, names);
+// The run's plan: the engine's part, and each rank's plugins' (their plan
+// entries, through plugin_plan.h).
+plan::RunPlan plan_of(const Config& c, const Footprint& model) {
+  const auto [strategy, transport] = load_plugins(c);
   plan::RunInput in;
   in.model = model;
   in.world_size = c.run.world_size;
   in.rows_per_rank = c.data.batch_size / c.run.world_size;
   in.optimizer = c.optimizer.name;
   in.momentum = c.optimizer.momentum;
-  in.strategy = names[0];
-  in.transport = names[1];
-  in.device = c.run.device;
-  in.clips = c.optimizer.clip_grad_norm > 0;
-  if (in.strategy == "bucketed") {
-    in.compress = c.strategy.get_string("compress", "none");
-    in.overlap_optimizer = c.strategy.get_bool("overlap_optimizer", true);
-  }
-  if (in.strategy == "bucketed" || in.strategy == "flat") in.in_place = c.strategy.get_bool("in_place", true);
-  if (in.strategy == "sharded") in.variant = c.strategy.get_string("variant", "broadcast");
-  if (in.strategy == "bucketed" || (in.strategy == "sharded" && in.variant == "broadcast")) {
+  plan::PlanRun run;
+  run.model = &in.model;
+  run.world = c.run.world_size;
+  run.device = c.run.device;
+  run.timeout_ms = int64_t(c.run.timeout_s * 1000);
+  run.micro_steps = int(c.run.grad_accum_steps);
+  run.clips = c.optimizer.clip_grad_norm > 0;
+  std::vector<plan::RankParts> parts;
+  for (int r = 0; r < c.run.world_size; ++r) {
+    plan::RankParts p;
     try {
-      in.bucket_mb = c.strategy.get_float("bucket_mb", 25.0);
-    } catch (const ConfigError&) {
-      throw ConfigError(c.file + ": strategy.bucket_mb = \"auto\" is chosen by a measurement at run time; "
-                        "`ddp plan` needs a number (MiB)");
+      p.strategy = plan::plan_strategy(*strategy->strategy(), *transport->transport(), c.strategy, run, r);
+      p.transport = plan::plan_transport(*transport->transport(), c.transport, run, r, p.strategy.collectives);
+    } catch (const Error& e) {  // the plugin's words, in the config's file
+      throw Error(c.file + ": " + e.what(), e.status());
     }
+    p.owns_optimizer = (strategy->strategy()->caps & DDP_CAP_OWNS_OPTIMIZER) != 0;
+    parts.push_back(std::move(p));
   }
-  return in;
+  return plan::plan_run(in, parts);
 }
 
 // o and w: from --overhead, else from the bench file's all_reduce fit at
@@ -174,6 +174,11 @@ json run_json(const Config& c, const plan::RunPlan& p, const strategy::OverheadF
             {"comm_bytes_per_step", p.comm_bytes()},
             {"bus_bytes_per_step", bus},
             {"collectives", collectives}};
+  if (!p.unplanned.empty()) {
+    json names = json::array();
+    for (const std::string& u : p.unplanned) names.push_back(u + " has no plan entry: its collectives and buffers are not planned");
+    j["unplanned"] = names;
+  }
   if (timed) {
     j["overhead_fit"] = {{"o_s", fit.o_s}, {"w_bytes_per_s", fit.w_bytes_per_s}};
     if (loaded) j["overhead_fit_busy"] = {{"o_s", busy.o_s}, {"w_bytes_per_s", busy.w_bytes_per_s}};
@@ -358,7 +363,7 @@ void plan_command(const PlanOptions& o) {
       throw ConfigError(c.file + ": model.freeze / [[unfreeze]]: `ddp plan` plans runs that train every parameter");
     try {
       const strategy::OverheadFit fit = overhead_fit(o, c);  // its refusals first
-      out["run"] = run_json(c, plan::plan_run(run_input(c, f)), fit, busy_fit(o, c));
+      out["run"] = run_json(c, plan_of(c, f), fit, busy_fit(o, c));
       if (c.run.steps < 2)
         out["run"]["note"] = "run.steps < 2: the optimizer state, created by the first update, is not yet held "
                              "before the run's only optimizer step";
@@ -390,6 +395,8 @@ void plan_command(const PlanOptions& o) {
   if (out.contains("run")) print_run(out["run"]);
   if (out.contains("run") && out["run"].contains("note"))
     std::cout << "Note: " << out["run"]["note"].get<std::string>() << "\n";
+  if (out.contains("run") && out["run"].contains("unplanned"))
+    for (const json& u : out["run"]["unplanned"]) std::cout << "Not planned: " << u.get<std::string>() << "\n";
   if (out.contains("mesh")) print_mesh(out["mesh"]);
 }
 

@@ -19,6 +19,8 @@
 #include <ddp/plugin.h>
 #include <ddp/plugin.hpp>
 
+#include "plan.h"
+
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -587,4 +589,5 @@ DDP_TRANSPORT_ENTRY = {
     nullptr,  // abort: Gloo collectives end by their own timeout
     kDtypes,
     kKeys,
+    ddp::gloo_transport::plan,
 };

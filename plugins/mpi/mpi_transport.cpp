@@ -410,6 +410,9 @@ ddp_status mpi_barrier(ddp_comm* comm, ddp_stream stream) {
       [comm](MPI_Request* r) { return MPI_Ibarrier(comm->comm, r); });
 }
 
+// `ddp plan`: MPI's own buffers are its own, not the engine's; none here.
+ddp_status mpi_plan(const ddp_host*, ddp_plan*) { return DDP_OK; }
+
 }  // namespace
 
 DDP_TRANSPORT_ENTRY = {
@@ -428,4 +431,5 @@ DDP_TRANSPORT_ENTRY = {
     mpi_abort,
     kDtypes,
     kKeys,
+    mpi_plan,
 };

@@ -548,6 +548,11 @@ ddp_status nccl_barrier(ddp_comm* comm, ddp_stream stream) {
   });
 }
 
+// `ddp plan`: the barrier's one float on the device, from init on.
+ddp_status nccl_plan(const ddp_host* host, ddp_plan* out) {
+  return ddp::plugin::guard(host, [&] { ddp::plugin::Plan(out).buffer(DDP_MEM_COMM_BUFFERS, sizeof(float)); });
+}
+
 }  // namespace
 
 // The host has synchronised every stream first, or called abort.
@@ -588,4 +593,5 @@ DDP_TRANSPORT_ENTRY = {
     nccl_abort,
     kDtypes,
     kKeys,
+    nccl_plan,
 };

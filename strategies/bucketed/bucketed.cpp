@@ -32,6 +32,7 @@
 #include "../common/bucket_cap.h"
 #include "../common/bucket_sync.h"
 #include "../common/compress.h"
+#include "../common/plan_util.h"
 #include "../common/stats.h"
 #include "../common/strategy_util.h"
 
@@ -140,6 +141,25 @@ ddp_status bucketed_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed
 
 void bucketed_destroy(ddp_strategy* s) { delete s; }
 
+// `ddp plan`: the buckets' all-reduces and buffers (plan_util.h; the last
+// beside the updates of the others where the optimizer overlaps them and no
+// clipping makes the engine wait for every gradient), and the optimizer on
+// every trainable parameter.
+ddp_status bucketed_plan(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_plan* out) {
+  return guard(host, [&] {
+    const ddp::plugin::Host h(host);
+    const ddp::plugin::Plan plan(out);
+    const size_t cap = BucketCap::read(h).plan_bytes();
+    const bool overlap_optimizer = h.config_bool("overlap_optimizer", true);
+    const ddp_dtype wire = ddp::strategy::read_compress(h, transport, /*planning=*/true);
+    const bool in_place = h.config_bool("in_place", true);
+    const auto infos = ddp::strategy::param_infos(h);
+    ddp::strategy::plan_buckets(plan, infos, cap, wire, in_place, overlap_optimizer && !plan.clips());
+    for (const ddp::strategy::ParamInfo& p : infos)
+      if (p.trainable) plan.steps(p.index, 0, p.bytes / sizeof(float));
+  });
+}
+
 }  // namespace
 
 DDP_STRATEGY_ENTRY = {
@@ -159,4 +179,8 @@ DDP_STRATEGY_ENTRY = {
     bucketed_destroy,
     nullptr,  // held_grads: every rank holds every averaged gradient
     kKeys,
+    nullptr,  // on_unit
+    nullptr,  // on_train_end
+    nullptr,  // grad_ranges: it claims no storage
+    bucketed_plan,
 };

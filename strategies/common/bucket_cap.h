@@ -1,7 +1,7 @@
 // bucket_cap.h — the `bucket_mb` key of [strategy], shared by `bucketed`
 // and `sharded` (variant broadcast): a number of MiB, or "auto", which
 // measures the transport at start-up and takes the bucket size that the
-// overhead model (overhead_model.h) says minimises the time communication
+// overhead model (ddp/overhead_model.hpp) says minimises the time communication
 // adds after backward. Header-only, so a plugin stays one shared library
 // that links nothing of the engine. Throws ddp::plugin::Failure.
 //
@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "buckets.h"
-#include "overhead_model.h"
+#include <ddp/overhead_model.hpp>
 #include "strategy_util.h"
 
 namespace ddp {
@@ -67,6 +67,14 @@ class BucketCap {
   }
 
   bool automatic() const { return automatic_; }
+  // A plan entry's cap in bytes: "auto" is refused, being chosen by a
+  // measurement at run time.
+  size_t plan_bytes() const {
+    if (automatic_)
+      throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.bucket_mb = \"auto\" is chosen by a measurement "
+                                                      "at run time; `ddp plan` needs a number (MiB)");
+    return bytes_of_mib(mib_);
+  }
 
   // on_train_begin, after the parameter broadcast, on every rank: with
   // "auto", measures o and w (see the top); nothing for a number. Blocking.

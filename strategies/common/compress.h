@@ -47,14 +47,15 @@ inline std::string compress_refusal(ddp_dtype wire, const char* transport, uint6
 
 // Reads the key in create and checks it against the transport: the dtype
 // gradients travel in.
-inline ddp_dtype read_compress(const plugin::Host& host, const ddp_transport_v1_t* transport) {
+// `planning`: for a plan entry, whose host converts nothing (the run's will).
+inline ddp_dtype read_compress(const plugin::Host& host, const ddp_transport_v1_t* transport, bool planning = false) {
   const std::string value = host.config_string("compress", "none");
   const std::optional<ddp_dtype> wire = compress_dtype(value);
   if (!wire)
     throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
                           "strategy.compress must be \"none\", \"bf16\" or \"fp16\" (got \"" + value + "\")");
   const std::string why =
-      compress_refusal(*wire, transport->name, ddp_transport_dtypes(transport), plugin::has_convert(host.raw()));
+      compress_refusal(*wire, transport->name, ddp_transport_dtypes(transport), planning || plugin::has_convert(host.raw()));
   if (!why.empty()) throw plugin::Failure(DDP_ERR_UNSUPPORTED, why);
   return *wire;
 }

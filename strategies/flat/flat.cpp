@@ -100,8 +100,6 @@ ddp_status flat_on_step_begin(ddp_strategy* s, const ddp_step_info* info) {
   });
 }
 
-ddp_status flat_on_grad_ready(ddp_strategy*, const ddp_param*) { return DDP_OK; }
-ddp_status flat_on_backward_end(ddp_strategy*) { return DDP_OK; }
 
 // In place: one all-reduce of the gradients' range on the comm stream,
 // after the compute stream has made them, and wait. Else pack on the
@@ -144,6 +142,23 @@ ddp_status flat_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed) {
 
 void flat_destroy(ddp_strategy* s) { delete s; }
 
+// `ddp plan`: one all-reduce of every trainable gradient after backward;
+// a buffer of them all from set-up on unless averaged in place (the
+// engine packs them back to back in the order flat needs).
+ddp_status flat_plan(const ddp_host* host, const ddp_transport_v1_t*, ddp_plan* out) {
+  return guard(host, [&] {
+    const Host h(host);
+    const ddp::plugin::Plan plan(out);
+    const bool in_place = h.config_bool("in_place", true);
+    size_t elements = 0;
+    for (size_t i = 0; i < h.param_count(); ++i)
+      if (h.param(i).trainable) elements += StrategyBase::float32_elements(h.param(i));
+    if (elements == 0) return;
+    if (!in_place) plan.buffer(DDP_MEM_COMM_BUFFERS, elements * sizeof(float));
+    plan.collective(DDP_OP_ALL_REDUCE, elements);
+  });
+}
+
 }  // namespace
 
 DDP_STRATEGY_ENTRY = {
@@ -155,12 +170,16 @@ DDP_STRATEGY_ENTRY = {
     flat_create,
     flat_on_train_begin,
     flat_on_step_begin,
-    flat_on_grad_ready,
-    flat_on_backward_end,
+    nullptr,  // on_grad_ready, on_backward_end: everything happens in
+    nullptr,  // finish, once the whole backward is done
     flat_finish,
     nullptr,  // optimizer_step: the engine's optimizer runs
     flat_stats,
     flat_destroy,
     nullptr,  // held_grads: every rank holds every averaged gradient
     kKeys,
+    nullptr,  // on_unit
+    nullptr,  // on_train_end
+    nullptr,  // grad_ranges: it claims no storage
+    flat_plan,
 };

@@ -6,6 +6,7 @@
 #include "../common/strategy_util.h"
 
 using ddp::plugin::guard;
+using ddp::strategy::StrategyBase;
 
 struct ddp_strategy_s : ddp::strategy::StrategyBase {
   using StrategyBase::StrategyBase;
@@ -36,6 +37,17 @@ ddp_status naive_finish(ddp_strategy* s) {
 
 void naive_destroy(ddp_strategy* s) { delete s; }
 
+// `ddp plan`: an all-reduce per trainable parameter, in table order, after
+// backward; no buffers.
+ddp_status naive_plan(const ddp_host* host, const ddp_transport_v1_t*, ddp_plan* out) {
+  return guard(host, [&] {
+    const ddp::plugin::Host h(host);
+    const ddp::plugin::Plan plan(out);
+    for (size_t i = 0; i < h.param_count(); ++i)
+      if (h.param(i).trainable) plan.collective(DDP_OP_ALL_REDUCE, StrategyBase::float32_elements(h.param(i)));
+  });
+}
+
 }  // namespace
 
 DDP_STRATEGY_ENTRY = {
@@ -55,4 +67,8 @@ DDP_STRATEGY_ENTRY = {
     naive_destroy,
     nullptr,  // held_grads: every rank holds every averaged gradient
     ddp::strategy::kNoKeys,
+    nullptr,  // on_unit
+    nullptr,  // on_train_end
+    nullptr,  // grad_ranges: it claims no storage
+    naive_plan,
 };

@@ -92,6 +92,22 @@ ddp_status overlap_finish(ddp_strategy* s) {
 
 void overlap_destroy(ddp_strategy* s) { delete s; }
 
+// `ddp plan`: an all-reduce per trainable parameter as its gradient is
+// final (reverse table order), each beside backward but the last, which
+// backward ends with; no buffers.
+ddp_status overlap_plan(const ddp_host* host, const ddp_transport_v1_t*, ddp_plan* out) {
+  return guard(host, [&] {
+    const ddp::plugin::Host h(host);
+    const ddp::plugin::Plan plan(out);
+    std::vector<size_t> order;
+    for (size_t i = h.param_count(); i-- > 0;)
+      if (h.param(i).trainable) order.push_back(i);
+    for (size_t k = 0; k < order.size(); ++k)
+      plan.collective(DDP_OP_ALL_REDUCE, ddp::strategy::StrategyBase::float32_elements(h.param(order[k])), DDP_FLOAT32,
+                      k + 1 < order.size());
+  });
+}
+
 }  // namespace
 
 DDP_STRATEGY_ENTRY = {
@@ -111,4 +127,8 @@ DDP_STRATEGY_ENTRY = {
     overlap_destroy,
     nullptr,  // held_grads: every rank holds every averaged gradient
     ddp::strategy::kNoKeys,
+    nullptr,  // on_unit
+    nullptr,  // on_train_end
+    nullptr,  // grad_ranges: it claims no storage
+    overlap_plan,
 };

@@ -49,6 +49,7 @@
 #include "../common/buckets.h"
 #include "../common/partition.h"
 #include "../common/stats.h"
+#include "../common/plan_util.h"
 #include "../common/strategy_util.h"
 #include "stage2.h"
 
@@ -386,6 +387,52 @@ ddp_status sharded_grad_ranges(ddp_strategy* s, const ddp_range** ranges, size_t
 
 void sharded_destroy(ddp_strategy* s) { delete s; }
 
+// `ddp plan`, stage 1: the owners' optimizer state (the partition), and
+// variant broadcast: the buckets' all-reduces (averaged in place), then a
+// broadcast per trainable parameter from its owner; variant allgather: a
+// flat buffer of N shards and one shard, a reduce-scatter and an all-gather
+// of N x S elements (S: the largest rank's).
+void plan_stage1(const ddp::plugin::Host& h, const ddp::plugin::Plan& plan, const ddp_transport_v1_t* transport) {
+  const std::string variant = h.config_string("variant", "broadcast");
+  if (variant != "broadcast" && variant != "allgather")
+    throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.variant must be \"broadcast\" or \"allgather\" (got \"" + variant +
+                                                "\")");
+  const auto infos = ds::param_infos(h);
+  const std::vector<int> owners = ds::partition_params(infos, h.world_size());
+  std::vector<size_t> owned(size_t(h.world_size()), 0);
+  for (const ds::ParamInfo& p : infos) {
+    if (owners[p.index] == ds::kNoOwner) continue;
+    owned[size_t(owners[p.index])] += p.bytes / kFloat;
+    if (owners[p.index] == h.rank()) plan.steps(p.index, 0, p.bytes / kFloat);
+  }
+  if (variant == "broadcast") {
+    ds::plan_buckets(plan, infos, ds::BucketCap::read(h).plan_bytes(), DDP_FLOAT32, true, false);
+    for (const ds::ParamInfo& p : infos)
+      if (p.trainable) plan.collective(DDP_OP_BROADCAST, p.bytes / kFloat);
+    return;
+  }
+  if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
+    throw Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.variant = \"allgather\" reduce-scatters the gradients, "
+                                                   "and transport '") + transport->name + "' has no reduce_scatter");
+  const size_t shard = *std::max_element(owned.begin(), owned.end()), n = size_t(h.world_size());
+  if (shard == 0) return;
+  plan.buffer(DDP_MEM_COMM_BUFFERS, shard * (n + 1) * kFloat);
+  plan.collective(DDP_OP_REDUCE_SCATTER, shard * n);
+  plan.collective(DDP_OP_ALL_GATHER, shard * n);
+}
+
+ddp_status sharded_plan(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_plan* out) {
+  return guard(host, [&] {
+    const ddp::plugin::Host h(host);
+    const ddp::plugin::Plan plan(out);
+    const int64_t stage = h.config_int("stage", 1);
+    if (stage == 2) return ddp::strategy::Stage2::plan(h, plan, transport, ds::BucketCap::read(h).plan_bytes());
+    if (stage != 1)
+      throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.stage must be 1 or 2 (got " + std::to_string(stage) + ")");
+    plan_stage1(h, plan, transport);
+  });
+}
+
 }  // namespace
 
 DDP_STRATEGY_ENTRY = {
@@ -408,5 +455,5 @@ DDP_STRATEGY_ENTRY = {
     sharded_on_unit,
     nullptr,  // on_train_end
     sharded_grad_ranges,
-    nullptr,  // plan
+    sharded_plan,
 };

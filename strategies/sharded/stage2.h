@@ -56,21 +56,21 @@ class Stage2 {
     std::vector<size_t> claim;
     for (size_t i = 0; i < h.param_count(); ++i)
       if (h.param(i).trainable) claim.push_back(i);
-    plugin::check(h.raw()->claim(h.raw()->ctx, DDP_STORAGE_GRAD, claim.data(), claim.size()));
+    h.claim_gradients(claim.data(), claim.size());
   }
 
   // The layout, for the trainable set of now (stably after the first
   // time), claims and buffers. Between steps only (no work in flight).
   void lay_out(size_t cap_elements) {
     const plugin::Host& h = base_.host;
-    const size_t units = h.raw()->unit_count(h.raw()->ctx);
+    const size_t units = h.unit_count();
     if (units == 0)
       throw plugin::Failure(DDP_ERR_UNSUPPORTED, "strategy.stage = 2 binds gradients unit by unit, and this model "
                                                  "declares no units");
     units_.clear();
     for (size_t u = 0; u < units; ++u) {
-      const ddp_unit* unit = h.raw()->unit(h.raw()->ctx, u);
-      units_.push_back({{unit->params, unit->params + unit->param_count}, {unit->tied, unit->tied + unit->tied_count}});
+      const ddp_unit& unit = h.unit(u);
+      units_.push_back({{unit.params, unit.params + unit.param_count}, {unit.tied, unit.tied + unit.tied_count}});
     }
     params_.clear();
     for (size_t i = 0; i < h.param_count(); ++i) {
@@ -83,7 +83,7 @@ class Stage2 {
     owned_ = owned_ranges(layout_, params_, size_t(h.rank()));
     std::vector<size_t> claim;
     for (const ShardBucket& b : layout_.buckets) claim.insert(claim.end(), b.params.begin(), b.params.end());
-    plugin::check(h.raw()->claim(h.raw()->ctx, DDP_STORAGE_GRAD, claim.data(), claim.size()));
+    h.claim_gradients(claim.data(), claim.size());
     allocate();
   }
 
@@ -104,7 +104,7 @@ class Stage2 {
   // optimizer_step: this rank's ranges, then the parameters gathered.
   void step() {
     const plugin::Host& h = base_.host;
-    plugin::check(h.raw()->run_optimizer_ranges(h.raw()->ctx, ranges_.data(), ranges_.size()));
+    h.run_optimizer_ranges(ranges_.data(), ranges_.size());
     base_.comm_after_compute();
     const ddp_stream comm = h.comm_stream();
     for (const ShardBucket& b : layout_.buckets) {
@@ -118,6 +118,46 @@ class Stage2 {
                comm);
     }
     base_.wait_comm();
+  }
+
+  // `ddp plan`: the gradients it claims (all trainable) and holds instead
+  // (shard and ring, from set-up on), its staging buffer, the elements its
+  // optimizer steps; a reduce-scatter per bucket as it closes (beside
+  // backward but the last), then an all-gather per bucket.
+  static void plan(const plugin::Host& h, const plugin::Plan& plan, const ddp_transport_v1_t* transport,
+                   size_t cap_bytes) {
+    if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
+      throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.stage = 2 reduce-scatters the gradients, and "
+                                                             "transport '") + transport->name + "' has no reduce_scatter");
+    std::vector<ShardUnit> units;
+    for (size_t u = 0; u < h.unit_count(); ++u) {
+      const ddp_unit& unit = h.unit(u);
+      units.push_back({{unit.params, unit.params + unit.param_count}, {unit.tied, unit.tied + unit.tied_count}});
+    }
+    if (units.empty())
+      throw plugin::Failure(DDP_ERR_UNSUPPORTED, "strategy.stage = 2 binds gradients unit by unit, and this model "
+                                                 "declares no units");
+    std::vector<ShardParam> params;
+    for (size_t i = 0; i < h.param_count(); ++i)
+      params.push_back({StrategyBase::float32_elements(h.param(i)), h.param(i).trainable != 0});
+    const size_t n = size_t(h.world_size());
+    const ShardLayout layout = shard_layout(units, params, n, std::max<size_t>(cap_bytes / sizeof(float), 1), kAlign);
+    size_t chunk = 0;
+    for (const ShardBucket& b : layout.buckets) {
+      for (size_t i : b.params) plan.claims_gradient(i);
+      chunk = std::max(chunk, b.chunk);
+    }
+    for (const OwnedRange& r : owned_ranges(layout, params, size_t(h.rank()))) plan.steps(r.param, r.offset, r.count);
+    if (layout.buckets.empty()) return;
+    plan.buffer(DDP_MEM_GRADIENTS, layout.shard_elements * sizeof(float));
+    plan.buffer(DDP_MEM_GRADIENTS, layout.ring_elements * sizeof(float));
+    plan.buffer(DDP_MEM_COMM_BUFFERS, chunk * sizeof(float));
+    size_t issued = 0;
+    for (const auto& closing : layout.closes_at)
+      for (size_t b : closing)
+        plan.collective(DDP_OP_REDUCE_SCATTER, layout.buckets[b].padded(), DDP_FLOAT32,
+                        ++issued < layout.buckets.size());
+    for (const ShardBucket& b : layout.buckets) plan.collective(DDP_OP_ALL_GATHER, b.padded());
   }
 
   // grad_ranges: this rank's elements of the averaged gradients.
@@ -173,7 +213,7 @@ class Stage2 {
     float* memory = ring_.floats() + b.ring;
     h.fill(h.floats(memory, b.padded()), 0.0, h.compute_stream());
     for (size_t i = 0; i < b.params.size(); ++i)
-      plugin::check(h.raw()->bind(h.raw()->ctx, DDP_STORAGE_GRAD, b.params[i], memory + b.slots[i]));
+      h.bind_gradient(b.params[i], memory + b.slots[i]);
   }
 
   void close(size_t k) {
@@ -187,11 +227,11 @@ class Stage2 {
     } else {  // accumulation: this micro-batch's average, added to the shard
       const ddp_buffer landing = h.floats(staging_.get(), b.chunk);
       base_.comm.reduce_scatter(send, landing, DDP_REDUCE_AVG, comm);
-      plugin::check(h.raw()->add(h.raw()->ctx, &mine, &landing, comm));
+      h.add(mine, landing, comm);
     }
     events_[k].record(comm);
     in_flight_[k] = true;
-    for (size_t i : b.params) plugin::check(h.raw()->bind(h.raw()->ctx, DDP_STORAGE_GRAD, i, nullptr));
+    for (size_t i : b.params) h.bind_gradient(i, nullptr);
   }
 
   const StrategyBase& base_;

@@ -123,6 +123,27 @@ class Host {
   // The parameter table, in model order.
   size_t param_count() const { return h_->param_count(h_->ctx); }
   const ddp_param& param(size_t i) const { return *h_->param(h_->ctx, i); }
+  // The model's units (ABI 1.4; none from an older engine).
+  size_t unit_count() const { return DDP_HOST_HAS(h_, unit_count) ? h_->unit_count(h_->ctx) : 0; }
+  const ddp_unit& unit(size_t i) const { return *h_->unit(h_->ctx, i); }
+
+  // Storage the strategy owns (ABI 1.4; ddp/abi/host.h says when).
+  void claim_gradients(const size_t* indices, size_t count) const {
+    require_1_4(DDP_HOST_HAS(h_, claim), "claim");
+    check(h_->claim(h_->ctx, DDP_STORAGE_GRAD, indices, count));
+  }
+  void bind_gradient(size_t index, void* ptr) const {
+    require_1_4(DDP_HOST_HAS(h_, bind), "bind");
+    check(h_->bind(h_->ctx, DDP_STORAGE_GRAD, index, ptr));
+  }
+  void run_optimizer_ranges(const ddp_range* ranges, size_t count) const {
+    require_1_4(DDP_HOST_HAS(h_, run_optimizer_ranges), "run_optimizer_ranges");
+    check(h_->run_optimizer_ranges(h_->ctx, ranges, count));
+  }
+  void add(const ddp_buffer& dst, const ddp_buffer& src, ddp_stream s) const {
+    require_1_4(DDP_HOST_HAS(h_, add), "add");
+    check(h_->add(h_->ctx, &dst, &src, s));
+  }
 
   void* alloc(size_t bytes, ddp_mem_category category) const {
     void* p = nullptr;
@@ -171,6 +192,13 @@ class Host {
   ddp_buffer buffer(void* ptr, size_t count, ddp_dtype dtype) const { return ddp_buffer{ptr, count, dtype, h_->device}; }
 
  private:
+  void require_1_4(bool has, const char* entry) const {
+    if (!has)
+      throw Failure(DDP_ERR_UNSUPPORTED, std::string(entry) + ": this engine's ABI " +
+                                             std::to_string(DDP_ABI_MAJOR(h_->abi_version)) + "." +
+                                             std::to_string(DDP_ABI_MINOR(h_->abi_version)) +
+                                             " lacks it (it needs ABI 1.4 or newer)");
+  }
   const ddp_host* h_;
 };
 
@@ -234,6 +262,31 @@ class DeviceBuffer {
   const ddp_host* h_ = nullptr;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// What a plan entry reports (ddp/abi/plan.h), with throwing calls.
+class Plan {
+ public:
+  explicit Plan(ddp_plan* plan) : p_(plan) {}
+  ddp_plan* raw() const { return p_; }
+  int32_t micro_steps() const { return p_->micro_steps; }
+  bool clips() const { return p_->clips != 0; }
+  // A transport's plan: the step's collectives as the strategy planned them.
+  const ddp_plan_collective* begin() const { return p_->collectives; }
+  const ddp_plan_collective* end() const { return p_->collectives + p_->collective_count; }
+
+  void collective(ddp_collective_op op, size_t count, ddp_dtype dtype = DDP_FLOAT32, bool beside_compute = false) const {
+    const ddp_plan_collective c{op, count, dtype, beside_compute ? 1 : 0};
+    check(p_->collective(p_->ctx, &c));
+  }
+  void buffer(ddp_mem_category category, size_t bytes, ddp_plan_when when = DDP_PLAN_SETUP) const {
+    if (bytes > 0) check(p_->buffer(p_->ctx, category, bytes, when));
+  }
+  void steps(size_t param, size_t offset, size_t count) const { check(p_->steps(p_->ctx, param, offset, count)); }
+  void claims_gradient(size_t param) const { check(p_->claims(p_->ctx, DDP_STORAGE_GRAD, param)); }
+
+ private:
+  ddp_plan* p_;
 };
 
 // A transport as the strategy receives it, with throwing calls.

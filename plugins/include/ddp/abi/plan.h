@@ -55,6 +55,9 @@ typedef struct ddp_plan {
    * has no plan). */
   const ddp_plan_collective* collectives;
   size_t collective_count;
+  /* The run as the engine will run it. */
+  int32_t micro_steps; /* run.grad_accum_steps */
+  int32_t clips;       /* 1 where optimizer.clip_grad_norm > 0: the engine waits for every gradient */
 
   /* Strategy: one collective of a step, in the order they start. */
   ddp_status (*collective)(void* ctx, const ddp_plan_collective* collective);

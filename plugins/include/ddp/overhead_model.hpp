@@ -1,7 +1,9 @@
-// overhead_model.h — the communication-overhead model of CS336 assignment
-// 2's ddp_bucketed_benchmarking (b), as pure functions (header-only, no
-// dependency: strategy plugins use it for `bucket_mb = "auto"`, `ddp
-// bench-comm` for its fit, tests on synthetic timings).
+// ddp/overhead_model.hpp — the communication-overhead model of CS336
+// assignment 2's ddp_bucketed_benchmarking (b), as pure functions: an
+// optional, header-only C++17 helper for plugin authors (no ABI: nothing
+// here crosses it, and it needs nothing but the standard library).
+// Strategy plugins use it for `bucket_mb = "auto"`, `ddp bench-comm` and
+// `ddp plan` for its fit, tests on synthetic timings.
 //
 // An all-reduce of b bytes per rank takes t(b) = o + b / w: o is the fixed
 // cost of one call (seconds), w the algorithm bandwidth (bytes per second,
@@ -18,9 +20,10 @@
 //   b* = s / n_b* = sqrt(s·w·o),   overhead(n_b*) = 2·sqrt(s·o / w).
 // (docs/benchmarks.md, "Communication overhead model", says the same in prose.)
 //
-// Not here: measuring (strategies/common/bucket_cap.h, `ddp bench-comm`).
+// Not here: measuring (a strategy's own probes, `ddp bench-comm`).
 // auto_probe_sizes, at the end, is what bucket_cap.h measures.
-#pragma once
+#ifndef DDP_OVERHEAD_MODEL_HPP
+#define DDP_OVERHEAD_MODEL_HPP
 
 #include <algorithm>
 #include <cmath>
@@ -104,3 +107,5 @@ inline std::vector<size_t> auto_probe_sizes(size_t model_bytes) {
 
 }  // namespace strategy
 }  // namespace ddp
+
+#endif  // DDP_OVERHEAD_MODEL_HPP

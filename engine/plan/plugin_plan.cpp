@@ -1,0 +1,165 @@
+// plugin_plan.cpp — see plugin_plan.h.
+#include "plugin_plan.h"
+
+#include <deque>
+#include <functional>
+
+#include "error.h"
+
+namespace ddp {
+namespace plan {
+namespace {
+
+// The host a plan entry gets (ddp/abi/host.h: which entries it has) and the
+// ddp_plan it reports through, for one call.
+class PlanningCall {
+ public:
+  PlanningCall(const PluginSection& section, const PlanRun& run, int rank, std::string label)
+      : section_(section), run_(run), part_() {
+    part_.label = std::move(label);
+    part_.planned = true;
+    const Footprint& f = *run.model;
+    part_.claimed.assign(f.params.size(), false);
+    std::vector<size_t> unit_of(f.params.size(), DDP_NO_UNIT);
+    for (size_t u = 0; u < f.units.size(); ++u)
+      for (size_t i : f.units[u].params) unit_of[i] = u;
+    for (size_t i = 0; i < f.params.size(); ++i) {
+      ddp_param p{};
+      p.name = f.params[i].name.c_str(), p.index = i, p.numel = size_t(f.params[i].elements);
+      p.dtype = DDP_FLOAT32, p.trainable = 1;  // `ddp plan` plans runs that train every parameter
+      p.ndim = f.params[i].shape.size(), p.shape = f.params[i].shape.data(), p.unit = unit_of[i], p.uses = 1;
+      params_.push_back(p);
+    }
+    for (size_t u = 0; u < f.units.size(); ++u)
+      units_.push_back({f.units[u].name.c_str(), u, f.units[u].params.data(), f.units[u].params.size(),
+                        f.units[u].tied.data(), f.units[u].tied.size()});
+    host_.abi_version = DDP_ABI_VERSION, host_.struct_size = sizeof(ddp_host), host_.ctx = this;
+    host_.rank = rank, host_.world_size = run.world, host_.local_rank = rank, host_.device = run.device;
+    host_.timeout_ms = run.timeout_ms;
+    host_.log = [](void*, ddp_log_level, const char*) {};
+    host_.set_error = [](void* ctx, const char* m) { self(ctx).error_ = m ? m : ""; };
+    host_.config_int = [](void* ctx, const char* key, int64_t fallback, int64_t* out) {
+      return self(ctx).read([&] { *out = self(ctx).section_.get_int(key, fallback); });
+    };
+    host_.config_float = [](void* ctx, const char* key, double fallback, double* out) {
+      return self(ctx).read([&] { *out = self(ctx).section_.get_float(key, fallback); });
+    };
+    host_.config_bool = [](void* ctx, const char* key, int fallback, int* out) {
+      return self(ctx).read([&] { *out = self(ctx).section_.get_bool(key, fallback != 0) ? 1 : 0; });
+    };
+    host_.config_string = [](void* ctx, const char* key, const char* fallback, const char** out) {
+      return self(ctx).read([&] {
+        self(ctx).strings_.push_back(self(ctx).section_.get_string(key, fallback ? fallback : ""));
+        *out = self(ctx).strings_.back().c_str();
+      });
+    };
+    host_.param_count = [](void* ctx) { return self(ctx).params_.size(); };
+    host_.param = [](void* ctx, size_t i) -> const ddp_param* { return i < self(ctx).params_.size() ? &self(ctx).params_[i] : nullptr; };
+    host_.unit_count = [](void* ctx) { return self(ctx).units_.size(); };
+    host_.unit = [](void* ctx, size_t i) -> const ddp_unit* { return i < self(ctx).units_.size() ? &self(ctx).units_[i] : nullptr; };
+    plan_.struct_size = sizeof(ddp_plan), plan_.ctx = this;
+    plan_.micro_steps = run.micro_steps, plan_.clips = run.clips ? 1 : 0;
+    plan_.collective = [](void* ctx, const ddp_plan_collective* c) {
+      return self(ctx).record([&] {
+        if (!c || c->op < DDP_OP_ALL_REDUCE || c->op > DDP_OP_BARRIER || ddp_dtype_size(c->dtype) == 0)
+          throw Error("collective: not a collective this ABI names (op " + std::to_string(c ? int(c->op) : -1) + ")");
+        self(ctx).part_.collectives.push_back(*c);
+      });
+    };
+    plan_.buffer = [](void* ctx, ddp_mem_category category, size_t bytes, ddp_plan_when when) {
+      return self(ctx).record([&] { self(ctx).add_buffer(category, bytes, when); });
+    };
+    plan_.steps = [](void* ctx, size_t param, size_t offset, size_t count) {
+      return self(ctx).record([&] { self(ctx).add_steps(param, offset, count); });
+    };
+    plan_.claims = [](void* ctx, ddp_storage what, size_t param) {
+      return self(ctx).record([&] {
+        if (what != DDP_STORAGE_GRAD) throw Error("claims: only DDP_STORAGE_GRAD can be claimed in ABI 1.4");
+        self(ctx).param_at(param, "claims");
+        self(ctx).part_.claimed[param] = true;
+      });
+    };
+  }
+  const ddp_host* host() const { return &host_; }
+  ddp_plan* plan() { return &plan_; }
+  // The part, or Error in the plugin's words where `status` says it failed.
+  PluginPart take(ddp_status status) {
+    if (status != DDP_OK)
+      throw Error(part_.label + ": plan: " + (error_.empty() ? std::string("failed without an error message") : error_),
+                  status);
+    return std::move(part_);
+  }
+
+ private:
+  static PlanningCall& self(void* ctx) { return *static_cast<PlanningCall*>(ctx); }
+  template <typename Body>
+  ddp_status read(Body&& body) {
+    try {
+      body();
+      return DDP_OK;
+    } catch (const std::exception& e) {
+      error_ = e.what();
+      return DDP_ERR_INVALID_ARGUMENT;
+    }
+  }
+  template <typename Body>
+  ddp_status record(Body&& body) { return read(std::forward<Body>(body)); }
+  const ddp_param& param_at(size_t param, const char* entry) const {
+    if (param >= params_.size())
+      throw Error(std::string(entry) + ": parameter " + std::to_string(param) + " is not in the table of " +
+                  std::to_string(params_.size()));
+    return params_[param];
+  }
+  void add_buffer(ddp_mem_category category, size_t bytes, ddp_plan_when when) {
+    if (category < 0 || category >= DDP_MEM_CATEGORY_COUNT)
+      throw Error("buffer: unknown memory category " + std::to_string(int(category)));
+    if (when != DDP_PLAN_SETUP && when != DDP_PLAN_STEP) throw Error("buffer: `when` is neither SETUP nor STEP");
+    (when == DDP_PLAN_SETUP ? part_.setup : part_.step)[size_t(category)] += int64_t(bytes);
+  }
+  void add_steps(size_t param, size_t offset, size_t count) {
+    const ddp_param& p = param_at(param, "steps");
+    if (offset > p.numel || count > p.numel - offset)
+      throw Error("steps: elements [" + std::to_string(offset) + ", " + std::to_string(offset + count) +
+                  ") are outside parameter '" + p.name + "' of " + std::to_string(p.numel));
+    part_.says_steps = true;
+    part_.stepped += int64_t(count);
+  }
+
+  const PluginSection& section_;
+  const PlanRun& run_;
+  PluginPart part_;
+  std::string error_;
+  std::deque<std::string> strings_;
+  std::vector<ddp_param> params_;
+  std::vector<ddp_unit> units_;
+  ddp_host host_{};
+  ddp_plan plan_{};
+};
+
+}  // namespace
+
+PluginPart plan_strategy(const ddp_strategy_v1_t& s, const ddp_transport_v1_t& t, const PluginSection& section,
+                         const PlanRun& run, int rank) {
+  const std::string label = std::string("strategy plugin '") + s.name + "'";
+  if (!DDP_PLUGIN_HAS(&s, plan)) return PluginPart{label, false, {}, {}, {}, false, 0, {}};
+  PlanningCall call(section, run, rank, label);
+  return call.take(s.plan(call.host(), &t, call.plan()));
+}
+
+PluginPart plan_transport(const ddp_transport_v1_t& t, const PluginSection& section, const PlanRun& run, int rank,
+                          const std::vector<ddp_plan_collective>& collectives) {
+  const std::string label = std::string("transport plugin '") + t.name + "'";
+  if (!DDP_PLUGIN_HAS(&t, plan)) return PluginPart{label, false, {}, {}, {}, false, 0, {}};
+  PlanningCall call(section, run, rank, label);
+  call.plan()->collectives = collectives.data();
+  call.plan()->collective_count = collectives.size();
+  return call.take(t.plan(call.host(), call.plan()));
+}
+
+Collective collective_of(const ddp_plan_collective& c) {
+  static const char* kOps[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"};
+  return {kOps[c.op], int64_t(c.count * ddp_dtype_size(c.dtype)), c.beside_compute != 0};  // op checked on record
+}
+
+}  // namespace plan
+}  // namespace ddp

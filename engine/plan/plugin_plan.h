@@ -1,0 +1,68 @@
+// plugin_plan.h — what the plugins of a run say they will send and hold,
+// rank by rank, through their `plan` entries (ABI 1.4, ddp/abi/plan.h):
+// each is called with a host made for planning (the rank and world, its
+// own TOML table, the parameter table and the units of the model's
+// footprint; nothing that reaches a device) and a ddp_plan that records
+// what it reports. Nothing here knows a strategy or a transport by name.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ddp/plugin.h>
+
+#include "model.h"
+#include "plugin_section.h"
+
+namespace ddp {
+namespace plan {
+
+// Bytes per memory category, in ddp_mem_category order.
+using Bytes = std::array<int64_t, DDP_MEM_CATEGORY_COUNT>;
+
+// One collective of a step on one rank: its name as summary.json and the
+// transport count it ("all_reduce", ...), its bytes as comm_bytes counts
+// them (the buffer; all_gather: what it receives), and whether it is
+// issued while the rank still computes (on a CPU it shares the cores).
+struct Collective {
+  std::string op;
+  int64_t bytes = 0;
+  bool beside_compute = false;
+};
+
+// What one plugin said of one rank.
+struct PluginPart {
+  std::string label;  // "strategy plugin 'naive'"
+  bool planned = false;  // it has a plan entry (else the rest is empty)
+  std::vector<ddp_plan_collective> collectives;  // a strategy's, in the order they start
+  Bytes setup{}, step{};  // its buffers: held from the end of set-up on, from the first step on
+  bool says_steps = false;   // it named what its optimizer steps
+  int64_t stepped = 0;       // the elements it named
+  std::vector<bool> claimed;  // per parameter: its gradient storage claimed
+};
+
+// The run a plan is for, as the planning host describes it.
+struct PlanRun {
+  const Footprint* model = nullptr;
+  int world = 1;
+  ddp_device_kind device = DDP_DEVICE_CPU;
+  int64_t timeout_ms = 30000;
+  int micro_steps = 1;
+  bool clips = false;
+};
+
+// Calls the strategy's plan entry for `rank` (over `transport`, whose
+// dtypes and entries it may read); a part with planned = false where it
+// has none. Throws Error in the plugin's words, naming it, where it fails.
+PluginPart plan_strategy(const ddp_strategy_v1_t& strategy, const ddp_transport_v1_t& transport,
+                         const PluginSection& section, const PlanRun& run, int rank);
+// The same for the transport, given the step's collectives.
+PluginPart plan_transport(const ddp_transport_v1_t& transport, const PluginSection& section, const PlanRun& run,
+                          int rank, const std::vector<ddp_plan_collective>& collectives);
+
+// A collective as the plan and summary.json name and count it.
+Collective collective_of(const ddp_plan_collective& c);
+
+}  // namespace plan
+}  // namespace ddp
