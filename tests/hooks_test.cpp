@@ -18,16 +18,17 @@ namespace {
 
 // Trains `model` for 2 steps on one rank with the test strategy `strategy`;
 // returns summary.json.
-// `model_keys`: more lines of its [model] table.
+// `model_keys`, `strategy_keys`: more lines of its [model], [strategy] tables.
 nlohmann::json run_one_rank(const std::string& model, const std::string& strategy,
-                            const std::string& model_keys = "") {
+                            const std::string& model_keys = "", const std::string& strategy_keys = "") {
   char tmpl[] = "/tmp/ddp-hooks-XXXXXX";
   std::string dir = mkdtemp(tmpl);
   std::ofstream(dir + "/run.toml") << "[run]\nsteps = 2\noutput_dir = \"" << dir << "/out\"\n"
                                    << "[model]\nname = \"" << model << "\"\n" << model_keys
                                    << "[data]\nbatch_size = 8\n"
                                    << "[optimizer]\nlr = 0.1\n[strategy]\nplugin = \""
-                                   << DDP_TEST_BROKEN_PLUGIN_DIR << "/libddp_strategy_" << strategy << ".so\"\n";
+                                   << DDP_TEST_BROKEN_PLUGIN_DIR << "/libddp_strategy_" << strategy << ".so\"\n"
+                                   << strategy_keys;
   Config config = load_config(dir + "/run.toml");
   std::filesystem::create_directories(dir + "/rdzv");
   RankEnv env;
@@ -110,6 +111,44 @@ TEST(Hooks, MlpAndLmDeclareTheirLayersAsUnits) {
             std::string::npos) << hooks;
   EXPECT_NE(hooks.find("bwd(embedding) ready(token_embeddings.weight) /bwd(embedding) finish"), std::string::npos)
       << hooks;
+}
+
+// Claimed gradient storage, misused: each is refused naming what is wrong.
+std::string claim_failure(const std::string& strategy, const std::string& what) {
+  try {
+    run_one_rank("toy", strategy, "", "what = \"" + what + "\"\n");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "the run went through";
+}
+
+TEST(ClaimedGradients, AFrozenParameterIsRefusedByName) {
+  EXPECT_EQ(claim_failure("claims", "frozen"),
+            "strategy plugin 'claims': create: claim: parameter 'no_grad_fixed_param' is frozen: a strategy may claim "
+            "the gradient storage of trainable parameters only");
+}
+
+TEST(ClaimedGradients, OnlyBeforeAnythingIsWrittenIntoTheGradients) {
+  EXPECT_EQ(claim_failure("claims", "late"),
+            "strategy plugin 'claims': on_unit: claim: only in create, on_train_begin, or on_step_begin of a step's "
+            "first micro-batch (the engine's own gradients hold nothing then)");
+}
+
+TEST(ClaimedGradients, OnlyByAStrategyWhoseCapsSaySoAndOnlyGradients) {
+  EXPECT_EQ(claim_failure("claims_nocap", "frozen"),
+            "strategy plugin 'claims_nocap': create: claim: the plugin's caps lack DDP_CAP_OWNS_GRADIENTS");
+  EXPECT_EQ(claim_failure("claims", "storage"),
+            "strategy plugin 'claims': create: claim: only DDP_STORAGE_GRAD (gradient storage) can be claimed in ABI 1.4");
+}
+
+// Backward never writes where the strategy did not say: a claimed gradient
+// left unbound stops the step, naming the parameter and its unit.
+TEST(ClaimedGradients, AGradientLeftUnboundStopsBackwardNamingIt) {
+  const std::string failure = claim_failure("claims", "unbound");
+  EXPECT_EQ(failure, "backward reached the gradient of 'fc3.weight', whose storage the strategy claimed and bound none "
+                     "to: bind it (ddp_host::bind) at the latest in on_unit(BACKWARD_BEGIN) of unit 'fc3' or of a "
+                     "unit that reads it before");
 }
 
 TEST(Hooks, StrategyWithoutTheRunsDeviceIsRefused) {

@@ -204,6 +204,27 @@ TEST(ShardedConfig, UnknownVariantIsRefusedNamingTheKeyAndTheValues) {
   EXPECT_NE(bad_cap.failures[0].find("strategy.bucket_mb"), std::string::npos) << bad_cap.failures[0];
 }
 
+TEST(ShardedConfig, StageOtherThanOneOrTwoIsRefused) {
+  RunResult r = harness::run(toml("toy", "sharded", "stage = 3\n"), 1);
+  ASSERT_EQ(r.failures.size(), 1u);
+  EXPECT_NE(r.failures[0].find("strategy plugin 'sharded': create: strategy.stage must be 1 or 2 (got 3)"),
+            std::string::npos) << r.failures[0];
+}
+
+// Stage 2 (and stage 1's allgather) reduce-scatter: over a transport
+// without reduce_scatter (optional since ABI 1.4) they refuse at create.
+TEST(ShardedConfig, ReduceScatteringNeedsATransportThatHasIt) {
+  const std::string stub = std::string(DDP_TEST_BROKEN_PLUGIN_DIR) + "/libddp_transport_norscatter.so";
+  for (const char* keys : {"stage = 2\n", "variant = \"allgather\"\n"}) {
+    std::string config = toml("toy", "sharded", keys);
+    config.replace(config.find("plugin = \"gloo\""), 15, "plugin = \"" + stub + "\"");
+    RunResult r = harness::run(config, 1);
+    ASSERT_EQ(r.failures.size(), 1u) << keys;
+    EXPECT_NE(r.failures[0].find("reduce-scatters the gradients, and transport 'norscatter' has no reduce_scatter"),
+              std::string::npos) << r.failures[0];
+  }
+}
+
 // Unfreezing mid-run: the parameters owned before keep their owner (their
 // optimizer state lives there); the new one gets an owner too.
 TEST(ShardedUnfreeze, KeepsOwnersAndAssignsTheNewParameter) {

@@ -9,7 +9,7 @@
 # conformance suite on it.
 #
 # usage: tools/build_example.sh [--build DIR] [--work DIR] [--smoke WORLD_SIZE]...
-#                               [--headers DIR] [--conformance]
+#                               [--headers DIR] [--plan planned|unplanned] [--conformance]
 #   --build DIR      the ddp build to install (default: build); must be built
 #   --work DIR       where prefix/, src/, example-build/ and runs/ go
 #                    (default: a new temporary directory); those are replaced
@@ -19,6 +19,11 @@
 #   --headers DIR    build against DIR/ddp's headers instead of the installed
 #                    ones, as if an older release had installed them
 #                    (tests/abi_1_3: the ABI 1.3 headers as released)
+#   --plan WHAT      `ddp plan configs/mlp.toml` with the example, loaded by
+#                    path: "planned" checks that its plan entry planned one
+#                    all-reduce a step and no plugin went unplanned (built
+#                    against ABI 1.4 or newer); "unplanned" that the plan
+#                    names it as not planned (built against older headers)
 #   --conformance    run the installed bin/ddp-conformance --strategy <the .so>
 # e.g. tools/build_example.sh --smoke 2 --smoke 4
 set -euo pipefail
@@ -28,7 +33,7 @@ root=$PWD
 say() { echo "build_example: $*" >&2; }
 die() { say "error: $*"; exit 1; }
 
-build=build work="" conformance=0 worlds=() headers=""
+build=build work="" conformance=0 worlds=() headers="" plan=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=${2:?--build needs a directory}; shift 2 ;;
@@ -36,6 +41,7 @@ while [ $# -gt 0 ]; do
     --smoke) worlds+=("${2:?--smoke needs a world size}"); shift 2 ;;
     --conformance) conformance=1; shift ;;
     --headers) headers=${2:?--headers needs a directory}; shift 2 ;;
+    --plan) plan=${2:?--plan needs planned or unplanned}; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -98,7 +104,25 @@ for n in "${worlds[@]}"; do
     }' >&2 || die "the run on $n ranks is wrong (see above)"
 done
 
-# 5. The conformance suite every strategy passes, as the installed tool.
+# 5. `ddp plan` asks the plugin for its part, or names it as unplanned.
+if [ -n "$plan" ]; then
+  say "ddp plan configs/mlp.toml --set strategy.plugin=$so"
+  json=$("$prefix/bin/ddp" plan configs/mlp.toml --set "strategy.plugin=$so" --json) || die "ddp plan failed"
+  echo "$json" | /usr/bin/python3 -c '
+import json, sys
+run = json.load(sys.stdin)["run"]
+want = sys.argv[1]
+if want == "planned":
+    assert "unplanned" not in run, run.get("unplanned")
+    assert run["collectives_per_step"] == 1, run["collectives"]
+    assert [c["op"] for c in run["collectives"]] == ["all_reduce"], run["collectives"]
+else:
+    assert any("strategy plugin \x27example\x27 has no plan entry" in u for u in run.get("unplanned", [])), run
+    assert run["collectives_per_step"] == 0, run["collectives"]
+print("build_example: ddp plan: " + want, file=sys.stderr)' "$plan" || die "ddp plan did not plan the example as $plan"
+fi
+
+# 6. The conformance suite every strategy passes, as the installed tool.
 if [ "$conformance" = 1 ]; then
   [ -x "$prefix/bin/ddp-conformance" ] || die "$prefix/bin/ddp-conformance was not installed"
   say "ddp-conformance --strategy $so"

@@ -184,6 +184,27 @@ ddp_status example_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed)
 // The host has synchronised all streams first.
 void example_destroy(ddp_strategy* s) { delete s; }
 
+#if DDP_ABI_VERSION_MINOR >= 4  // built against ABI 1.4 or newer: `ddp plan` can ask it
+// `ddp plan`, before any rank starts (no create): on a host made for
+// planning (parameters without memory, this plugin's keys), says what a
+// rank will do: one all-reduce of every trainable gradient per step, and
+// the flat buffer that holds them, made at train begin. Reads its keys as
+// create does.
+ddp_status example_plan(const ddp_host* host, const ddp_transport_v1_t*, ddp_plan* out) {
+  return guard(host, [&] {
+    const Host h(host);
+    const ddp::plugin::Plan plan(out);
+    (void)h.config_bool("log_layout", false);
+    size_t elements = 0;
+    for (size_t i = 0; i < h.param_count(); ++i)
+      if (h.param(i).trainable) elements += h.param(i).numel;
+    if (elements == 0) return;
+    plan.buffer(DDP_MEM_COMM_BUFFERS, elements * sizeof(float), DDP_PLAN_SETUP);
+    plan.collective(DDP_OP_ALL_REDUCE, elements, DDP_FLOAT32, /*beside_compute=*/false);
+  });
+}
+#endif
+
 }  // namespace
 
 // The one exported symbol: DDP_STRATEGY_ENTRY (ddp/plugin.h) defines
@@ -207,4 +228,10 @@ DDP_STRATEGY_ENTRY = {
     example_destroy,
     nullptr,  // held_grads: every rank holds every averaged gradient
     kKeys,
+#if DDP_ABI_VERSION_MINOR >= 4  // entries of 1.4, where the headers have them
+    nullptr,  // on_unit: no unit hooks
+    nullptr,  // on_train_end: nothing to do
+    nullptr,  // grad_ranges: it claims no storage
+    example_plan,
+#endif
 };
