@@ -39,6 +39,7 @@ STRATEGIES = {
     "sharded_allgather": ['strategy.plugin="sharded"', 'strategy.sharded.variant="allgather"'],
     "sharded_stage2": ['strategy.plugin="sharded"', "strategy.sharded.stage=2", "strategy.sharded.bucket_mb=0.1"],
     "sharded_stage2_25": ['strategy.plugin="sharded"', "strategy.sharded.stage=2"],
+    "sharded_stage2_8": ['strategy.plugin="sharded"', "strategy.sharded.stage=2", "strategy.sharded.bucket_mb=8"],
 }
 EXACT = ["parameters", "gradients", "optimizer_state", "comm_buffers"]
 MOMENTS = ["after_setup", "before_optimizer_step", "after_optimizer_step"]
@@ -57,6 +58,7 @@ def ddp(*args):
 
 class PlanAgainstRuns(unittest.TestCase):
     def check(self, model, strategy, world, more=()):
+        """Plan against run; returns the run's summary.json."""
         base = MODELS[model] + sets(STRATEGIES[strategy] + [f"run.world_size={world}", *more])
         with tempfile.TemporaryDirectory() as out:
             ddp("run", *base, *sets(["run.steps=2", "run.log_every=100", f'run.output_dir="{out}"']))
@@ -77,6 +79,7 @@ class PlanAgainstRuns(unittest.TestCase):
         self.assertEqual(plan["collectives_per_step"], measured["collectives"][-1])
         self.assertEqual(plan["comm_bytes_per_step"], measured["comm_bytes"][-1])
         self.assertEqual(plan["bus_bytes_per_step"], measured["bus_bytes"][-1])
+        return measured
 
     def test_every_strategy_world_and_model(self):
         for model in MODELS:
@@ -84,6 +87,22 @@ class PlanAgainstRuns(unittest.TestCase):
                 for world in (1, 2, 4) if model != "lm-cpu" else (2,):
                     with self.subTest(model=model, strategy=strategy, world=world):
                         self.check(model, strategy, world)
+
+    def test_stage2_gradients_are_a_slice_plus_the_buckets_in_flight(self):
+        """lm-cpu at worlds 2 and 4, the config's 8 MiB buckets: ZeRO-2's gradients per rank are its shard
+        (1/N of bucketed's, but for the chunks' alignment) and the ring of buckets in flight, which holds one
+        bucket at a time here (the largest: the head's), and the plan says so exactly."""
+        for world in (2, 4):
+            with self.subTest(world=world):
+                bucketed = self.check("lm-cpu", "bucketed", world)
+                stage2 = self.check("lm-cpu", "sharded_stage2_8", world)
+                stats = stage2["strategy_stats"]
+                largest = max(b["chunk"] for b in stats["buckets"]) * world * 4
+                self.assertEqual(stats["ring_elements"] * 4, largest)  # one bucket in flight at a time
+                full = bucketed["ranks"][0]["peak_bytes"]["gradients"]
+                slack = 16 * 4 * len(stats["buckets"])  # a chunk rounds up to 16 floats
+                for rank in stage2["ranks"]:
+                    self.assertLessEqual(rank["peak_bytes"]["gradients"], full / world + slack + largest)
 
     @unittest.skipUnless((Path(DDP).parent.parent / "lib" / "ddp" / "libddp_transport_mpi.so").exists(),
                          "the mpi transport is not built (no MPI found)")
