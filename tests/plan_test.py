@@ -40,6 +40,7 @@ STRATEGIES = {
     "sharded_stage2": ['strategy.plugin="sharded"', "strategy.sharded.stage=2", "strategy.sharded.bucket_mb=0.1"],
     "sharded_stage2_25": ['strategy.plugin="sharded"', "strategy.sharded.stage=2"],
     "sharded_stage2_8": ['strategy.plugin="sharded"', "strategy.sharded.stage=2", "strategy.sharded.bucket_mb=8"],
+    "sharded_stage2_bf16": ['strategy.plugin="sharded"', "strategy.sharded.stage=2", 'strategy.sharded.compress="bf16"'],
 }
 EXACT = ["parameters", "gradients", "optimizer_state", "comm_buffers"]
 MOMENTS = ["after_setup", "before_optimizer_step", "after_optimizer_step"]

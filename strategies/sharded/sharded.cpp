@@ -46,6 +46,7 @@
 
 #include "../common/bucket_cap.h"
 #include "../common/bucket_sync.h"
+#include "../common/compress.h"
 #include "../common/buckets.h"
 #include "../common/partition.h"
 #include "../common/stats.h"
@@ -103,6 +104,7 @@ constexpr ddp_key kKeys[] = {
     {"stage", "int", "ZeRO stage: 1 (default) shards optimizer state; 2 the gradients too"},
     {"variant", "string", "stage 1: \"broadcast\" (default): all-reduce in buckets, broadcast the updated shards; \"allgather\""},
     {"bucket_mb", "float or \"auto\"", "stage 1's variant broadcast, stage 2: the most MiB of gradients per bucket (default 25)"},
+    {"compress", "string", "stage 2: \"none\" (default), \"bf16\" or \"fp16\": the gradients reduce-scattered in 16 bits"},
     {nullptr, nullptr, nullptr},
 };
 
@@ -177,6 +179,7 @@ ddp_status sharded_create(const ddp_host* host, const ddp_transport_v1_t* transp
     if (s->stage == 2) {  // no variant: stage 2 reduce-scatters and all-gathers
       ddp::strategy::Stage2::check_support(host, transport);
       s->bucket_cap = ds::BucketCap::read(s->host);
+      s->stage2.set_wire(ds::read_compress(s->host, transport));
       s->stage2.claim_trainable();  // before the engine makes gradients of its own
       *out = s.release();
       return;
@@ -426,7 +429,9 @@ ddp_status sharded_plan(const ddp_host* host, const ddp_transport_v1_t* transpor
     const ddp::plugin::Host h(host);
     const ddp::plugin::Plan plan(out);
     const int64_t stage = h.config_int("stage", 1);
-    if (stage == 2) return ddp::strategy::Stage2::plan(h, plan, transport, ds::BucketCap::read(h).plan_bytes());
+    if (stage == 2)
+      return ddp::strategy::Stage2::plan(h, plan, transport, ds::BucketCap::read(h).plan_bytes(),
+                                         ds::read_compress(h, transport, /*planning=*/true));
     if (stage != 1)
       throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.stage must be 1 or 2 (got " + std::to_string(stage) + ")");
     plan_stage1(h, plan, transport);

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/compress.h"
 #include "../common/grad_shards.h"
 #include "../common/stats.h"
 #include "../common/strategy_util.h"
@@ -88,6 +89,12 @@ class Stage2 {
   }
 
   void begin_micro_batch(bool first) { first_micro_ = first; }
+  // The dtype gradients travel in (compress.h): float32, or bfloat16 or
+  // float16 (divided by the world size in float32 first, summed in that
+  // dtype, converted back into the shard). Before lay_out.
+  void set_wire(ddp_dtype wire) { wire_ = wire; }
+
+  ddp_dtype wire() const { return wire_; }
 
   // on_unit: binds what opens at BACKWARD_BEGIN, reduce-scatters what
   // closes at BACKWARD_END.
@@ -125,7 +132,7 @@ class Stage2 {
   // optimizer steps; a reduce-scatter per bucket as it closes (beside
   // backward but the last), then an all-gather per bucket.
   static void plan(const plugin::Host& h, const plugin::Plan& plan, const ddp_transport_v1_t* transport,
-                   size_t cap_bytes) {
+                   size_t cap_bytes, ddp_dtype wire) {
     if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
       throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.stage = 2 reduce-scatters the gradients, and "
                                                              "transport '") + transport->name + "' has no reduce_scatter");
@@ -152,11 +159,13 @@ class Stage2 {
     plan.buffer(DDP_MEM_GRADIENTS, layout.shard_elements * sizeof(float));
     plan.buffer(DDP_MEM_GRADIENTS, layout.ring_elements * sizeof(float));
     plan.buffer(DDP_MEM_COMM_BUFFERS, chunk * sizeof(float));
+    size_t padded = 0;
+    for (const ShardBucket& b : layout.buckets) padded = std::max(padded, b.padded());
+    if (wire != DDP_FLOAT32) plan.buffer(DDP_MEM_COMM_BUFFERS, (padded + chunk) * ddp_dtype_size(wire));
     size_t issued = 0;
     for (const auto& closing : layout.closes_at)
       for (size_t b : closing)
-        plan.collective(DDP_OP_REDUCE_SCATTER, layout.buckets[b].padded(), DDP_FLOAT32,
-                        ++issued < layout.buckets.size());
+        plan.collective(DDP_OP_REDUCE_SCATTER, layout.buckets[b].padded(), wire, ++issued < layout.buckets.size());
     for (const ShardBucket& b : layout.buckets) plan.collective(DDP_OP_ALL_GATHER, b.padded());
   }
 
@@ -165,7 +174,8 @@ class Stage2 {
   const ShardLayout& layout() const { return layout_; }
 
   std::string json() const {
-    std::string j = "\"stage\": 2, \"shard_elements\": " + std::to_string(layout_.shard_elements) +
+    std::string j = "\"stage\": 2, \"compress\": \"" + std::string(compress_value(wire_)) +
+                    "\", \"shard_elements\": " + std::to_string(layout_.shard_elements) +
                     ", \"ring_elements\": " + std::to_string(layout_.ring_elements) + ", \"owned_elements\": ";
     size_t owned = 0;
     for (const OwnedRange& r : owned_) owned += r.count;
@@ -186,15 +196,19 @@ class Stage2 {
  private:
   void allocate() {
     const plugin::Host& h = base_.host;
-    shard_.reset(), ring_.reset(), staging_.reset();  // the old go before the new come
-    size_t chunk = 0;
-    for (const ShardBucket& b : layout_.buckets) chunk = std::max(chunk, b.chunk);
+    shard_.reset(), ring_.reset(), staging_.reset(), wire_send_.reset(), wire_recv_.reset();  // the old go first
+    size_t chunk = 0, padded = 0;
+    for (const ShardBucket& b : layout_.buckets) chunk = std::max(chunk, b.chunk), padded = std::max(padded, b.padded());
     if (layout_.buckets.empty()) return;
     shard_ = plugin::DeviceBuffer(h.raw(), layout_.shard_elements * sizeof(float), DDP_MEM_GRADIENTS);
     ring_ = plugin::DeviceBuffer(h.raw(), layout_.ring_elements * sizeof(float), DDP_MEM_GRADIENTS);
     // A micro-batch after the first lands here before it is added to the
     // shard; optimizer_step sends this rank's chunk from here.
     staging_ = plugin::DeviceBuffer(h.raw(), chunk * sizeof(float), DDP_MEM_COMM_BUFFERS);
+    if (wire_ != DDP_FLOAT32) {  // a bucket and a chunk in the 16-bit wire dtype
+      wire_send_ = plugin::DeviceBuffer(h.raw(), padded * ddp_dtype_size(wire_), DDP_MEM_COMM_BUFFERS);
+      wire_recv_ = plugin::DeviceBuffer(h.raw(), chunk * ddp_dtype_size(wire_), DDP_MEM_COMM_BUFFERS);
+    }
     ranges_.clear();
     for (const OwnedRange& r : owned_) ranges_.push_back({r.param, r.offset, r.count, shard_.floats() + r.shard, nullptr});
     events_.clear();
@@ -222,13 +236,19 @@ class Stage2 {
     const ddp_stream comm = h.comm_stream();
     const ddp_buffer send = h.floats(ring_.floats() + b.ring, b.padded());
     const ddp_buffer mine = h.floats(shard_.floats() + b.shard, b.chunk);
-    if (first_micro_) {
-      base_.comm.reduce_scatter(send, mine, DDP_REDUCE_AVG, comm);
-    } else {  // accumulation: this micro-batch's average, added to the shard
-      const ddp_buffer landing = h.floats(staging_.get(), b.chunk);
-      base_.comm.reduce_scatter(send, landing, DDP_REDUCE_AVG, comm);
-      h.add(mine, landing, comm);
+    const ddp_buffer landing = h.floats(staging_.get(), b.chunk);
+    const ddp_buffer& into = first_micro_ ? mine : landing;  // accumulation: added to the shard below
+    if (wire_ == DDP_FLOAT32) {
+      base_.comm.reduce_scatter(send, into, DDP_REDUCE_AVG, comm);
+    } else {
+      const ddp_buffer wire_send = h.buffer(wire_send_.get(), b.padded(), wire_);
+      const ddp_buffer wire_recv = h.buffer(wire_recv_.get(), b.chunk, wire_);
+      h.scale(send, 1.0 / double(h.world_size()), comm);
+      h.convert(wire_send, send, comm);
+      base_.comm.reduce_scatter(wire_send, wire_recv, DDP_REDUCE_SUM, comm);
+      h.convert(into, wire_recv, comm);
     }
+    if (!first_micro_) h.add(mine, landing, comm);
     events_[k].record(comm);
     in_flight_[k] = true;
     for (size_t i : b.params) h.bind_gradient(i, nullptr);
@@ -240,7 +260,8 @@ class Stage2 {
   ShardLayout layout_;
   std::vector<OwnedRange> owned_;
   std::vector<ddp_range> ranges_;  // owned_, as the engine's optimizer takes them
-  plugin::DeviceBuffer shard_, ring_, staging_;
+  plugin::DeviceBuffer shard_, ring_, staging_, wire_send_, wire_recv_;
+  ddp_dtype wire_ = DDP_FLOAT32;
   std::vector<plugin::Event> events_;  // per bucket: recorded after its reduce-scatter
   std::vector<bool> in_flight_;        // its reduce-scatter may still read its ring memory
   bool first_micro_ = true;
