@@ -1,6 +1,7 @@
 # Install rules for what a plugin author needs, as the CMake package `ddp`:
 #   include/ddp/plugin.h, abi/*.h        the ABI: the umbrella and its parts
-#   include/ddp/plugin.hpp, numeric.h    the optional header-only helpers
+#   include/ddp/plugin.hpp, numeric.h,   the optional header-only helpers
+#     transport.hpp, overhead_model.hpp  (C++17, but numeric.h: C99)
 #   lib/cmake/ddp/ddpConfig*.cmake       find_package(ddp): ddp::plugin_api
 #   lib/cmake/ddp/DdpPlugin.cmake        ddp_add_plugin(), as used in tree
 # (bin/ddp and lib/ddp/libddp_*.so are installed by their own directories.)

@@ -18,6 +18,7 @@
 // memory directly), TLS, ibverbs.
 #include <ddp/plugin.h>
 #include <ddp/plugin.hpp>
+#include <ddp/transport.hpp>
 
 #include "plan.h"
 
@@ -50,7 +51,6 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
-#include <new>
 #include <string>
 #include <vector>
 
@@ -142,44 +142,18 @@ using ddp_gloo::divide;
 using ddp_gloo::gloo_supports;
 using ddp_gloo::kDtypes;
 using ddp_gloo::with_type;
+using ddp::plugin::bytes_of;
+using ddp::plugin::describe;
+using ddp::plugin::fail;
 
-ddp_status fail(const ddp_host* host, ddp_status status, const std::string& message) {
-  host->set_error(host->ctx, message.c_str());
-  return status;
-}
-
-
-// The status of an exception a Gloo call started at `since` threw. Gloo
+// The status of an exception a Gloo call that ran for `took` threw. Gloo
 // throws one type (IoException) for a lost peer and for a timeout alike, so
 // an I/O failure that took the run's timeout is DDP_ERR_TIMEOUT (a peer
 // hung), an earlier one DDP_ERR_COMM (a peer or its connection is gone).
 // Anything else (Gloo's enforce checks, out of memory) is not the network.
-ddp_status gloo_failure(const std::exception& e, const ddp_host* host, std::chrono::steady_clock::time_point since) {
-  if (dynamic_cast<const ddp::plugin::Failure*>(&e)) return static_cast<const ddp::plugin::Failure&>(e).status();
-  if (dynamic_cast<const std::bad_alloc*>(&e)) return DDP_ERR_OUT_OF_MEMORY;
-  if (!dynamic_cast<const gloo::IoException*>(&e)) return DDP_ERR_INTERNAL;
-  const auto took = std::chrono::steady_clock::now() - since;
+ddp_status gloo_failure(const std::exception& e, const ddp_host* host, std::chrono::steady_clock::duration took) noexcept {
+  if (!dynamic_cast<const gloo::IoException*>(&e)) return ddp::plugin::job_status(e, host, took);
   return took >= std::chrono::milliseconds(host->timeout_ms) ? DDP_ERR_TIMEOUT : DDP_ERR_COMM;
-}
-
-// One enqueued collective: `run` executes on the stream's executor.
-struct Job {
-  ddp_comm* comm;
-  std::string what;  // "all_reduce (4096 bytes)", for error messages
-  std::function<void()> run;
-};
-
-ddp_status run_job(void* user, int cancelled) {
-  std::unique_ptr<Job> job(static_cast<Job*>(user));
-  if (cancelled) return DDP_OK;
-  const auto start = std::chrono::steady_clock::now();
-  try {
-    job->run();
-    return DDP_OK;
-  } catch (const std::exception& e) {
-    const ddp_host* h = job->comm->host;
-    return fail(h, gloo_failure(e, h, start), "gloo " + job->what + ": " + e.what());
-  }
 }
 
 // A copy between a CUDA buffer and its staging part (host->copy, on the
@@ -190,60 +164,50 @@ struct Copy {
   size_t bytes;
 };
 
-// Enqueues the copies `in`, then `run` in a host function, then the copies
-// `out`, all on `stream`, in that order.
+// Enqueues the copies `in`, then `run` in a host function (a job whose
+// failure reads "gloo <what>: <Gloo's words>"), then the copies `out`, all
+// on `stream`, in that order.
 ddp_status enqueue(ddp_comm* comm, ddp_stream stream, std::string what, std::function<void()> run,
                    std::initializer_list<Copy> in = {}, std::initializer_list<Copy> out = {}) {
   const ddp_host* h = comm->host;
   for (const Copy& c : in)
     if (c.dst != c.src && c.bytes > 0)
       if (ddp_status s = h->copy(h->ctx, c.dst, c.src, c.bytes, stream)) return s;
-  auto* job = new Job{comm, std::move(what), std::move(run)};
-  ddp_status status = h->launch_host_func(h->ctx, stream, run_job, job);
-  if (status != DDP_OK) {
-    delete job;
-    return status;
-  }
+  if (ddp_status s = ddp::plugin::launch_job(h, stream, "gloo", std::move(what), std::move(run), gloo_failure))
+    return s;
   for (const Copy& c : out)
     if (c.dst != c.src && c.bytes > 0)
       if (ddp_status s = h->copy(h->ctx, c.dst, c.src, c.bytes, stream)) return s;
   return DDP_OK;
 }
 
-// CPU buffers, or CUDA buffers on a CUDA run (staged through host memory).
-ddp_status check_buffer(ddp_comm* comm, const ddp_buffer& buf, const char* entry) {
-  if (buf.device == DDP_DEVICE_CUDA && comm->host->device != DDP_DEVICE_CUDA)
-    return fail(comm->host, DDP_ERR_UNSUPPORTED, std::string(entry) + ": a CUDA buffer on a run whose device is not CUDA");
-  if (buf.device != DDP_DEVICE_CPU && buf.device != DDP_DEVICE_CUDA)
-    return fail(comm->host, DDP_ERR_UNSUPPORTED,
-                std::string(entry) + ": device kind " + std::to_string(int(buf.device)) + " not supported (cpu, cuda)");
-  if (!gloo_supports(buf.dtype))
-    return fail(comm->host, DDP_ERR_UNSUPPORTED,
-                std::string(entry) + ": dtype not supported (float32, float64, int32, int64, bfloat16, float16)");
-  if (buf.count > 0 && !buf.ptr)
-    return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, std::string(entry) + ": NULL buffer");
-  return DDP_OK;
+// A buffer argument (ddp::plugin::check_buffer): CPU, or CUDA on a CUDA run
+// (staged through host memory), of a dtype Gloo sums.
+ddp_status check_buffer(ddp_comm* comm, const ddp_buffer* buf, const char* entry) {
+  const ddp_host* h = comm->host;
+  return ddp::plugin::check_buffer(h, buf, entry, [&](const ddp_buffer& b) {
+    if (b.device == DDP_DEVICE_CUDA && h->device != DDP_DEVICE_CUDA)
+      return fail(h, DDP_ERR_UNSUPPORTED, std::string(entry) + ": a CUDA buffer on a run whose device is not CUDA");
+    if (b.device != DDP_DEVICE_CPU && b.device != DDP_DEVICE_CUDA)
+      return fail(h, DDP_ERR_UNSUPPORTED,
+                  std::string(entry) + ": device kind " + std::to_string(int(b.device)) + " not supported (cpu, cuda)");
+    if (!gloo_supports(b.dtype))
+      return fail(h, DDP_ERR_UNSUPPORTED,
+                  std::string(entry) + ": dtype not supported (float32, float64, int32, int64, bfloat16, float16)");
+    return DDP_OK;
+  });
 }
 
-std::string device_name(ddp_device_kind kind) {
-  return kind == DDP_DEVICE_CPU ? "cpu" : kind == DDP_DEVICE_CUDA ? "cuda" : "device " + std::to_string(int(kind));
-}
-
-// send and recv of one call: on the same kind of device, and each valid.
-ddp_status check_pair(ddp_comm* comm, const ddp_buffer& send, const ddp_buffer& recv, const char* entry) {
-  if (send.device != recv.device)
+// send and recv of one call: both given, on the same kind of device, and each valid.
+ddp_status check_pair(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv, const char* entry) {
+  if (!send || !recv) return ddp::plugin::null_buffer(comm->host, entry);
+  if (send->device != recv->device)
     return fail(comm->host, DDP_ERR_INVALID_ARGUMENT,
                 std::string(entry) + ": send and recv are on different kinds of device (" +
-                    device_name(send.device) + " and " + device_name(recv.device) +
+                    ddp::plugin::device_name(send->device) + " and " + ddp::plugin::device_name(recv->device) +
                     "): both must be CPU or both CUDA");
   if (ddp_status s = check_buffer(comm, send, entry)) return s;
   return check_buffer(comm, recv, entry);
-}
-
-size_t bytes_of(const ddp_buffer& buf) { return buf.count * ddp_dtype_size(buf.dtype); }
-
-std::string describe(const char* entry, const ddp_buffer& buf) {
-  return std::string(entry) + " (" + std::to_string(bytes_of(buf)) + " bytes)";
 }
 
 // comm->scratch holding at least `bytes`; runs on the stream. CPU runs only
@@ -429,7 +393,8 @@ ddp_status gloo_init(const ddp_host* host, ddp_comm** out) {
     *out = comm.release();
     return DDP_OK;
   } catch (const std::exception& e) {  // the store's own timeout is a Failure of its kind
-    return fail(host, gloo_failure(e, host, start), std::string("gloo rendezvous: ") + e.what());
+    return fail(host, gloo_failure(e, host, std::chrono::steady_clock::now() - start),
+                std::string("gloo rendezvous: ") + e.what());
   }
 }
 
@@ -446,9 +411,8 @@ void gloo_destroy(ddp_comm* comm) {
 }
 
 ddp_status gloo_all_reduce(ddp_comm* comm, const ddp_buffer* buf_in, ddp_reduce_op op, ddp_stream stream) {
-  if (!buf_in) return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "all_reduce: NULL buffer");
+  if (ddp_status s = check_buffer(comm, buf_in, "all_reduce")) return s;
   const ddp_buffer buf = *buf_in;
-  if (ddp_status s = check_buffer(comm, buf, "all_reduce")) return s;
   ddp_buffer work = buf;  // what Gloo works on: buf, or its staging part for a CUDA buffer
   if (buf.device == DDP_DEVICE_CUDA)
     if (ddp_status s = stage(comm, stream, "all_reduce", {bytes_of(buf)}, &work.ptr)) return s;
@@ -462,11 +426,9 @@ ddp_status gloo_all_reduce(ddp_comm* comm, const ddp_buffer* buf_in, ddp_reduce_
 }
 
 ddp_status gloo_broadcast(ddp_comm* comm, const ddp_buffer* buf_in, int root, ddp_stream stream) {
-  if (!buf_in) return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "broadcast: NULL buffer");
+  if (ddp_status s = check_buffer(comm, buf_in, "broadcast")) return s;
+  if (ddp_status s = ddp::plugin::check_root(comm->host, root)) return s;
   const ddp_buffer buf = *buf_in;
-  if (ddp_status s = check_buffer(comm, buf, "broadcast")) return s;
-  if (root < 0 || root >= comm->host->world_size)
-    return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "broadcast: root " + std::to_string(root) + " out of range");
   ddp_buffer work = buf;  // as in all_reduce; only the root's data need go to the host
   if (buf.device == DDP_DEVICE_CUDA)
     if (ddp_status s = stage(comm, stream, "broadcast", {bytes_of(buf)}, &work.ptr)) return s;
@@ -487,13 +449,10 @@ ddp_status gloo_broadcast(ddp_comm* comm, const ddp_buffer* buf_in, int root, dd
 
 ddp_status gloo_all_gather(ddp_comm* comm, const ddp_buffer* send_in, const ddp_buffer* recv_in,
                            ddp_stream stream) {
-  if (!send_in || !recv_in) return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "all_gather: NULL buffer");
+  if (ddp_status s = check_pair(comm, send_in, recv_in, "all_gather")) return s;
+  if (ddp_status s = ddp::plugin::check_all_gather(comm->host, *send_in, *recv_in)) return s;
   const ddp_buffer send = *send_in, recv = *recv_in;
-  if (ddp_status s = check_pair(comm, send, recv, "all_gather")) return s;
   size_t world = static_cast<size_t>(comm->host->world_size);
-  if (recv.count != send.count * world || recv.dtype != send.dtype)
-    return fail(comm->host, DDP_ERR_INVALID_ARGUMENT,
-                "all_gather: recv must hold send.count * world_size elements of send's dtype");
   ddp_buffer hsend = send, hrecv = recv;  // what Gloo works on (staging parts for CUDA buffers)
   if (send.device == DDP_DEVICE_CUDA) {
     void* parts[2];
@@ -523,13 +482,10 @@ ddp_status gloo_all_gather(ddp_comm* comm, const ddp_buffer* send_in, const ddp_
 // its send buffer to rank q and sums the chunks it receives into recv.
 ddp_status gloo_reduce_scatter(ddp_comm* comm, const ddp_buffer* send_in, const ddp_buffer* recv_in,
                                ddp_reduce_op op, ddp_stream stream) {
-  if (!send_in || !recv_in) return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "reduce_scatter: NULL buffer");
+  if (ddp_status s = check_pair(comm, send_in, recv_in, "reduce_scatter")) return s;
+  if (ddp_status s = ddp::plugin::check_reduce_scatter(comm->host, *send_in, *recv_in)) return s;
   const ddp_buffer send = *send_in, recv = *recv_in;
-  if (ddp_status s = check_pair(comm, send, recv, "reduce_scatter")) return s;
   size_t world = static_cast<size_t>(comm->host->world_size);
-  if (send.count != recv.count * world || recv.dtype != send.dtype)
-    return fail(comm->host, DDP_ERR_INVALID_ARGUMENT,
-                "reduce_scatter: send must hold recv.count * world_size elements of recv's dtype");
   ddp_buffer hsend = send, hrecv = recv;  // what Gloo works on (staging parts for CUDA buffers)
   void* staged_scratch = nullptr;  // null on a CPU run: scratch_of, on the stream, as ever
   if (comm->host->device != DDP_DEVICE_CPU) {  // no host->alloc in a host function there

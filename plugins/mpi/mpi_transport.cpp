@@ -25,6 +25,7 @@
 #include <ddp/plugin.h>
 #include <ddp/plugin.hpp>
 #include <ddp/numeric.h>
+#include <ddp/transport.hpp>
 
 #include <dlfcn.h>
 #include <mpi.h>
@@ -78,10 +79,9 @@ struct ddp_comm_s {
 
 namespace {
 
-ddp_status fail(const ddp_host* host, ddp_status status, const std::string& message) {
-  host->set_error(host->ctx, message.c_str());
-  return status;
-}
+using ddp::plugin::describe;
+using ddp::plugin::fail;
+using ddp::plugin::Failure;
 
 std::string mpi_error(int code) {
   char text[MPI_MAX_ERROR_STRING] = {};
@@ -106,19 +106,22 @@ MPI_Op sum_of(ddp_dtype dtype) {
   return dtype == DDP_BFLOAT16 ? g_bf16_sum : dtype == DDP_FLOAT16 ? g_fp16_sum : MPI_SUM;
 }
 
-size_t bytes_of(const ddp_buffer& buf) { return buf.count * ddp_dtype_size(buf.dtype); }
-
-ddp_status check_buffer(ddp_comm* comm, const ddp_buffer& buf, const char* entry) {
-  if (buf.device != DDP_DEVICE_CPU)
-    return fail(comm->host, DDP_ERR_UNSUPPORTED,
-                std::string(entry) + ": mpi moves CPU buffers only (a CUDA run: use transport nccl, or gloo)");
-  if (mpi_type(buf.dtype) == MPI_DATATYPE_NULL)
-    return fail(comm->host, DDP_ERR_UNSUPPORTED, std::string(entry) + ": dtype not supported (float32, float64, int32, int64, bfloat16, float16)");
-  if (buf.count > size_t(INT_MAX))
-    return fail(comm->host, DDP_ERR_UNSUPPORTED,
-                std::string(entry) + ": " + std::to_string(buf.count) + " elements, more than MPI's int count");
-  if (buf.count > 0 && !buf.ptr) return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, std::string(entry) + ": NULL buffer");
-  return DDP_OK;
+// A buffer argument (ddp::plugin::check_buffer): on the CPU, of a dtype MPI
+// carries, within MPI's int count.
+ddp_status check_buffer(ddp_comm* comm, const ddp_buffer* buf, const char* entry) {
+  const ddp_host* h = comm->host;
+  return ddp::plugin::check_buffer(h, buf, entry, [&](const ddp_buffer& b) {
+    if (b.device != DDP_DEVICE_CPU)
+      return fail(h, DDP_ERR_UNSUPPORTED,
+                  std::string(entry) + ": mpi moves CPU buffers only (a CUDA run: use transport nccl, or gloo)");
+    if (mpi_type(b.dtype) == MPI_DATATYPE_NULL)
+      return fail(h, DDP_ERR_UNSUPPORTED,
+                  std::string(entry) + ": dtype not supported (float32, float64, int32, int64, bfloat16, float16)");
+    if (b.count > size_t(INT_MAX))
+      return fail(h, DDP_ERR_UNSUPPORTED,
+                  std::string(entry) + ": " + std::to_string(b.count) + " elements, more than MPI's int count");
+    return DDP_OK;
+  });
 }
 
 template <typename T>
@@ -145,39 +148,25 @@ void divide_by(const ddp_buffer& buf, int world) {
   }
 }
 
-// One enqueued collective: `block` runs it (MPI_Allreduce, ...), or, with
-// the nonblocking key, `start` begins it (MPI_Iallreduce, ...); `then` runs
-// once it completed (AVG's division).
-struct Job {
-  ddp_comm* comm;
-  std::string what;  // "all_reduce (4096 bytes)", for messages
-  std::function<int()> block;
-  std::function<int(MPI_Request*)> start;
-  std::function<void()> then;
-};
-
-// Tests `request` until it completes, the run's timeout passes or the
-// communicator is aborted.
-ddp_status complete(Job& job, MPI_Request& request) {
-  ddp_comm* comm = job.comm;
+// Tests `request` until it completes; throws (the job's failure: "mpi
+// <what>: ...") once the run's timeout passes or the communicator is aborted.
+void complete(ddp_comm* comm, MPI_Request& request) {
   const ddp_host* h = comm->host;
-  const auto start = std::chrono::steady_clock::now();
-  const auto deadline = start + std::chrono::milliseconds(h->timeout_ms);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(h->timeout_ms);
   for (long tries = 0;; ++tries) {
     int done = 0;
-    if (int rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE))
-      return fail(h, DDP_ERR_COMM, "mpi " + job.what + ": " + mpi_error(rc));
-    if (done) return DDP_OK;
+    if (int rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE)) throw Failure(DDP_ERR_COMM, mpi_error(rc));
+    if (done) return;
     if (comm->aborted) {
       comm->stuck = true;
       g_stuck = true;
-      return fail(h, DDP_ERR_COMM, "mpi " + job.what + ": the communicator was aborted");
+      throw Failure(DDP_ERR_COMM, "the communicator was aborted");
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       comm->stuck = true;
       g_stuck = true;
-      return fail(h, DDP_ERR_TIMEOUT, "mpi " + job.what + ": not complete within " + std::to_string(h->timeout_ms) +
-                                          " ms (a peer is stuck or gone)");
+      throw Failure(DDP_ERR_TIMEOUT,
+                    "not complete within " + std::to_string(h->timeout_ms) + " ms (a peer is stuck or gone)");
     }
     // Open MPI progresses a collective only inside MPI calls: sleeping
     // between tests stalls a large one. Yield, so that compute still runs.
@@ -185,33 +174,24 @@ ddp_status complete(Job& job, MPI_Request& request) {
   }
 }
 
-ddp_status run_job(void* user, int cancelled) {
-  std::unique_ptr<Job> job(static_cast<Job*>(user));
-  if (cancelled) return DDP_OK;
-  ddp_comm* comm = job->comm;
-  if (comm->aborted) return fail(comm->host, DDP_ERR_COMM, "mpi " + job->what + ": the communicator was aborted");
-  if (comm->nonblocking) {
-    MPI_Request request = MPI_REQUEST_NULL;
-    if (int rc = job->start(&request)) return fail(comm->host, DDP_ERR_COMM, "mpi " + job->what + ": " + mpi_error(rc));
-    if (ddp_status s = complete(*job, request)) return s;
-  } else if (int rc = job->block()) {
-    return fail(comm->host, DDP_ERR_COMM, "mpi " + job->what + ": " + mpi_error(rc));
-  }
-  if (job->then) job->then();
-  return DDP_OK;
-}
-
+// Enqueues one collective, a job on `stream` (ddp::plugin::launch_job) whose
+// failure reads "mpi <what>: <MPI's words>": `block` runs it (MPI_Allreduce,
+// ...), or, with the nonblocking key, `start` begins it (MPI_Iallreduce, ...);
+// `then` runs once it completed (AVG's division).
 ddp_status enqueue(ddp_comm* comm, ddp_stream stream, std::string what, std::function<int()> block,
                    std::function<int(MPI_Request*)> start, std::function<void()> then = {}) {
-  const ddp_host* h = comm->host;
-  auto* job = new Job{comm, std::move(what), std::move(block), std::move(start), std::move(then)};
-  const ddp_status status = h->launch_host_func(h->ctx, stream, run_job, job);
-  if (status != DDP_OK) delete job;
-  return status;
-}
-
-std::string describe(const char* entry, const ddp_buffer& buf) {
-  return std::string(entry) + " (" + std::to_string(bytes_of(buf)) + " bytes)";
+  auto run = [comm, block = std::move(block), start = std::move(start), then = std::move(then)] {
+    if (comm->aborted) throw Failure(DDP_ERR_COMM, "the communicator was aborted");
+    if (comm->nonblocking) {
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (int rc = start(&request)) throw Failure(DDP_ERR_COMM, mpi_error(rc));
+      complete(comm, request);
+    } else if (int rc = block()) {
+      throw Failure(DDP_ERR_COMM, mpi_error(rc));
+    }
+    if (then) then();
+  };
+  return ddp::plugin::launch_job(comm->host, stream, "mpi", std::move(what), std::move(run));
 }
 
 // ------------------------------------------------------------------ entries
@@ -349,7 +329,7 @@ void mpi_abort(ddp_comm* comm) {
 }
 
 ddp_status mpi_all_reduce(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op op, ddp_stream stream) {
-  if (ddp_status s = check_buffer(comm, *buf, "all_reduce")) return s;
+  if (ddp_status s = check_buffer(comm, buf, "all_reduce")) return s;
   const ddp_buffer b = *buf;
   const int world = comm->host->world_size;
   return enqueue(
@@ -362,9 +342,8 @@ ddp_status mpi_all_reduce(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op o
 }
 
 ddp_status mpi_broadcast(ddp_comm* comm, const ddp_buffer* buf, int root, ddp_stream stream) {
-  if (ddp_status s = check_buffer(comm, *buf, "broadcast")) return s;
-  if (root < 0 || root >= comm->host->world_size)
-    return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "broadcast: root " + std::to_string(root) + " is not a rank");
+  if (ddp_status s = check_buffer(comm, buf, "broadcast")) return s;
+  if (ddp_status s = ddp::plugin::check_root(comm->host, root)) return s;
   const ddp_buffer b = *buf;
   return enqueue(
       comm, stream, describe("broadcast", b),
@@ -373,10 +352,9 @@ ddp_status mpi_broadcast(ddp_comm* comm, const ddp_buffer* buf, int root, ddp_st
 }
 
 ddp_status mpi_all_gather(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv, ddp_stream stream) {
-  if (ddp_status s = check_buffer(comm, *send, "all_gather")) return s;
-  if (ddp_status s = check_buffer(comm, *recv, "all_gather")) return s;
-  if (send->dtype != recv->dtype || recv->count != send->count * size_t(comm->host->world_size))
-    return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "all_gather: recv must hold world_size × send of send's dtype");
+  if (ddp_status s = check_buffer(comm, send, "all_gather")) return s;
+  if (ddp_status s = check_buffer(comm, recv, "all_gather")) return s;
+  if (ddp_status s = ddp::plugin::check_all_gather(comm->host, *send, *recv)) return s;
   const ddp_buffer s = *send, v = *recv;
   const MPI_Datatype t = mpi_type(s.dtype);
   return enqueue(
@@ -389,11 +367,10 @@ ddp_status mpi_all_gather(ddp_comm* comm, const ddp_buffer* send, const ddp_buff
 
 ddp_status mpi_reduce_scatter(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv, ddp_reduce_op op,
                               ddp_stream stream) {
-  if (ddp_status s = check_buffer(comm, *send, "reduce_scatter")) return s;
-  if (ddp_status s = check_buffer(comm, *recv, "reduce_scatter")) return s;
+  if (ddp_status s = check_buffer(comm, send, "reduce_scatter")) return s;
+  if (ddp_status s = check_buffer(comm, recv, "reduce_scatter")) return s;
+  if (ddp_status s = ddp::plugin::check_reduce_scatter(comm->host, *send, *recv)) return s;
   const int world = comm->host->world_size;
-  if (send->dtype != recv->dtype || send->count != recv->count * size_t(world))
-    return fail(comm->host, DDP_ERR_INVALID_ARGUMENT, "reduce_scatter: send must hold world_size × recv of recv's dtype");
   const ddp_buffer s = *send, v = *recv;
   return enqueue(
       comm, stream, describe("reduce_scatter", s),

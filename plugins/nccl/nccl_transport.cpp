@@ -52,6 +52,7 @@
 // function per collective (a few microseconds) and loses the stream failures.
 #include <ddp/plugin.h>
 #include <ddp/plugin.hpp>
+#include <ddp/transport.hpp>
 
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -82,6 +83,9 @@ constexpr ddp_key kKeys[] = {
 constexpr uint64_t kDtypes = DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_FLOAT64) | DDP_DTYPE_BIT(DDP_INT32) |
                              DDP_DTYPE_BIT(DDP_INT64) | DDP_DTYPE_BIT(DDP_BFLOAT16) | DDP_DTYPE_BIT(DDP_FLOAT16);
 using Clock = std::chrono::steady_clock;
+using ddp::plugin::describe;
+using ddp::plugin::device_name;
+using ddp::plugin::fail;
 using ddp::plugin::Failure;
 
 // The first failure of a communicator: message and status are written once,
@@ -191,16 +195,6 @@ void fail_locked(ddp_comm* comm, PendingAbort& abort, ddp_status status, const s
 
 [[noreturn]] void throw_failure(const FailureState& f) { throw Failure(f.status, f.message); }
 
-// The host function after each collective: fails the stream once the
-// communicator has failed.
-ddp_status check_stream(void* user, int cancelled) {
-  std::unique_ptr<std::shared_ptr<FailureState>> state(static_cast<std::shared_ptr<FailureState>*>(user));
-  const FailureState& f = **state;
-  if (cancelled || !f.failed.load(std::memory_order_acquire)) return DDP_OK;
-  f.host->set_error(f.host->ctx, f.message.c_str());
-  return f.status;
-}
-
 // One watchdog round. Holds comm->mutex; comm->nccl is not NULL. A failure
 // leaves the communicator in `abort`.
 void watch_once(ddp_comm* comm, PendingAbort& abort) {
@@ -293,14 +287,13 @@ void enqueue(ddp_comm* comm, ddp_stream stream, std::string what, Call&& call) {
     }
     comm->in_flight.push_back(InFlight{done, Clock::now(), std::move(what)});
   }
-  if (comm->fail_streams) {
-    auto* user = new std::shared_ptr<FailureState>(comm->failure);
-    ddp_status status = h->launch_host_func(h->ctx, stream, check_stream, user);
-    if (status != DDP_OK) {
-      delete user;
-      ddp::plugin::check(status);  // the host has set the text
-    }
-  }
+  // The job after each collective: fails the stream once the communicator
+  // has failed. It holds its own reference: it may run after destroy.
+  if (comm->fail_streams)
+    ddp::plugin::check(ddp::plugin::launch_job(h, stream, "nccl", std::string(), [state = comm->failure] {
+      const FailureState& f = *state;
+      return f.failed.load(std::memory_order_acquire) ? fail(f.host, f.status, f.message) : DDP_OK;
+    }));  // a refusal: the host has set the text
 }
 
 // --------------------------------------------------------- argument checks
@@ -317,19 +310,18 @@ ncclDataType_t nccl_type(ddp_dtype dtype) {
   return ncclFloat32;  // not reached: checked() refuses other values
 }
 
-const char* device_name(ddp_device_kind device) { return device == DDP_DEVICE_CUDA ? "cuda" : "cpu"; }
-
-// Validates a buffer argument; returns its NCCL type.
-ncclDataType_t checked(const ddp_buffer* buf, const char* entry) {
-  if (buf == nullptr) throw Failure(DDP_ERR_INVALID_ARGUMENT, std::string(entry) + ": NULL buffer");
-  if (buf->device != DDP_DEVICE_CUDA)
-    throw Failure(DDP_ERR_UNSUPPORTED, std::string(entry) + ": the nccl transport needs CUDA buffers (this one is on the " +
-                                           device_name(buf->device) + ")");
-  if (ddp_dtype_size(buf->dtype) == 0)
-    throw Failure(DDP_ERR_UNSUPPORTED, std::string(entry) + ": dtype " + std::to_string(buf->dtype) +
-                                           " not supported (float32, float64, int32, int64, bfloat16, float16)");
-  if (buf->count > 0 && buf->ptr == nullptr)
-    throw Failure(DDP_ERR_INVALID_ARGUMENT, std::string(entry) + ": NULL buffer");
+// Validates a buffer argument (ddp::plugin::check_buffer: on the GPU, of a
+// dtype the ABI knows); returns its NCCL type.
+ncclDataType_t checked(const ddp_host* h, const ddp_buffer* buf, const char* entry) {
+  ddp::plugin::check(ddp::plugin::check_buffer(h, buf, entry, [&](const ddp_buffer& b) {
+    if (b.device != DDP_DEVICE_CUDA)
+      return fail(h, DDP_ERR_UNSUPPORTED, std::string(entry) + ": the nccl transport needs CUDA buffers (this one is on the " +
+                                              device_name(b.device) + ")");
+    if (ddp_dtype_size(b.dtype) == 0)
+      return fail(h, DDP_ERR_UNSUPPORTED, std::string(entry) + ": dtype " + std::to_string(b.dtype) +
+                                              " not supported (float32, float64, int32, int64, bfloat16, float16)");
+    return DDP_OK;
+  }));
   return nccl_type(buf->dtype);
 }
 
@@ -337,10 +329,6 @@ ncclRedOp_t checked(ddp_reduce_op op, const char* entry) {
   if (op == DDP_REDUCE_SUM) return ncclSum;
   if (op == DDP_REDUCE_AVG) return ncclAvg;  // floats: premultiplied by 1/world; integers: sum / world
   throw Failure(DDP_ERR_INVALID_ARGUMENT, std::string(entry) + ": unknown reduce op " + std::to_string(op));
-}
-
-std::string describe(const char* entry, const ddp_buffer& buf) {
-  return std::string(entry) + " (" + std::to_string(buf.count * ddp_dtype_size(buf.dtype)) + " bytes)";
 }
 
 // ------------------------------------------------------------------ set-up
@@ -485,7 +473,7 @@ void nccl_abort(ddp_comm* comm) {
 
 ddp_status nccl_all_reduce(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op op, ddp_stream stream) {
   return ddp::plugin::guard(comm->host, [&] {
-    const ncclDataType_t type = checked(buf, "all_reduce");
+    const ncclDataType_t type = checked(comm->host, buf, "all_reduce");
     const ncclRedOp_t red = checked(op, "all_reduce");
     void* p = buf->ptr;
     const size_t n = buf->count;
@@ -496,9 +484,8 @@ ddp_status nccl_all_reduce(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op 
 
 ddp_status nccl_broadcast(ddp_comm* comm, const ddp_buffer* buf, int root, ddp_stream stream) {
   return ddp::plugin::guard(comm->host, [&] {
-    const ncclDataType_t type = checked(buf, "broadcast");
-    if (root < 0 || root >= comm->host->world_size)
-      throw Failure(DDP_ERR_INVALID_ARGUMENT, "broadcast: root " + std::to_string(root) + " out of range");
+    const ncclDataType_t type = checked(comm->host, buf, "broadcast");
+    ddp::plugin::check(ddp::plugin::check_root(comm->host, root));
     void* p = buf->ptr;
     const size_t n = buf->count;
     enqueue(comm, stream, describe("broadcast", *buf),
@@ -508,12 +495,9 @@ ddp_status nccl_broadcast(ddp_comm* comm, const ddp_buffer* buf, int root, ddp_s
 
 ddp_status nccl_all_gather(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv, ddp_stream stream) {
   return ddp::plugin::guard(comm->host, [&] {
-    const ncclDataType_t type = checked(send, "all_gather");
-    checked(recv, "all_gather");
-    const size_t world = static_cast<size_t>(comm->host->world_size);
-    if (recv->count != send->count * world || recv->dtype != send->dtype)
-      throw Failure(DDP_ERR_INVALID_ARGUMENT,
-                    "all_gather: recv must hold send.count * world_size elements of send's dtype");
+    const ncclDataType_t type = checked(comm->host, send, "all_gather");
+    checked(comm->host, recv, "all_gather");
+    ddp::plugin::check(ddp::plugin::check_all_gather(comm->host, *send, *recv));
     const void* in = send->ptr;
     void* to = recv->ptr;
     const size_t n = send->count;
@@ -525,13 +509,10 @@ ddp_status nccl_all_gather(ddp_comm* comm, const ddp_buffer* send, const ddp_buf
 ddp_status nccl_reduce_scatter(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv, ddp_reduce_op op,
                                ddp_stream stream) {
   return ddp::plugin::guard(comm->host, [&] {
-    const ncclDataType_t type = checked(send, "reduce_scatter");
-    checked(recv, "reduce_scatter");
+    const ncclDataType_t type = checked(comm->host, send, "reduce_scatter");
+    checked(comm->host, recv, "reduce_scatter");
     const ncclRedOp_t red = checked(op, "reduce_scatter");
-    const size_t world = static_cast<size_t>(comm->host->world_size);
-    if (send->count != recv->count * world || recv->dtype != send->dtype)
-      throw Failure(DDP_ERR_INVALID_ARGUMENT,
-                    "reduce_scatter: send must hold recv.count * world_size elements of recv's dtype");
+    ddp::plugin::check(ddp::plugin::check_reduce_scatter(comm->host, *send, *recv));
     const void* in = send->ptr;
     void* to = recv->ptr;
     const size_t n = recv->count;
