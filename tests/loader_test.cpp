@@ -363,6 +363,11 @@ TEST(FormatPlugins, OneLinePerPluginOrWhyItCannotLoadThenItsKeys) {
                  std::nullopt, 0};
   PluginInfo gloo{PluginKind::Transport, "gloo", "/p/g.so", "0.4.0", (1u << 16) | 3, DDP_CAP_DEVICE_CPU, "",
                   std::vector<PluginKey>{}, DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_BFLOAT16)};
+  PluginInfo zero2{PluginKind::Strategy, "z2", "/p/z.so", "0.3.0", (1u << 16) | 4,
+                   DDP_CAP_DEVICE_CPU | DDP_CAP_OWNS_OPTIMIZER | DDP_CAP_OWNS_GRADIENTS, "", std::vector<PluginKey>{}, 0,
+                   /*plans=*/true};
+  EXPECT_EQ(format_plugins({zero2}),
+            "strategy   z2          0.3.0  ABI 1.4  cpu,owns-optimizer,owns-gradients,plans  /p/z.so\n    (no keys)\n");
   EXPECT_EQ(format_plugins({ok, none, old, bad, gloo}),
             "strategy   sharded     0.2.0  ABI 1.3  cpu,cuda,owns-optimizer  /p/libddp_strategy_sharded.so\n"
             "    variant             string            how\n"

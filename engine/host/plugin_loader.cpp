@@ -330,9 +330,11 @@ std::vector<PluginInfo> describe_plugins(PluginKind kind, const std::string& sea
       const std::unique_ptr<LoadedPlugin> plugin = load_plugin(kind, name, search_path);
       if (const ddp_strategy_v1_t* d = plugin->strategy()) {
         info.version = d->version, info.abi_version = d->abi_version, info.caps = d->caps;
+        info.plans = DDP_PLUGIN_HAS(d, plan);
       } else if (const ddp_transport_v1_t* t = plugin->transport()) {
         info.version = t->version, info.abi_version = t->abi_version, info.caps = t->caps;
         info.dtypes = ddp_transport_dtypes(t);
+        info.plans = DDP_PLUGIN_HAS(t, plan);
       }
       info.keys = declared_keys(*plugin);
     } catch (const PluginError& e) {
@@ -358,6 +360,8 @@ std::string format_plugins(const std::vector<PluginInfo>& plugins) {
     if (p.caps & DDP_CAP_DEVICE_CPU) caps += "cpu";
     if (p.caps & DDP_CAP_DEVICE_CUDA) caps += caps.empty() ? "cuda" : ",cuda";
     if (p.caps & DDP_CAP_OWNS_OPTIMIZER) caps += ",owns-optimizer";
+    if (p.caps & DDP_CAP_OWNS_GRADIENTS) caps += ",owns-gradients";
+    if (p.plans) caps += ",plans";
     text += line + (caps.empty() ? "-" : caps) + "  " + p.path + "\n";
     if (p.dtypes) {
       std::string dtypes;

@@ -110,6 +110,7 @@ struct PluginInfo {
   std::string refusal;  // "" if it loads
   std::optional<std::vector<PluginKey>> keys;
   uint64_t dtypes = 0;  // a transport's (ddp_transport_dtypes); 0 for a strategy
+  bool plans = false;   // it has a plan entry (ABI 1.4): `ddp plan` asks it
 };
 std::vector<PluginInfo> describe_plugins(PluginKind kind, const std::string& search_path = default_plugin_dir());
 
