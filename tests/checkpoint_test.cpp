@@ -125,6 +125,20 @@ TEST_P(BitwiseResume, EqualsTheUninterruptedRunFromBeforeAndAfterAnUnfreeze) {
   }
 }
 
+// Plain SGD keeps no tensors of state: its checkpoints still resume, bit
+// for bit, whole or sharded.
+TEST(BitwiseResumePlainSgd, EqualsTheUninterruptedRun) {
+  for (size_t s : {size_t(0), size_t(5), size_t(6)}) {  // naive, sharded allgather, stage 2
+    const std::string config = toml(kStrategies[s], "[optimizer]\nname = \"sgd\"\nlr = 0.1\n");
+    TempDir dir;
+    const RunResult whole = run_ok(config, 2);
+    run_ok(config, 2, checkpointing(dir.path));
+    const RunResult resumed = run_ok(config, 2, checkpointing(dir.path), dir.path + "/step-00000004");
+    expect_same_weights(whole, resumed, kStrategies[s].name + ": resumed from step 4");
+    EXPECT_EQ(resumed.summary["loss"], whole.summary["loss"]) << kStrategies[s].name;
+  }
+}
+
 std::vector<Case> bitwise_cases() {
   std::vector<Case> out;
   for (const Strategy& s : kStrategies)

@@ -149,6 +149,15 @@ TEST(LoadPlugin, ByNameFromDdpPluginDir) {
   EXPECT_STREQ(plugin->strategy()->name, "valid");
 }
 
+// Holding gradients (1.4) goes with stepping them: the loader refuses the
+// one without the other, and a claiming strategy without grad_ranges.
+TEST(LoadPluginRefuses, OwnsGradientsWithoutOwningTheOptimizer) {
+  EXPECT_EQ(refusal(PluginKind::Strategy, "claims_noopt"),
+            "cannot load strategy plugin '" + plugin_file("strategy", "claims_noopt") +
+                "' (host ABI 1.4, plugin ABI 1.4): caps has DDP_CAP_OWNS_GRADIENTS without DDP_CAP_OWNS_OPTIMIZER: "
+                "a strategy that holds gradients steps them itself (run_optimizer_ranges)");
+}
+
 TEST(LoadPlugin, ValidStrategy) {
   auto plugin = load_plugin(PluginKind::Strategy, "valid", kDir);
   EXPECT_EQ(plugin->path(), plugin_file("strategy", "valid"));

@@ -105,6 +105,12 @@ class PlanAgainstRuns(unittest.TestCase):
                 for rank in stage2["ranks"]:
                     self.assertLessEqual(rank["peak_bytes"]["gradients"], full / world + slack + largest)
 
+    def test_stage2_with_accumulation(self):
+        """Stage 2 reduce-scatters every micro-batch's gradients: the plan counts them all."""
+        for world in (1, 2):
+            with self.subTest(world=world):
+                self.check("mlp", "sharded_stage2", world, ["run.grad_accum_steps=3"])
+
     @unittest.skipUnless((Path(DDP).parent.parent / "lib" / "ddp" / "libddp_transport_mpi.so").exists(),
                          "the mpi transport is not built (no MPI found)")
     def test_mpi_transport(self):
@@ -197,6 +203,9 @@ class Accounting(unittest.TestCase):
                 (["--set", "model.num_heads=3"], "must split into num_heads 3 heads of an even size"),
                 (["--set", 'strategy.bucketed.bucket_mbb=1'], "unknown key 'strategy.bucketed.bucket_mbb' (strategy plugin 'bucketed' does not read it"),
                 (["--set", 'strategy.bucketed.bucket_mb=0'], "strategy.bucket_mb must be a finite number of MiB > 0"),
+                (["--set", 'strategy.plugin="sharded"', "--set", "strategy.sharded.stage=2", "--set",
+                  'strategy.sharded.variant="allgather"'],
+                 "unknown key 'strategy.sharded.variant' (strategy plugin 'sharded' does not read it)"),
                 (["--set", 'transport.plugin="nccl"'], "transport plugin 'nccl' does not run on run.device = \"cpu\"")]:
             if "nccl" in " ".join(args) and not NCCL.exists():
                 continue  # a build without CUDA (the sanitizers') has no nccl plugin to refuse

@@ -152,6 +152,25 @@ TEST(HostAbi, AllocHostThroughPluginHpp) {
   EXPECT_EQ(device.memory().current(MemCategory::CommBuffers), 0u);
 }
 
+// reduce_scatter is optional since ABI 1.4: a 1.4 strategy sees a
+// transport's NULL as NULL (and refuses by name at create), a strategy
+// built before 1.4, promised the entry, gets one that refuses by name.
+TEST(MeteredTransport, AStrategyBefore14GetsAReduceScatterThatRefusesWhereTheTransportHasNone) {
+  test::CpuPluginHost cpu_host("transport", {});
+  auto plugin = load_plugin(PluginKind::Transport, "norscatter", DDP_TEST_BROKEN_PLUGIN_DIR);
+  MeteredTransport metered(plugin->transport(), nullptr, cpu_host.services);
+  EXPECT_EQ(metered.vtable()->reduce_scatter, nullptr);
+  metered.serve_strategy_of_minor(4);
+  EXPECT_EQ(metered.vtable()->reduce_scatter, nullptr);
+  metered.serve_strategy_of_minor(3);
+  ASSERT_NE(metered.vtable()->reduce_scatter, nullptr);
+  float x[2] = {1, 2};
+  const ddp_buffer send{x, 2, DDP_FLOAT32, DDP_DEVICE_CPU}, recv{x, 2, DDP_FLOAT32, DDP_DEVICE_CPU};
+  EXPECT_EQ(metered.vtable()->reduce_scatter(metered.comm(), &send, &recv, DDP_REDUCE_SUM, nullptr),
+            DDP_ERR_UNSUPPORTED);
+  EXPECT_EQ(take_plugin_error(), "reduce_scatter: transport 'norscatter' has none (optional since ABI 1.4)");
+}
+
 // The metered transport (what strategies call) on a device stream, as on a
 // GPU: timestamps around each collective instead of host tasks, counted
 // only when settled, and settle(false) only those the device has passed.

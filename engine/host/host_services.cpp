@@ -34,15 +34,17 @@ void HostServices::claim_grads(const size_t* indices, size_t count) {
     throw Error("claim: only in create, on_train_begin, or on_step_begin of a step's first micro-batch (the "
                 "engine's own gradients hold nothing then)", DDP_ERR_INVALID_ARGUMENT);
   auto& params = model->params();
-  bool changed = false;
-  for (size_t k = 0; k < count; ++k) {
+  for (size_t k = 0; k < count; ++k) {  // all checked before any is taken: a refusal changes nothing
     if (indices[k] >= params.size())
       throw Error("claim: parameter index " + std::to_string(indices[k]) + " is not in the table of " +
                   std::to_string(params.size()), DDP_ERR_INVALID_ARGUMENT);
+    if (!params[indices[k]].trainable)
+      throw Error("claim: parameter '" + params[indices[k]].name + "' is frozen: a strategy may claim the "
+                  "gradient storage of trainable parameters only", DDP_ERR_INVALID_ARGUMENT);
+  }
+  bool changed = false;
+  for (size_t k = 0; k < count; ++k) {
     Parameter& p = params[indices[k]];
-    if (!p.trainable)
-      throw Error("claim: parameter '" + p.name + "' is frozen: a strategy may claim the gradient storage of "
-                  "trainable parameters only", DDP_ERR_INVALID_ARGUMENT);
     if (p.claimed) continue;
     p.claimed = true;
     p.grad = Tensor::view(*device, nullptr, p.shape);  // bound to nothing until the strategy binds it

@@ -212,6 +212,15 @@ struct MeterCallbacks {
     fingerprint(c, 5, 0, 0, 0);
     return metered(c, s, "barrier", 0, [&](auto* t, ddp_comm* rc) { return t->barrier(rc, s); });
   }
+  // What a strategy of ABI < 1.4 calls where the transport has no
+  // reduce_scatter (optional since 1.4).
+  static ddp_status missing_reduce_scatter(ddp_comm* c, const ddp_buffer*, const ddp_buffer*, ddp_reduce_op,
+                                           ddp_stream) {
+    return host_guard([&] {
+      throw Error(std::string("reduce_scatter: transport '") + self(c).real_->name +
+                  "' has none (optional since ABI 1.4)", DDP_ERR_UNSUPPORTED);
+    }, DDP_ERR_UNSUPPORTED);
+  }
   static void abort(ddp_comm* c) {
     MeteredTransport& m = self(c);
     if (m.real_->abort) m.real_->abort(m.real_comm_);
@@ -243,6 +252,10 @@ void MeteredTransport::settle(bool wait) {
     if (trace_ && p.step >= 0) trace_->collective(p.op, p.bytes, p.step, begin, end);
   }
   pending_.resize(kept);
+}
+
+void MeteredTransport::serve_strategy_of_minor(uint32_t minor) {
+  if (minor < 4 && !real_->reduce_scatter) vtable_.reduce_scatter = MeterCallbacks::missing_reduce_scatter;
 }
 
 MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* comm, HostServices& services,

@@ -34,6 +34,10 @@ class MeteredTransport {
   // described, all-gathered and compared across ranks; a disagreement fails
   // the call, naming both sides.
   void set_debug_collectives(bool on) { debug_ = on; }
+  // A strategy built before ABI 1.4, to which reduce_scatter was never
+  // NULL: where the transport has none, it gets an entry that refuses by
+  // name (DDP_ERR_UNSUPPORTED) rather than NULL to call.
+  void serve_strategy_of_minor(uint32_t minor);
 
   // How a collective is timed. On a CPU stream: two host tasks around it,
   // which read the host clock (its busy time and trace event are counted

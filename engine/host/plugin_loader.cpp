@@ -138,6 +138,12 @@ void check_entries(const Refusal& refusal, const ddp_strategy_v1_t& s) {
     require(refusal, s.optimizer_step != nullptr, "optimizer_step",
             "caps has DDP_CAP_OWNS_OPTIMIZER");
   }
+  if (s.caps & DDP_CAP_OWNS_GRADIENTS) {  // it holds gradients: it says where, and steps them itself
+    if (!(s.caps & DDP_CAP_OWNS_OPTIMIZER))
+      refusal.fail("caps has DDP_CAP_OWNS_GRADIENTS without DDP_CAP_OWNS_OPTIMIZER: a strategy that holds "
+                   "gradients steps them itself (run_optimizer_ranges)");
+    require(refusal, s.grad_ranges != nullptr, "grad_ranges", "caps has DDP_CAP_OWNS_GRADIENTS");
+  }
   require(refusal, s.destroy != nullptr, "destroy");
 }
 

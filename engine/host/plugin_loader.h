@@ -14,6 +14,7 @@
 //          "wrong kind: it is a <other kind> plugin"
 //          "descriptor too small (struct_size <n>, need <m>)"
 //          "required entry '<entry>' is NULL"
+//          "caps has DDP_CAP_OWNS_GRADIENTS without DDP_CAP_OWNS_OPTIMIZER: ..."
 //          "<dlerror text>"   (file exists but dlopen failed)
 #pragma once
 

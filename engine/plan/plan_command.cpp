@@ -75,6 +75,10 @@ plan::RunPlan plan_of(const Config& c, const Footprint& model) {
     p.owns_optimizer = (strategy->strategy()->caps & DDP_CAP_OWNS_OPTIMIZER) != 0;
     parts.push_back(std::move(p));
   }
+  // A plugin that plans reads its keys as it does when it starts: a key it
+  // did not read is refused here as `ddp run` would refuse it.
+  if (parts[0].strategy.planned) c.strategy.check_all_read("strategy", strategy->strategy()->name);
+  if (parts[0].transport.planned) c.transport.check_all_read("transport", transport->transport()->name);
   return plan::plan_run(in, parts);
 }
 

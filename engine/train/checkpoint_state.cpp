@@ -81,6 +81,7 @@ std::string write_state_file(const CheckpointInput& in, const StateLayout& layou
   const auto [first, second] = state_names(in.optimizer.is_adamw());
   std::vector<std::vector<float>> values;  // kept alive until written
   std::vector<NamedFloats> tensors;
+  bool named = false;  // checkpoint.json names this rank's file (plain SGD: state without tensors)
   const auto add = [&](const std::string& name, Shape shape, std::vector<float>&& v) {
     if (!v.empty()) tensors.push_back({name, std::move(shape), values.emplace_back(std::move(v)).data()});
   };
@@ -88,6 +89,7 @@ std::string write_state_file(const CheckpointInput& in, const StateLayout& layou
     const Parameter& p = in.params[i];
     const bool writes_whole = layout.whole_writer[i] == in.rank;
     if (!writes_whole && (layout.whole_writer[i] >= 0 || !layout.pieces.count(i))) continue;
+    named = true;
     for (SavedState& s : in.optimizer.saved(i)) {
       if (writes_whole) {
         add(p.name + first, p.shape, std::move(s.first));
@@ -98,7 +100,7 @@ std::string write_state_file(const CheckpointInput& in, const StateLayout& layou
       }
     }
   }
-  if (tensors.empty()) return "";
+  if (!named) return "";
   const std::string file = state_file(in.rank);
   write_safetensors((dir / file).string(), tensors);
   return file;
@@ -148,8 +150,10 @@ std::map<size_t, SavedState> read_states(const std::string& path, const Checkpoi
     return files[file];
   };
   // What checkpoint.json says is there must be: a state taken up without
-  // its moments would train on from zeros without a word.
+  // its moments would train on from zeros without a word. (What the
+  // optimizer keeps none of is not looked for.)
   const auto take = [&](const std::string& file, const std::string& tensor, bool required) {
+    if (!required) return std::vector<float>();
     const auto& tensors = tensors_of(file);
     const auto t = tensors.find(tensor);
     if (t == tensors.end() && required)

@@ -38,7 +38,9 @@ struct StateLayout {
 // Gathers every rank's state (engine collectives: every rank calls it).
 StateLayout gather_state_layout(const CheckpointInput& in);
 // This rank's part of the state: whole states it writes, and its pieces.
-// Writes nothing and returns "" if it has none.
+// Writes nothing and returns "" where checkpoint.json names no state of
+// this rank's (a file without tensors where it names state that has none:
+// plain SGD's).
 std::string write_state_file(const CheckpointInput& in, const StateLayout& layout, const std::filesystem::path& dir);
 // checkpoint.json's "state".
 nlohmann::ordered_json state_json(const CheckpointInput& in, const StateLayout& layout);

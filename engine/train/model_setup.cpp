@@ -53,7 +53,8 @@ void check_unfreeze(const std::vector<UnfreezeConfig>& schedule, const Model& mo
   }
 }
 
-bool apply_unfreeze(const std::vector<UnfreezeConfig>& schedule, int64_t step, Model& model, Device& device) {
+bool apply_unfreeze(const std::vector<UnfreezeConfig>& schedule, int64_t step, Model& model, Device& device,
+                    bool repack) {
   bool changed = false;
   for (const UnfreezeConfig& u : schedule) {
     if (u.step != step) continue;
@@ -64,7 +65,7 @@ bool apply_unfreeze(const std::vector<UnfreezeConfig>& schedule, int64_t step, M
     }
   }
   // Every gradient moves (the table is refreshed), once they exist.
-  if (changed && model.gradients_packed()) model.pack_gradients(device);
+  if (changed && repack && model.gradients_packed()) model.pack_gradients(device);
   return changed;
 }
 

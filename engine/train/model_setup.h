@@ -27,6 +27,9 @@ void check_unfreeze(const std::vector<UnfreezeConfig>& schedule, const Model& mo
 // Makes the parameters scheduled for `step` trainable and, where the
 // gradients exist already, packs every trainable gradient anew
 // (Model::pack_gradients: all zero, all moved); returns whether any changed.
-bool apply_unfreeze(const std::vector<UnfreezeConfig>& schedule, int64_t step, Model& model, Device& device);
+// `repack` false: the caller makes them later (a strategy that may claim
+// the new ones first: their gradients are then never made).
+bool apply_unfreeze(const std::vector<UnfreezeConfig>& schedule, int64_t step, Model& model, Device& device,
+                    bool repack = true);
 
 }  // namespace ddp

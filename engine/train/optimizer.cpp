@@ -106,21 +106,26 @@ void Optimizer::step(std::vector<Parameter>& params, const size_t* indices, size
 void Optimizer::step_ranges(std::vector<Parameter>& params, const StepRange* ranges, size_t count) {
   for (size_t k = 0; k < count; ++k) {
     const StepRange& r = ranges[k];
-    Parameter& p = params.at(r.param);
+    if (r.param >= params.size())
+      throw Error("optimizer: parameter index " + std::to_string(r.param) + " is not in the table of " +
+                  std::to_string(params.size()), DDP_ERR_INVALID_ARGUMENT);
+    Parameter& p = params[r.param];
     if (!p.trainable || p.uses == 0) continue;
     if (r.offset > p.data.numel() || r.count > p.data.numel() - r.offset)
       throw Error("optimizer: elements [" + std::to_string(r.offset) + ", " + std::to_string(r.offset + r.count) +
                       ") are outside parameter '" + p.name + "' of " + std::to_string(p.data.numel()),
                   DDP_ERR_INVALID_ARGUMENT);
-    if (!r.grad)
-      throw Error("optimizer: no gradient for parameter '" + p.name + "'", DDP_ERR_INVALID_ARGUMENT);
+    // No gradient given: the parameter's own (the engine's, or one bound).
+    const float* g = r.grad ? r.grad : p.grad.defined() ? p.grad.data() + r.offset : nullptr;
+    if (!g) throw Error("optimizer: no gradient for parameter '" + p.name + "'", DDP_ERR_INVALID_ARGUMENT);
     State& s = state_for(p, r);
     float* w = r.data ? r.data : p.data.data() + r.offset;
     const Hyper h{hyper_[r.param].lr * lr_scale_, hyper_[r.param].weight_decay};
+    const StepRange with{r.param, r.offset, r.count, g, w};
     if (config_.name == "adamw") {
-      adamw(r, w, h, s, r.offset == 0 && r.count == p.data.numel());
+      adamw(with, w, h, s, r.offset == 0 && r.count == p.data.numel());
     } else {
-      sgd(r, w, h, s);
+      sgd(with, w, h, s);
     }
   }
 }

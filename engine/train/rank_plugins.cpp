@@ -64,6 +64,7 @@ void RankPlugins::start_strategy(const Config& config, Trace* trace) {
   metered_ = std::make_unique<MeteredTransport>(transport_lib_->transport(), comm_, services_,
                                                 transport_host_->label().c_str());
   metered_->set_trace(trace);
+  metered_->serve_strategy_of_minor(DDP_ABI_MINOR(s->abi_version));
   metered_->set_debug_collectives(config.run.debug_collectives);
   call("create", [&] { return s->create(strategy_host_->get(), metered_->vtable(), metered_->comm(), &strategy_); });
   config.strategy.check_all_read("strategy", s->name);

@@ -60,6 +60,7 @@ class RankPlugins {
   const char* transport_name() const { return transport_lib_->transport()->name; }
   const char* strategy_name() const { return strategy_api().name; }
   bool owns_optimizer() const { return strategy_api().caps & DDP_CAP_OWNS_OPTIMIZER; }
+  bool owns_gradients() const { return strategy_api().caps & DDP_CAP_OWNS_GRADIENTS; }
   MeteredTransport& metered() { return *metered_; }
 
   // The strategy's hooks (plugin.h gives their contract and order).

@@ -77,6 +77,7 @@ class RankRun {
   double gradient_norm(bool clip);
   bool held_gradients(std::vector<GradSpan>& spans);
   bool unfreeze(int64_t step);
+  void pack_gradients();  // the engine's (Model::pack_gradients), and the table
 
   // The indices of trainable parameters; kept, not rebuilt every step.
   void refresh_trainable();

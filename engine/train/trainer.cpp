@@ -96,12 +96,14 @@ void RankRun::set_up() {
   services_.refresh_param_table();
   refresh_trainable();
   plugins_ = std::make_unique<RankPlugins>(config_, services_);
+  // The engine's gradients: before create, as ever, for a strategy that
+  // cannot claim any; after it for one that may, once it knows which it
+  // holds (then a claimed gradient is never made).
+  if (!plugins_->owns_gradients()) pack_gradients();
   services_.claims_open = true;  // a strategy may claim gradient storage in create
   plugins_->start(config_, timeline_->trace());
   services_.claims_open = false;
-  // The engine's gradients, now that it knows which it holds.
-  if (!model_->gradients_packed()) model_->pack_gradients(*device_);
-  services_.refresh_param_table();
+  if (!model_->gradients_packed()) pack_gradients();
   model_->set_unit_hook([this](size_t unit, ddp_unit_phase phase) { plugins_->on_unit(unit, phase); });
   agree_before_training(*store_, r, fingerprint(config_, model_->params(), plugins_->identity()));
   remaining_uses_.assign(model_->params().size(), 0);
@@ -168,7 +170,8 @@ StepRecord RankRun::train_step(int64_t step) {
   rec.lr = scheduled_lr(config_.lr_schedule, config_.optimizer.lr, step);
   optimizer_->begin_step(rec.lr / config_.optimizer.lr);
   for (Parameter& p : model_->params())
-    if (p.trainable && !p.claimed) device_->fill(p.grad.data(), p.grad.numel(), 0.0f, device_->compute_stream());
+    if (p.trainable && !p.claimed && p.grad.defined())  // (just unfrozen: made zero after on_step_begin)
+      device_->fill(p.grad.data(), p.grad.numel(), 0.0f, device_->compute_stream());
   // Micro-batches accumulate into the gradients; each one's loss is scaled
   // by 1/k so the sum is the gradient of the mean over k x the batch.
   const int64_t k = config_.run.grad_accum_steps;
@@ -182,6 +185,7 @@ StepRecord RankRun::train_step(int64_t step) {
     plugins_->on_step_begin(info);
     services_.claims_open = false;
     if (micro == 0) claims_ = services_.claims_any();
+    if (micro == 0 && params_changed && plugins_->owns_gradients()) pack_gradients();
     timeline_->range("on_step_begin", m);
     const auto t = Clock::now();
     const Batch batch = data_->batch(step * k + micro);
@@ -308,16 +312,25 @@ bool RankRun::held_gradients(std::vector<GradSpan>& spans) {
                 "the gradients it holds", DDP_ERR_UNSUPPORTED);
   for (size_t k = 0; k < ranges->count; ++k) {
     const ddp_range& r = ranges->ranges[k];
-    if (r.param >= params.size() || !params[r.param].claimed || !r.grad)
+    if (r.param >= params.size() || !params[r.param].claimed || !r.grad || r.offset > params[r.param].data.numel() ||
+        r.count > params[r.param].data.numel() - r.offset)
       throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': grad_ranges: range " +
-                  std::to_string(k) + " names no claimed gradient of the table", DDP_ERR_INVALID_ARGUMENT);
+                  std::to_string(k) + " names no elements of a claimed gradient of the table",
+                  DDP_ERR_INVALID_ARGUMENT);
     spans.push_back({r.param, static_cast<float*>(r.grad), r.count, false, ranges->partitioned});
   }
   return held.has_value() || ranges->partitioned;
 }
 
+void RankRun::pack_gradients() {
+  model_->pack_gradients(*device_);
+  services_.refresh_param_table();
+}
+
 bool RankRun::unfreeze(int64_t step) {
-  if (!apply_unfreeze(config_.unfreeze, step, *model_, *device_)) return false;
+  // A strategy that may claim gradients claims the new ones in on_step_begin;
+  // the engine makes those it still holds after that (train_step).
+  if (!apply_unfreeze(config_.unfreeze, step, *model_, *device_, !plugins_->owns_gradients())) return false;
   services_.refresh_param_table();
   refresh_trainable();
   return true;

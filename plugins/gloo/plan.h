@@ -15,6 +15,8 @@ namespace gloo_transport {
 inline ddp_status plan(const ddp_host* host, ddp_plan* out) {
   return plugin::guard(host, [&] {
     const plugin::Plan plan(out);
+    const plugin::Host h(host);
+    for (const char* key : {"hostname", "interface", "algorithm"}) (void)h.config_string(key, "");  // as init reads them
     if (host->device != DDP_DEVICE_CPU)
       throw plugin::Failure(DDP_ERR_UNSUPPORTED, "gloo on a GPU stages through host memory, which `ddp plan` does "
                                                  "not count: plan GPU runs with transport nccl");

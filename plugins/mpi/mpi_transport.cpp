@@ -388,7 +388,10 @@ ddp_status mpi_barrier(ddp_comm* comm, ddp_stream stream) {
 }
 
 // `ddp plan`: MPI's own buffers are its own, not the engine's; none here.
-ddp_status mpi_plan(const ddp_host*, ddp_plan*) { return DDP_OK; }
+// Reads its key as init does.
+ddp_status mpi_plan(const ddp_host* host, ddp_plan*) {
+  return ddp::plugin::guard(host, [&] { (void)ddp::plugin::Host(host).config_bool("nonblocking", false); });
+}
 
 }  // namespace
 

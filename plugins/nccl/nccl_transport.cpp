@@ -531,7 +531,10 @@ ddp_status nccl_barrier(ddp_comm* comm, ddp_stream stream) {
 
 // `ddp plan`: the barrier's one float on the device, from init on.
 ddp_status nccl_plan(const ddp_host* host, ddp_plan* out) {
-  return ddp::plugin::guard(host, [&] { ddp::plugin::Plan(out).buffer(DDP_MEM_COMM_BUFFERS, sizeof(float)); });
+  return ddp::plugin::guard(host, [&] {
+    (void)ddp::plugin::Host(host).config_bool("fail_streams", true);  // as init reads it
+    ddp::plugin::Plan(out).buffer(DDP_MEM_COMM_BUFFERS, sizeof(float));
+  });
 }
 
 }  // namespace

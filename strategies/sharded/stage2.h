@@ -162,10 +162,14 @@ class Stage2 {
     size_t padded = 0;
     for (const ShardBucket& b : layout.buckets) padded = std::max(padded, b.padded());
     if (wire != DDP_FLOAT32) plan.buffer(DDP_MEM_COMM_BUFFERS, (padded + chunk) * ddp_dtype_size(wire));
+    // Every micro-batch reduce-scatters its buckets; only the last one's
+    // last is not issued while backward computes.
+    const size_t per_step = layout.buckets.size() * size_t(std::max<int32_t>(plan.micro_steps(), 1));
     size_t issued = 0;
-    for (const auto& closing : layout.closes_at)
-      for (size_t b : closing)
-        plan.collective(DDP_OP_REDUCE_SCATTER, layout.buckets[b].padded(), wire, ++issued < layout.buckets.size());
+    for (int32_t m = 0; m < std::max<int32_t>(plan.micro_steps(), 1); ++m)
+      for (const auto& closing : layout.closes_at)
+        for (size_t b : closing)
+          plan.collective(DDP_OP_REDUCE_SCATTER, layout.buckets[b].padded(), wire, ++issued < per_step);
     for (const ShardBucket& b : layout.buckets) plan.collective(DDP_OP_ALL_GATHER, b.padded());
   }
 

@@ -4,8 +4,10 @@
  *   "late"     claims the trainable ones in on_unit (too late: backward);
  *   "unbound"  claims the trainable ones in create and binds nothing;
  *   "storage"  claims DDP_STORAGE_DATA (not offered in 1.4).
- * Built twice: libddp_strategy_claims.so with DDP_CAP_OWNS_GRADIENTS, and
- * libddp_strategy_claims_nocap.so (-DNOCAP) without it. One rank only. */
+ * Built three times: libddp_strategy_claims.so with DDP_CAP_OWNS_GRADIENTS
+ * (and DDP_CAP_OWNS_OPTIMIZER, which goes with it), _nocap (-DNOCAP)
+ * without it, _noopt (-DNOOPT) with it but without DDP_CAP_OWNS_OPTIMIZER,
+ * which the loader refuses. One rank only. */
 #include <ddp/plugin.h>
 
 #include <stdlib.h>
@@ -64,6 +66,13 @@ static ddp_status claims_grad_ranges(ddp_strategy* s, const ddp_range** ranges, 
   return DDP_OK;
 }
 
+#if !defined(NOCAP) && !defined(NOOPT)
+static ddp_status claims_optimizer_step(ddp_strategy* s) {
+  (void)s;
+  return DDP_OK;
+}
+#endif
+
 static void claims_destroy(ddp_strategy* s) { free(s); }
 
 static const ddp_key kKeys[] = {{"what", "string", "the misuse"}, {NULL, NULL, NULL}};
@@ -71,12 +80,16 @@ static const ddp_key kKeys[] = {{"what", "string", "the misuse"}, {NULL, NULL, N
 DDP_STRATEGY_ENTRY = {
     .abi_version = DDP_ABI_VERSION,
     .struct_size = sizeof(ddp_strategy_v1_t),
-#ifdef NOCAP
+#if defined(NOCAP)
     .name = "claims_nocap",
     .caps = DDP_CAP_DEVICE_CPU,
+#elif defined(NOOPT)
+    .name = "claims_noopt",
+    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_OWNS_GRADIENTS,
 #else
     .name = "claims",
-    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_OWNS_GRADIENTS,
+    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_OWNS_GRADIENTS | DDP_CAP_OWNS_OPTIMIZER,
+    .optimizer_step = claims_optimizer_step,
 #endif
     .version = "0.1.0",
     .create = claims_create,

@@ -20,7 +20,10 @@
  *   on_train_end; destroy.
  * Every entry of that list but create, on_train_begin, finish and destroy
  * may be NULL (since 1.4; before, on_step_begin, on_grad_ready and
- * on_backward_end were required too), which means "nothing to do". A model
+ * on_backward_end were required too), which means "nothing to do", but
+ * optimizer_step where caps has DDP_CAP_OWNS_OPTIMIZER. Caps with
+ * DDP_CAP_OWNS_GRADIENTS need DDP_CAP_OWNS_OPTIMIZER and grad_ranges too (a
+ * strategy that holds gradients says where and steps them itself). A model
  * without units fires no unit hook.
  *
  * THE ORDER OF on_grad_ready: after a parameter's last use in backward
@@ -38,7 +41,10 @@
  * parameters consecutive in that order are one contiguous range, which a
  * strategy may average where it lies instead of copying it (PyTorch's
  * gradient_as_bucket_view). The layout changes only between steps, when
- * on_step_begin says params_changed, or when the strategy claims.
+ * on_step_begin says params_changed, or when the strategy claims. (For a
+ * strategy with DDP_CAP_OWNS_GRADIENTS the engine makes its gradients after
+ * create, and those of parameters just unfrozen after that step's first
+ * on_step_begin, where the strategy may claim them first.)
  *
  * Gradient accumulation (k > 1): the engine zeroes its gradients before
  * micro-batch 0 and scales each micro-batch's loss by 1/k, so gradients

@@ -4,11 +4,12 @@
  * boundary by pointer (buffers, parameters, units, element ranges). C99,
  * compiles alone; include ddp/plugin.h rather than this part.
  *
- * Structs passed by pointer (ddp_buffer, ddp_param, ddp_unit, ddp_range,
+ * Structs passed by pointer one at a time (ddp_buffer, ddp_param, ddp_unit,
  * ddp_step_info) may grow at the end in a minor version. Use only the
  * fields you know, never copy them into arrays of your own, and read a
  * field added in minor m only where the engine is of minor m or newer:
- * DDP_ABI_MINOR(host->abi_version) >= m. */
+ * DDP_ABI_MINOR(host->abi_version) >= m. ddp_range crosses as an array and
+ * never grows: a later minor that needs more gives a struct of its own. */
 #ifndef DDP_ABI_VALUES_H
 #define DDP_ABI_VALUES_H
 
@@ -116,8 +117,12 @@ typedef struct ddp_buffer {
  * elements of `dtype` on the run's device, row-major. The host owns the
  * entry; reach it through host->param(ctx, i) only. `data` and `grad` are
  * where the values and the gradient are now: `grad` is NULL while the
- * parameter is frozen, and, for a parameter whose gradient storage the
- * strategy claimed (ddp_host::claim), while no storage is bound to it. */
+ * parameter is frozen; for a parameter whose gradient storage the strategy
+ * claimed (ddp_host::claim), while no storage is bound to it; and, for a
+ * strategy whose caps have DDP_CAP_OWNS_GRADIENTS, in create (the engine
+ * makes the gradients it holds after create, once it knows which are
+ * claimed) and, for a parameter just unfrozen, in that step's first
+ * on_step_begin. */
 typedef struct ddp_param {
   const char* name;
   size_t index; /* position in the parameter table */
@@ -166,7 +171,8 @@ typedef enum ddp_storage {
  * slice of it, which may end anywhere inside it (a shard need not hold
  * whole parameters). `grad` holds the slice's gradient and `data` its
  * values, `count` float32 each, on the run's device; NULL means the
- * parameter's own (ddp_param::grad or data, + offset). */
+ * parameter's own (ddp_param::grad or data, + offset). Passed as arrays:
+ * this struct never grows (see the top). */
 typedef struct ddp_range {
   size_t param;
   size_t offset;
