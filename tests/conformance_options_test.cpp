@@ -80,7 +80,7 @@ TEST(ConformanceArgs, MalformedValuesSaySo) {
 
 // The built tool, run as a user runs it: (exit code, stdout and stderr).
 std::pair<int, std::string> tool(const std::string& args) {
-  const std::string cmd = std::string(DDP_BIN_DIR) + "/conformance_test " + args + " 2>&1";
+  const std::string cmd = std::string(DDP_BIN_DIR) + "/ddp-conformance " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];

@@ -75,7 +75,7 @@ TEST(TransportHelperNames, BytesDescribeAndDeviceName) {
   float x[4] = {};
   EXPECT_EQ(dp::bytes_of(floats(x, 1024)), 4096u);
   EXPECT_EQ(dp::bytes_of(ddp_buffer{x, 3, DDP_BFLOAT16, DDP_DEVICE_CPU}), 6u);
-  EXPECT_EQ(dp::bytes_of(ddp_buffer{x, 3, static_cast<ddp_dtype>(99), DDP_DEVICE_CPU}), 0u);
+  EXPECT_EQ(dp::bytes_of(ddp_buffer{x, 3, static_cast<ddp_dtype>(7), DDP_DEVICE_CPU}), 0u);
   EXPECT_EQ(dp::describe("all_reduce", floats(x, 1024)), "all_reduce (4096 bytes)");
   EXPECT_EQ(dp::describe("broadcast", ddp_buffer{x, 2, DDP_FLOAT64, DDP_DEVICE_CUDA}), "broadcast (16 bytes)");
   EXPECT_EQ(dp::device_name(DDP_DEVICE_CPU), "cpu");

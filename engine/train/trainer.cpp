@@ -131,7 +131,9 @@ void RankRun::train() {
   claims_ = services_.claims_any();
   if (observer_) observer_->on_weights(0, *model_);
   take_peaks(device_->memory(), mem_after_setup_);
-  records_.reserve(static_cast<size_t>(config_.run.steps));
+  // The records of the first steps, reserved (growing past them is rare and
+  // cheap; reserving run.steps = 1e8 records would be 12 GB of address space).
+  records_.reserve(static_cast<size_t>(std::min<int64_t>(config_.run.steps, int64_t(1) << 16)));
   const int64_t every = config_.run.check_replicas_every;
   const int64_t checkpoint_every = config_.checkpoint.every;
   for (int64_t step = start_step_; step < config_.run.steps; ++step) {
