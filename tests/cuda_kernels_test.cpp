@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -35,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cublas_lib.h"
 #include "gpu.h"
 #include "kernels.h"
 #include "layers.h"
@@ -161,6 +163,35 @@ std::string shape(std::initializer_list<std::pair<const char*, int64_t>> dims) {
   for (const auto& [name, v] : dims)
     s += std::string(s.empty() ? "" : " ") + name + "=" + std::to_string(v);
   return s;
+}
+
+// ---- cuBLAS, loaded on first use ---------------------------------------------
+
+// Whether this process has mapped a file whose name contains `name`.
+bool mapped(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    if (line.find(name) != std::string::npos) return true;
+  return false;
+}
+
+// Not linked (it would cost every process 0.4 s and 200 MB at start): the
+// library appears only when asked for, with every entry, GPU or not. Each
+// ctest test is a fresh process, so nothing has asked for it yet.
+TEST(CublasLib, LoadsOnFirstUseNotAtStartWithEveryEntry) {
+  EXPECT_FALSE(mapped("libcublas"));
+  const cuda::CublasLib& lib = cuda::cublas();
+  EXPECT_TRUE(mapped("libcublas.so"));
+  EXPECT_STREQ(lib.status_name(CUBLAS_STATUS_NOT_INITIALIZED), "CUBLAS_STATUS_NOT_INITIALIZED");
+  EXPECT_STRNE(lib.status_string(CUBLAS_STATUS_NOT_INITIALIZED), "");
+  for (const void* entry : {reinterpret_cast<const void*>(lib.create),
+                            reinterpret_cast<const void*>(lib.destroy),
+                            reinterpret_cast<const void*>(lib.set_stream),
+                            reinterpret_cast<const void*>(lib.set_math_mode),
+                            reinterpret_cast<const void*>(lib.sgemm),
+                            reinterpret_cast<const void*>(lib.sgemm_strided_batched)})
+    EXPECT_NE(entry, nullptr);
+  EXPECT_EQ(&cuda::cublas(), &lib);  // loaded once
 }
 
 // ---- the device, data movement -----------------------------------------------

@@ -21,7 +21,6 @@
 // or cuBLAS failure throws Error naming the call and CUDA's message. The
 // kernels themselves are in layer_kernels.cuh; this file is their host side.
 #include <cub/device/device_radix_sort.cuh>
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -30,6 +29,7 @@
 #include <cstring>
 #include <string>
 
+#include "cuda/cublas_lib.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_ops.h"
@@ -46,7 +46,8 @@ using cuda::check;
 
 void check(cublasStatus_t s, const std::string& what) {
   if (s != CUBLAS_STATUS_SUCCESS)
-    throw Error(what + ": " + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) + ")");
+    throw Error(what + ": " + cuda::cublas().status_name(s) + " (" +
+                cuda::cublas().status_string(s) + ")");
 }
 
 // cuBLAS takes int sizes; one-block-per-row grids take int counts too.
@@ -71,10 +72,11 @@ class CudaKernels final : public Kernels {
  public:
   explicit CudaKernels(cudaStream_t stream) : stream_(stream) {
     try {
-      check(cublasCreate(&blas_), "cublasCreate");
-      check(cublasSetStream(blas_, stream_), "cublasSetStream");
+      check(cuda::cublas().create(&blas_), "cublasCreate");
+      check(cuda::cublas().set_stream(blas_, stream_), "cublasSetStream");
       // float32 throughout: no TF32 (cuBLAS's default, stated so it stays).
-      check(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+      check(cuda::cublas().set_math_mode(blas_, CUBLAS_DEFAULT_MATH),
+            "cublasSetMathMode");
       for (Slot& slot : slots_)
         check(cudaEventCreateWithFlags(&slot.sent, cudaEventDisableTiming), "cudaEventCreate");
       check(cudaMallocHost(&host_sum_, sizeof(double)), "cudaMallocHost");
@@ -341,10 +343,11 @@ class CudaKernels final : public Kernels {
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
     if (m == 0 || n == 0) return;
-    check(cublasSgemm(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                      to_int(n, "gemm n"), to_int(m, "gemm m"), to_int(k, "gemm k"), &alpha, b,
-                      to_int(ldb, "gemm ldb"), a, to_int(lda, "gemm lda"), &beta, c,
-                      to_int(ldc, "gemm ldc")),
+    check(cuda::cublas().sgemm(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                               ta ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n, "gemm n"),
+                               to_int(m, "gemm m"), to_int(k, "gemm k"), &alpha, b,
+                               to_int(ldb, "gemm ldb"), a, to_int(lda, "gemm lda"), &beta, c,
+                               to_int(ldc, "gemm ldc")),
           "cublasSgemm");
   }
 
@@ -354,7 +357,7 @@ class CudaKernels final : public Kernels {
                   int64_t lda, int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta,
                   float* c, int64_t ldc, int64_t sc, int64_t batch) {
     if (m == 0 || n == 0 || batch == 0) return;
-    check(cublasSgemmStridedBatched(
+    check(cuda::cublas().sgemm_strided_batched(
               blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
               to_int(n, "gemm n"), to_int(m, "gemm m"), to_int(k, "gemm k"), &alpha, b,
               to_int(ldb, "gemm ldb"), sb, a, to_int(lda, "gemm lda"), sa, &beta, c,
@@ -414,7 +417,7 @@ class CudaKernels final : public Kernels {
   // errors (a failed stream has reported them).
   void release() noexcept {
     cudaDeviceSynchronize();
-    if (blas_) cublasDestroy(blas_);
+    if (blas_) cuda::cublas().destroy(blas_);
     for (Slot& slot : slots_) {
       if (slot.sent) cudaEventDestroy(slot.sent);
       if (slot.host) cudaFreeHost(slot.host);
