@@ -214,8 +214,12 @@ CLI::App* add_bench_comm(CLI::App& app, ddp::BenchOptions& bench, std::vector<st
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   bc->add_option("--iters", bench.iters, "timed iterations (default: 50 for small sizes down to 5 at 1GB)")
-      ->check(CLI::Range(0, 1000000));
-  bc->add_option("--out", bench.out_dir, "where bench_comm.json and bench_comm.csv go")->capture_default_str();
+      ->check(CLI::Range(1, 1000000));
+  bc->add_option("--out", bench.out_dir, "where bench_comm.json and bench_comm.csv go")
+      ->check(CLI::Validator(
+          [](const std::string& dir) { return dir.empty() ? "empty (\".\" is the working directory)" : ""; },
+          "DIR"))
+      ->capture_default_str();
   bc->add_option("--set", bench.transport_sets, "a transport key: transport.key=value (repeatable)")->take_all();
   bc->add_option("--timeout", bench.timeout_s, "seconds a collective or the rendezvous may take")
       ->check(CLI::Range(0.001, 1e7))

@@ -206,5 +206,32 @@ TEST(BenchCommCommand, BadInputIsNamed) {
   fs::remove_all(dir);
 }
 
+// What would measure nothing is refused, never ended with 0: no iterations,
+// no directory, a transport that cannot run on the device asked for.
+TEST(BenchCommCommand, ARunThatWouldMeasureNothingIsRefused) {
+  const std::string dir = temp_dir();
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  std::vector<Case> cases = {
+      {{"--iters", "0", "--out", dir + "/out"}, "--iters: Value 0 not in range 1 to 1000000"},
+      {{"--out", ""}, "--out: empty (\".\" is the working directory)"},
+  };
+  if (fs::exists(std::string(DDP_BIN_DIR) + "/../lib/ddp/libddp_transport_nccl.so"))  // built with CUDA
+    cases.push_back({{"--transport", "nccl", "--out", dir + "/out"},
+                     "ddp: error: bench-comm: nothing measured: 'nccl' cannot run on --device cpu"});
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"bench-comm", "--world", "2", "--sizes", "4KB"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    Process p = start(args, {}, dir + "/ddp");
+    EXPECT_NE(wait_for(p, std::chrono::seconds(60)), 0) << c.message;
+    const std::string err = read_file(p.err);
+    EXPECT_NE(err.find(c.message), std::string::npos) << "expected '" << c.message << "' in:\n" << err;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/out/bench_comm.json"));
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace ddp

@@ -78,6 +78,20 @@ class BlasKernel(unittest.TestCase):
         _, blas = self.run_ddp()
         self.assertEqual(blas["choice"]["source"], "measured")
 
+    def test_a_cache_of_wrong_types_is_measured_over(self):
+        self.run_ddp()
+        path = Path(self.cache, "blas-kernel.json")
+        cached = json.loads(path.read_text())
+        for machine in cached.values():
+            for entry in machine.values():
+                entry["kernel"], entry["gflop"] = 5, "many"
+        path.write_text(json.dumps(cached))
+        _, blas = self.run_ddp()
+        self.assertEqual(blas["choice"]["source"], "measured")
+        for machine in json.loads(path.read_text()).values():
+            for entry in machine.values():
+                self.assertIsInstance(entry["kernel"], str)
+
     def test_an_unknown_kernel_is_refused(self):
         p = self.run_ddp('run.blas_kernel="Pentium"', ok=False)
         self.assertEqual(p.returncode, 1)

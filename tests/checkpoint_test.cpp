@@ -11,6 +11,7 @@
 //    which checkpoints go.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -367,6 +368,40 @@ TEST(Checkpoint, KeepLeavesTheNewestWholeOnesAndNoPartials) {
             (std::vector<std::string>{"step-00000006.partial", "step-00000008.replaced", "step-00000002",
                                       "step-00000004"}));
   EXPECT_EQ(checkpoints_to_remove({"step-00000002"}, 1, "step-00000002"), std::vector<std::string>{});
+}
+
+// Rotation removes only what is provably a checkpoint (issue 35): not a
+// user's file in a step-N directory, not an empty step-N (nor does it count
+// toward keep), not a step number too large for a 64-bit integer.
+TEST(Checkpoint, OnlyProvableCheckpointsAreListedForRotation) {
+  TempDir dir;
+  auto file = [&](const std::string& name) {
+    fs::create_directories(fs::path(dir.path + "/" + name).parent_path());
+    std::ofstream(dir.path + "/" + name) << "x";
+  };
+  file("step-00000002/checkpoint.json");
+  file("step-00000002/weights.safetensors");
+  file("step-00000002/optimizer-1.safetensors");
+  file("step-00000004.partial/optimizer-0.safetensors.tmp.123.0");
+  fs::create_directories(dir.path + "/step-00000005.partial");  // created, then the run was killed
+  file("step-00000006.replaced/checkpoint.json");
+  file("step-00000001/notes.txt");
+  file("step-00000003/checkpoint.json");
+  file("step-00000003/notes.txt");
+  fs::create_directories(dir.path + "/step-00000099");
+  fs::create_directories(dir.path + "/step-99999999999999999999");
+  file("step-00000007");  // a file, not a directory
+  fs::create_directories(dir.path + "/elsewhere/step-00000008");
+  file("elsewhere/step-00000008/checkpoint.json");
+  fs::create_directory_symlink(dir.path + "/elsewhere/step-00000008", dir.path + "/step-00000008");
+  file("latest");
+  std::vector<std::string> names = checkpoint_entries(dir.path);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"step-00000002", "step-00000004.partial", "step-00000005.partial",
+                                             "step-00000006.replaced"}));
+  EXPECT_EQ(checkpoints_to_remove(names, 1, "step-00000010"),
+            (std::vector<std::string>{"step-00000004.partial", "step-00000005.partial", "step-00000006.replaced",
+                                      "step-00000002"}));
 }
 
 TEST(Checkpoint, LatestNamingAMissingCheckpointIsSaid) {

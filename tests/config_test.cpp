@@ -330,6 +330,13 @@ TEST_F(ConfigTest, ValueConstraints) {
       {"timeout_s = 0", ":3:13: key 'run.timeout_s' must be > 0 (got 0)"},
       {"timeout_s = -1.5", ":3:13: key 'run.timeout_s' must be > 0 (got -1.5)"},
       {"log_every = 0", ":3:13: key 'run.log_every' must be >= 1 (got 0)"},
+      // Beyond what a transport's millisecond timeout holds.
+      {"timeout_s = 1e16", ":3:13: key 'run.timeout_s' must be <= 1000000 (got 1e+16)"},
+      {"output_dir = \"\"",
+       ":3:14: key 'run.output_dir' must be a directory (\".\" for the working directory) (got '')"},
+      {"output_dir = \"/\"", ":3:14: key 'run.output_dir' must be a directory other than the root (got '/')"},
+      {"output_dir = \"/tmp/..\"",
+       ":3:14: key 'run.output_dir' must be a directory other than the root (got '/tmp/..')"},
   };
   for (const Case& c : cases) {
     const std::string path = write("c.toml", minimal_with_run(c.line));
@@ -409,6 +416,13 @@ TEST_F(ConfigTest, SetErrorsNameTheArgument) {
             path + ":8:14: key 'data.batch_size' (8) must be divisible by run.world_size (3)");
   EXPECT_EQ(load_error(path, {"run.stepz=1"}), "--set run.stepz=1: unknown key 'run.stepz'");
   EXPECT_EQ(load_error(path, {"extra.x=1"}), "--set extra.x=1: unknown section 'extra'");
+  EXPECT_EQ(load_error(path, {"model.name=toy # comment"}),
+            "--set model.name=toy # comment: 'toy # comment' is not a TOML value; a string holding "
+            "characters other than letters, digits and _-./:+ takes quotes, and --set takes no comment");
+  EXPECT_EQ(load_error(path, {"checkpoint.dir=\"\""}),
+            "--set checkpoint.dir=\"\": key 'checkpoint.dir' must be a directory (\".\" for the working "
+            "directory) (got '')");
+  EXPECT_EQ(load_config(path, {"run.output_dir=\".\""}).run.output_dir, ".");
 }
 
 // The smallest valid file, to which the plugin tests add their tables.

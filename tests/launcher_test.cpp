@@ -427,6 +427,38 @@ TEST(Launcher, AHostnameThatDoesNotResolveIsRefusedByKey) {
   fs::remove_all(dir);
 }
 
+// An empty address is a key left blank, not "auto".
+TEST(Launcher, AnEmptyHostnameIsRefusedByKey) {
+  std::string dir = temp_dir();
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
+                     "transport.hostname=\"\""},
+                    {}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  const std::string err = read_file(p.err);
+  EXPECT_NE(err.find(" failed: exited with code 1: transport plugin 'gloo': init: transport.hostname is "
+                     "empty: give the address this rank listens on, or \"auto\"\n"),
+            std::string::npos)
+      << err;
+  EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
+  fs::remove_all(dir);
+}
+
+// A run that would train nothing is refused rather than run to exit 0.
+TEST(Launcher, FreezingEveryParameterIsRefused) {
+  std::string dir = temp_dir();
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
+                     "model.freeze=[\"*\"]"},
+                    {}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  const std::string err = read_file(p.err);
+  EXPECT_NE(err.find(" failed: exited with code 1: model.freeze: every parameter of model 'toy' is frozen, "
+                     "so nothing would train (a [[schedule.unfreeze]] entry may thaw some at a later step)\n"),
+            std::string::npos)
+      << err;
+  EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
+  fs::remove_all(dir);
+}
+
 // On one host, rank 0 may listen on a real address while the others keep the
 // loopback default: they reach it, and the run trains.
 TEST(Launcher, RankZeroOnARealAddressAndTheOthersOnLoopbackTrainOnOneHost) {
@@ -497,6 +529,38 @@ TEST(Launcher, ASecondRunIntoTheSameOutputDirectoryIsRefused) {
   kill(first.pid, SIGINT);
   EXPECT_EQ(wait_for(first, std::chrono::seconds(30)), 130);
   EXPECT_FALSE(fs::exists(dir + "/out/.ddp.lock")) << "the lock outlived its run";
+  fs::remove_all(dir);
+}
+
+// A hang-up (the terminal closed) ends the run as Ctrl-C does: the ranks
+// stopped, 130, and nothing of the run's bookkeeping left behind.
+TEST(Launcher, AHangUpEndsTheRunCleanly) {
+  std::string dir = temp_dir();
+  Process p = start_long_run(dir, 30);
+  kill(p.pid, SIGHUP);
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(30)), 130);
+  for (const auto& entry : fs::directory_iterator(dir + "/out")) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_TRUE(name != ".ddp.lock" && name.rfind(".rendezvous", 0) != 0) << name << " outlived the run";
+  }
+  fs::remove_all(dir);
+}
+
+// A directory that cannot be made is named with the reason (/sys refuses
+// new directories, to root too), not as a lock file that is not there.
+TEST(Launcher, AnOutputDirectoryThatCannotBeMadeIsNamedWithTheReason) {
+  std::string dir = temp_dir();
+  Process out = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"/sys/ddp-test-out\""}, {},
+                      dir + "/out");
+  EXPECT_EQ(wait_for(out, std::chrono::seconds(30)), 1);
+  const std::string out_err = read_file(out.err);
+  EXPECT_EQ(out_err.rfind("ddp: error: /sys/ddp-test-out: cannot create run.output_dir (", 0), 0u) << out_err;
+  Process checkpoints = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/run\"",
+                               "--set", "checkpoint.every=1", "--set", "checkpoint.dir=\"/sys/ddp-test-ckpt\""},
+                              {}, dir + "/ckpt");
+  EXPECT_EQ(wait_for(checkpoints, std::chrono::seconds(30)), 1);
+  const std::string ckpt_err = read_file(checkpoints.err);
+  EXPECT_EQ(ckpt_err.rfind("ddp: error: /sys/ddp-test-ckpt: cannot create checkpoint.dir (", 0), 0u) << ckpt_err;
   fs::remove_all(dir);
 }
 

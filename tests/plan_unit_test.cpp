@@ -294,6 +294,7 @@ TEST(Mesh, Refusals) {
   EXPECT_THROW(plan::plan_mesh(xxl(int64_t{1} << 30, int64_t{1} << 30, 0)), std::invalid_argument);
   EXPECT_THROW(plan::plan_mesh(xxl(1, 1, -5)), std::invalid_argument);
   EXPECT_THROW(plan::plan_mesh(xxl(1, 1, INFINITY)), std::invalid_argument);
+  EXPECT_THROW(plan::plan_mesh(xxl(16, 4, 1e308)), std::invalid_argument);  // finite, but its bytes are not
   plan::MeshInput in = xxl(1, 1, 0);
   in.activation_shard = 1.5;
   EXPECT_THROW(plan::plan_mesh(in), std::invalid_argument);

@@ -106,6 +106,29 @@ TEST(Rendezvous, DdpRendezvousWinsThenMasterAddrThenOneHostThenPmix) {
   EXPECT_EQ(plan(env).way, RendezvousPlan::kNone);
 }
 
+TEST(Rendezvous, AMalformedLocationIsRefusedNamingTheVariable) {
+  auto refusal = [](const std::map<std::string, std::string>& env) {
+    try {
+      plan(env);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("<accepted>");
+  };
+  EXPECT_EQ(refusal({{"DDP_RENDEZVOUS", "redis:127.0.0.1:abc"}}),
+            "DDP_RENDEZVOUS=redis:127.0.0.1:abc: 'abc' is not a port (1 to 65535)");
+  EXPECT_EQ(refusal({{"DDP_RENDEZVOUS", "redis:h:70000"}}), "DDP_RENDEZVOUS=redis:h:70000: '70000' is not a port (1 to 65535)");
+  EXPECT_EQ(refusal({{"DDP_RENDEZVOUS", "redis:h:"}}), "DDP_RENDEZVOUS=redis:h:: '' is not a port (1 to 65535)");
+  EXPECT_EQ(refusal({{"DDP_RENDEZVOUS", "redis:"}}), "DDP_RENDEZVOUS=redis:: no host after redis:");
+  EXPECT_EQ(refusal({{"DDP_RENDEZVOUS", "redis::6379"}}), "DDP_RENDEZVOUS=redis::6379: no host after redis:");
+  EXPECT_EQ(refusal({{"DDP_RENDEZVOUS", "file:"}}), "DDP_RENDEZVOUS=file:: no directory after file:");
+  EXPECT_EQ(refusal({{"DDP_RENDEZVOUS", "tcp://h:1"}}),
+            "DDP_RENDEZVOUS=tcp://h:1: neither file:<directory shared by all ranks> nor redis:<host>:<port>");
+  EXPECT_EQ(refusal({{"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500x"}}), "MASTER_PORT=29500x is not a port (1 to 65535)");
+  EXPECT_EQ(refusal({{"DDP_RENDEZVOUS", "redis:h"}}), "<accepted>");  // Redis's port, 6379
+  EXPECT_EQ(refusal({{"DDP_RENDEZVOUS", "redis:h:6379"}}), "<accepted>");
+}
+
 TEST(Rendezvous, OneHostAsEachLauncherSaysIt) {
   EXPECT_EQ(plan({{"SLURM_STEP_NUM_NODES", "1"}}, "slurm-5.0").way, RendezvousPlan::kLocalFile);
   EXPECT_EQ(plan({{"SLURM_STEP_NUM_NODES", "2"}}, "slurm-5.0").way, RendezvousPlan::kNone);

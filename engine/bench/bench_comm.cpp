@@ -365,6 +365,7 @@ int bench_comm(const BenchOptions& options) {
   const DirectoryLock lock(options.out_dir, "--out");
   std::vector<Row> rows;
   int code = 0;
+  std::string skipped;
   for (const std::string& transport : options.transports) {
     {
       const auto lib = load_plugin(PluginKind::Transport, transport);
@@ -372,6 +373,7 @@ int bench_comm(const BenchOptions& options) {
       if (!supports_device(lib->transport()->caps, cuda ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU)) {
         std::cerr << "bench-comm: transport '" << transport << "' skipped: it does not work on "
                   << (cuda ? "GPU" : "CPU") << " memory (--device " << options.device << ")\n";
+        skipped += (skipped.empty() ? "'" : ", '") + transport + "'";
         continue;
       }
     }
@@ -379,9 +381,10 @@ int bench_comm(const BenchOptions& options) {
       const std::string part = (fs::path(options.out_dir) / (".part-" + std::to_string(::getpid()) + ".json")).string();
       std::vector<std::string> args = {"ddp", "bench-comm", "--transport", transport, "--world", std::to_string(world),
                                        "--sizes", join(sizes), "--ops", join(ops), "--warmup",
-                                       std::to_string(options.warmup), "--iters", std::to_string(options.iters),
-                                       "--out", options.out_dir, "--timeout", number_text(options.timeout_s),
-                                       "--device", options.device, "--load", options.load, "--part", part};
+                                       std::to_string(options.warmup), "--out", options.out_dir, "--timeout",
+                                       number_text(options.timeout_s), "--device", options.device, "--load",
+                                       options.load, "--part", part};
+      if (options.iters > 0) args.insert(args.end(), {"--iters", std::to_string(options.iters)});  // else each size's default
       for (const auto& set : options.transport_sets) args.insert(args.end(), {"--set", set});
       std::cerr << "bench-comm: " << transport << " on " << world << " ranks" << std::endl;
       LaunchSpec spec;
@@ -404,6 +407,8 @@ int bench_comm(const BenchOptions& options) {
     }
   }
   if (!rows.empty()) write_outputs(rows, options.out_dir, options.load);
+  if (rows.empty() && code == 0)  // every transport skipped: a run that measured nothing is no success
+    throw Error("bench-comm: nothing measured: " + skipped + " cannot run on --device " + options.device);
   return code;
 }
 

@@ -46,6 +46,14 @@ std::string blas_machine_key() {
 
 namespace {
 
+// An entry as this program writes it. Anything else (a hand edit, another
+// version's format) is no choice: measured over, and then replaced.
+bool usable(const json& entry) {
+  return entry.is_object() && entry.contains("kernel") && entry["kernel"].is_string() &&
+         !entry["kernel"].get<std::string>().empty() && (!entry.contains("gflop") || entry["gflop"].is_number()) &&
+         (!entry.contains("timings_s") || entry["timings_s"].is_object());
+}
+
 json read_cache() {
   std::ifstream in(blas_cache_path());
   if (!in) return json::object();
@@ -131,7 +139,7 @@ BlasChoice choose_blas_kernel(const std::string& setting, const std::vector<Gemm
   json cache = read_cache();
   if (!cache[key].is_object()) cache[key] = json::object();
   const json& known = cache[key];
-  if (known.contains(model) && known[model].is_object() && known[model].value("kernel", "") != "")
+  if (known.contains(model) && usable(known[model]))
     return {known[model]["kernel"].get<std::string>(), "cache", known[model].value("timings_s", json::object())};
   BlasChoice choice = measure(shapes, exe, threads);
   cache[key][model] = {{"kernel", choice.kernel}, {"timings_s", choice.timings}, {"gflop", gflop(shapes)}};
@@ -152,8 +160,7 @@ void apply_cached_blas_kernel(char** argv) {
   // most work, the likeliest to hold for a real model.
   const json* best = nullptr;
   for (const auto& [shapes, entry] : cache[key].items())
-    if (entry.is_object() && entry.value("kernel", "") != "" &&
-        (!best || entry.value("gflop", 0.0) > best->value("gflop", 0.0)))
+    if (usable(entry) && (!best || entry.value("gflop", 0.0) > best->value("gflop", 0.0)))
       best = &entry;
   if (!best) return;
   const std::string kernel = best->value("kernel", "");

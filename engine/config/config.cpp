@@ -70,13 +70,14 @@ class Reader {
     return note(section, key, value, std::to_string(value));
   }
 
-  double positive(const char* section, const char* key, double fallback) const {
+  double positive(const char* section, const char* key, double fallback, double max = INFINITY) const {
     const toml::node* node = find(section, key);
     if (!node) return note(section, key, fallback, exact(fallback));
     const double value = node->is_integer() ? double(node->as_integer()->get())
                                             : node->as_floating_point()->get();
     require(value > 0, section, key, "> 0", format_double(value));  // also rejects nan
     require(std::isfinite(value), section, key, "finite", format_double(value));
+    require(value <= max, section, key, "<= " + exact(max), format_double(value));
     return note(section, key, value, exact(value));
   }
 
@@ -142,6 +143,18 @@ class Reader {
     const toml::node* node = find(section, key);
     const std::string value = node ? node->as_string()->get() : fallback;
     return note(section, key, value, value);
+  }
+
+  // A directory the run writes into. The working directory is written
+  // ".", so an empty value is a key left blank, and the root is refused.
+  std::string directory(const char* section, const char* key, const std::string& fallback) const {
+    const std::string value = string(section, key, fallback);
+    if (!find(section, key)) return value;
+    require(!value.empty(), section, key, "a directory (\".\" for the working directory)", "''");
+    const fs::path path = fs::path(value).lexically_normal();
+    require(path.has_relative_path() || !path.has_root_directory(), section, key,
+            "a directory other than the root", "'" + value + "'");
+    return value;
   }
 
   bool boolean(const char* section, const char* key, bool fallback) const {
@@ -211,8 +224,10 @@ RunConfig read_run(const Reader& r) {
   run.steps = r.integer("run", "steps", 0, 0);
   run.seed = uint64_t(r.integer("run", "seed", 0, 0));
   // Relative to the working directory: users expect runs/ where they run.
-  run.output_dir = r.string("run", "output_dir", "runs/" + fs::path(r.file()).stem().string());
-  run.timeout_s = r.positive("run", "timeout_s", 30.0);
+  run.output_dir = r.directory("run", "output_dir", "runs/" + fs::path(r.file()).stem().string());
+  // At most a million seconds (11.6 days): a wait on one collective, in
+  // milliseconds for the transports.
+  run.timeout_s = r.positive("run", "timeout_s", 30.0, 1e6);
   run.log_every = r.integer("run", "log_every", 1, 1);
 
   run.threads = int(r.integer("run", "threads", 1, 1, 1024));
@@ -406,7 +421,7 @@ Config validate_config(const toml::table& doc, const std::string& file) {
   c.unfreeze = read_unfreeze(r);
   c.lr_schedule = read_lr_schedule(r, c.run, c.optimizer.lr);
   c.checkpoint.every = r.integer("checkpoint", "every", 0, 0);
-  c.checkpoint.dir = r.string("checkpoint", "dir", (fs::path(c.run.output_dir) / "checkpoints").string());
+  c.checkpoint.dir = r.directory("checkpoint", "dir", (fs::path(c.run.output_dir) / "checkpoints").string());
   c.checkpoint.keep = r.integer("checkpoint", "keep", 2, 1);
   c.transport_plugin = r.string("transport", "plugin", "gloo");
   c.strategy_plugin = r.string("strategy", "plugin", "naive");

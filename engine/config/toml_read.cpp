@@ -113,6 +113,12 @@ void apply_override(toml::table& doc, const std::string& arg) {
   try {
     parsed = toml::parse(key + " = " + value, source);
   } catch (const toml::parse_error& e) {
+    // A word, then something a word may not hold (a space, '#'): toml++
+    // would say "expected 'true'"; say what the value needs instead.
+    if (!value.empty() && std::isalpha(static_cast<unsigned char>(value[0])) && !is_bare_word(value))
+      throw ConfigError(source + ": '" + value + "' is not a TOML value; a string holding "
+                        "characters other than letters, digits and _-./:+ takes quotes, and "
+                        "--set takes no comment");
     if (!is_bare_word(value)) throw ConfigError(source + ": " + std::string(e.description()));
     parsed = toml::parse(key + " = \"" + value + "\"", source);
   }

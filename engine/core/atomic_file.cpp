@@ -81,6 +81,7 @@ bool still_named(int fd, const std::string& path) {
 DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error(dir + ": cannot create " + what + " (" + ec.message() + ")");
   path_ = (std::filesystem::path(dir) / ".ddp.lock").string();
   for (;;) {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);

@@ -13,6 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -44,6 +46,28 @@ bool all_local(const std::function<const char*(const char*)>& lookup) {
   };
   return same("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE") || get(lookup, "SLURM_STEP_NUM_NODES") == "1" ||
          same("LOCAL_WORLD_SIZE", "WORLD_SIZE") || same("MPI_LOCALNRANKS", "PMI_SIZE");
+}
+
+bool is_port(const std::string& text) {
+  return !text.empty() && text.size() <= 5 && std::all_of(text.begin(), text.end(), ::isdigit) &&
+         std::stoi(text) >= 1 && std::stoi(text) <= 65535;
+}
+
+// DDP_RENDEZVOUS, checked before anything connects to it.
+void check_given(const std::string& given) {
+  const std::string head = "DDP_RENDEZVOUS=" + given + ": ";
+  if (given.rfind("file:", 0) == 0) {
+    if (given.size() == 5) throw Error(head + "no directory after file:", DDP_ERR_INVALID_ARGUMENT);
+    return;
+  }
+  if (given.rfind("redis:", 0) != 0)
+    throw Error(head + "neither file:<directory shared by all ranks> nor redis:<host>:<port>",
+                DDP_ERR_INVALID_ARGUMENT);
+  const std::string rest = given.substr(6);
+  const size_t colon = rest.rfind(':');
+  if (rest.empty() || colon == 0) throw Error(head + "no host after redis:", DDP_ERR_INVALID_ARGUMENT);
+  if (colon != std::string::npos && !is_port(rest.substr(colon + 1)))
+    throw Error(head + "'" + rest.substr(colon + 1) + "' is not a port (1 to 65535)", DDP_ERR_INVALID_ARGUMENT);
 }
 
 // The IPv4 address of `host` ("10.0.0.1", or a name), for redis-server's bind.
@@ -161,8 +185,13 @@ int serve_redis(const std::string& address, int port) {
 RendezvousPlan plan_rendezvous(const std::function<const char*(const char*)>& lookup, const std::string& run_id,
                                const std::string& temp_dir) {
   const std::string given = get(lookup, "DDP_RENDEZVOUS");
-  if (!given.empty()) return {RendezvousPlan::kGiven, given};
+  if (!given.empty()) {
+    check_given(given);
+    return {RendezvousPlan::kGiven, given};
+  }
   const std::string addr = get(lookup, "MASTER_ADDR"), port = get(lookup, "MASTER_PORT");
+  if (!addr.empty() && !port.empty() && !is_port(port))
+    throw Error("MASTER_PORT=" + port + " is not a port (1 to 65535)", DDP_ERR_INVALID_ARGUMENT);
   if (!addr.empty() && !port.empty()) return {RendezvousPlan::kMaster, addr + ":" + port};
   if (run_id != "ddp" && all_local(lookup))
     return {RendezvousPlan::kLocalFile, "file:" + (std::filesystem::path(temp_dir) / ("ddp-rendezvous-" + run_id)).string()};

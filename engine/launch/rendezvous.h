@@ -21,6 +21,8 @@
 namespace ddp {
 
 // Which of the ways above applies (pure: the environment is a lookup).
+// Throws Error naming the variable for a DDP_RENDEZVOUS or MASTER_PORT that
+// cannot be one (no directory, no host, a port outside 1 to 65535).
 struct RendezvousPlan {
   enum Way { kGiven, kMaster, kLocalFile, kPmix, kNone } way = kNone;
   std::string location;  // kGiven: DDP_RENDEZVOUS; kMaster: MASTER_ADDR:MASTER_PORT; kLocalFile: file:<dir>

@@ -217,6 +217,7 @@ WatchResult watch_ranks(const std::vector<RankProcess>& ranks, std::chrono::mill
   g_interrupted = 0;
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
+  std::signal(SIGHUP, on_interrupt);  // a closed terminal: clean up as for Ctrl-C
   Watch w{ranks, {}, std::vector<Channel>(ranks.size()), std::vector<bool>(ranks.size(), true)};
   w.result.ranks.resize(ranks.size());
   for (size_t r = 0; r < ranks.size(); ++r) w.channels[r] = Channel{ranks[r].channel, ranks[r].shared, false, {}, {}};
@@ -248,6 +249,7 @@ WatchResult watch_ranks(const std::vector<RankProcess>& ranks, std::chrono::mill
     }
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGHUP, SIG_DFL);
   w.result.interrupted = g_interrupted != 0;
   return w.result;
 }

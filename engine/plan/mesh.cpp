@@ -2,6 +2,7 @@
 #include "mesh.h"
 
 #include <cmath>
+#include <sstream>
 #include <stdexcept>
 
 namespace ddp {
@@ -106,6 +107,14 @@ MeshPlan plan_mesh(const MeshInput& in) {
   p.tp_max_y = m * my * f / (comm * p.alpha);
   p.tp_compute_bound = in.y == 1 || y <= p.tp_max_y;
   p.compute_bound = p.t_math >= p.t_fsdp && p.t_math >= p.t_tp && p.t_math > 0;
+  // Sizes beyond a double (a batch of 1e308 tokens): no plan, rather than
+  // "inf" bytes and bounds that contradict each other.
+  for (const double v : {p.total, p.devices_of_memory, p.t_math, p.t_fsdp, p.t_tp}) {
+    if (std::isfinite(v)) continue;
+    std::ostringstream text;
+    text << "mesh: the plan overflows at this size (a batch of " << tokens << " tokens): give a smaller --tokens";
+    throw std::invalid_argument(text.str());
+  }
   return p;
 }
 

@@ -77,8 +77,21 @@ void sync_directory(const fs::path& dir) {
 int64_t step_of(const std::string& name) {
   if (name.rfind("step-", 0) != 0) return -1;
   const std::string digits = name.substr(5, name.find('.') == std::string::npos ? std::string::npos : name.find('.') - 5);
-  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
-  return std::stoll(digits);
+  if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);  // < 10^18: no overflow
+}
+
+// A name a checkpoint's file has, or its temporary while written
+// (atomic_file.h: "<name>.tmp.<pid>.<n>").
+bool checkpoint_file_name(std::string name) {
+  if (const size_t tmp = name.find(".tmp."); tmp != std::string::npos) name.resize(tmp);
+  if (name == kMeta || name == "weights.safetensors") return true;
+  const std::string prefix = "optimizer-", suffix = ".safetensors";
+  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return false;
+  const std::string rank = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  return rank.find_first_not_of("0123456789") == std::string::npos;
 }
 
 void write_weights(const std::vector<Parameter>& params, const fs::path& file) {
@@ -116,10 +129,8 @@ void complete(const CheckpointInput& in, int64_t step, const json& meta, const f
   sync_directory(dir);
   write_file_atomically((dir / "latest").string(), name + "\n");
   sync_directory(dir);
-  std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename().string());
   std::error_code ignored;
-  for (const std::string& old : checkpoints_to_remove(names, in.config.checkpoint.keep, name))
+  for (const std::string& old : checkpoints_to_remove(checkpoint_entries(dir), in.config.checkpoint.keep, name))
     fs::remove_all(dir / old, ignored);
 }
 
@@ -263,6 +274,23 @@ std::vector<std::string> checkpoints_to_remove(const std::vector<std::string>& n
   for (int64_t k = 0; k < drop; ++k)
     if (whole[size_t(k)].second != writing) out.push_back(whole[size_t(k)].second);
   return out;
+}
+
+std::vector<std::string> checkpoint_entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    const bool whole = name.find('.') == std::string::npos;
+    std::error_code ec;
+    bool ours = step_of(name) >= 0 && !entry.is_symlink(ec) && entry.is_directory(ec) &&
+                (!whole || fs::is_regular_file(entry.path() / kMeta, ec));
+    if (ours)
+      for (const auto& file : fs::directory_iterator(entry.path(), ec))
+        ours = ours && !file.is_symlink(ec) && file.is_regular_file(ec) &&
+               checkpoint_file_name(file.path().filename().string());
+    if (ours && !ec) names.push_back(name);
+  }
+  return names;
 }
 
 std::string write_checkpoint(const CheckpointInput& in, int64_t step) {

@@ -87,6 +87,12 @@ std::vector<int> state_writers(const std::vector<double>& held, size_t params, i
 std::vector<std::string> checkpoints_to_remove(const std::vector<std::string>& names, int64_t keep,
                                                const std::string& writing);
 
+// The entries of `dir` that are provably checkpoints, the only ones keep may
+// remove: step-N directories holding checkpoint.json, and step-N.partial or
+// .replaced ones, with nothing in them but the files a checkpoint writes.
+// A foreign file, an empty step-N, a step number beyond 18 digits: left alone.
+std::vector<std::string> checkpoint_entries(const std::string& dir);
+
 // What writing a checkpoint needs from the run.
 struct CheckpointInput {
   const Config& config;

@@ -1,6 +1,8 @@
 // model_setup.cpp — see model_setup.h.
 #include "model_setup.h"
 
+#include <algorithm>
+
 #include "optimizer.h"  // name_matches
 #include "registry.h"
 #include "safetensors.h"
@@ -40,6 +42,12 @@ std::unique_ptr<Model> set_up_model(const Config& config, Device& device, uint64
   auto model = build_model(config.model.name, config.model.options, device, seed, shape);
   if (!config.model.init_from.empty()) load_init(config.model.init_from, *model, device);
   freeze(config.model.freeze, *model, config.model.name);
+  const auto& params = model->params();
+  if (!config.model.freeze.empty() && config.unfreeze.empty() &&
+      std::none_of(params.begin(), params.end(), [](const Parameter& p) { return p.trainable; }))
+    throw ConfigError("model.freeze: every parameter of model '" + config.model.name +
+                      "' is frozen, so nothing would train (a [[schedule.unfreeze]] entry may thaw "
+                      "some at a later step)");
   return model;  // gradients: the trainer packs them once the strategy could claim some
 }
 

@@ -16,11 +16,16 @@
 
 namespace ddp_gloo {
 
-// Returns the address, or "" with `error` set (an interface that is not
-// there, or has no IPv4 address, naming the ones that do).
+// Returns the address, or "" with `error` set (an empty hostname, or an
+// interface that is not there or has no IPv4 address, naming the ones that
+// do).
 inline std::string listen_address(const std::string& hostname, const std::string& interface, int world,
                                   std::string* error) {
-  if (!hostname.empty() && hostname != "auto") return hostname;
+  if (hostname.empty()) {
+    *error = "transport.hostname is empty: give the address this rank listens on, or \"auto\"";
+    return "";
+  }
+  if (hostname != "auto") return hostname;
   if (interface.empty() && world == 1) return "127.0.0.1";
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) return "127.0.0.1";
