@@ -299,8 +299,21 @@ TEST(Launcher, ARankThatExitsZeroBeforeItCompletesFailsTheRun) {
   Process p = start_faulty(dir, "exit0", "finish", 1, 0);
   EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
   EXPECT_EQ(read_file(p.err),
-            "ddp: rank 0 failed in step 2: exited with code 0 before completing its run\n"
+            "ddp: rank 0 failed in step 2: exited with code 0 before completing its run: strategy plugin "
+            "'faulty' called exit(0) in finish\n"
             "ddp: stopped the other ranks; run failed\n");
+  EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
+  fs::remove_all(dir);
+}
+
+// The rank knows where its plugin left: the plugin, the entry, the step.
+TEST(Launcher, APluginThatCallsExitIsNamedWithItsEntryAndStep) {
+  std::string dir = temp_dir();
+  Process p = start_faulty(dir, "exit3", "on_grad_ready", 1, 1);
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  EXPECT_EQ(read_file(p.err),
+            "ddp: rank 1 failed in step 2: exited with code 3: strategy plugin 'faulty' called exit(3) in "
+            "on_grad_ready\nddp: stopped the other ranks; run failed\n");
   EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
   fs::remove_all(dir);
 }
@@ -317,8 +330,7 @@ TEST(Launcher, APluginThatExitsZeroUnderAnOutsideLauncherFailsTheRank) {
                     {"RANK=0", "WORLD_SIZE=1", "DDP_RENDEZVOUS=file:" + dir + "/rdzv"}, dir + "/ddp");
   EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
   EXPECT_EQ(read_file(p.err),
-            "ddp: rank 0: error: the process exited before completing its run (strategy plugin 'faulty' called "
-            "exit in finish)\n");
+            "ddp: rank 0: error: strategy plugin 'faulty' called exit(0) in finish\n");
   EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
   fs::remove_all(dir);
 }

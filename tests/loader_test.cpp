@@ -273,6 +273,28 @@ TEST(LoadPluginRefuses, NotASharedLibrary) {
   fs::remove_all(dir);
 }
 
+// dlopen maps a library cut short and dies of SIGBUS touching what is not
+// there: the file is measured against its ELF headers first.
+TEST(LoadPluginRefuses, ATruncatedLibraryIsNamedNotLoaded) {
+  char tmpl[] = "/tmp/ddp_loader_test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const fs::path dir = tmpl;
+  const std::string whole = std::string(DDP_TEST_PLUGIN_DIR) + "/libddp_strategy_naive.so";
+  const uintmax_t size = fs::file_size(whole);
+  const std::string path = (dir / "libddp_strategy_cut.so").string();
+  for (const uintmax_t cut : {uintmax_t{40}, uintmax_t{3000}, uintmax_t{12000}, size / 2, size - 1}) {
+    fs::copy_file(whole, path, fs::copy_options::overwrite_existing);
+    fs::resize_file(path, cut);
+    const std::string got = refusal(PluginKind::Strategy, path);
+    EXPECT_EQ(got.rfind("cannot load strategy plugin '" + path + "' (host ABI 1.4, plugin ABI none): truncated: " +
+                            std::to_string(cut) + " bytes, where its ELF headers describe ",
+                        0),
+              0u)
+        << got;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(LoadPluginRefuses, NewerMajorEntrySymbol) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "v2"),
             "cannot load strategy plugin '" + plugin_file("strategy", "v2") +

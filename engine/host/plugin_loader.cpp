@@ -18,6 +18,8 @@
 #include <boost/filesystem.hpp>
 #include <boost/system/system_error.hpp>
 
+#include "elf_extent.h"
+
 namespace ddp {
 
 namespace fs = boost::filesystem;
@@ -255,6 +257,7 @@ std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& na
   plugin->path_ = path;
   plugin->lib_ = std::make_unique<LoadedPlugin::Library>();
   boost::dll::shared_library& lib = plugin->lib_->library;
+  if (const std::string why = elf_truncation(path); !why.empty()) refusal.fail(why);
   try {
     // Absolute, so that a bare "libfoo.so" is not searched for on the
     // library path; local, so that plugins cannot see each other's symbols.

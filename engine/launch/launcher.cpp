@@ -144,19 +144,24 @@ void report_now(const std::exception& e) {
   const int rank = g_rank.load();
   if (!report_failure(failure_of(e, rank))) std::cerr << "ddp: rank " << rank << ": error: " << e.what() << std::endl;
 }
-// A plugin that calls exit() in the middle of the run: under our launcher
-// the launcher sees no "completed" and says so; under another one the exit
-// code would be the plugin's (0 looks like success), so it becomes 1 here.
+// A plugin that calls exit() in the middle of the run (glibc's on_exit
+// gives the code). Under our launcher the rank reports it, with the plugin,
+// entry and step, and the launcher adds that no "completed" came; under
+// another one the exit code would be the plugin's (0 looks like success),
+// so it becomes 1 here.
 std::atomic<bool> g_in_body{false};
-void exited_early() {
-  if (!g_in_body.load() || whereabouts::has_channel()) return;
-  std::string where;
+void exited_early(int code, void*) {
+  if (!g_in_body.load()) return;
+  const std::string exit = "exit(" + std::to_string(code) + ")";
+  Error error("the process called " + exit + " before completing its run");
   if (const char* plugin = whereabouts::plugin()) {
     const char* entry = whereabouts::entry();
-    where = std::string(" (") + plugin + (entry ? std::string(" called exit in ") + entry : std::string()) + ")";
+    error = Error(std::string(plugin) + " called " + exit + (entry ? std::string(" in ") + entry : std::string()));
+    error.in_plugin(plugin, entry ? entry : "");
   }
-  std::fprintf(stderr, "ddp: rank %d: error: the process exited before completing its run%s\n", g_rank.load(),
-               where.c_str());
+  error.at_step(whereabouts::step());
+  if (whereabouts::has_channel()) return report_now(error);
+  std::fprintf(stderr, "ddp: rank %d: error: %s\n", g_rank.load(), error.what());
   std::fflush(stderr);
   std::_Exit(1);
 }
@@ -191,7 +196,7 @@ int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milli
     const Rendezvous rendezvous(env.rank, env.run_id, double(timeout.count()) / 1000);
     env.rendezvous = rendezvous.location();
     const Watchdog watchdog(rank, timeout + Watchdog::kGrace, timeout_note + " plus 7 s");
-    static const bool registered = std::atexit(exited_early) == 0;
+    static const bool registered = ::on_exit(exited_early, nullptr) == 0;
     (void)registered;
     g_in_body = true;
     body(env);

@@ -1,6 +1,6 @@
 /* A strategy that misbehaves on purpose, for the launcher's fault tests.
- * Keys: `fault` — "segv" (writes through a null pointer), "exit0" (exits
- * the process with code 0), "hang" (never returns); `entry` — the entry it
+ * Keys: `fault` — "segv" (writes through a null pointer), "exit0" and
+ * "exit3" (exit the process with code 0 or 3), "hang" (never returns); `entry` — the entry it
  * misbehaves in ("on_step_begin", "on_grad_ready", "on_backward_end",
  * "finish"); `step` — at which optimizer step (from 0); `rank` — on which
  * rank (-1: every rank); "mismatch": from `step` on, every rank
@@ -48,6 +48,8 @@ static void maybe_fault(struct ddp_strategy_s* s, const char* entry) {
     *nowhere = 1;
   } else if (strcmp(s->fault, "exit0") == 0) {
     exit(0);
+  } else if (strcmp(s->fault, "exit3") == 0) {
+    exit(3);
   } else if (strcmp(s->fault, "hang") == 0) {
     for (;;) pause();
   }
