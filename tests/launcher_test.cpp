@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -351,6 +352,23 @@ TEST(Launcher, APluginEntryThatNeverReturnsEndsTheRunWithinTheTimeout) {
   fs::remove_all(dir);
 }
 
+// A plugin's host function that never returns on the communication stream
+// (every rank): the engine's wait gives up at the timeout plus 5 s, and the
+// teardown does not wait for that task again. At three timeouts.
+TEST(Launcher, AStuckCommunicationStreamEndsTheRunWithinTheTimeout) {
+  for (const int timeout_s : {2, 5, 10}) {
+    std::string dir = temp_dir();
+    const auto started = Clock::now();
+    Process p = start_faulty(dir, "stuck_stream", "finish", 1, -1, timeout_s);
+    EXPECT_EQ(wait_for(p, std::chrono::seconds(3 * timeout_s + 30)), 1);
+    const double took = std::chrono::duration<double>(Clock::now() - started).count();
+    EXPECT_LT(took, timeout_s + 10) << "at run.timeout_s = " << timeout_s;
+    const std::string err = read_file(p.err);
+    EXPECT_NE(err.find(" failed in step 2: exited with code 1: "), std::string::npos) << err;
+    fs::remove_all(dir);
+  }
+}
+
 // The replica check (issue 13): the faulty strategy with no fault issues no
 // collective at all, so each rank trains on its own data and the replicas
 // drift apart; the check after step 2 stops the run naming the parameter.
@@ -633,6 +651,54 @@ TEST(Launcher, ARedisStoreIsLeftEmptyByACompletedRun) {
   fs::remove_all(dir);
 }
 
+// Another program on the store's port: one that accepts and never answers
+// (tried at three timeouts), one that answers something else than Redis.
+// Named within the timeout, rather than a hang or a protocol error.
+TEST(Launcher, ARendezvousStoreThatIsNotRedisIsNamedWithinTheTimeout) {
+  std::string dir = temp_dir();
+  struct Case {
+    int timeout_s;
+    std::string reply;  // "": never answers
+  };
+  for (const Case& c : {Case{2, ""}, Case{5, ""}, Case{10, ""}, Case{2, "<html>\r\n"}}) {
+    const int listener = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof addr;
+    ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ASSERT_EQ(listen(listener, 4), 0);
+    ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length), 0);
+    const std::string store = "redis:127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+    std::thread server([&] {  // the kernel accepts for a server that never does
+      if (c.reply.empty()) return;
+      const int peer = accept(listener, nullptr, nullptr);
+      char request[64];
+      if (peer >= 0 && read(peer, request, sizeof request) > 0 && write(peer, c.reply.data(), c.reply.size()) < 0)
+        ADD_FAILURE() << "cannot answer";
+      if (peer >= 0) close(peer);
+    });
+    const auto started = Clock::now();
+    Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
+                       "run.timeout_s=" + std::to_string(c.timeout_s)},
+                      {"RANK=0", "WORLD_SIZE=2", "DDP_RENDEZVOUS=" + store}, dir + "/ddp");
+    EXPECT_EQ(wait_for(p, std::chrono::seconds(c.timeout_s + 30)), 1);
+    const double took = std::chrono::duration<double>(Clock::now() - started).count();
+    EXPECT_LT(took, c.timeout_s + 10) << "at run.timeout_s = " << c.timeout_s;
+    const std::string err = read_file(p.err);
+    const std::string want =
+        c.reply.empty() ? "rendezvous store " + store + " accepted the connection but did not answer within " +
+                              std::to_string(c.timeout_s * 1000) + " ms: is a Redis server listening there?\n"
+                        : "rendezvous store " + store +
+                              " is not a Redis server (Protocol error, got \"<\" as reply type byte): is the port "
+                              "taken by another program?\n";
+    EXPECT_NE(err.find(want), std::string::npos) << err;
+    server.join();
+    close(listener);
+  }
+  fs::remove_all(dir);
+}
+
 // A full disk (issue 13): the reason reaches the user, naming the file, and
 // nothing half-written or temporary is left. The disk is a 64 KiB tmpfs in a
 // mount namespace of the run's own (unshare -m, as root). The BLAS kernel is
@@ -657,6 +723,36 @@ TEST(Launcher, AFullDiskIsNamedAndLeavesNothingHalfWritten) {
                 "/out/weights.safetensors: cannot write file (No space left on device)\n"
                 "ddp: stopped the other ranks; run failed\n");
   EXPECT_EQ(read_file(dir + "/listing"), "") << "left on the full disk";
+  fs::remove_all(dir);
+}
+
+// A full disk under the file store: the rank that could not write says why
+// (not "stopped responding", not Gloo's enforce), within the timeout, and
+// no empty value is left in the store.
+TEST(Launcher, AFullDiskUnderTheFileStoreIsNamed) {
+  if (geteuid() != 0 || system("unshare -m true 2>/dev/null") != 0) GTEST_SKIP() << "needs root for unshare -m";
+  std::string dir = temp_dir();
+  fs::create_directories(dir + "/rdzv");
+  std::ofstream script(dir + "/run.sh");
+  script << "mount -t tmpfs -o size=64k tmpfs " << dir << "/rdzv || exit 99\n"
+         << "dd if=/dev/zero of=" << dir << "/rdzv/fill bs=4k 2>/dev/null\n";
+  for (int r = 0; r < 2; ++r)
+    script << "RANK=" << r << " WORLD_SIZE=2 DDP_RENDEZVOUS=file:" << dir << "/rdzv " << kDdp << " run " << kRepo
+           << "/configs/toy.toml --set run.timeout_s=2 --set 'run.output_dir=\"" << dir << "/out" << r << "\"' 2> "
+           << dir << "/err" << r << " &\n";
+  script << "wait %1; c0=$?; wait %2; c1=$?\nls -A " << dir << "/rdzv > " << dir << "/listing\n"
+         << "echo $c0 $c1 > " << dir << "/codes\n";
+  script.close();
+  const auto started = Clock::now();
+  const int status = system(("unshare -m sh " + dir + "/run.sh").c_str());
+  const double took = std::chrono::duration<double>(Clock::now() - started).count();
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_NE(WEXITSTATUS(status), 99) << "could not mount a tmpfs";
+  EXPECT_EQ(read_file(dir + "/codes"), "1 1\n");
+  EXPECT_LT(took, 2 + 10);
+  const std::string err = read_file(dir + "/err0") + read_file(dir + "/err1");
+  EXPECT_NE(err.find(": cannot write file (No space left on device)"), std::string::npos) << err;
+  EXPECT_EQ(read_file(dir + "/listing"), "fill\n") << "left in the store";
   fs::remove_all(dir);
 }
 

@@ -80,7 +80,7 @@ TEST(TransportHelperNames, BytesDescribeAndDeviceName) {
   EXPECT_EQ(dp::describe("broadcast", ddp_buffer{x, 2, DDP_FLOAT64, DDP_DEVICE_CUDA}), "broadcast (16 bytes)");
   EXPECT_EQ(dp::device_name(DDP_DEVICE_CPU), "cpu");
   EXPECT_EQ(dp::device_name(DDP_DEVICE_CUDA), "cuda");
-  EXPECT_EQ(dp::device_name(static_cast<ddp_device_kind>(7)), "device 7");
+  EXPECT_EQ(dp::device_name(7), "device 7");
 }
 
 // ------------------------------------------------------------ argument checks

@@ -103,6 +103,18 @@ void Stream::synchronize() {
   if (!error_.empty()) throw Error(error_, error_kind_);
 }
 
+bool Stream::drained_within(std::chrono::milliseconds limit) {
+  if (native_) {
+    try {
+      synchronize();
+    } catch (const std::exception&) {
+    }
+    return true;
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  return idle_cv_.wait_for(lock, limit, [this] { return queue_.empty() && !busy_; });
+}
+
 bool Stream::failed() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return !error_.empty();

@@ -52,6 +52,10 @@ class Stream {
   // Blocks until every task enqueued so far has run. Throws Error with the
   // stream's failure message if it failed.
   virtual void synchronize();
+  // Waits up to `limit` for every task enqueued so far to run: false if one
+  // is still running then (a task that never returns). Never throws. A
+  // device stream waits as synchronize() does.
+  bool drained_within(std::chrono::milliseconds limit);
   bool failed() const;
   std::string error() const;
   // The failure's kind: the status of what failed it (a transport's

@@ -5,10 +5,12 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/redis_store.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <thread>
 
+#include "atomic_file.h"
 #include "error.h"
 
 namespace ddp {
@@ -19,6 +21,15 @@ namespace {
 class FileStore final : public gloo::rendezvous::FileStore {
  public:
   using gloo::rendezvous::FileStore::FileStore;
+  // Gloo's own set renames its temporary into place whether or not the
+  // write went through (a full disk leaves an empty value, which its
+  // reader then rejects in words that do not say why): ours says why and
+  // leaves nothing. The same file, so Gloo's get and check read it.
+  void set(const std::string& key, const std::vector<char>& data) override {
+    const std::string path = objectPath(key);
+    write_file_atomically(path, std::string(data.begin(), data.end()));
+    keyFilePaths_.push_back(path);  // as Gloo's set keeps them
+  }
   bool holds(const std::vector<std::string>& keys) { return check(keys); }
   std::string remove(const std::string& key) {
     const std::string path = objectPath(key);
@@ -29,7 +40,31 @@ class FileStore final : public gloo::rendezvous::FileStore {
 
 class RedisStore final : public gloo::rendezvous::RedisStore {
  public:
-  using gloo::rendezvous::RedisStore::RedisStore;
+  // Every command gets `timeout` (hiredis's socket timeout), and a PING
+  // first proves a Redis server answers: a server that accepts and never
+  // answers would hang the ranks forever, and another program on the port
+  // would show only as a protocol error later.
+  RedisStore(const std::string& host, int port, std::chrono::milliseconds timeout)
+      : gloo::rendezvous::RedisStore(host, port) {
+    const std::string where = "rendezvous store redis:" + host + ":" + std::to_string(port);
+    timeval tv{};
+    tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+    tv.tv_usec = static_cast<suseconds_t>(timeout.count() % 1000 * 1000);
+    if (redisSetTimeout(redis_, tv) != REDIS_OK)
+      throw Error(where + ": cannot set a timeout: " + redis_->errstr, DDP_ERR_COMM);
+    auto* reply = static_cast<redisReply*>(redisCommand(redis_, "PING"));
+    const int error = errno;  // hiredis's read timed out: EAGAIN
+    const bool pong = reply && reply->type == REDIS_REPLY_STATUS && std::string(reply->str, reply->len) == "PONG";
+    if (reply) freeReplyObject(reply);
+    if (pong) return;
+    if (redis_->err == REDIS_ERR_IO && (error == EAGAIN || error == EWOULDBLOCK))
+      throw Error(where + " accepted the connection but did not answer within " + std::to_string(timeout.count()) +
+                      " ms: is a Redis server listening there?",
+                  DDP_ERR_TIMEOUT);
+    throw Error(where + " is not a Redis server (" + (redis_->errstr[0] ? redis_->errstr : "no PONG to a PING") +
+                    "): is the port taken by another program?",
+                DDP_ERR_COMM);
+  }
   bool holds(const std::vector<std::string>& keys) { return check(keys); }
   std::string remove(const std::string& key) {
     auto* reply = static_cast<redisReply*>(redisCommand(redis_, "DEL %b", key.data(), key.size()));
@@ -54,7 +89,7 @@ Store::Store(const std::string& location, const std::string& prefix,
       auto colon = rest.rfind(':');
       std::string host = colon == std::string::npos ? rest : rest.substr(0, colon);
       int port = colon == std::string::npos ? 6379 : std::stoi(rest.substr(colon + 1));
-      base_ = std::make_unique<RedisStore>(host, port);
+      base_ = std::make_unique<RedisStore>(host, port, timeout);
     } else {
       throw Error("rendezvous location '" + location + "' is neither file:<shared dir> nor redis:<host>:<port>",
                   DDP_ERR_INVALID_ARGUMENT);

@@ -1,6 +1,8 @@
 // rank_plugins.cpp — see rank_plugins.h.
 #include "rank_plugins.h"
 
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "staged.h"
@@ -178,6 +180,7 @@ void RankPlugins::gather_words(const void* mine, void* all, size_t send, size_t 
 }
 
 void RankPlugins::abort() {
+  aborted_ = true;
   const ddp_transport_v1_t* t = transport_lib_ ? transport_lib_->transport() : nullptr;
   if (t && t->abort && comm_) t->abort(comm_);
 }
@@ -211,6 +214,11 @@ void RankPlugins::drain() {
   Device* device = services_.device;
   if (!device) return;
   whereabouts::Inside in(nullptr, "draining the streams");  // bounded by the watchdog
+  if (aborted_) {
+    for (Stream* stream : {&device->comm_stream(), &device->compute_stream()})
+      if (!stream->drained_within(std::chrono::seconds(2))) std::_Exit(1);
+    return;
+  }
   try {
     device->comm_stream().synchronize();
   } catch (const std::exception&) {

@@ -7,7 +7,10 @@
 //   shutdown: drain the streams, destroy the strategy, drain (destroy may
 //             enqueue), destroy the transport, drain, unload both libraries.
 // After a failure, abort() first: it makes the transport fail what it still
-// has queued (a stuck collective), so that the drain cannot wait for ever.
+// has queued (a stuck collective), so that the drain cannot wait for ever;
+// and a drain after it waits 2 s at most: a task that never returns (a
+// plugin's host function) cannot be waited out nor its code unloaded, and
+// the failure is reported already, so the process ends there (exit 1).
 //
 // The trainer calls the strategy's hooks through the methods below, each
 // checked: a failure throws Error in the plugin's words, of the kind of the
@@ -109,6 +112,7 @@ class RankPlugins {
   void start_strategy(const Config& config, Trace* trace);
   void require_device_cap(const char* kind, const char* name, uint64_t caps) const;
   void drain();
+  bool aborted_ = false;
   // One engine collective on the comm stream, waited for. On a GPU the host
   // buffers travel through device copies (a transport like nccl reads device
   // memory only); `call` gets the pointers to use, in order.

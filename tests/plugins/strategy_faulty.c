@@ -1,6 +1,8 @@
 /* A strategy that misbehaves on purpose, for the launcher's fault tests.
  * Keys: `fault` — "segv" (writes through a null pointer), "exit0" and
- * "exit3" (exit the process with code 0 or 3), "hang" (never returns); `entry` — the entry it
+ * "exit3" (exit the process with code 0 or 3), "hang" (never returns),
+ * "stuck_stream" (puts a host function that never returns on the
+ * communication stream, and returns); `entry` — the entry it
  * misbehaves in ("on_step_begin", "on_grad_ready", "on_backward_end",
  * "finish"); `step` — at which optimizer step (from 0); `rank` — on which
  * rank (-1: every rank); "mismatch": from `step` on, every rank
@@ -41,6 +43,12 @@ static ddp_status faulty_create(const ddp_host* host, const ddp_transport_v1_t* 
   return DDP_OK;
 }
 
+static ddp_status never_returns(void* user, int cancelled) {
+  (void)user, (void)cancelled;
+  for (;;) pause();
+  return DDP_OK;
+}
+
 static void maybe_fault(struct ddp_strategy_s* s, const char* entry) {
   if (strcmp(s->entry, entry) != 0 || s->now != s->step || (s->rank >= 0 && s->rank != s->my_rank)) return;
   if (strcmp(s->fault, "segv") == 0) {
@@ -52,6 +60,8 @@ static void maybe_fault(struct ddp_strategy_s* s, const char* entry) {
     exit(3);
   } else if (strcmp(s->fault, "hang") == 0) {
     for (;;) pause();
+  } else if (strcmp(s->fault, "stuck_stream") == 0) {
+    s->host->launch_host_func(s->host->ctx, s->host->comm_stream(s->host->ctx), never_returns, NULL);
   }
 }
 

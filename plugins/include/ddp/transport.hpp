@@ -56,9 +56,10 @@ inline std::string describe(const char* entry, const ddp_buffer& buffer) {
   return std::string(entry) + " (" + std::to_string(bytes_of(buffer)) + " bytes)";
 }
 
-// "cpu", "cuda", or "device 7" for a kind this header does not know.
-inline std::string device_name(ddp_device_kind kind) {
-  return kind == DDP_DEVICE_CPU ? "cpu" : kind == DDP_DEVICE_CUDA ? "cuda" : "device " + std::to_string(int(kind));
+// "cpu", "cuda", or "device 7" for a kind this header does not know (an
+// int: a value outside the enum's is no ddp_device_kind in C++).
+inline std::string device_name(int kind) {
+  return kind == DDP_DEVICE_CPU ? "cpu" : kind == DDP_DEVICE_CUDA ? "cuda" : "device " + std::to_string(kind);
 }
 
 // "<entry>: NULL buffer", DDP_ERR_INVALID_ARGUMENT.
