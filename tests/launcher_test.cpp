@@ -576,6 +576,25 @@ TEST(Launcher, AHangUpEndsTheRunCleanly) {
   fs::remove_all(dir);
 }
 
+// Under nohup (SIGHUP ignored, as the launcher inherits it) a hang-up does
+// not end the run.
+TEST(Launcher, UnderNohupAHangUpDoesNotEndTheRun) {
+  std::string dir = temp_dir();
+  struct sigaction ignore {}, old {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ASSERT_EQ(sigaction(SIGHUP, &ignore, &old), 0);
+  Process p = start_long_run(dir, 30);
+  sigaction(SIGHUP, &old, nullptr);
+  kill(p.pid, SIGHUP);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  int status = 0;
+  EXPECT_EQ(waitpid(p.pid, &status, WNOHANG), 0) << "a hang-up under nohup ended the run";
+  kill(p.pid, SIGINT);
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(30)), 130);
+  fs::remove_all(dir);
+}
+
 // A directory that cannot be made is named with the reason (/sys refuses
 // new directories, to root too), not as a lock file that is not there.
 TEST(Launcher, AnOutputDirectoryThatCannotBeMadeIsNamedWithTheReason) {

@@ -199,7 +199,7 @@ class Accounting(unittest.TestCase):
     def test_refusals_name_the_file_and_key(self):
         for args, message in [
                 (["--precision", "master=abc", "--mesh", "2,2"], "--precision master=abc: VALUE must be a finite number > 0"),
-                (["--mesh", "16,4", "--tokens", "1e308"], "mesh: the plan overflows at this size"),
+                (["--mesh", "16,4", "--tokens", "1e308"], "mesh: the plan overflows a double at these sizes"),
                 (["--tokens", "5"], "--hardware, --hw, --axes, --tokens, --activation-shard and --precision describe a mesh"),
                 (["--overhead", "5,0"], "--overhead: o must be a finite number and w a finite number > 0"),
                 (["--bench-busy", "x.json"], "--bench-busy prices the collectives beside compute; the others need --bench or --overhead"),

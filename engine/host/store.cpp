@@ -55,8 +55,11 @@ class RedisStore final : public gloo::rendezvous::RedisStore {
     auto* reply = static_cast<redisReply*>(redisCommand(redis_, "PING"));
     const int error = errno;  // hiredis's read timed out: EAGAIN
     const bool pong = reply && reply->type == REDIS_REPLY_STATUS && std::string(reply->str, reply->len) == "PONG";
+    const std::string refusal = reply && reply->type == REDIS_REPLY_ERROR ? std::string(reply->str, reply->len) : "";
     if (reply) freeReplyObject(reply);
     if (pong) return;
+    if (!refusal.empty())  // Redis itself says no: NOAUTH, DENIED (protected mode), LOADING
+      throw Error(where + " refused the rendezvous: " + refusal, DDP_ERR_COMM);
     if (redis_->err == REDIS_ERR_IO && (error == EAGAIN || error == EWOULDBLOCK))
       throw Error(where + " accepted the connection but did not answer within " + std::to_string(timeout.count()) +
                       " ms: is a Redis server listening there?",

@@ -150,19 +150,28 @@ void report_now(const std::exception& e) {
 // another one the exit code would be the plugin's (0 looks like success),
 // so it becomes 1 here.
 std::atomic<bool> g_in_body{false};
+// It ends the process itself: the static destructors must not run while
+// the streams' and the watchdog's threads still do.
 void exited_early(int code, void*) {
-  if (!g_in_body.load()) return;
-  const std::string exit = "exit(" + std::to_string(code) + ")";
-  Error error("the process called " + exit + " before completing its run");
-  if (const char* plugin = whereabouts::plugin()) {
-    const char* entry = whereabouts::entry();
-    error = Error(std::string(plugin) + " called " + exit + (entry ? std::string(" in ") + entry : std::string()));
-    error.in_plugin(plugin, entry ? entry : "");
+  if (!g_in_body.load() || whereabouts::reported()) return;  // a failure said already: its teardown
+  try {
+    const std::string exit = "exit(" + std::to_string(code) + ")";
+    Error error("the process called " + exit + " before completing its run");
+    if (const char* plugin = whereabouts::plugin()) {
+      const char* entry = whereabouts::entry();
+      error = Error(std::string(plugin) + " called " + exit + (entry ? std::string(" in ") + entry : std::string()));
+      error.in_plugin(plugin, entry ? entry : "");
+    }
+    error.at_step(whereabouts::step());
+    if (whereabouts::has_channel()) {
+      report_now(error);
+      std::fflush(nullptr);
+      std::_Exit(code);  // the launcher names it; no "completed" came
+    }
+    std::fprintf(stderr, "ddp: rank %d: error: %s\n", g_rank.load(), error.what());
+  } catch (...) {
   }
-  error.at_step(whereabouts::step());
-  if (whereabouts::has_channel()) return report_now(error);
-  std::fprintf(stderr, "ddp: rank %d: error: %s\n", g_rank.load(), error.what());
-  std::fflush(stderr);
+  std::fflush(nullptr);
   std::_Exit(1);
 }
 

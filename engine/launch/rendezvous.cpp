@@ -49,7 +49,8 @@ bool all_local(const std::function<const char*(const char*)>& lookup) {
 }
 
 bool is_port(const std::string& text) {
-  return !text.empty() && text.size() <= 5 && std::all_of(text.begin(), text.end(), ::isdigit) &&
+  return !text.empty() && text.size() <= 5 &&
+         std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
          std::stoi(text) >= 1 && std::stoi(text) <= 65535;
 }
 

@@ -2,12 +2,14 @@
 #include "watch.h"
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <iterator>
 #include <thread>
 
 namespace ddp {
@@ -17,6 +19,33 @@ using Clock = std::chrono::steady_clock;
 
 volatile std::sig_atomic_t g_interrupted = 0;
 void on_interrupt(int) { g_interrupted = 1; }
+
+// Ctrl-C, SIGTERM and a hang-up (the terminal closed) stop the ranks and end
+// the run cleanly while they run; each signal's own setting comes back
+// afterwards. One the caller ignores stays ignored: `nohup ddp run` must
+// outlive its terminal.
+class InterruptHandlers {
+ public:
+  InterruptHandlers() {
+    for (size_t i = 0; i < std::size(kSignals); ++i) {
+      sigaction(kSignals[i], nullptr, &old_[i]);
+      if (old_[i].sa_handler == SIG_IGN) continue;
+      struct sigaction on {};
+      on.sa_handler = on_interrupt;
+      sigemptyset(&on.sa_mask);
+      sigaction(kSignals[i], &on, nullptr);
+    }
+  }
+  ~InterruptHandlers() {
+    for (size_t i = 0; i < std::size(kSignals); ++i) sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  InterruptHandlers(const InterruptHandlers&) = delete;
+  InterruptHandlers& operator=(const InterruptHandlers&) = delete;
+
+ private:
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction old_[std::size(kSignals)] {};
+};
 
 // A rank's channel: what it said so far, split into lines as they come.
 struct Channel {
@@ -215,9 +244,7 @@ struct Watch {
 
 WatchResult watch_ranks(const std::vector<RankProcess>& ranks, std::chrono::milliseconds grace) {
   g_interrupted = 0;
-  std::signal(SIGINT, on_interrupt);
-  std::signal(SIGTERM, on_interrupt);
-  std::signal(SIGHUP, on_interrupt);  // a closed terminal: clean up as for Ctrl-C
+  const InterruptHandlers handlers;
   Watch w{ranks, {}, std::vector<Channel>(ranks.size()), std::vector<bool>(ranks.size(), true)};
   w.result.ranks.resize(ranks.size());
   for (size_t r = 0; r < ranks.size(); ++r) w.channels[r] = Channel{ranks[r].channel, ranks[r].shared, false, {}, {}};
@@ -247,9 +274,6 @@ WatchResult watch_ranks(const std::vector<RankProcess>& ranks, std::chrono::mill
       reap(ranks[r].pid);
       break;
     }
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
-  std::signal(SIGHUP, SIG_DFL);
   w.result.interrupted = g_interrupted != 0;
   return w.result;
 }

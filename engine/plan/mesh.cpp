@@ -112,7 +112,8 @@ MeshPlan plan_mesh(const MeshInput& in) {
   for (const double v : {p.total, p.devices_of_memory, p.t_math, p.t_fsdp, p.t_tp}) {
     if (std::isfinite(v)) continue;
     std::ostringstream text;
-    text << "mesh: the plan overflows at this size (a batch of " << tokens << " tokens): give a smaller --tokens";
+    text << "mesh: the plan overflows a double at these sizes (" << in.params << " parameters, a batch of " << tokens
+         << " tokens): give smaller ones";
     throw std::invalid_argument(text.str());
   }
   return p;

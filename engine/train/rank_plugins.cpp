@@ -2,6 +2,7 @@
 #include "rank_plugins.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -215,8 +216,11 @@ void RankPlugins::drain() {
   if (!device) return;
   whereabouts::Inside in(nullptr, "draining the streams");  // bounded by the watchdog
   if (aborted_) {
-    for (Stream* stream : {&device->comm_stream(), &device->compute_stream()})
-      if (!stream->drained_within(std::chrono::seconds(2))) std::_Exit(1);
+    for (Stream* stream : {&device->comm_stream(), &device->compute_stream()}) {
+      if (stream->drained_within(std::chrono::seconds(1))) continue;
+      std::fflush(nullptr);  // the failure is reported; what was printed stays
+      std::_Exit(1);
+    }
     return;
   }
   try {

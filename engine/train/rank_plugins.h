@@ -8,9 +8,11 @@
 //             enqueue), destroy the transport, drain, unload both libraries.
 // After a failure, abort() first: it makes the transport fail what it still
 // has queued (a stuck collective), so that the drain cannot wait for ever;
-// and a drain after it waits 2 s at most: a task that never returns (a
-// plugin's host function) cannot be waited out nor its code unloaded, and
-// the failure is reported already, so the process ends there (exit 1).
+// and on the CPU a drain after it waits 1 s at most: a task still running
+// then (a plugin's host function that never returns, a collective waiting
+// out its own timeout) cannot be waited out nor its code unloaded, and the
+// failure is reported already, so the process ends there (exit 1, without
+// the destructors). A GPU's drain stays bounded by the watchdog.
 //
 // The trainer calls the strategy's hooks through the methods below, each
 // checked: a failure throws Error in the plugin's words, of the kind of the

@@ -42,7 +42,8 @@ F entry(const dll::shared_library& lib, const char* name) {
 }
 
 CublasLib load() {
-  static const dll::shared_library lib = load_library();  // kept until exit
+  // Never unloaded, not even at exit: a stream may still be inside it.
+  static const dll::shared_library& lib = *new dll::shared_library(load_library());
   CublasLib api{};
   api.create = entry<decltype(api.create)>(lib, "cublasCreate_v2");
   api.destroy = entry<decltype(api.destroy)>(lib, "cublasDestroy_v2");

@@ -24,8 +24,8 @@ struct CublasLib {
   decltype(&cublasGetStatusString) status_string;
 };
 
-// The loaded library, loaded once per process (thread-safe) and kept until
-// exit. Throws Error naming the file, where it was looked for and the
+// The loaded library, loaded once per process (thread-safe) and never
+// unloaded. Throws Error naming the file, where it was looked for and the
 // loader's message, or the entry the library lacks.
 const CublasLib& cublas();
 
