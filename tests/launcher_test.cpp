@@ -439,54 +439,47 @@ TEST(Launcher, ANonFiniteLossStopsTheRunInItsStep) {
   fs::remove_all(dir);
 }
 
+// The stderr of the quick-start run with `set` added, which a rank must
+// refuse: exit 1, and no summary written.
+std::string refusal_of(const std::string& set) {
+  const std::string dir = temp_dir();
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set", set},
+                    {}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1) << set;
+  EXPECT_FALSE(fs::exists(dir + "/out/summary.json")) << set;
+  const std::string err = read_file(p.err);
+  fs::remove_all(dir);
+  return err;
+}
+
 // transport.hostname (issue 13): a name that does not resolve is refused
 // naming the key; ranks on two hosts with the loopback default are told to
 // set it instead of timing out. Two "hosts" here: rank 1 runs in a UTS
 // namespace of its own (unshare -u, as root) with another host name.
 TEST(Launcher, AHostnameThatDoesNotResolveIsRefusedByKey) {
-  std::string dir = temp_dir();
-  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
-                     "transport.hostname=no.such.host.invalid"},
-                    {}, dir + "/ddp");
-  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
-  const std::string err = read_file(p.err);
+  const std::string err = refusal_of("transport.hostname=no.such.host.invalid");
   EXPECT_NE(err.find(" failed: exited with code 1: transport plugin 'gloo': init: transport.hostname "
                      "'no.such.host.invalid' does not resolve ("),
             std::string::npos)
       << err;
-  fs::remove_all(dir);
 }
 
 // An empty address is a key left blank, not "auto".
 TEST(Launcher, AnEmptyHostnameIsRefusedByKey) {
-  std::string dir = temp_dir();
-  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
-                     "transport.hostname=\"\""},
-                    {}, dir + "/ddp");
-  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
-  const std::string err = read_file(p.err);
+  const std::string err = refusal_of("transport.hostname=\"\"");
   EXPECT_NE(err.find(" failed: exited with code 1: transport plugin 'gloo': init: transport.hostname is "
                      "empty: give the address this rank listens on, or \"auto\"\n"),
             std::string::npos)
       << err;
-  EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
-  fs::remove_all(dir);
 }
 
 // A run that would train nothing is refused rather than run to exit 0.
 TEST(Launcher, FreezingEveryParameterIsRefused) {
-  std::string dir = temp_dir();
-  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
-                     "model.freeze=[\"*\"]"},
-                    {}, dir + "/ddp");
-  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
-  const std::string err = read_file(p.err);
+  const std::string err = refusal_of("model.freeze=[\"*\"]");
   EXPECT_NE(err.find(" failed: exited with code 1: model.freeze: every parameter of model 'toy' is frozen, "
                      "so nothing would train (a [[schedule.unfreeze]] entry may thaw some at a later step)\n"),
             std::string::npos)
       << err;
-  EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
-  fs::remove_all(dir);
 }
 
 // On one host, rank 0 may listen on a real address while the others keep the
