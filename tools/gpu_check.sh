@@ -154,7 +154,8 @@ nccl_version=$(python3 -c 'import ctypes, sys
 v = ctypes.c_int()
 ctypes.CDLL(sys.argv[1]).ncclGetVersion(ctypes.byref(v))
 print(f"{v.value // 10000}.{v.value // 100 % 100}.{v.value % 100} ({v.value})")' "$nccl_lib" 2>&1 | tail -1 || true)
-{
+# A second call into the same DIR (one stage per call) appends to its summary.
+[ -s "$summary" ] || {
   echo "# GPU check"
   echo
   echo '```'
@@ -181,7 +182,8 @@ if wanted tests; then
   # DDP_EXPECT_GPU: a test that finds no usable GPU fails here instead of
   # skipping (tests/gpu.h), so an unusable driver is no green run.
   junit=$(mktemp)
-  (cd "$root/$build/tests" && DDP_EXPECT_GPU=1 timeout 540 ctest -j8 --timeout 300 --output-on-failure \
+  (cd "$root/$build/tests" && DDP_EXPECT_GPU=1 timeout "${GPU_CHECK_TESTS_CAP_S:-540}" ctest -j8 \
+     --timeout "${GPU_CHECK_TEST_TIMEOUT_S:-300}" --output-on-failure \
      --output-junit "$junit" -R "$gpu_tests") >"$out/tests.log" 2>&1
   rc=$?
   set -e
@@ -220,7 +222,7 @@ if wanted sanitizer; then
     : >"$out/sanitizer.log"
     for t in cuda_kernels_test cuda_ops_test; do
       set +e
-      DDP_EXPECT_GPU=1 DDP_GPUS_IN_PROCESS=1 timeout 270 "$sanitizer" --tool memcheck --error-exitcode 3 "$bin/$t" \
+      DDP_EXPECT_GPU=1 DDP_GPUS_IN_PROCESS=1 timeout "${GPU_CHECK_SANITIZER_CAP_S:-270}" "$sanitizer" --tool memcheck --error-exitcode 3 "$bin/$t" \
         >"$out/sanitizer.part" 2>&1
       rc=$?
       set -e
