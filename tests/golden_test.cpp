@@ -189,10 +189,11 @@ void expect_close_to_cpu(const std::string& what, const std::vector<float>& got,
 // The same model on the CPU and on `device` from the fixture's weights:
 // logits, loss and every gradient (expect_close_to_cpu): the CUDA kernels
 // against the CPU's on the golden fixtures.
-void check_against_cpu(Device& device, Model& on_device, Model& on_cpu, const Tensors& t,
+// `cpu` is the device on_cpu was built on: the gradients made here live as
+// long as the model and are freed by it.
+void check_against_cpu(Device& device, Device& cpu, Model& on_device, Model& on_cpu, const Tensors& t,
                        const std::string& file, const Batch& batch, const Logits& device_logits,
                        const Logits& cpu_logits) {
-  CpuDevice cpu;
   load_weights(device, on_device, t, file);
   load_weights(cpu, on_cpu, t, file);
   zero_grads(device, on_device);
@@ -239,7 +240,7 @@ TEST_P(Golden, LmTinyMatchesPyTorch) {
   if (GetParam() == "cpu") return;
   CpuDevice cpu;
   LmModel on_cpu(c, cpu, 0);
-  check_against_cpu(*device_, m, on_cpu, t, file, batch, [&] { return std::pair{m.loss_gradient(), logits}; },
+  check_against_cpu(*device_, cpu, m, on_cpu, t, file, batch, [&] { return std::pair{m.loss_gradient(), logits}; },
                     [&] { return std::pair{on_cpu.loss_gradient(), logits}; });
 }
 
@@ -259,7 +260,7 @@ TEST_P(Golden, MlpMatchesPyTorch) {
   if (GetParam() == "cpu") return;
   CpuDevice cpu;
   MlpModel on_cpu(MlpConfig{32, 3, 10}, cpu, 0);
-  check_against_cpu(*device_, m, on_cpu, t, file, batch,
+  check_against_cpu(*device_, cpu, m, on_cpu, t, file, batch,
                     [&] { return std::pair{m.loss_gradient(), size_t(8 * 10)}; },
                     [&] { return std::pair{on_cpu.loss_gradient(), size_t(8 * 10)}; });
 }

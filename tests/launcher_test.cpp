@@ -208,9 +208,9 @@ TEST(Launcher, AMisspeltPluginIsRefusedBeforeAnyRankStarts) {
   fs::remove_all(dir);
 }
 
+// The store's directory need not exist: either rank makes it.
 TEST(Launcher, RanksStartedByAnOutsideLauncherMeetThroughTheEnvironment) {
   std::string dir = temp_dir();
-  fs::create_directories(dir + "/rdzv");
   std::vector<Process> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.push_back(start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\""},
@@ -316,6 +316,18 @@ TEST(Launcher, APluginThatCallsExitIsNamedWithItsEntryAndStep) {
             "ddp: rank 1 failed in step 2: exited with code 3: strategy plugin 'faulty' called exit(3) in "
             "on_grad_ready\nddp: stopped the other ranks; run failed\n");
   EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
+  fs::remove_all(dir);
+}
+
+TEST(Launcher, AFileStoreWhoseDirectoryCannotBeMadeIsNamed) {
+  std::string dir = temp_dir();
+  std::ofstream(dir + "/taken") << "";
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
+                     "run.world_size=1"},
+                    {"RANK=0", "WORLD_SIZE=1", "DDP_RENDEZVOUS=file:" + dir + "/taken"}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  EXPECT_EQ(read_file(p.err), "ddp: rank 0: error: rendezvous store 'file:" + dir + "/taken': cannot make the directory " +
+                                  dir + "/taken: a file of that name is in the way\n");
   fs::remove_all(dir);
 }
 

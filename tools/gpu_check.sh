@@ -40,6 +40,11 @@
 #   run(command="bash tools/gpu_check.sh run --out $OUT --only tests", carry=[".gpu"], timeout_s=600)
 #   ... the same with --only sanitizer, --only bench and --only lm
 # On a machine without a GPU, `run` says so in one line and exits 2.
+# Shorter caps, to fit several stages into one call: GPU_CHECK_TESTS_CAP_S
+# (the tests stage, default 540), GPU_CHECK_TEST_TIMEOUT_S (one test, 300),
+# GPU_CHECK_SANITIZER_CAP_S (each sanitized program, 270); GPU_CHECK_TESTS
+# replaces the ctest regex (to rerun some tests). Calls into the same DIR add
+# to one summary.
 # (lm_gpu.csv gets a row per run as it ends, so a cut-off call still
 # returns the finished rows.)
 #
@@ -173,7 +178,7 @@ print(f"{v.value // 10000}.{v.value // 100 % 100}.{v.value % 100} ({v.value})")'
 } >"$summary"
 
 # The tests that touch CUDA (ctest -R is case-sensitive: both spellings).
-gpu_tests='[Cc]uda|[Nn]ccl|Golden|MakeDevice|EventOnDeviceStreams|OnCuda'
+gpu_tests=${GPU_CHECK_TESTS:-'[Cc]uda|[Nn]ccl|Golden|MakeDevice|EventOnDeviceStreams|OnCuda'}
 
 # 1. GPU tests, through ctest (compiled paths).
 if wanted tests; then

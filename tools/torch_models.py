@@ -147,7 +147,7 @@ class Attention(nn.Module):
         q = apply_rope(q, self.cos[:T], self.sin[:T])
         k = apply_rope(k, self.cos[:T], self.sin[:T])
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.dh)
-        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(mask, float("-inf"))
         att = torch.softmax(scores, dim=-1)
         o = (att @ v).transpose(1, 2).reshape(B, T, D)

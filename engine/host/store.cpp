@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "atomic_file.h"
@@ -86,7 +87,16 @@ Store::Store(const std::string& location, const std::string& prefix,
     : location_(location), prefix_(prefix), timeout_(timeout) {
   try {
     if (location.rfind("file:", 0) == 0) {
-      base_ = std::make_unique<FileStore>(location.substr(5));
+      // Gloo's FileStore needs the directory to exist; any rank may make it.
+      const std::string dir = location.substr(5);
+      std::error_code ec;
+      const bool in_the_way = std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec);
+      if (!in_the_way) std::filesystem::create_directories(dir, ec);
+      if (in_the_way || ec)
+        throw Error("rendezvous store '" + location + "': cannot make the directory " + dir + ": " +
+                        (in_the_way ? std::string("a file of that name is in the way") : ec.message()),
+                    DDP_ERR_INVALID_ARGUMENT);
+      base_ = std::make_unique<FileStore>(dir);
     } else if (location.rfind("redis:", 0) == 0) {
       std::string rest = location.substr(6);
       auto colon = rest.rfind(':');
