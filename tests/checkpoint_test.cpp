@@ -21,6 +21,7 @@
 #include "checkpoint.h"
 #include "checkpoint_state.h"
 #include "harness.h"
+#include "reseal.h"
 
 namespace ddp {
 namespace {
@@ -264,7 +265,8 @@ TEST(ResumeRefused, ACheckpointDirHoldingAnotherRunsCheckpointsIsNotWrittenInto)
                                theirs.path + ")");
 }
 
-// Each state checkpoint.json lists must be there, and as many losses as steps.
+// Each state checkpoint.json lists must be there, and as many losses as steps,
+// also where the checksums were recomputed after the edit.
 TEST(ResumeRefused, ACheckpointMissingWhatItsIndexListsIsRefused) {
   TempDir dir;
   const std::string config = toml(kStrategies[0], kSgd);
@@ -279,13 +281,15 @@ TEST(ResumeRefused, ACheckpointMissingWhatItsIndexListsIsRefused) {
   write_safetensors(file, kept);
   RunResult r = harness::run(config, 1, checkpointing(dir.path), step2);
   ASSERT_EQ(r.failures.size(), 1u);
+  EXPECT_EQ(r.failures[0].rfind("rank 0: " + file + ": ", 0), 0u) << "its checksum first: " << r.failures[0];
+  test::edit_and_reseal(step2);
+  r = harness::run(config, 1, checkpointing(dir.path), step2);
+  ASSERT_EQ(r.failures.size(), 1u);
   EXPECT_EQ(r.failures[0], "rank 0: " + file + ": no tensor 'fc3.weight.momentum_buffer', which checkpoint.json "
                            "says holds its state");
 
   const std::string meta = step2 + "/checkpoint.json";
-  nlohmann::json j = nlohmann::json::parse(std::ifstream(meta));
-  j["losses"].erase(0);
-  std::ofstream(meta) << j.dump();
+  test::edit_and_reseal(step2, [](nlohmann::ordered_json& j) { j["losses"].erase(0); });
   r = harness::run(config, 1, checkpointing(dir.path), dir.path + "/step-00000004");
   EXPECT_TRUE(r.failures.empty()) << r.failures[0];
   r = harness::run(config, 1, checkpointing(dir.path), step2);

@@ -9,6 +9,11 @@ min–max over the runs.
 
 usage: tools/bench_checkpoint.py [--config configs/lm-cpu.toml] [--steps 12]
                                  [--every 4] [--rounds 3] [--ddp build/bin/ddp]
+                                 [--vs OTHER_DDP]
+
+--vs: an A/B comparison: each round runs both binaries, in alternating
+order, and a last row gives the ratio of their seconds per checkpoint
+(OTHER / --ddp), median and range over the rounds.
 """
 import argparse
 import json
@@ -46,20 +51,32 @@ def main():
     p.add_argument("--every", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--ddp", default="build/bin/ddp")
+    p.add_argument("--vs", default=None)
     args = p.parse_args()
-    per, step, ratio, size = [], [], [], 0
+    binaries = [args.ddp] + ([args.vs] if args.vs else [])
+    results = {b: ([], [], [], 0) for b in binaries}
     base = tempfile.mkdtemp(prefix="ddp-bench-checkpoint-")
     try:
         for r in range(args.rounds):
-            c, s, size = one_run(args, os.path.join(base, str(r)))
-            per.append(c), step.append(s), ratio.append(c / s)
-            print(f"round {r + 1}: {c:.3f} s per checkpoint, step {s:.3f} s", file=sys.stderr)
+            for i, b in enumerate(binaries) if r % 2 == 0 else reversed(list(enumerate(binaries))):
+                out = os.path.join(base, f"{r}-{i}")
+                c, s, size = one_run(argparse.Namespace(**{**vars(args), "ddp": b}), out)
+                per, step, ratio, _ = results[b]
+                per.append(c), step.append(s), ratio.append(c / s)
+                results[b] = (per, step, ratio, size)
+                print(f"round {r + 1} {b}: {c:.3f} s per checkpoint, step {s:.3f} s", file=sys.stderr)
+                shutil.rmtree(out, ignore_errors=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    print("| config | checkpoint | s per checkpoint | median step s | checkpoint / step |")
-    print("|---|---|---|---|---|")
-    print(f"| {args.config} | {size / 1e6:.1f} MB | {spread(per, lambda x: f'{x:.3f}')} | "
-          f"{spread(step, lambda x: f'{x:.3f}')} | {spread(ratio, lambda x: f'{x:.2f}')} |")
+    print("| ddp | config | checkpoint | s per checkpoint | median step s | checkpoint / step |")
+    print("|---|---|---|---|---|---|")
+    for b, (per, step, ratio, size) in results.items():
+        print(f"| {b} | {args.config} | {size / 1e6:.1f} MB | {spread(per, lambda x: f'{x:.3f}')} | "
+              f"{spread(step, lambda x: f'{x:.3f}')} | {spread(ratio, lambda x: f'{x:.2f}')} |")
+    if args.vs:
+        a, b = results[args.ddp][0], results[args.vs][0]
+        print(f"\n{args.vs} / {args.ddp}, seconds per checkpoint, per round: "
+              f"{spread([y / x for x, y in zip(a, b)], lambda x: f'{x:.3f}')}")
 
 
 if __name__ == "__main__":

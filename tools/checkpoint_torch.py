@@ -19,7 +19,9 @@
 
 The layout is docs/checkpoints.md's. One optimizer group (no
 [[optimizer.groups]]); the learning rate in the state_dict is optimizer.lr
-(a schedule is the trainer's to apply). Needs Debian's python3-torch.
+(a schedule is the trainer's to apply). Checksums as the engine's
+(engine/train/checkpoint_files.h): export checks them, import writes them.
+Needs Debian's python3-torch and python3-xxhash.
 """
 import argparse
 import json
@@ -27,6 +29,7 @@ import os
 import sys
 
 import torch
+import xxhash
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from safetensors_io import read_safetensors, write_safetensors  # noqa: E402
@@ -71,9 +74,42 @@ def checkpoint_path(path):
     fail(f"{path}: not a checkpoint (no checkpoint.json in it, and no 'latest')")
 
 
+SEAL = ',\n "checksum": "'
+
+
+def seal(text):
+    """checkpoint.json's text with its own digest as its last member (seal_meta)."""
+    prefix = text.rstrip(" \n")[:-1].rstrip(" \n") + SEAL
+    return prefix + xxhash.xxh3_64_hexdigest(prefix.encode()) + '"\n}\n'
+
+
+def file_digest(path):
+    h = xxhash.xxh3_64()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return {"bytes": os.path.getsize(path), "xxh3": h.hexdigest()}
+
+
+def read_meta(path):
+    """checkpoint.json at `path`, its checksum and every file's digest checked."""
+    name = os.path.join(path, "checkpoint.json")
+    with open(name, "rb") as f:
+        text = f.read()
+    at = text.rfind(SEAL.encode())
+    digits = at + len(SEAL)
+    if at < 0 or text[digits + 16:] != b'"\n}\n' or \
+            xxhash.xxh3_64_hexdigest(text[:digits]) != text[digits:digits + 16].decode("ascii", "replace"):
+        fail(f"{name}: its checksum does not hold: changed after it was written")
+    meta = json.loads(text)
+    for file, want in meta["files"].items():
+        if os.path.basename(file) != file or file_digest(os.path.join(path, file)) != want:
+            fail(f"{os.path.join(path, file)}: not the file checkpoint.json records (size or xxh3)")
+    return meta
+
+
 def read_checkpoint(path):
-    with open(os.path.join(path, "checkpoint.json")) as f:
-        meta = json.load(f)
+    meta = read_meta(path)
     weights, _ = read_safetensors(os.path.join(path, "weights.safetensors"))
     files = {}
     for s in meta["state"].values():
@@ -102,8 +138,7 @@ def export(args):
 
 def import_(args):
     like = checkpoint_path(args.like)
-    with open(os.path.join(like, "checkpoint.json")) as f:
-        meta = json.load(f)
+    meta = read_meta(like)
     d = torch.load(args.pt)
     names = list(d["model"].keys())
     like_weights, _ = read_safetensors(os.path.join(like, "weights.safetensors"))
@@ -124,9 +159,11 @@ def import_(args):
         tensors += [(f"{name}.{k}", entry[k]) for k in SUFFIXES[meta["optimizer"]] if k in entry]
         state[name] = {"file": "optimizer-0.safetensors", "steps": int(entry.get("step", torch.tensor(0.0)))}
     write_safetensors(os.path.join(args.out, "optimizer-0.safetensors"), tensors, {"format": "pt"})
-    meta.update(step=int(d["step"]), state=state, losses=losses)
+    meta.pop("checksum")
+    files = {f: file_digest(os.path.join(args.out, f)) for f in ("optimizer-0.safetensors", "weights.safetensors")}
+    meta.update(step=int(d["step"]), state=state, losses=losses, files=files)
     with open(os.path.join(args.out, "checkpoint.json"), "w") as f:  # last: the checkpoint is whole
-        json.dump(meta, f, indent=1)
+        f.write(seal(json.dumps(meta, indent=1)))
     print(f"{args.out}: a ddp checkpoint after step {meta['step']}")
 
 

@@ -19,6 +19,7 @@ packages=(
   libboost-dev libboost-filesystem-dev        # Boost.DLL (plugin loading)
   libopenblas-dev                             # cblas_sgemm
   nlohmann-json3-dev libcli11-dev             # summary.json / safetensors headers; the command line
+  libxxhash-dev python3-xxhash                # checkpoint checksums (XXH3), in C++ and tools/checkpoint_torch.py
   libgtest-dev libgmock-dev                   # tests
   binutils                                    # nm, for the one-exported-symbol test
   python3-matplotlib                          # plots of tools/ddp_suite.py (Debian's python3: tomllib)

@@ -14,6 +14,7 @@
 
 #include "agreement.h"
 #include "atomic_file.h"
+#include "checkpoint_files.h"
 #include "checkpoint_state.h"
 #include "error.h"
 #include "model_setup.h"
@@ -81,19 +82,6 @@ int64_t step_of(const std::string& name) {
   return std::stoll(digits);  // < 10^18: no overflow
 }
 
-// A name a checkpoint's file has, or its temporary while written
-// (atomic_file.h: "<name>.tmp.<pid>.<n>").
-bool checkpoint_file_name(std::string name) {
-  if (const size_t tmp = name.find(".tmp."); tmp != std::string::npos) name.resize(tmp);
-  if (name == kMeta || name == "weights.safetensors") return true;
-  const std::string prefix = "optimizer-", suffix = ".safetensors";
-  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
-      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-    return false;
-  const std::string rank = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  return rank.find_first_not_of("0123456789") == std::string::npos;
-}
-
 void write_weights(const std::vector<Parameter>& params, const fs::path& file) {
   std::vector<std::vector<float>> values;
   std::vector<NamedFloats> tensors;
@@ -101,16 +89,19 @@ void write_weights(const std::vector<Parameter>& params, const fs::path& file) {
   write_safetensors(file.string(), tensors);
 }
 
-json meta_json(const CheckpointInput& in, int64_t step, const StateLayout& layout) {
+json meta_json(const CheckpointInput& in, int64_t step, const StateLayout& layout,
+               const std::map<std::string, FileDigest>& digests) {
   const json state = state_json(in, layout);
-  json trainable = json::array();
+  json trainable = json::array(), files = json::object();
   for (const Parameter& p : in.params)
     if (p.trainable) trainable.push_back(p.name);
-  return {{"format", "ddp-checkpoint 1"},      {"step", step},
+  for (const auto& [name, d] : digests) files[name] = {{"bytes", d.bytes}, {"xxh3", d.xxh3}};
+  return {{"format", "ddp-checkpoint 2"},      {"step", step},
           {"world_size", in.world},            {"strategy", in.strategy},
           {"transport", in.transport},         {"optimizer", in.config.optimizer.name},
           {"trainable", trainable},            {"losses", in.losses},
-          {"state", state},                    {"config", json(in.config_items)}};
+          {"state", state},                    {"config", json(in.config_items)},
+          {"files", files}};
 }
 
 // Rank 0, once every rank's files are in `partial`: the metadata, then the
@@ -118,7 +109,7 @@ json meta_json(const CheckpointInput& in, int64_t step, const StateLayout& layou
 void complete(const CheckpointInput& in, int64_t step, const json& meta, const fs::path& partial) {
   const fs::path dir = in.config.checkpoint.dir;
   const std::string name = checkpoint_name(step);
-  write_file_atomically((partial / kMeta).string(), meta.dump(1) + "\n");
+  write_file_atomically((partial / kMeta).string(), seal_meta(meta.dump(1)));
   sync_directory(partial);
   const fs::path final_path = dir / name, replaced = dir / (name + ".replaced");
   if (fs::exists(final_path)) {  // a run resumed from before it comes past it again
@@ -186,10 +177,13 @@ std::string resolve_checkpoint(const std::string& dir, const std::string& given)
 
 CheckpointMeta read_checkpoint_meta(const std::string& path) {
   const std::string file = (fs::path(path) / kMeta).string();
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw Error(file + ": cannot read", DDP_ERR_INVALID_ARGUMENT);
+  const std::string text = unseal_meta(std::string(std::istreambuf_iterator<char>(in), {}), file);
+  CheckpointMeta m;
   try {
-    std::ifstream in(file);
-    const json j = json::parse(in);
-    CheckpointMeta m;
+    const json j = json::parse(text);
+    m.format = j.at("format").get<std::string>();
     m.step = j.at("step").get<int64_t>();
     m.world_size = j.at("world_size").get<int>();
     m.strategy = j.at("strategy").get<std::string>();
@@ -208,10 +202,13 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
       for (const auto& p : s.at("pieces"))
         state.pieces.push_back({p.at("file").get<std::string>(), p.at("offset").get<size_t>(), p.at("count").get<size_t>()});
     }
-    return m;
+    for (const auto& [name, f] : j.at("files").items())
+      m.files[name] = FileDigest{f.at("bytes").get<uint64_t>(), f.at("xxh3").get<std::string>()};
   } catch (const json::exception& e) {
     throw Error(file + ": not a checkpoint's metadata (" + e.what() + ")", DDP_ERR_INVALID_ARGUMENT);
   }
+  check_meta_shape(m, file);
+  return m;
 }
 
 ResumeCheck compare_for_resume(const std::map<std::string, std::string>& saved,
@@ -305,13 +302,15 @@ std::string write_checkpoint(const CheckpointInput& in, int64_t step) {
   // Rank 0's directory is ready; then which rank holds which state.
   all_or_none(in, failure.empty() ? "" : partial.string() + ": " + failure, "create " + partial.string());
   const StateLayout layout = gather_state_layout(in);
+  std::string state_file;
   failure = attempt([&] {
-    write_state_file(in, layout, partial);
+    state_file = write_state_file(in, layout, partial);
     if (in.rank == 0) write_weights(in.params, partial / "weights.safetensors");
   });
   all_or_none(in, failure, "write its files into " + partial.string());
+  const std::map<std::string, FileDigest> digests = gather_file_digests(in, partial, state_file);
   if (in.rank == 0) {
-    failure = attempt([&] { complete(in, step, meta_json(in, step, layout), partial); });
+    failure = attempt([&] { complete(in, step, meta_json(in, step, layout, digests), partial); });
     if (!failure.empty()) throw Error("checkpoint: " + failure, DDP_ERR_INVALID_ARGUMENT);
   }
   return (dir / checkpoint_name(step)).string();
@@ -354,10 +353,6 @@ Resumed resume_run(const Config& config, Model& model, Device& device, Optimizer
   const std::string path = resolve_checkpoint(config.checkpoint.dir, config.resume);
   refuse_foreign_checkpoints(config, path);
   const CheckpointMeta meta = read_checkpoint_meta(path);
-  if (meta.losses.size() != size_t(meta.step))
-    throw Error((fs::path(path) / kMeta).string() + ": " + std::to_string(meta.losses.size()) + " losses for " +
-                    std::to_string(meta.step) + " steps",
-                DDP_ERR_INVALID_ARGUMENT);
   const ResumeCheck check = compare_for_resume(meta.config, resume_items(config));
   if (!check.refused.empty()) throw ConfigError("--resume " + path + ": " + check.refused);
   if (meta.step > config.run.steps)
@@ -370,6 +365,7 @@ Resumed resume_run(const Config& config, Model& model, Device& device, Optimizer
   if (trainable != meta.trainable)
     throw ConfigError("--resume " + path + ": the parameters trainable after step " + std::to_string(meta.step) +
                       " differ from the checkpoint's");
+  verify_checkpoint_files(path, meta);  // before any tensor is read
   load_checkpoint(path, meta, model.params(), optimizer);
   return Resumed{path, meta.step, meta.losses, check.changed};
 }

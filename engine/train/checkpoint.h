@@ -11,7 +11,9 @@
 //                                        size and plugins, every config key,
 //                                        the trainable parameters, each
 //                                        parameter's state file and AdamW
-//                                        step count, the losses so far
+//                                        step count, the losses so far, every
+//                                        other file's size and digest, and
+//                                        its own digest (checkpoint_files.h)
 //   latest                               "step-00000010": moved last
 // A checkpoint is built in "step-00000010.partial" and renamed into place
 // once every file is written and synced; `latest` moves after the rename.
@@ -30,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "checksum.h"
 #include "config.h"
 #include "model.h"
 #include "optimizer.h"
@@ -37,7 +40,8 @@
 namespace ddp {
 
 struct CheckpointMeta {
-  int64_t step = 0;  // optimizer steps done
+  std::string format;  // "ddp-checkpoint 2"
+  int64_t step = 0;    // optimizer steps done
   int world_size = 1;
   std::string strategy, transport, optimizer;
   std::map<std::string, std::string> config;  // config_items() of the run
@@ -53,6 +57,7 @@ struct CheckpointMeta {
     std::vector<Piece> pieces;  // by offset (checkpoint_state.h); empty where whole
   };
   std::map<std::string, State> state;  // parameter name → its optimizer state
+  std::map<std::string, FileDigest> files;  // every other file: size and xxh3 (checkpoint_files.h)
 };
 
 std::string checkpoint_name(int64_t step);  // "step-00000010"
@@ -65,6 +70,8 @@ std::string latest_name(const std::string& dir);
 // Throws Error saying what is missing.
 std::string resolve_checkpoint(const std::string& dir, const std::string& given);
 
+// The checkpoint.json at `path`, its checksum and shape checked
+// (checkpoint_files.h); throws Error naming the file.
 CheckpointMeta read_checkpoint_meta(const std::string& path);
 
 // Whether a run configured as `now` may resume a checkpoint of `saved`:

@@ -1,0 +1,55 @@
+// checksum.cpp — see checksum.h.
+#include "checksum.h"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "error.h"
+
+namespace ddp {
+namespace {
+
+std::string hex(XXH64_hash_t h) {
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
+
+}  // namespace
+
+std::string xxh3_hex(const void* data, size_t size) { return hex(XXH3_64bits(data, size)); }
+
+FileDigest file_digest(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot read (" + std::strerror(errno) + ")", DDP_ERR_INVALID_ARGUMENT);
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), XXH3_freeState);
+  XXH3_64bits_reset(state.get());
+  std::vector<char> chunk(size_t(4) << 20);
+  FileDigest digest;
+  for (;;) {
+    const ssize_t n = ::read(fd, chunk.data(), chunk.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw Error(path + ": cannot read (" + std::strerror(err) + ")", DDP_ERR_INVALID_ARGUMENT);
+    }
+    if (n == 0) break;
+    XXH3_64bits_update(state.get(), chunk.data(), size_t(n));
+    digest.bytes += uint64_t(n);
+  }
+  ::close(fd);
+  digest.xxh3 = hex(XXH3_64bits_digest(state.get()));
+  return digest;
+}
+
+}  // namespace ddp

@@ -1,0 +1,139 @@
+// checkpoint_files.cpp — see checkpoint_files.h.
+#include "checkpoint_files.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "error.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kSealMarker = ",\n \"checksum\": \"";
+constexpr const char* kSealEnd = "\"\n}\n";
+constexpr size_t kHexDigits = 16;
+
+Error bad(const std::string& file, const std::string& why) {
+  return Error(file + ": " + why, DDP_ERR_INVALID_ARGUMENT);
+}
+
+bool is_hex(const std::string& s) {
+  return s.size() == kHexDigits && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+// A 64-bit number as two doubles (each half is exact), and back.
+void push_u64(std::vector<double>& out, uint64_t v) {
+  out.push_back(double(v >> 32));
+  out.push_back(double(v & 0xffffffffu));
+}
+uint64_t u64_at(const std::vector<double>& v, size_t i) { return (uint64_t(v[i]) << 32) | uint64_t(v[i + 1]); }
+
+}  // namespace
+
+bool checkpoint_file_name(std::string name) {
+  if (const size_t tmp = name.find(".tmp."); tmp != std::string::npos) name.resize(tmp);
+  if (name == "checkpoint.json" || name == "weights.safetensors") return true;
+  const std::string prefix = "optimizer-", suffix = ".safetensors";
+  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return false;
+  const std::string rank = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  return rank.size() <= 9 && rank.find_first_not_of("0123456789") == std::string::npos;
+}
+
+std::string seal_meta(const std::string& text) {
+  const size_t open = text.find_first_not_of(" \n"), close = text.find_last_not_of(" \n");
+  const size_t last = close == std::string::npos || close == 0 ? open : text.find_last_not_of(" \n", close - 1);
+  if (open == std::string::npos || text[open] != '{' || text[close] != '}' || last == open)
+    throw Error("checkpoint metadata to seal is not a JSON object with members", DDP_ERR_INTERNAL);
+  std::string out = text.substr(0, last + 1) + kSealMarker;
+  return out + xxh3_hex(out.data(), out.size()) + kSealEnd;
+}
+
+std::string unseal_meta(const std::string& text, const std::string& file) {
+  const std::string marker = kSealMarker;
+  const size_t at = text.rfind(marker);
+  if (at == std::string::npos)
+    throw bad(file, "no checksum at its end: cut short, edited, or written by a ddp before checksums "
+                    "(format \"ddp-checkpoint 2\")");
+  const size_t digits = at + marker.size();
+  if (text.size() != digits + kHexDigits + std::string(kSealEnd).size() ||
+      text.compare(digits + kHexDigits, std::string::npos, kSealEnd) != 0)
+    throw bad(file, "changed after it was written (something follows its checksum)");
+  const std::string recorded = text.substr(digits, kHexDigits), actual = xxh3_hex(text.data(), digits);
+  if (recorded != actual)
+    throw bad(file, "changed after it was written (its checksum says " + recorded + ", its contents hash to " +
+                        actual + ")");
+  return text;
+}
+
+std::map<std::string, FileDigest> gather_file_digests(const CheckpointInput& in, const fs::path& dir,
+                                                      const std::string& state_file) {
+  std::vector<double> mine;
+  FileDigest digest;
+  if (!state_file.empty()) digest = file_digest((dir / state_file).string());
+  mine.push_back(state_file.empty() ? 0.0 : 1.0);
+  push_u64(mine, digest.bytes);
+  push_u64(mine, digest.xxh3.empty() ? 0 : std::stoull(digest.xxh3, nullptr, 16));
+  std::vector<double> all(mine.size() * size_t(in.world));
+  in.all_gather(mine, all);
+  std::map<std::string, FileDigest> files;
+  if (in.rank != 0) return files;
+  files["weights.safetensors"] = file_digest((dir / "weights.safetensors").string());
+  for (int r = 0; r < in.world; ++r) {
+    const size_t at = mine.size() * size_t(r);
+    if (all[at] == 0.0) continue;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(u64_at(all, at + 3)));
+    files["optimizer-" + std::to_string(r) + ".safetensors"] = FileDigest{u64_at(all, at + 1), hex};
+  }
+  return files;
+}
+
+void check_meta_shape(const CheckpointMeta& meta, const std::string& file) {
+  if (meta.format != "ddp-checkpoint 2")
+    throw bad(file, "format \"" + meta.format + "\" is not \"ddp-checkpoint 2\", the one this ddp reads");
+  if (meta.step < 0) throw bad(file, "step " + std::to_string(meta.step) + " is negative");
+  if (meta.world_size < 1) throw bad(file, "world_size " + std::to_string(meta.world_size) + " is below 1");
+  if (meta.losses.size() != size_t(meta.step))
+    throw bad(file, std::to_string(meta.losses.size()) + " losses for " + std::to_string(meta.step) + " steps");
+  for (const auto& [name, digest] : meta.files)
+    if (!checkpoint_file_name(name) || name.find(".tmp.") != std::string::npos || name == "checkpoint.json" ||
+        !is_hex(digest.xxh3))
+      throw bad(file, "files: \"" + name + "\" is not a checkpoint file with a 16-digit xxh3");
+  if (!meta.files.count("weights.safetensors")) throw bad(file, "files: no weights.safetensors");
+  const auto listed = [&](const std::string& state_file, const std::string& param) {
+    if (!meta.files.count(state_file))
+      throw bad(file, "state of '" + param + "': file \"" + state_file + "\" is not among its files");
+  };
+  for (const auto& [param, state] : meta.state) {
+    if (state.pieces.empty()) listed(state.file, param);
+    for (const CheckpointMeta::Piece& piece : state.pieces) listed(piece.file, param);
+    const bool adamw = meta.optimizer == "adamw";
+    if (state.steps > meta.step || state.steps < (adamw ? 1 : 0))
+      throw bad(file, "state of '" + param + "': " + std::to_string(state.steps) + " steps, outside [" +
+                          (adamw ? "1" : "0") + ", " + std::to_string(meta.step) + "] at step " +
+                          std::to_string(meta.step));
+  }
+}
+
+void verify_checkpoint_files(const std::string& path, const CheckpointMeta& meta) {
+  for (const auto& [name, want] : meta.files) {
+    const std::string file = (fs::path(path) / name).string();
+    std::error_code ec;
+    if (fs::is_symlink(file, ec) || !fs::is_regular_file(file, ec))
+      throw bad(file, "missing, or not a regular file (checkpoint.json records it)");
+    const FileDigest got = file_digest(file);
+    if (got.bytes != want.bytes)
+      throw bad(file, std::to_string(got.bytes) + " bytes, but checkpoint.json records " +
+                          std::to_string(want.bytes) + ": cut short or changed after it was written");
+    if (got.xxh3 != want.xxh3)
+      throw bad(file, "changed after it was written (checkpoint.json records xxh3 " + want.xxh3 +
+                          ", its contents hash to " + got.xxh3 + ")");
+  }
+}
+
+}  // namespace ddp
