@@ -27,6 +27,7 @@
 #include "huge_pages.h"
 #include "checkpoint.h"
 #include "config.h"
+#include "fit_check.h"
 #include "launcher.h"
 #include "plan_command.h"
 #include "plugin_loader.h"
@@ -138,6 +139,10 @@ BlasChoice blas_choice(const Config& config) {
 // started again.
 int launch_run(const Config& config, const std::string& config_path, const std::vector<std::string>& overrides,
                bool trace) {
+  // A CPU run whose plan does not fit this host is refused before anything
+  // is measured or started: the BLAS probe below runs the model's GEMMs.
+  if (config.run.check_memory)
+    if (const std::string refusal = fit_refusal(config, host_memory()); !refusal.empty()) throw ConfigError(refusal);
   const BlasChoice blas = blas_choice(config);
   LaunchSpec spec;
   spec.world = config.run.world_size;

@@ -67,6 +67,9 @@ void check_product(std::initializer_list<int64_t> sizes) {
 // Throws Error for sizes no model can have: what the constructor refuses,
 // and sizes whose element counts would overflow.
 void check_sizes(const LmConfig& c) {
+  if (c.num_layers > kMaxLayers)
+    throw Error("lm: num_layers " + std::to_string(c.num_layers) + " is more than " + std::to_string(kMaxLayers) +
+                " layers (model.h's kMaxLayers)");
   if (c.ffn_only) {  // accounting only: its widths and depth
     if (c.d_model < 1 || c.d_ff < 1 || c.num_layers < 1)
       throw Error("lm: an FFN-only model needs d_model, d_ff and num_layers of at least 1");

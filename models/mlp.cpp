@@ -21,6 +21,9 @@ void check_sizes(const MlpConfig& config, int64_t rows) {
     throw Error("mlp: width and classes must be positive and depth non-negative (width " +
                 std::to_string(config.width) + ", depth " + std::to_string(config.depth) +
                 ", classes " + std::to_string(config.classes) + ")");
+  if (config.depth > kMaxLayers)
+    throw Error("mlp: depth " + std::to_string(config.depth) + " is more than " + std::to_string(kMaxLayers) +
+                " layers (model.h's kMaxLayers)");
   const double most = std::max(double(config.width) * double(config.width) * double(config.depth + 1),
                                double(rows) * double(config.width + config.classes) * double(config.depth + 3));
   if (most > double(int64_t{1} << 50))

@@ -75,6 +75,14 @@ struct ParamSize {
   int64_t elements = 0;
   std::vector<int64_t> shape;
 };
+
+// The most layers a model may have: more than any model trained (GPT-3 has
+// 96), few enough that a model's per-layer tables (names, shapes, units)
+// stay small. A config beyond it is refused before anything proportional to
+// its depth is built (`--set model.depth=100000000` once grew the launcher
+// to 8 GB, printing nothing).
+constexpr int64_t kMaxLayers = int64_t{1} << 16;
+
 struct Footprint {
   std::vector<ParamSize> params;       // table order
   int64_t setup_activation_bytes = 0;  // held from construction on (lm: RoPE tables)

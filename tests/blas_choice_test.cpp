@@ -4,6 +4,7 @@
 // runs `ddp run` for the choice itself: environment, key, cache.
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 
 #include "blas_choice.h"
@@ -50,6 +51,21 @@ TEST(BlasChoice, TheEnvironmentAndTheKeyWinWithoutMeasuring) {
   EXPECT_EQ(c.kernel, "Zen");
   EXPECT_EQ(c.source, "config");
   EXPECT_EQ(c.json()["source"], "config");
+}
+
+TEST(BlasChoice, AKernelThisCpuCannotRunNamesTheFeatureItLacks) {
+  const auto without = [](std::set<std::string> missing) {
+    return [missing](const std::string& f) { return !missing.count(f); };
+  };
+  EXPECT_EQ(missing_cpu_feature("SkylakeX", without({"avx512f"})), "avx512f");
+  EXPECT_EQ(missing_cpu_feature("skylakex", without({"avx512bw"})), "avx512bw") << "OpenBLAS reads it in any case";
+  EXPECT_EQ(missing_cpu_feature("Cooperlake", without({"avx512bf16"})), "avx512bf16");
+  EXPECT_EQ(missing_cpu_feature("Haswell", without({"fma"})), "fma");
+  EXPECT_EQ(missing_cpu_feature("Zen", without({"avx2"})), "avx2");
+  EXPECT_EQ(missing_cpu_feature("Sandybridge", without({"avx"})), "avx");
+  EXPECT_EQ(missing_cpu_feature("SkylakeX", without({"avx2"})), "") << "AVX-512 without a feature it does not check";
+  EXPECT_EQ(missing_cpu_feature("default", without({"avx", "avx2"})), "");
+  EXPECT_EQ(missing_cpu_feature("Haswell", without({})), "");
 }
 
 }  // namespace

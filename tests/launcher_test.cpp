@@ -319,6 +319,33 @@ TEST(Launcher, APluginThatCallsExitIsNamedWithItsEntryAndStep) {
   fs::remove_all(dir);
 }
 
+// A CPU run whose plan cannot fit this host (an mlp of 8 TB per rank) is
+// refused before anything runs; a model of absurd depth before anything
+// proportional to its depth is built.
+TEST(Launcher, ARunThatCannotFitThisHostIsRefusedBeforeAnyRankStarts) {
+  std::string dir = temp_dir();
+  const std::vector<std::string> huge = {"run", kRepo + "/configs/mlp.toml", "--set", "model.depth=60000", "--set",
+                                         "model.width=4096", "--set", "run.output_dir=\"" + dir + "/out\""};
+  Process p = start(huge, {}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  const std::string err = read_file(p.err);
+  EXPECT_EQ(err.rfind("ddp: error: " + kRepo + "/configs/mlp.toml: the run does not fit this host's memory: it needs "
+                      "16173.0 GB (8086.5 GB × 2 ranks), ", 0), 0u) << err;
+  EXPECT_NE(err.find(" available (MemAvailable); no smaller run.world_size fits either"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir + "/out"));
+  std::vector<std::string> plan = {"plan", kRepo + "/configs/mlp.toml", "--set", "model.depth=60000", "--set",
+                                   "model.width=4096"};
+  p = start(plan, {}, dir + "/plan");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 0) << read_file(p.err);
+  EXPECT_NE(read_file(p.out).find("\nFit: the run does not fit this host's memory: it needs 16173.0 GB"),
+            std::string::npos) << read_file(p.out);
+  p = start({"run", kRepo + "/configs/mlp.toml", "--set", "model.depth=100000000"}, {}, dir + "/deep");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  EXPECT_EQ(read_file(p.err), "ddp: error: " + kRepo + "/configs/mlp.toml: mlp: depth 100000000 is more than 65536 "
+                              "layers (model.h's kMaxLayers)\n");
+  fs::remove_all(dir);
+}
+
 TEST(Launcher, AFileStoreWhoseDirectoryCannotBeMadeIsNamed) {
   std::string dir = temp_dir();
   std::ofstream(dir + "/taken") << "";

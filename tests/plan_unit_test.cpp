@@ -13,6 +13,8 @@
 
 #include <toml++/toml.h>
 
+#include "config.h"
+#include "fit_check.h"
 #include "mesh.h"
 #include "plugin_loader.h"
 #include "plugin_section.h"
@@ -310,6 +312,66 @@ TEST(Mesh, Refusals) {
   } catch (const std::invalid_argument& e) {
     EXPECT_STREQ(e.what(), "unknown hardware 'a100' (known: h100-80gb, tpu-v5p)");
   }
+}
+
+}  // namespace
+}  // namespace ddp
+
+namespace ddp {
+namespace {
+
+// The fit check's pure parts (fit_check.h).
+TEST(FitCheck, HostMemoryIsMemAvailableOrTheCgroupsRoomWhereLower) {
+  const std::string meminfo = "MemTotal:       24683620 kB\nMemFree:  1 kB\nMemAvailable:   24012004 kB\n";
+  HostMemory h = host_memory_from(meminfo, "", "");
+  EXPECT_EQ(h.bytes, int64_t{24012004} * 1024);
+  EXPECT_EQ(h.source, "MemAvailable");
+  h = host_memory_from(meminfo, "8000000000\n", "1000000000\n");  // v2 or v1: 7 GB of room
+  EXPECT_EQ(h.bytes, 7000000000);
+  EXPECT_EQ(h.source, "the cgroup's limit less its usage");
+  EXPECT_EQ(host_memory_from(meminfo, "max\n", "1000\n").source, "MemAvailable");
+  EXPECT_EQ(host_memory_from(meminfo, "9223372036854771712\n", "1432920064\n").source, "MemAvailable")
+      << "cgroup v1's 'no limit'";
+  EXPECT_EQ(host_memory_from(meminfo, "1000\n", "5000\n").bytes, 0) << "usage over the limit: no room";
+  EXPECT_EQ(host_memory_from("", "", "").bytes, -1);
+}
+
+TEST(FitCheck, PeakIsTheMostOfTheThreeMoments) {
+  plan::RankMemory m;
+  m.after_setup[0] = 5;
+  m.before_optimizer_step = {};
+  m.before_optimizer_step[0] = 3, m.before_optimizer_step[1] = 4;
+  m.after_optimizer_step[2] = 6;
+  EXPECT_EQ(peak_bytes(m), 7);
+}
+
+TEST(FitCheck, TheShortfallSaysWhatItNeedsAndWhatIsAvailable) {
+  const HostMemory host{24400000000, "MemAvailable"};
+  EXPECT_EQ(fit_shortfall({16700000000, 16700000000}, host),
+            "needs 33.4 GB (16.7 GB × 2 ranks), 24.4 GB available (MemAvailable)");
+  EXPECT_EQ(fit_shortfall({12800000000, 12750000000}, host),
+            "needs 25.6 GB (2 ranks, up to 12.8 GB each), 24.4 GB available (MemAvailable)");
+  EXPECT_EQ(fit_shortfall({12000000000, 12000000000}, host), "");
+  EXPECT_EQ(fit_shortfall({24400000000}, host), "") << "exactly what is there fits";
+  EXPECT_EQ(fit_shortfall({30000000000}, HostMemory{}), "") << "unknown memory: not checked";
+}
+
+// The refusal for a config: lm `large` on 2 ranks (the numbers of
+// docs/running.md), on a host given its memory.
+TEST(FitCheck, ARefusalNamesTheLargestWorldSizeThatFits) {
+  const Config c = load_config(std::string(DDP_TEST_DATA_DIR) + "/../configs/lm-cpu.toml",
+                               {"model.preset=\"large\"", "data.batch_size=2", "run.world_size=2"});
+  EXPECT_EQ(fit_refusal(c, {24400000000, "MemAvailable"}),
+            c.file + ": the run does not fit this host's memory: it needs 33.4 GB (16.7 GB × 2 ranks), 24.4 GB "
+                     "available (MemAvailable); run.world_size = 1 needs 17.8 GB (run.check_memory = false runs it "
+                     "anyway)");
+  EXPECT_EQ(fit_refusal(c, {10000000000, "MemAvailable"}),
+            c.file + ": the run does not fit this host's memory: it needs 33.4 GB (16.7 GB × 2 ranks), 10.0 GB "
+                     "available (MemAvailable); no smaller run.world_size fits either: a strategy that shards more, "
+                     "or a smaller model (`ddp plan` prints what each part needs) (run.check_memory = false runs it "
+                     "anyway)");
+  EXPECT_EQ(fit_refusal(c, {34000000000, "MemAvailable"}), "");
+  EXPECT_EQ(fit_refusal(c, HostMemory{}), "") << "unknown memory: not checked";
 }
 
 }  // namespace

@@ -130,10 +130,51 @@ BlasChoice measure(const std::vector<GemmShape>& shapes, const std::string& exe,
 
 }  // namespace
 
+std::string missing_cpu_feature(const std::string& kernel, const std::function<bool(const std::string&)>& supports) {
+  // What OpenBLAS's own dispatch (driver/others/dynamic.c) checks for each.
+  static const std::pair<const char*, std::vector<std::string>> needs[] = {
+      {"sandybridge", {"avx"}},
+      {"haswell", {"avx2", "fma"}},
+      {"zen", {"avx2", "fma"}},
+      {"skylakex", {"avx512f", "avx512bw"}},
+      {"cooperlake", {"avx512f", "avx512bw", "avx512bf16"}}};
+  std::string name = kernel;
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  for (const auto& [k, features] : needs)
+    if (name == k)
+      for (const std::string& f : features)
+        if (!supports(f)) return f;
+  return "";
+}
+
+namespace {
+
+bool cpu_supports(const std::string& feature) {
+  __builtin_cpu_init();
+  if (feature == "avx") return __builtin_cpu_supports("avx");
+  if (feature == "avx2") return __builtin_cpu_supports("avx2");
+  if (feature == "fma") return __builtin_cpu_supports("fma");
+  if (feature == "avx512f") return __builtin_cpu_supports("avx512f");
+  if (feature == "avx512bw") return __builtin_cpu_supports("avx512bw");
+  return feature == "avx512bf16" && __builtin_cpu_supports("avx512bf16");
+}
+
+// A kernel given by the user, refused where this CPU cannot run it.
+BlasChoice given_kernel(const std::string& kernel, const std::string& source, const std::string& where) {
+  if (const std::string lacks = missing_cpu_feature(kernel, cpu_supports); !lacks.empty())
+    throw Error(where + " needs the CPU feature " + lacks + ", which this CPU lacks (its GEMMs would die of an "
+                "illegal instruction): remove it, or name a kernel this CPU runs",
+                DDP_ERR_INVALID_ARGUMENT);
+  return {kernel, source};
+}
+
+}  // namespace
+
 BlasChoice choose_blas_kernel(const std::string& setting, const std::vector<GemmShape>& shapes, const std::string& exe,
                               int threads) {
-  if (const char* env = std::getenv("OPENBLAS_CORETYPE"); env && *env) return {env, "environment"};
-  if (setting != "auto") return {setting, "config"};
+  if (const char* env = std::getenv("OPENBLAS_CORETYPE"); env && *env)
+    return given_kernel(env, "environment", std::string("OPENBLAS_CORETYPE=") + env + " in the environment");
+  if (setting != "auto") return given_kernel(setting, "config", "run.blas_kernel = \"" + setting + "\"");
   const std::string key = blas_machine_key(), model = format_shapes(shapes) + " on " + std::to_string(threads) +
                                                                       (threads == 1 ? " thread" : " threads");
   json cache = read_cache();

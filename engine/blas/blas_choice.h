@@ -18,6 +18,7 @@
 // on the most work, where there is one (apply_cached_blas_kernel).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,10 +35,17 @@ struct BlasChoice {
   nlohmann::json json() const;
 };
 
+// The CPU feature (a __builtin_cpu_supports name) that OpenBLAS's `kernel`
+// (any case) needs and `supports` says this CPU lacks; "" where it has them
+// all, or for a kernel it does not know ("default"). Its code would die of
+// SIGILL at the first GEMM. Pure.
+std::string missing_cpu_feature(const std::string& kernel, const std::function<bool(const std::string&)>& supports);
+
 // As above. `setting`: run.blas_kernel. `exe`: this program (for the
 // probes), `threads` the ranks' BLAS threads (run.threads), part of the
 // cache's key with the shapes. Throws Error if no candidate passes (a
-// broken OpenBLAS).
+// broken OpenBLAS), or if the kernel given (OPENBLAS_CORETYPE, or the
+// setting) needs a CPU feature this CPU lacks.
 BlasChoice choose_blas_kernel(const std::string& setting, const std::vector<GemmShape>& shapes,
                               const std::string& exe, int threads = 1);
 

@@ -240,6 +240,7 @@ RunConfig read_run(const Reader& r) {
   run.check_replicas_every = r.integer("run", "check_replicas_every", run.check_replicas_every, 0);
   run.debug_collectives = r.boolean("run", "debug_collectives", false);
   run.max_restarts = r.integer("run", "max_restarts", 0, 0, 1000);
+  run.check_memory = r.boolean("run", "check_memory", true);
 
   return run;
 }

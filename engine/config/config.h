@@ -56,6 +56,9 @@ struct RunConfig {
   bool debug_collectives = false;  // compare every collective across ranks before it runs
   // `ddp run` restarts a failed group from its latest checkpoint this many times.
   int64_t max_restarts = 0;
+  // `ddp run` refuses a CPU run whose plan does not fit this host's memory
+  // (engine/plan/fit_check.h).
+  bool check_memory = true;
 };
 
 // [checkpoint] (engine/train/checkpoint.h): every `every` steps (0: never)

@@ -23,6 +23,7 @@ const KeySpec kSchema[] = {
     {"run", "check_replicas_every", toml::node_type::integer, false},
     {"run", "debug_collectives", toml::node_type::boolean, false},
     {"run", "max_restarts", toml::node_type::integer, false},
+    {"run", "check_memory", toml::node_type::boolean, false},
     {"checkpoint", "every", toml::node_type::integer, false},
     {"checkpoint", "dir", toml::node_type::string, false},
     {"checkpoint", "keep", toml::node_type::integer, false},

@@ -16,6 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "config.h"
+#include "config_plan.h"
+#include "fit_check.h"
 #include "device.h"
 #include "error.h"
 #include "mesh.h"
@@ -30,56 +32,21 @@ namespace {
 using json = nlohmann::ordered_json;
 const char* const kMoments[] = {"after_setup", "before_optimizer_step", "after_optimizer_step"};
 
-// The plugins the run would load, loaded and checked as `ddp run` checks
-// them (keys against their declarations, the run's device against their
-// caps): strategy, then transport.
-std::pair<std::unique_ptr<LoadedPlugin>, std::unique_ptr<LoadedPlugin>> load_plugins(const Config& c) {
-  auto strategy = load_and_check(PluginKind::Strategy, c.strategy_plugin, c.strategy);
-  auto transport = load_and_check(PluginKind::Transport, c.transport_plugin, c.transport);
-  const std::pair<const char*, uint64_t> caps[] = {{"strategy", strategy->strategy()->caps},
-                                                   {"transport", transport->transport()->caps}};
-  for (const auto& [kind, bits] : caps)
-    if (!supports_device(bits, c.run.device))
-      throw ConfigError(c.file + ": " + kind + " plugin '" + (kind[0] == 's' ? c.strategy_plugin : c.transport_plugin) +
-                        "' does not run on run.device = \"" + (c.run.device == DDP_DEVICE_CUDA ? "cuda" : "cpu") +
-                        "\"");
-  return {std::move(strategy), std::move(transport)};
-}
-
-// The run's plan: the engine's part, and each rank's plugins' (their plan
-// entries, through plugin_plan.h).
-plan::RunPlan plan_of(const Config& c, const Footprint& model) {
-  const auto [strategy, transport] = load_plugins(c);
-  plan::RunInput in;
-  in.model = model;
-  in.world_size = c.run.world_size;
-  in.rows_per_rank = c.data.batch_size / c.run.world_size;
-  in.optimizer = c.optimizer.name;
-  in.momentum = c.optimizer.momentum;
-  plan::PlanRun run;
-  run.model = &in.model;
-  run.world = c.run.world_size;
-  run.device = c.run.device;
-  run.timeout_ms = int64_t(c.run.timeout_s * 1000);
-  run.micro_steps = int(c.run.grad_accum_steps);
-  run.clips = c.optimizer.clip_grad_norm > 0;
-  std::vector<plan::RankParts> parts;
-  for (int r = 0; r < c.run.world_size; ++r) {
-    plan::RankParts p;
-    try {
-      p.strategy = plan::plan_strategy(*strategy->strategy(), *transport->transport(), c.strategy, run, r);
-      p.transport = plan::plan_transport(*transport->transport(), c.transport, run, r, p.strategy.collectives);
-    } catch (const Error& e) {  // the plugin's words, in the config's file
-      throw Error(c.file + ": " + e.what(), e.status());
-    }
-    p.owns_optimizer = (strategy->strategy()->caps & DDP_CAP_OWNS_OPTIMIZER) != 0;
-    parts.push_back(std::move(p));
+// What `ddp run` would say of this host's memory (fit_check.h).
+json fit_json(const Config& c) {
+  const HostMemory host = host_memory();
+  json fit = {{"available_bytes", host.bytes}, {"source", host.source}};
+  if (c.run.device != DDP_DEVICE_CPU || host.bytes < 0) {
+    fit["verdict"] = c.run.device != DDP_DEVICE_CPU ? "not checked (a GPU run: the device's memory is its limit)"
+                                                    : "not checked (this host's available memory is unknown)";
+    return fit;
   }
-  // A plugin that plans reads its keys as it does when it starts: a key it
-  // did not read is refused here as `ddp run` would refuse it.
-  if (parts[0].strategy.planned) c.strategy.check_all_read("strategy", strategy->strategy()->name);
-  if (parts[0].transport.planned) c.transport.check_all_read("transport", transport->transport()->name);
-  return plan::plan_run(in, parts);
+  const std::string refusal = fit_refusal(c, host);
+  fit["fits"] = refusal.empty();
+  fit["verdict"] = refusal.empty() ? "fits this host (" + std::to_string(host.bytes / 1000000) + " MB available, " +
+                                         host.source + ")"
+                                   : refusal.substr(c.file.size() + 2);
+  return fit;
 }
 
 // o and w: from --overhead, else from the bench file's all_reduce fit at
@@ -353,12 +320,7 @@ void print_mesh(const json& m) {
 
 void plan_command(const PlanOptions& o) {
   const Config c = load_config(o.config_path, o.overrides);
-  Footprint f;
-  try {
-    f = model_footprint(c.model.name, c.model.options, c.data.batch_size / c.run.world_size, c.run.device);
-  } catch (const Error& e) {
-    throw Error(c.file + ": " + e.what());
-  }
+  const Footprint f = config_footprint(c);
   int64_t params = 0;
   for (const ParamSize& p : f.params) params += p.elements;
   json out = {{"config", o.config_path}, {"model", c.model.name}, {"parameters", params}};
@@ -367,10 +329,11 @@ void plan_command(const PlanOptions& o) {
       throw ConfigError(c.file + ": model.freeze / [[unfreeze]]: `ddp plan` plans runs that train every parameter");
     try {
       const strategy::OverheadFit fit = overhead_fit(o, c);  // its refusals first
-      out["run"] = run_json(c, plan_of(c, f), fit, busy_fit(o, c));
+      out["run"] = run_json(c, plan_config(c, f), fit, busy_fit(o, c));
       if (c.run.steps < 2)
         out["run"]["note"] = "run.steps < 2: the optimizer state, created by the first update, is not yet held "
                              "before the run's only optimizer step";
+      out["run"]["fit"] = fit_json(c);
     } catch (const std::invalid_argument& e) {
       throw Error(c.file + ": " + e.what());
     }
@@ -399,6 +362,7 @@ void plan_command(const PlanOptions& o) {
   if (out.contains("run")) print_run(out["run"]);
   if (out.contains("run") && out["run"].contains("note"))
     std::cout << "Note: " << out["run"]["note"].get<std::string>() << "\n";
+  if (out.contains("run")) std::cout << "Fit: " << out["run"]["fit"]["verdict"].get<std::string>() << "\n";
   if (out.contains("run") && out["run"].contains("unplanned"))
     for (const json& u : out["run"]["unplanned"]) std::cout << "Not planned: " << u.get<std::string>() << "\n";
   if (out.contains("mesh")) print_mesh(out["mesh"]);

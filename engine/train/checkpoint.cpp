@@ -36,7 +36,8 @@ bool may_change(const std::string& key) {
   static const std::set<std::string> run_keys = {
       "run.steps",     "run.world_size",           "run.timeout_s",         "run.output_dir",
       "run.log_every", "run.threads",              "run.device",            "run.share_gpus",
-      "run.check_finite", "run.check_replicas_every", "run.debug_collectives", "run.max_restarts"};
+      "run.check_finite", "run.check_replicas_every", "run.debug_collectives", "run.max_restarts",
+      "run.check_memory"};
   for (const char* section : {"strategy.", "transport.", "checkpoint."})
     if (key.rfind(section, 0) == 0) return true;
   // The weights come from the checkpoint: where they first came from no longer matters.

@@ -1,0 +1,24 @@
+// config_plan.h — a run's plan (run_plan.h) from its config, as `ddp run`
+// reads it: the model's footprint at the config's rows per rank, and each
+// rank's plugins' parts from their plan entries. What `ddp plan` prints and
+// what `ddp run` checks against this host's memory before any rank starts
+// (fit_check.h).
+#pragma once
+
+#include "config.h"
+#include "model.h"
+#include "run_plan.h"
+
+namespace ddp {
+
+// Loads the config's plugins and checks them as `ddp run` does (keys
+// against their declarations, the run's device against their caps). Throws
+// ConfigError / Error naming the config's file; std::invalid_argument for
+// what run_plan.h cannot plan.
+plan::RunPlan plan_config(const Config& c, const Footprint& model);
+
+// The model's footprint at the config's rows per rank; throws Error naming
+// the config's file.
+Footprint config_footprint(const Config& c);
+
+}  // namespace ddp
