@@ -113,6 +113,18 @@ std::string run_done_line(const std::string& output_dir) {
   return line.str();
 }
 
+// All or nothing: a failed attempt (a rank, or the trace's merge, ran out of
+// disk, say) leaves none of the outputs it wrote; outputs of earlier runs
+// it did not reach stay.
+void remove_outputs_since(const std::string& output_dir, std::filesystem::file_time_type began) {
+  for (const char* name : {"summary.json", "weights.safetensors", "trace.json"}) {
+    const std::filesystem::path file = std::filesystem::path(output_dir) / name;
+    std::error_code ec;
+    const auto written = std::filesystem::last_write_time(file, ec);
+    if (!ec && written >= began) std::filesystem::remove(file, ec);
+  }
+}
+
 // The GEMM kernel the ranks use (blas_choice.h), measured at the model's
 // GEMMs where it is not given; a GPU run or a model without a footprint
 // leaves OpenBLAS's own pick unless one is given.
@@ -180,8 +192,10 @@ int launch_run(const Config& config, const std::string& config_path, const std::
     spec.args = rank_args(config_path, overrides, resume);
     const std::string latest_before = latest_name(config.checkpoint.dir);
     LaunchOutcome outcome;
+    const auto began = std::filesystem::file_time_type::clock::now();
     const int code = launch_ranks(spec, &outcome);
     if (code == 0) std::cout << run_done_line(config.run.output_dir) << std::endl;
+    if (code != 0) remove_outputs_since(config.run.output_dir, began);
     if (code != 1 || outcome.bad_input) return code;
     if (attempt >= config.run.max_restarts) {
       if (attempt > 0) std::cerr << "ddp: no restart left (run.max_restarts = " << config.run.max_restarts << ")\n";

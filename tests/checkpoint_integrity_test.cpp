@@ -175,6 +175,22 @@ TEST_F(Integrity, ResealedEditsAreCheckedAgainstTheCheckpointsShape) {
   EXPECT_EQ(refused_after([](auto& j) { j["format"] = "ddp-checkpoint 1"; }),
             meta + ": format \"ddp-checkpoint 1\" is not \"ddp-checkpoint 2\", the one this ddp reads");
   EXPECT_EQ(refused_after([](auto& j) { j.erase("losses"); }).rfind(meta + ": not a checkpoint's metadata (", 0), 0u);
+  // The optimizer named twice must agree (AdamW's moments read as SGD's).
+  EXPECT_EQ(refused_after([](auto& j) {
+              j["optimizer"] = "sgd";
+              for (auto& [name, state] : j["state"].items()) state["steps"] = 0;
+            }),
+            meta + ": optimizer \"sgd\" is not its config's optimizer.name \"adamw\"");
+  // Numbers that are not whole, or out of range, are named, never truncated or wrapped.
+  const auto not_whole = [&](const std::function<void(nlohmann::ordered_json&)>& edit, const std::string& what) {
+    const std::string why = refused_after(edit);
+    EXPECT_EQ(why.rfind(meta + ": not a checkpoint's metadata (", 0), 0u) << why;
+    EXPECT_NE(why.find(what), std::string::npos) << why;
+  };
+  not_whole([](auto& j) { j["state"]["fc1.weight"]["steps"] = 1.9; }, "'steps' is 1.9, not a whole number");
+  not_whole([](auto& j) { j["step"] = 1e30; }, "'step' is 1e+30, not a whole number");
+  not_whole([](auto& j) { j["step"] = 18446744073709551615ull; }, "'step' is 18446744073709551615, not");
+  not_whole([](auto& j) { j["state"]["fc1.weight"]["pieces"][0]["offset"] = -1; }, "'offset' is -1, not");
 }
 
 TEST(SealMeta, TheDigestCoversEveryByteBeforeIt) {

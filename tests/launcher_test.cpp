@@ -346,6 +346,21 @@ TEST(Launcher, ARunThatCannotFitThisHostIsRefusedBeforeAnyRankStarts) {
   fs::remove_all(dir);
 }
 
+// A kernel name OpenBLAS does not know would leave its own pick, recorded as
+// the one asked for.
+TEST(Launcher, AnOpenBlasCoretypeItDoesNotKnowIsRefused) {
+  std::string dir = temp_dir();
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\""},
+                    {"OPENBLAS_CORETYPE=Haswel"}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  const std::string err = read_file(p.err);
+  EXPECT_EQ(err.rfind("ddp: error: OPENBLAS_CORETYPE=Haswel in the environment is not a kernel this OpenBLAS (", 0), 0u)
+      << err;
+  EXPECT_NE(err.find(") knows: it loaded "), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir + "/out"));
+  fs::remove_all(dir);
+}
+
 TEST(Launcher, AFileStoreWhoseDirectoryCannotBeMadeIsNamed) {
   std::string dir = temp_dir();
   std::ofstream(dir + "/taken") << "";
@@ -804,6 +819,44 @@ TEST(Launcher, AFullDiskUnderTheFileStoreIsNamed) {
   const std::string err = read_file(dir + "/err0") + read_file(dir + "/err1");
   EXPECT_NE(err.find(": cannot write file (No space left on device)"), std::string::npos) << err;
   EXPECT_EQ(read_file(dir + "/listing"), "fill\n") << "left in the store";
+  fs::remove_all(dir);
+}
+
+// Out of disk under run.output_dir with --trace: whether a rank's trace or
+// the weights cannot be written, the run fails naming the disk and leaves
+// none of its outputs; so does a merged trace.json that cannot be written.
+TEST(Launcher, AFailedRunLeavesNoneOfItsOutputs) {
+  if (geteuid() != 0 || system("unshare -m true 2>/dev/null") != 0) GTEST_SKIP() << "needs root for unshare -m";
+  const std::pair<const char*, const char*> cases[] = {
+      {"48k", "configs/toy.toml"},  // a rank's trace
+      {"1800k", "configs/mlp.toml --set run.steps=2 --set model.width=256"},  // the weights (2.4 MB)
+  };
+  for (const auto& [size, config] : cases) {
+    std::string dir = temp_dir();
+    fs::create_directories(dir + "/out");
+    std::ofstream script(dir + "/run.sh");
+    script << "mount -t tmpfs -o size=" << size << " tmpfs " << dir << "/out || exit 99\n"
+           << "cd " << kRepo << " && " << kDdp << " run " << config << " --trace --set 'run.output_dir=\"" << dir
+           << "/out\"' > " << dir << "/stdout 2> " << dir << "/err\n"
+           << "echo $? > " << dir << "/code\nls -A " << dir << "/out > " << dir << "/listing\n";
+    script.close();
+    const int status = system(("unshare -m sh " + dir + "/run.sh").c_str());
+    ASSERT_TRUE(WIFEXITED(status));
+    ASSERT_NE(WEXITSTATUS(status), 99) << "could not mount a tmpfs";
+    const std::string err = read_file(dir + "/err");
+    EXPECT_EQ(read_file(dir + "/code"), "1\n") << size << ": " << err;
+    EXPECT_NE(err.find(": cannot write file (No space left on device)"), std::string::npos) << size << ": " << err;
+    EXPECT_EQ(read_file(dir + "/listing"), "") << size << ": " << err;
+    fs::remove_all(dir);
+  }
+  std::string dir = temp_dir();
+  fs::create_directories(dir + "/out/trace.json");  // in the way of the merged trace
+  Process p = start({"run", kRepo + "/configs/toy.toml", "--trace", "--set", "run.output_dir=\"" + dir + "/out\""}, {},
+                    dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  EXPECT_NE(read_file(p.err).find("trace.json"), std::string::npos) << read_file(p.err);
+  EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
+  EXPECT_FALSE(fs::exists(dir + "/out/weights.safetensors"));
   fs::remove_all(dir);
 }
 

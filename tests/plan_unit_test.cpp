@@ -368,7 +368,7 @@ TEST(FitCheck, ARefusalNamesTheLargestWorldSizeThatFits) {
   EXPECT_EQ(fit_refusal(c, {10000000000, "MemAvailable"}),
             c.file + ": the run does not fit this host's memory: it needs 33.4 GB (16.7 GB × 2 ranks), 10.0 GB "
                      "available (MemAvailable); no smaller run.world_size fits either: a strategy that shards more, "
-                     "or a smaller model (`ddp plan` prints what each part needs) (run.check_memory = false runs it "
+                     "or a smaller model (run.check_memory = false runs it "
                      "anyway)");
   EXPECT_EQ(fit_refusal(c, {34000000000, "MemAvailable"}), "");
   EXPECT_EQ(fit_refusal(c, HostMemory{}), "") << "unknown memory: not checked";

@@ -25,6 +25,7 @@ Needs Debian's python3-torch and python3-xxhash.
 """
 import argparse
 import json
+import re
 import os
 import sys
 
@@ -103,7 +104,8 @@ def read_meta(path):
         fail(f"{name}: its checksum does not hold: changed after it was written")
     meta = json.loads(text)
     for file, want in meta["files"].items():
-        if os.path.basename(file) != file or file_digest(os.path.join(path, file)) != want:
+        if not re.fullmatch(r"weights\.safetensors|optimizer-[0-9]{1,9}\.safetensors", file) or \
+                not os.path.isfile(os.path.join(path, file)) or file_digest(os.path.join(path, file)) != want:
             fail(f"{os.path.join(path, file)}: not the file checkpoint.json records (size or xxh3)")
     return meta
 
@@ -112,6 +114,9 @@ def read_checkpoint(path):
     meta = read_meta(path)
     weights, _ = read_safetensors(os.path.join(path, "weights.safetensors"))
     files = {}
+    if any("pieces" in s for s in meta["state"].values()):
+        fail(f"{path}: optimizer state in pieces (sharded stage 2) is not exported: resume it with ddp under another "
+             "strategy or stage, checkpoint, and export that")
     for s in meta["state"].values():
         if s["file"] not in files:
             files[s["file"]], _ = read_safetensors(os.path.join(path, s["file"]))

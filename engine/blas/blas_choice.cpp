@@ -172,8 +172,20 @@ BlasChoice given_kernel(const std::string& kernel, const std::string& source, co
 
 BlasChoice choose_blas_kernel(const std::string& setting, const std::vector<GemmShape>& shapes, const std::string& exe,
                               int threads) {
-  if (const char* env = std::getenv("OPENBLAS_CORETYPE"); env && *env)
-    return given_kernel(env, "environment", std::string("OPENBLAS_CORETYPE=") + env + " in the environment");
+  if (const char* env = std::getenv("OPENBLAS_CORETYPE"); env && *env) {
+    const std::string where = std::string("OPENBLAS_CORETYPE=") + env + " in the environment";
+    BlasChoice given = given_kernel(env, "environment", where);
+    // This process's OpenBLAS read the variable as it loaded: a name it does
+    // not know (a typo) leaves its own pick, which the ranks would get too.
+    std::string wanted = env, loaded = layers::blas_kernel_loaded();
+    for (std::string* s : {&wanted, &loaded})
+      std::transform(s->begin(), s->end(), s->begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    if (wanted != loaded)
+      throw Error(where + " is not a kernel this OpenBLAS (" + layers::blas_build() + ") knows: it loaded " +
+                      layers::blas_kernel_loaded() + " instead; name one it has, or unset it",
+                  DDP_ERR_INVALID_ARGUMENT);
+    return given;
+  }
   if (setting != "auto") return given_kernel(setting, "config", "run.blas_kernel = \"" + setting + "\"");
   const std::string key = blas_machine_key(), model = format_shapes(shapes) + " on " + std::to_string(threads) +
                                                                       (threads == 1 ? " thread" : " threads");

@@ -22,6 +22,9 @@ int64_t bus_bytes(const char* op, int64_t buffer_bytes, int world) {
 namespace {
 
 thread_local std::string t_plugin_error;
+// The text of the host entry that last failed on this thread, until the
+// plugin's own error (which that failure usually caused) takes it along.
+thread_local std::string t_host_cause;
 
 Stream* to_stream(ddp_stream s) { return reinterpret_cast<Stream*>(s); }
 ddp_stream from_stream(Stream& s) { return reinterpret_cast<ddp_stream>(&s); }
@@ -32,6 +35,7 @@ Event* to_event(ddp_event e) { return reinterpret_cast<Event*>(e); }
 std::string take_plugin_error() {
   std::string text = std::move(t_plugin_error);
   t_plugin_error.clear();
+  t_host_cause.clear();
   return text.empty() ? "failed without an error message" : text;
 }
 
@@ -66,7 +70,16 @@ struct HostCallbacks {
     std::fprintf(stderr, "[rank %d] %s: %s: %s\n", svc(ctx).rank.rank, self(ctx).label_.c_str(),
                  kLevels[level < 0 || level > 3 ? 1 : level], message);
   }
-  static void set_error(void*, const char* message) { t_plugin_error = message ? message : ""; }
+  // A plugin's error keeps the cause a host entry gave it, where the
+  // plugin's words do not already hold it ("store set 'rank_1' failed" alone
+  // would hide "No space left on device").
+  static void set_error(void*, const char* message) {
+    t_plugin_error = message ? message : "";
+    if (!t_host_cause.empty() && t_plugin_error.find(t_host_cause) == std::string::npos)
+      t_plugin_error += " (" + t_host_cause + ")";
+    t_host_cause.clear();
+  }
+  static void set_host_error(void*, const char* message) { t_plugin_error = t_host_cause = message ? message : ""; }
 
   static ddp_status config_int(void* ctx, const char* key, int64_t fallback, int64_t* out) {
     return host_guard([&] { *out = self(ctx).section_.get_int(key, fallback); });
@@ -371,7 +384,7 @@ const ddp_host* engine_error_sink() {
     ddp_host h{};
     h.abi_version = DDP_ABI_VERSION;
     h.struct_size = sizeof(ddp_host);
-    h.set_error = HostCallbacks::set_error;
+    h.set_error = HostCallbacks::set_host_error;
     return h;
   }();
   return &sink;

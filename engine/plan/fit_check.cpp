@@ -98,10 +98,11 @@ std::string fit_refusal(const Config& c, const HostMemory& host) {
   if (c.run.device != DDP_DEVICE_CPU || host.bytes < 0 || !model || !model->footprint) return "";
   const std::string shortfall = fit_shortfall(peaks_of(c), host);
   if (shortfall.empty()) return "";
-  std::string instead = "; no smaller run.world_size fits either: a strategy that shards more, or a smaller model "
-                        "(`ddp plan` prints what each part needs)";
-  for (int w = c.run.world_size - 1; w >= 1; --w) {
+  std::string instead = "; no smaller run.world_size fits either: a strategy that shards more, or a smaller model";
+  // The largest few world sizes below (each plan costs time in its ranks).
+  for (int w = c.run.world_size - 1, tried = 0; w >= 1 && tried < 8; --w) {
     if (c.data.batch_size % w != 0) continue;
+    ++tried;
     Config fewer = c;
     fewer.run.world_size = w;
     const std::vector<int64_t> peaks = peaks_of(fewer);

@@ -41,8 +41,8 @@ std::string fit_shortfall(const std::vector<int64_t>& peaks, const HostMemory& h
 // The check for a config whose ranks all run on this host: "" where it fits
 // (or the host's memory is unknown, the run is not on the CPU, or its model
 // has no footprint to plan); else the
-// refusal, naming the largest smaller run.world_size that fits, or saying
-// that none does. Throws what config_plan.h throws.
+// refusal, naming the largest smaller run.world_size that fits (of the 8
+// largest that divide the batch), or saying that none does. Throws what config_plan.h throws.
 std::string fit_refusal(const Config& c, const HostMemory& host);
 
 }  // namespace ddp

@@ -176,6 +176,21 @@ std::string resolve_checkpoint(const std::string& dir, const std::string& given)
   return path.string();
 }
 
+namespace {
+
+// A whole number of checkpoint.json, in range: nlohmann's get<> would
+// truncate 1.9 and wrap 1e30 or -1 without a word.
+int64_t whole(const json& j, const char* key, int64_t least) {
+  const json& v = j.at(key);
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) ||
+      v.get<int64_t>() < least)
+    throw json::other_error::create(501, std::string("'") + key + "' is " + v.dump() + ", not a whole number of at least " +
+                                             std::to_string(least), &v);
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
 CheckpointMeta read_checkpoint_meta(const std::string& path) {
   const std::string file = (fs::path(path) / kMeta).string();
   std::ifstream in(file, std::ios::binary);
@@ -185,8 +200,8 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   try {
     const json j = json::parse(text);
     m.format = j.at("format").get<std::string>();
-    m.step = j.at("step").get<int64_t>();
-    m.world_size = j.at("world_size").get<int>();
+    m.step = whole(j, "step", 0);
+    m.world_size = int(std::min<int64_t>(whole(j, "world_size", 1), INT32_MAX));
     m.strategy = j.at("strategy").get<std::string>();
     m.transport = j.at("transport").get<std::string>();
     m.optimizer = j.at("optimizer").get<std::string>();
@@ -195,13 +210,13 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
     m.losses = j.at("losses").get<std::vector<double>>();
     for (const auto& [name, s] : j.at("state").items()) {
       CheckpointMeta::State& state = m.state[name];
-      state.steps = s.at("steps").get<int64_t>();
+      state.steps = whole(s, "steps", 0);
       if (!s.contains("pieces")) {
         state.file = s.at("file").get<std::string>();
         continue;
       }
       for (const auto& p : s.at("pieces"))
-        state.pieces.push_back({p.at("file").get<std::string>(), p.at("offset").get<size_t>(), p.at("count").get<size_t>()});
+        state.pieces.push_back({p.at("file").get<std::string>(), size_t(whole(p, "offset", 0)), size_t(whole(p, "count", 1))});
     }
     for (const auto& [name, f] : j.at("files").items())
       m.files[name] = FileDigest{f.at("bytes").get<uint64_t>(), f.at("xxh3").get<std::string>()};

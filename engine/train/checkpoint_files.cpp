@@ -98,6 +98,9 @@ void check_meta_shape(const CheckpointMeta& meta, const std::string& file) {
     throw bad(file, "format \"" + meta.format + "\" is not \"ddp-checkpoint 2\", the one this ddp reads");
   if (meta.step < 0) throw bad(file, "step " + std::to_string(meta.step) + " is negative");
   if (meta.world_size < 1) throw bad(file, "world_size " + std::to_string(meta.world_size) + " is below 1");
+  const auto named = meta.config.find("optimizer.name");
+  if (named != meta.config.end() && named->second != meta.optimizer)
+    throw bad(file, "optimizer \"" + meta.optimizer + "\" is not its config's optimizer.name \"" + named->second + "\"");
   if (meta.losses.size() != size_t(meta.step))
     throw bad(file, std::to_string(meta.losses.size()) + " losses for " + std::to_string(meta.step) + " steps");
   for (const auto& [name, digest] : meta.files)

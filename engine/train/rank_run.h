@@ -93,7 +93,8 @@ class RankRun {
   // Every rank's totals to every rank; rank 0 writes weights and summary;
   // each rank its trace.
   void finish_run();
-  void write_outputs(const std::vector<double>& all);
+  void write_outputs(const std::vector<double>& all);  // weights.safetensors, then summary.json
+  void write_summary(const std::vector<double>& all);
   void stop_plugins();
 
   // What the run is given.

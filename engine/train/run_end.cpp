@@ -99,13 +99,15 @@ void RankRun::finish_run() {
     mine.peaks[c] = std::max({mem_after_setup_[c], mem_before_optimizer_[c], mem_after_optimizer_[c]});
   for (const StepRecord& r : records_) mine.comm_blocked_s += r.comm_blocked_s, mine.comm_busy_s += r.comm_busy_s;
   mine.collective_sequence = services_.counters.sequence_hash.load() >> 12;
+  // The trace first: a rank that cannot write it fails before rank 0, which
+  // waits for it in the gather below, writes any output.
+  if (!trace_path_.empty()) timeline_->write(trace_path_);
   std::vector<double> all(RankTotals::kDoubles * env_.rank.world_size);
   plugins_->all_gather(mine.to_doubles(), all);
   // Every rank has passed its last read of the store (it is in this gather).
   const std::string left = store_->remove_written();
   if (!left.empty()) std::fprintf(stderr, "[rank %d] warning: %s\n", env_.rank.rank, left.c_str());
   if (env_.rank.rank == 0) write_outputs(all);
-  if (!trace_path_.empty()) timeline_->write(trace_path_);
 }
 
 void RankRun::write_outputs(const std::vector<double>& all) {
@@ -117,7 +119,19 @@ void RankRun::write_outputs(const std::vector<double>& all) {
     const float* values = device_->kind() == DDP_DEVICE_CPU ? p.data.data() : host.emplace_back(p.data.to_host()).data();
     weights.push_back({p.name, p.shape, values});
   }
-  write_safetensors((fs::path(config_.run.output_dir) / "weights.safetensors").string(), weights);
+  const std::string weights_path = (fs::path(config_.run.output_dir) / "weights.safetensors").string();
+  write_safetensors(weights_path, weights);
+  try {
+    write_summary(all);
+  } catch (...) {  // all or nothing: summary.json, written last, says the outputs are whole
+    std::error_code ignored;
+    fs::remove(weights_path, ignored);
+    throw;
+  }
+}
+
+void RankRun::write_summary(const std::vector<double>& all) {
+  namespace fs = std::filesystem;
 
   std::vector<RankTotals> ranks;
   for (int r = 0; r < env_.rank.world_size; ++r) ranks.push_back(RankTotals::from_doubles(&all[r * RankTotals::kDoubles]));
