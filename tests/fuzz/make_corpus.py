@@ -66,3 +66,40 @@ for context, count in [(4, 5), (8, 64), (16, 17), (31, 200)]:
     put("tokens", f"ctx{context}-n{count}", bytes([context - 1]) + struct.pack(f"<{count}H", *ids))
 put("tokens", "over-vocab", bytes([3]) + struct.pack("<8H", 1, 2, 3, 299, 300, 65535, 0, 4))
 put("tokens", "odd", bytes([1]) + b"\x01\x00\x02")
+
+# The plugin-file check: ELF64 headers whose program and section headers
+# describe what the file holds, or more.
+def elf(size, phdrs, shoff=0, shnum=0):
+    ident = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)
+    header = ident + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 64, shoff, 0, 64, 56, len(phdrs), 64, shnum, 0)
+    body = header + b"".join(struct.pack("<IIQQQQQQ", 1, 5, off, 0, 0, filesz, filesz, 4096) for off, filesz in phdrs)
+    return body + bytes(max(0, size - len(body)))
+
+
+put("plugin_file", "whole", elf(512, [(0, 512)]))
+put("plugin_file", "segment-beyond", elf(512, [(0, 512), (256, 4096)]))
+put("plugin_file", "sections-beyond", elf(512, [(0, 512)], shoff=4096, shnum=3))
+put("plugin_file", "not-elf", b"#!/bin/sh\necho not a library\n")
+put("plugin_file", "header-only", elf(64, [])[:40])
+
+# The rendezvous endpoints: environments as NAME=value lines.
+for name, env in [("redis", "DDP_RENDEZVOUS=redis:127.0.0.1:6379"), ("file", "DDP_RENDEZVOUS=file:/tmp/x"),
+                  ("master", "MASTER_ADDR=10.0.0.1\nMASTER_PORT=29500"), ("bad-port", "MASTER_ADDR=h\nMASTER_PORT=0x10"),
+                  ("pmix", "PMIX_NAMESPACE=ns\nOMPI_COMM_WORLD_LOCAL_SIZE=2\nOMPI_COMM_WORLD_SIZE=2"),
+                  ("redis-no-port", "DDP_RENDEZVOUS=redis:host:")]:
+    put("endpoints", name, env)
+
+# checkpoint.json: first byte odd = seal the rest first (checkpoint_fuzz.cpp).
+meta = {"format": "ddp-checkpoint 2", "step": 2, "world_size": 2, "strategy": "sharded", "transport": "gloo",
+        "optimizer": "adamw", "trainable": ["fc1.weight"], "losses": [0.7, 0.6],
+        "state": {"fc1.weight": {"steps": 2, "pieces": [{"file": "optimizer-0.safetensors", "offset": 0, "count": 4},
+                                                         {"file": "optimizer-1.safetensors", "offset": 4, "count": 4}]}},
+        "config": {"optimizer.name": "adamw"},
+        "files": {"weights.safetensors": {"bytes": 10, "xxh3": "0123456789abcdef"},
+                  "optimizer-0.safetensors": {"bytes": 10, "xxh3": "0123456789abcdef"},
+                  "optimizer-1.safetensors": {"bytes": 10, "xxh3": "0123456789abcdef"}}}
+put("checkpoint", "sealed", b"\x01" + json.dumps(meta, indent=1).encode())
+put("checkpoint", "raw", b"\x00" + json.dumps(meta, indent=1).encode() + b',\n "checksum": "0000000000000000"\n}\n')
+meta["step"] = 1.5
+put("checkpoint", "fraction", b"\x01" + json.dumps(meta, indent=1).encode())
+
