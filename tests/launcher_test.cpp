@@ -245,7 +245,8 @@ TEST(Launcher, RankWhosePeersNeverJoinFailsWithinTimeout) {
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - started).count(), 2 + 3.0);
   EXPECT_EQ(read_file(p.err),
             "ddp: rank 0: error: transport plugin 'gloo': init: gloo rendezvous: no answer from the other ranks "
-            "within 2000 ms (is every rank started, with the same rendezvous?)\n");
+            "within 2000 ms (is every rank started, with the same rendezvous?) (rendezvous store: timed out after "
+            "2000 ms waiting for other ranks: no key '1' yet)\n");
   fs::remove_all(dir);
 }
 
