@@ -134,7 +134,11 @@ BlasChoice blas_choice(const Config& config) {
   std::vector<GemmShape> shapes;
   if (model && model->footprint) {
     const int64_t rows = config.data.batch_size / config.run.world_size;
-    shapes = model_gemm_shapes(model->footprint(config.model.options, rows, config.run.device), rows);
+    try {
+      shapes = model_gemm_shapes(model->footprint(config.model.options, rows, config.run.device), rows);
+    } catch (const Error& e) {  // the model's refusal of its sizes, in the config's file
+      throw Error(config.file + ": " + e.what(), e.status());
+    }
   } else if (config.run.blas_kernel == "auto" && !std::getenv("OPENBLAS_CORETYPE")) {
     return {"default", "model without GEMM shapes"};
   }

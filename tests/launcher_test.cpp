@@ -344,6 +344,12 @@ TEST(Launcher, ARunThatCannotFitThisHostIsRefusedBeforeAnyRankStarts) {
   EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
   EXPECT_EQ(read_file(p.err), "ddp: error: " + kRepo + "/configs/mlp.toml: mlp: depth 100000000 is more than 65536 "
                               "layers (model.h's kMaxLayers)\n");
+  p = start({"run", kRepo + "/configs/mlp.toml", "--set", "model.depth=100000000", "--set", "run.check_memory=false"},
+            {}, dir + "/unchecked");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  EXPECT_EQ(read_file(p.err), "ddp: error: " + kRepo + "/configs/mlp.toml: mlp: depth 100000000 is more than 65536 "
+                              "layers (model.h's kMaxLayers)\n")
+      << "the same words without the fit check";
   fs::remove_all(dir);
 }
 
