@@ -39,16 +39,9 @@ std::string toml() {
          "[transport]\nplugin = \"gloo\"\n[strategy]\nplugin = \"sharded\"\nstage = 2\nbucket_mb = 0.0001\n";
 }
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/ddp-integrity-test-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+// A directory for one test's checkpoints, removed at the end.
+struct TempDir : harness::TempDir {
+  TempDir() : harness::TempDir("ddp-integrity-test") {}
 };
 
 std::vector<std::string> checkpointing(const std::string& dir) {

@@ -59,16 +59,8 @@ std::string toml(const Strategy& s, const std::string& optimizer) {
 }
 
 // A directory for one test's checkpoints, removed at the end.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/ddp-checkpoint-test-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TempDir : harness::TempDir {
+  TempDir() : harness::TempDir("ddp-checkpoint-test") {}
 };
 
 std::vector<std::string> checkpointing(const std::string& dir) {

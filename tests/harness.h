@@ -23,6 +23,21 @@
 namespace ddp {
 namespace harness {
 
+// A directory for one test's files, removed at the end.
+struct TempDir {
+  std::string path;
+  explicit TempDir(const std::string& prefix = "ddp-test") {
+    std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
+    path = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
 // step → parameter → values
 using Weights = std::vector<std::vector<float>>;
 using Snapshots = std::map<int64_t, Weights>;
