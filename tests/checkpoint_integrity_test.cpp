@@ -209,6 +209,14 @@ TEST(SealMeta, TheDigestCoversEveryByteBeforeIt) {
   }
 }
 
+TEST(Checksum, DigestsAreSixteenHexDigitsBothWays) {
+  EXPECT_EQ(digest_hex(0), "0000000000000000");
+  EXPECT_EQ(digest_hex(0xfedcba9876543210ull), "fedcba9876543210");
+  EXPECT_EQ(digest_bits("fedcba9876543210"), 0xfedcba9876543210ull);
+  EXPECT_EQ(digest_bits(""), 0u);
+  EXPECT_EQ(xxh3_hex("abc", 3), "78af5f94892f3950") << "the XXH3-64 Python's xxhash gives";
+}
+
 TEST(CheckpointFileName, OnlyTheFilesACheckpointWrites) {
   for (const char* ok : {"checkpoint.json", "weights.safetensors", "optimizer-0.safetensors",
                          "optimizer-12.safetensors", "weights.safetensors.tmp.12.3"})

@@ -130,6 +130,16 @@ BlasChoice measure(const std::vector<GemmShape>& shapes, const std::string& exe,
 
 }  // namespace
 
+namespace {
+
+// OpenBLAS reads kernel names in any case.
+std::string lowercase(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  return s;
+}
+
+}  // namespace
+
 std::string missing_cpu_feature(const std::string& kernel, const std::function<bool(const std::string&)>& supports) {
   // What OpenBLAS's own dispatch (driver/others/dynamic.c) checks for each.
   static const std::pair<const char*, std::vector<std::string>> needs[] = {
@@ -138,8 +148,7 @@ std::string missing_cpu_feature(const std::string& kernel, const std::function<b
       {"zen", {"avx2", "fma"}},
       {"skylakex", {"avx512f", "avx512bw"}},
       {"cooperlake", {"avx512f", "avx512bw", "avx512bf16"}}};
-  std::string name = kernel;
-  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  const std::string name = lowercase(kernel);
   for (const auto& [k, features] : needs)
     if (name == k)
       for (const std::string& f : features)
@@ -177,10 +186,7 @@ BlasChoice choose_blas_kernel(const std::string& setting, const std::vector<Gemm
     BlasChoice given = given_kernel(env, "environment", where);
     // This process's OpenBLAS read the variable as it loaded: a name it does
     // not know (a typo) leaves its own pick, which the ranks would get too.
-    std::string wanted = env, loaded = layers::blas_kernel_loaded();
-    for (std::string* s : {&wanted, &loaded})
-      std::transform(s->begin(), s->end(), s->begin(), [](unsigned char c) { return char(std::tolower(c)); });
-    if (wanted != loaded)
+    if (lowercase(env) != lowercase(layers::blas_kernel_loaded()))
       throw Error(where + " is not a kernel this OpenBLAS (" + layers::blas_build() + ") knows: it loaded " +
                       layers::blas_kernel_loaded() + " instead; name one it has, or unset it",
                   DDP_ERR_INVALID_ARGUMENT);

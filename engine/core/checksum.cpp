@@ -17,17 +17,16 @@
 #include "error.h"
 
 namespace ddp {
-namespace {
 
-std::string hex(XXH64_hash_t h) {
+std::string digest_hex(uint64_t digest) {
   char out[17];
-  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(digest));
   return out;
 }
 
-}  // namespace
+uint64_t digest_bits(const std::string& hex) { return hex.empty() ? 0 : std::stoull(hex, nullptr, 16); }
 
-std::string xxh3_hex(const void* data, size_t size) { return hex(XXH3_64bits(data, size)); }
+std::string xxh3_hex(const void* data, size_t size) { return digest_hex(XXH3_64bits(data, size)); }
 
 FileDigest file_digest(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -54,7 +53,7 @@ FileDigest file_digest(const std::string& path) {
     digest.bytes += uint64_t(n);
   }
   ::close(fd);
-  digest.xxh3 = hex(XXH3_64bits_digest(state.get()));
+  digest.xxh3 = digest_hex(XXH3_64bits_digest(state.get()));
   return digest;
 }
 

@@ -13,6 +13,9 @@ namespace ddp {
 
 // The digest of `size` bytes at `data`. Pure.
 std::string xxh3_hex(const void* data, size_t size);
+// A digest's 64 bits as its 16 hex digits, and back (what gathers carry). Pure.
+std::string digest_hex(uint64_t digest);
+uint64_t digest_bits(const std::string& hex);
 
 struct FileDigest {
   uint64_t bytes = 0;

@@ -29,10 +29,10 @@ std::pair<std::unique_ptr<LoadedPlugin>, std::unique_ptr<LoadedPlugin>> load_plu
   return {std::move(strategy), std::move(transport)};
 }
 
-// The run's plan: the engine's part, and each rank's plugins' (their plan
-// entries, through plugin_plan.h).
 }  // namespace
 
+// The engine's part, and each rank's plugins' (their plan entries, through
+// plugin_plan.h).
 plan::RunPlan plan_config(const Config& c, const Footprint& model) {
   const auto [strategy, transport] = load_plugins(c);
   plan::RunInput in;

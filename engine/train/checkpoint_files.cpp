@@ -2,7 +2,6 @@
 #include "checkpoint_files.h"
 
 #include <cstdint>
-#include <cstdio>
 #include <vector>
 
 #include "error.h"
@@ -77,7 +76,7 @@ std::map<std::string, FileDigest> gather_file_digests(const CheckpointInput& in,
   if (!state_file.empty()) digest = file_digest((dir / state_file).string());
   mine.push_back(state_file.empty() ? 0.0 : 1.0);
   push_u64(mine, digest.bytes);
-  push_u64(mine, digest.xxh3.empty() ? 0 : std::stoull(digest.xxh3, nullptr, 16));
+  push_u64(mine, digest_bits(digest.xxh3));
   std::vector<double> all(mine.size() * size_t(in.world));
   in.all_gather(mine, all);
   std::map<std::string, FileDigest> files;
@@ -86,9 +85,7 @@ std::map<std::string, FileDigest> gather_file_digests(const CheckpointInput& in,
   for (int r = 0; r < in.world; ++r) {
     const size_t at = mine.size() * size_t(r);
     if (all[at] == 0.0) continue;
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(u64_at(all, at + 3)));
-    files["optimizer-" + std::to_string(r) + ".safetensors"] = FileDigest{u64_at(all, at + 1), hex};
+    files["optimizer-" + std::to_string(r) + ".safetensors"] = FileDigest{u64_at(all, at + 1), digest_hex(u64_at(all, at + 3))};
   }
   return files;
 }
