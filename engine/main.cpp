@@ -72,10 +72,6 @@ std::unique_ptr<DirectoryLock> lock_checkpoint_dir(const Config& config) {
 int run_as_rank(const Config& config) {
   return run_rank(
       [&](const RankEnv& env) {
-        if (env.rank.world_size != config.run.world_size)
-          throw ConfigError("WORLD_SIZE=" + std::to_string(env.rank.world_size) +
-                            " in the environment but run.world_size = " + std::to_string(config.run.world_size) +
-                            " in " + config.file);
         // Under another launcher rank 0 holds the output directory itself.
         std::unique_ptr<DirectoryLock> lock, checkpoint_lock;
         if (env.rank.rank == 0 && !whereabouts::has_channel()) {
@@ -84,7 +80,12 @@ int run_as_rank(const Config& config) {
         }
         train_rank(config, env);
       },
-      std::chrono::milliseconds(int64_t(config.run.timeout_s * 1000)), timeout_note(config));
+      std::chrono::milliseconds(int64_t(config.run.timeout_s * 1000)), timeout_note(config),
+      [&](const RankInfo& rank) {
+        if (rank.world_size != config.run.world_size)
+          throw ConfigError("WORLD_SIZE=" + std::to_string(rank.world_size) + " in the environment but " +
+                            "run.world_size = " + std::to_string(config.run.world_size) + " in " + config.file);
+      });
 }
 
 // Every rank's command line: `ddp run CONFIG --set ... [--resume WHICH]`.

@@ -155,6 +155,11 @@ TEST(FailureReport, AnErrorsFieldsRoundTripThroughItsLine) {
   EXPECT_EQ(back->plugin, "strategy plugin 'naive'");
   EXPECT_EQ(back->entry, "finish");
   EXPECT_EQ(back->message, e.what());
+  EXPECT_EQ(back->exit_code, 1) << "as run_rank exits after a report";
+  RankFailure exited = failure_of(e, 2);
+  exited.exit_code = 3;  // a plugin's exit(3), for mpirun's rank, whose code the launcher cannot see
+  EXPECT_EQ(parse_failure(failure_json(exited))->exit_code, 3);
+  EXPECT_EQ(parse_failure("{\"rank\": 1}")->exit_code, 1) << "a report without the field";
 }
 
 TEST(FailureReport, AnyOtherExceptionIsAnInternalFailureWithItsText) {

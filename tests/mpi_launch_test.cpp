@@ -99,6 +99,37 @@ TEST(MpiLaunch, AKilledRankIsNamedAndTheRunStops) {
   fs::remove_all(dir);
 }
 
+// Fault case 9 over mpi: a plugin's exit(N) on one rank is named with the
+// plugin, entry, step and code, as over gloo, at three timeouts. (Before our
+// report came first, the exiting rank hung in Open MPI's MPI_Finalize at
+// exit, and read as "stopped responding" after the timeout.)
+TEST(MpiLaunch, APluginThatCallsExitIsNamedWithItsEntryAndStep) {
+  for (const int code : {3, 0}) {
+    for (const int timeout_s : {2, 5, 10}) {
+      const std::string dir = temp_dir();
+      std::vector<std::string> args = toy_args(dir + "/out", "mpi");
+      args.insert(args.end(), {"--set", "strategy.plugin=\"" + std::string(DDP_TEST_BROKEN_PLUGIN_DIR) +
+                                            "/libddp_strategy_faulty.so\"",
+                               "--set", "strategy.fault=\"exit" + std::to_string(code) + "\"", "--set",
+                               "strategy.entry=\"on_grad_ready\"", "--set", "strategy.step=1", "--set",
+                               "strategy.rank=1", "--set", "run.timeout_s=" + std::to_string(timeout_s)});
+      const auto started = Clock::now();
+      Process p = start(args, {}, dir + "/ddp");
+      EXPECT_EQ(wait_for(p, std::chrono::seconds(timeout_s + 30)), 1);
+      const double took = std::chrono::duration<double>(Clock::now() - started).count();
+      EXPECT_LT(took, timeout_s + 10) << "at run.timeout_s = " << timeout_s;
+      const std::string err = read_file(p.err);
+      const std::string want = "ddp: rank 1 failed in step 2: exited with code " + std::to_string(code) +
+                               (code == 0 ? " before completing its run" : "") +
+                               ": strategy plugin 'faulty' called exit(" + std::to_string(code) +
+                               ") in on_grad_ready\nddp: stopped the other ranks; run failed\n";
+      EXPECT_EQ(err.substr(err.find("ddp: ")), want) << "at run.timeout_s = " << timeout_s;  // after mpirun's lines
+      EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
+      fs::remove_all(dir);
+    }
+  }
+}
+
 TEST(MpiLaunch, AHungRankIsNamedWithinTheTimeout) {
   const std::string dir = temp_dir();
   const int timeout_s = 3;
@@ -120,6 +151,34 @@ TEST(MpiLaunch, AHungRankIsNamedWithinTheTimeout) {
   const auto deadline = Clock::now() + std::chrono::seconds(3);
   while (kill(victim, 0) == 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(kill(victim, 0), -1) << "the hung rank was left behind";
+  fs::remove_all(dir);
+}
+
+// An outside mpirun starting more ranks than the config's world: every
+// rank refuses before it makes a rendezvous store, so none is left in
+// TMPDIR, whichever rank mpirun kills while it unwinds (an empty
+// ddp-rendezvous-pmix-* had been left 1 time in 11).
+TEST(MpiLaunch, MoreRanksThanTheConfigsWorldLeaveNoRendezvousBehind) {
+  const std::string dir = temp_dir();
+  fs::create_directories(dir + "/tmp");
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const std::string command = "cd " + dir + " && TMPDIR=" + dir +
+                                "/tmp OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 3 "
+                                "--oversubscribe --bind-to none " +
+                                kDdp + " run " + kRepo + "/configs/toy.toml --set 'run.output_dir=\"" + dir +
+                                "/out\"' > " + dir + "/out.txt 2> " + dir + "/err.txt";
+    EXPECT_NE(system(command.c_str()), 0);
+    const std::string err = read_file(dir + "/err.txt");
+    EXPECT_NE(err.find(": error: WORLD_SIZE=3 in the environment but run.world_size = 2 in " + kRepo +
+                       "/configs/toy.toml\n"),
+              std::string::npos)
+        << err;
+    for (const auto& entry : fs::directory_iterator(dir + "/tmp")) {
+      const std::string name = entry.path().filename();
+      EXPECT_NE(name.rfind("ddp-rendezvous-", 0), 0u) << "left behind: " << name;
+    }
+    EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
+  }
   fs::remove_all(dir);
 }
 

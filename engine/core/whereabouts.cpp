@@ -132,6 +132,18 @@ void report_first(const std::exception& e) {
 }
 bool reported() { return g_reported.load(); }
 
+namespace {
+std::atomic<ExitReport> g_exit_report{nullptr};
+}  // namespace
+
+void set_exit_report(ExitReport report) {
+  g_exit_report.store(report);
+  arm_exit_report();
+}
+void arm_exit_report() {
+  if (const ExitReport report = g_exit_report.load()) ::on_exit(report, nullptr);
+}
+
 bool has_channel() { return channel_fd() >= 0; }
 
 void send_line(const char* line, size_t bytes) {

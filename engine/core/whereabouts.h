@@ -78,6 +78,16 @@ void set_reporter(Reporter reporter);
 void report_first(const std::exception& e);
 bool reported();
 
+// A process exit in the middle of the run (a plugin's exit()): the handler
+// run_rank gives, called with the exit code (glibc's on_exit). Exit
+// handlers run last-registered first, and a library a plugin starts may
+// register its own that block (Open MPI's MPI_Finalize waits for every
+// rank): arm_exit_report registers it again after such a start, so that
+// the report comes before them. Each call adds one registration.
+using ExitReport = void (*)(int code, void* arg);
+void set_exit_report(ExitReport report);
+void arm_exit_report();
+
 // The channel: whether there is one, and a whole line sent on it (the
 // newline included). Async-signal-safe; a failed write is dropped.
 bool has_channel();

@@ -33,7 +33,8 @@ RankFailure failure_of(const std::exception& e, int rank) {
 
 std::string failure_json(const RankFailure& f) {
   const nlohmann::ordered_json j = {{"kind", kind_name(f.kind)}, {"rank", f.rank},   {"step", f.step},
-                                    {"plugin", f.plugin},        {"entry", f.entry}, {"message", f.message}};
+                                    {"plugin", f.plugin},        {"entry", f.entry}, {"message", f.message},
+                                    {"exit_code", f.exit_code}};
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
@@ -48,6 +49,7 @@ std::optional<RankFailure> parse_failure(const std::string& json) {
     f.plugin = j.value("plugin", "");
     f.entry = j.value("entry", "");
     f.message = j.value("message", "");
+    f.exit_code = j.value("exit_code", 1);
   } catch (const nlohmann::json::exception&) {  // a field of another type
     return std::nullopt;
   }

@@ -6,12 +6,15 @@
 // The report is one JSON object:
 //   {"kind": "timeout", "rank": 2, "step": 17,
 //    "plugin": "strategy plugin 'naive'", "entry": "finish",
-//    "message": "strategy plugin 'naive': finish: gloo all_reduce ..."}
+//    "message": "strategy plugin 'naive': finish: gloo all_reduce ...",
+//    "exit_code": 1}
 // kind: a status word of error.h's kind_name ("timeout": a wait outlasted
 // run.timeout_s; "comm": a peer or the network failed; "invalid_argument":
 // the configuration or a file it names; "internal": anything else, ...); step: the
 // 0-based optimizer step (-1: set-up or the end of the run); plugin and
-// entry: empty unless a plugin entry returned the error.
+// entry: empty unless a plugin entry returned the error; exit_code: the
+// code the rank exits with (1, or a plugin's exit(N)), for a launcher that
+// cannot see it (a rank mpirun started).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,7 @@ struct RankFailure {
   int64_t step = -1;
   std::string plugin, entry;
   std::string message;
+  int exit_code = 1;
 };
 
 // The report of an exception that ended rank `rank` (an Error's fields,

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <utility>
 
 #include "crash_handler.h"
 #include "diagnose.h"
@@ -150,6 +151,7 @@ void report_now(const std::exception& e) {
 // another one the exit code would be the plugin's (0 looks like success),
 // so it becomes 1 here.
 std::atomic<bool> g_in_body{false};
+bool g_exit_armed = false;  // run_rank runs once per process; a test may run it again
 // It ends the process itself: the static destructors must not run while
 // the streams' and the watchdog's threads still do.
 void exited_early(int code, void*) {
@@ -164,7 +166,9 @@ void exited_early(int code, void*) {
     }
     error.at_step(whereabouts::step());
     if (whereabouts::has_channel()) {
-      report_now(error);
+      RankFailure failure = failure_of(error, g_rank.load());
+      failure.exit_code = code;  // for a launcher that cannot see it (mpirun's rank)
+      report_failure(failure);
       std::fflush(nullptr);
       std::_Exit(code);  // the launcher names it; no "completed" came
     }
@@ -184,7 +188,7 @@ int report(const std::exception& e, int rank) {
 }  // namespace
 
 int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milliseconds timeout,
-             const std::string& timeout_note) {
+             const std::string& timeout_note, const std::function<void(const RankInfo&)>& check) {
   int rank = -1;
   // A peer's closed socket is an error to report, not a death by SIGPIPE
   // that would hide the cause.
@@ -199,14 +203,14 @@ int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milli
     g_rank.store(rank);
     whereabouts::set_reporter(report_now);
     install_crash_handler(rank);
+    if (check) check(source->rank);
     RankEnv env;
     env.rank = source->rank;
     env.run_id = env_or("DDP_RUN_ID", default_run_id());
     const Rendezvous rendezvous(env.rank, env.run_id, double(timeout.count()) / 1000);
     env.rendezvous = rendezvous.location();
     const Watchdog watchdog(rank, timeout + Watchdog::kGrace, timeout_note + " plus 7 s");
-    static const bool registered = ::on_exit(exited_early, nullptr) == 0;
-    (void)registered;
+    if (!std::exchange(g_exit_armed, true)) whereabouts::set_exit_report(exited_early);
     g_in_body = true;
     body(env);
     g_in_body = false;

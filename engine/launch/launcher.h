@@ -64,9 +64,12 @@ bool needs_mpirun(const std::string& plugin);
 // "run.timeout_s = 30") plus Watchdog::kGrace. Returns 0 after saying
 // "completed" on the rank's channel, or 1 after reporting the failure: on
 // the channel if there is one (our launcher's), else on stderr ("ddp: rank
-// <r>: error: <message>").
+// <r>: error: <message>"). `check` (optional) refuses a rank before it
+// touches the rendezvous (a world size the config does not have): another
+// launcher may kill the rank as soon as one fails, and a store made by then
+// would be left behind.
 int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milliseconds timeout,
-             const std::string& timeout_note);
+             const std::string& timeout_note, const std::function<void(const RankInfo&)>& check = nullptr);
 
 // A rank's failure before run_rank (its config does not load), reported as
 // run_rank reports one ("ddp: error: ..." if no rank can be told). Returns 1.

@@ -10,7 +10,10 @@
 #include <cerrno>
 #include <csignal>
 #include <iterator>
+#include <optional>
 #include <thread>
+
+#include "failure.h"
 
 namespace ddp {
 namespace {
@@ -140,6 +143,13 @@ void hear(RankExit& rank, const std::string& line) {
 
 namespace {
 
+// The exit status a rank of another launcher reported it would end with
+// (exit 1 where its report does not say).
+int reported_status(const RankExit& exit) {
+  const std::optional<RankFailure> report = parse_failure(exit.failure);
+  return W_EXITCODE((report ? report->exit_code : 1) & 0xff, 0);
+}
+
 // What is known of the run while it is watched.
 struct Watch {
   const std::vector<RankProcess>& ranks;
@@ -189,14 +199,14 @@ struct Watch {
   }
 
   // A rank of another launcher whose channel closed: it ended. Its exit
-  // code is not ours to see, so what it said decides (1 after a report, as
-  // run_rank exits; unknown without one). One that ends without a word once
+  // code is not ours to see, so what it said decides (the report's code:
+  // 1, as run_rank exits, or a plugin's exit(N); unknown without one). One that ends without a word once
   // another failed was stopped by its launcher, as ours stops the others.
   void channel_closed(size_t r) {
     RankExit& exit = result.ranks[r];
     exit.status_known = exit.completed || !exit.failure.empty();
     exit.stopped |= !exit.status_known && failures > 0;
-    ended(r, exit.completed ? 0 : W_EXITCODE(1, 0));
+    ended(r, exit.completed ? 0 : reported_status(exit));
   }
 
   // The launcher that started the ranks ended: whichever of them had not,
@@ -208,7 +218,7 @@ struct Watch {
       RankExit& exit = result.ranks[r];
       exit.status_known = exit.completed || !exit.failure.empty();
       exit.stopped |= !exit.status_known && failures > 0;
-      ended(r, exit.completed ? 0 : !exit.failure.empty() ? W_EXITCODE(1, 0) : status);
+      ended(r, exit.completed ? 0 : !exit.failure.empty() ? reported_status(exit) : status);
     }
   }
 

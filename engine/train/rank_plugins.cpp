@@ -55,6 +55,7 @@ void RankPlugins::start_transport(const Config& config) {
     whereabouts::Inside in(transport_host_->label().c_str(), "init");
     status = t->init(transport_host_->get(), &comm_);
   }
+  whereabouts::arm_exit_report();  // before exit handlers its init registered (mpi: MPI_Finalize)
   transport_host_->check(status, "init");
   config.transport.check_all_read("transport", t->name);
 }
@@ -70,6 +71,7 @@ void RankPlugins::start_strategy(const Config& config, Trace* trace) {
   metered_->serve_strategy_of_minor(DDP_ABI_MINOR(s->abi_version));
   metered_->set_debug_collectives(config.run.debug_collectives);
   call("create", [&] { return s->create(strategy_host_->get(), metered_->vtable(), metered_->comm(), &strategy_); });
+  whereabouts::arm_exit_report();  // before exit handlers its create registered
   config.strategy.check_all_read("strategy", s->name);
 }
 
