@@ -243,10 +243,9 @@ TEST(Launcher, RankWhosePeersNeverJoinFailsWithinTimeout) {
                     {"RANK=0", "WORLD_SIZE=2", "DDP_RENDEZVOUS=file:" + dir}, dir + "/ddp");
   EXPECT_EQ(wait_for(p, std::chrono::seconds(30)), 1);
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - started).count(), 2 + 3.0);
-  EXPECT_EQ(read_file(p.err),
-            "ddp: rank 0: error: transport plugin 'gloo': init: gloo rendezvous: no answer from the other ranks "
-            "within 2000 ms (is every rank started, with the same rendezvous?) (rendezvous store: timed out after "
-            "2000 ms waiting for other ranks: no key '1' yet)\n");
+  EXPECT_EQ(read_file(p.err), "ddp: rank 0: error: rendezvous store file:" + dir +
+                                  ": rank 1 did not join within 2000 ms (is every rank started, with the same "
+                                  "rendezvous and run id 'ddp'?)\n");
   fs::remove_all(dir);
 }
 
@@ -309,14 +308,47 @@ TEST(Launcher, ARankThatExitsZeroBeforeItCompletesFailsTheRun) {
 }
 
 // The rank knows where its plugin left: the plugin, the entry, the step.
+// Fault case 9, at three timeouts (mpi_launch_test.cpp: over mpi).
 TEST(Launcher, APluginThatCallsExitIsNamedWithItsEntryAndStep) {
+  for (const int timeout_s : {2, 5, 10}) {
+    std::string dir = temp_dir();
+    const auto started = Clock::now();
+    Process p = start_faulty(dir, "exit3", "on_grad_ready", 1, 1, timeout_s);
+    EXPECT_EQ(wait_for(p, std::chrono::seconds(timeout_s + 30)), 1);
+    const double took = std::chrono::duration<double>(Clock::now() - started).count();
+    EXPECT_LT(took, timeout_s + 10) << "at run.timeout_s = " << timeout_s;
+    EXPECT_EQ(read_file(p.err),
+              "ddp: rank 1 failed in step 2: exited with code 3: strategy plugin 'faulty' called exit(3) in "
+              "on_grad_ready\nddp: stopped the other ranks; run failed\n");
+    EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
+    fs::remove_all(dir);
+  }
+}
+
+// Fault case 3: a plugin file cut short is named, not loaded (dlopen would
+// die of SIGBUS), before any rank starts, at three timeouts.
+TEST(Launcher, ATruncatedPluginIsNamedWithinTheTimeout) {
   std::string dir = temp_dir();
-  Process p = start_faulty(dir, "exit3", "on_grad_ready", 1, 1);
-  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
-  EXPECT_EQ(read_file(p.err),
-            "ddp: rank 1 failed in step 2: exited with code 3: strategy plugin 'faulty' called exit(3) in "
-            "on_grad_ready\nddp: stopped the other ranks; run failed\n");
-  EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
+  const std::string whole = std::string(DDP_TEST_BROKEN_PLUGIN_DIR) + "/libddp_strategy_faulty.so";
+  const std::string cut = dir + "/libddp_strategy_cut.so";
+  fs::copy_file(whole, cut);
+  fs::resize_file(cut, 3000);
+  for (const int timeout_s : {2, 5, 10}) {
+    const auto started = Clock::now();
+    Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
+                       "strategy.plugin=\"" + cut + "\"", "--set", "run.timeout_s=" + std::to_string(timeout_s)},
+                      {}, dir + "/ddp");
+    EXPECT_EQ(wait_for(p, std::chrono::seconds(timeout_s + 30)), 1);
+    const double took = std::chrono::duration<double>(Clock::now() - started).count();
+    EXPECT_LT(took, timeout_s + 10) << "at run.timeout_s = " << timeout_s;
+    const std::string err = read_file(p.err);
+    EXPECT_EQ(err.rfind("ddp: error: cannot load strategy plugin '" + cut +
+                            "' (host ABI 1.4, plugin ABI none): truncated: 3000 bytes, where its ELF headers describe ",
+                        0),
+              0u)
+        << err;
+    EXPECT_FALSE(fs::exists(dir + "/out"));
+  }
   fs::remove_all(dir);
 }
 
@@ -673,10 +705,10 @@ TEST(Launcher, AnOutputDirectoryThatCannotBeMadeIsNamedWithTheReason) {
 TEST(Launcher, AReusedRendezvousStoreIsExplained) {
   std::string dir = temp_dir();
   fs::create_directories(dir + "/rdzv");
-  auto rank = [&](int r, const std::string& tag) {
+  auto rank = [&](int r, const std::string& tag, const std::string& store = "rdzv") {
     return start({"run", kRepo + "/configs/toy.toml", "--set", "run.timeout_s=2", "--set",
                   "run.output_dir=\"" + dir + "/" + tag + "\""},
-                 {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "DDP_RENDEZVOUS=file:" + dir + "/rdzv"},
+                 {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "DDP_RENDEZVOUS=file:" + dir + "/" + store},
                  dir + "/" + tag + std::to_string(r));
   };
   for (const char* tag : {"a", "b"}) {
@@ -686,11 +718,26 @@ TEST(Launcher, AReusedRendezvousStoreIsExplained) {
   }
   Process alone = rank(1, "c");  // its peer never comes: it fails, its keys stay
   EXPECT_EQ(wait_for(alone, std::chrono::seconds(30)), 1);
+  auto stale = [&](const std::string& store) {
+    return "the rendezvous store file:" + dir + "/" + store +
+           " already holds a run named 'ddp' (keys an earlier run left): give each run a fresh directory, or a "
+           "DDP_RUN_ID of its own\n";
+  };
   Process again = rank(1, "d");
   EXPECT_EQ(wait_for(again, std::chrono::seconds(30)), 1);
-  EXPECT_EQ(read_file(again.err), "ddp: rank 1: error: the rendezvous store file:" + dir +
-                                      "/rdzv already holds a run named 'ddp' (keys an earlier run left): give each "
-                                      "run a fresh directory, or a DDP_RUN_ID of its own\n");
+  EXPECT_EQ(read_file(again.err), "ddp: rank 1: error: " + stale("rdzv"));
+  // Both ranks, in a store where only rank 1's keys are stale: rank 0 hears
+  // why (it had found them and then connected to rank 1's dead address),
+  // from rank 1, or by itself where rank 1's refusal was in the store first.
+  Process first = rank(1, "e", "rdzv2");
+  EXPECT_EQ(wait_for(first, std::chrono::seconds(30)), 1);
+  std::vector<Process> both = {rank(0, "f", "rdzv2"), rank(1, "f", "rdzv2")};
+  for (auto& p : both) EXPECT_EQ(wait_for(p, std::chrono::seconds(30)), 1);
+  const std::string heard = read_file(both[0].err);
+  EXPECT_TRUE(heard == "ddp: rank 0: error: rank 1 refused the run: " + stale("rdzv2") ||
+              heard == "ddp: rank 0: error: " + stale("rdzv2"))
+      << heard;
+  EXPECT_EQ(read_file(both[1].err), "ddp: rank 1: error: " + stale("rdzv2"));
   fs::remove_all(dir);
 }
 
@@ -724,16 +771,21 @@ TEST(Launcher, ARedisStoreIsLeftEmptyByACompletedRun) {
   fs::remove_all(dir);
 }
 
-// Another program on the store's port: one that accepts and never answers
-// (tried at three timeouts), one that answers something else than Redis.
-// Named within the timeout, rather than a hang or a protocol error.
+// Another program on the store's port (fault case 4): one that accepts and
+// never answers (tried at three timeouts), one that answers something else
+// than Redis; given as redis:<host>:<port>, or as MASTER_ADDR and
+// MASTER_PORT, where rank 1 finds it instead of rank 0's store and rank 0
+// cannot serve there. Named within the timeout, rather than a hang or a
+// protocol error.
 TEST(Launcher, ARendezvousStoreThatIsNotRedisIsNamedWithinTheTimeout) {
   std::string dir = temp_dir();
   struct Case {
     int timeout_s;
     std::string reply;  // "": never answers
+    int master_rank;    // -1: DDP_RENDEZVOUS=redis:...; else this rank, given MASTER_ADDR and MASTER_PORT
   };
-  for (const Case& c : {Case{2, ""}, Case{5, ""}, Case{10, ""}, Case{2, "<html>\r\n"}}) {
+  for (const Case& c : {Case{2, "", -1}, Case{5, "", -1}, Case{10, "", -1}, Case{2, "<html>\r\n", -1},
+                        Case{2, "", 1}, Case{5, "", 1}, Case{10, "", 1}, Case{2, "", 0}}) {
     const int listener = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -742,7 +794,8 @@ TEST(Launcher, ARendezvousStoreThatIsNotRedisIsNamedWithinTheTimeout) {
     ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
     ASSERT_EQ(listen(listener, 4), 0);
     ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length), 0);
-    const std::string store = "redis:127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+    const std::string port = std::to_string(ntohs(addr.sin_port));
+    const std::string store = "redis:127.0.0.1:" + port;
     std::thread server([&] {  // the kernel accepts for a server that never does
       if (c.reply.empty()) return;
       const int peer = accept(listener, nullptr, nullptr);
@@ -752,19 +805,26 @@ TEST(Launcher, ARendezvousStoreThatIsNotRedisIsNamedWithinTheTimeout) {
       if (peer >= 0) close(peer);
     });
     const auto started = Clock::now();
+    const std::vector<std::string> env =
+        c.master_rank < 0
+            ? std::vector<std::string>{"RANK=0", "WORLD_SIZE=2", "DDP_RENDEZVOUS=" + store}
+            : std::vector<std::string>{"RANK=" + std::to_string(c.master_rank), "WORLD_SIZE=2",
+                                       "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port};
     Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
                        "run.timeout_s=" + std::to_string(c.timeout_s)},
-                      {"RANK=0", "WORLD_SIZE=2", "DDP_RENDEZVOUS=" + store}, dir + "/ddp");
+                      env, dir + "/ddp");
     EXPECT_EQ(wait_for(p, std::chrono::seconds(c.timeout_s + 30)), 1);
     const double took = std::chrono::duration<double>(Clock::now() - started).count();
     EXPECT_LT(took, c.timeout_s + 10) << "at run.timeout_s = " << c.timeout_s;
     const std::string err = read_file(p.err);
     const std::string want =
-        c.reply.empty() ? "rendezvous store " + store + " accepted the connection but did not answer within " +
-                              std::to_string(c.timeout_s * 1000) + " ms: is a Redis server listening there?\n"
-                        : "rendezvous store " + store +
-                              " is not a Redis server (Protocol error, got \"<\" as reply type byte): is the port "
-                              "taken by another program?\n";
+        c.master_rank == 0 ? "rank 0 cannot serve the rendezvous at 127.0.0.1:" + port +
+                                 ": another program holds that port (choose another MASTER_PORT)\n"
+        : c.reply.empty()  ? "rendezvous store " + store + " accepted the connection but did not answer within " +
+                                std::to_string(c.timeout_s * 1000) + " ms: is a Redis server listening there?\n"
+                           : "rendezvous store " + store +
+                                " is not a Redis server (Protocol error, got \"<\" as reply type byte): is the port "
+                                "taken by another program?\n";
     EXPECT_NE(err.find(want), std::string::npos) << err;
     server.join();
     close(listener);
@@ -799,11 +859,10 @@ TEST(Launcher, AFullDiskIsNamedAndLeavesNothingHalfWritten) {
   fs::remove_all(dir);
 }
 
-// A full disk under the file store: the rank that could not write says why
-// (not "stopped responding", not Gloo's enforce), within the timeout, and
-// no empty value is left in the store.
-TEST(Launcher, AFullDiskUnderTheFileStoreIsNamed) {
-  if (geteuid() != 0 || system("unshare -m true 2>/dev/null") != 0) GTEST_SKIP() << "needs root for unshare -m";
+// A full disk under the file store (fault case 5): the rank that could not
+// write says why (not "stopped responding", not Gloo's enforce), within the
+// timeout, and no empty value is left in the store.
+void full_disk_under_the_file_store(int timeout_s) {
   std::string dir = temp_dir();
   fs::create_directories(dir + "/rdzv");
   std::ofstream script(dir + "/run.sh");
@@ -811,8 +870,8 @@ TEST(Launcher, AFullDiskUnderTheFileStoreIsNamed) {
          << "dd if=/dev/zero of=" << dir << "/rdzv/fill bs=4k 2>/dev/null\n";
   for (int r = 0; r < 2; ++r)
     script << "RANK=" << r << " WORLD_SIZE=2 DDP_RENDEZVOUS=file:" << dir << "/rdzv " << kDdp << " run " << kRepo
-           << "/configs/toy.toml --set run.timeout_s=2 --set 'run.output_dir=\"" << dir << "/out" << r << "\"' 2> "
-           << dir << "/err" << r << " &\n";
+           << "/configs/toy.toml --set run.timeout_s=" << timeout_s << " --set 'run.output_dir=\"" << dir << "/out"
+           << r << "\"' 2> " << dir << "/err" << r << " &\n";
   script << "wait %1; c0=$?; wait %2; c1=$?\nls -A " << dir << "/rdzv > " << dir << "/listing\n"
          << "echo $c0 $c1 > " << dir << "/codes\n";
   script.close();
@@ -822,11 +881,17 @@ TEST(Launcher, AFullDiskUnderTheFileStoreIsNamed) {
   ASSERT_TRUE(WIFEXITED(status));
   ASSERT_NE(WEXITSTATUS(status), 99) << "could not mount a tmpfs";
   EXPECT_EQ(read_file(dir + "/codes"), "1 1\n");
-  EXPECT_LT(took, 2 + 10);
+  EXPECT_LT(took, timeout_s + 10) << "at run.timeout_s = " << timeout_s;
   const std::string err = read_file(dir + "/err0") + read_file(dir + "/err1");
   EXPECT_NE(err.find(": cannot write file (No space left on device)"), std::string::npos) << err;
   EXPECT_EQ(read_file(dir + "/listing"), "fill\n") << "left in the store";
   fs::remove_all(dir);
+}
+
+// At three timeouts.
+TEST(Launcher, AFullDiskUnderTheFileStoreIsNamed) {
+  if (geteuid() != 0 || system("unshare -m true 2>/dev/null") != 0) GTEST_SKIP() << "needs root for unshare -m";
+  for (const int timeout_s : {2, 5, 10}) full_disk_under_the_file_store(timeout_s);
 }
 
 // Out of disk under run.output_dir with --trace: whether a rank's trace or

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <thread>
 
 #include "atomic_file.h"
@@ -187,19 +188,82 @@ bool Store::holds(const std::string& key) const {
   return false;
 }
 
-void Store::claim(int rank) {
+namespace {
+std::string fresh_nonce() {
+  std::random_device device;
+  char text[17];
+  std::snprintf(text, sizeof text, "%08x%08x", device(), device());
+  return text;
+}
+}  // namespace
+
+// A refusal, posted where every rank waiting in claim() hears it (the first
+// one stays: a Redis store refuses to set a key twice), then thrown.
+void Store::refuse(int rank, const std::string& why) {
+  const std::string posted = "rank " + std::to_string(rank) + " refused the run: " + why;
+  try {
+    set(kRefusedKey, std::vector<char>(posted.begin(), posted.end()));
+  } catch (const std::exception&) {  // another rank's refusal came first, or the store is gone
+  }
+  throw Error(why, DDP_ERR_INVALID_ARGUMENT);
+}
+
+// Waits for `key` as wait() does, but hears a rank's refusal, and says on
+// timeout who did not come (`missing`).
+void Store::await(const std::string& key, const std::string& missing) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  for (;;) {
+    bool there = false, refused = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      try {
+        there = holds(key);
+        refused = !there && holds(kRefusedKey);
+      } catch (const std::exception& e) {
+        throw Error("rendezvous store: cannot look up '" + key + "': " + e.what(), DDP_ERR_COMM);
+      }
+    }
+    if (there) return;
+    if (refused) {
+      const std::vector<char> why = get(kRefusedKey);
+      throw Error(std::string(why.begin(), why.end()), DDP_ERR_INVALID_ARGUMENT);
+    }
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw Error("rendezvous store " + location_ + ": " + missing + " within " + std::to_string(timeout_.count()) +
+                      " ms (is every rank started, with the same rendezvous and run id '" + prefix_ + "'?)",
+                  DDP_ERR_TIMEOUT);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+void Store::claim(int rank, int world_size) {
   const std::string key = "ddp_started_" + std::to_string(rank);
   bool taken = false;
   try {
     std::lock_guard<std::mutex> lock(mutex_);
-    taken = holds(key);
+    taken = holds(key) || holds(kRefusedKey);
   } catch (const std::exception&) {  // a store that cannot answer fails at its first use instead
   }
   if (taken)
-    throw Error("the rendezvous store " + location_ + " already holds a run named '" + prefix_ +
-                    "' (keys an earlier run left): give each run a fresh directory, or a DDP_RUN_ID of its own",
-                DDP_ERR_INVALID_ARGUMENT);
-  set(key, {'1'});
+    refuse(rank, "the rendezvous store " + location_ + " already holds a run named '" + prefix_ +
+                     "' (keys an earlier run left): give each run a fresh directory, or a DDP_RUN_ID of its own");
+  // Keys named by a nonce of this run cannot be an earlier run's: rank 0
+  // admits each rank's nonce, and each rank answers rank 0's.
+  const std::string nonce = fresh_nonce();
+  set(key, std::vector<char>(nonce.begin(), nonce.end()));
+  if (rank == 0) {
+    for (int r = 1; r < world_size; ++r) {
+      await("ddp_started_" + std::to_string(r), "rank " + std::to_string(r) + " did not join");
+      const std::vector<char> theirs = get("ddp_started_" + std::to_string(r));
+      set("ddp_admit_" + std::string(theirs.begin(), theirs.end()), std::vector<char>(nonce.begin(), nonce.end()));
+    }
+    for (int r = 1; r < world_size; ++r)
+      await("ddp_joined_" + nonce + "_" + std::to_string(r), "rank " + std::to_string(r) + " did not answer");
+  } else if (world_size > 1) {
+    await("ddp_admit_" + nonce, "rank 0 did not admit this rank");
+    const std::vector<char> zeros = get("ddp_admit_" + nonce);
+    set("ddp_joined_" + std::string(zeros.begin(), zeros.end()) + "_" + std::to_string(rank), {'1'});
+  }
 }
 
 }  // namespace ddp

@@ -30,11 +30,15 @@ class Store {
   void wait(const std::vector<std::string>& keys);
   std::chrono::milliseconds timeout() const { return timeout_; }
 
-  // Marks rank `rank` as started in this run. Throws Error naming the store
-  // and the run id if a rank of that number already started under this id:
-  // the store holds an earlier run's keys (a reused directory, or Redis with
-  // the default run id), which would fail later, in words that do not say so.
-  void claim(int rank);
+  // Marks rank `rank` of `world_size` as started in this run, and waits
+  // until every rank has (up to the timeout, naming the rank missing).
+  // Throws Error naming the store and the run id if a rank of that number
+  // already started under this id: the store holds an earlier run's keys (a
+  // reused directory, or Redis with the default run id), which would fail
+  // later, in words that do not say so. The refusal is posted in the store,
+  // and every rank waiting here refuses with it: an earlier run's keys of
+  // one rank would send the others to connect to its dead addresses.
+  void claim(int rank, int world_size);
 
   // Removes every key this rank set (a file store's files, a Redis store's
   // keys), once no rank will read them again: after the run's last
@@ -44,6 +48,9 @@ class Store {
 
  private:
   bool holds(const std::string& key) const;  // without waiting
+  [[noreturn]] void refuse(int rank, const std::string& why);
+  void await(const std::string& key, const std::string& missing);
+  static constexpr const char* kRefusedKey = "ddp_refused";
   std::string location_, prefix_;
   std::unique_ptr<gloo::rendezvous::Store> base_;
   std::unique_ptr<gloo::rendezvous::Store> prefixed_;

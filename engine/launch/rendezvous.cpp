@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -125,27 +126,44 @@ void wait_reachable(const std::string& address, int port, double timeout_s, cons
   }
 }
 
-// A port free on `address` now (the kernel's choice).
-int free_port(const std::string& address) {
+// Binds a socket to address:port (0: the kernel's choice), as a server
+// would (SO_REUSEADDR: a closed connection's TIME_WAIT is no obstacle), and
+// lets it go: the port it got, or -errno.
+int try_bind(const std::string& address, int port) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  const int on = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
   sockaddr_in a{};
   a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
   inet_pton(AF_INET, address.c_str(), &a.sin_addr);
   socklen_t len = sizeof a;
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    const std::string why = std::strerror(errno);
-    if (fd >= 0) close(fd);
-    throw Error("no free port on " + address + ": " + why, DDP_ERR_COMM);
-  }
+  int got = -EINVAL;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    got = -errno;
+  else
+    got = ntohs(a.sin_port);
   close(fd);
-  return ntohs(a.sin_port);
+  return got;
+}
+
+// A port free on `address` now (the kernel's choice).
+int free_port(const std::string& address) {
+  const int port = try_bind(address, 0);
+  if (port < 0) throw Error("no free port on " + address + ": " + std::strerror(-port), DDP_ERR_COMM);
+  return port;
 }
 
 // Starts redis-server on address:port (no persistence, reachable by the
 // other hosts), dying with this process; returns its pid once it answers.
 int serve_redis(const std::string& address, int port) {
   const std::string p = std::to_string(port);
+  if (try_bind(address, port) == -EADDRINUSE)  // else redis-server fails, and whoever holds it answers
+    throw Error("rank 0 cannot serve the rendezvous at " + address + ":" + p +
+                    ": another program holds that port (choose another MASTER_PORT)",
+                DDP_ERR_INVALID_ARGUMENT);
   std::vector<const char*> argv = {"redis-server", "--bind", address.c_str(), "--port", p.c_str(),
                                    "--protected-mode", "no", "--save", "", "--appendonly", "no",
                                    "--loglevel", "warning", nullptr};

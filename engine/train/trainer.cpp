@@ -76,7 +76,7 @@ void RankRun::set_up() {
   else resume();
   store_ = std::make_unique<Store>(env_.rendezvous, env_.run_id,
                                    std::chrono::milliseconds(int64_t(config_.run.timeout_s * 1000)));
-  store_->claim(r.rank);
+  store_->claim(r.rank, r.world_size);
   services_.rank = r;
   services_.device = device_.get();
   services_.model = model_.get();
