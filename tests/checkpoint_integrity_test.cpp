@@ -142,6 +142,24 @@ TEST_F(Integrity, AFileCutShortOrMissingIsNamed) {
   EXPECT_EQ(refusal(c), file + ": missing, or not a regular file (checkpoint.json records it)");
 }
 
+// No file is read from outside the checkpoint: a symbolic link is refused,
+// whether to a recorded file or to checkpoint.json itself (a whole
+// checkpoint's, elsewhere).
+TEST_F(Integrity, ASymbolicLinkIsRefusedForAnyFile) {
+  const std::string c = copy("links"), elsewhere = copy("elsewhere");
+  for (const std::string name : {"weights.safetensors", "checkpoint.json"}) {
+    const std::string file = c + "/" + name;
+    fs::remove(file);
+    fs::create_symlink(elsewhere + "/" + name, file);
+    EXPECT_EQ(refusal(c), file + (name == "checkpoint.json"
+                                      ? ": a symbolic link, not the checkpoint's own file"
+                                      : ": missing, or not a regular file (checkpoint.json records it)"));
+    fs::remove(file);
+    fs::copy_file(elsewhere + "/" + name, file);
+    EXPECT_EQ(refusal(c), "") << name;
+  }
+}
+
 // Resealed edits: the checksums hold, the shape does not.
 TEST_F(Integrity, ResealedEditsAreCheckedAgainstTheCheckpointsShape) {
   const std::string c = copy("edits"), meta = c + "/checkpoint.json";

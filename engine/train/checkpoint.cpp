@@ -193,6 +193,9 @@ int64_t whole(const json& j, const char* key, int64_t least) {
 
 CheckpointMeta read_checkpoint_meta(const std::string& path) {
   const std::string file = (fs::path(path) / kMeta).string();
+  std::error_code ec;
+  if (fs::is_symlink(file, ec))  // as every file it records: nothing is read from outside the checkpoint
+    throw Error(file + ": a symbolic link, not the checkpoint's own file", DDP_ERR_INVALID_ARGUMENT);
   std::ifstream in(file, std::ios::binary);
   if (!in) throw Error(file + ": cannot read", DDP_ERR_INVALID_ARGUMENT);
   const std::string text = unseal_meta(std::string(std::istreambuf_iterator<char>(in), {}), file);
