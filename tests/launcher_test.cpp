@@ -705,10 +705,12 @@ TEST(Launcher, AnOutputDirectoryThatCannotBeMadeIsNamedWithTheReason) {
 TEST(Launcher, AReusedRendezvousStoreIsExplained) {
   std::string dir = temp_dir();
   fs::create_directories(dir + "/rdzv");
-  auto rank = [&](int r, const std::string& tag, const std::string& store = "rdzv") {
+  auto rank = [&](int r, const std::string& tag, const std::string& store = "rdzv", int world = 2) {
     return start({"run", kRepo + "/configs/toy.toml", "--set", "run.timeout_s=2", "--set",
-                  "run.output_dir=\"" + dir + "/" + tag + "\""},
-                 {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "DDP_RENDEZVOUS=file:" + dir + "/" + store},
+                  "run.output_dir=\"" + dir + "/" + tag + "\"", "--set", "run.world_size=" + std::to_string(world),
+                  "--set", "data.batch_size=" + std::to_string(10 * world)},
+                 {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
+                  "DDP_RENDEZVOUS=file:" + dir + "/" + store},
                  dir + "/" + tag + std::to_string(r));
   };
   for (const char* tag : {"a", "b"}) {
@@ -726,18 +728,26 @@ TEST(Launcher, AReusedRendezvousStoreIsExplained) {
   Process again = rank(1, "d");
   EXPECT_EQ(wait_for(again, std::chrono::seconds(30)), 1);
   EXPECT_EQ(read_file(again.err), "ddp: rank 1: error: " + stale("rdzv"));
-  // Both ranks, in a store where only rank 1's keys are stale: rank 0 hears
-  // why (it had found them and then connected to rank 1's dead address),
-  // from rank 1, or by itself where rank 1's refusal was in the store first.
-  Process first = rank(1, "e", "rdzv2");
-  EXPECT_EQ(wait_for(first, std::chrono::seconds(30)), 1);
-  std::vector<Process> both = {rank(0, "f", "rdzv2"), rank(1, "f", "rdzv2")};
-  for (auto& p : both) EXPECT_EQ(wait_for(p, std::chrono::seconds(30)), 1);
-  const std::string heard = read_file(both[0].err);
-  EXPECT_TRUE(heard == "ddp: rank 0: error: rank 1 refused the run: " + stale("rdzv2") ||
-              heard == "ddp: rank 0: error: " + stale("rdzv2"))
-      << heard;
-  EXPECT_EQ(read_file(both[1].err), "ddp: rank 1: error: " + stale("rdzv2"));
+  // Every rank, in a store where only the last rank's keys are stale: the
+  // others hear why (they had found them and then connected to its dead
+  // address), from that rank, or by themselves where its refusal was in the
+  // store before they looked. At world 2, and at 3, where rank 1 is admitted
+  // before rank 2 refuses.
+  for (const int world : {2, 3}) {
+    const std::string store = "rdzv-world" + std::to_string(world), tag = "w" + std::to_string(world);
+    Process first = rank(world - 1, tag + "first", store, world);
+    EXPECT_EQ(wait_for(first, std::chrono::seconds(30)), 1);
+    std::vector<Process> all;
+    for (int r = 0; r < world; ++r) all.push_back(rank(r, tag, store, world));
+    for (auto& p : all) EXPECT_EQ(wait_for(p, std::chrono::seconds(30)), 1);
+    for (int r = 0; r + 1 < world; ++r) {
+      const std::string heard = read_file(all[size_t(r)].err), head = "ddp: rank " + std::to_string(r) + ": error: ";
+      EXPECT_TRUE(heard == head + "rank " + std::to_string(world - 1) + " refused the run: " + stale(store) ||
+                  heard == head + stale(store))
+          << heard;
+    }
+    EXPECT_EQ(read_file(all.back().err), "ddp: rank " + std::to_string(world - 1) + ": error: " + stale(store));
+  }
   fs::remove_all(dir);
 }
 

@@ -208,10 +208,10 @@ void Store::refuse(int rank, const std::string& why) {
   throw Error(why, DDP_ERR_INVALID_ARGUMENT);
 }
 
-// Waits for `key` as wait() does, but hears a rank's refusal, and says on
-// timeout who did not come (`missing`).
-void Store::await(const std::string& key, const std::string& missing) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+// Waits for `key` until `deadline`, as wait() does, but hears a rank's
+// refusal, and says on timeout who did not come (`missing`).
+void Store::await(const std::string& key, const std::string& missing,
+                  std::chrono::steady_clock::time_point deadline) {
   for (;;) {
     bool there = false, refused = false;
     {
@@ -248,22 +248,30 @@ void Store::claim(int rank, int world_size) {
     refuse(rank, "the rendezvous store " + location_ + " already holds a run named '" + prefix_ +
                      "' (keys an earlier run left): give each run a fresh directory, or a DDP_RUN_ID of its own");
   // Keys named by a nonce of this run cannot be an earlier run's: rank 0
-  // admits each rank's nonce, and each rank answers rank 0's.
+  // admits each rank's nonce, each rank answers rank 0's, and once every
+  // rank has, rank 0 says go; until then any rank's refusal reaches all.
+  // One deadline for all of it: the run's timeout.
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
   const std::string nonce = fresh_nonce();
   set(key, std::vector<char>(nonce.begin(), nonce.end()));
+  if (world_size <= 1) return;
   if (rank == 0) {
     for (int r = 1; r < world_size; ++r) {
-      await("ddp_started_" + std::to_string(r), "rank " + std::to_string(r) + " did not join");
+      await("ddp_started_" + std::to_string(r), "rank " + std::to_string(r) + " did not join", deadline);
       const std::vector<char> theirs = get("ddp_started_" + std::to_string(r));
       set("ddp_admit_" + std::string(theirs.begin(), theirs.end()), std::vector<char>(nonce.begin(), nonce.end()));
     }
     for (int r = 1; r < world_size; ++r)
-      await("ddp_joined_" + nonce + "_" + std::to_string(r), "rank " + std::to_string(r) + " did not answer");
-  } else if (world_size > 1) {
-    await("ddp_admit_" + nonce, "rank 0 did not admit this rank");
-    const std::vector<char> zeros = get("ddp_admit_" + nonce);
-    set("ddp_joined_" + std::string(zeros.begin(), zeros.end()) + "_" + std::to_string(rank), {'1'});
+      await("ddp_joined_" + nonce + "_" + std::to_string(r), "rank " + std::to_string(r) + " did not answer",
+            deadline);
+    set("ddp_go_" + nonce, {'1'});
+    return;
   }
+  await("ddp_admit_" + nonce, "rank 0 did not admit this rank", deadline);
+  const std::vector<char> admitted = get("ddp_admit_" + nonce);
+  const std::string zeros(admitted.begin(), admitted.end());
+  set("ddp_joined_" + zeros + "_" + std::to_string(rank), {'1'});
+  await("ddp_go_" + zeros, "not every rank joined", deadline);
 }
 
 }  // namespace ddp

@@ -49,7 +49,7 @@ class Store {
  private:
   bool holds(const std::string& key) const;  // without waiting
   [[noreturn]] void refuse(int rank, const std::string& why);
-  void await(const std::string& key, const std::string& missing);
+  void await(const std::string& key, const std::string& missing, std::chrono::steady_clock::time_point deadline);
   static constexpr const char* kRefusedKey = "ddp_refused";
   std::string location_, prefix_;
   std::unique_ptr<gloo::rendezvous::Store> base_;
