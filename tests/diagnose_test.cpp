@@ -160,6 +160,8 @@ TEST(FailureReport, AnErrorsFieldsRoundTripThroughItsLine) {
   exited.exit_code = 3;  // a plugin's exit(3), for mpirun's rank, whose code the launcher cannot see
   EXPECT_EQ(parse_failure(failure_json(exited))->exit_code, 3);
   EXPECT_EQ(parse_failure("{\"rank\": 1}")->exit_code, 1) << "a report without the field";
+  EXPECT_EQ(parse_failure("{\"rank\": 1}")->signal, 0);
+  EXPECT_EQ(parse_failure("{\"rank\": 1, \"signal\": 11}")->signal, 11) << "as the crash handler writes it";
 }
 
 TEST(FailureReport, AnyOtherExceptionIsAnInternalFailureWithItsText) {

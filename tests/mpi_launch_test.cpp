@@ -130,6 +130,25 @@ TEST(MpiLaunch, APluginThatCallsExitIsNamedWithItsEntryAndStep) {
   }
 }
 
+// A crash in a plugin reads as under our own launcher: the signal (which
+// mpirun's rank reports, as the launcher cannot see it), plugin, entry, step.
+TEST(MpiLaunch, ACrashInAPluginNamesTheSignalThePluginTheEntryAndTheStep) {
+  const std::string dir = temp_dir();
+  std::vector<std::string> args = toy_args(dir + "/out", "mpi");
+  args.insert(args.end(), {"--set", "strategy.plugin=\"" + std::string(DDP_TEST_BROKEN_PLUGIN_DIR) +
+                                        "/libddp_strategy_faulty.so\"",
+                           "--set", "strategy.fault=\"segv\"", "--set", "strategy.entry=\"on_grad_ready\"", "--set",
+                           "strategy.step=2", "--set", "strategy.rank=1"});
+  Process p = start(args, {}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  const std::string err = read_file(p.err);
+  EXPECT_EQ(err.substr(err.find("ddp: ")),
+            "ddp: rank 1 failed in step 3: killed by signal 11 (Segmentation fault): strategy plugin 'faulty' "
+            "crashed in on_grad_ready\nddp: stopped the other ranks; run failed\n");
+  EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
+  fs::remove_all(dir);
+}
+
 TEST(MpiLaunch, AHungRankIsNamedWithinTheTimeout) {
   const std::string dir = temp_dir();
   const int timeout_s = 3;

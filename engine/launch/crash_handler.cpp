@@ -105,7 +105,9 @@ void report(int sig) {
     if (whereabouts::entry()) line.add_json(whereabouts::entry());
     line.add("\",\"message\":\"");
     describe(line, sig, /*json=*/true);
-    line.add("\"}\n");
+    line.add("\",\"signal\":");
+    line.add_int(sig);
+    line.add("}\n");
     whereabouts::send_line(line.text, line.size);
     return;
   }

@@ -34,7 +34,7 @@ RankFailure failure_of(const std::exception& e, int rank) {
 std::string failure_json(const RankFailure& f) {
   const nlohmann::ordered_json j = {{"kind", kind_name(f.kind)}, {"rank", f.rank},   {"step", f.step},
                                     {"plugin", f.plugin},        {"entry", f.entry}, {"message", f.message},
-                                    {"exit_code", f.exit_code}};
+                                    {"exit_code", f.exit_code}, {"signal", f.signal}};
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
@@ -50,6 +50,7 @@ std::optional<RankFailure> parse_failure(const std::string& json) {
     f.entry = j.value("entry", "");
     f.message = j.value("message", "");
     f.exit_code = j.value("exit_code", 1);
+    f.signal = j.value("signal", 0);
   } catch (const nlohmann::json::exception&) {  // a field of another type
     return std::nullopt;
   }

@@ -7,14 +7,15 @@
 //   {"kind": "timeout", "rank": 2, "step": 17,
 //    "plugin": "strategy plugin 'naive'", "entry": "finish",
 //    "message": "strategy plugin 'naive': finish: gloo all_reduce ...",
-//    "exit_code": 1}
+//    "exit_code": 1, "signal": 0}
 // kind: a status word of error.h's kind_name ("timeout": a wait outlasted
 // run.timeout_s; "comm": a peer or the network failed; "invalid_argument":
 // the configuration or a file it names; "internal": anything else, ...); step: the
 // 0-based optimizer step (-1: set-up or the end of the run); plugin and
 // entry: empty unless a plugin entry returned the error; exit_code: the
-// code the rank exits with (1, or a plugin's exit(N)), for a launcher that
-// cannot see it (a rank mpirun started).
+// code the rank exits with (1, or a plugin's exit(N)), and signal: the one
+// it dies of (its crash handler's report; 0: none), for a launcher that
+// cannot see how it ended (a rank mpirun started).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,7 @@ struct RankFailure {
   std::string plugin, entry;
   std::string message;
   int exit_code = 1;
+  int signal = 0;
 };
 
 // The report of an exception that ended rank `rank` (an Error's fields,

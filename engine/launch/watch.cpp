@@ -143,10 +143,12 @@ void hear(RankExit& rank, const std::string& line) {
 
 namespace {
 
-// The exit status a rank of another launcher reported it would end with
-// (exit 1 where its report does not say).
+// The status a rank of another launcher reported it would end with: the
+// signal its crash handler re-raises, else its exit code (1 where its
+// report does not say).
 int reported_status(const RankExit& exit) {
   const std::optional<RankFailure> report = parse_failure(exit.failure);
+  if (report && report->signal > 0 && report->signal < 128) return W_EXITCODE(0, report->signal);
   return W_EXITCODE((report ? report->exit_code : 1) & 0xff, 0);
 }
 
@@ -198,10 +200,10 @@ struct Watch {
     if (ranks[r].shared && running[r] && !result.ranks[r].failure.empty()) count_failure(r);
   }
 
-  // A rank of another launcher whose channel closed: it ended. Its exit
-  // code is not ours to see, so what it said decides (the report's code:
-  // 1, as run_rank exits, or a plugin's exit(N); unknown without one). One that ends without a word once
-  // another failed was stopped by its launcher, as ours stops the others.
+  // A rank of another launcher whose channel closed: it ended. How is not
+  // ours to see, so what it said decides (reported_status; unknown without
+  // a report). One that ends without a word once another failed was
+  // stopped by its launcher, as ours stops the others.
   void channel_closed(size_t r) {
     RankExit& exit = result.ranks[r];
     exit.status_known = exit.completed || !exit.failure.empty();
