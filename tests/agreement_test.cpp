@@ -90,5 +90,26 @@ TEST(Agreement, TheFirstDifferenceNamesTheItemAndTheRanks) {
             0u);
 }
 
+// The units: a strategy that binds or shards by unit needs one layout on
+// every rank; a rank whose model declares another is refused naming the
+// unit and the ranks (issue 33: ranks that disagree on the unit layout).
+TEST(Agreement, RanksThatDisagreeOnTheUnitsAreRefusedNamingTheUnit) {
+  CpuDevice device;
+  DataShape shape;
+  auto model = build_model("toy_tied", default_model_options("toy_tied"), device, 0, &shape);
+  const Fingerprint base = fingerprint(config_from(""), model->params(), "p", model->units());
+  ASSERT_GE(model->units().size(), 2u);
+  for (size_t u = 0; u < model->units().size(); ++u) EXPECT_TRUE(base.count("unit 00000" + std::to_string(u))) << u;
+  std::vector<Unit> moved = model->units();  // the last unit's first parameter, owned by the first instead
+  moved.front().params.push_back(moved.back().params.front());
+  moved.back().params.erase(moved.back().params.begin());
+  const Fingerprint other = fingerprint(config_from(""), model->params(), "p", moved);
+  const std::string why = first_difference(base, 0, {{1, base}, {2, other}});
+  EXPECT_EQ(why.rfind("the ranks disagree on unit 000000: rank 0 has " + model->units().front().name + " owns ", 0), 0u)
+      << why;
+  EXPECT_NE(why.find(", rank 2 has " + moved.front().name + " owns "), std::string::npos) << why;
+  EXPECT_EQ(first_difference(base, 0, {{1, fingerprint(config_from(""), model->params(), "p", model->units())}}), "");
+}
+
 }  // namespace
 }  // namespace ddp

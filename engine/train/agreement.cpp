@@ -52,6 +52,20 @@ std::string join_ranks(const std::vector<int>& ranks) {
 
 std::string show(const std::string& value) { return value.empty() ? "(not set)" : value; }
 
+// "000042": items sort in table order.
+std::string padded_index(size_t i) {
+  const std::string index = std::to_string(i);
+  return std::string(6 - std::min<size_t>(6, index.size()), '0') + index;
+}
+
+// "parameters 3, 4, 5" (table indices), or "no parameters".
+std::string index_list(const std::vector<size_t>& indices) {
+  if (indices.empty()) return "no parameters";
+  std::string out = indices.size() == 1 ? "parameter " : "parameters ";
+  for (size_t k = 0; k < indices.size(); ++k) out += (k ? ", " : "") + std::to_string(indices[k]);
+  return out;
+}
+
 }  // namespace
 
 std::map<std::string, std::string> config_items(const Config& config) {
@@ -62,16 +76,17 @@ std::map<std::string, std::string> config_items(const Config& config) {
   return items;
 }
 
-Fingerprint fingerprint(const Config& config, const std::vector<Parameter>& params, const std::string& plugins) {
+Fingerprint fingerprint(const Config& config, const std::vector<Parameter>& params, const std::string& plugins,
+                        const std::vector<Unit>& units) {
   Fingerprint f;
   for (const auto& [key, value] : config_items(config))
     if (!rank_local(key)) f["config " + key] = value;
   f["plugins"] = plugins;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const std::string index = std::to_string(i);
-    f["parameter " + std::string(6 - std::min<size_t>(6, index.size()), '0') + index] =
-        params[i].name + " " + shape_string(params[i].shape) + " float32";
-  }
+  for (size_t i = 0; i < params.size(); ++i)
+    f["parameter " + padded_index(i)] = params[i].name + " " + shape_string(params[i].shape) + " float32";
+  for (size_t u = 0; u < units.size(); ++u)
+    f["unit " + padded_index(u)] = units[u].name + " owns " + index_list(units[u].params) +
+                                   (units[u].tied.empty() ? "" : ", reads " + index_list(units[u].tied));
   return f;
 }
 

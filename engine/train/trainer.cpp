@@ -105,7 +105,7 @@ void RankRun::set_up() {
   services_.claims_open = false;
   if (!model_->gradients_packed()) pack_gradients();
   model_->set_unit_hook([this](size_t unit, ddp_unit_phase phase) { plugins_->on_unit(unit, phase); });
-  agree_before_training(*store_, r, fingerprint(config_, model_->params(), plugins_->identity()));
+  agree_before_training(*store_, r, fingerprint(config_, model_->params(), plugins_->identity(), model_->units()));
   remaining_uses_.assign(model_->params().size(), 0);
 }
 
