@@ -417,5 +417,37 @@ TEST(Checkpoint, LatestNamingAMissingCheckpointIsSaid) {
   EXPECT_THROW(resolve_checkpoint(dir.path, dir.path + "/nothing"), Error);
 }
 
+TEST(Checkpoint, StepOfReadsOnlyCheckpointNames) {
+  EXPECT_EQ(step_of("step-00000010"), 10);
+  EXPECT_EQ(step_of("step-00000010.partial"), 10);
+  EXPECT_EQ(step_of("step-00000010.replaced"), 10);
+  EXPECT_EQ(step_of("step-999999999999999999"), 999999999999999999);
+  for (const std::string other : {"step-", "step-x", "step-1x", "step--1", "Step-1", "latest", "",
+                                  "step-9999999999999999999"})
+    EXPECT_EQ(step_of(other), -1) << other;
+}
+
+// `latest` names a checkpoint of its own directory, never a path out of it
+// (a whole checkpoint elsewhere, ../ or absolute), nor a partial one.
+TEST(Checkpoint, LatestNamingAPathOutOfItsDirectoryIsRefused) {
+  TempDir dir;
+  fs::create_directories(dir.path + "/run/step-00000004");
+  fs::create_directories(dir.path + "/elsewhere/step-00000004");
+  std::ofstream(dir.path + "/elsewhere/step-00000004/checkpoint.json") << "{}";
+  const std::string own = dir.path + "/run";
+  for (const std::string& name : std::vector<std::string>{"../elsewhere/step-00000004",
+                                                           dir.path + "/elsewhere/step-00000004",
+                                                           "step-00000004.partial", "step-x", "notes"}) {
+    std::ofstream(own + "/latest", std::ios::trunc) << name << "\n";
+    try {
+      resolve_checkpoint(own, "latest");
+      ADD_FAILURE() << name << " was taken";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), own + "/latest names '" + name +
+                                           "', which is not a checkpoint of this directory (step-N)");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ddp

@@ -76,13 +76,6 @@ void sync_directory(const fs::path& dir) {
   ::close(fd);
 }
 
-int64_t step_of(const std::string& name) {
-  if (name.rfind("step-", 0) != 0) return -1;
-  const std::string digits = name.substr(5, name.find('.') == std::string::npos ? std::string::npos : name.find('.') - 5);
-  if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
-  return std::stoll(digits);  // < 10^18: no overflow
-}
-
 void write_weights(const std::vector<Parameter>& params, const fs::path& file) {
   std::vector<std::vector<float>> values;
   std::vector<NamedFloats> tensors;
@@ -143,6 +136,13 @@ void all_or_none(const CheckpointInput& in, const std::string& failure, const st
 
 }  // namespace
 
+int64_t step_of(const std::string& name) {
+  if (name.rfind("step-", 0) != 0) return -1;
+  const std::string digits = name.substr(5, name.find('.') == std::string::npos ? std::string::npos : name.find('.') - 5);
+  if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);  // < 10^18: no overflow
+}
+
 std::string checkpoint_name(int64_t step) {
   char name[32];
   std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
@@ -168,6 +168,9 @@ std::string resolve_checkpoint(const std::string& dir, const std::string& given)
   const std::string name = latest_name(dir);
   if (name.empty())
     throw Error(latest.string() + " is empty: give --resume a checkpoint's path", DDP_ERR_INVALID_ARGUMENT);
+  if (step_of(name) < 0 || name.find_first_of("/.") != std::string::npos)  // no path leaves the directory
+    throw Error(latest.string() + " names '" + name + "', which is not a checkpoint of this directory (step-N)",
+                DDP_ERR_INVALID_ARGUMENT);
   const fs::path path = fs::path(dir) / name;
   if (!fs::is_regular_file(path / kMeta))
     throw Error(latest.string() + " names " + name + ", which is not a whole checkpoint" +

@@ -61,6 +61,10 @@ struct CheckpointMeta {
 };
 
 std::string checkpoint_name(int64_t step);  // "step-00000010"
+// The step a name of checkpoint.dir's says: step-N, step-N.partial,
+// step-N.replaced give N; anything else (a number beyond 18 digits too) -1.
+// Pure.
+int64_t step_of(const std::string& name);
 
 // What `dir`/latest names ("" if there is no such file, or it is empty).
 std::string latest_name(const std::string& dir);

@@ -102,4 +102,8 @@ put("checkpoint", "sealed", b"\x01" + json.dumps(meta, indent=1).encode())
 put("checkpoint", "raw", b"\x00" + json.dumps(meta, indent=1).encode() + b',\n "checksum": "0000000000000000"\n}\n')
 meta["step"] = 1.5
 put("checkpoint", "fraction", b"\x01" + json.dumps(meta, indent=1).encode())
+# checkpoint.dir's entries (first byte & 2; keep = first byte >> 2 % 8), the first also as `latest`.
+put("checkpoint", "entries", b"\x06step-00000006\nstep-00000002\nstep-00000004\nstep-00000003.partial\n"
+    b"step-00000005.replaced\nnotes.txt\nstep-99999999999999999999\n")
+put("checkpoint", "latest-out", b"\x02../elsewhere/step-00000004\nstep-00000004\n")
 
