@@ -477,7 +477,15 @@ TEST(EventOnDeviceStreams, AWaitPastItsFirst100usBlocksWhereTheStreamCan) {
   for (const bool can_block : {true, false}) {
     test::DeviceLikeStream a("a");
     a.blocking = can_block;
-    a.enqueue([](bool) { std::this_thread::sleep_for(5ms); });
+    // The slow task outlasts the waiter's 100 us of queries however late
+    // the waiter is scheduled: where the stream can block, it ends only
+    // once the waiter blocks (or after 10 s, failing the count below).
+    a.enqueue([&a, can_block](bool) {
+      std::this_thread::sleep_for(5ms);
+      const auto give_up = std::chrono::steady_clock::now() + 10s;
+      while (can_block && a.blocked == 0 && std::chrono::steady_clock::now() < give_up)
+        std::this_thread::sleep_for(1ms);
+    });
     Event slow;
     slow.record(a);
     const auto start = std::chrono::steady_clock::now();
