@@ -81,7 +81,7 @@ class LmModel final : public Model {
   }
   size_t ln_final_index() const { return 1 + static_cast<size_t>(config_.num_layers) * kPerLayer; }
   size_t lm_head_index() const { return ln_final_index() + 1; }
-  const float* w(size_t index) const { return params_[index].data.data(); }
+  const float* w(size_t index) const { return values(index); }
   // The gradient buffer of a trainable parameter, or null for a frozen one.
   float* g(size_t index) { return grad_out(index); }
   // Units (lm_units): the embedding, each block, the final norm with the head.

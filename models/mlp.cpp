@@ -141,16 +141,16 @@ float MlpModel::forward(const Batch& batch) {
   for (int64_t i = 0; i < config_.depth; ++i) {
     unit_event(size_t(i), DDP_UNIT_FORWARD_BEGIN);
     float* out = acts_[i].data();
-    k_->linear_forward(out, in, params_[2 * i].data.data(), rows, w, w);
-    k_->bias_forward(out, params_[2 * i + 1].data.data(), rows, w);
+    k_->linear_forward(out, in, values(2 * i), rows, w, w);
+    k_->bias_forward(out, values(2 * i + 1), rows, w);
     k_->relu_forward(out, out, rows * w);
     in = out;
     unit_event(size_t(i), DDP_UNIT_FORWARD_END);
   }
   const size_t head = 2 * static_cast<size_t>(config_.depth);
   unit_event(size_t(config_.depth), DDP_UNIT_FORWARD_BEGIN);
-  k_->linear_forward(logits_.data(), in, params_[head].data.data(), rows, w, classes);
-  k_->bias_forward(logits_.data(), params_[head + 1].data.data(), rows, classes);
+  k_->linear_forward(logits_.data(), in, values(head), rows, w, classes);
+  k_->bias_forward(logits_.data(), values(head + 1), rows, classes);
   unit_event(size_t(config_.depth), DDP_UNIT_FORWARD_END);
   return static_cast<float>(
       k_->cross_entropy_forward(lse_.data(), logits_.data(), labels(), rows, classes));
@@ -183,7 +183,7 @@ void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
     unit_event(head / 2, DDP_UNIT_BACKWARD_END);
     return;
   }
-  k_->linear_backward_input(dact_.data(), dlogits, params_[head].data.data(), rows, w, classes);
+  k_->linear_backward_input(dact_.data(), dlogits, values(head), rows, w, classes);
   ranges.lap("backward head");
   unit_event(head / 2, DDP_UNIT_BACKWARD_END);
   for (int64_t i = config_.depth - 1; i >= 0; --i) {
@@ -192,7 +192,7 @@ void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
     k_->relu_backward(dact_.data(), dact_.data(), acts_[i].data(), rows * w);
     linear_grads(2 * static_cast<size_t>(i), dact_.data(), i ? acts_[i - 1].data() : input_, w);
     if (i > 0) {
-      k_->linear_backward_input(dtmp_.data(), dact_.data(), params_[2 * i].data.data(), rows, w,
+      k_->linear_backward_input(dtmp_.data(), dact_.data(), values(2 * i), rows, w,
                                     w);
       std::swap(dact_, dtmp_);
     }

@@ -31,6 +31,9 @@ struct Parameter {
   // the gradient (`claimed`; then undefined while the strategy binds none).
   Tensor grad;
   bool claimed = false;
+  // Its values are the strategy's (DDP_STORAGE_DATA): `data` is a view of
+  // its memory, and holds none (data() null) while the strategy binds none.
+  bool values_claimed = false;
 };
 
 // A unit (plugin.h's ddp_unit): parameters that compute together, in
@@ -41,6 +44,11 @@ struct Unit {
   std::vector<size_t> params;  // owned, ascending table indices
   std::vector<size_t> tied;    // owned by another unit, read by this one, ascending
 };
+
+// Throws Error naming the first parameter whose values the strategy
+// claimed (DDP_STORAGE_DATA) and binds no storage to now, for `reader`
+// ("the replica check"), which reads every parameter whole.
+void require_values(const std::vector<Parameter>& params, const std::string& reader);
 
 // Throws Error unless `units` own each of `param_count` parameters exactly
 // once and their tied lists name parameters of other units. Pure.
@@ -159,6 +167,14 @@ class Model {
     return p.grad.data();
   }
 
+  // The values forward and backward read of params_[index]; throws Error
+  // for a parameter whose values the strategy claimed and bound none to.
+  const float* values(size_t index) const {
+    const Parameter& p = params_[index];
+    if (!p.data.data()) unbound_values(index);
+    return p.data.data();
+  }
+
   // Consecutive ranges: lap(name) reports the range since the previous lap
   // (or since construction) under `name`.
   class RangeLaps {
@@ -178,6 +194,7 @@ class Model {
     Clock::time_point last_{};
   };
   [[noreturn]] void unbound_gradient(size_t index) const;
+  [[noreturn]] void unbound_values(size_t index) const;
 
   std::vector<Parameter> params_;
   std::vector<Unit> units_;

@@ -100,8 +100,8 @@ class SequentialMse final : public Model {
       float* out = acts_[i].data();
       if (l.kind == Layer::Linear) {
         // out[B, o] = in[B, i] · W[o, i]^T (+ b)
-        k_->linear_forward(out, in, params_[l.weight].data.data(), batch.rows, l.in, l.out);
-        if (l.bias >= 0) k_->bias_forward(out, params_[l.bias].data.data(), batch.rows, l.out);
+        k_->linear_forward(out, in, values(l.weight), batch.rows, l.in, l.out);
+        if (l.bias >= 0) k_->bias_forward(out, values(l.bias), batch.rows, l.out);
         width = l.out;
       } else {
         k_->relu_forward(out, in, batch.rows * width);
@@ -132,9 +132,8 @@ class SequentialMse final : public Model {
         k_->relu_backward(din, dout, acts_[i].data(), static_cast<int64_t>(acts_[i].numel()));
         continue;
       }
-      Parameter& w = params_[l.weight];
       // din[B, i] = dout[B, o] · W[o, i]
-      if (din) k_->linear_backward_input(din, dout, w.data.data(), rows, l.in, l.out);
+      if (din) k_->linear_backward_input(din, dout, values(l.weight), rows, l.in, l.out);
       if (float* db = l.bias >= 0 ? grad_out(static_cast<size_t>(l.bias)) : nullptr) {
         k_->bias_backward(db, dout, rows, l.out);
         accumulated(static_cast<size_t>(l.bias));
@@ -305,6 +304,22 @@ void Model::unbound_gradient(size_t index) const {
   throw Error("backward reached the gradient of '" + p.name + "', whose storage the strategy claimed and bound " +
               "none to: bind it (ddp_host::bind) at the latest in on_unit(BACKWARD_BEGIN) of unit '" + unit +
               "' or of a unit that reads it before", DDP_ERR_INVALID_ARGUMENT);
+}
+
+void require_values(const std::vector<Parameter>& params, const std::string& reader) {
+  for (const Parameter& p : params)
+    if (!p.data.data())
+      throw Error(reader + " reads the values of '" + p.name + "', which the strategy claimed and binds none to " +
+                  "now: the engine reads claimed values only where the strategy keeps them bound",
+                  DDP_ERR_INVALID_ARGUMENT);
+}
+
+void Model::unbound_values(size_t index) const {
+  const Parameter& p = params_[index];
+  const std::string unit = p.unit < units_.size() ? units_[p.unit].name : std::string("?");
+  throw Error("the model read the values of '" + p.name + "', which the strategy claimed and bound none to: bind " +
+              "them (ddp_host::bind, DDP_STORAGE_DATA) at the latest in on_unit(FORWARD_BEGIN or BACKWARD_BEGIN) " +
+              "of each unit that reads them (unit '" + unit + "' owns them)", DDP_ERR_INVALID_ARGUMENT);
 }
 
 }  // namespace ddp

@@ -139,7 +139,35 @@ TEST(ClaimedGradients, OnlyByAStrategyWhoseCapsSaySoAndOnlyGradients) {
   EXPECT_EQ(claim_failure("claims_nocap", "frozen"),
             "strategy plugin 'claims_nocap': create: claim: the plugin's caps lack DDP_CAP_OWNS_GRADIENTS");
   EXPECT_EQ(claim_failure("claims", "storage"),
-            "strategy plugin 'claims': create: claim: only DDP_STORAGE_GRAD (gradient storage) can be claimed in ABI 1.4");
+            "strategy plugin 'claims': create: claim: the plugin's caps lack DDP_CAP_OWNS_PARAMETERS");
+}
+
+// Claimed values (ABI 1.5): bound to the strategy's own copy for the whole
+// run, the model reads them there and the optimizer steps them there, so
+// the run trains as without the claim, loss for loss (the second step's
+// loss reads the first step's update).
+TEST(ClaimedValues, BoundToTheStrategysMemoryTheRunTrainsAsWithoutTheClaim) {
+  const auto plain = run_one_rank("toy", "recorder").at("loss");
+  const auto claimed = run_one_rank("toy", "claims_values", "", "what = \"values\"\n").at("loss");
+  ASSERT_EQ(plain.size(), 2u);
+  EXPECT_EQ(claimed, plain);
+  EXPECT_NE(plain[0], plain[1]);  // the step changed the weights
+}
+
+TEST(ClaimedValues, AValueLeftUnboundStopsForwardNamingItAndItsUnit) {
+  EXPECT_EQ(claim_failure("claims_values", "values_unbound"),
+            "the model read the values of 'fc1.weight', which the strategy claimed and bound none to: bind them "
+            "(ddp_host::bind, DDP_STORAGE_DATA) at the latest in on_unit(FORWARD_BEGIN or BACKWARD_BEGIN) of each "
+            "unit that reads them (unit 'fc1' owns them)");
+}
+
+TEST(ClaimedValues, OnlyInCreateAndReadWholeOnlyWhereBound) {
+  EXPECT_EQ(claim_failure("claims_values", "values_late"),
+            "strategy plugin 'claims_values': on_train_begin: claim: parameter values (DDP_STORAGE_DATA) only in "
+            "create, while the engine still holds them all");
+  EXPECT_EQ(claim_failure("claims_values", "values_released"),
+            "the replica check reads the values of 'no_grad_fixed_param', which the strategy claimed and binds none "
+            "to now: the engine reads claimed values only where the strategy keeps them bound");
 }
 
 // Backward never writes where the strategy did not say: a claimed gradient

@@ -1,11 +1,20 @@
 // host_services.cpp — HostServices (plugin_host.h): the parameter and unit
-// tables the host vtable hands out, and the gradient storage a strategy
-// claims and binds (ddp_host::claim, bind): the engine's own gradient
-// block shrinks to what it still owns, and a claimed gradient points
-// wherever the strategy says, or nowhere.
+// tables the host vtable hands out, and the storage a strategy claims and
+// binds (ddp_host::claim, bind): the engine's own gradient block shrinks
+// to what it still owns, and a claimed gradient points wherever the
+// strategy says, or nowhere; claimed values are the engine's until
+// on_train_begin returns, then wherever the strategy says, or nowhere.
 #include "plugin_host.h"
 
 namespace ddp {
+
+Parameter& HostServices::param_to_bind(size_t index) const {
+  auto& params = model->params();
+  if (index >= params.size())
+    throw Error("bind: parameter index " + std::to_string(index) + " is not in the table of " +
+                std::to_string(params.size()), DDP_ERR_INVALID_ARGUMENT);
+  return params[index];
+}
 
 void HostServices::refresh_param_table() {
   param_table.clear();
@@ -56,16 +65,52 @@ void HostServices::claim_grads(const size_t* indices, size_t count) {
 }
 
 void HostServices::bind_grad(size_t index, void* ptr) {
-  auto& params = model->params();
-  if (index >= params.size())
-    throw Error("bind: parameter index " + std::to_string(index) + " is not in the table of " +
-                std::to_string(params.size()), DDP_ERR_INVALID_ARGUMENT);
-  Parameter& p = params[index];
+  Parameter& p = param_to_bind(index);
   if (!p.claimed)
     throw Error("bind: the gradient of parameter '" + p.name + "' is the engine's: claim it first (ddp_host::claim)",
                 DDP_ERR_INVALID_ARGUMENT);
   p.grad.point_view_at(static_cast<float*>(ptr));
   param_table[index].grad = ptr;
+}
+
+void HostServices::claim_values(const size_t* indices, size_t count) {
+  if (!value_claims_open)
+    throw Error("claim: parameter values (DDP_STORAGE_DATA) only in create, while the engine still holds them all",
+                DDP_ERR_INVALID_ARGUMENT);
+  auto& params = model->params();
+  for (size_t k = 0; k < count; ++k)  // all checked before any is taken: a refusal changes nothing
+    if (indices[k] >= params.size())
+      throw Error("claim: parameter index " + std::to_string(indices[k]) + " is not in the table of " +
+                  std::to_string(params.size()), DDP_ERR_INVALID_ARGUMENT);
+  for (size_t k = 0; k < count; ++k) {
+    Parameter& p = params[indices[k]];
+    if (p.values_claimed) continue;
+    p.values_claimed = true;
+    float* values = p.data.data();
+    held_values.emplace_back(indices[k], std::move(p.data));  // read there until on_train_begin returns
+    p.data = Tensor::view(*device, values, p.shape);
+  }
+}
+
+void HostServices::bind_values(size_t index, void* ptr) {
+  Parameter& p = param_to_bind(index);
+  if (!p.values_claimed)
+    throw Error("bind: the values of parameter '" + p.name + "' are the engine's: claim them first "
+                "(ddp_host::claim, DDP_STORAGE_DATA)", DDP_ERR_INVALID_ARGUMENT);
+  p.data.point_view_at(static_cast<float*>(ptr));
+  param_table[index].data = ptr;
+}
+
+void HostServices::release_held_values() {
+  auto& params = model->params();
+  for (auto& [index, values] : held_values) {
+    Parameter& p = params[index];
+    if (p.data.data() == values.data()) {  // still read from the engine's copy: unbound from now on
+      p.data.point_view_at(nullptr);
+      param_table[index].data = nullptr;
+    }
+  }
+  held_values.clear();
 }
 
 bool HostServices::claims_any() const {

@@ -269,21 +269,31 @@ struct HostCallbacks {
   static ddp_status claim(void* ctx, ddp_storage what, const size_t* indices, size_t count) {
     if (in_host_function("claim")) return DDP_ERR_UNSUPPORTED;
     if (!storage_allowed(ctx, "claim", what)) return DDP_ERR_UNSUPPORTED;
-    return host_guard([&] { svc(ctx).claim_grads(indices, count); });
+    return host_guard([&] {
+      if (what == DDP_STORAGE_DATA) svc(ctx).claim_values(indices, count);
+      else svc(ctx).claim_grads(indices, count);
+    });
   }
   static ddp_status bind(void* ctx, ddp_storage what, size_t index, void* ptr) {
     if (in_host_function("bind")) return DDP_ERR_UNSUPPORTED;
     if (!storage_allowed(ctx, "bind", what)) return DDP_ERR_UNSUPPORTED;
-    return host_guard([&] { svc(ctx).bind_grad(index, ptr); });
+    return host_guard([&] {
+      if (what == DDP_STORAGE_DATA) svc(ctx).bind_values(index, ptr);
+      else svc(ctx).bind_grad(index, ptr);
+    });
   }
-  // Gradient storage only (1.4), for a strategy that says it may own it.
+  // Gradient storage (1.4) or values (1.5), for a strategy that says it
+  // may own them.
   static bool storage_allowed(void* ctx, const char* entry, ddp_storage what) {
-    if (what != DDP_STORAGE_GRAD) {
-      t_plugin_error = std::string(entry) + ": only DDP_STORAGE_GRAD (gradient storage) can be claimed in ABI 1.4";
+    if (what != DDP_STORAGE_GRAD && what != DDP_STORAGE_DATA) {
+      t_plugin_error = std::string(entry) + ": storage " + std::to_string(int(what)) +
+                       " is none of DDP_STORAGE_GRAD and DDP_STORAGE_DATA";
       return false;
     }
-    if (!(self(ctx).caps_ & DDP_CAP_OWNS_GRADIENTS)) {
-      t_plugin_error = std::string(entry) + ": the plugin's caps lack DDP_CAP_OWNS_GRADIENTS";
+    const uint64_t cap = what == DDP_STORAGE_GRAD ? DDP_CAP_OWNS_GRADIENTS : DDP_CAP_OWNS_PARAMETERS;
+    if (!(self(ctx).caps_ & cap)) {
+      t_plugin_error = std::string(entry) + ": the plugin's caps lack " +
+                       (what == DDP_STORAGE_GRAD ? "DDP_CAP_OWNS_GRADIENTS" : "DDP_CAP_OWNS_PARAMETERS");
       return false;
     }
     return true;

@@ -60,6 +60,8 @@ struct HostServices {
   // or on_step_begin of a step's first micro-batch (the engine repacks its
   // gradients then, when they hold nothing yet). The trainer sets it.
   bool claims_open = false;
+  // Whether a strategy may claim parameter values now: in create only.
+  bool value_claims_open = false;
 
   // How long a blocking wait may take before the engine gives up on a stuck
   // collective: the transport's own timeout plus a grace for it to fire.
@@ -71,6 +73,14 @@ struct HostServices {
   void claim_grads(const size_t* indices, size_t count);
   void bind_grad(size_t index, void* ptr);
   bool claims_any() const;  // whether any parameter's gradient is claimed
+  // The same of DDP_STORAGE_DATA (1.5): the engine's own values of a
+  // claimed parameter live in held_values until on_train_begin returns,
+  // when release_held_values frees them (the unbound then read NULL).
+  void claim_values(const size_t* indices, size_t count);
+  void bind_values(size_t index, void* ptr);
+  void release_held_values();
+  std::vector<std::pair<size_t, Tensor>> held_values;
+  Parameter& param_to_bind(size_t index) const;  // throws Error for an index out of the table
 };
 
 // One plugin's view of the host: its TOML section and its ddp_host struct.

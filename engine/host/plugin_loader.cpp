@@ -146,6 +146,9 @@ void check_entries(const Refusal& refusal, const ddp_strategy_v1_t& s) {
                    "gradients steps them itself (run_optimizer_ranges)");
     require(refusal, s.grad_ranges != nullptr, "grad_ranges", "caps has DDP_CAP_OWNS_GRADIENTS");
   }
+  if ((s.caps & DDP_CAP_OWNS_PARAMETERS) && !(s.caps & DDP_CAP_OWNS_OPTIMIZER))
+    refusal.fail("caps has DDP_CAP_OWNS_PARAMETERS without DDP_CAP_OWNS_OPTIMIZER: a strategy that holds "
+                 "parameters steps them itself (run_optimizer_ranges)");
   require(refusal, s.destroy != nullptr, "destroy");
 }
 
@@ -370,6 +373,7 @@ std::string format_plugins(const std::vector<PluginInfo>& plugins) {
     if (p.caps & DDP_CAP_DEVICE_CUDA) caps += caps.empty() ? "cuda" : ",cuda";
     if (p.caps & DDP_CAP_OWNS_OPTIMIZER) caps += ",owns-optimizer";
     if (p.caps & DDP_CAP_OWNS_GRADIENTS) caps += ",owns-gradients";
+    if (p.caps & DDP_CAP_OWNS_PARAMETERS) caps += ",owns-parameters";
     if (p.plans) caps += ",plans";
     text += line + (caps.empty() ? "-" : caps) + "  " + p.path + "\n";
     if (p.dtypes) {

@@ -79,6 +79,7 @@ void sync_directory(const fs::path& dir) {
 void write_weights(const std::vector<Parameter>& params, const fs::path& file) {
   std::vector<std::vector<float>> values;
   std::vector<NamedFloats> tensors;
+  require_values(params, "the checkpoint");
   for (const Parameter& p : params) tensors.push_back({p.name, p.shape, values.emplace_back(p.data.to_host()).data()});
   write_safetensors(file.string(), tensors);
 }

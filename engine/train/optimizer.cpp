@@ -119,6 +119,9 @@ void Optimizer::step_ranges(std::vector<Parameter>& params, const StepRange* ran
     const float* g = r.grad ? r.grad : p.grad.defined() ? p.grad.data() + r.offset : nullptr;
     if (!g) throw Error("optimizer: no gradient for parameter '" + p.name + "'", DDP_ERR_INVALID_ARGUMENT);
     State& s = state_for(p, r);
+    if (!r.data && !p.data.data())
+      throw Error("optimizer: no values for parameter '" + p.name + "': the strategy claimed them, so a range of it "
+                  "must give its data (ddp_range::data)", DDP_ERR_INVALID_ARGUMENT);
     float* w = r.data ? r.data : p.data.data() + r.offset;
     const Hyper h{hyper_[r.param].lr * lr_scale_, hyper_[r.param].weight_decay};
     const StepRange with{r.param, r.offset, r.count, g, w};

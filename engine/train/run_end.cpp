@@ -22,6 +22,7 @@ void RankRun::check_replicas(int64_t step) {
   const auto& params = model_->params();
   std::vector<int64_t> mine;
   std::vector<std::string> names;
+  require_values(params, "the replica check");
   for (const Parameter& p : params) {
     const std::vector<float> host = device_->kind() == DDP_DEVICE_CPU ? std::vector<float>() : p.data.to_host();
     const Digest d = digest(host.empty() ? p.data.data() : host.data(), p.data.numel());
@@ -115,6 +116,7 @@ void RankRun::write_outputs(const std::vector<double>& all) {
   fs::create_directories(config_.run.output_dir);
   std::vector<NamedFloats> weights;
   std::vector<std::vector<float>> host;  // a GPU's weights, copied out
+  require_values(model_->params(), "weights.safetensors");
   for (const Parameter& p : model_->params()) {
     const float* values = device_->kind() == DDP_DEVICE_CPU ? p.data.data() : host.emplace_back(p.data.to_host()).data();
     weights.push_back({p.name, p.shape, values});

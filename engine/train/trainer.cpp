@@ -100,9 +100,10 @@ void RankRun::set_up() {
   // cannot claim any; after it for one that may, once it knows which it
   // holds (then a claimed gradient is never made).
   if (!plugins_->owns_gradients()) pack_gradients();
-  services_.claims_open = true;  // a strategy may claim gradient storage in create
+  services_.claims_open = true;  // a strategy may claim gradient storage in create,
+  services_.value_claims_open = true;  // and parameter values (ABI 1.5)
   plugins_->start(config_, timeline_->trace());
-  services_.claims_open = false;
+  services_.claims_open = services_.value_claims_open = false;
   if (!model_->gradients_packed()) pack_gradients();
   model_->set_unit_hook([this](size_t unit, ddp_unit_phase phase) { plugins_->on_unit(unit, phase); });
   agree_before_training(*store_, r, fingerprint(config_, model_->params(), plugins_->identity(), model_->units()));
@@ -128,6 +129,7 @@ void RankRun::train() {
   services_.claims_open = true;  // a strategy may claim gradient storage here
   plugins_->on_train_begin();
   services_.claims_open = false;
+  services_.release_held_values();  // the strategy has taken its part of the values it claimed
   claims_ = services_.claims_any();
   if (observer_) observer_->on_weights(0, *model_);
   take_peaks(device_->memory(), mem_after_setup_);

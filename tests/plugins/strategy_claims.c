@@ -3,11 +3,20 @@
  *   "frozen"   claims every parameter in create, frozen ones too;
  *   "late"     claims the trainable ones in on_unit (too late: backward);
  *   "unbound"  claims the trainable ones in create and binds nothing;
- *   "storage"  claims DDP_STORAGE_DATA (not offered in 1.4).
- * Built three times: libddp_strategy_claims.so with DDP_CAP_OWNS_GRADIENTS
+ *   "storage"  claims DDP_STORAGE_DATA (caps without DDP_CAP_OWNS_PARAMETERS);
+ * and, built as _values (-DVALUES, caps with DDP_CAP_OWNS_PARAMETERS), uses
+ * claimed values (ABI 1.5):
+ *   "values"   claims every parameter's values in create, copies them into
+ *              memory of its own in on_train_begin and binds them there for
+ *              the run, steps them through ranges that give their data:
+ *              training as without the claim;
+ *   "values_unbound"   the same, binding nothing;
+ *   "values_released"  the same, unbinding them all in on_train_end;
+ *   "values_late"      claims values in on_train_begin.
+ * Built four times: libddp_strategy_claims.so with DDP_CAP_OWNS_GRADIENTS
  * (and DDP_CAP_OWNS_OPTIMIZER, which goes with it), _nocap (-DNOCAP)
  * without it, _noopt (-DNOOPT) with it but without DDP_CAP_OWNS_OPTIMIZER,
- * which the loader refuses. One rank only. */
+ * which the loader refuses, and _values. One rank only. */
 #include <ddp/plugin.h>
 
 #include <stdlib.h>
@@ -16,7 +25,12 @@
 struct ddp_strategy_s {
   const ddp_host* host;
   const char* what;
+  void* values[64];      /* "values*": its own copy of each parameter's values */
+  ddp_range ranges[64];  /* optimizer_step's */
 };
+
+static int is(const struct ddp_strategy_s* s, const char* what) { return strcmp(s->what, what) == 0; }
+static int holds_values(const struct ddp_strategy_s* s) { return strncmp(s->what, "values", 6) == 0; }
 
 static ddp_status claim_all(const ddp_host* h, ddp_storage storage, int frozen_too) {
   size_t indices[64], count = 0, i;
@@ -36,6 +50,7 @@ static ddp_status claims_create(const ddp_host* host, const ddp_transport_v1_t* 
   if (status == DDP_OK && strcmp(s->what, "frozen") == 0) status = claim_all(host, DDP_STORAGE_GRAD, 1);
   if (status == DDP_OK && strcmp(s->what, "unbound") == 0) status = claim_all(host, DDP_STORAGE_GRAD, 0);
   if (status == DDP_OK && strcmp(s->what, "storage") == 0) status = claim_all(host, DDP_STORAGE_DATA, 0);
+  if (status == DDP_OK && holds_values(s) && !is(s, "values_late")) status = claim_all(host, DDP_STORAGE_DATA, 1);
   if (status != DDP_OK) {
     free(s);
     return status;
@@ -44,9 +59,30 @@ static ddp_status claims_create(const ddp_host* host, const ddp_transport_v1_t* 
   return DDP_OK;
 }
 
+/* "values": the engine's values (still there in on_train_begin) copied
+ * into this strategy's memory, and bound there. */
 static ddp_status claims_train_begin(ddp_strategy* s) {
-  (void)s;
-  return DDP_OK;
+  const ddp_host* h = s->host;
+  size_t i;
+  ddp_status status = DDP_OK;
+  if (is(s, "values_late")) return claim_all(h, DDP_STORAGE_DATA, 1);
+  if (!holds_values(s)) return DDP_OK;
+  for (i = 0; i < h->param_count(h->ctx) && i < 64 && status == DDP_OK; ++i) {
+    const ddp_param* p = h->param(h->ctx, i);
+    status = h->alloc(h->ctx, p->numel * sizeof(float), DDP_MEM_PARAMETERS, &s->values[i]);
+    if (status == DDP_OK) status = h->copy(h->ctx, s->values[i], p->data, p->numel * sizeof(float), h->compute_stream(h->ctx));
+    if (status == DDP_OK && !is(s, "values_unbound")) status = h->bind(h->ctx, DDP_STORAGE_DATA, i, s->values[i]);
+  }
+  return status;
+}
+
+static ddp_status claims_train_end(ddp_strategy* s) {
+  size_t i;
+  ddp_status status = DDP_OK;
+  if (!is(s, "values_released")) return DDP_OK;
+  for (i = 0; i < s->host->param_count(s->host->ctx) && status == DDP_OK; ++i)
+    status = s->host->bind(s->host->ctx, DDP_STORAGE_DATA, i, NULL);
+  return status;
 }
 
 static ddp_status claims_on_unit(ddp_strategy* s, size_t unit, ddp_unit_phase phase) {
@@ -67,13 +103,27 @@ static ddp_status claims_grad_ranges(ddp_strategy* s, const ddp_range** ranges, 
 }
 
 #if !defined(NOCAP) && !defined(NOOPT)
+/* "values": every trainable parameter whole, its data where it is bound. */
 static ddp_status claims_optimizer_step(ddp_strategy* s) {
-  (void)s;
-  return DDP_OK;
+  const ddp_host* h = s->host;
+  size_t i, n = 0;
+  if (!holds_values(s)) return DDP_OK;
+  for (i = 0; i < h->param_count(h->ctx) && i < 64; ++i) {
+    const ddp_param* p = h->param(h->ctx, i);
+    if (!p->trainable) continue;
+    s->ranges[n].param = i, s->ranges[n].offset = 0, s->ranges[n].count = p->numel;
+    s->ranges[n].grad = NULL, s->ranges[n].data = s->values[i];
+    ++n;
+  }
+  return h->run_optimizer_ranges(h->ctx, s->ranges, n);
 }
 #endif
 
-static void claims_destroy(ddp_strategy* s) { free(s); }
+static void claims_destroy(ddp_strategy* s) {
+  size_t i;
+  for (i = 0; i < 64; ++i) s->host->free(s->host->ctx, s->values[i]);
+  free(s);
+}
 
 static const ddp_key kKeys[] = {{"what", "string", "the misuse"}, {NULL, NULL, NULL}};
 
@@ -86,6 +136,10 @@ DDP_STRATEGY_ENTRY = {
 #elif defined(NOOPT)
     .name = "claims_noopt",
     .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_OWNS_GRADIENTS,
+#elif defined(VALUES)
+    .name = "claims_values",
+    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_OWNS_GRADIENTS | DDP_CAP_OWNS_OPTIMIZER | DDP_CAP_OWNS_PARAMETERS,
+    .optimizer_step = claims_optimizer_step,
 #else
     .name = "claims",
     .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_OWNS_GRADIENTS | DDP_CAP_OWNS_OPTIMIZER,
@@ -98,5 +152,6 @@ DDP_STRATEGY_ENTRY = {
     .destroy = claims_destroy,
     .keys = kKeys,
     .on_unit = claims_on_unit,
+    .on_train_end = claims_train_end,
     .grad_ranges = claims_grad_ranges,
 };

@@ -147,9 +147,11 @@ typedef struct ddp_host {
   size_t (*unit_count)(void* ctx);
   const ddp_unit* (*unit)(void* ctx, size_t index);
 
-  /* (ABI 1.4) Storage the strategy owns, for a strategy whose caps have
-   * DDP_CAP_OWNS_GRADIENTS (`what` DDP_STORAGE_GRAD; DDP_STORAGE_DATA is
-   * refused in 1.4). Blocking, on the training thread.
+  /* (ABI 1.4) Storage the strategy owns: gradients (`what`
+   * DDP_STORAGE_GRAD) for a strategy whose caps have
+   * DDP_CAP_OWNS_GRADIENTS; values (DDP_STORAGE_DATA, 1.5, below) for one
+   * whose caps have DDP_CAP_OWNS_PARAMETERS. Blocking, on the training
+   * thread.
    * claim: from now on the strategy supplies the gradient storage of these
    * trainable parameters; the engine holds none for them (claiming again
    * is a no-op; a frozen parameter, or one out of the table, is refused by
@@ -165,7 +167,21 @@ typedef struct ddp_host {
    * bound: a claimed parameter that backward reaches unbound fails the
    * step, naming it. The engine reads a claimed gradient nowhere else: not
    * to zero it, clip it, check it or step it; those go through the ranges
-   * the strategy names (grad_ranges, run_optimizer_ranges). */
+   * the strategy names (grad_ranges, run_optimizer_ranges).
+   * DDP_STORAGE_DATA (1.5), FSDP's sharded parameters: claim, only in
+   * create, any parameter, frozen or not: the engine keeps its own values
+   * of them until on_train_begin returns (rank 0's by then, where the
+   * strategy broadcasts them as ever: the strategy takes its part there),
+   * then frees them; from then on their data is NULL until bound. bind:
+   * the model reads parameter `index`'s values at `ptr` (numel float32 on
+   * the run's device) from then on; NULL unbinds it. A unit's forward or
+   * backward that reads a claimed parameter left unbound fails the step,
+   * naming it: bind at the latest in the on_unit(FORWARD_BEGIN or
+   * BACKWARD_BEGIN) of the unit that reads it. The engine's optimizer
+   * steps such a parameter only through ranges that give their `data`
+   * (run_optimizer_ranges), and whatever else reads the whole model (the
+   * replica check, checkpoints, the output weights) fails naming the
+   * first claimed parameter that is unbound when it reads. */
   ddp_status (*claim)(void* ctx, ddp_storage what, const size_t* indices, size_t count);
   ddp_status (*bind)(void* ctx, ddp_storage what, size_t index, void* ptr);
 

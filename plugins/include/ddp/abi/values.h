@@ -21,7 +21,7 @@ extern "C" {
 #endif
 
 #define DDP_ABI_VERSION_MAJOR 1
-#define DDP_ABI_VERSION_MINOR 4
+#define DDP_ABI_VERSION_MINOR 5
 /* abi_version = major << 16 | minor. */
 #define DDP_ABI_VERSION ((uint32_t)((DDP_ABI_VERSION_MAJOR << 16) | DDP_ABI_VERSION_MINOR))
 #define DDP_ABI_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -99,6 +99,7 @@ typedef enum ddp_mem_category {
 #define DDP_CAP_DEVICE_CUDA (1u << 1)     /* works on CUDA memory */
 #define DDP_CAP_OWNS_OPTIMIZER (1u << 8)  /* strategy: implements optimizer_step */
 #define DDP_CAP_OWNS_GRADIENTS (1u << 9)  /* strategy (1.4): may claim gradient storage (ddp_host::claim) */
+#define DDP_CAP_OWNS_PARAMETERS (1u << 10) /* strategy (1.5): may claim parameter storage (DDP_STORAGE_DATA) */
 
 /* A contiguous buffer on the run's device; `count` in elements. Passed by
  * pointer, read during the call only (the memory it names must stay valid
@@ -122,7 +123,8 @@ typedef struct ddp_buffer {
  * strategy whose caps have DDP_CAP_OWNS_GRADIENTS, in create (the engine
  * makes the gradients it holds after create, once it knows which are
  * claimed) and, for a parameter just unfrozen, in that step's first
- * on_step_begin. */
+ * on_step_begin. `data` is NULL (1.5) for a parameter whose values the
+ * strategy claimed, from the end of on_train_begin while none is bound. */
 typedef struct ddp_param {
   const char* name;
   size_t index; /* position in the parameter table */
@@ -164,7 +166,7 @@ typedef enum ddp_unit_phase {
 /* (ABI 1.4) Storage a strategy may own (ddp_host::claim and bind). */
 typedef enum ddp_storage {
   DDP_STORAGE_GRAD = 0, /* a parameter's gradient (caps DDP_CAP_OWNS_GRADIENTS) */
-  DDP_STORAGE_DATA = 1  /* its values: reserved for a later minor; refused in 1.4 */
+  DDP_STORAGE_DATA = 1  /* (1.5) its values (caps DDP_CAP_OWNS_PARAMETERS) */
 } ddp_storage;
 
 /* (ABI 1.4) Elements [offset, offset + count) of parameter `param`: a
