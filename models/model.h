@@ -45,11 +45,6 @@ struct Unit {
   std::vector<size_t> tied;    // owned by another unit, read by this one, ascending
 };
 
-// Throws Error naming the first parameter whose values the strategy
-// claimed (DDP_STORAGE_DATA) and binds no storage to now, for `reader`
-// ("the replica check"), which reads every parameter whole.
-void require_values(const std::vector<Parameter>& params, const std::string& reader);
-
 // Throws Error unless `units` own each of `param_count` parameters exactly
 // once and their tied lists name parameters of other units. Pure.
 void check_units(const std::vector<Unit>& units, size_t param_count);

@@ -306,14 +306,6 @@ void Model::unbound_gradient(size_t index) const {
               "' or of a unit that reads it before", DDP_ERR_INVALID_ARGUMENT);
 }
 
-void require_values(const std::vector<Parameter>& params, const std::string& reader) {
-  for (const Parameter& p : params)
-    if (!p.data.data())
-      throw Error(reader + " reads the values of '" + p.name + "', which the strategy claimed and binds none to " +
-                  "now: the engine reads claimed values only where the strategy keeps them bound",
-                  DDP_ERR_INVALID_ARGUMENT);
-}
-
 void Model::unbound_values(size_t index) const {
   const Parameter& p = params_[index];
   const std::string unit = p.unit < units_.size() ? units_[p.unit].name : std::string("?");

@@ -43,6 +43,8 @@ const std::vector<Strategy> kStrategies = {
     {"sharded_allgather", "sharded", "variant = \"allgather\"\n"},
     // ZeRO-2: optimizer state in pieces, element ranges of each rank.
     {"sharded_stage2", "sharded", "stage = 2\nbucket_mb = 0.0001\n"},
+    // ZeRO-3: the weights gathered unit by unit to be written.
+    {"sharded_stage3", "sharded", "stage = 3\n"},
 };
 
 const std::string kSgd = "[optimizer]\nname = \"sgd\"\nlr = 0.1\nmomentum = 0.9\n";
@@ -156,9 +158,11 @@ TEST(ResumeElsewhere, TwoToFourAndFourToTwoRanksAcrossStrategiesWithinTolerance)
       int from_world, to_world;
       size_t from, to;  // indices into kStrategies
     };
-    // ... and from ZeRO stage 1 to 2 and back, from bucketed to stage 2 and back.
+    // ... and from ZeRO stage 1 to 2 and back, from bucketed to stage 2 and
+    // back, from stage 3 to stages 2 and 1 and back.
     for (const Move m : {Move{2, 4, 5, 3}, Move{2, 4, 4, 5}, Move{4, 2, 0, 5}, Move{4, 2, 5, 4}, Move{2, 4, 5, 6},
-                         Move{4, 2, 6, 5}, Move{2, 2, 3, 6}, Move{4, 4, 6, 3}, Move{2, 4, 6, 6}}) {
+                         Move{4, 2, 6, 5}, Move{2, 2, 3, 6}, Move{4, 4, 6, 3}, Move{2, 4, 6, 6}, Move{2, 4, 7, 6},
+                         Move{4, 2, 6, 7}, Move{2, 4, 7, 5}, Move{4, 2, 0, 7}}) {
       TempDir dir;
       const RunResult first = run_ok(toml(kStrategies[m.from], o), m.from_world, checkpointing(dir.path));
       const RunResult resumed = run_ok(toml(kStrategies[m.to], o), m.to_world, checkpointing(dir.path),

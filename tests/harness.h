@@ -46,15 +46,14 @@ using Snapshots = std::map<int64_t, Weights>;
 class FileObserver final : public TrainObserver {
  public:
   explicit FileObserver(const std::string& path) : out_(path, std::ios::binary) {}
-  void on_weights(int64_t step, const Model& model) override {
-    int64_t count = static_cast<int64_t>(model.params().size());
+  void on_weights(int64_t step, const std::vector<std::vector<float>>& values) override {
+    int64_t count = static_cast<int64_t>(values.size());
     out_.write(reinterpret_cast<const char*>(&step), sizeof step);
     out_.write(reinterpret_cast<const char*>(&count), sizeof count);
-    for (const Parameter& p : model.params()) {
-      int64_t n = static_cast<int64_t>(p.data.numel());
-      const std::vector<float> values = p.data.to_host();  // a GPU's copied out
+    for (const std::vector<float>& v : values) {
+      int64_t n = static_cast<int64_t>(v.size());
       out_.write(reinterpret_cast<const char*>(&n), sizeof n);
-      out_.write(reinterpret_cast<const char*>(values.data()), n * sizeof(float));
+      out_.write(reinterpret_cast<const char*>(v.data()), n * sizeof(float));
     }
     out_.flush();
   }

@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -16,11 +18,18 @@
 namespace ddp {
 namespace {
 
+// Every snapshot of the weights, by step (TrainObserver).
+struct Snapshots final : TrainObserver {
+  std::map<int64_t, std::vector<std::vector<float>>> at;
+  void on_weights(int64_t step, const std::vector<std::vector<float>>& values) override { at[step] = values; }
+};
+
 // Trains `model` for 2 steps on one rank with the test strategy `strategy`;
-// returns summary.json.
+// returns summary.json, with "weights_file": weights.safetensors's bytes.
 // `model_keys`, `strategy_keys`: more lines of its [model], [strategy] tables.
 nlohmann::json run_one_rank(const std::string& model, const std::string& strategy,
-                            const std::string& model_keys = "", const std::string& strategy_keys = "") {
+                            const std::string& model_keys = "", const std::string& strategy_keys = "",
+                            TrainObserver* observer = nullptr) {
   char tmpl[] = "/tmp/ddp-hooks-XXXXXX";
   std::string dir = mkdtemp(tmpl);
   std::ofstream(dir + "/run.toml") << "[run]\nsteps = 2\noutput_dir = \"" << dir << "/out\"\n"
@@ -34,12 +43,14 @@ nlohmann::json run_one_rank(const std::string& model, const std::string& strateg
   RankEnv env;
   env.rendezvous = "file:" + dir + "/rdzv";
   try {
-    train_rank(config, env);
+    train_rank(config, env, observer);
   } catch (...) {
     std::filesystem::remove_all(dir);
     throw;
   }
   auto summary = nlohmann::json::parse(std::ifstream(dir + "/out/summary.json"));
+  std::ifstream weights(dir + "/out/weights.safetensors", std::ios::binary);
+  summary["weights_file"] = std::string(std::istreambuf_iterator<char>(weights), {});
   std::filesystem::remove_all(dir);
   return summary;
 }
@@ -154,6 +165,24 @@ TEST(ClaimedValues, BoundToTheStrategysMemoryTheRunTrainsAsWithoutTheClaim) {
   EXPECT_NE(plain[0], plain[1]);  // the step changed the weights
 }
 
+// Bound only while each unit computes (FSDP's pattern), the whole model is
+// read unit by unit through unit_values: the replica check, the snapshots
+// and weights.safetensors see what the unclaimed run's do, bit for bit.
+TEST(ClaimedValues, BoundUnitByUnitTheWholeModelIsReadThroughUnitValues) {
+  for (const std::string model : {"toy", "toy_tied"}) {
+    Snapshots plain_snapshots, claimed_snapshots;
+    const auto plain = run_one_rank(model, "recorder", "", "", &plain_snapshots);
+    const auto claimed =
+        run_one_rank(model, "claims_values", "", "what = \"values_per_unit\"\n", &claimed_snapshots);
+    EXPECT_EQ(claimed.at("loss"), plain.at("loss")) << model;
+    ASSERT_EQ(claimed_snapshots.at.size(), 4u) << model;  // before set-up, after it, after steps 1 and 2
+    EXPECT_EQ(claimed_snapshots.at, plain_snapshots.at) << model;
+    EXPECT_NE(plain_snapshots.at.at(0), plain_snapshots.at.at(2)) << model;
+    EXPECT_EQ(claimed.at("weights_file"), plain.at("weights_file")) << model;
+    EXPECT_GT(plain.at("weights_file").get<std::string>().size(), 100u) << model;
+  }
+}
+
 TEST(ClaimedValues, AValueLeftUnboundStopsForwardNamingItAndItsUnit) {
   EXPECT_EQ(claim_failure("claims_values", "values_unbound"),
             "the model read the values of 'fc1.weight', which the strategy claimed and bound none to: bind them "
@@ -166,8 +195,8 @@ TEST(ClaimedValues, OnlyInCreateAndReadWholeOnlyWhereBound) {
             "strategy plugin 'claims_values': on_train_begin: claim: parameter values (DDP_STORAGE_DATA) only in "
             "create, while the engine still holds them all");
   EXPECT_EQ(claim_failure("claims_values", "values_released"),
-            "the replica check reads the values of 'no_grad_fixed_param', which the strategy claimed and binds none "
-            "to now: the engine reads claimed values only where the strategy keeps them bound");
+            "the replica check reads the values of "
+            "'no_grad_fixed_param', which the strategy claimed and did not bind in unit_values(unit 'fc1', 1)");
 }
 
 // Backward never writes where the strategy did not say: a claimed gradient

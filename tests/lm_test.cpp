@@ -58,6 +58,7 @@ const Strategy kStrategies[] = {
     {"sharded_allgather", "plugin = \"sharded\"\nvariant = \"allgather\"\n"},
     {"sharded_stage2", "plugin = \"sharded\"\nstage = 2\nbucket_mb = 0.1\n"},
     {"sharded_stage2_one_bucket", "plugin = \"sharded\"\nstage = 2\n"},
+    {"sharded_stage3", "plugin = \"sharded\"\nstage = 3\n"},
 };
 
 TEST(LmTiny, EveryStrategyEqualsSingleProcess) {

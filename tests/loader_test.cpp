@@ -158,6 +158,15 @@ TEST(LoadPluginRefuses, OwnsGradientsWithoutOwningTheOptimizer) {
                 "a strategy that holds gradients steps them itself (run_optimizer_ranges)");
 }
 
+// Holding values (1.5) goes with stepping them and lending them unit by
+// unit to the engine's readers.
+TEST(LoadPluginRefuses, OwnsParametersWithoutUnitValues) {
+  EXPECT_EQ(refusal(PluginKind::Strategy, "claims_values_nounit"),
+            "cannot load strategy plugin '" + plugin_file("strategy", "claims_values_nounit") +
+                "' (host ABI 1.5, plugin ABI 1.5): required entry 'unit_values' is NULL (caps has "
+                "DDP_CAP_OWNS_PARAMETERS)");
+}
+
 TEST(LoadPlugin, ValidStrategy) {
   auto plugin = load_plugin(PluginKind::Strategy, "valid", kDir);
   EXPECT_EQ(plugin->path(), plugin_file("strategy", "valid"));

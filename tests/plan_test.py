@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """tests/plan_test.py — `ddp plan` against what `ddp run` measures. For lm-tiny and mlp (256 x 3)
 at worlds 1, 2 and 4 and lm-cpu (its config: world 2) every shipped strategy (sharded in both
-variants of stage 1 and in stage 2 with two caps, bucketed also compressed and with small buckets),
+variants of stage 1, in stage 2 with two caps and in stage 3, bucketed also compressed and with small buckets),
 each planning its own part through its plan entry, with AdamW (lm) and SGD with momentum (mlp):
   - rank 0's peak bytes at the three moments of summary.json, and every rank's peak over the run,
     per category: exactly equal for parameters, gradients, optimizer state and communication
@@ -43,6 +43,9 @@ STRATEGIES = {
 MORE = {
     "sharded_stage2_8": ['strategy.plugin="sharded"', "strategy.sharded.stage=2", "strategy.sharded.bucket_mb=8"],
     "sharded_stage2_bf16": ['strategy.plugin="sharded"', "strategy.sharded.stage=2", 'strategy.sharded.compress="bf16"'],
+    "sharded_stage3": ['strategy.plugin="sharded"', "strategy.sharded.stage=3"],
+    "sharded_stage3_keep": ['strategy.plugin="sharded"', "strategy.sharded.stage=3", "strategy.sharded.prefetch=0",
+                            "strategy.sharded.reshard_after_forward=false"],
 }
 EXACT = ["parameters", "gradients", "optimizer_state", "comm_buffers"]
 MOMENTS = ["after_setup", "before_optimizer_step", "after_optimizer_step"]
@@ -113,6 +116,16 @@ class PlanAgainstRuns(unittest.TestCase):
         self.check("mlp", "sharded_stage2", 2, ["run.grad_accum_steps=3"])
         self.check("mlp", "sharded_stage2_bf16", 2)
         self.check("lm-tiny", "sharded_stage2_bf16", 2)
+
+    def test_stage3(self):
+        """Stage 3 (FSDP): values, gradients and optimizer state of 1/N of the model per rank, the gather
+        slots and the ring, the engine's full values held through set-up; the schedule's all-gathers and a
+        reduce-scatter per unit, per micro-batch, exactly."""
+        for model, world in (("lm-tiny", 1), ("lm-tiny", 2), ("lm-tiny", 4), ("mlp", 2), ("lm-cpu", 2)):
+            with self.subTest(model=model, world=world):
+                self.check(model, "sharded_stage3", world)
+        self.check("mlp", "sharded_stage3", 2, ["run.grad_accum_steps=3"])
+        self.check("lm-tiny", "sharded_stage3_keep", 2)
 
     @unittest.skipUnless((Path(DDP).parent.parent / "lib" / "ddp" / "libddp_transport_mpi.so").exists(),
                          "the mpi transport is not built (no MPI found)")

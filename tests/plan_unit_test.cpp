@@ -177,8 +177,8 @@ TEST(RunPlan, RefusesWhatItCannotPlanNamingThePlugin) {
   EXPECT_EQ(refusal([] { plan_with("bucketed", "bucket_mb = \"auto\"\n"); }),
             "strategy plugin 'bucketed': plan: strategy.bucket_mb = \"auto\" is chosen by a measurement at run time; "
             "`ddp plan` needs a number (MiB)");
-  EXPECT_EQ(refusal([] { plan_with("sharded", "stage = 3\n"); }),
-            "strategy plugin 'sharded': plan: strategy.stage must be 1 or 2 (got 3)");
+  EXPECT_EQ(refusal([] { plan_with("sharded", "stage = 4\n"); }),
+            "strategy plugin 'sharded': plan: strategy.stage must be 1, 2 or 3 (got 4)");
 }
 
 TEST(RunPlan, NcclHoldsItsBarriersFloatFromSetUp) {

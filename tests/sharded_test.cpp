@@ -204,37 +204,76 @@ TEST(ShardedConfig, UnknownVariantIsRefusedNamingTheKeyAndTheValues) {
   EXPECT_NE(bad_cap.failures[0].find("strategy.bucket_mb"), std::string::npos) << bad_cap.failures[0];
 }
 
-// ZeRO-2 on mlp (units of a weight and a bias; random data): on 1, 2 and 4
-// ranks it equals single-process training within 1e-6 with SGD and
-// momentum, 1e-5 with AdamW, ranks bitwise equal after every step.
+// mlp (units of a weight and a bias; random data) for 4 steps under
+// `strategy` ([strategy] lines) with `optimizer` ([optimizer] lines).
+std::string mlp_config(const std::string& optimizer, const std::string& strategy) {
+  return "[run]\nsteps = 4\nseed = 5\ntimeout_s = 30\n[model]\nname = \"mlp\"\nwidth = 32\ndepth = 2\n"
+         "classes = 4\n[data]\nkind = \"random\"\nbatch_size = 16\n[optimizer]\n" + optimizer + "[strategy]\n" +
+         strategy;
+}
+
+// `run` on `world` ranks against `single`: every rank's weights bitwise
+// equal to rank 0's, and within `tolerance` of single-process training,
+// after every step (and, from `first`, before the first).
+void expect_equals_single(const RunResult& run, const RunResult& single, int world, float tolerance, int first) {
+  ASSERT_TRUE(single.failures.empty() && run.failures.empty());
+  for (int step = first; step <= 4; ++step)
+    for (size_t p = 0; p < run.names.size(); ++p) {
+      for (int r = 1; r < world; ++r) ASSERT_EQ(run.ranks[r].at(step)[p], run.ranks[0].at(step)[p]);
+      EXPECT_LE(harness::max_abs_diff(run.ranks[0].at(step)[p], single.ranks[0].at(step)[p]), tolerance)
+          << "step " << step << ", " << run.names[p];
+    }
+}
+
+const char* const kMlpOptimizers[] = {"name = \"sgd\"\nlr = 0.05\nmomentum = 0.9\n", "name = \"adamw\"\nlr = 0.01\n"};
+float mlp_tolerance(const std::string& optimizer) { return optimizer.find("adamw") != std::string::npos ? 1e-5f : 1e-6f; }
+
+// ZeRO-2 on mlp: on 1, 2 and 4 ranks it equals single-process training
+// within 1e-6 with SGD and momentum, 1e-5 with AdamW, ranks bitwise equal
+// after every step.
 TEST(ShardedStage2, MlpEqualsSingleProcess) {
-  for (const char* optimizer : {"name = \"sgd\"\nlr = 0.05\nmomentum = 0.9\n", "name = \"adamw\"\nlr = 0.01\n"}) {
-    const float tolerance = std::string(optimizer).find("adamw") != std::string::npos ? 1e-5f : 1e-6f;
-    const auto config = [&](const std::string& strategy) {
-      return "[run]\nsteps = 4\nseed = 5\ntimeout_s = 30\n[model]\nname = \"mlp\"\nwidth = 32\ndepth = 2\n"
-             "classes = 4\n[data]\nkind = \"random\"\nbatch_size = 16\n[optimizer]\n" + std::string(optimizer) +
-             "[strategy]\n" + strategy;
-    };
-    const RunResult single = run_ok(config("plugin = \"naive\"\n"), 1);
+  for (const char* optimizer : kMlpOptimizers) {
+    const RunResult single = run_ok(mlp_config(optimizer, "plugin = \"naive\"\n"), 1);
     for (int world : {1, 2, 4}) {
       SCOPED_TRACE(std::string(optimizer) + " on " + std::to_string(world) + " ranks");
-      const RunResult z2 = run_ok(config("plugin = \"sharded\"\nstage = 2\nbucket_mb = 0.002\n"), world);
-      ASSERT_TRUE(single.failures.empty() && z2.failures.empty());
-      for (int step = 1; step <= 4; ++step)
-        for (size_t p = 0; p < z2.names.size(); ++p) {
-          for (int r = 1; r < world; ++r) ASSERT_EQ(z2.ranks[r].at(step)[p], z2.ranks[0].at(step)[p]);
-          EXPECT_LE(harness::max_abs_diff(z2.ranks[0].at(step)[p], single.ranks[0].at(step)[p]), tolerance)
-              << "step " << step << ", " << z2.names[p];
-        }
+      const RunResult z2 = run_ok(mlp_config(optimizer, "plugin = \"sharded\"\nstage = 2\nbucket_mb = 0.002\n"), world);
+      expect_equals_single(z2, single, world, mlp_tolerance(optimizer), 1);
     }
   }
 }
 
-TEST(ShardedConfig, StageOtherThanOneOrTwoIsRefused) {
-  RunResult r = harness::run(toml("toy", "sharded", "stage = 3\n"), 1);
+TEST(ShardedConfig, StageOtherThanOneTwoOrThreeIsRefused) {
+  RunResult r = harness::run(toml("toy", "sharded", "stage = 4\n"), 1);
   ASSERT_EQ(r.failures.size(), 1u);
-  EXPECT_NE(r.failures[0].find("strategy plugin 'sharded': create: strategy.stage must be 1 or 2 (got 3)"),
+  EXPECT_NE(r.failures[0].find("strategy plugin 'sharded': create: strategy.stage must be 1, 2 or 3 (got 4)"),
             std::string::npos) << r.failures[0];
+}
+
+// Stage 3's prefetch: a number of units from 0 to 16; anything else is
+// refused at create, naming the key and the value.
+TEST(ShardedConfig, Stage3PrefetchOutsideZeroToSixteenIsRefused) {
+  for (const char* value : {"-1", "17", "1000000000000"}) {
+    RunResult r = harness::run(toml("toy", "sharded", "stage = 3\nprefetch = " + std::string(value) + "\n"), 1);
+    ASSERT_EQ(r.failures.size(), 1u) << value;
+    EXPECT_NE(r.failures[0].find("strategy plugin 'sharded': create: strategy.prefetch must be a number of units "
+                                 "from 0 to 16 (got " + std::string(value) + ")"),
+              std::string::npos) << r.failures[0];
+  }
+}
+
+// ZeRO-3 on mlp: on 1, 2 and 4 ranks, with and without prefetch and
+// resharding after forward, as ZeRO-2 above, from the weights before the
+// first step on (each rank's snapshot is the model gathered unit by unit).
+TEST(ShardedStage3, MlpEqualsSingleProcess) {
+  for (const char* optimizer : kMlpOptimizers) {
+    const RunResult single = run_ok(mlp_config(optimizer, "plugin = \"naive\"\n"), 1);
+    for (const char* keys : {"prefetch = 1\n", "prefetch = 0\nreshard_after_forward = false\n", "prefetch = 2\n"})
+      for (int world : {1, 2, 4}) {
+        SCOPED_TRACE(std::string(optimizer) + keys + " on " + std::to_string(world) + " ranks");
+        const RunResult z3 = run_ok(mlp_config(optimizer, "plugin = \"sharded\"\nstage = 3\n" + std::string(keys)), world);
+        expect_equals_single(z3, single, world, mlp_tolerance(optimizer), 0);
+      }
+  }
 }
 
 // Stage 2 (and stage 1's allgather) reduce-scatter: over a transport

@@ -146,9 +146,12 @@ void check_entries(const Refusal& refusal, const ddp_strategy_v1_t& s) {
                    "gradients steps them itself (run_optimizer_ranges)");
     require(refusal, s.grad_ranges != nullptr, "grad_ranges", "caps has DDP_CAP_OWNS_GRADIENTS");
   }
-  if ((s.caps & DDP_CAP_OWNS_PARAMETERS) && !(s.caps & DDP_CAP_OWNS_OPTIMIZER))
-    refusal.fail("caps has DDP_CAP_OWNS_PARAMETERS without DDP_CAP_OWNS_OPTIMIZER: a strategy that holds "
-                 "parameters steps them itself (run_optimizer_ranges)");
+  if (s.caps & DDP_CAP_OWNS_PARAMETERS) {  // it holds values: it steps them, and lends them to the engine's readers
+    if (!(s.caps & DDP_CAP_OWNS_OPTIMIZER))
+      refusal.fail("caps has DDP_CAP_OWNS_PARAMETERS without DDP_CAP_OWNS_OPTIMIZER: a strategy that holds "
+                   "parameters steps them itself (run_optimizer_ranges)");
+    require(refusal, s.unit_values != nullptr, "unit_values", "caps has DDP_CAP_OWNS_PARAMETERS");
+  }
   require(refusal, s.destroy != nullptr, "destroy");
 }
 

@@ -20,6 +20,7 @@ class PlanningCall {
     part_.planned = true;
     const Footprint& f = *run.model;
     part_.claimed.assign(f.params.size(), false);
+    part_.claimed_values.assign(f.params.size(), false);
     std::vector<size_t> unit_of(f.params.size(), DDP_NO_UNIT);
     for (size_t u = 0; u < f.units.size(); ++u)
       for (size_t i : f.units[u].params) unit_of[i] = u;
@@ -74,9 +75,10 @@ class PlanningCall {
     };
     plan_.claims = [](void* ctx, ddp_storage what, size_t param) {
       return self(ctx).record([&] {
-        if (what != DDP_STORAGE_GRAD) throw Error("claims: only DDP_STORAGE_GRAD can be claimed in ABI 1.4");
+        if (what != DDP_STORAGE_GRAD && what != DDP_STORAGE_DATA)
+          throw Error("claims: storage " + std::to_string(int(what)) + " is none of DDP_STORAGE_GRAD and DDP_STORAGE_DATA");
         self(ctx).param_at(param, "claims");
-        self(ctx).part_.claimed[param] = true;
+        (what == DDP_STORAGE_GRAD ? self(ctx).part_.claimed : self(ctx).part_.claimed_values)[param] = true;
       });
     };
   }
@@ -141,7 +143,7 @@ class PlanningCall {
 PluginPart plan_strategy(const ddp_strategy_v1_t& s, const ddp_transport_v1_t& t, const PluginSection& section,
                          const PlanRun& run, int rank) {
   const std::string label = std::string("strategy plugin '") + s.name + "'";
-  if (!DDP_PLUGIN_HAS(&s, plan)) return PluginPart{label, false, {}, {}, {}, false, 0, {}};
+  if (!DDP_PLUGIN_HAS(&s, plan)) return PluginPart{label, false, {}, {}, {}, false, 0, {}, {}};
   PlanningCall call(section, run, rank, label);
   return call.take(s.plan(call.host(), &t, call.plan()));
 }
@@ -149,7 +151,7 @@ PluginPart plan_strategy(const ddp_strategy_v1_t& s, const ddp_transport_v1_t& t
 PluginPart plan_transport(const ddp_transport_v1_t& t, const PluginSection& section, const PlanRun& run, int rank,
                           const std::vector<ddp_plan_collective>& collectives) {
   const std::string label = std::string("transport plugin '") + t.name + "'";
-  if (!DDP_PLUGIN_HAS(&t, plan)) return PluginPart{label, false, {}, {}, {}, false, 0, {}};
+  if (!DDP_PLUGIN_HAS(&t, plan)) return PluginPart{label, false, {}, {}, {}, false, 0, {}, {}};
   PlanningCall call(section, run, rank, label);
   call.plan()->collectives = collectives.data();
   call.plan()->collective_count = collectives.size();

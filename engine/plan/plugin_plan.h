@@ -40,6 +40,7 @@ struct PluginPart {
   bool says_steps = false;   // it named what its optimizer steps
   int64_t stepped = 0;       // the elements it named
   std::vector<bool> claimed;  // per parameter: its gradient storage claimed
+  std::vector<bool> claimed_values;  // per parameter: its values claimed (1.5)
 };
 
 // The run a plan is for, as the planning host describes it.

@@ -76,11 +76,13 @@ void sync_directory(const fs::path& dir) {
   ::close(fd);
 }
 
-void write_weights(const std::vector<Parameter>& params, const fs::path& file) {
+void write_weights(const CheckpointInput& in, const fs::path& file) {
   std::vector<std::vector<float>> values;
   std::vector<NamedFloats> tensors;
-  require_values(params, "the checkpoint");
-  for (const Parameter& p : params) tensors.push_back({p.name, p.shape, values.emplace_back(p.data.to_host()).data()});
+  for (size_t i = 0; i < in.params.size(); ++i) {
+    const Parameter& p = in.params[i];
+    tensors.push_back({p.name, p.shape, in.values ? (*in.values)[i].data() : values.emplace_back(p.data.to_host()).data()});
+  }
   write_safetensors(file.string(), tensors);
 }
 
@@ -328,7 +330,7 @@ std::string write_checkpoint(const CheckpointInput& in, int64_t step) {
   std::string state_file;
   failure = attempt([&] {
     state_file = write_state_file(in, layout, partial);
-    if (in.rank == 0) write_weights(in.params, partial / "weights.safetensors");
+    if (in.rank == 0) write_weights(in, partial / "weights.safetensors");
   });
   all_or_none(in, failure, "write its files into " + partial.string());
   const std::map<std::string, FileDigest> digests = gather_file_digests(in, partial, state_file);

@@ -115,6 +115,9 @@ struct CheckpointInput {
   std::vector<double> losses;  // steps 1..step
   // Every rank's `mine`, rank-major, to every rank (an engine collective).
   std::function<void(const std::vector<double>& mine, std::vector<double>& all)> all_gather;
+  // The values on the host where the strategy holds them (whole_model.h),
+  // in table order; null: the parameters' own.
+  const std::vector<std::vector<float>>* values = nullptr;
 };
 
 // Every rank calls it after the same step; returns the checkpoint's path.

@@ -103,6 +103,10 @@ void RankPlugins::on_train_end() {
   if (strategy_api().on_train_end) call("on_train_end", [&] { return strategy_api().on_train_end(strategy_); });
 }
 
+void RankPlugins::unit_values(size_t unit, bool hold) {
+  call("unit_values", [&] { return strategy_api().unit_values(strategy_, unit, hold ? 1 : 0); });
+}
+
 std::optional<std::vector<size_t>> RankPlugins::held_grads() {
   const ddp_strategy_v1_t& api = strategy_api();
   if (!api.held_grads) return std::nullopt;

@@ -77,6 +77,7 @@ class RankPlugins {
   void optimizer_step();
   void on_unit(size_t unit, ddp_unit_phase phase);  // (1.4) nothing where the strategy has none
   void on_train_end();
+  void unit_values(size_t unit, bool hold);  // (1.5) where the strategy claims values
   // After finish: the parameters whose averaged gradient this rank holds,
   // when the strategy leaves each on one rank (held_grads, ABI 1.2);
   // nullopt when every rank holds every one.

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "store.h"
 #include "summary.h"
 #include "trainer.h"
+#include "whole_model.h"
 
 namespace ddp {
 
@@ -93,9 +95,16 @@ class RankRun {
   // Every rank's totals to every rank; rank 0 writes weights and summary;
   // each rank its trace.
   void finish_run();
-  void write_outputs(const std::vector<double>& all);  // weights.safetensors, then summary.json
+  // weights.safetensors (from `held` where the strategy holds the values), then summary.json.
+  void write_outputs(const std::vector<double>& all, const std::vector<std::vector<float>>& held);
   void write_summary(const std::vector<double>& all);
   void stop_plugins();
+  // The strategy's unit_values, for whole_model.h's readers, once it holds
+  // values (after on_train_begin); empty while the engine holds them all.
+  std::function<void(size_t, bool)> unit_values() {
+    if (!values_lent_) return {};
+    return [this](size_t unit, bool hold) { plugins_->unit_values(unit, hold); };
+  }
 
   // What the run is given.
   const Config config_;
@@ -117,6 +126,7 @@ class RankRun {
   int64_t tokens_per_row_ = 1;      // positions a row trains (lm: context_length)
   std::vector<size_t> trainable_;   // indices of trainable parameters
   bool claims_ = false;             // the strategy claimed some gradient storage
+  bool values_lent_ = false;        // it holds some values (claimed, from the end of on_train_begin)
   std::vector<GradSpan> spans_;     // held_gradients', kept
   std::vector<StepRange> step_ranges_;  // run_optimizer_ranges', kept
   std::vector<int> remaining_uses_;  // per parameter, this micro-batch's backward

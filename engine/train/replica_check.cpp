@@ -78,7 +78,10 @@ std::string first_divergence(const std::vector<std::string>& names, const std::v
 // parameter that is not finite either says where it came from.
 std::string non_finite_loss(double loss, const std::vector<Parameter>& params) {
   std::string text = "the loss is " + std::string(std::isnan(loss) ? "nan" : "inf") + "; ";
-  require_values(params, "run.check_finite");
+  for (const Parameter& p : params)
+    if (p.values_claimed)
+      return text + "the strategy holds the parameters' values, so they were not searched (run.check_finite = "
+                    "false lets the run go on)";
   for (const Parameter& p : params) {
     const std::vector<float> values = p.data.to_host();
     for (size_t i = 0; i < values.size(); ++i)

@@ -20,19 +20,19 @@ namespace ddp {
 void RankRun::check_replicas(int64_t step) {
   const auto t = Clock::now();
   const auto& params = model_->params();
-  std::vector<int64_t> mine;
+  std::vector<int64_t> mine(params.size());
   std::vector<std::string> names;
-  require_values(params, "the replica check");
-  for (const Parameter& p : params) {
+  for (const Parameter& p : params) names.push_back(p.name);
+  visit_values(*model_, unit_values(), "the replica check", [&](size_t i) {
+    const Parameter& p = params[i];
     const std::vector<float> host = device_->kind() == DDP_DEVICE_CPU ? std::vector<float>() : p.data.to_host();
     const Digest d = digest(host.empty() ? p.data.data() : host.data(), p.data.numel());
     if (config_.run.check_finite && !d.finite)
       throw Error("parameter '" + p.name + "' is not finite " +
                   (step >= 0 ? "after step " + std::to_string(step + 1) : std::string("at the end of the run")) +
                   " (run.check_finite = false lets the run go on)");
-    mine.push_back(int64_t(d.bits));
-    names.push_back(p.name);
-  }
+    mine[i] = int64_t(d.bits);
+  });
   std::vector<int64_t> all(mine.size() * size_t(env_.rank.world_size));
   plugins_->all_gather(mine, all);
   const std::string divergence = first_divergence(names, all, env_.rank.world_size, step);
@@ -61,6 +61,9 @@ void RankRun::checkpoint(int64_t step) {
                         plugins_->strategy_name(), plugins_->transport_name(), resume_items(config_),
                         loss_prefix_, {}};
   for (const StepRecord& r : records_) input.losses.push_back(r.loss);
+  std::vector<std::vector<float>> held;  // the values the strategy holds, gathered unit by unit on every rank
+  if (values_lent_) held = host_values(*model_, unit_values(), "the checkpoint");
+  if (!held.empty()) input.values = &held;
   input.all_gather = [this](const std::vector<double>& mine, std::vector<double>& all) {
     plugins_->all_gather(mine, all);
   };
@@ -105,20 +108,24 @@ void RankRun::finish_run() {
   if (!trace_path_.empty()) timeline_->write(trace_path_);
   std::vector<double> all(RankTotals::kDoubles * env_.rank.world_size);
   plugins_->all_gather(mine.to_doubles(), all);
+  std::vector<std::vector<float>> held;  // the values the strategy holds, gathered unit by unit on every rank
+  if (values_lent_) held = host_values(*model_, unit_values(), "weights.safetensors");
   // Every rank has passed its last read of the store (it is in this gather).
   const std::string left = store_->remove_written();
   if (!left.empty()) std::fprintf(stderr, "[rank %d] warning: %s\n", env_.rank.rank, left.c_str());
-  if (env_.rank.rank == 0) write_outputs(all);
+  if (env_.rank.rank == 0) write_outputs(all, held);
 }
 
-void RankRun::write_outputs(const std::vector<double>& all) {
+void RankRun::write_outputs(const std::vector<double>& all, const std::vector<std::vector<float>>& held) {
   namespace fs = std::filesystem;
   fs::create_directories(config_.run.output_dir);
   std::vector<NamedFloats> weights;
   std::vector<std::vector<float>> host;  // a GPU's weights, copied out
-  require_values(model_->params(), "weights.safetensors");
-  for (const Parameter& p : model_->params()) {
-    const float* values = device_->kind() == DDP_DEVICE_CPU ? p.data.data() : host.emplace_back(p.data.to_host()).data();
+  for (size_t i = 0; i < model_->params().size(); ++i) {
+    const Parameter& p = model_->params()[i];
+    const float* values = !held.empty()                      ? held[i].data()
+                          : device_->kind() == DDP_DEVICE_CPU ? p.data.data()
+                                                              : host.emplace_back(p.data.to_host()).data();
     weights.push_back({p.name, p.shape, values});
   }
   const std::string weights_path = (fs::path(config_.run.output_dir) / "weights.safetensors").string();

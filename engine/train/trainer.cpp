@@ -125,13 +125,14 @@ void RankRun::set_up_timeline() {
 }
 
 void RankRun::train() {
-  if (observer_) observer_->on_weights(-1, *model_);
+  if (observer_) observer_->on_weights(-1, host_values(*model_, unit_values(), "a snapshot"));
   services_.claims_open = true;  // a strategy may claim gradient storage here
   plugins_->on_train_begin();
   services_.claims_open = false;
   services_.release_held_values();  // the strategy has taken its part of the values it claimed
+  values_lent_ = values_claimed(model_->params());
   claims_ = services_.claims_any();
-  if (observer_) observer_->on_weights(0, *model_);
+  if (observer_) observer_->on_weights(0, host_values(*model_, unit_values(), "a snapshot"));
   take_peaks(device_->memory(), mem_after_setup_);
   // The records of the first steps, reserved (growing past them is rare and
   // cheap; reserving run.steps = 1e8 records would be 12 GB of address space).
@@ -142,7 +143,7 @@ void RankRun::train() {
     whereabouts::enter_step(step);
     records_.push_back(train_step(step));
     if (step == start_step_) optimizer_->drop_unclaimed();  // a resumed run's state not this rank's
-    if (observer_) observer_->on_weights(step + 1, *model_);
+    if (observer_) observer_->on_weights(step + 1, host_values(*model_, unit_values(), "a snapshot"));
     if ((step + 1) % config_.run.log_every == 0 || step + 1 == config_.run.steps) report(step);
     if (every > 0 && (step + 1) % every == 0) check_replicas(step);
     if (checkpoint_every > 0 && ((step + 1) % checkpoint_every == 0 || step + 1 == config_.run.steps))

@@ -13,11 +13,13 @@
 namespace ddp {
 
 // Lets tests look at the weights: step -1 before the strategy's set-up
-// (each rank's own initialisation), 0 after it, s after optimizer step s.
+// (each rank's own initialisation), 0 after it, s after optimizer step s;
+// `values`: every parameter's, on the host, in table order (read unit by
+// unit where the strategy holds them: whole_model.h).
 class TrainObserver {
  public:
   virtual ~TrainObserver() = default;
-  virtual void on_weights(int64_t step, const Model& model) = 0;
+  virtual void on_weights(int64_t step, const std::vector<std::vector<float>>& values) = 0;
 };
 
 // Runs the whole training of one rank. Throws Error on any failure, with

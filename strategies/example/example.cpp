@@ -234,4 +234,7 @@ DDP_STRATEGY_ENTRY = {
     nullptr,  // grad_ranges: it claims no storage
     example_plan,
 #endif
+#if DDP_ABI_VERSION_MINOR >= 5  // and of 1.5
+    nullptr,  // unit_values: it claims no values
+#endif
 };

@@ -182,4 +182,5 @@ DDP_STRATEGY_ENTRY = {
     nullptr,  // on_train_end
     nullptr,  // grad_ranges: it claims no storage
     flat_plan,
+    nullptr,  // unit_values (1.5): it claims no values
 };

@@ -71,4 +71,5 @@ DDP_STRATEGY_ENTRY = {
     nullptr,  // on_train_end
     nullptr,  // grad_ranges: it claims no storage
     naive_plan,
+    nullptr,  // unit_values (1.5): it claims no values
 };

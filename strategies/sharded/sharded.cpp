@@ -1,6 +1,7 @@
 // sharded.cpp — the `sharded` strategy: ZeRO (Rajbhandari et al. 2020)
 // stage 1, optimizer state sharding (CS336 assignment 2, "Optimizer State
-// Sharding"; P_os), and stage 2, gradients sharded too (P_os+g; stage2.h).
+// Sharding"; P_os), stage 2, gradients sharded too (P_os+g; stage2.h), and
+// stage 3, parameters sharded too (P_os+g+p, FSDP; stage3.h).
 //
 // Stage 1 (the default). Every trainable parameter has one owner rank
 // (strategies/common/partition.h: size-balanced, the same on every rank);
@@ -9,7 +10,8 @@
 // the owners send the updated parameters to everyone.
 //
 // Keys ([strategy]):
-//   stage     = 1 (default) | 2
+//   stage     = 1 (default) | 2 | 3
+//   prefetch  = 1, reshard_after_forward = true   (stage 3)
 //   variant   = "broadcast" (default) | "allgather"   (stage 1)
 //   bucket_mb = 25.0  gradient bucket cap, MiB, or "auto" (stage 1's variant
 //                     broadcast, and stage 2; ../common/bucket_cap.h)
@@ -53,6 +55,7 @@
 #include "../common/plan_util.h"
 #include "../common/strategy_util.h"
 #include "stage2.h"
+#include "stage3.h"
 
 using ddp::plugin::DeviceBuffer;
 using ddp::plugin::Failure;
@@ -71,7 +74,8 @@ constexpr size_t kFloat = sizeof(float);
 
 struct ddp_strategy_s : StrategyBase {
   int stage = 1;
-  ddp::strategy::Stage2 stage2;  // stage 2's gradients and shards (unused in stage 1)
+  ddp::strategy::Stage2 stage2;  // stage 2's gradients and shards, stage 3's too (unused in stage 1)
+  ddp::strategy::Stage3 stage3;  // stage 3's values (unused below it)
   Variant variant = Variant::Broadcast;
   std::string variant_name;
   ds::BucketCap bucket_cap;   // the bucket_mb key (variant broadcast): MiB or "auto"
@@ -95,16 +99,18 @@ struct ddp_strategy_s : StrategyBase {
   DeviceBuffer shard;               // [S]: this rank's averaged grads, then params
 
   ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c)
-      : StrategyBase(h, t, c), stage2(*this), buckets(*this) {}
+      : StrategyBase(h, t, c), stage2(*this), stage3(*this, stage2), buckets(*this) {}
 };
 
 namespace {
 
 constexpr ddp_key kKeys[] = {
-    {"stage", "int", "ZeRO stage: 1 (default) shards optimizer state; 2 the gradients too"},
+    {"stage", "int", "ZeRO stage: 1 (default) shards optimizer state; 2 the gradients too; 3 the parameters too"},
     {"variant", "string", "stage 1: \"broadcast\" (default): all-reduce in buckets, broadcast the updated shards; \"allgather\""},
     {"bucket_mb", "float or \"auto\"", "stage 1's variant broadcast, stage 2: the most MiB of gradients per bucket (default 25)"},
-    {"compress", "string", "stage 2: \"none\" (default), \"bf16\" or \"fp16\": the gradients reduce-scattered in 16 bits"},
+    {"compress", "string", "stages 2, 3: \"none\" (default), \"bf16\" or \"fp16\": the gradients reduce-scattered in 16 bits"},
+    {"prefetch", "int", "stage 3: units gathered ahead of the one computing, 0 to 16 (default 1)"},
+    {"reshard_after_forward", "bool", "stage 3: free a unit's gathered values after its forward (default true)"},
     {nullptr, nullptr, nullptr},
 };
 
@@ -173,9 +179,16 @@ ddp_status sharded_create(const ddp_host* host, const ddp_transport_v1_t* transp
       throw Failure(DDP_ERR_UNSUPPORTED, "the engine offers no run_optimizer: the sharded strategy needs it");
     auto s = std::make_unique<ddp_strategy_s>(host, transport, comm);
     const int64_t stage = s->host.config_int("stage", 1);
-    if (stage != 1 && stage != 2)
-      throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.stage must be 1 or 2 (got " + std::to_string(stage) + ")");
+    if (stage < 1 || stage > 3)
+      throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.stage must be 1, 2 or 3 (got " + std::to_string(stage) + ")");
     s->stage = int(stage);
+    if (s->stage == 3) {  // no bucket_mb: a bucket per unit
+      ddp::strategy::Stage3::check_support(host, transport);
+      s->stage2.set_wire(ds::read_compress(s->host, transport));
+      s->stage3.claim(ddp::strategy::Stage3::read_keys(s->host));
+      *out = s.release();
+      return;
+    }
     if (s->stage == 2) {  // no variant: stage 2 reduce-scatters and all-gathers
       ddp::strategy::Stage2::check_support(host, transport);
       s->bucket_cap = ds::BucketCap::read(s->host);
@@ -219,6 +232,7 @@ size_t stage2_cap(ddp_strategy* s) {
 ddp_status sharded_on_train_begin(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
     s->broadcast_params_from_rank0();
+    if (s->stage == 3) return s->stage3.set_up();
     if (s->stage == 2) {
       s->bucket_cap.measure(*s);  // "auto": o and w, the same on every rank
       s->stage2.lay_out(stage2_cap(s));
@@ -231,8 +245,9 @@ ddp_status sharded_on_train_begin(ddp_strategy* s) {
 
 ddp_status sharded_on_step_begin(ddp_strategy* s, const ddp_step_info* info) {
   return guard(s->host.raw(), [&] {
-    if (s->stage == 2) {
-      if (info->params_changed) s->stage2.lay_out(stage2_cap(s));  // stably: new buckets for the unfrozen
+    if (s->stage >= 2) {
+      if (info->params_changed && s->stage == 2) s->stage2.lay_out(stage2_cap(s));  // stably: new buckets for the unfrozen
+      if (info->params_changed && s->stage == 3) s->stage2.lay_out(1, true);  // the same layout, the new claimed
       s->stage2.begin_micro_batch(info->micro_step == 0);
       s->syncing = info->sync_grads != 0;
       return;
@@ -259,13 +274,21 @@ ddp_status sharded_on_backward_end(ddp_strategy* s) {
 ddp_status sharded_on_unit(ddp_strategy* s, size_t unit, ddp_unit_phase phase) {
   return guard(s->host.raw(), [&] {
     if (s->stage == 2) s->stage2.unit(unit, phase);
+    if (s->stage == 3) s->stage3.unit(unit, phase);
+  });
+}
+
+// Stage 3: the engine reads the whole model unit by unit.
+ddp_status sharded_unit_values(ddp_strategy* s, size_t unit, int hold) {
+  return guard(s->host.raw(), [&] {
+    if (s->stage == 3) s->stage3.lend(unit, hold != 0);
   });
 }
 
 ddp_status sharded_finish(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
     if (!s->syncing) return;  // not the micro-batch that syncs (never the case after the last one)
-    if (s->stage == 2) {  // every bucket was reduce-scattered as it closed
+    if (s->stage >= 2) {  // every bucket was reduce-scattered as it closed
       s->wait_comm();
       return;
     }
@@ -297,10 +320,8 @@ ddp_status sharded_finish(ddp_strategy* s) {
 
 ddp_status sharded_optimizer_step(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
-    if (s->stage == 2) {
-      s->stage2.step();
-      return;
-    }
+    if (s->stage == 2) return s->stage2.step();
+    if (s->stage == 3) return s->stage3.step();
     // The engine's optimizer on this rank's parameters only (compute stream,
     // blocking); it keeps state for exactly these.
     s->host.run_optimizer(s->owned.data(), s->owned.size());
@@ -341,6 +362,7 @@ ddp_status sharded_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed)
                       buf, cap, needed);
       return;
     }
+    if (s->stage == 3) return ds::write_stats("{" + s->stage2.json(3) + ", " + s->stage3.json() + "}", buf, cap, needed);
     std::string j = "{\"variant\": " + ds::json_quote(s->variant_name) + ", \"owners\": {";
     bool first = true;
     for (size_t i = 0; i < s->owners.size(); ++i) {
@@ -382,9 +404,9 @@ ddp_status sharded_held_grads(ddp_strategy* s, size_t* indices, size_t cap, size
 // Stage 2: this rank's elements of the averaged gradients, in its shard.
 ddp_status sharded_grad_ranges(ddp_strategy* s, const ddp_range** ranges, size_t* count, int* partitioned) {
   return guard(s->host.raw(), [&] {
-    *ranges = s->stage == 2 ? s->stage2.ranges().data() : nullptr;
-    *count = s->stage == 2 ? s->stage2.ranges().size() : 0;
-    *partitioned = s->stage == 2 ? 1 : 0;
+    *ranges = s->stage >= 2 ? s->stage2.ranges().data() : nullptr;
+    *count = s->stage >= 2 ? s->stage2.ranges().size() : 0;
+    *partitioned = s->stage >= 2 ? 1 : 0;
   });
 }
 
@@ -432,8 +454,14 @@ ddp_status sharded_plan(const ddp_host* host, const ddp_transport_v1_t* transpor
     if (stage == 2)
       return ddp::strategy::Stage2::plan(h, plan, transport, ds::BucketCap::read(h).plan_bytes(),
                                          ds::read_compress(h, transport, /*planning=*/true));
+    if (stage == 3) {
+      if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
+        throw Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.stage = 3 reduce-scatters the gradients, and "
+                                                       "transport '") + transport->name + "' has no reduce_scatter");
+      return ddp::strategy::Stage3::plan(h, plan, ds::read_compress(h, transport, /*planning=*/true));
+    }
     if (stage != 1)
-      throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.stage must be 1 or 2 (got " + std::to_string(stage) + ")");
+      throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.stage must be 1, 2 or 3 (got " + std::to_string(stage) + ")");
     plan_stage1(h, plan, transport);
   });
 }
@@ -445,7 +473,8 @@ DDP_STRATEGY_ENTRY = {
     sizeof(ddp_strategy_v1_t),
     "sharded",
     "0.1.0",
-    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER | DDP_CAP_OWNS_GRADIENTS,
+    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER | DDP_CAP_OWNS_GRADIENTS |
+        DDP_CAP_OWNS_PARAMETERS,
     sharded_create,
     sharded_on_train_begin,
     sharded_on_step_begin,
@@ -461,4 +490,5 @@ DDP_STRATEGY_ENTRY = {
     nullptr,  // on_train_end
     sharded_grad_ranges,
     sharded_plan,
+    sharded_unit_values,
 };

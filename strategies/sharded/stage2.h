@@ -62,28 +62,28 @@ class Stage2 {
 
   // The layout, for the trainable set of now (stably after the first
   // time), claims and buffers. Between steps only (no work in flight).
-  void lay_out(size_t cap_elements) {
+  // `every_parameter` (stage 3): frozen parameters are laid out too, so
+  // that the layout is the parameters' as well and never changes (their
+  // slots carry zeros), and only the trainable are claimed, bound and
+  // stepped.
+  void lay_out(size_t cap_elements, bool every_parameter = false) {
     const plugin::Host& h = base_.host;
-    const size_t units = h.unit_count();
-    if (units == 0)
-      throw plugin::Failure(DDP_ERR_UNSUPPORTED, "strategy.stage = 2 binds gradients unit by unit, and this model "
-                                                 "declares no units");
-    units_.clear();
-    for (size_t u = 0; u < units; ++u) {
-      const ddp_unit& unit = h.unit(u);
-      units_.push_back({{unit.params, unit.params + unit.param_count}, {unit.tied, unit.tied + unit.tied_count}});
-    }
+    units_ = units_of(h, kNoUnits);
     params_.clear();
+    trainable_.clear();
     for (size_t i = 0; i < h.param_count(); ++i) {
       const ddp_param& p = h.param(i);
-      params_.push_back({StrategyBase::float32_elements(p), p.trainable != 0});
+      params_.push_back({StrategyBase::float32_elements(p), every_parameter || p.trainable != 0});
+      trainable_.push_back(p.trainable != 0);
     }
     std::vector<std::vector<size_t>> kept;
     for (const ShardBucket& b : layout_.buckets) kept.push_back(b.params);
     layout_ = shard_layout(units_, params_, size_t(h.world_size()), cap_elements, kAlign, &kept);
     owned_ = owned_ranges(layout_, params_, size_t(h.rank()));
     std::vector<size_t> claim;
-    for (const ShardBucket& b : layout_.buckets) claim.insert(claim.end(), b.params.begin(), b.params.end());
+    for (const ShardBucket& b : layout_.buckets)
+      for (size_t i : b.params)
+        if (trainable_[i]) claim.push_back(i);
     h.claim_gradients(claim.data(), claim.size());
     allocate();
   }
@@ -136,14 +136,7 @@ class Stage2 {
     if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
       throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.stage = 2 reduce-scatters the gradients, and "
                                                              "transport '") + transport->name + "' has no reduce_scatter");
-    std::vector<ShardUnit> units;
-    for (size_t u = 0; u < h.unit_count(); ++u) {
-      const ddp_unit& unit = h.unit(u);
-      units.push_back({{unit.params, unit.params + unit.param_count}, {unit.tied, unit.tied + unit.tied_count}});
-    }
-    if (units.empty())
-      throw plugin::Failure(DDP_ERR_UNSUPPORTED, "strategy.stage = 2 binds gradients unit by unit, and this model "
-                                                 "declares no units");
+    const std::vector<ShardUnit> units = units_of(h, kNoUnits);
     std::vector<ShardParam> params;
     for (size_t i = 0; i < h.param_count(); ++i)
       params.push_back({StrategyBase::float32_elements(h.param(i)), h.param(i).trainable != 0});
@@ -155,13 +148,7 @@ class Stage2 {
       chunk = std::max(chunk, b.chunk);
     }
     for (const OwnedRange& r : owned_ranges(layout, params, size_t(h.rank()))) plan.steps(r.param, r.offset, r.count);
-    if (layout.buckets.empty()) return;
-    plan.buffer(DDP_MEM_GRADIENTS, layout.shard_elements * sizeof(float));
-    plan.buffer(DDP_MEM_GRADIENTS, layout.ring_elements * sizeof(float));
-    plan.buffer(DDP_MEM_COMM_BUFFERS, chunk * sizeof(float));
-    size_t padded = 0;
-    for (const ShardBucket& b : layout.buckets) padded = std::max(padded, b.padded());
-    if (wire != DDP_FLOAT32) plan.buffer(DDP_MEM_COMM_BUFFERS, (padded + chunk) * ddp_dtype_size(wire));
+    plan_buffers(plan, layout, chunk, wire);
     // Every micro-batch reduce-scatters its buckets; only the last one's
     // last is not issued while backward computes.
     const size_t per_step = layout.buckets.size() * size_t(std::max<int32_t>(plan.micro_steps(), 1));
@@ -173,12 +160,40 @@ class Stage2 {
     for (const ShardBucket& b : layout.buckets) plan.collective(DDP_OP_ALL_GATHER, b.padded());
   }
 
+  // The model's units; a model without any is refused with `refusal`.
+  static std::vector<ShardUnit> units_of(const plugin::Host& h, const char* refusal) {
+    std::vector<ShardUnit> units;
+    for (size_t u = 0; u < h.unit_count(); ++u) {
+      const ddp_unit& unit = h.unit(u);
+      units.push_back({{unit.params, unit.params + unit.param_count}, {unit.tied, unit.tied + unit.tied_count}});
+    }
+    if (units.empty()) throw plugin::Failure(DDP_ERR_UNSUPPORTED, refusal);
+    return units;
+  }
+  static constexpr const char* kNoUnits =
+      "strategy.stage = 2 binds gradients unit by unit, and this model declares no units";
+
+  // The buffers allocate() makes for `layout` (chunk: its largest).
+  static void plan_buffers(const plugin::Plan& plan, const ShardLayout& layout, size_t chunk, ddp_dtype wire) {
+    if (layout.buckets.empty()) return;
+    plan.buffer(DDP_MEM_GRADIENTS, layout.shard_elements * sizeof(float));
+    plan.buffer(DDP_MEM_GRADIENTS, layout.ring_elements * sizeof(float));
+    plan.buffer(DDP_MEM_COMM_BUFFERS, chunk * sizeof(float));
+    size_t padded = 0;
+    for (const ShardBucket& b : layout.buckets) padded = std::max(padded, b.padded());
+    if (wire != DDP_FLOAT32) plan.buffer(DDP_MEM_COMM_BUFFERS, (padded + chunk) * ddp_dtype_size(wire));
+  }
+
   // grad_ranges: this rank's elements of the averaged gradients.
   const std::vector<ddp_range>& ranges() const { return ranges_; }
   const ShardLayout& layout() const { return layout_; }
+  const std::vector<OwnedRange>& owned() const { return owned_; }  // every laid-out parameter's
+  const std::vector<ShardParam>& params() const { return params_; }
+  bool trainable(size_t index) const { return trainable_[index]; }
+  float* shard() const { return shard_.floats(); }
 
-  std::string json() const {
-    std::string j = "\"stage\": 2, \"compress\": \"" + std::string(compress_value(wire_)) +
+  std::string json(int stage = 2) const {
+    std::string j = "\"stage\": " + std::to_string(stage) + ", \"compress\": \"" + std::string(compress_value(wire_)) +
                     "\", \"shard_elements\": " + std::to_string(layout_.shard_elements) +
                     ", \"ring_elements\": " + std::to_string(layout_.ring_elements) + ", \"owned_elements\": ";
     size_t owned = 0;
@@ -214,7 +229,8 @@ class Stage2 {
       wire_recv_ = plugin::DeviceBuffer(h.raw(), chunk * ddp_dtype_size(wire_), DDP_MEM_COMM_BUFFERS);
     }
     ranges_.clear();
-    for (const OwnedRange& r : owned_) ranges_.push_back({r.param, r.offset, r.count, shard_.floats() + r.shard, nullptr});
+    for (const OwnedRange& r : owned_)
+      if (trainable_[r.param]) ranges_.push_back({r.param, r.offset, r.count, shard_.floats() + r.shard, nullptr});
     events_.clear();
     for (size_t k = 0; k < layout_.buckets.size(); ++k) events_.emplace_back(h.raw());
     in_flight_.assign(layout_.buckets.size(), false);
@@ -231,7 +247,7 @@ class Stage2 {
     float* memory = ring_.floats() + b.ring;
     h.fill(h.floats(memory, b.padded()), 0.0, h.compute_stream());
     for (size_t i = 0; i < b.params.size(); ++i)
-      h.bind_gradient(b.params[i], memory + b.slots[i]);
+      if (trainable_[b.params[i]]) h.bind_gradient(b.params[i], memory + b.slots[i]);
   }
 
   void close(size_t k) {
@@ -255,12 +271,14 @@ class Stage2 {
     if (!first_micro_) h.add(mine, landing, comm);
     events_[k].record(comm);
     in_flight_[k] = true;
-    for (size_t i : b.params) h.bind_gradient(i, nullptr);
+    for (size_t i : b.params)
+      if (trainable_[i]) h.bind_gradient(i, nullptr);
   }
 
   const StrategyBase& base_;
   std::vector<ShardUnit> units_;
-  std::vector<ShardParam> params_;
+  std::vector<ShardParam> params_;  // as laid out (stage 3: every parameter "trainable")
+  std::vector<bool> trainable_;     // as the engine says now
   ShardLayout layout_;
   std::vector<OwnedRange> owned_;
   std::vector<ddp_range> ranges_;  // owned_, as the engine's optimizer takes them

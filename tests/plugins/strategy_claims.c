@@ -10,13 +10,17 @@
  *              memory of its own in on_train_begin and binds them there for
  *              the run, steps them through ranges that give their data:
  *              training as without the claim;
- *   "values_unbound"   the same, binding nothing;
- *   "values_released"  the same, unbinding them all in on_train_end;
+ *   "values_per_unit"  the same, bound only from each unit's BEGIN to its
+ *              END, and in unit_values (FSDP's pattern, on one rank);
+ *   "values_unbound"   the same as "values", binding nothing;
+ *   "values_released"  the same, unbinding them all in on_train_end, and
+ *              binding nothing in unit_values;
  *   "values_late"      claims values in on_train_begin.
- * Built four times: libddp_strategy_claims.so with DDP_CAP_OWNS_GRADIENTS
+ * Built five times: libddp_strategy_claims.so with DDP_CAP_OWNS_GRADIENTS
  * (and DDP_CAP_OWNS_OPTIMIZER, which goes with it), _nocap (-DNOCAP)
  * without it, _noopt (-DNOOPT) with it but without DDP_CAP_OWNS_OPTIMIZER,
- * which the loader refuses, and _values. One rank only. */
+ * which the loader refuses, _values, and _values_nounit (-DVALUES_NOUNIT:
+ * without unit_values, which the loader refuses). One rank only. */
 #include <ddp/plugin.h>
 
 #include <stdlib.h>
@@ -71,7 +75,8 @@ static ddp_status claims_train_begin(ddp_strategy* s) {
     const ddp_param* p = h->param(h->ctx, i);
     status = h->alloc(h->ctx, p->numel * sizeof(float), DDP_MEM_PARAMETERS, &s->values[i]);
     if (status == DDP_OK) status = h->copy(h->ctx, s->values[i], p->data, p->numel * sizeof(float), h->compute_stream(h->ctx));
-    if (status == DDP_OK && !is(s, "values_unbound")) status = h->bind(h->ctx, DDP_STORAGE_DATA, i, s->values[i]);
+    if (status == DDP_OK && (is(s, "values") || is(s, "values_released")))
+      status = h->bind(h->ctx, DDP_STORAGE_DATA, i, s->values[i]);
   }
   return status;
 }
@@ -85,11 +90,33 @@ static ddp_status claims_train_end(ddp_strategy* s) {
   return status;
 }
 
-static ddp_status claims_on_unit(ddp_strategy* s, size_t unit, ddp_unit_phase phase) {
-  (void)unit;
-  if (strcmp(s->what, "late") == 0 && phase == DDP_UNIT_BACKWARD_BEGIN) return claim_all(s->host, DDP_STORAGE_GRAD, 0);
-  return DDP_OK;
+/* Binds (or, with hold 0, unbinds) the values of the parameters `unit`
+ * owns, and with `tied` those it reads of other units too. */
+static ddp_status bind_unit(ddp_strategy* s, size_t unit, int hold, int tied) {
+  const ddp_host* h = s->host;
+  const ddp_unit* u = h->unit(h->ctx, unit);
+  size_t k;
+  ddp_status status = DDP_OK;
+  for (k = 0; k < u->param_count && status == DDP_OK; ++k)
+    status = h->bind(h->ctx, DDP_STORAGE_DATA, u->params[k], hold ? s->values[u->params[k]] : NULL);
+  for (k = 0; tied && k < u->tied_count && status == DDP_OK; ++k)
+    status = h->bind(h->ctx, DDP_STORAGE_DATA, u->tied[k], hold ? s->values[u->tied[k]] : NULL);
+  return status;
 }
+
+static ddp_status claims_on_unit(ddp_strategy* s, size_t unit, ddp_unit_phase phase) {
+  if (strcmp(s->what, "late") == 0 && phase == DDP_UNIT_BACKWARD_BEGIN) return claim_all(s->host, DDP_STORAGE_GRAD, 0);
+  if (!is(s, "values_per_unit")) return DDP_OK;
+  return bind_unit(s, unit, phase == DDP_UNIT_FORWARD_BEGIN || phase == DDP_UNIT_BACKWARD_BEGIN, 1);
+}
+
+#if defined(VALUES)
+/* "values": bound for the whole run already; "values_released": binds
+ * nothing, on purpose. */
+static ddp_status claims_unit_values(ddp_strategy* s, size_t unit, int hold) {
+  return is(s, "values_per_unit") ? bind_unit(s, unit, hold, 0) : DDP_OK;
+}
+#endif
 
 static ddp_status claims_finish(ddp_strategy* s) {
   (void)s;
@@ -138,6 +165,11 @@ DDP_STRATEGY_ENTRY = {
     .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_OWNS_GRADIENTS,
 #elif defined(VALUES)
     .name = "claims_values",
+    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_OWNS_GRADIENTS | DDP_CAP_OWNS_OPTIMIZER | DDP_CAP_OWNS_PARAMETERS,
+    .optimizer_step = claims_optimizer_step,
+    .unit_values = claims_unit_values,
+#elif defined(VALUES_NOUNIT)
+    .name = "claims_values_nounit",
     .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_OWNS_GRADIENTS | DDP_CAP_OWNS_OPTIMIZER | DDP_CAP_OWNS_PARAMETERS,
     .optimizer_step = claims_optimizer_step,
 #else

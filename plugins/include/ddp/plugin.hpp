@@ -136,6 +136,15 @@ class Host {
     require_1_4(DDP_HOST_HAS(h_, bind), "bind");
     check(h_->bind(h_->ctx, DDP_STORAGE_GRAD, index, ptr));
   }
+  // Values (ABI 1.5: DDP_STORAGE_DATA; an older engine refuses by name).
+  void claim_values(const size_t* indices, size_t count) const {
+    require_1_4(DDP_HOST_HAS(h_, claim), "claim");
+    check(h_->claim(h_->ctx, DDP_STORAGE_DATA, indices, count));
+  }
+  void bind_values(size_t index, void* ptr) const {
+    require_1_4(DDP_HOST_HAS(h_, bind), "bind");
+    check(h_->bind(h_->ctx, DDP_STORAGE_DATA, index, ptr));
+  }
   void run_optimizer_ranges(const ddp_range* ranges, size_t count) const {
     require_1_4(DDP_HOST_HAS(h_, run_optimizer_ranges), "run_optimizer_ranges");
     check(h_->run_optimizer_ranges(h_->ctx, ranges, count));
@@ -284,6 +293,7 @@ class Plan {
   }
   void steps(size_t param, size_t offset, size_t count) const { check(p_->steps(p_->ctx, param, offset, count)); }
   void claims_gradient(size_t param) const { check(p_->claims(p_->ctx, DDP_STORAGE_GRAD, param)); }
+  void claims_values(size_t param) const { check(p_->claims(p_->ctx, DDP_STORAGE_DATA, param)); }  // (1.5)
 
  private:
   ddp_plan* p_;

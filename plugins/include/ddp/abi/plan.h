@@ -73,7 +73,10 @@ typedef struct ddp_plan {
   ddp_status (*steps)(void* ctx, size_t param, size_t offset, size_t count);
   /* Strategy with DDP_CAP_OWNS_GRADIENTS: it claims the gradient storage
    * of parameter `param` (ddp_host::claim): the engine holds none for it,
-   * and the strategy reports what it holds instead with buffer(). */
+   * and the strategy reports what it holds instead with buffer(). Values
+   * (DDP_STORAGE_DATA, 1.5): the engine holds its own through set-up all
+   * the same (its peak counts them beside the strategy's buffers) and
+   * none from the first step on. */
   ddp_status (*claims)(void* ctx, ddp_storage what, size_t param);
 } ddp_plan;
 

@@ -143,6 +143,16 @@ typedef struct ddp_strategy_v1_t {
    * create; reads its keys as create does. NULL: the strategy's own part
    * is not planned, and `ddp plan` says so. */
   ddp_status (*plan)(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_plan* out);
+  /* (ABI 1.5) Required where caps have DDP_CAP_OWNS_PARAMETERS: the whole
+   * model, one unit at a time, for what the engine reads between steps
+   * (the replica check, checkpoints, weights.safetensors, a test's
+   * snapshots). `hold` 1: bind the full values of every parameter `unit`
+   * owns (ddp_host::bind, DDP_STORAGE_DATA) and return once they are in
+   * place; `hold` 0: the engine is done reading them (bind what you like
+   * then). Blocking. Every rank calls it for the same units in the same
+   * order, one unit held at a time, so it may communicate (an all-gather
+   * of the unit's shards). */
+  ddp_status (*unit_values)(ddp_strategy* s, size_t unit, int hold);
 } ddp_strategy_v1_t;
 
 /* A strategy plugin's one export: DDP_STRATEGY_ENTRY = {DDP_ABI_VERSION,
