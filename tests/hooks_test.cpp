@@ -142,7 +142,8 @@ TEST(ClaimedGradients, AFrozenParameterIsRefusedByName) {
 
 TEST(ClaimedGradients, OnlyBeforeAnythingIsWrittenIntoTheGradients) {
   EXPECT_EQ(claim_failure("claims", "late"),
-            "strategy plugin 'claims': on_unit: claim: only in create, on_train_begin, or on_step_begin of a step's "
+            "strategy plugin 'claims': on_unit(fc3, BACKWARD_BEGIN): claim: only in create, on_train_begin, or "
+            "on_step_begin of a step's "
             "first micro-batch (the engine's own gradients hold nothing then)");
 }
 

@@ -20,6 +20,12 @@ RankPlugins::RankPlugins(const Config& config, HostServices& services) : service
   // checked by `ddp run`'s launcher.
   check_declared_keys(*transport_lib_, config.transport);
   check_declared_keys(*strategy_lib_, config.strategy);
+  // A unit's hooks by the unit's name: where a stuck gather waits, named.
+  for (const ddp_unit& u : services_.unit_table) {
+    for (const char* phase : {"FORWARD_BEGIN", "FORWARD_END", "BACKWARD_BEGIN", "BACKWARD_END"})
+      unit_entries_.push_back(std::string("on_unit(") + u.name + ", " + phase + ")");
+    unit_entries_.push_back(std::string("unit_values(") + u.name + ")");
+  }
 }
 
 void RankPlugins::start(const Config& config, Trace* trace) {
@@ -97,14 +103,16 @@ void RankPlugins::on_backward_end() {
 void RankPlugins::finish() { call("finish", [&] { return strategy_api().finish(strategy_); }); }
 void RankPlugins::optimizer_step() { call("optimizer_step", [&] { return strategy_api().optimizer_step(strategy_); }); }
 void RankPlugins::on_unit(size_t unit, ddp_unit_phase phase) {
-  if (strategy_api().on_unit) call("on_unit", [&] { return strategy_api().on_unit(strategy_, unit, phase); });
+  const char* entry = unit < unit_entries_.size() / 5 ? unit_entries_[5 * unit + size_t(phase)].c_str() : "on_unit";
+  if (strategy_api().on_unit) call(entry, [&] { return strategy_api().on_unit(strategy_, unit, phase); });
 }
 void RankPlugins::on_train_end() {
   if (strategy_api().on_train_end) call("on_train_end", [&] { return strategy_api().on_train_end(strategy_); });
 }
 
 void RankPlugins::unit_values(size_t unit, bool hold) {
-  call("unit_values", [&] { return strategy_api().unit_values(strategy_, unit, hold ? 1 : 0); });
+  const char* entry = unit < unit_entries_.size() / 5 ? unit_entries_[5 * unit + 4].c_str() : "unit_values";
+  call(entry, [&] { return strategy_api().unit_values(strategy_, unit, hold ? 1 : 0); });
 }
 
 std::optional<std::vector<size_t>> RankPlugins::held_grads() {

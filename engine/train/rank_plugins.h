@@ -116,6 +116,7 @@ class RankPlugins {
   void require_device_cap(const char* kind, const char* name, uint64_t caps) const;
   void drain();
   bool aborted_ = false;
+  std::vector<std::string> unit_entries_;  // per unit: its 4 on_unit phases, then unit_values, by name
   // One engine collective on the comm stream, waited for. On a GPU the host
   // buffers travel through device copies (a transport like nccl reads device
   // memory only); `call` gets the pointers to use, in order.
