@@ -8,10 +8,10 @@
 
 namespace ddp {
 
-Parameter& HostServices::param_to_bind(size_t index) const {
+Parameter& HostServices::param_at(const char* entry, size_t index) const {
   auto& params = model->params();
   if (index >= params.size())
-    throw Error("bind: parameter index " + std::to_string(index) + " is not in the table of " +
+    throw Error(std::string(entry) + ": parameter index " + std::to_string(index) + " is not in the table of " +
                 std::to_string(params.size()), DDP_ERR_INVALID_ARGUMENT);
   return params[index];
 }
@@ -44,10 +44,7 @@ void HostServices::claim_grads(const size_t* indices, size_t count) {
                 "engine's own gradients hold nothing then)", DDP_ERR_INVALID_ARGUMENT);
   auto& params = model->params();
   for (size_t k = 0; k < count; ++k) {  // all checked before any is taken: a refusal changes nothing
-    if (indices[k] >= params.size())
-      throw Error("claim: parameter index " + std::to_string(indices[k]) + " is not in the table of " +
-                  std::to_string(params.size()), DDP_ERR_INVALID_ARGUMENT);
-    if (!params[indices[k]].trainable)
+    if (!param_at("claim", indices[k]).trainable)
       throw Error("claim: parameter '" + params[indices[k]].name + "' is frozen: a strategy may claim the "
                   "gradient storage of trainable parameters only", DDP_ERR_INVALID_ARGUMENT);
   }
@@ -65,7 +62,7 @@ void HostServices::claim_grads(const size_t* indices, size_t count) {
 }
 
 void HostServices::bind_grad(size_t index, void* ptr) {
-  Parameter& p = param_to_bind(index);
+  Parameter& p = param_at("bind", index);
   if (!p.claimed)
     throw Error("bind: the gradient of parameter '" + p.name + "' is the engine's: claim it first (ddp_host::claim)",
                 DDP_ERR_INVALID_ARGUMENT);
@@ -77,13 +74,9 @@ void HostServices::claim_values(const size_t* indices, size_t count) {
   if (!value_claims_open)
     throw Error("claim: parameter values (DDP_STORAGE_DATA) only in create, while the engine still holds them all",
                 DDP_ERR_INVALID_ARGUMENT);
-  auto& params = model->params();
-  for (size_t k = 0; k < count; ++k)  // all checked before any is taken: a refusal changes nothing
-    if (indices[k] >= params.size())
-      throw Error("claim: parameter index " + std::to_string(indices[k]) + " is not in the table of " +
-                  std::to_string(params.size()), DDP_ERR_INVALID_ARGUMENT);
+  for (size_t k = 0; k < count; ++k) param_at("claim", indices[k]);  // all checked before any is taken
   for (size_t k = 0; k < count; ++k) {
-    Parameter& p = params[indices[k]];
+    Parameter& p = model->params()[indices[k]];
     if (p.values_claimed) continue;
     p.values_claimed = true;
     float* values = p.data.data();
@@ -93,7 +86,7 @@ void HostServices::claim_values(const size_t* indices, size_t count) {
 }
 
 void HostServices::bind_values(size_t index, void* ptr) {
-  Parameter& p = param_to_bind(index);
+  Parameter& p = param_at("bind", index);
   if (!p.values_claimed)
     throw Error("bind: the values of parameter '" + p.name + "' are the engine's: claim them first "
                 "(ddp_host::claim, DDP_STORAGE_DATA)", DDP_ERR_INVALID_ARGUMENT);

@@ -80,7 +80,8 @@ struct HostServices {
   void bind_values(size_t index, void* ptr);
   void release_held_values();
   std::vector<std::pair<size_t, Tensor>> held_values;
-  Parameter& param_to_bind(size_t index) const;  // throws Error for an index out of the table
+  // Parameter `index`; throws Error "<entry>: parameter index ..." outside the table.
+  Parameter& param_at(const char* entry, size_t index) const;
 };
 
 // One plugin's view of the host: its TOML section and its ddp_host struct.

@@ -62,8 +62,10 @@ void RankRun::checkpoint(int64_t step) {
                         loss_prefix_, {}};
   for (const StepRecord& r : records_) input.losses.push_back(r.loss);
   std::vector<std::vector<float>> held;  // the values the strategy holds, gathered unit by unit on every rank
-  if (values_lent_) held = host_values(*model_, unit_values(), "the checkpoint");
-  if (!held.empty()) input.values = &held;
+  if (values_lent_) {
+    held = host_values(*model_, unit_values(), "the checkpoint");
+    input.values = &held;
+  }
   input.all_gather = [this](const std::vector<double>& mine, std::vector<double>& all) {
     plugins_->all_gather(mine, all);
   };
