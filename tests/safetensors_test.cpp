@@ -187,6 +187,38 @@ TEST_F(Safetensors, WriteFileAtomically) {
   EXPECT_EQ(listing(), std::vector<std::string>{"summary.json"});
 }
 
+TEST_F(Safetensors, WriterPutsTensorsInAnyOrderAsTheWholeWriteDoes) {
+  std::vector<float> a(6), b(5, -2.5f);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 0.5f * float(i);
+  write_safetensors(path("whole.safetensors"), {{"a", {2, 3}, a.data()}, {"empty", {0}, nullptr}, {"b", {5}, b.data()}});
+  SafetensorsWriter writer(path("parts.safetensors"), {{"a", {2, 3}}, {"empty", {0}}, {"b", {5}}});
+  writer.put(2, b.data());  // the order a strategy's units may give them in
+  writer.put(1, nullptr);
+  EXPECT_FALSE(fs::exists(path("parts.safetensors"))) << "only its temporary, until commit";
+  writer.put(0, a.data());
+  writer.commit();
+  EXPECT_EQ(read_bytes(path("parts.safetensors")), read_bytes(path("whole.safetensors")));
+}
+
+TEST_F(Safetensors, WriterRefusesATensorNeverPutAndLeavesNothing) {
+  std::vector<float> a(3, 1.0f);
+  {
+    SafetensorsWriter writer(path("w.safetensors"), {{"a", {3}}, {"layers.1.w", {3}}});
+    writer.put(0, a.data());
+    try {
+      writer.commit();
+      ADD_FAILURE() << "commit did not throw";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), path("w.safetensors") + ": tensor 'layers.1.w' was never written");
+    }
+  }
+  {
+    SafetensorsWriter abandoned(path("w.safetensors"), {{"a", {3}}});  // a rank that failed mid-write
+    abandoned.put(0, a.data());
+  }
+  EXPECT_TRUE(listing().empty());
+}
+
 // ------------------------------------------------------------------- fixture
 
 TEST(SafetensorsFixture, ToyData) {

@@ -142,6 +142,7 @@ TEST(Summary, NoStepsMeansZeroRatesNotNaN) {
 TEST(Summary, RankTotalsTravelAsDoubles) {
   RankTotals t = totals((uint64_t(1) << 52) - 3);
   t.comm_busy_s = 1.25;
+  t.peak_resident_bytes = (int64_t(1) << 40) + 4096;
   const std::vector<double> v = t.to_doubles();
   ASSERT_EQ(v.size(), RankTotals::kDoubles);
   const RankTotals back = RankTotals::from_doubles(v.data());
@@ -149,6 +150,16 @@ TEST(Summary, RankTotalsTravelAsDoubles) {
   EXPECT_EQ(back.comm_blocked_s, t.comm_blocked_s);
   EXPECT_EQ(back.comm_busy_s, t.comm_busy_s);
   EXPECT_EQ(back.collective_sequence, t.collective_sequence);
+  EXPECT_EQ(back.peak_resident_bytes, t.peak_resident_bytes);
+  EXPECT_EQ(run_summary(facts(1), two_steps(), {t}, nullptr)["ranks"][0]["peak_resident_bytes"], (int64_t(1) << 40) + 4096);
+  EXPECT_TRUE(run_summary(facts(1), two_steps(), {totals(7)}, nullptr)["ranks"][0]["peak_resident_bytes"].is_null());
+}
+
+TEST(Summary, PeakResidentBytesIsThisProcesssHighWaterMark) {
+  std::vector<char> touched(size_t(64) << 20, 1);  // 64 MiB, every page written: in bytes, not kB
+  ASSERT_EQ(touched[12345], 1);
+  EXPECT_GE(peak_resident_bytes(), int64_t(64) << 20);
+  EXPECT_LT(peak_resident_bytes(), int64_t(64) << 30);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "error.h"
 
@@ -25,44 +26,61 @@ std::string temporary_for(const std::string& path) {
 
 }  // namespace
 
-namespace {
-
-// Writes all of `text` to `fd`, then fsync: a short write, a full disk
-// (which may show only at fsync) or an I/O error is reported by errno.
-bool write_all(int fd, const std::string& text) {
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += size_t(n);
-  }
-  return ::fsync(fd) == 0;
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), tmp_(temporary_for(path_)) {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(path_ + ": cannot write file (" + std::strerror(errno) + ")");
 }
 
-}  // namespace
+AtomicFile::~AtomicFile() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  std::error_code ignored;
+  std::filesystem::remove(tmp_, ignored);
+}
+
+void AtomicFile::fail(const std::string& why) {
+  ::close(fd_);
+  fd_ = -1;
+  std::error_code ignored;
+  std::filesystem::remove(tmp_, ignored);
+  throw Error(path_ + ": " + why);
+}
+
+// A short write, a full disk (which may show only at fsync) or an I/O
+// error is reported by errno.
+void AtomicFile::write(uint64_t offset, const void* data, size_t bytes) {
+  if (fd_ < 0) throw Error(path_ + ": written after it was committed or failed");
+  const char* at = static_cast<const char*>(data);
+  for (size_t done = 0; done < bytes;) {
+    const ssize_t n = ::pwrite(fd_, at + done, bytes - done, off_t(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail(std::string("cannot write file (") + std::strerror(n < 0 ? errno : ENOSPC) + ")");
+    done += size_t(n);
+  }
+}
+
+void AtomicFile::commit() {
+  if (fd_ < 0) throw Error(path_ + ": committed twice, or after it failed");
+  if (::fsync(fd_) != 0) fail(std::string("cannot write file (") + std::strerror(errno) + ")");
+  const int fd = fd_;
+  fd_ = -1;
+  std::error_code ignored, ec;
+  if (::close(fd) != 0) {
+    const int err = errno;
+    std::filesystem::remove(tmp_, ignored);
+    throw Error(path_ + ": cannot write file (" + std::strerror(err) + ")");
+  }
+  std::filesystem::rename(tmp_, path_, ec);
+  if (ec) {
+    std::filesystem::remove(tmp_, ignored);
+    throw Error(path_ + ": cannot rename into place: " + ec.message());
+  }
+}
 
 void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = temporary_for(path);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(path + ": cannot write file (" + std::strerror(errno) + ")");
-  bool ok = write_all(fd, text);
-  int err = errno;
-  if (::close(fd) != 0 && ok) {
-    ok = false;
-    err = errno;
-  }
-  std::error_code ec;
-  if (!ok) {
-    std::filesystem::remove(tmp, ec);
-    throw Error(path + ": cannot write file (" + std::strerror(err) + ")");
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    throw Error(path + ": cannot rename into place: " + ec.message());
-  }
+  AtomicFile file(path);
+  file.write(0, text.data(), text.size());
+  file.commit();
 }
 
 namespace {

@@ -114,23 +114,43 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
   return out;
 }
 
-void write_safetensors(const std::string& path, const std::vector<NamedFloats>& tensors) {
+SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<std::pair<std::string, Shape>>& tensors)
+    : path_(path), file_(path), tensors_(tensors), put_(tensors.size(), false) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   header["__metadata__"] = {{"format", "pt"}};
   uint64_t offset = 0;
-  for (const auto& t : tensors) {
-    uint64_t bytes = numel_of(t.shape) * sizeof(float);
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+  for (const auto& [name, shape] : tensors_) {
+    const uint64_t bytes = numel_of(shape) * sizeof(float);
+    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+    offsets_.push_back(offset);
     offset += bytes;
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // data section 8-byte aligned
-  std::string blob(8, '\0');
-  for (int i = 0; i < 8; ++i) blob[i] = static_cast<char>((uint64_t{h.size()} >> (8 * i)) & 0xff);
-  blob += h;
-  for (const auto& t : tensors)
-    blob.append(reinterpret_cast<const char*>(t.data), numel_of(t.shape) * sizeof(float));
-  write_file_atomically(path, blob);
+  std::string start(8, '\0');
+  for (int i = 0; i < 8; ++i) start[i] = static_cast<char>((uint64_t{h.size()} >> (8 * i)) & 0xff);
+  start += h;
+  file_.write(0, start.data(), start.size());
+  for (uint64_t& o : offsets_) o += start.size();
+}
+
+void SafetensorsWriter::put(size_t index, const float* data) {
+  file_.write(offsets_.at(index), data, numel_of(tensors_[index].second) * sizeof(float));
+  put_[index] = true;
+}
+
+void SafetensorsWriter::commit() {
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    if (!put_[i]) throw Error(path_ + ": tensor '" + tensors_[i].first + "' was never written");
+  file_.commit();
+}
+
+void write_safetensors(const std::string& path, const std::vector<NamedFloats>& tensors) {
+  std::vector<std::pair<std::string, Shape>> names;
+  for (const NamedFloats& t : tensors) names.emplace_back(t.name, t.shape);
+  SafetensorsWriter writer(path, names);
+  for (size_t i = 0; i < tensors.size(); ++i) writer.put(i, tensors[i].data);
+  writer.commit();
 }
 
 }  // namespace ddp

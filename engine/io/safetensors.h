@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "atomic_file.h"  // write_file_atomically, which write_safetensors uses
@@ -32,5 +33,25 @@ struct NamedFloats {
   const float* data;
 };
 void write_safetensors(const std::string& path, const std::vector<NamedFloats>& tensors);
+
+// The same file, written tensor by tensor, in any order, so that no more
+// than one tensor need be in memory at once (a model held in shards): the
+// header (every name and shape, in the order given) is written first,
+// put(i, data) writes tensor i, and commit() renames the file into place.
+// commit() throws Error naming the first tensor never put; a writer
+// destroyed before commit() leaves nothing behind (AtomicFile).
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(const std::string& path, const std::vector<std::pair<std::string, Shape>>& tensors);
+  void put(size_t index, const float* data);
+  void commit();
+
+ private:
+  std::string path_;
+  AtomicFile file_;
+  std::vector<std::pair<std::string, Shape>> tensors_;
+  std::vector<uint64_t> offsets_;  // of each tensor's data, in the file
+  std::vector<bool> put_;
+};
 
 }  // namespace ddp

@@ -96,7 +96,6 @@ class RankRun {
   // each rank its trace.
   void finish_run();
   // weights.safetensors (from `held` where the strategy holds the values), then summary.json.
-  void write_outputs(const std::vector<double>& all, const std::vector<std::vector<float>>& held);
   void write_summary(const std::vector<double>& all);
   void stop_plugins();
   // The strategy's unit_values, for whole_model.h's readers, once it holds

@@ -105,33 +105,35 @@ void RankRun::finish_run() {
     mine.peaks[c] = std::max({mem_after_setup_[c], mem_before_optimizer_[c], mem_after_optimizer_[c]});
   for (const StepRecord& r : records_) mine.comm_blocked_s += r.comm_blocked_s, mine.comm_busy_s += r.comm_busy_s;
   mine.collective_sequence = services_.counters.sequence_hash.load() >> 12;
+  mine.peak_resident_bytes = peak_resident_bytes();
   // The trace first: a rank that cannot write it fails before rank 0, which
   // waits for it in the gather below, writes any output.
   if (!trace_path_.empty()) timeline_->write(trace_path_);
   std::vector<double> all(RankTotals::kDoubles * env_.rank.world_size);
   plugins_->all_gather(mine.to_doubles(), all);
-  std::vector<std::vector<float>> held;  // the values the strategy holds, gathered unit by unit on every rank
-  if (values_lent_) held = host_values(*model_, unit_values(), "weights.safetensors");
+  // weights.safetensors, tensor by tensor as rank 0 reads them: where the
+  // strategy holds the values, unit by unit on every rank (it gathers them).
+  namespace fs = std::filesystem;
+  const std::string weights_path = (fs::path(config_.run.output_dir) / "weights.safetensors").string();
+  std::unique_ptr<SafetensorsWriter> weights;
+  if (env_.rank.rank == 0) {
+    fs::create_directories(config_.run.output_dir);
+    std::vector<std::pair<std::string, Shape>> names;
+    for (const Parameter& p : model_->params()) names.emplace_back(p.name, p.shape);
+    weights = std::make_unique<SafetensorsWriter>(weights_path, names);
+  }
+  if (weights || values_lent_)
+    visit_values(*model_, unit_values(), "weights.safetensors", [&](size_t i) {
+      if (!weights) return;
+      const Tensor& values = model_->params()[i].data;
+      if (device_->kind() == DDP_DEVICE_CPU) return weights->put(i, values.data());
+      weights->put(i, values.to_host().data());  // a GPU's, one tensor at a time
+    });
   // Every rank has passed its last read of the store (it is in this gather).
   const std::string left = store_->remove_written();
   if (!left.empty()) std::fprintf(stderr, "[rank %d] warning: %s\n", env_.rank.rank, left.c_str());
-  if (env_.rank.rank == 0) write_outputs(all, held);
-}
-
-void RankRun::write_outputs(const std::vector<double>& all, const std::vector<std::vector<float>>& held) {
-  namespace fs = std::filesystem;
-  fs::create_directories(config_.run.output_dir);
-  std::vector<NamedFloats> weights;
-  std::vector<std::vector<float>> host;  // a GPU's weights, copied out
-  for (size_t i = 0; i < model_->params().size(); ++i) {
-    const Parameter& p = model_->params()[i];
-    const float* values = !held.empty()                      ? held[i].data()
-                          : device_->kind() == DDP_DEVICE_CPU ? p.data.data()
-                                                              : host.emplace_back(p.data.to_host()).data();
-    weights.push_back({p.name, p.shape, values});
-  }
-  const std::string weights_path = (fs::path(config_.run.output_dir) / "weights.safetensors").string();
-  write_safetensors(weights_path, weights);
+  if (!weights) return;
+  weights->commit();
   try {
     write_summary(all);
   } catch (...) {  // all or nothing: summary.json, written last, says the outputs are whole

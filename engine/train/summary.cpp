@@ -2,6 +2,7 @@
 #include "summary.h"
 
 #include <algorithm>
+#include <fstream>
 
 namespace ddp {
 namespace {
@@ -26,7 +27,8 @@ json rank_json(int rank, const RankTotals& t) {
           {"peak_bytes", peaks},
           {"total_comm_blocked_s", t.comm_blocked_s},
           {"total_comm_busy_s", t.comm_busy_s},
-          {"collective_sequence", t.collective_sequence}};
+          {"collective_sequence", t.collective_sequence},
+          {"peak_resident_bytes", t.peak_resident_bytes < 0 ? json(nullptr) : json(t.peak_resident_bytes)}};
 }
 
 // One column per StepRecord field, as summary.json lists them.
@@ -61,6 +63,7 @@ std::vector<double> RankTotals::to_doubles() const {
   v.push_back(comm_blocked_s);
   v.push_back(comm_busy_s);
   v.push_back(double(collective_sequence));
+  v.push_back(double(peak_resident_bytes));
   return v;
 }
 
@@ -70,7 +73,18 @@ RankTotals RankTotals::from_doubles(const double* v) {
   t.comm_blocked_s = v[kMemCategories];
   t.comm_busy_s = v[kMemCategories + 1];
   t.collective_sequence = uint64_t(v[kMemCategories + 2]);
+  t.peak_resident_bytes = int64_t(v[kMemCategories + 3]);
   return t;
+}
+
+int64_t peak_resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  for (int64_t kb = 0; status >> key;) {
+    if (key == "VmHWM:" && status >> kb) return kb * 1024;
+    status.ignore(1 << 16, '\n');
+  }
+  return -1;
 }
 
 json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, const std::vector<RankTotals>& ranks,

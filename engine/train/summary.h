@@ -45,8 +45,9 @@ struct RankTotals {
   PeakBytes peaks{};
   double comm_blocked_s = 0, comm_busy_s = 0;
   uint64_t collective_sequence = 0;  // 52 bits of the fingerprint: exact in a double
+  int64_t peak_resident_bytes = -1;  // the process's VmHWM at the end of its steps; -1: unknown
 
-  static constexpr size_t kDoubles = kMemCategories + 3;
+  static constexpr size_t kDoubles = kMemCategories + 4;
   std::vector<double> to_doubles() const;
   static RankTotals from_doubles(const double* values);  // kDoubles of them
 };
@@ -88,6 +89,10 @@ struct RunFacts {
 // totals, rank 0's peaks per window, every rank's totals, whether the ranks
 // issued the same collectives, the strategy's own stats (if it has any:
 // not null). Pure.
+// This process's peak resident set size so far (VmHWM of /proc/self/status),
+// in bytes; -1 where the kernel does not say.
+int64_t peak_resident_bytes();
+
 nlohmann::ordered_json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps,
                                    const std::vector<RankTotals>& ranks, const nlohmann::ordered_json* strategy_stats);
 
