@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """tests/plan_test.py — `ddp plan` against what `ddp run` measures. For lm-tiny and mlp (256 x 3)
 at worlds 1, 2 and 4 and lm-cpu (its config: world 2) every shipped strategy (sharded in both
-variants of stage 1, in stage 2 with two caps and in stage 3, bucketed also compressed and with small buckets),
+variants of stage 1, in stage 2 with two caps and in stage 3 (also gathering in bf16), bucketed also compressed and with small buckets),
 each planning its own part through its plan entry, with AdamW (lm) and SGD with momentum (mlp):
   - rank 0's peak bytes at the three moments of summary.json, and every rank's peak over the run,
     per category: exactly equal for parameters, gradients, optimizer state and communication
@@ -44,6 +44,8 @@ MORE = {
     "sharded_stage2_8": ['strategy.plugin="sharded"', "strategy.sharded.stage=2", "strategy.sharded.bucket_mb=8"],
     "sharded_stage2_bf16": ['strategy.plugin="sharded"', "strategy.sharded.stage=2", 'strategy.sharded.compress="bf16"'],
     "sharded_stage3": ['strategy.plugin="sharded"', "strategy.sharded.stage=3"],
+    "sharded_stage3_bf16": ['strategy.plugin="sharded"', "strategy.sharded.stage=3",
+                            'strategy.sharded.gather_dtype="bf16"'],
     "sharded_stage3_keep": ['strategy.plugin="sharded"', "strategy.sharded.stage=3", "strategy.sharded.prefetch=0",
                             "strategy.sharded.reshard_after_forward=false"],
 }
@@ -126,6 +128,23 @@ class PlanAgainstRuns(unittest.TestCase):
                 self.check(model, "sharded_stage3", world)
         self.check("mlp", "sharded_stage3", 2, ["run.grad_accum_steps=3"])
         self.check("lm-tiny", "sharded_stage3_keep", 2)
+
+    def test_stage3_gathers_in_bf16(self):
+        """gather_dtype = "bf16": the plan equals the run (its 16-bit chunk and unit in the communication
+        buffers), every all-gather moves half the bytes of float32's and every reduce-scatter the same."""
+        for model, world in (("lm-tiny", 2), ("mlp", 4)):
+            with self.subTest(model=model, world=world):
+                self.check(model, "sharded_stage3_bf16", world)
+                plans = {}
+                for strategy in ("sharded_stage3", "sharded_stage3_bf16"):
+                    base = MODELS[model] + sets(MORE[strategy] + [f"run.world_size={world}"])
+                    plans[strategy] = json.loads(ddp("plan", *base, "--json"))["run"]["collectives"]
+                f32, bf16 = plans["sharded_stage3"], plans["sharded_stage3_bf16"]
+                self.assertEqual([c["op"] for c in f32], [c["op"] for c in bf16])
+                gathers = [(a, b) for a, b in zip(f32, bf16) if a["op"] == "all_gather"]
+                self.assertGreater(len(gathers), 0)
+                for a, b in zip(f32, bf16):
+                    self.assertEqual(b["bytes"] * (2 if a["op"] == "all_gather" else 1), a["bytes"], a)
 
     @unittest.skipUnless((Path(DDP).parent.parent / "lib" / "ddp" / "libddp_transport_mpi.so").exists(),
                          "the mpi transport is not built (no MPI found)")

@@ -17,9 +17,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <string>
 
 #include "harness.h"
+#include "safetensors.h"
+
+#include <ddp/numeric.h>
 
 namespace ddp {
 namespace {
@@ -261,6 +265,14 @@ TEST(ShardedConfig, Stage3PrefetchOutsideZeroToSixteenIsRefused) {
   }
 }
 
+TEST(ShardedConfig, Stage3GatherDtypeOtherThanFloat32Bf16OrFp16IsRefused) {
+  RunResult r = harness::run(toml("toy", "sharded", "stage = 3\ngather_dtype = \"fp8\"\n"), 1);
+  ASSERT_EQ(r.failures.size(), 1u);
+  EXPECT_NE(r.failures[0].find("strategy plugin 'sharded': create: strategy.gather_dtype must be \"float32\", "
+                               "\"bf16\" or \"fp16\" (got \"fp8\")"),
+            std::string::npos) << r.failures[0];
+}
+
 // ZeRO-3 on mlp: on 1, 2 and 4 ranks, with and without prefetch and
 // resharding after forward, as ZeRO-2 above, from the weights before the
 // first step on (each rank's snapshot is the model gathered unit by unit).
@@ -274,6 +286,50 @@ TEST(ShardedStage3, MlpEqualsSingleProcess) {
         expect_equals_single(z3, single, world, mlp_tolerance(optimizer), 0);
       }
   }
+}
+
+// gather_dtype = "bf16": the units compute from bfloat16-rounded copies of
+// float32 values, which the shards, the step and every reader keep. From
+// weights bfloat16 holds exactly, the first step is float32's bit for bit;
+// after it the values are float32 (not rounded), the ranks equal, and the
+// run parts from float32's by no more than bfloat16's rounding makes.
+TEST(ShardedStage3, GatherInBf16ComputesFromRoundedCopies) {
+  const std::string adamw = kMlpOptimizers[1], stage3 = "plugin = \"sharded\"\nstage = 3\n";
+  const RunResult plain = run_ok(mlp_config(adamw, stage3), 2);
+  ASSERT_TRUE(plain.failures.empty());
+  char dir[] = "/tmp/ddp-bf16-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string init = std::string(dir) + "/init.safetensors";
+  std::vector<std::vector<float>> rounded;
+  std::vector<NamedFloats> tensors;
+  for (size_t p = 0; p < plain.names.size(); ++p) {
+    rounded.push_back(plain.ranks[0].at(0)[p]);
+    for (float& v : rounded.back()) v = ddp_bf16_to_float(ddp_float_to_bf16(v));
+  }
+  for (size_t p = 0; p < plain.names.size(); ++p)
+    tensors.push_back({plain.names[p], plain.final_weights.at(plain.names[p]).shape, rounded[p].data()});
+  write_safetensors(init, tensors);
+  auto from_init = [&](std::string config) {
+    return config.replace(config.find("classes = 4\n"), 12, "classes = 4\ninit_from = \"" + init + "\"\n");
+  };
+  const RunResult f32 = run_ok(from_init(mlp_config(adamw, stage3)), 2);
+  const RunResult bf16 = run_ok(from_init(mlp_config(adamw, stage3 + "gather_dtype = \"bf16\"\n")), 2);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(f32.failures.empty() && bf16.failures.empty());
+  EXPECT_EQ(bf16.summary["strategy_stats"]["gather_dtype"], "bf16");
+  bool kept_float32 = false;
+  float parted = 0;
+  for (size_t p = 0; p < bf16.names.size(); ++p) {
+    EXPECT_EQ(bf16.ranks[0].at(1)[p], f32.ranks[0].at(1)[p]) << bf16.names[p];
+    for (float v : bf16.ranks[0].at(1)[p]) kept_float32 |= ddp_bf16_to_float(ddp_float_to_bf16(v)) != v;
+    for (int step = 2; step <= 4; ++step) {
+      ASSERT_EQ(bf16.ranks[1].at(step)[p], bf16.ranks[0].at(step)[p]);
+      parted = std::max(parted, harness::max_abs_diff(bf16.ranks[0].at(step)[p], f32.ranks[0].at(step)[p]));
+    }
+  }
+  EXPECT_TRUE(kept_float32) << "the values after step 1 are all bfloat16: the shards were rounded";
+  EXPECT_GT(parted, 0.0f) << "the gathers were not rounded";
+  EXPECT_LT(parted, 0.06f);  // AdamW at lr 0.01 moves an element about 0.01 a step: 3 steps of 2 runs
 }
 
 // Stage 2 (and stage 1's allgather) reduce-scatter: over a transport

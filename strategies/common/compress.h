@@ -31,10 +31,11 @@ inline const char* compress_value(ddp_dtype wire) {
 
 // Why `wire` cannot travel on `transport` (its declared dtypes) with this
 // host, or "" if it can. Pure.
+// `key`: the key that chose it ("compress", "gather_dtype").
 inline std::string compress_refusal(ddp_dtype wire, const char* transport, uint64_t transport_dtypes,
-                                    bool host_converts) {
+                                    bool host_converts, const char* key = "compress") {
   if (wire == DDP_FLOAT32) return "";
-  const std::string what = std::string("strategy.compress = \"") + compress_value(wire) + "\": ";
+  const std::string what = std::string("strategy.") + key + " = \"" + compress_value(wire) + "\": ";
   if (!(transport_dtypes & DDP_DTYPE_BIT(wire))) {
     std::string takes;
     for (int d = DDP_FLOAT32; d <= DDP_FLOAT16; ++d)

@@ -111,6 +111,7 @@ constexpr ddp_key kKeys[] = {
     {"compress", "string", "stages 2, 3: \"none\" (default), \"bf16\" or \"fp16\": the gradients reduce-scattered in 16 bits"},
     {"prefetch", "int", "stage 3: units gathered ahead of the one computing, 0 to 16 (default 1)"},
     {"reshard_after_forward", "bool", "stage 3: free a unit's gathered values after its forward (default true)"},
+    {"gather_dtype", "string", "stage 3: \"float32\" (default), \"bf16\" or \"fp16\": the parameters all-gathered in 16 bits"},
     {nullptr, nullptr, nullptr},
 };
 
@@ -185,7 +186,7 @@ ddp_status sharded_create(const ddp_host* host, const ddp_transport_v1_t* transp
     if (s->stage == 3) {  // no bucket_mb: a bucket per unit
       ddp::strategy::Stage3::check_support(host, transport);
       s->stage2.set_wire(ds::read_compress(s->host, transport));
-      s->stage3.claim(ddp::strategy::Stage3::read_keys(s->host));
+      s->stage3.claim(ddp::strategy::Stage3::read_keys(s->host, transport));
       *out = s.release();
       return;
     }
@@ -458,7 +459,7 @@ ddp_status sharded_plan(const ddp_host* host, const ddp_transport_v1_t* transpor
       if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
         throw Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.stage = 3 reduce-scatters the gradients, and "
                                                        "transport '") + transport->name + "' has no reduce_scatter");
-      return ddp::strategy::Stage3::plan(h, plan, ds::read_compress(h, transport, /*planning=*/true));
+      return ddp::strategy::Stage3::plan(h, plan, transport, ds::read_compress(h, transport, /*planning=*/true));
     }
     if (stage != 1)
       throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.stage must be 1, 2 or 3 (got " + std::to_string(stage) + ")");

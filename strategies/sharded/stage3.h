@@ -15,7 +15,8 @@
 //                   (gather_schedule.h: the units it reads, then up to
 //                   `prefetch` units ahead) are all-gathered on the comm
 //                   stream into free slots, the compute stream waits for
-//                   those it needs, and their parameters' values are bound
+//                   those it needs (in gather_dtype, converted back to
+//                   float32 there), and their parameters' values are bound
 //                   there; backward binds and reduce-scatters gradients as
 //                   stage 2 does; at END, the units the schedule releases
 //                   are unbound and their slots freed (after the compute);
@@ -59,10 +60,21 @@ class Stage3 {
   struct Keys {
     size_t prefetch = 1;
     bool reshard_after_forward = true;
+    ddp_dtype gather = DDP_FLOAT32;  // gather_dtype: what the parameters are all-gathered in
   };
-  // Its keys, as create and plan read them; throws for a bad value.
-  static Keys read_keys(const plugin::Host& h) {
+  // Its keys, as create and plan read them (`planning`: a plan's host
+  // converts nothing; the run's will); throws for a bad value, and for a
+  // gather dtype the transport does not take.
+  static Keys read_keys(const plugin::Host& h, const ddp_transport_v1_t* transport, bool planning = false) {
     Keys k;
+    const std::string gather = h.config_string("gather_dtype", "float32");
+    if (gather != "float32" && gather != "bf16" && gather != "fp16")
+      throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.gather_dtype must be \"float32\", \"bf16\" or "
+                                                      "\"fp16\" (got \"" + gather + "\")");
+    k.gather = gather == "float32" ? DDP_FLOAT32 : *compress_dtype(gather);
+    const std::string why = compress_refusal(k.gather, transport->name, ddp_transport_dtypes(transport),
+                                             planning || plugin::has_convert(h.raw()), "gather_dtype");
+    if (!why.empty()) throw plugin::Failure(DDP_ERR_UNSUPPORTED, why);
     const int64_t prefetch = h.config_int("prefetch", 1);
     if (prefetch < 0 || prefetch > kMaxPrefetch)
       throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.prefetch must be a number of units from 0 to " +
@@ -105,10 +117,16 @@ class Stage3 {
     for (size_t b = 0; b < layout.buckets.size(); ++b)
       bucket_of_[h.param(layout.buckets[b].params.front()).unit] = b;
     std::vector<size_t> sizes;
-    size_t largest = 0;
+    size_t largest = 0, chunk = 0;
     for (size_t u = 0; u < units_.size(); ++u) {
       sizes.push_back(bucket_of_[u] == kNone ? 0 : layout.buckets[bucket_of_[u]].padded());
       largest = std::max(largest, sizes.back());
+      if (bucket_of_[u] != kNone) chunk = std::max(chunk, layout.buckets[bucket_of_[u]].chunk);
+    }
+    wire_send_.reset(), wire_recv_.reset();
+    if (keys_.gather != DDP_FLOAT32) {  // a chunk and a unit in the gather dtype, converted on the comm stream
+      wire_send_ = plugin::DeviceBuffer(h.raw(), chunk * ddp_dtype_size(keys_.gather), DDP_MEM_COMM_BUFFERS);
+      wire_recv_ = plugin::DeviceBuffer(h.raw(), largest * ddp_dtype_size(keys_.gather), DDP_MEM_COMM_BUFFERS);
     }
     schedule_ = gather_schedule(units_, keys_.prefetch, keys_.reshard_after_forward, sizes);
     slots_.clear(), freed_.clear(), gathered_.clear();
@@ -132,7 +150,7 @@ class Stage3 {
     if (phase == DDP_UNIT_FORWARD_BEGIN || phase == DDP_UNIT_BACKWARD_BEGIN) {
       const GatherHook& hook = schedule_.begin[pos];
       if (!hook.gather.empty()) base_.comm_after_compute();  // the optimizer's update of the shard
-      for (size_t x : hook.gather) gather(x);
+      for (size_t x : hook.gather) gather(x, keys_.gather);
       for (size_t x : hook.wait) hold(x);
       if (!forward) grads_.unit(unit, phase);
       return;
@@ -156,7 +174,7 @@ class Stage3 {
     if (bucket_of_[unit] == kNone) return;
     if (!hold_it) return release(unit);
     base_.comm_after_compute();
-    gather(unit);
+    gather(unit, DDP_FLOAT32);  // the values themselves, whatever the step's gathers travel in
     this->hold(unit);
     base_.comm_after_compute();
     base_.wait_comm();  // in place when unit_values returns
@@ -167,8 +185,9 @@ class Stage3 {
   // staging (its plan, with one bucket per unit and every parameter laid
   // out); this rank's trainable elements stepped; per micro-batch, the
   // schedule's all-gathers and a reduce-scatter per unit as it closes.
-  static void plan(const plugin::Host& h, const plugin::Plan& plan, ddp_dtype wire) {
-    const Keys keys = read_keys(h);
+  static void plan(const plugin::Host& h, const plugin::Plan& plan, const ddp_transport_v1_t* transport,
+                   ddp_dtype wire) {
+    const Keys keys = read_keys(h, transport, /*planning=*/true);
     const std::vector<ShardUnit> units = units_of(h);
     std::vector<ShardParam> params;
     for (size_t i = 0; i < h.param_count(); ++i) {
@@ -192,6 +211,7 @@ class Stage3 {
     plan.buffer(DDP_MEM_PARAMETERS, std::max<size_t>(layout.shard_elements, 1) * sizeof(float));
     for (size_t k = 0; k < std::max<size_t>(s.peak_units, 1); ++k)
       plan.buffer(DDP_MEM_PARAMETERS, std::max<size_t>(largest, 1) * sizeof(float));
+    if (keys.gather != DDP_FLOAT32) plan.buffer(DDP_MEM_COMM_BUFFERS, (chunk + largest) * ddp_dtype_size(keys.gather));
     Stage2::plan_buffers(plan, layout, chunk, wire);
     const int32_t micro = std::max<int32_t>(plan.micro_steps(), 1);
     const size_t per_step = layout.buckets.size() * size_t(micro);
@@ -199,7 +219,7 @@ class Stage3 {
     for (int32_t m = 0; m < micro; ++m)
       for (size_t p = 0; p < 2 * units.size(); ++p) {
         for (size_t x : s.begin[p].gather)
-          if (bucket_of[x] != kNone) plan.collective(DDP_OP_ALL_GATHER, sizes[x], DDP_FLOAT32, p > 0);
+          if (bucket_of[x] != kNone) plan.collective(DDP_OP_ALL_GATHER, sizes[x], keys.gather, p > 0);
         if (p < units.size()) continue;
         for (size_t b : layout.closes_at[p - units.size()])
           plan.collective(DDP_OP_REDUCE_SCATTER, layout.buckets[b].padded(), wire, ++reduced < per_step);
@@ -208,15 +228,18 @@ class Stage3 {
 
   std::string json() const {
     return "\"prefetch\": " + std::to_string(keys_.prefetch) + ", \"reshard_after_forward\": " +
-           (keys_.reshard_after_forward ? "true" : "false") + ", \"gathers_per_micro_batch\": " +
+           (keys_.reshard_after_forward ? "true" : "false") + ", \"gather_dtype\": \"" +
+           (keys_.gather == DDP_FLOAT32 ? "float32" : compress_value(keys_.gather)) + "\", \"gathers_per_micro_batch\": " +
            std::to_string(schedule_.gathers) + ", \"gather_slots\": " + std::to_string(slots_.size());
   }
 
  private:
   static constexpr size_t kNone = static_cast<size_t>(-1);
 
-  // Enqueues unit x's all-gather on the comm stream into a free slot.
-  void gather(size_t x) {
+  // Enqueues unit x's all-gather on the comm stream into a free slot, in
+  // `dtype`: float32 straight into it; else this rank's chunk converted,
+  // gathered in the 16-bit dtype and converted into the slot.
+  void gather(size_t x, ddp_dtype dtype) {
     const size_t b = bucket_of_[x];
     if (b == kNone) return;
     const plugin::Host& h = base_.host;
@@ -227,8 +250,17 @@ class Stage3 {
       throw plugin::Failure(DDP_ERR_INTERNAL, "stage 3: no free slot to gather unit " + std::to_string(x) + " into");
     const ddp_stream comm = h.comm_stream();
     if (slot_used_[slot]) freed_[slot].make_wait(comm);  // the compute that read its last unit is done
-    base_.comm.all_gather(h.floats(values_.floats() + bucket.shard, bucket.chunk),
-                          h.floats(slots_[slot].get(), bucket.padded()), comm);
+    const ddp_buffer mine = h.floats(values_.floats() + bucket.shard, bucket.chunk);
+    const ddp_buffer full = h.floats(slots_[slot].get(), bucket.padded());
+    if (dtype == DDP_FLOAT32) {
+      base_.comm.all_gather(mine, full, comm);
+    } else {
+      const ddp_buffer send = h.buffer(wire_send_.get(), bucket.chunk, dtype);
+      const ddp_buffer recv = h.buffer(wire_recv_.get(), bucket.padded(), dtype);
+      h.convert(send, mine, comm);
+      base_.comm.all_gather(send, recv, comm);
+      h.convert(full, recv, comm);  // before the next gather reuses recv: the same stream
+    }
     gathered_[x].record(comm);
     slot_of_[x] = slot, slot_busy_[slot] = true, slot_used_[slot] = true;
   }
@@ -262,6 +294,7 @@ class Stage3 {
   std::vector<size_t> bucket_of_;  // per unit: its bucket in stage 2's layout, or kNone (no parameters)
   GatherSchedule schedule_;
   plugin::DeviceBuffer values_;             // this rank's chunk of every unit's values
+  plugin::DeviceBuffer wire_send_, wire_recv_;  // gather_dtype other than float32: a chunk, a unit
   std::vector<plugin::DeviceBuffer> slots_;  // full copies of gathered units
   std::vector<plugin::Event> freed_;        // per slot: recorded after the compute that read it
   std::vector<plugin::Event> gathered_;     // per unit: recorded after its all-gather
