@@ -140,8 +140,8 @@ json traced_run(const std::string& strategy, const std::string& dir, const std::
       EXPECT_EQ(int64_t(comm.size()), summary["collectives"][step].get<int64_t>());
       int64_t bytes = 0;
       for (const json& e : comm) {
-        EXPECT_EQ(e["name"], "all_reduce");
-        EXPECT_EQ(e["args"]["op"], "all_reduce");
+        EXPECT_EQ(e["name"], e["args"]["op"]);
+        if (strategy != "sharded") EXPECT_EQ(e["name"], "all_reduce");  // ZeRO-3: all_gather, reduce_scatter
         bytes += e["args"]["bytes"].get<int64_t>();
       }
       EXPECT_EQ(bytes, summary["comm_bytes"][step].get<int64_t>());
@@ -170,6 +170,56 @@ TEST(Trace, OverlapShowsCollectivesUnderBackward) {
     }
   EXPECT_GT(overlapped, 0) << "no collective started before its step's backward ended";
   fs::remove_all(dir);
+}
+
+// ZeRO-3 (sharded stage 3): with one unit prefetched, the next unit's
+// all-gather runs while the current unit computes, in forward (each unit
+// its range, "forward <unit>") and in backward (its per-layer range); with
+// none prefetched, never. mlp's units are layers.0..3 and head, without
+// ties: the step's gathers are each unit's in forward order, then, from
+// head's backward on, layers.3's, layers.2's, ...: gather u + 1 is
+// prefetched as forward range u computes, gather U + j as backward range j.
+// Returns how many did overlap, in forward and in backward.
+std::pair<int, int> stage3_gathers_under_compute(const std::string& prefetch) {
+  const std::string dir = temp_dir();
+  const json trace = traced_run("sharded", dir, {"strategy.sharded.stage=3", "strategy.sharded.prefetch=" + prefetch});
+  fs::remove_all(dir);
+  if (trace.is_null()) return {-1, -1};
+  const std::vector<std::string> units = {"layers.0", "layers.1", "layers.2", "layers.3", "head"};
+  const size_t n = units.size();
+  auto overlaps = [](const json& a, const json& b) {
+    return a["ts"].get<double>() < end_of(b) && end_of(a) > b["ts"].get<double>();
+  };
+  int in_forward = 0, in_backward = 0;
+  for (int rank = 0; rank < 2; ++rank)
+    for (int step = 0; step < kSteps; ++step) {
+      SCOPED_TRACE("rank " + std::to_string(rank) + ", step " + std::to_string(step));
+      const std::vector<json> compute = lane(trace, rank, 0, step);
+      const std::vector<json> forward = named(compute, "forward "), backward = named(compute, "backward ");
+      const std::vector<json> gathers = exactly(lane(trace, rank, 1, step), "all_gather");
+      std::vector<std::string> names;
+      for (const json& e : forward) names.push_back(e["name"].get<std::string>().substr(8));
+      EXPECT_EQ(names, units);
+      if (names != units || backward.size() != n || gathers.size() != 2 * n - 1) {  // head kept for its backward
+        ADD_FAILURE() << backward.size() << " backward ranges, " << gathers.size() << " gathers";
+        continue;
+      }
+      for (size_t u = 0; u + 1 < n; ++u) in_forward += overlaps(gathers[u + 1], forward[u]);
+      for (size_t j = 0; j + 1 < n; ++j) in_backward += overlaps(gathers[n + j], backward[j]);
+    }
+  std::printf("prefetch %s: gathers under compute: %d of %zu in forward, %d of %zu in backward\n", prefetch.c_str(),
+              in_forward, 2 * kSteps * (n - 1), in_backward, 2 * kSteps * (n - 1));
+  return {in_forward, in_backward};
+}
+
+TEST(Trace, Stage3GathersTheNextUnitWhileTheCurrentOneComputes) {
+  const auto [forward, backward] = stage3_gathers_under_compute("1");
+  EXPECT_GT(forward, 0) << "no unit's gather ran under the previous unit's forward";
+  EXPECT_GT(backward, 0) << "no unit's gather ran under the next unit's backward";
+}
+
+TEST(Trace, Stage3WithoutPrefetchGathersOnlyBetweenUnits) {
+  EXPECT_EQ(stage3_gathers_under_compute("0"), std::make_pair(0, 0));
 }
 
 TEST(Trace, NaiveCommunicatesOnlyAfterBackward) {

@@ -6,7 +6,9 @@
 // tid 0 "compute" (step, forward, backward and its per-layer ranges, the
 // strategy hooks, optimizer) and tid 1 "communication" (each collective the
 // strategy issued, from when the comm stream starts it to when it is done,
-// with args {"op", "bytes", "step"}). Times are steady_clock, which is one
+// with args {"op", "bytes", "step"}; step -1 outside any step: set-up, and
+// between steps the replica check, checkpoints and the outputs, which a
+// strategy holding the values gathers for). Times are steady_clock, which is one
 // clock for every process on the machine, so the ranks line up.
 #pragma once
 
@@ -26,7 +28,8 @@ class Trace {
   // few words (the vector grows past it if needed).
   Trace(int rank, size_t expected_events);
 
-  // The step later events belong to (set by the trainer at each step).
+  // The step later events belong to (set by the trainer at each step's
+  // start, -1 at its end).
   void set_step(int64_t step) { step_.store(step, std::memory_order_relaxed); }
   int64_t step() const { return step_.load(std::memory_order_relaxed); }
 

@@ -46,6 +46,10 @@ class RankRun {
 
   // `ddp run --trace`: the launcher names this rank's trace file.
   void set_up_timeline();
+  // The strategy's unit hook; with a trace, each unit's forward is a range
+  // of its own ("forward <unit>": from its FORWARD_BEGIN hook's return to
+  // its FORWARD_END hook's call).
+  void on_unit(size_t unit, ddp_unit_phase phase);
   void train();
 
   // The communication counters and allocations at the start of a step.
@@ -121,6 +125,8 @@ class RankRun {
   HostServices services_;
   std::unique_ptr<RankPlugins> plugins_;
   std::string trace_path_;  // empty: no trace
+  std::vector<std::string> forward_ranges_;  // with a trace: "forward <unit>" per unit
+  StepTimeline::Mark unit_begin_;            // where the unit computing began
   // The run's state.
   int64_t tokens_per_row_ = 1;      // positions a row trains (lm: context_length)
   std::vector<size_t> trainable_;   // indices of trainable parameters

@@ -47,6 +47,7 @@ void StepTimeline::begin_step(int64_t step) {
 }
 
 void StepTimeline::end_step() {
+  if (trace_) trace_->set_step(-1);  // what follows (checks, checkpoints, outputs) is in no step
   if (stamps_.empty()) return;
   std::vector<Clock::time_point> at(stamps_.size());
   compute_.resolve_timestamps(stamps_.data(), stamps_.size(), at.data());

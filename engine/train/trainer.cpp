@@ -105,7 +105,7 @@ void RankRun::set_up() {
   plugins_->start(config_, timeline_->trace());
   services_.claims_open = services_.value_claims_open = false;
   if (!model_->gradients_packed()) pack_gradients();
-  model_->set_unit_hook([this](size_t unit, ddp_unit_phase phase) { plugins_->on_unit(unit, phase); });
+  model_->set_unit_hook([this](size_t unit, ddp_unit_phase phase) { on_unit(unit, phase); });
   agree_before_training(*store_, r, fingerprint(config_, model_->params(), plugins_->identity(), model_->units()));
   remaining_uses_.assign(model_->params().size(), 0);
 }
@@ -115,13 +115,22 @@ void RankRun::set_up_timeline() {
   if (const char* path = std::getenv("DDP_TRACE"); path && *path) {
     trace_path_ = path;
     // Room for every step's ranges and collectives (about one per parameter each).
-    const size_t per_step = size_t(config_.run.grad_accum_steps + 1) * (model_->params().size() + 8);
+    const size_t per_step =
+        size_t(config_.run.grad_accum_steps + 1) * (model_->params().size() + model_->units().size() + 8);
     trace = std::make_unique<Trace>(env_.rank.rank, std::min<size_t>(size_t(config_.run.steps) * per_step, 1 << 20));
     model_->set_range_hook([this](const char* name, Clock::time_point begin, Clock::time_point end) {
       timeline_->layer(name, begin, end);
     });
+    for (const Unit& u : model_->units()) forward_ranges_.push_back("forward " + u.name);
   }
   timeline_ = std::make_unique<StepTimeline>(std::move(trace), device_->compute_stream());
+}
+
+void RankRun::on_unit(size_t unit, ddp_unit_phase phase) {
+  const bool traced = !forward_ranges_.empty();
+  if (traced && phase == DDP_UNIT_FORWARD_END) timeline_->range(forward_ranges_[unit].c_str(), unit_begin_);
+  plugins_->on_unit(unit, phase);
+  if (traced && phase == DDP_UNIT_FORWARD_BEGIN) unit_begin_ = timeline_->mark();
 }
 
 void RankRun::train() {
