@@ -135,6 +135,47 @@ TEST(Launcher, HungRankIsNamedAndTheRunStopsWithinTimeout) {
   fs::remove_all(dir);
 }
 
+// ZeRO-3's gathers when a peer dies in one (tests/plugins/transport_dies.c:
+// gloo, with rank 1 taking `signal` as it enqueues its 25th all-gather, in
+// step 3's backward on lm-tiny): the run ends non-zero within run.timeout_s
+// + 10 s, naming the rank and the unit the survivor waited in.
+std::string stage3_with_a_dying_peer(int signal, int timeout_s, double* took) {
+  const std::string dir = temp_dir();
+  const auto started = Clock::now();
+  Process p = start({"run", kRepo + "/configs/lm-cpu.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
+                     "model.preset=\"lm-tiny\"", "--set", "data.batch_size=8", "--set", "strategy.plugin=\"sharded\"",
+                     "--set", "strategy.sharded.stage=3", "--set", "run.steps=100", "--set",
+                     "run.timeout_s=" + std::to_string(timeout_s), "--set",
+                     "transport.plugin=\"" + std::string(DDP_TEST_BROKEN_PLUGIN_DIR) + "/libddp_transport_dies.so\"",
+                     "--set", "transport.die_rank=1", "--set", "transport.die_at=25", "--set",
+                     "transport.die_signal=" + std::to_string(signal)},
+                    {}, dir + "/ddp");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(timeout_s + 60)), 1);
+  *took = std::chrono::duration<double>(Clock::now() - started).count();
+  const std::string err = read_file(p.err);
+  EXPECT_FALSE(fs::exists(dir + "/out/summary.json")) << "a failed run wrote a summary";
+  fs::remove_all(dir);
+  return err;
+}
+
+TEST(Launcher, Stage3GatherWhosePeerWasKilledNamesTheRankAndTheUnit) {
+  double took = 0;
+  const std::string err = stage3_with_a_dying_peer(SIGKILL, 5, &took);
+  EXPECT_LT(took, 5 + 10);
+  EXPECT_EQ(err.rfind("ddp: rank 1 failed: killed by signal 9 (Killed)\n"
+                      "ddp: rank 0 was waiting on it in step 3: strategy plugin 'sharded': on_unit(layers.0, "
+                      "BACKWARD_BEGIN): gloo ", 0), 0u) << err;  // its all-gather, or the reduce-scatter before
+}
+
+TEST(Launcher, Stage3GatherWhosePeerHangsNamesTheRankAndTheUnitWithinTheTimeout) {
+  double took = 0;
+  const std::string err = stage3_with_a_dying_peer(SIGSTOP, 3, &took);
+  EXPECT_LT(took, 3 + 10);
+  EXPECT_EQ(err.rfind("ddp: rank 1 stopped responding: the other ranks timed out waiting (run.timeout_s = 3)\n"
+                      "ddp: rank 0 reported in step 3: exited with code 1: strategy plugin 'sharded': "
+                      "on_unit(layers.0, BACKWARD_BEGIN): gloo ", 0), 0u) << err;
+}
+
 TEST(Launcher, RanksDieWithTheirLauncher) {
   std::string dir = temp_dir();
   Process p = start_long_run(dir, 30);

@@ -60,6 +60,19 @@ std::string at_step(const RankExit& exit, const std::optional<RankFailure>& repo
   return step >= 0 ? " in step " + std::to_string(step + 1) : "";
 }
 
+// The first rank other than `blamed` to fail with a report of a failed
+// collective (a peer's echo of the failure), or -1.
+int first_echo(const std::vector<RankExit>& ranks, const std::vector<std::optional<RankFailure>>& reports,
+               int blamed) {
+  int first = -1;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (int(r) == blamed || ranks[r].failed_order < 0 || !reports[r] || reports[r]->message.empty()) continue;
+    if (reports[r]->kind != DDP_ERR_COMM && reports[r]->kind != DDP_ERR_TIMEOUT) continue;
+    if (first < 0 || ranks[r].failed_order < ranks[size_t(first)].failed_order) first = int(r);
+  }
+  return first;
+}
+
 }  // namespace
 
 Diagnosis diagnose(const WatchResult& watched, const std::vector<std::optional<RankFailure>>& reports,
@@ -91,6 +104,10 @@ Diagnosis diagnose(const WatchResult& watched, const std::vector<std::optional<R
               std::to_string(blamed) + " reported" + at_step(exit, report) + ": " + cause(exit, report) + "\n";
   } else {
     message = "ddp: rank " + std::to_string(blamed) + " failed" + at_step(exit, report) + ": " + cause(exit, report) + "\n";
+    const int peer = first_echo(ranks, reports, blamed);
+    if (weight(exit, report) == 3 && !report && peer >= 0)  // it said nothing: where a peer waited on it
+      message += "ddp: rank " + std::to_string(peer) + " was waiting on it" + at_step(ranks[peer], reports[peer]) +
+                 ": " + reports[peer]->message + "\n";
   }
   return {1, message + "ddp: stopped the other ranks; run failed\n"};
 }
