@@ -91,12 +91,13 @@ TEST(GradShards, EveryElementHasExactlyOneOwner) {
 
 TEST(GradShards, TheRingHoldsTheLargerOfTheCapAndTheLargestBucket) {
   // A bucket per unit (cap 8): c 32, b 32, a 16 padded; one at a time, in the
-  // largest's memory; each reuses the others' (and its own, of the micro-batch before).
+  // largest's memory; each shares the others' (and its own, of the micro-batch before).
   const ShardLayout l = shard_layout(one_each(3), sized({10, 20, 30}), 2, 8, 16);
   ASSERT_EQ(l.buckets.size(), 3u);
   EXPECT_EQ(l.ring_elements, 32u);
   for (const ShardBucket& b : l.buckets) EXPECT_EQ(b.ring, 0u);
-  EXPECT_EQ(l.buckets[1].reuses, (std::vector<size_t>{0, 1, 2}));
+  for (const ShardBucket& a : l.buckets)
+    for (const ShardBucket& b : l.buckets) EXPECT_TRUE(share_memory(a, b));
   // A cap above one bucket lets one fill while the one before is reduce-scattered.
   const ShardLayout two = shard_layout(one_each(3), sized({30, 30, 30}), 2, 40, 16);
   ASSERT_EQ(two.buckets.size(), 3u);
@@ -104,6 +105,8 @@ TEST(GradShards, TheRingHoldsTheLargerOfTheCapAndTheLargestBucket) {
   EXPECT_EQ(two.buckets[0].ring, 0u);
   EXPECT_EQ(two.buckets[1].ring, 32u);
   EXPECT_EQ(two.buckets[2].ring, 0u);
+  EXPECT_FALSE(share_memory(two.buckets[0], two.buckets[1]));
+  EXPECT_TRUE(share_memory(two.buckets[0], two.buckets[2]));
   // Never more than all buckets together.
   EXPECT_EQ(shard_layout(one_each(3), sized({10, 20, 30}), 2, 1 << 20, 16).ring_elements, 64u);
   EXPECT_EQ(l.opens_at[0], (std::vector<size_t>{0}));  // backward position 0: the last unit

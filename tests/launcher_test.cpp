@@ -240,7 +240,7 @@ TEST(Launcher, AMisspeltPluginIsRefusedBeforeAnyRankStarts) {
   EXPECT_EQ(wait_for(p, std::chrono::seconds(30)), 1);
   const std::string err = read_file(p.err);
   EXPECT_EQ(err.rfind("ddp: error: cannot load strategy plugin '", 0), 0u) << err;
-  EXPECT_NE(err.find("libddp_strategy_bucketd.so' (host ABI 1.5, plugin ABI none): file not found; did you mean "
+  EXPECT_NE(err.find("libddp_strategy_bucketd.so' (host ABI 1.6, plugin ABI none): file not found; did you mean "
                      "'bucketed'? (strategy plugins in "),
             std::string::npos)
       << err;
@@ -384,7 +384,7 @@ TEST(Launcher, ATruncatedPluginIsNamedWithinTheTimeout) {
     EXPECT_LT(took, timeout_s + 10) << "at run.timeout_s = " << timeout_s;
     const std::string err = read_file(p.err);
     EXPECT_EQ(err.rfind("ddp: error: cannot load strategy plugin '" + cut +
-                            "' (host ABI 1.5, plugin ABI none): truncated: 3000 bytes, where its ELF headers describe ",
+                            "' (host ABI 1.6, plugin ABI none): truncated: 3000 bytes, where its ELF headers describe ",
                         0),
               0u)
         << err;
@@ -405,7 +405,8 @@ TEST(Launcher, ARunThatCannotFitThisHostIsRefusedBeforeAnyRankStarts) {
   const std::string err = read_file(p.err);
   EXPECT_EQ(err.rfind("ddp: error: " + kRepo + "/configs/mlp.toml: the run does not fit this host's memory: it needs "
                       "16173.0 GB (8086.5 GB × 2 ranks), ", 0), 0u) << err;
-  EXPECT_NE(err.find(" available (MemAvailable); no smaller run.world_size fits either"), std::string::npos) << err;
+  EXPECT_NE(err.find(" available (MemAvailable); no strategy setting or smaller run.world_size fits"),
+            std::string::npos) << err;
   EXPECT_FALSE(fs::exists(dir + "/out"));
   std::vector<std::string> plan = {"plan", kRepo + "/configs/mlp.toml", "--set", "model.depth=60000", "--set",
                                    "model.width=4096"};

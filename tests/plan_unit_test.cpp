@@ -357,19 +357,30 @@ TEST(FitCheck, TheShortfallSaysWhatItNeedsAndWhatIsAvailable) {
 }
 
 // The refusal for a config: lm `large` on 2 ranks (the numbers of
-// docs/running.md), on a host given its memory.
-TEST(FitCheck, ARefusalNamesTheLargestWorldSizeThatFits) {
-  const Config c = load_config(std::string(DDP_TEST_DATA_DIR) + "/../configs/lm-cpu.toml",
-                               {"model.preset=\"large\"", "data.batch_size=2", "run.world_size=2"});
+// docs/running.md), on a host given its memory. It names the mildest
+// strategy setting that fits, of the strategy's own leaner settings
+// (ddp_plan::leaner), then of the other strategy plugins here, and the
+// largest smaller world size that fits.
+TEST(FitCheck, ARefusalNamesAStrategySettingAndAWorldSizeThatFit) {
+  const std::string file = std::string(DDP_TEST_DATA_DIR) + "/../configs/lm-cpu.toml";
+  const std::vector<std::string> large = {"model.preset=\"large\"", "data.batch_size=2", "run.world_size=2"};
+  const Config c = load_config(file, large);
+  const std::string refused = c.file + ": the run does not fit this host's memory: it needs ";
+  const std::string anyway = " (run.check_memory = false runs it anyway)";
   EXPECT_EQ(fit_refusal(c, {24400000000, "MemAvailable"}),
-            c.file + ": the run does not fit this host's memory: it needs 33.4 GB (16.7 GB × 2 ranks), 24.4 GB "
-                     "available (MemAvailable); run.world_size = 1 needs 17.8 GB (run.check_memory = false runs it "
-                     "anyway)");
+            refused + "33.4 GB (16.7 GB × 2 ranks), 24.4 GB available (MemAvailable); strategy.plugin = \"sharded\" "
+                      "with strategy.sharded.stage = 2 needs 22.1 GB; run.world_size = 1 needs 17.8 GB" + anyway);
+  EXPECT_EQ(fit_refusal(c, {20000000000, "MemAvailable"}),
+            refused + "33.4 GB (16.7 GB × 2 ranks), 20.0 GB available (MemAvailable); strategy.plugin = \"sharded\" "
+                      "with strategy.sharded.stage = 3 needs 18.7 GB; run.world_size = 1 needs 17.8 GB" + anyway);
+  std::vector<std::string> stage1 = large;
+  stage1.insert(stage1.end(), {"strategy.plugin=\"sharded\"", "strategy.sharded.stage=1"});
+  EXPECT_EQ(fit_refusal(load_config(file, stage1), {20000000000, "MemAvailable"}),
+            refused + "25.6 GB (2 ranks, up to 12.8 GB each), 20.0 GB available (MemAvailable); "
+                      "strategy.sharded.stage = 3 needs 18.7 GB; run.world_size = 1 needs 17.8 GB" + anyway);
   EXPECT_EQ(fit_refusal(c, {10000000000, "MemAvailable"}),
-            c.file + ": the run does not fit this host's memory: it needs 33.4 GB (16.7 GB × 2 ranks), 10.0 GB "
-                     "available (MemAvailable); no smaller run.world_size fits either: a strategy that shards more, "
-                     "or a smaller model (run.check_memory = false runs it "
-                     "anyway)");
+            refused + "33.4 GB (16.7 GB × 2 ranks), 10.0 GB available (MemAvailable); no strategy setting or smaller "
+                      "run.world_size fits: a strategy that shards more, or a smaller model" + anyway);
   EXPECT_EQ(fit_refusal(c, {34000000000, "MemAvailable"}), "");
   EXPECT_EQ(fit_refusal(c, HostMemory{}), "") << "unknown memory: not checked";
 }

@@ -141,7 +141,9 @@ json traced_run(const std::string& strategy, const std::string& dir, const std::
       int64_t bytes = 0;
       for (const json& e : comm) {
         EXPECT_EQ(e["name"], e["args"]["op"]);
-        if (strategy != "sharded") EXPECT_EQ(e["name"], "all_reduce");  // ZeRO-3: all_gather, reduce_scatter
+        if (strategy != "sharded") {
+          EXPECT_EQ(e["name"], "all_reduce");  // ZeRO-3's: all_gather, reduce_scatter
+        }
         bytes += e["args"]["bytes"].get<int64_t>();
       }
       EXPECT_EQ(bytes, summary["comm_bytes"][step].get<int64_t>());

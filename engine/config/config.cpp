@@ -439,7 +439,9 @@ Config validate_config(const toml::table& doc, const std::string& file) {
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   toml::table doc = toml_read::parse_file(path);
   for (const std::string& arg : overrides) toml_read::apply_override(doc, arg);
-  return validate_config(doc, path);
+  Config c = validate_config(doc, path);
+  c.overrides = overrides;
+  return c;
 }
 
 }  // namespace ddp

@@ -130,6 +130,7 @@ struct UnfreezeConfig {
 
 struct Config {
   std::string file;           // path as given
+  std::vector<std::string> overrides;  // the --set arguments it was loaded with
   RunConfig run;
   ModelConfig model;
   DataConfig data;

@@ -64,7 +64,9 @@ plan::RunPlan plan_config(const Config& c, const Footprint& model) {
   // did not read is refused here as `ddp run` would refuse it.
   if (parts[0].strategy.planned) c.strategy.check_all_read("strategy", strategy->strategy()->name);
   if (parts[0].transport.planned) c.transport.check_all_read("transport", transport->transport()->name);
-  return plan::plan_run(in, parts);
+  plan::RunPlan p = plan::plan_run(in, parts);
+  p.leaner = parts[0].strategy.leaner;
+  return p;
 }
 
 Footprint config_footprint(const Config& c) {

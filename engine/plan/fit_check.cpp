@@ -5,10 +5,12 @@
 #include <cstdio>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
 #include "config_plan.h"
+#include "plugin_loader.h"
 #include "error.h"
 #include "registry.h"
 
@@ -38,17 +40,72 @@ std::string gb(int64_t bytes) {
 
 int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
-std::vector<int64_t> peaks_of(const Config& c) {
-  const plan::RunPlan p = [&] {
-    try {
-      return plan_config(c, config_footprint(c));
-    } catch (const std::invalid_argument& e) {
-      throw Error(c.file + ": " + e.what(), DDP_ERR_INVALID_ARGUMENT);
-    }
-  }();
+plan::RunPlan plan_of(const Config& c) {
+  try {
+    return plan_config(c, config_footprint(c));
+  } catch (const std::invalid_argument& e) {
+    throw Error(c.file + ": " + e.what(), DDP_ERR_INVALID_ARGUMENT);
+  }
+}
+
+std::vector<int64_t> peaks_of(const plan::RunPlan& p) {
   std::vector<int64_t> peaks;
   for (const plan::RankMemory& m : p.ranks) peaks.push_back(peak_bytes(m));
   return peaks;
+}
+
+// The run with `sets` added to its --set overrides, planned; nullopt where
+// it cannot be (another plugin that refuses a key of this config).
+std::optional<plan::RunPlan> plan_with(const Config& c, const std::vector<std::string>& sets) {
+  std::vector<std::string> overrides = c.overrides;
+  overrides.insert(overrides.end(), sets.begin(), sets.end());
+  try {
+    return plan_of(load_config(c.file, overrides));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// "; <what> needs 18.6 GB" for the mildest strategy setting that fits: the
+// strategy's own leaner settings (ddp_plan::leaner) first, then each other
+// strategy plugin of the search path, at its defaults, then at its leaner
+// settings; "" where none fits.
+std::string leaner_that_fits(const Config& c, const plan::RunPlan& planned, const HostMemory& host) {
+  auto fits = [&](const std::optional<plan::RunPlan>& p) { return p && fit_shortfall(peaks_of(*p), host).empty(); };
+  auto needs = [&](const std::string& what, const plan::RunPlan& p) { return "; " + what + " needs " + gb(sum(peaks_of(p))); };
+  // A key in the plugin's own table, where a --set of the user's may have put it too (the later wins).
+  auto key_of = [](const std::string& plugin, const std::string& key) {
+    return "strategy." + plugin_table_name(plugin) + "." + key;
+  };
+  for (const auto& [key, value] : planned.leaner)
+    if (const auto p = plan_with(c, {key_of(c.strategy_plugin, key) + "=" + value}); fits(p))
+      return needs(key_of(c.strategy_plugin, key) + " = " + value, *p);
+  for (const PluginInfo& other : describe_plugins(PluginKind::Strategy)) {
+    if (!other.refusal.empty() || !other.plans || other.name == c.strategy_plugin) continue;
+    const std::string plugin = "strategy.plugin=\"" + other.name + "\"", named = "strategy.plugin = \"" + other.name + "\"";
+    const std::optional<plan::RunPlan> p = plan_with(c, {plugin});
+    if (!p) continue;
+    if (fits(p)) return needs(named, *p);
+    for (const auto& [key, value] : p->leaner)
+      if (const auto q = plan_with(c, {plugin, key_of(other.name, key) + "=" + value}); fits(q))
+        return needs(named + " with " + key_of(other.name, key) + " = " + value, *q);
+  }
+  return "";
+}
+
+// "; run.world_size = 1 needs 17.8 GB" for the largest smaller world size
+// that fits (of the 8 largest that divide the batch: each plan costs time
+// in its ranks); "" where none does.
+std::string world_that_fits(const Config& c, const HostMemory& host) {
+  for (int w = c.run.world_size - 1, tried = 0; w >= 1 && tried < 8; --w) {
+    if (c.data.batch_size % w != 0) continue;
+    ++tried;
+    Config fewer = c;
+    fewer.run.world_size = w;
+    const std::vector<int64_t> peaks = peaks_of(plan_of(fewer));
+    if (fit_shortfall(peaks, host).empty()) return "; run.world_size = " + std::to_string(w) + " needs " + gb(sum(peaks));
+  }
+  return "";
 }
 
 }  // namespace
@@ -96,21 +153,12 @@ std::string fit_shortfall(const std::vector<int64_t>& peaks, const HostMemory& h
 std::string fit_refusal(const Config& c, const HostMemory& host) {
   const ModelInfo* model = find_model(c.model.name);  // a model without a footprint cannot be planned
   if (c.run.device != DDP_DEVICE_CPU || host.bytes < 0 || !model || !model->footprint) return "";
-  const std::string shortfall = fit_shortfall(peaks_of(c), host);
+  const plan::RunPlan planned = plan_of(c);
+  const std::string shortfall = fit_shortfall(peaks_of(planned), host);
   if (shortfall.empty()) return "";
-  std::string instead = "; no smaller run.world_size fits either: a strategy that shards more, or a smaller model";
-  // The largest few world sizes below (each plan costs time in its ranks).
-  for (int w = c.run.world_size - 1, tried = 0; w >= 1 && tried < 8; --w) {
-    if (c.data.batch_size % w != 0) continue;
-    ++tried;
-    Config fewer = c;
-    fewer.run.world_size = w;
-    const std::vector<int64_t> peaks = peaks_of(fewer);
-    if (fit_shortfall(peaks, host).empty()) {
-      instead = "; run.world_size = " + std::to_string(w) + " needs " + gb(sum(peaks));
-      break;
-    }
-  }
+  std::string instead = leaner_that_fits(c, planned, host) + world_that_fits(c, host);
+  if (instead.empty())
+    instead = "; no strategy setting or smaller run.world_size fits: a strategy that shards more, or a smaller model";
   return c.file + ": the run does not fit this host's memory: it " + shortfall + instead +
          " (run.check_memory = false runs it anyway)";
 }

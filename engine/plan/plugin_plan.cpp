@@ -81,6 +81,12 @@ class PlanningCall {
         (what == DDP_STORAGE_GRAD ? self(ctx).part_.claimed : self(ctx).part_.claimed_values)[param] = true;
       });
     };
+    plan_.leaner = [](void* ctx, const char* key, const char* value) {
+      return self(ctx).record([&] {
+        if (!key || !*key || !value || !*value) throw Error("leaner: a key and a value, neither empty");
+        self(ctx).part_.leaner.emplace_back(key, value);
+      });
+    };
   }
   const ddp_host* host() const { return &host_; }
   ddp_plan* plan() { return &plan_; }
@@ -143,7 +149,7 @@ class PlanningCall {
 PluginPart plan_strategy(const ddp_strategy_v1_t& s, const ddp_transport_v1_t& t, const PluginSection& section,
                          const PlanRun& run, int rank) {
   const std::string label = std::string("strategy plugin '") + s.name + "'";
-  if (!DDP_PLUGIN_HAS(&s, plan)) return PluginPart{label, false, {}, {}, {}, false, 0, {}, {}};
+  if (!DDP_PLUGIN_HAS(&s, plan)) return PluginPart{label, false, {}, {}, {}, false, 0, {}, {}, {}};
   PlanningCall call(section, run, rank, label);
   return call.take(s.plan(call.host(), &t, call.plan()));
 }
@@ -151,7 +157,7 @@ PluginPart plan_strategy(const ddp_strategy_v1_t& s, const ddp_transport_v1_t& t
 PluginPart plan_transport(const ddp_transport_v1_t& t, const PluginSection& section, const PlanRun& run, int rank,
                           const std::vector<ddp_plan_collective>& collectives) {
   const std::string label = std::string("transport plugin '") + t.name + "'";
-  if (!DDP_PLUGIN_HAS(&t, plan)) return PluginPart{label, false, {}, {}, {}, false, 0, {}, {}};
+  if (!DDP_PLUGIN_HAS(&t, plan)) return PluginPart{label, false, {}, {}, {}, false, 0, {}, {}, {}};
   PlanningCall call(section, run, rank, label);
   call.plan()->collectives = collectives.data();
   call.plan()->collective_count = collectives.size();

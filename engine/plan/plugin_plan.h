@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ddp/plugin.h>
@@ -41,6 +42,7 @@ struct PluginPart {
   int64_t stepped = 0;       // the elements it named
   std::vector<bool> claimed;  // per parameter: its gradient storage claimed
   std::vector<bool> claimed_values;  // per parameter: its values claimed (1.5)
+  std::vector<std::pair<std::string, std::string>> leaner;  // a strategy's settings that hold less (1.6)
 };
 
 // The run a plan is for, as the planning host describes it.

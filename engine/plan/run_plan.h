@@ -51,6 +51,9 @@ struct RunPlan {
   std::vector<RankMemory> ranks;        // rank r at index r
   std::vector<Collective> collectives;  // one step's, in the order they start (rank 0's)
   std::vector<std::string> unplanned;   // "strategy plugin 'x'": plugins without a plan entry
+  // The strategy's settings of its own keys that hold less, mildest first
+  // (key, TOML value; ddp_plan::leaner): the fit check tries them.
+  std::vector<std::pair<std::string, std::string>> leaner;
   int64_t comm_bytes() const;           // their bytes, summed
 };
 

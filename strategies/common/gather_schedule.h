@@ -79,24 +79,35 @@ inline std::vector<std::vector<size_t>> units_read(const std::vector<ShardUnit>&
 
 namespace detail {
 
-// The first position after p that needs unit x, or SIZE_MAX.
-inline size_t next_use(const std::vector<std::vector<size_t>>& needs, size_t x, size_t p) {
-  for (size_t q = p + 1; q < needs.size(); ++q)
-    if (std::binary_search(needs[q].begin(), needs[q].end(), x)) return q;
-  return SIZE_MAX;
+// Per position p, per unit of needs[p] (in its order): the first position
+// after p that needs it too, or SIZE_MAX. One pass from the end.
+inline std::vector<std::vector<size_t>> next_uses(const std::vector<std::vector<size_t>>& needs, size_t units) {
+  std::vector<std::vector<size_t>> next(needs.size());
+  std::vector<size_t> seen(units, SIZE_MAX);
+  for (size_t p = needs.size(); p-- > 0;) {
+    for (size_t x : needs[p]) next[p].push_back(seen[x]);
+    for (size_t x : needs[p]) seen[x] = p;
+  }
+  return next;
 }
 
 struct GatherState {
   std::set<size_t> held, in_flight;
+  size_t elements = 0;  // of the units in either
   bool has(size_t x) const { return held.count(x) || in_flight.count(x); }
 };
 
 // The gathers to issue at position p's begin: the needed ones, then
 // prefetches while fewer than `prefetch` later units are in flight.
-inline void issue(GatherSchedule& s, GatherState& st, size_t p, size_t prefetch) {
+inline void issue(GatherSchedule& s, GatherState& st, size_t p, size_t prefetch,
+                  const std::vector<size_t>& unit_elements) {
   GatherHook& hook = s.begin[p];
+  auto start = [&](size_t x) {
+    hook.gather.push_back(x), st.in_flight.insert(x);
+    st.elements += unit_elements.empty() ? 0 : unit_elements[x];
+  };
   for (size_t x : s.needs[p])
-    if (!st.has(x)) hook.gather.push_back(x), st.in_flight.insert(x);
+    if (!st.has(x)) start(x);
   auto later_in_flight = [&] {
     size_t n = 0;
     for (size_t x : st.in_flight) n += !std::binary_search(s.needs[p].begin(), s.needs[p].end(), x);
@@ -104,7 +115,7 @@ inline void issue(GatherSchedule& s, GatherState& st, size_t p, size_t prefetch)
   };
   for (size_t q = p + 1; q < s.needs.size() && later_in_flight() < prefetch; ++q)
     for (size_t x : s.needs[q])
-      if (!st.has(x) && later_in_flight() < prefetch) hook.gather.push_back(x), st.in_flight.insert(x);
+      if (!st.has(x) && later_in_flight() < prefetch) start(x);
 }
 
 }  // namespace detail
@@ -124,21 +135,22 @@ inline GatherSchedule gather_schedule(const std::vector<ShardUnit>& units, size_
   GatherSchedule s;
   s.begin.resize(positions), s.end.resize(positions);
   for (size_t p = 0; p < positions; ++p) s.needs.push_back(read[unit_at(p, n)]);
+  const std::vector<std::vector<size_t>> next_use = detail::next_uses(s.needs, n);
   detail::GatherState st;
   for (size_t p = 0; p < positions; ++p) {
-    detail::issue(s, st, p, prefetch);
+    detail::issue(s, st, p, prefetch, unit_elements);
     s.gathers += s.begin[p].gather.size();
-    size_t elements = 0;
-    for (const auto* set : {&st.held, &st.in_flight})
-      for (size_t x : *set) elements += unit_elements.empty() ? 0 : unit_elements[x];
     s.peak_units = std::max(s.peak_units, st.held.size() + st.in_flight.size());
-    s.peak_elements = std::max(s.peak_elements, elements);
+    s.peak_elements = std::max(s.peak_elements, st.elements);
     for (size_t x : s.needs[p])
       if (st.in_flight.erase(x)) s.begin[p].wait.push_back(x), st.held.insert(x);
-    for (size_t x : s.needs[p]) {
-      const size_t next = detail::next_use(s.needs, x, p);
+    for (size_t k = 0; k < s.needs[p].size(); ++k) {
+      const size_t x = s.needs[p][k], next = next_use[p][k];
       const bool keep = next == p + 1 || (next != SIZE_MAX && !reshard_after_forward && p < n);
-      if (!keep) s.end[p].release.push_back(x), st.held.erase(x);
+      if (!keep) {
+        s.end[p].release.push_back(x), st.held.erase(x);
+        st.elements -= unit_elements.empty() ? 0 : unit_elements[x];
+      }
     }
   }
   return s;

@@ -74,8 +74,14 @@ struct ShardBucket {
   size_t shard = 0;             // where its chunk lies in every rank's shard
   size_t open = 0, close = 0;   // backward positions (0: the last unit) it is open from and to
   size_t ring = 0;              // element offset in the ring
-  std::vector<size_t> reuses;   // buckets whose ring memory it reuses (wait for their reduce-scatter)
 };
+
+// Whether two buckets' ring memory overlaps (a bucket shares its own: its
+// previous micro-batch's). One that opens waits for the reduce-scatter of
+// every bucket in flight that shares its memory. Pure.
+inline bool share_memory(const ShardBucket& a, const ShardBucket& b) {
+  return a.ring < b.ring + b.padded() && b.ring < a.ring + a.padded();
+}
 
 struct ShardLayout {
   std::vector<ShardBucket> buckets;
@@ -131,29 +137,27 @@ inline void open_and_close(ShardLayout& layout, const std::vector<ShardUnit>& un
 }
 
 // Places the buckets in a ring of `size` elements; false where two open at
-// once would share memory.
+// once would share memory. A sweep in open order against the buckets still
+// open: O(buckets x open at once), not every pair (stage 3's one bucket per
+// unit of a deep model: tens of thousands, all in one slot).
 inline bool place(ShardLayout& layout, size_t size) {
   std::vector<size_t> order(layout.buckets.size());
   for (size_t k = 0; k < order.size(); ++k) order[k] = k;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return layout.buckets[a].open < layout.buckets[b].open; });
   size_t cursor = 0;
+  std::vector<size_t> open;  // placed buckets that may still be open
   for (size_t k : order) {
     ShardBucket& b = layout.buckets[k];
     if (cursor + b.padded() > size) cursor = 0;
     b.ring = cursor;
     cursor += b.padded();
+    open.erase(std::remove_if(open.begin(), open.end(), [&](size_t x) { return layout.buckets[x].close < b.open; }),
+               open.end());
+    for (size_t x : open)
+      if (share_memory(layout.buckets[x], b)) return false;
+    open.push_back(k);
   }
-  for (ShardBucket& b : layout.buckets) b.reuses.clear();
-  for (size_t x = 0; x < layout.buckets.size(); ++x)
-    for (size_t y = 0; y < layout.buckets.size(); ++y) {
-      const ShardBucket &a = layout.buckets[x], &b = layout.buckets[y];
-      const bool share = a.ring < b.ring + b.padded() && b.ring < a.ring + a.padded();
-      if (!share) continue;
-      const bool at_once = a.open <= b.close && b.open <= a.close;
-      if (x != y && at_once) return false;
-      layout.buckets[x].reuses.push_back(y);  // itself too: its previous micro-batch's
-    }
   return true;
 }
 

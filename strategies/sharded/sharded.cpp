@@ -452,6 +452,8 @@ ddp_status sharded_plan(const ddp_host* host, const ddp_transport_v1_t* transpor
     const ddp::plugin::Host h(host);
     const ddp::plugin::Plan plan(out);
     const int64_t stage = h.config_int("stage", 1);
+    if (stage == 1) plan.leaner("stage", "2");  // for the fit check: each stage shards more than the one before
+    if (stage == 1 || stage == 2) plan.leaner("stage", "3");
     if (stage == 2)
       return ddp::strategy::Stage2::plan(h, plan, transport, ds::BucketCap::read(h).plan_bytes(),
                                          ds::read_compress(h, transport, /*planning=*/true));

@@ -233,16 +233,18 @@ class Stage2 {
       if (trainable_[r.param]) ranges_.push_back({r.param, r.offset, r.count, shard_.floats() + r.shard, nullptr});
     events_.clear();
     for (size_t k = 0; k < layout_.buckets.size(); ++k) events_.emplace_back(h.raw());
-    in_flight_.assign(layout_.buckets.size(), false);
+    in_flight_.clear();
   }
 
   void open(size_t k) {
     const plugin::Host& h = base_.host;
     const ShardBucket& b = layout_.buckets[k];
-    for (size_t x : b.reuses)
-      if (in_flight_[x]) {
-        events_[x].make_wait(h.compute_stream());  // its reduce-scatter has read the memory
-        in_flight_[x] = false;
+    for (size_t n = 0; n < in_flight_.size();)  // the reduce-scatters reading this memory are done
+      if (share_memory(layout_.buckets[in_flight_[n]], b)) {
+        events_[in_flight_[n]].make_wait(h.compute_stream());
+        in_flight_[n] = in_flight_.back(), in_flight_.pop_back();
+      } else {
+        ++n;
       }
     float* memory = ring_.floats() + b.ring;
     h.fill(h.floats(memory, b.padded()), 0.0, h.compute_stream());
@@ -270,7 +272,7 @@ class Stage2 {
     }
     if (!first_micro_) h.add(mine, landing, comm);
     events_[k].record(comm);
-    in_flight_[k] = true;
+    in_flight_.push_back(k);
     for (size_t i : b.params)
       if (trainable_[i]) h.bind_gradient(i, nullptr);
   }
@@ -285,7 +287,7 @@ class Stage2 {
   plugin::DeviceBuffer shard_, ring_, staging_, wire_send_, wire_recv_;
   ddp_dtype wire_ = DDP_FLOAT32;
   std::vector<plugin::Event> events_;  // per bucket: recorded after its reduce-scatter
-  std::vector<bool> in_flight_;        // its reduce-scatter may still read its ring memory
+  std::vector<size_t> in_flight_;      // buckets whose reduce-scatter may still read their ring memory
   bool first_micro_ = true;
 };
 

@@ -59,6 +59,10 @@
  *        on element ranges (ddp_range) and grad_ranges; ddp_host::add; the
  *        plan entries (ddp/abi/plan.h). on_step_begin, on_grad_ready,
  *        on_backward_end and a transport's reduce_scatter become optional.
+ *   1.5  parameter values a strategy claims and binds (DDP_STORAGE_DATA,
+ *        DDP_CAP_OWNS_PARAMETERS) and lends back (unit_values).
+ *   1.6  ddp_plan gains leaner: a strategy names settings of its keys that
+ *        hold less, for the fit check's suggestion.
  * Header-only helpers (ddp_dtype_*, DDP_*_ENTRY, DDP_*_HAS, ddp/numeric.h,
  * ddp/plugin.hpp) are no ABI change.
  */

@@ -294,6 +294,11 @@ class Plan {
   void steps(size_t param, size_t offset, size_t count) const { check(p_->steps(p_->ctx, param, offset, count)); }
   void claims_gradient(size_t param) const { check(p_->claims(p_->ctx, DDP_STORAGE_GRAD, param)); }
   void claims_values(size_t param) const { check(p_->claims(p_->ctx, DDP_STORAGE_DATA, param)); }  // (1.5)
+  // (1.6) A setting of its own keys that holds less (ddp/abi/plan.h);
+  // nothing where the engine is older.
+  void leaner(const char* key, const char* value) const {
+    if (DDP_PLAN_HAS(p_, leaner)) check(p_->leaner(p_->ctx, key, value));
+  }
 
  private:
   ddp_plan* p_;

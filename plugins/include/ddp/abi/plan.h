@@ -78,7 +78,21 @@ typedef struct ddp_plan {
    * the same (its peak counts them beside the strategy's buffers) and
    * none from the first step on. */
   ddp_status (*claims)(void* ctx, ddp_storage what, size_t param);
+  /* (1.6) Strategy: a value of one of its own keys ("stage", "3", as TOML
+   * writes it) under which this rank would hold less than under the keys it
+   * plans now; call it once per such setting, the mildest first. Where a
+   * run does not fit the host (the fit check of `ddp run` and `ddp plan`),
+   * the engine plans it again with each and names the first that fits:
+   * "strategy.stage = 3 needs 18.6 GB". An engine older than 1.6 has no
+   * such entry: check DDP_PLAN_HAS(plan, leaner). */
+  ddp_status (*leaner)(void* ctx, const char* key, const char* value);
 } ddp_plan;
+
+/* Whether `plan` (a ddp_plan*) offers entry `entry`: its struct_size
+ * reaches past it and it is not NULL. */
+#define DDP_PLAN_HAS(plan, entry)                                                                      \
+  ((plan)->struct_size >= (size_t)((const char*)&(plan)->entry - (const char*)(plan)) + sizeof((plan)->entry) && \
+   (plan)->entry != NULL)
 
 #ifdef __cplusplus
 } /* extern "C" */
