@@ -31,7 +31,7 @@ REFUSED = {"bucketed": ['strategy.plugin="bucketed"'], "sharded stage 1": ["stra
 
 def plan(args, sets):
     out = subprocess.run([args.ddp, "plan", args.config, "--json", *sum((["--set", s] for s in sets), [])],
-                         check=True, capture_output=True, text=True).stdout
+                         check=True, capture_output=True, text=True, cwd=ROOT).stdout
     run = json.loads(out)["run"]
     peaks = [max(m[k]["total"] for k in ("after_setup", "before_optimizer_step", "after_optimizer_step"))
              for m in run["peak_bytes"]]
@@ -41,7 +41,7 @@ def plan(args, sets):
 def refusal(args, name, sets):
     start = time.monotonic()
     p = subprocess.run([args.ddp, "run", args.config, *sum((["--set", s] for s in sets), [])],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
     seconds = time.monotonic() - start
     message = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
     ok = p.returncode != 0 and "does not fit this host's memory" in message and seconds < 1.0
@@ -60,7 +60,7 @@ def train(args, sets, tmp):
     sets = ['data.kind="tokens"', f'data.path="{token_file(os.path.join(tmp, "tokens.bin"))}"', *sets]
     start = time.monotonic()
     p = subprocess.run([args.ddp, "run", args.config, "--set", f'run.output_dir="{out_dir}"',
-                        *sum((["--set", s] for s in sets), [])], capture_output=True, text=True)
+                        *sum((["--set", s] for s in sets), [])], capture_output=True, text=True, cwd=ROOT)
     seconds = time.monotonic() - start
     if p.returncode != 0:
         sys.stderr.write(p.stdout + p.stderr)
@@ -78,6 +78,7 @@ def main():
     ap.add_argument("--tolerance", type=float, default=0.05)
     ap.add_argument("--set", action="append", default=[], dest="sets")
     args = ap.parse_args()
+    args.config = os.path.relpath(os.path.abspath(args.config), ROOT)  # as the messages name it, from the root
 
     peaks, fit = plan(args, args.sets)
     print(f"plan: peak per rank {[round(p / 1e9, 3) for p in peaks]} GB; {fit['verdict']}", flush=True)
@@ -96,7 +97,7 @@ def main():
     }
     result = {
         "command": "tools/bench_large.py" + "".join(f" --set '{s}'" for s in args.sets),
-        "config": os.path.relpath(args.config, ROOT),
+        "config": args.config,
         "plan_peak_bytes_per_rank": peaks, "fit": fit, "refusals": refusals,
         "losses": losses, "run_seconds": round(seconds, 1), "mean_step_time_s": summary["mean_step_time_s"],
         "peak_resident_bytes_per_rank": measured, "measured_over_plan": [round(r, 4) for r in ratios],
