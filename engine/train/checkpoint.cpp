@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -76,14 +77,25 @@ void sync_directory(const fs::path& dir) {
   ::close(fd);
 }
 
-void write_weights(const CheckpointInput& in, const fs::path& file) {
-  std::vector<std::vector<float>> values;
-  std::vector<NamedFloats> tensors;
-  for (size_t i = 0; i < in.params.size(); ++i) {
-    const Parameter& p = in.params[i];
-    tensors.push_back({p.name, p.shape, in.values ? (*in.values)[i].data() : values.emplace_back(p.data.to_host()).data()});
-  }
-  write_safetensors(file.string(), tensors);
+// Rank 0 writes the weights tensor by tensor as in.visit_values gives them
+// (never the whole model in memory); where that is collective every rank
+// visits, and a rank 0 that cannot write goes on visiting, so that the
+// ranks' collectives stay matched; its failure as text ("" if none).
+std::string write_weights(const CheckpointInput& in, const fs::path& file) {
+  if (in.rank != 0 && !in.collective) return "";
+  std::unique_ptr<SafetensorsWriter> writer;
+  std::string failure;
+  if (in.rank == 0)
+    failure = attempt([&] {
+      std::vector<std::pair<std::string, Shape>> names;
+      for (const Parameter& p : in.params) names.emplace_back(p.name, p.shape);
+      writer = std::make_unique<SafetensorsWriter>(file.string(), names);
+    });
+  in.visit_values([&](size_t i, const float* values) {
+    if (writer && failure.empty()) failure = attempt([&] { writer->put(i, values); });
+  });
+  if (writer && failure.empty()) failure = attempt([&] { writer->commit(); });
+  return failure;
 }
 
 json meta_json(const CheckpointInput& in, int64_t step, const StateLayout& layout,
@@ -328,10 +340,9 @@ std::string write_checkpoint(const CheckpointInput& in, int64_t step) {
   all_or_none(in, failure.empty() ? "" : partial.string() + ": " + failure, "create " + partial.string());
   const StateLayout layout = gather_state_layout(in);
   std::string state_file;
-  failure = attempt([&] {
-    state_file = write_state_file(in, layout, partial);
-    if (in.rank == 0) write_weights(in, partial / "weights.safetensors");
-  });
+  failure = attempt([&] { state_file = write_state_file(in, layout, partial); });
+  const std::string weights = write_weights(in, partial / "weights.safetensors");  // every rank, where collective
+  if (failure.empty()) failure = weights;
   all_or_none(in, failure, "write its files into " + partial.string());
   const std::map<std::string, FileDigest> digests = gather_file_digests(in, partial, state_file);
   if (in.rank == 0) {

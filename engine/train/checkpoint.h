@@ -115,9 +115,12 @@ struct CheckpointInput {
   std::vector<double> losses;  // steps 1..step
   // Every rank's `mine`, rank-major, to every rank (an engine collective).
   std::function<void(const std::vector<double>& mine, std::vector<double>& all)> all_gather;
-  // The values on the host where the strategy holds them (whole_model.h),
-  // in table order; null: the parameters' own.
-  const std::vector<std::vector<float>>* values = nullptr;
+  // Calls put(i, host values of parameter i) for every parameter, each
+  // valid during its call (whole_model.h's visit_values: unit by unit where
+  // the strategy holds the values). `collective`: every rank must call it
+  // at the same point (the strategy gathers); else rank 0 alone does.
+  std::function<void(const std::function<void(size_t index, const float* values)>& put)> visit_values;
+  bool collective = false;
 };
 
 // Every rank calls it after the same step; returns the checkpoint's path.

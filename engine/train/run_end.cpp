@@ -59,13 +59,16 @@ void RankRun::checkpoint(int64_t step) {
   average_losses();
   CheckpointInput input{config_, env_.rank.rank, env_.rank.world_size, model_->params(), *optimizer_,
                         plugins_->strategy_name(), plugins_->transport_name(), resume_items(config_),
-                        loss_prefix_, {}};
+                        loss_prefix_, {}, {}};
   for (const StepRecord& r : records_) input.losses.push_back(r.loss);
-  std::vector<std::vector<float>> held;  // the values the strategy holds, gathered unit by unit on every rank
-  if (values_lent_) {
-    held = host_values(*model_, unit_values(), "the checkpoint");
-    input.values = &held;
-  }
+  input.collective = values_lent_;  // the strategy gathers them unit by unit, on every rank
+  input.visit_values = [this](const std::function<void(size_t, const float*)>& put) {
+    visit_values(*model_, unit_values(), "the checkpoint", [&](size_t i) {
+      const Tensor& values = model_->params()[i].data;
+      if (device_->kind() == DDP_DEVICE_CPU) return put(i, values.data());
+      put(i, values.to_host().data());  // a GPU's, one tensor at a time
+    });
+  };
   input.all_gather = [this](const std::vector<double>& mine, std::vector<double>& all) {
     plugins_->all_gather(mine, all);
   };
