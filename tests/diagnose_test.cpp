@@ -50,8 +50,8 @@ TEST(Diagnose, InterruptedIs130) {
   EXPECT_EQ(d.message, "ddp: interrupted; stopped all ranks\n");
 }
 
-// The first peer's echo follows, where the dead rank said nothing: where
-// the peer waited on it (its collective, the strategy's unit).
+// The first peer's echo follows, where the dead rank said nothing: what
+// the peer saw (its collective, the strategy's unit).
 TEST(Diagnose, ARankKilledByASignalIsNamedOverItsPeersEchoes) {
   // Rank 2 saw the connection drop first; rank 1 was the one killed.
   const WatchResult w{{exited(1, 2), killed(SIGKILL, 1), exited(1, 0)}, false};
@@ -59,7 +59,7 @@ TEST(Diagnose, ARankKilledByASignalIsNamedOverItsPeersEchoes) {
                                    std::nullopt, report(DDP_ERR_COMM, "peer went away", 4)}, kNote);
   EXPECT_EQ(d.exit_code, 1);
   EXPECT_EQ(d.message, "ddp: rank 1 failed: killed by signal 9 (Killed)\n"
-                       "ddp: rank 2 was waiting on it in step 5: peer went away\n" + kTail);
+                       "ddp: rank 2 reported in step 5: exited with code 1: peer went away\n" + kTail);
   // Without a peer's report (stopped before it said anything), the dead rank alone.
   const Diagnosis alone = diagnose({{stopped(), killed(SIGKILL, 0)}, false}, {std::nullopt, std::nullopt}, kNote);
   EXPECT_EQ(alone.message, "ddp: rank 1 failed: killed by signal 9 (Killed)\n" + kTail);

@@ -163,8 +163,8 @@ TEST(Launcher, Stage3GatherWhosePeerWasKilledNamesTheRankAndTheUnit) {
   const std::string err = stage3_with_a_dying_peer(SIGKILL, 5, &took);
   EXPECT_LT(took, 5 + 10);
   EXPECT_EQ(err.rfind("ddp: rank 1 failed: killed by signal 9 (Killed)\n"
-                      "ddp: rank 0 was waiting on it in step 3: strategy plugin 'sharded': on_unit(layers.0, "
-                      "BACKWARD_BEGIN): gloo ", 0), 0u) << err;  // its all-gather, or the reduce-scatter before
+                      "ddp: rank 0 reported in step 3: exited with code 1: strategy plugin 'sharded': "
+                      "on_unit(layers.0, BACKWARD_BEGIN): gloo ", 0), 0u) << err;  // its all-gather, or the reduce-scatter before
 }
 
 TEST(Launcher, Stage3GatherWhosePeerHangsNamesTheRankAndTheUnitWithinTheTimeout) {

@@ -70,8 +70,8 @@ TEST(Restart, ARankKilledMidRunRestartsFromTheLatestCheckpointAndEndsEqual) {
   ASSERT_EQ(wait_for(p, std::chrono::seconds(120)), 0) << read_file(p.err);
 
   std::string err = read_file(p.err);
-  // Where rank 0 waited on it, if it said so within the launcher's second.
-  const std::string echo = "ddp: rank 0 was waiting on it in step ";
+  // What rank 0 saw of it, if it said so within the launcher's second.
+  const std::string echo = "ddp: rank 0 reported in step ";
   if (const size_t at = err.find(echo); at != std::string::npos) err.erase(at, err.find('\n', at) + 1 - at);
   EXPECT_EQ(err.substr(0, err.find("from ")), "ddp: rank 1 failed: killed by signal 9 (Killed)\n"
                                                "ddp: stopped the other ranks; run failed\n"

@@ -135,6 +135,8 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<
 }
 
 void SafetensorsWriter::put(size_t index, const float* data) {
+  if (index >= tensors_.size())
+    throw Error(path_ + ": tensor " + std::to_string(index) + " of " + std::to_string(tensors_.size()) + " written");
   file_.write(offsets_.at(index), data, numel_of(tensors_[index].second) * sizeof(float));
   put_[index] = true;
 }

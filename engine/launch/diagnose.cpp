@@ -105,9 +105,9 @@ Diagnosis diagnose(const WatchResult& watched, const std::vector<std::optional<R
   } else {
     message = "ddp: rank " + std::to_string(blamed) + " failed" + at_step(exit, report) + ": " + cause(exit, report) + "\n";
     const int peer = first_echo(ranks, reports, blamed);
-    if (weight(exit, report) == 3 && !report && peer >= 0)  // it said nothing: where a peer waited on it
-      message += "ddp: rank " + std::to_string(peer) + " was waiting on it" + at_step(ranks[peer], reports[peer]) +
-                 ": " + reports[peer]->message + "\n";
+    if (weight(exit, report) == 3 && !report && peer >= 0)  // it said nothing: what a peer saw (a collective, a unit)
+      message += "ddp: rank " + std::to_string(peer) + " reported" + at_step(ranks[peer], reports[peer]) + ": " +
+                 cause(ranks[peer], reports[peer]) + "\n";
   }
   return {1, message + "ddp: stopped the other ranks; run failed\n"};
 }

@@ -33,7 +33,7 @@ std::pair<std::unique_ptr<LoadedPlugin>, std::unique_ptr<LoadedPlugin>> load_plu
 
 // The engine's part, and each rank's plugins' (their plan entries, through
 // plugin_plan.h).
-plan::RunPlan plan_config(const Config& c, const Footprint& model) {
+plan::RunPlan plan_config(const Config& c, const Footprint& model, bool check_keys) {
   const auto [strategy, transport] = load_plugins(c);
   plan::RunInput in;
   in.model = model;
@@ -62,8 +62,8 @@ plan::RunPlan plan_config(const Config& c, const Footprint& model) {
   }
   // A plugin that plans reads its keys as it does when it starts: a key it
   // did not read is refused here as `ddp run` would refuse it.
-  if (parts[0].strategy.planned) c.strategy.check_all_read("strategy", strategy->strategy()->name);
-  if (parts[0].transport.planned) c.transport.check_all_read("transport", transport->transport()->name);
+  if (check_keys && parts[0].strategy.planned) c.strategy.check_all_read("strategy", strategy->strategy()->name);
+  if (check_keys && parts[0].transport.planned) c.transport.check_all_read("transport", transport->transport()->name);
   plan::RunPlan p = plan::plan_run(in, parts);
   p.leaner = parts[0].strategy.leaner;
   return p;

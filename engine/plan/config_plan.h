@@ -15,7 +15,10 @@ namespace ddp {
 // against their declarations, the run's device against their caps). Throws
 // ConfigError / Error naming the config's file; std::invalid_argument for
 // what run_plan.h cannot plan.
-plan::RunPlan plan_config(const Config& c, const Footprint& model);
+// `check_keys` false: keys of the plugins' tables that their plan entries
+// did not read are let be (the fit check's variants of a config: stage 3
+// of a table written for stage 1).
+plan::RunPlan plan_config(const Config& c, const Footprint& model, bool check_keys = true);
 
 // The model's footprint at the config's rows per rank; throws Error naming
 // the config's file.

@@ -40,9 +40,9 @@ std::string gb(int64_t bytes) {
 
 int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
-plan::RunPlan plan_of(const Config& c) {
+plan::RunPlan plan_of(const Config& c, bool check_keys = true) {
   try {
-    return plan_config(c, config_footprint(c));
+    return plan_config(c, config_footprint(c), check_keys);
   } catch (const std::invalid_argument& e) {
     throw Error(c.file + ": " + e.what(), DDP_ERR_INVALID_ARGUMENT);
   }
@@ -54,13 +54,26 @@ std::vector<int64_t> peaks_of(const plan::RunPlan& p) {
   return peaks;
 }
 
-// The run with `sets` added to its --set overrides, planned; nullopt where
-// it cannot be (another plugin that refuses a key of this config).
+// The run with `sets` ("strategy.<table>.<key>=<value>", ...) added to its
+// --set overrides, in place of the user's for the same keys (in either
+// table), planned without refusing keys the variant does not read (stage
+// 1's `variant` under stage 3); nullopt where it cannot be planned
+// (another plugin that refuses a key of this config).
 std::optional<plan::RunPlan> plan_with(const Config& c, const std::vector<std::string>& sets) {
-  std::vector<std::string> overrides = c.overrides;
+  std::vector<std::string> overrides;
+  for (const std::string& user : c.overrides) {
+    const std::string key = user.substr(0, user.find('='));
+    bool replaced = false;
+    for (const std::string& set : sets) {
+      const std::string mine = set.substr(0, set.find('='));
+      const std::string flat = "strategy." + mine.substr(mine.rfind('.') + 1);  // strategy.<key>
+      replaced |= key == mine || (mine.rfind("strategy.", 0) == 0 && key == flat);
+    }
+    if (!replaced) overrides.push_back(user);
+  }
   overrides.insert(overrides.end(), sets.begin(), sets.end());
   try {
-    return plan_of(load_config(c.file, overrides));
+    return plan_of(load_config(c.file, overrides), /*check_keys=*/false);
   } catch (const std::exception&) {
     return std::nullopt;
   }
@@ -81,7 +94,8 @@ std::string leaner_that_fits(const Config& c, const plan::RunPlan& planned, cons
     if (const auto p = plan_with(c, {key_of(c.strategy_plugin, key) + "=" + value}); fits(p))
       return needs(key_of(c.strategy_plugin, key) + " = " + value, *p);
   for (const PluginInfo& other : describe_plugins(PluginKind::Strategy)) {
-    if (!other.refusal.empty() || !other.plans || other.name == c.strategy_plugin) continue;
+    if (!other.refusal.empty() || !other.plans || other.name == c.strategy_plugin || other.path == c.strategy_plugin)
+      continue;
     const std::string plugin = "strategy.plugin=\"" + other.name + "\"", named = "strategy.plugin = \"" + other.name + "\"";
     const std::optional<plan::RunPlan> p = plan_with(c, {plugin});
     if (!p) continue;

@@ -103,17 +103,9 @@ void RankRun::report(int64_t step) {
 }
 
 void RankRun::finish_run() {
-  RankTotals mine;
-  for (int c = 0; c < kMemCategories; ++c)
-    mine.peaks[c] = std::max({mem_after_setup_[c], mem_before_optimizer_[c], mem_after_optimizer_[c]});
-  for (const StepRecord& r : records_) mine.comm_blocked_s += r.comm_blocked_s, mine.comm_busy_s += r.comm_busy_s;
-  mine.collective_sequence = services_.counters.sequence_hash.load() >> 12;
-  mine.peak_resident_bytes = peak_resident_bytes();
   // The trace first: a rank that cannot write it fails before rank 0, which
-  // waits for it in the gather below, writes any output.
+  // waits for it in the collectives below, writes any output.
   if (!trace_path_.empty()) timeline_->write(trace_path_);
-  std::vector<double> all(RankTotals::kDoubles * env_.rank.world_size);
-  plugins_->all_gather(mine.to_doubles(), all);
   // weights.safetensors, tensor by tensor as rank 0 reads them: where the
   // strategy holds the values, unit by unit on every rank (it gathers them).
   namespace fs = std::filesystem;
@@ -132,11 +124,20 @@ void RankRun::finish_run() {
       if (device_->kind() == DDP_DEVICE_CPU) return weights->put(i, values.data());
       weights->put(i, values.to_host().data());  // a GPU's, one tensor at a time
     });
+  if (weights) weights->commit();
+  // Every rank's totals, the peak resident memory last: the outputs' writing included.
+  RankTotals mine;
+  for (int c = 0; c < kMemCategories; ++c)
+    mine.peaks[c] = std::max({mem_after_setup_[c], mem_before_optimizer_[c], mem_after_optimizer_[c]});
+  for (const StepRecord& r : records_) mine.comm_blocked_s += r.comm_blocked_s, mine.comm_busy_s += r.comm_busy_s;
+  mine.collective_sequence = services_.counters.sequence_hash.load() >> 12;
+  mine.peak_resident_bytes = peak_resident_bytes();
+  std::vector<double> all(RankTotals::kDoubles * env_.rank.world_size);
+  plugins_->all_gather(mine.to_doubles(), all);
   // Every rank has passed its last read of the store (it is in this gather).
   const std::string left = store_->remove_written();
   if (!left.empty()) std::fprintf(stderr, "[rank %d] warning: %s\n", env_.rank.rank, left.c_str());
   if (!weights) return;
-  weights->commit();
   try {
     write_summary(all);
   } catch (...) {  // all or nothing: summary.json, written last, says the outputs are whole

@@ -47,14 +47,15 @@ void StepTimeline::begin_step(int64_t step) {
 }
 
 void StepTimeline::end_step() {
+  if (!stamps_.empty()) {  // the step's GPU ranges, still in its step
+    std::vector<Clock::time_point> at(stamps_.size());
+    compute_.resolve_timestamps(stamps_.data(), stamps_.size(), at.data());
+    for (const DeviceRange& r : device_ranges_) trace_->compute(r.name, at[r.begin], at[r.end]);
+    for (void* stamp : stamps_) compute_.release_timestamp(stamp);
+    stamps_.clear();
+    device_ranges_.clear();
+  }
   if (trace_) trace_->set_step(-1);  // what follows (checks, checkpoints, outputs) is in no step
-  if (stamps_.empty()) return;
-  std::vector<Clock::time_point> at(stamps_.size());
-  compute_.resolve_timestamps(stamps_.data(), stamps_.size(), at.data());
-  for (const DeviceRange& r : device_ranges_) trace_->compute(r.name, at[r.begin], at[r.end]);
-  for (void* stamp : stamps_) compute_.release_timestamp(stamp);
-  stamps_.clear();
-  device_ranges_.clear();
 }
 
 void StepTimeline::write(const std::string& path) const {
