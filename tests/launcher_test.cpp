@@ -162,9 +162,13 @@ TEST(Launcher, Stage3GatherWhosePeerWasKilledNamesTheRankAndTheUnit) {
   double took = 0;
   const std::string err = stage3_with_a_dying_peer(SIGKILL, 5, &took);
   EXPECT_LT(took, 5 + 10);
+  // Rank 0 meets the reset at the unit whose gather it waits for: layers.0's,
+  // or (where it ran ahead: the sanitizers' timing) the embedding's next.
   EXPECT_EQ(err.rfind("ddp: rank 1 failed: killed by signal 9 (Killed)\n"
-                      "ddp: rank 0 reported in step 3: exited with code 1: strategy plugin 'sharded': "
-                      "on_unit(layers.0, BACKWARD_BEGIN): gloo ", 0), 0u) << err;  // its all-gather, or the reduce-scatter before
+                      "ddp: rank 0 reported in step 3: exited with code 1: strategy plugin 'sharded': on_unit(", 0), 0u)
+      << err;
+  EXPECT_TRUE(err.find("on_unit(layers.0, BACKWARD_BEGIN): gloo ") != std::string::npos ||
+              err.find("on_unit(embedding, BACKWARD_BEGIN): gloo ") != std::string::npos) << err;
 }
 
 TEST(Launcher, Stage3GatherWhosePeerHangsNamesTheRankAndTheUnitWithinTheTimeout) {
@@ -172,8 +176,10 @@ TEST(Launcher, Stage3GatherWhosePeerHangsNamesTheRankAndTheUnitWithinTheTimeout)
   const std::string err = stage3_with_a_dying_peer(SIGSTOP, 3, &took);
   EXPECT_LT(took, 3 + 10);
   EXPECT_EQ(err.rfind("ddp: rank 1 stopped responding: the other ranks timed out waiting (run.timeout_s = 3)\n"
-                      "ddp: rank 0 reported in step 3: exited with code 1: strategy plugin 'sharded': "
-                      "on_unit(layers.0, BACKWARD_BEGIN): gloo ", 0), 0u) << err;
+                      "ddp: rank 0 reported in step 3: exited with code 1: strategy plugin 'sharded': on_unit(", 0), 0u)
+      << err;
+  EXPECT_TRUE(err.find("on_unit(layers.0, BACKWARD_BEGIN): gloo ") != std::string::npos ||
+              err.find("on_unit(embedding, BACKWARD_BEGIN): gloo ") != std::string::npos) << err;
 }
 
 TEST(Launcher, RanksDieWithTheirLauncher) {
