@@ -20,6 +20,7 @@
 #include "error.h"
 #include "model_setup.h"
 #include "safetensors.h"
+#include "whole_model.h"
 
 namespace ddp {
 namespace {
@@ -75,27 +76,6 @@ void sync_directory(const fs::path& dir) {
   if (fd < 0) return;
   ::fsync(fd);
   ::close(fd);
-}
-
-// Rank 0 writes the weights tensor by tensor as in.visit_values gives them
-// (never the whole model in memory); where that is collective every rank
-// visits, and a rank 0 that cannot write goes on visiting, so that the
-// ranks' collectives stay matched; its failure as text ("" if none).
-std::string write_weights(const CheckpointInput& in, const fs::path& file) {
-  if (in.rank != 0 && !in.collective) return "";
-  std::unique_ptr<SafetensorsWriter> writer;
-  std::string failure;
-  if (in.rank == 0)
-    failure = attempt([&] {
-      std::vector<std::pair<std::string, Shape>> names;
-      for (const Parameter& p : in.params) names.emplace_back(p.name, p.shape);
-      writer = std::make_unique<SafetensorsWriter>(file.string(), names);
-    });
-  in.visit_values([&](size_t i, const float* values) {
-    if (writer && failure.empty()) failure = attempt([&] { writer->put(i, values); });
-  });
-  if (writer && failure.empty()) failure = attempt([&] { writer->commit(); });
-  return failure;
 }
 
 json meta_json(const CheckpointInput& in, int64_t step, const StateLayout& layout,
@@ -341,7 +321,8 @@ std::string write_checkpoint(const CheckpointInput& in, int64_t step) {
   const StateLayout layout = gather_state_layout(in);
   std::string state_file;
   failure = attempt([&] { state_file = write_state_file(in, layout, partial); });
-  const std::string weights = write_weights(in, partial / "weights.safetensors");  // every rank, where collective
+  const std::string weights = write_weights((partial / "weights.safetensors").string(), in.params, in.rank == 0,
+                                            in.collective, in.visit_values);  // every rank, where collective
   if (failure.empty()) failure = weights;
   all_or_none(in, failure, "write its files into " + partial.string());
   const std::map<std::string, FileDigest> digests = gather_file_digests(in, partial, state_file);

@@ -36,6 +36,7 @@
 #include "config.h"
 #include "model.h"
 #include "optimizer.h"
+#include "whole_model.h"
 
 namespace ddp {
 
@@ -119,7 +120,7 @@ struct CheckpointInput {
   // valid during its call (whole_model.h's visit_values: unit by unit where
   // the strategy holds the values). `collective`: every rank must call it
   // at the same point (the strategy gathers); else rank 0 alone does.
-  std::function<void(const std::function<void(size_t index, const float* values)>& put)> visit_values;
+  HostVisit visit_values;
   bool collective = false;
 };
 

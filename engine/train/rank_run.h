@@ -102,6 +102,9 @@ class RankRun {
   // weights.safetensors (from `held` where the strategy holds the values), then summary.json.
   void write_summary(const std::vector<double>& all);
   void stop_plugins();
+  // Every parameter's values on the host for `reader` (whole_model.h):
+  // unit by unit, on every rank, where the strategy holds them.
+  HostVisit host_visit(const char* reader);
   // The strategy's unit_values, for whole_model.h's readers, once it holds
   // values (after on_train_begin); empty while the engine holds them all.
   std::function<void(size_t, bool)> unit_values() {

@@ -62,13 +62,7 @@ void RankRun::checkpoint(int64_t step) {
                         loss_prefix_, {}, {}};
   for (const StepRecord& r : records_) input.losses.push_back(r.loss);
   input.collective = values_lent_;  // the strategy gathers them unit by unit, on every rank
-  input.visit_values = [this](const std::function<void(size_t, const float*)>& put) {
-    visit_values(*model_, unit_values(), "the checkpoint", [&](size_t i) {
-      const Tensor& values = model_->params()[i].data;
-      if (device_->kind() == DDP_DEVICE_CPU) return put(i, values.data());
-      put(i, values.to_host().data());  // a GPU's, one tensor at a time
-    });
-  };
+  input.visit_values = host_visit("the checkpoint");
   input.all_gather = [this](const std::vector<double>& mine, std::vector<double>& all) {
     plugins_->all_gather(mine, all);
   };
@@ -102,6 +96,16 @@ void RankRun::report(int64_t step) {
   std::fflush(stdout);
 }
 
+HostVisit RankRun::host_visit(const char* reader) {
+  return [this, reader](const std::function<void(size_t, const float*)>& put) {
+    visit_values(*model_, unit_values(), reader, [&](size_t i) {
+      const Tensor& values = model_->params()[i].data;
+      if (device_->kind() == DDP_DEVICE_CPU) return put(i, values.data());
+      put(i, values.to_host().data());  // a GPU's, one tensor at a time
+    });
+  };
+}
+
 void RankRun::finish_run() {
   // The trace first: a rank that cannot write it fails before rank 0, which
   // waits for it in the collectives below, writes any output.
@@ -109,22 +113,12 @@ void RankRun::finish_run() {
   // weights.safetensors, tensor by tensor as rank 0 reads them: where the
   // strategy holds the values, unit by unit on every rank (it gathers them).
   namespace fs = std::filesystem;
+  const bool writes = env_.rank.rank == 0;
   const std::string weights_path = (fs::path(config_.run.output_dir) / "weights.safetensors").string();
-  std::unique_ptr<SafetensorsWriter> weights;
-  if (env_.rank.rank == 0) {
-    fs::create_directories(config_.run.output_dir);
-    std::vector<std::pair<std::string, Shape>> names;
-    for (const Parameter& p : model_->params()) names.emplace_back(p.name, p.shape);
-    weights = std::make_unique<SafetensorsWriter>(weights_path, names);
-  }
-  if (weights || values_lent_)
-    visit_values(*model_, unit_values(), "weights.safetensors", [&](size_t i) {
-      if (!weights) return;
-      const Tensor& values = model_->params()[i].data;
-      if (device_->kind() == DDP_DEVICE_CPU) return weights->put(i, values.data());
-      weights->put(i, values.to_host().data());  // a GPU's, one tensor at a time
-    });
-  if (weights) weights->commit();
+  if (writes) fs::create_directories(config_.run.output_dir);
+  const std::string failure =
+      write_weights(weights_path, model_->params(), writes, values_lent_, host_visit("weights.safetensors"));
+  if (!failure.empty()) throw Error(failure);
   // Every rank's totals, the peak resident memory last: the outputs' writing included.
   RankTotals mine;
   for (int c = 0; c < kMemCategories; ++c)
@@ -137,7 +131,7 @@ void RankRun::finish_run() {
   // Every rank has passed its last read of the store (it is in this gather).
   const std::string left = store_->remove_written();
   if (!left.empty()) std::fprintf(stderr, "[rank %d] warning: %s\n", env_.rank.rank, left.c_str());
-  if (!weights) return;
+  if (!writes) return;
   try {
     write_summary(all);
   } catch (...) {  // all or nothing: summary.json, written last, says the outputs are whole
