@@ -154,7 +154,7 @@ Footprint lm_footprint(const LmConfig& c, int64_t rows, ddp_device_kind device) 
 }
 
 
-LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed)
+LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed, bool with_values)
     : device_(device), k_(make_kernels(device)), config_(config) {
   const LmConfig& c = config_;
   if (c.ffn_only) throw Error("lm: an FFN-only size is for accounting only; no model is built of it");
@@ -167,23 +167,19 @@ LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed)
     range_names_.push_back("backward layers." + std::to_string(l));
 
   // In table order: embeddings N(0, 1), linears N(0, 2 / (in + out)), both
-  // truncated at 3 std; RMSNorm gains 1.
-  // Drawn on the host, then uploaded (a copy on the CPU).
-  std::mt19937_64 rng(seed);
-  std::vector<float> host;
-  for (Parameter& p : params_) {
-    const int64_t n = static_cast<int64_t>(p.data.numel());
-    host.resize(static_cast<size_t>(n));
+  // truncated at 3 std; RMSNorm gains 1. Drawn on the host.
+  set_draw(seed, [this](size_t index, float* out, std::mt19937_64& rng) {
+    const Parameter& p = params_[index];
+    const int64_t n = static_cast<int64_t>(numel_of(p.shape));
     if (p.shape.size() == 1) {
-      std::fill(host.begin(), host.end(), 1.0f);
+      std::fill(out, out + n, 1.0f);
     } else if (p.name == "token_embeddings.weight") {
-      layers::init_trunc_normal(host.data(), n, 1.0, rng);
+      layers::init_trunc_normal(out, n, 1.0, rng);
     } else {
       const double fan = static_cast<double>(p.shape[0] + p.shape[1]);
-      layers::init_trunc_normal(host.data(), n, std::sqrt(2.0 / fan), rng);
+      layers::init_trunc_normal(out, n, std::sqrt(2.0 / fan), rng);
     }
-    device_.upload(p.data.data(), host.data(), p.data.bytes());
-  }
+  });
 
   const int64_t t = c.context_length, half = head_dim_ / 2;
   rope_cos_ = Tensor(device_, {t, half}, MemCategory::Activations);
@@ -192,14 +188,14 @@ LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed)
   layers::rope_tables(cos.data(), sin.data(), t, head_dim_, c.rope_theta);
   device_.upload(rope_cos_.data(), cos.data(), rope_cos_.bytes());
   device_.upload(rope_sin_.data(), sin.data(), rope_sin_.bytes());
+  if (with_values) materialise(device_);
 }
 
 void LmModel::add_param(const std::string& name, Shape shape) {
   Parameter p;
   p.name = name;
   p.shape = shape;
-  p.data = Tensor(device_, shape, MemCategory::Parameters);
-  params_.push_back(std::move(p));
+  params_.push_back(std::move(p));  // its values: materialise (model.h)
 }
 
 std::vector<Shape> LmModel::activation_shapes(const LmConfig& c, int64_t rows, ddp_device_kind device) {
@@ -401,8 +397,9 @@ std::vector<Unit> lm_units(const LmConfig& config) {
   return units;
 }
 
-std::unique_ptr<Model> make_lm(const LmConfig& config, Device& device, uint64_t seed, bool with_gradients) {
-  auto model = std::make_unique<LmModel>(config, device, seed);
+std::unique_ptr<Model> make_lm(const LmConfig& config, Device& device, uint64_t seed, bool with_gradients,
+                               bool with_values) {
+  auto model = std::make_unique<LmModel>(config, device, seed, with_values);
   if (with_gradients) model->pack_gradients(device);
   return model;
 }

@@ -56,7 +56,8 @@ class LmModel final : public Model {
  public:
   // Throws Error for inconsistent sizes (d_model not a multiple of
   // num_heads, an odd head size, a non-positive size).
-  LmModel(const LmConfig& config, Device& device, uint64_t seed);
+  // `with_values`: as make_model's (model.h).
+  LmModel(const LmConfig& config, Device& device, uint64_t seed, bool with_values = true);
 
   int64_t input_width() const override { return config_.context_length + 1; }
   int64_t output_width() const override { return config_.vocab_size; }
@@ -151,7 +152,9 @@ class LmModel final : public Model {
 
 // `with_gradients`: with its gradients (pack_gradients); the engine makes
 // them itself, once it knows which a strategy claims.
-std::unique_ptr<Model> make_lm(const LmConfig& config, Device& device, uint64_t seed, bool with_gradients = true);
+// `with_values`: as make_model's (model.h).
+std::unique_ptr<Model> make_lm(const LmConfig& config, Device& device, uint64_t seed, bool with_gradients = true,
+                               bool with_values = true);
 
 // Its units, in forward order: "embedding" (token_embeddings), "layers.{l}"
 // (the block's 9 parameters) for each block, "head" (ln_final, lm_head).

@@ -33,20 +33,26 @@ void check_sizes(const MlpConfig& config, int64_t rows) {
 
 }  // namespace
 
-MlpModel::MlpModel(const MlpConfig& config, Device& device, uint64_t seed)
+MlpModel::MlpModel(const MlpConfig& config, Device& device, uint64_t seed, bool with_values)
     : device_(device), k_(make_kernels(device)), config_(config) {
   check_sizes(config, 0);
-  std::mt19937_64 rng(seed);
   const int64_t w = config.width;
   for (int64_t i = 0; i < config.depth; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
-    add_param(p + "weight", {w, w}, w, rng);
-    add_param(p + "bias", {w}, w, rng);
+    add_param(p + "weight", {w, w});
+    add_param(p + "bias", {w});
     range_names_.push_back("backward layers." + std::to_string(i));
   }
-  add_param("head.weight", {config.classes, w}, w, rng);
-  add_param("head.bias", {config.classes}, w, rng);
+  add_param("head.weight", {config.classes, w});
+  add_param("head.bias", {config.classes});
   declare_units(mlp_units(config));
+  // nn.Linear's default, U(-1/sqrt(w), 1/sqrt(w)) for weights and biases
+  // alike (every fan_in is w), in table order. Drawn on the host.
+  set_draw(seed, [this, w](size_t index, float* out, std::mt19937_64& rng) {
+    layers::init_uniform(out, static_cast<int64_t>(numel_of(params_[index].shape)),
+                         1.0f / std::sqrt(static_cast<float>(w)), rng);
+  });
+  if (with_values) materialise(device_);
 }
 
 std::vector<Unit> mlp_units(const MlpConfig& config) {
@@ -58,17 +64,11 @@ std::vector<Unit> mlp_units(const MlpConfig& config) {
   return units;
 }
 
-void MlpModel::add_param(const std::string& name, Shape shape, int64_t fan_in,
-                         std::mt19937_64& rng) {
+void MlpModel::add_param(const std::string& name, Shape shape) {
   Parameter p;
   p.name = name;
   p.shape = shape;
-  p.data = Tensor(device_, shape, MemCategory::Parameters);
-  std::vector<float> host(p.data.numel());  // drawn on the host, then uploaded
-  layers::init_uniform(host.data(), static_cast<int64_t>(host.size()),
-                       1.0f / std::sqrt(static_cast<float>(fan_in)), rng);
-  device_.upload(p.data.data(), host.data(), p.data.bytes());
-  params_.push_back(std::move(p));
+  params_.push_back(std::move(p));  // its values: materialise (model.h)
 }
 
 std::vector<Shape> MlpModel::activation_shapes(const MlpConfig& c, int64_t rows, ddp_device_kind device) {
@@ -201,8 +201,9 @@ void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   }
 }
 
-std::unique_ptr<Model> make_mlp(const MlpConfig& config, Device& device, uint64_t seed, bool with_gradients) {
-  auto model = std::make_unique<MlpModel>(config, device, seed);
+std::unique_ptr<Model> make_mlp(const MlpConfig& config, Device& device, uint64_t seed, bool with_gradients,
+                                bool with_values) {
+  auto model = std::make_unique<MlpModel>(config, device, seed, with_values);
   if (with_gradients) model->pack_gradients(device);
   return model;
 }

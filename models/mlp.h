@@ -29,7 +29,8 @@ struct MlpConfig {
 class MlpModel final : public Model {
  public:
   // Throws Error for a non-positive width or classes, or a negative depth.
-  MlpModel(const MlpConfig& config, Device& device, uint64_t seed);
+  // `with_values`: as make_model's (model.h).
+  MlpModel(const MlpConfig& config, Device& device, uint64_t seed, bool with_values = true);
 
   int64_t input_width() const override { return config_.width; }
   int64_t output_width() const override { return config_.classes; }
@@ -44,7 +45,7 @@ class MlpModel final : public Model {
   const float* loss_gradient() const { return logits_.data(); }
 
  private:
-  void add_param(const std::string& name, Shape shape, int64_t fan_in, std::mt19937_64& rng);
+  void add_param(const std::string& name, Shape shape);
   void ensure_activations(int64_t rows);
   // The shapes ensure_activations allocates, in its order.
   static std::vector<Shape> activation_shapes(const MlpConfig& c, int64_t rows, ddp_device_kind device);
@@ -67,8 +68,9 @@ class MlpModel final : public Model {
   Tensor dact_, dtmp_;            // [rows, width] backward scratch (ping-pong)
 };
 
-// `with_gradients`: as make_lm's.
-std::unique_ptr<Model> make_mlp(const MlpConfig& config, Device& device, uint64_t seed, bool with_gradients = true);
+// `with_gradients`, `with_values`: as make_lm's.
+std::unique_ptr<Model> make_mlp(const MlpConfig& config, Device& device, uint64_t seed, bool with_gradients = true,
+                                bool with_values = true);
 
 // Its units: "layers.{i}" (weight and bias) for i < depth, then "head".
 std::vector<Unit> mlp_units(const MlpConfig& config);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -120,7 +121,18 @@ class Model {
   // Claimed gradients (Parameter::claimed) are left out: their storage is
   // the strategy's.
   void pack_gradients(Device& device);
-  bool gradients_packed() const { return packed_; }  // whether pack_gradients has made them
+  bool gradients_packed() const { return packed_; }
+
+  // Parameter `index`'s initial values, drawn from the model's seed into
+  // `out` (its numel floats, on the host). Every model draws in table
+  // order from one generator, so one parameter is drawn with no other in
+  // memory: in order, the generator goes on; back to an earlier one, it
+  // starts again from the seed (time spent, never another value).
+  void draw_initial(size_t index, float* out);
+  // Gives every parameter its storage on `device` and its drawn values:
+  // what building a model for use ends with (the engine defers it where a
+  // strategy takes the values unit by unit: ddp_strategy_v1_t::take_values).
+  void materialise(Device& device);  // whether pack_gradients has made them
   virtual int64_t input_width() const = 0;
   virtual int64_t output_width() const = 0;
 
@@ -147,6 +159,12 @@ class Model {
   void set_unit_hook(UnitHook hook) { unit_hook_ = std::move(hook); }
 
  protected:
+  // How the constructor's model draws parameter `index` from `rng` (the
+  // parameters' shapes are in params_ already); the first call after
+  // set_draw draws parameter 0.
+  using Draw = std::function<void(size_t index, float* out, std::mt19937_64& rng)>;
+  void set_draw(uint64_t seed, Draw draw);
+
   // Sets units_ and each parameter's unit; throws as check_units.
   void declare_units(std::vector<Unit> units);
   void unit_event(size_t unit, ddp_unit_phase phase) const {
@@ -198,6 +216,12 @@ class Model {
   bool packed_ = false;  // pack_gradients: the memory of every grad, which are views of it
   RangeHook range_hook_;
   std::vector<std::string> range_names_;  // the models' per-layer names for lap()
+
+ private:
+  Draw draw_;
+  uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+  size_t next_draw_ = 0;  // the parameter rng_ draws next
 };
 
 // Builds a model by name ("toy", "toy_tied") with parameters initialised
@@ -206,7 +230,10 @@ class Model {
 // made by make_lm in lm.h and make_mlp in mlp.h; registry.h builds any
 // model by name and options.)
 // `with_gradients`: with its gradients (pack_gradients); the engine makes
-// them itself, once it knows which a strategy claims.
-std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint64_t seed, bool with_gradients = true);
+// them itself, once it knows which a strategy claims. `with_values`: with
+// its parameters' storage and drawn values (materialise); the engine makes
+// them itself, once it knows which a strategy takes unit by unit.
+std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint64_t seed, bool with_gradients = true,
+                                  bool with_values = true);
 
 }  // namespace ddp

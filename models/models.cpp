@@ -58,14 +58,15 @@ class SequentialMse final : public Model {
     p.shape = shape;
     p.trainable = trainable;
     p.uses = uses;
-    p.data = Tensor(device_, shape, MemCategory::Parameters);
-    params_.push_back(std::move(p));
+    params_.push_back(std::move(p));  // its values: materialise (model.h)
   }
 
   // Each linear layer (with the ReLU after it) is a unit, named after its
   // module (fc1, fc2, ...); a parameter no layer reads goes to the first
   // unit, a weight a later layer reads again is tied there.
-  void finish_setup() {
+  // `draw`: the constructor's draw of each parameter (model.h's set_draw).
+  void finish_setup(uint64_t seed, Draw draw) {
+    set_draw(seed, std::move(draw));
     declare_units(sequential_units(layers_, params_));
     int64_t width = 0;
     for (auto& l : layers_) width = l.kind == Layer::Linear ? l.out : width;
@@ -185,17 +186,14 @@ Layer linear(int weight, int64_t in, int64_t out, int bias = -1) {
 Layer relu() { return Layer{Layer::Relu}; }
 
 // nn.Linear's default initialisation: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for
-// weight and bias alike. Drawn on the host, then uploaded.
-void init_uniform(Device& device, Parameter& p, int64_t fan_in, std::mt19937_64& rng) {
+// weight and bias alike. Drawn on the host.
+void init_uniform(float* out, size_t n, int64_t fan_in, std::mt19937_64& rng) {
   float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
   std::uniform_real_distribution<float> dist(-bound, bound);
-  std::vector<float> host(p.data.numel());
-  for (float& v : host) v = dist(rng);
-  device.upload(p.data.data(), host.data(), p.data.bytes());
+  for (size_t k = 0; k < n; ++k) out[k] = dist(rng);
 }
 
 std::unique_ptr<Model> make_toy(const std::string& name, Device& device, uint64_t seed) {
-  std::mt19937_64 rng(seed);
   if (name == "toy") {
     // 0 no_grad_fixed_param, 1 fc1.weight, 2 fc2.fc.weight, 3 fc2.fc.bias, 4 fc3.weight
     auto m = std::make_unique<SequentialMse>(
@@ -206,14 +204,12 @@ std::unique_ptr<Model> make_toy(const std::string& name, Device& device, uint64_
     m->add_param("fc2.fc.weight", {50, 10}, true);
     m->add_param("fc2.fc.bias", {50}, false);
     m->add_param("fc3.weight", {5, 50}, true);
-    auto& p = m->params();
-    const float twos[2] = {2.0f, 2.0f};
-    device.upload(p[0].data.data(), twos, sizeof twos);
-    init_uniform(device, p[1], 10, rng);
-    init_uniform(device, p[2], 10, rng);
-    init_uniform(device, p[3], 10, rng);
-    init_uniform(device, p[4], 50, rng);
-    m->finish_setup();
+    m->finish_setup(seed, [](size_t index, float* out, std::mt19937_64& rng) {
+      static constexpr int64_t fan_in[] = {0, 10, 10, 10, 50};
+      static constexpr size_t numel[] = {2, 100, 500, 50, 250};
+      if (index == 0) std::fill(out, out + 2, 2.0f);
+      else init_uniform(out, numel[index], fan_in[index], rng);
+    });
     return m;
   }
   if (name == "toy_tied") {
@@ -226,12 +222,11 @@ std::unique_ptr<Model> make_toy(const std::string& name, Device& device, uint64_
     m->add_param("fc2.weight", {50, 10}, true, /*uses=*/2);
     m->add_param("fc3.weight", {10, 50}, true);
     m->add_param("fc5.weight", {5, 50}, true);
-    auto& p = m->params();
-    init_uniform(device, p[0], 10, rng);
-    init_uniform(device, p[1], 10, rng);
-    init_uniform(device, p[2], 50, rng);
-    init_uniform(device, p[3], 50, rng);
-    m->finish_setup();
+    m->finish_setup(seed, [](size_t index, float* out, std::mt19937_64& rng) {
+      static constexpr int64_t fan_in[] = {10, 10, 50, 50};
+      static constexpr size_t numel[] = {100, 500, 500, 250};
+      init_uniform(out, numel[index], fan_in[index], rng);
+    });
     return m;
   }
   throw Error("unknown model '" + name + "' (known: toy, toy_tied)");
@@ -239,8 +234,10 @@ std::unique_ptr<Model> make_toy(const std::string& name, Device& device, uint64_
 
 }  // namespace
 
-std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint64_t seed, bool with_gradients) {
+std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint64_t seed, bool with_gradients,
+                                  bool with_values) {
   std::unique_ptr<Model> model = make_toy(name, device, seed);
+  if (with_values) model->materialise(device);
   if (with_gradients) model->pack_gradients(device);
   return model;
 }
@@ -263,6 +260,38 @@ void Model::pack_gradients(Device& device) {
     if (!p.trainable || p.claimed) continue;
     p.grad = Tensor::view(device, gradient_block_.data() + offset, p.shape);
     offset += p.grad.numel();
+  }
+}
+
+void Model::set_draw(uint64_t seed, Draw draw) {
+  draw_ = std::move(draw);
+  seed_ = seed;
+  rng_.seed(seed);
+  next_draw_ = 0;
+}
+
+void Model::draw_initial(size_t index, float* out) {
+  if (index >= params_.size() || !draw_)
+    throw Error("draw_initial: parameter " + std::to_string(index) + " of " + std::to_string(params_.size()) +
+                (draw_ ? "" : ", and the model sets no draw"), DDP_ERR_INTERNAL);
+  if (index < next_draw_) rng_.seed(seed_), next_draw_ = 0;  // back to the start
+  std::vector<float> skipped;
+  for (; next_draw_ < index; ++next_draw_) {  // the ones between, drawn and dropped
+    skipped.resize(numel_of(params_[next_draw_].shape));
+    draw_(next_draw_, skipped.data(), rng_);
+  }
+  draw_(index, out, rng_);
+  ++next_draw_;
+}
+
+void Model::materialise(Device& device) {
+  std::vector<float> host;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = params_[i];
+    p.data = Tensor(device, p.shape, MemCategory::Parameters);
+    host.resize(p.data.numel());
+    draw_initial(i, host.data());
+    device.upload(p.data.data(), host.data(), p.data.bytes());
   }
 }
 

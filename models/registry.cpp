@@ -9,7 +9,7 @@ namespace ddp {
 namespace {
 
 std::unique_ptr<Model> build_toy(const std::string& name, Device& device, uint64_t seed, DataShape* shape) {
-  auto model = make_model(name, device, seed, /*with_gradients=*/false);
+  auto model = make_model(name, device, seed, /*with_gradients=*/false, /*with_values=*/false);
   *shape = DataShape{DataShape::Regression, model->input_width(), model->output_width(), 0, 0};
   return model;
 }
@@ -32,7 +32,7 @@ std::unique_ptr<Model> build_lm(const ModelOptions& o, Device& device, uint64_t 
                 "' is for accounting only (FFN-only blocks, CS336's communication_accounting): "
                 "`ddp plan` takes it, a run cannot build it");
   *shape = DataShape{DataShape::Tokens, 0, 0, c.context_length, c.vocab_size};
-  return make_lm(c, device, seed, /*with_gradients=*/false);
+  return make_lm(c, device, seed, /*with_gradients=*/false, /*with_values=*/false);
 }
 
 MlpConfig mlp_config(const ModelOptions& o) {
@@ -42,7 +42,7 @@ MlpConfig mlp_config(const ModelOptions& o) {
 std::unique_ptr<Model> build_mlp(const ModelOptions& o, Device& device, uint64_t seed, DataShape* shape) {
   const MlpConfig c = mlp_config(o);
   *shape = DataShape{DataShape::Classification, c.width, c.classes, 0, 0};
-  return make_mlp(c, device, seed, /*with_gradients=*/false);
+  return make_mlp(c, device, seed, /*with_gradients=*/false, /*with_values=*/false);
 }
 
 std::vector<std::string> preset_names() {
@@ -104,8 +104,12 @@ const ModelInfo& known_model(const std::string& name) {
 }  // namespace
 
 std::unique_ptr<Model> build_model(const std::string& name, const ModelOptions& options, Device& device,
-                                   uint64_t seed, DataShape* shape) {
-  return known_model(name).build(options, device, seed, shape);
+                                   uint64_t seed, DataShape* shape, bool with_values) {
+  std::unique_ptr<Model> model = known_model(name).build(options, device, seed, shape);
+  if (with_values) model->materialise(device);
+  else  // each parameter's shape, and no storage yet
+    for (Parameter& p : model->params()) p.data = Tensor::view(device, nullptr, p.shape);
+  return model;
 }
 
 Footprint model_footprint(const std::string& name, const ModelOptions& options, int64_t rows,

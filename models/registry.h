@@ -56,8 +56,9 @@ struct ModelInfo {
   std::string name;
   DataShape::Kind data;        // what its batches hold (regression, classes, tokens)
   std::vector<ModelKey> keys;  // its [model] keys beyond name, init_from, freeze
-  // The model with parameters initialised from `seed`, and the shape of the
-  // data it reads. Throws Error for sizes it cannot build.
+  // The model, its parameters to be drawn from `seed` (no values yet:
+  // Model::materialise), and the shape of the data it reads. Throws Error
+  // for sizes it cannot build.
   std::unique_ptr<Model> (*build)(const ModelOptions& options, Device& device, uint64_t seed, DataShape* shape);
   // What it holds with `rows` rows per micro-batch (model.h); null where
   // `ddp plan` cannot account for it (the toy models).
@@ -77,8 +78,10 @@ ModelOptions default_model_options(const std::string& name);
 Footprint model_footprint(const std::string& name, const ModelOptions& options, int64_t rows,
                           ddp_device_kind device);
 
-// The registry's build for `name`. Throws Error for an unknown name.
+// The registry's build for `name`, with its values drawn unless
+// `with_values` is false (Model::materialise). Throws Error for an unknown
+// name.
 std::unique_ptr<Model> build_model(const std::string& name, const ModelOptions& options, Device& device,
-                                   uint64_t seed, DataShape* shape);
+                                   uint64_t seed, DataShape* shape, bool with_values = true);
 
 }  // namespace ddp

@@ -28,7 +28,7 @@ void HostServices::refresh_param_table() {
     e = ddp_param{};
     e.name = p.name.c_str(), e.index = i, e.data = p.data.data();
     e.grad = p.trainable ? p.grad.data() : nullptr;
-    e.numel = p.data.numel(), e.dtype = DDP_FLOAT32, e.trainable = p.trainable ? 1 : 0;
+    e.numel = numel_of(p.shape), e.dtype = DDP_FLOAT32, e.trainable = p.trainable ? 1 : 0;
     e.ndim = p.shape.size(), e.shape = p.shape.data(), e.unit = p.unit, e.uses = p.uses;
   }
   for (size_t u = 0; u < model->units().size(); ++u) {
@@ -79,6 +79,7 @@ void HostServices::claim_values(const size_t* indices, size_t count) {
     Parameter& p = model->params()[indices[k]];
     if (p.values_claimed) continue;
     p.values_claimed = true;
+    if (!p.data.defined()) continue;  // none made yet: lent unit by unit (take_values, 1.7)
     float* values = p.data.data();
     held_values.emplace_back(indices[k], std::move(p.data));  // read there until on_train_begin returns
     p.data = Tensor::view(*device, values, p.shape);

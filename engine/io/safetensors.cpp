@@ -57,17 +57,17 @@ std::vector<float> HostTensor::as_floats(const std::string& file, const std::str
   return out;
 }
 
-std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   std::error_code ec;
   // Checked before the open: opening a FIFO would block until a writer came.
   if (!std::filesystem::is_regular_file(path, ec)) throw ConfigError(path + ": cannot open safetensors file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path + ": cannot open safetensors file");
-  in.seekg(0, std::ios::end);
-  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
+  in_.open(path, std::ios::binary);
+  if (!in_) throw ConfigError(path + ": cannot open safetensors file");
+  in_.seekg(0, std::ios::end);
+  const uint64_t file_size = static_cast<uint64_t>(in_.tellg());
+  in_.seekg(0);
   uint8_t len_bytes[8];
-  if (file_size < 8 || !in.read(reinterpret_cast<char*>(len_bytes), 8))
+  if (file_size < 8 || !in_.read(reinterpret_cast<char*>(len_bytes), 8))
     throw ConfigError(path + ": not a safetensors file (shorter than its 8-byte header length)");
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = header_len << 8 | len_bytes[i];
@@ -78,7 +78,7 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
     throw ConfigError(path + ": not a safetensors file (header length " + std::to_string(header_len) +
                       " is over the format's 100 MB)");
   std::string header(header_len, '\0');
-  in.read(header.data(), static_cast<std::streamsize>(header_len));
+  in_.read(header.data(), static_cast<std::streamsize>(header_len));
   const uint64_t data_start = 8 + header_len, data_size = file_size - data_start;
 
   nlohmann::json doc;
@@ -88,11 +88,10 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
     throw ConfigError(path + ": malformed safetensors header: " + e.what());
   }
   if (!doc.is_object()) throw ConfigError(path + ": malformed safetensors header: not a JSON object");
-  std::map<std::string, HostTensor> out;
   for (auto& [name, info] : doc.items()) {
     if (name == "__metadata__") continue;
     try {
-      HostTensor t;
+      Entry t;
       t.dtype = info.at("dtype").get<std::string>();
       t.shape = integers<int64_t>(info.at("shape"), "shape");
       const auto offsets = integers<uint64_t>(info.at("data_offsets"), "data_offsets");
@@ -102,15 +101,38 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
         throw ConfigError("data_offsets out of range");
       if (offsets[1] - offsets[0] != numel_of(t.shape, esize) * esize)
         throw ConfigError("data_offsets do not match shape " + shape_string(t.shape));
-      t.bytes.resize(offsets[1] - offsets[0]);
-      in.seekg(static_cast<std::streamoff>(data_start + offsets[0]));
-      in.read(reinterpret_cast<char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
-      if (!in) throw ConfigError("short read");
-      out.emplace(name, std::move(t));
+      t.offset = data_start + offsets[0];
+      t.bytes = offsets[1] - offsets[0];
+      entries_.emplace(name, std::move(t));
     } catch (const std::exception& e) {
       throw ConfigError(path + ": tensor '" + name + "': " + e.what());
     }
   }
+}
+
+const SafetensorsReader::Entry* SafetensorsReader::find(const std::string& name) const {
+  const auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+HostTensor SafetensorsReader::read(const std::string& name) {
+  const Entry* e = find(name);
+  if (!e) throw ConfigError(path_ + ": no tensor '" + name + "'");
+  HostTensor t;
+  t.dtype = e->dtype;
+  t.shape = e->shape;
+  t.bytes.resize(e->bytes);
+  in_.clear();
+  in_.seekg(static_cast<std::streamoff>(e->offset));
+  in_.read(reinterpret_cast<char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
+  if (!in_) throw ConfigError(path_ + ": tensor '" + name + "': short read");
+  return t;
+}
+
+std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
+  SafetensorsReader reader(path);
+  std::map<std::string, HostTensor> out;
+  for (const auto& [name, entry] : reader.entries()) out.emplace(name, reader.read(name));
   return out;
 }
 

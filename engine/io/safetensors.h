@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <fstream>
 #include <map>
 #include <string>
 #include <utility>
@@ -24,6 +25,32 @@ struct HostTensor {
 
 // Throws Error naming the file (and tensor) on any malformed input.
 std::map<std::string, HostTensor> read_safetensors(const std::string& path);
+
+// The same file, a tensor at a time, so that no more than one need be in
+// memory (a model read unit by unit). Opening reads and checks the whole
+// header, throwing as read_safetensors does for any malformed entry; a
+// tensor's data is read when asked for.
+class SafetensorsReader {
+ public:
+  struct Entry {
+    std::string dtype;
+    Shape shape;
+    uint64_t offset = 0, bytes = 0;  // of its data, in the file
+  };
+  explicit SafetensorsReader(const std::string& path);
+  const std::string& path() const { return path_; }
+  // The entry named `name`, or null.
+  const Entry* find(const std::string& name) const;
+  const std::map<std::string, Entry>& entries() const { return entries_; }
+  // Tensor `name`'s data; throws Error naming the file and the tensor for
+  // a name the file lacks or a short read.
+  HostTensor read(const std::string& name);
+
+ private:
+  std::string path_;
+  std::ifstream in_;
+  std::map<std::string, Entry> entries_;
+};
 
 // Writes float32 tensors in the given order, to a temporary name first and
 // renamed into place, so a reader never sees a half-written file.

@@ -151,7 +151,10 @@ PluginPart plan_strategy(const ddp_strategy_v1_t& s, const ddp_transport_v1_t& t
   const std::string label = std::string("strategy plugin '") + s.name + "'";
   if (!DDP_PLUGIN_HAS(&s, plan)) return PluginPart{label, false, {}, {}, {}, false, 0, {}, {}, {}};
   PlanningCall call(section, run, rank, label);
-  return call.take(s.plan(call.host(), &t, call.plan()));
+  PluginPart part = call.take(s.plan(call.host(), &t, call.plan()));
+  part.takes_values = DDP_PLUGIN_HAS(&s, take_values) && (s.caps & DDP_CAP_OWNS_PARAMETERS) &&
+                      !run.model->units.empty();  // as the engine lends them (rank_plugins.h)
+  return part;
 }
 
 PluginPart plan_transport(const ddp_transport_v1_t& t, const PluginSection& section, const PlanRun& run, int rank,

@@ -43,6 +43,7 @@ struct PluginPart {
   std::vector<bool> claimed;  // per parameter: its gradient storage claimed
   std::vector<bool> claimed_values;  // per parameter: its values claimed (1.5)
   std::vector<std::pair<std::string, std::string>> leaner;  // a strategy's settings that hold less (1.6)
+  bool takes_values = false;  // a strategy lent its claimed values unit by unit (take_values, 1.7)
 };
 
 // The run a plan is for, as the planning host describes it.

@@ -37,23 +37,37 @@ void add(Bytes& into, const Bytes& b) {
 // One rank's memory: the engine's own, then what its plugins hold.
 RankMemory rank_memory(const RunInput& in, const RankParts& part, int64_t per_element) {
   int64_t params = 0, engine_grads = 0, all = 0, lent = 0;
+  const auto values_claimed = [&](size_t i) {
+    return i < part.strategy.claimed_values.size() && part.strategy.claimed_values[i];
+  };
   for (size_t i = 0; i < in.model.params.size(); ++i) {
     const int64_t n = in.model.params[i].elements;
     params += n * kFloat, all += n;
     const bool claimed = i < part.strategy.claimed.size() && part.strategy.claimed[i];
     if (!claimed) engine_grads += n * kFloat;
-    if (i < part.strategy.claimed_values.size() && part.strategy.claimed_values[i]) lent += n * kFloat;
+    if (values_claimed(i)) lent += n * kFloat;
+  }
+  // Claimed values (1.5): the engine holds its own through set-up, beside
+  // what the strategy makes there, and frees them when set-up ends; lent
+  // unit by unit (take_values, 1.7), one unit's at a time, the largest.
+  int64_t held = lent;
+  if (part.strategy.takes_values) {
+    held = 0;
+    for (const Unit& u : in.model.units) {
+      int64_t unit = 0;
+      for (size_t i : u.params)
+        if (values_claimed(i)) unit += in.model.params[i].elements * kFloat;
+      held = std::max(held, unit);
+    }
   }
   const int64_t stepped = part.strategy.says_steps ? part.strategy.stepped : part.owns_optimizer ? 0 : all;
   const int64_t setup_acts = in.model.setup_activation_bytes + data_bytes(in.model.data, in.rows_per_rank);
   RankMemory m;
-  m.after_setup = {params, engine_grads, 0, 0, setup_acts};
+  m.after_setup = {params - lent + held, engine_grads, 0, 0, setup_acts};
   add(m.after_setup, part.strategy.setup);
   add(m.after_setup, part.transport.setup);
   m.before_optimizer_step = m.after_setup;
-  // Claimed values (1.5): the engine holds its own through set-up, beside
-  // what the strategy makes there, and frees them when set-up ends.
-  m.before_optimizer_step[DDP_MEM_PARAMETERS] -= lent;
+  m.before_optimizer_step[DDP_MEM_PARAMETERS] -= held;
   m.before_optimizer_step[DDP_MEM_OPTIMIZER_STATE] += stepped * per_element;
   m.before_optimizer_step[DDP_MEM_ACTIVATIONS] += in.model.step_activation_bytes;
   add(m.before_optimizer_step, part.strategy.step);

@@ -334,17 +334,18 @@ std::string write_checkpoint(const CheckpointInput& in, int64_t step) {
 }
 
 void load_checkpoint(const std::string& path, const CheckpointMeta& meta, std::vector<Parameter>& params,
-                     Optimizer& optimizer) {
+                     Optimizer& optimizer, InitialValues& values) {
   const std::string weights_file = (fs::path(path) / "weights.safetensors").string();
-  const auto weights = read_safetensors(weights_file);
+  auto weights = std::make_unique<SafetensorsReader>(weights_file);
   for (Parameter& p : params) {
-    const auto w = weights.find(p.name);
-    if (w == weights.end() || w->second.shape != p.shape)
+    const SafetensorsReader::Entry* w = weights->find(p.name);
+    if (!w || w->shape != p.shape)
       throw Error(weights_file + ": no tensor '" + p.name + "' of shape " + shape_string(p.shape),
                   DDP_ERR_INVALID_ARGUMENT);
-    const std::vector<float> values = w->second.as_floats(weights_file, p.name);
-    p.data.device()->upload(p.data.data(), values.data(), p.data.bytes());
+    if (w->dtype != "F32")
+      throw ConfigError(weights_file + ": tensor '" + p.name + "' has dtype " + w->dtype + ", expected F32");
   }
+  values.read_from(std::move(weights));  // read a tensor at a time, once the strategy has claimed its part
   std::map<size_t, SavedState> states = read_states(path, meta, params, optimizer);
   // Every parameter trained in the last step has state, if the optimizer keeps any.
   for (size_t i = 0; i < params.size() && meta.step > 0 && optimizer.keeps_state(); ++i)
@@ -366,7 +367,8 @@ std::map<std::string, std::string> resume_items(const Config& config) {
   return items;
 }
 
-Resumed resume_run(const Config& config, Model& model, Device& device, Optimizer& optimizer) {
+Resumed resume_run(const Config& config, Model& model, Device& device, Optimizer& optimizer,
+                   InitialValues& values) {
   const std::string path = resolve_checkpoint(config.checkpoint.dir, config.resume);
   refuse_foreign_checkpoints(config, path);
   const CheckpointMeta meta = read_checkpoint_meta(path);
@@ -383,7 +385,7 @@ Resumed resume_run(const Config& config, Model& model, Device& device, Optimizer
     throw ConfigError("--resume " + path + ": the parameters trainable after step " + std::to_string(meta.step) +
                       " differ from the checkpoint's");
   verify_checkpoint_files(path, meta);  // before any tensor is read
-  load_checkpoint(path, meta, model.params(), optimizer);
+  load_checkpoint(path, meta, model.params(), optimizer, values);
   return Resumed{path, meta.step, meta.losses, check.changed};
 }
 

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "checksum.h"
+#include "initial_values.h"
 #include "config.h"
 #include "model.h"
 #include "optimizer.h"
@@ -129,21 +130,24 @@ struct CheckpointInput {
 // failure to write is everyone's).
 std::string write_checkpoint(const CheckpointInput& in, int64_t step);
 
-// Loads `path` into `params` and (for their first step) `optimizer`.
+// Loads `path`'s optimizer state into `optimizer` (for the parameters'
+// first step), and makes its weights, checked whole, where `values` reads
+// `params` from.
 void load_checkpoint(const std::string& path, const CheckpointMeta& meta, std::vector<Parameter>& params,
-                     Optimizer& optimizer);
+                     Optimizer& optimizer, InitialValues& values);
 
 // config.resume, before the plugins start: the checkpoint it names, checked
 // against `config` (ConfigError naming the first key that may not change),
-// loaded into `model` and `optimizer`, with the unfreeze schedule applied
-// up to its step.
+// loaded into `optimizer` and `values` (load_checkpoint), with the
+// unfreeze schedule applied to `model` up to its step.
 struct Resumed {
   std::string path;
   int64_t step = 0;
   std::vector<double> losses;        // steps 1..step
   std::vector<std::string> changed;  // what the config changed, as allowed
 };
-Resumed resume_run(const Config& config, Model& model, Device& device, Optimizer& optimizer);
+Resumed resume_run(const Config& config, Model& model, Device& device, Optimizer& optimizer,
+                   InitialValues& values);
 
 // A run with checkpoints on writes into a checkpoint.dir that holds
 // another run's checkpoints only to continue that run: starting afresh

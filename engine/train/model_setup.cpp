@@ -4,23 +4,26 @@
 #include <algorithm>
 
 #include "optimizer.h"  // name_matches
+#include "initial_values.h"
 #include "registry.h"
 #include "safetensors.h"
 
 namespace ddp {
 namespace {
 
-void load_init(const std::string& path, Model& model, Device& device) {
-  auto tensors = read_safetensors(path);
-  for (Parameter& p : model.params()) {
-    auto it = tensors.find(p.name);
-    if (it == tensors.end()) throw Error(path + ": missing tensor '" + p.name + "'");
-    if (it->second.shape != p.shape)
-      throw Error(path + ": tensor '" + p.name + "' has shape " + shape_string(it->second.shape) +
-                  ", model expects " + shape_string(p.shape));
-    std::vector<float> values = it->second.as_floats(path, p.name);
-    device.upload(p.data.data(), values.data(), p.data.bytes());
+// model.init_from, checked whole before anything is read from it.
+std::unique_ptr<SafetensorsReader> open_init(const std::string& path, const Model& model) {
+  auto file = std::make_unique<SafetensorsReader>(path);
+  for (const Parameter& p : model.params()) {
+    const SafetensorsReader::Entry* e = file->find(p.name);
+    if (!e) throw Error(path + ": missing tensor '" + p.name + "'");
+    if (e->shape != p.shape)
+      throw Error(path + ": tensor '" + p.name + "' has shape " + shape_string(e->shape) + ", model expects " +
+                  shape_string(p.shape));
+    if (e->dtype != "F32")
+      throw ConfigError(path + ": tensor '" + p.name + "' has dtype " + e->dtype + ", expected F32");
   }
+  return file;
 }
 
 void freeze(const std::vector<std::string>& patterns, Model& model, const std::string& model_name) {
@@ -38,9 +41,11 @@ void freeze(const std::vector<std::string>& patterns, Model& model, const std::s
 
 }  // namespace
 
-std::unique_ptr<Model> set_up_model(const Config& config, Device& device, uint64_t seed, DataShape* shape) {
-  auto model = build_model(config.model.name, config.model.options, device, seed, shape);
-  if (!config.model.init_from.empty()) load_init(config.model.init_from, *model, device);
+std::unique_ptr<Model> set_up_model(const Config& config, Device& device, uint64_t seed, DataShape* shape,
+                                    std::unique_ptr<InitialValues>* values) {
+  auto model = build_model(config.model.name, config.model.options, device, seed, shape, /*with_values=*/false);
+  *values = std::make_unique<InitialValues>(*model);
+  if (!config.model.init_from.empty()) (*values)->read_from(open_init(config.model.init_from, *model));
   freeze(config.model.freeze, *model, config.model.name);
   const auto& params = model->params();
   if (!config.model.freeze.empty() && config.unfreeze.empty() &&

@@ -13,13 +13,19 @@
 #include "model.h"
 
 namespace ddp {
+class InitialValues;
+}
 
-// The config's model on `device`, initialised from `seed` (then from
-// model.init_from, if set), with model.freeze applied and no gradients
-// yet (the trainer packs them once the strategy could claim some:
-// Model::pack_gradients); `shape` receives what data it reads. Throws ConfigError for a freeze pattern that matches no
-// parameter, Error for a bad init file.
-std::unique_ptr<Model> set_up_model(const Config& config, Device& device, uint64_t seed, DataShape* shape);
+namespace ddp {
+
+// The config's model on `device`, with model.freeze applied, and neither
+// values nor gradients yet: the trainer makes them once the strategy could
+// claim some (InitialValues, Model::pack_gradients). `values` receives
+// where its values come from: model.init_from, checked whole, else the
+// draw from `seed`; `shape` what data it reads. Throws ConfigError for a
+// freeze pattern that matches no parameter, Error for a bad init file.
+std::unique_ptr<Model> set_up_model(const Config& config, Device& device, uint64_t seed, DataShape* shape,
+                                    std::unique_ptr<InitialValues>* values);
 
 // Throws ConfigError for an unfreeze pattern that matches no parameter.
 void check_unfreeze(const std::vector<UnfreezeConfig>& schedule, const Model& model, const std::string& model_name);

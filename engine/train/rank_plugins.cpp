@@ -25,6 +25,7 @@ RankPlugins::RankPlugins(const Config& config, HostServices& services) : service
     for (const char* phase : {"FORWARD_BEGIN", "FORWARD_END", "BACKWARD_BEGIN", "BACKWARD_END"})
       unit_entries_.push_back(std::string("on_unit(") + u.name + ", " + phase + ")");
     unit_entries_.push_back(std::string("unit_values(") + u.name + ")");
+    unit_entries_.push_back(std::string("take_values(") + u.name + ")");
   }
 }
 
@@ -103,7 +104,7 @@ void RankPlugins::on_backward_end() {
 void RankPlugins::finish() { call("finish", [&] { return strategy_api().finish(strategy_); }); }
 void RankPlugins::optimizer_step() { call("optimizer_step", [&] { return strategy_api().optimizer_step(strategy_); }); }
 void RankPlugins::on_unit(size_t unit, ddp_unit_phase phase) {
-  const char* entry = unit < unit_entries_.size() / 5 ? unit_entries_[5 * unit + size_t(phase)].c_str() : "on_unit";
+  const char* entry = unit < unit_entries_.size() / 6 ? unit_entries_[6 * unit + size_t(phase)].c_str() : "on_unit";
   if (strategy_api().on_unit) call(entry, [&] { return strategy_api().on_unit(strategy_, unit, phase); });
 }
 void RankPlugins::on_train_end() {
@@ -111,8 +112,18 @@ void RankPlugins::on_train_end() {
 }
 
 void RankPlugins::unit_values(size_t unit, bool hold) {
-  const char* entry = unit < unit_entries_.size() / 5 ? unit_entries_[5 * unit + 4].c_str() : "unit_values";
+  const char* entry = unit < unit_entries_.size() / 6 ? unit_entries_[6 * unit + 4].c_str() : "unit_values";
   call(entry, [&] { return strategy_api().unit_values(strategy_, unit, hold ? 1 : 0); });
+}
+
+bool RankPlugins::takes_values() const {
+  return strategy_api().take_values != nullptr && (strategy_api().caps & DDP_CAP_OWNS_PARAMETERS) &&
+         !services_.unit_table.empty();
+}
+
+void RankPlugins::take_values(size_t unit) {
+  const char* entry = unit < unit_entries_.size() / 6 ? unit_entries_[6 * unit + 5].c_str() : "take_values";
+  call(entry, [&] { return strategy_api().take_values(strategy_, unit); });
 }
 
 std::optional<std::vector<size_t>> RankPlugins::held_grads() {

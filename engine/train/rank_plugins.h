@@ -78,6 +78,10 @@ class RankPlugins {
   void on_unit(size_t unit, ddp_unit_phase phase);  // (1.4) nothing where the strategy has none
   void on_train_end();
   void unit_values(size_t unit, bool hold);  // (1.5) where the strategy claims values
+  // (1.7) Whether the strategy takes values unit by unit (take_values, a
+  // model with units): then none exist in create.
+  bool takes_values() const;
+  void take_values(size_t unit);
   // After finish: the parameters whose averaged gradient this rank holds,
   // when the strategy leaves each on one rank (held_grads, ABI 1.2);
   // nullopt when every rank holds every one.
@@ -116,7 +120,7 @@ class RankPlugins {
   void require_device_cap(const char* kind, const char* name, uint64_t caps) const;
   void drain();
   bool aborted_ = false;
-  std::vector<std::string> unit_entries_;  // per unit: its 4 on_unit phases, then unit_values, by name
+  std::vector<std::string> unit_entries_;  // per unit: its 4 on_unit phases, unit_values, take_values, by name
   // One engine collective on the comm stream, waited for. On a GPU the host
   // buffers travel through device copies (a transport like nccl reads device
   // memory only); `call` gets the pointers to use, in order.

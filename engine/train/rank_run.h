@@ -13,6 +13,7 @@
 
 #include "config.h"
 #include "data.h"
+#include "initial_values.h"
 #include "device.h"
 #include "model.h"
 #include "optimizer.h"
@@ -73,6 +74,15 @@ class RankRun {
   // after its step. A config that changes what the run trains is refused.
   void resume();
 
+  // The parameters' values (initial_values.h): make_values gives every
+  // one the strategy did not take unit by unit its storage and its first
+  // values; lend_values, after on_train_begin, lends a strategy that takes
+  // them (take_values) each unit's in turn, freeing each after.
+  void make_values();
+  void lend_values();
+  // Each rank's own first values (a test's snapshot before on_train_begin).
+  std::vector<std::vector<float>> initial_snapshot();
+
   // After `step` steps: every rank's part of a checkpoint (checkpoint.h).
   void checkpoint(int64_t step);
 
@@ -121,6 +131,7 @@ class RankRun {
   std::unique_ptr<Device> device_;       // run.device
   std::unique_ptr<Device> host_device_;  // the data's buffers on a GPU run
   std::unique_ptr<Model> model_;
+  std::unique_ptr<InitialValues> initial_;  // where the values come from, until they all have
   std::unique_ptr<StepTimeline> timeline_;
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<Optimizer> optimizer_;
@@ -135,6 +146,7 @@ class RankRun {
   std::vector<size_t> trainable_;   // indices of trainable parameters
   bool claims_ = false;             // the strategy claimed some gradient storage
   bool values_lent_ = false;        // it holds some values (claimed, from the end of on_train_begin)
+  bool takes_values_ = false;       // ... and takes them unit by unit (take_values: none before)
   std::vector<GradSpan> spans_;     // held_gradients', kept
   std::vector<StepRange> step_ranges_;  // run_optimizer_ranges', kept
   std::vector<int> remaining_uses_;  // per parameter, this micro-batch's backward

@@ -42,7 +42,7 @@ void RankRun::check_replicas(int64_t step) {
 }
 
 void RankRun::resume() {
-  const Resumed r = resume_run(config_, *model_, *device_, *optimizer_);
+  const Resumed r = resume_run(config_, *model_, *device_, *optimizer_, *initial_);
   start_step_ = r.step;
   loss_prefix_ = r.losses;
   resumed_from_ = r.path;

@@ -63,7 +63,7 @@ void RankRun::set_up() {
   openblas_set_num_threads(config_.run.threads);
   device_ = make_device(config_.run.device, r.local_rank, config_.run.share_gpus);
   DataShape shape;
-  model_ = set_up_model(config_, *device_, config_.run.seed + static_cast<uint64_t>(r.rank), &shape);
+  model_ = set_up_model(config_, *device_, config_.run.seed + static_cast<uint64_t>(r.rank), &shape, &initial_);
   tokens_per_row_ = shape.kind == DataShape::Tokens ? shape.context : 1;
   set_up_timeline();
   // Batches are host memory (the models upload what they use): on a GPU
@@ -96,6 +96,8 @@ void RankRun::set_up() {
   services_.refresh_param_table();
   refresh_trainable();
   plugins_ = std::make_unique<RankPlugins>(config_, services_);
+  takes_values_ = plugins_->takes_values();
+  if (!takes_values_) make_values();  // before create, as ever
   // The engine's gradients: before create, as ever, for a strategy that
   // cannot claim any; after it for one that may, once it knows which it
   // holds (then a claimed gradient is never made).
@@ -104,10 +106,50 @@ void RankRun::set_up() {
   services_.value_claims_open = true;  // and parameter values (ABI 1.5)
   plugins_->start(config_, timeline_->trace());
   services_.claims_open = services_.value_claims_open = false;
+  if (takes_values_) make_values();  // those the strategy did not claim
   if (!model_->gradients_packed()) pack_gradients();
   model_->set_unit_hook([this](size_t unit, ddp_unit_phase phase) { on_unit(unit, phase); });
   agree_before_training(*store_, r, fingerprint(config_, model_->params(), plugins_->identity(), model_->units()));
   remaining_uses_.assign(model_->params().size(), 0);
+}
+
+void RankRun::make_values() {
+  for (size_t i = 0; i < model_->params().size(); ++i) {
+    Parameter& p = model_->params()[i];
+    if (!p.data.defined() && !p.values_claimed) p.data = initial_->make(i, *device_);
+  }
+  services_.refresh_param_table();
+}
+
+void RankRun::lend_values() {
+  auto& params = model_->params();
+  for (size_t u = 0; u < model_->units().size(); ++u) {
+    std::vector<std::pair<size_t, Tensor>> lent;  // the unit's claimed parameters, made one by one
+    for (size_t i : model_->units()[u].params) {
+      if (!params[i].values_claimed) continue;
+      lent.emplace_back(i, initial_->make(i, *device_));
+      params[i].data.point_view_at(lent.back().second.data());
+      services_.param_table[i].data = lent.back().second.data();
+    }
+    plugins_->take_values(u);
+    for (const auto& [i, values] : lent) {
+      if (params[i].data.data() != values.data()) continue;  // the strategy bound its own
+      params[i].data.point_view_at(nullptr);
+      services_.param_table[i].data = nullptr;
+    }
+  }
+}
+
+std::vector<std::vector<float>> RankRun::initial_snapshot() {
+  if (!takes_values_) return host_values(*model_, unit_values(), "a snapshot");
+  std::vector<std::vector<float>> out;
+  for (size_t i = 0; i < model_->params().size(); ++i) {
+    const Parameter& p = model_->params()[i];
+    out.emplace_back(numel_of(p.shape));
+    if (p.values_claimed) initial_->fill(i, out.back().data());
+    else device_->download(out.back().data(), p.data.data(), p.data.bytes());
+  }
+  return out;
 }
 
 void RankRun::set_up_timeline() {
@@ -134,11 +176,13 @@ void RankRun::on_unit(size_t unit, ddp_unit_phase phase) {
 }
 
 void RankRun::train() {
-  if (observer_) observer_->on_weights(-1, host_values(*model_, unit_values(), "a snapshot"));
+  if (observer_) observer_->on_weights(-1, initial_snapshot());
   services_.claims_open = true;  // a strategy may claim gradient storage here
   plugins_->on_train_begin();
   services_.claims_open = false;
+  if (takes_values_ && values_claimed(model_->params())) lend_values();
   services_.release_held_values();  // the strategy has taken its part of the values it claimed
+  initial_.reset();  // every value has been made: a resumed checkpoint's file closes
   values_lent_ = values_claimed(model_->params());
   claims_ = services_.claims_any();
   if (observer_) observer_->on_weights(0, host_values(*model_, unit_values(), "a snapshot"));

@@ -184,4 +184,5 @@ DDP_STRATEGY_ENTRY = {
     nullptr,  // grad_ranges: it claims no storage
     bucketed_plan,
     nullptr,  // unit_values (1.5): it claims no values
+    nullptr,  // take_values (1.7)
 };

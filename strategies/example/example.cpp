@@ -237,4 +237,7 @@ DDP_STRATEGY_ENTRY = {
 #if DDP_ABI_VERSION_MINOR >= 5  // and of 1.5
     nullptr,  // unit_values: it claims no values
 #endif
+#if DDP_ABI_VERSION_MINOR >= 7  // and of 1.7
+    nullptr,  // take_values: it claims no values
+#endif
 };

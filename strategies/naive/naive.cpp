@@ -72,4 +72,5 @@ DDP_STRATEGY_ENTRY = {
     nullptr,  // grad_ranges: it claims no storage
     naive_plan,
     nullptr,  // unit_values (1.5): it claims no values
+    nullptr,  // take_values (1.7)
 };

@@ -232,6 +232,7 @@ size_t stage2_cap(ddp_strategy* s) {
 
 ddp_status sharded_on_train_begin(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
+    if (s->stage == 3 && s->stage3.lent()) return s->stage3.set_up();  // rank 0's values come unit by unit
     s->broadcast_params_from_rank0();
     if (s->stage == 3) return s->stage3.set_up();
     if (s->stage == 2) {
@@ -283,6 +284,13 @@ ddp_status sharded_on_unit(ddp_strategy* s, size_t unit, ddp_unit_phase phase) {
 ddp_status sharded_unit_values(ddp_strategy* s, size_t unit, int hold) {
   return guard(s->host.raw(), [&] {
     if (s->stage == 3) s->stage3.lend(unit, hold != 0);
+  });
+}
+
+// Stage 3, from ABI 1.7: the initial values, lent unit by unit.
+ddp_status sharded_take_values(ddp_strategy* s, size_t unit) {
+  return guard(s->host.raw(), [&] {
+    if (s->stage == 3) s->stage3.take(unit);
   });
 }
 
@@ -494,4 +502,5 @@ DDP_STRATEGY_ENTRY = {
     sharded_grad_ranges,
     sharded_plan,
     sharded_unit_values,
+    sharded_take_values,
 };

@@ -8,9 +8,13 @@
 // claimed values:
 //   create          claims every parameter's values and every trainable
 //                   gradient;
-//   on_train_begin  (after rank 0's values are broadcast) copies this
-//                   rank's chunks into its value shard, before the engine
-//                   frees its full copy;
+//   on_train_begin  lays out the shards; from an engine of ABI 1.7 on,
+//   take_values     then takes the values unit by unit as the engine lends
+//                   them: rank 0's unit broadcast, this rank's chunks
+//                   copied into its value shard (no rank ever holds the
+//                   whole model). An older engine holds them all through
+//                   on_train_begin, which copies the chunks there (after
+//                   rank 0's values are broadcast);
 //   on_unit         at each unit's BEGIN, the gathers the schedule says
 //                   (gather_schedule.h: the units it reads, then up to
 //                   `prefetch` units ahead) are all-gathered on the comm
@@ -110,9 +114,7 @@ class Stage3 {
     const ShardLayout& layout = grads_.layout();
     values_ = plugin::DeviceBuffer(h.raw(), std::max<size_t>(layout.shard_elements, 1) * sizeof(float),
                                    DDP_MEM_PARAMETERS);
-    for (const OwnedRange& r : grads_.owned())
-      h.copy(values_.floats() + r.shard, static_cast<const float*>(h.param(r.param).data) + r.offset,
-             r.count * sizeof(float), h.compute_stream());
+    if (!lent()) take_chunks(kNone);  // an engine before 1.7 holds every value now
     bucket_of_.assign(units_.size(), kNone);
     for (size_t b = 0; b < layout.buckets.size(); ++b)
       bucket_of_[h.param(layout.buckets[b].params.front()).unit] = b;
@@ -140,6 +142,23 @@ class Stage3 {
     slot_busy_.assign(slots_.size(), false);
     base_.comm_after_compute();
     base_.wait_comm();  // the engine frees its copy once on_train_begin returns
+  }
+
+  // Whether the engine lends the values unit by unit (take_values, ABI
+  // 1.7): then it holds none in on_train_begin (stage 3 claims them all).
+  bool lent() const { return base_.host.param_count() > 0 && base_.host.param(0).data == nullptr; }
+
+  // take_values: rank 0's values of `unit`, then this rank's chunks of them.
+  void take(size_t unit) {
+    const plugin::Host& h = base_.host;
+    base_.comm_after_compute();  // the engine's upload of them
+    for (size_t i : units_[unit].params)
+      base_.comm.broadcast(h.floats(h.param(i).data, StrategyBase::float32_elements(h.param(i))), 0,
+                           h.comm_stream());
+    base_.wait_comm();  // before the compute stream copies from them
+    take_chunks(unit);
+    base_.comm_after_compute();
+    base_.wait_comm();  // the engine frees them once take_values returns
   }
 
   // on_unit: gathers, waits and binds at BEGIN; gradients as stage 2;
@@ -234,6 +253,16 @@ class Stage3 {
   }
 
  private:
+  // Copies this rank's chunks of `unit`'s parameters (kNone: every unit's)
+  // from where the engine holds them into the value shard.
+  void take_chunks(size_t unit) {
+    const plugin::Host& h = base_.host;
+    for (const OwnedRange& r : grads_.owned())
+      if (unit == kNone || h.param(r.param).unit == unit)
+        h.copy(values_.floats() + r.shard, static_cast<const float*>(h.param(r.param).data) + r.offset,
+               r.count * sizeof(float), h.compute_stream());
+  }
+
   static constexpr size_t kNone = static_cast<size_t>(-1);
 
   // Enqueues unit x's all-gather on the comm stream into a free slot, in

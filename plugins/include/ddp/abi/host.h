@@ -172,7 +172,8 @@ typedef struct ddp_host {
    * create, any parameter, frozen or not: the engine keeps its own values
    * of them until on_train_begin returns (rank 0's by then, where the
    * strategy broadcasts them as ever: the strategy takes its part there),
-   * then frees them; from then on their data is NULL until bound. bind:
+   * then frees them (a strategy with take_values, 1.7, is lent them unit
+   * by unit after on_train_begin instead); from then on their data is NULL until bound. bind:
    * the model reads parameter `index`'s values at `ptr` (numel float32 on
    * the run's device) from then on; NULL unbinds it. A unit's forward or
    * backward that reads a claimed parameter left unbound fails the step,

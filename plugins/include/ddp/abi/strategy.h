@@ -153,6 +153,20 @@ typedef struct ddp_strategy_v1_t {
    * order, one unit held at a time, so it may communicate (an all-gather
    * of the unit's shards). */
   ddp_status (*unit_values)(ddp_strategy* s, size_t unit, int hold);
+  /* (ABI 1.7, optional) With DDP_CAP_OWNS_PARAMETERS: the initial values
+   * lent one unit at a time, so that no rank ever holds the whole model.
+   * Where it is set (and the model declares units), parameter values do
+   * not exist in create (ddp_param::data is NULL for every parameter
+   * there), and the engine never holds the values the strategy claimed:
+   * after on_train_begin returns it calls take_values for every unit in
+   * forward order, every rank at the same point, with the values of the
+   * claimed parameters `unit` owns in place (ddp_param::data: this rank's
+   * own, as drawn, read from model.init_from or resumed). The strategy
+   * takes its part (broadcasting rank 0's first where replicas start
+   * equal, as on_train_begin does for the whole model) and returns once
+   * done with them; the engine then frees them. Blocking. NULL: the engine
+   * holds every value through set-up, as in 1.5. */
+  ddp_status (*take_values)(ddp_strategy* s, size_t unit);
 } ddp_strategy_v1_t;
 
 /* A strategy plugin's one export: DDP_STRATEGY_ENTRY = {DDP_ABI_VERSION,

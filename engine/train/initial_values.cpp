@@ -1,0 +1,25 @@
+// initial_values.cpp — see initial_values.h.
+#include "initial_values.h"
+
+#include <cstring>
+#include <vector>
+
+namespace ddp {
+
+void InitialValues::fill(size_t index, float* out) {
+  const Parameter& p = model_.params().at(index);
+  if (!file_) return model_.draw_initial(index, out);
+  const std::vector<float> values = file_->read(p.name).as_floats(file_->path(), p.name);
+  std::memcpy(out, values.data(), numel_of(p.shape) * sizeof(float));
+}
+
+Tensor InitialValues::make(size_t index, Device& device) {
+  const Parameter& p = model_.params().at(index);
+  Tensor t(device, p.shape, MemCategory::Parameters);
+  std::vector<float> host(t.numel());
+  fill(index, host.data());
+  device.upload(t.data(), host.data(), t.bytes());
+  return t;
+}
+
+}  // namespace ddp
