@@ -121,13 +121,34 @@ class PlanAgainstRuns(unittest.TestCase):
 
     def test_stage3(self):
         """Stage 3 (FSDP): values, gradients and optimizer state of 1/N of the model per rank, the gather
-        slots and the ring, the engine's full values held through set-up; the schedule's all-gathers and a
-        reduce-scatter per unit, per micro-batch, exactly."""
+        slots and the ring, one unit's initial values at a time lent through set-up (take_values); the
+        schedule's all-gathers and a reduce-scatter per unit, per micro-batch, exactly."""
         for model, world in (("lm-tiny", 1), ("lm-tiny", 2), ("lm-tiny", 4), ("mlp", 2), ("lm-cpu", 2)):
             with self.subTest(model=model, world=world):
                 self.check(model, "sharded_stage3", world)
         self.check("mlp", "sharded_stage3", 2, ["run.grad_accum_steps=3"])
         self.check("lm-tiny", "sharded_stage3_keep", 2)
+
+    def test_stage3_never_holds_the_whole_model(self):
+        """lm-cpu at world 4 with prefetch 0 (the issue's memory target). The engine lends the initial values
+        a unit at a time, so the parameters' peak through set-up is the shard, the gather slot and the largest
+        unit (the head, 10.2 MB), not the model's 37.3 MB; and at every moment parameters + gradients +
+        optimizer state are at most a quarter of bucketed's plus two units."""
+        bucketed = self.check("lm-cpu", "bucketed", 4)
+        stage3 = self.check("lm-cpu", "sharded_stage3", 4, ["strategy.sharded.prefetch=0"])
+        stats = stage3["strategy_stats"]
+        unit = max(b["elements"] for b in stats["buckets"]) * 4
+        model = bucketed["peak_bytes"]["after_setup"]["parameters"]
+        self.assertEqual(stage3["peak_bytes"]["after_setup"]["parameters"],
+                         stats["shard_elements"] * 4 + stats["gather_slots"] * unit + unit)
+        for rank in stage3["ranks"]:
+            self.assertLess(rank["peak_bytes"]["parameters"], model)
+
+        def held(summary, moment):
+            return sum(summary["peak_bytes"][moment][c] for c in ("parameters", "gradients", "optimizer_state"))
+        quarter = max(held(bucketed, m) for m in MOMENTS) / 4
+        for m in MOMENTS:
+            self.assertLessEqual(held(stage3, m), quarter + 2 * unit, m)
 
     def test_stage3_gathers_in_bf16(self):
         """gather_dtype = "bf16": the plan equals the run (its 16-bit chunk and unit in the communication

@@ -29,6 +29,31 @@ TEST(Registry, EveryModelBuildsFromItsFallbacksAndSaysWhatItReads) {
   }
 }
 
+// What lets the engine make a model's values one tensor at a time
+// (engine/train/initial_values.h): any parameter drawn alone, in any
+// order, equals what the whole draw gives it; a model built without
+// values holds none, only their shapes.
+TEST(Registry, EveryParameterDrawnAloneInAnyOrderIsWhatTheWholeDrawGives) {
+  CpuDevice device;
+  for (const ModelInfo& m : model_registry()) {
+    DataShape shape;
+    auto whole = build_model(m.name, default_model_options(m.name), device, 7, &shape);
+    auto alone = build_model(m.name, default_model_options(m.name), device, 7, &shape, /*with_values=*/false);
+    ASSERT_EQ(alone->params().size(), whole->params().size()) << m.name;
+    for (const Parameter& p : alone->params()) {
+      EXPECT_EQ(p.data.data(), nullptr) << m.name << " " << p.name;
+      EXPECT_EQ(p.data.numel(), numel_of(p.shape)) << m.name << " " << p.name;
+    }
+    const size_t n = whole->params().size();
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = k % 2 == 0 ? n - 1 - k / 2 : k / 2;  // last, first, second last, second, ...
+      std::vector<float> drawn(numel_of(whole->params()[i].shape));
+      alone->draw_initial(i, drawn.data());
+      EXPECT_EQ(drawn, whole->params()[i].data.to_host()) << m.name << " " << whole->params()[i].name;
+    }
+  }
+}
+
 TEST(Registry, AKeySharedByModelsHasOneType) {
   std::map<std::string, ModelKey::Type> types;
   for (const ModelInfo& m : model_registry())

@@ -219,6 +219,39 @@ TEST_F(Safetensors, WriterRefusesATensorNeverPutAndLeavesNothing) {
   EXPECT_TRUE(listing().empty());
 }
 
+TEST_F(Safetensors, ReaderReadsOneTensorAtATimeInAnyOrder) {
+  std::vector<float> a(6), b(5, -2.5f);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 0.5f * float(i);
+  write_safetensors(path("w.safetensors"), {{"a", {2, 3}, a.data()}, {"b", {5}, b.data()}});
+  SafetensorsReader reader(path("w.safetensors"));
+  ASSERT_NE(reader.find("a"), nullptr);
+  EXPECT_EQ(reader.find("a")->shape, (Shape{2, 3}));
+  EXPECT_EQ(reader.find("b")->dtype, "F32");
+  EXPECT_EQ(reader.find("c"), nullptr);
+  EXPECT_EQ(reader.read("b").as_floats("w", "b"), b);  // the later one first, then back
+  EXPECT_EQ(reader.read("a").as_floats("w", "a"), a);
+  EXPECT_EQ(reader.read("b").as_floats("w", "b"), b);
+  try {
+    reader.read("c");
+    ADD_FAILURE() << "read of a missing tensor did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), path("w.safetensors") + ": no tensor 'c'");
+  }
+}
+
+TEST_F(Safetensors, ReaderRefusesAMalformedEntryWhenItOpens) {
+  write_bytes(path("bad.safetensors"),
+              make_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                        R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,8]}})", std::string(8, '\0')));
+  try {
+    SafetensorsReader reader(path("bad.safetensors"));
+    ADD_FAILURE() << "opening did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              path("bad.safetensors") + ": tensor 'b': data_offsets do not match shape [2]");
+  }
+}
+
 // ------------------------------------------------------------------- fixture
 
 TEST(SafetensorsFixture, ToyData) {
