@@ -344,21 +344,53 @@ TEST(Checkpoint, TheLowestRankHoldingAStateWritesIt) {
   EXPECT_EQ(state_writers({1, 0, 0, 1, 1, 0, 1, 1, 0}, 3, 3), (std::vector<int>{0, 1, -1}));
 }
 
-TEST(Checkpoint, PiecesOfStateJoinOnlyWhereTheyTileTheParameterOnce) {
-  EXPECT_EQ(join_pieces({{0, {1, 2}}, {2, {3}}}, 3, "'w'"), (std::vector<float>{1, 2, 3}));
-  const auto refusal = [](const std::vector<std::pair<size_t, std::vector<float>>>& pieces) {
+TEST(Checkpoint, PiecesOfStateAreTakenOnlyWhereTheyTileTheParameterOnce) {
+  const auto refusal = [](const std::vector<std::pair<size_t, size_t>>& pieces) {
     try {
-      join_pieces(pieces, 3, "'w'");
+      check_pieces(pieces, 3, "'w'");
     } catch (const Error& e) {
       return std::string(e.what());
     }
-    return std::string("joined");
+    return std::string("taken");
   };
-  EXPECT_EQ(refusal({{0, {1}}, {2, {3}}}),
+  EXPECT_EQ(refusal({{0, 2}, {2, 1}}), "taken");
+  EXPECT_EQ(refusal({{0, 1}, {2, 1}}),
             "'w': its pieces of optimizer state do not cover its 3 elements once each (a piece at 2 where 1 was next)");
-  EXPECT_EQ(refusal({{0, {1, 2}}, {1, {3, 4}}}),
+  EXPECT_EQ(refusal({{0, 2}, {1, 2}}),
             "'w': its pieces of optimizer state do not cover its 3 elements once each (a piece at 1 where 2 was next)");
-  EXPECT_EQ(refusal({{0, {1, 2}}}), "'w': its pieces of optimizer state end at element 2 of 3");
+  EXPECT_EQ(refusal({{0, 2}}), "'w': its pieces of optimizer state end at element 2 of 3");
+}
+
+// Resume reads the slices a rank steps, nothing else: a slice that spans
+// two ranks' pieces comes from both files, and the state checkpoint.json
+// names for a parameter this rank never steps is never read.
+TEST(Checkpoint, ResumeReadsTheSliceARangeStepsAcrossPieces) {
+  TempDir dir;
+  const std::vector<float> m0 = {0, 1, 2, 3}, v0 = {10, 11, 12, 13}, m1 = {4, 5}, v1 = {14, 15};
+  write_safetensors(dir.path + "/optimizer-0.safetensors",
+                    {{"w.exp_avg@0", {4}, m0.data()}, {"w.exp_avg_sq@0", {4}, v0.data()}});
+  write_safetensors(dir.path + "/optimizer-1.safetensors",
+                    {{"w.exp_avg@4", {2}, m1.data()}, {"w.exp_avg_sq@4", {2}, v1.data()}});
+  CheckpointMeta meta;
+  meta.state["w"] = {"", 3, {{"optimizer-0.safetensors", 0, 4}, {"optimizer-1.safetensors", 4, 2}}};
+  CpuDevice device;
+  std::vector<Parameter> params(2);
+  params[0].name = "w", params[0].shape = {6}, params[0].data = Tensor::view(device, nullptr, {6});
+  params[1].name = "b", params[1].shape = {2}, params[1].data = Tensor::view(device, nullptr, {2});
+  OptimizerConfig adamw;
+  adamw.name = "adamw", adamw.lr = 0.1;
+  const Optimizer optimizer(adamw, device, params);
+  StateReader states(dir.path, meta, params, optimizer);
+  EXPECT_TRUE(states.has(0));
+  EXPECT_FALSE(states.has(1));
+  SavedState slice;
+  ASSERT_TRUE(states.read(0, 3, 2, slice));
+  EXPECT_EQ(slice.steps, 3);
+  EXPECT_EQ(slice.first, (std::vector<float>{3, 4}));
+  EXPECT_EQ(slice.second, (std::vector<float>{13, 14}));
+  EXPECT_EQ(slice.offset, 3u);
+  EXPECT_EQ(slice.count, 2u);
+  EXPECT_FALSE(states.read(1, 0, 2, slice));
 }
 
 TEST(Checkpoint, KeepLeavesTheNewestWholeOnesAndNoPartials) {

@@ -85,21 +85,30 @@ TEST(OptimizerRanges, StateNeverMovesBetweenRanges) {
   }
 }
 
-// A resumed parameter's state (whole, as a checkpoint joins it) is taken up
-// by each range as its slice: the same bits as if never interrupted.
+// A resumed parameter's state is taken up by each range as its slice, asked
+// for as the range first steps: the same bits as if never interrupted.
 TEST(OptimizerRanges, AResumedStateIsTakenUpSliceBySlice) {
   Fixture before, after;
   Optimizer a(config("adamw"), before.device, before.params);
   a.step(before.params, std::vector<size_t>{0});
   std::memcpy(after.params[0].data.data(), before.params[0].data.data(), 10 * sizeof(float));
   Optimizer b(config("adamw"), after.device, after.params);
-  b.restore_on_first_step({{0, a.saved(0).front()}});
+  const SavedState whole = a.saved(0).front();
+  std::vector<std::pair<size_t, size_t>> asked;
+  b.restore_on_first_step([&](size_t param, size_t offset, size_t count, SavedState& out) {
+    if (param != 0) return false;
+    asked.emplace_back(offset, count);
+    out = SavedState{whole.steps, {whole.first.begin() + long(offset), whole.first.begin() + long(offset + count)},
+                     {whole.second.begin() + long(offset), whole.second.begin() + long(offset + count)}, offset, count};
+    return true;
+  });
   a.step(before.params, std::vector<size_t>{0});
   const float* g = after.params[0].grad.data();
   const StepRange halves[] = {{0, 0, 5, g, nullptr}, {0, 5, 5, g + 5, nullptr}};
   b.step_ranges(after.params, halves, 2);
   EXPECT_EQ(before.weights(), after.weights());
   EXPECT_EQ(b.state_steps(0), 2);
+  EXPECT_EQ(asked, (std::vector<std::pair<size_t, size_t>>{{0, 5}, {5, 5}}));
 }
 
 }  // namespace

@@ -231,6 +231,15 @@ TEST_F(Safetensors, ReaderReadsOneTensorAtATimeInAnyOrder) {
   EXPECT_EQ(reader.read("b").as_floats("w", "b"), b);  // the later one first, then back
   EXPECT_EQ(reader.read("a").as_floats("w", "a"), a);
   EXPECT_EQ(reader.read("b").as_floats("w", "b"), b);
+  std::vector<float> slice(3);
+  reader.read_floats("a", 2, 3, slice.data());  // a slice: what a rank's shard of optimizer state reads
+  EXPECT_EQ(slice, (std::vector<float>{1.0f, 1.5f, 2.0f}));
+  try {
+    reader.read_floats("a", 4, 3, slice.data());
+    ADD_FAILURE() << "a slice past the end did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), path("w.safetensors") + ": tensor 'a': elements [4, 7) are outside its 6");
+  }
   try {
     reader.read("c");
     ADD_FAILURE() << "read of a missing tensor did not throw";

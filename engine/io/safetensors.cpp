@@ -129,6 +129,20 @@ HostTensor SafetensorsReader::read(const std::string& name) {
   return t;
 }
 
+void SafetensorsReader::read_floats(const std::string& name, size_t first, size_t count, float* out) {
+  const Entry* e = find(name);
+  if (!e) throw ConfigError(path_ + ": no tensor '" + name + "'");
+  if (e->dtype != "F32") throw ConfigError(path_ + ": tensor '" + name + "' has dtype " + e->dtype + ", expected F32");
+  const size_t n = e->bytes / sizeof(float);
+  if (first > n || count > n - first)
+    throw ConfigError(path_ + ": tensor '" + name + "': elements [" + std::to_string(first) + ", " +
+                      std::to_string(first + count) + ") are outside its " + std::to_string(n));
+  in_.clear();
+  in_.seekg(static_cast<std::streamoff>(e->offset + first * sizeof(float)));
+  in_.read(reinterpret_cast<char*>(out), static_cast<std::streamsize>(count * sizeof(float)));
+  if (!in_) throw ConfigError(path_ + ": tensor '" + name + "': short read");
+}
+
 std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
   SafetensorsReader reader(path);
   std::map<std::string, HostTensor> out;

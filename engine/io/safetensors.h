@@ -45,6 +45,10 @@ class SafetensorsReader {
   // Tensor `name`'s data; throws Error naming the file and the tensor for
   // a name the file lacks or a short read.
   HostTensor read(const std::string& name);
+  // Elements [first, first + count) of float32 tensor `name` into `out`;
+  // throws Error naming the file and the tensor for one not F32, a range
+  // outside it, or a short read.
+  void read_floats(const std::string& name, size_t first, size_t count, float* out);
 
  private:
   std::string path_;

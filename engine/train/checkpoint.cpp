@@ -346,14 +346,16 @@ void load_checkpoint(const std::string& path, const CheckpointMeta& meta, std::v
       throw ConfigError(weights_file + ": tensor '" + p.name + "' has dtype " + w->dtype + ", expected F32");
   }
   values.read_from(std::move(weights));  // read a tensor at a time, once the strategy has claimed its part
-  std::map<size_t, SavedState> states = read_states(path, meta, params, optimizer);
+  auto states = std::make_shared<StateReader>(path, meta, params, optimizer);
   // Every parameter trained in the last step has state, if the optimizer keeps any.
   for (size_t i = 0; i < params.size() && meta.step > 0 && optimizer.keeps_state(); ++i)
-    if (params[i].trainable && params[i].uses > 0 && !states.count(i))
+    if (params[i].trainable && params[i].uses > 0 && !states->has(i))
       throw Error((fs::path(path) / kMeta).string() + ": no optimizer state for '" + params[i].name +
                       "', which trained in step " + std::to_string(meta.step),
                   DDP_ERR_INVALID_ARGUMENT);
-  optimizer.restore_on_first_step(std::move(states));
+  optimizer.restore_on_first_step([states](size_t param, size_t offset, size_t count, SavedState& out) {
+    return states->read(param, offset, count, out);  // the slices this rank steps, read as they are first stepped
+  });
 }
 
 std::map<std::string, std::string> resume_items(const Config& config) {

@@ -122,68 +122,84 @@ json state_json(const CheckpointInput& in, const StateLayout& layout) {
   return state;
 }
 
-std::vector<float> join_pieces(const std::vector<std::pair<size_t, std::vector<float>>>& pieces, size_t numel,
-                               const std::string& what) {
-  std::vector<float> out(numel);
+void check_pieces(const std::vector<std::pair<size_t, size_t>>& pieces, size_t numel, const std::string& what) {
   size_t next = 0;
-  for (const auto& [offset, values] : pieces) {
-    if (offset != next || values.size() > numel - offset)
+  for (const auto& [offset, count] : pieces) {
+    if (offset != next || count > numel - offset)
       throw Error(what + ": its pieces of optimizer state do not cover its " + std::to_string(numel) +
                       " elements once each (a piece at " + std::to_string(offset) + " where " +
                       std::to_string(next) + " was next)",
                   DDP_ERR_INVALID_ARGUMENT);
-    std::copy(values.begin(), values.end(), out.begin() + long(offset));
-    next = offset + values.size();
+    next = offset + count;
   }
   if (next != numel)
     throw Error(what + ": its pieces of optimizer state end at element " + std::to_string(next) + " of " +
                     std::to_string(numel),
                 DDP_ERR_INVALID_ARGUMENT);
-  return out;
 }
 
-std::map<size_t, SavedState> read_states(const std::string& path, const CheckpointMeta& meta,
-                                         const std::vector<Parameter>& params, const Optimizer& optimizer) {
-  std::map<std::string, std::map<std::string, HostTensor>> files;
-  const auto tensors_of = [&](const std::string& file) -> const std::map<std::string, HostTensor>& {
-    if (!files.count(file)) files[file] = read_safetensors((fs::path(path) / file).string());
-    return files[file];
-  };
-  // What checkpoint.json says is there must be: a state taken up without
-  // its moments would train on from zeros without a word. (What the
-  // optimizer keeps none of is not looked for.)
-  const auto take = [&](const std::string& file, const std::string& tensor, bool required) {
-    if (!required) return std::vector<float>();
-    const auto& tensors = tensors_of(file);
-    const auto t = tensors.find(tensor);
-    if (t == tensors.end() && required)
-      throw Error((fs::path(path) / file).string() + ": no tensor '" + tensor +
-                      "', which checkpoint.json says holds its state",
-                  DDP_ERR_INVALID_ARGUMENT);
-    return t == tensors.end() ? std::vector<float>() : t->second.as_floats((fs::path(path) / file).string(), tensor);
-  };
+StateReader::StateReader(const std::string& path, const CheckpointMeta& meta, const std::vector<Parameter>& params,
+                         const Optimizer& optimizer)
+    : firsts_(optimizer.keeps_state()), seconds_(optimizer.is_adamw()) {
   const auto [first, second] = state_names(optimizer.is_adamw());
-  const bool firsts = optimizer.keeps_state(), seconds = optimizer.is_adamw();
-  std::map<size_t, SavedState> states;
   for (size_t i = 0; i < params.size(); ++i) {
     const Parameter& p = params[i];
     const auto s = meta.state.find(p.name);
     if (s == meta.state.end()) continue;
+    State& state = states_[i];
+    state.steps = s->second.steps;
     if (s->second.pieces.empty()) {
-      states[i] = SavedState{s->second.steps, take(s->second.file, p.name + first, firsts),
-                             seconds ? take(s->second.file, p.name + second, true) : std::vector<float>()};
+      state.parts.push_back(part(path, s->second.file, p.name + first, p.name + second, 0, p.data.numel()));
+      if (state.parts.back().count != p.data.numel())
+        throw Error("checkpoint: optimizer state of '" + p.name + "' has " + std::to_string(state.parts.back().count) +
+                    " elements, the parameter " + std::to_string(p.data.numel()));
       continue;
     }
-    std::vector<std::pair<size_t, std::vector<float>>> a, b;
+    std::vector<std::pair<size_t, size_t>> spans;
     for (const CheckpointMeta::Piece& piece : s->second.pieces) {
-      a.emplace_back(piece.offset, take(piece.file, piece_name(p.name + first, piece.offset), firsts));
-      if (seconds) b.emplace_back(piece.offset, take(piece.file, piece_name(p.name + second, piece.offset), true));
+      state.parts.push_back(part(path, piece.file, piece_name(p.name + first, piece.offset),
+                                 piece_name(p.name + second, piece.offset), piece.offset, piece.count));
+      spans.emplace_back(piece.offset, state.parts.back().count);
     }
-    const std::string what = (fs::path(path) / "checkpoint.json").string() + ": '" + p.name + "'";
-    states[i] = SavedState{s->second.steps, firsts ? join_pieces(a, p.data.numel(), what) : std::vector<float>(),
-                           seconds ? join_pieces(b, p.data.numel(), what) : std::vector<float>()};
+    check_pieces(spans, p.data.numel(), (fs::path(path) / "checkpoint.json").string() + ": '" + p.name + "'");
   }
-  return states;
+}
+
+// What checkpoint.json says is there must be: a state taken up without its
+// moments would train on from zeros without a word. (What the optimizer
+// keeps none of is not looked for.) Checked from the file's header; the
+// data is read a slice at a time.
+StateReader::Part StateReader::part(const std::string& path, const std::string& file, const std::string& first,
+                                    const std::string& second, size_t offset, size_t count) {
+  auto& reader = files_[file];
+  if (!reader) reader = std::make_unique<SafetensorsReader>((fs::path(path) / file).string());
+  Part out{reader.get(), first, second, offset, count};  // the tensors' own count where there are any
+  for (const auto& [name, wanted] : {std::pair{first, firsts_}, std::pair{second, seconds_}}) {
+    if (!wanted) continue;
+    const SafetensorsReader::Entry* e = reader->find(name);
+    if (!e)
+      throw Error(reader->path() + ": no tensor '" + name + "', which checkpoint.json says holds its state",
+                  DDP_ERR_INVALID_ARGUMENT);
+    if (e->dtype != "F32")
+      throw ConfigError(reader->path() + ": tensor '" + name + "' has dtype " + e->dtype + ", expected F32");
+    out.count = e->bytes / sizeof(float);
+  }
+  return out;
+}
+
+bool StateReader::read(size_t param, size_t offset, size_t count, SavedState& out) {
+  const auto it = states_.find(param);
+  if (it == states_.end()) return false;
+  out = SavedState{it->second.steps, {}, {}, offset, count};
+  if (firsts_) out.first.resize(count);
+  if (seconds_) out.second.resize(count);
+  for (const Part& p : it->second.parts) {  // the parts [offset, offset + count) overlaps, each in its slice
+    const size_t from = std::max(offset, p.offset), to = std::min(offset + count, p.offset + p.count);
+    if (from >= to) continue;
+    if (firsts_) p.file->read_floats(p.first, from - p.offset, to - from, out.first.data() + (from - offset));
+    if (seconds_) p.file->read_floats(p.second, from - p.offset, to - from, out.second.data() + (from - offset));
+  }
+  return true;
 }
 
 }  // namespace ddp

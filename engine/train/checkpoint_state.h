@@ -10,13 +10,14 @@
 //   "state": {"<name>": {"file": "optimizer-0.safetensors", "steps": 3}, ...
 //             "<name>": {"steps": 3, "pieces": [{"file": ..., "offset": 0,
 //                                                "count": 96}, ...]}}
-// On resume the pieces are joined into the whole parameter's state, which
-// any layout of ranks and strategy then takes its slices of.
+// On resume any layout of ranks and strategy takes its slices of them,
+// each rank reading only the slices it steps (StateReader).
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@
 
 #include "checkpoint.h"
 #include "optimizer.h"
+#include "safetensors.h"
 
 namespace ddp {
 
@@ -45,16 +47,43 @@ std::string write_state_file(const CheckpointInput& in, const StateLayout& layou
 // checkpoint.json's "state".
 nlohmann::ordered_json state_json(const CheckpointInput& in, const StateLayout& layout);
 
-// One parameter's state joined from its pieces: `numel` elements, or throws
-// Error naming `what` (the parameter) where the pieces do not tile [0,
-// numel) exactly. Pure.
-std::vector<float> join_pieces(const std::vector<std::pair<size_t, std::vector<float>>>& pieces, size_t numel,
-                               const std::string& what);
+// Throws Error naming `what` (a parameter of `numel` elements) unless its
+// pieces of state, (offset, count) by offset, tile [0, numel) exactly.
+// Pure.
+void check_pieces(const std::vector<std::pair<size_t, size_t>>& pieces, size_t numel, const std::string& what);
 
-// The state of every parameter that has some in `meta`, read from the
-// checkpoint at `path` and joined; throws Error naming the file and tensor
-// that is missing or wrong.
-std::map<size_t, SavedState> read_states(const std::string& path, const CheckpointMeta& meta,
-                                         const std::vector<Parameter>& params, const Optimizer& optimizer);
+// The optimizer state of the checkpoint at `path`, read a slice at a time:
+// the slices the ranges a rank steps take up at their first step
+// (Optimizer::restore_on_first_step), so a rank of `sharded` reads its
+// shard and nothing else, whatever layout wrote the checkpoint. Opening
+// checks every parameter that has state in `meta` against the files'
+// headers: each tensor there, float32, whole of the parameter's size or in
+// pieces that tile it (check_pieces); throws Error naming the file and
+// tensor that is missing or wrong.
+class StateReader {
+ public:
+  StateReader(const std::string& path, const CheckpointMeta& meta, const std::vector<Parameter>& params,
+              const Optimizer& optimizer);
+  bool has(size_t param) const { return states_.count(param) != 0; }
+  // Elements [offset, offset + count) of params[param]'s state into `out`
+  // (its steps, moments and range); false where the checkpoint holds none.
+  bool read(size_t param, size_t offset, size_t count, SavedState& out);
+
+ private:
+  struct Part {  // a whole state, or a piece: both its moments' tensors, in one file
+    SafetensorsReader* file;
+    std::string first, second;
+    size_t offset, count;
+  };
+  struct State {
+    int64_t steps = 0;
+    std::vector<Part> parts;  // by offset
+  };
+  Part part(const std::string& path, const std::string& file, const std::string& first, const std::string& second,
+            size_t offset, size_t count);
+  bool firsts_, seconds_;  // which moments the optimizer keeps
+  std::map<std::string, std::unique_ptr<SafetensorsReader>> files_;
+  std::map<size_t, State> states_;
+};
 
 }  // namespace ddp

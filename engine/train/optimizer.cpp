@@ -160,17 +160,16 @@ std::vector<SavedState> Optimizer::saved(size_t i) const {
 
 // A resumed parameter's state: the slice of it this range steps.
 void Optimizer::take_up(size_t i, const Parameter& p, State& s) {
-  const auto it = pending_.find(i);
-  if (it == pending_.end()) return;
-  const SavedState& saved = it->second;
+  SavedState saved;
+  if (!restore_ || !restore_(i, s.offset, s.count, saved)) return;
   s.steps = saved.steps;
   const auto upload = [&](Tensor& t, const std::vector<float>& values) {
     if (values.empty()) return;
-    if (values.size() != p.data.numel())
-      throw Error("checkpoint: optimizer state of '" + p.name + "' has " + std::to_string(values.size()) +
-                  " elements, the parameter " + std::to_string(p.data.numel()));
+    if (values.size() != s.count)
+      throw Error("checkpoint: optimizer state of '" + p.name + "' elements [" + std::to_string(s.offset) + ", " +
+                  std::to_string(s.offset + s.count) + ") came as " + std::to_string(values.size()), DDP_ERR_INTERNAL);
     t = Tensor(device_, Shape{int64_t(s.count)}, MemCategory::OptimizerState);
-    device_.upload(t.data(), values.data() + s.offset, t.bytes());
+    device_.upload(t.data(), values.data(), t.bytes());
   };
   upload(s.first, saved.first);
   upload(s.second, saved.second);

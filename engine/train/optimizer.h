@@ -8,6 +8,7 @@
 // refused, naming the parameter.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -79,12 +80,13 @@ class Optimizer {
   bool is_adamw() const { return config_.name == "adamw"; }
   // Whether a stepped parameter has state to keep: AdamW's moments, SGD's momentum.
   bool keeps_state() const { return is_adamw() || config_.momentum != 0.0; }
-  // A resumed run's state (by parameter index, whole), taken up when a
-  // range of the parameter is first stepped, that range's slice: a rank of
-  // `sharded` materialises its own shard only. Whatever no step claimed is
-  // dropped by drop_unclaimed().
-  void restore_on_first_step(std::map<size_t, SavedState> states) { pending_ = std::move(states); }
-  void drop_unclaimed() { pending_.clear(); }
+  // A resumed run's state, taken up when a range of a parameter is first
+  // stepped: restore(param, offset, count, out) fills `out` with that
+  // slice of it (false: none saved), so a rank of `sharded` reads its own
+  // shard only. drop_unclaimed() lets it go.
+  using Restore = std::function<bool(size_t param, size_t offset, size_t count, SavedState& out)>;
+  void restore_on_first_step(Restore restore) { restore_ = std::move(restore); }
+  void drop_unclaimed() { restore_ = nullptr; }
   // Begins a training step: every group's lr times `lr_scale` ([schedule]
   // lr) from now on, and the last step's grad_squares forgotten.
   void begin_step(double lr_scale);
@@ -104,7 +106,7 @@ class Optimizer {
   struct Hyper {
     double lr, weight_decay;
   };
-  // The state of `r`, made (and taken up from pending_) at its first step.
+  // The state of `r`, made (and taken up from restore_) at its first step.
   State& state_for(const Parameter& p, const StepRange& r);
   void sgd(const StepRange& r, float* w, const Hyper& h, State& s);
   void adamw(const StepRange& r, float* w, const Hyper& h, State& s, bool whole);
@@ -115,7 +117,7 @@ class Optimizer {
   // Per parameter, the ranges it was stepped in (made on first step; one
   // covering it for a whole parameter), in the order they came.
   std::vector<std::vector<std::unique_ptr<State>>> state_;
-  std::map<size_t, SavedState> pending_;  // restored (whole parameters), not yet claimed
+  Restore restore_;  // a resumed run's state, until drop_unclaimed
   double lr_scale_ = 1.0;
   std::vector<double> grad_sq_;  // per parameter: see grad_squares
   std::vector<StepRange> whole_;  // step()'s ranges, kept: it allocates nothing once settled

@@ -131,12 +131,20 @@ void RankRun::lend_values() {
       params[i].data.point_view_at(lent.back().second.data());
       services_.param_table[i].data = lent.back().second.data();
     }
-    plugins_->take_values(u);
-    for (const auto& [i, values] : lent) {
-      if (params[i].data.data() != values.data()) continue;  // the strategy bound its own
-      params[i].data.point_view_at(nullptr);
-      services_.param_table[i].data = nullptr;
+    const auto unbind = [&] {  // before the lent values go, also where the strategy failed
+      for (const auto& [i, values] : lent) {
+        if (params[i].data.data() != values.data()) continue;  // the strategy bound its own
+        params[i].data.point_view_at(nullptr);
+        services_.param_table[i].data = nullptr;
+      }
+    };
+    try {
+      plugins_->take_values(u);
+    } catch (...) {
+      unbind();
+      throw;
     }
+    unbind();
   }
 }
 
