@@ -121,7 +121,7 @@ class Model {
   // Claimed gradients (Parameter::claimed) are left out: their storage is
   // the strategy's.
   void pack_gradients(Device& device);
-  bool gradients_packed() const { return packed_; }
+  bool gradients_packed() const { return packed_; }  // whether pack_gradients has made them
 
   // Parameter `index`'s initial values, drawn from the model's seed into
   // `out` (its numel floats, on the host). Every model draws in table
@@ -132,7 +132,7 @@ class Model {
   // Gives every parameter its storage on `device` and its drawn values:
   // what building a model for use ends with (the engine defers it where a
   // strategy takes the values unit by unit: ddp_strategy_v1_t::take_values).
-  void materialise(Device& device);  // whether pack_gradients has made them
+  void materialise(Device& device);
   virtual int64_t input_width() const = 0;
   virtual int64_t output_width() const = 0;
 

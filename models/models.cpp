@@ -204,11 +204,11 @@ std::unique_ptr<Model> make_toy(const std::string& name, Device& device, uint64_
     m->add_param("fc2.fc.weight", {50, 10}, true);
     m->add_param("fc2.fc.bias", {50}, false);
     m->add_param("fc3.weight", {5, 50}, true);
-    m->finish_setup(seed, [](size_t index, float* out, std::mt19937_64& rng) {
+    m->finish_setup(seed, [m = m.get()](size_t index, float* out, std::mt19937_64& rng) {
       static constexpr int64_t fan_in[] = {0, 10, 10, 10, 50};
-      static constexpr size_t numel[] = {2, 100, 500, 50, 250};
-      if (index == 0) std::fill(out, out + 2, 2.0f);
-      else init_uniform(out, numel[index], fan_in[index], rng);
+      const size_t n = numel_of(m->params()[index].shape);
+      if (index == 0) std::fill(out, out + n, 2.0f);
+      else init_uniform(out, n, fan_in[index], rng);
     });
     return m;
   }
@@ -222,10 +222,9 @@ std::unique_ptr<Model> make_toy(const std::string& name, Device& device, uint64_
     m->add_param("fc2.weight", {50, 10}, true, /*uses=*/2);
     m->add_param("fc3.weight", {10, 50}, true);
     m->add_param("fc5.weight", {5, 50}, true);
-    m->finish_setup(seed, [](size_t index, float* out, std::mt19937_64& rng) {
+    m->finish_setup(seed, [m = m.get()](size_t index, float* out, std::mt19937_64& rng) {
       static constexpr int64_t fan_in[] = {10, 10, 50, 50};
-      static constexpr size_t numel[] = {100, 500, 500, 250};
-      init_uniform(out, numel[index], fan_in[index], rng);
+      init_uniform(out, numel_of(m->params()[index].shape), fan_in[index], rng);
     });
     return m;
   }

@@ -184,6 +184,33 @@ TEST(ClaimedValues, BoundUnitByUnitTheWholeModelIsReadThroughUnitValues) {
   }
 }
 
+// Taken unit by unit (ABI 1.7's take_values): the engine lends each unit's
+// values in turn and never holds the claimed ones whole. Bound for the
+// whole run (the binding made in on_train_begin, before the values came,
+// survives the lending), bound per unit, or with only the trainable ones
+// claimed (the engine makes the others after create), the run trains as
+// the unclaimed one does, snapshot for snapshot (the first: each rank's
+// own initial values, read where the engine would make them).
+TEST(ClaimedValues, TakenUnitByUnitTheRunTrainsAsWithoutTheClaim) {
+  for (const std::string model : {"toy", "toy_tied"}) {
+    Snapshots plain_snapshots;
+    const auto plain = run_one_rank(model, "recorder", "", "", &plain_snapshots);
+    for (const std::string what : {"values", "values_per_unit", "values_trainable"}) {
+      Snapshots taken_snapshots;
+      const auto taken = run_one_rank(model, "claims_takes", "", "what = \"" + what + "\"\n", &taken_snapshots);
+      EXPECT_EQ(taken.at("loss"), plain.at("loss")) << model << " " << what;
+      ASSERT_EQ(taken_snapshots.at.size(), 4u) << model << " " << what;
+      EXPECT_EQ(taken_snapshots.at, plain_snapshots.at) << model << " " << what;
+      EXPECT_EQ(taken.at("weights_file"), plain.at("weights_file")) << model << " " << what;
+    }
+  }
+}
+
+TEST(ClaimedValues, ATakeThatFailsStopsTheRunNamingTheEntryAndTheUnit) {
+  EXPECT_EQ(claim_failure("claims_takes", "take_fails"),
+            "strategy plugin 'claims_takes': take_values(fc2): the test strategy fails here on purpose");
+}
+
 TEST(ClaimedValues, AValueLeftUnboundStopsForwardNamingItAndItsUnit) {
   EXPECT_EQ(claim_failure("claims_values", "values_unbound"),
             "the model read the values of 'fc1.weight', which the strategy claimed and bound none to: bind them "

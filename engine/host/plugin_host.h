@@ -75,7 +75,10 @@ struct HostServices {
   bool claims_any() const;  // whether any parameter's gradient is claimed
   // The same of DDP_STORAGE_DATA (1.5): the engine's own values of a
   // claimed parameter live in held_values until on_train_begin returns,
-  // when release_held_values frees them (the unbound then read NULL).
+  // when release_held_values frees them (the unbound then read NULL); for a
+  // strategy with take_values (1.7), none but those of a unit whose lending
+  // failed (kept until the plugins are stopped: its collectives may still
+  // write them).
   void claim_values(const size_t* indices, size_t count);
   void bind_values(size_t index, void* ptr);
   void release_held_values();

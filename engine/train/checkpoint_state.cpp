@@ -174,6 +174,7 @@ StateReader::Part StateReader::part(const std::string& path, const std::string& 
   auto& reader = files_[file];
   if (!reader) reader = std::make_unique<SafetensorsReader>((fs::path(path) / file).string());
   Part out{reader.get(), first, second, offset, count};  // the tensors' own count where there are any
+  bool counted = false;
   for (const auto& [name, wanted] : {std::pair{first, firsts_}, std::pair{second, seconds_}}) {
     if (!wanted) continue;
     const SafetensorsReader::Entry* e = reader->find(name);
@@ -182,7 +183,12 @@ StateReader::Part StateReader::part(const std::string& path, const std::string& 
                   DDP_ERR_INVALID_ARGUMENT);
     if (e->dtype != "F32")
       throw ConfigError(reader->path() + ": tensor '" + name + "' has dtype " + e->dtype + ", expected F32");
-    out.count = e->bytes / sizeof(float);
+    const size_t n = e->bytes / sizeof(float);
+    if (counted && n != out.count)
+      throw Error(reader->path() + ": tensor '" + name + "' has " + std::to_string(n) + " elements, '" + first +
+                      "' " + std::to_string(out.count) + ": the moments of one state differ",
+                  DDP_ERR_INVALID_ARGUMENT);
+    out.count = n, counted = true;
   }
   return out;
 }

@@ -1,7 +1,6 @@
 // initial_values.cpp — see initial_values.h.
 #include "initial_values.h"
 
-#include <cstring>
 #include <vector>
 
 namespace ddp {
@@ -9,8 +8,7 @@ namespace ddp {
 void InitialValues::fill(size_t index, float* out) {
   const Parameter& p = model_.params().at(index);
   if (!file_) return model_.draw_initial(index, out);
-  const std::vector<float> values = file_->read(p.name).as_floats(file_->path(), p.name);
-  std::memcpy(out, values.data(), numel_of(p.shape) * sizeof(float));
+  file_->read_floats(p.name, 0, numel_of(p.shape), out);
 }
 
 Tensor InitialValues::make(size_t index, Device& device) {

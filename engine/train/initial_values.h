@@ -24,7 +24,7 @@ class InitialValues {
   void read_from(std::unique_ptr<SafetensorsReader> file) { file_ = std::move(file); }
   // Parameter `index`'s values into `out` (its numel floats, on the host).
   // Throws Error naming the file and the tensor for one not float32, or a
-  // short read.
+  // short read (a file changed since it was checked).
   void fill(size_t index, float* out);
   // The same, into new storage of the parameter's shape on `device`
   // (category Parameters).

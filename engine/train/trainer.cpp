@@ -124,27 +124,35 @@ void RankRun::make_values() {
 void RankRun::lend_values() {
   auto& params = model_->params();
   for (size_t u = 0; u < model_->units().size(); ++u) {
-    std::vector<std::pair<size_t, Tensor>> lent;  // the unit's claimed parameters, made one by one
-    for (size_t i : model_->units()[u].params) {
-      if (!params[i].values_claimed) continue;
-      lent.emplace_back(i, initial_->make(i, *device_));
-      params[i].data.point_view_at(lent.back().second.data());
-      services_.param_table[i].data = lent.back().second.data();
-    }
-    const auto unbind = [&] {  // before the lent values go, also where the strategy failed
-      for (const auto& [i, values] : lent) {
-        if (params[i].data.data() != values.data()) continue;  // the strategy bound its own
-        params[i].data.point_view_at(nullptr);
-        services_.param_table[i].data = nullptr;
+    struct Lent {
+      size_t index;
+      Tensor values;
+      float* bound;  // where the strategy had bound them (null: nowhere), bound again after
+    };
+    std::vector<Lent> lent;  // the unit's claimed parameters
+    const auto give_back = [&] {
+      for (Lent& l : lent) {
+        if (params[l.index].data.data() != l.values.data()) continue;  // the strategy bound its own since
+        params[l.index].data.point_view_at(l.bound);
+        services_.param_table[l.index].data = l.bound;
       }
     };
     try {
+      for (size_t i : model_->units()[u].params)
+        if (params[i].values_claimed) lent.push_back({i, initial_->make(i, *device_), params[i].data.data()});
+      for (Lent& l : lent) {
+        params[l.index].data.point_view_at(l.values.data());
+        services_.param_table[l.index].data = l.values.data();
+      }
       plugins_->take_values(u);
     } catch (...) {
-      unbind();
+      // Its collectives may still write them: they go with the engine's
+      // held values, after the plugins are stopped.
+      give_back();
+      for (Lent& l : lent) services_.held_values.emplace_back(l.index, std::move(l.values));
       throw;
     }
-    unbind();
+    give_back();
   }
 }
 
@@ -188,7 +196,7 @@ void RankRun::train() {
   services_.claims_open = true;  // a strategy may claim gradient storage here
   plugins_->on_train_begin();
   services_.claims_open = false;
-  if (takes_values_ && values_claimed(model_->params())) lend_values();
+  if (takes_values_ && values_claimed(model_->params())) lend_values();  // (none claimed: nothing to lend)
   services_.release_held_values();  // the strategy has taken its part of the values it claimed
   initial_.reset();  // every value has been made: a resumed checkpoint's file closes
   values_lent_ = values_claimed(model_->params());
@@ -211,6 +219,7 @@ void RankRun::train() {
       checkpoint(step + 1);  // and at the end, to go on from
   }
   whereabouts::enter_step(-1);  // what follows is the end of the run, not a step
+  optimizer_->drop_unclaimed();  // (a run resumed at its last step stepped nothing: its files close)
   plugins_->on_train_end();
   const int64_t steps = config_.run.steps;
   if (steps == start_step_ || every == 0 || steps % every != 0) check_replicas(-1);  // unless the last step was checked

@@ -145,8 +145,9 @@ class Stage3 {
   }
 
   // Whether the engine lends the values unit by unit (take_values, ABI
-  // 1.7): then it holds none in on_train_begin (stage 3 claims them all).
-  bool lent() const { return base_.host.param_count() > 0 && base_.host.param(0).data == nullptr; }
+  // 1.7; stage 3 claims them all, and refuses a model without units): then
+  // it holds none in on_train_begin.
+  bool lent() const { return DDP_ABI_MINOR(base_.host.raw()->abi_version) >= 7; }
 
   // take_values: rank 0's values of `unit`, then this rank's chunks of them.
   void take(size_t unit) {

@@ -16,6 +16,11 @@
  *   "values_released"  the same, unbinding them all in on_train_end, and
  *              binding nothing in unit_values;
  *   "values_late"      claims values in on_train_begin.
+ * Built with TAKES (claims_takes, ABI 1.7), the "values*" ways take the
+ * values unit by unit in take_values instead of on_train_begin, and two
+ * more: "values_trainable" claims only the trainable parameters' values
+ * (the engine makes the others), bound for the whole run; "take_fails"
+ * is "values_per_unit" failing in its second unit's take_values.
  * Built five times: libddp_strategy_claims.so with DDP_CAP_OWNS_GRADIENTS
  * (and DDP_CAP_OWNS_OPTIMIZER, which goes with it), _nocap (-DNOCAP)
  * without it, _noopt (-DNOOPT) with it but without DDP_CAP_OWNS_OPTIMIZER,
@@ -54,7 +59,9 @@ static ddp_status claims_create(const ddp_host* host, const ddp_transport_v1_t* 
   if (status == DDP_OK && strcmp(s->what, "frozen") == 0) status = claim_all(host, DDP_STORAGE_GRAD, 1);
   if (status == DDP_OK && strcmp(s->what, "unbound") == 0) status = claim_all(host, DDP_STORAGE_GRAD, 0);
   if (status == DDP_OK && strcmp(s->what, "storage") == 0) status = claim_all(host, DDP_STORAGE_DATA, 0);
-  if (status == DDP_OK && holds_values(s) && !is(s, "values_late")) status = claim_all(host, DDP_STORAGE_DATA, 1);
+  if (status == DDP_OK && is(s, "values_trainable")) status = claim_all(host, DDP_STORAGE_DATA, 0);
+  else if (status == DDP_OK && (holds_values(s) || is(s, "take_fails")) && !is(s, "values_late"))
+    status = claim_all(host, DDP_STORAGE_DATA, 1);
   if (status != DDP_OK) {
     free(s);
     return status;
@@ -70,13 +77,16 @@ static ddp_status claims_train_begin(ddp_strategy* s) {
   size_t i;
   ddp_status status = DDP_OK;
   if (is(s, "values_late")) return claim_all(h, DDP_STORAGE_DATA, 1);
-  if (!holds_values(s)) return DDP_OK;
+  if (!holds_values(s) && !is(s, "take_fails")) return DDP_OK;
   for (i = 0; i < h->param_count(h->ctx) && i < 64 && status == DDP_OK; ++i) {
     const ddp_param* p = h->param(h->ctx, i);
+    if (is(s, "values_trainable") && !p->trainable) continue;  /* the engine's */
     status = h->alloc(h->ctx, p->numel * sizeof(float), DDP_MEM_PARAMETERS, &s->values[i]);
+#if !defined(TAKES)
     if (status == DDP_OK) status = h->copy(h->ctx, s->values[i], p->data, p->numel * sizeof(float), h->compute_stream(h->ctx));
-    if (status == DDP_OK && (is(s, "values") || is(s, "values_released")))
-      status = h->bind(h->ctx, DDP_STORAGE_DATA, i, s->values[i]);
+#endif
+    if (status == DDP_OK && (is(s, "values") || is(s, "values_released") || is(s, "values_trainable")))
+      status = h->bind(h->ctx, DDP_STORAGE_DATA, i, s->values[i]);  /* (TAKES: before its values come) */
   }
   return status;
 }
@@ -106,15 +116,46 @@ static ddp_status bind_unit(ddp_strategy* s, size_t unit, int hold, int tied) {
 
 static ddp_status claims_on_unit(ddp_strategy* s, size_t unit, ddp_unit_phase phase) {
   if (strcmp(s->what, "late") == 0 && phase == DDP_UNIT_BACKWARD_BEGIN) return claim_all(s->host, DDP_STORAGE_GRAD, 0);
-  if (!is(s, "values_per_unit")) return DDP_OK;
+  if (!is(s, "values_per_unit") && !is(s, "take_fails")) return DDP_OK;
   return bind_unit(s, unit, phase == DDP_UNIT_FORWARD_BEGIN || phase == DDP_UNIT_BACKWARD_BEGIN, 1);
 }
 
-#if defined(VALUES)
+#if defined(VALUES) || defined(TAKES)
 /* "values": bound for the whole run already; "values_released": binds
  * nothing, on purpose. */
 static ddp_status claims_unit_values(ddp_strategy* s, size_t unit, int hold) {
-  return is(s, "values_per_unit") ? bind_unit(s, unit, hold, 0) : DDP_OK;
+  return is(s, "values_per_unit") || is(s, "take_fails") ? bind_unit(s, unit, hold, 0) : DDP_OK;
+}
+#endif
+
+#if defined(TAKES)
+/* The lent values of `unit`'s claimed parameters, copied into this
+ * strategy's memory; complete when it returns. */
+static ddp_status claims_take_values(ddp_strategy* s, size_t unit) {
+  const ddp_host* h = s->host;
+  const ddp_unit* u = h->unit(h->ctx, unit);
+  ddp_event done;
+  size_t k;
+  ddp_status status = DDP_OK;
+  if (is(s, "take_fails") && unit == 1) {
+    h->set_error(h->ctx, "the test strategy fails here on purpose");
+    return DDP_ERR_INTERNAL;
+  }
+  for (k = 0; k < u->param_count && status == DDP_OK; ++k) {
+    const ddp_param* p = h->param(h->ctx, u->params[k]);
+    if (!s->values[p->index]) continue;
+    if (!p->data) {
+      h->set_error(h->ctx, "take_values: a claimed parameter of the unit lent has no data");
+      return DDP_ERR_INTERNAL;
+    }
+    status = h->copy(h->ctx, s->values[p->index], p->data, p->numel * sizeof(float), h->compute_stream(h->ctx));
+  }
+  if (status != DDP_OK) return status;
+  status = h->event_create(h->ctx, &done);
+  if (status == DDP_OK) status = h->event_record(h->ctx, done, h->compute_stream(h->ctx));
+  if (status == DDP_OK) status = h->event_synchronize(h->ctx, done);
+  h->event_destroy(h->ctx, done);
+  return status;
 }
 #endif
 
@@ -168,6 +209,12 @@ DDP_STRATEGY_ENTRY = {
     .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_OWNS_GRADIENTS | DDP_CAP_OWNS_OPTIMIZER | DDP_CAP_OWNS_PARAMETERS,
     .optimizer_step = claims_optimizer_step,
     .unit_values = claims_unit_values,
+#elif defined(TAKES)
+    .name = "claims_takes",
+    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_OWNS_GRADIENTS | DDP_CAP_OWNS_OPTIMIZER | DDP_CAP_OWNS_PARAMETERS,
+    .optimizer_step = claims_optimizer_step,
+    .unit_values = claims_unit_values,
+    .take_values = claims_take_values,
 #elif defined(VALUES_NOUNIT)
     .name = "claims_values_nounit",
     .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_OWNS_GRADIENTS | DDP_CAP_OWNS_OPTIMIZER | DDP_CAP_OWNS_PARAMETERS,

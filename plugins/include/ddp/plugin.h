@@ -64,7 +64,7 @@
  *   1.6  ddp_plan gains leaner: a strategy names settings of its keys that
  *        hold less, for the fit check's suggestion.
  *   1.7  take_values: a strategy that claims values is lent their initial
- *        values unit by unit, and the engine never holds the whole model.
+ *        values unit by unit; the engine never holds them all.
  * Header-only helpers (ddp_dtype_*, DDP_*_ENTRY, DDP_*_HAS, ddp/numeric.h,
  * ddp/plugin.hpp) are no ABI change.
  */

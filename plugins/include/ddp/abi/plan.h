@@ -75,8 +75,9 @@ typedef struct ddp_plan {
    * of parameter `param` (ddp_host::claim): the engine holds none for it,
    * and the strategy reports what it holds instead with buffer(). Values
    * (DDP_STORAGE_DATA, 1.5): the engine holds its own through set-up all
-   * the same (its peak counts them beside the strategy's buffers) and
-   * none from the first step on. */
+   * the same (its peak counts them beside the strategy's buffers), or, for
+   * a strategy with take_values (1.7), those of one unit at a time (the
+   * largest unit's claimed parameters), and none from the first step on. */
   ddp_status (*claims)(void* ctx, ddp_storage what, size_t param);
   /* (1.6) Strategy: a value of one of its own keys ("stage", "3", as TOML
    * writes it) under which this rank would hold less than under the keys it

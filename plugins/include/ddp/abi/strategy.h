@@ -4,7 +4,8 @@
  *
  * THE ORDER OF HOOKS. The engine calls them on the training thread. With k
  * = run.grad_accum_steps micro-batches per step and U units (ddp_unit):
- *   create, on_train_begin;
+ *   create, on_train_begin, take_values(u) for u = 0 .. U-1 (1.7, where
+ *   it is set and the strategy claimed values);
  *   for each step, from the first (0, or a resumed run's) to total_steps:
  *     for each micro-batch m = 0 .. k-1:
  *       on_step_begin(step, m);
@@ -85,7 +86,9 @@ typedef struct ddp_strategy_v1_t {
   ddp_status (*create)(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm,
                        ddp_strategy** out);
   /* Once, before the first step: make every rank hold rank 0's parameters
-   * (all of them, frozen included). Blocking: done when it returns. */
+   * (all of them, frozen included; those the strategy claimed and takes
+   * unit by unit, 1.7, in take_values instead: their data is NULL here).
+   * Blocking: done when it returns. */
   ddp_status (*on_train_begin)(ddp_strategy* s);
   /* Before each micro-batch's forward. Non-blocking. */
   ddp_status (*on_step_begin)(ddp_strategy* s, const ddp_step_info* info);
@@ -153,19 +156,25 @@ typedef struct ddp_strategy_v1_t {
    * order, one unit held at a time, so it may communicate (an all-gather
    * of the unit's shards). */
   ddp_status (*unit_values)(ddp_strategy* s, size_t unit, int hold);
-  /* (ABI 1.7, optional) With DDP_CAP_OWNS_PARAMETERS: the initial values
-   * lent one unit at a time, so that no rank ever holds the whole model.
-   * Where it is set (and the model declares units), parameter values do
-   * not exist in create (ddp_param::data is NULL for every parameter
-   * there), and the engine never holds the values the strategy claimed:
-   * after on_train_begin returns it calls take_values for every unit in
-   * forward order, every rank at the same point, with the values of the
-   * claimed parameters `unit` owns in place (ddp_param::data: this rank's
-   * own, as drawn, read from model.init_from or resumed). The strategy
-   * takes its part (broadcasting rank 0's first where replicas start
-   * equal, as on_train_begin does for the whole model) and returns once
-   * done with them; the engine then frees them. Blocking. NULL: the engine
-   * holds every value through set-up, as in 1.5. */
+  /* (ABI 1.7, optional; ignored without DDP_CAP_OWNS_PARAMETERS, or for
+   * a model that declares no units) The initial values of the parameters
+   * the strategy claimed, lent one unit at a time, so that no rank ever
+   * holds them all. Where it is set, no parameter's values exist in create
+   * (ddp_param::data is NULL for all); the engine makes those of the
+   * parameters left unclaimed after create (they are there in
+   * on_train_begin, to broadcast as ever), and never holds the claimed
+   * ones whole: after on_train_begin returns, if the strategy claimed any,
+   * it calls take_values for every unit in forward order, every rank at
+   * the same point, with the values of the claimed parameters `unit` owns
+   * in place (ddp_param::data: this rank's own, as drawn, read from
+   * model.init_from or resumed; other units' claimed data stay where the
+   * strategy bound them, or NULL). The strategy takes its part (it may
+   * overwrite them: broadcasting rank 0's first where replicas start
+   * equal) and returns once done with them, its work on them complete;
+   * the engine then frees them, and a parameter bound before is bound
+   * where it was again (a bind made in take_values stays). Blocking. A
+   * plugin tells a 1.7 engine by DDP_ABI_MINOR(host->abi_version) >= 7.
+   * NULL: the engine holds every value through set-up, as in 1.5. */
   ddp_status (*take_values)(ddp_strategy* s, size_t unit);
 } ddp_strategy_v1_t;
 

@@ -124,7 +124,10 @@ typedef struct ddp_buffer {
  * makes the gradients it holds after create, once it knows which are
  * claimed) and, for a parameter just unfrozen, in that step's first
  * on_step_begin. `data` is NULL (1.5) for a parameter whose values the
- * strategy claimed, from the end of on_train_begin while none is bound. */
+ * strategy claimed, from the end of on_train_begin while none is bound;
+ * for a strategy with take_values (1.7), for every parameter in create,
+ * and for a claimed one from then on while none is bound, but within its
+ * unit's take_values (ddp/abi/strategy.h). */
 typedef struct ddp_param {
   const char* name;
   size_t index; /* position in the parameter table */
