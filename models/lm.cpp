@@ -195,7 +195,8 @@ void LmModel::add_param(const std::string& name, Shape shape) {
   Parameter p;
   p.name = name;
   p.shape = shape;
-  params_.push_back(std::move(p));  // its values: materialise (model.h)
+  p.data = Tensor::view(device_, nullptr, p.shape);  // its shape; its values: materialise (model.h)
+  params_.push_back(std::move(p));
 }
 
 std::vector<Shape> LmModel::activation_shapes(const LmConfig& c, int64_t rows, ddp_device_kind device) {

@@ -58,7 +58,8 @@ class SequentialMse final : public Model {
     p.shape = shape;
     p.trainable = trainable;
     p.uses = uses;
-    params_.push_back(std::move(p));  // its values: materialise (model.h)
+    p.data = Tensor::view(device_, nullptr, p.shape);  // its shape; its values: materialise (model.h)
+    params_.push_back(std::move(p));
   }
 
   // Each linear layer (with the ReLU after it) is a unit, named after its

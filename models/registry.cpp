@@ -107,8 +107,6 @@ std::unique_ptr<Model> build_model(const std::string& name, const ModelOptions& 
                                    uint64_t seed, DataShape* shape, bool with_values) {
   std::unique_ptr<Model> model = known_model(name).build(options, device, seed, shape);
   if (with_values) model->materialise(device);
-  else  // each parameter's shape, and no storage yet
-    for (Parameter& p : model->params()) p.data = Tensor::view(device, nullptr, p.shape);
   return model;
 }
 

@@ -115,6 +115,13 @@ const SafetensorsReader::Entry* SafetensorsReader::find(const std::string& name)
   return it == entries_.end() ? nullptr : &it->second;
 }
 
+const SafetensorsReader::Entry* SafetensorsReader::find_floats(const std::string& name) const {
+  const Entry* e = find(name);
+  if (e && e->dtype != "F32")
+    throw ConfigError(path_ + ": tensor '" + name + "' has dtype " + e->dtype + ", expected F32");
+  return e;
+}
+
 HostTensor SafetensorsReader::read(const std::string& name) {
   const Entry* e = find(name);
   if (!e) throw ConfigError(path_ + ": no tensor '" + name + "'");
@@ -130,9 +137,8 @@ HostTensor SafetensorsReader::read(const std::string& name) {
 }
 
 void SafetensorsReader::read_floats(const std::string& name, size_t first, size_t count, float* out) {
-  const Entry* e = find(name);
+  const Entry* e = find_floats(name);
   if (!e) throw ConfigError(path_ + ": no tensor '" + name + "'");
-  if (e->dtype != "F32") throw ConfigError(path_ + ": tensor '" + name + "' has dtype " + e->dtype + ", expected F32");
   const size_t n = e->bytes / sizeof(float);
   if (first > n || count > n - first)
     throw ConfigError(path_ + ": tensor '" + name + "': elements [" + std::to_string(first) + ", " +

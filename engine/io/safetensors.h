@@ -41,6 +41,9 @@ class SafetensorsReader {
   const std::string& path() const { return path_; }
   // The entry named `name`, or null.
   const Entry* find(const std::string& name) const;
+  // The same, for a tensor read as float32: throws Error naming the file
+  // and the tensor where it has another dtype.
+  const Entry* find_floats(const std::string& name) const;
   const std::map<std::string, Entry>& entries() const { return entries_; }
   // Tensor `name`'s data; throws Error naming the file and the tensor for
   // a name the file lacks or a short read.

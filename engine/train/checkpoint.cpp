@@ -342,8 +342,7 @@ void load_checkpoint(const std::string& path, const CheckpointMeta& meta, std::v
     if (!w || w->shape != p.shape)
       throw Error(weights_file + ": no tensor '" + p.name + "' of shape " + shape_string(p.shape),
                   DDP_ERR_INVALID_ARGUMENT);
-    if (w->dtype != "F32")
-      throw ConfigError(weights_file + ": tensor '" + p.name + "' has dtype " + w->dtype + ", expected F32");
+    weights->find_floats(p.name);
   }
   values.read_from(std::move(weights));  // read a tensor at a time, once the strategy has claimed its part
   auto states = std::make_shared<StateReader>(path, meta, params, optimizer);

@@ -33,8 +33,8 @@
 #include <vector>
 
 #include "checksum.h"
-#include "initial_values.h"
 #include "config.h"
+#include "initial_values.h"
 #include "model.h"
 #include "optimizer.h"
 #include "whole_model.h"

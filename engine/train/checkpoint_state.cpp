@@ -177,12 +177,10 @@ StateReader::Part StateReader::part(const std::string& path, const std::string& 
   bool counted = false;
   for (const auto& [name, wanted] : {std::pair{first, firsts_}, std::pair{second, seconds_}}) {
     if (!wanted) continue;
-    const SafetensorsReader::Entry* e = reader->find(name);
+    const SafetensorsReader::Entry* e = reader->find_floats(name);
     if (!e)
       throw Error(reader->path() + ": no tensor '" + name + "', which checkpoint.json says holds its state",
                   DDP_ERR_INVALID_ARGUMENT);
-    if (e->dtype != "F32")
-      throw ConfigError(reader->path() + ": tensor '" + name + "' has dtype " + e->dtype + ", expected F32");
     const size_t n = e->bytes / sizeof(float);
     if (counted && n != out.count)
       throw Error(reader->path() + ": tensor '" + name + "' has " + std::to_string(n) + " elements, '" + first +

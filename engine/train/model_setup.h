@@ -13,10 +13,8 @@
 #include "model.h"
 
 namespace ddp {
-class InitialValues;
-}
 
-namespace ddp {
+class InitialValues;  // initial_values.h
 
 // The config's model on `device`, with model.freeze applied, and neither
 // values nor gradients yet: the trainer makes them once the strategy could

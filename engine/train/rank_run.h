@@ -13,8 +13,8 @@
 
 #include "config.h"
 #include "data.h"
-#include "initial_values.h"
 #include "device.h"
+#include "initial_values.h"
 #include "model.h"
 #include "optimizer.h"
 #include "plugin_host.h"

@@ -157,13 +157,15 @@ void RankRun::lend_values() {
 }
 
 std::vector<std::vector<float>> RankRun::initial_snapshot() {
-  if (!takes_values_) return host_values(*model_, unit_values(), "a snapshot");
   std::vector<std::vector<float>> out;
   for (size_t i = 0; i < model_->params().size(); ++i) {
     const Parameter& p = model_->params()[i];
-    out.emplace_back(numel_of(p.shape));
-    if (p.values_claimed) initial_->fill(i, out.back().data());
-    else device_->download(out.back().data(), p.data.data(), p.data.bytes());
+    if (p.data.defined()) {
+      out.push_back(p.data.to_host());
+      continue;
+    }
+    out.emplace_back(numel_of(p.shape));  // to be lent unit by unit (take_values): not made yet
+    initial_->fill(i, out.back().data());
   }
   return out;
 }
