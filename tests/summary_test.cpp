@@ -98,7 +98,7 @@ TEST(Summary, ReplicaChecksAreReported) {
   f.replica_checked_after = {1, 2};
   f.replica_check_s = 0.25;
   const json s = run_summary(f, two_steps(), {totals(7)}, nullptr);
-  EXPECT_EQ(s["replica_checks"], json({{"every", 1}, {"after_steps", {1, 2}}, {"seconds", 0.25}}));
+  EXPECT_EQ(s["replica_checks"], json({{"every", 1}, {"sync_points_only", false}, {"after_steps", {1, 2}}, {"seconds", 0.25}}));
   f.replica_check_every = 0;
   f.replica_checked_after = {0};
   EXPECT_EQ(run_summary(f, two_steps(), {totals(7)}, nullptr)["replica_checks"]["after_steps"], json::array({0}));

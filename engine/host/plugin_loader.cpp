@@ -152,6 +152,8 @@ void check_entries(const Refusal& refusal, const ddp_strategy_v1_t& s) {
                    "parameters steps them itself (run_optimizer_ranges)");
     require(refusal, s.unit_values != nullptr, "unit_values", "caps has DDP_CAP_OWNS_PARAMETERS");
   }
+  // Replicas that may differ: it says when they are equal again.
+  if (s.caps & DDP_CAP_DIVERGENT) require(refusal, s.on_step_end != nullptr, "on_step_end", "caps has DDP_CAP_DIVERGENT");
   require(refusal, s.destroy != nullptr, "destroy");
 }
 
@@ -377,6 +379,7 @@ std::string format_plugins(const std::vector<PluginInfo>& plugins) {
     if (p.caps & DDP_CAP_OWNS_OPTIMIZER) caps += ",owns-optimizer";
     if (p.caps & DDP_CAP_OWNS_GRADIENTS) caps += ",owns-gradients";
     if (p.caps & DDP_CAP_OWNS_PARAMETERS) caps += ",owns-parameters";
+    if (p.caps & DDP_CAP_DIVERGENT) caps += ",divergent";
     if (p.plans) caps += ",plans";
     text += line + (caps.empty() ? "-" : caps) + "  " + p.path + "\n";
     if (p.dtypes) {

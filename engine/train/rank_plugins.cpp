@@ -111,6 +111,17 @@ void RankPlugins::on_train_end() {
   if (strategy_api().on_train_end) call("on_train_end", [&] { return strategy_api().on_train_end(strategy_); });
 }
 
+bool RankPlugins::on_step_end(const ddp_step_info& info) {
+  if (!strategy_api().on_step_end) return true;
+  int synced = 1;
+  call("on_step_end", [&] { return strategy_api().on_step_end(strategy_, &info, &synced); });
+  if (synced == 0 && !divergent())
+    throw Error(strategy_host_->label() + ": on_step_end said the replicas may differ after step " +
+                    std::to_string(info.step + 1) + ", but its caps lack DDP_CAP_DIVERGENT (replicas that may "
+                    "differ between sync points)", DDP_ERR_INTERNAL);
+  return synced != 0;
+}
+
 void RankPlugins::unit_values(size_t unit, bool hold) {
   const char* entry = unit < unit_entries_.size() / 6 ? unit_entries_[6 * unit + 4].c_str() : "unit_values";
   call(entry, [&] { return strategy_api().unit_values(strategy_, unit, hold ? 1 : 0); });

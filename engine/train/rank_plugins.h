@@ -66,6 +66,8 @@ class RankPlugins {
   const char* strategy_name() const { return strategy_api().name; }
   bool owns_optimizer() const { return strategy_api().caps & DDP_CAP_OWNS_OPTIMIZER; }
   bool owns_gradients() const { return strategy_api().caps & DDP_CAP_OWNS_GRADIENTS; }
+  // (1.8) Whether the replicas may differ between sync points.
+  bool divergent() const { return strategy_api().caps & DDP_CAP_DIVERGENT; }
   MeteredTransport& metered() { return *metered_; }
 
   // The strategy's hooks (plugin.h gives their contract and order).
@@ -77,6 +79,9 @@ class RankPlugins {
   void optimizer_step();
   void on_unit(size_t unit, ddp_unit_phase phase);  // (1.4) nothing where the strategy has none
   void on_train_end();
+  // (1.8) After the optimizer step: whether every rank holds the same
+  // parameters now (a sync point); true where the strategy has no entry.
+  bool on_step_end(const ddp_step_info& info);
   void unit_values(size_t unit, bool hold);  // (1.5) where the strategy claims values
   // (1.7) Whether the strategy takes values unit by unit (take_values, a
   // model with units): then none exist in create.

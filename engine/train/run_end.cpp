@@ -158,6 +158,7 @@ void RankRun::write_summary(const std::vector<double>& all) {
   facts.blas_kernel = layers::blas_kernel_loaded(), facts.blas_build = layers::blas_build();
   if (const char* choice = std::getenv("DDP_BLAS_CHOICE")) facts.blas_choice_json = choice;
   facts.replica_check_every = config_.run.check_replicas_every, facts.replica_check_s = replica_check_s_;
+  facts.divergent = plugins_->divergent();
   facts.replica_checked_after = replica_checked_after_, facts.huge_pages = huge_pages_now();
   facts.first_step = start_step_, facts.resumed_from = resumed_from_;
   facts.losses_before = loss_prefix_;

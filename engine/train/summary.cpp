@@ -53,6 +53,7 @@ void add_columns(json& summary, const std::vector<StepRecord>& steps) {
   summary["device_allocations"] = column(&StepRecord::device_allocations);
   summary["lr"] = column(&StepRecord::lr);
   summary["grad_norm"] = column(&StepRecord::grad_norm);
+  summary["synced"] = column(&StepRecord::synced);
 }
 
 }  // namespace
@@ -126,6 +127,7 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
   // usually hangs; when it does not, data were silently mixed.
   summary["collective_sequences_agree"] = agree;
   summary["replica_checks"] = {{"every", facts.replica_check_every},
+                               {"sync_points_only", facts.divergent},
                                {"after_steps", facts.replica_checked_after},
                                {"seconds", facts.replica_check_s}};
   summary["checkpoints"] = {{"after_steps", facts.checkpoints}, {"seconds", facts.checkpoint_s}};

@@ -33,6 +33,7 @@ struct StepRecord {
   int64_t device_allocations = 0;  // device memory allocated during the step
   double lr = 0;                     // the scheduled learning rate ([optimizer] lr unless a schedule)
   double grad_norm = NAN;            // the averaged gradients' L2 norm before clipping; NaN (null): not measured
+  bool synced = true;                // every rank holds the same parameters after it (on_step_end, 1.8)
 };
 
 // Peak bytes per memory category over a window of the run.
@@ -64,6 +65,7 @@ struct RunFacts {
   // The replica checks that passed: run.check_replicas_every, after which
   // steps (from 1; 0: the end of the run), and the seconds they took.
   int64_t replica_check_every = 0;
+  bool divergent = false;  // the strategy's replicas may differ between sync points: checked there only
   std::vector<int64_t> replica_checked_after;
   double replica_check_s = 0;
   // A resumed run: the step it started after, from which checkpoint ("":

@@ -96,6 +96,12 @@ void RankRun::set_up() {
   services_.refresh_param_table();
   refresh_trainable();
   plugins_ = std::make_unique<RankPlugins>(config_, services_);
+  if (plugins_->divergent() && config_.checkpoint.every > 0)
+    throw Error(std::string("checkpoint.every: strategy plugin '") + plugins_->strategy_name() +
+                    "' lets the replicas differ between sync points (DDP_CAP_DIVERGENT), and a checkpoint does "
+                    "not hold each rank's parameters and optimizer state yet: its resumed run would not be this "
+                    "run; set checkpoint.every = 0",
+                DDP_ERR_UNSUPPORTED);
   takes_values_ = plugins_->takes_values();
   if (!takes_values_) make_values();  // before create, as ever
   // The engine's gradients: before create, as ever, for a strategy that
@@ -209,6 +215,7 @@ void RankRun::train() {
   // cheap; reserving run.steps = 1e8 records would be 12 GB of address space).
   records_.reserve(static_cast<size_t>(std::min<int64_t>(config_.run.steps, int64_t(1) << 16)));
   const int64_t every = config_.run.check_replicas_every;
+  bool check_due = false;
   const int64_t checkpoint_every = config_.checkpoint.every;
   for (int64_t step = start_step_; step < config_.run.steps; ++step) {
     whereabouts::enter_step(step);
@@ -216,15 +223,24 @@ void RankRun::train() {
     if (step == start_step_) optimizer_->drop_unclaimed();  // a resumed run's state not this rank's
     if (observer_) observer_->on_weights(step + 1, host_values(*model_, unit_values(), "a snapshot"));
     if ((step + 1) % config_.run.log_every == 0 || step + 1 == config_.run.steps) report(step);
-    if (every > 0 && (step + 1) % every == 0) check_replicas(step);
+    // Due every `every` steps, at the first sync point from there (each
+    // step is one but under a divergent strategy).
+    check_due |= every > 0 && (step + 1) % every == 0;
+    if (check_due && records_.back().synced) {
+      check_replicas(step);
+      check_due = false;
+    }
     if (checkpoint_every > 0 && ((step + 1) % checkpoint_every == 0 || step + 1 == config_.run.steps))
       checkpoint(step + 1);  // and at the end, to go on from
   }
   whereabouts::enter_step(-1);  // what follows is the end of the run, not a step
   optimizer_->drop_unclaimed();  // (a run resumed at its last step stepped nothing: its files close)
   plugins_->on_train_end();
-  const int64_t steps = config_.run.steps;
-  if (steps == start_step_ || every == 0 || steps % every != 0) check_replicas(-1);  // unless the last step was checked
+  // The end of the run is checked where the replicas are equal then, unless
+  // its last step was just checked.
+  const bool equal = records_.empty() ? !plugins_->divergent() : records_.back().synced;
+  if (equal && (replica_checked_after_.empty() || replica_checked_after_.back() != config_.run.steps))
+    check_replicas(-1);
   {
     whereabouts::Inside in(nullptr, "waiting for the last collectives");
     device_->comm_stream().synchronize();
@@ -252,11 +268,12 @@ StepRecord RankRun::train_step(int64_t step) {
   // Micro-batches accumulate into the gradients; each one's loss is scaled
   // by 1/k so the sum is the gradient of the mean over k x the batch.
   const int64_t k = config_.run.grad_accum_steps;
+  ddp_step_info info{};
   for (int64_t micro = 0; micro < k; ++micro) {
     const bool sync = micro == k - 1;
     if (sync) rec.collectives_before_sync_micro_batch = c.collectives - before.collectives;
-    const ddp_step_info info{sizeof(ddp_step_info), step, int32_t(micro), int32_t(k), sync ? 1 : 0,
-                             params_changed && micro == 0 ? 1 : 0, config_.run.steps};
+    info = ddp_step_info{sizeof(ddp_step_info), step, int32_t(micro), int32_t(k), sync ? 1 : 0,
+                         params_changed && micro == 0 ? 1 : 0, config_.run.steps};
     StepTimeline::Mark m = timeline_->mark();
     services_.claims_open = micro == 0;  // before anything is written into the gradients
     plugins_->on_step_begin(info);
@@ -283,6 +300,9 @@ StepRecord RankRun::train_step(int64_t step) {
   // GPU it would copy every gradient out each step (summary: null).
   if (config_.optimizer.clip_grad_norm == 0 && device_->kind() == DDP_DEVICE_CPU)
     rec.grad_norm = gradient_norm(/*clip=*/false);
+  const StepTimeline::Mark end = timeline_->mark();
+  rec.synced = plugins_->on_step_end(info);  // (1.8) a strategy may average here: its bytes are the step's
+  timeline_->range("on_step_end", end);
   take_peaks(device_->memory(), mem_after_optimizer_);
   rec.step_s = seconds_since(t0);
   timeline_->range("step", m0);

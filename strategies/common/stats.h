@@ -30,6 +30,13 @@ inline std::string json_quote(const std::string& text) {
   return out + "\"";
 }
 
+// A finite double as a JSON number that reads back to the same value.
+inline std::string json_number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
+}
+
 // The copy-out of plugin.h's `stats` entry: *needed = the full length
 // WITHOUT the NUL; buf receives at most cap bytes including the NUL (always
 // NUL-terminated when cap > 0; nothing is written when cap == 0). The host

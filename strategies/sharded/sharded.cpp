@@ -503,4 +503,5 @@ DDP_STRATEGY_ENTRY = {
     sharded_plan,
     sharded_unit_values,
     sharded_take_values,
+    nullptr,  // on_step_end (1.8): every step leaves equal replicas
 };

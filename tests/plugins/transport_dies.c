@@ -9,11 +9,14 @@
 #include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include <ddp/plugin.h>
 
 static const ddp_transport_v1_t* gloo;
 static int64_t die_rank = -1, die_at = -1, die_signal = SIGKILL, gathers = 0;
+static int64_t drop_rank = -1, drop_at = -1, reduces = 0;
+static void* dropped; /* the zeros its dropped all-reduce wrote */
 static int my_rank = -1;
 
 static ddp_status fail(const ddp_host* host, const char* message) {
@@ -30,13 +33,24 @@ static ddp_status dies_init(const ddp_host* host, ddp_comm** out) {
   ddp_status s = host->config_int(host->ctx, "die_rank", -1, &die_rank);
   if (s == DDP_OK) s = host->config_int(host->ctx, "die_at", -1, &die_at);
   if (s == DDP_OK) s = host->config_int(host->ctx, "die_signal", SIGKILL, &die_signal);
+  if (s == DDP_OK) s = host->config_int(host->ctx, "drop_rank", -1, &drop_rank);
+  if (s == DDP_OK) s = host->config_int(host->ctx, "drop_at", -1, &drop_at);
   if (s != DDP_OK) return s;
   my_rank = host->rank;
   return gloo->init(host, out);
 }
 
-static void dies_destroy(ddp_comm* comm) { gloo->destroy(comm); }
+static void dies_destroy(ddp_comm* comm) {
+  gloo->destroy(comm);
+  free(dropped);
+  dropped = NULL;
+}
 static ddp_status dies_all_reduce(ddp_comm* c, const ddp_buffer* b, ddp_reduce_op op, ddp_stream s) {
+  if (my_rank == drop_rank && ++reduces == drop_at && b->device == DDP_DEVICE_CPU) {
+    ddp_buffer zeros = *b;
+    zeros.ptr = dropped = calloc(b->count ? b->count : 1, ddp_dtype_size(b->dtype));
+    return gloo->all_reduce(c, &zeros, op, s);
+  }
   return gloo->all_reduce(c, b, op, s);
 }
 static ddp_status dies_broadcast(ddp_comm* c, const ddp_buffer* b, int root, ddp_stream s) {

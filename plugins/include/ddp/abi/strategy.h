@@ -17,7 +17,7 @@
  *       on_backward_end;
  *     finish; the engine clips the gradients (optimizer.clip_grad_norm);
  *     optimizer_step if the strategy owns it, else the engine's optimizer
- *     steps every trainable parameter;
+ *     steps every trainable parameter; on_step_end (1.8);
  *   on_train_end; destroy.
  * Every entry of that list but create, on_train_begin, finish and destroy
  * may be NULL (since 1.4; before, on_step_begin, on_grad_ready and
@@ -76,7 +76,7 @@ typedef struct ddp_strategy_v1_t {
   uint32_t struct_size; /* sizeof(ddp_strategy_v1_t) */
   const char* name;
   const char* version;
-  uint64_t caps; /* DDP_CAP_DEVICE_*, DDP_CAP_OWNS_OPTIMIZER, DDP_CAP_OWNS_GRADIENTS */
+  uint64_t caps; /* DDP_CAP_DEVICE_*, DDP_CAP_OWNS_* and DDP_CAP_DIVERGENT (values.h) */
 
   /* Makes a strategy over `transport`/`comm` (owned by the host, valid until
    * destroy). Reads all its TOML keys here. Blocking; no collectives yet. A
@@ -103,7 +103,8 @@ typedef struct ddp_strategy_v1_t {
    * optimizer_step needs are in place. */
   ddp_status (*finish)(ddp_strategy* s);
   /* (optional) Replaces the engine's optimizer step; must leave identical
-   * parameters on every rank. Blocking. Requires DDP_CAP_OWNS_OPTIMIZER. */
+   * parameters on every rank (but under DDP_CAP_DIVERGENT, 1.8: see
+   * on_step_end). Blocking. Requires DDP_CAP_OWNS_OPTIMIZER. */
   ddp_status (*optimizer_step)(ddp_strategy* s);
   /* (optional) Writes a JSON object describing the strategy (e.g. bucket
    * layout) into buf (NUL-terminated, at most cap bytes including the NUL)
@@ -176,6 +177,17 @@ typedef struct ddp_strategy_v1_t {
    * plugin tells a 1.7 engine by DDP_ABI_MINOR(host->abi_version) >= 7.
    * NULL: the engine holds every value through set-up, as in 1.5. */
   ddp_status (*take_values)(ddp_strategy* s, size_t unit);
+  /* (ABI 1.8; optional, required with DDP_CAP_DIVERGENT) After the
+   * optimizer step of every step (the engine's or the strategy's), on every
+   * rank, with that step's info (that of its last micro-batch). The
+   * strategy may communicate here (local SGD averages the parameters,
+   * DiLoCo takes its outer step) and sets *synced: 1 if every rank now
+   * holds the same parameters (a sync point), 0 if they may differ. Only
+   * a strategy with DDP_CAP_DIVERGENT may answer 0: the engine then checks
+   * the replicas (run.check_replicas_every), and at the end of the run,
+   * only at sync points; without the cap every step is one and a 0 is an
+   * error. Blocking. */
+  ddp_status (*on_step_end)(ddp_strategy* s, const ddp_step_info* info, int* synced);
 } ddp_strategy_v1_t;
 
 /* A strategy plugin's one export: DDP_STRATEGY_ENTRY = {DDP_ABI_VERSION,

@@ -21,7 +21,7 @@ extern "C" {
 #endif
 
 #define DDP_ABI_VERSION_MAJOR 1
-#define DDP_ABI_VERSION_MINOR 7
+#define DDP_ABI_VERSION_MINOR 8
 /* abi_version = major << 16 | minor. */
 #define DDP_ABI_VERSION ((uint32_t)((DDP_ABI_VERSION_MAJOR << 16) | DDP_ABI_VERSION_MINOR))
 #define DDP_ABI_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -100,6 +100,7 @@ typedef enum ddp_mem_category {
 #define DDP_CAP_OWNS_OPTIMIZER (1u << 8)  /* strategy: implements optimizer_step */
 #define DDP_CAP_OWNS_GRADIENTS (1u << 9)  /* strategy (1.4): may claim gradient storage (ddp_host::claim) */
 #define DDP_CAP_OWNS_PARAMETERS (1u << 10) /* strategy (1.5): may claim parameter storage (DDP_STORAGE_DATA) */
+#define DDP_CAP_DIVERGENT (1u << 11) /* strategy (1.8): replicas may differ between sync points (on_step_end) */
 
 /* A contiguous buffer on the run's device; `count` in elements. Passed by
  * pointer, read during the call only (the memory it names must stay valid

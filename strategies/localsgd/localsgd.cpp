@@ -1,0 +1,143 @@
+// localsgd.cpp — the `localsgd` strategy: post-local SGD (Lin et al.
+// 2020; PyTorch's PostLocalSGDOptimizer with a PeriodicModelAverager).
+// The first `warmup_steps` steps are DDP: the trainable gradients are
+// averaged over ranks in finish (in one all-reduce, in place where the
+// engine packed them). From then on each rank steps on its own gradients,
+// and after every `period` such steps (on_step_end) the values of every
+// parameter trained since are averaged over ranks in one all-reduce: a
+// sync point. Between
+// sync points the replicas differ on purpose (DDP_CAP_DIVERGENT): the
+// engine checks them at sync points only. Keys: period (required, >= 1),
+// warmup_steps (default 0).
+#include <string>
+#include <vector>
+
+#include "../common/replica_sync.h"
+#include "../common/stats.h"
+
+using ddp::plugin::DeviceBuffer;
+using ddp::plugin::guard;
+using ddp::plugin::Host;
+using ddp::strategy::StrategyBase;
+
+struct ddp_strategy_s : StrategyBase {
+  ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c) : StrategyBase(h, t, c) {}
+  int64_t period = 1, warmup_steps = 0;  // the keys
+  int64_t step = 0;                      // the step under way (on_step_begin)
+  int64_t averages = 0;                  // sync points so far (stats)
+  // Per parameter: trainable in a step since the last average. Those are
+  // averaged (a parameter frozen on the way too); one frozen since is equal
+  // on every rank, and an average (x + x + x) / 3 could move it.
+  std::vector<bool> moved;
+  DeviceBuffer staging;                  // the model's values (or gradients) back to back, to average
+};
+
+namespace {
+
+constexpr ddp_key kKeys[] = {
+    {"period", "int >= 1", "local steps between two averagings of the parameters (required)"},
+    {"warmup_steps", "int >= 0", "steps of DDP (gradients averaged every step) before the local steps; default 0"},
+    {nullptr, nullptr, nullptr},
+};
+
+struct Keys {
+  int64_t period, warmup_steps;
+};
+Keys read_keys(const Host& h) {
+  const int64_t period = ddp::strategy::period_key(h, "localsgd");
+  const int64_t warmup = h.config_int("warmup_steps", 0);
+  if (warmup < 0)
+    throw ddp::plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
+                               "strategy.warmup_steps: must be >= 0, not " + std::to_string(warmup));
+  return {period, warmup};
+}
+
+// Whether `step` (from 0) ends with the parameters averaged: the
+// `period`-th local step after the warmup, and every `period` after it.
+bool averages_after(const ddp_strategy* s, int64_t step) {
+  return step >= s->warmup_steps && (step + 1 - s->warmup_steps) % s->period == 0;
+}
+
+ddp_status localsgd_create(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm,
+                           ddp_strategy** out) {
+  return guard(host, [&] {
+    const Keys keys = read_keys(Host(host));
+    auto* s = new ddp_strategy_s(host, transport, comm);
+    s->period = keys.period, s->warmup_steps = keys.warmup_steps;
+    *out = s;
+  });
+}
+
+ddp_status localsgd_on_train_begin(ddp_strategy* s) {
+  return guard(s->host.raw(), [&] {
+    s->broadcast_params_from_rank0();
+    s->moved.assign(s->host.param_count(), false);
+    const size_t total = ddp::strategy::model_slots(s->host).total;
+    if (total > 0) s->staging = DeviceBuffer(s->host.raw(), total * sizeof(float), DDP_MEM_COMM_BUFFERS);
+  });
+}
+
+ddp_status localsgd_on_step_begin(ddp_strategy* s, const ddp_step_info* info) {
+  s->step = info->step;
+  for (size_t i = 0; i < s->moved.size(); ++i) s->moved[i] = s->moved[i] || s->host.param(i).trainable;
+  return DDP_OK;
+}
+
+// The warmup's steps are DDP's: the gradients averaged; later ones local.
+ddp_status localsgd_finish(ddp_strategy* s) {
+  return guard(s->host.raw(), [&] {
+    if (s->step >= s->warmup_steps) return;
+    ddp::strategy::average_spans(*s, ddp::strategy::trainable_grads(s->host), s->staging.floats());
+  });
+}
+
+ddp_status localsgd_on_step_end(ddp_strategy* s, const ddp_step_info* info, int* synced) {
+  return guard(s->host.raw(), [&] {
+    *synced = info->step < s->warmup_steps;  // DDP's steps leave equal replicas
+    if (!averages_after(s, info->step)) return;
+    ddp::strategy::average_spans(*s, ddp::strategy::values_of(s->host, s->moved), s->staging.floats());
+    s->moved.assign(s->moved.size(), false);
+    ++s->averages;
+    *synced = 1;
+  });
+}
+
+// {"period": H, "warmup_steps": W, "averages": n}
+ddp_status localsgd_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed) {
+  return guard(s->host.raw(), [&] {
+    ddp::strategy::write_stats("{\"period\": " + std::to_string(s->period) +
+                                   ", \"warmup_steps\": " + std::to_string(s->warmup_steps) +
+                                   ", \"averages\": " + std::to_string(s->averages) + "}",
+                               buf, cap, needed);
+  });
+}
+
+void localsgd_destroy(ddp_strategy* s) { delete s; }
+
+}  // namespace
+
+DDP_STRATEGY_ENTRY = {
+    DDP_ABI_VERSION,
+    sizeof(ddp_strategy_v1_t),
+    "localsgd",
+    "0.1.0",
+    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_DIVERGENT,
+    localsgd_create,
+    localsgd_on_train_begin,
+    localsgd_on_step_begin,
+    nullptr,  // on_grad_ready, on_backward_end: the warmup averages
+    nullptr,  // in finish, once the whole backward is done
+    localsgd_finish,
+    nullptr,  // optimizer_step: the engine's optimizer runs, on each rank's own gradients
+    localsgd_stats,
+    localsgd_destroy,
+    nullptr,  // held_grads: every rank holds its gradients whole
+    kKeys,
+    nullptr,  // on_unit
+    nullptr,  // on_train_end
+    nullptr,  // grad_ranges: it claims no storage
+    nullptr,  // plan
+    nullptr,  // unit_values (1.5): it claims no values
+    nullptr,  // take_values (1.7)
+    localsgd_on_step_end,
+};

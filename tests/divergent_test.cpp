@@ -1,0 +1,147 @@
+// divergent_test.cpp — strategies whose replicas differ on purpose between
+// sync points (DDP_CAP_DIVERGENT, ABI 1.8): `localsgd` and `diloco`,
+// through the real engine and the gloo transport, each rank a forked
+// process (tests/harness.h). What binds them still:
+//  - the ranks really differ between sync points and are bitwise equal at
+//    each one; the replica check (run.check_replicas_every = 1) runs there
+//    only, also where the period does not divide the steps, and the end of
+//    the run is checked only where its last step is a sync point;
+//  - a rank that keeps its own values at one sync point (the transport
+//    `dies` drops its all-reduce there) is caught at that sync point;
+//  - checkpoints, which do not hold every rank's state yet, are refused.
+// Their equality with DDP where the algebra says so (period 1, SGD) is the
+// conformance suite's: localsgd_1, localsgd_warmup, diloco_1 in ctest.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "harness.h"
+
+namespace ddp {
+namespace {
+
+using harness::RunResult;
+using nlohmann::json;
+
+const std::string kFixtures = std::string(DDP_TEST_DATA_DIR) + "/fixtures/";
+const std::string kDies = std::string(DDP_TEST_BROKEN_PLUGIN_DIR) + "/libddp_transport_dies.so";
+
+// `steps` of toy with SGD (momentum: per-rank state), every step's replicas
+// due for a check; `strategy` is the [strategy] table's body.
+std::string toml(const std::string& strategy, int steps, const std::string& transport = "gloo") {
+  return "[run]\nsteps = " + std::to_string(steps) + "\nseed = 7\ntimeout_s = 30\ncheck_replicas_every = 1\n" +
+         "[model]\nname = \"toy\"\n[data]\npath = \"" + kFixtures + "toy_data.safetensors\"\nbatch_size = 24\n" +
+         "[optimizer]\nlr = 0.1\nmomentum = 0.9\n[transport]\nplugin = \"" + transport + "\"\n[strategy]\n" +
+         strategy;
+}
+
+RunResult run_ok(const std::string& config, int world) {
+  RunResult r = harness::run(config, world);
+  for (const auto& f : r.failures) ADD_FAILURE() << f;
+  return r;
+}
+
+bool ranks_equal(const RunResult& r, int64_t step) {
+  for (size_t k = 1; k < r.ranks.size(); ++k)
+    if (r.ranks[k].at(step) != r.ranks[0].at(step)) return false;
+  return true;
+}
+
+// Ranks equal exactly after the steps `synced` says, different after the
+// others; what summary.json says of them.
+void expect_sync_points(const RunResult& r, const std::vector<bool>& synced, const std::vector<int64_t>& checked) {
+  ASSERT_FALSE(r.summary.is_null());
+  EXPECT_EQ(r.summary["synced"], json(synced));
+  EXPECT_EQ(r.summary["replica_checks"]["sync_points_only"], true);
+  EXPECT_EQ(r.summary["replica_checks"]["after_steps"], json(checked));
+  EXPECT_TRUE(ranks_equal(r, 0)) << "rank 0's parameters everywhere after set-up";
+  for (size_t s = 0; s < synced.size(); ++s)
+    EXPECT_EQ(ranks_equal(r, int64_t(s) + 1), bool(synced[s])) << "after step " << s + 1;
+}
+
+TEST(LocalSgd, ReplicasDifferBetweenAveragesAndAreCheckedAtEachOne) {
+  // 7 steps, period 3: averaged after steps 3 and 6; the last is local.
+  const RunResult r = run_ok(toml("plugin = \"localsgd\"\nperiod = 3\n", 7), 2);
+  expect_sync_points(r, {false, false, true, false, false, true, false}, {3, 6});
+  EXPECT_EQ(r.summary["strategy_stats"]["averages"], 2);
+  // The last step's parameters are rank 0's own (docs/strategies.md).
+  ASSERT_EQ(r.names[1], "fc1.weight");
+  EXPECT_EQ(r.final_weights.at("fc1.weight").as_floats("weights", "fc1.weight"), r.ranks[0].at(7)[1]);
+  EXPECT_NE(r.ranks[1].at(7)[1], r.ranks[0].at(7)[1]);
+}
+
+TEST(LocalSgd, WarmupStepsAreDdpThenLocal) {
+  // Steps 1-2 averaged gradients (DDP), then an average every 2 local
+  // steps: after 4 and 6. The end (step 6) was just checked: once.
+  RunResult r = run_ok(toml("plugin = \"localsgd\"\nperiod = 2\nwarmup_steps = 2\n", 6), 3);
+  expect_sync_points(r, {true, true, false, true, false, true}, {1, 2, 4, 6});
+}
+
+TEST(DiLoCo, OuterStepsAtEachPeriodWithThePapersDefaults) {
+  const RunResult r = run_ok(toml("plugin = \"diloco\"\nperiod = 3\n", 8), 2);
+  expect_sync_points(r, {false, false, true, false, false, true, false, false}, {3, 6});
+  EXPECT_EQ(r.summary["strategy_stats"]["outer_steps"], 2);
+  EXPECT_EQ(r.summary["strategy_stats"]["outer_lr"], 0.7);
+  EXPECT_EQ(r.summary["strategy_stats"]["outer_momentum"], 0.9);
+}
+
+TEST(DiLoCo, AChecksDueBetweenSyncPointsRunsAtTheNext) {
+  // every = 4, period 3, 9 steps: due after step 4, checked at step 6;
+  // due after 8, checked at 9, the last step: the end is not checked again.
+  const RunResult r = harness::run(toml("plugin = \"diloco\"\nperiod = 3\n", 9), 2, {"run.check_replicas_every=4"});
+  for (const auto& f : r.failures) ADD_FAILURE() << f;
+  ASSERT_FALSE(r.summary.is_null());
+  EXPECT_EQ(r.summary["replica_checks"]["after_steps"], json({6, 9}));
+}
+
+TEST(LocalSgd, ARankThatKeepsItsValuesAtASyncPointIsCaughtThere) {
+  // Rank 1's second all-reduce (step 6's average) averages zeros of its
+  // own instead: its values stay its own, the others average.
+  const std::string config = toml("plugin = \"localsgd\"\nperiod = 3\n", 7, kDies);
+  RunResult r = harness::run(config, 2, {"transport.drop_rank=1", "transport.drop_at=2"});
+  ASSERT_FALSE(r.failures.empty()) << "the run passed";
+  bool named = false;
+  for (const std::string& f : r.failures)
+    named |= f.find("the replicas differ after step 6: parameter 'fc1.weight' of rank 1 differs from rank 0's") !=
+             std::string::npos;
+  EXPECT_TRUE(named) << r.failures[0];
+  EXPECT_TRUE(ranks_equal(r, 3)) << "step 3's average was whole";
+}
+
+TEST(Divergent, CheckpointsAreRefusedByName) {
+  const RunResult r = harness::run(toml("plugin = \"diloco\"\nperiod = 2\n", 4), 2, {"checkpoint.every=2"});
+  ASSERT_FALSE(r.failures.empty());
+  EXPECT_NE(r.failures[0].find("checkpoint.every: strategy plugin 'diloco' lets the replicas differ between sync "
+                               "points (DDP_CAP_DIVERGENT), and a checkpoint does not hold each rank's parameters "
+                               "and optimizer state yet"),
+            std::string::npos)
+      << r.failures[0];
+}
+
+// A strategy whose caps lack DDP_CAP_DIVERGENT has equal replicas after
+// every step: saying otherwise stops the run (tests/plugins/strategy_divergent.c).
+TEST(Divergent, ReplicasSaidToDifferWithoutTheCapStopTheRun) {
+  const std::string plugin = std::string(DDP_TEST_BROKEN_PLUGIN_DIR) + "/libddp_strategy_divergent_nocap.so";
+  const RunResult r = harness::run(toml("plugin = \"" + plugin + "\"\n", 2), 1);
+  ASSERT_FALSE(r.failures.empty());
+  EXPECT_NE(r.failures[0].find("strategy plugin 'divergent_nocap': on_step_end said the replicas may differ after "
+                               "step 1, but its caps lack DDP_CAP_DIVERGENT"),
+            std::string::npos)
+      << r.failures[0];
+}
+
+TEST(Divergent, APeriodIsRequired) {
+  for (const char* plugin : {"localsgd", "diloco"}) {
+    const RunResult r = harness::run(toml(std::string("plugin = \"") + plugin + "\"\n", 2), 2);
+    ASSERT_FALSE(r.failures.empty());
+    EXPECT_NE(r.failures[0].find(std::string("create: strategy.period: ") + plugin +
+                                 " needs the number of steps between sync points, an integer >= 1 (the key is "
+                                 "required)"),
+              std::string::npos)
+        << r.failures[0];
+  }
+}
+
+}  // namespace
+}  // namespace ddp
