@@ -184,7 +184,7 @@ TEST_F(Integrity, ResealedEditsAreCheckedAgainstTheCheckpointsShape) {
   EXPECT_EQ(refused_after([](auto& j) { j["files"].erase("weights.safetensors"); }),
             meta + ": files: no weights.safetensors");
   EXPECT_EQ(refused_after([](auto& j) { j["format"] = "ddp-checkpoint 1"; }),
-            meta + ": format \"ddp-checkpoint 1\" is not \"ddp-checkpoint 2\", the one this ddp reads");
+            meta + ": format \"ddp-checkpoint 1\" is not \"ddp-checkpoint 2\" or 3, those this ddp reads");
   EXPECT_EQ(refused_after([](auto& j) { j.erase("losses"); }).rfind(meta + ": not a checkpoint's metadata (", 0), 0u);
   // The optimizer named twice must agree (AdamW's moments read as SGD's).
   EXPECT_EQ(refused_after([](auto& j) {

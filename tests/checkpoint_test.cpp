@@ -147,6 +147,88 @@ INSTANTIATE_TEST_SUITE_P(Strategies, BitwiseResume, testing::ValuesIn(bitwise_ca
                            return info.param.strategy.name + "_" + info.param.optimizer;
                          });
 
+// Replicas that differ on purpose (DDP_CAP_DIVERGENT): localsgd (averages
+// after steps 1 and 4) and diloco (an outer step after step 4), each
+// checkpointed after step 2, where the ranks differ, and after step 4.
+const std::vector<Strategy> kDivergent = {
+    {"localsgd", "localsgd", "[strategy.localsgd]\nperiod = 3\nwarmup_steps = 1\n"},
+    {"diloco", "diloco", "[strategy.diloco]\nperiod = 4\n"},
+};
+
+// Every rank's weights after every step, bit for bit, from step `from` on.
+void expect_same_ranks(const RunResult& a, const RunResult& b, int64_t from, const std::string& what) {
+  ASSERT_EQ(a.ranks.size(), b.ranks.size()) << what;
+  for (size_t r = 0; r < a.ranks.size(); ++r)
+    for (int64_t step = from; step <= 6; ++step)
+      EXPECT_TRUE(a.ranks[r].at(step) == b.ranks[r].at(step)) << what << ": rank " << r << " after step " << step;
+}
+
+TEST(DivergentResume, EveryRanksOwnStateSurvivesBitForBit) {
+  for (const Strategy& s : kDivergent)
+    for (const std::string& optimizer : {kSgd, kAdamW}) {
+      const std::string config = toml(s, optimizer), what = s.name + (optimizer == kSgd ? " sgd" : " adamw");
+      TempDir dir;
+      const RunResult whole = run_ok(config, 2);
+      const RunResult writing = run_ok(config, 2, checkpointing(dir.path));
+      expect_same_ranks(whole, writing, 1, what + ": writing checkpoints changed the run");
+      ASSERT_FALSE(whole.ranks[1].at(2) == whole.ranks[0].at(2)) << what << ": the ranks do not differ at step 2";
+      for (const char* from : {"step-00000002", "step-00000004"}) {
+        const RunResult resumed = run_ok(config, 2, checkpointing(dir.path), dir.path + "/" + from);
+        const int64_t first = from == std::string("step-00000002") ? 3 : 5;
+        expect_same_ranks(whole, resumed, first, what + ": resumed from " + from);
+        EXPECT_EQ(resumed.summary["loss"], whole.summary["loss"]) << what << ": resumed from " << from;
+      }
+    }
+}
+
+// Rank 1's momentum is its own: its optimizer file, not a copy of rank 0's.
+TEST(DivergentResume, EachRankWritesItsOwnWeightsAndOptimizerState) {
+  TempDir dir;
+  run_ok(toml(kDivergent[1], kSgd), 2, checkpointing(dir.path));
+  const std::string step2 = dir.path + "/step-00000002/";
+  for (const char* file : {"weights.safetensors", "weights-1.safetensors", "optimizer-0.safetensors",
+                           "optimizer-1.safetensors", "strategy-0.safetensors", "strategy-1.safetensors"})
+    EXPECT_TRUE(fs::exists(step2 + file)) << file;
+  const auto momentum = [&](const char* file) {
+    return read_safetensors(step2 + file).at("fc2.fc.weight.momentum_buffer").as_floats(file, "momentum");
+  };
+  EXPECT_NE(momentum("optimizer-0.safetensors"), momentum("optimizer-1.safetensors"));
+  const auto meta = read_checkpoint_meta(step2);
+  EXPECT_TRUE(meta.divergent);
+  EXPECT_EQ(meta.format, "ddp-checkpoint 3");
+}
+
+TEST(DivergentResume, OnAnotherWorldSizeOrUnderAnEqualReplicaStrategyIsRefusedByName) {
+  TempDir dir;
+  const std::string config = toml(kDivergent[0], kSgd);
+  run_ok(config, 2, checkpointing(dir.path));
+  const std::string step2 = dir.path + "/step-00000002";
+  RunResult r = harness::run(config, 4, checkpointing(dir.path), step2);
+  ASSERT_FALSE(r.failures.empty());
+  EXPECT_NE(r.failures[0].find("--resume " + step2 + ": it holds each rank's own replica (strategy 'localsgd' lets "
+                               "them differ) for 2 ranks: it resumes on as many, not run.world_size = 4"),
+            std::string::npos) << r.failures[0];
+  std::vector<std::string> bucketed = checkpointing(dir.path);
+  bucketed.push_back("strategy.plugin=\"bucketed\"");
+  r = harness::run(config, 2, bucketed, step2);
+  ASSERT_FALSE(r.failures.empty());
+  EXPECT_NE(r.failures[0].find("--resume " + step2 + ": it holds each rank's own replica (strategy 'localsgd' lets "
+                               "them differ), and strategy plugin 'bucketed' keeps the replicas equal"),
+            std::string::npos) << r.failures[0];
+  // diloco keeps θ_global: a localsgd checkpoint holds none.
+  TempDir other;
+  const std::string local =
+      toml({"localsgd", "localsgd", "[strategy.localsgd]\nperiod = 3\n[strategy.diloco]\nperiod = 3\n"}, kSgd);
+  run_ok(local, 2, checkpointing(other.path));
+  std::vector<std::string> sets = checkpointing(other.path);
+  sets.push_back("strategy.plugin=\"diloco\"");
+  r = harness::run(local, 2, sets, other.path + "/step-00000002");
+  ASSERT_FALSE(r.failures.empty());
+  EXPECT_NE(r.failures[0].find("strategy plugin 'diloco' keeps state across steps ('global' first), and the "
+                               "checkpoint, written by strategy 'localsgd', holds none of it"),
+            std::string::npos) << r.failures[0];
+}
+
 // Another world size, another strategy: the optimizer state follows each
 // parameter to its new owner.
 TEST(ResumeElsewhere, TwoToFourAndFourToTwoRanksAcrossStrategiesWithinTolerance) {

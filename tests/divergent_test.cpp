@@ -8,9 +8,9 @@
 //    the run is checked only where its last step is a sync point;
 //  - a rank that keeps its own values at one sync point (the transport
 //    `dies` drops its all-reduce there) is caught at that sync point;
-//  - checkpoints, which do not hold every rank's state yet, are refused.
 // Their equality with DDP where the algebra says so (period 1, SGD) is the
-// conformance suite's: localsgd_1, localsgd_warmup, diloco_1 in ctest.
+// conformance suite's: localsgd_1, localsgd_warmup, diloco_1 in ctest; their
+// checkpoints checkpoint_test's DivergentResume.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -107,16 +107,6 @@ TEST(LocalSgd, ARankThatKeepsItsValuesAtASyncPointIsCaughtThere) {
              std::string::npos;
   EXPECT_TRUE(named) << r.failures[0];
   EXPECT_TRUE(ranks_equal(r, 3)) << "step 3's average was whole";
-}
-
-TEST(Divergent, CheckpointsAreRefusedByName) {
-  const RunResult r = harness::run(toml("plugin = \"diloco\"\nperiod = 2\n", 4), 2, {"checkpoint.every=2"});
-  ASSERT_FALSE(r.failures.empty());
-  EXPECT_NE(r.failures[0].find("checkpoint.every: strategy plugin 'diloco' lets the replicas differ between sync "
-                               "points (DDP_CAP_DIVERGENT), and a checkpoint does not hold each rank's parameters "
-                               "and optimizer state yet"),
-            std::string::npos)
-      << r.failures[0];
 }
 
 // A strategy whose caps lack DDP_CAP_DIVERGENT has equal replicas after

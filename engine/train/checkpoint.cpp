@@ -85,12 +85,16 @@ json meta_json(const CheckpointInput& in, int64_t step, const StateLayout& layou
   for (const Parameter& p : in.params)
     if (p.trainable) trainable.push_back(p.name);
   for (const auto& [name, d] : digests) files[name] = {{"bytes", d.bytes}, {"xxh3", d.xxh3}};
-  return {{"format", "ddp-checkpoint 2"},      {"step", step},
-          {"world_size", in.world},            {"strategy", in.strategy},
-          {"transport", in.transport},         {"optimizer", in.config.optimizer.name},
-          {"trainable", trainable},            {"losses", in.losses},
-          {"state", state},                    {"config", json(in.config_items)},
-          {"files", files}};
+  json meta = {{"format", in.divergent ? "ddp-checkpoint 3" : "ddp-checkpoint 2"},
+               {"step", step},
+               {"world_size", in.world}};
+  if (in.divergent) meta["divergent"] = true;  // each rank's own files: an older ddp refuses format 3
+  meta.update(json{{"strategy", in.strategy},
+                   {"transport", in.transport},         {"optimizer", in.config.optimizer.name},
+                   {"trainable", trainable},            {"losses", in.losses},
+                   {"state", state},                    {"config", json(in.config_items)},
+                   {"files", files}});
+  return meta;
 }
 
 // Rank 0, once every rank's files are in `partial`: the metadata, then the
@@ -129,6 +133,19 @@ void all_or_none(const CheckpointInput& in, const std::string& failure, const st
   }
 }
 
+// A divergent checkpoint's optimizer state, as rank `rank` reads it: its
+// own optimizer-<r>, holding every state whole.
+void own_state_files(CheckpointMeta& meta, int rank, const std::string& path) {
+  const std::string own = "optimizer-" + std::to_string(rank) + ".safetensors";
+  for (auto& [name, state] : meta.state) {
+    if (!meta.files.count(own) || !state.pieces.empty())
+      throw Error((fs::path(path) / kMeta).string() + ": divergent, but the state of '" + name +
+                      "' is not whole in " + own + ", rank " + std::to_string(rank) + "'s own",
+                  DDP_ERR_INVALID_ARGUMENT);
+    state.file = own;
+  }
+}
+
 }  // namespace
 
 int64_t step_of(const std::string& name) {
@@ -137,6 +154,11 @@ int64_t step_of(const std::string& name) {
   if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
   return std::stoll(digits);  // < 10^18: no overflow
 }
+
+std::string weights_file(int rank, bool divergent) {
+  return rank == 0 || !divergent ? "weights.safetensors" : "weights-" + std::to_string(rank) + ".safetensors";
+}
+std::string strategy_state_file(int rank) { return "strategy-" + std::to_string(rank) + ".safetensors"; }
 
 std::string checkpoint_name(int64_t step) {
   char name[32];
@@ -203,6 +225,7 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
     m.format = j.at("format").get<std::string>();
     m.step = whole(j, "step", 0);
     m.world_size = int(std::min<int64_t>(whole(j, "world_size", 1), INT32_MAX));
+    m.divergent = j.contains("divergent") && j.at("divergent").get<bool>();
     m.strategy = j.at("strategy").get<std::string>();
     m.transport = j.at("transport").get<std::string>();
     m.optimizer = j.at("optimizer").get<std::string>();
@@ -319,13 +342,23 @@ std::string write_checkpoint(const CheckpointInput& in, int64_t step) {
   // Rank 0's directory is ready; then which rank holds which state.
   all_or_none(in, failure.empty() ? "" : partial.string() + ": " + failure, "create " + partial.string());
   const StateLayout layout = gather_state_layout(in);
-  std::string state_file;
-  failure = attempt([&] { state_file = write_state_file(in, layout, partial); });
-  const std::string weights = write_weights((partial / "weights.safetensors").string(), in.params, in.rank == 0,
-                                            in.collective, in.visit_values);  // every rank, where collective
+  RankFiles mine;
+  failure = attempt([&] {
+    mine.optimizer = write_state_file(in, layout, partial);
+    if (!in.strategy_state.empty()) {
+      mine.strategy = strategy_state_file(in.rank);
+      write_safetensors((partial / mine.strategy).string(), in.strategy_state);
+    }
+  });
+  // Rank 0's weights (every rank takes part where the strategy gathers
+  // them); where the replicas differ, each rank's own.
+  const bool writes_weights = in.rank == 0 || in.divergent;
+  if (writes_weights) mine.weights = weights_file(in.rank, in.divergent);
+  const std::string weights = write_weights((partial / weights_file(in.rank, in.divergent)).string(), in.params,
+                                            writes_weights, in.collective, in.visit_values);
   if (failure.empty()) failure = weights;
   all_or_none(in, failure, "write its files into " + partial.string());
-  const std::map<std::string, FileDigest> digests = gather_file_digests(in, partial, state_file);
+  const std::map<std::string, FileDigest> digests = gather_file_digests(in, partial, mine);
   if (in.rank == 0) {
     failure = attempt([&] { complete(in, step, meta_json(in, step, layout, digests), partial); });
     if (!failure.empty()) throw Error("checkpoint: " + failure, DDP_ERR_INVALID_ARGUMENT);
@@ -333,15 +366,14 @@ std::string write_checkpoint(const CheckpointInput& in, int64_t step) {
   return (dir / checkpoint_name(step)).string();
 }
 
-void load_checkpoint(const std::string& path, const CheckpointMeta& meta, std::vector<Parameter>& params,
-                     Optimizer& optimizer, InitialValues& values) {
-  const std::string weights_file = (fs::path(path) / "weights.safetensors").string();
-  auto weights = std::make_unique<SafetensorsReader>(weights_file);
+void load_checkpoint(const std::string& path, const CheckpointMeta& meta, const std::string& weights_name,
+                     std::vector<Parameter>& params, Optimizer& optimizer, InitialValues& values) {
+  const std::string file = (fs::path(path) / weights_name).string();
+  auto weights = std::make_unique<SafetensorsReader>(file);
   for (Parameter& p : params) {
     const SafetensorsReader::Entry* w = weights->find(p.name);
     if (!w || w->shape != p.shape)
-      throw Error(weights_file + ": no tensor '" + p.name + "' of shape " + shape_string(p.shape),
-                  DDP_ERR_INVALID_ARGUMENT);
+      throw Error(file + ": no tensor '" + p.name + "' of shape " + shape_string(p.shape), DDP_ERR_INVALID_ARGUMENT);
     weights->find_floats(p.name);
   }
   values.read_from(std::move(weights));  // read a tensor at a time, once the strategy has claimed its part
@@ -368,11 +400,16 @@ std::map<std::string, std::string> resume_items(const Config& config) {
   return items;
 }
 
-Resumed resume_run(const Config& config, Model& model, Device& device, Optimizer& optimizer,
+Resumed resume_run(const Config& config, int rank, Model& model, Device& device, Optimizer& optimizer,
                    InitialValues& values) {
   const std::string path = resolve_checkpoint(config.checkpoint.dir, config.resume);
   refuse_foreign_checkpoints(config, path);
-  const CheckpointMeta meta = read_checkpoint_meta(path);
+  CheckpointMeta meta = read_checkpoint_meta(path);
+  if (meta.divergent && meta.world_size != config.run.world_size)
+    throw ConfigError("--resume " + path + ": it holds each rank's own replica (strategy '" + meta.strategy +
+                      "' lets them differ) for " + std::to_string(meta.world_size) +
+                      " ranks: it resumes on as many, not run.world_size = " + std::to_string(config.run.world_size));
+  if (meta.divergent) own_state_files(meta, rank, path);
   const ResumeCheck check = compare_for_resume(meta.config, resume_items(config));
   if (!check.refused.empty()) throw ConfigError("--resume " + path + ": " + check.refused);
   if (meta.step > config.run.steps)
@@ -386,8 +423,10 @@ Resumed resume_run(const Config& config, Model& model, Device& device, Optimizer
     throw ConfigError("--resume " + path + ": the parameters trainable after step " + std::to_string(meta.step) +
                       " differ from the checkpoint's");
   verify_checkpoint_files(path, meta);  // before any tensor is read
-  load_checkpoint(path, meta, model.params(), optimizer, values);
-  return Resumed{path, meta.step, meta.losses, check.changed};
+  load_checkpoint(path, meta, weights_file(rank, meta.divergent), model.params(), optimizer, values);
+  const std::string strategy_state = meta.files.count(strategy_state_file(rank)) ? strategy_state_file(rank) : "";
+  return Resumed{path, meta.step, meta.losses, check.changed, meta.strategy, meta.divergent,
+                 strategy_state.empty() ? "" : (fs::path(path) / strategy_state).string()};
 }
 
 namespace {

@@ -7,6 +7,14 @@
 //                                        no lower rank did: "<name>.exp_avg",
 //                                        "<name>.exp_avg_sq" (AdamW),
 //                                        "<name>.momentum_buffer" (SGD)
+//   step-00000010/weights-<r>.safetensors, strategy-<r>.safetensors
+//                                        where the replicas differ (a
+//                                        divergent strategy: format 3): each
+//                                        rank r > 0's own parameters (rank
+//                                        0's are weights.safetensors); each
+//                                        rank's optimizer-<r> then holds its
+//                                        whole state; and the strategy's
+//                                        own state, where it keeps some
 //   step-00000010/checkpoint.json        written last: the step, the world
 //                                        size and plugins, every config key,
 //                                        the trainable parameters, each
@@ -37,14 +45,16 @@
 #include "initial_values.h"
 #include "model.h"
 #include "optimizer.h"
+#include "safetensors.h"
 #include "whole_model.h"
 
 namespace ddp {
 
 struct CheckpointMeta {
-  std::string format;  // "ddp-checkpoint 2"
+  std::string format;  // "ddp-checkpoint 2"; 3: divergent
   int64_t step = 0;    // optimizer steps done
   int world_size = 1;
+  bool divergent = false;  // each rank's own replica (format 3)
   std::string strategy, transport, optimizer;
   std::map<std::string, std::string> config;  // config_items() of the run
   std::vector<std::string> trainable;         // parameters trainable at `step`
@@ -123,7 +133,18 @@ struct CheckpointInput {
   // at the same point (the strategy gathers); else rank 0 alone does.
   HostVisit visit_values;
   bool collective = false;
+  // The replicas may differ (a divergent strategy): every rank writes its
+  // own weights and whole optimizer state. The strategy's own state, this
+  // rank's (strategy-<r>.safetensors where not empty).
+  bool divergent = false;
+  std::vector<NamedFloats> strategy_state{};
 };
+
+// The file that holds rank `rank`'s parameters in a checkpoint:
+// weights.safetensors, or, in a divergent one, weights-<r> for r > 0. And
+// rank `rank`'s strategy state. Pure.
+std::string weights_file(int rank, bool divergent);
+std::string strategy_state_file(int rank);
 
 // Every rank calls it after the same step; returns the checkpoint's path.
 // Throws Error naming the file and the reason (on every rank: a rank's
@@ -131,22 +152,26 @@ struct CheckpointInput {
 std::string write_checkpoint(const CheckpointInput& in, int64_t step);
 
 // Loads `path`'s optimizer state into `optimizer` (for the parameters'
-// first step), and makes its weights, checked whole, where `values` reads
-// `params` from.
-void load_checkpoint(const std::string& path, const CheckpointMeta& meta, std::vector<Parameter>& params,
-                     Optimizer& optimizer, InitialValues& values);
+// first step), and makes its weights (`weights`, a file of it), checked
+// whole, where `values` reads `params` from.
+void load_checkpoint(const std::string& path, const CheckpointMeta& meta, const std::string& weights,
+                     std::vector<Parameter>& params, Optimizer& optimizer, InitialValues& values);
 
 // config.resume, before the plugins start: the checkpoint it names, checked
 // against `config` (ConfigError naming the first key that may not change),
-// loaded into `optimizer` and `values` (load_checkpoint), with the
-// unfreeze schedule applied to `model` up to its step.
+// loaded into `optimizer` and `values` (load_checkpoint) as rank `rank`
+// reads it (a divergent one: its own files, on the same world size only),
+// with the unfreeze schedule applied to `model` up to its step.
 struct Resumed {
   std::string path;
   int64_t step = 0;
   std::vector<double> losses;        // steps 1..step
   std::vector<std::string> changed;  // what the config changed, as allowed
+  std::string strategy;              // the strategy that wrote it
+  bool divergent = false;            // each rank's own replica
+  std::string strategy_state;        // this rank's strategy state file ("": none)
 };
-Resumed resume_run(const Config& config, Model& model, Device& device, Optimizer& optimizer,
+Resumed resume_run(const Config& config, int rank, Model& model, Device& device, Optimizer& optimizer,
                    InitialValues& values);
 
 // A run with checkpoints on writes into a checkpoint.dir that holds

@@ -35,12 +35,15 @@ uint64_t u64_at(const std::vector<double>& v, size_t i) { return (uint64_t(v[i])
 bool checkpoint_file_name(std::string name) {
   if (const size_t tmp = name.find(".tmp."); tmp != std::string::npos) name.resize(tmp);
   if (name == "checkpoint.json" || name == "weights.safetensors") return true;
-  const std::string prefix = "optimizer-", suffix = ".safetensors";
-  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
-      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-    return false;
-  const std::string rank = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  return rank.size() <= 9 && rank.find_first_not_of("0123456789") == std::string::npos;
+  const std::string suffix = ".safetensors";
+  for (const std::string prefix : {"optimizer-", "weights-", "strategy-"}) {
+    if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string rank = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    return rank.size() <= 9 && rank.find_first_not_of("0123456789") == std::string::npos;
+  }
+  return false;
 }
 
 std::string seal_meta(const std::string& text) {
@@ -70,29 +73,37 @@ std::string unseal_meta(const std::string& text, const std::string& file) {
 }
 
 std::map<std::string, FileDigest> gather_file_digests(const CheckpointInput& in, const fs::path& dir,
-                                                      const std::string& state_file) {
-  std::vector<double> mine;
-  FileDigest digest;
-  if (!state_file.empty()) digest = file_digest((dir / state_file).string());
-  mine.push_back(state_file.empty() ? 0.0 : 1.0);
-  push_u64(mine, digest.bytes);
-  push_u64(mine, digest_bits(digest.xxh3));
-  std::vector<double> all(mine.size() * size_t(in.world));
-  in.all_gather(mine, all);
+                                                      const RankFiles& mine) {
+  // Per rank, per kind: whether it wrote one, its size and digest.
+  const std::string RankFiles::*kinds[] = {&RankFiles::optimizer, &RankFiles::weights, &RankFiles::strategy};
+  std::vector<double> words;
+  for (const auto kind : kinds) {
+    const std::string& name = mine.*kind;
+    const FileDigest digest = name.empty() ? FileDigest{} : file_digest((dir / name).string());
+    words.push_back(name.empty() ? 0.0 : 1.0);
+    push_u64(words, digest.bytes);
+    push_u64(words, digest_bits(digest.xxh3));
+  }
+  std::vector<double> all(words.size() * size_t(in.world));
+  in.all_gather(words, all);
   std::map<std::string, FileDigest> files;
   if (in.rank != 0) return files;
-  files["weights.safetensors"] = file_digest((dir / "weights.safetensors").string());
-  for (int r = 0; r < in.world; ++r) {
-    const size_t at = mine.size() * size_t(r);
-    if (all[at] == 0.0) continue;
-    files["optimizer-" + std::to_string(r) + ".safetensors"] = FileDigest{u64_at(all, at + 1), digest_hex(u64_at(all, at + 3))};
-  }
+  const size_t per_kind = words.size() / 3;
+  for (int r = 0; r < in.world; ++r)
+    for (size_t k = 0; k < 3; ++k) {
+      const size_t at = words.size() * size_t(r) + per_kind * k;
+      if (all[at] == 0.0) continue;
+      const std::string name = k == 0 ? "optimizer-" + std::to_string(r) + ".safetensors"
+                               : k == 1 ? weights_file(r, in.divergent)
+                                        : strategy_state_file(r);
+      files[name] = FileDigest{u64_at(all, at + 1), digest_hex(u64_at(all, at + 3))};
+    }
   return files;
 }
 
 void check_meta_shape(const CheckpointMeta& meta, const std::string& file) {
-  if (meta.format != "ddp-checkpoint 2")
-    throw bad(file, "format \"" + meta.format + "\" is not \"ddp-checkpoint 2\", the one this ddp reads");
+  if (meta.format != "ddp-checkpoint 2" && meta.format != "ddp-checkpoint 3")
+    throw bad(file, "format \"" + meta.format + "\" is not \"ddp-checkpoint 2\" or 3, those this ddp reads");
   if (meta.step < 0) throw bad(file, "step " + std::to_string(meta.step) + " is negative");
   if (meta.world_size < 1) throw bad(file, "world_size " + std::to_string(meta.world_size) + " is below 1");
   const auto named = meta.config.find("optimizer.name");
@@ -105,6 +116,10 @@ void check_meta_shape(const CheckpointMeta& meta, const std::string& file) {
         !is_hex(digest.xxh3))
       throw bad(file, "files: \"" + name + "\" is not a checkpoint file with a 16-digit xxh3");
   if (!meta.files.count("weights.safetensors")) throw bad(file, "files: no weights.safetensors");
+  if ((meta.format == "ddp-checkpoint 3") != meta.divergent)
+    throw bad(file, std::string(meta.divergent ? "divergent in format 2" : "format 3 without \"divergent\": true"));
+  for (int r = 1; meta.divergent && r < meta.world_size; ++r)
+    if (!meta.files.count(weights_file(r, true))) throw bad(file, "files: no " + weights_file(r, true) + ", rank " + std::to_string(r) + "'s replica");
   const auto listed = [&](const std::string& state_file, const std::string& param) {
     if (!meta.files.count(state_file))
       throw bad(file, "state of '" + param + "': file \"" + state_file + "\" is not among its files");

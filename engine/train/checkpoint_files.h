@@ -20,7 +20,8 @@
 namespace ddp {
 
 // A name a checkpoint's file has ("weights.safetensors", "optimizer-<r>
-// .safetensors", "checkpoint.json"), or its temporary while written
+// .safetensors", "weights-<r>.safetensors", "strategy-<r>.safetensors",
+// "checkpoint.json"), or its temporary while written
 // (atomic_file.h: "<name>.tmp.<pid>.<n>"). Pure.
 bool checkpoint_file_name(std::string name);
 
@@ -33,11 +34,18 @@ std::string seal_meta(const std::string& text);
 // the file. Pure.
 std::string unseal_meta(const std::string& text, const std::string& file);
 
+// The files one rank wrote into a checkpoint ("" where it wrote none of
+// that kind): its optimizer state, its weights (rank 0, or each rank where
+// the replicas differ), its strategy's state.
+struct RankFiles {
+  std::string optimizer, weights, strategy;
+};
+
 // Every rank calls it once its files are written into `dir` (an engine
-// collective): `state_file` is the file this rank wrote ("" if none). Rank
-// 0 gets every file's digest; the other ranks an empty map.
+// collective). Rank 0 gets every file's digest; the other ranks an empty
+// map.
 std::map<std::string, FileDigest> gather_file_digests(const CheckpointInput& in, const std::filesystem::path& dir,
-                                                      const std::string& state_file);
+                                                      const RankFiles& mine);
 
 // checkpoint.json (`file`) read into `meta`, checked against its own shape:
 // a known format, files with valid names, the weights among them, every

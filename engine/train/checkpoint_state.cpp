@@ -87,7 +87,8 @@ std::string write_state_file(const CheckpointInput& in, const StateLayout& layou
   };
   for (size_t i = 0; i < in.params.size(); ++i) {
     const Parameter& p = in.params[i];
-    const bool writes_whole = layout.whole_writer[i] == in.rank;
+    // Where the replicas differ, every rank writes its own (the same names).
+    const bool writes_whole = layout.whole_writer[i] == in.rank || (in.divergent && layout.whole_writer[i] >= 0);
     if (!writes_whole && (layout.whole_writer[i] >= 0 || !layout.pieces.count(i))) continue;
     named = true;
     for (SavedState& s : in.optimizer.saved(i)) {

@@ -122,6 +122,27 @@ bool RankPlugins::on_step_end(const ddp_step_info& info) {
   return synced != 0;
 }
 
+std::vector<RankPlugins::StateBuffer> RankPlugins::state() {
+  std::vector<StateBuffer> out;
+  if (!strategy_api().state) return out;
+  const ddp_state_buffer* buffers = nullptr;
+  size_t count = 0;
+  call("state", [&] { return strategy_api().state(strategy_, &buffers, &count); });
+  for (size_t k = 0; k < count; ++k) {
+    const ddp_state_buffer& b = buffers[k];
+    std::string name = b.name ? b.name : "";
+    bool unique = !name.empty() && name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.") ==
+                                       std::string::npos;
+    for (const StateBuffer& earlier : out) unique = unique && earlier.name != name;
+    if (!unique || (b.count > 0 && !b.ptr))
+      throw Error(strategy_host_->label() + ": state: buffer " + std::to_string(k) + " ('" + name +
+                      "') needs a name of its own of [A-Za-z0-9_.] and memory for its " + std::to_string(b.count) +
+                      " elements", DDP_ERR_INVALID_ARGUMENT);
+    out.push_back({std::move(name), static_cast<float*>(b.ptr), b.count});
+  }
+  return out;
+}
+
 void RankPlugins::unit_values(size_t unit, bool hold) {
   const char* entry = unit < unit_entries_.size() / 6 ? unit_entries_[6 * unit + 4].c_str() : "unit_values";
   call(entry, [&] { return strategy_api().unit_values(strategy_, unit, hold ? 1 : 0); });

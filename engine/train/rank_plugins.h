@@ -82,6 +82,15 @@ class RankPlugins {
   // (1.8) After the optimizer step: whether every rank holds the same
   // parameters now (a sync point); true where the strategy has no entry.
   bool on_step_end(const ddp_step_info& info);
+  // (1.8) The strategy's own state that checkpoints keep (its `state`
+  // entry), checked: unique names, memory where there are elements. Empty
+  // where it has none. Valid until its next entry.
+  struct StateBuffer {
+    std::string name;
+    float* data;
+    size_t count;
+  };
+  std::vector<StateBuffer> state();
   void unit_values(size_t unit, bool hold);  // (1.5) where the strategy claims values
   // (1.7) Whether the strategy takes values unit by unit (take_values, a
   // model with units): then none exist in create.

@@ -73,6 +73,13 @@ class RankRun {
   // each parameter's first step), frozen set and losses; training goes on
   // after its step. A config that changes what the run trains is refused.
   void resume();
+  // A resumed run, after on_train_begin, before its first step: the
+  // strategy's own state (its `state` entry) from the checkpoint, and
+  // where the replicas differed, this rank's own parameters (on_train_begin
+  // may have broadcast rank 0's). Refuses state the checkpoint lacks, by name.
+  void put_back_resumed_state();
+  // The strategy's state (its `state` entry) as host copies, for a checkpoint.
+  std::vector<NamedFloats> strategy_state(std::vector<std::vector<float>>& storage);
 
   // The parameters' values (initial_values.h): make_values gives every
   // one the strategy did not take unit by unit its storage and its first
@@ -157,6 +164,7 @@ class RankRun {
   int64_t start_step_ = 0;            // a resumed run's first step
   std::vector<double> loss_prefix_;   // its checkpoint's losses, steps 1..start_step_
   std::string resumed_from_;          // the checkpoint ("": none)
+  Resumed resumed_;                   // what it said of itself
   std::vector<int64_t> checkpoints_;  // after which steps this run wrote one
   double checkpoint_s_ = 0;
   PeakBytes mem_after_setup_{}, mem_before_optimizer_{}, mem_after_optimizer_{};

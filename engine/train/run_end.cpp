@@ -42,7 +42,8 @@ void RankRun::check_replicas(int64_t step) {
 }
 
 void RankRun::resume() {
-  const Resumed r = resume_run(config_, *model_, *device_, *optimizer_, *initial_);
+  const Resumed r = resume_run(config_, env_.rank.rank, *model_, *device_, *optimizer_, *initial_);
+  resumed_ = r;
   start_step_ = r.step;
   loss_prefix_ = r.losses;
   resumed_from_ = r.path;
@@ -51,6 +52,46 @@ void RankRun::resume() {
               static_cast<long long>(config_.run.steps));
   for (const std::string& change : r.changed) std::printf("  changed: %s\n", change.c_str());
   std::fflush(stdout);
+}
+
+void RankRun::put_back_resumed_state() {
+  if (resumed_from_.empty()) return;
+  auto& params = model_->params();
+  std::vector<float> host;
+  for (size_t i = 0; i < params.size() && resumed_.divergent; ++i) {
+    if (!params[i].data.defined()) continue;  // (held by the strategy: none where replicas differ)
+    host.resize(params[i].data.numel());
+    initial_->fill(i, host.data());
+    device_->upload(params[i].data.data(), host.data(), host.size() * sizeof(float));
+  }
+  const std::vector<RankPlugins::StateBuffer> buffers = plugins_->state();
+  if (buffers.empty()) return;
+  const std::string keeps = "strategy plugin '" + std::string(plugins_->strategy_name()) + "' keeps state across steps";
+  if (resumed_.strategy_state.empty())
+    throw ConfigError("--resume " + resumed_from_ + ": " + keeps + " ('" + buffers[0].name +
+                      "' first), and the checkpoint, written by strategy '" + resumed_.strategy +
+                      "', holds none of it");
+  SafetensorsReader file(resumed_.strategy_state);
+  for (const RankPlugins::StateBuffer& b : buffers) {
+    const SafetensorsReader::Entry* e = file.find_floats(b.name);
+    if (!e || size_t(numel_of(e->shape)) != b.count)
+      throw ConfigError(file.path() + ": no tensor '" + b.name + "' of " + std::to_string(b.count) +
+                        " float32, where " + keeps + " (the checkpoint was written by strategy '" +
+                        resumed_.strategy + "')");
+    host.resize(b.count);
+    file.read_floats(b.name, 0, b.count, host.data());
+    device_->upload(b.data, host.data(), b.count * sizeof(float));
+  }
+}
+
+std::vector<NamedFloats> RankRun::strategy_state(std::vector<std::vector<float>>& storage) {
+  std::vector<NamedFloats> out;
+  for (const RankPlugins::StateBuffer& b : plugins_->state()) {
+    storage.emplace_back(b.count);
+    device_->download(storage.back().data(), b.data, b.count * sizeof(float));
+    out.push_back({b.name, Shape{int64_t(b.count)}, storage.back().data()});
+  }
+  return out;
 }
 
 void RankRun::checkpoint(int64_t step) {
@@ -62,6 +103,9 @@ void RankRun::checkpoint(int64_t step) {
                         loss_prefix_, {}, {}};
   for (const StepRecord& r : records_) input.losses.push_back(r.loss);
   input.collective = values_lent_;  // the strategy gathers them unit by unit, on every rank
+  input.divergent = plugins_->divergent();  // every rank's own weights and state
+  std::vector<std::vector<float>> state;
+  input.strategy_state = strategy_state(state);
   input.visit_values = host_visit("the checkpoint");
   input.all_gather = [this](const std::vector<double>& mine, std::vector<double>& all) {
     plugins_->all_gather(mine, all);

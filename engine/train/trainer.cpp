@@ -96,12 +96,11 @@ void RankRun::set_up() {
   services_.refresh_param_table();
   refresh_trainable();
   plugins_ = std::make_unique<RankPlugins>(config_, services_);
-  if (plugins_->divergent() && config_.checkpoint.every > 0)
-    throw Error(std::string("checkpoint.every: strategy plugin '") + plugins_->strategy_name() +
-                    "' lets the replicas differ between sync points (DDP_CAP_DIVERGENT), and a checkpoint does "
-                    "not hold each rank's parameters and optimizer state yet: its resumed run would not be this "
-                    "run; set checkpoint.every = 0",
-                DDP_ERR_UNSUPPORTED);
+  if (resumed_.divergent && !plugins_->divergent())
+    throw ConfigError("--resume " + resumed_from_ + ": it holds each rank's own replica (strategy '" +
+                      resumed_.strategy + "' lets them differ), and strategy plugin '" + plugins_->strategy_name() +
+                      "' keeps the replicas equal: resume it with a strategy whose replicas may differ "
+                      "(DDP_CAP_DIVERGENT)");
   takes_values_ = plugins_->takes_values();
   if (!takes_values_) make_values();  // before create, as ever
   // The engine's gradients: before create, as ever, for a strategy that
@@ -206,6 +205,7 @@ void RankRun::train() {
   services_.claims_open = false;
   if (takes_values_ && values_claimed(model_->params())) lend_values();  // (none claimed: nothing to lend)
   services_.release_held_values();  // the strategy has taken its part of the values it claimed
+  put_back_resumed_state();
   initial_.reset();  // every value has been made: a resumed checkpoint's file closes
   values_lent_ = values_claimed(model_->params());
   claims_ = services_.claims_any();

@@ -12,6 +12,7 @@
 // optimizer's state, a copy of the model each. Keys: period (required),
 // outer_lr (default 0.7), outer_momentum (default 0.9), the paper's.
 #include <string>
+#include <vector>
 
 #include "../common/replica_sync.h"
 #include "../common/stats.h"
@@ -28,6 +29,7 @@ struct ddp_strategy_s : StrategyBase {
   ddp::strategy::ModelSlots slots;          // every parameter's place in the buffers below
   DeviceBuffer global, momentum, staging;   // θ_global, b, and Δ on its way
   int64_t outer_steps = 0;                  // sync points so far (stats)
+  std::vector<ddp_state_buffer> state;      // θ_global and b, for checkpoints
 };
 
 namespace {
@@ -66,6 +68,8 @@ ddp_status diloco_on_train_begin(ddp_strategy* s) {
     s->global = DeviceBuffer(h.raw(), bytes, DDP_MEM_OPTIMIZER_STATE);
     if (s->outer_momentum > 0) s->momentum = DeviceBuffer(h.raw(), bytes, DDP_MEM_OPTIMIZER_STATE);
     s->staging = DeviceBuffer(h.raw(), bytes, DDP_MEM_COMM_BUFFERS);
+    s->state = {{"global", s->global.get(), s->slots.total}};
+    if (s->momentum.get()) s->state.push_back({"momentum", s->momentum.get(), s->slots.total});
     for (size_t i = 0; i < h.param_count(); ++i) {
       const ddp_param& p = h.param(i);
       h.copy(s->global.floats() + s->slots.offset[i], p.data, StrategyBase::float32_bytes(p), h.compute_stream());
@@ -138,6 +142,14 @@ ddp_status diloco_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed) 
   });
 }
 
+// What a checkpoint keeps: θ_global and b (a resume fills them after
+// on_train_begin, which took θ_global from rank 0's parameters).
+ddp_status diloco_state(ddp_strategy* s, const ddp_state_buffer** out, size_t* count) {
+  *out = s->state.data();
+  *count = s->state.size();
+  return DDP_OK;
+}
+
 void diloco_destroy(ddp_strategy* s) { delete s; }
 
 }  // namespace
@@ -166,4 +178,5 @@ DDP_STRATEGY_ENTRY = {
     nullptr,  // unit_values (1.5): it claims no values
     nullptr,  // take_values (1.7)
     diloco_on_step_end,
+    diloco_state,
 };

@@ -240,5 +240,6 @@ DDP_STRATEGY_ENTRY = {
 #if DDP_ABI_VERSION_MINOR >= 7  // and of 1.7
     nullptr,  // take_values: it claims no values
     nullptr,  // on_step_end: every step leaves equal replicas
+    nullptr,  // state: nothing kept across steps
 #endif
 };

@@ -185,4 +185,5 @@ DDP_STRATEGY_ENTRY = {
     nullptr,  // unit_values (1.5): it claims no values
     nullptr,  // take_values (1.7)
     nullptr,  // on_step_end (1.8): every step leaves equal replicas
+    nullptr,  // state (1.8): nothing kept across steps
 };

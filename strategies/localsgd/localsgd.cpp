@@ -4,8 +4,8 @@
 // averaged over ranks in finish (in one all-reduce, in place where the
 // engine packed them). From then on each rank steps on its own gradients,
 // and after every `period` such steps (on_step_end) the values of every
-// parameter trained since are averaged over ranks in one all-reduce: a
-// sync point. Between
+// trainable parameter are averaged over ranks in one all-reduce: a sync
+// point. Between
 // sync points the replicas differ on purpose (DDP_CAP_DIVERGENT): the
 // engine checks them at sync points only. Keys: period (required, >= 1),
 // warmup_steps (default 0).
@@ -25,10 +25,6 @@ struct ddp_strategy_s : StrategyBase {
   int64_t period = 1, warmup_steps = 0;  // the keys
   int64_t step = 0;                      // the step under way (on_step_begin)
   int64_t averages = 0;                  // sync points so far (stats)
-  // Per parameter: trainable in a step since the last average. Those are
-  // averaged (a parameter frozen on the way too); one frozen since is equal
-  // on every rank, and an average (x + x + x) / 3 could move it.
-  std::vector<bool> moved;
   DeviceBuffer staging;                  // the model's values (or gradients) back to back, to average
 };
 
@@ -71,7 +67,6 @@ ddp_status localsgd_create(const ddp_host* host, const ddp_transport_v1_t* trans
 ddp_status localsgd_on_train_begin(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
     s->broadcast_params_from_rank0();
-    s->moved.assign(s->host.param_count(), false);
     const size_t total = ddp::strategy::model_slots(s->host).total;
     if (total > 0) s->staging = DeviceBuffer(s->host.raw(), total * sizeof(float), DDP_MEM_COMM_BUFFERS);
   });
@@ -79,7 +74,6 @@ ddp_status localsgd_on_train_begin(ddp_strategy* s) {
 
 ddp_status localsgd_on_step_begin(ddp_strategy* s, const ddp_step_info* info) {
   s->step = info->step;
-  for (size_t i = 0; i < s->moved.size(); ++i) s->moved[i] = s->moved[i] || s->host.param(i).trainable;
   return DDP_OK;
 }
 
@@ -95,8 +89,12 @@ ddp_status localsgd_on_step_end(ddp_strategy* s, const ddp_step_info* info, int*
   return guard(s->host.raw(), [&] {
     *synced = info->step < s->warmup_steps;  // DDP's steps leave equal replicas
     if (!averages_after(s, info->step)) return;
-    ddp::strategy::average_spans(*s, ddp::strategy::values_of(s->host, s->moved), s->staging.floats());
-    s->moved.assign(s->moved.size(), false);
+    // The trainable parameters: a frozen one is equal on every rank (and
+    // was since the last average: a run only ever unfreezes), and an
+    // average (x + x + x) / 3 could move it.
+    std::vector<bool> trainable;
+    for (size_t i = 0; i < s->host.param_count(); ++i) trainable.push_back(s->host.param(i).trainable);
+    ddp::strategy::average_spans(*s, ddp::strategy::values_of(s->host, trainable), s->staging.floats());
     ++s->averages;
     *synced = 1;
   });
@@ -140,4 +138,5 @@ DDP_STRATEGY_ENTRY = {
     nullptr,  // unit_values (1.5): it claims no values
     nullptr,  // take_values (1.7)
     localsgd_on_step_end,
+    nullptr,  // state: the step says where the period is; optimizer state is the engine's
 };

@@ -504,4 +504,5 @@ DDP_STRATEGY_ENTRY = {
     sharded_unit_values,
     sharded_take_values,
     nullptr,  // on_step_end (1.8): every step leaves equal replicas
+    nullptr,  // state (1.8): nothing kept across steps
 };

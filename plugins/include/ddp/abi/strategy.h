@@ -188,6 +188,18 @@ typedef struct ddp_strategy_v1_t {
    * only at sync points; without the cap every step is one and a 0 is an
    * error. Blocking. */
   ddp_status (*on_step_end)(ddp_strategy* s, const ddp_step_info* info, int* synced);
+  /* (ABI 1.8, optional) The strategy's own state that a checkpoint keeps
+   * so that a resumed run is the same run (DiLoCo's θ_global and outer
+   * momentum): *out = an array of *count buffers (ddp_state_buffer), the
+   * strategy's, valid until its next entry. The engine calls it after
+   * on_step_end of a step it checkpoints, and writes them as this rank's
+   * own; on resume, after on_train_begin (and take_values) and before the
+   * first step, it calls it again and fills them from the checkpoint, the
+   * same names and counts or the resume is refused by name. Under
+   * DDP_CAP_DIVERGENT, the engine also puts back each rank's own
+   * parameter values then (on_train_begin may have broadcast rank 0's).
+   * NULL: the strategy keeps no state across steps. Blocking. */
+  ddp_status (*state)(ddp_strategy* s, const ddp_state_buffer** out, size_t* count);
 } ddp_strategy_v1_t;
 
 /* A strategy plugin's one export: DDP_STRATEGY_ENTRY = {DDP_ABI_VERSION,

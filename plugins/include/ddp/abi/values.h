@@ -187,6 +187,15 @@ typedef struct ddp_range {
   void* data;
 } ddp_range;
 
+/* (ABI 1.8) A named buffer of a strategy's own state: `count` float32 at
+ * `ptr` on the run's device, under `name` (unique, [A-Za-z0-9_.]).
+ * Passed as arrays: this struct never grows. */
+typedef struct ddp_state_buffer {
+  const char* name;
+  void* ptr;
+  size_t count;
+} ddp_state_buffer;
+
 /* Opaque handles: streams and events are the host's, the others belong to
  * the plugin that made them. */
 typedef struct ddp_stream_s* ddp_stream;
