@@ -318,6 +318,10 @@ DataConfig read_data(const Reader& r, const std::string& model, int world_size) 
     }
   }
   d.batch_size = r.integer("data", "batch_size", 0, 1, INT_MAX);
+  d.teacher = r.boolean("data", "teacher", false);
+  if (d.teacher && d.kind != "random")
+    throw ConfigError(r.where(*r.find("data", "teacher")) + ": key 'data.teacher' is for random data (data.kind = \"" +
+                      d.kind + "\" holds its own targets)");
   // The batch is global: every rank takes an equal share.
   if (d.batch_size % world_size != 0)
     throw ConfigError(r.where(*r.find("data", "batch_size")) + ": key 'data.batch_size' (" +
@@ -378,6 +382,25 @@ LrScheduleConfig read_lr_schedule(const Reader& r, const RunConfig& run, double 
   return s;
 }
 
+EvalConfig read_eval(const Reader& r, const DataConfig& data) {
+  EvalConfig e;
+  e.every = r.integer("eval", "every", 0, 0);
+  e.batches = r.integer("eval", "batches", 1, 1, INT_MAX);
+  e.path = r.path_from_file("eval", "path");
+  e.holdout_rows = r.integer("eval", "holdout_rows", 0, 0);
+  if (!e.path.empty() && e.holdout_rows > 0)
+    throw ConfigError(r.where(*r.find("eval", "holdout_rows")) +
+                      ": key 'eval.holdout_rows' sets rows of data.path aside, and eval.path gives held-out rows "
+                      "already: one or the other");
+  if (e.holdout_rows > 0 && data.kind != "safetensors")
+    throw ConfigError(r.where(*r.find("eval", "holdout_rows")) + ": key 'eval.holdout_rows' sets rows of a "
+                      "safetensors data file aside, and data.kind is \"" + data.kind + "\"");
+  if (e.every > 0 && e.path.empty() && e.holdout_rows == 0 && data.kind != "random")
+    throw ConfigError(r.where(*r.find("eval", "every")) + ": [eval] needs held-out rows: eval.path (a file of "
+                      "them) or eval.holdout_rows (the last rows of data.path)");
+  return e;
+}
+
 std::vector<UnfreezeConfig> read_unfreeze(const Reader& r) {
   using T = toml::node_type;
   std::vector<UnfreezeConfig> unfreeze;
@@ -424,6 +447,8 @@ Config validate_config(const toml::table& doc, const std::string& file) {
   c.checkpoint.every = r.integer("checkpoint", "every", 0, 0);
   c.checkpoint.dir = r.directory("checkpoint", "dir", (fs::path(c.run.output_dir) / "checkpoints").string());
   c.checkpoint.keep = r.integer("checkpoint", "keep", 2, 1);
+  c.eval = read_eval(r, c.data);
+  c.data.holdout_rows = c.eval.holdout_rows;
   c.transport_plugin = r.string("transport", "plugin", "gloo");
   c.strategy_plugin = r.string("strategy", "plugin", "naive");
   c.transport = r.plugin_section("transport", c.transport_plugin);

@@ -85,6 +85,28 @@ struct DataConfig {
   std::string kind;
   std::string path;           // relative to the config file
   int64_t batch_size = 0;     // required, global batch, > 0, divisible by world_size
+  // Random data whose targets a fixed teacher gives (data.h), so that the
+  // task can be learnt; false: random targets.
+  bool teacher = false;
+  // Not keys: how [eval] reads its held-out rows (eval_data_config).
+  // holdout_rows of a safetensors source: the last ones are set aside
+  // (training reads the others); held_out: read those instead. stream:
+  // which rows random data and token windows draw (0: training's).
+  int64_t holdout_rows = 0;
+  bool held_out = false;
+  uint64_t stream = 0;
+};
+
+// [eval]: the mean loss on held-out rows, every `every` steps and after the
+// last (0: never); `batches` global batches of data.batch_size rows each,
+// every rank its share. From `path` (a token file or safetensors, like
+// data.path), else the last `holdout_rows` rows of a safetensors data
+// file, else (random data) rows of a stream of their own.
+struct EvalConfig {
+  int64_t every = 0;
+  int64_t batches = 1;
+  std::string path;
+  int64_t holdout_rows = 0;
 };
 
 // [[optimizer.groups]]: parameters whose name matches `params` (a glob:
@@ -138,6 +160,7 @@ struct Config {
   std::vector<UnfreezeConfig> unfreeze;
   LrScheduleConfig lr_schedule;
   CheckpointConfig checkpoint;
+  EvalConfig eval;
   std::string transport_plugin = "gloo";
   std::string strategy_plugin = "naive";
   PluginSection transport;

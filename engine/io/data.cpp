@@ -6,8 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "safetensors.h"
 
@@ -60,9 +63,22 @@ class InMemory final : public Dataset {
  public:
   InMemory(const Config& config, const DataShape& shape, int rank, int world, Device& device)
       : shape_(shape), global_(config.data.batch_size), local_(global_ / world), first_(int64_t(rank) * local_),
-        out_(shape, local_, device) {}
+        holdout_(config.data.holdout_rows), held_out_(config.data.held_out), out_(shape, local_, device) {}
 
+  // Reads the file, then sets aside its last holdout rows: training reads
+  // the others, the held-out source those.
   void fill_safetensors(const std::string& path) {
+    fill_rows(path);
+    if (holdout_ == 0) return;
+    if (holdout_ >= rows_)
+      throw ConfigError(path + ": holds " + std::to_string(rows_) + " rows, and eval.holdout_rows = " +
+                        std::to_string(holdout_) + " leaves none to train on");
+    window_first_ = held_out_ ? rows_ - holdout_ : 0;
+    rows_ = held_out_ ? holdout_ : rows_ - holdout_;
+  }
+
+ private:
+  void fill_rows(const std::string& path) {
     auto tensors = read_safetensors(path);
     auto need = [&](const char* name) -> const HostTensor& {
       auto it = tensors.find(name);
@@ -98,10 +114,12 @@ class InMemory final : public Dataset {
     }
   }
 
+
+ public:
   Batch batch(int64_t micro) override {
     const int64_t w = row_width();
     for (int64_t i = 0; i < local_; ++i) {
-      const int64_t row = int64_t(global_row(micro, global_, first_ + i) % uint64_t(rows_));
+      const int64_t row = window_first_ + int64_t(global_row(micro, global_, first_ + i) % uint64_t(rows_));
       if (shape_.kind == DataShape::Tokens) {
         std::memcpy(&out_.ints[size_t(i * w)], &tokens_[size_t(row * w)], size_t(w) * sizeof(int32_t));
         continue;
@@ -143,45 +161,86 @@ class InMemory final : public Dataset {
 
   DataShape shape_;
   int64_t global_, local_, first_;
-  int64_t rows_ = 0;
+  int64_t holdout_;       // rows set aside at the end
+  bool held_out_;         // this source reads them
+  int64_t rows_ = 0;      // rows it reads, from window_first_ on
+  int64_t window_first_ = 0;
   std::vector<float> xs_, ys_;            // all rows
   std::vector<int32_t> labels_, tokens_;  // all rows
   LocalRows out_;                         // this rank's rows
 };
 
-// Random rows: global row g is drawn from (seed, g) alone, so every step
-// brings new rows and DDP over N ranks sees what single-process training
-// sees.
+// Random rows: global row g is drawn from (seed, stream, g) alone, so
+// every step brings new rows and DDP over N ranks sees what single-process
+// training sees. With data.teacher the targets follow the inputs through a
+// fixed teacher drawn from the seed, the same for every stream: labels
+// argmax(W x), targets W x / sqrt(in) (W [out, in] standard normal), and
+// tokens that follow the previous one through a fixed permutation 3 times
+// in 4 (else uniform).
 class RandomRows final : public Dataset {
  public:
   RandomRows(const Config& config, const DataShape& shape, int rank, int world, Device& device)
-      : shape_(shape), seed_(config.run.seed), global_(config.data.batch_size), local_(global_ / world),
-        first_(int64_t(rank) * local_), out_(shape, local_, device) {}
+      : shape_(shape), seed_(config.run.seed), stream_(config.data.stream), global_(config.data.batch_size),
+        local_(global_ / world), first_(int64_t(rank) * local_), out_(shape, local_, device) {
+    if (config.data.teacher) draw_teacher();
+  }
 
   Batch batch(int64_t micro) override {
     for (int64_t i = 0; i < local_; ++i) {
-      std::mt19937_64 rng(seed_ * 0x9e3779b97f4a7c15ull + global_row(micro, global_, first_ + i));
+      std::mt19937_64 rng(seed_ * 0x9e3779b97f4a7c15ull + stream_ * 0xd1b54a32d192ed03ull +
+                          global_row(micro, global_, first_ + i));
       if (shape_.kind == DataShape::Tokens) {
-        std::uniform_int_distribution<int32_t> id(0, int32_t(shape_.vocab - 1));
-        const int64_t w = shape_.context + 1;
-        for (int64_t k = 0; k < w; ++k) out_.ints[size_t(i * w + k)] = id(rng);
+        draw_tokens(rng, &out_.ints[size_t(i * (shape_.context + 1))]);
         continue;
       }
+      float* x = out_.x.data() + i * shape_.in;
       std::normal_distribution<float> normal;
-      for (int64_t k = 0; k < shape_.in; ++k) out_.x.data()[i * shape_.in + k] = normal(rng);
+      for (int64_t k = 0; k < shape_.in; ++k) x[k] = normal(rng);
       if (shape_.kind == DataShape::Regression) {
-        for (int64_t k = 0; k < shape_.out; ++k) out_.y.data()[i * shape_.out + k] = normal(rng);
+        float* y = out_.y.data() + i * shape_.out;
+        for (int64_t k = 0; k < shape_.out; ++k) y[k] = teacher_.empty() ? normal(rng) : taught(x, k) / std::sqrt(float(shape_.in));
       } else {
-        out_.ints[size_t(i)] = std::uniform_int_distribution<int32_t>(0, int32_t(shape_.out - 1))(rng);
+        out_.ints[size_t(i)] = teacher_.empty() ? std::uniform_int_distribution<int32_t>(0, int32_t(shape_.out - 1))(rng)
+                                                : taught_label(x);
       }
     }
     return out_.batch();
   }
 
  private:
+  void draw_teacher() {
+    std::mt19937_64 rng(seed_ * 0x9e3779b97f4a7c15ull + 0x7eac4e57eac4e5ull);
+    if (shape_.kind == DataShape::Tokens) {
+      for (int64_t t = 0; t < shape_.vocab; ++t) next_.push_back(int32_t(t));
+      for (size_t t = next_.size(); t-- > 1;) std::swap(next_[t], next_[size_t(rng() % (t + 1))]);
+      return;
+    }
+    std::normal_distribution<float> normal;
+    teacher_.resize(size_t(shape_.out * shape_.in));
+    for (float& w : teacher_) w = normal(rng);
+  }
+  float taught(const float* x, int64_t j) const {
+    float sum = 0;
+    for (int64_t k = 0; k < shape_.in; ++k) sum += teacher_[size_t(j * shape_.in + k)] * x[k];
+    return sum;
+  }
+  int32_t taught_label(const float* x) const {
+    int32_t best = 0;
+    for (int64_t j = 1; j < shape_.out; ++j)
+      if (taught(x, j) > taught(x, best)) best = int32_t(j);
+    return best;
+  }
+  void draw_tokens(std::mt19937_64& rng, int32_t* row) const {
+    std::uniform_int_distribution<int32_t> id(0, int32_t(shape_.vocab - 1));
+    for (int64_t k = 0; k <= shape_.context; ++k)
+      row[k] = k > 0 && !next_.empty() && rng() % 4 != 0 ? next_[size_t(row[k - 1])] : id(rng);
+  }
+
   DataShape shape_;
-  uint64_t seed_;
+  uint64_t seed_, stream_;
   int64_t global_, local_, first_;
+  std::vector<float> teacher_;  // W [out, in] (data.teacher)
+  std::vector<int32_t> next_;   // the tokens' permutation (data.teacher)
   LocalRows out_;  // this rank's rows
 };
 
@@ -189,7 +248,8 @@ class RandomRows final : public Dataset {
 class TokenFile final : public Dataset {
  public:
   TokenFile(const Config& config, const DataShape& shape, int rank, int world, Device& device)
-      : path_(config.data.path), shape_(shape), seed_(config.run.seed), global_(config.data.batch_size),
+      : path_(config.data.path), shape_(shape), seed_(config.run.seed + config.data.stream * 0xd1b54a32d192ed03ull),
+        global_(config.data.batch_size),
         local_(global_ / world), first_(int64_t(rank) * local_), out_(shape, local_, device) {
     int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO must not block the open
     if (fd < 0) throw ConfigError(path_ + ": cannot open token file: " + std::strerror(errno));
@@ -254,6 +314,24 @@ std::unique_ptr<Dataset> make_dataset(const Config& config, const DataShape& sha
   auto d = std::make_unique<InMemory>(config, shape, rank, world, device);
   d->fill_safetensors(config.data.path);
   return d;
+}
+
+std::unique_ptr<Dataset> make_eval_dataset(const Config& config, const DataShape& shape, int rank, int world,
+                                           Device& device) {
+  Config c = config;
+  c.data.stream = 1;  // random rows and token windows of their own
+  if (!config.eval.path.empty()) {
+    c.data.path = config.eval.path;
+    c.data.kind = c.data.path.size() > 12 && c.data.path.rfind(".safetensors") == c.data.path.size() - 12
+                      ? "safetensors" : "tokens";
+    c.data.holdout_rows = 0;
+    if (c.data.kind == "tokens" && shape.kind != DataShape::Tokens)
+      throw ConfigError(c.data.path + ": eval.path is a token file (not .safetensors), and model '" +
+                        config.model.name + "' reads no tokens");
+  } else {
+    c.data.held_out = true;  // the rows of data.path set aside, if any
+  }
+  return make_dataset(c, shape, rank, world, device);
 }
 
 }  // namespace ddp

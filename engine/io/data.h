@@ -35,4 +35,11 @@ class Dataset {
 std::unique_ptr<Dataset> make_dataset(const Config& config, const DataShape& shape, int rank, int world,
                                       Device& device);
 
+// [eval]'s held-out rows (config.h's EvalConfig), batch b = its b-th global
+// batch: eval.path's, the rows of data.path set aside (eval.holdout_rows),
+// or random data's own stream of rows (its teacher's targets, where
+// data.teacher). Throws Error as make_dataset.
+std::unique_ptr<Dataset> make_eval_dataset(const Config& config, const DataShape& shape, int rank, int world,
+                                           Device& device);
+
 }  // namespace ddp

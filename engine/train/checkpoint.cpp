@@ -42,6 +42,8 @@ bool may_change(const std::string& key) {
       "run.check_memory"};
   for (const char* section : {"strategy.", "transport.", "checkpoint."})
     if (key.rfind(section, 0) == 0) return true;
+  // What is evaluated, and when: not what trains (eval.holdout_rows is: the rows set aside).
+  if (key == "eval.every" || key == "eval.batches" || key == "eval.path") return true;
   // The weights come from the checkpoint: where they first came from no longer matters.
   return run_keys.count(key) != 0 || key == "model.init_from";
 }

@@ -59,6 +59,10 @@ class RankRun {
   };
 
   StepRecord train_step(int64_t step);
+  void after_step(int64_t step);
+  // [eval]: the mean loss of the held-out batches over ranks (a forward of
+  // each, no hooks), the same on every rank.
+  double evaluate();
   void forward(const Batch& batch, int64_t k, StepRecord& rec);
 
   // Backward, firing on_grad_ready after each parameter's last use.
@@ -160,6 +164,10 @@ class RankRun {
   std::vector<StepRecord> records_;
   size_t reported_ = 0;
   std::vector<int64_t> replica_checked_after_;  // steps (from 1; 0: the end) whose replicas agreed
+  bool check_due_ = false, eval_due_ = false;   // until the next sync point
+  std::unique_ptr<Dataset> eval_data_;          // [eval]'s held-out rows (null: off)
+  bool evaluating_ = false;
+  double eval_s_ = 0;
   double replica_check_s_ = 0;
   int64_t start_step_ = 0;            // a resumed run's first step
   std::vector<double> loss_prefix_;   // its checkpoint's losses, steps 1..start_step_

@@ -3,6 +3,7 @@
 // averaged over ranks and the progress line, then summary.json, the
 // weights and the trace.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -39,6 +40,22 @@ void RankRun::check_replicas(int64_t step) {
   if (!divergence.empty()) throw Error(divergence);
   replica_checked_after_.push_back(step + 1);
   replica_check_s_ += seconds_since(t);
+}
+
+double RankRun::evaluate() {
+  const auto t = Clock::now();
+  whereabouts::Inside in(nullptr, "evaluating the held-out rows");
+  evaluating_ = true;
+  double sum = 0;
+  for (int64_t b = 0; b < config_.eval.batches; ++b) sum += model_->forward(eval_data_->batch(b));
+  evaluating_ = false;
+  const int world = env_.rank.world_size;
+  std::vector<double> all(size_t(world), 0.0);
+  plugins_->all_gather({sum / double(config_.eval.batches)}, all);
+  double mean = 0;
+  for (int r = 0; r < world; ++r) mean += all[size_t(r)];  // rank order: the same bits on every rank
+  eval_s_ += seconds_since(t);
+  return mean / world;
 }
 
 void RankRun::resume() {
@@ -133,10 +150,12 @@ void RankRun::report(int64_t step) {
   average_losses();
   if (env_.rank.rank != 0) return;
   const StepRecord& r = records_.back();
-  std::printf("step %lld/%lld  loss %.6f  step %.2f ms  comm blocked %.2f ms  (%lld collectives, %.3f MB)\n",
+  std::printf("step %lld/%lld  loss %.6f  step %.2f ms  comm blocked %.2f ms  (%lld collectives, %.3f MB)",
               static_cast<long long>(step + 1), static_cast<long long>(config_.run.steps), r.loss,
               r.step_s * 1e3, r.comm_blocked_s * 1e3, static_cast<long long>(r.collectives),
               r.comm_bytes / 1e6);
+  if (!std::isnan(r.val_loss)) std::printf("  val loss %.6f", r.val_loss);
+  std::printf("\n");
   std::fflush(stdout);
 }
 
@@ -203,6 +222,7 @@ void RankRun::write_summary(const std::vector<double>& all) {
   if (const char* choice = std::getenv("DDP_BLAS_CHOICE")) facts.blas_choice_json = choice;
   facts.replica_check_every = config_.run.check_replicas_every, facts.replica_check_s = replica_check_s_;
   facts.divergent = plugins_->divergent();
+  facts.eval_every = config_.eval.every, facts.eval_batches = config_.eval.batches, facts.eval_s = eval_s_;
   facts.replica_checked_after = replica_checked_after_, facts.huge_pages = huge_pages_now();
   facts.first_step = start_step_, facts.resumed_from = resumed_from_;
   facts.losses_before = loss_prefix_;

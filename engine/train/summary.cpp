@@ -54,6 +54,7 @@ void add_columns(json& summary, const std::vector<StepRecord>& steps) {
   summary["lr"] = column(&StepRecord::lr);
   summary["grad_norm"] = column(&StepRecord::grad_norm);
   summary["synced"] = column(&StepRecord::synced);
+  summary["val_loss"] = column(&StepRecord::val_loss);
 }
 
 }  // namespace
@@ -131,6 +132,14 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
                                {"after_steps", facts.replica_checked_after},
                                {"seconds", facts.replica_check_s}};
   summary["checkpoints"] = {{"after_steps", facts.checkpoints}, {"seconds", facts.checkpoint_s}};
+  json evaluated = json::array(), val_loss = json::array();
+  for (size_t k = 0; k < steps.size(); ++k)
+    if (!std::isnan(steps[k].val_loss)) {
+      evaluated.push_back(facts.first_step + int64_t(k) + 1);
+      val_loss.push_back(steps[k].val_loss);
+    }
+  summary["eval"] = {{"every", facts.eval_every}, {"batches", facts.eval_batches}, {"after_steps", evaluated},
+                     {"val_loss", val_loss}, {"seconds", facts.eval_s}};
   summary["first_step"] = facts.first_step;
   summary["resumed_from"] = facts.resumed_from.empty() ? json() : json(facts.resumed_from);
   json restarts = facts.restarts_json.empty() ? json::array() : json::parse(facts.restarts_json, nullptr, false);

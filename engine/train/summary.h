@@ -34,6 +34,7 @@ struct StepRecord {
   double lr = 0;                     // the scheduled learning rate ([optimizer] lr unless a schedule)
   double grad_norm = NAN;            // the averaged gradients' L2 norm before clipping; NaN (null): not measured
   bool synced = true;                // every rank holds the same parameters after it (on_step_end, 1.8)
+  double val_loss = NAN;             // [eval]'s mean held-out loss after it; NaN (null): not evaluated
 };
 
 // Peak bytes per memory category over a window of the run.
@@ -68,6 +69,9 @@ struct RunFacts {
   bool divergent = false;  // the strategy's replicas may differ between sync points: checked there only
   std::vector<int64_t> replica_checked_after;
   double replica_check_s = 0;
+  // [eval]: eval.every, eval.batches, and the seconds the evaluations took.
+  int64_t eval_every = 0, eval_batches = 0;
+  double eval_s = 0;
   // A resumed run: the step it started after, from which checkpoint ("":
   // none), the losses of the steps before. The checkpoints this run wrote
   // (after which steps) and their seconds. The restarts of `ddp run` before

@@ -1,0 +1,153 @@
+// rank_setup.cpp — one rank's set-up (rank_run.h): the device, the model
+// and its first values, the data, the optimizer, the rendezvous store and
+// the plugins, in the order the ABI gives them life; and the values a
+// strategy takes unit by unit (take_values). The steps are trainer.cpp's.
+#include <algorithm>
+#include <cstdlib>
+
+#include <cblas.h>
+
+#include "agreement.h"
+#include "checkpoint.h"
+#include "model_setup.h"
+#include "rank_run.h"
+#include "whereabouts.h"
+
+namespace ddp {
+
+void RankRun::set_up() {
+  const RankInfo& r = env_.rank;
+  openblas_set_num_threads(config_.run.threads);
+  device_ = make_device(config_.run.device, r.local_rank, config_.run.share_gpus);
+  DataShape shape;
+  model_ = set_up_model(config_, *device_, config_.run.seed + static_cast<uint64_t>(r.rank), &shape, &initial_);
+  tokens_per_row_ = shape.kind == DataShape::Tokens ? shape.context : 1;
+  set_up_timeline();
+  // Batches are host memory (the models upload what they use): on a GPU
+  // run the data's buffers come from a host device of their own.
+  if (device_->kind() != DDP_DEVICE_CPU) host_device_ = std::make_unique<CpuDevice>();
+  data_ = make_dataset(config_, shape, r.rank, r.world_size, host_device_ ? *host_device_ : *device_);
+  if (config_.eval.every > 0)
+    eval_data_ = make_eval_dataset(config_, shape, r.rank, r.world_size, host_device_ ? *host_device_ : *device_);
+  optimizer_ = std::make_unique<Optimizer>(config_.optimizer, *device_, model_->params());
+  check_unfreeze(config_.unfreeze, *model_, config_.model.name);
+  if (config_.resume.empty()) refuse_foreign_checkpoints(config_);
+  else resume();
+  store_ = std::make_unique<Store>(env_.rendezvous, env_.run_id,
+                                   std::chrono::milliseconds(int64_t(config_.run.timeout_s * 1000)));
+  store_->claim(r.rank, r.world_size);
+  services_.rank = r;
+  services_.device = device_.get();
+  services_.model = model_.get();
+  services_.store = store_.get();
+  services_.timeout_ms = static_cast<int64_t>(config_.run.timeout_s * 1000);
+  services_.run_optimizer = [this](const size_t* indices, size_t count) {
+    optimizer_->step(model_->params(), indices, count);
+  };
+  services_.run_optimizer_ranges = [this](const ddp_range* ranges, size_t count) {
+    step_ranges_.clear();  // reserved below: nothing allocated once settled
+    for (size_t k = 0; k < count; ++k)
+      step_ranges_.push_back(StepRange{ranges[k].param, ranges[k].offset, ranges[k].count,
+                                       static_cast<const float*>(ranges[k].grad), static_cast<float*>(ranges[k].data)});
+    optimizer_->step_ranges(model_->params(), step_ranges_.data(), step_ranges_.size());
+  };
+  step_ranges_.reserve(4 * model_->params().size());
+  services_.refresh_param_table();
+  refresh_trainable();
+  plugins_ = std::make_unique<RankPlugins>(config_, services_);
+  if (resumed_.divergent && !plugins_->divergent())
+    throw ConfigError("--resume " + resumed_from_ + ": it holds each rank's own replica (strategy '" +
+                      resumed_.strategy + "' lets them differ), and strategy plugin '" + plugins_->strategy_name() +
+                      "' keeps the replicas equal: resume it with a strategy whose replicas may differ "
+                      "(DDP_CAP_DIVERGENT)");
+  takes_values_ = plugins_->takes_values();
+  if (!takes_values_) make_values();  // before create, as ever
+  // The engine's gradients: before create, as ever, for a strategy that
+  // cannot claim any; after it for one that may, once it knows which it
+  // holds (then a claimed gradient is never made).
+  if (!plugins_->owns_gradients()) pack_gradients();
+  services_.claims_open = true;  // a strategy may claim gradient storage in create,
+  services_.value_claims_open = true;  // and parameter values (ABI 1.5)
+  plugins_->start(config_, timeline_->trace());
+  services_.claims_open = services_.value_claims_open = false;
+  if (takes_values_) make_values();  // those the strategy did not claim
+  if (!model_->gradients_packed()) pack_gradients();
+  model_->set_unit_hook([this](size_t unit, ddp_unit_phase phase) { on_unit(unit, phase); });
+  agree_before_training(*store_, r, fingerprint(config_, model_->params(), plugins_->identity(), model_->units()));
+  remaining_uses_.assign(model_->params().size(), 0);
+}
+
+void RankRun::make_values() {
+  for (size_t i = 0; i < model_->params().size(); ++i) {
+    Parameter& p = model_->params()[i];
+    if (!p.data.defined() && !p.values_claimed) p.data = initial_->make(i, *device_);
+  }
+  services_.refresh_param_table();
+}
+
+void RankRun::lend_values() {
+  auto& params = model_->params();
+  for (size_t u = 0; u < model_->units().size(); ++u) {
+    struct Lent {
+      size_t index;
+      Tensor values;
+      float* bound;  // where the strategy had bound them (null: nowhere), bound again after
+    };
+    std::vector<Lent> lent;  // the unit's claimed parameters
+    const auto give_back = [&] {
+      for (Lent& l : lent) {
+        if (params[l.index].data.data() != l.values.data()) continue;  // the strategy bound its own since
+        params[l.index].data.point_view_at(l.bound);
+        services_.param_table[l.index].data = l.bound;
+      }
+    };
+    try {
+      for (size_t i : model_->units()[u].params)
+        if (params[i].values_claimed) lent.push_back({i, initial_->make(i, *device_), params[i].data.data()});
+      for (Lent& l : lent) {
+        params[l.index].data.point_view_at(l.values.data());
+        services_.param_table[l.index].data = l.values.data();
+      }
+      plugins_->take_values(u);
+    } catch (...) {
+      // Its collectives may still write them: they go with the engine's
+      // held values, after the plugins are stopped.
+      give_back();
+      for (Lent& l : lent) services_.held_values.emplace_back(l.index, std::move(l.values));
+      throw;
+    }
+    give_back();
+  }
+}
+
+std::vector<std::vector<float>> RankRun::initial_snapshot() {
+  std::vector<std::vector<float>> out;
+  for (size_t i = 0; i < model_->params().size(); ++i) {
+    const Parameter& p = model_->params()[i];
+    if (p.data.defined()) {
+      out.push_back(p.data.to_host());
+      continue;
+    }
+    out.emplace_back(numel_of(p.shape));  // to be lent unit by unit (take_values): not made yet
+    initial_->fill(i, out.back().data());
+  }
+  return out;
+}
+
+void RankRun::set_up_timeline() {
+  std::unique_ptr<Trace> trace;
+  if (const char* path = std::getenv("DDP_TRACE"); path && *path) {
+    trace_path_ = path;
+    // Room for every step's ranges and collectives (about one per parameter each).
+    const size_t per_step =
+        size_t(config_.run.grad_accum_steps + 1) * (model_->params().size() + model_->units().size() + 8);
+    trace = std::make_unique<Trace>(env_.rank.rank, std::min<size_t>(size_t(config_.run.steps) * per_step, 1 << 20));
+    model_->set_range_hook([this](const char* name, Clock::time_point begin, Clock::time_point end) {
+      timeline_->layer(name, begin, end);
+    });
+    for (const Unit& u : model_->units()) forward_ranges_.push_back("forward " + u.name);
+  }
+  timeline_ = std::make_unique<StepTimeline>(std::move(trace), device_->compute_stream());
+}
+
+}  // namespace ddp
