@@ -53,12 +53,24 @@ namespace ddp {
 
 using RankBody = std::function<void(int rank, const std::string& rendezvous_dir)>;
 
-// The body's outcome: "" when it returned and no GoogleTest assertion failed.
+// The GoogleTest assertions that failed so far in the current test (a
+// forked child inherits its parent's: those are not the body's).
+inline int failed_assertions() {
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  if (!test) return 0;
+  int failed = 0;
+  for (int k = 0; k < test->result()->total_part_count(); ++k) failed += test->result()->GetTestPartResult(k).failed();
+  return failed;
+}
+
+// The body's outcome: "" when it returned and no GoogleTest assertion failed
+// in it.
 inline std::string run_body(const RankBody& body, int rank, const std::string& dir) {
   std::string message;
+  const int failed_before = failed_assertions();
   try {
     body(rank, dir);
-    if (::testing::Test::HasFailure()) message = "a GoogleTest assertion failed in this rank (see its output above)";
+    if (failed_assertions() > failed_before) message = "a GoogleTest assertion failed in this rank (see its output above)";
   } catch (const std::exception& e) {
     message = e.what();
     if (message.empty()) message = "exception with an empty message";
