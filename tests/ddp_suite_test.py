@@ -2,7 +2,8 @@
 """tests/ddp_suite_test.py — unit tests of tools/ddp_suite.py's pure parts and of its modules
 tools/suite_stats.py and tools/suite_report.py, without running ddp: suite parsing and checks,
 repeats and their schedule, pytorch variants' options and refusals, statistics against closed
-forms, number formatting, runs to figures, paired speed-ups, bucket sweeps, tables and plots.
+forms, number formatting, runs to figures, paired speed-ups, bucket sweeps, tables and plots,
+held-out loss against bytes sent.
 ctest runs it as `ddp_suite_unit`; by hand: /usr/bin/python3 tests/ddp_suite_test.py [-v]
 """
 import contextlib
@@ -389,6 +390,18 @@ class MeasureTest(unittest.TestCase):
         r["forward_s"] = None  # a cuda run
         self.assertIsNone(S.measure(r, 1, "pytorch")["forward_s"])
 
+    def test_eval_and_bytes_per_step(self):
+        s = summary(steps=(1.0,) * 4)
+        s["bus_bytes"] = [0, 100, 0, 100]
+        s["eval"] = {"every": 2, "batches": 1, "after_steps": [2, 4], "val_loss": [3.0, 2.5]}
+        m = S.measure(s, 1)
+        self.assertEqual((m["eval_steps"], m["val_curve"], m["val_loss"]), ([2, 4], [3.0, 2.5], 2.5))
+        self.assertEqual(m["bus_curve"], [0, 100, 0, 100])
+        m = S.measure(summary(), 1)  # no [eval]
+        self.assertEqual((m["eval_steps"], m["val_curve"], m["val_loss"]), ([], [], None))
+        s["eval"]["val_loss"] = [3.0]  # lengths differ: nothing
+        self.assertEqual(S.eval_points(s), ([], []))
+
     def test_missing_fields_and_short_runs_are_errors(self):
         s = summary()
         del s["forward_s"]
@@ -543,6 +556,59 @@ class OutputTest(SuiteFiles):
             self.assertEqual(sorted(os.listdir(d)), sorted(plots + ["results.csv", "results.md", "runs.csv"]))
             R.write_results(plt, Path(d), rows[:1], "T", "c", [])
             self.assertFalse((Path(d) / "bucket_sweep.png").exists())  # a previous run's is removed
+
+
+class EvalTest(SuiteFiles):
+    def rows(self):
+        """bucketed (sends every step), localsgd period 2 and diloco period 4, each evaluated after
+        steps 4 and 8, and a pytorch row (no bytes, no eval)."""
+        _, vs = self.load('base = "configs/lm.toml"\nwarmup = 2\nrepeats = 1\n'
+                          '[[variant]]\nname = "b"\nstrategy = "bucketed"\n'
+                          '[[variant]]\nname = "l2"\nstrategy = "localsgd"\nset.strategy.localsgd.period = 2\n'
+                          '[[variant]]\nname = "d4"\nstrategy = "diloco"\nset.strategy.diloco.period = 4\n'
+                          '[[variant]]\nname = "p"\nkind = "pytorch"\n')
+        rows = []
+        for v, period, losses in zip(vs, [1, 2, 4], [(3.0, 2.0), (3.5, 2.5), (3.2, 2.2)]):
+            s = summary(steps=(1.0,) * 8)
+            s["bus_bytes"] = [2_000_000 if k % period == 0 else 0 for k in range(1, 9)]
+            s["eval"] = {"every": 4, "batches": 1, "after_steps": [4, 8], "val_loss": list(losses)}
+            rows.append(row_of(v, [s]))
+        return S.add_speedups(rows + [row_of(vs[3], [torch_result()])])
+
+    def test_points_are_cumulative_mb_at_the_evaluated_steps(self):
+        b, l2, d4, p = self.rows()
+        self.assertEqual(R.val_points(R.first_run(b)), [(8.0, 3.0), (16.0, 2.0)])
+        self.assertEqual(R.val_points(R.first_run(l2)), [(4.0, 3.5), (8.0, 2.5)])
+        self.assertEqual(R.val_points(R.first_run(d4)), [(2.0, 3.2), (4.0, 2.2)])
+        self.assertEqual(R.val_points(R.first_run(p)), [])
+        self.assertEqual(R.val_points({"bus_curve": [1e6], "eval_steps": [2], "val_curve": [1.0]}), [])
+        self.assertEqual([r["variant"] for r in R.evaluated([b, l2, d4, p])], ["b", "l2", "d4"])
+
+    def test_fractions_of_bucketed_over_every_step(self):
+        rows = self.rows()
+        # over every step: d4 sends in 2 of 8 (after a warm-up of 2 it would be 2 of 6)
+        self.assertEqual(R.bytes_fractions(rows), {"b": 1.0, "l2": 0.5, "d4": 0.25, "p": None})
+        self.assertEqual((R.fraction_text(0.125), R.fraction_text(1.0), R.fraction_text(None)),
+                         ("0.125 (1/8.00)", "1.00", "—"))
+        rows[0]["suite"] = "other.toml"  # no bucketed of the same suite file: no fraction
+        self.assertEqual(R.bytes_fractions(rows), {"b": 1.0, "l2": None, "d4": None, "p": None})
+
+    def test_table_and_plot(self):
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        rows = self.rows()
+        md = R.markdown(rows, "T", "c", [])
+        self.assertIn("bytes sent per step as a fraction of the bucketed variant's", md)
+        self.assertIn("| d4 | diloco (period=4) | 0.250 (1/4.00) | 4.00 | 2.2000 | 4, 8 |", md)
+        self.assertIn("| b | bucketed (bucket_mb=8) | 1.00 | 16.0 | 2.0000 | 4, 8 |", md)
+        self.assertEqual(float(list(csv.DictReader(io.StringIO(R.csv_text(rows))))[1]["val_loss"]), 2.5)
+        with tempfile.TemporaryDirectory() as d:
+            plots = R.write_results(plt, Path(d), rows, "T", "c", [])
+            self.assertIn("val_loss_vs_bytes.png", plots)
+            self.assertEqual((Path(d) / "val_loss_vs_bytes.png").read_bytes()[:8], b"\x89PNG\r\n\x1a\n")
+            R.write_results(plt, Path(d), rows[3:], "T", "c", [])  # pytorch alone: no eval
+            self.assertFalse((Path(d) / "val_loss_vs_bytes.png").exists())
 
 
 class MainTest(unittest.TestCase):

@@ -48,6 +48,9 @@ MORE = {
                             'strategy.sharded.gather_dtype="bf16"'],
     "sharded_stage3_keep": ['strategy.plugin="sharded"', "strategy.sharded.stage=3", "strategy.sharded.prefetch=0",
                             "strategy.sharded.reshard_after_forward=false"],
+    # Replicas that differ between sync points: every 2 steps, so that the last of a 2-step run is one.
+    "localsgd": ['strategy.plugin="localsgd"', "strategy.localsgd.period=2"],
+    "diloco": ['strategy.plugin="diloco"', "strategy.diloco.period=2"],
 }
 EXACT = ["parameters", "gradients", "optimizer_state", "comm_buffers"]
 MOMENTS = ["after_setup", "before_optimizer_step", "after_optimizer_step"]
@@ -84,9 +87,13 @@ class PlanAgainstRuns(unittest.TestCase):
                 self.assertEqual(max(predicted[r][m][cat] for m in MOMENTS), rank["peak_bytes"][cat], f"rank {r} {cat}")
         if strategy.startswith("flat"):  # the packed gradients averaged in place, unless told to copy
             self.assertEqual(measured["strategy_stats"]["averaged_in_place"], strategy == "flat")
-        self.assertEqual(plan["collectives_per_step"], measured["collectives"][-1])
-        self.assertEqual(plan["comm_bytes_per_step"], measured["comm_bytes"][-1])
-        self.assertEqual(plan["bus_bytes_per_step"], measured["bus_bytes"][-1])
+        sync = plan.get("per_sync_point", {"collectives": [], "comm_bytes": 0, "bus_bytes": 0})
+        self.assertEqual(plan["collectives_per_step"] + len(sync["collectives"]), measured["collectives"][-1])
+        self.assertEqual(plan["comm_bytes_per_step"] + sync["comm_bytes"], measured["comm_bytes"][-1])
+        self.assertEqual(plan["bus_bytes_per_step"] + sync["bus_bytes"], measured["bus_bytes"][-1])
+        if "per_sync_point" in plan:  # the first step is not one: every other step
+            self.assertEqual(plan["collectives_per_step"], measured["collectives"][0])
+            self.assertEqual(plan["comm_bytes_per_step"], measured["comm_bytes"][0])
         return measured
 
     def test_every_strategy_world_and_model(self):
@@ -95,6 +102,15 @@ class PlanAgainstRuns(unittest.TestCase):
                 for world in (1, 2, 4) if model != "lm-cpu" else (2,):
                     with self.subTest(model=model, strategy=strategy, world=world):
                         self.check(model, strategy, world)
+
+    def test_divergent_strategies_send_at_their_sync_points(self):
+        """localsgd and diloco (ABI 1.8's ddp_plan::every): nothing in the step between sync points,
+        one all-reduce of the model at each; their buffers (diloco's θ_global and momentum) exactly."""
+        for model in ("lm-tiny", "mlp"):
+            for strategy in ("localsgd", "diloco"):
+                with self.subTest(model=model, strategy=strategy):
+                    measured = self.check(model, strategy, 2)
+                    self.assertEqual(measured["synced"], [False, True])
 
     def test_stage2_gradients_are_a_slice_plus_the_buckets_in_flight(self):
         """lm-cpu at worlds 2 and 4, the config's 8 MiB buckets: ZeRO-2's gradients per rank are its shard

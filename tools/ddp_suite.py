@@ -47,8 +47,9 @@ bucket_mb = 8): a variant that names another plugin then swaps cleanly.
 Outputs in DIR: <name>/r<k>/ per run (ddp.log and summary.json, or pytorch.log and
 pytorch.json), results.md (tables ready to paste), results.csv (per variant: median, low and
 high of every figure, n), runs.csv (every run's figures), step_breakdown.png,
-loss_vs_step.png and, when variants differ only in strategy.bucket_mb, bucket_sweep.png; each
-written to a temporary name and renamed. Every figure is first the mean over a run's steps
+loss_vs_step.png, when variants differ only in strategy.bucket_mb, bucket_sweep.png and, when
+runs evaluate held-out loss ([eval] every), val_loss_vs_bytes.png; each written to a temporary
+name and renamed. Every figure is first the mean over a run's steps
 after warm-up (loss: the last step's); across runs it is the median with the 95 % Student-t
 interval of the mean (tools/suite_stats.py). Speed-ups pair run k with run k of the reference
 (the `naive` or `pytorch` variant of the same suite file, model, data, optimizer and world):
@@ -446,8 +447,9 @@ def units_per_step(data):
 def measure(data, warmup, kind="ddp"):
     """One run's figures from its summary.json (kind ddp) or pytorch_ddp_bench.py's JSON: each
     per-step figure's mean after warm-up, the last step's loss (and every step's), throughput,
-    MB sent per rank; memory (ddp). ValueError naming what is missing; figures a pytorch run
-    does not measure are None."""
+    MB sent per rank; memory (ddp); every step's bus_bytes and the held-out losses of [eval]
+    (val_loss: the last). ValueError naming what is missing; figures a pytorch run does not
+    measure are None."""
     ddp = kind == "ddp"
     m = {col: mean_after(data, key, warmup, required=ddp or col == "step_s") for col, key in PER_STEP}
     loss = data.get("loss")
@@ -465,7 +467,20 @@ def measure(data, warmup, kind="ddp"):
     auto = (data.get("strategy_stats") or {}).get("auto")  # bucket_mb = "auto": its choice
     m["chosen_bucket_mb"] = auto.get("chosen_bucket_mb") if isinstance(auto, dict) else None
     m["torch"] = data.get("torch")  # a pytorch run: torch's version
+    m["bus_curve"] = data.get("bus_bytes") if ddp else None  # every step's, for the eval plot
+    m["eval_steps"], m["val_curve"] = eval_points(data)
+    m["val_loss"] = m["val_curve"][-1] if m["val_curve"] else None
     return m
+
+
+def eval_points(data):
+    """summary.json's `eval` -> (steps evaluated after, held-out losses); ([], []) without."""
+    ev = data.get("eval")
+    steps = ev.get("after_steps") if isinstance(ev, dict) else None
+    losses = ev.get("val_loss") if isinstance(ev, dict) else None
+    if not isinstance(steps, list) or not isinstance(losses, list) or len(steps) != len(losses):
+        return [], []
+    return [int(s) for s in steps], [float(x) for x in losses]
 
 
 # ---------------------------------------------------------------- variants -> rows
@@ -518,7 +533,7 @@ def variant_row(v):
 
 
 FIGURES = (["step_s", "forward_s", "backward_s", "optimizer_s", "exposed_comm_s", "total_comm_s",
-            "comm_fraction", "throughput", "loss", "collectives", "mb_sent", "comm_bytes",
+            "comm_fraction", "throughput", "loss", "val_loss", "collectives", "mb_sent", "comm_bytes",
             "bus_bytes", "chosen_bucket_mb"]
            + [f"peak_{c}_bytes" for c in CATEGORIES] + [f"rank0_{p}_bytes" for p in PHASES])
 

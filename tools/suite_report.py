@@ -1,5 +1,6 @@
 """tools/suite_report.py — the output files of tools/ddp_suite.py from its rows: results.md,
-results.csv, runs.csv and the plots (step_breakdown.png, bucket_sweep.png, loss_vs_step.png).
+results.csv, runs.csv and the plots (step_breakdown.png, bucket_sweep.png, loss_vs_step.png,
+val_loss_vs_bytes.png).
 
 A row is one variant: what it is (variant, kind, strategy, strategy_keys, world, model, ...),
 its runs ({k: figures of run k}), n (ok runs), stats ({figure: suite_stats.Stat}) and the
@@ -19,7 +20,7 @@ PHASES = ["after_setup", "before_optimizer_step", "after_optimizer_step"]
 MIB = 1024 * 1024
 # Figures of results.csv (each: median, _low, _high) in seconds, bytes, units per second.
 CSV_FIGURES = (["step_s", "forward_s", "backward_s", "optimizer_s", "exposed_comm_s", "total_comm_s",
-                "comm_fraction", "throughput", "loss", "collectives", "mb_sent", "comm_bytes",
+                "comm_fraction", "throughput", "loss", "val_loss", "collectives", "mb_sent", "comm_bytes",
                 "bus_bytes", "chosen_bucket_mb"]
                + [f"peak_{c}_bytes" for c in CATEGORIES] + [f"rank0_{p}_bytes" for p in PHASES])
 CSV_HEAD = ["variant", "status", "kind", "strategy", "strategy_keys", "world", "model", "n",
@@ -153,6 +154,73 @@ def memory_table(rows):
     return table(head, body) if body else []
 
 
+# ---------------------------------------------------------------- held-out loss against bytes
+
+def first_run(r):
+    """The figures of the row's first ok run (lowest k), or None: the held-out loss plot and
+    table show it (bytes repeat exactly from run to run, losses too with the same seed)."""
+    return r["runs"][min(r["runs"])] if r.get("runs") else None
+
+
+def val_points(m):
+    """One run's figures -> [(MB sent per rank up to and including step s, held-out loss after
+    step s)] for each evaluated step s: the running sum of its per-step bus_bytes (1 MB = 10⁶
+    bytes). [] without evaluations or per-step bytes."""
+    curve = (m or {}).get("bus_curve") or []
+    pairs = zip((m or {}).get("eval_steps") or [], (m or {}).get("val_curve") or [])
+    return [(sum(curve[:s]) / 1e6, loss) for s, loss in pairs if 0 < s <= len(curve)]
+
+
+def bytes_per_step(m):
+    """Mean bytes sent per rank per step over every step of a run, warm-up included (a sync
+    every `period` steps then counts once per period); None without per-step bytes."""
+    curve = (m or {}).get("bus_curve")
+    return sum(curve) / len(curve) if curve else None
+
+
+def evaluated(rows):
+    """The measured rows whose first run has held-out losses."""
+    return [r for r in measured(rows) if val_points(first_run(r))]
+
+
+def bytes_fractions(rows):
+    """{variant: bytes_per_step of its first run / that of the first `bucketed` ddp row of the
+    same suite file, model, data, optimizer and world (None: no such row, or no bytes)}."""
+    ref = {}
+    for r in measured(rows):
+        if r["kind"] == "ddp" and r["strategy"] == "bucketed":
+            ref.setdefault((r["suite"], r["_key"]), bytes_per_step(first_run(r)))
+    out = {}
+    for r in measured(rows):
+        base, mine = ref.get((r["suite"], r["_key"])), bytes_per_step(first_run(r))
+        out[r["variant"]] = mine / base if base and mine is not None else None
+    return out
+
+
+def fraction_text(f):
+    """0.125 -> '0.125 (1/8)'."""
+    if f is None:
+        return "—"
+    return sig(f) + (f" (1/{sig(1 / f)})" if 0 < f < 1 else "")
+
+
+def eval_table(mine, fractions):
+    """Per row with held-out losses (its first run): bytes sent per step as a fraction of the
+    bucketed variant's, MB sent per rank in the whole run, the last held-out loss, the steps
+    evaluated after."""
+    head = ["variant", "strategy (keys)", "bytes/step vs bucketed", "MB sent/rank (run)",
+            "final val loss", "evaluated after steps"]
+    body = []
+    for r in mine:
+        m = first_run(r)
+        steps = m["eval_steps"]
+        shown = steps if len(steps) <= 4 else steps[:2] + ["…", steps[-1]]
+        body.append([r["variant"], strategy_cell(r), fraction_text(fractions.get(r["variant"])),
+                     sig(sum(m["bus_curve"]) / 1e6), f"{m['val_curve'][-1]:.4f}",
+                     ", ".join(map(str, shown))])
+    return table(head, body)
+
+
 def note(rows):
     """What the numbers are, for the top of results.md."""
     ns = sorted({r.get("n", 0) for r in rows if r["status"] == "ok"})
@@ -184,11 +252,16 @@ def markdown(rows, title, command, plots):
     """results.md: per model a table of step times and one of where the step goes, then memory."""
     lines = [f"### {title}", "", f"`{command}`", "", note(rows)]
     with_torch = any(r.get("speedup_pytorch") for r in rows)
+    fractions = bytes_fractions(rows)
     for model in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == model]
         lines += ["", f"**{model}**", ""] + step_table(mine, with_torch)
         if any(r["status"] == "ok" for r in mine):
             lines += ["", f"{model}: where a step goes", ""] + breakdown_table(mine)
+        if evaluated(mine):
+            lines += ["", f"{model}: bytes sent per step as a fraction of the bucketed variant's "
+                      "(mean over every step, warm-up included) and held-out loss; each "
+                      "variant's first run", ""] + eval_table(evaluated(mine), fractions)
     memory = memory_table(rows)
     if memory:
         lines += ["", "Peak memory (MiB): per category, the highest rank; rank 0's total after "
@@ -348,6 +421,35 @@ def plot_loss(plt, rows, path):
     plt.close(fig)
 
 
+def plot_val_bytes(plt, rows, path):
+    """Held-out loss against MB sent per rank so far, at each evaluated step (val_points of each
+    variant's first run), one line per variant (line style by strategy), one panel per model;
+    x on a log scale where every point is above 0."""
+    ok = evaluated(rows)
+    models = list(dict.fromkeys(r["model"] for r in ok))
+    fig, axes = plt.subplots(len(models), 1, figsize=(9, 4.2 * len(models)), squeeze=False,
+                             layout="constrained")
+    styles, markers = ["-", "--", ":", "-."], "os^vDxP*"
+    for ax, model in zip(axes[:, 0], models):
+        mine = [r for r in ok if r["model"] == model]
+        strategies = list(dict.fromkeys(r["strategy"] for r in mine))
+        xs_all = []
+        for i, r in enumerate(mine):
+            xs, ys = zip(*val_points(first_run(r)))
+            xs_all += xs
+            ax.plot(xs, ys, styles[strategies.index(r["strategy"]) % len(styles)],
+                    marker=markers[i % len(markers)], ms=5, color=f"C{i % 10}", label=r["variant"])
+        if min(xs_all) > 0:
+            ax.set_xscale("log")
+        worlds = "/".join(map(str, sorted({r["world"] for r in mine})))
+        ax.set_xlabel("MB sent per rank so far" + (" (log scale)" if min(xs_all) > 0 else ""))
+        ax.set_ylabel("held-out loss")
+        ax.set_title(f"{model}, world {worlds}: held-out loss vs bytes sent (first run)")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    save_figure(fig, path)
+    plt.close(fig)
+
+
 def write_results(plt, out, rows, title, command, sweeps):
     """Every output file into the directory `out`; returns the plots' file names. A plot that
     has nothing to show is removed (a previous run's would not match the tables)."""
@@ -357,7 +459,9 @@ def write_results(plt, out, rows, title, command, sweeps):
             ("step_breakdown.png", "step time breakdown per variant", plot_breakdown, rows if have else None),
             ("loss_vs_step.png", "loss per step per variant", plot_loss, rows if have else None),
             ("bucket_sweep.png", "step time and exposed communication vs bucket size", plot_sweeps,
-             sweeps or None)]:
+             sweeps or None),
+            ("val_loss_vs_bytes.png", "held-out loss vs MB sent per rank", plot_val_bytes,
+             rows if evaluated(rows) else None)]:
         if data:
             make(plt, data, out / name)
             plots.append((name, alt))

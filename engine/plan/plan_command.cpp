@@ -126,25 +126,40 @@ json run_json(const Config& c, const plan::RunPlan& p, const strategy::OverheadF
     ranks.push_back({{kMoments[0], bytes_json(m.after_setup)},
                      {kMoments[1], bytes_json(m.before_optimizer_step)},
                      {kMoments[2], bytes_json(m.after_optimizer_step)}});
-  json collectives = json::array();
-  int64_t bus = 0;
   const bool timed = !std::isnan(fit.o_s);
   const strategy::OverheadFit* loaded = std::isnan(busy.o_s) ? nullptr : &busy;
-  for (const plan::Collective& x : p.collectives) {
-    json one = {{"op", x.op}, {"bytes", x.bytes}, {"beside_compute", x.beside_compute}};
-    if (timed) one["seconds"] = plan::collective_seconds(x, fit, c.run.world_size, loaded);
-    collectives.push_back(one);
-    bus += bus_bytes(x.op.c_str(), x.bytes, c.run.world_size);
-  }
+  // The step's collectives as a list with their bytes (and seconds), summed.
+  const auto listed = [&](const std::vector<plan::Collective>& list, int64_t* comm, int64_t* bus) {
+    json out = json::array();
+    *comm = *bus = 0;
+    for (const plan::Collective& x : list) {
+      json one = {{"op", x.op}, {"bytes", x.bytes}, {"beside_compute", x.beside_compute}};
+      if (timed) one["seconds"] = plan::collective_seconds(x, fit, c.run.world_size, loaded);
+      out.push_back(one);
+      *comm += x.bytes, *bus += bus_bytes(x.op.c_str(), x.bytes, c.run.world_size);
+    }
+    return out;
+  };
+  int64_t comm = 0, bus = 0;
+  const std::vector<plan::Collective> per_step = p.step_collectives();
+  const json collectives = listed(per_step, &comm, &bus);
   json j = {{"world_size", c.run.world_size},
             {"strategy", c.strategy_plugin},
             {"transport", c.transport_plugin},
             {"rows_per_rank", c.data.batch_size / c.run.world_size},
             {"peak_bytes", ranks},
-            {"collectives_per_step", p.collectives.size()},
-            {"comm_bytes_per_step", p.comm_bytes()},
+            {"collectives_per_step", per_step.size()},
+            {"comm_bytes_per_step", comm},
             {"bus_bytes_per_step", bus},
             {"collectives", collectives}};
+  if (p.every() > 1) {  // a divergent strategy's sync points: once every `every` steps
+    int64_t sync_comm = 0, sync_bus = 0;
+    const std::vector<plan::Collective> periodic = p.step_collectives(true);
+    j["per_sync_point"] = {{"every", p.every()}, {"collectives", listed(periodic, &sync_comm, &sync_bus)},
+                           {"comm_bytes", sync_comm}, {"bus_bytes", sync_bus}};
+    j["mean_comm_bytes_per_step"] = double(comm) + double(sync_comm) / double(p.every());
+    j["mean_bus_bytes_per_step"] = double(bus) + double(sync_bus) / double(p.every());
+  }
   if (!p.unplanned.empty()) {
     json names = json::array();
     for (const std::string& u : p.unplanned) names.push_back(u + " has no plan entry: its collectives and buffers are not planned");
@@ -153,7 +168,7 @@ json run_json(const Config& c, const plan::RunPlan& p, const strategy::OverheadF
   if (timed) {
     j["overhead_fit"] = {{"o_s", fit.o_s}, {"w_bytes_per_s", fit.w_bytes_per_s}};
     if (loaded) j["overhead_fit_busy"] = {{"o_s", busy.o_s}, {"w_bytes_per_s", busy.w_bytes_per_s}};
-    j["comm_seconds_per_step"] = plan::comm_seconds(p.collectives, fit, c.run.world_size, loaded);
+    j["comm_seconds_per_step"] = plan::comm_seconds(per_step, fit, c.run.world_size, loaded);
     if (!std::isfinite(j["comm_seconds_per_step"].get<double>()))
       throw Error("the fit prices the step's collectives beyond any finite time: o or w is out of range");
   }
@@ -271,6 +286,13 @@ void print_run(const json& r) {
   std::cout << "\nPer step and rank: " << r["collectives_per_step"].get<size_t>() << " collectives, "
             << si(double(r["comm_bytes_per_step"].get<int64_t>()), "B") << " (bus "
             << si(double(r["bus_bytes_per_step"].get<int64_t>()), "B") << ")";
+  if (r.contains("per_sync_point")) {
+    const json& s = r["per_sync_point"];
+    std::cout << "; and every " << s["every"].get<int64_t>() << " steps (the sync points) "
+              << s["collectives"].size() << " more, " << si(double(s["comm_bytes"].get<int64_t>()), "B") << " (bus "
+              << si(double(s["bus_bytes"].get<int64_t>()), "B") << "): a mean of "
+              << si(r["mean_bus_bytes_per_step"].get<double>(), "B") << " bus a step";
+  }
   if (r.contains("comm_seconds_per_step")) {
     auto at = [](const json& fit) {
       return "at o = " + si(fit["o_s"].get<double>(), "s") + ", w = " + si(fit["w_bytes_per_s"].get<double>(), "B/s");

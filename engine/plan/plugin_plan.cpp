@@ -58,13 +58,31 @@ class PlanningCall {
     host_.param = [](void* ctx, size_t i) -> const ddp_param* { return i < self(ctx).params_.size() ? &self(ctx).params_[i] : nullptr; };
     host_.unit_count = [](void* ctx) { return self(ctx).units_.size(); };
     host_.unit = [](void* ctx, size_t i) -> const ddp_unit* { return i < self(ctx).units_.size() ? &self(ctx).units_[i] : nullptr; };
+    set_up_plan();
+  }
+
+ private:
+  // The ddp_plan the entry reports through: each callback records into part_.
+  void set_up_plan() {
     plan_.struct_size = sizeof(ddp_plan), plan_.ctx = this;
-    plan_.micro_steps = run.micro_steps, plan_.clips = run.clips ? 1 : 0;
+    plan_.micro_steps = run_.micro_steps, plan_.clips = run_.clips ? 1 : 0;
     plan_.collective = [](void* ctx, const ddp_plan_collective* c) {
       return self(ctx).record([&] {
         if (!c || c->op < DDP_OP_ALL_REDUCE || c->op > DDP_OP_BARRIER || ddp_dtype_size(c->dtype) == 0)
           throw Error("collective: not a collective this ABI names (op " + std::to_string(c ? int(c->op) : -1) + ")");
         self(ctx).part_.collectives.push_back(*c);
+        self(ctx).part_.every.push_back(self(ctx).every_);
+      });
+    };
+    plan_.every = [](void* ctx, int64_t steps) {
+      return self(ctx).record([&] {
+        int64_t& every = self(ctx).every_;
+        for (int64_t other : self(ctx).part_.every)
+          if (other != 1 && other != steps && steps != 1)
+            throw Error("every: collectives every " + std::to_string(steps) + " steps and every " +
+                        std::to_string(other) + ": one period a plan");
+        if (steps < 1) throw Error("every: " + std::to_string(steps) + " steps: at least 1");
+        every = steps;
       });
     };
     plan_.buffer = [](void* ctx, ddp_mem_category category, size_t bytes, ddp_plan_when when) {
@@ -88,6 +106,8 @@ class PlanningCall {
       });
     };
   }
+
+ public:
   const ddp_host* host() const { return &host_; }
   ddp_plan* plan() { return &plan_; }
   // The part, or Error in the plugin's words where `status` says it failed.
@@ -136,6 +156,7 @@ class PlanningCall {
   const PluginSection& section_;
   const PlanRun& run_;
   PluginPart part_;
+  int64_t every_ = 1;  // the period of the collectives reported now (1.8)
   std::string error_;
   std::deque<std::string> strings_;
   std::vector<ddp_param> params_;
@@ -144,12 +165,19 @@ class PlanningCall {
   ddp_plan plan_{};
 };
 
+// A plugin without a plan entry: nothing planned.
+PluginPart unplanned(const std::string& label) {
+  PluginPart part;
+  part.label = label;
+  return part;
+}
+
 }  // namespace
 
 PluginPart plan_strategy(const ddp_strategy_v1_t& s, const ddp_transport_v1_t& t, const PluginSection& section,
                          const PlanRun& run, int rank) {
   const std::string label = std::string("strategy plugin '") + s.name + "'";
-  if (!DDP_PLUGIN_HAS(&s, plan)) return PluginPart{label, false, {}, {}, {}, false, 0, {}, {}, {}};
+  if (!DDP_PLUGIN_HAS(&s, plan)) return unplanned(label);
   PlanningCall call(section, run, rank, label);
   PluginPart part = call.take(s.plan(call.host(), &t, call.plan()));
   part.takes_values = DDP_PLUGIN_HAS(&s, take_values) && (s.caps & DDP_CAP_OWNS_PARAMETERS) &&
@@ -160,7 +188,7 @@ PluginPart plan_strategy(const ddp_strategy_v1_t& s, const ddp_transport_v1_t& t
 PluginPart plan_transport(const ddp_transport_v1_t& t, const PluginSection& section, const PlanRun& run, int rank,
                           const std::vector<ddp_plan_collective>& collectives) {
   const std::string label = std::string("transport plugin '") + t.name + "'";
-  if (!DDP_PLUGIN_HAS(&t, plan)) return PluginPart{label, false, {}, {}, {}, false, 0, {}, {}, {}};
+  if (!DDP_PLUGIN_HAS(&t, plan)) return unplanned(label);
   PlanningCall call(section, run, rank, label);
   call.plan()->collectives = collectives.data();
   call.plan()->collective_count = collectives.size();

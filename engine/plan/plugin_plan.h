@@ -30,6 +30,7 @@ struct Collective {
   std::string op;
   int64_t bytes = 0;
   bool beside_compute = false;
+  int64_t every = 1;  // once every this many steps (a divergent strategy's sync points, 1.8)
 };
 
 // What one plugin said of one rank.
@@ -37,6 +38,7 @@ struct PluginPart {
   std::string label;  // "strategy plugin 'naive'"
   bool planned = false;  // it has a plan entry (else the rest is empty)
   std::vector<ddp_plan_collective> collectives;  // a strategy's, in the order they start
+  std::vector<int64_t> every;                    // per collective: its period in steps (1.8; 1: every step)
   Bytes setup{}, step{};  // its buffers: held from the end of set-up on, from the first step on
   bool says_steps = false;   // it named what its optimizer steps
   int64_t stepped = 0;       // the elements it named

@@ -85,10 +85,17 @@ bool same_collectives(const std::vector<ddp_plan_collective>& a, const std::vect
 
 }  // namespace
 
-int64_t RunPlan::comm_bytes() const {
-  int64_t sum = 0;
-  for (const Collective& c : collectives) sum += c.bytes;
-  return sum;
+int64_t RunPlan::every() const {
+  for (const Collective& c : collectives)
+    if (c.every > 1) return c.every;
+  return 1;
+}
+
+std::vector<Collective> RunPlan::step_collectives(bool periodic) const {
+  std::vector<Collective> out;
+  for (const Collective& c : collectives)
+    if ((c.every > 1) == periodic) out.push_back(c);
+  return out;
 }
 
 RunPlan plan_run(const RunInput& in, const std::vector<RankParts>& parts) {
@@ -104,7 +111,11 @@ RunPlan plan_run(const RunInput& in, const std::vector<RankParts>& parts) {
                                   " plans other collectives than rank 0 (every rank must issue the same)");
     plan.ranks.push_back(rank_memory(in, parts[r], per_element));
   }
-  for (const ddp_plan_collective& c : parts[0].strategy.collectives) plan.collectives.push_back(collective_of(c));
+  const PluginPart& strategy = parts[0].strategy;
+  for (size_t k = 0; k < strategy.collectives.size(); ++k) {
+    plan.collectives.push_back(collective_of(strategy.collectives[k]));
+    if (k < strategy.every.size()) plan.collectives.back().every = strategy.every[k];
+  }
   for (const PluginPart* p : {&parts[0].strategy, &parts[0].transport})
     if (!p->planned) plan.unplanned.push_back(p->label);
   return plan;

@@ -49,12 +49,15 @@ struct RankMemory {
 
 struct RunPlan {
   std::vector<RankMemory> ranks;        // rank r at index r
-  std::vector<Collective> collectives;  // one step's, in the order they start (rank 0's)
+  std::vector<Collective> collectives;  // a step's, in the order they start (rank 0's); with those of sync points
   std::vector<std::string> unplanned;   // "strategy plugin 'x'": plugins without a plan entry
   // The strategy's settings of its own keys that hold less, mildest first
   // (key, TOML value; ddp_plan::leaner): the fit check tries them.
   std::vector<std::pair<std::string, std::string>> leaner;
-  int64_t comm_bytes() const;           // their bytes, summed
+  // Those of every step, or those of the sync points (periodic: once
+  // every every() steps; ddp_plan::every, 1.8), and that period (1: none).
+  std::vector<Collective> step_collectives(bool periodic = false) const;
+  int64_t every() const;
 };
 
 // Throws std::invalid_argument naming what it cannot plan (an optimizer, a

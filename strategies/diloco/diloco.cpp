@@ -41,18 +41,28 @@ constexpr ddp_key kKeys[] = {
     {nullptr, nullptr, nullptr},
 };
 
+struct Keys {
+  int64_t period;
+  double outer_lr, outer_momentum;
+};
+Keys read_keys(const Host& h) {
+  using ddp::plugin::Failure;
+  const Keys k{ddp::strategy::period_key(h, "diloco"), h.config_float("outer_lr", 0.7),
+               h.config_float("outer_momentum", 0.9)};
+  if (!(k.outer_lr > 0))
+    throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.outer_lr: must be > 0, not " + std::to_string(k.outer_lr));
+  if (!(k.outer_momentum >= 0 && k.outer_momentum < 1))
+    throw Failure(DDP_ERR_INVALID_ARGUMENT,
+                  "strategy.outer_momentum: must be in [0, 1), not " + std::to_string(k.outer_momentum));
+  return k;
+}
+
 ddp_status diloco_create(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm,
                          ddp_strategy** out) {
   return guard(host, [&] {
-    const Host h(host);
-    const int64_t period = ddp::strategy::period_key(h, "diloco");
-    const double lr = h.config_float("outer_lr", 0.7), mu = h.config_float("outer_momentum", 0.9);
-    using ddp::plugin::Failure;
-    if (!(lr > 0)) throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.outer_lr: must be > 0, not " + std::to_string(lr));
-    if (!(mu >= 0 && mu < 1))
-      throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.outer_momentum: must be in [0, 1), not " + std::to_string(mu));
+    const Keys k = read_keys(Host(host));
     auto* s = new ddp_strategy_s(host, transport, comm);
-    s->period = period, s->outer_lr = lr, s->outer_momentum = mu;
+    s->period = k.period, s->outer_lr = k.outer_lr, s->outer_momentum = k.outer_momentum;
     *out = s;
   });
 }
@@ -142,6 +152,24 @@ ddp_status diloco_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed) 
   });
 }
 
+// `ddp plan`: θ_global and b (where μ > 0) and the buffer Δ travels in,
+// each the model's size, from set-up on; every `period` steps one
+// all-reduce of the whole model.
+ddp_status diloco_plan(const ddp_host* host, const ddp_transport_v1_t*, ddp_plan* out) {
+  return guard(host, [&] {
+    const Host h(host);
+    const Keys keys = read_keys(h);
+    const ddp::plugin::Plan plan(out);
+    const size_t total = ddp::strategy::model_slots(h).total;
+    if (total == 0) return;
+    plan.buffer(DDP_MEM_OPTIMIZER_STATE, total * sizeof(float));
+    if (keys.outer_momentum > 0) plan.buffer(DDP_MEM_OPTIMIZER_STATE, total * sizeof(float));
+    plan.buffer(DDP_MEM_COMM_BUFFERS, total * sizeof(float));
+    plan.every(keys.period);
+    plan.collective(DDP_OP_ALL_REDUCE, total);
+  });
+}
+
 // What a checkpoint keeps: θ_global and b (a resume fills them after
 // on_train_begin, which took θ_global from rank 0's parameters).
 ddp_status diloco_state(ddp_strategy* s, const ddp_state_buffer** out, size_t* count) {
@@ -174,7 +202,7 @@ DDP_STRATEGY_ENTRY = {
     nullptr,  // on_unit
     nullptr,  // on_train_end
     nullptr,  // grad_ranges: it claims no storage
-    nullptr,  // plan
+    diloco_plan,
     nullptr,  // unit_values (1.5): it claims no values
     nullptr,  // take_values (1.7)
     diloco_on_step_end,

@@ -112,6 +112,25 @@ ddp_status localsgd_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed
 
 void localsgd_destroy(ddp_strategy* s) { delete s; }
 
+// `ddp plan`, after the warmup: every `period` steps one all-reduce of the
+// trainable values, through a buffer of the model's size from set-up on
+// (the warmup's averages run in the gradients' packed memory).
+ddp_status localsgd_plan(const ddp_host* host, const ddp_transport_v1_t*, ddp_plan* out) {
+  return guard(host, [&] {
+    const Host h(host);
+    const Keys keys = read_keys(h);
+    const ddp::plugin::Plan plan(out);
+    size_t trainable = 0;
+    for (size_t i = 0; i < h.param_count(); ++i)
+      if (h.param(i).trainable) trainable += StrategyBase::float32_elements(h.param(i));
+    const size_t total = ddp::strategy::model_slots(h).total;
+    if (total > 0) plan.buffer(DDP_MEM_COMM_BUFFERS, total * sizeof(float));
+    if (trainable == 0) return;
+    plan.every(keys.period);
+    plan.collective(DDP_OP_ALL_REDUCE, trainable);
+  });
+}
+
 }  // namespace
 
 DDP_STRATEGY_ENTRY = {
@@ -134,7 +153,7 @@ DDP_STRATEGY_ENTRY = {
     nullptr,  // on_unit
     nullptr,  // on_train_end
     nullptr,  // grad_ranges: it claims no storage
-    nullptr,  // plan
+    localsgd_plan,
     nullptr,  // unit_values (1.5): it claims no values
     nullptr,  // take_values (1.7)
     localsgd_on_step_end,

@@ -299,6 +299,11 @@ class Plan {
   void leaner(const char* key, const char* value) const {
     if (DDP_PLAN_HAS(p_, leaner)) check(p_->leaner(p_->ctx, key, value));
   }
+  // (1.8) The collectives reported next happen once every `steps` steps
+  // (ddp/abi/plan.h); an older engine plans them every step.
+  void every(int64_t steps) const {
+    if (DDP_PLAN_HAS(p_, every)) check(p_->every(p_->ctx, steps));
+  }
 
  private:
   ddp_plan* p_;

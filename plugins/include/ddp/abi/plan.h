@@ -87,6 +87,13 @@ typedef struct ddp_plan {
    * "strategy.stage = 3 needs 18.6 GB". An engine older than 1.6 has no
    * such entry: check DDP_PLAN_HAS(plan, leaner). */
   ddp_status (*leaner)(void* ctx, const char* key, const char* value);
+  /* (1.8) Strategy: the collectives it reports after this call happen once
+   * every `steps` steps (its sync points: a strategy with
+   * DDP_CAP_DIVERGENT), not every step; every(ctx, 1) returns to every
+   * step. One period a plan. `ddp plan` lists them apart, per sync point,
+   * and counts them once per `steps` steps in the mean per step. Check
+   * DDP_PLAN_HAS(plan, every). */
+  ddp_status (*every)(void* ctx, int64_t steps);
 } ddp_plan;
 
 /* Whether `plan` (a ddp_plan*) offers entry `entry`: its struct_size
