@@ -198,7 +198,7 @@ TEST(DivergentResume, EachRankWritesItsOwnWeightsAndOptimizerState) {
   EXPECT_EQ(meta.format, "ddp-checkpoint 3");
 }
 
-TEST(DivergentResume, OnAnotherWorldSizeOrUnderAnEqualReplicaStrategyIsRefusedByName) {
+TEST(DivergentResume, OnAnotherWorldSizeStrategyOrKeysIsRefusedByName) {
   TempDir dir;
   const std::string config = toml(kDivergent[0], kSgd);
   run_ok(config, 2, checkpointing(dir.path));
@@ -208,25 +208,32 @@ TEST(DivergentResume, OnAnotherWorldSizeOrUnderAnEqualReplicaStrategyIsRefusedBy
   EXPECT_NE(r.failures[0].find("--resume " + step2 + ": it holds each rank's own replica (strategy 'localsgd' lets "
                                "them differ) for 2 ranks: it resumes on as many, not run.world_size = 4"),
             std::string::npos) << r.failures[0];
-  std::vector<std::string> bucketed = checkpointing(dir.path);
-  bucketed.push_back("strategy.plugin=\"bucketed\"");
-  r = harness::run(config, 2, bucketed, step2);
-  ASSERT_FALSE(r.failures.empty());
-  EXPECT_NE(r.failures[0].find("--resume " + step2 + ": it holds each rank's own replica (strategy 'localsgd' lets "
-                               "them differ), and strategy plugin 'bucketed' keeps the replicas equal"),
-            std::string::npos) << r.failures[0];
-  // diloco keeps θ_global: a localsgd checkpoint holds none.
-  TempDir other;
-  const std::string local =
-      toml({"localsgd", "localsgd", "[strategy.localsgd]\nperiod = 3\n[strategy.diloco]\nperiod = 3\n"}, kSgd);
-  run_ok(local, 2, checkpointing(other.path));
-  std::vector<std::string> sets = checkpointing(other.path);
+  // The sync points follow the strategy and its keys.
+  for (const auto& [set, change] : std::vector<std::pair<std::string, std::string>>{
+           {"strategy.plugin=\"bucketed\"", "strategy.plugin localsgd → bucketed"},
+           {"strategy.localsgd.warmup_steps=6",
+            "strategy.localsgd {period = 3, warmup_steps = 1} → {period = 3, warmup_steps = 6}"}}) {
+    std::vector<std::string> sets = checkpointing(dir.path);
+    sets.push_back(set);
+    r = harness::run(config, 2, sets, step2);
+    ASSERT_FALSE(r.failures.empty());
+    EXPECT_NE(r.failures[0].find("--resume " + step2 + ": it holds each rank's own replica (strategy 'localsgd' "
+                                 "lets them differ), which goes on under the same strategy and keys only: " + change),
+              std::string::npos) << r.failures[0];
+  }
+}
+
+// Equal replicas: a strategy's state may start afresh, and diloco takes
+// θ_global from the checkpoint's weights (a DDP warm start).
+TEST(DivergentResume, FromEqualReplicasTheStrategysStateStartsAfresh) {
+  TempDir dir;
+  const std::string config =
+      toml({"bucketed", "bucketed", "[strategy.bucketed]\nbucket_mb = 0.001\n[strategy.diloco]\nperiod = 2\n"}, kSgd);
+  run_ok(config, 2, checkpointing(dir.path));
+  std::vector<std::string> sets = checkpointing(dir.path);
   sets.push_back("strategy.plugin=\"diloco\"");
-  r = harness::run(local, 2, sets, other.path + "/step-00000002");
-  ASSERT_FALSE(r.failures.empty());
-  EXPECT_NE(r.failures[0].find("strategy plugin 'diloco' keeps state across steps ('global' first), and the "
-                               "checkpoint, written by strategy 'localsgd', holds none of it"),
-            std::string::npos) << r.failures[0];
+  const RunResult r = run_ok(config, 2, sets, dir.path + "/step-00000002");
+  EXPECT_EQ(r.summary["synced"], nlohmann::json({false, true, false, true}));
 }
 
 // Another world size, another strategy: the optimizer state follows each
@@ -419,6 +426,19 @@ TEST(Checkpoint, ResumeMayChangeHowTheRunRunsNotWhatItTrains) {
   EXPECT_EQ(cosine.substr(0, cosine.find(')') + 1),
             "schedule.cosine_steps is 8 but was 5 in the checkpoint (unless set, it follows run.steps: --set "
             "schedule.cosine_steps=5 keeps the schedule)");
+}
+
+// A checkpoint written before data.teacher and [eval] existed resumes in a
+// run that leaves them unset; one that sets them differently is refused.
+TEST(Checkpoint, KeysAddedSinceACheckpointWasWrittenTakeTheirDefaults) {
+  const std::map<std::string, std::string> saved = {{"optimizer.lr", "0.1"}};
+  std::map<std::string, std::string> now = {{"optimizer.lr", "0.1"},       {"data.teacher", "false"},
+                                            {"eval.every", "0"},           {"eval.batches", "1"},
+                                            {"eval.holdout_rows", "0"}};
+  EXPECT_EQ(compare_for_resume(saved, now).refused, "");
+  EXPECT_TRUE(compare_for_resume(saved, now).changed.empty());
+  now["data.teacher"] = "true";
+  EXPECT_EQ(compare_for_resume(saved, now).refused.substr(0, 52), "data.teacher is true but was false in the checkpoint");
 }
 
 TEST(Checkpoint, TheLowestRankHoldingAStateWritesIt) {

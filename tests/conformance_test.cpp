@@ -244,6 +244,12 @@ void check_invariants(const Case& c, const RunResult& ddp) {
       for (size_t p = 0; p < init0.size(); ++p) differs |= ddp.ranks[r].at(-1)[p] != init0[p];
       EXPECT_TRUE(differs) << "[invariant] rank " << r << " started with rank 0's weights";
     }
+  if (strategy_divergent()) {  // a strategy that never synced would pass every check below
+    bool any = false;
+    for (int64_t step = 1; step <= kSteps; ++step) any = any || synced_after(ddp, step);
+    EXPECT_TRUE(any) << "[invariant] no step of " << kSteps << " was a sync point (summary.json's synced): test the "
+                     << "strategy with keys under which one is";
+  }
   CpuDevice device;
   auto model = make_model(c.model, device, 0);
   for (int64_t step = 0; step <= kSteps; ++step)

@@ -176,6 +176,13 @@ TEST(LoadPluginRefuses, DivergentWithoutOnStepEnd) {
                 "DDP_CAP_DIVERGENT)");
 }
 
+TEST(LoadPluginRefuses, DivergentShards) {
+  EXPECT_EQ(refusal(PluginKind::Strategy, "divergent_shards"),
+            "cannot load strategy plugin '" + plugin_file("strategy", "divergent_shards") +
+                "' (host ABI 1.8, plugin ABI 1.8): caps has DDP_CAP_DIVERGENT with DDP_CAP_OWNS_GRADIENTS or "
+                "DDP_CAP_OWNS_PARAMETERS: replicas that differ are whole on every rank, not shards of one model");
+}
+
 TEST(LoadPlugin, ValidStrategy) {
   auto plugin = load_plugin(PluginKind::Strategy, "valid", kDir);
   EXPECT_EQ(plugin->path(), plugin_file("strategy", "valid"));

@@ -153,7 +153,12 @@ void check_entries(const Refusal& refusal, const ddp_strategy_v1_t& s) {
     require(refusal, s.unit_values != nullptr, "unit_values", "caps has DDP_CAP_OWNS_PARAMETERS");
   }
   // Replicas that may differ: it says when they are equal again.
-  if (s.caps & DDP_CAP_DIVERGENT) require(refusal, s.on_step_end != nullptr, "on_step_end", "caps has DDP_CAP_DIVERGENT");
+  if (s.caps & DDP_CAP_DIVERGENT) {
+    require(refusal, s.on_step_end != nullptr, "on_step_end", "caps has DDP_CAP_DIVERGENT");
+    if (s.caps & (DDP_CAP_OWNS_GRADIENTS | DDP_CAP_OWNS_PARAMETERS))  // each rank's own replica is whole
+      refusal.fail("caps has DDP_CAP_DIVERGENT with DDP_CAP_OWNS_GRADIENTS or DDP_CAP_OWNS_PARAMETERS: replicas "
+                   "that differ are whole on every rank, not shards of one model");
+  }
   require(refusal, s.destroy != nullptr, "destroy");
 }
 

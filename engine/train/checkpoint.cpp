@@ -148,6 +148,22 @@ void own_state_files(CheckpointMeta& meta, int rank, const std::string& path) {
   }
 }
 
+// `meta` with only the files rank `rank` reads: every rank's weights and
+// strategy state but its own left out, and, where each rank holds its own
+// optimizer state (divergent), the others' too.
+CheckpointMeta files_read_by(const CheckpointMeta& meta, int rank) {
+  CheckpointMeta mine = meta;
+  for (int r = 0; r < meta.world_size; ++r) {
+    if (r == rank) continue;
+    mine.files.erase(strategy_state_file(r));
+    if (!meta.divergent) continue;  // every rank reads weights.safetensors, and any optimizer slice
+    mine.files.erase(weights_file(r, true));
+    mine.files.erase("optimizer-" + std::to_string(r) + ".safetensors");
+  }
+  if (rank != 0 && meta.divergent) mine.files.erase("weights.safetensors");
+  return mine;
+}
+
 }  // namespace
 
 int64_t step_of(const std::string& name) {
@@ -255,14 +271,22 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
 
 ResumeCheck compare_for_resume(const std::map<std::string, std::string>& saved,
                                const std::map<std::string, std::string>& now) {
+  // Keys added after checkpoints were written, as they are unset: a
+  // checkpoint without one was written with that default in effect.
+  static const std::map<std::string, std::string> kAdded = {
+      {"data.teacher", "false"}, {"eval.every", "0"}, {"eval.batches", "1"}, {"eval.holdout_rows", "0"}};
+  const auto saved_value = [&](const std::string& key) {
+    const auto a = saved.find(key), added = kAdded.find(key);
+    return a != saved.end() ? a->second : added != kAdded.end() ? added->second : std::string();
+  };
   std::set<std::string> keys;
   for (const auto& [k, v] : saved) keys.insert(k);
   for (const auto& [k, v] : now) keys.insert(k);
   ResumeCheck check;
   std::vector<std::pair<int, std::string>> refused;  // (order, key)
   for (const std::string& key : keys) {
-    const auto a = saved.find(key), b = now.find(key);
-    const std::string was = a == saved.end() ? "" : a->second, is = b == now.end() ? "" : b->second;
+    const auto b = now.find(key);
+    const std::string was = saved_value(key), is = b == now.end() ? "" : b->second;
     if (was == is) continue;
     if (may_change(key)) {
       check.changed.push_back(key + " " + shown(was) + " → " + shown(is));
@@ -274,7 +298,7 @@ ResumeCheck compare_for_resume(const std::map<std::string, std::string>& saved,
   std::stable_sort(refused.begin(), refused.end(),
                    [](const auto& x, const auto& y) { return x.first < y.first; });
   const std::string& key = refused[0].second;
-  const std::string was = saved.count(key) ? saved.at(key) : "", is = now.count(key) ? now.at(key) : "";
+  const std::string was = saved_value(key), is = now.count(key) ? now.at(key) : "";
   check.refused = key + " is " + shown(is) + " but was " + shown(was) + " in the checkpoint";
   if (key == "schedule.cosine_steps")
     check.refused += " (unless set, it follows run.steps: --set schedule.cosine_steps=" + was + " keeps the schedule)";
@@ -344,6 +368,9 @@ std::string write_checkpoint(const CheckpointInput& in, int64_t step) {
   // Rank 0's directory is ready; then which rank holds which state.
   all_or_none(in, failure.empty() ? "" : partial.string() + ": " + failure, "create " + partial.string());
   const StateLayout layout = gather_state_layout(in);
+  if (in.divergent && !layout.pieces.empty())  // each rank's own state, whole: what a resume reads
+    throw Error("checkpoint: strategy '" + in.strategy + "' lets the replicas differ and leaves optimizer state in "
+                "pieces across ranks, which a divergent checkpoint cannot hold", DDP_ERR_UNSUPPORTED);
   RankFiles mine;
   failure = attempt([&] {
     mine.optimizer = write_state_file(in, layout, partial);
@@ -414,6 +441,10 @@ Resumed resume_run(const Config& config, int rank, Model& model, Device& device,
   if (meta.divergent) own_state_files(meta, rank, path);
   const ResumeCheck check = compare_for_resume(meta.config, resume_items(config));
   if (!check.refused.empty()) throw ConfigError("--resume " + path + ": " + check.refused);
+  for (const std::string& change : check.changed)  // the sync points follow the strategy and its keys
+    if (meta.divergent && change.rfind("strategy.", 0) == 0)
+      throw ConfigError("--resume " + path + ": it holds each rank's own replica (strategy '" + meta.strategy +
+                        "' lets them differ), which goes on under the same strategy and keys only: " + change);
   if (meta.step > config.run.steps)
     throw ConfigError("--resume " + path + ": the checkpoint is after step " + std::to_string(meta.step) +
                       ", past run.steps = " + std::to_string(config.run.steps));
@@ -424,10 +455,10 @@ Resumed resume_run(const Config& config, int rank, Model& model, Device& device,
   if (trainable != meta.trainable)
     throw ConfigError("--resume " + path + ": the parameters trainable after step " + std::to_string(meta.step) +
                       " differ from the checkpoint's");
-  verify_checkpoint_files(path, meta);  // before any tensor is read
+  verify_checkpoint_files(path, files_read_by(meta, rank));  // before any tensor is read
   load_checkpoint(path, meta, weights_file(rank, meta.divergent), model.params(), optimizer, values);
   const std::string strategy_state = meta.files.count(strategy_state_file(rank)) ? strategy_state_file(rank) : "";
-  return Resumed{path, meta.step, meta.losses, check.changed, meta.strategy, meta.divergent,
+  return Resumed{path, meta.step, meta.losses, check.changed, meta.strategy, meta.world_size, meta.divergent,
                  strategy_state.empty() ? "" : (fs::path(path) / strategy_state).string()};
 }
 

@@ -168,6 +168,7 @@ struct Resumed {
   std::vector<double> losses;        // steps 1..step
   std::vector<std::string> changed;  // what the config changed, as allowed
   std::string strategy;              // the strategy that wrote it
+  int world = 0;                     // on how many ranks
   bool divergent = false;            // each rank's own replica
   std::string strategy_state;        // this rank's strategy state file ("": none)
 };

@@ -134,6 +134,7 @@ std::vector<RankPlugins::StateBuffer> RankPlugins::state() {
     bool unique = !name.empty() && name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.") ==
                                        std::string::npos;
     for (const StateBuffer& earlier : out) unique = unique && earlier.name != name;
+    unique = unique && name != "__metadata__";  // the safetensors header's own
     if (!unique || (b.count > 0 && !b.ptr))
       throw Error(strategy_host_->label() + ": state: buffer " + std::to_string(k) + " ('" + name +
                       "') needs a name of its own of [A-Za-z0-9_.] and memory for its " + std::to_string(b.count) +

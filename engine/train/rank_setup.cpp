@@ -27,8 +27,10 @@ void RankRun::set_up() {
   // run the data's buffers come from a host device of their own.
   if (device_->kind() != DDP_DEVICE_CPU) host_device_ = std::make_unique<CpuDevice>();
   data_ = make_dataset(config_, shape, r.rank, r.world_size, host_device_ ? *host_device_ : *device_);
-  if (config_.eval.every > 0)
+  if (config_.eval.every > 0) {
     eval_data_ = make_eval_dataset(config_, shape, r.rank, r.world_size, host_device_ ? *host_device_ : *device_);
+    for (int64_t b = 0; b < config_.eval.batches; ++b) eval_data_->batch(b);  // a bad row fails now, not later
+  }
   optimizer_ = std::make_unique<Optimizer>(config_.optimizer, *device_, model_->params());
   check_unfreeze(config_.unfreeze, *model_, config_.model.name);
   if (config_.resume.empty()) refuse_foreign_checkpoints(config_);

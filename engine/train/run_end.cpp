@@ -82,13 +82,28 @@ void RankRun::put_back_resumed_state() {
     device_->upload(params[i].data.data(), host.data(), host.size() * sizeof(float));
   }
   const std::vector<RankPlugins::StateBuffer> buffers = plugins_->state();
-  if (buffers.empty()) return;
-  const std::string keeps = "strategy plugin '" + std::string(plugins_->strategy_name()) + "' keeps state across steps";
-  if (resumed_.strategy_state.empty())
-    throw ConfigError("--resume " + resumed_from_ + ": " + keeps + " ('" + buffers[0].name +
-                      "' first), and the checkpoint, written by strategy '" + resumed_.strategy +
-                      "', holds none of it");
+  const std::string name = plugins_->strategy_name();
+  const bool same = resumed_.strategy == name && resumed_.world == env_.rank.world_size;
+  if (resumed_.strategy_state.empty() || !same) {
+    if (buffers.empty()) return;
+    if (resumed_.divergent)
+      throw ConfigError("--resume " + resumed_from_ + ": strategy plugin '" + name + "' keeps state across steps ('" +
+                        buffers[0].name + "' first), and the checkpoint, written by strategy '" + resumed_.strategy +
+                        "', holds none of it");
+    if (env_.rank.rank == 0)  // replicas equal: a strategy's state may start afresh
+      std::printf("  strategy plugin '%s' starts its state afresh: the checkpoint (strategy '%s', %d ranks) holds "
+                  "none for it\n", name.c_str(), resumed_.strategy.c_str(), resumed_.world);
+    return;
+  }
   SafetensorsReader file(resumed_.strategy_state);
+  for (const auto& [tensor, entry] : file.entries()) {  // the same strategy and world: the same state
+    bool taken = false;
+    for (const RankPlugins::StateBuffer& b : buffers) taken = taken || b.name == tensor;
+    if (!taken)
+      throw ConfigError(file.path() + ": holds state '" + tensor + "' that strategy plugin '" + name +
+                        "' does not take (its state entry names other buffers now)");
+  }
+  const std::string keeps = "strategy plugin '" + name + "' keeps state across steps";
   for (const RankPlugins::StateBuffer& b : buffers) {
     const SafetensorsReader::Entry* e = file.find_floats(b.name);
     if (!e || size_t(numel_of(e->shape)) != b.count)

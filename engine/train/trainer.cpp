@@ -95,6 +95,8 @@ void RankRun::train() {
     after_step(step);
   }
   whereabouts::enter_step(-1);  // what follows is the end of the run, not a step
+  if (eval_due_ && env_.rank.rank == 0)
+    std::printf("note: the held-out loss due at the end was not evaluated: the run ended between sync points\n");
   optimizer_->drop_unclaimed();  // (a run resumed at its last step stepped nothing: its files close)
   plugins_->on_train_end();
   // The end of the run is checked where the replicas are equal then, unless
@@ -120,6 +122,16 @@ void RankRun::train() {
 void RankRun::after_step(int64_t step) {
   const int64_t done = step + 1, steps = config_.run.steps;
   const bool synced = records_.back().synced;
+  if (config_.run.debug_collectives && plugins_->divergent()) {  // the checks below are collectives
+    std::vector<int64_t> all(size_t(env_.rank.world_size));
+    plugins_->all_gather(std::vector<int64_t>{synced ? 1 : 0}, all);
+    for (int r = 1; r < env_.rank.world_size; ++r)
+      if (all[size_t(r)] != all[0])
+        throw Error(std::string("run.debug_collectives: strategy plugin '") + plugins_->strategy_name() +
+                    "' says step " + std::to_string(done) + " is " + (all[0] ? "" : "not ") + "a sync point on rank 0 "
+                    "and is " + (all[size_t(r)] ? "" : "not ") + "on rank " + std::to_string(r) +
+                    ": every rank must answer on_step_end alike");
+  }
   eval_due_ |= eval_data_ && (done % config_.eval.every == 0 || done == steps);
   if (eval_due_ && synced) {
     records_.back().val_loss = evaluate();

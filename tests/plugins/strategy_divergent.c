@@ -6,7 +6,9 @@
  * first step (one rank only: nothing is sent). Built with MISORDERED
  * (divergent_misordered): local SGD that averages every trainable
  * parameter after each step, one all-reduce each, in table order, but in
- * reverse order on rank 1: the conformance suite must fail it. */
+ * reverse order on rank 1: the conformance suite must fail it. Built with
+ * SHARDS (divergent_shards): divergent replicas that claim gradients,
+ * which the loader refuses (each rank's replica is whole). */
 #include <stdlib.h>
 
 #include "stubs.h"
@@ -61,7 +63,13 @@ static void mis_destroy(ddp_strategy* s) {
   s->host->event_destroy(s->host->ctx, s->done);
   free(s);
 }
-#elif !defined(NOENTRY)
+#elif defined(SHARDS)
+static ddp_status no_ranges(ddp_strategy* s, const ddp_range** ranges, size_t* count, int* partitioned) {
+  (void)s, (void)ranges, (void)count, (void)partitioned;
+  return DDP_OK;
+}
+#endif
+#if !defined(NOENTRY) && !defined(MISORDERED)
 static ddp_status says_differ(ddp_strategy* s, const ddp_step_info* info, int* synced) {
   (void)s, (void)info;
   *synced = 0;
@@ -73,6 +81,11 @@ DDP_PLUGIN_EXPORT extern const ddp_strategy_v1_t ddp_strategy_v1;
 #if defined(NOENTRY)
 const ddp_strategy_v1_t ddp_strategy_v1 = {STUB_STRATEGY_FIELDS, .name = "divergent_noentry",
                                            .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_DIVERGENT};
+#elif defined(SHARDS)
+const ddp_strategy_v1_t ddp_strategy_v1 = {
+    STUB_STRATEGY_FIELDS, .name = "divergent_shards",
+    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_DIVERGENT | DDP_CAP_OWNS_OPTIMIZER | DDP_CAP_OWNS_GRADIENTS,
+    .optimizer_step = stub_hook, .grad_ranges = no_ranges, .on_step_end = says_differ};
 #elif defined(MISORDERED)
 const ddp_strategy_v1_t ddp_strategy_v1 = {STUB_STRATEGY_FIELDS, .name = "divergent_misordered",
                                            .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_DIVERGENT, .create = mis_create,

@@ -177,12 +177,15 @@ typedef struct ddp_strategy_v1_t {
    * plugin tells a 1.7 engine by DDP_ABI_MINOR(host->abi_version) >= 7.
    * NULL: the engine holds every value through set-up, as in 1.5. */
   ddp_status (*take_values)(ddp_strategy* s, size_t unit);
-  /* (ABI 1.8; optional, required with DDP_CAP_DIVERGENT) After the
+  /* (ABI 1.8; optional, required with DDP_CAP_DIVERGENT, which goes with
+   * neither DDP_CAP_OWNS_GRADIENTS nor DDP_CAP_OWNS_PARAMETERS) After the
    * optimizer step of every step (the engine's or the strategy's), on every
    * rank, with that step's info (that of its last micro-batch). The
    * strategy may communicate here (local SGD averages the parameters,
    * DiLoCo takes its outer step) and sets *synced: 1 if every rank now
-   * holds the same parameters (a sync point), 0 if they may differ. Only
+   * holds the same parameters (a sync point), 0 if they may differ; the
+   * same answer on every rank (the engine's checks at sync points are
+   * collectives; run.debug_collectives compares the answers). Only
    * a strategy with DDP_CAP_DIVERGENT may answer 0: the engine then checks
    * the replicas (run.check_replicas_every), and at the end of the run,
    * only at sync points; without the cap every step is one and a 0 is an
@@ -198,7 +201,10 @@ typedef struct ddp_strategy_v1_t {
    * same names and counts or the resume is refused by name. Under
    * DDP_CAP_DIVERGENT, the engine also puts back each rank's own
    * parameter values then (on_train_begin may have broadcast rank 0's).
-   * NULL: the strategy keeps no state across steps. Blocking. */
+   * The same buffers from on_train_begin on. NULL: the strategy keeps no
+   * state across steps. Blocking. (A checkpoint of equal replicas without
+   * this strategy's state, or of another world size, leaves it as
+   * on_train_begin made it.) */
   ddp_status (*state)(ddp_strategy* s, const ddp_state_buffer** out, size_t* count);
 } ddp_strategy_v1_t;
 
