@@ -66,7 +66,9 @@
  *   1.7  take_values: a strategy that claims values is lent their initial
  *        values unit by unit; the engine never holds them all.
  *   1.8  strategies whose replicas differ on purpose: DDP_CAP_DIVERGENT
- *        and on_step_end, which says which steps are sync points.
+ *        and on_step_end, which says which steps are sync points; a
+ *        strategy's own state in checkpoints (state, ddp_state_buffer);
+ *        ddp_plan::every, for collectives of sync points.
  * Header-only helpers (ddp_dtype_*, DDP_*_ENTRY, DDP_*_HAS, ddp/numeric.h,
  * ddp/plugin.hpp) are no ABI change.
  */
