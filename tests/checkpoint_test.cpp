@@ -223,6 +223,29 @@ TEST(DivergentResume, OnAnotherWorldSizeStrategyOrKeysIsRefusedByName) {
   }
 }
 
+// A replica check and an evaluation due at the checkpoint (step 3) wait
+// for the next sync point (4) in the resumed run as in the whole one, and
+// the resumed summary holds the held-out losses of before.
+TEST(DivergentResume, ChecksAndEvaluationsDueAtTheCheckpointGoOn) {
+  TempDir dir;
+  const std::string config =
+      toml({"localsgd", "localsgd",
+            "[strategy.localsgd]\nperiod = 2\n[eval]\nevery = 3\npath = \"" + kFixtures + "toy_data.safetensors\"\n"},
+           kSgd);
+  const std::vector<std::string> sets = {"checkpoint.every=3", "checkpoint.dir=\"" + dir.path + "\"",
+                                         "run.check_replicas_every=3"};
+  const RunResult whole = run_ok(config, 2, {"run.check_replicas_every=3"});
+  run_ok(config, 2, sets);
+  const RunResult resumed = run_ok(config, 2, sets, dir.path + "/step-00000003");
+  ASSERT_FALSE(whole.summary.is_null());
+  ASSERT_FALSE(resumed.summary.is_null());
+  EXPECT_EQ(whole.summary["eval"]["after_steps"], nlohmann::json({4, 6}));
+  EXPECT_EQ(whole.summary["replica_checks"]["after_steps"], nlohmann::json({4, 6}));
+  EXPECT_EQ(resumed.summary["replica_checks"]["after_steps"], nlohmann::json({4, 6}));
+  EXPECT_EQ(resumed.summary["eval"]["after_steps"], whole.summary["eval"]["after_steps"]);
+  EXPECT_EQ(resumed.summary["eval"]["val_loss"], whole.summary["eval"]["val_loss"]);
+}
+
 // Equal replicas: a strategy's state may start afresh, and diloco takes
 // θ_global from the checkpoint's weights (a DDP warm start).
 TEST(DivergentResume, FromEqualReplicasTheStrategysStateStartsAfresh) {

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,13 @@ TEST(Eval, HoldoutRowsAreTheLastRowsOfTheDataFile) {
   EXPECT_EQ(set_aside.summary["eval"]["val_loss"], two_files.summary["eval"]["val_loss"]);
   EXPECT_EQ(set_aside.summary["val_loss"][0], nullptr);
   EXPECT_TRUE(set_aside.summary["val_loss"][1].is_number());
+  // A file whose name does not say what it holds: eval.kind does.
+  std::filesystem::copy_file(dir.path + "/held.safetensors", dir.path + "/held.rows");
+  const RunResult named_kind = run_ok(toml("path = \"" + dir.path + "/train.safetensors\"\n",
+                                           "every = 2\nbatches = 2\nkind = \"safetensors\"\npath = \"" + dir.path +
+                                               "/held.rows\"\n"),
+                                      2);
+  EXPECT_EQ(named_kind.summary["eval"]["val_loss"], two_files.summary["eval"]["val_loss"]);
   // Not the training rows: the file without a holdout trains on others.
   const RunResult all_rows = run_ok(toml("path = \"" + kData + "\"\n", "every = 0\n"), 2);
   EXPECT_NE(all_rows.summary["loss"], set_aside.summary["loss"]);

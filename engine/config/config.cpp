@@ -387,6 +387,8 @@ EvalConfig read_eval(const Reader& r, const DataConfig& data) {
   e.every = r.integer("eval", "every", 0, 0);
   e.batches = r.integer("eval", "batches", 1, 1, INT_MAX);
   e.path = r.path_from_file("eval", "path");
+  e.kind = r.one_of("eval", "kind", fs::path(e.path).extension() == ".safetensors" ? "safetensors" : "tokens",
+                    {"safetensors", "tokens"});
   e.holdout_rows = r.integer("eval", "holdout_rows", 0, 0);
   if (!e.path.empty() && e.holdout_rows > 0)
     throw ConfigError(r.where(*r.find("eval", "holdout_rows")) +

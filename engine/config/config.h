@@ -106,6 +106,7 @@ struct EvalConfig {
   int64_t every = 0;
   int64_t batches = 1;
   std::string path;
+  std::string kind;  // path's: "safetensors" or "tokens" (default: from its extension, as data.kind)
   int64_t holdout_rows = 0;
 };
 

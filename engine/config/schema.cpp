@@ -37,6 +37,7 @@ const KeySpec kSchema[] = {
     {"eval", "every", toml::node_type::integer, false},
     {"eval", "batches", toml::node_type::integer, false},
     {"eval", "path", toml::node_type::string, false},
+    {"eval", "kind", toml::node_type::string, false},
     {"eval", "holdout_rows", toml::node_type::integer, false},
     {"optimizer", "name", toml::node_type::string, false},
     {"optimizer", "lr", toml::node_type::floating_point, true},

@@ -322,11 +322,10 @@ std::unique_ptr<Dataset> make_eval_dataset(const Config& config, const DataShape
   c.data.stream = 1;  // random rows and token windows of their own
   if (!config.eval.path.empty()) {
     c.data.path = config.eval.path;
-    c.data.kind = c.data.path.size() > 12 && c.data.path.rfind(".safetensors") == c.data.path.size() - 12
-                      ? "safetensors" : "tokens";
+    c.data.kind = config.eval.kind;
     c.data.holdout_rows = 0;
     if (c.data.kind == "tokens" && shape.kind != DataShape::Tokens)
-      throw ConfigError(c.data.path + ": eval.path is a token file (not .safetensors), and model '" +
+      throw ConfigError(c.data.path + ": eval.path is a token file (eval.kind), and model '" +
                         config.model.name + "' reads no tokens");
   } else {
     c.data.held_out = true;  // the rows of data.path set aside, if any

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -30,35 +31,6 @@ using json = nlohmann::ordered_json;
 
 constexpr const char* kMeta = "checkpoint.json";
 constexpr const char* kPartial = ".partial";
-
-// Keys a resumed run may change: how many steps, on how many ranks, with
-// which plugins, and how it is run and checked. Everything else shapes the
-// trajectory (model, data, optimizer, schedule, seed, batch).
-bool may_change(const std::string& key) {
-  static const std::set<std::string> run_keys = {
-      "run.steps",     "run.world_size",           "run.timeout_s",         "run.output_dir",
-      "run.log_every", "run.threads",              "run.device",            "run.share_gpus",
-      "run.check_finite", "run.check_replicas_every", "run.debug_collectives", "run.max_restarts",
-      "run.check_memory"};
-  for (const char* section : {"strategy.", "transport.", "checkpoint."})
-    if (key.rfind(section, 0) == 0) return true;
-  // What is evaluated, and when: not what trains (eval.holdout_rows is: the rows set aside).
-  if (key == "eval.every" || key == "eval.batches" || key == "eval.path") return true;
-  // The weights come from the checkpoint: where they first came from no longer matters.
-  return run_keys.count(key) != 0 || key == "model.init_from";
-}
-
-// The order refusals are named in: what the run trains first.
-int refusal_rank(const std::string& key) {
-  int rank = 0;
-  for (const char* section : {"model.", "data.", "optimizer.", "schedule."}) {
-    if (key.rfind(section, 0) == 0) return rank;
-    ++rank;
-  }
-  return rank;
-}
-
-std::string shown(const std::string& value) { return value.empty() ? "(not set)" : value; }
 
 // Runs `f`; its failure as text ("" if none).
 template <typename F>
@@ -96,6 +68,10 @@ json meta_json(const CheckpointInput& in, int64_t step, const StateLayout& layou
                    {"trainable", trainable},            {"losses", in.losses},
                    {"state", state},                    {"config", json(in.config_items)},
                    {"files", files}});
+  meta["due"] = {{"eval", in.eval_due}, {"replica_check", in.check_due}};
+  json val = json::array();
+  for (const auto& [at, loss] : in.val_losses) val.push_back({at, loss});
+  meta["val_loss"] = val;
   return meta;
 }
 
@@ -250,6 +226,15 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
     m.config = j.at("config").get<std::map<std::string, std::string>>();
     m.trainable = j.at("trainable").get<std::vector<std::string>>();
     m.losses = j.at("losses").get<std::vector<double>>();
+    if (j.contains("due"))  // (absent before [eval] and divergent strategies)
+      m.eval_due = j.at("due").at("eval").get<bool>(), m.check_due = j.at("due").at("replica_check").get<bool>();
+    if (j.contains("val_loss"))
+      for (const auto& v : j.at("val_loss")) {
+        if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || v[0].get<int64_t>() < 1 ||
+            v[0].get<int64_t>() > m.step || !(v[1].is_number() || v[1].is_null()))
+          throw json::other_error::create(501, "'val_loss' holds " + v.dump() + ", not [a step, its loss]", &v);
+        m.val_losses.emplace_back(v[0].get<int64_t>(), v[1].is_null() ? NAN : v[1].get<double>());  // null: NaN
+      }
     for (const auto& [name, s] : j.at("state").items()) {
       CheckpointMeta::State& state = m.state[name];
       state.steps = whole(s, "steps", 0);
@@ -267,45 +252,6 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   }
   check_meta_shape(m, file);
   return m;
-}
-
-ResumeCheck compare_for_resume(const std::map<std::string, std::string>& saved,
-                               const std::map<std::string, std::string>& now) {
-  // Keys added after checkpoints were written, as they are unset: a
-  // checkpoint without one was written with that default in effect.
-  static const std::map<std::string, std::string> kAdded = {
-      {"data.teacher", "false"}, {"eval.every", "0"}, {"eval.batches", "1"}, {"eval.holdout_rows", "0"}};
-  const auto saved_value = [&](const std::string& key) {
-    const auto a = saved.find(key), added = kAdded.find(key);
-    return a != saved.end() ? a->second : added != kAdded.end() ? added->second : std::string();
-  };
-  std::set<std::string> keys;
-  for (const auto& [k, v] : saved) keys.insert(k);
-  for (const auto& [k, v] : now) keys.insert(k);
-  ResumeCheck check;
-  std::vector<std::pair<int, std::string>> refused;  // (order, key)
-  for (const std::string& key : keys) {
-    const auto b = now.find(key);
-    const std::string was = saved_value(key), is = b == now.end() ? "" : b->second;
-    if (was == is) continue;
-    if (may_change(key)) {
-      check.changed.push_back(key + " " + shown(was) + " → " + shown(is));
-    } else {
-      refused.emplace_back(refusal_rank(key), key);
-    }
-  }
-  if (refused.empty()) return check;
-  std::stable_sort(refused.begin(), refused.end(),
-                   [](const auto& x, const auto& y) { return x.first < y.first; });
-  const std::string& key = refused[0].second;
-  const std::string was = saved_value(key), is = now.count(key) ? now.at(key) : "";
-  check.refused = key + " is " + shown(is) + " but was " + shown(was) + " in the checkpoint";
-  if (key == "schedule.cosine_steps")
-    check.refused += " (unless set, it follows run.steps: --set schedule.cosine_steps=" + was + " keeps the schedule)";
-  for (size_t k = 1; k < refused.size(); ++k) check.refused += (k == 1 ? "; also " : ", ") + refused[k].second;
-  check.refused += ": a resumed run may change run.steps, run.world_size, the strategy, the transport, timeouts and "
-                   "checks, not what it trains";
-  return check;
 }
 
 std::vector<int> state_writers(const std::vector<double>& held, size_t params, int world) {
@@ -459,7 +405,8 @@ Resumed resume_run(const Config& config, int rank, Model& model, Device& device,
   load_checkpoint(path, meta, weights_file(rank, meta.divergent), model.params(), optimizer, values);
   const std::string strategy_state = meta.files.count(strategy_state_file(rank)) ? strategy_state_file(rank) : "";
   return Resumed{path, meta.step, meta.losses, check.changed, meta.strategy, meta.world_size, meta.divergent,
-                 strategy_state.empty() ? "" : (fs::path(path) / strategy_state).string()};
+                 strategy_state.empty() ? "" : (fs::path(path) / strategy_state).string(), meta.eval_due,
+                 meta.check_due, meta.val_losses};
 }
 
 namespace {

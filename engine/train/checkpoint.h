@@ -38,6 +38,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checksum.h"
@@ -59,6 +60,8 @@ struct CheckpointMeta {
   std::map<std::string, std::string> config;  // config_items() of the run
   std::vector<std::string> trainable;         // parameters trainable at `step`
   std::vector<double> losses;                 // the mean loss of steps 1..step
+  bool eval_due = false, check_due = false;   // waiting for a sync point ("due"; absent: none)
+  std::vector<std::pair<int64_t, double>> val_losses;  // [eval]'s (step, loss) so far ("val_loss")
   struct Piece {
     std::string file;  // "optimizer-1.safetensors"
     size_t offset = 0, count = 0;
@@ -138,6 +141,10 @@ struct CheckpointInput {
   // rank's (strategy-<r>.safetensors where not empty).
   bool divergent = false;
   std::vector<NamedFloats> strategy_state{};
+  // What waits for the next sync point (a divergent strategy's), and the
+  // held-out losses so far (step, loss): a resumed run goes on with them.
+  bool eval_due = false, check_due = false;
+  std::vector<std::pair<int64_t, double>> val_losses{};
 };
 
 // The file that holds rank `rank`'s parameters in a checkpoint:
@@ -171,6 +178,8 @@ struct Resumed {
   int world = 0;                     // on how many ranks
   bool divergent = false;            // each rank's own replica
   std::string strategy_state;        // this rank's strategy state file ("": none)
+  bool eval_due = false, check_due = false;             // waiting for a sync point
+  std::vector<std::pair<int64_t, double>> val_losses;  // [eval]'s so far
 };
 Resumed resume_run(const Config& config, int rank, Model& model, Device& device, Optimizer& optimizer,
                    InitialValues& values);

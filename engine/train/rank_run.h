@@ -63,6 +63,8 @@ class RankRun {
   // [eval]: the mean loss of the held-out batches over ranks (a forward of
   // each, no hooks), the same on every rank.
   double evaluate();
+  // [eval]'s (step, loss) so far: a resumed run's from its checkpoint, then this run's.
+  std::vector<std::pair<int64_t, double>> val_losses() const;
   void forward(const Batch& batch, int64_t k, StepRecord& rec);
 
   // Backward, firing on_grad_ready after each parameter's last use.

@@ -62,6 +62,7 @@ void RankRun::resume() {
   const Resumed r = resume_run(config_, env_.rank.rank, *model_, *device_, *optimizer_, *initial_);
   resumed_ = r;
   start_step_ = r.step;
+  eval_due_ = r.eval_due && config_.eval.every > 0, check_due_ = r.check_due;  // waiting for a sync point
   loss_prefix_ = r.losses;
   resumed_from_ = r.path;
   if (env_.rank.rank != 0) return;
@@ -138,6 +139,8 @@ void RankRun::checkpoint(int64_t step) {
   input.divergent = plugins_->divergent();  // every rank's own weights and state
   std::vector<std::vector<float>> state;
   input.strategy_state = strategy_state(state);
+  input.eval_due = eval_due_, input.check_due = check_due_;
+  input.val_losses = val_losses();
   input.visit_values = host_visit("the checkpoint");
   input.all_gather = [this](const std::vector<double>& mine, std::vector<double>& all) {
     plugins_->all_gather(mine, all);
@@ -145,6 +148,13 @@ void RankRun::checkpoint(int64_t step) {
   write_checkpoint(input, step);
   checkpoints_.push_back(step);
   checkpoint_s_ += seconds_since(t);
+}
+
+std::vector<std::pair<int64_t, double>> RankRun::val_losses() const {
+  std::vector<std::pair<int64_t, double>> out = resumed_.val_losses;  // a resumed run's before it
+  for (size_t k = 0; k < records_.size(); ++k)
+    if (!std::isnan(records_[k].val_loss)) out.emplace_back(start_step_ + int64_t(k) + 1, records_[k].val_loss);
+  return out;
 }
 
 void RankRun::average_losses() {
@@ -238,6 +248,7 @@ void RankRun::write_summary(const std::vector<double>& all) {
   facts.replica_check_every = config_.run.check_replicas_every, facts.replica_check_s = replica_check_s_;
   facts.divergent = plugins_->divergent();
   facts.eval_every = config_.eval.every, facts.eval_batches = config_.eval.batches, facts.eval_s = eval_s_;
+  facts.val_losses = val_losses();
   facts.replica_checked_after = replica_checked_after_, facts.huge_pages = huge_pages_now();
   facts.first_step = start_step_, facts.resumed_from = resumed_from_;
   facts.losses_before = loss_prefix_;

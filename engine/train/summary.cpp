@@ -133,11 +133,10 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
                                {"seconds", facts.replica_check_s}};
   summary["checkpoints"] = {{"after_steps", facts.checkpoints}, {"seconds", facts.checkpoint_s}};
   json evaluated = json::array(), val_loss = json::array();
-  for (size_t k = 0; k < steps.size(); ++k)
-    if (!std::isnan(steps[k].val_loss)) {
-      evaluated.push_back(facts.first_step + int64_t(k) + 1);
-      val_loss.push_back(steps[k].val_loss);
-    }
+  for (const auto& [step, loss] : facts.val_losses) {
+    evaluated.push_back(step);
+    val_loss.push_back(loss);
+  }
   summary["eval"] = {{"every", facts.eval_every}, {"batches", facts.eval_batches}, {"after_steps", evaluated},
                      {"val_loss", val_loss}, {"seconds", facts.eval_s}};
   summary["first_step"] = facts.first_step;

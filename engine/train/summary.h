@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -72,6 +73,7 @@ struct RunFacts {
   // [eval]: eval.every, eval.batches, and the seconds the evaluations took.
   int64_t eval_every = 0, eval_batches = 0;
   double eval_s = 0;
+  std::vector<std::pair<int64_t, double>> val_losses;  // (step, held-out loss), a resumed run's earlier ones too
   // A resumed run: the step it started after, from which checkpoint ("":
   // none), the losses of the steps before. The checkpoints this run wrote
   // (after which steps) and their seconds. The restarts of `ddp run` before
