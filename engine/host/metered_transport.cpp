@@ -263,7 +263,7 @@ MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* com
     : real_(real), real_comm_(comm), services_(services), label_(label) {
   // Every entry is listed here: a new one must be metered (or refused), never
   // passed through with the wrapper's handle.
-  static_assert(sizeof(ddp_transport_v1_t) == 4 + 4 + 2 * sizeof(void*) + 8 + 8 * sizeof(void*) + 8 + 2 * sizeof(void*),
+  static_assert(sizeof(ddp_transport_v1_t) == 4 + 4 + 2 * sizeof(void*) + 8 + 8 * sizeof(void*) + 8 + 3 * sizeof(void*),
                 "ddp_transport_v1_t changed: update MeteredTransport");
   vtable_ = ddp_transport_v1_t{};
   vtable_.abi_version = real->abi_version;
@@ -283,6 +283,7 @@ MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* com
   vtable_.dtypes = real->dtypes;  // `real` is the loader's host-sized copy: 0 where the plugin lacks it
   vtable_.keys = real->keys;
   vtable_.plan = nullptr;  // planning happens before any rank starts, on the real descriptor
+  vtable_.split = nullptr;  // a strategy makes groups through ddp_host::split, which the engine meters
 }
 
 }  // namespace ddp

@@ -530,20 +530,19 @@ ddp_status gloo_barrier(ddp_comm* comm, ddp_stream stream) {
 }  // namespace
 
 DDP_TRANSPORT_ENTRY = {
-    DDP_ABI_VERSION,
-    sizeof(ddp_transport_v1_t),
-    "gloo",
-    kVersion,
-    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA,  // CUDA: staged through page-locked host memory
-    gloo_init,
-    gloo_destroy,
-    gloo_all_reduce,
-    gloo_broadcast,
-    gloo_all_gather,
-    gloo_reduce_scatter,
-    gloo_barrier,
-    nullptr,  // abort: Gloo collectives end by their own timeout
-    kDtypes,
-    kKeys,
-    ddp::gloo_transport::plan,
+    .abi_version = DDP_ABI_VERSION,
+    .struct_size = sizeof(ddp_transport_v1_t),
+    .name = "gloo",
+    .version = kVersion,
+    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA,  // CUDA: staged through page-locked host memory
+    .init = gloo_init,
+    .destroy = gloo_destroy,
+    .all_reduce = gloo_all_reduce,
+    .broadcast = gloo_broadcast,
+    .all_gather = gloo_all_gather,
+    .reduce_scatter = gloo_reduce_scatter,
+    .barrier = gloo_barrier,
+    .dtypes = kDtypes,
+    .keys = kKeys,
+    .plan = ddp::gloo_transport::plan,
 };

@@ -163,28 +163,20 @@ ddp_status bucketed_plan(const ddp_host* host, const ddp_transport_v1_t* transpo
 }  // namespace
 
 DDP_STRATEGY_ENTRY = {
-    DDP_ABI_VERSION,
-    sizeof(ddp_strategy_v1_t),
-    "bucketed",
-    "0.1.0",
-    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER,
-    bucketed_create,
-    bucketed_on_train_begin,
-    bucketed_on_step_begin,
-    bucketed_on_grad_ready,
-    bucketed_on_backward_end,
-    bucketed_finish,
-    bucketed_optimizer_step,
-    bucketed_stats,
-    bucketed_destroy,
-    nullptr,  // held_grads: every rank holds every averaged gradient
-    kKeys,
-    nullptr,  // on_unit
-    nullptr,  // on_train_end
-    nullptr,  // grad_ranges: it claims no storage
-    bucketed_plan,
-    nullptr,  // unit_values (1.5): it claims no values
-    nullptr,  // take_values (1.7)
-    nullptr,  // on_step_end (1.8): every step leaves equal replicas
-    nullptr,  // state (1.8): nothing kept across steps
+    .abi_version = DDP_ABI_VERSION,
+    .struct_size = sizeof(ddp_strategy_v1_t),
+    .name = "bucketed",
+    .version = "0.1.0",
+    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER,
+    .create = bucketed_create,
+    .on_train_begin = bucketed_on_train_begin,
+    .on_step_begin = bucketed_on_step_begin,
+    .on_grad_ready = bucketed_on_grad_ready,
+    .on_backward_end = bucketed_on_backward_end,
+    .finish = bucketed_finish,
+    .optimizer_step = bucketed_optimizer_step,
+    .stats = bucketed_stats,
+    .destroy = bucketed_destroy,
+    .keys = kKeys,
+    .plan = bucketed_plan,
 };

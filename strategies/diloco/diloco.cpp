@@ -183,28 +183,18 @@ void diloco_destroy(ddp_strategy* s) { delete s; }
 }  // namespace
 
 DDP_STRATEGY_ENTRY = {
-    DDP_ABI_VERSION,
-    sizeof(ddp_strategy_v1_t),
-    "diloco",
-    "0.1.0",
-    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_DIVERGENT,
-    diloco_create,
-    diloco_on_train_begin,
-    nullptr,  // on_step_begin, on_grad_ready, on_backward_end: inner
-    nullptr,  // steps send nothing
-    nullptr,
-    diloco_finish,
-    nullptr,  // optimizer_step: the engine's optimizer is the inner one
-    diloco_stats,
-    diloco_destroy,
-    nullptr,  // held_grads: every rank holds its gradients whole
-    kKeys,
-    nullptr,  // on_unit
-    nullptr,  // on_train_end
-    nullptr,  // grad_ranges: it claims no storage
-    diloco_plan,
-    nullptr,  // unit_values (1.5): it claims no values
-    nullptr,  // take_values (1.7)
-    diloco_on_step_end,
-    diloco_state,
+    .abi_version = DDP_ABI_VERSION,
+    .struct_size = sizeof(ddp_strategy_v1_t),
+    .name = "diloco",
+    .version = "0.1.0",
+    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_DIVERGENT,
+    .create = diloco_create,
+    .on_train_begin = diloco_on_train_begin,
+    .finish = diloco_finish,
+    .stats = diloco_stats,
+    .destroy = diloco_destroy,
+    .keys = kKeys,
+    .plan = diloco_plan,
+    .on_step_end = diloco_on_step_end,
+    .state = diloco_state,
 };

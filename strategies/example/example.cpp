@@ -212,34 +212,23 @@ ddp_status example_plan(const ddp_host* host, const ddp_transport_v1_t*, ddp_pla
 // hidden); ddp_add_plugin's version script keeps the dynamic symbol table
 // to exactly this.
 DDP_STRATEGY_ENTRY = {
-    DDP_ABI_VERSION,            // the ABI this was built against (major.minor)
-    sizeof(ddp_strategy_v1_t),  // lets a newer host see which entries exist
-    "example",                  // name, as the host reports it
-    "0.1.0",                    // this plugin's own version
-    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA,  // only host device operations are used
-    example_create,
-    example_on_train_begin,
-    example_on_step_begin,
-    example_on_grad_ready,
-    example_on_backward_end,
-    example_finish,
-    nullptr,  // optimizer_step: optional; the engine's optimizer runs
-    example_stats,
-    example_destroy,
-    nullptr,  // held_grads: every rank holds every averaged gradient
-    kKeys,
-#if DDP_ABI_VERSION_MINOR >= 4  // entries of 1.4, where the headers have them
-    nullptr,  // on_unit: no unit hooks
-    nullptr,  // on_train_end: nothing to do
-    nullptr,  // grad_ranges: it claims no storage
-    example_plan,
+    .abi_version = DDP_ABI_VERSION,            // the ABI this was built against (major.minor)
+    .struct_size = sizeof(ddp_strategy_v1_t),  // lets a newer host see which entries exist
+    .name = "example",                         // as the host reports it
+    .version = "0.1.0",                        // this plugin's own version
+    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA,  // only host device operations are used
+    .create = example_create,
+    .on_train_begin = example_on_train_begin,
+    .on_step_begin = example_on_step_begin,
+    .on_grad_ready = example_on_grad_ready,
+    .on_backward_end = example_on_backward_end,
+    .finish = example_finish,
+    .stats = example_stats,
+    .destroy = example_destroy,
+    .keys = kKeys,
+#if DDP_ABI_VERSION_MINOR >= 4  // where the headers have it (1.4)
+    .plan = example_plan,
 #endif
-#if DDP_ABI_VERSION_MINOR >= 5  // and of 1.5
-    nullptr,  // unit_values: it claims no values
-#endif
-#if DDP_ABI_VERSION_MINOR >= 7  // and of 1.7
-    nullptr,  // take_values: it claims no values
-    nullptr,  // on_step_end: every step leaves equal replicas
-    nullptr,  // state: nothing kept across steps
-#endif
+    // Every entry not named is NULL: optional, with the meaning its comment
+    // in ddp/abi/strategy.h gives (optimizer_step: the engine's optimizer runs).
 };

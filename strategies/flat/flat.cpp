@@ -162,28 +162,17 @@ ddp_status flat_plan(const ddp_host* host, const ddp_transport_v1_t*, ddp_plan* 
 }  // namespace
 
 DDP_STRATEGY_ENTRY = {
-    DDP_ABI_VERSION,
-    sizeof(ddp_strategy_v1_t),
-    "flat",
-    "0.1.0",
-    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA,
-    flat_create,
-    flat_on_train_begin,
-    flat_on_step_begin,
-    nullptr,  // on_grad_ready, on_backward_end: everything happens in
-    nullptr,  // finish, once the whole backward is done
-    flat_finish,
-    nullptr,  // optimizer_step: the engine's optimizer runs
-    flat_stats,
-    flat_destroy,
-    nullptr,  // held_grads: every rank holds every averaged gradient
-    kKeys,
-    nullptr,  // on_unit
-    nullptr,  // on_train_end
-    nullptr,  // grad_ranges: it claims no storage
-    flat_plan,
-    nullptr,  // unit_values (1.5): it claims no values
-    nullptr,  // take_values (1.7)
-    nullptr,  // on_step_end (1.8): every step leaves equal replicas
-    nullptr,  // state (1.8): nothing kept across steps
+    .abi_version = DDP_ABI_VERSION,
+    .struct_size = sizeof(ddp_strategy_v1_t),
+    .name = "flat",
+    .version = "0.1.0",
+    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA,
+    .create = flat_create,
+    .on_train_begin = flat_on_train_begin,
+    .on_step_begin = flat_on_step_begin,
+    .finish = flat_finish,
+    .stats = flat_stats,
+    .destroy = flat_destroy,
+    .keys = kKeys,
+    .plan = flat_plan,
 };

@@ -134,28 +134,18 @@ ddp_status localsgd_plan(const ddp_host* host, const ddp_transport_v1_t*, ddp_pl
 }  // namespace
 
 DDP_STRATEGY_ENTRY = {
-    DDP_ABI_VERSION,
-    sizeof(ddp_strategy_v1_t),
-    "localsgd",
-    "0.1.0",
-    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_DIVERGENT,
-    localsgd_create,
-    localsgd_on_train_begin,
-    localsgd_on_step_begin,
-    nullptr,  // on_grad_ready, on_backward_end: the warmup averages
-    nullptr,  // in finish, once the whole backward is done
-    localsgd_finish,
-    nullptr,  // optimizer_step: the engine's optimizer runs, on each rank's own gradients
-    localsgd_stats,
-    localsgd_destroy,
-    nullptr,  // held_grads: every rank holds its gradients whole
-    kKeys,
-    nullptr,  // on_unit
-    nullptr,  // on_train_end
-    nullptr,  // grad_ranges: it claims no storage
-    localsgd_plan,
-    nullptr,  // unit_values (1.5): it claims no values
-    nullptr,  // take_values (1.7)
-    localsgd_on_step_end,
-    nullptr,  // state: the step says where the period is; optimizer state is the engine's
+    .abi_version = DDP_ABI_VERSION,
+    .struct_size = sizeof(ddp_strategy_v1_t),
+    .name = "localsgd",
+    .version = "0.1.0",
+    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_DIVERGENT,
+    .create = localsgd_create,
+    .on_train_begin = localsgd_on_train_begin,
+    .on_step_begin = localsgd_on_step_begin,
+    .finish = localsgd_finish,
+    .stats = localsgd_stats,
+    .destroy = localsgd_destroy,
+    .keys = kKeys,
+    .plan = localsgd_plan,
+    .on_step_end = localsgd_on_step_end,
 };

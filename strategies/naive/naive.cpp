@@ -51,28 +51,15 @@ ddp_status naive_plan(const ddp_host* host, const ddp_transport_v1_t*, ddp_plan*
 }  // namespace
 
 DDP_STRATEGY_ENTRY = {
-    DDP_ABI_VERSION,
-    sizeof(ddp_strategy_v1_t),
-    "naive",
-    "0.1.0",
-    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA,
-    naive_create,
-    naive_on_train_begin,
-    nullptr,  // on_step_begin, on_grad_ready, on_backward_end: nothing to
-    nullptr,  // track; finish runs once per step, after the last
-    nullptr,  // micro-batch, and averages every gradient then
-    naive_finish,
-    nullptr,  // optimizer_step: the engine's optimizer runs
-    nullptr,  // stats
-    naive_destroy,
-    nullptr,  // held_grads: every rank holds every averaged gradient
-    ddp::strategy::kNoKeys,
-    nullptr,  // on_unit
-    nullptr,  // on_train_end
-    nullptr,  // grad_ranges: it claims no storage
-    naive_plan,
-    nullptr,  // unit_values (1.5): it claims no values
-    nullptr,  // take_values (1.7)
-    nullptr,  // on_step_end (1.8): every step leaves equal replicas
-    nullptr,  // state (1.8): nothing kept across steps
+    .abi_version = DDP_ABI_VERSION,
+    .struct_size = sizeof(ddp_strategy_v1_t),
+    .name = "naive",
+    .version = "0.1.0",
+    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA,
+    .create = naive_create,
+    .on_train_begin = naive_on_train_begin,
+    .finish = naive_finish,
+    .destroy = naive_destroy,
+    .keys = ddp::strategy::kNoKeys,
+    .plan = naive_plan,
 };

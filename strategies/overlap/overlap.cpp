@@ -111,28 +111,18 @@ ddp_status overlap_plan(const ddp_host* host, const ddp_transport_v1_t*, ddp_pla
 }  // namespace
 
 DDP_STRATEGY_ENTRY = {
-    DDP_ABI_VERSION,
-    sizeof(ddp_strategy_v1_t),
-    "overlap",
-    "0.1.0",
-    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA,
-    overlap_create,
-    overlap_on_train_begin,
-    overlap_on_step_begin,
-    overlap_on_grad_ready,
-    overlap_on_backward_end,
-    overlap_finish,
-    nullptr,  // optimizer_step: the engine's optimizer runs
-    nullptr,  // stats
-    overlap_destroy,
-    nullptr,  // held_grads: every rank holds every averaged gradient
-    ddp::strategy::kNoKeys,
-    nullptr,  // on_unit
-    nullptr,  // on_train_end
-    nullptr,  // grad_ranges: it claims no storage
-    overlap_plan,
-    nullptr,  // unit_values (1.5): it claims no values
-    nullptr,  // take_values (1.7)
-    nullptr,  // on_step_end (1.8): every step leaves equal replicas
-    nullptr,  // state (1.8): nothing kept across steps
+    .abi_version = DDP_ABI_VERSION,
+    .struct_size = sizeof(ddp_strategy_v1_t),
+    .name = "overlap",
+    .version = "0.1.0",
+    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA,
+    .create = overlap_create,
+    .on_train_begin = overlap_on_train_begin,
+    .on_step_begin = overlap_on_step_begin,
+    .on_grad_ready = overlap_on_grad_ready,
+    .on_backward_end = overlap_on_backward_end,
+    .finish = overlap_finish,
+    .destroy = overlap_destroy,
+    .keys = ddp::strategy::kNoKeys,
+    .plan = overlap_plan,
 };

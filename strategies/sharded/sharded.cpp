@@ -480,29 +480,26 @@ ddp_status sharded_plan(const ddp_host* host, const ddp_transport_v1_t* transpor
 }  // namespace
 
 DDP_STRATEGY_ENTRY = {
-    DDP_ABI_VERSION,
-    sizeof(ddp_strategy_v1_t),
-    "sharded",
-    "0.1.0",
-    DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER | DDP_CAP_OWNS_GRADIENTS |
-        DDP_CAP_OWNS_PARAMETERS,
-    sharded_create,
-    sharded_on_train_begin,
-    sharded_on_step_begin,
-    sharded_on_grad_ready,
-    sharded_on_backward_end,
-    sharded_finish,
-    sharded_optimizer_step,
-    sharded_stats,
-    sharded_destroy,
-    sharded_held_grads,
-    kKeys,
-    sharded_on_unit,
-    nullptr,  // on_train_end
-    sharded_grad_ranges,
-    sharded_plan,
-    sharded_unit_values,
-    sharded_take_values,
-    nullptr,  // on_step_end (1.8): every step leaves equal replicas
-    nullptr,  // state (1.8): nothing kept across steps
+    .abi_version = DDP_ABI_VERSION,
+    .struct_size = sizeof(ddp_strategy_v1_t),
+    .name = "sharded",
+    .version = "0.1.0",
+    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER | DDP_CAP_OWNS_GRADIENTS |
+            DDP_CAP_OWNS_PARAMETERS,
+    .create = sharded_create,
+    .on_train_begin = sharded_on_train_begin,
+    .on_step_begin = sharded_on_step_begin,
+    .on_grad_ready = sharded_on_grad_ready,
+    .on_backward_end = sharded_on_backward_end,
+    .finish = sharded_finish,
+    .optimizer_step = sharded_optimizer_step,
+    .stats = sharded_stats,
+    .destroy = sharded_destroy,
+    .held_grads = sharded_held_grads,
+    .keys = kKeys,
+    .on_unit = sharded_on_unit,
+    .grad_ranges = sharded_grad_ranges,
+    .plan = sharded_plan,
+    .unit_values = sharded_unit_values,
+    .take_values = sharded_take_values,
 };

@@ -70,10 +70,19 @@ static void dies_abort(ddp_comm* c) {
 }
 
 DDP_TRANSPORT_ENTRY = {
-    DDP_ABI_VERSION, sizeof(ddp_transport_v1_t), "dies", "0.1.0", DDP_CAP_DEVICE_CPU,
-    dies_init, dies_destroy, dies_all_reduce, dies_broadcast, dies_all_gather, dies_reduce_scatter,
-    dies_barrier, dies_abort,
-    DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_BFLOAT16) | DDP_DTYPE_BIT(DDP_FLOAT16),
-    NULL, /* keys: not declared */
-    NULL, /* plan */
+    .abi_version = DDP_ABI_VERSION,
+    .struct_size = sizeof(ddp_transport_v1_t),
+    .name = "dies",
+    .version = "0.1.0",
+    .caps = DDP_CAP_DEVICE_CPU,
+    .init = dies_init,
+    .destroy = dies_destroy,
+    .all_reduce = dies_all_reduce,
+    .broadcast = dies_broadcast,
+    .all_gather = dies_all_gather,
+    .reduce_scatter = dies_reduce_scatter,
+    .barrier = dies_barrier,
+    .abort = dies_abort,
+    .dtypes = DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_BFLOAT16) | DDP_DTYPE_BIT(DDP_FLOAT16),
+    /* keys: not declared; plan: none */
 };

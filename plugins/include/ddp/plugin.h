@@ -69,6 +69,12 @@
  *        and on_step_end, which says which steps are sync points; a
  *        strategy's own state in checkpoints (state, ddp_state_buffer);
  *        ddp_plan::every, for collectives of sync points.
+ *   1.9  strategies beyond one group, on the device: process groups
+ *        (ddp_host::split and group, ddp_transport_v1_t::split,
+ *        ddp_plan::group_collective and group_sizes); gradients held by
+ *        several replicas (held_ranges, ddp_held_range); state equal on
+ *        every rank (state_scopes, ddp_state_scope); compute on a stream
+ *        (ddp_host::gemm, dot, norm, axpy, normalize).
  * Header-only helpers (ddp_dtype_*, DDP_*_ENTRY, DDP_*_HAS, ddp/numeric.h,
  * ddp/plugin.hpp) are no ABI change.
  */

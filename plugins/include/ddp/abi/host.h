@@ -10,8 +10,9 @@
  * - inside a host function on a device stream (a CUDA stream, where CUDA
  *   allows no CUDA call), every entry that reaches the device or blocks
  *   (alloc, copy, fill, scale, convert, add, launch_host_func,
- *   event_record, the waits, run_optimizer*, store_*, claim, bind) returns
- *   DDP_ERR_UNSUPPORTED with the reason; free, free_host and
+ *   event_record, the waits, run_optimizer*, store_*, claim, bind, split,
+ *   and the compute entries of 1.9) returns DDP_ERR_UNSUPPORTED with the
+ *   reason; free, free_host and
  *   event_destroy (of a device event) log it and leave the memory or event.
  * One event is not used from two threads at once.
  *
@@ -198,6 +199,51 @@ typedef struct ddp_host {
   /* (ABI 1.4) Enqueues dst[i] += src[i], float32, equal counts, on the
    * run's device, not overlapping (a shard summing micro-batches). */
   ddp_status (*add)(void* ctx, const ddp_buffer* dst, const ddp_buffer* src, ddp_stream stream);
+
+  /* (ABI 1.9) Groups of ranks (ddp_group): HSDP's shard and replica
+   * groups, a hierarchical reduction's node groups.
+   * split: *out is a communicator of the ranks of `parent` that pass the
+   * same `color` (>= 0), ordered by `key`, then by their rank in parent
+   * (MPI_Comm_split's order), named `name` (1 to 31 of [A-Za-z0-9_.-])
+   * wherever the engine reports it. `parent` is the comm create was given
+   * (the world) or one split made. Blocking and collective over parent:
+   * every rank of it calls split at the same point, in create or
+   * on_train_begin only, with no collective of parent in flight. Use the
+   * result with the transport create was given, as the world's comm: its
+   * ranks issue the same collectives on it in the same order, and its
+   * counts are the group's (all_gather's recv holds send.count x its size;
+   * broadcast's root is a rank of it). The engine meters every collective
+   * with its group's size (summary.json: "groups"), traces it under its
+   * group, compares the sequence within each group (run.debug_collectives),
+   * names the group and its ranks where one of its collectives fails or
+   * does not complete within run.timeout_s, and releases it after destroy.
+   * DDP_ERR_UNSUPPORTED where the transport makes no groups (its split).
+   * group: what comm `comm` is (the world's, or one split made): its
+   * name, this rank's place, its size and members; NULL for another
+   * handle. Valid until destroy. */
+  ddp_status (*split)(void* ctx, ddp_comm* parent, int color, int key, const char* name, ddp_comm** out);
+  const ddp_group* (*group)(void* ctx, ddp_comm* comm);
+
+  /* (ABI 1.9) Compute for strategies (a gradient compressor): float32 on
+   * the run's device, enqueued on `stream` as copy is (the engine's
+   * OpenBLAS on a CPU run; cuBLAS and its own kernels on a CUDA run), so a
+   * plugin links neither. The same inputs give the same bits on every
+   * rank of a run. Operands may not overlap an output, but x and y of dot.
+   * gemm: the products ddp_gemm describes.
+   * dot: out[i] = x_i . y_i for the vectors of x and y (equal length and
+   * count); out: count floats on the device (the scalars of an axpy:
+   * Gram-Schmidt's projections), summed in float64 and rounded.
+   * norm: out[i] = ||x_i||_2, as dot.
+   * axpy: y_i += alpha s_i x_i, where s_i = scalars[i] (count floats on
+   * the device: a dot's or norm's out), or 1 where scalars is NULL.
+   * normalize: x_i /= ||x_i||_2 + eps, in place (torch's `col /= norm +
+   * eps`: a zero vector with eps 0 becomes NaN, as there). */
+  ddp_status (*gemm)(void* ctx, const ddp_gemm* gemm, ddp_stream stream);
+  ddp_status (*dot)(void* ctx, const ddp_vectors* x, const ddp_vectors* y, float* out, ddp_stream stream);
+  ddp_status (*norm)(void* ctx, const ddp_vectors* x, float* out, ddp_stream stream);
+  ddp_status (*axpy)(void* ctx, double alpha, const ddp_vectors* x, const float* scalars, const ddp_vectors* y,
+                     ddp_stream stream);
+  ddp_status (*normalize)(void* ctx, const ddp_vectors* x, double eps, ddp_stream stream);
 } ddp_host;
 
 /* Whether the engine offers host entry `entry` (see above). */

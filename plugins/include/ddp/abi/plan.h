@@ -94,6 +94,16 @@ typedef struct ddp_plan {
    * and counts them once per `steps` steps in the mean per step. Check
    * DDP_PLAN_HAS(plan, every). */
   ddp_status (*every)(void* ctx, int64_t steps);
+  /* (1.9) Strategy: a collective of a group of `group_size` ranks (one
+   * its create makes with ddp_host::split: the plan knows no groups, so
+   * the plugin sizes them from its keys and the world); collective() is
+   * group_collective() of the world. The engine meters it on that many
+   * ranks (bus bytes). Check DDP_PLAN_HAS(plan, group_collective). */
+  ddp_status (*group_collective)(void* ctx, const ddp_plan_collective* collective, int group_size);
+  /* (1.9) For a transport's plan: the group size of each of `collectives`
+   * (the world's where the strategy named none); NULL from an engine
+   * older than 1.9. */
+  const int32_t* group_sizes;
 } ddp_plan;
 
 /* Whether `plan` (a ddp_plan*) offers entry `entry`: its struct_size

@@ -206,6 +206,22 @@ typedef struct ddp_strategy_v1_t {
    * this strategy's state, or of another world size, leaves it as
    * on_train_begin made it.) */
   ddp_status (*state)(ddp_strategy* s, const ddp_state_buffer** out, size_t* count);
+  /* (ABI 1.9, optional) After finish: every element of an averaged
+   * gradient this rank holds (ddp_held_range: the engine's own gradients,
+   * grad NULL, and those in storage it claimed), each with how many ranks
+   * hold it, for the engine to measure the gradient norm, each element
+   * counted once, and clip on every rank that holds it
+   * (optimizer.clip_grad_norm). Where set, the engine asks it and neither
+   * held_grads nor grad_ranges (it stands for grad_ranges where
+   * DDP_CAP_OWNS_GRADIENTS needs one). Valid until the next hook. */
+  ddp_status (*held_ranges)(ddp_strategy* s, const ddp_held_range** out, size_t* count);
+  /* (ABI 1.9, optional) Who holds each buffer `state` gives
+   * (ddp_state_scope): *scopes[i] for buffer i, *count equal to state's
+   * count; called after each call of state. NULL: every buffer is per
+   * rank. An equal buffer is checked equal on every rank when a
+   * checkpoint is written, written once, and taken up on resume on any
+   * world size; a per-rank one only on the same world size. Blocking. */
+  ddp_status (*state_scopes)(ddp_strategy* s, const ddp_state_scope** scopes, size_t* count);
 } ddp_strategy_v1_t;
 
 /* A strategy plugin's one export: DDP_STRATEGY_ENTRY = {DDP_ABI_VERSION,

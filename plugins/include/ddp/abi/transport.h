@@ -64,6 +64,18 @@ typedef struct ddp_transport_v1_t {
    * before any rank starts, without init; reads its keys as init does.
    * NULL: its buffers are not planned, and `ddp plan` says so. */
   ddp_status (*plan)(const ddp_host* host, ddp_plan* out);
+
+  /* (ABI 1.9, optional) The communicator of a group (ddp_split): the ranks
+   * of `parent` that passed how->color, where this rank is how->rank of
+   * how->size. Blocking and collective over parent: the engine calls it on
+   * every rank of parent at the same point (a strategy's ddp_host::split),
+   * with no collective of parent in flight. Every entry on the result
+   * works within the group, on its ranks and size (all_gather's and
+   * reduce_scatter's counts, broadcast's root, AVG's divisor); it keeps the
+   * parent's keys and timeout. destroy releases it, before its parent.
+   * NULL: the transport makes no groups, and ddp_host::split refuses by
+   * name. */
+  ddp_status (*split)(ddp_comm* parent, const ddp_split* how, ddp_comm** out);
 } ddp_transport_v1_t;
 
 /* The dtypes `t` takes: float32 alone where it declares none (before 1.3). */

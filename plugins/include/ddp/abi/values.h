@@ -21,7 +21,7 @@ extern "C" {
 #endif
 
 #define DDP_ABI_VERSION_MAJOR 1
-#define DDP_ABI_VERSION_MINOR 8
+#define DDP_ABI_VERSION_MINOR 9
 /* abi_version = major << 16 | minor. */
 #define DDP_ABI_VERSION ((uint32_t)((DDP_ABI_VERSION_MAJOR << 16) | DDP_ABI_VERSION_MINOR))
 #define DDP_ABI_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -195,6 +195,94 @@ typedef struct ddp_state_buffer {
   void* ptr;
   size_t count;
 } ddp_state_buffer;
+
+/* (ABI 1.9) Who holds a buffer of a strategy's own state (ddp_strategy_v1_t
+ * state_scopes): this rank alone (PowerSGD's error feedback), or every
+ * rank the same values (its warm-started Q, DiLoCo's global model). A
+ * checkpoint keeps the first per rank and the second once, and a resume
+ * on another world size takes up the second. */
+typedef enum ddp_state_scope { DDP_STATE_PER_RANK = 0, DDP_STATE_EQUAL = 1 } ddp_state_scope;
+
+/* (ABI 1.9) Elements [offset, offset + count) of parameter `param`'s
+ * averaged gradient that this rank holds, `count` float32 at `grad` on the
+ * run's device (NULL: the engine's own gradient of the parameter, +
+ * offset), and how many ranks hold these same elements, this one
+ * included: 1 for a shard held once (ZeRO), r for a shard replicated
+ * across r groups (HSDP), world_size for a gradient every rank holds.
+ * The gradient norm counts each element once: every rank's squares
+ * divided by `replicas`. Passed as arrays: this struct never grows. */
+typedef struct ddp_held_range {
+  size_t param;
+  size_t offset;
+  size_t count;
+  void* grad;
+  int32_t replicas;
+} ddp_held_range;
+
+/* (ABI 1.9) A group of ranks with a communicator of its own (ddp_host::
+ * split and group): the world, or the ranks that passed one color to
+ * split. The host owns it; it lives until the strategy is destroyed. */
+typedef struct ddp_group {
+  uint32_t struct_size;  /* sizeof(ddp_group) as the engine knows it */
+  const char* name;      /* "world", or the name given to split */
+  int rank;              /* this rank's place in it, 0 .. size - 1 */
+  int size;
+  const int* ranks;      /* [size]: each member's world rank, in group order */
+  int color;             /* split's color (the world: 0) */
+} ddp_group;
+
+/* (ABI 1.9) What a transport's split is asked to make (ddp_transport_v1_t::
+ * split): the group of the ranks of the parent communicator that passed
+ * `color`, in which this rank has place `rank` of `size`, in the order the
+ * engine computed from every rank's color and key (key, then the rank in
+ * the parent: MPI_Comm_split's and ncclCommSplit's). `tag` is the same on
+ * every member and unique per group of the run ("ddp.group.3.1"): a prefix
+ * for rendezvous keys. Passed by pointer; grows at the end (struct_size). */
+typedef struct ddp_split {
+  uint32_t struct_size;  /* sizeof(ddp_split) as the engine knows it */
+  int color;
+  int key;
+  int rank;
+  int size;
+  const char* tag;
+} ddp_split;
+
+/* (ABI 1.9) A batch of matrix products for ddp_host::gemm, float32,
+ * row-major, on the run's device (OpenBLAS's sgemm, cuBLAS's strided
+ * batched sgemm): for b < batch,
+ *   C_b = alpha op(A_b) op(B_b) + beta C_b,
+ * C_b m x n at c + b stride_c, op(A_b) m x k (A_b k x m where trans_a) at
+ * a + b stride_a, op(B_b) k x n (B_b n x k where trans_b) at b + b
+ * stride_b; lda, ldb, ldc: elements from one row to the next. beta 0
+ * overwrites C (a NaN there included). Set by the plugin; struct_size
+ * says which fields it knows. */
+typedef struct ddp_gemm {
+  uint32_t struct_size;  /* sizeof(ddp_gemm) as the plugin knows it */
+  int trans_a;           /* 1: op(A) is A transposed */
+  int trans_b;
+  size_t m, n, k;
+  double alpha, beta;
+  const float* a;
+  size_t lda, stride_a;
+  const float* b;
+  size_t ldb, stride_b;
+  float* c;
+  size_t ldc, stride_c;
+  size_t batch;          /* products, >= 1 */
+} ddp_gemm;
+
+/* (ABI 1.9) `count` float32 vectors of `length` elements on the run's
+ * device, for ddp_host's dot, norm, axpy and normalize: element j of
+ * vector i at ptr[i * stride + j * inc] (a matrix's rows: inc 1, stride
+ * its row length; its columns: inc the row length, stride 1). Never
+ * grows. */
+typedef struct ddp_vectors {
+  float* ptr;
+  size_t length;
+  size_t inc;
+  size_t count;
+  size_t stride;
+} ddp_vectors;
 
 /* Opaque handles: streams and events are the host's, the others belong to
  * the plugin that made them. */
