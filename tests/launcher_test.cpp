@@ -30,6 +30,10 @@
 
 namespace {
 
+// This engine's ABI, as refusals name it: "1.9".
+const std::string kAbi = "1." + std::to_string(DDP_ABI_VERSION_MINOR);
+
+
 namespace fs = std::filesystem;
 
 
@@ -246,7 +250,7 @@ TEST(Launcher, AMisspeltPluginIsRefusedBeforeAnyRankStarts) {
   EXPECT_EQ(wait_for(p, std::chrono::seconds(30)), 1);
   const std::string err = read_file(p.err);
   EXPECT_EQ(err.rfind("ddp: error: cannot load strategy plugin '", 0), 0u) << err;
-  EXPECT_NE(err.find("libddp_strategy_bucketd.so' (host ABI 1.8, plugin ABI none): file not found; did you mean "
+  EXPECT_NE(err.find("libddp_strategy_bucketd.so' (host ABI " + kAbi + ", plugin ABI none): file not found; did you mean "
                      "'bucketed'? (strategy plugins in "),
             std::string::npos)
       << err;
@@ -390,7 +394,7 @@ TEST(Launcher, ATruncatedPluginIsNamedWithinTheTimeout) {
     EXPECT_LT(took, timeout_s + 10) << "at run.timeout_s = " << timeout_s;
     const std::string err = read_file(p.err);
     EXPECT_EQ(err.rfind("ddp: error: cannot load strategy plugin '" + cut +
-                            "' (host ABI 1.8, plugin ABI none): truncated: 3000 bytes, where its ELF headers describe ",
+                            "' (host ABI " + kAbi + ", plugin ABI none): truncated: 3000 bytes, where its ELF headers describe ",
                         0),
               0u)
         << err;

@@ -23,6 +23,10 @@
 namespace ddp {
 namespace {
 
+// This engine's ABI, as refusals name it: "1.9".
+const std::string kAbi = "1." + std::to_string(DDP_ABI_VERSION_MINOR);
+
+
 namespace fs = std::filesystem;
 
 const std::string kDir = DDP_TEST_BROKEN_PLUGIN_DIR;
@@ -127,7 +131,7 @@ TEST(LoadPluginRefuses, AMisspeltNameSuggestsTheNearestAndListsWhatThereIs) {
     ADD_FAILURE() << "loaded";
   } catch (const PluginError& e) {
     EXPECT_EQ(std::string(e.what()), "cannot load strategy plugin '" + dir +
-                                         "/libddp_strategy_bucketd.so' (host ABI 1.8, plugin ABI none): file not "
+                                         "/libddp_strategy_bucketd.so' (host ABI " + kAbi + ", plugin ABI none): file not "
                                          "found; did you mean 'bucketed'? (strategy plugins in " +
                                          dir + ": " + list + ")");
   }
@@ -154,7 +158,7 @@ TEST(LoadPlugin, ByNameFromDdpPluginDir) {
 TEST(LoadPluginRefuses, OwnsGradientsWithoutOwningTheOptimizer) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "claims_noopt"),
             "cannot load strategy plugin '" + plugin_file("strategy", "claims_noopt") +
-                "' (host ABI 1.8, plugin ABI 1.8): caps has DDP_CAP_OWNS_GRADIENTS without DDP_CAP_OWNS_OPTIMIZER: "
+                "' (host ABI " + kAbi + ", plugin ABI " + kAbi + "): caps has DDP_CAP_OWNS_GRADIENTS without DDP_CAP_OWNS_OPTIMIZER: "
                 "a strategy that holds gradients steps them itself (run_optimizer_ranges)");
 }
 
@@ -163,7 +167,7 @@ TEST(LoadPluginRefuses, OwnsGradientsWithoutOwningTheOptimizer) {
 TEST(LoadPluginRefuses, OwnsParametersWithoutUnitValues) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "claims_values_nounit"),
             "cannot load strategy plugin '" + plugin_file("strategy", "claims_values_nounit") +
-                "' (host ABI 1.8, plugin ABI 1.8): required entry 'unit_values' is NULL (caps has "
+                "' (host ABI " + kAbi + ", plugin ABI " + kAbi + "): required entry 'unit_values' is NULL (caps has "
                 "DDP_CAP_OWNS_PARAMETERS)");
 }
 
@@ -172,14 +176,14 @@ TEST(LoadPluginRefuses, OwnsParametersWithoutUnitValues) {
 TEST(LoadPluginRefuses, DivergentWithoutOnStepEnd) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "divergent_noentry"),
             "cannot load strategy plugin '" + plugin_file("strategy", "divergent_noentry") +
-                "' (host ABI 1.8, plugin ABI 1.8): required entry 'on_step_end' is NULL (caps has "
+                "' (host ABI " + kAbi + ", plugin ABI " + kAbi + "): required entry 'on_step_end' is NULL (caps has "
                 "DDP_CAP_DIVERGENT)");
 }
 
 TEST(LoadPluginRefuses, DivergentShards) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "divergent_shards"),
             "cannot load strategy plugin '" + plugin_file("strategy", "divergent_shards") +
-                "' (host ABI 1.8, plugin ABI 1.8): caps has DDP_CAP_DIVERGENT with DDP_CAP_OWNS_GRADIENTS or "
+                "' (host ABI " + kAbi + ", plugin ABI " + kAbi + "): caps has DDP_CAP_DIVERGENT with DDP_CAP_OWNS_GRADIENTS or "
                 "DDP_CAP_OWNS_PARAMETERS: replicas that differ are whole on every rank, not shards of one model");
 }
 
@@ -258,23 +262,23 @@ TEST(LoadPluginRefuses, FileNotFoundByName) {
   for (const auto& n : available_plugins(PluginKind::Strategy, kDir)) list += (list.empty() ? "" : ", ") + n;
   EXPECT_EQ(refusal(PluginKind::Strategy, "missing"),
             "cannot load strategy plugin '" + plugin_file("strategy", "missing") +
-                "' (host ABI 1.8, plugin ABI none): file not found (strategy plugins in " + kDir + ": " + list + ")");
+                "' (host ABI " + kAbi + ", plugin ABI none): file not found (strategy plugins in " + kDir + ": " + list + ")");
   EXPECT_EQ(refusal(PluginKind::Strategy, "missing", "/nonexistent"),
-            "cannot load strategy plugin '/nonexistent/libddp_strategy_missing.so' (host ABI 1.8, plugin ABI none): "
+            "cannot load strategy plugin '/nonexistent/libddp_strategy_missing.so' (host ABI " + kAbi + ", plugin ABI none): "
             "file not found; no strategy plugin in /nonexistent");
 }
 
 TEST(LoadPluginRefuses, FileNotFoundByPath) {
   EXPECT_EQ(refusal(PluginKind::Transport, "/nonexistent/libddp_transport_x.so"),
             "cannot load transport plugin '/nonexistent/libddp_transport_x.so' "
-            "(host ABI 1.8, plugin ABI none): file not found");
+            "(host ABI " + kAbi + ", plugin ABI none): file not found");
 }
 
 TEST(LoadPluginRefuses, NotAPlugin) {
   const std::string path = kDir + "/libnot_a_ddp_plugin.so";  // a shared library, but no entry symbol
   EXPECT_EQ(refusal(PluginKind::Strategy, path),
             "cannot load strategy plugin '" + path +
-                "' (host ABI 1.8, plugin ABI none): not a ddp plugin "
+                "' (host ABI " + kAbi + ", plugin ABI none): not a ddp plugin "
                 "(no ddp_strategy_v1 or ddp_transport_v1 symbol)");
 }
 
@@ -293,7 +297,7 @@ TEST(LoadPluginRefuses, NotASharedLibrary) {
   const std::string dl_message = dlerror();
 
   EXPECT_EQ(refusal(PluginKind::Strategy, "garbage", dir.string()),
-            "cannot load strategy plugin '" + path + "' (host ABI 1.8, plugin ABI none): " +
+            "cannot load strategy plugin '" + path + "' (host ABI " + kAbi + ", plugin ABI none): " +
                 dl_message);
   fs::remove_all(dir);
 }
@@ -311,7 +315,7 @@ TEST(LoadPluginRefuses, ATruncatedLibraryIsNamedNotLoaded) {
     fs::copy_file(whole, path, fs::copy_options::overwrite_existing);
     fs::resize_file(path, cut);
     const std::string got = refusal(PluginKind::Strategy, path);
-    EXPECT_EQ(got.rfind("cannot load strategy plugin '" + path + "' (host ABI 1.8, plugin ABI none): truncated: " +
+    EXPECT_EQ(got.rfind("cannot load strategy plugin '" + path + "' (host ABI " + kAbi + ", plugin ABI none): truncated: " +
                             std::to_string(cut) + " bytes, where its ELF headers describe ",
                         0),
               0u)
@@ -323,28 +327,28 @@ TEST(LoadPluginRefuses, ATruncatedLibraryIsNamedNotLoaded) {
 TEST(LoadPluginRefuses, NewerMajorEntrySymbol) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "v2"),
             "cannot load strategy plugin '" + plugin_file("strategy", "v2") +
-                "' (host ABI 1.8, plugin ABI 2.3): other major ABI version");
+                "' (host ABI " + kAbi + ", plugin ABI 2.3): other major ABI version");
 }
 
 // A v1 symbol whose descriptor claims another major (a broken build).
 TEST(LoadPluginRefuses, OtherMajorAbiVersion) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "abi2"),
             "cannot load strategy plugin '" + plugin_file("strategy", "abi2") +
-                "' (host ABI 1.8, plugin ABI 2.0): other major ABI version");
+                "' (host ABI " + kAbi + ", plugin ABI 2.0): other major ABI version");
 }
 
 TEST(LoadPluginRefuses, StrategyLoadedAsTransport) {
   const std::string path = plugin_file("strategy", "valid");
   EXPECT_EQ(refusal(PluginKind::Transport, path),
             "cannot load transport plugin '" + path +
-                "' (host ABI 1.8, plugin ABI 1.3): wrong kind: it is a strategy plugin");
+                "' (host ABI " + kAbi + ", plugin ABI 1.3): wrong kind: it is a strategy plugin");
 }
 
 TEST(LoadPluginRefuses, TransportLoadedAsStrategy) {
   const std::string path = plugin_file("transport", "valid");
   EXPECT_EQ(refusal(PluginKind::Strategy, path),
             "cannot load strategy plugin '" + path +
-                "' (host ABI 1.8, plugin ABI 1.3): wrong kind: it is a transport plugin");
+                "' (host ABI " + kAbi + ", plugin ABI 1.3): wrong kind: it is a transport plugin");
 }
 
 TEST(LoadPluginRefuses, DescriptorTooSmall) {
@@ -352,26 +356,26 @@ TEST(LoadPluginRefuses, DescriptorTooSmall) {
   const size_t need = have + sizeof(ddp_transport_v1_t::barrier);
   EXPECT_EQ(refusal(PluginKind::Transport, "small"),
             "cannot load transport plugin '" + plugin_file("transport", "small") +
-                "' (host ABI 1.8, plugin ABI 1.3): descriptor too small (struct_size " +
+                "' (host ABI " + kAbi + ", plugin ABI 1.3): descriptor too small (struct_size " +
                 std::to_string(have) + ", need " + std::to_string(need) + ")");
 }
 
 TEST(LoadPluginRefuses, NullName) {
   EXPECT_EQ(refusal(PluginKind::Transport, "noname"),
             "cannot load transport plugin '" + plugin_file("transport", "noname") +
-                "' (host ABI 1.8, plugin ABI 1.3): required entry 'name' is NULL");
+                "' (host ABI " + kAbi + ", plugin ABI 1.3): required entry 'name' is NULL");
 }
 
 TEST(LoadPluginRefuses, NullRequiredEntry) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "nofinish"),
             "cannot load strategy plugin '" + plugin_file("strategy", "nofinish") +
-                "' (host ABI 1.8, plugin ABI 1.3): required entry 'finish' is NULL");
+                "' (host ABI " + kAbi + ", plugin ABI 1.3): required entry 'finish' is NULL");
 }
 
 TEST(LoadPluginRefuses, OwnsOptimizerWithoutOptimizerStep) {
   EXPECT_EQ(refusal(PluginKind::Strategy, "ownsopt"),
             "cannot load strategy plugin '" + plugin_file("strategy", "ownsopt") +
-                "' (host ABI 1.8, plugin ABI 1.3): required entry 'optimizer_step' is NULL "
+                "' (host ABI " + kAbi + ", plugin ABI 1.3): required entry 'optimizer_step' is NULL "
                 "(caps has DDP_CAP_OWNS_OPTIMIZER)");
 }
 

@@ -27,10 +27,12 @@ Stream::~Stream() {
 namespace {
 thread_local bool t_in_device_task = false;
 thread_local bool t_in_task = false;
+thread_local const char* t_task_note = nullptr;
 }  // namespace
 
 bool Stream::in_device_task() { return t_in_device_task; }
 bool Stream::in_task() { return t_in_task; }
+void Stream::set_task_note(const char* note) { t_task_note = note; }
 
 bool Stream::failed_before(int64_t point) const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -60,6 +62,7 @@ void Stream::run(Task& task, int64_t index) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (error_.empty()) {
         error_ = e.what()[0] ? e.what() : "unknown error";
+        if (t_task_note) error_ += std::string(" (in ") + t_task_note + ")";
         error_kind_ = kind_of(e);
         failed_task_ = index;
       }

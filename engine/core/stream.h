@@ -67,6 +67,11 @@ class Stream {
   // Whether it is running any stream's task (where waiting for a stream may
   // wait for itself).
   static bool in_task();
+  // A note the calling thread's next task failures carry, " (in <note>)"
+  // after their message, until set to null; `note` outlives its use. A
+  // task before a group's collective sets it, one after clears it: the
+  // collective's failure names its group (ABI 1.9).
+  static void set_task_note(const char* note);
   const std::string& name() const { return name_; }
   // Whether enqueue returns before the work ran (false: inline).
   bool threaded() const { return threaded_; }

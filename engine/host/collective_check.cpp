@@ -36,7 +36,9 @@ std::string describe(const CollectiveCall& c, const std::vector<std::string>& na
   return s;
 }
 
-std::string first_mismatch(const std::vector<int64_t>& all, int world, const std::vector<std::string>& names) {
+std::string first_mismatch(const std::vector<int64_t>& all, int world, const std::vector<std::string>& names,
+                           const std::vector<int>& ranks, const std::string& group) {
+  const auto rank = [&](int r) { return std::to_string(r < int(ranks.size()) ? ranks[size_t(r)] : r); };
   const CollectiveCall first = from_words(all.data());
   for (int r = 1; r < world; ++r) {
     const int64_t* w = all.data() + size_t(r) * kCallWords;
@@ -45,11 +47,13 @@ std::string first_mismatch(const std::vector<int64_t>& all, int world, const std
     if (same) continue;
     const CollectiveCall other = from_words(w);
     const std::string which = first.seq == other.seq ? "collective #" + std::to_string(first.seq + 1)
-                                                     : "the next collective (rank 0's #" +
-                                                           std::to_string(first.seq + 1) + ", rank " +
-                                                           std::to_string(r) + "'s #" + std::to_string(other.seq + 1) + ")";
-    return "the ranks disagree on " + which + ": rank 0 calls " + describe(first, names) + ", rank " +
-           std::to_string(r) + " calls " + describe(other, names) +
+                                                     : "the next collective (rank " + rank(0) + "'s #" +
+                                                           std::to_string(first.seq + 1) + ", rank " + rank(r) +
+                                                           "'s #" + std::to_string(other.seq + 1) + ")";
+    const std::string who = group.empty() ? "the ranks" : "the ranks of " + group;
+    const std::string of = group.empty() ? "" : " of the group";
+    return who + " disagree on " + which + of + ": rank " + rank(0) + " calls " + describe(first, names) +
+           ", rank " + rank(r) + " calls " + describe(other, names) +
            ": every rank must issue the same collectives in the same order";
   }
   return "";

@@ -34,7 +34,11 @@ std::string describe(const CollectiveCall& call, const std::vector<std::string>&
 
 // `all` holds every rank's call (world × kCallWords, rank order): the first
 // rank that disagrees with rank 0, as a sentence naming both calls; "" if
-// all agree. Pure.
-std::string first_mismatch(const std::vector<int64_t>& all, int world, const std::vector<std::string>& param_names);
+// all agree. Within a group (ABI 1.9), `all` holds its members' calls in
+// group order, `ranks` their world ranks and `group` its label ("group
+// 'shard' (ranks 2, 3)"); the sentence names the group and world ranks.
+// Pure.
+std::string first_mismatch(const std::vector<int64_t>& all, int world, const std::vector<std::string>& param_names,
+                           const std::vector<int>& ranks = {}, const std::string& group = "");
 
 }  // namespace ddp

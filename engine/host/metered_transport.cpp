@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "collective_check.h"
+#include "groups.h"
 #include "nvtx.h"
 #include "plugin_host.h"
 #include "staged.h"
@@ -17,15 +18,19 @@ Stream* to_stream(ddp_stream s) { return reinterpret_cast<Stream*>(s); }
 }  // namespace
 
 struct MeterCallbacks {
-  static MeteredTransport& self(ddp_comm* comm) { return *reinterpret_cast<MeteredTransport*>(comm); }
+  static MeteredComm& group(ddp_comm* comm) { return *reinterpret_cast<MeteredComm*>(comm); }
+  static MeteredTransport& self(ddp_comm* comm) { return *group(comm).owner; }
 
   // Brackets the real call with two host functions on the same stream: the
   // second one runs when the collective has finished, in stream order.
   // Issue order is the training thread's order, so the hash is race-free.
+  // A group's collective hashes its group's size too (the world's does
+  // not: a run without groups keeps the fingerprint it always had).
   static void fingerprint(ddp_comm* comm, uint64_t op, uint64_t count, uint64_t dtype, uint64_t arg) {
     std::atomic<uint64_t>& h = self(comm).services_.counters.sequence_hash;
     uint64_t v = h.load();
-    for (uint64_t word : {op, count, dtype, arg})
+    const uint64_t size = group(comm).world() ? 0 : uint64_t(group(comm).size);
+    for (uint64_t word : {op, count, dtype, arg, size})
       for (int b = 0; b < 8; ++b) v = (v ^ ((word >> (8 * b)) & 0xff)) * 1099511628211ull;
     h.store(v);
   }
@@ -44,10 +49,11 @@ struct MeterCallbacks {
   }
 
   // run.debug_collectives: every rank's description of the call it is about
-  // to make, all-gathered on the call's stream (through the real transport,
-  // unmetered) and compared before the call is made.
+  // to make, all-gathered within its group on the call's stream (through the
+  // real transport, unmetered) and compared before the call is made.
   static ddp_status agree(ddp_comm* comm, ddp_stream stream, CollectiveCall call, const void* data) {
     MeteredTransport& m = self(comm);
+    MeteredComm& g = group(comm);
     if (!m.debug_) return DDP_OK;
     if (Stream::in_task())
       return host_guard([] {
@@ -55,30 +61,36 @@ struct MeterCallbacks {
                     "check waits for its stream): issue it at enqueue time, or turn the check off",
                     DDP_ERR_UNSUPPORTED);
       });
-    call.seq = m.described_++;
+    call.seq = g.described++;
     call.param = param_of(m.services_, data, size_t(call.count) * ddp_dtype_size(ddp_dtype(call.dtype)));
-    std::vector<int64_t> mine(kCallWords), all(kCallWords * size_t(m.services_.rank.world_size));
+    std::vector<int64_t> mine(kCallWords), all(kCallWords * size_t(g.size));
     to_words(call, mine.data());
-    const ddp_device_kind kind = m.services_.device->kind();
     ddp_status status = DDP_OK;
     const ddp_status thrown = host_guard([&] {
       whereabouts::Inside in(m.label_, "all_gather (run.debug_collectives)");
-      status = run_staged(
-          *m.services_.device, *to_stream(stream),
-          [&](void* const* p) {
-            // int64 words sent as float64 (which every transport supports): copied, not computed on.
-            const ddp_buffer send{p[0], kCallWords, DDP_FLOAT64, kind}, recv{p[1], all.size(), DDP_FLOAT64, kind};
-            return m.real_->all_gather(m.real_comm_, &send, &recv, stream);
-          },
-          {{mine.data(), mine.size() * sizeof(int64_t)}, {all.data(), all.size() * sizeof(int64_t)}},
-          m.services_.wait_limit());
+      status = gather_words(m, g, stream, mine.data(), all.data(), mine.size(), all.size());
     }, DDP_ERR_COMM);
     if (thrown != DDP_OK || status != DDP_OK) return thrown != DDP_OK ? thrown : status;  // the error text is set
     std::vector<std::string> names;
     for (const ddp_param& q : m.services_.param_table) names.emplace_back(q.name);
-    const std::string mismatch = first_mismatch(all, m.services_.rank.world_size, names);
+    const std::string mismatch = first_mismatch(all, g.size, names, g.ranks, g.label);
     if (mismatch.empty()) return DDP_OK;
     return host_guard([&] { throw Error("run.debug_collectives: " + mismatch, DDP_ERR_INVALID_ARGUMENT); });
+  }
+
+  // An all-gather of int64 words within `g`, through the real transport,
+  // waited for: sent as float64 (which every transport supports), copied,
+  // not computed on.
+  static ddp_status gather_words(MeteredTransport& m, MeteredComm& g, ddp_stream stream, int64_t* mine,
+                                 int64_t* all, size_t send, size_t recv) {
+    const ddp_device_kind kind = m.services_.device->kind();
+    return run_staged(
+        *m.services_.device, *to_stream(stream),
+        [&](void* const* p) {
+          const ddp_buffer s{p[0], send, DDP_FLOAT64, kind}, r{p[1], recv, DDP_FLOAT64, kind};
+          return m.real_->all_gather(g.real, &s, &r, stream);
+        },
+        {{mine, send * sizeof(int64_t)}, {all, recv * sizeof(int64_t)}}, m.services_.wait_limit());
   }
 
   // What the closing host function needs (the start, and for a trace the
@@ -88,21 +100,42 @@ struct MeterCallbacks {
     Trace* trace;  // null: not traced
     const char* op;
     int64_t bytes, step;
+    const char* group;  // a group's label; null: the world
+    std::atomic<const char*>* in_flight;  // the rank's note of the group whose collective runs
     uint64_t nvtx = 0;  // the collective's NVTX range (GPU builds)
   };
+
+  // Counted once the transport took it: the rank's totals and the group's,
+  // bus bytes on the group's size.
+  static void count(MeteredComm& g, size_t bytes, const char* op) {
+    CommCounters& c = g.owner->services_.counters;
+    const int64_t bus = bus_bytes(op, int64_t(bytes), g.size);
+    c.collectives += 1;
+    c.bytes += static_cast<int64_t>(bytes);
+    c.bus_bytes += bus;
+    g.collectives += 1;
+    g.bytes += static_cast<int64_t>(bytes);
+    g.bus_bytes += bus;
+  }
 
   template <typename Call>
   static ddp_status metered(ddp_comm* comm, ddp_stream stream, const char* op, size_t bytes, Call&& call) {
     MeteredTransport& m = self(comm);
+    MeteredComm& g = group(comm);
     Stream& s = *to_stream(stream);
-    if (s.native()) return metered_on_device(m, s, op, bytes, std::forward<Call>(call));
-    auto* span = new Span{Clock::time_point(), nullptr, op, int64_t(bytes), 0};
+    if (s.native()) return metered_on_device(g, s, op, bytes, std::forward<Call>(call));
+    const char* label = g.world() ? nullptr : g.label.c_str();
+    auto* span = new Span{Clock::time_point(), nullptr, op, int64_t(bytes), 0, label, &m.services_.group_in_flight};
     // A device stream's enqueue can fail (cudaLaunchHostFunc): the error
-    // goes back as a status, never as an exception across the C ABI.
+    // goes back as a status, never as an exception across the C ABI. A
+    // group's collective is noted while it runs: its failure, or a wait
+    // that gives up on it, names the group and its ranks.
     ddp_status queued = host_guard([&] {
       s.enqueue([span](bool) {
         span->start = Clock::now();
         span->nvtx = nvtx::start(span->op);
+        Stream::set_task_note(span->group);
+        span->in_flight->store(span->group);
       });
     }, DDP_ERR_COMM);
     if (queued != DDP_OK) {
@@ -112,7 +145,7 @@ struct MeterCallbacks {
     ddp_status status;
     {
       whereabouts::Inside in(m.label_, op);
-      status = call(m.real_, m.real_comm_);
+      status = call(m.real_, g.real);
     }
     if (status == DDP_OK && m.trace_) {  // traced iff counted, under the step that issued it
       span->trace = m.trace_;
@@ -123,26 +156,25 @@ struct MeterCallbacks {
     queued = host_guard([&] {
       s.enqueue([span, counters](bool cancelled) {
         nvtx::end(span->nvtx);
+        Stream::set_task_note(nullptr);
         if (!cancelled) {
+          span->in_flight->store(nullptr);
           const Clock::time_point end = Clock::now();
           counters->busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(end - span->start).count();
-          if (span->trace) span->trace->collective(span->op, span->bytes, span->step, span->start, end);
+          if (span->trace) span->trace->collective(span->op, span->bytes, span->step, span->start, end, span->group);
         }
         delete span;
       });
     }, DDP_ERR_COMM);
     if (queued != DDP_OK) return queued;
-    if (status == DDP_OK) {
-      m.services_.counters.collectives += 1;
-      m.services_.counters.bytes += static_cast<int64_t>(bytes);
-      m.services_.counters.bus_bytes += bus_bytes(op, int64_t(bytes), m.services_.rank.world_size);
-    }
+    if (status == DDP_OK) count(g, bytes, op);
     return status;
   }
 
   // A device stream: timestamps around the collective, read in settle().
   template <typename Call>
-  static ddp_status metered_on_device(MeteredTransport& m, Stream& s, const char* op, size_t bytes, Call&& call) {
+  static ddp_status metered_on_device(MeteredComm& g, Stream& s, const char* op, size_t bytes, Call&& call) {
+    MeteredTransport& m = *g.owner;
     void* begin = nullptr;
     void* end = nullptr;
     ddp_status queued = host_guard([&] { begin = s.record_timestamp(); }, DDP_ERR_COMM);
@@ -151,11 +183,12 @@ struct MeterCallbacks {
     {
       nvtx::Range range(op);
       whereabouts::Inside in(m.label_, op);
-      status = call(m.real_, m.real_comm_);
+      status = call(m.real_, g.real);
     }
     queued = host_guard([&] {
       end = s.record_timestamp();
-      m.pending_.push_back(MeteredTransport::Pending{&s, begin, end, op, int64_t(bytes),
+      m.pending_.push_back(MeteredTransport::Pending{&s, begin, end, op, g.world() ? nullptr : g.label.c_str(),
+                                                     int64_t(bytes),
                                                      status == DDP_OK && m.trace_ ? m.trace_->step() : -1});
     }, DDP_ERR_COMM);
     if (queued != DDP_OK) {
@@ -163,11 +196,7 @@ struct MeterCallbacks {
       s.release_timestamp(end);
       return queued;
     }
-    if (status == DDP_OK) {
-      m.services_.counters.collectives += 1;
-      m.services_.counters.bytes += static_cast<int64_t>(bytes);
-      m.services_.counters.bus_bytes += bus_bytes(op, int64_t(bytes), m.services_.rank.world_size);
-    }
+    if (status == DDP_OK) count(g, bytes, op);
     return status;
   }
 
@@ -223,7 +252,7 @@ struct MeterCallbacks {
   }
   static void abort(ddp_comm* c) {
     MeteredTransport& m = self(c);
-    if (m.real_->abort) m.real_->abort(m.real_comm_);
+    if (m.real_->abort) m.real_->abort(group(c).real);
   }
 };
 
@@ -232,6 +261,7 @@ MeteredTransport::~MeteredTransport() {
     p.stream->release_timestamp(p.begin);
     p.stream->release_timestamp(p.end);
   }
+  release_groups();
 }
 
 void MeteredTransport::settle(bool wait) {
@@ -249,7 +279,7 @@ void MeteredTransport::settle(bool wait) {
     p.stream->release_timestamp(p.begin);
     p.stream->release_timestamp(p.end);
     services_.counters.busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(end - begin).count();
-    if (trace_ && p.step >= 0) trace_->collective(p.op, p.bytes, p.step, begin, end);
+    if (trace_ && p.step >= 0) trace_->collective(p.op, p.bytes, p.step, begin, end, p.group);
   }
   pending_.resize(kept);
 }
@@ -260,7 +290,7 @@ void MeteredTransport::serve_strategy_of_minor(uint32_t minor) {
 
 MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* comm, HostServices& services,
                                    const char* label)
-    : real_(real), real_comm_(comm), services_(services), label_(label) {
+    : real_(real), services_(services), label_(label) {
   // Every entry is listed here: a new one must be metered (or refused), never
   // passed through with the wrapper's handle.
   static_assert(sizeof(ddp_transport_v1_t) == 4 + 4 + 2 * sizeof(void*) + 8 + 8 * sizeof(void*) + 8 + 3 * sizeof(void*),
@@ -284,6 +314,90 @@ MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* com
   vtable_.keys = real->keys;
   vtable_.plan = nullptr;  // planning happens before any rank starts, on the real descriptor
   vtable_.split = nullptr;  // a strategy makes groups through ddp_host::split, which the engine meters
+  std::vector<int> everyone;
+  for (int r = 0; r < services.rank.world_size; ++r) everyone.push_back(r);
+  add_comm(comm, "world", std::move(everyone), services.rank.rank, 0);
+}
+
+MeteredComm& MeteredTransport::add_comm(ddp_comm* real, std::string name, std::vector<int> ranks, int rank,
+                                        int color) {
+  MeteredComm& g = comms_.emplace_back();  // (split holds comms_mutex_; the constructor is alone)
+  g.owner = this, g.real = real, g.name = std::move(name), g.ranks = std::move(ranks);
+  g.rank = rank, g.size = int(g.ranks.size()), g.color = color;
+  if (comms_.size() > 1) g.label = group_label(g.name, g.ranks);
+  g.abi.struct_size = sizeof(ddp_group);
+  g.abi.name = g.name.c_str(), g.abi.rank = g.rank, g.abi.size = g.size, g.abi.ranks = g.ranks.data();
+  g.abi.color = g.color;
+  return g;
+}
+
+ddp_comm* MeteredTransport::split(ddp_comm* parent_handle, int color, int key, const char* name) {
+  const ddp_group* known = group(parent_handle);
+  if (!known) throw Error("split: the parent is no communicator of this strategy's (the comm create was given, "
+                          "or one split made)", DDP_ERR_INVALID_ARGUMENT);
+  const std::string problem = group_name_problem(name);
+  if (!problem.empty()) throw Error("split: " + problem, DDP_ERR_INVALID_ARGUMENT);
+  if (!DDP_PLUGIN_HAS(real_, split))
+    throw Error(std::string("split: transport '") + real_->name + "' makes no groups (it has no split entry)",
+                DDP_ERR_UNSUPPORTED);
+  MeteredComm& parent = MeterCallbacks::group(parent_handle);
+  // Every rank's color and key, in parent rank order: who is in which group.
+  std::vector<int64_t> mine{color, key}, all(2 * size_t(parent.size));
+  Stream& comm = services_.device->comm_stream();
+  {
+    whereabouts::Inside in(label_, "all_gather (split)");
+    const ddp_status status = MeterCallbacks::gather_words(*this, parent, reinterpret_cast<ddp_stream>(&comm),
+                                                           mine.data(), all.data(), 2, all.size());
+    if (status != DDP_OK) throw Error("split: gathering the colors: " + take_plugin_error(), status);
+  }
+  const GroupPlace place = place_in_group(all, parent.rank);
+  std::vector<int> world_ranks;
+  for (int r : place.members) world_ranks.push_back(parent.ranks[size_t(r)]);
+  // The tag: the same on every member, one per group of the run.
+  const std::string tag = "ddp.group." + std::to_string(comms_.size()) + "." + std::to_string(color);
+  const ddp_split how{sizeof(ddp_split), color, key, place.rank, place.size, tag.c_str()};
+  ddp_comm* made = nullptr;
+  ddp_status status;
+  {
+    whereabouts::Inside in(label_, "split");
+    status = real_->split(parent.real, &how, &made);
+  }
+  if (status != DDP_OK)
+    throw Error(std::string(label_) + ": split: " + take_plugin_error() + " (making " +
+                    group_label(name, world_ranks) + ")", status);
+  if (!made) throw Error(std::string(label_) + ": split: no communicator made, and no error", DDP_ERR_INTERNAL);
+  std::lock_guard<std::mutex> lock(comms_mutex_);
+  return add_comm(made, name, std::move(world_ranks), place.rank, color).comm();
+}
+
+const ddp_group* MeteredTransport::group(ddp_comm* comm) const {
+  for (const MeteredComm& g : comms_)
+    if (reinterpret_cast<const ddp_comm*>(&g) == comm) return &g.abi;
+  return nullptr;
+}
+
+void MeteredTransport::release_groups() {
+  std::lock_guard<std::mutex> lock(comms_mutex_);
+  while (comms_.size() > 1) {
+    MeteredComm& g = comms_.back();
+    if (g.real) {
+      whereabouts::Inside in(label_, "destroy");
+      real_->destroy(g.real);
+    }
+    comms_.pop_back();
+  }
+}
+
+void MeteredTransport::abort_groups() {
+  std::lock_guard<std::mutex> lock(comms_mutex_);
+  if (!real_->abort) return;
+  for (size_t k = 1; k < comms_.size(); ++k) real_->abort(comms_[k].real);
+}
+
+std::vector<GroupReport> MeteredTransport::reports() const {
+  std::vector<GroupReport> out;
+  for (const MeteredComm& g : comms_) out.push_back({g.name, g.ranks, g.collectives, g.bytes, g.bus_bytes});
+  return out;
 }
 
 }  // namespace ddp

@@ -1,11 +1,21 @@
 // metered_transport.h — the transport as the strategy receives it: a
 // ddp_transport_v1_t whose every collective is forwarded to the real
 // transport and metered into the rank's CommCounters (calls, bytes, busy
-// time, the collective-sequence fingerprint) and, with --trace, recorded
-// on the trace's communication lane.
+// time, the collective-sequence fingerprint) and its group's, and, with
+// --trace, recorded on the trace's communication lane.
+//
+// Groups (ABI 1.9). Each communicator the strategy holds is a MeteredComm:
+// the world's, and one per group it made with ddp_host::split. A
+// collective is metered with its group's size (bus bytes), traced under
+// its group, compared within its group (run.debug_collectives), and a
+// failure or a stuck wait in it names the group and its ranks.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include <ddp/plugin.h>
@@ -16,7 +26,33 @@
 
 namespace ddp {
 
-// A transport vtable and comm handle for the strategy: each call is
+class MeteredTransport;
+
+// One communicator a strategy holds: the world, or a group of it. Its
+// handle (comm()) is what the strategy passes to the metered vtable.
+struct MeteredComm {
+  MeteredTransport* owner = nullptr;
+  ddp_comm* real = nullptr;     // the transport's own
+  std::string name;             // "world", or split's name
+  std::vector<int> ranks;       // members' world ranks, in group order
+  int rank = 0, size = 1, color = 0;
+  std::string label;            // "group 'shard' (ranks 0, 1)"; "" for the world
+  ddp_group abi{};              // what ddp_host::group returns
+  int64_t described = 0;        // collectives described so far (run.debug_collectives)
+  // Its own share of the counters (the rank's totals count every group).
+  std::atomic<int64_t> collectives{0}, bytes{0}, bus_bytes{0};
+  bool world() const { return label.empty(); }
+  ddp_comm* comm() { return reinterpret_cast<ddp_comm*>(this); }
+};
+
+// What summary.json says of one group of rank 0's: its figures for the run.
+struct GroupReport {
+  std::string name;
+  std::vector<int> ranks;
+  int64_t collectives = 0, bytes = 0, bus_bytes = 0;
+};
+
+// A transport vtable and comm handles for the strategy: each call is
 // forwarded to the real transport and metered into services.counters.
 class MeteredTransport {
  public:
@@ -25,19 +61,35 @@ class MeteredTransport {
   MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* comm, HostServices& services,
                    const char* label = "transport plugin");
   const ddp_transport_v1_t* vtable() const { return &vtable_; }
-  ddp_comm* comm() { return reinterpret_cast<ddp_comm*>(this); }
-  ~MeteredTransport();  // releases timestamps not yet settled; never throws
-  // With a trace, each collective is also recorded there (op, bytes, from
-  // when the comm stream starts it to when it is done).
+  ddp_comm* comm() { return comms_.front().comm(); }  // the world's
+  ~MeteredTransport();  // releases timestamps not yet settled and the groups; never throws
+  // With a trace, each collective is also recorded there (op, bytes, group,
+  // from when the comm stream starts it to when it is done).
   void set_trace(Trace* trace) { trace_ = trace; }
   // run.debug_collectives (collective_check.h): each collective is first
-  // described, all-gathered and compared across ranks; a disagreement fails
-  // the call, naming both sides.
+  // described, all-gathered and compared across the ranks of its group; a
+  // disagreement fails the call, naming both sides.
   void set_debug_collectives(bool on) { debug_ = on; }
   // A strategy built before ABI 1.4, to which reduce_scatter was never
   // NULL: where the transport has none, it gets an entry that refuses by
   // name (DDP_ERR_UNSUPPORTED) rather than NULL to call.
   void serve_strategy_of_minor(uint32_t minor);
+
+  // ddp_host::split (ABI 1.9): every rank of `parent`'s group gathers the
+  // colors and keys (through the real transport, unmetered), takes its
+  // place (groups.h) and has the transport make the group's communicator;
+  // the group's handle. Throws Error saying why not.
+  ddp_comm* split(ddp_comm* parent, int color, int key, const char* name);
+  // ddp_host::group: what `comm` is; nullptr for a handle not of ours.
+  const ddp_group* group(ddp_comm* comm) const;
+  // Destroys the groups' communicators, the newest first (after the
+  // strategy, before the world's). Idempotent; never throws.
+  void release_groups();
+  // The transport's abort on every group's communicator (the world's is
+  // the caller's). Any thread.
+  void abort_groups();
+  // Each communicator's figures so far, the world's first.
+  std::vector<GroupReport> reports() const;
 
   // How a collective is timed. On a CPU stream: two host tasks around it,
   // which read the host clock (its busy time and trace event are counted
@@ -57,16 +109,18 @@ class MeteredTransport {
     void* begin;
     void* end;
     const char* op;
+    const char* group;  // null: the world
     int64_t bytes, step;  // step: -1 when not traced
   };
+  MeteredComm& add_comm(ddp_comm* real, std::string name, std::vector<int> ranks, int rank, int color);
   const ddp_transport_v1_t* real_;
-  ddp_comm* real_comm_;
   HostServices& services_;
   const char* label_;
   Trace* trace_ = nullptr;
   bool debug_ = false;
-  int64_t described_ = 0;  // collectives described so far (run.debug_collectives)
   ddp_transport_v1_t vtable_{};
+  std::deque<MeteredComm> comms_;  // the world's first; stable addresses (their handles)
+  mutable std::mutex comms_mutex_;  // split and release against abort_groups, which any thread may call
   std::vector<Pending> pending_;  // the training thread's only
 };
 

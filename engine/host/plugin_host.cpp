@@ -211,8 +211,9 @@ struct HostCallbacks {
   static ddp_status stream_wait_event(void* ctx, ddp_stream stream, ddp_event event) {
     if (in_host_function("stream_wait_event")) return DDP_ERR_UNSUPPORTED;
     auto start = Clock::now();
-    ddp_status status =
-        host_guard([&] { to_event(event)->make_wait(*to_stream(stream), svc(ctx).wait_limit()); }, DDP_ERR_COMM);
+    ddp_status status = host_guard([&] {
+      naming_group(ctx, [&] { to_event(event)->make_wait(*to_stream(stream), svc(ctx).wait_limit()); });
+    }, DDP_ERR_COMM);
     if (!to_stream(stream)->threaded()) add_blocked(ctx, start);
     return status;
   }
@@ -222,9 +223,23 @@ struct HostCallbacks {
     // Its own stage: the watchdog's clock restarts for the wait (bounded by
     // wait_limit) and again after it, so an entry of many waits is not stuck.
     whereabouts::Inside in(self(ctx).label_.c_str(), "event_synchronize");
-    ddp_status status = host_guard([&] { to_event(event)->synchronize(svc(ctx).wait_limit()); }, DDP_ERR_COMM);
+    ddp_status status =
+        host_guard([&] { naming_group(ctx, [&] { to_event(event)->synchronize(svc(ctx).wait_limit()); }); },
+                   DDP_ERR_COMM);
     add_blocked(ctx, start);
     return status;
+  }
+  // A wait that gives up while a group's collective runs on the comm stream
+  // names the group and its ranks (ABI 1.9).
+  template <typename Wait>
+  static void naming_group(void* ctx, Wait&& wait) {
+    try {
+      wait();
+    } catch (const Error& e) {
+      const char* group = svc(ctx).group_in_flight.load();
+      if (e.status() != DDP_ERR_TIMEOUT || !group || std::string(e.what()).find(group) != std::string::npos) throw;
+      throw Error(std::string(e.what()) + " (in " + group + ")", e.status());
+    }
   }
   static void add_blocked(void* ctx, Clock::time_point start) {
     svc(ctx).counters.blocked_ns +=
@@ -320,6 +335,21 @@ struct HostCallbacks {
     });
   }
 
+  static ddp_status split(void* ctx, ddp_comm* parent, int color, int key, const char* name, ddp_comm** out) {
+    if (in_host_function("split")) return DDP_ERR_UNSUPPORTED;
+    return host_guard([&] {
+      if (!out) throw Error("split: out is NULL", DDP_ERR_INVALID_ARGUMENT);
+      if (!svc(ctx).split) throw Error("split: this host makes no groups", DDP_ERR_UNSUPPORTED);
+      if (!svc(ctx).splits_open)
+        throw Error("split: only in create or on_train_begin (every rank of the parent at the same point, before "
+                    "the first step)", DDP_ERR_INVALID_ARGUMENT);
+      *out = svc(ctx).split(parent, color, key, name);
+    });
+  }
+  static const ddp_group* group(void* ctx, ddp_comm* comm) {
+    return svc(ctx).group ? svc(ctx).group(comm) : nullptr;
+  }
+
   static ddp_status run_optimizer(void* ctx, const size_t* indices, size_t count) {
     if (in_host_function("run_optimizer")) return DDP_ERR_UNSUPPORTED;
     // The engine's optimizer computes, with no limit, as it does outside a
@@ -379,6 +409,8 @@ PluginHost::PluginHost(HostServices& services, const PluginSection& section, std
   host_.bind = H::bind;
   host_.run_optimizer_ranges = H::run_optimizer_ranges;
   host_.add = H::add;
+  host_.split = H::split;
+  host_.group = H::group;
 }
 
 void PluginHost::check(ddp_status status, const char* entry) const {

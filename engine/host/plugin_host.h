@@ -62,6 +62,14 @@ struct HostServices {
   bool claims_open = false;
   // Whether a strategy may claim parameter values now: in create only.
   bool value_claims_open = false;
+  // ddp_host::split and group (ABI 1.9): the metered transport's, while a
+  // strategy is up; split only while splits_open (create, on_train_begin).
+  std::function<ddp_comm*(ddp_comm* parent, int color, int key, const char* name)> split;
+  std::function<const ddp_group*(ddp_comm* comm)> group;
+  bool splits_open = false;
+  // The label of the group whose collective the comm stream runs now (null:
+  // none, or the world's): a wait that gives up names it.
+  std::atomic<const char*> group_in_flight{nullptr};
 
   // How long a blocking wait may take before the engine gives up on a stuck
   // collective: the transport's own timeout plus a grace for it to fire.

@@ -144,7 +144,8 @@ void check_entries(const Refusal& refusal, const ddp_strategy_v1_t& s) {
     if (!(s.caps & DDP_CAP_OWNS_OPTIMIZER))
       refusal.fail("caps has DDP_CAP_OWNS_GRADIENTS without DDP_CAP_OWNS_OPTIMIZER: a strategy that holds "
                    "gradients steps them itself (run_optimizer_ranges)");
-    require(refusal, s.grad_ranges != nullptr, "grad_ranges", "caps has DDP_CAP_OWNS_GRADIENTS");
+    if (!s.held_ranges)  // (1.9: held_ranges says it too)
+      require(refusal, s.grad_ranges != nullptr, "grad_ranges", "caps has DDP_CAP_OWNS_GRADIENTS");
   }
   if (s.caps & DDP_CAP_OWNS_PARAMETERS) {  // it holds values: it steps them, and lends them to the engine's readers
     if (!(s.caps & DDP_CAP_OWNS_OPTIMIZER))

@@ -41,12 +41,12 @@ void Trace::add(const Event& event) {
 }
 
 void Trace::compute(const char* name, Clock::time_point begin, Clock::time_point end) {
-  add(Event{name, ns(begin), ns(end), step(), -1});
+  add(Event{name, ns(begin), ns(end), step(), -1, nullptr});
 }
 
 void Trace::collective(const char* op, int64_t bytes, int64_t step, Clock::time_point begin,
-                       Clock::time_point end) {
-  add(Event{op, ns(begin), ns(end), step, bytes});
+                       Clock::time_point end, const char* group) {
+  add(Event{op, ns(begin), ns(end), step, bytes, group});
 }
 
 void Trace::write(const std::string& path) const {
@@ -58,6 +58,7 @@ void Trace::write(const std::string& path) const {
   for (const Event& e : events_) {
     const bool comm = e.bytes >= 0;
     json args = comm ? json{{"op", e.name}, {"bytes", e.bytes}, {"step", e.step}} : json{{"step", e.step}};
+    if (e.group) args["group"] = e.group;
     events.push_back({{"name", e.name}, {"ph", "X"}, {"pid", rank_},
                       {"tid", comm ? kCommunicationLane : kComputeLane}, {"ts", e.begin_ns / 1e3},
                       {"dur", (e.end_ns - e.begin_ns) / 1e3}, {"args", std::move(args)}});

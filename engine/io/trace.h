@@ -6,7 +6,8 @@
 // tid 0 "compute" (step, forward, backward and its per-layer ranges, the
 // strategy hooks, optimizer) and tid 1 "communication" (each collective the
 // strategy issued, from when the comm stream starts it to when it is done,
-// with args {"op", "bytes", "step"}; step -1 outside any step: set-up, and
+// with args {"op", "bytes", "step"}, and "group" for a collective of a
+// group a strategy made (ABI 1.9); step -1 outside any step: set-up, and
 // between steps the replica check, checkpoints and the outputs, which a
 // strategy holding the values gathers for). Times are steady_clock, which is one
 // clock for every process on the machine, so the ranks line up.
@@ -36,8 +37,10 @@ class Trace {
   // `name` and `op` must outlive the Trace (literals, or names a model keeps).
   // Thread-safe; never throws (an event that cannot be stored is dropped).
   void compute(const char* name, Clock::time_point begin, Clock::time_point end);
+  // `group` (ABI 1.9): the label of the group it ran in ("group 'shard'
+  // (ranks 0, 1)", outliving the Trace); null for the world's.
   void collective(const char* op, int64_t bytes, int64_t step, Clock::time_point begin,
-                  Clock::time_point end);
+                  Clock::time_point end, const char* group = nullptr);
 
   // {"traceEvents": [...], "displayTimeUnit": "ms"}, itself a valid trace.
   void write(const std::string& path) const;
@@ -48,6 +51,7 @@ class Trace {
     int64_t begin_ns, end_ns;
     int64_t step;
     int64_t bytes;  // -1 on the compute lane
+    const char* group;  // the collective's group label; null: the world's (and compute)
   };
   void add(const Event& event);
 

@@ -53,7 +53,8 @@ plan::RunPlan plan_config(const Config& c, const Footprint& model, bool check_ke
     plan::RankParts p;
     try {
       p.strategy = plan::plan_strategy(*strategy->strategy(), *transport->transport(), c.strategy, run, r);
-      p.transport = plan::plan_transport(*transport->transport(), c.transport, run, r, p.strategy.collectives);
+      p.transport = plan::plan_transport(*transport->transport(), c.transport, run, r, p.strategy.collectives,
+                                         p.strategy.groups);
     } catch (const Error& e) {  // the plugin's words, in the config's file
       throw Error(c.file + ": " + e.what(), e.status());
     }

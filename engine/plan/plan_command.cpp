@@ -134,9 +134,11 @@ json run_json(const Config& c, const plan::RunPlan& p, const strategy::OverheadF
     *comm = *bus = 0;
     for (const plan::Collective& x : list) {
       json one = {{"op", x.op}, {"bytes", x.bytes}, {"beside_compute", x.beside_compute}};
+      if (x.group > 0) one["group_size"] = x.group;  // a group's (1.9)
       if (timed) one["seconds"] = plan::collective_seconds(x, fit, c.run.world_size, loaded);
       out.push_back(one);
-      *comm += x.bytes, *bus += bus_bytes(x.op.c_str(), x.bytes, c.run.world_size);
+      *comm += x.bytes;
+      *bus += bus_bytes(x.op.c_str(), x.bytes, x.ranks(c.run.world_size));
     }
     return out;
   };

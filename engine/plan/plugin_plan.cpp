@@ -72,6 +72,18 @@ class PlanningCall {
           throw Error("collective: not a collective this ABI names (op " + std::to_string(c ? int(c->op) : -1) + ")");
         self(ctx).part_.collectives.push_back(*c);
         self(ctx).part_.every.push_back(self(ctx).every_);
+        self(ctx).part_.groups.push_back(0);
+      });
+    };
+    plan_.group_collective = [](void* ctx, const ddp_plan_collective* c, int group_size) {
+      const ddp_status status = self(ctx).plan_.collective(ctx, c);
+      if (status != DDP_OK) return status;
+      return self(ctx).record([&] {
+        const int world = self(ctx).run_.world;
+        if (group_size < 1 || group_size > world)
+          throw Error("group_collective: a group of " + std::to_string(group_size) + " ranks in a world of " +
+                      std::to_string(world));
+        self(ctx).part_.groups.back() = group_size == world ? 0 : group_size;
       });
     };
     plan_.every = [](void* ctx, int64_t steps) {
@@ -186,12 +198,15 @@ PluginPart plan_strategy(const ddp_strategy_v1_t& s, const ddp_transport_v1_t& t
 }
 
 PluginPart plan_transport(const ddp_transport_v1_t& t, const PluginSection& section, const PlanRun& run, int rank,
-                          const std::vector<ddp_plan_collective>& collectives) {
+                          const std::vector<ddp_plan_collective>& collectives, const std::vector<int>& groups) {
   const std::string label = std::string("transport plugin '") + t.name + "'";
   if (!DDP_PLUGIN_HAS(&t, plan)) return unplanned(label);
   PlanningCall call(section, run, rank, label);
   call.plan()->collectives = collectives.data();
   call.plan()->collective_count = collectives.size();
+  std::vector<int32_t> sizes;  // (1.9) each collective's group size, the world's where it names none
+  for (size_t k = 0; k < collectives.size(); ++k) sizes.push_back(k < groups.size() && groups[k] ? groups[k] : run.world);
+  call.plan()->group_sizes = sizes.data();
   return call.take(t.plan(call.host(), call.plan()));
 }
 

@@ -31,6 +31,9 @@ struct Collective {
   int64_t bytes = 0;
   bool beside_compute = false;
   int64_t every = 1;  // once every this many steps (a divergent strategy's sync points, 1.8)
+  int group = 0;      // the size of the group it runs in (ddp_plan::group_collective, 1.9); 0: the world
+  // The ranks it runs among at a world of `world`.
+  int ranks(int world) const { return group > 0 ? group : world; }
 };
 
 // What one plugin said of one rank.
@@ -39,6 +42,7 @@ struct PluginPart {
   bool planned = false;  // it has a plan entry (else the rest is empty)
   std::vector<ddp_plan_collective> collectives;  // a strategy's, in the order they start
   std::vector<int64_t> every;                    // per collective: its period in steps (1.8; 1: every step)
+  std::vector<int> groups;                       // per collective: its group's size (1.9; 0: the world)
   Bytes setup{}, step{};  // its buffers: held from the end of set-up on, from the first step on
   bool says_steps = false;   // it named what its optimizer steps
   int64_t stepped = 0;       // the elements it named
@@ -63,9 +67,11 @@ struct PlanRun {
 // has none. Throws Error in the plugin's words, naming it, where it fails.
 PluginPart plan_strategy(const ddp_strategy_v1_t& strategy, const ddp_transport_v1_t& transport,
                          const PluginSection& section, const PlanRun& run, int rank);
-// The same for the transport, given the step's collectives.
+// The same for the transport, given the step's collectives and the size
+// of each one's group (0: the world).
 PluginPart plan_transport(const ddp_transport_v1_t& transport, const PluginSection& section, const PlanRun& run,
-                          int rank, const std::vector<ddp_plan_collective>& collectives);
+                          int rank, const std::vector<ddp_plan_collective>& collectives,
+                          const std::vector<int>& groups = {});
 
 // A collective as the plan and summary.json name and count it.
 Collective collective_of(const ddp_plan_collective& c);

@@ -76,10 +76,12 @@ RankMemory rank_memory(const RunInput& in, const RankParts& part, int64_t per_el
   return m;
 }
 
-bool same_collectives(const std::vector<ddp_plan_collective>& a, const std::vector<ddp_plan_collective>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t k = 0; k < a.size(); ++k)
-    if (a[k].op != b[k].op || a[k].count != b[k].count || a[k].dtype != b[k].dtype) return false;
+bool same_collectives(const PluginPart& a, const PluginPart& b) {
+  if (a.collectives.size() != b.collectives.size() || a.groups != b.groups) return false;
+  for (size_t k = 0; k < a.collectives.size(); ++k) {
+    const ddp_plan_collective &x = a.collectives[k], &y = b.collectives[k];
+    if (x.op != y.op || x.count != y.count || x.dtype != y.dtype) return false;
+  }
   return true;
 }
 
@@ -106,7 +108,7 @@ RunPlan plan_run(const RunInput& in, const std::vector<RankParts>& parts) {
   const int64_t per_element = state_bytes_per_element(in);
   RunPlan plan;
   for (size_t r = 0; r < parts.size(); ++r) {
-    if (!same_collectives(parts[r].strategy.collectives, parts[0].strategy.collectives))
+    if (!same_collectives(parts[r].strategy, parts[0].strategy))
       throw std::invalid_argument(parts[r].strategy.label + ": plan: rank " + std::to_string(r) +
                                   " plans other collectives than rank 0 (every rank must issue the same)");
     plan.ranks.push_back(rank_memory(in, parts[r], per_element));
@@ -115,6 +117,7 @@ RunPlan plan_run(const RunInput& in, const std::vector<RankParts>& parts) {
   for (size_t k = 0; k < strategy.collectives.size(); ++k) {
     plan.collectives.push_back(collective_of(strategy.collectives[k]));
     if (k < strategy.every.size()) plan.collectives.back().every = strategy.every[k];
+    if (k < strategy.groups.size()) plan.collectives.back().group = strategy.groups[k];
   }
   for (const PluginPart* p : {&parts[0].strategy, &parts[0].transport})
     if (!p->planned) plan.unplanned.push_back(p->label);
@@ -123,6 +126,7 @@ RunPlan plan_run(const RunInput& in, const std::vector<RankParts>& parts) {
 
 double collective_seconds(const Collective& c, const strategy::OverheadFit& idle, int world,
                           const strategy::OverheadFit* busy) {
+  world = c.ranks(world);  // a group's collective crosses between its ranks (1.9)
   if (world < 2) return 0.0;  // nothing crosses between ranks
   const strategy::OverheadFit& fit = busy && c.beside_compute ? *busy : idle;
   // An all-reduce of b bytes moves bus_bytes = 2 (N - 1) / N b in b / w: the

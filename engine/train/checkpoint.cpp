@@ -131,7 +131,7 @@ CheckpointMeta files_read_by(const CheckpointMeta& meta, int rank) {
   CheckpointMeta mine = meta;
   for (int r = 0; r < meta.world_size; ++r) {
     if (r == rank) continue;
-    mine.files.erase(strategy_state_file(r));
+    if (r != 0) mine.files.erase(strategy_state_file(r));  // rank 0's holds the state equal everywhere (1.9)
     if (!meta.divergent) continue;  // every rank reads weights.safetensors, and any optimizer slice
     mine.files.erase(weights_file(r, true));
     mine.files.erase("optimizer-" + std::to_string(r) + ".safetensors");
@@ -403,10 +403,14 @@ Resumed resume_run(const Config& config, int rank, Model& model, Device& device,
                       " differ from the checkpoint's");
   verify_checkpoint_files(path, files_read_by(meta, rank));  // before any tensor is read
   load_checkpoint(path, meta, weights_file(rank, meta.divergent), model.params(), optimizer, values);
-  const std::string strategy_state = meta.files.count(strategy_state_file(rank)) ? strategy_state_file(rank) : "";
-  return Resumed{path, meta.step, meta.losses, check.changed, meta.strategy, meta.world_size, meta.divergent,
-                 strategy_state.empty() ? "" : (fs::path(path) / strategy_state).string(), meta.eval_due,
-                 meta.check_due, meta.val_losses};
+  const auto state_path = [&](int r) {
+    return meta.files.count(strategy_state_file(r)) ? (fs::path(path) / strategy_state_file(r)).string() : "";
+  };
+  Resumed resumed{path, meta.step, meta.losses, check.changed, meta.strategy, meta.world_size, meta.divergent,
+                  rank < meta.world_size ? state_path(rank) : "", "", meta.eval_due, meta.check_due,
+                  meta.val_losses};
+  resumed.shared_state = state_path(0);
+  return resumed;
 }
 
 namespace {

@@ -138,7 +138,9 @@ struct CheckpointInput {
   bool collective = false;
   // The replicas may differ (a divergent strategy): every rank writes its
   // own weights and whole optimizer state. The strategy's own state, this
-  // rank's (strategy-<r>.safetensors where not empty).
+  // rank's (strategy-<r>.safetensors where not empty): its per-rank
+  // buffers, and on rank 0 those equal on every rank too (1.9), which a
+  // resume on any world size reads there.
   bool divergent = false;
   std::vector<NamedFloats> strategy_state{};
   // What waits for the next sync point (a divergent strategy's), and the
@@ -178,6 +180,7 @@ struct Resumed {
   int world = 0;                     // on how many ranks
   bool divergent = false;            // each rank's own replica
   std::string strategy_state;        // this rank's strategy state file ("": none)
+  std::string shared_state;          // rank 0's, which holds the state equal on every rank ("": none)
   bool eval_due = false, check_due = false;             // waiting for a sync point
   std::vector<std::pair<int64_t, double>> val_losses;  // [eval]'s so far
 };

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "checksum.h"
 #include "error.h"
 #include "safetensors.h"
 
@@ -21,18 +22,59 @@ std::string state_file(int rank) { return "optimizer-" + std::to_string(rank) + 
 std::string piece_name(const std::string& tensor, size_t offset) { return tensor + "@" + std::to_string(offset); }
 
 enum Held { kNone = 0, kWhole = 1, kPieces = 2 };
+constexpr size_t kPieceWords = 4;  // a piece on the wire: param, offset, count, digest
 
 // This rank's pieces of the parameters no rank holds whole, as (param,
-// offset, count) triples, padded with -1 to `slots` triples.
+// offset, count, digest) quadruples (48 bits of the XXH3 of the piece's
+// moments: exact in a double), padded with -1 to `slots` of them.
 std::vector<double> my_pieces(const CheckpointInput& in, const std::vector<int>& whole_writer, size_t slots) {
   std::vector<double> out;
   for (size_t i = 0; i < in.params.size(); ++i) {
     if (whole_writer[i] >= 0) continue;
-    for (const auto& [offset, count] : in.optimizer.state_ranges(i))
-      out.insert(out.end(), {double(i), double(offset), double(count)});
+    for (const SavedState& s : in.optimizer.saved(i)) {
+      std::vector<float> both = s.first;
+      both.insert(both.end(), s.second.begin(), s.second.end());
+      const uint64_t digest = digest_bits(xxh3_hex(both.data(), both.size() * sizeof(float)));
+      out.insert(out.end(), {double(i), double(s.offset), double(s.count), double(digest >> 16)});
+    }
   }
-  out.resize(3 * slots, -1.0);
+  out.resize(kPieceWords * slots, -1.0);
   return out;
+}
+
+// Adds rank `rank`'s piece `t` (kPieceWords) of its parameter to `layout`:
+// a piece that a lower rank holds too (a replica's, HSDP) is written once,
+// by that rank, and must hold the same state.
+void add_piece(StateLayout& layout, const CheckpointInput& in, int rank, const double* t,
+               std::map<std::pair<size_t, size_t>, std::pair<int, double>>& seen) {
+  const size_t param = size_t(t[0]), offset = size_t(t[1]), count = size_t(t[2]);
+  const auto key = std::make_pair(param, offset);
+  const auto first = seen.find(key);
+  if (first != seen.end() && size_t(first->second.first) < size_t(rank)) {
+    const CheckpointMeta::Piece& kept = *std::find_if(
+        layout.pieces[param].begin(), layout.pieces[param].end(),
+        [&](const CheckpointMeta::Piece& p) { return p.offset == offset; });
+    if (kept.count == count) {
+      if (first->second.second != t[3])
+        throw Error("checkpoint: the optimizer state of '" + in.params[param].name + "' elements [" +
+                        std::to_string(offset) + ", " + std::to_string(offset + count) + ") differs between rank " +
+                        std::to_string(first->second.first) + " and rank " + std::to_string(rank) +
+                        ", which both hold it: replicas of a piece must hold the same state", DDP_ERR_INTERNAL);
+      return;  // a replica's: written once, by the lower rank
+    }
+  }
+  seen[key] = {rank, t[3]};
+  layout.pieces[param].push_back({state_file(rank), offset, count});
+}
+
+// Whether `layout` has rank `rank` write its piece [offset, offset +
+// count) of parameter `param` (not a lower rank holding the same piece).
+bool writes_piece(const StateLayout& layout, size_t param, int rank, size_t offset, size_t count) {
+  const auto it = layout.pieces.find(param);
+  if (it == layout.pieces.end()) return false;
+  for (const CheckpointMeta::Piece& p : it->second)
+    if (p.offset == offset && p.count == count) return p.file == state_file(rank);
+  return false;
 }
 
 }  // namespace
@@ -66,11 +108,11 @@ StateLayout gather_state_layout(const CheckpointInput& in) {
   const std::vector<double> pieces = my_pieces(in, layout.whole_writer, slots);
   std::vector<double> every(pieces.size() * size_t(in.world));
   in.all_gather(pieces, every);
+  std::map<std::pair<size_t, size_t>, std::pair<int, double>> seen;  // (param, offset) → (first rank, digest)
   for (int r = 0; r < in.world; ++r)
     for (size_t k = 0; k < slots; ++k) {
-      const double* t = &every[(size_t(r) * slots + k) * 3];
-      if (t[0] < 0) continue;
-      layout.pieces[size_t(t[0])].push_back({state_file(r), size_t(t[1]), size_t(t[2])});
+      const double* t = &every[(size_t(r) * slots + k) * kPieceWords];
+      if (t[0] >= 0) add_piece(layout, in, r, t, seen);
     }
   for (auto& [i, list] : layout.pieces)
     std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
@@ -90,8 +132,13 @@ std::string write_state_file(const CheckpointInput& in, const StateLayout& layou
     // Where the replicas differ, every rank writes its own (the same names).
     const bool writes_whole = layout.whole_writer[i] == in.rank || (in.divergent && layout.whole_writer[i] >= 0);
     if (!writes_whole && (layout.whole_writer[i] >= 0 || !layout.pieces.count(i))) continue;
+    bool mine = writes_whole;  // a piece of its own that no lower replica writes
+    for (const CheckpointMeta::Piece& p : writes_whole ? std::vector<CheckpointMeta::Piece>() : layout.pieces.at(i))
+      mine = mine || p.file == state_file(in.rank);
+    if (!mine) continue;
     named = true;
     for (SavedState& s : in.optimizer.saved(i)) {
+      if (!writes_whole && !writes_piece(layout, i, in.rank, s.offset, s.count)) continue;  // a lower replica's
       if (writes_whole) {
         add(p.name + first, p.shape, std::move(s.first));
         add(p.name + second, p.shape, std::move(s.second));

@@ -77,6 +77,11 @@ void RankPlugins::start_strategy(const Config& config, Trace* trace) {
   metered_->set_trace(trace);
   metered_->serve_strategy_of_minor(DDP_ABI_MINOR(s->abi_version));
   metered_->set_debug_collectives(config.run.debug_collectives);
+  services_.split = [this](ddp_comm* parent, int color, int key, const char* name) {
+    return metered_->split(parent, color, key, name);
+  };
+  services_.group = [this](ddp_comm* comm) { return metered_->group(comm); };
+  SplitsOpen open(services_);
   call("create", [&] { return s->create(strategy_host_->get(), metered_->vtable(), metered_->comm(), &strategy_); });
   whereabouts::arm_exit_report();  // before exit handlers its create registered
   config.strategy.check_all_read("strategy", s->name);
@@ -90,7 +95,10 @@ void RankPlugins::require_device_cap(const char* kind, const char* name, uint64_
                 DDP_ERR_UNSUPPORTED);
 }
 
-void RankPlugins::on_train_begin() { call("on_train_begin", [&] { return strategy_api().on_train_begin(strategy_); }); }
+void RankPlugins::on_train_begin() {
+  SplitsOpen open(services_);
+  call("on_train_begin", [&] { return strategy_api().on_train_begin(strategy_); });
+}
 // The hooks a strategy may leave NULL (1.4) do nothing then.
 void RankPlugins::on_step_begin(const ddp_step_info& info) {
   if (strategy_api().on_step_begin) call("on_step_begin", [&] { return strategy_api().on_step_begin(strategy_, &info); });
@@ -141,6 +149,20 @@ std::vector<RankPlugins::StateBuffer> RankPlugins::state() {
                       " elements", DDP_ERR_INVALID_ARGUMENT);
     out.push_back({std::move(name), static_cast<float*>(b.ptr), b.count});
   }
+  if (!strategy_api().state_scopes || out.empty()) return out;
+  const ddp_state_scope* scopes = nullptr;
+  size_t scoped = 0;
+  call("state_scopes", [&] { return strategy_api().state_scopes(strategy_, &scopes, &scoped); });
+  if (scoped != out.size() || !scopes)
+    throw Error(strategy_host_->label() + ": state_scopes: " + std::to_string(scoped) + " scopes for the " +
+                    std::to_string(out.size()) + " buffers state gave", DDP_ERR_INVALID_ARGUMENT);
+  for (size_t k = 0; k < out.size(); ++k) {
+    if (scopes[k] != DDP_STATE_PER_RANK && scopes[k] != DDP_STATE_EQUAL)
+      throw Error(strategy_host_->label() + ": state_scopes: buffer '" + out[k].name + "' has scope " +
+                      std::to_string(int(scopes[k])) + ", neither DDP_STATE_PER_RANK nor DDP_STATE_EQUAL",
+                  DDP_ERR_INVALID_ARGUMENT);
+    out[k].equal = scopes[k] == DDP_STATE_EQUAL;
+  }
   return out;
 }
 
@@ -183,6 +205,15 @@ std::optional<GradRanges> RankPlugins::grad_ranges() {
   if (count > 0 && !ranges) throw Error(strategy_host_->label() + ": grad_ranges: " + std::to_string(count) +
                                         " ranges at NULL", DDP_ERR_INVALID_ARGUMENT);
   return GradRanges{ranges, count, partitioned != 0};
+}
+
+std::vector<ddp_held_range> RankPlugins::held_ranges() {
+  const ddp_held_range* held = nullptr;
+  size_t count = 0;
+  call("held_ranges", [&] { return strategy_api().held_ranges(strategy_, &held, &count); });
+  if (count > 0 && !held) throw Error(strategy_host_->label() + ": held_ranges: " + std::to_string(count) +
+                                      " ranges at NULL", DDP_ERR_INVALID_ARGUMENT);
+  return std::vector<ddp_held_range>(held, held + count);
 }
 
 bool RankPlugins::stats(nlohmann::ordered_json* out) {
@@ -241,6 +272,7 @@ void RankPlugins::gather_words(const void* mine, void* all, size_t send, size_t 
 void RankPlugins::abort() {
   aborted_ = true;
   const ddp_transport_v1_t* t = transport_lib_ ? transport_lib_->transport() : nullptr;
+  if (metered_) metered_->abort_groups();
   if (t && t->abort && comm_) t->abort(comm_);
 }
 
@@ -255,6 +287,10 @@ void RankPlugins::shutdown() {
     strategy_api().destroy(strategy_);
     strategy_ = nullptr;
   }
+  drain();
+  services_.split = nullptr;
+  services_.group = nullptr;
+  if (metered_) metered_->release_groups();  // the groups' communicators, before the world's
   drain();
   metered_.reset();  // releases its device timestamps
   if (comm_) {

@@ -89,6 +89,7 @@ class RankPlugins {
     std::string name;
     float* data;
     size_t count;
+    bool equal = false;  // the same on every rank (state_scopes, 1.9); else this rank's own
   };
   std::vector<StateBuffer> state();
   void unit_values(size_t unit, bool hold);  // (1.5) where the strategy claims values
@@ -104,6 +105,10 @@ class RankPlugins {
   // (grad_ranges, ABI 1.4), valid until the next hook; nullopt where it has
   // no such entry.
   std::optional<GradRanges> grad_ranges();
+  // (1.9) Whether the strategy says what it holds through held_ranges,
+  // and what: a copy, each range as the strategy gave it.
+  bool has_held_ranges() const { return strategy_api().held_ranges != nullptr; }
+  std::vector<ddp_held_range> held_ranges();
   // The strategy's stats as JSON (a string if it wrote something else);
   // false if it has none.
   bool stats(nlohmann::ordered_json* out);
@@ -133,6 +138,13 @@ class RankPlugins {
   void start_strategy(const Config& config, Trace* trace);
   void require_device_cap(const char* kind, const char* name, uint64_t caps) const;
   void drain();
+  // ddp_host::split is open for the scope of an entry (create,
+  // on_train_begin), on every rank at the same point.
+  struct SplitsOpen {
+    explicit SplitsOpen(HostServices& s) : services(s) { services.splits_open = true; }
+    ~SplitsOpen() { services.splits_open = false; }
+    HostServices& services;
+  };
   bool aborted_ = false;
   std::vector<std::string> unit_entries_;  // per unit: its 4 on_unit phases, unit_values, take_values, by name
   // One engine collective on the comm stream, waited for. On a GPU the host

@@ -84,6 +84,8 @@ class RankRun {
   // where the replicas differed, this rank's own parameters (on_train_begin
   // may have broadcast rank 0's). Refuses state the checkpoint lacks, by name.
   void put_back_resumed_state();
+  void put_back_strategy_state(const std::vector<RankPlugins::StateBuffer>& buffers);
+  void refuse_untaken_state(const SafetensorsReader& file, const std::vector<RankPlugins::StateBuffer>& buffers) const;
   // The strategy's state (its `state` entry) as host copies, for a checkpoint.
   std::vector<NamedFloats> strategy_state(std::vector<std::vector<float>>& storage);
 
@@ -105,6 +107,7 @@ class RankRun {
   // the optimizer step, when every strategy has them all in place.
   double gradient_norm(bool clip);
   bool held_gradients(std::vector<GradSpan>& spans);
+  bool held_ranges(std::vector<GradSpan>& spans);
   bool unfreeze(int64_t step);
   void pack_gradients();  // the engine's (Model::pack_gradients), and the table
 

@@ -10,6 +10,7 @@
 
 #include "agreement.h"
 #include "checkpoint.h"
+#include "checksum.h"
 #include "layers.h"  // blas_kernel_loaded, blas_build
 #include "rank_run.h"
 #include "replica_check.h"
@@ -82,11 +83,18 @@ void RankRun::put_back_resumed_state() {
     initial_->fill(i, host.data());
     device_->upload(params[i].data.data(), host.data(), host.size() * sizeof(float));
   }
-  const std::vector<RankPlugins::StateBuffer> buffers = plugins_->state();
+  put_back_strategy_state(plugins_->state());
+}
+
+// The strategy's state from the checkpoint (1.8): of the same strategy,
+// each buffer equal on every rank (1.9) from rank 0's file, on any world
+// size; each per-rank buffer from this rank's own, on the same world size
+// only (else it starts afresh, and rank 0 says so).
+void RankRun::put_back_strategy_state(const std::vector<RankPlugins::StateBuffer>& buffers) {
   const std::string name = plugins_->strategy_name();
-  const bool same = resumed_.strategy == name && resumed_.world == env_.rank.world_size;
-  if (resumed_.strategy_state.empty() || !same) {
-    if (buffers.empty()) return;
+  const bool same_world = resumed_.world == env_.rank.world_size;
+  if (buffers.empty()) return;
+  if (resumed_.strategy != name || (resumed_.strategy_state.empty() && resumed_.shared_state.empty())) {
     if (resumed_.divergent)
       throw ConfigError("--resume " + resumed_from_ + ": strategy plugin '" + name + "' keeps state across steps ('" +
                         buffers[0].name + "' first), and the checkpoint, written by strategy '" + resumed_.strategy +
@@ -96,34 +104,76 @@ void RankRun::put_back_resumed_state() {
                   "none for it\n", name.c_str(), resumed_.strategy.c_str(), resumed_.world);
     return;
   }
-  SafetensorsReader file(resumed_.strategy_state);
-  for (const auto& [tensor, entry] : file.entries()) {  // the same strategy and world: the same state
+  std::unique_ptr<SafetensorsReader> own, shared;
+  if (same_world && !resumed_.strategy_state.empty()) own = std::make_unique<SafetensorsReader>(resumed_.strategy_state);
+  if (!resumed_.shared_state.empty()) shared = std::make_unique<SafetensorsReader>(resumed_.shared_state);
+  if (own) refuse_untaken_state(*own, buffers);
+  std::vector<std::string> afresh;
+  std::vector<float> host;
+  for (const RankPlugins::StateBuffer& b : buffers) {
+    SafetensorsReader* file = b.equal && shared && shared->find_floats(b.name) ? shared.get() : own.get();
+    if (!file) {  // a per-rank buffer of another world size's run (or of none kept)
+      afresh.push_back(b.name);
+      continue;
+    }
+    const SafetensorsReader::Entry* e = file->find_floats(b.name);
+    if (!e || size_t(numel_of(e->shape)) != b.count)
+      throw ConfigError(file->path() + ": no tensor '" + b.name + "' of " + std::to_string(b.count) +
+                        " float32, where strategy plugin '" + name + "' keeps state across steps (the checkpoint "
+                        "was written by strategy '" + resumed_.strategy + "')");
+    host.resize(b.count);
+    file->read_floats(b.name, 0, b.count, host.data());
+    device_->upload(b.data, host.data(), b.count * sizeof(float));
+  }
+  if (afresh.empty()) return;
+  if (resumed_.divergent)  // (a divergent checkpoint is resumed on its own world size only)
+    throw ConfigError("--resume " + resumed_from_ + ": no state '" + afresh[0] + "' of this rank's in the checkpoint");
+  if (env_.rank.rank == 0)
+    std::printf("  strategy plugin '%s' starts its per-rank state afresh ('%s'%s): the checkpoint holds it for %d "
+                "ranks, this run has %d\n", name.c_str(), afresh[0].c_str(), afresh.size() > 1 ? " and more" : "",
+                resumed_.world, env_.rank.world_size);
+}
+
+// A tensor in this rank's state file that the strategy no longer takes:
+// its state entry names other buffers now.
+void RankRun::refuse_untaken_state(const SafetensorsReader& file,
+                                   const std::vector<RankPlugins::StateBuffer>& buffers) const {
+  for (const auto& [tensor, entry] : file.entries()) {
     bool taken = false;
     for (const RankPlugins::StateBuffer& b : buffers) taken = taken || b.name == tensor;
     if (!taken)
-      throw ConfigError(file.path() + ": holds state '" + tensor + "' that strategy plugin '" + name +
-                        "' does not take (its state entry names other buffers now)");
-  }
-  const std::string keeps = "strategy plugin '" + name + "' keeps state across steps";
-  for (const RankPlugins::StateBuffer& b : buffers) {
-    const SafetensorsReader::Entry* e = file.find_floats(b.name);
-    if (!e || size_t(numel_of(e->shape)) != b.count)
-      throw ConfigError(file.path() + ": no tensor '" + b.name + "' of " + std::to_string(b.count) +
-                        " float32, where " + keeps + " (the checkpoint was written by strategy '" +
-                        resumed_.strategy + "')");
-    host.resize(b.count);
-    file.read_floats(b.name, 0, b.count, host.data());
-    device_->upload(b.data, host.data(), b.count * sizeof(float));
+      throw ConfigError(file.path() + ": holds state '" + tensor + "' that strategy plugin '" +
+                        plugins_->strategy_name() + "' does not take (its state entry names other buffers now)");
   }
 }
 
+// This rank's state buffers for its checkpoint file: its per-rank ones,
+// and on rank 0 the equal ones too, once every rank's digests of those
+// agree (an engine collective: every rank calls it).
 std::vector<NamedFloats> RankRun::strategy_state(std::vector<std::vector<float>>& storage) {
   std::vector<NamedFloats> out;
-  for (const RankPlugins::StateBuffer& b : plugins_->state()) {
+  const std::vector<RankPlugins::StateBuffer> buffers = plugins_->state();
+  std::vector<double> digests;  // 48 bits of each equal buffer's XXH3: exact in a double
+  std::vector<const RankPlugins::StateBuffer*> equal;
+  for (const RankPlugins::StateBuffer& b : buffers) {
     storage.emplace_back(b.count);
     device_->download(storage.back().data(), b.data, b.count * sizeof(float));
-    out.push_back({b.name, Shape{int64_t(b.count)}, storage.back().data()});
+    if (b.equal) {
+      const uint64_t bits = digest_bits(xxh3_hex(storage.back().data(), b.count * sizeof(float)));
+      digests.push_back(double(bits >> 16));
+      equal.push_back(&b);
+    }
+    if (!b.equal || env_.rank.rank == 0) out.push_back({b.name, Shape{int64_t(b.count)}, storage.back().data()});
   }
+  if (digests.empty()) return out;
+  std::vector<double> all(digests.size() * size_t(env_.rank.world_size));
+  plugins_->all_gather(digests, all);
+  for (int r = 1; r < env_.rank.world_size; ++r)
+    for (size_t k = 0; k < digests.size(); ++k)
+      if (all[size_t(r) * digests.size() + k] != all[k])
+        throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': state '" + equal[k]->name +
+                        "' is equal on every rank by its state_scopes, but rank " + std::to_string(r) +
+                        "'s differs from rank 0's (writing a checkpoint)", DDP_ERR_INTERNAL);
   return out;
 }
 
@@ -254,6 +304,9 @@ void RankRun::write_summary(const std::vector<double>& all) {
   facts.losses_before = loss_prefix_;
   facts.checkpoints = checkpoints_, facts.checkpoint_s = checkpoint_s_;
   if (const char* restarts = std::getenv("DDP_RESTARTS")) facts.restarts_json = restarts;
+  const std::vector<GroupReport> groups = plugins_->metered().reports();
+  for (const GroupReport& g : groups)
+    if (groups.size() > 1) facts.groups.push_back({g.name, g.ranks, g.collectives, g.bytes, g.bus_bytes});
   nlohmann::ordered_json stats;
   const bool has_stats = plugins_->stats(&stats);
   const auto summary = run_summary(facts, records_, ranks, has_stats ? &stats : nullptr);

@@ -27,20 +27,23 @@ double sum_of_squares(const float* x, size_t n) {
 double clip_gradients(const std::vector<GradSpan>& held, bool gather, double max_norm, Device& device, int world,
                       const std::function<void(const std::vector<double>&, std::vector<double>&)>& all_gather,
                       const std::vector<double>* known) {
-  double mine = 0, everyones = 0;  // partitioned, replicated
+  double mine = 0, everyones = 0;  // held by fewer than every rank (each / its replicas), by every rank
   for (const GradSpan& s : held) {
-    double& sum = s.partitioned ? mine : everyones;
+    const bool everywhere = s.replicas >= world;
+    double& sum = everywhere ? everyones : mine;
+    double squares;
     // (A gradient with a NaN has a NaN sum: it is measured again, as NaN.)
     if (s.whole && known && s.param < known->size() && !std::isnan((*known)[s.param])) {
-      sum += (*known)[s.param];
-      continue;
+      squares = (*known)[s.param];
+    } else {
+      std::vector<float> host;
+      if (device.kind() != DDP_DEVICE_CPU) {
+        host.resize(s.count);
+        device.download(host.data(), s.grad, s.count * sizeof(float));
+      }
+      squares = sum_of_squares(host.empty() ? s.grad : host.data(), s.count);
     }
-    std::vector<float> host;
-    if (device.kind() != DDP_DEVICE_CPU) {
-      host.resize(s.count);
-      device.download(host.data(), s.grad, s.count * sizeof(float));
-    }
-    sum += sum_of_squares(host.empty() ? s.grad : host.data(), s.count);
+    sum += everywhere || s.replicas <= 1 ? squares : squares / double(s.replicas);
   }
   double sum = everyones;
   if (gather) {

@@ -29,24 +29,28 @@ double clip_coefficient(double total_norm, double max_norm);
 double sum_of_squares(const float* x, size_t n);
 
 // Gradient values a rank holds: `count` floats at `grad` on the device,
-// elements of parameter `param` (all of it where `whole`); `partitioned`:
-// no other rank holds them (the strategy's held_grads or grad_ranges).
+// elements of parameter `param` (all of it where `whole`), held by
+// `replicas` ranks, this one included (the strategy's held_grads,
+// grad_ranges or held_ranges: 1 for a shard held once, the world size
+// for a gradient every rank holds).
 struct GradSpan {
   size_t param = 0;
   float* grad = nullptr;
   size_t count = 0;
   bool whole = true;
-  bool partitioned = false;
+  int replicas = 1;
 };
 
 // Clips the gradients of `held` to a global L2 norm of `max_norm` (0:
 // measures only) and returns the norm before clipping. `known` (if given):
 // each parameter's sum_of_squares of its gradient where already measured
 // (the optimizer's, Optimizer::grad_squares), NaN where not; those whole
-// spans are not read again. Where `gather` (some span is partitioned, on
-// any rank: a strategy's choice, the same on every rank), the ranks'
-// squared norms of their partitioned spans are added through `all_gather`
-// in rank order, the same bits on every rank, then the others'.
+// spans are not read again. Where `gather` (some span is held by fewer
+// than `world` ranks, on any rank: a strategy's choice, the same on every
+// rank), each rank's squares of those spans, each divided by its
+// replicas, are added through `all_gather` in rank order, the same bits
+// on every rank, then the squares of the spans every rank holds: every
+// element counted once.
 double clip_gradients(const std::vector<GradSpan>& held, bool gather, double max_norm, Device& device, int world,
                       const std::function<void(const std::vector<double>&, std::vector<double>&)>& all_gather,
                       const std::vector<double>* known = nullptr);

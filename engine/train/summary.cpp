@@ -143,6 +143,13 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
   summary["resumed_from"] = facts.resumed_from.empty() ? json() : json(facts.resumed_from);
   json restarts = facts.restarts_json.empty() ? json::array() : json::parse(facts.restarts_json, nullptr, false);
   summary["restarts"] = restarts.is_discarded() ? json::array() : restarts;
+  if (!facts.groups.empty()) {
+    json groups = json::array();
+    for (const RunFacts::Group& g : facts.groups)
+      groups.push_back({{"name", g.name}, {"size", g.ranks.size()}, {"ranks", g.ranks}, {"collectives", g.collectives},
+                        {"comm_bytes", g.bytes}, {"bus_bytes", g.bus_bytes}});
+    summary["groups"] = groups;
+  }
   if (strategy_stats) summary["strategy_stats"] = *strategy_stats;
   json choice = facts.blas_choice_json.empty() ? json() : json::parse(facts.blas_choice_json, nullptr, false);
   summary["blas"] = {{"kernel", facts.blas_kernel}, {"build", facts.blas_build},

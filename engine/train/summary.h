@@ -89,6 +89,15 @@ struct RunFacts {
   std::string blas_kernel, blas_build, blas_choice_json;
   // Rank 0's huge pages at the end of its run (huge_pages.h).
   HugePages huge_pages;
+  // Rank 0's communicators, where the strategy made groups (ABI 1.9): each
+  // one's name, members (world ranks) and figures over the run, the
+  // world's first; empty where it made none.
+  struct Group {
+    std::string name;
+    std::vector<int> ranks;
+    int64_t collectives = 0, bytes = 0, bus_bytes = 0;
+  };
+  std::vector<Group> groups;
 };
 
 // summary.json: the run's facts, `loss` for every step (a resumed run's

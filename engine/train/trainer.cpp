@@ -287,16 +287,20 @@ double RankRun::gradient_norm(bool clip) {
                         }, &optimizer_->grad_squares());  // what this step's update measured
 }
 
-// The averaged gradients this rank holds, into `spans`: the engine's own
-// gradients of the trainable parameters (those the strategy's held_grads
-// names, where it partitions them), then the ranges of the storage it
-// claimed (grad_ranges). Whether the norm adds every rank's.
+// The averaged gradients this rank holds, into `spans`: where the strategy
+// says (held_ranges, 1.9), those; else the engine's own gradients of the
+// trainable parameters (those the strategy's held_grads names, where it
+// partitions them), then the ranges of the storage it claimed
+// (grad_ranges). Whether the norm adds every rank's.
 bool RankRun::held_gradients(std::vector<GradSpan>& spans) {
   spans.clear();
+  if (plugins_->has_held_ranges()) return held_ranges(spans);
+  const int world = env_.rank.world_size;
   const std::optional<std::vector<size_t>> held = plugins_->held_grads();
   auto& params = model_->params();
   for (size_t i : held ? *held : trainable_)
-    if (!params[i].claimed) spans.push_back({i, params[i].grad.data(), params[i].grad.numel(), true, held.has_value()});
+    if (!params[i].claimed)
+      spans.push_back({i, params[i].grad.data(), params[i].grad.numel(), true, held ? 1 : world});
   if (!claims_) return held.has_value();
   const std::optional<GradRanges> ranges = plugins_->grad_ranges();
   if (!ranges)
@@ -310,9 +314,34 @@ bool RankRun::held_gradients(std::vector<GradSpan>& spans) {
       throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': grad_ranges: range " +
                   std::to_string(k) + " names no elements of a claimed gradient of the table",
                   DDP_ERR_INVALID_ARGUMENT);
-    spans.push_back({r.param, static_cast<float*>(r.grad), r.count, false, ranges->partitioned});
+    spans.push_back({r.param, static_cast<float*>(r.grad), r.count, false, ranges->partitioned ? 1 : world});
   }
   return held.has_value() || ranges->partitioned;
+}
+
+// held_ranges (1.9): each range checked against the table, the engine's
+// own gradient where its grad is NULL. Every rank gathers: the strategy
+// has the entry on every rank.
+bool RankRun::held_ranges(std::vector<GradSpan>& spans) {
+  auto& params = model_->params();
+  const std::vector<ddp_held_range> held = plugins_->held_ranges();
+  for (size_t k = 0; k < held.size(); ++k) {
+    const ddp_held_range& h = held[k];
+    Parameter* p = h.param < params.size() ? &params[h.param] : nullptr;
+    const size_t numel = p ? p->data.numel() : 0;
+    std::string wrong;
+    if (!p || !p->trainable) wrong = "names no trainable parameter of the table";
+    else if (h.offset > numel || h.count > numel - h.offset) wrong = "names elements outside its parameter";
+    else if (!h.grad && (p->claimed || !p->grad.data())) wrong = "has grad NULL, but the engine holds no gradient of it";
+    else if (h.replicas < 1 || h.replicas > env_.rank.world_size) wrong = "says it is held by " + std::to_string(h.replicas) + " ranks";
+    if (!wrong.empty())
+      throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': held_ranges: range " +
+                      std::to_string(k) + " " + wrong + " (of a world of " + std::to_string(env_.rank.world_size) + ")",
+                  DDP_ERR_INVALID_ARGUMENT);
+    float* grad = h.grad ? static_cast<float*>(h.grad) : p->grad.data() + h.offset;
+    spans.push_back({h.param, grad, h.count, !h.grad && h.offset == 0 && h.count == numel, h.replicas});
+  }
+  return true;
 }
 
 void RankRun::pack_gradients() {

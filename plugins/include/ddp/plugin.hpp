@@ -12,11 +12,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
+#include <memory>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace ddp {
 namespace plugin {
@@ -190,6 +194,65 @@ class Host {
 
   ddp_stream compute_stream() const { return h_->compute_stream(h_->ctx); }
   ddp_stream comm_stream() const { return h_->comm_stream(h_->ctx); }
+  // A stream's native handle: a cudaStream_t on CUDA, NULL on the CPU.
+  void* stream_native(ddp_stream s) const { return h_->stream_native(h_->ctx, s); }
+  // Enqueues fn() on `s` (ddp_host::launch_host_func: exactly once, in
+  // stream order, on the stream's executor; not at all where the stream
+  // failed before it). An exception fn throws fails the stream with its
+  // text (a Failure with its status; anything else DDP_ERR_INTERNAL).
+  template <typename Fn>
+  void launch_host_func(ddp_stream s, Fn&& fn) const {
+    using Body = std::decay_t<Fn>;
+    struct Job {
+      const ddp_host* host;
+      Body fn;
+    };
+    Job* job = new Job{h_, std::forward<Fn>(fn)};
+    const ddp_host_func run = [](void* user, int cancelled) -> ddp_status {
+      std::unique_ptr<Job> owned(static_cast<Job*>(user));
+      if (cancelled) return DDP_OK;
+      return guard(owned->host, [&] { owned->fn(); });
+    };
+    const ddp_status status = h_->launch_host_func(h_->ctx, s, run, job);
+    if (status != DDP_OK) delete job;
+    check(status);
+  }
+
+  // The run's rendezvous store (ddp_host::store_*): keys namespaced to
+  // the run; get waits for its key up to the run's timeout.
+  void store_set(const std::string& key, const void* data, size_t bytes) const {
+    check(h_->store_set(h_->ctx, key.c_str(), data, bytes));
+  }
+  std::string store_get(const std::string& key) const {
+    void* data = nullptr;
+    size_t bytes = 0;
+    check(h_->store_get(h_->ctx, key.c_str(), &data, &bytes));
+    std::string value(static_cast<const char*>(data), bytes);
+    std::free(data);
+    return value;
+  }
+  void store_wait(const std::vector<std::string>& keys) const {
+    std::vector<const char*> raw;
+    for (const std::string& k : keys) raw.push_back(k.c_str());
+    check(h_->store_wait(h_->ctx, raw.data(), raw.size()));
+  }
+
+  // Groups (ABI 1.9; ddp/abi/host.h): a communicator of the ranks of
+  // `parent` that pass the same color, ordered by key, named `name` in the
+  // engine's reports; collective over parent, in create or on_train_begin.
+  ddp_comm* split(ddp_comm* parent, int color, int key, const char* name) const {
+    require(DDP_HOST_HAS(h_, split), "split", 9);
+    ddp_comm* out = nullptr;
+    check(h_->split(h_->ctx, parent, color, key, name, &out));
+    return out;
+  }
+  // What `comm` is: its name, this rank's place, its size and members.
+  const ddp_group& group(ddp_comm* comm) const {
+    require(DDP_HOST_HAS(h_, group), "group", 9);
+    const ddp_group* g = h_->group(h_->ctx, comm);
+    if (!g) throw Failure(DDP_ERR_INVALID_ARGUMENT, "group: not a communicator this host gave");
+    return *g;
+  }
 
   void log(ddp_log_level level, const std::string& message) const { h_->log(h_->ctx, level, message.c_str()); }
   void run_optimizer(const size_t* indices, size_t count) const {
@@ -201,12 +264,14 @@ class Host {
   ddp_buffer buffer(void* ptr, size_t count, ddp_dtype dtype) const { return ddp_buffer{ptr, count, dtype, h_->device}; }
 
  private:
-  void require_1_4(bool has, const char* entry) const {
+  void require_1_4(bool has, const char* entry) const { require(has, entry, 4); }
+  // An entry of minor `minor` the engine lacks, refused by name.
+  void require(bool has, const char* entry, int minor) const {
     if (!has)
       throw Failure(DDP_ERR_UNSUPPORTED, std::string(entry) + ": this engine's ABI " +
                                              std::to_string(DDP_ABI_MAJOR(h_->abi_version)) + "." +
                                              std::to_string(DDP_ABI_MINOR(h_->abi_version)) +
-                                             " lacks it (it needs ABI 1.4 or newer)");
+                                             " lacks it (it needs ABI 1." + std::to_string(minor) + " or newer)");
   }
   const ddp_host* h_;
 };
@@ -298,6 +363,15 @@ class Plan {
   // nothing where the engine is older.
   void leaner(const char* key, const char* value) const {
     if (DDP_PLAN_HAS(p_, leaner)) check(p_->leaner(p_->ctx, key, value));
+  }
+  // (1.9) A collective of a group of `group_size` ranks (ddp/abi/plan.h);
+  // an engine older than 1.9 knows no groups: refused by name.
+  void group_collective(ddp_collective_op op, size_t count, int group_size, ddp_dtype dtype = DDP_FLOAT32,
+                        bool beside_compute = false) const {
+    if (!DDP_PLAN_HAS(p_, group_collective))
+      throw Failure(DDP_ERR_UNSUPPORTED, "plan: this engine plans no groups (ABI 1.9 or newer needed)");
+    const ddp_plan_collective c{op, count, dtype, beside_compute ? 1 : 0};
+    check(p_->group_collective(p_->ctx, &c, group_size));
   }
   // (1.8) The collectives reported next happen once every `steps` steps
   // (ddp/abi/plan.h); an older engine plans them every step.
