@@ -379,6 +379,7 @@ PluginHost::PluginHost(HostServices& services, const PluginSection& section, std
   host_.bind = H::bind;
   host_.run_optimizer_ranges = H::run_optimizer_ranges;
   host_.add = H::add;
+  install_compute_entries(host_);
 }
 
 void PluginHost::check(ddp_status status, const char* entry) const {
