@@ -50,13 +50,13 @@ std::vector<float> random_floats(size_t n, uint32_t seed) {
 
 // One device with a PluginHost over it; its memory holds vectors uploaded
 // from the host and read back after the streams are drained.
-struct Run {
-  explicit Run(ddp_device_kind kind)
+struct DeviceRun {
+  explicit DeviceRun(ddp_device_kind kind)
       : device(make_device(kind, 0, false)), section(plugin_section_from_overrides("strategy", {})) {
     services.device = device.get();
     host = std::make_unique<PluginHost>(services, section, "strategy plugin 'test'");
   }
-  ~Run() {
+  ~DeviceRun() {
     for (void* p : blocks) device->free(p);
   }
   const ddp_host* h() const { return host->get(); }
@@ -113,7 +113,7 @@ Gemm make_gemm(size_t m, size_t n, size_t k, size_t batch, int ta, int tb, uint3
 }
 
 // Runs x on `run`'s `stream` (its operands uploaded) and returns C.
-std::vector<float> run_gemm(Run& run, const Gemm& x, ddp_stream stream) {
+std::vector<float> run_gemm(DeviceRun& run, const Gemm& x, ddp_stream stream) {
   ddp_gemm g = x.g;
   g.a = run.put(x.a);
   g.b = run.put(x.b);
@@ -126,10 +126,10 @@ class CudaCompute : public ::testing::Test {
  protected:
   void SetUp() override {
     DDP_REQUIRE_GPUS(1);
-    gpu = std::make_unique<Run>(DDP_DEVICE_CUDA);
+    gpu = std::make_unique<DeviceRun>(DDP_DEVICE_CUDA);
   }
-  Run cpu{DDP_DEVICE_CPU};
-  std::unique_ptr<Run> gpu;
+  DeviceRun cpu{DDP_DEVICE_CPU};
+  std::unique_ptr<DeviceRun> gpu;
 };
 
 TEST_F(CudaCompute, GemmAgreesWithTheCpu) {
@@ -155,8 +155,9 @@ TEST_F(CudaCompute, GemmAgreesWithTheCpu) {
       // Padding and gaps: untouched on both.
       for (size_t e = 0; e < x.c.size(); ++e) {
         const size_t in_product = e % x.g.stride_c;
-        if (in_product >= x.g.m * x.g.ldc || in_product % x.g.ldc >= x.g.n)
+        if (in_product >= x.g.m * x.g.ldc || in_product % x.g.ldc >= x.g.n) {
           ASSERT_EQ(std::memcmp(&got[e], &x.c[e], sizeof(float)), 0) << e;
+        }
       }
     }
 }
@@ -193,9 +194,9 @@ TEST_F(CudaCompute, VectorEntriesGiveTheCpusBits) {
   for (const bool columns : {false, true}) {
     SCOPED_TRACE(columns ? "columns" : "rows");
     std::vector<std::vector<float>> results[2];  // [cpu, gpu]: the outputs in turn
-    Run* runs[2] = {&cpu, gpu.get()};
+    DeviceRun* runs[2] = {&cpu, gpu.get()};
     for (int r = 0; r < 2; ++r) {
-      Run& run = *runs[r];
+      DeviceRun& run = *runs[r];
       const ddp_host* h = run.h();
       float* x = run.put(xs);
       float* y = run.put(ys);
@@ -244,7 +245,7 @@ TEST_F(CudaCompute, RefusedInsideAHostFunction) {
     ddp_stream s;
     ddp_status status = DDP_OK;
     std::string text;
-  } seen{gpu->h(), gpu->compute()};
+  } seen{gpu->h(), gpu->compute(), DDP_OK, ""};
   const ddp_host* h = gpu->h();
   ASSERT_EQ(h->launch_host_func(
                 h->ctx, seen.s,

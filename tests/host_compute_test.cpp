@@ -393,8 +393,8 @@ TEST_F(ComputeEntries, NormalizeOfAZeroVector) {
 
 // On the comm stream (an executor thread) the work waits its turn: behind a
 // host function that holds the stream, nothing has run; released, the gemm,
-// then a copy of its C, then a norm of the copy run in that order, the same
-// bits as on the compute stream.
+// then a copy of its C, then norms of the copy, then an axpy that reads
+// them run in that order, the same bits as on the compute stream.
 TEST_F(ComputeEntries, CommStreamWorkCompletesInOrderWithACopyAfterIt) {
   GemmData d = gemm_data(96, 80, 112, 3, 0, 1, 0, 31);
   GemmData inline_d = d;  // the same inputs, for the compute stream
@@ -417,11 +417,19 @@ TEST_F(ComputeEntries, CommStreamWorkCompletesInOrderWithACopyAfterIt) {
     batch_rows.ptr = copied.data() + p * d.g.stride_c;
     ASSERT_EQ(h->norm(h->ctx, &batch_rows, norms.data() + p * 96, comm), DDP_OK);
   }
+  // Then each of the first product's row norms into y, as an axpy's scalars
+  // (read when the axpy runs, not when it is enqueued: still NaN then).
+  std::vector<float> ones(96, 1.0f), y(96, 0.0f);
+  const ddp_vectors one_each{ones.data(), 1, 1, 96, 1}, y_each{y.data(), 1, 1, 96, 1};
+  ASSERT_EQ(h->axpy(h->ctx, 1.0, &one_each, norms.data(), &y_each, comm), DDP_OK);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_TRUE(std::isnan(copied[0]));  // the stream is held: nothing ran
+  EXPECT_TRUE(same_bits(d.c, inline_d.c));  // the stream is held: nothing ran
+  EXPECT_TRUE(std::isnan(copied[0]));
   EXPECT_TRUE(std::isnan(norms[0]));
+  EXPECT_EQ(y[0], 0.0f);
   open = true;
   drain_comm();
+  EXPECT_TRUE(same_bits(y, std::vector<float>(norms.begin(), norms.begin() + 96)));
 
   ASSERT_EQ(h->gemm(h->ctx, &inline_d.g, compute), DDP_OK);
   EXPECT_TRUE(same_bits(d.c, inline_d.c));
