@@ -18,6 +18,10 @@
 // CPU and a GPU give the same bits for those four. gemm is OpenBLAS's or
 // cuBLAS's (deterministic for one library build, thread count and GPU
 // model; not equal between them).
+//
+// Not here: argument checks (engine/host/host_compute.cpp refuses what
+// these would misread), dtypes other than float32, and any wait: nothing
+// returns a value to the host.
 #pragma once
 
 #include <cstddef>

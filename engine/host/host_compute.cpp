@@ -17,8 +17,9 @@
 namespace ddp {
 
 Compute& HostServices::compute() {
-  // A throw leaves the flag unset: the next call tries again.
-  std::call_once(compute_made, [&] { compute_work = make_compute(device->kind()); });
+  // A throw (no cuBLAS) leaves it unmade: the next call tries again.
+  std::lock_guard<std::mutex> lock(compute_mutex);
+  if (!compute_work) compute_work = make_compute(device->kind());
   return *compute_work;
 }
 

@@ -93,8 +93,8 @@ struct HostServices {
   // call (host_compute.cpp), so that a CUDA run makes cuBLAS handles only
   // where a strategy computes. Thread-safe.
   Compute& compute();
-  std::once_flag compute_made;
-  std::unique_ptr<Compute> compute_work;  // compute()'s
+  std::mutex compute_mutex;
+  std::unique_ptr<Compute> compute_work;  // compute()'s, under compute_mutex
 };
 
 // One plugin's view of the host: its TOML section and its ddp_host struct.
