@@ -411,6 +411,7 @@ PluginHost::PluginHost(HostServices& services, const PluginSection& section, std
   host_.add = H::add;
   host_.split = H::split;
   host_.group = H::group;
+  install_compute_entries(host_);
 }
 
 void PluginHost::check(ddp_status status, const char* entry) const {

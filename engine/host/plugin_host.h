@@ -9,11 +9,14 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include <ddp/plugin.hpp>
 
+#include "compute.h"
 #include "device.h"
 #include "model.h"
 #include "plugin_section.h"
@@ -93,6 +96,13 @@ struct HostServices {
   std::vector<std::pair<size_t, Tensor>> held_values;
   // Parameter `index`; throws Error "<entry>: parameter index ..." outside the table.
   Parameter& param_at(const char* entry, size_t index) const;
+
+  // The device work of ddp_host's compute entries (1.9), made by the first
+  // call (host_compute.cpp), so that a CUDA run makes cuBLAS handles only
+  // where a strategy computes. Thread-safe.
+  Compute& compute();
+  std::mutex compute_mutex;
+  std::unique_ptr<Compute> compute_work;  // compute()'s, under compute_mutex
 };
 
 // One plugin's view of the host: its TOML section and its ddp_host struct.
@@ -109,6 +119,7 @@ class PluginHost {
 
  private:
   friend struct HostCallbacks;
+  friend struct HostCompute;  // host_compute.cpp
   HostServices& services_;
   const PluginSection& section_;
   std::string label_;  // "strategy plugin 'naive'"
@@ -116,6 +127,10 @@ class PluginHost {
   uint64_t caps_ = 0;
   ddp_host host_{};
 };
+
+// Sets the compute entries of `host` (gemm, dot, norm, axpy, normalize;
+// ABI 1.9), a PluginHost's vtable: host_compute.cpp.
+void install_compute_entries(ddp_host& host);
 
 // The error text a plugin set on the calling thread (and clears it).
 std::string take_plugin_error();

@@ -192,6 +192,55 @@ class Host {
     check(h_->convert(h_->ctx, &dst, &src, s));
   }
 
+  // Compute on the run's device (ABI 1.9; see ddp_host::gemm): float32,
+  // enqueued on `s` as copy is. An older engine refuses by name.
+  void gemm(const ddp_gemm& g, ddp_stream s) const {
+    require_compute(DDP_HOST_HAS(h_, gemm), "gemm");
+    check(h_->gemm(h_->ctx, &g, s));
+  }
+  void dot(const ddp_vectors& x, const ddp_vectors& y, float* out, ddp_stream s) const {
+    require_compute(DDP_HOST_HAS(h_, dot), "dot");
+    check(h_->dot(h_->ctx, &x, &y, out, s));
+  }
+  void norm(const ddp_vectors& x, float* out, ddp_stream s) const {
+    require_compute(DDP_HOST_HAS(h_, norm), "norm");
+    check(h_->norm(h_->ctx, &x, out, s));
+  }
+  // y_i += alpha scalars[i] x_i; scalars (device floats, a dot's out) may be null: 1.
+  void axpy(double alpha, const ddp_vectors& x, const float* scalars, const ddp_vectors& y, ddp_stream s) const {
+    require_compute(DDP_HOST_HAS(h_, axpy), "axpy");
+    check(h_->axpy(h_->ctx, alpha, &x, scalars, &y, s));
+  }
+  void normalize(const ddp_vectors& x, double eps, ddp_stream s) const {
+    require_compute(DDP_HOST_HAS(h_, normalize), "normalize");
+    check(h_->normalize(h_->ctx, &x, eps, s));
+  }
+  // One product C = A B (alpha 1, beta 0, batch 1) of this header's
+  // struct_size, for the caller to fill in.
+  static ddp_gemm gemm_desc() {
+    ddp_gemm g{};
+    g.struct_size = sizeof(ddp_gemm);
+    g.alpha = 1.0;
+    g.batch = 1;
+    return g;
+  }
+  // The rows, or the columns, of a row-major matrix [rows, cols] whose rows
+  // are `ld` elements apart.
+  static ddp_vectors rows_of(float* ptr, size_t rows, size_t cols, size_t ld) {
+    return ddp_vectors{ptr, cols, 1, rows, ld};
+  }
+  static ddp_vectors columns_of(float* ptr, size_t rows, size_t cols, size_t ld) {
+    return ddp_vectors{ptr, rows, ld, cols, 1};
+  }
+  // The compute wrappers' refusal where the engine is older than 1.9.
+  void require_compute(bool has, const char* entry) const {
+    if (!has)
+      throw Failure(DDP_ERR_UNSUPPORTED, std::string(entry) + ": this engine's ABI " +
+                                             std::to_string(DDP_ABI_MAJOR(h_->abi_version)) + "." +
+                                             std::to_string(DDP_ABI_MINOR(h_->abi_version)) +
+                                             " lacks it (it needs ABI 1.9 or newer)");
+  }
+
   ddp_stream compute_stream() const { return h_->compute_stream(h_->ctx); }
   ddp_stream comm_stream() const { return h_->comm_stream(h_->ctx); }
   // A stream's native handle: a cudaStream_t on CUDA, NULL on the CPU.
