@@ -1,6 +1,7 @@
 // comm.cpp — the nccl transport's communicator (comm.h): messages, the
 // watchdog, destroy and abort, and the destructor that finalises NCCL's
-// communicator. The world's and every group's alike.
+// communicator. The world's and every group's alike. Not here: making a
+// communicator (ncclCommInitRankConfig, ncclCommSplit: nccl_transport.cpp).
 #include "comm.h"
 
 #include <algorithm>
