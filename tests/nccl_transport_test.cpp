@@ -12,7 +12,9 @@
 // ddp_host built here (stream_native returns it; launch_host_func is
 // cudaLaunchHostFunc and a failing host function fails the stream, as the
 // engine's CUDA device is to do); that entries enqueue on that stream without
-// waiting for it; the watchdog's timeout and the abort entry.
+// waiting for it; the watchdog's timeout and the abort entry; groups (ABI
+// 1.9 split): a world of one split into a group of one and again (one GPU),
+// and two ranks split two ways (two GPUs).
 //
 // All CUDA work runs in forked children (tests/multirank.h): the CUDA runtime
 // does not survive fork(), so this process never initialises it (even the GPU
@@ -48,6 +50,7 @@
 #include "multirank.h"
 #include "plugin_loader.h"
 #include "rank_checks.h"
+#include "split_membership.h"
 #include "store.h"
 
 namespace ddp {
@@ -354,7 +357,7 @@ TEST(NcclPlugin, Descriptor) {
   const ddp_transport_v1_t* t = plugin->transport();
   ASSERT_NE(t, nullptr);
   EXPECT_STREQ(t->name, "nccl");
-  EXPECT_STREQ(t->version, "0.2.0");
+  EXPECT_STREQ(t->version, "0.3.0");
   EXPECT_EQ(t->abi_version, DDP_ABI_VERSION);
   EXPECT_EQ(t->struct_size, sizeof(ddp_transport_v1_t));
   EXPECT_EQ(t->caps, DDP_CAP_DEVICE_CUDA);  // GPU memory only
@@ -622,6 +625,169 @@ TEST_P(NcclCollectives, BarrierThenAllReduce) {
 
 INSTANTIATE_TEST_SUITE_P(World, NcclCollectives, ::testing::Values(1, 2),
                          [](const ::testing::TestParamInfo<int>& info) { return "world" + std::to_string(info.param); });
+
+// ------------------------------------------------------------------ groups
+
+// One rank's communicator of a group (ABI 1.9 split), made as the engine
+// makes it (split_membership.h), destroyed before its parent once the
+// stream is drained. `world`: each member's world rank, in group order.
+class NcclGroup {
+ public:
+  NcclGroup(Rank& rank, const std::vector<int>& colors, const std::vector<int>& keys, const std::string& tag,
+            ddp_comm* parent = nullptr, std::vector<int> parent_world = {}, int me = -1)
+      : rank_(rank), tag_(tag) {
+    if (parent == nullptr) {
+      parent = rank.comm();
+      for (int p = 0; p < rank.world(); ++p) parent_world.push_back(p);
+      me = rank.host().get()->rank;
+    }
+    const test::Membership m = test::membership(colors, keys, me);
+    for (int p : m.members) world_.push_back(parent_world[size_t(p)]);
+    rank_in_ = m.rank;
+    const ddp_split how = test::split_request(m, colors[size_t(me)], keys[size_t(me)], tag_);
+    rank.check(rank.t()->split(parent, &how, &comm_), "split");
+  }
+  ~NcclGroup() {
+    cudaStreamSynchronize(rank_.host().native());
+    if (comm_) rank_.t()->destroy(comm_);
+  }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+
+  ddp_comm* comm() const { return comm_; }
+  int rank() const { return rank_in_; }
+  int size() const { return int(world_.size()); }
+  const std::vector<int>& world() const { return world_; }
+
+  template <typename T>
+  void all_reduce(const DeviceArray<T>& a, ddp_reduce_op op) {
+    const ddp_buffer b = a.buffer();
+    rank_.check(rank_.t()->all_reduce(comm_, &b, op, rank_.stream()), "group all_reduce");
+  }
+  template <typename T>
+  void broadcast(const DeviceArray<T>& a, int root) {
+    const ddp_buffer b = a.buffer();
+    rank_.check(rank_.t()->broadcast(comm_, &b, root, rank_.stream()), "group broadcast");
+  }
+  template <typename T>
+  void all_gather(const DeviceArray<T>& send, const DeviceArray<T>& recv) {
+    const ddp_buffer s = send.buffer(), r = recv.buffer();
+    rank_.check(rank_.t()->all_gather(comm_, &s, &r, rank_.stream()), "group all_gather");
+  }
+  template <typename T>
+  void reduce_scatter(const DeviceArray<T>& send, const DeviceArray<T>& recv, ddp_reduce_op op) {
+    const ddp_buffer s = send.buffer(), r = recv.buffer();
+    rank_.check(rank_.t()->reduce_scatter(comm_, &s, &r, op, rank_.stream()), "group reduce_scatter");
+  }
+  void barrier() { rank_.check(rank_.t()->barrier(comm_, rank_.stream()), "group barrier"); }
+
+ private:
+  Rank& rank_;
+  std::string tag_;
+  std::vector<int> world_;
+  int rank_in_ = -1;
+  ddp_comm* comm_ = nullptr;
+};
+
+// Every collective on `g` against closed forms over its members' world
+// ranks m (this rank: me, place q of s), as transport_test's groups:
+// all_reduce SUM of (m + 1)(i % 13 + 1) and AVG of s(m + i % 7), broadcast
+// from root s - 1, all_gather of m·1000 + i in group order, reduce_scatter
+// SUM of (m + 1) j, then a barrier and one more all_reduce.
+void check_group_collectives(Rank& rank, NcclGroup& g, int me) {
+  const int s = g.size(), q = g.rank();
+  double members = 0;
+  for (int m : g.world()) members += m;
+  for (size_t n : {size_t{1}, size_t{7}, size_t{1000}}) {
+    const std::string at = " in a group of " + std::to_string(s) + ", count " + std::to_string(n);
+    std::vector<float> sum(n), avg(n), bcast(n), send(n), rs(n * s);
+    for (size_t i = 0; i < n; ++i) {
+      sum[i] = float((me + 1) * int(i % 13 + 1));
+      avg[i] = float(s * (me + int(i % 7)));
+      bcast[i] = float((me + 1) * 1000 + int(i));
+      send[i] = float(me * 1000 + int(i));
+    }
+    for (size_t j = 0; j < n * s; ++j) rs[j] = float(me + 1) * float(j);
+    DeviceArray<float> dsum(sum), davg(avg), dbcast(bcast), dsend(send), drecv(std::vector<float>(n * s, -1.0f)),
+        drs(rs), drs_recv(std::vector<float>(n, -1.0f));
+    g.all_reduce(dsum, DDP_REDUCE_SUM);
+    g.all_reduce(davg, DDP_REDUCE_AVG);
+    g.broadcast(dbcast, s - 1);
+    g.all_gather(dsend, drecv);
+    g.reduce_scatter(drs, drs_recv, DDP_REDUCE_SUM);
+    g.barrier();
+    rank.sync();
+    check_all("group all_reduce SUM" + at, dsum.read(), [&](size_t i) { return (members + s) * double(i % 13 + 1); });
+    check_all("group all_reduce AVG" + at, davg.read(), [&](size_t i) { return members + s * double(i % 7); });
+    check_all("group broadcast from root s - 1" + at, dbcast.read(),
+              [&](size_t i) { return (g.world().back() + 1) * 1000 + int(i); });
+    check_all("group all_gather" + at, drecv.read(), [&](size_t j) { return g.world()[j / n] * 1000 + int(j % n); });
+    check_all("group reduce_scatter SUM" + at, drs_recv.read(),
+              [&](size_t i) { return (members + s) * double(size_t(q) * n + i); });
+  }
+}
+
+TEST(NcclGroups, DescriptorOffersSplit) {
+  auto plugin = load_nccl();
+  EXPECT_TRUE(DDP_PLUGIN_HAS(plugin->transport(), split));
+}
+
+// The one split a single GPU allows: a world of one into a group of one,
+// and that group split again. Each collective on the groups, between
+// collectives of the world on the same stream; the group's arguments
+// checked against its size; a bad request refused before NCCL sees it.
+TEST(NcclGroups, AWorldOfOneSplitIntoAGroupOfOneAndAgain) {
+  REQUIRE_GPUS(1);
+  EXPECT_RANKS_OK(run_ranks(1, [](int, const std::string& dir) {
+    Rank rank(0, 1, dir);
+    ddp_split bad{};
+    bad.struct_size = sizeof(ddp_split);
+    bad.color = -1;
+    bad.size = 1;
+    bad.tag = "ddp.group.0.0";
+    ddp_comm* none = nullptr;
+    if (rank.t()->split(rank.comm(), &bad, &none) != DDP_ERR_INVALID_ARGUMENT || none != nullptr)
+      fail("a negative color was not refused");
+    if (std::string e = take_error(); e != "nccl split: color -1 is negative") fail("refused with '" + e + "'");
+
+    DeviceArray<float> before(std::vector<float>(16, 2.0f));
+    rank.all_reduce(before, DDP_REDUCE_SUM);
+    NcclGroup g(rank, {0}, {0}, "ddp.group.1.0");
+    if (g.size() != 1 || g.rank() != 0) fail("a world of one split into a group of " + std::to_string(g.size()));
+    check_group_collectives(rank, g, 0);
+    NcclGroup nested(rank, {0}, {0}, "ddp.group.2.0", g.comm(), g.world(), g.rank());
+    check_group_collectives(rank, nested, 0);
+
+    DeviceArray<float> x(std::vector<float>(4, 3.0f));
+    const ddp_buffer b = x.buffer();
+    if (rank.t()->broadcast(g.comm(), &b, 1, rank.stream()) != DDP_ERR_INVALID_ARGUMENT)
+      fail("broadcast from root 1 of a group of one was not refused");
+    if (std::string e = take_error(); e != "broadcast: root 1 out of range") fail("refused with '" + e + "'");
+    rank.all_reduce(x, DDP_REDUCE_AVG);
+    g.all_reduce(x, DDP_REDUCE_SUM);
+    rank.barrier();
+    g.barrier();
+    rank.sync();
+    check_all("world all_reduce before the split", before.read(), [](size_t) { return 2.0; });
+    check_all("world and group all_reduce of one rank", x.read(), [](size_t) { return 3.0; });
+  }));
+}
+
+// Two GPUs: groups of one (color = rank) and one group of both with keys
+// reversed, so that its rank 0 is world rank 1 (all_gather's order and the
+// broadcast's root say which is which).
+TEST(NcclGroups, TwoRanksSplitIntoOnesAndIntoAReversedPair) {
+  REQUIRE_GPUS(2);
+  EXPECT_RANKS_OK(run_ranks(2, [](int r, const std::string& dir) {
+    Rank rank(r, 2, dir);
+    NcclGroup alone(rank, {0, 1}, {0, 0}, "ddp.group.1." + std::to_string(r));
+    NcclGroup pair(rank, {0, 0}, {1, 0}, "ddp.group.2.0");
+    if (alone.size() != 1 || pair.size() != 2 || pair.world() != std::vector<int>{1, 0} || pair.rank() != 1 - r)
+      fail("the groups are not the ones computed");
+    check_group_collectives(rank, alone, r);
+    check_group_collectives(rank, pair, r);
+  }, /*timeout_s=*/120));
+}
 
 // ------------------------------------------------- streams and the watchdog
 

@@ -3,9 +3,12 @@
 // and a job's failure text and status), the argument checks with their exact
 // refusals, and launch_job's contract (run once, or only released when
 // cancelled or refused). No engine and no transport: the header alone.
+// Also the checks on a group's communicator (its size given) and of split's
+// request (ABI 1.9).
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -167,6 +170,89 @@ TEST(TransportHelperShapes, ReduceScatterSendHoldsWorldTimesRecv) {
   const ddp_buffer ints{x, 4, DDP_INT32, DDP_DEVICE_CPU};
   EXPECT_EQ(dp::check_reduce_scatter(h.get(), floats(x, 12), ints), DDP_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(h.error, refusal);
+}
+
+// ------------------------------------------------------------------ groups
+
+// The overloads that take a communicator's size (a group's, ABI 1.9): its
+// ranks bound the root and set the counts; at the world's size they word
+// a refusal as the world's overloads do.
+TEST(TransportHelperGroupSize, RootAndCountsAreTheGroupsAndTheWordsSayWhichSize) {
+  FakeHost h(/*world_size=*/4);
+  float x[16] = {};
+  EXPECT_EQ(dp::check_root(h.get(), 1, 2), DDP_OK);
+  EXPECT_EQ(dp::check_all_gather(h.get(), floats(x, 3), floats(x, 6), 2), DDP_OK);
+  EXPECT_EQ(dp::check_reduce_scatter(h.get(), floats(x, 6), floats(x, 3), 2), DDP_OK);
+  EXPECT_EQ(dp::check_all_gather(h.get(), floats(x, 3), floats(x, 3), 1), DDP_OK);
+  EXPECT_EQ(h.errors_set, 0);
+
+  EXPECT_EQ(dp::check_root(h.get(), 2, 2), DDP_ERR_INVALID_ARGUMENT);  // a rank of the world, not of the group
+  EXPECT_EQ(h.error, "broadcast: root 2 out of range (a group of 2 ranks)");
+  EXPECT_EQ(dp::check_root(h.get(), 1, 1), DDP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(h.error, "broadcast: root 1 out of range (a group of 1 rank)");
+  EXPECT_EQ(dp::check_all_gather(h.get(), floats(x, 3), floats(x, 12), 2), DDP_ERR_INVALID_ARGUMENT);  // the world's
+  EXPECT_EQ(h.error, "all_gather: recv must hold send.count * the group's size (2) elements of send's dtype");
+  EXPECT_EQ(dp::check_reduce_scatter(h.get(), floats(x, 12), floats(x, 3), 2), DDP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(h.error, "reduce_scatter: send must hold recv.count * the group's size (2) elements of recv's dtype");
+  const ddp_buffer doubles{x, 6, DDP_FLOAT64, DDP_DEVICE_CPU};
+  EXPECT_EQ(dp::check_all_gather(h.get(), floats(x, 3), doubles, 2), DDP_ERR_INVALID_ARGUMENT);
+
+  // At the world's size, the world's words, as the old overloads have them.
+  EXPECT_EQ(dp::check_root(h.get(), 4, 4), DDP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(h.error, "broadcast: root 4 out of range");
+  EXPECT_EQ(dp::check_all_gather(h.get(), floats(x, 2), floats(x, 7), 4), DDP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(h.error, "all_gather: recv must hold send.count * world_size elements of send's dtype");
+  EXPECT_EQ(dp::check_reduce_scatter(h.get(), floats(x, 7), floats(x, 2), 4), DDP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(h.error, "reduce_scatter: send must hold recv.count * world_size elements of recv's dtype");
+}
+
+ddp_split request(int color, int rank, int size, const char* tag) {
+  ddp_split how{};
+  how.struct_size = sizeof(ddp_split);
+  how.color = color;
+  how.key = 0;
+  how.rank = rank;
+  how.size = size;
+  how.tag = tag;
+  return how;
+}
+
+TEST(TransportHelperSplit, RefusesWhatNoGroupCanBe) {
+  FakeHost h(/*world_size=*/4);
+  ddp_split good = request(3, 1, 2, "ddp.group.1.3");
+  EXPECT_EQ(dp::check_split(h.get(), &good, 4, "mine"), DDP_OK);
+  ddp_split alone = request(0, 0, 1, "t");
+  EXPECT_EQ(dp::check_split(h.get(), &alone, 1, "mine"), DDP_OK);
+  ddp_split whole = request(0, 3, 4, "t");
+  EXPECT_EQ(dp::check_split(h.get(), &whole, 4, "mine"), DDP_OK);
+  EXPECT_EQ(h.errors_set, 0);
+
+  const std::string limits = ": a group has 1 to the parent's ranks, and its rank is below its size";
+  auto refused = [&](const ddp_split* how, int parent, const std::string& text) {
+    h.error.clear();
+    EXPECT_EQ(dp::check_split(h.get(), how, parent, "mine"), DDP_ERR_INVALID_ARGUMENT) << text;
+    EXPECT_EQ(h.error, "mine split: " + text);
+  };
+  refused(nullptr, 4, "NULL request");
+  ddp_split how = request(-2, 0, 1, "t");
+  refused(&how, 4, "color -2 is negative");
+  how = request(0, 2, 2, "t");
+  refused(&how, 4, "rank 2 of a group of 2 ranks, from a parent of 4" + limits);
+  how = request(0, -1, 2, "t");
+  refused(&how, 4, "rank -1 of a group of 2 ranks, from a parent of 4" + limits);
+  how = request(0, 0, 0, "t");
+  refused(&how, 4, "rank 0 of a group of 0 ranks, from a parent of 4" + limits);
+  how = request(0, 0, 3, "t");
+  refused(&how, 2, "rank 0 of a group of 3 ranks, from a parent of 2" + limits);  // a nested split's parent
+  how = request(0, 0, 1, "");
+  refused(&how, 4, "no tag (the group's name in the rendezvous)");
+  how = request(0, 0, 1, nullptr);
+  refused(&how, 4, "no tag (the group's name in the rendezvous)");
+  how = request(0, 0, 1, "t");
+  how.struct_size = offsetof(ddp_split, tag);  // an engine whose request ends before the tag
+  refused(&how, 4, "the request is " + std::to_string(offsetof(ddp_split, tag)) +
+                       " bytes; its fields through tag take " +
+                       std::to_string(offsetof(ddp_split, tag) + sizeof(const char*)));
 }
 
 // ------------------------------------------------------------------ jobs

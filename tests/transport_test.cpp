@@ -9,7 +9,10 @@
 // Usage: transport_test [--transport NAME|PATH] [--set transport.key=value]...
 //                       [GoogleTest flags]
 // (default gloo, its default keys). Tests of the gloo plugin's own wording
-// skip for others.
+// skip for others. Groups (ABI 1.9, split): every collective within groups
+// of worlds 2 to 4 against closed forms over their members, beside the
+// world's, nested, of one rank, and a member that never issues one; they
+// skip for a transport without split.
 #include <unistd.h>
 
 #include <atomic>
@@ -20,6 +23,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -40,6 +44,7 @@
 #include "multirank.h"
 #include "plugin_loader.h"
 #include "rank_checks.h"
+#include "split_membership.h"
 #include "store.h"
 #include "transport_rank.h"
 
@@ -506,6 +511,475 @@ TEST_P(Collectives, MixedSequenceWithoutWaiting) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, Collectives, ::testing::Values(1, 2, 3, 4, 6),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "world" + std::to_string(info.param);
+                         });
+
+// ------------------------------------------------------------------ groups
+
+// Groups (ABI 1.9, the transport's optional split), made as the engine makes
+// them: every rank's color and key known to all, the membership computed
+// here (split_membership.h), split called on every rank of the parent with
+// this rank's place, its group's size and a tag unique to the group. Every
+// collective on a group is then checked against closed forms over its
+// members alone, named by their world ranks.
+
+TEST(SplitMembership, OrdersByKeyThenParentRank) {
+  using test::membership;
+  // colors 0 1 0 1 0, keys 3 0 1 0 1: color 0 is parent ranks 0, 2, 4 with
+  // keys 3, 1, 1 -> 2, 4 (a tie: parent order), 0.
+  const std::vector<int> colors = {0, 1, 0, 1, 0}, keys = {3, 0, 1, 0, 1};
+  EXPECT_EQ(membership(colors, keys, 0).members, (std::vector<int>{2, 4, 0}));
+  EXPECT_EQ(membership(colors, keys, 0).rank, 2);
+  EXPECT_EQ(membership(colors, keys, 4).rank, 1);
+  EXPECT_EQ(membership(colors, keys, 2).rank, 0);
+  EXPECT_EQ(membership(colors, keys, 3).members, (std::vector<int>{1, 3}));
+  EXPECT_EQ(membership(colors, keys, 3).rank, 1);
+  // Keys reversed: the group's order is the parent's backwards.
+  EXPECT_EQ(membership({0, 0, 0}, {0, -1, -2}, 0).members, (std::vector<int>{2, 1, 0}));
+  EXPECT_EQ(membership({5}, {0}, 0).size(), 1);
+  EXPECT_THROW(membership({0, 1}, {0}, 0), std::invalid_argument);
+}
+
+bool transport_has_split() {
+  auto plugin = load_plugin(PluginKind::Transport, g_transport, DDP_TEST_PLUGIN_DIR);
+  return DDP_PLUGIN_HAS(plugin->transport(), split);
+}
+
+// Group cases need the transport's split; one without it (optional since
+// ABI 1.9) skips them, saying so. Loading runs nothing of the transport.
+#define REQUIRE_SPLIT()     \
+  if (!transport_has_split()) \
+  GTEST_SKIP() << g_transport << " has no split (optional since ABI 1.9): it makes no groups"
+
+// One rank's communicator of a group: made with split from `parent` (the
+// world's, or another group's) on every rank of it, collectives on the
+// rank's comm stream, destroyed before its parent (the stream drained
+// first, as the engine does). `world` names each member's world rank.
+class Group {
+ public:
+  // parent_world[p]: parent rank p's world rank; me: this rank in parent;
+  // colors and keys: every parent rank's.
+  Group(Rank& rank, ddp_comm* parent, const std::vector<int>& parent_world, int me, const std::vector<int>& colors,
+        const std::vector<int>& keys, const std::string& tag)
+      : rank_(rank), tag_(tag) {
+    const test::Membership m = test::membership(colors, keys, me);
+    for (int p : m.members) world_.push_back(parent_world[size_t(p)]);
+    rank_in_ = m.rank;
+    const ddp_split how = test::split_request(m, colors[size_t(me)], keys[size_t(me)], tag_);
+    rank.check(rank.t()->split(parent, &how, &comm_), "split");
+    if (comm_ == nullptr) fail("split " + tag + " returned DDP_OK and no communicator");
+  }
+  // A group of the world.
+  Group(Rank& rank, const std::vector<int>& colors, const std::vector<int>& keys, const std::string& tag)
+      : Group(rank, rank.comm(), iota(rank.world()), rank.rank(), colors, keys, tag) {}
+  // A group of another group (a split of a split).
+  Group(Group& parent, const std::vector<int>& colors, const std::vector<int>& keys, const std::string& tag)
+      : Group(parent.rank_, parent.comm_, parent.world_, parent.rank_in_, colors, keys, tag) {}
+  ~Group() {
+    try {
+      rank_.device().comm_stream().synchronize();
+    } catch (...) {  // a failed stream is drained all the same
+    }
+    rank_.t()->destroy(comm_);
+  }
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  int rank() const { return rank_in_; }
+  int size() const { return int(world_.size()); }
+  const std::vector<int>& world() const { return world_; }  // [size]: each member's world rank
+  int sum_of_world_ranks() const { return std::accumulate(world_.begin(), world_.end(), 0); }
+  const std::string& tag() const { return tag_; }
+  ddp_comm* comm() const { return comm_; }
+
+  template <typename T>
+  void all_reduce(std::vector<T>& v, ddp_reduce_op op) {
+    rank_.check(rank_.t()->all_reduce(comm_, ptr(buffer_of(v)), op, rank_.stream()), "group all_reduce");
+  }
+  template <typename T>
+  void broadcast(std::vector<T>& v, int root) {
+    rank_.check(rank_.t()->broadcast(comm_, ptr(buffer_of(v)), root, rank_.stream()), "group broadcast");
+  }
+  template <typename T>
+  void all_gather(std::vector<T>& send, std::vector<T>& recv) {
+    rank_.check(rank_.t()->all_gather(comm_, ptr(buffer_of(send)), ptr(buffer_of(recv)), rank_.stream()),
+                "group all_gather");
+  }
+  template <typename T>
+  void reduce_scatter(std::vector<T>& send, std::vector<T>& recv, ddp_reduce_op op) {
+    rank_.check(rank_.t()->reduce_scatter(comm_, ptr(buffer_of(send)), ptr(buffer_of(recv)), op, rank_.stream()),
+                "group reduce_scatter");
+  }
+  void barrier() { rank_.check(rank_.t()->barrier(comm_, rank_.stream()), "group barrier"); }
+
+  static std::vector<int> iota(int n) {
+    std::vector<int> v(size_t(n), 0);
+    std::iota(v.begin(), v.end(), 0);
+    return v;
+  }
+
+ private:
+  Rank& rank_;
+  std::string tag_;
+  std::vector<int> world_;
+  int rank_in_ = -1;
+  ddp_comm* comm_ = nullptr;
+};
+
+// Every collective on `g` against closed forms over its members' world
+// ranks m (this rank: me, place q of s): all_reduce SUM of (m + 1)(i % 13 +
+// 1) and AVG of s(m + i % 7) (exact: the sum is a multiple of s); broadcast
+// from the group's root 0 and s - 1 (float32, int32); all_gather of
+// m·1000 + i in the group's order; reduce_scatter SUM of (m + 1) j and AVG
+// of s(m + j), of which rank q holds [q n, (q + 1) n); and a barrier that
+// every member's mark precedes (group rank 0 arrives late). Every value is
+// exact in float32.
+void check_group_collectives(Rank& rank, Group& g, const std::string& dir) {
+  namespace fs = std::filesystem;
+  const int s = g.size(), q = g.rank(), me = rank.rank();
+  const double members = g.sum_of_world_ranks();  // sum of m
+  const std::string at = " in group " + g.tag() + " (rank " + std::to_string(q) + " of " + std::to_string(s) + ")";
+  for (size_t n : kCounts) {
+    const std::string count = at + " count " + std::to_string(n);
+    std::vector<float> sum(n), avg(n), bcast_first(n), send(n), recv(n * s, -1.0f);
+    std::vector<int32_t> bcast_last(n);
+    std::vector<float> rs_sum_send(n * s), rs_avg_send(n * s), rs_sum(n, -1.0f), rs_avg(n, -1.0f);
+    for (size_t i = 0; i < n; ++i) {
+      sum[i] = float((me + 1) * int(i % 13 + 1));
+      avg[i] = float(s * (me + int(i % 7)));
+      bcast_first[i] = float((me + 1) * 1000 + int(i));
+      bcast_last[i] = -((me + 1) * 1000 + int(i));
+      send[i] = float(me * 1000 + int(i));
+    }
+    for (size_t j = 0; j < n * s; ++j) {
+      rs_sum_send[j] = float(me + 1) * float(j);
+      rs_avg_send[j] = float(s) * float(me + int(j));
+    }
+    g.all_reduce(sum, DDP_REDUCE_SUM);
+    g.all_reduce(avg, DDP_REDUCE_AVG);
+    g.broadcast(bcast_first, 0);
+    g.broadcast(bcast_last, s - 1);
+    g.all_gather(send, recv);
+    g.reduce_scatter(rs_sum_send, rs_sum, DDP_REDUCE_SUM);
+    g.reduce_scatter(rs_avg_send, rs_avg, DDP_REDUCE_AVG);
+    rank.sync();
+    check_all("group all_reduce SUM" + count, sum, [&](size_t i) { return (members + s) * double(i % 13 + 1); });
+    check_all("group all_reduce AVG" + count, avg, [&](size_t i) { return members + s * double(i % 7); });
+    check_all("group broadcast from root 0" + count, bcast_first,
+              [&](size_t i) { return (g.world().front() + 1) * 1000 + int(i); });
+    check_all("group broadcast from root s - 1" + count, bcast_last,
+              [&](size_t i) { return -((g.world().back() + 1) * 1000 + int(i)); });
+    check_all("group all_gather" + count, recv, [&](size_t j) { return g.world()[j / n] * 1000 + int(j % n); });
+    check_all("group reduce_scatter SUM" + count, rs_sum,
+              [&](size_t i) { return (members + s) * double(size_t(q) * n + i); });
+    check_all("group reduce_scatter AVG" + count, rs_avg,
+              [&](size_t i) { return members + s * double(size_t(q) * n + i); });
+  }
+  // The barrier: each member leaves a mark just before it, rank 0 late; past
+  // it, every member's mark is there.
+  const fs::path marks = fs::path(dir) / ("marks." + g.tag());
+  fs::create_directories(marks);
+  g.barrier();
+  rank.sync();
+  if (q == 0) std::this_thread::sleep_for(200ms);
+  std::ofstream(marks / std::to_string(q)).put('x');
+  g.barrier();
+  rank.sync();
+  for (int p = 0; p < s; ++p)
+    if (!fs::exists(marks / std::to_string(p)))
+      fail("left the barrier" + at + " before its rank " + std::to_string(p) + " reached it");
+}
+
+class Groups : public ::testing::TestWithParam<int> {
+ protected:
+  int world() const { return GetParam(); }
+};
+
+// Two splits of the world by rank % 2, both alive at once: keys in world
+// order, then reversed (so that the group's order is not the world's: the
+// all_gather's order and the broadcast's roots say which rank is which).
+TEST_P(Groups, EveryCollectiveWithinEachGroup) {
+  REQUIRE_SPLIT();
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    std::vector<int> colors(static_cast<size_t>(w)), keys(static_cast<size_t>(w)), reversed(static_cast<size_t>(w));
+    for (int p = 0; p < w; ++p) {
+      colors[size_t(p)] = p % 2;
+      keys[size_t(p)] = p;
+      reversed[size_t(p)] = -p;
+    }
+    Group in_order(rank, colors, keys, "ddp.group.1." + std::to_string(r % 2));
+    Group backwards(rank, colors, reversed, "ddp.group.2." + std::to_string(r % 2));
+    const int s = (w - r % 2 + 1) / 2;  // ranks of w with r's parity
+    if (in_order.size() != s || backwards.size() != s) fail("a group of " + std::to_string(in_order.size()));
+    if (backwards.world().front() != in_order.world().back()) fail("the reversed keys did not reverse the group");
+    check_group_collectives(rank, in_order, dir);
+    check_group_collectives(rank, backwards, dir);
+  }));
+}
+
+// Collectives of the world and of a group, enqueued in one fixed order on
+// the same stream without waiting in between, then one wait: each keeps
+// its own communicator's sequence, none mixes with another's.
+TEST_P(Groups, GroupAndWorldCollectivesInterleavedOnOneStream) {
+  REQUIRE_SPLIT();
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    std::vector<int> colors(static_cast<size_t>(w)), keys(static_cast<size_t>(w));
+    for (int p = 0; p < w; ++p) {
+      colors[size_t(p)] = p % 2;
+      keys[size_t(p)] = w - p;  // reversed
+    }
+    Group g(rank, colors, keys, "ddp.group.1." + std::to_string(r % 2));
+    const int s = g.size(), q = g.rank();
+    const double members = g.sum_of_world_ranks();
+    const size_t n = 100;
+    std::vector<float> world_sum(n, float(r + 1)), group_sum(n, float(r + 1)), world_avg(n, float(w * r));
+    std::vector<float> group_send(n, float(r)), group_recv(n * s, -1.0f), world_send(n, float(r * 10)),
+        world_recv(n * w, -1.0f);
+    std::vector<float> world_bcast(n, float(r)), group_bcast(n, float(r)), rs_send(n * s), rs_recv(n, -1.0f);
+    for (size_t j = 0; j < n * s; ++j) rs_send[j] = float(r + 1) * float(j);
+    rank.all_reduce(world_sum, DDP_REDUCE_SUM);
+    g.all_reduce(group_sum, DDP_REDUCE_SUM);
+    g.all_gather(group_send, group_recv);
+    rank.broadcast(world_bcast, w - 1);
+    g.broadcast(group_bcast, 0);
+    rank.barrier();
+    g.reduce_scatter(rs_send, rs_recv, DDP_REDUCE_SUM);
+    rank.all_gather(world_send, world_recv);
+    g.barrier();
+    rank.all_reduce(world_avg, DDP_REDUCE_AVG);
+    g.all_reduce(group_sum, DDP_REDUCE_SUM);  // again: s times the first sum
+    rank.sync();
+    check_all("world all_reduce SUM", world_sum, [&](size_t) { return w * (w + 1) / 2.0; });
+    check_all("group all_reduce SUM, twice", group_sum, [&](size_t) { return s * (members + s); });
+    check_all("group all_gather", group_recv, [&](size_t j) { return double(g.world()[j / n]); });
+    check_all("world broadcast", world_bcast, [&](size_t) { return double(w - 1); });
+    check_all("group broadcast", group_bcast, [&](size_t) { return double(g.world().front()); });
+    check_all("group reduce_scatter", rs_recv, [&](size_t i) { return (members + s) * double(size_t(q) * n + i); });
+    check_all("world all_gather", world_recv, [&](size_t j) { return double(j / n * 10); });
+    check_all("world all_reduce AVG", world_avg, [&](size_t) { return w * (w - 1) / 2.0; });
+  }));
+}
+
+// A split of a split: the world without rank 0, backwards (keys -r), then
+// that group split by its own ranks' parity; every level checked, the
+// nested groups named by world ranks through their parent's membership.
+TEST_P(Groups, SplitOfASplit) {
+  REQUIRE_SPLIT();
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    std::vector<int> colors(static_cast<size_t>(w)), keys(static_cast<size_t>(w));
+    for (int p = 0; p < w; ++p) {
+      colors[size_t(p)] = p == 0 ? 1 : 0;
+      keys[size_t(p)] = -p;
+    }
+    Group outer(rank, colors, keys, "ddp.group.1." + std::to_string(colors[size_t(r)]));
+    std::vector<int> inner_colors(size_t(outer.size())), inner_keys(size_t(outer.size()));
+    for (int p = 0; p < outer.size(); ++p) {
+      inner_colors[size_t(p)] = p % 2;
+      inner_keys[size_t(p)] = p;
+    }
+    Group inner(outer, inner_colors, inner_keys,
+                "ddp.group.2." + std::to_string(colors[size_t(r)]) + "." + std::to_string(outer.rank() % 2));
+    // The outer group of w - 1 ranks is w - 1, ..., 1; its even places form one inner group.
+    if (r != 0) {
+      std::vector<int> expected;
+      for (int p = outer.rank() % 2; p < w - 1; p += 2) expected.push_back(w - 1 - p);
+      if (inner.world() != expected) fail("the nested group is not the outer one's ranks of one parity");
+    }
+    check_group_collectives(rank, inner, dir);
+    check_group_collectives(rank, outer, dir);
+    std::vector<float> x(10, float(r));
+    rank.all_reduce(x, DDP_REDUCE_SUM);  // the world still works beside them
+    rank.sync();
+    check_all("world all_reduce after the nested groups", x, [&](size_t) { return w * (w - 1) / 2.0; });
+  }));
+}
+
+// Every rank its own group (color = rank): collectives of one rank leave
+// the values (AVG divides by 1, all_gather and reduce_scatter copy).
+TEST_P(Groups, GroupsOfOneRank) {
+  REQUIRE_SPLIT();
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    std::vector<int> colors(static_cast<size_t>(w)), keys(size_t(w), 0);
+    std::iota(colors.begin(), colors.end(), 0);
+    Group alone(rank, colors, keys, "ddp.group.1." + std::to_string(r));
+    if (alone.size() != 1 || alone.rank() != 0) fail("a group of one is of " + std::to_string(alone.size()));
+    check_group_collectives(rank, alone, dir);
+  }));
+}
+
+// The group's own size bounds broadcast's root and sets the counts of
+// all_gather and reduce_scatter: the world's counts are refused on a
+// smaller group, at enqueue time, and the group stays in step.
+TEST_P(Groups, ArgumentsAreCheckedAgainstTheGroupsSize) {
+  REQUIRE_SPLIT();
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    std::vector<int> colors(static_cast<size_t>(w)), keys(static_cast<size_t>(w));
+    for (int p = 0; p < w; ++p) {
+      colors[size_t(p)] = p % 2;
+      keys[size_t(p)] = p;
+    }
+    Group g(rank, colors, keys, "ddp.group.1." + std::to_string(r % 2));
+    const int s = g.size();
+    const bool shared_words = g_transport == "gloo" || g_transport == "mpi";  // ddp/transport.hpp's checks
+    auto expect_refusal = [&](ddp_status got, const std::string& text, const std::string& what) {
+      const std::string msg = take_plugin_error();
+      if (got != DDP_ERR_INVALID_ARGUMENT) fail(what + ": status " + std::to_string(got) + ", expected invalid_argument");
+      if (shared_words && msg != text) fail(what + ": error text \"" + msg + "\", expected \"" + text + "\"");
+    };
+    const ddp_transport_v1_t* t = rank.t();
+    std::vector<float> x(4, 1.0f), world_recv(4 * size_t(w)), world_send(4 * size_t(w));
+    expect_refusal(t->broadcast(g.comm(), ptr(buffer_of(x)), s, rank.stream()),
+                   "broadcast: root " + std::to_string(s) + " out of range (a group of " + std::to_string(s) +
+                       (s == 1 ? " rank)" : " ranks)"),
+                   "broadcast root s");
+    const std::string size = "the group's size (" + std::to_string(s) + ")";
+    expect_refusal(t->all_gather(g.comm(), ptr(buffer_of(x)), ptr(buffer_of(world_recv)), rank.stream()),
+                   "all_gather: recv must hold send.count * " + size + " elements of send's dtype",
+                   "all_gather of the world's count");
+    expect_refusal(t->reduce_scatter(g.comm(), ptr(buffer_of(world_send)), ptr(buffer_of(x)), DDP_REDUCE_SUM,
+                                     rank.stream()),
+                   "reduce_scatter: send must hold recv.count * " + size + " elements of recv's dtype",
+                   "reduce_scatter of the world's count");
+    rank.sync();
+    g.all_reduce(x, DDP_REDUCE_SUM);
+    rank.sync();
+    check_all("group all_reduce after refusals", x, [&](size_t) { return double(s); });
+  }));
+}
+
+// A request split cannot serve is refused on every rank alike, before any
+// rendezvous (so none waits), leaving *out alone; a good one then works.
+TEST_P(Groups, SplitRefusesABadRequest) {
+  REQUIRE_SPLIT();
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    const std::string tag = "ddp.group.1.0", empty;
+    const test::Membership all = test::membership(std::vector<int>(size_t(w), 0), std::vector<int>(size_t(w), 0), r);
+    const std::string prefix = g_transport + " split: ";
+    auto refused = [&](ddp_split how, const std::string& text, const std::string& what) {
+      ddp_comm* sentinel = reinterpret_cast<ddp_comm*>(&rank);
+      ddp_comm* out = sentinel;
+      const auto start = std::chrono::steady_clock::now();
+      const ddp_status got = rank.t()->split(rank.comm(), &how, &out);
+      const std::string msg = take_plugin_error();
+      if (got != DDP_ERR_INVALID_ARGUMENT) fail(what + ": status " + std::to_string(got) + ": " + msg);
+      if (out != sentinel) fail(what + ": *out was written");
+      if (std::chrono::steady_clock::now() - start > 1s) fail(what + ": took over a second (a rendezvous?)");
+      if ((g_transport == "gloo" || g_transport == "mpi") && msg != prefix + text)
+        fail(what + ": error text \"" + msg + "\", expected \"" + prefix + text + "\"");
+    };
+    ddp_split how = test::split_request(all, 0, 0, tag);
+    how.color = -1;
+    refused(how, "color -1 is negative", "negative color");
+    how = test::split_request(all, 0, 0, tag);
+    how.rank = w;
+    refused(how,
+            "rank " + std::to_string(w) + " of a group of " + std::to_string(w) + " ranks, from a parent of " +
+                std::to_string(w) + ": a group has 1 to the parent's ranks, and its rank is below its size",
+            "rank past the size");
+    how = test::split_request(all, 0, 0, tag);
+    how.size = w + 1;
+    refused(how,
+            "rank " + std::to_string(r) + " of a group of " + std::to_string(w + 1) + " ranks, from a parent of " +
+                std::to_string(w) + ": a group has 1 to the parent's ranks, and its rank is below its size",
+            "a group larger than its parent");
+    how = test::split_request(all, 0, 0, empty);
+    refused(how, "no tag (the group's name in the rendezvous)", "empty tag");
+    how = test::split_request(all, 0, 0, tag);
+    how.struct_size = offsetof(ddp_split, tag);
+    refused(how,
+            "the request is " + std::to_string(offsetof(ddp_split, tag)) + " bytes; its fields through tag take " +
+                std::to_string(offsetof(ddp_split, tag) + sizeof(const char*)),
+            "a request without its tag");
+    std::vector<int> colors(size_t(w), 0), keys(size_t(w), 0);
+    Group g(rank, colors, keys, tag);
+    std::vector<float> x(3, float(r));
+    g.all_reduce(x, DDP_REDUCE_SUM);
+    rank.sync();
+    check_all("all_reduce on the good split", x, [&](size_t) { return w * (w - 1) / 2.0; });
+  }));
+}
+
+// One member never issues the group's second collective: the others' fails
+// with DDP_ERR_TIMEOUT after the run's timeout (2 s), not before and not
+// long after; the member that held back stays alive (its connections open)
+// until they are through.
+TEST_P(Groups, ACollectiveOneMemberNeverIssuesTimesOut) {
+  REQUIRE_SPLIT();
+  if (g_transport == "mpi")
+    GTEST_SKIP() << "mpi cannot cancel a collective it gave up on: the process then skips MPI_Finalize, which "
+                    "mpirun reports as a failed launch (a run ends with abort: MPI_Abort)";
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir, /*timeout_ms=*/2000);
+    Store done("file:" + dir, "groups_done", std::chrono::milliseconds(30000));
+    std::vector<int> colors(size_t(w), 0), keys(static_cast<size_t>(w));
+    for (int p = 0; p < w; ++p) keys[size_t(p)] = -p;  // the group's rank 0 is world rank w - 1
+    Group g(rank, colors, keys, "ddp.group.1.0");
+    std::vector<float> x(1000, 1.0f);
+    g.all_reduce(x, DDP_REDUCE_SUM);  // every member: connected and in step
+    rank.sync();
+    check_all("first group all_reduce", x, [&](size_t) { return double(w); });
+    if (g.rank() == 0) {  // holds back, then waits for the others
+      for (int p = 0; p < w - 1; ++p) done.get("done." + std::to_string(p));
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    g.all_reduce(x, DDP_REDUCE_SUM);
+    ddp_status status = DDP_OK;
+    std::string message;
+    try {
+      rank.sync();
+    } catch (const Error& e) {
+      status = e.status();
+      message = e.what();
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    done.set("done." + std::to_string(r), {'1'});
+    if (message.empty()) fail("the group all_reduce without one member completed");
+    if (status != DDP_ERR_TIMEOUT) fail("status " + std::to_string(status) + ", expected timeout: " + message);
+    if (waited < 1.9) fail("failed after " + std::to_string(waited) + " s, before the 2 s timeout: " + message);
+    if (waited > 6.0) fail("timed out only after " + std::to_string(waited) + " s: " + message);
+  }));
+}
+
+// mpi checks MPI_Comm_split's rank and size against the engine's: a
+// request whose rank is not MPI's (here every rank claims the next one's
+// place) is refused on every rank with both named, not used.
+TEST_P(Groups, MpiRefusesARankItDisagreesWith) {
+  if (g_transport != "mpi") GTEST_SKIP() << "checks the mpi plugin's own check of MPI_Comm_split";
+  const int w = world();
+  EXPECT_RANKS_OK(run_ranks(w, [w](int r, const std::string& dir) {
+    Rank rank(r, w, dir);
+    const std::string tag = "ddp.group.1.0";
+    ddp_split how = test::split_request(
+        test::membership(std::vector<int>(static_cast<size_t>(w), 0), std::vector<int>(static_cast<size_t>(w), 0), r),
+        0, 0, tag);
+    how.rank = (r + 1) % w;  // a rotation: no rank keeps its own place
+    ddp_comm* out = nullptr;
+    const ddp_status got = rank.t()->split(rank.comm(), &how, &out);
+    const std::string msg = take_plugin_error();
+    const std::string expected = "mpi split: group 'ddp.group.1.0': MPI_Comm_split made rank " + std::to_string(r) +
+                                 " of " + std::to_string(w) + ", the engine computed rank " +
+                                 std::to_string((r + 1) % w) + " of " + std::to_string(w);
+    if (got != DDP_ERR_INTERNAL || out != nullptr || msg != expected)
+      fail("split returned " + std::to_string(got) + ": \"" + msg + "\", expected \"" + expected + "\"");
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, Groups, ::testing::Values(2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "world" + std::to_string(info.param);
                          });

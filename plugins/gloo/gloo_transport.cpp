@@ -14,6 +14,11 @@
 // rank listens on: address.h), algorithm (all_reduce's: "auto", "direct",
 // "ring" or "bcube").
 //
+// Groups (ABI 1.9, split): a group's communicator is a Gloo context of its
+// own, made over the world's TCP device with a full mesh of new pairs, met
+// under the group's tag (rendezvous.h). Every entry reads the rank and size
+// of the communicator it is given, never the host's (the world's).
+//
 // Not here: GPUDirect or any CUDA call of its own (the nccl plugin moves GPU
 // memory directly), TLS, ibverbs.
 #include <ddp/plugin.h>
@@ -29,6 +34,7 @@
 #include <gloo/common/error.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
@@ -36,12 +42,7 @@
 #include "address.h"
 #include "direct.h"
 #include "dtypes.h"
-
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include "rendezvous.h"
 
 #include <algorithm>
 #include <chrono>
@@ -56,7 +57,7 @@
 
 namespace {
 
-constexpr const char* kVersion = "0.4.0";  // 0.3: CUDA buffers, staged; 0.4: bfloat16, float16
+constexpr const char* kVersion = "0.5.0";  // 0.3: CUDA buffers, staged; 0.4: bfloat16, float16; 0.5: split
 
 // The keys of [transport.gloo] (README.md has them in full).
 constexpr ddp_key kKeys[] = {
@@ -66,45 +67,15 @@ constexpr ddp_key kKeys[] = {
     {nullptr, nullptr, nullptr},
 };
 
-// Gloo's rendezvous, through the engine's store (so every transport meets the
-// same way, and the engine decides where: a file store, or Redis).
-class HostStore final : public gloo::rendezvous::Store {
- public:
-  explicit HostStore(const ddp_host* host) : host_(host) {}
-  void set(const std::string& key, const std::vector<char>& data) override {
-    if (host_->store_set(host_->ctx, key.c_str(), data.data(), data.size()) != DDP_OK)
-      throw std::runtime_error("store set '" + key + "' failed");
-  }
-  std::vector<char> get(const std::string& key) override {
-    void* data = nullptr;
-    size_t bytes = 0;
-    if (host_->store_get(host_->ctx, key.c_str(), &data, &bytes) != DDP_OK)
-      throw ddp::plugin::Failure(DDP_ERR_TIMEOUT, "timed out waiting for rendezvous key '" + key + "'");
-    std::vector<char> out(static_cast<char*>(data), static_cast<char*>(data) + bytes);
-    std::free(data);
-    return out;
-  }
-  void wait(const std::vector<std::string>& keys) override {
-    std::vector<const char*> raw;
-    for (const auto& k : keys) raw.push_back(k.c_str());
-    if (host_->store_wait(host_->ctx, raw.data(), raw.size()) != DDP_OK)
-      throw ddp::plugin::Failure(DDP_ERR_TIMEOUT, "no answer from the other ranks within " +
-                                                      std::to_string(host_->timeout_ms) +
-                                                      " ms (is every rank started, with the same rendezvous?)");
-  }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
-    wait(keys);  // the engine's store applies the run's timeout
-  }
-
- private:
-  const ddp_host* host_;
-};
-
 }  // namespace
 
 struct ddp_comm_s {
   const ddp_host* host;
-  std::shared_ptr<gloo::transport::Device> device;
+  // This rank's place in the communicator: the host's rank and world size
+  // for the world's, how->rank and how->size for a group's (split).
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<gloo::transport::Device> device;  // the world's, shared by its groups
   std::shared_ptr<gloo::rendezvous::Context> context;
   enum class Choice { Auto, Direct, Gloo } choice = Choice::Auto;  // all_reduce's algorithm
   gloo::AllreduceOptions::Algorithm algorithm = gloo::AllreduceOptions::Algorithm::RING;  // for Gloo (and Auto)
@@ -139,6 +110,7 @@ struct ddp_comm_s {
 namespace {
 
 using ddp_gloo::divide;
+using ddp_gloo::HostStore;
 using ddp_gloo::gloo_supports;
 using ddp_gloo::kDtypes;
 using ddp_gloo::with_type;
@@ -318,47 +290,6 @@ void reduce_in_place(ddp_comm* comm, T* ptr, size_t count, ddp_reduce_op op, uin
 
 // ------------------------------------------------------------------ entries
 
-// The address this rank listens on (transport.hostname) must resolve, and
-// a loopback one serves only ranks on this machine: rank 0 publishes its
-// host name and whether it listens on loopback, and a rank on another host
-// where either side does is refused at once instead of timing out.
-ddp_status check_listen_address(const ddp_host* host, const std::string& hostname) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (int rc = getaddrinfo(hostname.c_str(), nullptr, &hints, &found))
-    return fail(host, DDP_ERR_INVALID_ARGUMENT,
-                "transport.hostname '" + hostname + "' does not resolve (" + gai_strerror(rc) + ")");
-  bool loopback = false;
-  for (const addrinfo* a = found; a; a = a->ai_next) {
-    if (a->ai_family == AF_INET)
-      loopback |= (ntohl(reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
-    if (a->ai_family == AF_INET6) loopback |= IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr);
-  }
-  freeaddrinfo(found);
-  if (host->world_size == 1) return DDP_OK;
-  char mine[256] = {};
-  gethostname(mine, sizeof mine - 1);
-  HostStore store(host);
-  if (host->rank == 0) {
-    const std::string entry = std::string(loopback ? "1" : "0") + mine;
-    store.set("ddp_host_0", std::vector<char>(entry.begin(), entry.end()));
-    return DDP_OK;
-  }
-  const std::vector<char> got = store.get("ddp_host_0");
-  const bool first_loopback = !got.empty() && got[0] == '1';
-  const std::string first(got.begin() + (got.empty() ? 0 : 1), got.end());
-  if (first == mine || (!loopback && !first_loopback)) return DDP_OK;
-  const std::string where = "this rank runs on host '" + std::string(mine) + "', rank 0 on '" + first + "', but ";
-  if (loopback)
-    return fail(host, DDP_ERR_INVALID_ARGUMENT,
-                where + "transport.hostname is '" + hostname +
-                    "', a loopback address the other hosts cannot reach: set it to this host's address");
-  return fail(host, DDP_ERR_INVALID_ARGUMENT,
-              where + "rank 0 listens on a loopback address this host cannot reach: set rank 0's "
-                      "transport.hostname to its host's address");
-}
-
 ddp_status gloo_init(const ddp_host* host, ddp_comm** out) {
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -372,6 +303,8 @@ ddp_status gloo_init(const ddp_host* host, ddp_comm** out) {
     if (hostname.empty()) return fail(host, DDP_ERR_INVALID_ARGUMENT, why);
     auto comm = std::make_unique<ddp_comm_s>();
     comm->host = host;
+    comm->rank = host->rank;
+    comm->size = host->world_size;
     const std::string name = algorithm;
     if (name == "direct") {
       comm->choice = ddp_comm_s::Choice::Direct;
@@ -382,11 +315,11 @@ ddp_status gloo_init(const ddp_host* host, ddp_comm** out) {
       return fail(host, DDP_ERR_INVALID_ARGUMENT,
                   "transport.algorithm must be \"auto\", \"direct\", \"ring\" or \"bcube\" (got \"" + name + "\")");
     }
-    if (ddp_status st = check_listen_address(host, hostname)) return st;
+    if (ddp_status st = ddp_gloo::check_listen_address(host, hostname)) return st;
     gloo::transport::tcp::attr attr;
     attr.hostname = hostname;
     comm->device = gloo::transport::tcp::CreateDevice(attr);
-    comm->context = std::make_shared<gloo::rendezvous::Context>(host->rank, host->world_size);
+    comm->context = std::make_shared<gloo::rendezvous::Context>(comm->rank, comm->size);
     comm->context->setTimeout(std::chrono::milliseconds(host->timeout_ms));  // before connecting
     HostStore store(host);
     comm->context->connectFullMesh(store, comm->device);
@@ -395,6 +328,39 @@ ddp_status gloo_init(const ddp_host* host, ddp_comm** out) {
   } catch (const std::exception& e) {  // the store's own timeout is a Failure of its kind
     return fail(host, gloo_failure(e, host, std::chrono::steady_clock::now() - start),
                 std::string("gloo rendezvous: ") + e.what());
+  }
+}
+
+// A group's communicator (ABI 1.9): a new Gloo context of how->size ranks
+// over the parent's TCP device, connected as a full mesh (a pair to every
+// other member) through the engine's store under the group's tag, so that
+// groups made at once never read each other's addresses. Its collectives
+// then use tags of their own (next_tag from 0): every member issues the
+// same sequence on it. The algorithm, the timeout and the host are the
+// parent's; scratch and staging are its own.
+ddp_status gloo_split(ddp_comm* parent, const ddp_split* how, ddp_comm** out) {
+  const ddp_host* host = parent->host;
+  if (ddp_status s = ddp::plugin::check_split(host, how, parent->size, "gloo")) return s;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    auto comm = std::make_unique<ddp_comm_s>();
+    comm->host = host;
+    comm->rank = how->rank;
+    comm->size = how->size;
+    comm->device = parent->device;
+    comm->choice = parent->choice;
+    comm->algorithm = parent->algorithm;
+    comm->context = std::make_shared<gloo::rendezvous::Context>(comm->rank, comm->size);
+    comm->context->setTimeout(std::chrono::milliseconds(host->timeout_ms));  // before connecting
+    HostStore store(host);
+    gloo::rendezvous::PrefixStore group_store(how->tag, store);
+    comm->context->connectFullMesh(group_store, comm->device);
+    *out = comm.release();
+    return DDP_OK;
+  } catch (const std::exception& e) {  // the store's own timeout is a Failure of its kind
+    return fail(host, gloo_failure(e, host, std::chrono::steady_clock::now() - start),
+                "gloo split: group '" + std::string(how->tag) + "' (rank " + std::to_string(how->rank) + " of " +
+                    std::to_string(how->size) + "): rendezvous: " + e.what());
   }
 }
 
@@ -427,12 +393,12 @@ ddp_status gloo_all_reduce(ddp_comm* comm, const ddp_buffer* buf_in, ddp_reduce_
 
 ddp_status gloo_broadcast(ddp_comm* comm, const ddp_buffer* buf_in, int root, ddp_stream stream) {
   if (ddp_status s = check_buffer(comm, buf_in, "broadcast")) return s;
-  if (ddp_status s = ddp::plugin::check_root(comm->host, root)) return s;
+  if (ddp_status s = ddp::plugin::check_root(comm->host, root, comm->size)) return s;
   const ddp_buffer buf = *buf_in;
   ddp_buffer work = buf;  // as in all_reduce; only the root's data need go to the host
   if (buf.device == DDP_DEVICE_CUDA)
     if (ddp_status s = stage(comm, stream, "broadcast", {bytes_of(buf)}, &work.ptr)) return s;
-  const size_t in_bytes = comm->host->rank == root ? bytes_of(buf) : 0;
+  const size_t in_bytes = comm->rank == root ? bytes_of(buf) : 0;
   uint32_t tag = comm->next_tag++;
   return enqueue(comm, stream, describe("broadcast", buf), [=] {
     if (comm->context->size == 1) return;
@@ -450,9 +416,9 @@ ddp_status gloo_broadcast(ddp_comm* comm, const ddp_buffer* buf_in, int root, dd
 ddp_status gloo_all_gather(ddp_comm* comm, const ddp_buffer* send_in, const ddp_buffer* recv_in,
                            ddp_stream stream) {
   if (ddp_status s = check_pair(comm, send_in, recv_in, "all_gather")) return s;
-  if (ddp_status s = ddp::plugin::check_all_gather(comm->host, *send_in, *recv_in)) return s;
+  if (ddp_status s = ddp::plugin::check_all_gather(comm->host, *send_in, *recv_in, comm->size)) return s;
   const ddp_buffer send = *send_in, recv = *recv_in;
-  size_t world = static_cast<size_t>(comm->host->world_size);
+  size_t world = static_cast<size_t>(comm->size);
   ddp_buffer hsend = send, hrecv = recv;  // what Gloo works on (staging parts for CUDA buffers)
   if (send.device == DDP_DEVICE_CUDA) {
     void* parts[2];
@@ -483,9 +449,9 @@ ddp_status gloo_all_gather(ddp_comm* comm, const ddp_buffer* send_in, const ddp_
 ddp_status gloo_reduce_scatter(ddp_comm* comm, const ddp_buffer* send_in, const ddp_buffer* recv_in,
                                ddp_reduce_op op, ddp_stream stream) {
   if (ddp_status s = check_pair(comm, send_in, recv_in, "reduce_scatter")) return s;
-  if (ddp_status s = ddp::plugin::check_reduce_scatter(comm->host, *send_in, *recv_in)) return s;
+  if (ddp_status s = ddp::plugin::check_reduce_scatter(comm->host, *send_in, *recv_in, comm->size)) return s;
   const ddp_buffer send = *send_in, recv = *recv_in;
-  size_t world = static_cast<size_t>(comm->host->world_size);
+  size_t world = static_cast<size_t>(comm->size);
   ddp_buffer hsend = send, hrecv = recv;  // what Gloo works on (staging parts for CUDA buffers)
   void* staged_scratch = nullptr;  // null on a CPU run: scratch_of, on the stream, as ever
   if (comm->host->device != DDP_DEVICE_CPU) {  // no host->alloc in a host function there
@@ -495,7 +461,10 @@ ddp_status gloo_reduce_scatter(ddp_comm* comm, const ddp_buffer* send_in, const 
                              {cuda ? bytes_of(send) : 0, cuda ? bytes_of(recv) : 0, (world - 1) * bytes_of(recv)},
                              parts))
       return s;
-    if (cuda) hsend.ptr = parts[0], hrecv.ptr = parts[1];
+    if (cuda) {
+      hsend.ptr = parts[0];
+      hrecv.ptr = parts[1];
+    }
     staged_scratch = parts[2];
   }
   uint32_t tag = comm->next_tag++;
@@ -545,4 +514,5 @@ DDP_TRANSPORT_ENTRY = {
     .dtypes = kDtypes,
     .keys = kKeys,
     .plan = ddp::gloo_transport::plan,
+    .split = gloo_split,
 };

@@ -21,6 +21,10 @@
 // MPI_Test, bounded by run.timeout_s). After a failure, abort() ends the
 // MPI job (MPI_Abort): every rank stops at once, none waits in a collective.
 //
+// Groups (ABI 1.9, split): MPI_Comm_split of the parent's communicator,
+// whose rank and size must be those the engine computed; every entry reads
+// the rank and size of the communicator it is given, never the host's.
+//
 // Not here (yet): CUDA buffers (refused: use nccl, or gloo's staging).
 #include <ddp/plugin.h>
 #include <ddp/plugin.hpp>
@@ -42,7 +46,7 @@
 
 namespace {
 
-constexpr const char* kVersion = "0.2.0";  // 0.2: bfloat16, float16
+constexpr const char* kVersion = "0.3.0";  // 0.2: bfloat16, float16; 0.3: split
 
 constexpr ddp_key kKeys[] = {
     {"nonblocking", "bool", "true: MPI_I* collectives and MPI_Test, bounded by run.timeout_s; false (default): blocking"},
@@ -71,7 +75,9 @@ std::atomic<bool> g_stuck{false};
 
 struct ddp_comm_s {
   const ddp_host* host;
-  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm comm = MPI_COMM_NULL;     // the world's MPI_Comm_dup, or a group's MPI_Comm_split
+  int rank = 0;                      // this rank's place in `comm` (the host's rank for the world's)
+  int size = 1;                      // its ranks (AVG's divisor, the counts' factor)
   bool nonblocking = false;          // the nonblocking key: MPI_I* and MPI_Test
   std::atomic<bool> aborted{false};  // abort(): pending and later collectives fail
   std::atomic<bool> stuck{false};    // a collective was given up: MPI's state is not clean
@@ -307,6 +313,41 @@ ddp_status mpi_init(const ddp_host* host, ddp_comm** out) {
     if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm->comm))
       throw ddp::plugin::Failure(DDP_ERR_COMM, "MPI_Comm_dup failed: " + mpi_error(rc));
     MPI_Comm_set_errhandler(comm->comm, MPI_ERRORS_RETURN);
+    comm->rank = rank;
+    comm->size = size;
+    *out = comm.release();
+  });
+}
+
+// A group's communicator (ABI 1.9): MPI_Comm_split of the parent's, on the
+// calling thread (the engine calls split with no collective of the parent
+// in flight; with MPI_THREAD_SERIALIZED no collective of another
+// communicator of this process may run on a stream meanwhile either). MPI
+// orders the members as the engine did (key, then the rank in the parent),
+// so its rank and size must be how->rank and how->size; they differ only
+// where the engine and MPI disagree on the membership, which is a bug.
+ddp_status mpi_split(ddp_comm* parent, const ddp_split* how, ddp_comm** out) {
+  const ddp_host* host = parent->host;
+  if (ddp_status s = ddp::plugin::check_split(host, how, parent->size, "mpi")) return s;
+  return ddp::plugin::guard(host, [&] {
+    if (parent->stuck || parent->aborted)
+      throw Failure(DDP_ERR_COMM, "mpi split: the parent communicator has a collective that was given up on");
+    auto comm = std::make_unique<ddp_comm_s>();
+    comm->host = host;
+    comm->nonblocking = parent->nonblocking;
+    if (int rc = MPI_Comm_split(parent->comm, how->color, how->key, &comm->comm))
+      throw Failure(DDP_ERR_COMM, "mpi split: MPI_Comm_split (color " + std::to_string(how->color) + ", key " +
+                                      std::to_string(how->key) + ") failed: " + mpi_error(rc));
+    MPI_Comm_set_errhandler(comm->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm->comm, &comm->rank);
+    MPI_Comm_size(comm->comm, &comm->size);
+    // Left unfreed on a mismatch: MPI_Comm_free is collective, and members
+    // that agree with the engine would not call it. The run fails anyway.
+    if (comm->rank != how->rank || comm->size != how->size)
+      throw Failure(DDP_ERR_INTERNAL, "mpi split: group '" + std::string(how->tag) + "': MPI_Comm_split made rank " +
+                                          std::to_string(comm->rank) + " of " + std::to_string(comm->size) +
+                                          ", the engine computed rank " + std::to_string(how->rank) + " of " +
+                                          std::to_string(how->size));
     *out = comm.release();
   });
 }
@@ -331,7 +372,7 @@ void mpi_abort(ddp_comm* comm) {
 ddp_status mpi_all_reduce(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op op, ddp_stream stream) {
   if (ddp_status s = check_buffer(comm, buf, "all_reduce")) return s;
   const ddp_buffer b = *buf;
-  const int world = comm->host->world_size;
+  const int world = comm->size;
   return enqueue(
       comm, stream, describe("all_reduce", b),
       [comm, b] { return MPI_Allreduce(MPI_IN_PLACE, b.ptr, int(b.count), mpi_type(b.dtype), sum_of(b.dtype), comm->comm); },
@@ -343,7 +384,7 @@ ddp_status mpi_all_reduce(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op o
 
 ddp_status mpi_broadcast(ddp_comm* comm, const ddp_buffer* buf, int root, ddp_stream stream) {
   if (ddp_status s = check_buffer(comm, buf, "broadcast")) return s;
-  if (ddp_status s = ddp::plugin::check_root(comm->host, root)) return s;
+  if (ddp_status s = ddp::plugin::check_root(comm->host, root, comm->size)) return s;
   const ddp_buffer b = *buf;
   return enqueue(
       comm, stream, describe("broadcast", b),
@@ -354,7 +395,7 @@ ddp_status mpi_broadcast(ddp_comm* comm, const ddp_buffer* buf, int root, ddp_st
 ddp_status mpi_all_gather(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv, ddp_stream stream) {
   if (ddp_status s = check_buffer(comm, send, "all_gather")) return s;
   if (ddp_status s = check_buffer(comm, recv, "all_gather")) return s;
-  if (ddp_status s = ddp::plugin::check_all_gather(comm->host, *send, *recv)) return s;
+  if (ddp_status s = ddp::plugin::check_all_gather(comm->host, *send, *recv, comm->size)) return s;
   const ddp_buffer s = *send, v = *recv;
   const MPI_Datatype t = mpi_type(s.dtype);
   return enqueue(
@@ -369,8 +410,8 @@ ddp_status mpi_reduce_scatter(ddp_comm* comm, const ddp_buffer* send, const ddp_
                               ddp_stream stream) {
   if (ddp_status s = check_buffer(comm, send, "reduce_scatter")) return s;
   if (ddp_status s = check_buffer(comm, recv, "reduce_scatter")) return s;
-  if (ddp_status s = ddp::plugin::check_reduce_scatter(comm->host, *send, *recv)) return s;
-  const int world = comm->host->world_size;
+  if (ddp_status s = ddp::plugin::check_reduce_scatter(comm->host, *send, *recv, comm->size)) return s;
+  const int world = comm->size;
   const ddp_buffer s = *send, v = *recv;
   return enqueue(
       comm, stream, describe("reduce_scatter", s),
@@ -412,4 +453,5 @@ DDP_TRANSPORT_ENTRY = {
     .dtypes = kDtypes,
     .keys = kKeys,
     .plan = mpi_plan,
+    .split = mpi_split,
 };

@@ -35,6 +35,12 @@
 //   most 5 s for a watchdog still inside the abort, then leaves the
 //   communicator to the process's exit. libnccl stays loaded for the
 //   process's life (its threads outlive any communicator).
+// - Groups (ABI 1.9, split): ncclCommSplit of the parent (its color and
+//   key; NCCL orders the members as the engine did, and its rank and count
+//   must be the engine's), a non-blocking communicator of its own with its
+//   own watchdog, barrier float and failure, on the parent's GPU; every
+//   entry reads the rank and size of the communicator it is given. The
+//   parts common to the world's and a group's communicator are in comm.h.
 // - Streams: with `fail_streams` (default), each collective is followed on its
 //   stream by a host function (host->launch_host_func) that fails the stream
 //   once the communicator has failed, so the engine's event waits after it
@@ -58,23 +64,18 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
-#include <utility>
-#include <vector>
+
+#include "comm.h"
 
 namespace {
 
-constexpr const char* kVersion = "0.2.0";  // 0.2: dtypes, rank_gpu, abort outside the lock
+constexpr const char* kVersion = "0.3.0";  // 0.2: dtypes, rank_gpu, abort outside the lock; 0.3: split
 constexpr ddp_key kKeys[] = {
     {"fail_streams", "bool", "true (default): a failed communicator fails the streams of later collectives"},
     {nullptr, nullptr, nullptr},
@@ -82,219 +83,17 @@ constexpr ddp_key kKeys[] = {
 // NCCL reduces each in its own type (bfloat16 and float16 natively).
 constexpr uint64_t kDtypes = DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_FLOAT64) | DDP_DTYPE_BIT(DDP_INT32) |
                              DDP_DTYPE_BIT(DDP_INT64) | DDP_DTYPE_BIT(DDP_BFLOAT16) | DDP_DTYPE_BIT(DDP_FLOAT16);
-using Clock = std::chrono::steady_clock;
 using ddp::plugin::describe;
 using ddp::plugin::device_name;
 using ddp::plugin::fail;
 using ddp::plugin::Failure;
-
-// The first failure of a communicator: message and status are written once,
-// before `failed` is set, and read without a lock by host functions on the
-// streams (which hold their own reference: they may run after destroy).
-struct FailureState {
-  const ddp_host* host = nullptr;
-  std::atomic<bool> failed{false};
-  ddp_status status = DDP_OK;
-  std::string message;
-};
-
-// A collective enqueued and not yet seen complete by the watchdog.
-struct InFlight {
-  cudaEvent_t done;
-  Clock::time_point since;
-  std::string what;  // "all_reduce (4096 bytes)"
-};
-
-}  // namespace
-
-struct ddp_comm_s {
-  ~ddp_comm_s();
-
-  const ddp_host* host = nullptr;
-  int gpu = 0;  // this rank's, among the visible ones
-  bool fail_streams = true;
-  std::chrono::milliseconds timeout{30000};
-  std::shared_ptr<FailureState> failure = std::make_shared<FailureState>();
-  void* barrier_buf = nullptr;  // one float on the device
-
-  std::mutex mutex;           // guards what follows; held across every NCCL call
-  ncclComm_t nccl = nullptr;  // NULL once aborted
-  std::deque<InFlight> in_flight;
-  std::vector<cudaEvent_t> spare_events;
-  bool stopping = false;
-  bool watchdog_done = false;  // set by the watchdog as it ends
-  std::condition_variable wake;
-  std::condition_variable watchdog_ended;
-  std::thread watchdog;
-};
-
-namespace {
-
-std::string rank_prefix(const ddp_host* host) {
-  return "nccl transport, rank " + std::to_string(host->rank) + ": ";
-}
-
-std::string millis(std::chrono::milliseconds ms) { return std::to_string(ms.count()) + " ms"; }
-
-std::string nccl_error(ncclResult_t r, ncclComm_t comm) {
-  std::string text = std::string("NCCL error '") + ncclGetErrorString(r) + "'";
-  const char* last = ncclGetLastError(comm);
-  if (last != nullptr && *last != '\0') text += " (" + std::string(last) + ")";
-  return text;
-}
-
-std::string cuda_error(cudaError_t e) { return std::string("CUDA error '") + cudaGetErrorString(e) + "'"; }
-
-// Waits while NCCL reports ncclInProgress (host-side work of a non-blocking
-// communicator), up to `deadline`; returns ncclInProgress if it passed.
-ncclResult_t settle(ncclComm_t nccl, ncclResult_t r, Clock::time_point deadline) {
-  while (r == ncclInProgress) {
-    if (Clock::now() >= deadline) return ncclInProgress;
-    std::this_thread::sleep_for(std::chrono::microseconds(10));
-    ncclResult_t state = ncclSuccess;
-    ncclResult_t q = ncclCommGetAsyncError(nccl, &state);
-    r = q != ncclSuccess ? q : state;
-  }
-  return r;
-}
-
-// The communicator a failure took, aborted once the lock is released:
-// ncclCommAbort (NCCL 2.28) waits until the stream reaches the aborted
-// kernel, and work queued ahead of it may never complete; under the mutex
-// that wait would block every entry, the engine's abort and destroy. Declare
-// it before the lock, so that it runs after the lock's release (also when
-// an exception leaves the scope).
-class PendingAbort {
- public:
-  PendingAbort() = default;
-  PendingAbort(const PendingAbort&) = delete;
-  PendingAbort& operator=(const PendingAbort&) = delete;
-  ~PendingAbort() { run(); }
-  void take(ncclComm_t handle) {
-    if (handle != nullptr) handle_ = handle;
-  }
-  void run() {
-    if (handle_ != nullptr) ncclCommAbort(std::exchange(handle_, nullptr));
-  }
-
- private:
-  ncclComm_t handle_ = nullptr;
-};
-
-// Keeps the first failure and takes the communicator for `abort` (every
-// later call sees the failure, none the handle). Holds comm->mutex.
-void fail_locked(ddp_comm* comm, PendingAbort& abort, ddp_status status, const std::string& message) {
-  FailureState& f = *comm->failure;
-  if (!f.failed.load(std::memory_order_relaxed)) {
-    f.status = status;
-    f.message = message;
-    f.failed.store(true, std::memory_order_release);
-  }
-  abort.take(std::exchange(comm->nccl, nullptr));
-}
-
-[[noreturn]] void throw_failure(const FailureState& f) { throw Failure(f.status, f.message); }
-
-// One watchdog round. Holds comm->mutex; comm->nccl is not NULL. A failure
-// leaves the communicator in `abort`.
-void watch_once(ddp_comm* comm, PendingAbort& abort) {
-  const std::string prefix = rank_prefix(comm->host);
-  ncclResult_t state = ncclSuccess;
-  ncclResult_t r = ncclCommGetAsyncError(comm->nccl, &state);
-  if (r == ncclSuccess) r = state;
-  if (r != ncclSuccess && r != ncclInProgress) {
-    std::string during = comm->in_flight.empty() ? "" : " during " + comm->in_flight.front().what;
-    fail_locked(comm, abort, DDP_ERR_COMM,
-                prefix + "asynchronous " + nccl_error(r, comm->nccl) + during + "; the communicator was aborted");
-    return;
-  }
-  const auto now = Clock::now();
-  for (auto it = comm->in_flight.begin(); it != comm->in_flight.end();) {
-    cudaError_t q = cudaEventQuery(it->done);
-    if (q == cudaSuccess) {
-      comm->spare_events.push_back(it->done);
-      it = comm->in_flight.erase(it);
-    } else if (q != cudaErrorNotReady) {
-      fail_locked(comm, abort, DDP_ERR_COMM, prefix + it->what + ": " + cuda_error(q) + "; the communicator was aborted");
-      return;
-    } else if (now - it->since > comm->timeout) {
-      fail_locked(comm, abort, DDP_ERR_TIMEOUT,
-                  prefix + it->what + " did not complete within " + millis(comm->timeout) +
-                      " (run.timeout_s): a peer rank died, hung or issued another collective; "
-                      "the communicator was aborted");
-      return;
-    } else {
-      ++it;
-    }
-  }
-}
-
-void watchdog(ddp_comm* comm) {
-  cudaSetDevice(comm->gpu);  // this thread's events live there
-  const auto poll = std::clamp<std::chrono::milliseconds>(comm->timeout / 10, std::chrono::milliseconds(1),
-                                                          std::chrono::milliseconds(100));
-  std::unique_lock<std::mutex> lock(comm->mutex);
-  while (!comm->stopping) {
-    comm->wake.wait_for(lock, poll);
-    if (comm->stopping || comm->nccl == nullptr) continue;
-    PendingAbort abort;
-    try {
-      watch_once(comm, abort);
-    } catch (...) {  // out of memory for a message: try again next round
-    }
-    lock.unlock();  // the abort may wait on the stream: not under the mutex
-    abort.run();
-    lock.lock();
-  }
-  comm->watchdog_done = true;
-  comm->watchdog_ended.notify_all();  // under the lock: destroy joins before it frees comm
-}
-
-// Runs one NCCL call that enqueues on the stream behind `stream`, then marks
-// it for the watchdog (and, with fail_streams, for the engine's waits).
-template <typename Call>
-void enqueue(ddp_comm* comm, ddp_stream stream, std::string what, Call&& call) {
-  const ddp_host* h = comm->host;
-  auto s = static_cast<cudaStream_t>(h->stream_native(h->ctx, stream));
-  {
-    PendingAbort abort;  // runs after the lock is released, on every way out
-    std::lock_guard<std::mutex> lock(comm->mutex);
-    if (comm->failure->failed.load(std::memory_order_acquire)) throw_failure(*comm->failure);
-    const std::string prefix = rank_prefix(h);
-    ncclResult_t r = settle(comm->nccl, call(comm->nccl, s), Clock::now() + comm->timeout);
-    if (r == ncclInProgress) {
-      fail_locked(comm, abort, DDP_ERR_TIMEOUT, prefix + what + ": NCCL did not finish enqueuing it within " +
-                                             millis(comm->timeout) + " (run.timeout_s); the communicator was aborted");
-    } else if (r != ncclSuccess) {
-      fail_locked(comm, abort, DDP_ERR_COMM, prefix + what + ": " + nccl_error(r, comm->nccl) + "; the communicator was aborted");
-    }
-    if (comm->failure->failed.load(std::memory_order_acquire)) throw_failure(*comm->failure);
-
-    cudaEvent_t done = nullptr;
-    cudaError_t e = cudaSuccess;
-    if (!comm->spare_events.empty()) {
-      done = comm->spare_events.back();
-      comm->spare_events.pop_back();
-    } else {
-      e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
-    }
-    if (e == cudaSuccess) e = cudaEventRecord(done, s);
-    if (e != cudaSuccess) {
-      if (done != nullptr) cudaEventDestroy(done);
-      fail_locked(comm, abort, DDP_ERR_COMM, prefix + what + ": recording its completion event: " + cuda_error(e) +
-                                          "; the communicator was aborted");
-      throw_failure(*comm->failure);
-    }
-    comm->in_flight.push_back(InFlight{done, Clock::now(), std::move(what)});
-  }
-  // The job after each collective: fails the stream once the communicator
-  // has failed. It holds its own reference: it may run after destroy.
-  if (comm->fail_streams)
-    ddp::plugin::check(ddp::plugin::launch_job(h, stream, "nccl", std::string(), [state = comm->failure] {
-      const FailureState& f = *state;
-      return f.failed.load(std::memory_order_acquire) ? fail(f.host, f.status, f.message) : DDP_OK;
-    }));  // a refusal: the host has set the text
-}
+using ddp_nccl::Clock;
+using ddp_nccl::cuda_error;
+using ddp_nccl::enqueue;
+using ddp_nccl::millis;
+using ddp_nccl::nccl_error;
+using ddp_nccl::rank_prefix;
+using ddp_nccl::settle;
 
 // --------------------------------------------------------- argument checks
 
@@ -424,52 +223,81 @@ ddp_status nccl_init(const ddp_host* host, ddp_comm** out) {
                         device_name(host->device));
     auto comm = std::make_unique<ddp_comm_s>();
     comm->host = host;
+    comm->rank = host->rank;
+    comm->size = host->world_size;
     comm->failure->host = host;
     comm->timeout = std::chrono::milliseconds(host->timeout_ms);
     comm->fail_streams = ddp::plugin::Host(host).config_bool("fail_streams", true);
     comm->gpu = use_gpu(host);
     ddp::plugin::check(host->alloc(host->ctx, sizeof(float), DDP_MEM_COMM_BUFFERS, &comm->barrier_buf));
     comm->nccl = connect(host, comm->gpu, exchange_unique_id(host), comm->timeout);
-    comm->watchdog = std::thread(watchdog, comm.get());
+    comm->watchdog = std::thread(ddp_nccl::watchdog, comm.get());
     *out = comm.release();
   });
 }
 
-// How long destroy waits for a watchdog still inside ncclCommAbort.
-constexpr std::chrono::seconds kWatchdogGrace{5};
-
-// A watchdog still in ncclCommAbort (waiting for a stream that never reaches
-// the aborted kernel) would hold destroy, and the run, forever: past
-// kWatchdogGrace the communicator is left to the process's exit instead.
-void nccl_destroy(ddp_comm* comm) {
-  bool ended = true;
-  {
-    std::unique_lock<std::mutex> lock(comm->mutex);
-    comm->stopping = true;
-    comm->wake.notify_all();
-    if (comm->watchdog.joinable())
-      ended = comm->watchdog_ended.wait_for(lock, kWatchdogGrace, [comm] { return comm->watchdog_done; });
-  }
-  if (!ended) {
-    comm->watchdog.detach();
-    comm->host->log(comm->host->ctx, DDP_LOG_WARN,
-                    (rank_prefix(comm->host) + "ncclCommAbort has not returned after " +
-                     std::to_string(kWatchdogGrace.count()) + " s (the stream never reached the aborted "
-                     "collective): the communicator is left to the process's exit").c_str());
-    return;  // comm stays allocated: the watchdog still uses it
-  }
-  if (comm->watchdog.joinable()) comm->watchdog.join();
-  delete comm;
+// A group's NCCL communicator (ncclCommSplit of the parent's, non-blocking
+// as the parent's), under the parent's mutex: NCCL calls on a communicator
+// are serialised, and a failed parent is refused with its own failure. A
+// split that does not settle within the timeout (a member never called)
+// is aborted.
+ncclComm_t split_nccl(ddp_comm* parent, const ddp_split* how, const std::string& where) {
+  std::lock_guard<std::mutex> lock(parent->mutex);
+  if (parent->failure->failed.load(std::memory_order_acquire))
+    throw Failure(parent->failure->status, where + "the parent communicator has failed: " + parent->failure->message);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t nccl = nullptr;
+  ncclResult_t r = ncclCommSplit(parent->nccl, how->color, how->key, &nccl, &config);
+  const auto deadline = Clock::now() + parent->timeout;
+  if (nccl != nullptr) r = settle(nccl, r, deadline);
+  if (r == ncclSuccess) r = settle(parent->nccl, ncclInProgress, deadline);  // the parent's part of the split
+  if (r == ncclSuccess) return nccl;
+  const std::string why = r == ncclInProgress ? "did not complete within " + millis(parent->timeout) +
+                                                    " (run.timeout_s; did every rank of the parent call split?)"
+                                              : "failed: " + nccl_error(r, nccl != nullptr ? nccl : parent->nccl);
+  if (nccl != nullptr) ncclCommAbort(nccl);
+  throw Failure(r == ncclInProgress ? DDP_ERR_TIMEOUT : DDP_ERR_COMM,
+                where + "ncclCommSplit (color " + std::to_string(how->color) + ", key " + std::to_string(how->key) +
+                    ") " + why);
 }
 
-void nccl_abort(ddp_comm* comm) {
-  try {
-    PendingAbort abort;  // after the lock: see PendingAbort
-    std::lock_guard<std::mutex> lock(comm->mutex);
-    fail_locked(comm, abort, DDP_ERR_COMM, rank_prefix(comm->host) + "the communicator was aborted by the engine");
-  } catch (...) {  // any thread, nothing may escape
-  }
+// A group's communicator (ABI 1.9): NCCL's split, checked against the
+// membership the engine computed, with the parent's GPU, timeout and
+// fail_streams, and a watchdog of its own.
+ddp_status nccl_split(ddp_comm* parent, const ddp_split* how, ddp_comm** out) {
+  const ddp_host* host = parent->host;
+  if (ddp_status s = ddp::plugin::check_split(host, how, parent->size, "nccl")) return s;
+  return ddp::plugin::guard(host, [&] {
+    auto comm = std::make_unique<ddp_comm_s>();
+    comm->host = host;
+    comm->rank = how->rank;
+    comm->size = how->size;
+    comm->tag = how->tag;
+    comm->failure->host = host;
+    comm->timeout = parent->timeout;
+    comm->fail_streams = parent->fail_streams;
+    comm->gpu = parent->gpu;
+    const std::string where = rank_prefix(host) + "split, group '" + comm->tag + "': ";
+    if (cudaError_t e = cudaSetDevice(comm->gpu))
+      throw Failure(DDP_ERR_COMM, where + "cudaSetDevice(" + std::to_string(comm->gpu) + "): " + cuda_error(e));
+    ddp::plugin::check(host->alloc(host->ctx, sizeof(float), DDP_MEM_COMM_BUFFERS, &comm->barrier_buf));
+    comm->nccl = split_nccl(parent, how, where);
+    int rank = -1, count = 0;
+    ncclCommUserRank(comm->nccl, &rank);
+    ncclCommCount(comm->nccl, &count);
+    if (rank != how->rank || count != how->size)
+      throw Failure(DDP_ERR_INTERNAL, where + "ncclCommSplit made rank " + std::to_string(rank) + " of " +
+                                          std::to_string(count) + ", the engine computed rank " +
+                                          std::to_string(how->rank) + " of " + std::to_string(how->size));
+    comm->watchdog = std::thread(ddp_nccl::watchdog, comm.get());
+    *out = comm.release();
+  });
 }
+
+void nccl_destroy(ddp_comm* comm) { ddp_nccl::destroy_comm(comm); }
+
+void nccl_abort(ddp_comm* comm) { ddp_nccl::abort_comm(comm); }
 
 ddp_status nccl_all_reduce(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op op, ddp_stream stream) {
   return ddp::plugin::guard(comm->host, [&] {
@@ -485,7 +313,7 @@ ddp_status nccl_all_reduce(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op 
 ddp_status nccl_broadcast(ddp_comm* comm, const ddp_buffer* buf, int root, ddp_stream stream) {
   return ddp::plugin::guard(comm->host, [&] {
     const ncclDataType_t type = checked(comm->host, buf, "broadcast");
-    ddp::plugin::check(ddp::plugin::check_root(comm->host, root));
+    ddp::plugin::check(ddp::plugin::check_root(comm->host, root, comm->size));
     void* p = buf->ptr;
     const size_t n = buf->count;
     enqueue(comm, stream, describe("broadcast", *buf),
@@ -497,7 +325,7 @@ ddp_status nccl_all_gather(ddp_comm* comm, const ddp_buffer* send, const ddp_buf
   return ddp::plugin::guard(comm->host, [&] {
     const ncclDataType_t type = checked(comm->host, send, "all_gather");
     checked(comm->host, recv, "all_gather");
-    ddp::plugin::check(ddp::plugin::check_all_gather(comm->host, *send, *recv));
+    ddp::plugin::check(ddp::plugin::check_all_gather(comm->host, *send, *recv, comm->size));
     const void* in = send->ptr;
     void* to = recv->ptr;
     const size_t n = send->count;
@@ -512,7 +340,7 @@ ddp_status nccl_reduce_scatter(ddp_comm* comm, const ddp_buffer* send, const ddp
     const ncclDataType_t type = checked(comm->host, send, "reduce_scatter");
     checked(comm->host, recv, "reduce_scatter");
     const ncclRedOp_t red = checked(op, "reduce_scatter");
-    ddp::plugin::check(ddp::plugin::check_reduce_scatter(comm->host, *send, *recv));
+    ddp::plugin::check(ddp::plugin::check_reduce_scatter(comm->host, *send, *recv, comm->size));
     const void* in = send->ptr;
     void* to = recv->ptr;
     const size_t n = recv->count;
@@ -539,28 +367,6 @@ ddp_status nccl_plan(const ddp_host* host, ddp_plan* out) {
 
 }  // namespace
 
-// The host has synchronised every stream first, or called abort.
-ddp_comm_s::~ddp_comm_s() {
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    stopping = true;
-  }
-  wake.notify_all();
-  if (watchdog.joinable()) watchdog.join();
-  if (nccl != nullptr) {
-    // Flush and free; abort when that fails or outlasts the timeout (a peer gone).
-    if (settle(nccl, ncclCommFinalize(nccl), Clock::now() + timeout) == ncclSuccess) {
-      ncclCommDestroy(nccl);
-    } else {
-      ncclCommAbort(nccl);
-    }
-    nccl = nullptr;
-  }
-  for (const InFlight& f : in_flight) cudaEventDestroy(f.done);
-  for (cudaEvent_t e : spare_events) cudaEventDestroy(e);
-  if (host != nullptr) host->free(host->ctx, barrier_buf);
-}
-
 DDP_TRANSPORT_ENTRY = {
     .abi_version = DDP_ABI_VERSION,
     .struct_size = sizeof(ddp_transport_v1_t),
@@ -578,4 +384,5 @@ DDP_TRANSPORT_ENTRY = {
     .dtypes = kDtypes,
     .keys = kKeys,
     .plan = nccl_plan,
+    .split = nccl_split,
 };

@@ -4,8 +4,10 @@
  * from 1 after init; every other call goes to the real gloo plugin (its
  * path built in: DDP_TEST_GLOO_PLUGIN), so the survivors meet a real
  * connection reset. With `die_signal` = SIGSTOP (19) instead of SIGKILL
- * (9, the default) the rank hangs, alive: the survivors time out. Not a
- * mock: the fault is the only thing it adds. */
+ * (9, the default) the rank hangs, alive: the survivors time out. The
+ * counts are of calls on every communicator, the world's and the groups'
+ * (split goes to gloo's too). Not a mock: the fault is the only thing it
+ * adds. */
 #include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
@@ -65,6 +67,9 @@ static ddp_status dies_reduce_scatter(ddp_comm* c, const ddp_buffer* send, const
   return gloo->reduce_scatter(c, send, recv, op, s);
 }
 static ddp_status dies_barrier(ddp_comm* c, ddp_stream s) { return gloo->barrier(c, s); }
+static ddp_status dies_split(ddp_comm* parent, const ddp_split* how, ddp_comm** out) {
+  return gloo->split(parent, how, out); /* gloo has split: it is built from this tree */
+}
 static void dies_abort(ddp_comm* c) {
   if (gloo->abort) gloo->abort(c);
 }
@@ -85,4 +90,5 @@ DDP_TRANSPORT_ENTRY = {
     .abort = dies_abort,
     .dtypes = DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_BFLOAT16) | DDP_DTYPE_BIT(DDP_FLOAT16),
     /* keys: not declared; plan: none */
+    .split = dies_split,
 };

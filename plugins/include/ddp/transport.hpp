@@ -7,8 +7,10 @@
 // - Argument checks at enqueue time, in the caller's thread, before anything
 //   is enqueued: a buffer argument (check_buffer, around the transport's own
 //   device and dtype rules), broadcast's root (check_root), the shapes of
-//   all_gather and reduce_scatter (check_all_gather, check_reduce_scatter).
-//   Each returns DDP_OK, or sets the text and returns the refusal's status.
+//   all_gather and reduce_scatter (check_all_gather, check_reduce_scatter),
+//   each on the world's communicator or, given its size, on a group's;
+//   split's request (check_split, ABI 1.9). Each returns DDP_OK, or sets
+//   the text and returns the refusal's status.
 // - launch_job(): a job on a stream (host->launch_host_func), as a transport
 //   on CPU runs its blocking collective: the stream's executor runs it in
 //   order, and an exception it throws becomes the stream's failure, a status
@@ -83,25 +85,85 @@ inline ddp_status check_buffer(const ddp_host* host, const ddp_buffer* buffer, c
   return check_buffer(host, buffer, entry, [](const ddp_buffer&) { return DDP_OK; });
 }
 
-// broadcast's root: a rank of host->world_size.
-inline ddp_status check_root(const ddp_host* host, int root) {
-  if (root >= 0 && root < host->world_size) return DDP_OK;
-  return fail(host, DDP_ERR_INVALID_ARGUMENT, "broadcast: root " + std::to_string(root) + " out of range");
+namespace detail {
+
+// How a refusal names the size of a communicator of `size` ranks:
+// "world_size" for one of the world's size (the words the shipped
+// transports have always used), "the group's size (N)" for a group's.
+inline std::string size_words(const ddp_host* host, int size) {
+  if (size == host->world_size) return "world_size";
+  return "the group's size (" + std::to_string(size) + ")";
 }
 
-// all_gather's shapes (ddp/abi/transport.h): recv.count == send.count *
-// world_size, one dtype. The buffers themselves are checked before.
+}  // namespace detail
+
+// broadcast's root: a rank of a communicator of `size` ranks, the world's
+// or a group's (ddp_transport_v1_t::split): root is the group's rank.
+inline ddp_status check_root(const ddp_host* host, int root, int size) {
+  if (root >= 0 && root < size) return DDP_OK;
+  const std::string group =
+      size == host->world_size ? "" : " (a group of " + std::to_string(size) + (size == 1 ? " rank)" : " ranks)");
+  return fail(host, DDP_ERR_INVALID_ARGUMENT, "broadcast: root " + std::to_string(root) + " out of range" + group);
+}
+
+// broadcast's root on the world's communicator: a rank of host->world_size.
+// (Kept for transports without groups; one with split passes each comm's size.)
+inline ddp_status check_root(const ddp_host* host, int root) { return check_root(host, root, host->world_size); }
+
+// all_gather's shapes (ddp/abi/transport.h) on a communicator of `size`
+// ranks: recv.count == send.count * size, one dtype. The buffers themselves
+// are checked before.
+inline ddp_status check_all_gather(const ddp_host* host, const ddp_buffer& send, const ddp_buffer& recv, int size) {
+  if (size > 0 && recv.count == send.count * static_cast<size_t>(size) && recv.dtype == send.dtype) return DDP_OK;
+  return fail(host, DDP_ERR_INVALID_ARGUMENT,
+              "all_gather: recv must hold send.count * " + detail::size_words(host, size) +
+                  " elements of send's dtype");
+}
+
+// all_gather's shapes on the world's communicator (size host->world_size).
 inline ddp_status check_all_gather(const ddp_host* host, const ddp_buffer& send, const ddp_buffer& recv) {
-  if (recv.count == send.count * static_cast<size_t>(host->world_size) && recv.dtype == send.dtype) return DDP_OK;
-  return fail(host, DDP_ERR_INVALID_ARGUMENT,
-              "all_gather: recv must hold send.count * world_size elements of send's dtype");
+  return check_all_gather(host, send, recv, host->world_size);
 }
 
-// reduce_scatter's shapes: send.count == recv.count * world_size, one dtype.
-inline ddp_status check_reduce_scatter(const ddp_host* host, const ddp_buffer& send, const ddp_buffer& recv) {
-  if (send.count == recv.count * static_cast<size_t>(host->world_size) && recv.dtype == send.dtype) return DDP_OK;
+// reduce_scatter's shapes on a communicator of `size` ranks: send.count ==
+// recv.count * size, one dtype.
+inline ddp_status check_reduce_scatter(const ddp_host* host, const ddp_buffer& send, const ddp_buffer& recv,
+                                       int size) {
+  if (size > 0 && send.count == recv.count * static_cast<size_t>(size) && recv.dtype == send.dtype) return DDP_OK;
   return fail(host, DDP_ERR_INVALID_ARGUMENT,
-              "reduce_scatter: send must hold recv.count * world_size elements of recv's dtype");
+              "reduce_scatter: send must hold recv.count * " + detail::size_words(host, size) +
+                  " elements of recv's dtype");
+}
+
+// reduce_scatter's shapes on the world's communicator (size host->world_size).
+inline ddp_status check_reduce_scatter(const ddp_host* host, const ddp_buffer& send, const ddp_buffer& recv) {
+  return check_reduce_scatter(host, send, recv, host->world_size);
+}
+
+// split's request (ABI 1.9, ddp_split) on a parent of `parent_size` ranks,
+// before anything collective: a struct that reaches its tag, color >= 0,
+// 0 <= rank < size <= parent_size, and a tag that is not empty. Refusals
+// read "<transport> split: ...". The engine computes rank and size from
+// every rank's color and key, so every rank of the parent is refused alike
+// and none is left waiting in a rendezvous.
+inline ddp_status check_split(const ddp_host* host, const ddp_split* how, int parent_size, const char* transport) {
+  const std::string where = std::string(transport) + " split: ";
+  const size_t needs = offsetof(ddp_split, tag) + sizeof how->tag;
+  if (how == nullptr) return fail(host, DDP_ERR_INVALID_ARGUMENT, where + "NULL request");
+  if (how->struct_size < needs)
+    return fail(host, DDP_ERR_INVALID_ARGUMENT,
+                where + "the request is " + std::to_string(how->struct_size) + " bytes; its fields through tag take " +
+                    std::to_string(needs));
+  if (how->color < 0)
+    return fail(host, DDP_ERR_INVALID_ARGUMENT, where + "color " + std::to_string(how->color) + " is negative");
+  if (how->size < 1 || how->size > parent_size || how->rank < 0 || how->rank >= how->size)
+    return fail(host, DDP_ERR_INVALID_ARGUMENT,
+                where + "rank " + std::to_string(how->rank) + " of a group of " + std::to_string(how->size) +
+                    " ranks, from a parent of " + std::to_string(parent_size) +
+                    ": a group has 1 to the parent's ranks, and its rank is below its size");
+  if (how->tag == nullptr || *how->tag == '\0')
+    return fail(host, DDP_ERR_INVALID_ARGUMENT, where + "no tag (the group's name in the rendezvous)");
+  return DDP_OK;
 }
 
 // ------------------------------------------------------------ jobs on a stream
