@@ -34,8 +34,11 @@ function(ddp_add_plugin kind name)
   # C++20 for the descriptor's designated initializers (a C plugin: C99).
   # The entries a descriptor does not name are NULL on purpose: GCC's
   # -Wextra would warn of each (it does not in C).
-  target_compile_features(${target} PRIVATE cxx_std_20)
-  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-missing-field-initializers>)
+  get_property(languages GLOBAL PROPERTY ENABLED_LANGUAGES)
+  if("CXX" IN_LIST languages)  # (a C plugin's project may enable C alone)
+    target_compile_features(${target} PRIVATE cxx_std_20)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-missing-field-initializers>)
+  endif()
   target_link_options(${target} PRIVATE -Wl,--exclude-libs,ALL -Wl,--version-script=${map})
   # Every symbol resolved at link time, but in a sanitized build (DDP_SANITIZE):
   # there the sanitizers' runtime is in the executable that loads the plugin.
