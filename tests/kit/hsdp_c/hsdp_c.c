@@ -14,8 +14,8 @@
  *   held_ranges     the owned gradients, each held by world / shard_size
  *                   ranks (one per group): the norm counts each once.
  * Keys: shard_size (default 2, a divisor of the world size); skip_rank
- * and skip_at (tests: rank skip_rank leaves out its skip_at-th replica
- * all-reduce, from 1, which its replica group then waits for in vain).
+ * and skip_at (tests: rank skip_rank issues no replica all-reduce from its
+ * skip_at-th on, from 1, which its replica group then waits for in vain).
  * Built in tree for tests/groups_test.cpp and out of tree by
  * tools/build_example.sh --source tests/kit/hsdp_c. */
 #include <ddp/plugin.h>
@@ -42,7 +42,7 @@ struct ddp_strategy_s {
 static const ddp_key kKeys[] = {
     {"shard_size", "int", "ranks per shard group, a divisor of the world size (default 2)"},
     {"skip_rank", "int", "tests: the rank that leaves out a replica all-reduce (default -1: none)"},
-    {"skip_at", "int", "tests: which of its replica all-reduces it leaves out, from 1 (default 1)"},
+    {"skip_at", "int", "tests: from which of its replica all-reduces on it issues none, from 1 (default 1)"},
     {NULL, NULL, NULL},
 };
 
@@ -146,7 +146,7 @@ static ddp_status hsdp_finish(ddp_strategy* s) {
     if (!p->trainable) continue;
     const ddp_buffer g = {p->grad, p->numel, DDP_FLOAT32, h->device};
     st = s->t->all_reduce(s->shard, &g, DDP_REDUCE_SUM, comm);
-    const int skip = h->rank == s->skip_rank && ++s->replica_calls == s->skip_at;
+    const int skip = h->rank == s->skip_rank && ++s->replica_calls >= s->skip_at;
     if (st == DDP_OK && !skip) st = s->t->all_reduce(s->replica, &g, DDP_REDUCE_SUM, comm);
     if (st == DDP_OK) st = h->scale(h->ctx, &g, 1.0 / h->world_size, comm);
   }
