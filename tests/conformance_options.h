@@ -31,6 +31,7 @@ struct ConformanceOptions {
   std::vector<std::string> strategy_keys;  // "key=value", values as ddp run --set takes them
   std::optional<float> tolerance;          // parity tolerance the author declares; none: the scenarios'
   std::map<std::string, float> tolerance_for;  // per optimizer ("sgd", "adamw"): wins over `tolerance`
+  std::vector<int> worlds = {1, 2, 3, 4};  // the world sizes the plugin runs on (--worlds); others skip
   bool help = false;
 
   // The tolerance for a scenario with `optimizer` whose own is `own`.
@@ -66,6 +67,9 @@ inline const char* kConformanceHelp =
     "  --tolerance OPT=T[,OPT=T] per optimizer (sgd, adamw): AdamW turns a gradient's rounding into\n"
     "                            lr-sized steps, SGD into rounding-sized ones; one not named keeps\n"
     "                            the plain --tolerance, else the scenario's\n"
+    "  --worlds N[,N...]         the world sizes (1 to 4) the strategy runs on; cases of others skip\n"
+    "                            with the reason, as do those its plan entry refuses with\n"
+    "                            DDP_ERR_UNSUPPORTED (its own words); default 1,2,3,4\n"
     "  --help                    this text\n"
     "\n"
     "GoogleTest flags pass through (--gtest_filter='*_world2', --gtest_list_tests, ...).\n"
@@ -108,12 +112,31 @@ inline std::string ConformanceOptions::declared_tolerance() const {
   return out.str();
 }
 
+// --worlds's value into `out`: world sizes 1 to 4, separated by commas,
+// each once. Returns "" or what is wrong. Pure.
+inline std::string parse_worlds(const std::string& value, ConformanceOptions* out) {
+  std::vector<int> worlds;
+  for (size_t begin = 0; begin <= value.size();) {
+    const size_t end = std::min(value.find(',', begin), value.size());
+    const std::string item = value.substr(begin, end - begin);
+    if (item.size() != 1 || item[0] < '1' || item[0] > '4' ||
+        std::find(worlds.begin(), worlds.end(), item[0] - '0') != worlds.end())
+      return "--worlds wants world sizes from 1 to 4, each once, separated by commas; got '" + value + "'";
+    worlds.push_back(item[0] - '0');
+    begin = end + 1;
+  }
+  std::sort(worlds.begin(), worlds.end());
+  out->worlds = worlds;
+  return "";
+}
+
 // Fills `out` from `args` (argv without the program), GoogleTest's flags
 // (--gtest_*) into `gtest`. Returns "" or what is wrong: an unknown option
 // (with the nearest known one), a missing or malformed value. Pure.
 inline std::string parse_conformance_args(const std::vector<std::string>& args, ConformanceOptions* out,
                                           std::vector<std::string>* gtest) {
-  const std::vector<std::string> known = {"--strategy", "--strategy-key", "--transport", "--device", "--tolerance"};
+  const std::vector<std::string> known = {"--strategy", "--strategy-key", "--transport", "--device", "--tolerance",
+                                          "--worlds"};
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a.rfind("--gtest_", 0) == 0) {
@@ -149,6 +172,8 @@ inline std::string parse_conformance_args(const std::vector<std::string>& args, 
       const size_t at = value.find('=');
       if (at == std::string::npos || at == 0) return "--strategy-key wants KEY=VALUE, got '" + value + "'";
       out->strategy_keys.push_back(value);
+    } else if (flag == "--worlds") {
+      if (std::string why = parse_worlds(value, out); !why.empty()) return why;
     } else {  // --tolerance T, or OPT=T[,OPT=T]
       if (std::string why = parse_tolerance(value, out); !why.empty()) return why;
     }

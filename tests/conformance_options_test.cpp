@@ -32,6 +32,16 @@ TEST(ConformanceArgs, UnknownOptionsAreRefusedWithTheNearest) {
   EXPECT_EQ(parse({"my.so"}), "unknown option 'my.so'; ddp-conformance --help lists the options");
 }
 
+TEST(ConformanceArgs, WorldsAreThoseAPluginDeclares) {
+  ConformanceOptions o;
+  EXPECT_EQ(o.worlds, (std::vector<int>{1, 2, 3, 4}));
+  EXPECT_EQ(parse({"--worlds", "4,2"}, &o), "");
+  EXPECT_EQ(o.worlds, (std::vector<int>{2, 4}));
+  for (const std::string bad : {"0,2", "5", "2,2", "2,,4", "", "two"})
+    EXPECT_EQ(parse({"--worlds=" + bad}),
+              "--worlds wants world sizes from 1 to 4, each once, separated by commas; got '" + bad + "'");
+}
+
 TEST(ConformanceArgs, ValuesAndGoogleTestFlags) {
   ConformanceOptions o;
   std::vector<std::string> g;

@@ -43,6 +43,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -53,6 +54,7 @@
 #endif
 #include "conformance_options.h"
 #include "harness.h"
+#include "plugin_plan.h"
 #include "plugin_loader.h"
 
 namespace ddp {
@@ -69,7 +71,6 @@ constexpr int kSteps = 5;
 struct Scenario {
   std::string name;
   std::vector<std::string> models;
-  std::vector<int> worlds;
   std::string optimizer;        // body of [optimizer]
   std::string run_extra;        // more [run] keys
   std::string tail;             // more tables ([[optimizer.groups]], [[schedule.unfreeze]])
@@ -88,33 +89,35 @@ const std::string kAdamW = "name = \"adamw\"\nlr = 0.1\nweight_decay = 0.1\n";
 // accumulation) so that 3 ranks divide them; the PyTorch fixtures were made
 // with 20 rows (10 per micro-batch). AdamW on `toy_tied` stays on the spec's
 // 20 rows: its gradients are tiny, and AdamW's normalisation turns float32
-// rounding of other batches into differences just above 1e-5.
+// rounding of other batches into differences just above 1e-5. A scenario
+// runs on every world of 1 to 4 that divides its batch (worlds_of); the
+// plugin says which it runs on (--worlds, its plan entry).
 const std::vector<Scenario> kScenarios = {
-    {"sgd", {"toy", "toy_tied"}, {1, 2, 3, 4}, "lr = 0.1\n", "", "", 24, 1e-6f, "", ""},
-    {"adamw", {"toy"}, {1, 2, 3, 4}, kAdamW, "", "", 24, 1e-5f, "", ""},
-    {"adamw", {"toy_tied"}, {1, 2, 4}, kAdamW, "", "", 20, 1e-5f, "", ""},
-    {"pytorch_sgd", {"toy", "toy_tied"}, {1, 2, 4}, "lr = 0.1\n", "", "", 20, 1e-6f, "<model>_sgd_expected", ""},
-    {"pytorch_adamw", {"toy", "toy_tied"}, {1, 2, 4}, kAdamW, "", "", 20, 1e-5f, "<model>_adamw_expected", ""},
-    {"pytorch_momentum", {"toy"}, {1, 2, 4}, "lr = 0.1\nmomentum = 0.9\n", "", "", 20, 1e-6f,
+    {"sgd", {"toy", "toy_tied"}, "lr = 0.1\n", "", "", 24, 1e-6f, "", ""},
+    {"adamw", {"toy"}, kAdamW, "", "", 24, 1e-5f, "", ""},
+    {"adamw", {"toy_tied"}, kAdamW, "", "", 20, 1e-5f, "", ""},
+    {"pytorch_sgd", {"toy", "toy_tied"}, "lr = 0.1\n", "", "", 20, 1e-6f, "<model>_sgd_expected", ""},
+    {"pytorch_adamw", {"toy", "toy_tied"}, kAdamW, "", "", 20, 1e-5f, "<model>_adamw_expected", ""},
+    {"pytorch_momentum", {"toy"}, "lr = 0.1\nmomentum = 0.9\n", "", "", 20, 1e-6f,
      "toy_sgd_momentum_expected", ""},
-    {"pytorch_accum", {"toy"}, {1, 2}, "lr = 0.1\n", "grad_accum_steps = 2\n", "", 10, 1e-6f, "toy_accum_expected", ""},
-    {"pytorch_clip", {"toy", "toy_tied"}, {1, 2, 4}, kAdamW + "clip_grad_norm = 0.05\n", "", "", 20, 1e-5f,
+    {"pytorch_accum", {"toy"}, "lr = 0.1\n", "grad_accum_steps = 2\n", "", 10, 1e-6f, "toy_accum_expected", ""},
+    {"pytorch_clip", {"toy", "toy_tied"}, kAdamW + "clip_grad_norm = 0.05\n", "", "", 20, 1e-5f,
      "<model>_clip_adamw_expected", ""},
-    {"pytorch_cosine", {"toy"}, {1, 2, 4}, "lr = 0.1\nmomentum = 0.9\n", "",
+    {"pytorch_cosine", {"toy"}, "lr = 0.1\nmomentum = 0.9\n", "",
      "[schedule]\nlr = \"cosine\"\nwarmup_steps = 1\ncosine_steps = 3\nmin_lr = 0.01\n", 20, 1e-6f,
      "toy_cosine_momentum_expected", ""},
-    {"unfreeze_sgd", {"toy"}, {1, 2, 3, 4}, "lr = 0.1\n", "", kGroups + kUnfreeze, 24, 1e-6f, "", "fc2.fc.bias"},
-    {"unfreeze_adamw", {"toy"}, {1, 2, 3, 4}, kAdamW, "", kGroups + kUnfreeze, 24, 1e-5f, "", "fc2.fc.bias"},
+    {"unfreeze_sgd", {"toy"}, "lr = 0.1\n", "", kGroups + kUnfreeze, 24, 1e-6f, "", "fc2.fc.bias"},
+    {"unfreeze_adamw", {"toy"}, kAdamW, "", kGroups + kUnfreeze, 24, 1e-5f, "", "fc2.fc.bias"},
     // The largest parameter starts frozen and joins at step 2: a strategy
     // that re-partitions must keep existing owners (their optimizer state).
-    {"unfreeze_large", {"toy"}, {1, 2, 3, 4}, kAdamW, "",
+    {"unfreeze_large", {"toy"}, kAdamW, "",
      "[[schedule.unfreeze]]\nstep = 2\nparams = \"fc2.fc.weight\"\n", 24, 1e-5f, "", "fc2.fc.weight",
      "fc2.fc.weight"},
-    {"accum_adamw", {"toy_tied"}, {1, 2, 4}, kAdamW, "grad_accum_steps = 2\n", "", 8, 1e-5f, "", ""},
-    {"accum_sgd", {"toy", "toy_tied"}, {1, 2, 3, 4}, "lr = 0.1\n", "grad_accum_steps = 2\n", "", 12, 1e-6f, "", ""},
+    {"accum_adamw", {"toy_tied"}, kAdamW, "grad_accum_steps = 2\n", "", 8, 1e-5f, "", ""},
+    {"accum_sgd", {"toy", "toy_tied"}, "lr = 0.1\n", "grad_accum_steps = 2\n", "", 12, 1e-6f, "", ""},
     // Everything frozen becomes trainable at step 2, including a parameter
     // the model never uses (its gradient never fires; it must not move).
-    {"unfreeze_unused", {"toy"}, {1, 2, 3, 4}, kAdamW, "grad_accum_steps = 2\n",
+    {"unfreeze_unused", {"toy"}, kAdamW, "grad_accum_steps = 2\n",
      "[[schedule.unfreeze]]\nstep = 2\nparams = \"*\"\n", 12, 1e-5f, "", "fc2.fc.bias"},
 };
 
@@ -166,12 +169,62 @@ void PrintTo(const Case& c, std::ostream* os) {
   *os << c.scenario->name << ": " << c.model << " on " << c.world << " ranks";
 }
 
+// The worlds of 1 to 4 whose ranks share `batch` rows evenly (a micro-
+// batch's rows split by rank): where the scenario runs. Pure.
+std::vector<int> worlds_of(int64_t batch) {
+  std::vector<int> out;
+  for (int world = 1; world <= 4; ++world)
+    if (batch % world == 0) out.push_back(world);
+  return out;
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> out;
   for (const Scenario& sc : kScenarios)
     for (const auto& model : sc.models)
-      for (int world : sc.worlds) out.push_back({&sc, model, world});
+      for (int world : worlds_of(sc.batch)) out.push_back({&sc, model, world});
   return out;
+}
+
+// Why the strategy under test does not run a case on `world` ranks ("" if
+// it does): not among the worlds it declared (--worlds), or its plan entry
+// refuses the case with DDP_ERR_UNSUPPORTED (its own words).
+std::string not_run_because(const std::string& toml, int world) {
+  const auto& worlds = g_options.worlds;
+  if (std::find(worlds.begin(), worlds.end(), world) == worlds.end())
+    return "the strategy runs on other worlds (--worlds)";
+  harness::TempDir dir("ddp-conformance-plan");
+  std::ofstream(dir.path + "/case.toml") << toml;
+  std::vector<std::string> sets = g_options.strategy_sets();
+  sets.push_back("run.world_size=" + std::to_string(world));
+  try {  // the strategy's plan entry alone, for rank 0, on the model's table and units
+    const Config config = load_config(dir.path + "/case.toml", sets);
+    CpuDevice device;
+    DataShape shape;
+    const std::unique_ptr<Model> model = build_model(config.model.name, config.model.options, device, 0, &shape);
+    Footprint footprint;
+    for (const Parameter& p : model->params()) footprint.params.push_back({p.name, numel_of(p.shape), p.shape});
+    footprint.units = model->units();
+    plan::PlanRun run;
+    run.model = &footprint, run.world = world, run.micro_steps = int(config.run.grad_accum_steps);
+    run.device = g_options.device == "cuda" ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
+    run.clips = config.optimizer.clip_grad_norm > 0;
+    const auto strategy = load_plugin(PluginKind::Strategy, config.strategy_plugin);
+    const auto transport = load_plugin(PluginKind::Transport, config.transport_plugin);
+    plan::plan_strategy(*strategy->strategy(), *transport->transport(), config.strategy, run, 0);
+  } catch (const Error& e) {
+    if (e.status() == DDP_ERR_UNSUPPORTED) return std::string("its plan entry refuses it: ") + e.what();
+  } catch (const std::exception&) {  // not the plugin's word on the world: the run says what is wrong
+  }
+  return "";
+}
+
+// The case as a command a user reruns, printed where it fails: its whole
+// TOML document and `ddp run` with the world and the strategy's keys.
+std::string rerun_command(const std::string& toml, int world) {
+  std::string command = "ddp run case.toml --set run.world_size=" + std::to_string(world);
+  for (const std::string& kv : g_options.strategy_sets()) command += " --set '" + kv + "'";
+  return "[case] to rerun it, save this as case.toml:\n" + toml + "\nand run: " + command + "\n";
 }
 
 class Conformance : public testing::TestWithParam<Case> {};
@@ -334,11 +387,21 @@ TEST_P(Conformance, Protocol) {
       GTEST_SKIP() << "nccl needs a GPU per rank: world " << c.world << ", " << test::gpus().count << " GPU(s)";
   }
 #endif
+  const std::string toml = toml_for(sc, c.model, g_options.strategy);
+  if (const std::string why = not_run_because(toml, c.world); !why.empty())
+    GTEST_SKIP() << "world " << c.world << ": " << why;
+  struct OnFailure {  // whatever failed, the case as a command to rerun it
+    const std::string& toml;
+    int world;
+    ~OnFailure() {
+      if (testing::Test::HasFailure()) std::cout << rerun_command(toml, world);
+    }
+  } on_failure{toml, c.world};
   // Divergent: every collective compared across ranks before it runs
   // (run.debug_collectives), the invariant that binds them most.
   std::vector<std::string> sets = g_options.strategy_sets();
   if (strategy_divergent()) sets.push_back("run.debug_collectives=true");
-  RunResult ddp = harness::run(toml_for(sc, c.model, g_options.strategy), c.world, sets);
+  RunResult ddp = harness::run(toml, c.world, sets);
   for (const auto& f : ddp.failures) ADD_FAILURE() << "[run] the run under test (strategy " << g_options.strategy << ") failed: " << f;
   ASSERT_TRUE(ddp.failures.empty());
   ASSERT_EQ(ddp.ranks.size(), size_t(c.world));
@@ -355,35 +418,47 @@ TEST_P(Conformance, Protocol) {
 // before the update (clipping on: here at a bound no norm reaches, so
 // nothing is scaled) or takes the squares AdamW's pass measured (off),
 // under gradient accumulation, with a group and a parameter unfrozen at
-// step 2, on one rank and on three. The two runs must have had the same
-// gradients: where their weights after a step differ (a strategy whose
-// summation order is not fixed from run to run, e.g. bucket_mb = "auto",
-// measured at start-up), the norms need only agree to float32 rounding.
-TEST(ConformanceGradNorm, TheSameBitsWithAndWithoutClipping) {
+// step 2, on every world its batch allows. The two runs must have had the
+// same gradients: where their weights after a step differ (a strategy
+// whose summation order is not fixed from run to run, e.g. bucket_mb =
+// "auto", measured at start-up), the norms need only agree to float32
+// rounding.
+class ConformanceGradNorm : public testing::TestWithParam<int> {};
+
+const Scenario kGradNorm{"grad_norm", {"toy"}, kAdamW, "grad_accum_steps = 2\n", kGroups + kUnfreeze, 12, 1e-5f, "",
+                         "fc2.fc.bias"};
+
+TEST_P(ConformanceGradNorm, TheSameBitsWithAndWithoutClipping) {
+  const int world = GetParam();
   if (g_options.device != "cpu") GTEST_SKIP() << "without clipping, grad_norm is recorded on CPU runs only";
   if (g_options.transport == "mpi") GTEST_SKIP() << "the mpi transport's worlds come from mpirun";
-  Scenario sc{"grad_norm", {"toy"}, {1, 3}, kAdamW, "grad_accum_steps = 2\n", kGroups + kUnfreeze, 12, 1e-5f, "",
-              "fc2.fc.bias"};
+  Scenario sc = kGradNorm;
   const std::string plain = toml_for(sc, "toy", g_options.strategy);
+  if (const std::string why = not_run_because(plain, world); !why.empty())
+    GTEST_SKIP() << "world " << world << ": " << why;
   sc.optimizer += "clip_grad_norm = 1e30\n";
   const std::string clipped = toml_for(sc, "toy", g_options.strategy);
-  for (int world : sc.worlds) {
-    const RunResult a = harness::run(plain, world, g_options.strategy_sets());
-    const RunResult b = harness::run(clipped, world, g_options.strategy_sets());
-    for (const auto& f : a.failures) ADD_FAILURE() << "[run] " << f;
-    for (const auto& f : b.failures) ADD_FAILURE() << "[run, clipped] " << f;
-    ASSERT_TRUE(a.failures.empty() && b.failures.empty());
-    ASSERT_EQ(a.summary["grad_norm"].size(), size_t(kSteps)) << "world " << world;
-    ASSERT_EQ(b.summary["grad_norm"].size(), size_t(kSteps)) << "world " << world;
-    for (size_t s = 0; s < size_t(kSteps); ++s) {
-      const double na = a.summary["grad_norm"][s].get<double>(), nb = b.summary["grad_norm"][s].get<double>();
-      if (a.ranks[0].at(int64_t(s) + 1) == b.ranks[0].at(int64_t(s) + 1))
-        EXPECT_EQ(na, nb) << "world " << world << ", step " << s + 1 << " (the same weights after it)";
-      else
-        EXPECT_NEAR(na, nb, 1e-5 * na) << "world " << world << ", step " << s + 1 << " (other weights after it)";
-    }
+  const RunResult a = harness::run(plain, world, g_options.strategy_sets());
+  const RunResult b = harness::run(clipped, world, g_options.strategy_sets());
+  for (const auto& f : a.failures) ADD_FAILURE() << "[run] " << f;
+  for (const auto& f : b.failures) ADD_FAILURE() << "[run, clipped] " << f;
+  if (HasFailure()) std::cout << rerun_command(plain, world);
+  ASSERT_TRUE(a.failures.empty() && b.failures.empty());
+  ASSERT_EQ(a.summary["grad_norm"].size(), size_t(kSteps));
+  ASSERT_EQ(b.summary["grad_norm"].size(), size_t(kSteps));
+  for (size_t s = 0; s < size_t(kSteps); ++s) {
+    const double na = a.summary["grad_norm"][s].get<double>(), nb = b.summary["grad_norm"][s].get<double>();
+    if (a.ranks[0].at(int64_t(s) + 1) == b.ranks[0].at(int64_t(s) + 1))
+      EXPECT_EQ(na, nb) << "step " << s + 1 << " (the same weights after it)";
+    else
+      EXPECT_NEAR(na, nb, 1e-5 * na) << "step " << s + 1 << " (other weights after it)";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Worlds, ConformanceGradNorm, testing::ValuesIn(worlds_of(kGradNorm.batch)),
+                         [](const testing::TestParamInfo<int>& info) {
+                           return "world" + std::to_string(info.param);
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Strategy, Conformance, testing::ValuesIn(all_cases()),
                          [](const testing::TestParamInfo<Case>& info) {

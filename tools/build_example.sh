@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# tools/build_example.sh — builds strategies/example the way a third party
-# builds a plugin: installs the ddp build into a fresh prefix, copies the
-# example folder out of the source tree and configures and builds it there
-# against that prefix alone (find_package(ddp)). Checks that the plugin
-# exports exactly ddp_strategy_v1 and prints the path of the built .so on
-# stdout (everything else goes to stderr). Optionally trains configs/toy.toml
+# tools/build_example.sh — builds strategies/example (or another plugin
+# folder: the kit's C plugins in tests/kit) the way a third party builds a
+# plugin: installs the ddp build into a fresh prefix, copies the folder out
+# of the source tree and configures and builds it there against that
+# prefix alone (find_package(ddp)). Checks that the plugin exports exactly
+# ddp_strategy_v1 and prints the path of the built .so on stdout
+# (everything else goes to stderr). Optionally trains configs/toy.toml
 # with it, loaded by path, with the installed `ddp`, and runs the
 # conformance suite on it.
 #
-# usage: tools/build_example.sh [--build DIR] [--work DIR] [--smoke WORLD_SIZE]...
+# usage: tools/build_example.sh [--build DIR] [--work DIR] [--source DIR] [--smoke WORLD_SIZE]...
 #                               [--headers DIR] [--plan planned|unplanned] [--conformance]
 #   --build DIR      the ddp build to install (default: build); must be built
 #   --work DIR       where prefix/, src/, example-build/ and runs/ go
 #                    (default: a new temporary directory); those are replaced
+#   --source DIR     the plugin folder to build (default: strategies/example);
+#                    the folder's name is the plugin's: libddp_strategy_<name>.so
 #   --smoke N        run configs/toy.toml on N ranks with the example; checks
 #                    that it succeeds, the loss decreases and each step is
 #                    one collective (repeatable: --smoke 2 --smoke 4)
@@ -33,11 +36,12 @@ root=$PWD
 say() { echo "build_example: $*" >&2; }
 die() { say "error: $*"; exit 1; }
 
-build=build work="" conformance=0 worlds=() headers="" plan=""
+build=build work="" conformance=0 worlds=() headers="" plan="" source=strategies/example
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=${2:?--build needs a directory}; shift 2 ;;
     --work) work=${2:?--work needs a directory}; shift 2 ;;
+    --source) source=${2:?--source needs a directory}; shift 2 ;;
     --smoke) worlds+=("${2:?--smoke needs a world size}"); shift 2 ;;
     --conformance) conformance=1; shift ;;
     --headers) headers=${2:?--headers needs a directory}; shift 2 ;;
@@ -65,13 +69,16 @@ if [ -n "$headers" ]; then
   cp -r "$headers/ddp" "$prefix/include/ddp"
 fi
 
-# 2. Configure and build the example outside the tree, from a copy, so that
+# 2. Configure and build the folder outside the tree, from a copy, so that
 #    nothing but the installed package can be what it builds against.
-cp -r "$root/strategies/example" "$src"
+case "$source" in /*) ;; *) source=$root/$source ;; esac
+[ -f "$source/CMakeLists.txt" ] || die "'$source' is no plugin folder (no CMakeLists.txt)"
+name=$(basename "$source")
+cp -r "$source" "$src"
 say "building $src in $exbuild against $prefix"
 cmake -S "$src" -B "$exbuild" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF >&2
 cmake --build "$exbuild" -j 2 >&2
-so=$exbuild/libddp_strategy_example.so
+so=$exbuild/libddp_strategy_$name.so
 [ -f "$so" ] || die "$so was not built"
 
 # 3. Exactly one exported symbol: the entry descriptor.
@@ -88,7 +95,7 @@ for n in "${worlds[@]}"; do
         --set "run.output_dir=$out" 2>&1) || { echo "$log" >&2; die "the run on $n ranks failed"; }
   echo "$log" >&2
   [ -f "$out/summary.json" ] || die "no $out/summary.json"
-  grep -q '"strategy": "example"' "$out/summary.json" || die "$out/summary.json is not from the example strategy"
+  grep -q "\"strategy\": \"$name\"" "$out/summary.json" || die "$out/summary.json is not from strategy $name"
   # Progress lines: "step 1/5  loss 1.049348  ...  (1 collectives, 0.003 MB)".
   echo "$log" | awk -v n="$n" '
     /^step [0-9]+\/[0-9]+ +loss / {
