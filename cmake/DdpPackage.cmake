@@ -4,6 +4,11 @@
 #     transport.hpp, overhead_model.hpp  (C++17, but numeric.h: C99)
 #   lib/cmake/ddp/ddpConfig*.cmake       find_package(ddp): ddp::plugin_api
 #   lib/cmake/ddp/DdpPlugin.cmake        ddp_add_plugin(), as used in tree
+#   include/ddp/strategy/*.h             the strategy kit: strategies/common's
+#                                        header-only helpers, ddp::strategy_common
+#                                        (installed by strategies/common)
+#   bin/ddp-mpirun-ranks                 tests/mpirun_ranks.sh: a GoogleTest program
+#                                        (ddp-conformance) as ranks of mpirun
 # (bin/ddp and lib/ddp/libddp_*.so are installed by their own directories.)
 # The package depends on nothing but the headers.
 include(CMakePackageConfigHelpers)
@@ -35,3 +40,7 @@ install(FILES
   ${CMAKE_CURRENT_BINARY_DIR}/ddpConfigVersion.cmake
   ${PROJECT_SOURCE_DIR}/cmake/DdpPlugin.cmake
   DESTINATION ${DDP_INSTALL_CMAKEDIR})
+
+# The conformance suite over a transport whose ranks only mpirun starts
+# (mpi): `ddp-mpirun-ranks 2 ddp-conformance --transport mpi ...`.
+install(PROGRAMS ${PROJECT_SOURCE_DIR}/tests/mpirun_ranks.sh DESTINATION ${DDP_INSTALL_BINDIR} RENAME ddp-mpirun-ranks)

@@ -69,6 +69,21 @@ if [ -n "$headers" ]; then
   cp -r "$headers/ddp" "$prefix/include/ddp"
 fi
 
+# 1b. The strategy kit installed (but where older headers replace the
+#     installed ones): every header of include/ddp/strategy compiles alone
+#     against the prefix, as a C++17 plugin includes it, and the package
+#     exports it as ddp::strategy_common.
+if [ -z "$headers" ]; then
+  kit=("$prefix"/include/ddp/strategy/*.h)
+  [ -f "${kit[0]}" ] || die "no strategy kit headers in $prefix/include/ddp/strategy"
+  for h in "${kit[@]}"; do
+    "${CXX:-c++}" -std=c++17 -fsyntax-only -I "$prefix/include" -x c++ - <<< "#include <ddp/strategy/$(basename "$h")>" \
+      || die "the installed kit header $h does not compile alone"
+  done
+  grep -q "ddp::strategy_common" "$prefix/lib/cmake/ddp/ddpTargets.cmake" || die "the package exports no ddp::strategy_common"
+fi
+[ -x "$prefix/bin/ddp-mpirun-ranks" ] || die "bin/ddp-mpirun-ranks was not installed"
+
 # 2. Configure and build the folder outside the tree, from a copy, so that
 #    nothing but the installed package can be what it builds against.
 case "$source" in /*) ;; *) source=$root/$source ;; esac
