@@ -22,6 +22,26 @@
  * which compares host->struct_size with the entry's end (offsetof(ddp_host,
  * entry) + its size) and the entry with NULL.
  *
+ * What it offers, by purpose (the struct lists entries in the order they
+ * were added, the ABI's; ddp/plugin.h's changelog says which minor added
+ * which):
+ *   who and where     abi_version, rank, world_size, local_rank, device,
+ *                     timeout_ms
+ *   words             log, set_error
+ *   its TOML keys     config_int, config_float, config_bool, config_string
+ *   the model         param_count, param, unit_count, unit
+ *   memory            alloc, free; alloc_host, free_host (staging)
+ *   on a stream       copy, fill, scale, convert, add; and compute: gemm,
+ *                     dot, norm, axpy, normalize
+ *   streams, events   compute_stream, comm_stream, launch_host_func,
+ *                     stream_native, event_create, event_destroy,
+ *                     event_record, stream_wait_event, event_synchronize,
+ *                     event_query
+ *   groups of ranks   split, group
+ *   rendezvous store  store_set, store_get, store_wait
+ *   the optimizer     run_optimizer (parameters), run_optimizer_ranges
+ *   storage it owns   claim, bind (gradients, values)
+ *
  * A host made for planning (the `plan` entries, ddp/abi/plan.h) has rank,
  * world_size, local_rank, device, timeout_ms and these entries: log,
  * set_error, config_*, param_count, param (data and grad NULL), unit_count
@@ -127,7 +147,7 @@ typedef struct ddp_host {
    * step: sharded). */
   ddp_status (*run_optimizer)(void* ctx, const size_t* param_indices, size_t count);
 
-  /* (ABI 1.1) Host memory for staging a device's buffers, accounted under
+  /* (1.1) Host memory for staging a device's buffers, accounted under
    * `category`: page-locked (cudaHostAlloc) on a CUDA run, so that copies
    * to and from it stay asynchronous; plain memory on a CPU run. Zeroed,
    * aligned to 64 bytes. Blocking, not stream-ordered; never from a host
@@ -137,18 +157,18 @@ typedef struct ddp_host {
   ddp_status (*alloc_host)(void* ctx, size_t bytes, ddp_mem_category category, void** out);
   void (*free_host)(void* ctx, void* ptr);
 
-  /* (ABI 1.3) Enqueues dst[i] = src[i] converted, for float32 to bfloat16
+  /* (1.3) Enqueues dst[i] = src[i] converted, for float32 to bfloat16
    * or float16 and back, rounding to nearest even (as PyTorch's .to()).
    * Equal counts, on the run's device, not overlapping. */
   ddp_status (*convert)(void* ctx, const ddp_buffer* dst, const ddp_buffer* src, ddp_stream stream);
 
-  /* (ABI 1.4) The model's units (ddp_unit), unit_count() of them in
+  /* (1.4) The model's units (ddp_unit), unit_count() of them in
    * forward order; unit(i) is NULL beyond. 0 units: the model declares
    * none, every parameter's unit is DDP_NO_UNIT and no unit hook fires. */
   size_t (*unit_count)(void* ctx);
   const ddp_unit* (*unit)(void* ctx, size_t index);
 
-  /* (ABI 1.4) Storage the strategy owns: gradients (`what`
+  /* (1.4) Storage the strategy owns: gradients (`what`
    * DDP_STORAGE_GRAD) for a strategy whose caps have
    * DDP_CAP_OWNS_GRADIENTS; values (DDP_STORAGE_DATA, 1.5, below) for one
    * whose caps have DDP_CAP_OWNS_PARAMETERS. Blocking, on the training
@@ -187,7 +207,7 @@ typedef struct ddp_host {
   ddp_status (*claim)(void* ctx, ddp_storage what, const size_t* indices, size_t count);
   ddp_status (*bind)(void* ctx, ddp_storage what, size_t index, void* ptr);
 
-  /* (ABI 1.4) Runs the engine's optimizer on element ranges, on the
+  /* (1.4) Runs the engine's optimizer on element ranges, on the
    * compute stream, blocking, with the same update rules as run_optimizer:
    * each range's data is updated from its grad (ddp_range). State lives
    * with the range that first stepped it: stepping a range that overlaps
@@ -196,11 +216,11 @@ typedef struct ddp_host {
    * are skipped. */
   ddp_status (*run_optimizer_ranges)(void* ctx, const ddp_range* ranges, size_t count);
 
-  /* (ABI 1.4) Enqueues dst[i] += src[i], float32, equal counts, on the
+  /* (1.4) Enqueues dst[i] += src[i], float32, equal counts, on the
    * run's device, not overlapping (a shard summing micro-batches). */
   ddp_status (*add)(void* ctx, const ddp_buffer* dst, const ddp_buffer* src, ddp_stream stream);
 
-  /* (ABI 1.9) Groups of ranks (ddp_group): HSDP's shard and replica
+  /* (1.9) Groups of ranks (ddp_group): HSDP's shard and replica
    * groups, a hierarchical reduction's node groups.
    * split: *out is a communicator of the ranks of `parent` that pass the
    * same `color` (>= 0), ordered by `key`, then by their rank in parent
@@ -224,7 +244,7 @@ typedef struct ddp_host {
   ddp_status (*split)(void* ctx, ddp_comm* parent, int color, int key, const char* name, ddp_comm** out);
   const ddp_group* (*group)(void* ctx, ddp_comm* comm);
 
-  /* (ABI 1.9) Compute for strategies (a gradient compressor): float32 on
+  /* (1.9) Compute for strategies (a gradient compressor): float32 on
    * the run's device, enqueued on `stream` as copy is (the engine's
    * OpenBLAS on a CPU run; cuBLAS and its own kernels on a CUDA run), so a
    * plugin links neither. The same inputs give the same bits on every

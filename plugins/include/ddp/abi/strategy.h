@@ -2,30 +2,133 @@
  * ddp_strategy_v1, which decides what to move between ranks and when. C99,
  * compiles alone; include ddp/plugin.h rather than this part.
  *
- * THE ORDER OF HOOKS. The engine calls them on the training thread. With k
- * = run.grad_accum_steps micro-batches per step and U units (ddp_unit):
- *   create, on_train_begin, take_values(u) for u = 0 .. U-1 (1.7, where
- *   it is set and the strategy claimed values);
- *   for each step, from the first (0, or a resumed run's) to total_steps:
- *     for each micro-batch m = 0 .. k-1:
- *       on_step_begin(step, m);
- *       forward:  on_unit(u, FORWARD_BEGIN), on_unit(u, FORWARD_END)
- *                 for u = 0 .. U-1;
- *       backward: on_unit(u, BACKWARD_BEGIN), on_grad_ready(p) for each
- *                 trainable p whose last use is in u, on_unit(u,
- *                 BACKWARD_END), for u = U-1 .. 0;
- *       on_backward_end;
- *     finish; the engine clips the gradients (optimizer.clip_grad_norm);
- *     optimizer_step if the strategy owns it, else the engine's optimizer
- *     steps every trainable parameter; on_step_end (1.8);
- *   on_train_end; destroy.
- * Every entry of that list but create, on_train_begin, finish and destroy
- * may be NULL (since 1.4; before, on_step_begin, on_grad_ready and
- * on_backward_end were required too), which means "nothing to do", but
- * optimizer_step where caps has DDP_CAP_OWNS_OPTIMIZER. Caps with
- * DDP_CAP_OWNS_GRADIENTS need DDP_CAP_OWNS_OPTIMIZER and grad_ranges too (a
- * strategy that holds gradients says where and steps them itself). A model
- * without units fires no unit hook.
+ * The entries in the order of a run's life. The engine calls them on the
+ * training thread; those marked (optional) may be NULL, which means
+ * "nothing to do" or what the entry says. The struct below lists them in
+ * the order they were added (that order is the ABI); ddp/plugin.h's table
+ * says which caps need which entries, its changelog which minor added
+ * each (a plugin checks an engine's with DDP_ABI_MINOR(host->abi_version)).
+ *
+ * BEFORE ANY RANK STARTS
+ *   keys    its TOML keys, for `ddp plugins` and to refuse a misspelt one.
+ *   plan    (optional) what a rank would send and hold (ddp/abi/plan.h),
+ *           on a planning host, without create; reads its keys as create
+ *           does. DDP_ERR_UNSUPPORTED: it does not run on this world with
+ *           these keys, in its own words (ddp run refuses, ddp-conformance
+ *           skips the case). NULL: `ddp plan` says its part is unplanned.
+ *
+ * SET-UP, every rank at the same point
+ *   create          makes the strategy over `transport`/`comm` (the
+ *                   world's: the host's, valid until destroy). Reads all its
+ *                   keys here (a key not read is refused as unknown).
+ *                   Blocking; no collective yet, but groups (ddp_host::
+ *                   split, collective over the world) and claims of
+ *                   storage. A strategy that sends other dtypes checks
+ *                   ddp_transport_dtypes(), one that needs an optional
+ *                   transport entry (reduce_scatter) checks it: refuse here,
+ *                   by name.
+ *   on_train_begin  makes every rank hold rank 0's parameters, frozen ones
+ *                   included (those it claimed and takes unit by unit are
+ *                   NULL here). Blocking.
+ *   take_values     (optional; with DDP_CAP_OWNS_PARAMETERS and a model
+ *                   with units) the initial values of the parameters it
+ *                   claimed, lent one unit at a time in forward order after
+ *                   on_train_begin, so that no rank holds them all: where it
+ *                   is set, no value exists in create; in take_values(u)
+ *                   the claimed parameters of unit u hold this rank's own
+ *                   (drawn, read from model.init_from or resumed); the
+ *                   strategy takes its part (broadcasting rank 0's first)
+ *                   and returns once done with them; the engine frees them
+ *                   then (a bind made here stays). Blocking. A plugin
+ *                   tells an engine that lends by DDP_ABI_MINOR(host->
+ *                   abi_version) >= 7; NULL: the engine holds every value
+ *                   through on_train_begin.
+ *
+ * EACH STEP, for each micro-batch m = 0 .. k-1 (k = run.grad_accum_steps)
+ *   on_step_begin   (optional) before the micro-batch's forward
+ *                   (ddp_step_info: sync_grads on the last, params_changed
+ *                   after an unfreeze). Non-blocking.
+ *   on_unit         (optional) FORWARD_BEGIN/END for u = 0 .. U-1, then in
+ *                   backward BACKWARD_BEGIN, the unit's on_grad_ready,
+ *                   BACKWARD_END for u = U-1 .. 0. A unit's parameters are
+ *                   read (gradients written) between its BEGIN and END on
+ *                   the compute stream: bind claimed storage in BEGIN;
+ *                   enqueue what waits for the unit's compute after END.
+ *                   Non-blocking, but it may wait for its own earlier
+ *                   communication. A model without units fires none.
+ *   on_grad_ready   (optional) `param`'s gradient is final for this
+ *                   micro-batch on the compute stream (wait for an event
+ *                   recorded there before reading it on another stream).
+ *                   Non-blocking.
+ *   on_backward_end (optional) the micro-batch's backward is done.
+ *                   Non-blocking.
+ * then, once per step:
+ *   finish          blocks until every trainable gradient holds the
+ *                   average over ranks (for a strategy that owns the
+ *                   optimizer step: those its optimizer_step needs).
+ *   held_ranges     (optional, 1.9) the averaged gradient elements this
+ *                   rank holds (ddp_held_range: the engine's, grad NULL, and
+ *                   those in storage it claimed) and how many ranks hold
+ *                   each, for the gradient norm (each element counted once)
+ *                   and clipping on every rank that holds it. Where set,
+ *                   the engine asks neither of its forerunners:
+ *                   held_grads (optional, 1.2): the indices of the
+ *                   parameters whose averaged gradient is on this rank only,
+ *                   *partitioned = 1 (0: every rank holds all);
+ *                   grad_ranges (1.4; needed with DDP_CAP_OWNS_GRADIENTS
+ *                   but for held_ranges): the ranges of claimed storage
+ *                   (their grad set), *partitioned = 1 if each element is
+ *                   on one rank only; gradients it did not claim are
+ *                   measured where they are. The engine reads a claimed
+ *                   gradient nowhere else. Valid until the next hook.
+ *   the engine clips the gradients (optimizer.clip_grad_norm), then
+ *   optimizer_step  (optional; required with DDP_CAP_OWNS_OPTIMIZER)
+ *                   replaces the engine's optimizer step: identical
+ *                   parameters on every rank after it (but under
+ *                   DDP_CAP_DIVERGENT). Blocking.
+ *   on_step_end     (optional; required with DDP_CAP_DIVERGENT) after the
+ *                   optimizer step of every step, with its last micro-
+ *                   batch's info: the strategy may communicate (local SGD
+ *                   averages, DiLoCo's outer step) and sets *synced = 1 if
+ *                   every rank holds the same parameters now (a sync
+ *                   point), the same answer on every rank. Only a strategy
+ *                   with DDP_CAP_DIVERGENT may answer 0; the engine's checks
+ *                   of the replicas then run at sync points only. Blocking.
+ *
+ * BETWEEN STEPS, every rank at the same point
+ *   unit_values     (required with DDP_CAP_OWNS_PARAMETERS) the whole
+ *                   model a unit at a time, for what the engine reads
+ *                   between steps (the replica check, checkpoints,
+ *                   weights.safetensors): hold 1 binds the full values of
+ *                   every parameter `unit` owns (DDP_STORAGE_DATA) and
+ *                   returns once in place (it may gather); hold 0 releases
+ *                   them. One unit held at a time. Blocking.
+ *   state           (optional) its own state that a checkpoint keeps
+ *                   (ddp_state_buffer: DiLoCo's θ_global, PowerSGD's error
+ *                   feedback and Q), the same buffers from on_train_begin
+ *                   on; after on_step_end of a checkpointed step, and on
+ *                   resume after on_train_begin (and take_values), where the
+ *                   engine fills them (the same names and counts, or the
+ *                   resume is refused by name; under DDP_CAP_DIVERGENT it
+ *                   also puts back each rank's own parameters). A
+ *                   checkpoint of another strategy, or without this
+ *                   rank's buffers, leaves them as on_train_begin made
+ *                   them (rank 0 says so). Blocking.
+ *   state_scopes    (optional, 1.9) after each call of state: who holds
+ *                   each buffer (ddp_state_scope), *count equal to state's.
+ *                   An equal buffer is checked equal on every rank,
+ *                   written once and taken up on any world size; a per-rank
+ *                   one on the same world size only. NULL: all per rank.
+ *   stats           (optional) a JSON object describing the strategy
+ *                   (summary.json's strategy_stats), NUL-terminated into
+ *                   buf (cap bytes); *needed its full length: called again
+ *                   with more where needed >= cap.
+ *
+ * THE END
+ *   on_train_end    (optional) after the last step, before the engine's
+ *                   last check of the replicas and the outputs. Blocking.
+ *   destroy         releases everything; the host has synchronised every
+ *                   stream first, and releases the groups after it.
  *
  * THE ORDER OF on_grad_ready: after a parameter's last use in backward
  * (PyTorch's post-accumulate-grad hook), once per micro-batch, never for a
@@ -33,8 +136,8 @@
  * model, so it is the same on every rank: for every shipped model it is
  * strictly decreasing table index (a tied weight fires once, after its
  * last use). Issue collectives in an order that depends only on this
- * sequence and on the unit hooks, never on timing: every rank must issue
- * the same collectives in the same order.
+ * sequence and on the unit hooks, never on timing: every rank of a group
+ * must issue the same collectives in the same order.
  *
  * THE PACKED GRADIENTS. The engine lays the gradients it owns (trainable,
  * not claimed: ddp_host::claim) out back to back in one block of device
@@ -68,9 +171,11 @@ typedef struct ddp_step_info {
   int32_t micro_steps;    /* run.grad_accum_steps */
   int32_t sync_grads;     /* 1 on the micro-batch whose gradients must be synced */
   int32_t params_changed; /* 1 if trainable flags changed since last step */
-  int64_t total_steps;    /* (ABI 1.4) run.steps: the last step is total_steps - 1 */
+  int64_t total_steps;    /* (1.4) run.steps: the last step is total_steps - 1 */
 } ddp_step_info;
 
+/* The descriptor. Each entry's contract is above, in the order of a run;
+ * here they stand in the order they were added (never reordered). */
 typedef struct ddp_strategy_v1_t {
   uint32_t abi_version;
   uint32_t struct_size; /* sizeof(ddp_strategy_v1_t) */
@@ -78,155 +183,48 @@ typedef struct ddp_strategy_v1_t {
   const char* version;
   uint64_t caps; /* DDP_CAP_DEVICE_*, DDP_CAP_OWNS_* and DDP_CAP_DIVERGENT (values.h) */
 
-  /* Makes a strategy over `transport`/`comm` (owned by the host, valid until
-   * destroy). Reads all its TOML keys here. Blocking; no collectives yet. A
-   * strategy that sends other dtypes checks ddp_transport_dtypes() here;
-   * one that needs an optional transport entry (reduce_scatter) checks it
-   * here and refuses by name. */
+  /* 1.0 */
   ddp_status (*create)(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm,
                        ddp_strategy** out);
-  /* Once, before the first step: make every rank hold rank 0's parameters
-   * (all of them, frozen included; those the strategy claimed and takes
-   * unit by unit, 1.7, in take_values instead: their data is NULL here).
-   * Blocking: done when it returns. */
   ddp_status (*on_train_begin)(ddp_strategy* s);
-  /* Before each micro-batch's forward. Non-blocking. */
   ddp_status (*on_step_begin)(ddp_strategy* s, const ddp_step_info* info);
-  /* `param` is the table entry; its grad is final for this micro-batch on the
-   * compute stream (wait for an event recorded there before reading it on
-   * another stream). Non-blocking. */
   ddp_status (*on_grad_ready)(ddp_strategy* s, const ddp_param* param);
-  /* Backward of the micro-batch is done. Non-blocking. */
   ddp_status (*on_backward_end)(ddp_strategy* s);
-  /* Blocks until every trainable gradient holds the average over ranks; for
-   * a strategy that owns the optimizer step, until the gradients its
-   * optimizer_step needs are in place. */
   ddp_status (*finish)(ddp_strategy* s);
-  /* (optional) Replaces the engine's optimizer step; must leave identical
-   * parameters on every rank (but under DDP_CAP_DIVERGENT, 1.8: see
-   * on_step_end). Blocking. Requires DDP_CAP_OWNS_OPTIMIZER. */
   ddp_status (*optimizer_step)(ddp_strategy* s);
-  /* (optional) Writes a JSON object describing the strategy (e.g. bucket
-   * layout) into buf (NUL-terminated, at most cap bytes including the NUL)
-   * and its full length without the NUL into *needed; the host calls again
-   * with a larger buffer if needed >= cap. */
   ddp_status (*stats)(ddp_strategy* s, char* buf, size_t cap, size_t* needed);
-  /* Releases everything. The host has synchronised all streams first. */
   void (*destroy)(ddp_strategy* s);
-  /* (ABI 1.2, optional) After finish: *partitioned = 1 if each averaged
-   * gradient is on one rank only (sharded's reduce_scatter), the indices this
-   * rank holds in indices[0, *count) (cap >= param_count); 0 if every rank
-   * has all (also if NULL). optimizer.clip_grad_norm sums these ranks' norms. */
+  /* 1.2: indices[0, *count) (cap >= param_count) */
   ddp_status (*held_grads)(ddp_strategy* s, size_t* indices, size_t cap, size_t* count, int* partitioned);
-  const ddp_key* keys; /* (ABI 1.3) its TOML keys; {NULL}: none; NULL: not declared */
+  /* 1.3: its TOML keys; {NULL}: none; NULL: not declared */
+  const ddp_key* keys;
 
-  /* (ABI 1.4, optional) A unit hook, in the order above. The unit's
-   * parameters are read (forward) or their gradients written (backward)
-   * between its BEGIN and END on the compute stream: a strategy that binds
-   * storage (ddp_host::bind) binds it in BEGIN, and may enqueue work that
-   * waits for the unit's compute after END. Non-blocking, but it may wait
-   * for its own earlier communication (a buffer to reuse). */
+  /* 1.4 */
   ddp_status (*on_unit)(ddp_strategy* s, size_t unit, ddp_unit_phase phase);
-  /* (ABI 1.4, optional) After the last step, before the engine's last
-   * check of the replicas and the outputs. Blocking. */
   ddp_status (*on_train_end)(ddp_strategy* s);
-  /* (ABI 1.4, optional) After finish: the averaged gradients this rank
-   * holds in storage it claimed, as element ranges (their grad set; valid
-   * until the next hook), for the engine to measure and clip
-   * (optimizer.clip_grad_norm) and to report their norm. *partitioned = 1
-   * if each element is held by one rank only (the norm sums the ranks'),
-   * 0 if every rank holds them all. Gradients the strategy did not claim
-   * are measured where they are, as before. Required where the strategy
-   * claims gradients: the engine reads a claimed gradient nowhere else. */
   ddp_status (*grad_ranges)(ddp_strategy* s, const ddp_range** ranges, size_t* count, int* partitioned);
-  /* (ABI 1.4, optional) `ddp plan`: this strategy's collectives per step
-   * and its own buffers, the elements its optimizer steps and the storage it
-   * claims, on the rank and world of `host`, a planning host (ddp/abi/
-   * host.h, ddp/abi/plan.h), over `transport` (not initialised: read its
-   * dtypes and entries only). Called before any rank starts, without
-   * create; reads its keys as create does. NULL: the strategy's own part
-   * is not planned, and `ddp plan` says so. */
+  /* `transport` not initialised: read its dtypes and entries only */
   ddp_status (*plan)(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_plan* out);
-  /* (ABI 1.5) Required where caps have DDP_CAP_OWNS_PARAMETERS: the whole
-   * model, one unit at a time, for what the engine reads between steps
-   * (the replica check, checkpoints, weights.safetensors, a test's
-   * snapshots). `hold` 1: bind the full values of every parameter `unit`
-   * owns (ddp_host::bind, DDP_STORAGE_DATA) and return once they are in
-   * place; `hold` 0: the engine is done reading them (bind what you like
-   * then). Blocking. Every rank calls it for the same units in the same
-   * order, one unit held at a time, so it may communicate (an all-gather
-   * of the unit's shards). */
+  /* 1.5 */
   ddp_status (*unit_values)(ddp_strategy* s, size_t unit, int hold);
-  /* (ABI 1.7, optional; ignored without DDP_CAP_OWNS_PARAMETERS, or for
-   * a model that declares no units) The initial values of the parameters
-   * the strategy claimed, lent one unit at a time, so that no rank ever
-   * holds them all. Where it is set, no parameter's values exist in create
-   * (ddp_param::data is NULL for all); the engine makes those of the
-   * parameters left unclaimed after create (they are there in
-   * on_train_begin, to broadcast as ever), and never holds the claimed
-   * ones whole: after on_train_begin returns, if the strategy claimed any,
-   * it calls take_values for every unit in forward order, every rank at
-   * the same point, with the values of the claimed parameters `unit` owns
-   * in place (ddp_param::data: this rank's own, as drawn, read from
-   * model.init_from or resumed; other units' claimed data stay where the
-   * strategy bound them, or NULL). The strategy takes its part (it may
-   * overwrite them: broadcasting rank 0's first where replicas start
-   * equal) and returns once done with them, its work on them complete;
-   * the engine then frees them, and a parameter bound before is bound
-   * where it was again (a bind made in take_values stays). Blocking. A
-   * plugin tells a 1.7 engine by DDP_ABI_MINOR(host->abi_version) >= 7.
-   * NULL: the engine holds every value through set-up, as in 1.5. */
+  /* 1.7 */
   ddp_status (*take_values)(ddp_strategy* s, size_t unit);
-  /* (ABI 1.8; optional, required with DDP_CAP_DIVERGENT, which goes with
-   * neither DDP_CAP_OWNS_GRADIENTS nor DDP_CAP_OWNS_PARAMETERS) After the
-   * optimizer step of every step (the engine's or the strategy's), on every
-   * rank, with that step's info (that of its last micro-batch). The
-   * strategy may communicate here (local SGD averages the parameters,
-   * DiLoCo takes its outer step) and sets *synced: 1 if every rank now
-   * holds the same parameters (a sync point), 0 if they may differ; the
-   * same answer on every rank (the engine's checks at sync points are
-   * collectives; run.debug_collectives compares the answers). Only
-   * a strategy with DDP_CAP_DIVERGENT may answer 0: the engine then checks
-   * the replicas (run.check_replicas_every), and at the end of the run,
-   * only at sync points; without the cap every step is one and a 0 is an
-   * error. Blocking. */
+  /* 1.8: *out valid until its next entry */
   ddp_status (*on_step_end)(ddp_strategy* s, const ddp_step_info* info, int* synced);
-  /* (ABI 1.8, optional) The strategy's own state that a checkpoint keeps
-   * so that a resumed run is the same run (DiLoCo's θ_global and outer
-   * momentum): *out = an array of *count buffers (ddp_state_buffer), the
-   * strategy's, valid until its next entry. The engine calls it after
-   * on_step_end of a step it checkpoints, and writes them as this rank's
-   * own; on resume, after on_train_begin (and take_values) and before the
-   * first step, it calls it again and fills them from the checkpoint, the
-   * same names and counts or the resume is refused by name. Under
-   * DDP_CAP_DIVERGENT, the engine also puts back each rank's own
-   * parameter values then (on_train_begin may have broadcast rank 0's).
-   * The same buffers from on_train_begin on. NULL: the strategy keeps no
-   * state across steps. Blocking. (A checkpoint of equal replicas without
-   * this strategy's state, or of another world size, leaves it as
-   * on_train_begin made it.) */
   ddp_status (*state)(ddp_strategy* s, const ddp_state_buffer** out, size_t* count);
-  /* (ABI 1.9, optional) After finish: every element of an averaged
-   * gradient this rank holds (ddp_held_range: the engine's own gradients,
-   * grad NULL, and those in storage it claimed), each with how many ranks
-   * hold it, for the engine to measure the gradient norm, each element
-   * counted once, and clip on every rank that holds it
-   * (optimizer.clip_grad_norm). Where set, the engine asks it and neither
-   * held_grads nor grad_ranges (it stands for grad_ranges where
-   * DDP_CAP_OWNS_GRADIENTS needs one). Valid until the next hook. */
+  /* 1.9 */
   ddp_status (*held_ranges)(ddp_strategy* s, const ddp_held_range** out, size_t* count);
-  /* (ABI 1.9, optional) Who holds each buffer `state` gives
-   * (ddp_state_scope): *scopes[i] for buffer i, *count equal to state's
-   * count; called after each call of state. NULL: every buffer is per
-   * rank. An equal buffer is checked equal on every rank when a
-   * checkpoint is written, written once, and taken up on resume on any
-   * world size; a per-rank one only on the same world size. Blocking. */
   ddp_status (*state_scopes)(ddp_strategy* s, const ddp_state_scope** scopes, size_t* count);
 } ddp_strategy_v1_t;
 
-/* A strategy plugin's one export: DDP_STRATEGY_ENTRY = {DDP_ABI_VERSION,
- * sizeof(ddp_strategy_v1_t), "name", "0.1.0", caps, create, ...}; (the
- * same in C and C++: exported, and unmangled in C++). */
+/* A strategy plugin's one export, with designated initializers (C99, or
+ * C++20) naming the entries it has; every other entry is NULL:
+ *   DDP_STRATEGY_ENTRY = {
+ *       .abi_version = DDP_ABI_VERSION, .struct_size = sizeof(ddp_strategy_v1_t),
+ *       .name = "mine", .version = "0.1.0", .caps = DDP_CAP_DEVICE_CPU,
+ *       .create = mine_create, .on_train_begin = mine_begin, .finish = mine_finish,
+ *       .destroy = mine_destroy, .keys = mine_keys};
+ * (exported, and unmangled in C++). */
 #define DDP_STRATEGY_ENTRY DDP_ENTRY_LINKAGE const ddp_strategy_v1_t ddp_strategy_v1
 
 #ifdef __cplusplus
