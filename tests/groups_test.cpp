@@ -145,13 +145,14 @@ TEST(Groups, ATransportWithoutSplitIsNamed) {
 // rank 1,
 // waits for it until the transport's timeout, and the run ends within
 // run.timeout_s + 10 s naming the group and its ranks.
-void a_group_collective_never_issued(int timeout_s) {
+void a_group_collective_never_issued(int timeout_s, const std::string& transport = "gloo") {
   const std::string dir = temp_dir();
   const auto started = std::chrono::steady_clock::now();
   Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
                      "run.world_size=4", "--set", "data.batch_size=24", "--set", "run.steps=50", "--set",
                      "run.timeout_s=" + std::to_string(timeout_s), "--set", "strategy.plugin=\"" + kHsdp + "\"",
-                     "--set", "strategy.skip_rank=3", "--set", "strategy.skip_at=2"},
+                     "--set", "strategy.skip_rank=3", "--set", "strategy.skip_at=2", "--set",
+                     "transport.plugin=\"" + transport + "\""},
                     {}, dir + "/ddp");
   EXPECT_EQ(wait_for(p, std::chrono::seconds(timeout_s + 60)), 1);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -160,7 +161,9 @@ void a_group_collective_never_issued(int timeout_s) {
   // waits on its replica group, ...), so whichever rank's transport gives
   // up first reports: its collective's group, with the group's ranks.
   const std::string err = read_file(p.err);
-  const std::regex named("ddp: rank ([0-3]) (failed|reported) in step 1: .*timed out.*\\(in group "
+  // (gloo gives up on its own; mpi's blocking collectives are given up on
+  // by the engine's wait: "made no progress".)
+  const std::regex named("ddp: rank ([0-3]) (failed|reported) in step 1: .*(?:timed out|made no progress).*\\(in group "
                          "'(shard|replicate)' \\(ranks ([0-3]), ([0-3])\\)\\)", std::regex::icase);
   std::smatch m;
   ASSERT_TRUE(std::regex_search(err, m, named)) << err;
@@ -171,6 +174,11 @@ void a_group_collective_never_issued(int timeout_s) {
 
 TEST(GroupTimeouts, ACollectiveOneRankNeverIssuesEndsTheRunNamingItsGroupAt2s) { a_group_collective_never_issued(2); }
 TEST(GroupTimeouts, ACollectiveOneRankNeverIssuesEndsTheRunNamingItsGroupAt5s) { a_group_collective_never_issued(5); }
+TEST(GroupTimeouts, OverMpiTheEnginesWaitNamesTheGroupAt2s) {
+  if (!std::filesystem::exists(std::string(DDP_TEST_PLUGIN_DIR) + "/libddp_transport_mpi.so"))
+    GTEST_SKIP() << "this build has no mpi transport";
+  a_group_collective_never_issued(2, "mpi");
+}
 
 TEST(GroupTrace, ACollectiveOfAGroupIsTracedUnderItsGroup) {
   const std::string dir = temp_dir();
