@@ -26,6 +26,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../common/stats.h"
@@ -43,6 +44,29 @@ using ddp::powersgd::Matrix;
 using ddp::strategy::StrategyBase;
 
 namespace {
+
+// Page-locked host memory (ddp_host::alloc_host: staging for the device's
+// buffers, accounted under its category), freed with this.
+class HostFloats {
+ public:
+  HostFloats() = default;
+  HostFloats(const Host& h, size_t count, ddp_mem_category category) : h_(h.raw()) {
+    if (count) p_ = static_cast<float*>(h.alloc_host(count * sizeof(float), category));
+  }
+  ~HostFloats() {
+    if (p_) h_->free_host(h_->ctx, p_);
+  }
+  HostFloats(HostFloats&& o) noexcept : h_(o.h_), p_(std::exchange(o.p_, nullptr)) {}
+  HostFloats& operator=(HostFloats&& o) noexcept {
+    std::swap(h_, o.h_), std::swap(p_, o.p_);
+    return *this;
+  }
+  float* get() const { return p_; }
+
+ private:
+  const ddp_host* h_ = nullptr;
+  float* p_ = nullptr;
+};
 
 struct Keys {
   int64_t rank = 2;
@@ -63,8 +87,9 @@ struct ddp_strategy_s : StrategyBase {
   DeviceBuffer p;                  // [p_elements]: each matrix's P [n, r], all-reduced as one
   DeviceBuffer flat;               // [vector_elements]: the 1-D gradients, all-reduced as one
   DeviceBuffer scratch;            // [scratch_elements]: Gram-Schmidt's projections
+  HostFloats staging;              // [q_elements] page-locked: the initial Qs on their way to the device
   std::vector<DeviceBuffer> retired;  // the last layout's, freed once the copies from them ran (finish)
-  std::vector<float> staging;      // initial Qs on their way to the device, kept until finish
+  std::vector<HostFloats> retired_staging;
   std::vector<std::string> names;  // of the state buffers
   std::vector<ddp_state_buffer> state;
   std::vector<ddp_state_scope> scopes;
@@ -138,13 +163,14 @@ void name_state(ddp_strategy* s) {
 
 // Each matrix's error and Q in the new buffers: carried over from the last
 // layout where it was there (on the compute stream), else zero and drawn
-// from the seed (layout.h's initial_q, through `staging`).
+// from the seed (layout.h's initial_q, through the page-locked `staging`).
 void carry_state(ddp_strategy* s, const Layout& old, const DeviceBuffer& old_error, const DeviceBuffer& old_q) {
   const Host& h = s->host;
   const ddp_stream c = h.compute_stream();
   std::map<size_t, const Matrix*> before;
   for (const Matrix& m : old.matrices) before[m.param] = &m;
-  s->staging.assign(s->layout.q_elements, 0.0f);
+  s->retired_staging.push_back(std::move(s->staging));
+  s->staging = HostFloats(h, s->layout.q_elements, DDP_MEM_COMM_BUFFERS);
   for (const Matrix& m : s->layout.matrices) {
     const size_t q_count = m.cols * m.rank;
     const auto was = before.find(m.param);
@@ -154,8 +180,8 @@ void carry_state(ddp_strategy* s, const Layout& old, const DeviceBuffer& old_err
       h.copy(s->q.floats() + m.q_offset, old_q.floats() + was->second->q_offset, q_count * sizeof(float), c);
       continue;
     }
-    ddp::powersgd::initial_q(uint64_t(s->keys.seed), h.param(m.param).name, s->staging.data() + m.q_offset, q_count);
-    h.copy(s->q.floats() + m.q_offset, s->staging.data() + m.q_offset, q_count * sizeof(float), c);
+    ddp::powersgd::initial_q(uint64_t(s->keys.seed), h.param(m.param).name, s->staging.get() + m.q_offset, q_count);
+    h.copy(s->q.floats() + m.q_offset, s->staging.get() + m.q_offset, q_count * sizeof(float), c);
   }
 }
 
@@ -184,8 +210,7 @@ void lay_out(ddp_strategy* s) {
 // for the comm stream, which waited for compute): their sources go.
 void release_retired(ddp_strategy* s) {
   s->retired.clear();
-  s->staging.clear();
-  s->staging.shrink_to_fit();
+  s->retired_staging.clear();
 }
 
 ddp_status powersgd_create(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm,
@@ -341,8 +366,8 @@ void powersgd_destroy(ddp_strategy* s) { delete s; }
 
 // `ddp plan`, for the steps from start_step on: the vectors' all-reduce,
 // P's and Q's, none beside compute (all follow backward); the error and Q
-// (optimizer state), P, the flat buffer and the projections (communication
-// buffers), from set-up on.
+// (optimizer state), P, the flat buffer, the projections and Q's staging
+// (communication buffers), from set-up on.
 ddp_status powersgd_plan(const ddp_host* host, const ddp_transport_v1_t*, ddp_plan* out) {
   return guard(host, [&] {
     const Host h(host);
@@ -354,6 +379,7 @@ ddp_status powersgd_plan(const ddp_host* host, const ddp_transport_v1_t*, ddp_pl
     plan.buffer(DDP_MEM_COMM_BUFFERS, l.p_elements * sizeof(float));
     plan.buffer(DDP_MEM_COMM_BUFFERS, l.vector_elements * sizeof(float));
     plan.buffer(DDP_MEM_COMM_BUFFERS, l.scratch_elements * sizeof(float));
+    plan.buffer(DDP_MEM_COMM_BUFFERS, l.q_elements * sizeof(float));  // the initial Qs' staging (alloc_host)
     if (l.vector_elements) plan.collective(DDP_OP_ALL_REDUCE, l.vector_elements);
     if (l.matrices.empty()) return;
     plan.collective(DDP_OP_ALL_REDUCE, l.p_elements);

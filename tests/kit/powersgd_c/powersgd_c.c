@@ -84,7 +84,9 @@ static void drop_layout(ddp_strategy* s) {
   s->m = NULL, s->state = NULL, s->scopes = NULL, s->scratch = NULL, s->count = 0;
 }
 
-/* Q's initial values, drawn on the host and copied to the device. */
+/* Q's initial values, drawn into malloc'ed memory and copied to the device,
+ * waited for (on a CUDA run copy's cudaMemcpyDefault takes pageable memory;
+ * the shipped strategy stages through alloc_host instead, planned). */
 static ddp_status draw_q(ddp_strategy* s, const matrix* m) {
   const ddp_host* h = s->host;
   const size_t n = m->cols * m->rank;
