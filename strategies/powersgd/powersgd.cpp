@@ -318,8 +318,11 @@ ddp_status powersgd_on_backward_end(ddp_strategy* s) {
   });
 }
 
+// The retired buffers go once the copies from them ran on compute (the
+// comm stream waits for it here too, where this step enqueued nothing).
 ddp_status powersgd_finish(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
+    if (!s->retired.empty()) s->comm_after_compute();
     s->wait_comm();
     release_retired(s);
   });
