@@ -254,7 +254,7 @@ TEST(Launcher, AMisspeltPluginIsRefusedBeforeAnyRankStarts) {
                      "'bucketed'? (strategy plugins in "),
             std::string::npos)
       << err;
-  EXPECT_NE(err.find(": bucketed, diloco, flat, localsgd, naive, overlap, sharded)\n"), std::string::npos) << err;
+  EXPECT_NE(err.find(": bucketed, diloco, flat, localsgd, naive, overlap, powersgd, sharded)\n"), std::string::npos) << err;
   EXPECT_FALSE(fs::exists(dir + "/out")) << "a rank started";
   fs::remove_all(dir);
 }

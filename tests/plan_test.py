@@ -2,7 +2,8 @@
 """tests/plan_test.py — `ddp plan` against what `ddp run` measures. For lm-tiny and mlp (256 x 3)
 at worlds 1, 2 and 4 and lm-cpu (its config: world 2) every shipped strategy (sharded in both
 variants of stage 1, in stage 2 with two caps and in stage 3 (also gathering in bf16), bucketed also compressed and with small buckets),
-each planning its own part through its plan entry, with AdamW (lm) and SGD with momentum (mlp):
+each planning its own part through its plan entry, powersgd at rank 2 among them, with AdamW (lm) and
+SGD with momentum (mlp):
   - rank 0's peak bytes at the three moments of summary.json, and every rank's peak over the run,
     per category: exactly equal for parameters, gradients, optimizer state and communication
     buffers; within 5 % for activations (the bound the issue sets; they come out exact);
@@ -38,6 +39,8 @@ STRATEGIES = {
     "sharded": ['strategy.plugin="sharded"', "strategy.sharded.bucket_mb=0.1"],
     "sharded_allgather": ['strategy.plugin="sharded"', 'strategy.sharded.variant="allgather"'],
     "sharded_stage2": ['strategy.plugin="sharded"', "strategy.sharded.stage=2", "strategy.sharded.bucket_mb=0.1"],
+    # Compressed: P, Q and the vectors' all-reduces; the error and Q as optimizer state.
+    "powersgd": ['strategy.plugin="powersgd"'],
 }
 # Checked in tests of their own, not for every model and world.
 MORE = {
