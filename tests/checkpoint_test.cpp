@@ -608,6 +608,8 @@ const std::vector<Writer> kWriters = {
     {"sharded_stage3", "sharded", "stage = 3\n", 2},
     {"localsgd", "localsgd", "period = 2\n", 2},
     {"diloco", "diloco", "period = 2\n", 2},
+    {"powersgd", "powersgd", "rank = 1\n", 2},
+    {"powersgd_c", kTestPlugins + "powersgd_c.so", "", 2},
     {"hsdp_c", kTestPlugins + "hsdp_c.so", "", 4},
     {"groups", kTestPlugins + "groups.so", "", 2},
     {"claims_values", kTestPlugins + "claims_values.so", "what = \"values_per_unit\"\n", 1},

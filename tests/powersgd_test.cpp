@@ -14,6 +14,7 @@
 // powersgd_bytes_test.py; against PyTorch's hook: powersgd_torch_test.py.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #endif
 #include "../strategies/powersgd/layout.h"
 #include "harness.h"
+#include "process.h"
 
 namespace ddp {
 namespace {
@@ -147,6 +149,31 @@ TEST(PowerSgdResume, AnotherWorldSizeKeepsEveryQBitForBit) {
       if (name.size() < 6 || name.compare(name.size() - 6, 6, ".error") != 0) continue;
       for (const float e : t.as_floats("strategy", name)) ASSERT_EQ(e, 0.0f) << "rank " << r << ", " << name;
     }
+}
+
+// Through `ddp run`, as a user meets it: resumed on 4 ranks from a
+// checkpoint of 2, rank 0 says which state starts afresh and why (the
+// per-rank errors, held for 2 ranks), and nothing of Q.
+TEST(PowerSgdResume, AnotherWorldSizeSaysWhichStateStartsAfresh) {
+  harness::TempDir dir("ddp-powersgd-resume");
+  const std::string config = dir.path + "/run.toml";
+  std::ofstream(config) << mlp(kSgd);
+  const auto run = [&](int world, const std::string& resume) {
+    std::vector<std::string> args = {"run", config, "--set", "run.world_size=" + std::to_string(world), "--set",
+                                     "run.output_dir=\"" + dir.path + "/out" + std::to_string(world) + "\""};
+    for (const std::string& kv : checkpointing(dir.path + "/ckpt")) args.insert(args.end(), {"--set", kv});
+    if (!resume.empty()) args.insert(args.end(), {"--resume", resume});
+    Process p = start(args, {}, dir.path + "/ddp" + std::to_string(world));
+    EXPECT_EQ(wait_for(p, std::chrono::seconds(120)), 0) << read_file(p.err);
+    return read_file(p.out);
+  };
+  run(2, "");
+  const std::string out = run(4, dir.path + "/ckpt/step-00000002");
+  EXPECT_NE(out.find("  strategy plugin 'powersgd' starts its per-rank state afresh ('head.weight.error' and more): "
+                     "the checkpoint holds it for 2 ranks, this run has 4\n"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find(".q'"), std::string::npos) << "Q is taken up on any world size: " << out;
 }
 
 #if DDP_WITH_CUDA
