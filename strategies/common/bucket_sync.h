@@ -1,6 +1,7 @@
 // bucket_sync.h — gradient averaging in buckets, overlapped with backward
 // (PyTorch DDP's c10d Reducer), optionally in a 16-bit float (compress.h),
-// shared by the `bucketed` strategy and the
+// optionally in two levels (HSDP: within a shard group, then across the
+// replica group; hsdp.h), shared by the `bucketed` strategy and the
 // `sharded` strategy's variant "broadcast". Header-only, so a plugin stays
 // one shared library that links nothing of the engine. Everything here
 // throws ddp::plugin::Failure; the plugin's entries catch it with
@@ -50,9 +51,19 @@ class BucketSync {
  public:
   // `base` is the strategy this belongs to (its host, comm and events); it
   // must outlive this object.
-  explicit BucketSync(const StrategyBase& base) : base_(base) {}
+  explicit BucketSync(const StrategyBase& base) : base_(base), within_(&base.comm) {}
   BucketSync(const BucketSync&) = delete;
   BucketSync& operator=(const BucketSync&) = delete;
+
+  // The comms a bucket is averaged over: all-reduced within `within`, then
+  // (where `across` is not nullptr) across `across`, a hierarchical
+  // all-reduce whose result is the average over the world when `within`
+  // and `across` are a shard group and its replica group (hsdp.h). Both
+  // must outlive this object. Default: the strategy's comm alone.
+  void set_comms(const plugin::Comm& within, const plugin::Comm* across) {
+    within_ = &within;
+    across_ = across;
+  }
 
   // The dtype gradients travel in (compress.h): float32 (the default), or
   // bfloat16 or float16 through a second buffer per bucket. Before lay_out.
@@ -231,23 +242,28 @@ class BucketSync {
   }
 
   // Enqueues the average of bucket b's buffer over ranks on the comm stream:
-  // in float32, or (compress) divided by the world size, converted to the
-  // wire dtype, summed there and converted back.
+  // in float32 (averaged within, then across), or (compress) divided by
+  // the world size once, converted to the wire dtype, summed there within
+  // and across, and converted back.
   void average(BucketState& b) const {
     const plugin::Host& h = base_.host;
     const ddp_buffer floats = h.floats(buffer_of(b), b.bytes / sizeof(float));
     if (wire_ == DDP_FLOAT32) {
-      base_.comm.all_reduce(floats, DDP_REDUCE_AVG, h.comm_stream());
+      within_->all_reduce(floats, DDP_REDUCE_AVG, h.comm_stream());
+      if (across_) across_->all_reduce(floats, DDP_REDUCE_AVG, h.comm_stream());
       return;
     }
     const ddp_buffer wire = h.buffer(b.wire.get(), floats.count, wire_);
     h.scale(floats, 1.0 / h.world_size(), h.comm_stream());
     h.convert(wire, floats, h.comm_stream());
-    base_.comm.all_reduce(wire, DDP_REDUCE_SUM, h.comm_stream());
+    within_->all_reduce(wire, DDP_REDUCE_SUM, h.comm_stream());
+    if (across_) across_->all_reduce(wire, DDP_REDUCE_SUM, h.comm_stream());
     h.convert(floats, wire, h.comm_stream());
   }
 
   const StrategyBase& base_;
+  const plugin::Comm* within_;            // a bucket's first all-reduce: the strategy's comm, or a shard group's
+  const plugin::Comm* across_ = nullptr;  // its second (the replica group's), or none
   ddp_dtype wire_ = DDP_FLOAT32;
   bool allow_in_place_ = true;
   std::vector<BucketState> buckets_;

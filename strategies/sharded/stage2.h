@@ -17,6 +17,12 @@
 //                   from the shard; then, bucket by bucket on the comm
 //                   stream, this rank's updated chunk is all-gathered (into
 //                   the ring, idle by then) and copied into the parameters.
+// With shard_size = g < N (HSDP, ../common/hsdp.h) the layout is over the
+// g ranks of the shard group and this rank's place in it, the collectives
+// above are the shard group's, and on the micro-batch with sync_grads each
+// bucket's chunk of the shard (the micro-batches' sum) is all-reduced (AVG)
+// across the replica group as the bucket closes: once per step, as
+// FSDP2's set_requires_all_reduce.
 // Every rank issues the same collectives in the same order: the layout is
 // the same everywhere, and buckets close at unit hooks, which fire in the
 // model's order, in bucket index order. Everything here throws
@@ -29,6 +35,7 @@
 
 #include "../common/compress.h"
 #include "../common/grad_shards.h"
+#include "../common/hsdp.h"
 #include "../common/stats.h"
 #include "../common/strategy_util.h"
 
@@ -37,7 +44,7 @@ namespace strategy {
 
 class Stage2 {
  public:
-  explicit Stage2(const StrategyBase& base) : base_(base) {}
+  Stage2(const StrategyBase& base, const Hsdp& groups) : base_(base), groups_(groups) {}
   Stage2(const Stage2&) = delete;
   Stage2& operator=(const Stage2&) = delete;
 
@@ -78,8 +85,8 @@ class Stage2 {
     }
     std::vector<std::vector<size_t>> kept;
     for (const ShardBucket& b : layout_.buckets) kept.push_back(b.params);
-    layout_ = shard_layout(units_, params_, size_t(h.world_size()), cap_elements, kAlign, &kept);
-    owned_ = owned_ranges(layout_, params_, size_t(h.rank()));
+    layout_ = shard_layout(units_, params_, size_t(groups_.size()), cap_elements, kAlign, &kept);
+    owned_ = owned_ranges(layout_, params_, size_t(groups_.rank()));
     std::vector<size_t> claim;
     for (const ShardBucket& b : layout_.buckets)
       for (size_t i : b.params)
@@ -88,7 +95,12 @@ class Stage2 {
     allocate();
   }
 
-  void begin_micro_batch(bool first) { first_micro_ = first; }
+  // on_step_begin: whether the micro-batch is the step's first, and
+  // whether it syncs (its buckets' chunks then go across the replicas).
+  void begin_micro_batch(bool first, bool sync) {
+    first_micro_ = first;
+    sync_ = sync;
+  }
   // The dtype gradients travel in (compress.h): float32, or bfloat16 or
   // float16 (divided by the world size in float32 first, summed in that
   // dtype, converted back into the shard). Before lay_out.
@@ -119,7 +131,7 @@ class Stage2 {
         if (r.shard >= b.shard && r.shard < b.shard + b.chunk)
           h.copy(staging_.floats() + (r.shard - b.shard), static_cast<float*>(h.param(r.param).data) + r.offset,
                  r.count * sizeof(float), comm);
-      base_.comm.all_gather(h.floats(staging_.get(), b.chunk), h.floats(ring_.get(), b.padded()), comm);
+      groups_.shard().all_gather(h.floats(staging_.get(), b.chunk), h.floats(ring_.get(), b.padded()), comm);
       for (size_t k = 0; k < b.params.size(); ++k)
         h.copy(h.param(b.params[k]).data, ring_.floats() + b.slots[k], params_[b.params[k]].elements * sizeof(float),
                comm);
@@ -130,9 +142,11 @@ class Stage2 {
   // `ddp plan`: the gradients it claims (all trainable) and holds instead
   // (shard and ring, from set-up on), its staging buffer, the elements its
   // optimizer steps; a reduce-scatter per bucket as it closes (beside
-  // backward but the last), then an all-gather per bucket.
+  // backward but the last), on the last micro-batch followed by the
+  // all-reduce of its chunk across the replicas, then an all-gather per
+  // bucket; groups of `shard_size`.
   static void plan(const plugin::Host& h, const plugin::Plan& plan, const ddp_transport_v1_t* transport,
-                   size_t cap_bytes, ddp_dtype wire) {
+                   size_t cap_bytes, ddp_dtype wire, int shard_size) {
     if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
       throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.stage = 2 reduce-scatters the gradients, and "
                                                              "transport '") + transport->name + "' has no reduce_scatter");
@@ -140,24 +154,39 @@ class Stage2 {
     std::vector<ShardParam> params;
     for (size_t i = 0; i < h.param_count(); ++i)
       params.push_back({StrategyBase::float32_elements(h.param(i)), h.param(i).trainable != 0});
-    const size_t n = size_t(h.world_size());
+    const size_t n = size_t(shard_size);
     const ShardLayout layout = shard_layout(units, params, n, std::max<size_t>(cap_bytes / sizeof(float), 1), kAlign);
     size_t chunk = 0;
     for (const ShardBucket& b : layout.buckets) {
       for (size_t i : b.params) plan.claims_gradient(i);
       chunk = std::max(chunk, b.chunk);
     }
-    for (const OwnedRange& r : owned_ranges(layout, params, size_t(h.rank()))) plan.steps(r.param, r.offset, r.count);
+    for (const OwnedRange& r : owned_ranges(layout, params, size_t(h.rank() % shard_size)))
+      plan.steps(r.param, r.offset, r.count);
     plan_buffers(plan, layout, chunk, wire);
     // Every micro-batch reduce-scatters its buckets; only the last one's
     // last is not issued while backward computes.
-    const size_t per_step = layout.buckets.size() * size_t(std::max<int32_t>(plan.micro_steps(), 1));
+    const int32_t micro = std::max<int32_t>(plan.micro_steps(), 1);
+    const size_t per_step = layout.buckets.size() * size_t(micro);
     size_t issued = 0;
-    for (int32_t m = 0; m < std::max<int32_t>(plan.micro_steps(), 1); ++m)
+    for (int32_t m = 0; m < micro; ++m)
       for (const auto& closing : layout.closes_at)
-        for (size_t b : closing)
-          plan.collective(DDP_OP_REDUCE_SCATTER, layout.buckets[b].padded(), wire, ++issued < per_step);
-    for (const ShardBucket& b : layout.buckets) plan.collective(DDP_OP_ALL_GATHER, b.padded());
+        for (size_t b : closing) {
+          const bool beside = ++issued < per_step;
+          plan_reduce(h, plan, layout.buckets[b], wire, shard_size, m + 1 == micro, beside);
+        }
+    for (const ShardBucket& b : layout.buckets)
+      Hsdp::plan(plan, h.world_size(), shard_size, DDP_OP_ALL_GATHER, b.padded());
+  }
+
+  // `ddp plan`: what close() issues for bucket `b`: its reduce-scatter
+  // within the shard group, and on the micro-batch that syncs (`last`) the
+  // all-reduce of its chunk across the replica group, where there is one.
+  static void plan_reduce(const plugin::Host& h, const plugin::Plan& plan, const ShardBucket& b, ddp_dtype wire,
+                          int shard_size, bool last, bool beside) {
+    const int world = h.world_size();
+    Hsdp::plan(plan, world, shard_size, DDP_OP_REDUCE_SCATTER, b.padded(), wire, beside);
+    if (last && shard_size < world) Hsdp::plan(plan, world, world / shard_size, DDP_OP_ALL_REDUCE, b.chunk, wire, beside);
   }
 
   // The model's units; a model without any is refused with `refusal`.
@@ -261,23 +290,42 @@ class Stage2 {
     const ddp_buffer landing = h.floats(staging_.get(), b.chunk);
     const ddp_buffer& into = first_micro_ ? mine : landing;  // accumulation: added to the shard below
     if (wire_ == DDP_FLOAT32) {
-      base_.comm.reduce_scatter(send, into, DDP_REDUCE_AVG, comm);
+      groups_.shard().reduce_scatter(send, into, DDP_REDUCE_AVG, comm);
     } else {
       const ddp_buffer wire_send = h.buffer(wire_send_.get(), b.padded(), wire_);
       const ddp_buffer wire_recv = h.buffer(wire_recv_.get(), b.chunk, wire_);
-      h.scale(send, 1.0 / double(h.world_size()), comm);
+      h.scale(send, 1.0 / double(h.world_size()), comm);  // once: the sums within and across make the average
       h.convert(wire_send, send, comm);
-      base_.comm.reduce_scatter(wire_send, wire_recv, DDP_REDUCE_SUM, comm);
+      groups_.shard().reduce_scatter(wire_send, wire_recv, DDP_REDUCE_SUM, comm);
       h.convert(into, wire_recv, comm);
     }
     if (!first_micro_) h.add(mine, landing, comm);
+    if (sync_) across(mine);
     events_[k].record(comm);
     in_flight_.push_back(k);
     for (size_t i : b.params)
       if (trainable_[i]) h.bind_gradient(i, nullptr);
   }
 
+  // HSDP: this rank's chunk of the step's sum averaged across the replica
+  // group, on the comm stream: in float32, or summed in the wire dtype
+  // (the buckets were divided by the world size). Nothing without one.
+  void across(const ddp_buffer& mine) const {
+    if (!groups_.across()) return;
+    const plugin::Host& h = base_.host;
+    const ddp_stream comm = h.comm_stream();
+    if (wire_ == DDP_FLOAT32) {
+      groups_.across_replicas(mine, comm);
+      return;
+    }
+    const ddp_buffer wire = h.buffer(wire_recv_.get(), mine.count, wire_);
+    h.convert(wire, mine, comm);
+    groups_.across_replicas(wire, comm, DDP_REDUCE_SUM);
+    h.convert(mine, wire, comm);
+  }
+
   const StrategyBase& base_;
+  const Hsdp& groups_;
   std::vector<ShardUnit> units_;
   std::vector<ShardParam> params_;  // as laid out (stage 3: every parameter "trainable")
   std::vector<bool> trainable_;     // as the engine says now
@@ -289,6 +337,7 @@ class Stage2 {
   std::vector<plugin::Event> events_;  // per bucket: recorded after its reduce-scatter
   std::vector<size_t> in_flight_;      // buckets whose reduce-scatter may still read their ring memory
   bool first_micro_ = true;
+  bool sync_ = true;  // the micro-batch syncs: its chunks go across the replicas
 };
 
 }  // namespace strategy

@@ -28,6 +28,11 @@
 //                   and gradients both in the shards: nothing to gather
 //                   after it (the next forward gathers);
 //   unit_values     the engine's whole-model readers, one unit at a time.
+// With shard_size = g < N (HSDP, ../common/hsdp.h) the values are sharded
+// over the g ranks of the shard group (gathers within it, unit_values
+// within it); take_values broadcasts rank 0's unit over the world, so that
+// every replica starts from rank 0's values, and takes this rank's place's
+// chunks; gradients go as stage 2's, across the replicas once per step.
 // Every rank issues the same gathers in the same order: the schedule is a
 // pure function of the units, and the hooks fire in the model's order.
 #pragma once
@@ -47,7 +52,7 @@ class Stage3 {
  public:
   static constexpr int64_t kMaxPrefetch = 16;
 
-  Stage3(const StrategyBase& base, Stage2& grads) : base_(base), grads_(grads) {}
+  Stage3(const StrategyBase& base, Stage2& grads, const Hsdp& groups) : base_(base), grads_(grads), groups_(groups) {}
   Stage3(const Stage3&) = delete;
   Stage3& operator=(const Stage3&) = delete;
 
@@ -149,7 +154,8 @@ class Stage3 {
   // it holds none in on_train_begin.
   bool lent() const { return DDP_ABI_MINOR(base_.host.raw()->abi_version) >= 7; }
 
-  // take_values: rank 0's values of `unit`, then this rank's chunks of them.
+  // take_values: rank 0's values of `unit` (over the world: every replica
+  // starts from them), then this rank's chunks of them.
   void take(size_t unit) {
     const plugin::Host& h = base_.host;
     base_.comm_after_compute();  // the engine's upload of them
@@ -204,9 +210,11 @@ class Stage3 {
   // shard and the gather slots (parameters), stage 2's shard, ring and
   // staging (its plan, with one bucket per unit and every parameter laid
   // out); this rank's trainable elements stepped; per micro-batch, the
-  // schedule's all-gathers and a reduce-scatter per unit as it closes.
+  // schedule's all-gathers and a reduce-scatter per unit as it closes
+  // (and on the last micro-batch its chunk's all-reduce across the
+  // replicas); groups of `shard_size`.
   static void plan(const plugin::Host& h, const plugin::Plan& plan, const ddp_transport_v1_t* transport,
-                   ddp_dtype wire) {
+                   ddp_dtype wire, int shard_size) {
     const Keys keys = read_keys(h, transport, /*planning=*/true);
     const std::vector<ShardUnit> units = units_of(h);
     std::vector<ShardParam> params;
@@ -215,8 +223,7 @@ class Stage3 {
       plan.claims_values(i);
       if (h.param(i).trainable) plan.claims_gradient(i);
     }
-    const size_t n = size_t(h.world_size());
-    const ShardLayout layout = shard_layout(units, params, n, 1, Stage2::kAlign);
+    const ShardLayout layout = shard_layout(units, params, size_t(shard_size), 1, Stage2::kAlign);
     std::vector<size_t> bucket_of(units.size(), kNone), sizes(units.size(), 0);
     size_t chunk = 0, largest = 0;
     for (size_t b = 0; b < layout.buckets.size(); ++b) {
@@ -225,7 +232,7 @@ class Stage3 {
       sizes[h.param(bucket.params.front()).unit] = bucket.padded();
       chunk = std::max(chunk, bucket.chunk), largest = std::max(largest, bucket.padded());
     }
-    for (const OwnedRange& r : owned_ranges(layout, params, size_t(h.rank())))
+    for (const OwnedRange& r : owned_ranges(layout, params, size_t(h.rank() % shard_size)))
       if (h.param(r.param).trainable) plan.steps(r.param, r.offset, r.count);
     const GatherSchedule s = gather_schedule(units, keys.prefetch, keys.reshard_after_forward, sizes);
     plan.buffer(DDP_MEM_PARAMETERS, std::max<size_t>(layout.shard_elements, 1) * sizeof(float));
@@ -239,10 +246,13 @@ class Stage3 {
     for (int32_t m = 0; m < micro; ++m)
       for (size_t p = 0; p < 2 * units.size(); ++p) {
         for (size_t x : s.begin[p].gather)
-          if (bucket_of[x] != kNone) plan.collective(DDP_OP_ALL_GATHER, sizes[x], keys.gather, p > 0);
+          if (bucket_of[x] != kNone)
+            Hsdp::plan(plan, h.world_size(), shard_size, DDP_OP_ALL_GATHER, sizes[x], keys.gather, p > 0);
         if (p < units.size()) continue;
-        for (size_t b : layout.closes_at[p - units.size()])
-          plan.collective(DDP_OP_REDUCE_SCATTER, layout.buckets[b].padded(), wire, ++reduced < per_step);
+        for (size_t b : layout.closes_at[p - units.size()]) {
+          const bool beside = ++reduced < per_step;
+          Stage2::plan_reduce(h, plan, layout.buckets[b], wire, shard_size, m + 1 == micro, beside);
+        }
       }
   }
 
@@ -283,12 +293,12 @@ class Stage3 {
     const ddp_buffer mine = h.floats(values_.floats() + bucket.shard, bucket.chunk);
     const ddp_buffer full = h.floats(slots_[slot].get(), bucket.padded());
     if (dtype == DDP_FLOAT32) {
-      base_.comm.all_gather(mine, full, comm);
+      groups_.shard().all_gather(mine, full, comm);
     } else {
       const ddp_buffer send = h.buffer(wire_send_.get(), bucket.chunk, dtype);
       const ddp_buffer recv = h.buffer(wire_recv_.get(), bucket.padded(), dtype);
       h.convert(send, mine, comm);
-      base_.comm.all_gather(send, recv, comm);
+      groups_.shard().all_gather(send, recv, comm);
       h.convert(full, recv, comm);  // before the next gather reuses recv: the same stream
     }
     gathered_[x].record(comm);
@@ -319,6 +329,7 @@ class Stage3 {
 
   const StrategyBase& base_;
   Stage2& grads_;
+  const Hsdp& groups_;
   Keys keys_;
   std::vector<ShardUnit> units_;
   std::vector<size_t> bucket_of_;  // per unit: its bucket in stage 2's layout, or kNone (no parameters)
