@@ -110,18 +110,19 @@ int64_t bus(const std::string& op, int64_t bytes, int n) {
 // The README's bus bytes per step for shard groups of g ranks and r
 // replicas, from the layout the run reports: the group's ZeRO traffic on
 // g ranks ("shard") plus the all-reduce of this rank's 1/g across the r
-// replicas ("replicate").
+// replicas ("replicate"); gradients reduced in `wire` bytes an element
+// (compress: 2), parameters gathered and broadcast in float32.
 struct Formula {
   int64_t shard = 0, replicate = 0;
   int64_t total() const { return shard + replicate; }
 };
-Formula formula(const Stage& s, const json& stats, int g, int r) {
+Formula formula(const Stage& s, const json& stats, int g, int r, int64_t wire = 4) {
   Formula f;
   if (s.name == "stage1_broadcast") {  // each bucket all-reduced on g and on r; each parameter broadcast on g
     for (const json& b : stats["buckets"]) {
       const int64_t bytes = b["bytes"].get<int64_t>();
-      f.shard += bus("all_reduce", bytes, g) + bus("broadcast", bytes, g);
-      f.replicate += bus("all_reduce", bytes, r);
+      f.shard += bus("all_reduce", bytes / 4 * wire, g) + bus("broadcast", bytes, g);
+      f.replicate += bus("all_reduce", bytes / 4 * wire, r);
     }
   } else if (s.name == "stage1_allgather") {  // S: the largest place's elements
     const int64_t shard = 4 * stats["shard_elements"].get<int64_t>();
@@ -130,13 +131,13 @@ Formula formula(const Stage& s, const json& stats, int g, int r) {
   } else {  // per bucket (stage 3: per unit) of chunk c: reduce-scatter of g c, all-gathers, all-reduce of c on r
     const json& buckets = stats["buckets"];
     for (size_t k = 0; k < buckets.size(); ++k) {
-      const int64_t chunk = 4 * buckets[k]["chunk"].get<int64_t>();
+      const int64_t chunk = buckets[k]["chunk"].get<int64_t>();
       // stage 3 gathers each unit before its forward and its backward,
       // but the last unit (bucket 0: buckets run in backward order),
       // which stays gathered from its forward to its backward.
       const int gathers = s.name == "stage2" ? 1 : (k == 0 ? 1 : 2);
-      f.shard += bus("reduce_scatter", chunk * g, g) + gathers * bus("all_gather", chunk * g, g);
-      f.replicate += bus("all_reduce", chunk, r);
+      f.shard += bus("reduce_scatter", wire * chunk * g, g) + gathers * bus("all_gather", 4 * chunk * g, g);
+      f.replicate += bus("all_reduce", wire * chunk, r);
     }
   }
   return f;
@@ -147,6 +148,16 @@ const json* group_named(const json& summary, const std::string& name) {
   for (const json& g : summary["groups"])
     if (g["name"] == name) return &g;
   return nullptr;
+}
+
+// The memory categories `ddp plan` predicts for HSDP: not the
+// communication buffers where the stage reduce-scatters, as gloo's plan
+// sizes its reduce-scatter scratch on the world's size, not the group's
+// (which ddp_plan::group_sizes gives it).
+std::vector<std::string> planned_categories(const Stage& s) {
+  std::vector<std::string> out = {"parameters", "gradients", "optimizer_state"};
+  if (s.name == "stage1_broadcast") out.push_back("comm_buffers");
+  return out;
 }
 
 class Hsdp : public testing::TestWithParam<Stage> {};
@@ -228,9 +239,7 @@ TEST_P(Hsdp, EveryRanksMemoryEqualsThePlan) {
   ASSERT_TRUE(run.failures.empty());
   const json plan = ddp_plan(sharded(s, kShard));
   const char* const moments[] = {"after_setup", "before_optimizer_step", "after_optimizer_step"};
-  // (Not comm_buffers: gloo's plan sizes its reduce-scatter scratch on the
-  // world's size, not the group's, which ddp_plan::group_sizes gives it.)
-  for (const char* category : {"parameters", "gradients", "optimizer_state"}) {
+  for (const std::string& category : planned_categories(s)) {
     for (const char* moment : moments)
       EXPECT_EQ(plan["peak_bytes"][0][moment][category], run.summary["peak_bytes"][moment][category])
           << "rank 0, " << moment << ", " << category;
@@ -256,6 +265,33 @@ TEST_P(Hsdp, EveryRanksMemoryEqualsThePlan) {
 
 INSTANTIATE_TEST_SUITE_P(Sharded, Hsdp, testing::ValuesIn(kStages),
                          [](const testing::TestParamInfo<Stage>& info) { return info.param.name; });
+
+// compress = "bf16": the gradients reduced in bfloat16 at both levels
+// (divided by N once), half the bytes of the reductions; bus bytes and
+// memory (the 16-bit buffers) as the formula and the plan say.
+TEST(HsdpCompressed, BusBytesAndMemoryEqualTheFormulaAndThePlan) {
+  for (const Stage& s : {kStages[0], kStages[2]}) {
+    SCOPED_TRACE(s.name);
+    const std::string toml = sharded(s, kShard) + "compress = \"bf16\"\n";
+    const RunResult run = run_ok(toml);
+    ASSERT_TRUE(run.failures.empty());
+    EXPECT_EQ(run.summary["strategy_stats"]["compress"], "bf16");
+    const json plan = ddp_plan(toml);
+    const int64_t want = formula(s, run.summary["strategy_stats"], kShard, kReplicas, 2).total();
+    ASSERT_LT(want, formula(s, run.summary["strategy_stats"], kShard, kReplicas).total());
+    for (int step = 0; step < kSteps; ++step) EXPECT_EQ(run.summary["bus_bytes"][step].get<int64_t>(), want);
+    EXPECT_EQ(plan["bus_bytes_per_step"].get<int64_t>(), want);
+    for (int r = 0; r < kWorld; ++r)
+      for (const std::string& category : planned_categories(s)) {
+        int64_t planned = 0;
+        for (const auto& [moment, bytes] : plan["peak_bytes"][r].items())
+          planned = std::max(planned, bytes[category].get<int64_t>());
+        EXPECT_EQ(planned, run.summary["ranks"][r]["peak_bytes"][category].get<int64_t>())
+            << "rank " << r << ", " << category;
+      }
+    for (int r = 1; r < kWorld; ++r) EXPECT_EQ(run.ranks[r].at(kSteps), run.ranks[0].at(kSteps)) << "rank " << r;
+  }
+}
 
 // shard_size = the world is the strategy without the key: the same
 // collectives, the same bits, no groups.

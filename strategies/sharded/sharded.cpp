@@ -70,7 +70,7 @@ constexpr ddp_key kKeys[] = {
                           "sharded within groups, replicated across them"},
     {"variant", "string", "stage 1: \"broadcast\" (default): all-reduce in buckets, broadcast the updated shards; \"allgather\""},
     {"bucket_mb", "float or \"auto\"", "stage 1's variant broadcast, stage 2: the most MiB of gradients per bucket (default 25)"},
-    {"compress", "string", "stages 2, 3: \"none\" (default), \"bf16\" or \"fp16\": the gradients reduce-scattered in 16 bits"},
+    {"compress", "string", "stage 1 broadcast, stages 2, 3: \"none\" (default), \"bf16\" or \"fp16\": the gradients reduced in 16 bits"},
     {"prefetch", "int", "stage 3: units gathered ahead of the one computing, 0 to 16 (default 1)"},
     {"reshard_after_forward", "bool", "stage 3: free a unit's gathered values after its forward (default true)"},
     {"gather_dtype", "string", "stage 3: \"float32\" (default), \"bf16\" or \"fp16\": the parameters all-gathered in 16 bits"},

@@ -13,9 +13,10 @@
 // the ordering invariant) — buckets of at most bucket_mb in reverse
 // parameter order, each filled on on_grad_ready and all-reduced (AVG) on
 // the comm stream as soon as it is complete, in bucket index order, within
-// the shard group and then across the replica group — then each rank steps
-// its own parameters and every trainable parameter is broadcast from its
-// owner within the shard group.
+// the shard group and then across the replica group (with `compress`:
+// divided by N once, summed in the 16-bit dtype at both levels) — then each
+// rank steps its own parameters and every trainable parameter is broadcast
+// from its owner within the shard group.
 //
 // variant "allgather" (ZeRO / DeepSpeed's form): one flat buffer grouped by
 // owner (place p's parameters contiguous in region p, each region padded
@@ -41,6 +42,7 @@
 #include "../common/bucket_cap.h"
 #include "../common/bucket_sync.h"
 #include "../common/buckets.h"
+#include "../common/compress.h"
 #include "../common/hsdp.h"
 #include "../common/partition.h"
 #include "../common/plan_util.h"
@@ -72,10 +74,13 @@ class Stage1 {
   // create: its keys, and what the variant needs of the transport.
   void read_keys(const ddp_transport_v1_t* transport) {
     variant_ = read_variant(base_.host, &variant_name_);
-    // bucket_mb shapes the broadcast variant's buckets only: not read for
-    // allgather, so that setting it there is refused as a key the plugin
-    // does not read, not silently ignored.
-    if (variant_ == Variant::Broadcast) cap_ = BucketCap::read(base_.host);
+    // bucket_mb and compress shape the broadcast variant's buckets only:
+    // not read for allgather, so that setting them there is refused as
+    // keys the plugin does not read, not silently ignored.
+    if (variant_ == Variant::Broadcast) {
+      cap_ = BucketCap::read(base_.host);
+      buckets_.set_wire(read_compress(base_.host, transport));
+    }
     if (variant_ == Variant::AllGather) check_reduce_scatter(transport);
   }
 
@@ -289,7 +294,8 @@ inline std::string Stage1::json() const {
     j += "null";
   }
   if (variant_ == Variant::Broadcast) {
-    j += ", " + cap_.json_members(gradient_bytes_, buckets_.size()) + ", \"buckets\": " + buckets_.json();
+    j += ", " + cap_.json_members(gradient_bytes_, buckets_.size()) + ", \"compress\": \"" +
+         compress_value(buckets_.wire()) + "\", \"buckets\": " + buckets_.json();
   } else {
     j += ", \"shard_elements\": " + std::to_string(shard_elements_);
   }
@@ -298,7 +304,8 @@ inline std::string Stage1::json() const {
 
 // `ddp plan`: the owners' optimizer state (the partition over the shard
 // group), and variant broadcast: each bucket's all-reduce (averaged in
-// place) within the shard group and across the replica group, then a
+// place; compressed, through a buffer in the wire dtype) within the shard
+// group and across the replica group, then a
 // broadcast per trainable parameter from its owner within the shard group;
 // variant allgather: a flat buffer of g shards and one shard, a
 // reduce-scatter of g x S elements within the shard group, an all-reduce
@@ -320,11 +327,13 @@ inline void Stage1::plan(const plugin::Host& h, const plugin::Plan& plan, const 
   }
   if (variant == Variant::Broadcast) {
     const std::vector<Bucket> buckets = assign_buckets(infos, BucketCap::read(h).plan_bytes());
+    const ddp_dtype wire = read_compress(h, transport, /*planning=*/true);
     for (size_t k = 0; k < buckets.size(); ++k) {
+      const size_t elements = buckets[k].bytes / sizeof(float);
       const bool beside = k + 1 < buckets.size();  // the last is issued once backward is done
-      Hsdp::plan(plan, world, shard_size, DDP_OP_ALL_REDUCE, buckets[k].bytes / sizeof(float), DDP_FLOAT32, beside);
-      if (replicas > 1)
-        Hsdp::plan(plan, world, replicas, DDP_OP_ALL_REDUCE, buckets[k].bytes / sizeof(float), DDP_FLOAT32, beside);
+      if (wire != DDP_FLOAT32) plan.buffer(DDP_MEM_COMM_BUFFERS, elements * ddp_dtype_size(wire));
+      Hsdp::plan(plan, world, shard_size, DDP_OP_ALL_REDUCE, elements, wire, beside);
+      if (replicas > 1) Hsdp::plan(plan, world, replicas, DDP_OP_ALL_REDUCE, elements, wire, beside);
     }
     for (const ParamInfo& p : infos)
       if (p.trainable) Hsdp::plan(plan, world, shard_size, DDP_OP_BROADCAST, p.bytes / sizeof(float));
