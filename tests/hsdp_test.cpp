@@ -152,14 +152,11 @@ const json* group_named(const json& summary, const std::string& name) {
   return nullptr;
 }
 
-// The memory categories `ddp plan` predicts for HSDP: not the
-// communication buffers where the stage reduce-scatters, as gloo's plan
-// sizes its reduce-scatter scratch on the world's size, not the group's
-// (which ddp_plan::group_sizes gives it).
-std::vector<std::string> planned_categories(const Stage& s) {
-  std::vector<std::string> out = {"parameters", "gradients", "optimizer_state"};
-  if (s.name == "stage1_broadcast") out.push_back("comm_buffers");
-  return out;
+// The memory categories `ddp plan` predicts for HSDP: every one it plans,
+// the communication buffers too (gloo's reduce-scatter scratch per group,
+// sized on the group's size: ddp_plan::group_sizes).
+std::vector<std::string> planned_categories(const Stage&) {
+  return {"parameters", "gradients", "optimizer_state", "comm_buffers"};
 }
 
 class Hsdp : public testing::TestWithParam<Stage> {};
@@ -176,8 +173,9 @@ TEST_P(Hsdp, BusBytesEqualTheFormulaAndThePlan) {
   EXPECT_EQ(plain.summary["strategy_stats"]["replicas"], 1);
   const Formula want = formula(s, stats, kShard, kReplicas);
   ASSERT_GT(want.replicate, 0);
-  if (s.name == "stage3")  // as formula() counts them: every unit twice, the last once
+  if (s.name == "stage3") {  // as formula() counts them: every unit twice, the last once
     EXPECT_EQ(stats["gathers_per_micro_batch"].get<size_t>(), 2 * stats["buckets"].size() - 1);
+  }
   const json plan = ddp_plan(sharded(s, kShard));
   for (int step = 0; step < kSteps; ++step) {
     EXPECT_EQ(hybrid.summary["bus_bytes"][step].get<int64_t>(), want.total()) << "step " << step + 1;
