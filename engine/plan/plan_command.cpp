@@ -285,9 +285,12 @@ void print_run(const json& r) {
         std::cout << " | " << b[k].get<int64_t>();
       std::cout << " |\n";
     }
+  size_t grouped = 0;  // collectives of a strategy's groups (1.9), metered on their group's size
+  for (const json& c : r["collectives"]) grouped += c.contains("group_size") ? 1 : 0;
   std::cout << "\nPer step and rank: " << r["collectives_per_step"].get<size_t>() << " collectives, "
             << si(double(r["comm_bytes_per_step"].get<int64_t>()), "B") << " (bus "
             << si(double(r["bus_bytes_per_step"].get<int64_t>()), "B") << ")";
+  if (grouped > 0) std::cout << ", " << grouped << " of them within groups of ranks";
   if (r.contains("per_sync_point")) {
     const json& s = r["per_sync_point"];
     std::cout << "; and every " << s["every"].get<int64_t>() << " steps (the sync points) "
