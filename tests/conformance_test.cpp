@@ -203,7 +203,7 @@ std::string not_run_because(const std::string& toml, int world) {
     DataShape shape;
     const std::unique_ptr<Model> model = build_model(config.model.name, config.model.options, device, 0, &shape);
     Footprint footprint;
-    for (const Parameter& p : model->params()) footprint.params.push_back({p.name, numel_of(p.shape), p.shape});
+    for (const Parameter& p : model->params()) footprint.params.push_back({p.name, int64_t(numel_of(p.shape)), p.shape});
     footprint.units = model->units();
     plan::PlanRun run;
     run.model = &footprint, run.world = world, run.micro_steps = int(config.run.grad_accum_steps);
