@@ -114,8 +114,8 @@ TEST(Groups, SplitIsRefusedByNameWhereItCannotBe) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"late", "strategy plugin 'groups': finish: split: only in create or on_train_begin (every rank of the "
                "parent at the same point, before the first step)"},
-      {"badname", "strategy plugin 'groups': create: split: group name 'two words' has a character other than "
-                  "[A-Za-z0-9_.-]"},
+      {"badname", "strategy plugin 'groups': create: split: a group name has only characters of [A-Za-z0-9_.-]: "
+                  "'two words' has another"},
       {"foreign", "strategy plugin 'groups': create: split: the parent is no communicator of this strategy's (the "
                   "comm create was given, or one split made)"},
   };
@@ -124,6 +124,58 @@ TEST(Groups, SplitIsRefusedByNameWhereItCannotBe) {
         harness::run(toml("plugin = \"" + kGroups + "\"\nmode = \"" + mode + "\"\n"), 2, {}, "", harness::Ranks::kForked);
     ASSERT_FALSE(r.failures.empty()) << mode;
     std::string all;  // (a peer still connecting may see the refusing rank leave first)
+    for (const std::string& f : r.failures) all += f + "\n";
+    EXPECT_NE(all.find(words), std::string::npos) << all;
+  }
+}
+
+// A split of a split: two parents split at the same point with one color
+// make two groups (their rendezvous never meet), and a split that only
+// some groups make does not shift the world's later splits. Each group
+// checks a sum of its ranks; repeated, as a meeting would show by chance.
+TEST(Groups, NestedSplitsKeepTheirGroupsApart) {
+  for (int round = 0; round < 5; ++round)
+    for (const std::string mode : {"nested", "uneven"}) {
+      const RunResult r = harness::run(toml("plugin = \"" + kGroups + "\"\nmode = \"" + mode + "\"\n"), 4, {}, "",
+                                       harness::Ranks::kForked);
+      for (const auto& f : r.failures) ADD_FAILURE() << mode << ", round " << round << ": " << f;
+      ASSERT_FALSE(r.summary.is_null()) << mode;
+    }
+}
+
+// state_scopes that differ between ranks (rank 0 says its one buffer is
+// equal on every rank, the others that it is theirs alone) are refused by
+// name when a checkpoint is written, before anything is compared.
+TEST(Groups, StateScopesThatDifferBetweenRanksAreRefused) {
+  harness::TempDir dir("ddp-groups-scopes");
+  const RunResult r = harness::run(toml("plugin = \"" + kGroups + "\"\nmode = \"scopes\"\n"), 2,
+                                   {"checkpoint.every=2", "checkpoint.dir=\"" + dir.path + "\""}, "",
+                                   harness::Ranks::kForked);
+  ASSERT_FALSE(r.failures.empty());
+  std::string all;
+  for (const std::string& f : r.failures) all += f + "\n";
+  EXPECT_NE(all.find("strategy plugin 'groups': state: rank 1 gives other buffers, counts or scopes (state_scopes) "
+                     "than rank 0: every rank must give the same (writing a checkpoint)"),
+            std::string::npos)
+      << all;
+}
+
+// held_ranges that repeat elements on one rank, or that count the ranks
+// holding a gradient wrong (each rank says it alone holds what all hold),
+// would make the gradient norm and clipping wrong: refused by name at the
+// first step's norm.
+TEST(Groups, HeldRangesThatRepeatOrMiscountAreRefused) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"held_twice", "strategy plugin 'groups': held_ranges: two ranges hold elements [0, 100) of parameter "
+                     "'fc1.weight': each element this rank holds is named once"},
+      {"held_once", "strategy plugin 'groups': held_ranges: the ranks hold the averaged gradient of parameter "
+                    "'fc1.weight' 2 times over, counting each range once per its replicas, not once"},
+  };
+  for (const auto& [mode, words] : cases) {
+    const RunResult r =
+        harness::run(toml("plugin = \"" + kGroups + "\"\nmode = \"" + mode + "\"\n"), 2, {}, "", harness::Ranks::kForked);
+    ASSERT_FALSE(r.failures.empty()) << mode;
+    std::string all;
     for (const std::string& f : r.failures) all += f + "\n";
     EXPECT_NE(all.find(words), std::string::npos) << all;
   }

@@ -67,5 +67,33 @@ TEST(Schedule, SumOfSquaresIsExactAndInFixedLanes) {
   EXPECT_NE(want, sequential);  // the lanes are what the test pins down
 }
 
+// held_ranges' promises (1.9), checked: one rank's spans never repeat an
+// element; over the ranks each trainable parameter is held once, counting
+// each span once per its replicas.
+TEST(HeldRanges, OverlapsAndCoverage) {
+  const std::vector<std::string> names = {"a", "b"};
+  auto span = [](size_t param, size_t offset, size_t count, int replicas) {
+    GradSpan s;
+    s.param = param, s.offset = offset, s.count = count, s.replicas = replicas;
+    return s;
+  };
+  EXPECT_EQ(overlapping_spans({span(0, 0, 10, 1), span(0, 10, 5, 1), span(1, 0, 10, 1)}, names), "");
+  EXPECT_EQ(overlapping_spans({span(1, 0, 10, 1), span(0, 4, 6, 1), span(0, 0, 5, 1)}, names),
+            "two ranges hold elements [4, 5) of parameter 'a'");
+  EXPECT_EQ(overlapping_spans({span(0, 0, 10, 1), span(0, 3, 0, 1)}, names), "");  // an empty span holds nothing
+  // HSDP on 4 ranks, shard groups of 2: each rank holds half of `a`, held by 2 replicas.
+  std::vector<double> every;
+  for (int r = 0; r < 4; ++r) {
+    const std::vector<double> mine = held_once({span(0, size_t(r % 2) * 5, 5, 2)}, 2);
+    every.insert(every.end(), mine.begin(), mine.end());
+  }
+  EXPECT_EQ(coverage_problem(every, 4, {10, 7}, {true, false}, names), "");
+  EXPECT_EQ(coverage_problem(every, 4, {10, 7}, {true, true}, names),
+            "the ranks hold the averaged gradient of parameter 'b' 0 times over, counting each range once per its "
+            "replicas, not once: its ranges miss or repeat elements, or name the wrong number of replicas");
+  every[0] *= 2;  // rank 0 says it alone holds its half
+  EXPECT_NE(coverage_problem(every, 4, {10, 7}, {true, false}, names).find("'a' 1.25 times over"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ddp

@@ -2,6 +2,7 @@
 #include "groups.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "error.h"
@@ -29,15 +30,36 @@ GroupPlace place_in_group(const std::vector<int64_t>& colors_and_keys, int paren
   return place;
 }
 
+namespace {
+
+// `text` with every byte outside printable ASCII as \xNN: a name echoed
+// in an error prints as what it is.
+std::string printable(const char* text) {
+  std::string out;
+  for (const char* c = text; *c; ++c) {
+    const auto byte = static_cast<unsigned char>(*c);
+    if (byte >= 0x20 && byte < 0x7f) {
+      out += *c;
+      continue;
+    }
+    char hex[5];
+    std::snprintf(hex, sizeof hex, "\\x%02x", byte);
+    out += hex;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string group_name_problem(const char* name) {
   if (!name || !*name) return "a group needs a name";
   const size_t length = std::strlen(name);
-  if (length > 31) return "group name '" + std::string(name, 31) + "...' is longer than 31 characters";
+  if (length > 31) return "group name '" + printable(std::string(name, 31).c_str()) + "...' is longer than 31 characters";
   for (size_t i = 0; i < length; ++i) {
     const char c = name[i];
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
                     c == '.' || c == '-';
-    if (!ok) return "group name '" + std::string(name) + "' has a character other than [A-Za-z0-9_.-]";
+    if (!ok) return "a group name has only characters of [A-Za-z0-9_.-]: '" + printable(name) + "' has another";
   }
   if (std::string(name) == "world") return "'world' names the world's group: give a group of yours another name";
   return "";

@@ -68,7 +68,12 @@ struct MeterCallbacks {
     ddp_status status = DDP_OK;
     const ddp_status thrown = host_guard([&] {
       whereabouts::Inside in(m.label_, "all_gather (run.debug_collectives)");
-      status = gather_words(m, g, stream, mine.data(), all.data(), mine.size(), all.size());
+      try {
+        status = gather_words(m, g, stream, mine.data(), all.data(), mine.size(), all.size());
+      } catch (const Error& e) {  // a rank never came to compare its next collective: say where
+        throw Error(std::string(e.what()) + " (run.debug_collectives comparing the next collective" +
+                        (g.world() ? "" : " of " + g.label) + ")", e.status());
+      }
     }, DDP_ERR_COMM);
     if (thrown != DDP_OK || status != DDP_OK) return thrown != DDP_OK ? thrown : status;  // the error text is set
     std::vector<std::string> names;
@@ -131,9 +136,10 @@ struct MeterCallbacks {
     // group's collective is noted while it runs: its failure, or a wait
     // that gives up on it, names the group and its ranks.
     ddp_status queued = host_guard([&] {
-      s.enqueue([span](bool) {
+      s.enqueue([span](bool cancelled) {
         span->start = Clock::now();
         span->nvtx = nvtx::start(span->op);
+        if (cancelled) return;  // the stream failed before: its failure names what ran then
         Stream::set_task_note(span->group);
         span->in_flight->store(span->group);
       });
@@ -320,9 +326,9 @@ MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* com
 }
 
 MeteredComm& MeteredTransport::add_comm(ddp_comm* real, std::string name, std::vector<int> ranks, int rank,
-                                        int color) {
+                                        int color, std::string tag) {
   MeteredComm& g = comms_.emplace_back();  // (split holds comms_mutex_; the constructor is alone)
-  g.owner = this, g.real = real, g.name = std::move(name), g.ranks = std::move(ranks);
+  g.owner = this, g.real = real, g.name = std::move(name), g.ranks = std::move(ranks), g.tag = std::move(tag);
   g.rank = rank, g.size = int(g.ranks.size()), g.color = color;
   if (comms_.size() > 1) g.label = group_label(g.name, g.ranks);
   g.abi.struct_size = sizeof(ddp_group);
@@ -337,6 +343,10 @@ ddp_comm* MeteredTransport::split(ddp_comm* parent_handle, int color, int key, c
                           "or one split made)", DDP_ERR_INVALID_ARGUMENT);
   const std::string problem = group_name_problem(name);
   if (!problem.empty()) throw Error("split: " + problem, DDP_ERR_INVALID_ARGUMENT);
+  for (const MeteredComm& g : comms_)
+    if (g.name == name)
+      throw Error("split: this strategy has a group named '" + std::string(name) + "' already: give each its own name",
+                  DDP_ERR_INVALID_ARGUMENT);
   if (!DDP_PLUGIN_HAS(real_, split))
     throw Error(std::string("split: transport '") + real_->name + "' makes no groups (it has no split entry)",
                 DDP_ERR_UNSUPPORTED);
@@ -346,15 +356,23 @@ ddp_comm* MeteredTransport::split(ddp_comm* parent_handle, int color, int key, c
   Stream& comm = services_.device->comm_stream();
   {
     whereabouts::Inside in(label_, "all_gather (split)");
-    const ddp_status status = MeterCallbacks::gather_words(*this, parent, reinterpret_cast<ddp_stream>(&comm),
-                                                           mine.data(), all.data(), 2, all.size());
-    if (status != DDP_OK) throw Error("split: gathering the colors: " + take_plugin_error(), status);
+    ddp_status status = DDP_OK;
+    try {
+      status = MeterCallbacks::gather_words(*this, parent, reinterpret_cast<ddp_stream>(&comm), mine.data(),
+                                            all.data(), 2, all.size());
+    } catch (const Error& e) {  // a stuck or failed gather: every rank of the parent must split here
+      throw Error(std::string("split '") + name + "': gathering every rank's color and key: " + e.what(), e.status());
+    }
+    if (status != DDP_OK)
+      throw Error(std::string("split '") + name + "': gathering every rank's color and key: " + take_plugin_error(),
+                  status);
   }
   const GroupPlace place = place_in_group(all, parent.rank);
   std::vector<int> world_ranks;
   for (int r : place.members) world_ranks.push_back(parent.ranks[size_t(r)]);
-  // The tag: the same on every member, one per group of the run.
-  const std::string tag = "ddp.group." + std::to_string(comms_.size()) + "." + std::to_string(color);
+  // The tag: the same on every member, one per group of the run (two
+  // parents split at the same point with the same color get two).
+  const std::string tag = parent.tag + "." + std::to_string(parent.splits++) + "." + std::to_string(color);
   const ddp_split how{sizeof(ddp_split), color, key, place.rank, place.size, tag.c_str()};
   ddp_comm* made = nullptr;
   ddp_status status;
@@ -367,7 +385,7 @@ ddp_comm* MeteredTransport::split(ddp_comm* parent_handle, int color, int key, c
                     group_label(name, world_ranks) + ")", status);
   if (!made) throw Error(std::string(label_) + ": split: no communicator made, and no error", DDP_ERR_INTERNAL);
   std::lock_guard<std::mutex> lock(comms_mutex_);
-  return add_comm(made, name, std::move(world_ranks), place.rank, color).comm();
+  return add_comm(made, name, std::move(world_ranks), place.rank, color, tag).comm();
 }
 
 const ddp_group* MeteredTransport::group(ddp_comm* comm) const {

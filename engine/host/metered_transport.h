@@ -39,6 +39,11 @@ struct MeteredComm {
   std::string label;            // "group 'shard' (ranks 0, 1)"; "" for the world
   ddp_group abi{};              // what ddp_host::group returns
   int64_t described = 0;        // collectives described so far (run.debug_collectives)
+  // Its rendezvous tag ("ddp.group" for the world; a group's is its
+  // parent's, the parent's count of splits before it and its color: the
+  // same on every member, another for every group of the run, nested too).
+  std::string tag = "ddp.group";
+  int splits = 0;               // splits made of it so far (every member makes them in one order)
   // Its own share of the counters (the rank's totals count every group).
   std::atomic<int64_t> collectives{0}, bytes{0}, bus_bytes{0};
   bool world() const { return label.empty(); }
@@ -112,7 +117,8 @@ class MeteredTransport {
     const char* group;  // null: the world
     int64_t bytes, step;  // step: -1 when not traced
   };
-  MeteredComm& add_comm(ddp_comm* real, std::string name, std::vector<int> ranks, int rank, int color);
+  MeteredComm& add_comm(ddp_comm* real, std::string name, std::vector<int> ranks, int rank, int color,
+                        std::string tag = "ddp.group");
   const ddp_transport_v1_t* real_;
   HostServices& services_;
   const char* label_;

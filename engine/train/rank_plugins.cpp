@@ -153,7 +153,10 @@ std::vector<RankPlugins::StateBuffer> RankPlugins::state() {
   const ddp_state_scope* scopes = nullptr;
   size_t scoped = 0;
   call("state_scopes", [&] { return strategy_api().state_scopes(strategy_, &scopes, &scoped); });
-  if (scoped != out.size() || !scopes)
+  if (!scopes)
+    throw Error(strategy_host_->label() + ": state_scopes: no scopes (NULL) for the " + std::to_string(out.size()) +
+                    " buffers state gave", DDP_ERR_INVALID_ARGUMENT);
+  if (scoped != out.size())
     throw Error(strategy_host_->label() + ": state_scopes: " + std::to_string(scoped) + " scopes for the " +
                     std::to_string(out.size()) + " buffers state gave", DDP_ERR_INVALID_ARGUMENT);
   for (size_t k = 0; k < out.size(); ++k) {

@@ -92,6 +92,7 @@ class RankPlugins {
     bool equal = false;  // the same on every rank (state_scopes, 1.9); else this rank's own
   };
   std::vector<StateBuffer> state();
+  bool keeps_state() const { return strategy_api().state != nullptr; }
   void unit_values(size_t unit, bool hold);  // (1.5) where the strategy claims values
   // (1.7) Whether the strategy takes values unit by unit (take_values, a
   // model with units): then none exist in create.

@@ -85,6 +85,7 @@ class RankRun {
   // may have broadcast rank 0's). Refuses state the checkpoint lacks, by name.
   void put_back_resumed_state();
   void put_back_strategy_state(const std::vector<RankPlugins::StateBuffer>& buffers);
+  void agree_on_state(const std::vector<RankPlugins::StateBuffer>& buffers);
   void refuse_untaken_state(const SafetensorsReader& file, const std::vector<RankPlugins::StateBuffer>& buffers) const;
   // The strategy's state (its `state` entry) as host copies, for a checkpoint.
   std::vector<NamedFloats> strategy_state(std::vector<std::vector<float>>& storage);
@@ -108,6 +109,7 @@ class RankRun {
   double gradient_norm(bool clip);
   bool held_gradients(std::vector<GradSpan>& spans);
   bool held_ranges(std::vector<GradSpan>& spans);
+  void gather_checking_coverage(const std::vector<double>& mine, std::vector<double>& all);
   bool unfreeze(int64_t step);
   void pack_gradients();  // the engine's (Model::pack_gradients), and the table
 

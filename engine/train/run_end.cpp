@@ -147,12 +147,32 @@ void RankRun::refuse_untaken_state(const SafetensorsReader& file,
   }
 }
 
+// Every rank's strategy gives the same buffers, of the same counts and
+// scopes: one digest of them, gathered (an engine collective: every rank
+// of a strategy with a state entry calls it), else the ranks would write
+// and compare other things (a check of equal buffers that disagree on
+// their number would not even line up).
+void RankRun::agree_on_state(const std::vector<RankPlugins::StateBuffer>& buffers) {
+  std::string shape;
+  for (const RankPlugins::StateBuffer& b : buffers)
+    shape += b.name + ":" + std::to_string(b.count) + (b.equal ? ":equal;" : ":rank;");
+  const std::vector<double> mine{double(digest_bits(xxh3_hex(shape.data(), shape.size())) >> 16)};
+  std::vector<double> all(size_t(env_.rank.world_size));
+  plugins_->all_gather(mine, all);
+  for (int r = 1; r < env_.rank.world_size; ++r)
+    if (all[size_t(r)] != all[0])
+      throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': state: rank " +
+                      std::to_string(r) + " gives other buffers, counts or scopes (state_scopes) than rank 0: "
+                      "every rank must give the same (writing a checkpoint)", DDP_ERR_INVALID_ARGUMENT);
+}
+
 // This rank's state buffers for its checkpoint file: its per-rank ones,
 // and on rank 0 the equal ones too, once every rank's digests of those
 // agree (an engine collective: every rank calls it).
 std::vector<NamedFloats> RankRun::strategy_state(std::vector<std::vector<float>>& storage) {
   std::vector<NamedFloats> out;
   const std::vector<RankPlugins::StateBuffer> buffers = plugins_->state();
+  if (plugins_->keeps_state()) agree_on_state(buffers);
   std::vector<double> digests;  // 48 bits of each equal buffer's XXH3: exact in a double
   std::vector<const RankPlugins::StateBuffer*> equal;
   for (const RankPlugins::StateBuffer& b : buffers) {

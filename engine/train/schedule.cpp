@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "simd_clones.h"
 #include "update_rules.h"
@@ -58,6 +59,44 @@ double clip_gradients(const std::vector<GradSpan>& held, bool gather, double max
   if (coef < 1.0)
     for (const GradSpan& s : held) device.scale(s.grad, s.count, float(coef), device.compute_stream());
   return norm;
+}
+
+std::string overlapping_spans(std::vector<GradSpan> spans, const std::vector<std::string>& names) {
+  std::sort(spans.begin(), spans.end(), [](const GradSpan& a, const GradSpan& b) {
+    return a.param != b.param ? a.param < b.param : a.offset < b.offset;
+  });
+  for (size_t k = 1; k < spans.size(); ++k) {
+    const GradSpan &a = spans[k - 1], &b = spans[k];
+    if (a.param != b.param || b.offset >= a.offset + a.count || b.count == 0) continue;
+    const std::string name = a.param < names.size() ? names[a.param] : std::to_string(a.param);
+    return "two ranges hold elements [" + std::to_string(b.offset) + ", " +
+           std::to_string(std::min(a.offset + a.count, b.offset + b.count)) + ") of parameter '" + name + "'";
+  }
+  return "";
+}
+
+std::vector<double> held_once(const std::vector<GradSpan>& spans, size_t params) {
+  std::vector<double> out(params, 0.0);
+  for (const GradSpan& s : spans)
+    if (s.param < params) out[s.param] += double(s.count) / double(std::max(s.replicas, 1));
+  return out;
+}
+
+std::string coverage_problem(const std::vector<double>& every, int world, const std::vector<size_t>& numel,
+                             const std::vector<bool>& trainable, const std::vector<std::string>& names) {
+  const size_t params = numel.size();
+  for (size_t p = 0; p < params; ++p) {
+    if (!trainable[p]) continue;
+    double held = 0;
+    for (int r = 0; r < world; ++r) held += every[size_t(r) * params + p];
+    if (std::fabs(held - double(numel[p])) <= 1e-6 * double(numel[p])) continue;
+    char times[32];
+    std::snprintf(times, sizeof times, "%.4g", held / double(numel[p]));
+    return "the ranks hold the averaged gradient of parameter '" + names[p] + "' " + times +
+           " times over, counting each range once per its replicas, not once: its ranges miss or repeat elements, "
+           "or name the wrong number of replicas";
+  }
+  return "";
 }
 
 }  // namespace ddp

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "config.h"
@@ -39,7 +40,22 @@ struct GradSpan {
   size_t count = 0;
   bool whole = true;
   int replicas = 1;
+  size_t offset = 0;  // its first element in the parameter
 };
+
+// What a strategy's held_ranges (1.9) promises, checked. Pure.
+// The first two spans of one rank that hold the same elements, as a
+// sentence naming the parameter (`names`, table order) and the elements;
+// "" if none do.
+std::string overlapping_spans(std::vector<GradSpan> spans, const std::vector<std::string>& names);
+// Each parameter's elements this rank holds, each divided by its replicas:
+// summed over the ranks, a parameter's numel where they hold it once.
+std::vector<double> held_once(const std::vector<GradSpan>& spans, size_t params);
+// `every`: every rank's held_once, rank-major (world × numel.size()). The
+// first trainable parameter whose elements the ranks do not hold exactly
+// once, as a sentence; "" if they all do.
+std::string coverage_problem(const std::vector<double>& every, int world, const std::vector<size_t>& numel,
+                             const std::vector<bool>& trainable, const std::vector<std::string>& names);
 
 // Clips the gradients of `held` to a global L2 norm of `max_norm` (0:
 // measures only) and returns the norm before clipping. `known` (if given):

@@ -280,11 +280,44 @@ double RankRun::gradient_norm(bool clip) {
     device_->comm_stream().synchronize();
   }
   const bool gather = held_gradients(spans_);
+  // held_ranges (1.9): what every rank holds travels with the norm's
+  // gather, checked to cover each trainable parameter once.
+  const bool check = plugins_->has_held_ranges();
   return clip_gradients(spans_, gather, clip ? config_.optimizer.clip_grad_norm : 0.0, *device_,
                         env_.rank.world_size,
-                        [this](const std::vector<double>& mine, std::vector<double>& all) {
+                        [this, check](const std::vector<double>& mine, std::vector<double>& all) {
+                          if (check) return gather_checking_coverage(mine, all);
                           plugins_->all_gather(mine, all);
                         }, &optimizer_->grad_squares());  // what this step's update measured
+}
+
+// The norm's all-gather, with every rank's held_once of its spans beside
+// its part: refused by name where the ranks do not hold each trainable
+// parameter's averaged gradient once (a wrong norm, a clip that misses).
+void RankRun::gather_checking_coverage(const std::vector<double>& mine, std::vector<double>& all) {
+  const auto& params = model_->params();
+  std::vector<double> send = mine;
+  const std::vector<double> held = held_once(spans_, params.size());
+  send.insert(send.end(), held.begin(), held.end());
+  const size_t world = size_t(env_.rank.world_size), stride = send.size();
+  std::vector<double> got(stride * world), every;
+  plugins_->all_gather(send, got);
+  std::vector<size_t> numel;
+  std::vector<bool> trainable;
+  std::vector<std::string> names;
+  for (const Parameter& p : params) {
+    numel.push_back(p.data.numel() ? p.data.numel() : numel_of(p.shape));
+    trainable.push_back(p.trainable);
+    names.push_back(p.name);
+  }
+  for (size_t r = 0; r < world; ++r) {
+    for (size_t k = 0; k < mine.size(); ++k) all[r * mine.size() + k] = got[r * stride + k];
+    every.insert(every.end(), got.begin() + long(r * stride + mine.size()), got.begin() + long((r + 1) * stride));
+  }
+  const std::string problem = coverage_problem(every, int(world), numel, trainable, names);
+  if (!problem.empty())
+    throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': held_ranges: " + problem,
+                DDP_ERR_INVALID_ARGUMENT);
 }
 
 // The averaged gradients this rank holds, into `spans`: where the strategy
@@ -314,7 +347,7 @@ bool RankRun::held_gradients(std::vector<GradSpan>& spans) {
       throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': grad_ranges: range " +
                   std::to_string(k) + " names no elements of a claimed gradient of the table",
                   DDP_ERR_INVALID_ARGUMENT);
-    spans.push_back({r.param, static_cast<float*>(r.grad), r.count, false, ranges->partitioned ? 1 : world});
+    spans.push_back({r.param, static_cast<float*>(r.grad), r.count, false, ranges->partitioned ? 1 : world, r.offset});
   }
   return held.has_value() || ranges->partitioned;
 }
@@ -339,8 +372,14 @@ bool RankRun::held_ranges(std::vector<GradSpan>& spans) {
                       std::to_string(k) + " " + wrong + " (of a world of " + std::to_string(env_.rank.world_size) + ")",
                   DDP_ERR_INVALID_ARGUMENT);
     float* grad = h.grad ? static_cast<float*>(h.grad) : p->grad.data() + h.offset;
-    spans.push_back({h.param, grad, h.count, !h.grad && h.offset == 0 && h.count == numel, h.replicas});
+    spans.push_back({h.param, grad, h.count, !h.grad && h.offset == 0 && h.count == numel, h.replicas, h.offset});
   }
+  std::vector<std::string> names;
+  for (const Parameter& q : params) names.push_back(q.name);
+  const std::string overlap = overlapping_spans(spans, names);
+  if (!overlap.empty())
+    throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': held_ranges: " + overlap +
+                    ": each element this rank holds is named once", DDP_ERR_INVALID_ARGUMENT);
   return true;
 }
 
