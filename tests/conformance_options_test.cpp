@@ -122,6 +122,19 @@ TEST(ConformanceTool, TakesBareWordsAsDdpRunSetDoes) {
       << out;
 }
 
+// A strategy run on worlds none of the chosen cases has: every case skips,
+// and the tool says nothing was checked and exits 1; one case alone (as
+// ctest runs each) skips and exits 0.
+TEST(ConformanceTool, EveryCaseSkippedIsNoPass) {
+  const auto [code, out] = tool("--worlds 3 --gtest_filter='Strategy/Conformance.Protocol/pytorch_sgd_toy*'");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("ddp-conformance: error: every case skipped (the reasons above): nothing was checked\n"),
+            std::string::npos)
+      << out;
+  const auto [one, one_out] = tool("--worlds 3 --gtest_filter='Strategy/Conformance.Protocol/pytorch_sgd_toy_world2'");
+  EXPECT_EQ(one, 0) << one_out;
+}
+
 // AdamW on two ranks differs from the single process by float rounding
 // (the scenario's tolerance is 1e-5): with a declared tolerance of 0 parity
 // fails, and the verdict keeps the invariants, which hold, apart.

@@ -500,5 +500,9 @@ int main(int argc, char** argv) {
     std::cerr << "ddp-conformance: error: no case matched (check --gtest_filter)" << std::endl;
     return 1;
   }
+  if (verdict->all_of_several_skipped()) {
+    std::cerr << "ddp-conformance: error: every case skipped (the reasons above): nothing was checked" << std::endl;
+    return 1;
+  }
   return status;
 }

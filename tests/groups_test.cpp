@@ -181,6 +181,25 @@ TEST(Groups, HeldRangesThatRepeatOrMiscountAreRefused) {
   }
 }
 
+// Replicas of a parameter's whole optimizer state that differ (rank 1's
+// AdamW moments 1024 times rank 0's, its weights bitwise the same) are
+// not written as one: the checkpoint is refused, naming both.
+TEST(Groups, AWholeStateTheReplicasHoldApartIsNotCheckpointed) {
+  harness::TempDir dir("ddp-groups-state");
+  std::string config =
+      toml("plugin = \"" + kGroups + "\"\nmode = \"scaled\"\n", "", "name = \"adamw\"\neps = 1e-30\n");
+  config.replace(config.find("momentum = 0.9\n"), 15, "");  // (SGD's key)
+  const RunResult r = harness::run(config, 2, {"checkpoint.every=2", "checkpoint.dir=\"" + dir.path + "\""}, "",
+                                   harness::Ranks::kForked);
+  ASSERT_FALSE(r.failures.empty());
+  std::string all;
+  for (const std::string& f : r.failures) all += f + "\n";
+  EXPECT_NE(all.find("checkpoint: the optimizer state of 'fc1.weight' differs between rank 0 and rank 1, which both "
+                     "hold it whole: replicas must hold the same state"),
+            std::string::npos)
+      << all;
+}
+
 TEST(Groups, ATransportWithoutSplitIsNamed) {
   const RunResult r = harness::run(
       toml("plugin = \"" + kGroups + "\"\n") + "", 1,

@@ -512,6 +512,43 @@ TEST_F(ComputeEntries, GemmRefusals) {
   EXPECT_EQ(h->gemm(h->ctx, &d.g, compute), DDP_OK) << take_plugin_error();
 }
 
+// An output may share no element with what the entry reads (the header's
+// rule): refused by name, nothing run. Columns of one matrix whose elements
+// differ (Gram-Schmidt's column i against the ones after it) are apart.
+TEST_F(ComputeEntries, AnOutputOverlappingAnOperandIsRefused) {
+  std::vector<float> mem(64, 1.0f);
+  const std::vector<float> before = mem;
+  const ddp_vectors x{mem.data(), 4, 1, 2, 4}, y{mem.data() + 4, 4, 1, 2, 4};  // x's second vector is y's first
+  float* inside_x = mem.data() + 2;
+  EXPECT_EQ(refusal([&] { return h->norm(h->ctx, &x, inside_x, compute); }),
+            invalid("norm: out overlaps x: an entry's output may share no element with what it reads"));
+  EXPECT_EQ(refusal([&] { return h->dot(h->ctx, &x, &x, inside_x, compute); }),
+            invalid("dot: out overlaps x: an entry's output may share no element with what it reads"));
+  EXPECT_EQ(refusal([&] { return h->axpy(h->ctx, 1.0, &x, nullptr, &y, compute); }),
+            invalid("axpy: y overlaps x: an entry's output may share no element with what it reads"));
+  EXPECT_EQ(refusal([&] { return h->axpy(h->ctx, 1.0, &x, mem.data() + 9, &y, compute); }),
+            invalid("axpy: y overlaps x: an entry's output may share no element with what it reads"));
+  const ddp_vectors far{mem.data() + 32, 4, 1, 2, 4};
+  EXPECT_EQ(refusal([&] { return h->axpy(h->ctx, 1.0, &x, mem.data() + 33, &far, compute); }),
+            invalid("axpy: y overlaps scalars: an entry's output may share no element with what it reads"));
+  EXPECT_EQ(refusal([&] { return h->axpy(h->ctx, std::nan(""), &x, nullptr, &far, compute); }),
+            invalid("axpy: alpha is not a finite number"));
+  ddp_gemm g = plugin::Host::gemm_desc();
+  g.m = g.n = g.k = 2, g.alpha = 1.0, g.a = mem.data(), g.lda = 2, g.b = mem.data() + 8, g.ldb = 2;
+  g.c = mem.data() + 2, g.ldc = 2;  // C's first row is A's second
+  EXPECT_EQ(refusal([&] { return h->gemm(h->ctx, &g, compute); }),
+            invalid("gemm: c overlaps a: an entry's output may share no element with what it reads"));
+  g.c = mem.data() + 16, g.beta = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(refusal([&] { return h->gemm(h->ctx, &g, compute); }), invalid("gemm: alpha and beta are finite numbers"));
+  EXPECT_TRUE(same_bits(mem, before));  // nothing ran
+  // A matrix [4, 3] of columns: column 0 against columns 1 and 2 (inc 3),
+  // and column 1 of a batch of two against their column 2: apart.
+  const ddp_vectors col0{mem.data(), 4, 3, 2, 0}, rest{mem.data() + 1, 4, 3, 2, 1};
+  EXPECT_EQ(h->axpy(h->ctx, -1.0, &col0, nullptr, &rest, compute), DDP_OK) << take_plugin_error();
+  const ddp_vectors ones{mem.data() + 1, 4, 3, 2, 12}, twos{mem.data() + 2, 4, 3, 2, 12};
+  EXPECT_EQ(h->axpy(h->ctx, -1.0, &ones, nullptr, &twos, compute), DDP_OK) << take_plugin_error();
+}
+
 TEST_F(ComputeEntries, VectorRefusals) {
   std::vector<float> mem(64, 1.0f), out(8, kNaN);
   const std::vector<float> before = mem;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "plugin_host.h"
 #include "stream.h"
@@ -62,6 +63,51 @@ void require_row(const char* ld_name, size_t ld, const char* matrix, size_t row,
                        " elements: " + row_is + ")");
 }
 
+// The elements from v's first to its last (indices from v.ptr).
+size_t extent(const ddp_vectors& v) {
+  if (v.count == 0 || v.length == 0) return 0;
+  return (v.count - 1) * v.stride + (v.length - 1) * v.inc + 1;
+}
+
+// The residues modulo v.inc of v's elements, from v.ptr: every element
+// of vector i lies at i·stride + k·inc. Empty where there are too many
+// vectors to list (then the caller takes them as meeting).
+std::vector<bool> residues(const ddp_vectors& v) {
+  if (v.inc < 2 || v.count > 4096) return {};
+  std::vector<bool> seen(v.inc, false);
+  for (size_t i = 0; i < v.count; ++i) seen[(i * v.stride) % v.inc] = true;
+  return seen;
+}
+
+// Whether operands a and b may share an element: their address ranges
+// meet, unless their elements lie at other residues modulo one inc
+// (columns of one row-major matrix: Gram-Schmidt's column i against the
+// columns after it, in one matrix or across a batch). A sufficient test
+// of being apart.
+bool may_share(const ddp_vectors& a, const ddp_vectors& b) {
+  const auto begin_a = reinterpret_cast<uintptr_t>(a.ptr), begin_b = reinterpret_cast<uintptr_t>(b.ptr);
+  const uintptr_t end_a = begin_a + extent(a) * sizeof(float), end_b = begin_b + extent(b) * sizeof(float);
+  if (extent(a) == 0 || extent(b) == 0 || end_a <= begin_b || end_b <= begin_a) return false;
+  if (a.inc != b.inc || (begin_b - begin_a) % sizeof(float) != 0) return true;
+  const std::vector<bool> ra = residues(a), rb = residues(b);
+  if (ra.empty() || rb.empty()) return true;
+  const auto inc = static_cast<int64_t>(a.inc);
+  const int64_t shift = (static_cast<int64_t>(begin_b) - static_cast<int64_t>(begin_a)) / int64_t(sizeof(float));
+  for (int64_t r = 0; r < inc; ++r)
+    if (rb[size_t(r)] && ra[size_t(((r + shift) % inc + inc) % inc)]) return true;
+  return false;
+}
+
+// An output an entry writes may share no element with an operand it reads.
+void apart(const char* entry, const char* written, const ddp_vectors& w, const char* read, const ddp_vectors& r) {
+  if (may_share(w, r))
+    refuse(entry, std::string(written) + " overlaps " + read + ": an entry's output may share no element with " +
+                      "what it reads");
+}
+
+// `count` floats at p, as one vector.
+ddp_vectors floats_at(const float* p, size_t count) { return ddp_vectors{const_cast<float*>(p), count, 1, 1, count}; }
+
 // The fields of ABI 1.9's ddp_gemm, checked. A newer plugin's larger struct
 // is read as far as this engine knows it.
 ddp_gemm checked_gemm(const ddp_gemm* given) {
@@ -92,6 +138,15 @@ ddp_gemm checked_gemm(const ddp_gemm* given) {
   require_int("ldb", g.ldb);
   require_int("ldc", g.ldc);
   require_int("batch", g.batch);
+  if (!std::isfinite(g.alpha) || !std::isfinite(g.beta)) refuse("gemm", "alpha and beta are finite numbers");
+  // C, A and B as the elements from each one's first to its last.
+  const auto span = [&](const float* p, size_t rows, size_t ld, size_t row, size_t stride) {
+    const size_t one = rows == 0 || row == 0 ? 0 : (rows - 1) * ld + row;
+    return floats_at(p, one == 0 ? 0 : (g.batch - 1) * stride + one);
+  };
+  const ddp_vectors c = span(g.c, g.m, g.ldc, g.n, g.stride_c);
+  apart("gemm", "c", c, "a", span(g.a, g.trans_a ? g.k : g.m, g.lda, g.trans_a ? g.m : g.k, g.stride_a));
+  apart("gemm", "c", c, "b", span(g.b, g.trans_b ? g.n : g.k, g.ldb, g.trans_b ? g.k : g.n, g.stride_b));
   return g;
 }
 
@@ -154,6 +209,8 @@ struct HostCompute {
       const ddp_vectors& cy = checked("dot", "y", y, false);
       same_shape("dot", cx, cy);
       require_out("dot", out);
+      apart("dot", "out", floats_at(out, cx.count), "x", cx);
+      apart("dot", "out", floats_at(out, cx.count), "y", cy);
       svc(ctx).compute().dot(cx, cy, out, stream_of("dot", stream));
     });
   }
@@ -162,6 +219,7 @@ struct HostCompute {
       refuse_in_device_task("norm");
       const ddp_vectors& cx = checked("norm", "x", x, false);
       require_out("norm", out);
+      apart("norm", "out", floats_at(out, cx.count), "x", cx);
       svc(ctx).compute().norm(cx, out, stream_of("norm", stream));
     });
   }
@@ -172,6 +230,9 @@ struct HostCompute {
       const ddp_vectors& cx = checked("axpy", "x", x, false);
       const ddp_vectors& cy = checked("axpy", "y", y, true);
       same_shape("axpy", cx, cy);
+      if (!std::isfinite(alpha)) refuse("axpy", "alpha is not a finite number");
+      apart("axpy", "y", cy, "x", cx);
+      if (scalars) apart("axpy", "y", cy, "scalars", floats_at(scalars, cx.count));
       svc(ctx).compute().axpy(alpha, cx, scalars, cy, stream_of("axpy", stream));
     });
   }

@@ -77,10 +77,43 @@ bool writes_piece(const StateLayout& layout, size_t param, int rank, size_t offs
   return false;
 }
 
+// 48 bits of the XXH3 of a parameter's saved state (its moments), exact in
+// a double.
+double state_digest(const CheckpointInput& in, size_t i) {
+  std::vector<float> both;
+  for (const SavedState& s : in.optimizer.saved(i)) {
+    both.insert(both.end(), s.first.begin(), s.first.end());
+    both.insert(both.end(), s.second.begin(), s.second.end());
+  }
+  return double(digest_bits(xxh3_hex(both.data(), both.size() * sizeof(float))) >> 16);
+}
+
+// Where several ranks hold a parameter's whole state (replicas: DDP, or
+// HSDP's owners in each group), it is written once, by the lowest: their
+// digests must agree, else the checkpoint would keep one of two states.
+void check_whole_replicas(const CheckpointInput& in, const std::vector<double>& all, size_t stride) {
+  const size_t n = in.params.size();
+  for (size_t i = 0; i < n && !in.divergent; ++i) {  // (divergent: each rank writes its own)
+    int first = -1;
+    for (int r = 0; r < in.world; ++r) {
+      const double* w = &all[size_t(r) * stride];
+      if (w[i] != kWhole) continue;
+      if (first < 0) {
+        first = r;
+        continue;
+      }
+      if (w[2 * n + 1 + i] != all[size_t(first) * stride + 2 * n + 1 + i])
+        throw Error("checkpoint: the optimizer state of '" + in.params[i].name + "' differs between rank " +
+                        std::to_string(first) + " and rank " + std::to_string(r) +
+                        ", which both hold it whole: replicas must hold the same state", DDP_ERR_INTERNAL);
+    }
+  }
+}
+
 }  // namespace
 
 StateLayout gather_state_layout(const CheckpointInput& in) {
-  const size_t n = in.params.size(), stride = 2 * n + 1;
+  const size_t n = in.params.size(), stride = 3 * n + 1;  // kinds, steps, pieces, whole states' digests
   std::vector<double> mine(stride, 0.0);
   for (size_t i = 0; i < n; ++i) {
     if (!in.optimizer.has_state(i)) continue;
@@ -88,9 +121,11 @@ StateLayout gather_state_layout(const CheckpointInput& in) {
     mine[i] = whole ? kWhole : kPieces;
     mine[n + i] = double(in.optimizer.state_steps(i));
     if (!whole) mine[2 * n] += double(in.optimizer.state_ranges(i).size());
+    if (whole && !in.divergent) mine[2 * n + 1 + i] = state_digest(in, i);
   }
   std::vector<double> all(stride * size_t(in.world));
   in.all_gather(mine, all);
+  check_whole_replicas(in, all, stride);
   StateLayout layout;
   std::vector<double> whole(n * size_t(in.world));
   size_t slots = 0;

@@ -16,7 +16,10 @@
  *                 by rank 0's state_scopes and per rank by the others';
  *   "held_twice"  held_ranges names each gradient twice;
  *   "held_once"   held_ranges says each gradient is on this rank alone
- *                 (replicas 1), where every rank holds it.
+ *                 (replicas 1), where every rank holds it;
+ *   "scaled"      rank 1 scales its averaged gradients by 1024: under
+ *                 AdamW with a tiny eps the weights stay bitwise equal,
+ *                 the optimizer states do not.
  * Otherwise held_ranges names every trainable gradient, held by every rank. */
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +39,7 @@ struct ddp_strategy_s {
   ddp_held_range* held;  /* held_ranges' answer */
 };
 
-static const ddp_key kKeys[] = {{"mode", "string", "none, misordered, late, badname, foreign, nested, uneven, scopes, held_twice or held_once"},
+static const ddp_key kKeys[] = {{"mode", "string", "none, misordered, late, badname, foreign, nested, uneven, scopes, held_twice, held_once or scaled"},
                                 {NULL, NULL, NULL}};
 
 static ddp_status make_pairs(ddp_strategy* s) {
@@ -172,6 +175,11 @@ static ddp_status groups_finish(ddp_strategy* s) {
   ddp_status st = sync_with(s, s->computed, h->compute_stream(h->ctx), 0);
   if (st == DDP_OK) st = each(s, s->world, 0, 0);
   if (st == DDP_OK) st = each(s, s->pairs, 0, strcmp(s->mode, "misordered") == 0 && h->rank == 1);
+  for (size_t i = 0; i < h->param_count(h->ctx) && st == DDP_OK && strcmp(s->mode, "scaled") == 0 && h->rank == 1; ++i) {
+    const ddp_param* p = h->param(h->ctx, i);
+    const ddp_buffer g = {p->grad, p->numel, DDP_FLOAT32, h->device};
+    if (p->trainable) st = h->scale(h->ctx, &g, 1024.0, h->comm_stream(h->ctx));
+  }
   if (st == DDP_OK) st = sync_with(s, s->done, h->comm_stream(h->ctx), 1);
   if (st == DDP_OK) *s->steps += 1.0f;  /* (a CPU run's device memory: this plugin runs on the CPU only) */
   return st;
