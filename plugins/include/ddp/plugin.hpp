@@ -101,7 +101,9 @@ class Host {
   const ddp_host* raw() const { return h_; }
   int rank() const { return h_->rank; }
   int world_size() const { return h_->world_size; }
+  int local_rank() const { return h_->local_rank; }
   ddp_device_kind device() const { return h_->device; }
+  int64_t timeout_ms() const { return h_->timeout_ms; }  // run.timeout_s, in ms
 
   int64_t config_int(const char* key, int64_t fallback) const {
     int64_t v = 0;
