@@ -25,6 +25,7 @@
 #include "blas_choice.h"
 #include "gemm_floor.h"
 #include "huge_pages.h"
+#include "isolated.h"
 #include "checkpoint.h"
 #include "config.h"
 #include "fit_check.h"
@@ -147,6 +148,27 @@ BlasChoice blas_choice(const Config& config) {
                             config.run.threads);
 }
 
+// Before any rank starts, in a process of its own bounded by run.timeout_s
+// (isolated.h: a plugin's code that exits, crashes or hangs there cannot
+// take the launcher down): a CPU run whose plan does not fit this host is
+// refused before anything is measured or started (the BLAS probe runs the
+// model's GEMMs); then the plugins every rank will load are loaded once: a
+// misspelt name, a library that cannot load or a key the plugin does not
+// declare is refused (a plugin that declares no keys has them checked by
+// each rank instead).
+void check_plugins(const Config& config) {
+  const std::string refusal =
+      run_isolated("checking the run's plugins before any rank starts",
+                   std::chrono::milliseconds(int64_t(config.run.timeout_s * 1000)), [&] {
+                     const std::string fit = config.run.check_memory ? fit_refusal(config, host_memory()) : "";
+                     if (!fit.empty()) return fit;
+                     load_and_check(PluginKind::Strategy, config.strategy_plugin, config.strategy);
+                     load_and_check(PluginKind::Transport, config.transport_plugin, config.transport);
+                     return std::string();
+                   });
+  if (!refusal.empty()) throw ConfigError(refusal);
+}
+
 // `ddp run` on this machine: run.world_size ranks of this executable, each
 // running the same command line as a rank. With --trace, each rank records
 // into the run's private directory and the files are merged into
@@ -156,10 +178,7 @@ BlasChoice blas_choice(const Config& config) {
 // started again.
 int launch_run(const Config& config, const std::string& config_path, const std::vector<std::string>& overrides,
                bool trace) {
-  // A CPU run whose plan does not fit this host is refused before anything
-  // is measured or started: the BLAS probe below runs the model's GEMMs.
-  if (config.run.check_memory)
-    if (const std::string refusal = fit_refusal(config, host_memory()); !refusal.empty()) throw ConfigError(refusal);
+  check_plugins(config);
   const BlasChoice blas = blas_choice(config);
   LaunchSpec spec;
   spec.world = config.run.world_size;
@@ -184,12 +203,6 @@ int launch_run(const Config& config, const std::string& config_path, const std::
       std::cout << "trace: " << merged << " (open it in https://ui.perfetto.dev or chrome://tracing)\n";
     };
   }
-  // The plugins every rank will load, loaded here once: a misspelt name, a
-  // library that cannot load or a key the plugin does not declare is
-  // refused before any rank starts (a plugin that declares no keys has
-  // them checked by each rank instead).
-  load_and_check(PluginKind::Strategy, config.strategy_plugin, config.strategy);
-  load_and_check(PluginKind::Transport, config.transport_plugin, config.transport);
   const DirectoryLock lock(config.run.output_dir, "run.output_dir");  // one run per output directory
   const auto checkpoint_lock = lock_checkpoint_dir(config);
   std::string resume = config.resume;
@@ -318,6 +331,28 @@ int blas_command(const BlasCommands& b, char** argv) {
   return 0;
 }
 
+// `ddp plan` in a process of its own, bounded by the config's run.timeout_s
+// (isolated.h): the plugins' plan entries run there; its text is printed
+// whole, or not at all.
+int plan_isolated(const ddp::PlanOptions& o) {
+  const ddp::Config c = ddp::load_config(o.config_path, o.overrides);
+  const std::string text =
+      ddp::run_isolated("ddp plan", std::chrono::milliseconds(int64_t(c.run.timeout_s * 1000)), [&] {
+        std::ostringstream out;
+        std::streambuf* const console = std::cout.rdbuf(out.rdbuf());
+        try {
+          ddp::plan_command(o);
+        } catch (...) {
+          std::cout.rdbuf(console);
+          throw;
+        }
+        std::cout.rdbuf(console);
+        return out.str();
+      });
+  std::cout << text;
+  return 0;
+}
+
 int bench_comm_command(ddp::BenchOptions& bench, const std::vector<std::string>& sizes,
                        const std::vector<std::string>& ops, char** argv) {
   bench.sizes.clear();
@@ -339,6 +374,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   CLI::App* plugins = app.add_subcommand(
       "plugins", "list the strategy and transport plugins ddp can load (DDP_PLUGIN_DIR, then lib/ddp)");
+  double plugins_timeout_s = 30;
+  plugins->add_option("--timeout", plugins_timeout_s, "seconds loading one plugin may take (its constructors)")
+      ->check(CLI::Range(0.001, 1e6))
+      ->capture_default_str();
   CLI::App* run = app.add_subcommand("run", "train as the TOML file says (starts run.world_size ranks)");
   run->add_option("config", config_path, "the run's TOML file")->required();
   run->add_option("--set", overrides, "override a key: section.key=value (TOML value; repeatable)")
@@ -367,17 +406,16 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (plugins->parsed()) {  // what a config may name, loaded and checked as a run loads it
-      std::cout << "search path: " << ddp::default_plugin_dir() << "\n"
-                << ddp::format_plugins(ddp::describe_plugins(ddp::PluginKind::Strategy))
-                << ddp::format_plugins(ddp::describe_plugins(ddp::PluginKind::Transport));
+    if (plugins->parsed()) {  // what a config may name, loaded and checked as a run loads it, each within the bound
+      const auto bound = std::chrono::milliseconds(int64_t(plugins_timeout_s * 1000));
+      const std::string dir = ddp::default_plugin_dir();
+      std::cout << "search path: " << dir << "\n"
+                << ddp::format_plugins(ddp::describe_plugins(ddp::PluginKind::Strategy, dir, bound))
+                << ddp::format_plugins(ddp::describe_plugins(ddp::PluginKind::Transport, dir, bound));
       return 0;
     }
     if (blas.probe->parsed() || blas.floor->parsed()) return blas_command(blas, argv);
-    if (plan->parsed()) {
-      ddp::plan_command(plan_options);
-      return 0;
-    }
+    if (plan->parsed()) return plan_isolated(plan_options);
     if (bc->parsed()) return bench_comm_command(bench, bench_sizes, bench_ops, argv);
     ddp::Config config = ddp::load_config(config_path, overrides);
     if (resume_option->count() > 0) config.resume = resume.empty() ? "latest" : resume;

@@ -23,6 +23,7 @@
 #include "atomic_file.h"
 #include "compute_load.h"
 #include "device.h"
+#include "isolated.h"
 #include "launcher.h"
 #include <ddp/overhead_model.hpp>
 #include "plugin_host.h"
@@ -353,6 +354,15 @@ std::string number_text(double x) {
   return s.str();
 }
 
+// The transport's caps, read in a process of its own within the collectives'
+// bound (isolated.h): its constructors cannot take the launcher down.
+uint64_t transport_caps(const std::string& transport, double timeout_s) {
+  const std::string caps =
+      run_isolated("bench-comm", std::chrono::milliseconds(int64_t(timeout_s * 1000)),
+                   [&] { return std::to_string(load_plugin(PluginKind::Transport, transport)->transport()->caps); });
+  return std::stoull(caps);
+}
+
 }  // namespace
 
 int bench_comm(const BenchOptions& options) {
@@ -368,9 +378,8 @@ int bench_comm(const BenchOptions& options) {
   std::string skipped;
   for (const std::string& transport : options.transports) {
     {
-      const auto lib = load_plugin(PluginKind::Transport, transport);
       const bool cuda = options.device == "cuda";
-      if (!supports_device(lib->transport()->caps, cuda ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU)) {
+      if (!supports_device(transport_caps(transport, options.timeout_s), cuda ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU)) {
         std::cerr << "bench-comm: transport '" << transport << "' skipped: it does not work on "
                   << (cuda ? "GPU" : "CPU") << " memory (--device " << options.device << ")\n";
         skipped += (skipped.empty() ? "'" : ", '") + transport + "'";

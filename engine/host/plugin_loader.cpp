@@ -19,6 +19,7 @@
 #include <boost/system/system_error.hpp>
 
 #include "elf_extent.h"
+#include "whereabouts.h"
 
 namespace ddp {
 
@@ -223,21 +224,66 @@ std::string resolve_plugin_path(PluginKind kind, const std::string& name_or_path
   return (fs::path(dirs.empty() ? std::string(".") : dirs.front()) / file_name(kind, name_or_path)).string();
 }
 
-std::vector<std::string> available_plugins(PluginKind kind, const std::string& search_path) {
+namespace {
+
+// Each file of the search path named libddp_<kind>_<name>.so, in order.
+std::vector<fs::path> plugin_files(PluginKind kind, const std::string& search_path) {
   const std::string prefix = "libddp_" + std::string(to_string(kind)) + "_", suffix = ".so";
-  std::vector<std::string> names;
+  std::vector<fs::path> files;
   for (const std::string& dir : search_dirs(search_path)) {
     boost::system::error_code ec;
     for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
       const std::string f = it->path().filename().string();
       if (f.size() > prefix.size() + suffix.size() && f.rfind(prefix, 0) == 0 &&
           f.compare(f.size() - suffix.size(), suffix.size(), suffix) == 0)
-        names.push_back(f.substr(prefix.size(), f.size() - prefix.size() - suffix.size()));
+        files.push_back(it->path());
     }
   }
+  return files;
+}
+
+bool regular(const fs::path& path) {
+  boost::system::error_code ec;
+  return fs::is_regular_file(path, ec);  // through links
+}
+
+}  // namespace
+
+std::string plugin_name_of(PluginKind kind, const std::string& path) {
+  const std::string f = fs::path(path).filename().string();
+  const size_t prefix = std::string("libddp_").size() + std::string(to_string(kind)).size() + 1, suffix = 3;
+  return f.size() > prefix + suffix ? f.substr(prefix, f.size() - prefix - suffix) : f;
+}
+
+std::string file_type_name(const std::string& path) {
+  boost::system::error_code ec;
+  const fs::file_status target = fs::status(path, ec);
+  switch (target.type()) {
+    case fs::regular_file: return "a regular file";
+    case fs::directory_file: return "a directory";
+    case fs::fifo_file: return "a FIFO";
+    case fs::socket_file: return "a socket";
+    case fs::block_file:
+    case fs::character_file: return "a device";
+    default: break;
+  }
+  return fs::is_symlink(fs::symlink_status(path, ec)) ? "a dangling symbolic link" : "missing";
+}
+
+std::vector<std::string> available_plugins(PluginKind kind, const std::string& search_path) {
+  std::vector<std::string> names;
+  for (const fs::path& file : plugin_files(kind, search_path))
+    if (regular(file)) names.push_back(plugin_name_of(kind, file.string()));
   std::sort(names.begin(), names.end());
   names.erase(std::unique(names.begin(), names.end()), names.end());
   return names;
+}
+
+std::vector<std::string> irregular_plugin_files(PluginKind kind, const std::string& search_path) {
+  std::vector<std::string> paths;
+  for (const fs::path& file : plugin_files(kind, search_path))
+    if (!regular(file)) paths.push_back(file.string());
+  return paths;
 }
 
 namespace {
@@ -266,6 +312,10 @@ std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& na
 
   boost::system::error_code ec;
   if (!fs::exists(path, ec)) refusal.fail(not_found(kind, name_or_path, plugin_dir));
+  if (!regular(path)) refusal.fail("not a regular file (" + file_type_name(path) + ")");
+  // Where a constructor or a descriptor that misbehaves is found
+  // (whereabouts.h: the crash handler, the watchdog, isolated.h).
+  const std::string label = std::string(to_string(kind)) + " plugin '" + path + "'";
 
   std::unique_ptr<LoadedPlugin> plugin(new LoadedPlugin());
   plugin->path_ = path;
@@ -275,12 +325,14 @@ std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& na
   try {
     // Absolute, so that a bare "libfoo.so" is not searched for on the
     // library path; local, so that plugins cannot see each other's symbols.
+    const whereabouts::Inside in(label.c_str(), "its constructors (dlopen)");
     lib.load(fs::absolute(path),
              boost::dll::load_mode::rtld_lazy | boost::dll::load_mode::rtld_local);
   } catch (const boost::system::system_error& e) {
     refusal.fail(dlerror_text(e.what()));
   }
 
+  const whereabouts::Inside in(label.c_str(), "its descriptor");
   const char* own = entry_symbol(kind);
   const std::string newest = newest_entry(lib, kind);
   if (newest.empty()) {
@@ -313,10 +365,15 @@ std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& na
     check_entries(refusal, plugin->lib_->transport);
     plugin->transport_ = &plugin->lib_->transport;
   }
+  const char* named = kind == PluginKind::Strategy ? plugin->strategy_->name : plugin->transport_->name;
+  if (!is_path(name_or_path) && name_or_path != named)  // a file renamed from another plugin
+    refusal.fail("its descriptor names it '" + std::string(named) + "', not '" + name_or_path + "'");
   return plugin;
 }
 
 std::optional<std::vector<PluginKey>> declared_keys(const LoadedPlugin& plugin) {
+  const std::string label = std::string(plugin.strategy() ? "strategy" : "transport") + " plugin '" + plugin.path() + "'";
+  const whereabouts::Inside in(label.c_str(), "its descriptor's keys");
   const ddp_key* keys = plugin.strategy() ? plugin.strategy()->keys : plugin.transport() ? plugin.transport()->keys : nullptr;
   if (!keys) return std::nullopt;
   std::vector<PluginKey> out;
@@ -340,68 +397,6 @@ std::unique_ptr<LoadedPlugin> load_and_check(PluginKind kind, const std::string&
   const std::string warning = section.unknown_table(available_plugins(kind, default_plugin_dir()), to_string(kind));
   if (!warning.empty()) std::cerr << "ddp: warning: " << warning << "; its keys go to no plugin\n";
   return plugin;
-}
-
-std::vector<PluginInfo> describe_plugins(PluginKind kind, const std::string& search_path) {
-  std::vector<PluginInfo> out;
-  for (const std::string& name : available_plugins(kind, search_path)) {
-    PluginInfo info;
-    info.kind = kind;
-    info.name = name;
-    info.path = resolve_plugin_path(kind, name, search_path);
-    try {
-      const std::unique_ptr<LoadedPlugin> plugin = load_plugin(kind, name, search_path);
-      if (const ddp_strategy_v1_t* d = plugin->strategy()) {
-        info.version = d->version, info.abi_version = d->abi_version, info.caps = d->caps;
-        info.plans = DDP_PLUGIN_HAS(d, plan);
-      } else if (const ddp_transport_v1_t* t = plugin->transport()) {
-        info.version = t->version, info.abi_version = t->abi_version, info.caps = t->caps;
-        info.dtypes = ddp_transport_dtypes(t);
-        info.plans = DDP_PLUGIN_HAS(t, plan);
-      }
-      info.keys = declared_keys(*plugin);
-    } catch (const PluginError& e) {
-      info.refusal = e.what();
-    }
-    out.push_back(std::move(info));
-  }
-  return out;
-}
-
-std::string format_plugins(const std::vector<PluginInfo>& plugins) {
-  std::string text;
-  for (const PluginInfo& p : plugins) {
-    auto padded = [](std::string t, size_t width) { return t.size() < width ? t.append(width - t.size(), ' ') : t; };
-    std::string line = padded(to_string(p.kind), 9) + "  " + padded(p.name, 10);
-    if (!p.refusal.empty()) {
-      text += line + "  cannot load: " + p.refusal + "\n";
-      continue;
-    }
-    line += "  " + p.version + "  ABI " + std::to_string(DDP_ABI_MAJOR(p.abi_version)) + "." +
-            std::to_string(DDP_ABI_MINOR(p.abi_version)) + "  ";
-    std::string caps;
-    if (p.caps & DDP_CAP_DEVICE_CPU) caps += "cpu";
-    if (p.caps & DDP_CAP_DEVICE_CUDA) caps += caps.empty() ? "cuda" : ",cuda";
-    if (p.caps & DDP_CAP_OWNS_OPTIMIZER) caps += ",owns-optimizer";
-    if (p.caps & DDP_CAP_OWNS_GRADIENTS) caps += ",owns-gradients";
-    if (p.caps & DDP_CAP_OWNS_PARAMETERS) caps += ",owns-parameters";
-    if (p.caps & DDP_CAP_DIVERGENT) caps += ",divergent";
-    if (p.plans) caps += ",plans";
-    text += line + (caps.empty() ? "-" : caps) + "  " + p.path + "\n";
-    if (p.dtypes) {
-      std::string dtypes;
-      for (int d = DDP_FLOAT32; d <= DDP_FLOAT16; ++d)
-        if (p.dtypes & DDP_DTYPE_BIT(d)) dtypes += (dtypes.empty() ? "" : ", ") + std::string(ddp_dtype_name(ddp_dtype(d)));
-      text += "    dtypes: " + dtypes + "\n";
-    }
-    if (!p.keys) {
-      text += "    (keys not declared: checked once the plugin starts)\n";
-      continue;
-    }
-    if (p.keys->empty()) text += "    (no keys)\n";
-    for (const PluginKey& k : *p.keys) text += "    " + padded(k.name, 18) + "  " + padded(k.type, 16) + "  " + k.help + "\n";
-  }
-  return text;
 }
 
 }  // namespace ddp

@@ -7,6 +7,9 @@
 // Refusals throw PluginError with exactly this message:
 //   cannot load <kind> plugin '<path>' (host ABI <M>.<m>, plugin ABI <M>.<m>|none): <reason>
 // reasons: "file not found"
+//          "not a regular file (a FIFO)"   (never opened: it could block)
+//          "its descriptor names it '<name>', not '<chosen>'"
+//              (chosen by name: a file renamed from another plugin)
 //          "file not found; did you mean '<name>'? (<kind> plugins in <dirs>: <names>)"
 //              (a name: the nearest name, if one is close, and what there is)
 //          "not a ddp plugin (no ddp_strategy_v1 or ddp_transport_v1 symbol)"
@@ -18,6 +21,7 @@
 //          "<dlerror text>"   (file exists but dlopen failed)
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -53,8 +57,17 @@ std::vector<std::string> search_dirs(const std::string& search_path);
 std::string resolve_plugin_path(PluginKind kind, const std::string& name_or_path,
                                 const std::string& search_path);
 
-// The names of the plugins of `kind` in the search path, sorted, each once.
+// The names of the plugins of `kind` in the search path, sorted, each once:
+// the regular files (or links to them) named libddp_<kind>_<name>.so.
 std::vector<std::string> available_plugins(PluginKind kind, const std::string& search_path);
+// The files of the search path named as plugins of `kind` that are not
+// regular files (a FIFO, a directory, a dangling link): never opened.
+std::vector<std::string> irregular_plugin_files(PluginKind kind, const std::string& search_path);
+// "naive" of ".../libddp_strategy_naive.so". Pure.
+std::string plugin_name_of(PluginKind kind, const std::string& path);
+// What a path is, in words: "a regular file", "a FIFO", "a directory",
+// "a socket", "a device", "a dangling symbolic link", "missing".
+std::string file_type_name(const std::string& path);
 
 
 // Keeps the library loaded for as long as the descriptor is used.
@@ -102,7 +115,7 @@ void check_declared_keys(const LoadedPlugin& plugin, const PluginSection& sectio
 std::unique_ptr<LoadedPlugin> load_and_check(PluginKind kind, const std::string& name, const PluginSection& section);
 
 // What `ddp plugins` says of one plugin of the search path: loaded and
-// checked as a run would load it, or why it cannot be.
+// checked as a run would load it, or why it cannot be (plugin_listing.cpp).
 struct PluginInfo {
   PluginKind kind = PluginKind::Strategy;
   std::string name, path, version;  // name as a config names it; version from its descriptor
@@ -112,8 +125,16 @@ struct PluginInfo {
   std::optional<std::vector<PluginKey>> keys;
   uint64_t dtypes = 0;  // a transport's (ddp_transport_dtypes); 0 for a strategy
   bool plans = false;   // it has a plan entry (ABI 1.4): `ddp plan` asks it
+  bool misbehaved = false;  // its code exited, crashed or outlived the bound as it was loaded
 };
-std::vector<PluginInfo> describe_plugins(PluginKind kind, const std::string& search_path = default_plugin_dir());
+// How long loading one plugin may take in `ddp plugins` (its constructors
+// and descriptor), unless --timeout says.
+constexpr std::chrono::milliseconds kPluginLoadBound{30000};
+// Each plugin is loaded in a child process of its own (isolated.h), within
+// `bound`: one that exits, crashes or hangs there is listed with that as
+// its refusal. Files that are not regular files are listed as skipped.
+std::vector<PluginInfo> describe_plugins(PluginKind kind, const std::string& search_path = default_plugin_dir(),
+                                         std::chrono::milliseconds bound = kPluginLoadBound);
 
 // The listing, one line per plugin (name, version, ABI, what it supports,
 // path; or the refusal). Pure.

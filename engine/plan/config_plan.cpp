@@ -9,6 +9,7 @@
 #include "plugin_loader.h"
 #include "plugin_plan.h"
 #include "registry.h"
+#include "whereabouts.h"
 
 namespace ddp {
 namespace {
@@ -49,10 +50,17 @@ plan::RunPlan plan_config(const Config& c, const Footprint& model, bool check_ke
   run.micro_steps = int(c.run.grad_accum_steps);
   run.clips = c.optimizer.clip_grad_norm > 0;
   std::vector<plan::RankParts> parts;
+  // Where a plan entry that exits, crashes or hangs is (isolated.h).
+  const std::string strategy_label = "strategy plugin '" + strategy->path() + "'";
+  const std::string transport_label = "transport plugin '" + transport->path() + "'";
   for (int r = 0; r < c.run.world_size; ++r) {
     plan::RankParts p;
     try {
-      p.strategy = plan::plan_strategy(*strategy->strategy(), *transport->transport(), c.strategy, run, r);
+      {
+        const whereabouts::Inside in(strategy_label.c_str(), "plan");
+        p.strategy = plan::plan_strategy(*strategy->strategy(), *transport->transport(), c.strategy, run, r);
+      }
+      const whereabouts::Inside in(transport_label.c_str(), "plan");
       p.transport = plan::plan_transport(*transport->transport(), c.transport, run, r, p.strategy.collectives,
                                          p.strategy.groups);
     } catch (const Error& e) {  // the plugin's words, in the config's file

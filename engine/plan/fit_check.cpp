@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include "config_plan.h"
 #include "plugin_loader.h"
 #include "error.h"
+#include "isolated.h"
 #include "registry.h"
 
 namespace ddp {
@@ -79,30 +81,49 @@ std::optional<plan::RunPlan> plan_with(const Config& c, const std::vector<std::s
   }
 }
 
+bool fits(const std::optional<plan::RunPlan>& p, const HostMemory& host) {
+  return p && fit_shortfall(peaks_of(*p), host).empty();
+}
+std::string needs(const std::string& what, const plan::RunPlan& p) { return "; " + what + " needs " + gb(sum(peaks_of(p))); }
+// A key in the plugin's own table, where a --set of the user's may have put it too (the later wins).
+std::string key_of(const std::string& plugin, const std::string& key) {
+  return "strategy." + plugin_table_name(plugin) + "." + key;
+}
+
+// "; strategy.plugin = "<other>" [with <key> = <value>] needs 18.6 GB"
+// where the other plugin fits at its defaults or at a leaner setting; "".
+std::string other_that_fits(const Config& c, const PluginInfo& other, const HostMemory& host) {
+  const std::string plugin = "strategy.plugin=\"" + other.name + "\"", named = "strategy.plugin = \"" + other.name + "\"";
+  const std::optional<plan::RunPlan> p = plan_with(c, {plugin});
+  if (!p) return "";
+  if (fits(p, host)) return needs(named, *p);
+  for (const auto& [key, value] : p->leaner)
+    if (const auto q = plan_with(c, {plugin, key_of(other.name, key) + "=" + value}); fits(q, host))
+      return needs(named + " with " + key_of(other.name, key) + " = " + value, *q);
+  return "";
+}
+
 // "; <what> needs 18.6 GB" for the mildest strategy setting that fits: the
 // strategy's own leaner settings (ddp_plan::leaner) first, then each other
 // strategy plugin of the search path, at its defaults, then at its leaner
-// settings; "" where none fits.
+// settings; "" where none fits. Each other plugin is asked in a process of
+// its own (isolated.h): one whose code exits, crashes or hangs there is
+// skipped with a note naming it.
 std::string leaner_that_fits(const Config& c, const plan::RunPlan& planned, const HostMemory& host) {
-  auto fits = [&](const std::optional<plan::RunPlan>& p) { return p && fit_shortfall(peaks_of(*p), host).empty(); };
-  auto needs = [&](const std::string& what, const plan::RunPlan& p) { return "; " + what + " needs " + gb(sum(peaks_of(p))); };
-  // A key in the plugin's own table, where a --set of the user's may have put it too (the later wins).
-  auto key_of = [](const std::string& plugin, const std::string& key) {
-    return "strategy." + plugin_table_name(plugin) + "." + key;
-  };
   for (const auto& [key, value] : planned.leaner)
-    if (const auto p = plan_with(c, {key_of(c.strategy_plugin, key) + "=" + value}); fits(p))
+    if (const auto p = plan_with(c, {key_of(c.strategy_plugin, key) + "=" + value}); fits(p, host))
       return needs(key_of(c.strategy_plugin, key) + " = " + value, *p);
   for (const PluginInfo& other : describe_plugins(PluginKind::Strategy)) {
+    if (other.misbehaved) std::cerr << "ddp: note: the fit check's search skipped a plugin: " << other.refusal << "\n";
     if (!other.refusal.empty() || !other.plans || other.name == c.strategy_plugin || other.path == c.strategy_plugin)
       continue;
-    const std::string plugin = "strategy.plugin=\"" + other.name + "\"", named = "strategy.plugin = \"" + other.name + "\"";
-    const std::optional<plan::RunPlan> p = plan_with(c, {plugin});
-    if (!p) continue;
-    if (fits(p)) return needs(named, *p);
-    for (const auto& [key, value] : p->leaner)
-      if (const auto q = plan_with(c, {plugin, key_of(other.name, key) + "=" + value}); fits(q))
-        return needs(named + " with " + key_of(other.name, key) + " = " + value, *q);
+    try {
+      const std::string found = run_isolated("", std::chrono::milliseconds(int64_t(c.run.timeout_s * 1000)),
+                                             [&] { return other_that_fits(c, other, host); });
+      if (!found.empty()) return found;
+    } catch (const Error& e) {
+      std::cerr << "ddp: note: the fit check's search skipped a plugin: " << e.what() << "\n";
+    }
   }
   return "";
 }
