@@ -182,7 +182,7 @@ const char* signal_name(int sig) {
 
 std::string seconds_text(double s) {
   char out[32];
-  std::snprintf(out, sizeof out, "%g s", s);
+  std::snprintf(out, sizeof out, "%.3g s", s);
   return out;
 }
 
@@ -261,12 +261,17 @@ std::string isolated_ending(const std::string& report, int wait_status, bool tim
   return "the check ended (exit code " + std::to_string(code) + ") without a result";
 }
 
+std::chrono::milliseconds isolated_time_left() {
+  if (g_deadline == Clock::time_point{}) return std::chrono::milliseconds::max();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(g_deadline - Clock::now()) - kReportMargin;
+}
+
 std::string run_isolated(const std::string& what, std::chrono::milliseconds bound,
                          const std::function<std::string()>& body) {
-  if (g_deadline != Clock::time_point{}) {  // inside a child: within what is left of its bound
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(g_deadline - Clock::now()) - kReportMargin;
-    bound = std::min(bound, left);
-    if (bound.count() <= 0) throw Error(what + ": no time was left for it within the check's bound");
+  bound = std::min(bound, isolated_time_left());  // inside a child: within what is left of its bound
+  if (bound.count() <= 0) {
+    const std::string none = "no time was left for it within the bound of the check it is part of";
+    throw Error(what.empty() ? none : what + ": " + none);
   }
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) throw Error(what + ": cannot create a pipe: " + std::strerror(errno));

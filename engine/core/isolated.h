@@ -28,6 +28,10 @@ namespace ddp {
 std::string run_isolated(const std::string& what, std::chrono::milliseconds bound,
                          const std::function<std::string()>& body);
 
+// What is left of the bound of the isolated child this runs in (less the
+// second it keeps to report); the maximum outside one.
+std::chrono::milliseconds isolated_time_left();
+
 // How a child ended, from what it reported and its wait status, as the
 // sentence run_isolated's Error gives after "<what>: ". `report` is the
 // child's last record ("X<code>", "C<signal>", "H"; each then

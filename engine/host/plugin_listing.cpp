@@ -86,6 +86,7 @@ std::vector<PluginInfo> describe_plugins(PluginKind kind, const std::string& sea
     info.path = path;
     info.name = plugin_name_of(kind, path);
     info.refusal = "'" + path + "' is not a regular file (" + file_type_name(path) + "): skipped";
+    info.misbehaved = true;
     out.push_back(std::move(info));
   }
   return out;

@@ -125,7 +125,7 @@ struct PluginInfo {
   std::optional<std::vector<PluginKey>> keys;
   uint64_t dtypes = 0;  // a transport's (ddp_transport_dtypes); 0 for a strategy
   bool plans = false;   // it has a plan entry (ABI 1.4): `ddp plan` asks it
-  bool misbehaved = false;  // its code exited, crashed or outlived the bound as it was loaded
+  bool misbehaved = false;  // its code exited, crashed or hung as it was loaded; or not a regular file
 };
 // How long loading one plugin may take in `ddp plugins` (its constructors
 // and descriptor), unless --timeout says.

@@ -113,13 +113,23 @@ std::string leaner_that_fits(const Config& c, const plan::RunPlan& planned, cons
   for (const auto& [key, value] : planned.leaner)
     if (const auto p = plan_with(c, {key_of(c.strategy_plugin, key) + "=" + value}); fits(p, host))
       return needs(key_of(c.strategy_plugin, key) + " = " + value, *p);
-  for (const PluginInfo& other : describe_plugins(PluginKind::Strategy)) {
+  // Each plugin's code gets a quarter of run.timeout_s at most: one that
+  // hangs leaves time to the others and to the refusal.
+  const auto share = std::chrono::milliseconds(int64_t(c.run.timeout_s * 250));
+  const std::vector<PluginInfo> others = describe_plugins(PluginKind::Strategy, default_plugin_dir(), share);
+  for (const PluginInfo& other : others)
     if (other.misbehaved) std::cerr << "ddp: note: the fit check's search skipped a plugin: " << other.refusal << "\n";
+  for (size_t k = 0; k < others.size(); ++k) {
+    const PluginInfo& other = others[k];
     if (!other.refusal.empty() || !other.plans || other.name == c.strategy_plugin || other.path == c.strategy_plugin)
       continue;
+    if (isolated_time_left() < share / 4) {
+      std::cerr << "ddp: note: the fit check's search stopped within run.timeout_s, before strategy plugin '"
+                << other.path << "' and " << others.size() - k - 1 << " more\n";
+      break;
+    }
     try {
-      const std::string found = run_isolated("", std::chrono::milliseconds(int64_t(c.run.timeout_s * 1000)),
-                                             [&] { return other_that_fits(c, other, host); });
+      const std::string found = run_isolated("", share, [&] { return other_that_fits(c, other, host); });
       if (!found.empty()) return found;
     } catch (const Error& e) {
       std::cerr << "ddp: note: the fit check's search skipped a plugin: " << e.what() << "\n";

@@ -9,11 +9,12 @@
 
 #include "stubs.h"
 
+static int* volatile nowhere;  /* NULL, read at run time: a real fault */
+
 static void misbehave(void) {
 #if defined(CTOR_EXIT) || defined(PLAN_EXIT)
   exit(0);
 #elif defined(CTOR_CRASH) || defined(PLAN_CRASH)
-  volatile int* nowhere = NULL;
   *nowhere = 1;
 #elif defined(PLAN_ABORT)
   abort();
