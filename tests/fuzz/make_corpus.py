@@ -43,6 +43,10 @@ toy = (repo / "configs" / "toy.toml").read_text()
 put("config", "toy-overrides", toy + "\n%%\nrun.steps=3\noptimizer.lr=0.5\nstrategy.bucket_mb=\"auto\"\n")
 put("config", "groups", toy + '\n[[optimizer.groups]]\nparams = "fc1.*"\nlr = 0.01\n'
     '\n[[schedule.unfreeze]]\nstep = 2\nparams = ["fc2.*"]\n')
+# [eval], and counts past what a machine holds.
+put("config", "eval", toy + '\n[eval]\nevery = 1\nbatches = 3\nholdout_rows = 4\n'
+    '\n%%\neval.batches=100000000\nrun.steps=99999999999999999999\n')
+put("config", "eval-path", toy + '\n[eval]\nevery = 0\npath = "missing.tokens"\n')
 put("config", "minimal", '[run]\nsteps = 1\n[model]\nname = "toy"\n[data]\nbatch_size = 2\n'
     '[optimizer]\nname = "sgd"\nlr = 0.1\n[transport]\nplugin = "gloo"\n[strategy]\nplugin = "naive"\n')
 
@@ -107,3 +111,17 @@ put("checkpoint", "entries", b"\x06step-00000006\nstep-00000002\nstep-00000004\n
     b"step-00000005.replaced\nnotes.txt\nstep-99999999999999999999\n")
 put("checkpoint", "latest-out", b"\x02../elsewhere/step-00000004\nstep-00000004\n")
 
+
+# A built plugin with bytes changed in place: patches of (offset, le16; byte).
+def patches(*at):
+    return b"".join(struct.pack("<HB", o, v) for o, v in at)
+
+
+put("plugin_load", "none", b"")
+put("plugin_load", "elf-class", patches((4, 1)))
+put("plugin_load", "program-headers", patches((0x20, 0xff), (0x38, 0x40), (0x40, 0x07)))
+put("plugin_load", "scattered", patches(*[(o, 0xcc) for o in range(0x1000, 0x1100, 7)]))
+
+# bench-comm's arguments, a line each: sizes, collectives, --load.
+put("bench_args", "sizes", "4KB\n1MB\n1536KiB\n1GB\n0\n18446744073709551615\n16EB\n1e9\n")
+put("bench_args", "names", "all_reduce\nall_gather\nreduce_scatter\nbroadcast\nbarrier\nnone\ngemm\n")
