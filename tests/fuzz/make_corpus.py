@@ -125,3 +125,19 @@ put("plugin_load", "scattered", patches(*[(o, 0xcc) for o in range(0x1000, 0x110
 # bench-comm's arguments, a line each: sizes, collectives, --load.
 put("bench_args", "sizes", "4KB\n1MB\n1536KiB\n1GB\n0\n18446744073709551615\n16EB\n1e9\n")
 put("bench_args", "names", "all_reduce\nall_gather\nreduce_scatter\nbroadcast\nbarrier\nnone\ngemm\n")
+
+# A plan entry's calls (plan_entry_fuzz.cpp): 0 buffer, 1 collective, 2 steps,
+# 3 claims, 4 every, 5 group collective; then their arguments, little-endian.
+def buffer(category, size, when):
+    return struct.pack("<BBQB", 0, category, size, when)
+
+
+def collective(op, count, dtype, beside, group=None):
+    head = struct.pack("<BBQBB", 1 if group is None else 5, op, count, dtype, beside)
+    return head + (b"" if group is None else struct.pack("<i", group))
+
+
+put("plan_entry", "ddp", collective(0, 1000, 0, 1) + buffer(3, 4000, 0))
+put("plan_entry", "huge", buffer(2, 2**64 - 1, 1) + buffer(2, 2**63, 1) + collective(0, 2**62, 0, 0))
+put("plan_entry", "groups", struct.pack("<Bq", 4, 4) + collective(2, 4096, 1, 0, group=2) +
+    struct.pack("<BHQQ", 2, 1, 0, 2**63) + struct.pack("<BBH", 3, 1, 0))
