@@ -65,6 +65,17 @@ inline ddp_status kind_of(const std::exception& e) {
   return DDP_ERR_INTERNAL;
 }
 
+// What a rank says of a std::bad_alloc (whose size the C++ library does not
+// tell): "out of memory: an allocation failed (std::bad_alloc); the last
+// plugin entry this rank left: strategy plugin 'x' state" (`plugin`, the
+// label, and `entry` from whereabouts::left_plugin, nullptr where it was in
+// none). Pure.
+inline std::string out_of_memory_words(const char* plugin, const char* entry) {
+  std::string words = "out of memory: an allocation failed (std::bad_alloc)";
+  if (plugin && entry) words += std::string("; the last plugin entry this rank left: ") + plugin + " " + entry;
+  return words;
+}
+
 // A status as a word: "ok", "invalid_argument", "unsupported", "comm",
 // "timeout", "out_of_memory", "internal".
 inline const char* kind_name(ddp_status status) {

@@ -50,7 +50,10 @@ void RankRun::run() {
     stop_plugins();
     throw;
   } catch (const std::exception& e) {
-    Error error(e.what(), kind_of(e));
+    Error error(dynamic_cast<const std::bad_alloc*>(&e)
+                    ? out_of_memory_words(whereabouts::left_plugin(), whereabouts::left_entry())
+                    : std::string(e.what()),
+                kind_of(e));
     error.at_step(whereabouts::step());
     whereabouts::report_first(error);
     stop_plugins();
