@@ -848,6 +848,9 @@ TEST(OutOfMemory, ABadAllocNamesThePluginEntryLastLeft) {
     } catch (const std::bad_alloc&) {
     }
     EXPECT_STREQ(whereabouts::left_entry(), "create");
+    EXPECT_EQ(words_of(std::bad_alloc()), "out of memory: an allocation failed (std::bad_alloc); the last plugin "
+                                          "entry this rank left: strategy plugin 'y' create");
+    EXPECT_EQ(words_of(std::runtime_error("other")), "other");
   }).join();
 }
 

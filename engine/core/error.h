@@ -18,6 +18,8 @@
 
 #include <ddp/plugin.hpp>
 
+#include "whereabouts.h"
+
 namespace ddp {
 
 class Error : public plugin::Failure {
@@ -74,6 +76,15 @@ inline std::string out_of_memory_words(const char* plugin, const char* entry) {
   std::string words = "out of memory: an allocation failed (std::bad_alloc)";
   if (plugin && entry) words += std::string("; the last plugin entry this rank left: ") + plugin + " " + entry;
   return words;
+}
+
+// An exception's words as a rank reports them: a std::bad_alloc's as
+// out_of_memory_words, with the plugin entry the calling thread last left;
+// any other's what().
+inline std::string words_of(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e))
+    return out_of_memory_words(whereabouts::left_plugin(), whereabouts::left_entry());
+  return e.what();
 }
 
 // A status as a word: "ok", "invalid_argument", "unsupported", "comm",

@@ -39,7 +39,7 @@ std::string attempt(F&& f) {
     f();
     return "";
   } catch (const std::exception& e) {
-    return e.what();
+    return words_of(e);
   }
 }
 

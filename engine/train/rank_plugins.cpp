@@ -34,6 +34,12 @@ void RankPlugins::start(const Config& config, Trace* trace) {
   try {
     start_transport(config);  // config → engine → transport
     start_strategy(config, trace);  // engine → strategy (→ transport, metered)
+  } catch (const std::bad_alloc& e) {
+    const Error error(words_of(e), DDP_ERR_OUT_OF_MEMORY);
+    whereabouts::report_first(error);  // as below
+    abort();
+    shutdown();
+    throw error;
   } catch (const std::exception& e) {
     whereabouts::report_first(e);  // first: the mpi transport's abort ends the process (MPI_Abort)
     abort();

@@ -50,10 +50,7 @@ void RankRun::run() {
     stop_plugins();
     throw;
   } catch (const std::exception& e) {
-    Error error(dynamic_cast<const std::bad_alloc*>(&e)
-                    ? out_of_memory_words(whereabouts::left_plugin(), whereabouts::left_entry())
-                    : std::string(e.what()),
-                kind_of(e));
+    Error error(words_of(e), kind_of(e));
     error.at_step(whereabouts::step());
     whereabouts::report_first(error);
     stop_plugins();
