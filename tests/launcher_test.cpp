@@ -500,6 +500,16 @@ TEST(Launcher, AnAddressSpaceLimitIsCheckedPerRankAndNamed) {
   // Per rank, not summed: two ranks that each fit run, though together they hold more than the limit.
   p = limited({}, 1000000000, "fits");
   EXPECT_EQ(wait_for(p, std::chrono::seconds(120)), 0) << read_file(p.err);
+  rlimit old{};  // `ddp plan` says which limit its verdict holds under
+  getrlimit(RLIMIT_AS, &old);
+  rlimit tight = old;
+  tight.rlim_cur = 1000000000;
+  setrlimit(RLIMIT_AS, &tight);
+  p = start({"plan", kRepo + "/configs/mlp.toml"}, {}, dir + "/plan");
+  setrlimit(RLIMIT_AS, &old);
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 0) << read_file(p.err);
+  EXPECT_NE(read_file(p.out).find(" MB available, MemAvailable; RLIMIT_AS (ulimit -v) allows each process 1000 MB)"),
+            std::string::npos) << read_file(p.out);
   fs::remove_all(dir);
 }
 
