@@ -457,6 +457,12 @@ TEST(Launcher, ARunThatCannotFitThisHostIsRefusedBeforeAnyRankStarts) {
   EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 0) << read_file(p.err);
   EXPECT_NE(read_file(p.out).find("\nFit: the run does not fit this host's memory: it needs 1617"),
             std::string::npos) << read_file(p.out);
+  // More ranks than this host holds, of a model without a plan: each rank's process counts.
+  p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.world_size=4096", "--set", "data.batch_size=4096"}, {},
+            dir + "/many");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  EXPECT_EQ(read_file(p.err).rfind("ddp: error: " + kRepo + "/configs/toy.toml: 4096 ranks do not fit this host's "
+                                   "memory: the run needs ", 0), 0u) << read_file(p.err);
   p = start({"run", kRepo + "/configs/mlp.toml", "--set", "model.depth=100000000"}, {}, dir + "/deep");
   EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
   EXPECT_EQ(read_file(p.err), "ddp: error: " + kRepo + "/configs/mlp.toml: mlp: depth 100000000 is more than 65536 "

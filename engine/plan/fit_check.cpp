@@ -222,6 +222,9 @@ std::string world_fits_this_host(std::string& world) {
 }
 
 std::string fit_refusal(const Config& c, const HostMemory& host) {
+  // Any model, any device: each rank is a process of this host's.
+  if (const std::string many = world_shortfall(c.run.world_size, host); !many.empty())
+    return c.file + ": " + many + " (run.check_memory = false runs it anyway)";
   const ModelInfo* model = find_model(c.model.name);  // a model without a footprint cannot be planned
   if (c.run.device != DDP_DEVICE_CPU || host.bytes < 0 || !model || !model->footprint) return "";
   const plan::RunPlan planned = plan_of(c);

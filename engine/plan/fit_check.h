@@ -84,7 +84,9 @@ std::string world_fits_this_host(std::string& world);
 // peak plus the baseline fits (or there is no limit). Pure.
 std::string rank_limit_shortfall(const std::vector<int64_t>& peaks, const HostMemory& host);
 
-// The check for a config whose ranks all run on this host: "" where it fits
+// The check for a config whose ranks all run on this host: first that its
+// run.world_size processes fit (world_shortfall, whatever the model); then
+// "" where it fits
 // (or the host's memory is unknown, the run is not on the CPU, or its model
 // has no footprint to plan); else the
 // refusal, naming the largest smaller run.world_size that fits (of the 8
