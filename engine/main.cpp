@@ -241,7 +241,7 @@ CLI::App* add_bench_comm(CLI::App& app, ddp::BenchOptions& bench, std::vector<st
       ->capture_default_str();
   bc->add_option("--world", bench.worlds, "world sizes (comma-separated)")
       ->delimiter(',')
-      ->check(CLI::Range(1, 4096))
+      ->check(CLI::Range(1, 4096) & CLI::Validator(ddp::world_fits_this_host, "", "RANKS THIS HOST HOLDS"))
       ->capture_default_str();
   bc->add_option("--sizes", bench_sizes, "sizes S in nccl-tests' sense: 4KB, 1MB, 1GB, ... (binary)")
       ->delimiter(',')

@@ -194,6 +194,8 @@ TEST(BenchCommCommand, BadInputIsNamed) {
       {{"--transport", dir + "/nowhere.so"}, "nowhere.so"},
       {{"--load", "spin"}, "--load: unknown load 'spin' (none, or gemm: one core per rank busy with GEMMs)"},
       {{"--load", "gemm", "--device", "cuda"}, "--load gemm keeps CPU cores busy: it does not load a GPU (use --device cpu)"},
+      // More ranks than this host holds: each rank's process's own memory, summed (fit_check.h).
+      {{"--world", "4096"}, "--world: 4096 ranks do not fit this host's memory: the run needs "},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {"bench-comm", "--world", "2", "--sizes", "4KB", "--iters", "1", "--out", dir + "/out"};

@@ -41,6 +41,23 @@ TEST(GemmProbe, TimesWithTheLoadedKernelAndChecksResults) {
   EXPECT_GT(r["seconds"].get<double>(), 0.0);
 }
 
+// A model whose GEMMs cannot fit this host is said to be one before any
+// probe runs (lm with d_model = 10^8 once read "no candidate ran the
+// model's GEMMs correctly"); a probe that runs out of memory says so with
+// the size it asked for.
+TEST(BlasChoice, GemmsThatCannotFitAreNamedWithTheirSize) {
+  EXPECT_EQ(probe_memory_problem({{8, 1000, 1000}}, int64_t{1} << 30), "");
+  EXPECT_EQ(probe_memory_problem({{8, 1000, 1000}, {8, 100000000, 100000000}}, 24400000000),
+            "the model's GEMM 8x100000000x100000000 needs 40000006.4 GB for its three matrices, more than this "
+            "host's 24.4 GB of memory: the model does not fit this host, whatever the kernel (run.check_memory = "
+            "false skipped the fit check that says so)");
+  EXPECT_EQ(probe_memory_problem({{8, 100000000, 100000000}}, -1), "") << "memory unknown: not checked";
+  // A probe whose matrices cannot be allocated (4 TB) says so, with the size.
+  const nlohmann::json r = probe_gemms({{1 << 20, 1 << 20, 1}}, 1, 1);
+  EXPECT_EQ(r.value("error", ""), "out of memory allocating 4398054899712 bytes for the GEMM 1048576x1048576x1");
+  EXPECT_FALSE(r.value("ok", true));
+}
+
 TEST(BlasChoice, TheEnvironmentAndTheKeyWinWithoutMeasuring) {
   // The kernel this process's OpenBLAS loaded (as the variable would have
   // made it: it is read at load): whatever the CPU, Haswell on one, Prescott

@@ -10,8 +10,10 @@ About 20 s. ctest runs it as `blas_kernel` with DDP_BIN set; by hand:
 """
 import json
 import os
+import signal
 import subprocess
 import tempfile
+import time
 import unittest
 from pathlib import Path
 
@@ -91,6 +93,36 @@ class BlasKernel(unittest.TestCase):
         for machine in json.loads(path.read_text()).values():
             for entry in machine.values():
                 self.assertIsInstance(entry["kernel"], str)
+
+    def test_a_stop_signal_while_probing_stops_the_probe_and_says_so(self):
+        # A model whose GEMMs take a while to time, and a tag to find the probes by.
+        env = dict(self.env, DDP_TEST_PROBE_TAG=self.tmp.name)
+        out = os.path.join(self.tmp.name, "run")
+        args = [DDP, "run", *MLP, "--set", "model.width=2048", "--set", "data.batch_size=256", "--set",
+                f'run.output_dir="{out}"']
+        p = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        first = ""
+        while "choosing the BLAS kernel" not in first:
+            line = p.stderr.readline()
+            self.assertNotEqual(line, "", first)
+            first += line
+        time.sleep(0.5)
+        p.send_signal(signal.SIGTERM)
+        err = first + p.stderr.read()
+        p.stderr.close()
+        self.assertEqual(p.wait(timeout=30), 1, err)
+        self.assertRegex(err, r"ddp: error: interrupted by SIGTERM while choosing the BLAS kernel: the probe of "
+                              r"\S+ was stopped, and no rank started")
+        time.sleep(0.5)
+        left = []
+        for pid in os.listdir("/proc"):
+            try:
+                if pid.isdigit() and ("DDP_TEST_PROBE_TAG=" + self.tmp.name).encode() in \
+                        Path("/proc", pid, "environ").read_bytes().split(b"\0"):
+                    left.append(pid)
+            except OSError:
+                pass
+        self.assertEqual(left, [], "a probe outlived its launcher")
 
     def test_an_unknown_kernel_is_refused(self):
         p = self.run_ddp('run.blas_kernel="Pentium"', ok=False)

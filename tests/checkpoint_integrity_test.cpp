@@ -176,6 +176,9 @@ TEST_F(Integrity, ResealedEditsAreCheckedAgainstTheCheckpointsShape) {
   EXPECT_EQ(refused_after([](auto& j) { j["state"]["fc1.weight"]["steps"] = 0; }),
             meta + ": state of 'fc1.weight': 0 steps, outside [1, 2] at step 2");
   EXPECT_EQ(refused_after([](auto& j) { j["step"] = 3; }), meta + ": 2 losses for 3 steps");
+  EXPECT_EQ(refused_after([](auto& j) { j["world_size"] = int64_t{1} << 62; }),
+            meta + ": world_size is more than 1048576 ranks (config.h's kMaxWorldSize)")
+      << "a world size past any run's, refused before anything loops over its ranks";
   EXPECT_EQ(refused_after([](auto& j) { j["state"]["fc1.weight"]["pieces"][0]["file"] =
                                             "../../elsewhere/optimizer-1.safetensors"; }),
             meta + ": state of 'fc1.weight': file \"../../elsewhere/optimizer-1.safetensors\" is not among its files");

@@ -434,6 +434,16 @@ TEST(ResumeRefused, NoCheckpointToResumeFromIsSaid) {
             "rank 0: " + dir.path + ": no checkpoint to resume from (no 'latest' in checkpoint.dir)");
 }
 
+// A `latest` that is a directory is said to be one, not "empty".
+TEST(ResumeRefused, ALatestThatIsADirectoryIsSaidToBeOne) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path + "/latest");
+  const RunResult r = harness::run(toml(kStrategies[0], kSgd), 1, checkpointing(dir.path), "latest");
+  ASSERT_EQ(r.failures.size(), 1u);
+  EXPECT_EQ(r.failures[0], "rank 0: " + dir.path + "/latest is a directory, where a file naming the latest "
+                           "checkpoint (step-N) belongs: remove it, or give --resume a checkpoint's path");
+}
+
 TEST(ResumeRefused, AFreshRunDoesNotWriteIntoAnotherRunsCheckpoints) {
   TempDir dir;
   const std::string config = toml(kStrategies[0], kSgd);

@@ -325,7 +325,8 @@ TEST_F(ConfigTest, ValueConstraints) {
   const Case cases[] = {
       {"world_size = 0", ":3:14: key 'run.world_size' must be >= 1 (got 0)"},
       {"world_size = 3000000000",
-       ":3:14: key 'run.world_size' must be <= 2147483647 (got 3000000000)"},
+       ":3:14: key 'run.world_size' must be <= 1048576 (got 3000000000)"},
+      {"world_size = 1048577", ":3:14: key 'run.world_size' must be <= 1048576 (got 1048577)"},
       {"seed = -1", ":3:8: key 'run.seed' must be >= 0 (got -1)"},
       {"timeout_s = 0", ":3:13: key 'run.timeout_s' must be > 0 (got 0)"},
       {"timeout_s = -1.5", ":3:13: key 'run.timeout_s' must be > 0 (got -1.5)"},
@@ -414,6 +415,12 @@ TEST_F(ConfigTest, SetErrorsNameTheArgument) {
   // The error is at batch_size, which the file gives.
   EXPECT_EQ(load_error(path, {"run.world_size=3"}),
             path + ":8:14: key 'data.batch_size' (8) must be divisible by run.world_size (3)");
+  EXPECT_EQ(load_error(path, {"run.steps=99999999999999999999"}),
+            "--set run.steps=99999999999999999999: key 'run.steps': 99999999999999999999 is an integer out of range "
+            "(TOML's are 64-bit: -9223372036854775808 to 9223372036854775807)");
+  EXPECT_EQ(load_error(path, {"run.steps=-9_223_372_036_854_775_809"}),
+            "--set run.steps=-9_223_372_036_854_775_809: key 'run.steps': -9_223_372_036_854_775_809 is an integer "
+            "out of range (TOML's are 64-bit: -9223372036854775808 to 9223372036854775807)");
   EXPECT_EQ(load_error(path, {"run.stepz=1"}), "--set run.stepz=1: unknown key 'run.stepz'");
   EXPECT_EQ(load_error(path, {"extra.x=1"}), "--set extra.x=1: unknown section 'extra'");
   EXPECT_EQ(load_error(path, {"model.name=toy # comment"}),

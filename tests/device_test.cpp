@@ -20,6 +20,9 @@
 #include "cpu_host.h"
 #include "device.h"
 #include "device_like_stream.h"
+#include "error.h"
+#include "mapped.h"
+#include "whereabouts.h"
 #if DDP_WITH_CUDA
 #include "gpu.h"
 #include "process.h"
@@ -802,6 +805,54 @@ TEST(CudaDevice, StreamsEventsAndMemory) {
   EXPECT_EQ(device->memory().current(MemCategory::Activations), 0u);
 }
 #endif
+
+// What a plugin points the engine at is readable or not, by the mappings.
+TEST(Mapped, ARangeIsReadableOnlyWithinContiguousReadableMappings) {
+  const std::string maps =
+      "1000-3000 r--p 00000000 00:00 0   /lib/x.so\n"
+      "3000-5000 rw-p 00000000 00:00 0\n"
+      "5000-6000 ---p 00000000 00:00 0\n"
+      "8000-9000 rw-p 00000000 00:00 0   [heap]\n";
+  EXPECT_EQ(unreadable_in(maps, 0x1000, 0x4000), "") << "two adjacent mappings read as one";
+  EXPECT_EQ(unreadable_in(maps, 0x8800, 0), "") << "an empty range";
+  EXPECT_EQ(unreadable_in(maps, 0x4000, 0x1001),
+            "its 4097 bytes from 0x4000 run past the memory mapped there (unmapped from 0x5000)")
+      << "a mapping without r";
+  EXPECT_EQ(unreadable_in(maps, 0x8000, 0x2000),
+            "its 8192 bytes from 0x8000 run past the memory mapped there (unmapped from 0x9000)");
+  EXPECT_EQ(unreadable_in(maps, 0x6000, 4),
+            "its 4 bytes from 0x6000 run past the memory mapped there (nothing readable at 0x6000)");
+  EXPECT_EQ(unreadable_in(maps, 0x8000, SIZE_MAX),
+            "its 18446744073709551615 bytes from 0x8000 run past the end of the address space");
+  // This process: a vector's own bytes are there; 2^40 floats past them are not.
+  std::vector<float> small(1 << 20);
+  EXPECT_EQ(unreadable(small.data(), small.size() * sizeof(float)), "");
+  EXPECT_NE(unreadable(small.data(), size_t{4} << 40).find("run past the memory mapped there"), std::string::npos);
+}
+
+// A std::bad_alloc names the plugin entry the thread last left, whether it
+// returned or an exception left it.
+TEST(OutOfMemory, ABadAllocNamesThePluginEntryLastLeft) {
+  EXPECT_EQ(out_of_memory_words(nullptr, nullptr), "out of memory: an allocation failed (std::bad_alloc)");
+  std::thread([] {
+    EXPECT_EQ(whereabouts::left_plugin(), nullptr);
+    { whereabouts::Inside in("strategy plugin 'x'", "state"); }
+    { whereabouts::Inside engine_wait(nullptr, "draining the streams"); }
+    EXPECT_EQ(out_of_memory_words(whereabouts::left_plugin(), whereabouts::left_entry()),
+              "out of memory: an allocation failed (std::bad_alloc); the last plugin entry this rank left: "
+              "strategy plugin 'x' state")
+        << "an engine wait is not a plugin entry";
+    try {
+      whereabouts::Inside in("strategy plugin 'y'", "create");
+      throw std::bad_alloc();
+    } catch (const std::bad_alloc&) {
+    }
+    EXPECT_STREQ(whereabouts::left_entry(), "create");
+    EXPECT_EQ(words_of(std::bad_alloc()), "out of memory: an allocation failed (std::bad_alloc); the last plugin "
+                                          "entry this rank left: strategy plugin 'y' create");
+    EXPECT_EQ(words_of(std::runtime_error("other")), "other");
+  }).join();
+}
 
 }  // namespace
 }  // namespace ddp

@@ -105,6 +105,13 @@ TEST(Eval, WhatIsRefusedIsNamed) {
        "key 'eval.holdout_rows' sets rows of a safetensors data file aside, and data.kind is \"random\""},
       {toml("path = \"" + kData + "\"\nteacher = true\n", "every = 0\n"),
        "key 'data.teacher' is for random data (data.kind = \"safetensors\" holds its own targets)"},
+      {toml("path = \"" + kData + "\"\n", "every = 0\npath = \"/nonexistent/held_out.safetensors\"\n"),
+       "key 'eval.path' names /nonexistent/held_out.safetensors, which does not exist (checked even while "
+       "eval.every = 0 leaves evaluation off)"},
+      {toml("", "every = 1\nbatches = 100000000\n"), "key 'eval.batches' must be <= 65536 (got 100000000)"},
+      {toml("path = \"" + kData + "\"\n", "every = 2\nbatches = 3\nholdout_rows = 16\n"),
+       "toy_data.safetensors: eval.batches = 3 reads 3 × data.batch_size 8 rows, and the held-out rows are 16: at "
+       "most 2 batches, past which it reads the same rows again"},
       {toml("path = \"" + kData + "\"\n", "every = 2\nholdout_rows = 100000\n"),
        "and eval.holdout_rows = 100000 leaves none to train on"},
   };

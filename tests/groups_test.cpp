@@ -181,6 +181,33 @@ TEST(Groups, HeldRangesThatRepeatOrMiscountAreRefused) {
   }
 }
 
+// What `state` and `held_ranges` point the engine at is checked before it
+// is read: buffers at NULL, a buffer at NULL with elements, a count far
+// past the memory behind a pointer are refused naming the plugin, the
+// entry and the buffer, not a segmentation fault in the engine.
+TEST(Groups, StateAndHeldRangesThatPointAtTooLittleAreRefusedByName) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"state_null", "strategy plugin 'groups': state: 3 buffers at NULL"},
+      {"state_nullptr", "strategy plugin 'groups': state: buffer 0 ('steps') is NULL with 3 elements"},
+      {"state_huge", "strategy plugin 'groups': state: buffer 0 ('steps') of 1099511627776 elements: its "
+                     "4398046511104 bytes from 0x"},
+      {"held_huge", "strategy plugin 'groups': held_ranges: its 1099511627776 ranges: its "},
+  };
+  for (const auto& [mode, words] : cases) {
+    harness::TempDir dir("ddp-groups-" + mode);
+    const RunResult r = harness::run(toml("plugin = \"" + kGroups + "\"\nmode = \"" + mode + "\"\n"), 2,
+                                     {"checkpoint.every=2", "checkpoint.dir=\"" + dir.path + "\""}, "",
+                                     harness::Ranks::kForked);
+    ASSERT_FALSE(r.failures.empty()) << mode;
+    std::string all;
+    for (const std::string& f : r.failures) all += f + "\n";
+    EXPECT_NE(all.find(words), std::string::npos) << all;
+    if (mode != "state_null" && mode != "state_nullptr") {
+      EXPECT_NE(all.find("run past the memory mapped there"), std::string::npos) << all;
+    }
+  }
+}
+
 // Replicas of a parameter's whole optimizer state that differ (rank 1's
 // AdamW moments 1024 times rank 0's, its weights bitwise the same) are
 // not written as one: the checkpoint is refused, naming both.

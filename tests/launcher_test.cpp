@@ -2,6 +2,7 @@
 // killed mid-run (the run must stop within timeout_s, naming the rank), a
 // rank failing with an error, and ranks started by an outside launcher.
 #include <iomanip>
+#include <regex>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -17,6 +18,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <sys/resource.h>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "launcher.h"
 #include "process.h"
 #include "safetensors.h"
 
@@ -199,6 +203,32 @@ TEST(Launcher, RanksDieWithTheirLauncher) {
     while (kill(pid, 0) == 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     EXPECT_EQ(kill(pid, 0), -1) << "rank process " << pid << " outlived its launcher";
   }
+  fs::remove_all(dir);
+}
+
+// A launcher killed by SIGKILL leaves its run's private directory; the
+// next run into that output directory, which holds its lock, removes it
+// (and nothing of the user's that merely starts alike).
+TEST(Launcher, ARunRemovesTheRendezvousDirectoriesAKilledLauncherLeft) {
+  std::string dir = temp_dir();
+  Process p = start_long_run(dir, 30);
+  kill(p.pid, SIGKILL);
+  waitpid(p.pid, nullptr, 0);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir + "/out"))
+    if (e.path().filename().string().rfind(".rendezvous-", 0) == 0) left.push_back(e.path().filename());
+  ASSERT_EQ(left.size(), 1u) << "SIGKILL leaves the run's directory behind";
+  EXPECT_TRUE(ddp::is_run_dir_name(left[0])) << left[0];
+  fs::create_directories(dir + "/out/.rendezvous-notes");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // (the killed launcher's ranks end)
+  Process again = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\""}, {},
+                        dir + "/again");
+  ASSERT_EQ(wait_for(again, std::chrono::seconds(60)), 0) << read_file(again.err);
+  EXPECT_FALSE(fs::exists(dir + "/out/" + left[0])) << "the killed launcher's directory outlived the next run";
+  EXPECT_TRUE(fs::exists(dir + "/out/.rendezvous-notes")) << "a directory of the user's was removed";
+  EXPECT_FALSE(ddp::is_run_dir_name(".rendezvous-abc"));
+  EXPECT_FALSE(ddp::is_run_dir_name(".rendezvous-abc/de"));
+  EXPECT_TRUE(ddp::is_run_dir_name(".rendezvous-a1B2c3"));
   fs::remove_all(dir);
 }
 
@@ -413,8 +443,11 @@ TEST(Launcher, ARunThatCannotFitThisHostIsRefusedBeforeAnyRankStarts) {
   Process p = start(huge, {}, dir + "/ddp");
   EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
   const std::string err = read_file(p.err);
-  EXPECT_EQ(err.rfind("ddp: error: " + kRepo + "/configs/mlp.toml: the run does not fit this host's memory: it needs "
-                      "16173.0 GB (8086.5 GB × 2 ranks), ", 0), 0u) << err;
+  // (16173.0 GB, or .2: each rank's own process memory, about 11 MB, counts too)
+  EXPECT_TRUE(std::regex_search(err, std::regex("^ddp: error: .*/configs/mlp\\.toml: the run does not fit this host's "
+                                                "memory: it needs 1617[0-9]\\.[0-9] GB \\(808[0-9]\\.[0-9] GB × 2 "
+                                                "ranks\\), ")))
+      << err;
   EXPECT_NE(err.find(" available (MemAvailable); no strategy setting or smaller run.world_size fits"),
             std::string::npos) << err;
   EXPECT_FALSE(fs::exists(dir + "/out"));
@@ -422,8 +455,14 @@ TEST(Launcher, ARunThatCannotFitThisHostIsRefusedBeforeAnyRankStarts) {
                                    "model.width=4096"};
   p = start(plan, {}, dir + "/plan");
   EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 0) << read_file(p.err);
-  EXPECT_NE(read_file(p.out).find("\nFit: the run does not fit this host's memory: it needs 16173.0 GB"),
+  EXPECT_NE(read_file(p.out).find("\nFit: the run does not fit this host's memory: it needs 1617"),
             std::string::npos) << read_file(p.out);
+  // More ranks than this host holds, of a model without a plan: each rank's process counts.
+  p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.world_size=4096", "--set", "data.batch_size=4096"}, {},
+            dir + "/many");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  EXPECT_EQ(read_file(p.err).rfind("ddp: error: " + kRepo + "/configs/toy.toml: 4096 ranks do not fit this host's "
+                                   "memory: the run needs ", 0), 0u) << read_file(p.err);
   p = start({"run", kRepo + "/configs/mlp.toml", "--set", "model.depth=100000000"}, {}, dir + "/deep");
   EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
   EXPECT_EQ(read_file(p.err), "ddp: error: " + kRepo + "/configs/mlp.toml: mlp: depth 100000000 is more than 65536 "
@@ -434,6 +473,49 @@ TEST(Launcher, ARunThatCannotFitThisHostIsRefusedBeforeAnyRankStarts) {
   EXPECT_EQ(read_file(p.err), "ddp: error: " + kRepo + "/configs/mlp.toml: mlp: depth 100000000 is more than 65536 "
                               "layers (model.h's kMaxLayers)\n")
       << "the same words without the fit check";
+  fs::remove_all(dir);
+}
+
+// A limit on each process's address space (prlimit --as, ulimit -v) holds
+// for every rank: the fit check counts the largest rank's peak and what a
+// rank's process maps before it against the limit and names the limit,
+// where both ranks once spun in OpenBLAS's blas_memory_alloc until killed.
+TEST(Launcher, AnAddressSpaceLimitIsCheckedPerRankAndNamed) {
+  std::string dir = temp_dir();
+  const auto limited = [&](const std::vector<std::string>& sets, rlim_t bytes, const std::string& tag) {
+    std::vector<std::string> args = {"run", kRepo + "/configs/mlp.toml", "--set", "run.output_dir=\"" + dir + "/" +
+                                     tag + "\"", "--set", "run.steps=1"};
+    for (const std::string& set : sets) args.insert(args.end(), {"--set", set});
+    rlimit old{};
+    getrlimit(RLIMIT_AS, &old);
+    rlimit tight = old;
+    tight.rlim_cur = bytes;
+    setrlimit(RLIMIT_AS, &tight);  // the child inherits it: as prlimit --as=BYTES ddp run
+    Process p = start(args, {}, dir + "/" + tag);
+    setrlimit(RLIMIT_AS, &old);
+    return p;
+  };
+  Process p = limited({"model.width=4096"}, 1500000000, "wide");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+  const std::string err = read_file(p.err);
+  EXPECT_EQ(err.rfind("ddp: error: " + kRepo + "/configs/mlp.toml: the run does not fit this host's memory: it needs ",
+                      0), 0u) << err;
+  EXPECT_NE(err.find(" a rank's process maps before its run's memory: libraries, thread stacks, BLAS buffers), more "
+                     "than RLIMIT_AS (ulimit -v) allows each process (1.5 GB)"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir + "/wide")) << "refused before anything was written";
+  // Per rank, not summed: two ranks that each fit run, though together they hold more than the limit.
+  p = limited({}, 1000000000, "fits");
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(120)), 0) << read_file(p.err);
+  rlimit old{};  // `ddp plan` says which limit its verdict holds under
+  getrlimit(RLIMIT_AS, &old);
+  rlimit tight = old;
+  tight.rlim_cur = 1000000000;
+  setrlimit(RLIMIT_AS, &tight);
+  p = start({"plan", kRepo + "/configs/mlp.toml"}, {}, dir + "/plan");
+  setrlimit(RLIMIT_AS, &old);
+  EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 0) << read_file(p.err);
+  EXPECT_NE(read_file(p.out).find(" MB available, MemAvailable; RLIMIT_AS (ulimit -v) allows each process 1000 MB)"),
+            std::string::npos) << read_file(p.out);
   fs::remove_all(dir);
 }
 

@@ -3,6 +3,8 @@
 // (plugin_plan.h, loaded from the build) saying their part, and mesh.h's
 // formulas against the numbers worked out by hand in docs/plan.md.
 // tests/plan_test.py checks `ddp plan` against measured runs.
+#include <sys/resource.h>
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -188,6 +190,54 @@ TEST(RunPlan, RefusesWhatItCannotPlanNamingThePlugin) {
             "strategy plugin 'sharded': plan: strategy.stage must be 1, 2 or 3 (got 4)");
 }
 
+// A plan entry's sizes that wrap, or add up past what any rank holds, are
+// refused naming the plugin and the plan entry: never a size of -1 bytes
+// and the verdict "fits".
+int g_wraps = 0;  // which size wraps_plan reports
+ddp_status wraps_plan(const ddp_host*, const ddp_transport_v1_t*, ddp_plan* p) {
+  const ddp_plan_collective huge = {DDP_OP_ALL_REDUCE, SIZE_MAX / 2, DDP_FLOAT32, 0};
+  switch (g_wraps) {
+    case 0: return p->buffer(p->ctx, DDP_MEM_COMM_BUFFERS, SIZE_MAX, DDP_PLAN_SETUP);
+    case 1:
+      p->buffer(p->ctx, DDP_MEM_COMM_BUFFERS, (size_t{1} << 49) + 1, DDP_PLAN_SETUP);
+      return p->buffer(p->ctx, DDP_MEM_OPTIMIZER_STATE, (size_t{1} << 49) + 1, DDP_PLAN_STEP);
+    case 2: return p->collective(p->ctx, &huge);
+    default: p->buffer(p->ctx, DDP_MEM_COMM_BUFFERS, SIZE_MAX, DDP_PLAN_SETUP); return DDP_OK;  // its refusal ignored
+  }
+}
+
+TEST(RunPlan, SizesPastWhatARankHoldsAreRefusedNamingThePluginAndEntry) {
+  EXPECT_EQ(plan::plan_bytes_problem(uint64_t{1} << 50, 0), "");
+  EXPECT_EQ(plan::plan_bytes_problem(1, int64_t{1} << 50),
+            "1 bytes (with the 1125899906842624 it reported before) are more than a rank can hold: a plan entry's "
+            "sizes add up to at most 2^50 bytes (1 PiB) a rank");
+  const plan::RunInput in = three_params(2);
+  const auto naive = load_plugin(PluginKind::Strategy, "naive", DDP_TEST_PLUGIN_DIR);
+  const auto gloo = load_plugin(PluginKind::Transport, "gloo", DDP_TEST_PLUGIN_DIR);
+  ddp_strategy_v1_t wraps = *naive->strategy();
+  wraps.name = "wraps", wraps.plan = wraps_plan;
+  plan::PlanRun run;
+  run.model = &in.model, run.world = 2;
+  const std::string limit = " are more than a rank can hold: a plan entry's sizes add up to at most 2^50 bytes "
+                            "(1 PiB) a rank";
+  const std::vector<std::string> want = {
+      "strategy plugin 'wraps': plan: buffer: 18446744073709551615 bytes" + limit,
+      "strategy plugin 'wraps': plan: buffer: 562949953421313 bytes (with the 562949953421313 it reported before)" +
+          limit,
+      "strategy plugin 'wraps': plan: collective: 9223372036854775807 elements of 4 bytes: 18446744073709551615 bytes" +
+          limit,
+      "strategy plugin 'wraps': plan: buffer: 18446744073709551615 bytes" + limit};
+  for (g_wraps = 0; g_wraps < 4; ++g_wraps) {
+    std::string got = "planned";
+    try {
+      plan::plan_strategy(wraps, *gloo->transport(), section("strategy", "wraps", ""), run, 0);
+    } catch (const std::exception& e) {
+      got = e.what();
+    }
+    EXPECT_EQ(got, want[size_t(g_wraps)]) << g_wraps;
+  }
+}
+
 TEST(RunPlan, NcclHoldsItsBarriersFloatFromSetUp) {
 #if DDP_WITH_CUDA
   const plan::RunPlan p = plan_with("flat", "", 2, "nccl", DDP_DEVICE_CUDA).plan;
@@ -341,6 +391,47 @@ TEST(FitCheck, HostMemoryIsMemAvailableOrTheCgroupsRoomWhereLower) {
       << "cgroup v1's 'no limit'";
   EXPECT_EQ(host_memory_from(meminfo, "1000\n", "5000\n").bytes, 0) << "usage over the limit: no room";
   EXPECT_EQ(host_memory_from("", "", "").bytes, -1);
+}
+
+// RLIMIT_AS and RLIMIT_DATA apply to each rank's process, not to the sum:
+// a rank's peak plus what its process maps before it must fit the limit.
+TEST(FitCheck, AProcessLimitIsPerRankAndCountsTheProcesssBaseline) {
+  const std::string status = "Name:\tddp\nVmPeak:\t  300000 kB\nVmSize:\t  250000 kB\nVmData:\t   50000 kB\n";
+  const HostMemory host{24400000000, "MemAvailable"};
+  HostMemory h = with_rank_limit(host, RLIM_INFINITY, RLIM_INFINITY, status, {1000, 1000, 0});
+  EXPECT_EQ(h.rank_limit, -1) << "no limit";
+  h = with_rank_limit(host, 1500000000, RLIM_INFINITY, status, {1000, 1000, 0});
+  EXPECT_EQ(h.rank_limit, 1500000000);
+  EXPECT_EQ(h.rank_baseline, 250000 * 1024 + 1000) << "VmSize, and what a rank maps beyond this process";
+  EXPECT_EQ(h.rank_limit_source, "RLIMIT_AS (ulimit -v)");
+  EXPECT_EQ(h.bytes, host.bytes) << "MemAvailable stays the sum's limit";
+  h = with_rank_limit(host, 1500000000, 1300000000, status, {1000, 1000, 0});
+  EXPECT_EQ(h.rank_limit_source, "RLIMIT_AS (ulimit -v)") << "1.5 GB less VmSize leaves less than 1.3 GB less VmData";
+  h = with_rank_limit(host, 1500000000, 1000000000, status, {1000, 1000, 0});
+  EXPECT_EQ(h.rank_limit_source, "RLIMIT_DATA (ulimit -d)");
+  EXPECT_EQ(h.rank_baseline, 50000 * 1024 + 1000);
+
+  h = with_rank_limit(host, 1500000000, RLIM_INFINITY, status, {});  // a baseline of 256 MB
+  EXPECT_EQ(rank_limit_shortfall({1200000000, 1200000000}, h), "") << "1.2 GB + 0.256 GB a rank fits 1.5 GB";
+  EXPECT_EQ(fit_shortfall({1300000000, 1300000000}, h),
+            "needs 1.6 GB a rank (1.3 GB planned + 0.3 GB a rank's process maps before its run's memory: libraries, "
+            "thread stacks, BLAS buffers), more than RLIMIT_AS (ulimit -v) allows each process (1.5 GB)");
+  EXPECT_EQ(fit_shortfall({1200000000, 1200000000}, h), "") << "per rank, not summed: 2.4 GB > 1.5 GB fits";
+}
+
+// What each rank's process holds beyond its plan counts once per rank:
+// what bounds how many ranks this host runs (bench-comm --world 4096).
+TEST(FitCheck, EachRanksOwnMemoryCountsOncePerRank) {
+  const std::string status = "VmSize:\t  250000 kB\nVmData:\t   50000 kB\nRssAnon:\t   20000 kB\n";
+  const HostMemory h = with_rank_limit(HostMemory{24400000000, "MemAvailable"}, RLIM_INFINITY, RLIM_INFINITY,
+                                       status, {0, 0, 10000000});
+  EXPECT_EQ(h.rank_resident, 20000 * 1024 + 10000000);
+  EXPECT_EQ(fit_shortfall(std::vector<int64_t>(4096, 1000000), h),
+            "needs 128.9 GB (31.5 MB × 4096 ranks), 24.4 GB available (MemAvailable)");
+  EXPECT_EQ(fit_shortfall(std::vector<int64_t>(64, 1000000), h), "");
+  EXPECT_EQ(world_shortfall(4096, h), "4096 ranks do not fit this host's memory: the run needs 124.8 GB (30.5 MB × "
+                                      "4096 ranks), 24.4 GB available (MemAvailable)");
+  EXPECT_EQ(world_shortfall(64, h), "");
 }
 
 TEST(FitCheck, PeakIsTheMostOfTheThreeMoments) {

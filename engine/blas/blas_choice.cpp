@@ -2,7 +2,15 @@
 // processes, the cache.
 #include "blas_choice.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
+#include <cerrno>
+#include <chrono>
+#include <optional>
 
 #include <algorithm>
 #include <array>
@@ -61,21 +69,72 @@ json read_cache() {
   return doc.is_object() ? doc : json::object();
 }
 
-// One candidate's probe in a child process: its JSON, or null if it died,
-// timed out or printed something else.
+// The stop signals that reached this process while a probe ran: the probe
+// is stopped, and the run with it.
+const char* stop_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP"; }
+
+// One candidate's probe in a child process of its own process group: its
+// standard output, or nullopt where it failed, died or ran past 120 s.
+// SIGINT, SIGTERM and SIGHUP are held while it runs; one that comes stops
+// the probe and throws, naming it.
+std::optional<std::string> run_child(const std::string& exe, const std::vector<std::string>& args,
+                                     const std::string& kernel) {
+  sigset_t stop, old;
+  sigemptyset(&stop);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop, sig);
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return std::nullopt;
+  pthread_sigmask(SIG_BLOCK, &stop, &old);
+  std::vector<char*> argv{const_cast<char*>(exe.c_str())};
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    const int null = open("/dev/null", O_WRONLY);
+    dup2(out[1], 1), dup2(null, 2);
+    if (kernel == "default") unsetenv("OPENBLAS_CORETYPE");
+    else setenv("OPENBLAS_CORETYPE", kernel.c_str(), 1);
+    execv(exe.c_str(), argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  std::string text;
+  int sig = 0;
+  bool late = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (pid > 0) {
+    const timespec none{0, 0};
+    if ((sig = sigtimedwait(&stop, nullptr, &none)) > 0 || (late = std::chrono::steady_clock::now() > deadline)) break;
+    pollfd p{out[0], POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = read(out[0], buf, sizeof buf);
+    if (n == 0 || (n < 0 && errno != EINTR)) break;
+    if (n > 0) text.append(buf, size_t(n));
+  }
+  int status = 0;
+  if (pid > 0 && (sig > 0 || late)) kill(-pid, SIGKILL), kill(pid, SIGKILL);
+  if (pid > 0) waitpid(pid, &status, 0);
+  close(out[0]);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (sig > 0)
+    throw Error(std::string("interrupted by ") + stop_name(sig) + " while choosing the BLAS kernel: the probe of " +
+                kernel + " was stopped, and no rank started", DDP_ERR_INTERNAL);
+  if (pid <= 0 || late || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
+  return text;
+}
+
+// One candidate's probe: its JSON ("seconds", or an "error": out of
+// memory), or null if it died, timed out or printed something else.
 json run_probe(const std::string& exe, const std::string& kernel, const std::vector<GemmShape>& shapes, int threads) {
-  const std::string env = kernel == "default" ? "env -u OPENBLAS_CORETYPE" : "env OPENBLAS_CORETYPE=" + kernel;
-  const std::string command =
-      env + " timeout 120 '" + exe + "' blas-probe --repeats 2 --threads " + std::to_string(threads) + " --shapes " +
-      format_shapes(shapes) + " 2>/dev/null";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return nullptr;
-  std::string out;
-  std::array<char, 4096> buf;
-  for (size_t n; (n = fread(buf.data(), 1, buf.size(), pipe)) > 0;) out.append(buf.data(), n);
-  if (pclose(pipe) != 0) return nullptr;
-  json doc = json::parse(out, nullptr, false);
-  return doc.is_object() && doc.contains("seconds") ? doc : json(nullptr);
+  const std::optional<std::string> out = run_child(
+      exe, {"blas-probe", "--repeats", "2", "--threads", std::to_string(threads), "--shapes", format_shapes(shapes)},
+      kernel);
+  if (!out) return nullptr;
+  json doc = json::parse(*out, nullptr, false);
+  return doc.is_object() && (doc.contains("seconds") || doc.contains("error")) ? doc : json(nullptr);
 }
 
 double gflop(const std::vector<GemmShape>& shapes) {
@@ -96,18 +155,27 @@ bool same_name(const std::string& a, const std::string& b) {
 // its results are wrong, or OpenBLAS loaded another kernel instead (or the
 // one it picks by itself: measured as "default").
 BlasChoice measure(const std::vector<GemmShape>& shapes, const std::string& exe, int threads) {
+  if (const std::string problem =
+          probe_memory_problem(shapes, int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE)));
+      !problem.empty())
+    throw Error("BLAS kernel: " + problem);
   std::cerr << "ddp: choosing the BLAS kernel: timing the model's GEMMs with each, once for this machine ("
             << blas_cache_path() << ")" << std::endl;
   constexpr int kRounds = 3;
   std::vector<std::string> alive = {"default"};
   alive.insert(alive.end(), layers::blas_kernel_candidates().begin(), layers::blas_kernel_candidates().end());
-  std::string default_core;
+  std::string default_core, out_of_memory;
   BlasChoice best{"", "measured"};
+  const auto began = std::chrono::steady_clock::now();
   for (int round = 0; round < kRounds; ++round) {
     const std::vector<std::string> order = alive;
     for (size_t i = 0; i < order.size(); ++i) {
       const std::string& k = order[(i + size_t(round)) % order.size()];
+      if (std::chrono::steady_clock::now() - began > std::chrono::seconds(2))  // a long one: say where it is
+        std::cerr << "BLAS kernel: probing " << k << " (" << i + 1 << " of " << order.size() << ", round "
+                  << round + 1 << " of " << kRounds << ")..." << std::endl;
       const json r = run_probe(exe, k, shapes, threads);
+      if (r.is_object() && r.contains("error")) out_of_memory = r["error"].get<std::string>();
       const std::string core = r.is_object() ? r.value("corename", "") : "";
       if (k == "default" && round == 0) default_core = core;
       const bool same_as_default = k != "default" && same_name(core, default_core);
@@ -122,6 +190,9 @@ BlasChoice measure(const std::vector<GemmShape>& shapes, const std::string& exe,
   double best_s = INFINITY;
   for (const auto& [k, s] : best.timings.items())
     if (s.get<double>() < best_s) best_s = s.get<double>(), best.kernel = k;
+  if (best.kernel.empty() && !out_of_memory.empty())
+    throw Error("BLAS kernel: the probe ran out of memory (" + out_of_memory + "): the model's GEMMs need more "
+                "memory than this host gives, whatever the kernel", DDP_ERR_OUT_OF_MEMORY);
   if (best.kernel.empty())
     throw Error("BLAS kernel: no candidate ran the model's GEMMs correctly (OpenBLAS " + layers::blas_build() +
                 "); set OPENBLAS_CORETYPE or run.blas_kernel");
@@ -139,6 +210,21 @@ std::string lowercase(std::string s) {
 }
 
 }  // namespace
+
+std::string probe_memory_problem(const std::vector<GemmShape>& shapes, int64_t memory_bytes) {
+  for (const GemmShape& g : shapes) {
+    const double bytes = 4.0 * (double(g.m) * double(g.k) + double(g.k) * double(g.n) + double(g.m) * double(g.n));
+    if (memory_bytes > 0 && bytes > double(memory_bytes)) {
+      char text[128];
+      std::snprintf(text, sizeof text, "%.1f GB for its three matrices, more than this host's %.1f GB", bytes / 1e9,
+                    double(memory_bytes) / 1e9);
+      return "the model's GEMM " + format_shapes({g}) + " needs " + text +
+             " of memory: the model does not fit this host, whatever the kernel (run.check_memory = false skipped "
+             "the fit check that says so)";
+    }
+  }
+  return "";
+}
 
 std::string missing_cpu_feature(const std::string& kernel, const std::function<bool(const std::string&)>& supports) {
   // What OpenBLAS's own dispatch (driver/others/dynamic.c) checks for each.

@@ -14,6 +14,11 @@
 //      reference, and the fastest is cached, keyed by CPU model and
 //      OpenBLAS build, then by the GEMM shapes, in $DDP_CACHE_DIR, else
 //      $XDG_CACHE_HOME/ddp, else ~/.cache/ddp (blas-kernel.json).
+// A measurement that takes more than 2 s says which candidate it probes
+// ("BLAS kernel: probing Haswell (2 of 6, round 1 of 3)..."); SIGINT,
+// SIGTERM or SIGHUP during it stop the probe (its process group) and end
+// the launcher with an Error naming the signal; a model whose GEMMs cannot
+// fit this host's memory, or whose probe runs out of it, is said to be so.
 // Ranks started by mpirun or srun use the machine's cached choice measured
 // on the most work, where there is one (apply_cached_blas_kernel).
 #pragma once
@@ -40,6 +45,11 @@ struct BlasChoice {
 // all, or for a kernel it does not know ("default"). Its code would die of
 // SIGILL at the first GEMM. Pure.
 std::string missing_cpu_feature(const std::string& kernel, const std::function<bool(const std::string&)>& supports);
+
+// "" where each GEMM's three float32 matrices (what a probe allocates) fit
+// within `memory_bytes` (this host's physical memory); else why not, naming
+// the GEMM and its bytes: the probe would only run out of memory. Pure.
+std::string probe_memory_problem(const std::vector<GemmShape>& shapes, int64_t memory_bytes);
 
 // As above. `setting`: run.blas_kernel. `exe`: this program (for the
 // probes), `threads` the ranks' BLAS threads (run.threads), part of the

@@ -95,7 +95,16 @@ nlohmann::json probe_gemms(const std::vector<GemmShape>& shapes, int repeats, in
   std::mt19937 rng(7);
   double seconds = 0.0, flop = 0.0, worst = 0.0;
   for (const GemmShape& s : shapes) {
-    const auto [best, err] = time_one(s, std::max(1, repeats), rng);
+    std::pair<double, double> timed;
+    try {
+      timed = time_one(s, std::max(1, repeats), rng);
+    } catch (const std::bad_alloc&) {  // said, with its size, to the launcher (blas_choice.cpp)
+      const double bytes = 4.0 * (double(s.m) * double(s.k) + double(s.k) * double(s.n) + double(s.m) * double(s.n));
+      return {{"error", "out of memory allocating " + std::to_string(int64_t(bytes)) + " bytes for the GEMM " +
+                            format_shapes({s})},
+              {"ok", false}};
+    }
+    const auto [best, err] = timed;
     seconds += best;
     flop += 2.0 * double(s.m) * double(s.k) * double(s.n);
     worst = std::max(worst, err);

@@ -220,7 +220,7 @@ class Reader {
 
 RunConfig read_run(const Reader& r) {
   RunConfig run;
-  run.world_size = int(r.integer("run", "world_size", 1, 1, INT_MAX));
+  run.world_size = int(r.integer("run", "world_size", 1, 1, kMaxWorldSize));
   run.steps = r.integer("run", "steps", 0, 0);
   run.seed = uint64_t(r.integer("run", "seed", 0, 0));
   // Relative to the working directory: users expect runs/ where they run.
@@ -385,7 +385,7 @@ LrScheduleConfig read_lr_schedule(const Reader& r, const RunConfig& run, double 
 EvalConfig read_eval(const Reader& r, const DataConfig& data) {
   EvalConfig e;
   e.every = r.integer("eval", "every", 0, 0);
-  e.batches = r.integer("eval", "batches", 1, 1, INT_MAX);
+  e.batches = r.integer("eval", "batches", 1, 1, kMaxEvalBatches);
   e.path = r.path_from_file("eval", "path");
   e.kind = r.one_of("eval", "kind", fs::path(e.path).extension() == ".safetensors" ? "safetensors" : "tokens",
                     {"safetensors", "tokens"});
@@ -397,6 +397,11 @@ EvalConfig read_eval(const Reader& r, const DataConfig& data) {
   if (e.holdout_rows > 0 && data.kind != "safetensors")
     throw ConfigError(r.where(*r.find("eval", "holdout_rows")) + ": key 'eval.holdout_rows' sets rows of a "
                       "safetensors data file aside, and data.kind is \"" + data.kind + "\"");
+  // Checked even where eval.every = 0 turns evaluation off: a key that
+  // names a file the run never finds is a mistake either way.
+  if (!e.path.empty() && !fs::exists(e.path))
+    throw ConfigError(r.where(*r.find("eval", "path")) + ": key 'eval.path' names " + e.path +
+                      ", which does not exist (checked even while eval.every = 0 leaves evaluation off)");
   if (e.every > 0 && e.path.empty() && e.holdout_rows == 0 && data.kind != "random")
     throw ConfigError(r.where(*r.find("eval", "every")) + ": [eval] needs held-out rows: eval.path (a file of "
                       "them) or eval.holdout_rows (the last rows of data.path)");

@@ -36,6 +36,12 @@
 
 namespace ddp {
 
+// The most ranks a run has: 2^20, ten times the largest clusters built;
+// a world size past it (run.world_size, a checkpoint's world_size) is a
+// slip of the keyboard, refused before anything loops over the ranks.
+// (How many ranks this host can run is the fit check's: fit_check.h.)
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+
 struct RunConfig {
   int world_size = 1;
   int64_t grad_accum_steps = 1;  // micro-batches per optimizer step, >= 1
@@ -102,6 +108,12 @@ struct DataConfig {
 // every rank its share. From `path` (a token file or safetensors, like
 // data.path), else the last `holdout_rows` rows of a safetensors data
 // file, else (random data) rows of a stream of their own.
+// eval.batches' most, for random rows and token windows (sources that never
+// end): every evaluation runs them all, and set-up reads them all once, so
+// at a millisecond a batch 65536 already take a minute each time; more is
+// a slip of the keyboard, as model.h's kMaxLayers. A file of held-out rows
+// is bounded by its rows too (data.h's eval_batches_beyond).
+inline constexpr int64_t kMaxEvalBatches = 65536;
 struct EvalConfig {
   int64_t every = 0;
   int64_t batches = 1;

@@ -88,6 +88,15 @@ std::string trim(const std::string& s) {
   return s.substr(first, s.find_last_not_of(" \t") - first + 1);
 }
 
+// Digits (no leading zero), with a sign and underscores between them as
+// TOML allows: what toml++ refuses only where it is out of range.
+static bool is_integer_text(const std::string& v) {
+  const size_t first = v.find_first_not_of("+-") == 1 ? 1 : 0;
+  return v.size() > first && v[first] >= '1' && v[first] <= '9' &&
+         std::isdigit(static_cast<unsigned char>(v.back())) &&
+         v.find_first_not_of("0123456789_", first) == std::string::npos;
+}
+
 // Parses the value as TOML with "--set <arg>" as source path, so that the
 // node reports itself as "--set <arg>" wherever it is later found wrong.
 void apply_override(toml::table& doc, const std::string& arg) {
@@ -119,6 +128,9 @@ void apply_override(toml::table& doc, const std::string& arg) {
       throw ConfigError(source + ": '" + value + "' is not a TOML value; a string holding "
                         "characters other than letters, digits and _-./:+ takes quotes, and "
                         "--set takes no comment");
+    if (is_integer_text(value))
+      throw ConfigError(source + ": key '" + name + "': " + value + " is an integer out of range (TOML's are "
+                        "64-bit: -9223372036854775808 to 9223372036854775807)");
     if (!is_bare_word(value)) throw ConfigError(source + ": " + std::string(e.description()));
     parsed = toml::parse(key + " = \"" + value + "\"", source);
   }

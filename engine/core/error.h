@@ -18,6 +18,8 @@
 
 #include <ddp/plugin.hpp>
 
+#include "whereabouts.h"
+
 namespace ddp {
 
 class Error : public plugin::Failure {
@@ -63,6 +65,26 @@ inline ddp_status kind_of(const std::exception& e) {
   if (const auto* f = dynamic_cast<const plugin::Failure*>(&e)) return f->status();
   if (dynamic_cast<const std::bad_alloc*>(&e)) return DDP_ERR_OUT_OF_MEMORY;
   return DDP_ERR_INTERNAL;
+}
+
+// What a rank says of a std::bad_alloc (whose size the C++ library does not
+// tell): "out of memory: an allocation failed (std::bad_alloc); the last
+// plugin entry this rank left: strategy plugin 'x' state" (`plugin`, the
+// label, and `entry` from whereabouts::left_plugin, nullptr where it was in
+// none). Pure.
+inline std::string out_of_memory_words(const char* plugin, const char* entry) {
+  std::string words = "out of memory: an allocation failed (std::bad_alloc)";
+  if (plugin && entry) words += std::string("; the last plugin entry this rank left: ") + plugin + " " + entry;
+  return words;
+}
+
+// An exception's words as a rank reports them: a std::bad_alloc's as
+// out_of_memory_words, with the plugin entry the calling thread last left;
+// any other's what().
+inline std::string words_of(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e))
+    return out_of_memory_words(whereabouts::left_plugin(), whereabouts::left_entry());
+  return e.what();
 }
 
 // A status as a word: "ok", "invalid_argument", "unsupported", "comm",

@@ -22,6 +22,10 @@ std::atomic<int64_t> g_since_ns{0};
 thread_local const char* t_plugin = nullptr;
 thread_local const char* t_entry = nullptr;
 thread_local bool t_training = false;
+// The plugin entry the calling thread last left (returned from, or left
+// by an exception).
+thread_local const char* t_left_plugin = nullptr;
+thread_local const char* t_left_entry = nullptr;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -102,6 +106,7 @@ Inside::Inside(const char* plugin, const char* entry) : outer_plugin_(t_plugin),
 }
 
 Inside::~Inside() {
+  if (t_plugin) t_left_plugin = t_plugin, t_left_entry = t_entry;
   t_plugin = outer_plugin_;
   t_entry = outer_entry_;
   if (!t_training) return;
@@ -110,6 +115,8 @@ Inside::~Inside() {
 
 const char* plugin() { return t_plugin; }
 const char* entry() { return t_entry; }
+const char* left_plugin() { return t_left_plugin; }
+const char* left_entry() { return t_left_entry; }
 
 Stage training_stage() {
   // Acquire the entry, then the time: a reader that sees an entry sees a

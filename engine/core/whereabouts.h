@@ -55,6 +55,10 @@ class Inside {
 // nullptr too for an engine wait). Safe in a signal handler.
 const char* plugin();
 const char* entry();
+// The plugin entry the calling thread last left, by a return or by an
+// exception passing through its scope (nullptr: none yet).
+const char* left_plugin();
+const char* left_entry();
 
 // The training thread's plugin entry and when it entered it (steady clock,
 // ns), as another thread (the watchdog) sees them.

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -76,6 +77,7 @@ class InMemory final : public Dataset {
     window_first_ = held_out_ ? rows_ - holdout_ : 0;
     rows_ = held_out_ ? holdout_ : rows_ - holdout_;
   }
+  int64_t rows() const override { return rows_; }
 
  private:
   void fill_rows(const std::string& path) {
@@ -314,6 +316,15 @@ std::unique_ptr<Dataset> make_dataset(const Config& config, const DataShape& sha
   auto d = std::make_unique<InMemory>(config, shape, rank, world, device);
   d->fill_safetensors(config.data.path);
   return d;
+}
+
+std::string eval_batches_beyond(int64_t batches, int64_t batch_size, int64_t rows) {
+  if (rows < 0 || batch_size < 1) return "";
+  const int64_t most = std::max<int64_t>(1, (rows + batch_size - 1) / batch_size);
+  if (batches <= most) return "";
+  return "eval.batches = " + std::to_string(batches) + " reads " + std::to_string(batches) + " × data.batch_size " +
+         std::to_string(batch_size) + " rows, and the held-out rows are " + std::to_string(rows) + ": at most " +
+         std::to_string(most) + (most == 1 ? " batch" : " batches") + ", past which it reads the same rows again";
 }
 
 std::unique_ptr<Dataset> make_eval_dataset(const Config& config, const DataShape& shape, int rank, int world,

@@ -27,6 +27,9 @@ class Dataset {
   // dataset (valid until the next call). Throws Error naming the file on
   // bad data.
   virtual Batch batch(int64_t micro) = 0;
+  // The rows it reads before it wraps around; -1 where it never does
+  // (random rows, token windows).
+  virtual int64_t rows() const { return -1; }
 };
 
 // Opens the configured source for `rank` of `world`; local rows =
@@ -41,5 +44,10 @@ std::unique_ptr<Dataset> make_dataset(const Config& config, const DataShape& sha
 // data.teacher). Throws Error as make_dataset.
 std::unique_ptr<Dataset> make_eval_dataset(const Config& config, const DataShape& shape, int rank, int world,
                                            Device& device);
+
+// "" where `batches` of `batch_size` global rows stay within one pass over
+// `rows` held-out rows (rounded up to a whole batch; rows < 0: no end);
+// else why not, in words. Pure.
+std::string eval_batches_beyond(int64_t batches, int64_t batch_size, int64_t rows);
 
 }  // namespace ddp

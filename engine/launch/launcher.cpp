@@ -101,8 +101,19 @@ bool needs_mpirun(const std::string& plugin) {
   return name == "mpi" || name.rfind("libddp_transport_mpi.", 0) == 0;
 }
 
+bool is_run_dir_name(const std::string& name) {
+  const std::string prefix = ".rendezvous-";
+  return name.size() == prefix.size() + 6 && name.rfind(prefix, 0) == 0 &&
+         name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789", prefix.size()) ==
+             std::string::npos;
+}
+
 int launch_ranks(const LaunchSpec& spec, LaunchOutcome* outcome) {
   fs::create_directories(spec.output_dir);
+  std::error_code ec;  // a launcher killed by SIGKILL left its run's directory: ours to remove under the lock
+  for (const fs::directory_entry& e : fs::directory_iterator(spec.output_dir, ec))
+    if (is_run_dir_name(e.path().filename().string()) && e.is_directory(ec) && !e.is_symlink(ec))
+      fs::remove_all(e.path(), ec);
   std::string pattern = (fs::path(spec.output_dir) / ".rendezvous-XXXXXX").string();
   if (!mkdtemp(pattern.data())) throw Error(spec.output_dir + ": cannot create a rendezvous directory");
   const std::string run_dir = pattern;

@@ -24,7 +24,10 @@ namespace ddp {
 
 struct LaunchSpec {
   int world = 1;
-  std::string output_dir;         // the run's private directory goes under it
+  // The run's private directory (.rendezvous-XXXXXX) goes under it. The
+  // caller holds its DirectoryLock: no other run owns a private directory
+  // there, and those a launcher killed by SIGKILL left are removed.
+  std::string output_dir;
   std::vector<std::string> args;  // every rank's argv (args[0]: the program name)
   std::string timeout_note;       // what a hung rank ran into: "run.timeout_s = 30"
   // More environment for rank r ("NAME=value"), given the run's private
@@ -53,6 +56,10 @@ struct LaunchOutcome {
 // when every rank succeeded; 1 after printing which rank failed and why;
 // 130 on Ctrl-C), and fills `outcome` if given.
 int launch_ranks(const LaunchSpec& spec, LaunchOutcome* outcome = nullptr);
+
+// Whether a name in an output directory is a run's private directory as
+// launch_ranks makes it (".rendezvous-" and mkdtemp's six characters). Pure.
+bool is_run_dir_name(const std::string& name);
 
 // Whether ranks with transport plugin `plugin` are started through mpirun
 // (LaunchSpec::through_mpirun): the mpi transport's, by name or file name.

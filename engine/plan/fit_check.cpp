@@ -3,12 +3,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <numeric>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+
+#include <sys/resource.h>
 
 #include "config_plan.h"
 #include "plugin_loader.h"
@@ -34,9 +37,11 @@ int64_t cgroup_bytes(const std::string& text) {
   return v >= (int64_t{1} << 62) ? -1 : v;
 }
 
+// "16.7 GB"; under 0.1 GB, in MB ("35.2 MB"), where GB would round to 0.0.
 std::string gb(int64_t bytes) {
   char out[32];
-  std::snprintf(out, sizeof out, "%.1f GB", double(bytes) / 1e9);
+  if (bytes < 100000000) std::snprintf(out, sizeof out, "%.1f MB", double(bytes) / 1e6);
+  else std::snprintf(out, sizeof out, "%.1f GB", double(bytes) / 1e9);
   return out;
 }
 
@@ -171,11 +176,41 @@ HostMemory host_memory_from(const std::string& meminfo, const std::string& cgrou
   return host;
 }
 
+HostMemory with_rank_limit(HostMemory host, uint64_t rlimit_as, uint64_t rlimit_data, const std::string& status,
+                           const RankExtra& extra) {
+  auto status_bytes = [&](const std::string& key) {  // "VmSize:\t  123456 kB", among lines of words ("Name:\tddp")
+    std::istringstream lines(status);
+    std::string line, name;
+    int64_t kb = 0;
+    while (std::getline(lines, line))
+      if (std::istringstream words(line); words >> name >> kb && name == key) return kb * 1024;
+    return int64_t{0};
+  };
+  const struct {
+    uint64_t limit;
+    int64_t baseline;
+    const char* source;
+  } limits[] = {{rlimit_as, status_bytes("VmSize:") + extra.as, "RLIMIT_AS (ulimit -v)"},
+                {rlimit_data, status_bytes("VmData:") + extra.data, "RLIMIT_DATA (ulimit -d)"}};
+  host.rank_resident = status_bytes("RssAnon:") + extra.resident;
+  for (const auto& l : limits) {
+    if (l.limit == RLIM_INFINITY || l.limit >= (uint64_t{1} << 62)) continue;
+    const int64_t limit = int64_t(l.limit), baseline = l.baseline;
+    if (host.rank_limit < 0 || limit - baseline < host.rank_limit - host.rank_baseline)
+      host.rank_limit = limit, host.rank_baseline = baseline, host.rank_limit_source = l.source;
+  }
+  return host;
+}
+
 HostMemory host_memory() {
   const std::string v2 = "/sys/fs/cgroup/memory.", v1 = "/sys/fs/cgroup/memory/memory.";
   std::string limit = read_text(v2 + "max"), usage = read_text(v2 + "current");
   if (limit.empty()) limit = read_text(v1 + "limit_in_bytes"), usage = read_text(v1 + "usage_in_bytes");
-  return host_memory_from(read_text("/proc/meminfo"), limit, usage);
+  rlimit as{RLIM_INFINITY, RLIM_INFINITY}, data{RLIM_INFINITY, RLIM_INFINITY};
+  getrlimit(RLIMIT_AS, &as);
+  getrlimit(RLIMIT_DATA, &data);
+  return with_rank_limit(host_memory_from(read_text("/proc/meminfo"), limit, usage), as.rlim_cur, data.rlim_cur,
+                         read_text("/proc/self/status"), kRankExtra);
 }
 
 int64_t peak_bytes(const plan::RankMemory& m) {
@@ -185,17 +220,42 @@ int64_t peak_bytes(const plan::RankMemory& m) {
   return most;
 }
 
-std::string fit_shortfall(const std::vector<int64_t>& peaks, const HostMemory& host) {
-  const int64_t need = sum(peaks);
-  if (host.bytes < 0 || need <= host.bytes || peaks.empty()) return "";
+std::string rank_limit_shortfall(const std::vector<int64_t>& peaks, const HostMemory& host) {
+  if (host.rank_limit < 0 || peaks.empty()) return "";
   const int64_t most = *std::max_element(peaks.begin(), peaks.end());
-  const bool same = std::all_of(peaks.begin(), peaks.end(), [&](int64_t p) { return p == most; });
+  if (most + host.rank_baseline <= host.rank_limit) return "";
+  return "needs " + gb(most + host.rank_baseline) + " a rank (" + gb(most) + " planned + " + gb(host.rank_baseline) +
+         " a rank's process maps before its run's memory: libraries, thread stacks, BLAS buffers), more than " +
+         host.rank_limit_source + " allows each process (" + gb(host.rank_limit) + ")";
+}
+
+std::string fit_shortfall(const std::vector<int64_t>& peaks, const HostMemory& host) {
+  if (std::string over = rank_limit_shortfall(peaks, host); !over.empty()) return over;
+  const int64_t need = sum(peaks) + int64_t(peaks.size()) * host.rank_resident;
+  if (host.bytes < 0 || need <= host.bytes || peaks.empty()) return "";
+  const int64_t most = *std::max_element(peaks.begin(), peaks.end()) + host.rank_resident;
+  const bool same = std::all_of(peaks.begin(), peaks.end(), [&](int64_t p) { return p + host.rank_resident == most; });
   const std::string ranks = std::to_string(peaks.size()) + (peaks.size() == 1 ? " rank" : " ranks");
   return "needs " + gb(need) + " (" + (same ? gb(most) + " × " + ranks : ranks + ", up to " + gb(most) + " each") +
          "), " + gb(host.bytes) + " available (" + host.source + ")";
 }
 
+std::string world_shortfall(int64_t world, const HostMemory& host) {
+  const std::string shortfall = fit_shortfall(std::vector<int64_t>(size_t(std::max<int64_t>(world, 0)), 0), host);
+  return shortfall.empty() ? "" : std::to_string(world) + " ranks do not fit this host's memory: the run " + shortfall;
+}
+
+std::string world_fits_this_host(std::string& world) {
+  char* end = nullptr;
+  const long long n = std::strtoll(world.c_str(), &end, 10);
+  if (world.empty() || *end != '\0' || n < 1 || n > kMaxWorldSize) return "";
+  return world_shortfall(n, host_memory());
+}
+
 std::string fit_refusal(const Config& c, const HostMemory& host) {
+  // Any model, any device: each rank is a process of this host's.
+  if (const std::string many = world_shortfall(c.run.world_size, host); !many.empty())
+    return c.file + ": " + many + " (run.check_memory = false runs it anyway)";
   const ModelInfo* model = find_model(c.model.name);  // a model without a footprint cannot be planned
   if (c.run.device != DDP_DEVICE_CPU || host.bytes < 0 || !model || !model->footprint) return "";
   const plan::RunPlan planned = plan_of(c);

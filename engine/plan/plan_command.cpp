@@ -43,8 +43,10 @@ json fit_json(const Config& c) {
   }
   const std::string refusal = fit_refusal(c, host);
   fit["fits"] = refusal.empty();
+  const std::string limit = host.rank_limit < 0 ? "" : "; " + host.rank_limit_source + " allows each process " +
+                                                          std::to_string(host.rank_limit / 1000000) + " MB";
   fit["verdict"] = refusal.empty() ? "fits this host (" + std::to_string(host.bytes / 1000000) + " MB available, " +
-                                         host.source + ")"
+                                         host.source + limit + ")"
                                    : refusal.substr(c.file.size() + 2);
   return fit;
 }

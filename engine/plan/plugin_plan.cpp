@@ -70,6 +70,13 @@ class PlanningCall {
       return self(ctx).record([&] {
         if (!c || c->op < DDP_OP_ALL_REDUCE || c->op > DDP_OP_BARRIER || ddp_dtype_size(c->dtype) == 0)
           throw Error("collective: not a collective this ABI names (op " + std::to_string(c ? int(c->op) : -1) + ")");
+        const size_t size = ddp_dtype_size(c->dtype);
+        const std::string problem = plan_bytes_problem(
+            c->count > UINT64_MAX / size ? UINT64_MAX : c->count * size, self(ctx).collective_bytes_);
+        if (!problem.empty())
+          throw Error("collective: " + std::to_string(c->count) + " elements of " + std::to_string(size) +
+                      " bytes: " + problem);
+        self(ctx).collective_bytes_ += int64_t(c->count * size);
         self(ctx).part_.collectives.push_back(*c);
         self(ctx).part_.every.push_back(self(ctx).every_);
         self(ctx).part_.groups.push_back(0);
@@ -123,10 +130,11 @@ class PlanningCall {
   const ddp_host* host() const { return &host_; }
   ddp_plan* plan() { return &plan_; }
   // The part, or Error in the plugin's words where `status` says it failed.
+  // A callback's refusal stands even where the entry went on to return DDP_OK.
   PluginPart take(ddp_status status) {
-    if (status != DDP_OK)
+    if (status != DDP_OK || !error_.empty())
       throw Error(part_.label + ": plan: " + (error_.empty() ? std::string("failed without an error message") : error_),
-                  status);
+                  status != DDP_OK ? status : DDP_ERR_INVALID_ARGUMENT);
     return std::move(part_);
   }
 
@@ -154,6 +162,9 @@ class PlanningCall {
     if (category < 0 || category >= DDP_MEM_CATEGORY_COUNT)
       throw Error("buffer: unknown memory category " + std::to_string(int(category)));
     if (when != DDP_PLAN_SETUP && when != DDP_PLAN_STEP) throw Error("buffer: `when` is neither SETUP nor STEP");
+    if (const std::string problem = plan_bytes_problem(bytes, buffer_bytes_); !problem.empty())
+      throw Error("buffer: " + problem);
+    buffer_bytes_ += int64_t(bytes);
     (when == DDP_PLAN_SETUP ? part_.setup : part_.step)[size_t(category)] += int64_t(bytes);
   }
   void add_steps(size_t param, size_t offset, size_t count) {
@@ -169,6 +180,7 @@ class PlanningCall {
   const PlanRun& run_;
   PluginPart part_;
   int64_t every_ = 1;  // the period of the collectives reported now (1.8)
+  int64_t buffer_bytes_ = 0, collective_bytes_ = 0;  // recorded so far (each within kMaxPlannedBytes)
   std::string error_;
   std::deque<std::string> strings_;
   std::vector<ddp_param> params_;
@@ -185,6 +197,13 @@ PluginPart unplanned(const std::string& label) {
 }
 
 }  // namespace
+
+std::string plan_bytes_problem(uint64_t bytes, int64_t recorded) {
+  if (bytes <= uint64_t(kMaxPlannedBytes - recorded)) return "";
+  return std::to_string(bytes) + " bytes" +
+         (recorded > 0 ? " (with the " + std::to_string(recorded) + " it reported before)" : std::string()) +
+         " are more than a rank can hold: a plan entry's sizes add up to at most 2^50 bytes (1 PiB) a rank";
+}
 
 PluginPart plan_strategy(const ddp_strategy_v1_t& s, const ddp_transport_v1_t& t, const PluginSection& section,
                          const PlanRun& run, int rank) {

@@ -52,6 +52,16 @@ struct PluginPart {
   bool takes_values = false;  // a strategy lent its claimed values unit by unit (take_values, 1.7)
 };
 
+// The most a plan entry may report for one rank, its buffers together and
+// its collectives together: 2^50 bytes (1 PiB), far beyond any host, and
+// small enough that sums over 4096 ranks and three moments stay within
+// int64.
+inline constexpr int64_t kMaxPlannedBytes = int64_t{1} << 50;
+// "" where `bytes` more after `recorded` (<= kMaxPlannedBytes) stay within
+// kMaxPlannedBytes; else why not, in words: "18446744073709551615 bytes
+// are more than a rank can hold: ...". Pure.
+std::string plan_bytes_problem(uint64_t bytes, int64_t recorded);
+
 // The run a plan is for, as the planning host describes it.
 struct PlanRun {
   const Footprint* model = nullptr;

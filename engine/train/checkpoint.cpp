@@ -39,7 +39,7 @@ std::string attempt(F&& f) {
     f();
     return "";
   } catch (const std::exception& e) {
-    return e.what();
+    return words_of(e);
   }
 }
 
@@ -176,6 +176,9 @@ std::string resolve_checkpoint(const std::string& dir, const std::string& given)
   const fs::path latest = fs::path(dir) / "latest";
   if (!fs::exists(latest))
     throw Error(dir + ": no checkpoint to resume from (no 'latest' in checkpoint.dir)", DDP_ERR_INVALID_ARGUMENT);
+  if (fs::is_directory(latest))
+    throw Error(latest.string() + " is a directory, where a file naming the latest checkpoint (step-N) belongs: "
+                "remove it, or give --resume a checkpoint's path", DDP_ERR_INVALID_ARGUMENT);
   const std::string name = latest_name(dir);
   if (name.empty())
     throw Error(latest.string() + " is empty: give --resume a checkpoint's path", DDP_ERR_INVALID_ARGUMENT);
@@ -218,7 +221,7 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
     const json j = json::parse(text);
     m.format = j.at("format").get<std::string>();
     m.step = whole(j, "step", 0);
-    m.world_size = int(std::min<int64_t>(whole(j, "world_size", 1), INT32_MAX));
+    m.world_size = int(std::min<int64_t>(whole(j, "world_size", 1), kMaxWorldSize + 1));  // past it: refused
     m.divergent = j.contains("divergent") && j.at("divergent").get<bool>();
     m.strategy = j.at("strategy").get<std::string>();
     m.transport = j.at("transport").get<std::string>();

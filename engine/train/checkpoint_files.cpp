@@ -106,6 +106,8 @@ void check_meta_shape(const CheckpointMeta& meta, const std::string& file) {
     throw bad(file, "format \"" + meta.format + "\" is not \"ddp-checkpoint 2\" or 3, those this ddp reads");
   if (meta.step < 0) throw bad(file, "step " + std::to_string(meta.step) + " is negative");
   if (meta.world_size < 1) throw bad(file, "world_size " + std::to_string(meta.world_size) + " is below 1");
+  if (meta.world_size > kMaxWorldSize)
+    throw bad(file, "world_size is more than " + std::to_string(kMaxWorldSize) + " ranks (config.h's kMaxWorldSize)");
   const auto named = meta.config.find("optimizer.name");
   if (named != meta.config.end() && named->second != meta.optimizer)
     throw bad(file, "optimizer \"" + meta.optimizer + "\" is not its config's optimizer.name \"" + named->second + "\"");

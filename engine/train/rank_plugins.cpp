@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "mapped.h"
 #include "staged.h"
 #include "whereabouts.h"
 
@@ -33,6 +34,12 @@ void RankPlugins::start(const Config& config, Trace* trace) {
   try {
     start_transport(config);  // config → engine → transport
     start_strategy(config, trace);  // engine → strategy (→ transport, metered)
+  } catch (const std::bad_alloc& e) {
+    const Error error(words_of(e), DDP_ERR_OUT_OF_MEMORY);
+    whereabouts::report_first(error);  // as below
+    abort();
+    shutdown();
+    throw error;
   } catch (const std::exception& e) {
     whereabouts::report_first(e);  // first: the mpi transport's abort ends the process (MPI_Abort)
     abort();
@@ -130,23 +137,41 @@ bool RankPlugins::on_step_end(const ddp_step_info& info) {
   return synced != 0;
 }
 
+// What `state` (or another entry) points the engine at, checked before it
+// is read: a count larger than the memory behind the pointer ("" where the
+// device's memory is not this process's to look up).
+std::string RankPlugins::unreadable_on_cpu(const void* ptr, size_t count, size_t size) const {
+  if (services_.device->kind() != DDP_DEVICE_CPU) return "";
+  if (count > SIZE_MAX / size) return "its " + std::to_string(count) + " elements of " + std::to_string(size) +
+                                      " bytes overflow a size";
+  return unreadable(ptr, count * size);
+}
+
 std::vector<RankPlugins::StateBuffer> RankPlugins::state() {
   std::vector<StateBuffer> out;
   if (!strategy_api().state) return out;
   const ddp_state_buffer* buffers = nullptr;
   size_t count = 0;
   call("state", [&] { return strategy_api().state(strategy_, &buffers, &count); });
+  const std::string label = strategy_host_->label() + ": state: ";
+  if (count > 0 && !buffers)
+    throw Error(label + std::to_string(count) + " buffers at NULL", DDP_ERR_INVALID_ARGUMENT);
+  if (const std::string past = unreadable_on_cpu(buffers, count, sizeof(ddp_state_buffer)); !past.empty())
+    throw Error(label + "its " + std::to_string(count) + " buffers: " + past, DDP_ERR_INVALID_ARGUMENT);
   for (size_t k = 0; k < count; ++k) {
     const ddp_state_buffer& b = buffers[k];
     std::string name = b.name ? b.name : "";
+    const std::string which = "buffer " + std::to_string(k) + " ('" + name + "')";
     bool unique = !name.empty() && name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.") ==
                                        std::string::npos;
     for (const StateBuffer& earlier : out) unique = unique && earlier.name != name;
     unique = unique && name != "__metadata__";  // the safetensors header's own
-    if (!unique || (b.count > 0 && !b.ptr))
-      throw Error(strategy_host_->label() + ": state: buffer " + std::to_string(k) + " ('" + name +
-                      "') needs a name of its own of [A-Za-z0-9_.] and memory for its " + std::to_string(b.count) +
-                      " elements", DDP_ERR_INVALID_ARGUMENT);
+    if (!unique)
+      throw Error(label + which + " needs a name of its own of [A-Za-z0-9_.]", DDP_ERR_INVALID_ARGUMENT);
+    if (b.count > 0 && !b.ptr)
+      throw Error(label + which + " is NULL with " + std::to_string(b.count) + " elements", DDP_ERR_INVALID_ARGUMENT);
+    if (const std::string past = unreadable_on_cpu(b.ptr, b.count, sizeof(float)); !past.empty())
+      throw Error(label + which + " of " + std::to_string(b.count) + " elements: " + past, DDP_ERR_INVALID_ARGUMENT);
     out.push_back({std::move(name), static_cast<float*>(b.ptr), b.count});
   }
   if (!strategy_api().state_scopes || out.empty()) return out;
@@ -216,6 +241,10 @@ std::vector<ddp_held_range> RankPlugins::held_ranges() {
   call("held_ranges", [&] { return strategy_api().held_ranges(strategy_, &held, &count); });
   if (count > 0 && !held) throw Error(strategy_host_->label() + ": held_ranges: " + std::to_string(count) +
                                       " ranges at NULL", DDP_ERR_INVALID_ARGUMENT);
+  if (const std::string past = unreadable(held, count > SIZE_MAX / sizeof *held ? SIZE_MAX : count * sizeof *held);
+      !past.empty())
+    throw Error(strategy_host_->label() + ": held_ranges: its " + std::to_string(count) + " ranges: " + past,
+                DDP_ERR_INVALID_ARGUMENT);
   return std::vector<ddp_held_range>(held, held + count);
 }
 

@@ -138,6 +138,7 @@ class RankPlugins {
   void start_transport(const Config& config);
   void start_strategy(const Config& config, Trace* trace);
   void require_device_cap(const char* kind, const char* name, uint64_t caps) const;
+  std::string unreadable_on_cpu(const void* ptr, size_t count, size_t size) const;
   void drain();
   // ddp_host::split is open for the scope of an entry (create,
   // on_train_begin), on every rank at the same point.

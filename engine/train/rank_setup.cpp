@@ -29,6 +29,10 @@ void RankRun::set_up() {
   data_ = make_dataset(config_, shape, r.rank, r.world_size, host_device_ ? *host_device_ : *device_);
   if (config_.eval.every > 0) {
     eval_data_ = make_eval_dataset(config_, shape, r.rank, r.world_size, host_device_ ? *host_device_ : *device_);
+    const std::string source = config_.eval.path.empty() ? config_.data.path : config_.eval.path;
+    if (const std::string beyond = eval_batches_beyond(config_.eval.batches, config_.data.batch_size, eval_data_->rows());
+        !beyond.empty())
+      throw ConfigError(source + ": " + beyond);
     for (int64_t b = 0; b < config_.eval.batches; ++b) eval_data_->batch(b);  // a bad row fails now, not later
   }
   optimizer_ = std::make_unique<Optimizer>(config_.optimizer, *device_, model_->params());

@@ -50,7 +50,7 @@ void RankRun::run() {
     stop_plugins();
     throw;
   } catch (const std::exception& e) {
-    Error error(e.what(), kind_of(e));
+    Error error(words_of(e), kind_of(e));
     error.at_step(whereabouts::step());
     whereabouts::report_first(error);
     stop_plugins();

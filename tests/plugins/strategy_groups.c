@@ -19,7 +19,11 @@
  *                 (replicas 1), where every rank holds it;
  *   "scaled"      rank 1 scales its averaged gradients by 1024: under
  *                 AdamW with a tiny eps the weights stay bitwise equal,
- *                 the optimizer states do not.
+ *                 the optimizer states do not;
+ *   "state_null"  state gives 3 buffers at NULL;
+ *   "state_nullptr" state's one buffer is NULL with 3 elements;
+ *   "state_huge"  state's one buffer (one float) says 2^40 elements;
+ *   "held_huge"   held_ranges says 2^40 ranges over its few.
  * Otherwise held_ranges names every trainable gradient, held by every rank. */
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +43,7 @@ struct ddp_strategy_s {
   ddp_held_range* held;  /* held_ranges' answer */
 };
 
-static const ddp_key kKeys[] = {{"mode", "string", "none, misordered, late, badname, foreign, nested, uneven, scopes, held_twice, held_once or scaled"},
+static const ddp_key kKeys[] = {{"mode", "string", "none, misordered, late, badname, foreign, nested, uneven, scopes, held_twice, held_once, scaled, state_null, state_nullptr, state_huge or held_huge"},
                                 {NULL, NULL, NULL}};
 
 static ddp_status make_pairs(ddp_strategy* s) {
@@ -80,13 +84,15 @@ static ddp_status groups_held(ddp_strategy* s, const ddp_held_range** out, size_
     if (twice) s->held[k++] = r;
   }
   *out = s->held;
-  *count = k;
+  *count = strcmp(s->mode, "held_huge") == 0 ? (size_t)1 << 40 : k;
   return DDP_OK;
 }
 
 static ddp_status groups_state(ddp_strategy* s, const ddp_state_buffer** out, size_t* count) {
-  *out = &s->state;
-  *count = 1;
+  if (strcmp(s->mode, "state_nullptr") == 0) s->state.ptr = NULL, s->state.count = 3;
+  if (strcmp(s->mode, "state_huge") == 0) s->state.count = (size_t)1 << 40;
+  *out = strcmp(s->mode, "state_null") == 0 ? NULL : &s->state;
+  *count = strcmp(s->mode, "state_null") == 0 ? 3 : 1;
   return DDP_OK;
 }
 static ddp_status groups_scopes(ddp_strategy* s, const ddp_state_scope** scopes, size_t* count) {
