@@ -8,6 +8,9 @@
 //    the run is checked only where its last step is a sync point;
 //  - a rank that keeps its own values at one sync point (the transport
 //    `dies` drops its all-reduce there) is caught at that sync point;
+//  - ranks that disagree on on_step_end (whether the step is a sync point,
+//    or the collectives in it) stop at that step, naming what each did
+//    (tests/plugins/strategy_divergent.c's `periodic`);
 // Their equality with DDP where the algebra says so (period 1, SGD) is the
 // conformance suite's: localsgd_1, localsgd_warmup, diloco_1 in ctest; their
 // checkpoints checkpoint_test's DivergentResume.
@@ -26,6 +29,7 @@ using nlohmann::json;
 
 const std::string kFixtures = std::string(DDP_TEST_DATA_DIR) + "/fixtures/";
 const std::string kDies = std::string(DDP_TEST_BROKEN_PLUGIN_DIR) + "/libddp_transport_dies.so";
+const std::string kPeriodic = std::string(DDP_TEST_BROKEN_PLUGIN_DIR) + "/libddp_strategy_divergent_periodic.so";
 
 // `steps` of toy with SGD (momentum: per-rank state), every step's replicas
 // due for a check; `strategy` is the [strategy] table's body.
@@ -107,6 +111,47 @@ TEST(LocalSgd, ARankThatKeepsItsValuesAtASyncPointIsCaughtThere) {
              std::string::npos;
   EXPECT_TRUE(named) << r.failures[0];
   EXPECT_TRUE(ranks_equal(r, 3)) << "step 3's average was whole";
+}
+
+// Every rank's failure, one string per line.
+std::string all_failures(const RunResult& r) {
+  std::string all;
+  for (const std::string& f : r.failures) all += f + "\n";
+  return all;
+}
+
+// Ranks that disagree on whether a step is a sync point stop after it,
+// every rank naming the step, the plugin, the entry and each one's answer
+// (rank 1 averages as rank 0 does, and answers otherwise: at step 1 that
+// it synced).
+TEST(Divergent, RanksThatAnswerOnStepEndDifferentlyStopThere) {
+  const RunResult r = harness::run(toml("plugin = \"" + kPeriodic + "\"\nperiod = 2\nlying_rank = 1\n", 4), 2);
+  ASSERT_EQ(r.failures.size(), 2u) << all_failures(r);
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_EQ(r.failures[size_t(rank)],
+              "rank " + std::to_string(rank) + ": strategy plugin 'divergent_periodic': on_step_end: the ranks "
+              "disagree on whether step 1 is a sync point: rank 0 says it is not, rank 1 says it is: every rank "
+              "must answer on_step_end alike");
+}
+
+// A rank whose strategy averages at a step where another's returned (rank
+// 1's period is 3, the others' 2): the collective is refused before it
+// runs, the same words on every rank, with run.debug_collectives or without.
+TEST(Divergent, ARankThatSyncsWhereAnotherReturnedStopsBeforeItsCollective) {
+  const std::string config =
+      toml("plugin = \"" + kPeriodic + "\"\nperiod = 2\nodd_rank = 1\nodd_period = 3\n", 4);
+  for (const bool debug : {false, true})
+    for (const int world : {2, 3}) {
+      const RunResult r = harness::run(config, world, {std::string("run.debug_collectives=") + (debug ? "true" : "false")});
+      ASSERT_EQ(r.failures.size(), size_t(world)) << all_failures(r);
+      for (int rank = 0; rank < world; ++rank)
+        EXPECT_EQ(r.failures[size_t(rank)],
+                  "rank " + std::to_string(rank) + ": strategy plugin 'divergent_periodic': on_step_end: the ranks "
+                  "disagree in on_step_end of step 2: rank 0 calls all_reduce (avg) of 100 float32 (parameter "
+                  "'fc1.weight'), rank 1 returned saying step 2 is not a sync point: every rank "
+                  "must answer on_step_end alike, with the same collectives")
+            << "world " << world << (debug ? ", run.debug_collectives" : "");
+    }
 }
 
 // A strategy whose caps lack DDP_CAP_DIVERGENT has equal replicas after

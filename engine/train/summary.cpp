@@ -51,6 +51,7 @@ void add_columns(json& summary, const std::vector<StepRecord>& steps) {
   summary["collectives_before_sync_micro_batch"] = column(&StepRecord::collectives_before_sync_micro_batch);
   summary["comm_buffer_bytes"] = column(&StepRecord::comm_buffer_bytes);
   summary["device_allocations"] = column(&StepRecord::device_allocations);
+  summary["largest_collective_bytes"] = column(&StepRecord::largest_collective_bytes);
   summary["lr"] = column(&StepRecord::lr);
   summary["grad_norm"] = column(&StepRecord::grad_norm);
   summary["synced"] = column(&StepRecord::synced);

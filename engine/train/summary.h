@@ -32,6 +32,11 @@ struct StepRecord {
   int64_t collectives_before_sync_micro_batch = 0;
   int64_t comm_buffer_bytes = 0;  // current at the end of the step (a leak grows it)
   int64_t device_allocations = 0;  // device memory allocated during the step
+  // The largest collective the strategy issued so far, set-up included (its
+  // buffer bytes, as comm_bytes counts them): what a transport that stages
+  // collectives (gloo on a GPU) holds a buffer of. Where it grows after the
+  // first step, such a transport allocates there, which a CPU run hides.
+  int64_t largest_collective_bytes = 0;
   double lr = 0;                     // the scheduled learning rate ([optimizer] lr unless a schedule)
   double grad_norm = NAN;            // the averaged gradients' L2 norm before clipping; NaN (null): not measured
   bool synced = true;                // every rank holds the same parameters after it (on_step_end, 1.8)

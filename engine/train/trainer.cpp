@@ -122,16 +122,6 @@ void RankRun::train() {
 void RankRun::after_step(int64_t step) {
   const int64_t done = step + 1, steps = config_.run.steps;
   const bool synced = records_.back().synced;
-  if (config_.run.debug_collectives && plugins_->divergent()) {  // the checks below are collectives
-    std::vector<int64_t> all(size_t(env_.rank.world_size));
-    plugins_->all_gather(std::vector<int64_t>{synced ? 1 : 0}, all);
-    for (int r = 1; r < env_.rank.world_size; ++r)
-      if (all[size_t(r)] != all[0])
-        throw Error(std::string("run.debug_collectives: strategy plugin '") + plugins_->strategy_name() +
-                    "' says step " + std::to_string(done) + " is " + (all[0] ? "" : "not ") + "a sync point on rank 0 "
-                    "and is " + (all[size_t(r)] ? "" : "not ") + "on rank " + std::to_string(r) +
-                    ": every rank must answer on_step_end alike");
-  }
   eval_due_ |= eval_data_ && (done % config_.eval.every == 0 || done == steps);
   if (eval_due_ && synced) {
     records_.back().val_loss = evaluate();
@@ -210,6 +200,7 @@ StepRecord RankRun::train_step(int64_t step) {
   rec.bus_bytes = c.bus_bytes - before.bus_bytes;
   rec.comm_buffer_bytes = int64_t(device_->memory().current(MemCategory::CommBuffers));
   rec.device_allocations = device_->memory().allocations() - before.allocations;
+  rec.largest_collective_bytes = c.largest;
   return rec;
 }
 

@@ -67,10 +67,12 @@ ddp_status diloco_create(const ddp_host* host, const ddp_transport_v1_t* transpo
   });
 }
 
-// Rank 0's parameters everywhere, and θ_global = them.
+// Rank 0's parameters everywhere, in one broadcast of the whole model
+// through staging (everything a sync point needs is made here, the
+// transport's buffers where it stages collectives included), and
+// θ_global = them.
 ddp_status diloco_on_train_begin(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
-    s->broadcast_params_from_rank0();
     const Host& h = s->host;
     s->slots = ddp::strategy::model_slots(h);
     const size_t bytes = s->slots.total * sizeof(float);
@@ -78,6 +80,8 @@ ddp_status diloco_on_train_begin(ddp_strategy* s) {
     s->global = DeviceBuffer(h.raw(), bytes, DDP_MEM_OPTIMIZER_STATE);
     if (s->outer_momentum > 0) s->momentum = DeviceBuffer(h.raw(), bytes, DDP_MEM_OPTIMIZER_STATE);
     s->staging = DeviceBuffer(h.raw(), bytes, DDP_MEM_COMM_BUFFERS);
+    const std::vector<bool> every(h.param_count(), true);
+    ddp::strategy::broadcast_spans(*s, ddp::strategy::values_of(h, every), s->staging.floats());
     s->state = {{"global", s->global.get(), s->slots.total}};
     if (s->momentum.get()) s->state.push_back({"momentum", s->momentum.get(), s->slots.total});
     for (size_t i = 0; i < h.param_count(); ++i) {

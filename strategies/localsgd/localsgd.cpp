@@ -64,11 +64,15 @@ ddp_status localsgd_create(const ddp_host* host, const ddp_transport_v1_t* trans
   });
 }
 
+// Rank 0's parameters everywhere, in one broadcast of the whole model
+// through staging: everything a sync point needs is made here, the
+// transport's buffers (where it stages collectives) included.
 ddp_status localsgd_on_train_begin(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
-    s->broadcast_params_from_rank0();
     const size_t total = ddp::strategy::model_slots(s->host).total;
     if (total > 0) s->staging = DeviceBuffer(s->host.raw(), total * sizeof(float), DDP_MEM_COMM_BUFFERS);
+    const std::vector<bool> every(s->host.param_count(), true);
+    ddp::strategy::broadcast_spans(*s, ddp::strategy::values_of(s->host, every), s->staging.floats());
   });
 }
 
