@@ -90,6 +90,12 @@ int64_t peak_resident_bytes() {
   return -1;
 }
 
+std::string unsynced_weights_note(const std::string& strategy, int64_t steps) {
+  return "weights.safetensors holds rank 0's replica as of step " + std::to_string(steps) +
+         ", which was not a sync point: strategy plugin '" + strategy +
+         "' lets the replicas differ between sync points and did not end the run with one";
+}
+
 json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, const std::vector<RankTotals>& ranks,
                  const json* strategy_stats) {
   json summary;
@@ -132,6 +138,10 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
                                {"sync_points_only", facts.divergent},
                                {"after_steps", facts.replica_checked_after},
                                {"seconds", facts.replica_check_s}};
+  // What weights.safetensors holds: every rank's model, or (a divergent
+  // strategy's last step not a sync point) rank 0's own replica, said.
+  const json note = facts.weights_synced ? json() : json(unsynced_weights_note(facts.strategy, facts.steps));
+  summary["weights"] = {{"after_step", facts.steps}, {"sync_point", facts.weights_synced}, {"note", note}};
   summary["checkpoints"] = {{"after_steps", facts.checkpoints}, {"seconds", facts.checkpoint_s}};
   json evaluated = json::array(), val_loss = json::array();
   for (const auto& [step, loss] : facts.val_losses) {

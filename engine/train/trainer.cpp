@@ -104,6 +104,9 @@ void RankRun::train() {
   const bool equal = records_.empty() ? !plugins_->divergent() : records_.back().synced;
   if (equal && (replica_checked_after_.empty() || replica_checked_after_.back() != config_.run.steps))
     check_replicas(-1);
+  weights_synced_ = equal;
+  if (!equal && env_.rank.rank == 0)
+    std::printf("note: %s\n", unsynced_weights_note(plugins_->strategy_name(), config_.run.steps).c_str());
   {
     whereabouts::Inside in(nullptr, "waiting for the last collectives");
     device_->comm_stream().synchronize();

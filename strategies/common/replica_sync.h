@@ -99,6 +99,11 @@ inline void broadcast_spans(const StrategyBase& s, const std::vector<Span>& span
   over_spans(s, spans, staging, [&](const ddp_buffer& buf) { s.comm.broadcast(buf, 0, s.host.comm_stream()); });
 }
 
+// Whether step `info` is the run's last: a strategy whose replicas differ
+// between sync points ends the run with one, so that weights.safetensors
+// (rank 0's) is every rank's model.
+inline bool last_step(const ddp_step_info* info) { return info->step + 1 == info->total_steps; }
+
 // The trainable gradients in reverse table order (as the engine packs
 // them: then in place), to average as DDP does.
 inline std::vector<Span> trainable_grads(const plugin::Host& host) {
