@@ -18,6 +18,7 @@ TEST(CollectiveCheck, DescribesEachCollective) {
   EXPECT_EQ(describe({0, 3, 4, 4, 8, -1}, kNames), "all_gather of 4 bfloat16 into 8");
   EXPECT_EQ(describe({0, 4, 8, 5, 0, -1}, kNames), "reduce_scatter (sum) of 8 float16");
   EXPECT_EQ(describe({0, 5, 0, 0, 0, -1}, kNames), "barrier");
+  EXPECT_EQ(describe({0, kStepEnd, 0, 0, 6, -1}, kNames), "returned saying step 7 is not a sync point");
   // Out of range (a corrupt word) never indexes past a table.
   EXPECT_EQ(describe({0, 9, 2, 77, 0, 5}, kNames), "an unknown collective of 2 elements of an unknown type");
 }
@@ -58,6 +59,38 @@ TEST(CollectiveCheck, NamesTheFirstRankThatDisagrees) {
             "the ranks disagree on the next collective (rank 0's #7, rank 1's #8): rank 0 calls all_reduce (avg) "
             "of 250 float32 (parameter 'fc1.weight'), rank 1 calls barrier: every rank must issue the same "
             "collectives in the same order");
+}
+
+// Under a divergent strategy: each rank's return from on_step_end
+// (kStepEnd), or the collective it issues in it while another has returned.
+TEST(CollectiveCheck, StepEndNamesWhatEachRankDidAtTheEndOfTheStep) {
+  const CollectiveCall synced{6, kStepEnd, 1, 0, 1, -1}, local{6, kStepEnd, 0, 0, 1, -1};
+  const CollectiveCall average{6, 1, 250, 0, 1, 0};
+  EXPECT_EQ(step_end_mismatch(gathered({synced, synced, synced}), 3, kNames, 1), "");
+  EXPECT_EQ(step_end_mismatch(gathered({local, local}), 2, kNames, 1), "");
+  CollectiveCall later = synced;  // a count of collectives is no answer: only what each said
+  later.seq = 9;
+  EXPECT_EQ(step_end_mismatch(gathered({synced, later}), 2, kNames, 1), "");
+  EXPECT_EQ(step_end_mismatch(gathered({synced, synced, local}), 3, kNames, 1),
+            "the ranks disagree on whether step 2 is a sync point: rank 0 says it is, rank 2 says it is not: every "
+            "rank must answer on_step_end alike");
+  EXPECT_EQ(step_end_mismatch(gathered({local, synced}), 2, kNames, 4),
+            "the ranks disagree on whether step 5 is a sync point: rank 0 says it is not, rank 1 says it is: every "
+            "rank must answer on_step_end alike");
+  EXPECT_EQ(step_end_mismatch(gathered({average, local}), 2, kNames, 1),
+            "the ranks disagree in on_step_end of step 2: rank 0 calls all_reduce (avg) of 250 float32 (parameter "
+            "'fc1.weight'), rank 1 returned saying step 2 is not a sync point: every rank must answer on_step_end "
+            "alike, with the same collectives");
+  EXPECT_EQ(step_end_mismatch(gathered({local, local, average}), 3, kNames, 1),
+            "the ranks disagree in on_step_end of step 2: rank 0 returned saying step 2 is not a sync point, rank 2 "
+            "calls all_reduce (avg) of 250 float32 (parameter 'fc1.weight'): every rank must answer on_step_end "
+            "alike, with the same collectives");
+  CollectiveCall other = average;  // two collectives: as run.debug_collectives says them
+  other.param = 1;
+  EXPECT_EQ(step_end_mismatch(gathered({average, average, other}), 3, kNames, 1),
+            "the ranks disagree on collective #7: rank 0 calls all_reduce (avg) of 250 float32 (parameter "
+            "'fc1.weight'), rank 2 calls all_reduce (avg) of 250 float32 (parameter 'fc1.bias'): every rank must "
+            "issue the same collectives in the same order");
 }
 
 }  // namespace

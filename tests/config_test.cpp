@@ -1,13 +1,17 @@
 // config_test.cpp — load_config / validate_config / PluginSection: the
 // exact error messages of config.h, --set overrides, defaults and paths.
 #include "config.h"
+#include "plugin_loader.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -1041,6 +1045,29 @@ TEST_F(ConfigTest, ScheduleKeysThatCannotTrainAreRefused) {
   EXPECT_EQ(load_error(path, {"optimizer.clip_grad_norm=0.0"}),
             "--set optimizer.clip_grad_norm=0.0: key 'optimizer.clip_grad_norm' must be > 0 (got 0)");
   EXPECT_EQ(load_error(path, {"checkpoint.keep=0"}), "--set checkpoint.keep=0: key 'checkpoint.keep' must be >= 1 (got 0)");
+}
+
+// Every shipped config in configs/ takes every shipped strategy by
+// `strategy.plugin` alone: each plugin's keys sit in its own table, so the
+// swap leaves no key the new plugin does not read (the check a run makes
+// when the plugin loads: unknown key 'strategy.period' where they did not).
+TEST(ShippedConfigs, EveryOneTakesEveryShippedStrategyByPluginAlone) {
+  const std::vector<std::string> strategies = {"naive", "flat", "overlap", "bucketed",
+                                               "sharded", "powersgd", "localsgd", "diloco"};
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(DDP_TEST_DATA_DIR "/../configs"))
+    if (entry.path().extension() == ".toml") files.push_back(entry.path().string());
+  std::sort(files.begin(), files.end());
+  ASSERT_GE(files.size(), 12u) << "configs/ holds a config per strategy and the larger models'";
+  for (const std::string& strategy : strategies) {
+    const std::unique_ptr<LoadedPlugin> plugin = load_plugin(PluginKind::Strategy, strategy, DDP_TEST_PLUGIN_DIR);
+    for (const std::string& file : files) {
+      const Config config = load_config(file, {"strategy.plugin=" + strategy});
+      EXPECT_EQ(config.strategy_plugin, strategy) << file;
+      EXPECT_EQ(error_of([&] { check_declared_keys(*plugin, config.strategy); }), "<no ConfigError>")
+          << file << " with strategy.plugin=" << strategy;
+    }
+  }
 }
 
 }  // namespace

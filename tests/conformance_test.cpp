@@ -13,8 +13,10 @@
 //   unfreeze_large          the largest parameter frozen at start, joins at step 2
 // and in all of them: no collective before the sync micro-batch (but for a
 // strategy that claims gradient storage, which reduces each), no growing
-// communication buffers, no device allocation once settled, the same
-// collective sequence on every rank.
+// communication buffers, no device allocation once settled, no collective
+// after the first step larger than any before it (what a GPU run's staging
+// transport allocates for: caught on the CPU too), the same collective
+// sequence on every rank.
 // A strategy whose replicas may differ between sync points
 // (DDP_CAP_DIVERGENT) is checked in the divergent mode: ranks bitwise equal
 // only after the steps its summary.json says were sync points, every
@@ -336,6 +338,15 @@ void check_invariants(const Case& c, const RunResult& ddp) {
     EXPECT_EQ(ddp.summary["comm_buffer_bytes"][s], ddp.summary["comm_buffer_bytes"][settled])
         << "[invariant] step " << s + 1 << ": communication buffers grew";
     EXPECT_EQ(ddp.summary["device_allocations"][s], 0) << "[invariant] step " << s + 1 << ": allocated device memory";
+    // What a GPU run would allocate where the CPU's transports stage
+    // nothing: a collective larger than any before (gloo on a GPU grows its
+    // page-locked staging for it). Checked on every device.
+    const int64_t largest = ddp.summary["largest_collective_bytes"][s];
+    const int64_t before = ddp.summary["largest_collective_bytes"][settled];
+    EXPECT_EQ(largest, before) << "[invariant] step " << s + 1 << ": a collective of " << largest
+                               << " bytes, larger than any the strategy issued by the end of step " << settled + 1
+                               << " (" << before << " bytes): a transport that stages collectives (gloo on a GPU) "
+                               << "allocates for it there; issue the largest one at set-up or in the first step";
   }
   EXPECT_TRUE(ddp.summary["collective_sequences_agree"].get<bool>())
       << "[invariant] ranks issued different collective sequences: " << ddp.summary["ranks"].dump();

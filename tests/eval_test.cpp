@@ -79,10 +79,11 @@ TEST(Eval, HoldoutRowsAreTheLastRowsOfTheDataFile) {
 }
 
 TEST(Eval, UnderADivergentStrategyRunsAtSyncPoints) {
-  // Due after steps 2, 4, 6 and 8 (the last); diloco syncs after 3 and 6.
+  // Due after steps 2, 4, 6 and 8 (the last); diloco syncs after 3 and 6,
+  // and after 8, which ends the run.
   const RunResult r = run_ok(toml("teacher = true\n", "every = 2\n", "diloco", 8) + "period = 3\n", 2);
   ASSERT_FALSE(r.summary.is_null());
-  EXPECT_EQ(r.summary["eval"]["after_steps"], json({3, 6}));
+  EXPECT_EQ(r.summary["eval"]["after_steps"], json({3, 6, 8}));
 }
 
 TEST(Eval, RandomDataWithATeacherIsLearnt) {

@@ -104,6 +104,24 @@ TEST(Summary, ReplicaChecksAreReported) {
   EXPECT_EQ(run_summary(f, two_steps(), {totals(7)}, nullptr)["replica_checks"]["after_steps"], json::array({0}));
 }
 
+// What weights.safetensors holds: every rank's model after the last step,
+// or, where a divergent strategy's last step was no sync point, rank 0's
+// own replica, said in words.
+TEST(Summary, WeightsSayWhetherTheLastStepWasASyncPoint) {
+  RunFacts f = facts(1);
+  EXPECT_EQ(run_summary(f, two_steps(), {totals(7)}, nullptr)["weights"],
+            json({{"after_step", 2}, {"sync_point", true}, {"note", nullptr}}));
+  f.strategy = "mine";
+  f.divergent = true;
+  f.weights_synced = false;
+  const std::string note =
+      "weights.safetensors holds rank 0's replica as of step 2, which was not a sync point: strategy plugin 'mine' "
+      "lets the replicas differ between sync points and did not end the run with one";
+  EXPECT_EQ(unsynced_weights_note("mine", 2), note);
+  EXPECT_EQ(run_summary(f, two_steps(), {totals(7)}, nullptr)["weights"],
+            json({{"after_step", 2}, {"sync_point", false}, {"note", note}}));
+}
+
 // A resumed run: `loss` covers every step (the checkpoint's first), the
 // timing columns the steps this process ran; restarts and checkpoints said.
 TEST(Summary, AResumedRunReportsEveryLossItsStartAndItsRestarts) {

@@ -26,6 +26,9 @@ void to_words(const CollectiveCall& c, int64_t* w) {
 CollectiveCall from_words(const int64_t* w) { return CollectiveCall{w[0], w[1], w[2], w[3], w[4], w[5]}; }
 
 std::string describe(const CollectiveCall& c, const std::vector<std::string>& names) {
+  if (c.op == kStepEnd)
+    return std::string("returned saying step ") + std::to_string(c.arg + 1) + " is " + (c.count ? "" : "not ") +
+           "a sync point";
   std::string s = op_name(c.op);
   if (c.op == 5) return s;
   if (c.op == 1 || c.op == 4) s += std::string(" (") + reduce_name(c.arg) + ")";
@@ -55,6 +58,34 @@ std::string first_mismatch(const std::vector<int64_t>& all, int world, const std
     return who + " disagree on " + which + of + ": rank " + rank(0) + " calls " + describe(first, names) +
            ", rank " + rank(r) + " calls " + describe(other, names) +
            ": every rank must issue the same collectives in the same order";
+  }
+  return "";
+}
+
+std::string step_end_mismatch(const std::vector<int64_t>& all, int world, const std::vector<std::string>& names,
+                              int64_t step) {
+  const CollectiveCall first = from_words(all.data());
+  const std::string n = std::to_string(step + 1);
+  for (int r = 1; r < world; ++r) {
+    const CollectiveCall other = from_words(all.data() + size_t(r) * kCallWords);
+    const bool ended = first.op == kStepEnd, other_ended = other.op == kStepEnd;
+    if (!ended && !other_ended) {  // two collectives: as run.debug_collectives says them
+      std::vector<int64_t> pair(all.begin(), all.begin() + long(kCallWords));
+      pair.insert(pair.end(), all.begin() + long(size_t(r) * kCallWords), all.begin() + long(size_t(r + 1) * kCallWords));
+      const std::string mismatch = first_mismatch(pair, 2, names, {0, r});
+      if (!mismatch.empty()) return mismatch;
+      continue;
+    }
+    if (ended && other_ended) {
+      if (first.count == other.count) continue;
+      return "the ranks disagree on whether step " + n + " is a sync point: rank 0 says it " +
+             (first.count ? "is" : "is not") + ", rank " + std::to_string(r) + " says it " +
+             (other.count ? "is" : "is not") + ": every rank must answer on_step_end alike";
+    }
+    return "the ranks disagree in on_step_end of step " + n + ": rank 0 " +
+           (ended ? describe(first, names) : "calls " + describe(first, names)) + ", rank " + std::to_string(r) +
+           " " + (other_ended ? describe(other, names) : "calls " + describe(other, names)) +
+           ": every rank must answer on_step_end alike, with the same collectives";
   }
   return "";
 }

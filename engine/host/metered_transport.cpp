@@ -50,11 +50,14 @@ struct MeterCallbacks {
 
   // run.debug_collectives: every rank's description of the call it is about
   // to make, all-gathered within its group on the call's stream (through the
-  // real transport, unmetered) and compared before the call is made.
+  // real transport, unmetered) and compared before the call is made. Under
+  // a divergent strategy, the world's in on_step_end always (set_step_end).
   static ddp_status agree(ddp_comm* comm, ddp_stream stream, CollectiveCall call, const void* data) {
     MeteredTransport& m = self(comm);
     MeteredComm& g = group(comm);
-    if (!m.debug_) return DDP_OK;
+    const bool step_end = m.step_end_ && g.world() && g.size > 1;  // on_step_end of a divergent strategy
+    if (!m.debug_ && !step_end) return DDP_OK;
+    if (Stream::in_task() && !m.debug_) return DDP_OK;  // a host function's: compared under the debug check only
     if (Stream::in_task())
       return host_guard([] {
         throw Error("run.debug_collectives: a collective issued inside a host function cannot be checked (the "
@@ -67,20 +70,31 @@ struct MeterCallbacks {
     to_words(call, mine.data());
     ddp_status status = DDP_OK;
     const ddp_status thrown = host_guard([&] {
-      whereabouts::Inside in(m.label_, "all_gather (run.debug_collectives)");
+      whereabouts::Inside in(m.label_,
+                             m.debug_ ? "all_gather (run.debug_collectives)" : "all_gather (on_step_end's check)");
       try {
         status = gather_words(m, g, stream, mine.data(), all.data(), mine.size(), all.size());
       } catch (const Error& e) {  // a rank never came to compare its next collective: say where
-        throw Error(std::string(e.what()) + " (run.debug_collectives comparing the next collective" +
+        throw Error(std::string(e.what()) + (m.debug_ ? " (run.debug_collectives comparing the next collective"
+                                                       : " (comparing the next collective in on_step_end") +
                         (g.world() ? "" : " of " + g.label) + ")", e.status());
       }
     }, DDP_ERR_COMM);
     if (thrown != DDP_OK || status != DDP_OK) return thrown != DDP_OK ? thrown : status;  // the error text is set
+    const std::vector<std::string> names = param_names(m);
+    bool returned = false;  // a rank that returned from on_step_end: step_end_mismatch's sentence
+    for (int r = 0; r < g.size; ++r) returned |= all[size_t(r) * kCallWords + 1] == kStepEnd;
+    const std::string mismatch = step_end ? step_end_mismatch(all, g.size, names, m.step_end_step_)
+                                          : first_mismatch(all, g.size, names, g.ranks, g.label);
+    if (mismatch.empty()) return DDP_OK;
+    const std::string why = (m.debug_ && !returned ? "run.debug_collectives: " : "") + mismatch;
+    return host_guard([&] { throw Error(why, DDP_ERR_INVALID_ARGUMENT); });
+  }
+
+  static std::vector<std::string> param_names(const MeteredTransport& m) {
     std::vector<std::string> names;
     for (const ddp_param& q : m.services_.param_table) names.emplace_back(q.name);
-    const std::string mismatch = first_mismatch(all, g.size, names, g.ranks, g.label);
-    if (mismatch.empty()) return DDP_OK;
-    return host_guard([&] { throw Error("run.debug_collectives: " + mismatch, DDP_ERR_INVALID_ARGUMENT); });
+    return names;
   }
 
   // An all-gather of int64 words within `g`, through the real transport,
@@ -95,7 +109,7 @@ struct MeterCallbacks {
           const ddp_buffer s{p[0], send, DDP_FLOAT64, kind}, r{p[1], recv, DDP_FLOAT64, kind};
           return m.real_->all_gather(g.real, &s, &r, stream);
         },
-        {{mine, send * sizeof(int64_t)}, {all, recv * sizeof(int64_t)}}, m.services_.wait_limit());
+        {{mine, send * sizeof(int64_t)}, {all, recv * sizeof(int64_t)}}, m.services_.wait_limit(), &m.staged_);
   }
 
   // What the closing host function needs (the start, and for a trace the
@@ -118,6 +132,7 @@ struct MeterCallbacks {
     c.collectives += 1;
     c.bytes += static_cast<int64_t>(bytes);
     c.bus_bytes += bus;
+    if (int64_t(bytes) > c.largest) c.largest = int64_t(bytes);
     g.collectives += 1;
     g.bytes += static_cast<int64_t>(bytes);
     g.bus_bytes += bus;

@@ -22,6 +22,7 @@
 
 #include "plugin_host.h"
 #include "stream.h"
+#include "tensor.h"
 #include "trace.h"
 
 namespace ddp {
@@ -75,6 +76,17 @@ class MeteredTransport {
   // described, all-gathered and compared across the ranks of its group; a
   // disagreement fails the call, naming both sides.
   void set_debug_collectives(bool on) { debug_ = on; }
+  // Under a divergent strategy, on_step_end of `step` (from 0) is checked
+  // whatever run.debug_collectives says: while `on`, each collective the
+  // strategy issues on the world is described and compared as above, the
+  // sentence step_end_mismatch's (a group's only with the debug check on).
+  // The engine then gathers each rank's return (kStepEnd) the same way
+  // (RankPlugins::on_step_end): a rank that returned meets, in one
+  // all-gather, the description of a collective another is about to issue.
+  void set_step_end(bool on, int64_t step) {
+    step_end_ = on;
+    step_end_step_ = step;
+  }
   // A strategy built before ABI 1.4, to which reduce_scatter was never
   // NULL: where the transport has none, it gets an entry that refuses by
   // name (DDP_ERR_UNSUPPORTED) rather than NULL to call.
@@ -124,6 +136,9 @@ class MeteredTransport {
   const char* label_;
   Trace* trace_ = nullptr;
   bool debug_ = false;
+  bool step_end_ = false;     // within on_step_end of a divergent strategy (set_step_end)
+  int64_t step_end_step_ = 0;  // its step
+  std::vector<Tensor> staged_;  // the descriptions' device copies (run_staged), kept from call to call
   ddp_transport_v1_t vtable_{};
   std::deque<MeteredComm> comms_;  // the world's first; stable addresses (their handles)
   mutable std::mutex comms_mutex_;  // split and release against abort_groups, which any thread may call

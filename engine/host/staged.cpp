@@ -8,18 +8,24 @@
 namespace ddp {
 
 ddp_status run_staged(Device& device, Stream& stream, const std::function<ddp_status(void* const* ptrs)>& call,
-                      std::initializer_list<std::pair<void*, size_t>> host, std::chrono::milliseconds limit) {
+                      std::initializer_list<std::pair<void*, size_t>> host, std::chrono::milliseconds limit,
+                      std::vector<Tensor>* keep) {
   const bool staged = device.kind() != DDP_DEVICE_CPU;
-  std::vector<Tensor> copies;
+  std::vector<Tensor> own;
+  std::vector<Tensor>& copies = keep ? *keep : own;
   std::vector<void*> ptrs;
+  size_t k = 0;
   for (const auto& [ptr, bytes] : host) {
     if (!staged) {
       ptrs.push_back(ptr);
       continue;
     }
-    copies.emplace_back(device, Shape{int64_t((bytes + sizeof(float) - 1) / sizeof(float))}, MemCategory::CommBuffers);
-    device.upload(copies.back().data(), ptr, bytes);
-    ptrs.push_back(copies.back().data());
+    const int64_t floats = int64_t((bytes + sizeof(float) - 1) / sizeof(float));
+    if (copies.size() <= k) copies.emplace_back();
+    if (!copies[k].defined() || copies[k].numel() < size_t(floats))
+      copies[k] = Tensor(device, Shape{floats}, MemCategory::CommBuffers);
+    device.upload(copies[k].data(), ptr, bytes);
+    ptrs.push_back(copies[k++].data());
   }
   const ddp_status status = call(ptrs.data());
   if (status != DDP_OK) return status;

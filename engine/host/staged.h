@@ -9,11 +9,13 @@
 #include <functional>
 #include <initializer_list>
 #include <utility>
+#include <vector>
 
 #include <ddp/plugin.h>
 
 #include "device.h"
 #include "stream.h"
+#include "tensor.h"
 
 namespace ddp {
 
@@ -21,8 +23,11 @@ namespace ddp {
 // read-write), usable on `device`, on `stream`; waits up to `limit` for it
 // and copies each buffer back. Returns the call's status (nothing waited
 // for, nothing copied back, if it is not DDP_OK); throws on a stuck or
-// failed stream.
+// failed stream. With `keep`, the device copies are kept there, one per
+// entry, and reused by the next call that fits them (grown where it does
+// not): a caller of fixed sizes allocates once, not on every call.
 ddp_status run_staged(Device& device, Stream& stream, const std::function<ddp_status(void* const* ptrs)>& call,
-                      std::initializer_list<std::pair<void*, size_t>> host, std::chrono::milliseconds limit);
+                      std::initializer_list<std::pair<void*, size_t>> host, std::chrono::milliseconds limit,
+                      std::vector<Tensor>* keep = nullptr);
 
 }  // namespace ddp

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "collective_check.h"
 #include "mapped.h"
 #include "staged.h"
 #include "whereabouts.h"
@@ -129,11 +130,22 @@ void RankPlugins::on_train_end() {
 bool RankPlugins::on_step_end(const ddp_step_info& info) {
   if (!strategy_api().on_step_end) return true;
   int synced = 1;
+  // Under a divergent strategy the ranks' answers are compared every step,
+  // and what it issues in the entry before each collective (set_step_end):
+  // ranks that disagree stop here, naming the step and what each did,
+  // before their collectives can mismatch (a transport's timeout or abort).
+  const bool check = divergent() && services_.rank.world_size > 1;
+  struct StepEnd {
+    MeteredTransport& metered;
+    ~StepEnd() { metered.set_step_end(false, 0); }
+  } step_end{*metered_};  // (the check ends with the entry, however it ends)
+  metered_->set_step_end(check, info.step);
   call("on_step_end", [&] { return strategy_api().on_step_end(strategy_, &info, &synced); });
   if (synced == 0 && !divergent())
     throw Error(strategy_host_->label() + ": on_step_end said the replicas may differ after step " +
                     std::to_string(info.step + 1) + ", but its caps lack DDP_CAP_DIVERGENT (replicas that may "
                     "differ between sync points)", DDP_ERR_INTERNAL);
+  if (check) compare_step_end(info.step, synced != 0);
   return synced != 0;
 }
 
@@ -145,6 +157,25 @@ std::string RankPlugins::unreadable_on_cpu(const void* ptr, size_t count, size_t
   if (count > SIZE_MAX / size) return "its " + std::to_string(count) + " elements of " + std::to_string(size) +
                                       " bytes overflow a size";
   return unreadable(ptr, count * size);
+}
+
+// Each rank's return from on_step_end (kStepEnd), gathered as the metered
+// transport gathers a description: a rank still in the entry, about to
+// issue a collective the others do not, meets it in the same all-gather.
+void RankPlugins::compare_step_end(int64_t step, bool synced) {
+  const size_t world = size_t(services_.rank.world_size);
+  std::vector<int64_t> mine(kCallWords), all(kCallWords * world);
+  to_words(CollectiveCall{0, kStepEnd, synced ? 1 : 0, 0, step, -1}, mine.data());
+  {
+    whereabouts::Inside in(strategy_host_->label().c_str(), "on_step_end (the ranks comparing their answers)");
+    gather_words(mine.data(), all.data(), mine.size(), all.size(), DDP_FLOAT64,
+                 "all_gather of the ranks' answers to on_step_end", &step_end_staged_);
+  }
+  std::vector<std::string> names;
+  for (const ddp_param& p : services_.param_table) names.emplace_back(p.name);
+  const std::string mismatch = step_end_mismatch(all, int(world), names, step);
+  if (!mismatch.empty())
+    throw Error(strategy_host_->label() + ": on_step_end: " + mismatch, DDP_ERR_INVALID_ARGUMENT);
 }
 
 std::vector<RankPlugins::StateBuffer> RankPlugins::state() {
@@ -265,7 +296,7 @@ bool RankPlugins::stats(nlohmann::ordered_json* out) {
 }
 
 void RankPlugins::engine_collective(const Call& call, const char* what,
-                                    std::initializer_list<std::pair<void*, size_t>> host) {
+                                    std::initializer_list<std::pair<void*, size_t>> host, std::vector<Tensor>* keep) {
   Device& device = *services_.device;
   Stream& stream = device.comm_stream();
   const ddp_status status = run_staged(
@@ -273,7 +304,7 @@ void RankPlugins::engine_collective(const Call& call, const char* what,
       [&](void* const* ptrs) {
         return call(*transport_lib_->transport(), comm_, reinterpret_cast<ddp_stream>(&stream), ptrs, device.kind());
       },
-      host, services_.wait_limit());
+      host, services_.wait_limit(), keep);
   transport_host_->check(status, what);
 }
 
@@ -289,7 +320,7 @@ void RankPlugins::all_gather(const std::vector<int64_t>& mine, std::vector<int64
 }
 
 void RankPlugins::gather_words(const void* mine, void* all, size_t send, size_t recv, ddp_dtype dtype,
-                               const char* what) {
+                               const char* what, std::vector<Tensor>* keep) {
   std::vector<char> copy(static_cast<const char*>(mine), static_cast<const char*>(mine) + send * 8);  // read-write
   engine_collective(
       [send, recv, dtype](const ddp_transport_v1_t& t, ddp_comm* comm, ddp_stream s, void* const* ptrs,
@@ -298,7 +329,7 @@ void RankPlugins::gather_words(const void* mine, void* all, size_t send, size_t 
         const ddp_buffer recv_buf{ptrs[1], recv, dtype, kind};
         return t.all_gather(comm, &send_buf, &recv_buf, s);
       },
-      what, {{copy.data(), send * 8}, {all, recv * 8}});
+      what, {{copy.data(), send * 8}, {all, recv * 8}}, keep);
 }
 
 void RankPlugins::abort() {
@@ -324,6 +355,7 @@ void RankPlugins::shutdown() {
   services_.group = nullptr;
   if (metered_) metered_->release_groups();  // the groups' communicators, before the world's
   drain();
+  step_end_staged_.clear();  // device memory, as the metered transport's below
   metered_.reset();  // releases its device timestamps
   if (comm_) {
     whereabouts::Inside in(transport_host_->label().c_str(), "destroy");

@@ -35,6 +35,7 @@
 #include "metered_transport.h"
 #include "plugin_host.h"
 #include "plugin_loader.h"
+#include "tensor.h"
 #include "whereabouts.h"
 
 namespace ddp {
@@ -154,9 +155,15 @@ class RankPlugins {
   // memory only); `call` gets the pointers to use, in order.
   using Call = std::function<ddp_status(const ddp_transport_v1_t&, ddp_comm*, ddp_stream, void* const* ptrs,
                                         ddp_device_kind device)>;
-  void engine_collective(const Call& call, const char* what, std::initializer_list<std::pair<void*, size_t>> host);
+  // `keep`: run_staged's, the device copies kept for the next call.
+  void engine_collective(const Call& call, const char* what, std::initializer_list<std::pair<void*, size_t>> host,
+                         std::vector<Tensor>* keep = nullptr);
   // all_gather of 8-byte words (float64 or int64).
-  void gather_words(const void* mine, void* all, size_t send, size_t recv, ddp_dtype dtype, const char* what);
+  void gather_words(const void* mine, void* all, size_t send, size_t recv, ddp_dtype dtype, const char* what,
+                    std::vector<Tensor>* keep = nullptr);
+  // After on_step_end of a divergent strategy: the ranks' answers compared
+  // (step_end_mismatch); throws Error naming the disagreement.
+  void compare_step_end(int64_t step, bool synced);
 
   HostServices& services_;
   std::unique_ptr<LoadedPlugin> transport_lib_, strategy_lib_;
@@ -164,6 +171,7 @@ class RankPlugins {
   ddp_comm* comm_ = nullptr;
   std::unique_ptr<MeteredTransport> metered_;
   ddp_strategy* strategy_ = nullptr;
+  std::vector<Tensor> step_end_staged_;  // compare_step_end's device copies (a GPU's), kept from step to step
 };
 
 }  // namespace ddp

@@ -172,6 +172,7 @@ class RankRun {
   size_t reported_ = 0;
   std::vector<int64_t> replica_checked_after_;  // steps (from 1; 0: the end) whose replicas agreed
   bool check_due_ = false, eval_due_ = false;   // until the next sync point
+  bool weights_synced_ = true;  // the last step was a sync point: weights.safetensors holds every rank's model
   std::unique_ptr<Dataset> eval_data_;          // [eval]'s held-out rows (null: off)
   bool evaluating_ = false;
   double eval_s_ = 0;

@@ -317,6 +317,7 @@ void RankRun::write_summary(const std::vector<double>& all) {
   if (const char* choice = std::getenv("DDP_BLAS_CHOICE")) facts.blas_choice_json = choice;
   facts.replica_check_every = config_.run.check_replicas_every, facts.replica_check_s = replica_check_s_;
   facts.divergent = plugins_->divergent();
+  facts.weights_synced = weights_synced_;
   facts.eval_every = config_.eval.every, facts.eval_batches = config_.eval.batches, facts.eval_s = eval_s_;
   facts.val_losses = val_losses();
   facts.replica_checked_after = replica_checked_after_, facts.huge_pages = huge_pages_now();

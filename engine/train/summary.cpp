@@ -51,6 +51,7 @@ void add_columns(json& summary, const std::vector<StepRecord>& steps) {
   summary["collectives_before_sync_micro_batch"] = column(&StepRecord::collectives_before_sync_micro_batch);
   summary["comm_buffer_bytes"] = column(&StepRecord::comm_buffer_bytes);
   summary["device_allocations"] = column(&StepRecord::device_allocations);
+  summary["largest_collective_bytes"] = column(&StepRecord::largest_collective_bytes);
   summary["lr"] = column(&StepRecord::lr);
   summary["grad_norm"] = column(&StepRecord::grad_norm);
   summary["synced"] = column(&StepRecord::synced);
@@ -87,6 +88,12 @@ int64_t peak_resident_bytes() {
     status.ignore(1 << 16, '\n');
   }
   return -1;
+}
+
+std::string unsynced_weights_note(const std::string& strategy, int64_t steps) {
+  return "weights.safetensors holds rank 0's replica as of step " + std::to_string(steps) +
+         ", which was not a sync point: strategy plugin '" + strategy +
+         "' lets the replicas differ between sync points and did not end the run with one";
 }
 
 json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, const std::vector<RankTotals>& ranks,
@@ -131,6 +138,10 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
                                {"sync_points_only", facts.divergent},
                                {"after_steps", facts.replica_checked_after},
                                {"seconds", facts.replica_check_s}};
+  // What weights.safetensors holds: every rank's model, or (a divergent
+  // strategy's last step not a sync point) rank 0's own replica, said.
+  const json note = facts.weights_synced ? json() : json(unsynced_weights_note(facts.strategy, facts.steps));
+  summary["weights"] = {{"after_step", facts.steps}, {"sync_point", facts.weights_synced}, {"note", note}};
   summary["checkpoints"] = {{"after_steps", facts.checkpoints}, {"seconds", facts.checkpoint_s}};
   json evaluated = json::array(), val_loss = json::array();
   for (const auto& [step, loss] : facts.val_losses) {

@@ -32,6 +32,11 @@ struct StepRecord {
   int64_t collectives_before_sync_micro_batch = 0;
   int64_t comm_buffer_bytes = 0;  // current at the end of the step (a leak grows it)
   int64_t device_allocations = 0;  // device memory allocated during the step
+  // The largest collective the strategy issued so far, set-up included (its
+  // buffer bytes, as comm_bytes counts them): what a transport that stages
+  // collectives (gloo on a GPU) holds a buffer of. Where it grows after the
+  // first step, such a transport allocates there, which a CPU run hides.
+  int64_t largest_collective_bytes = 0;
   double lr = 0;                     // the scheduled learning rate ([optimizer] lr unless a schedule)
   double grad_norm = NAN;            // the averaged gradients' L2 norm before clipping; NaN (null): not measured
   bool synced = true;                // every rank holds the same parameters after it (on_step_end, 1.8)
@@ -68,6 +73,7 @@ struct RunFacts {
   // steps (from 1; 0: the end of the run), and the seconds they took.
   int64_t replica_check_every = 0;
   bool divergent = false;  // the strategy's replicas may differ between sync points: checked there only
+  bool weights_synced = true;  // the last step was a sync point (else weights.safetensors is rank 0's own replica)
   std::vector<int64_t> replica_checked_after;
   double replica_check_s = 0;
   // [eval]: eval.every, eval.batches, and the seconds the evaluations took.
@@ -109,6 +115,11 @@ struct RunFacts {
 // This process's peak resident set size so far (VmHWM of /proc/self/status),
 // in bytes; -1 where the kernel does not say.
 int64_t peak_resident_bytes();
+
+// What weights.safetensors holds where the run's last step (`steps`) was
+// not a sync point of strategy `strategy`: the sentence rank 0 prints and
+// summary.json's weights.note hold. Pure.
+std::string unsynced_weights_note(const std::string& strategy, int64_t steps);
 
 nlohmann::ordered_json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps,
                                    const std::vector<RankTotals>& ranks, const nlohmann::ordered_json* strategy_stats);

@@ -104,6 +104,9 @@ void RankRun::train() {
   const bool equal = records_.empty() ? !plugins_->divergent() : records_.back().synced;
   if (equal && (replica_checked_after_.empty() || replica_checked_after_.back() != config_.run.steps))
     check_replicas(-1);
+  weights_synced_ = equal;
+  if (!equal && env_.rank.rank == 0)
+    std::printf("note: %s\n", unsynced_weights_note(plugins_->strategy_name(), config_.run.steps).c_str());
   {
     whereabouts::Inside in(nullptr, "waiting for the last collectives");
     device_->comm_stream().synchronize();
@@ -122,16 +125,6 @@ void RankRun::train() {
 void RankRun::after_step(int64_t step) {
   const int64_t done = step + 1, steps = config_.run.steps;
   const bool synced = records_.back().synced;
-  if (config_.run.debug_collectives && plugins_->divergent()) {  // the checks below are collectives
-    std::vector<int64_t> all(size_t(env_.rank.world_size));
-    plugins_->all_gather(std::vector<int64_t>{synced ? 1 : 0}, all);
-    for (int r = 1; r < env_.rank.world_size; ++r)
-      if (all[size_t(r)] != all[0])
-        throw Error(std::string("run.debug_collectives: strategy plugin '") + plugins_->strategy_name() +
-                    "' says step " + std::to_string(done) + " is " + (all[0] ? "" : "not ") + "a sync point on rank 0 "
-                    "and is " + (all[size_t(r)] ? "" : "not ") + "on rank " + std::to_string(r) +
-                    ": every rank must answer on_step_end alike");
-  }
   eval_due_ |= eval_data_ && (done % config_.eval.every == 0 || done == steps);
   if (eval_due_ && synced) {
     records_.back().val_loss = evaluate();
@@ -210,6 +203,7 @@ StepRecord RankRun::train_step(int64_t step) {
   rec.bus_bytes = c.bus_bytes - before.bus_bytes;
   rec.comm_buffer_bytes = int64_t(device_->memory().current(MemCategory::CommBuffers));
   rec.device_allocations = device_->memory().allocations() - before.allocations;
+  rec.largest_collective_bytes = c.largest;
   return rec;
 }
 

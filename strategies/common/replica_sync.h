@@ -48,11 +48,13 @@ inline int64_t period_key(const plugin::Host& host, const char* strategy) {
   return period;
 }
 
-// Averages `spans` over ranks in one all-reduce, after what compute has
-// enqueued so far: where they lie back to back, in place; otherwise copied
-// into `staging` (room for them all), averaged there and copied back.
-// Blocking. The same spans on every rank, in the same order.
-inline void average_spans(const StrategyBase& s, const std::vector<Span>& spans, float* staging) {
+// Runs `collective` (given the buffer, on the comm stream) over `spans`
+// as one buffer, after what compute has enqueued so far: where they lie
+// back to back, in place; otherwise copied into `staging` (room for them
+// all), through it and copied back. Blocking. The same spans on every
+// rank, in the same order.
+template <typename Collective>
+void over_spans(const StrategyBase& s, const std::vector<Span>& spans, float* staging, Collective&& collective) {
   size_t total = 0;
   bool packed = true;
   for (const Span& span : spans) {
@@ -63,7 +65,7 @@ inline void average_spans(const StrategyBase& s, const std::vector<Span>& spans,
   const plugin::Host& h = s.host;
   if (packed) {
     s.comm_after_compute();
-    s.comm.all_reduce(h.floats(spans.front().ptr, total), DDP_REDUCE_AVG, h.comm_stream());
+    collective(h.floats(spans.front().ptr, total));
     s.wait_comm();
     return;
   }
@@ -73,7 +75,7 @@ inline void average_spans(const StrategyBase& s, const std::vector<Span>& spans,
     at += span.count;
   }
   s.comm_after_compute();
-  s.comm.all_reduce(h.floats(staging, total), DDP_REDUCE_AVG, h.comm_stream());
+  collective(h.floats(staging, total));
   at = 0;
   for (const Span& span : spans) {
     h.copy(span.ptr, staging + at, span.count * sizeof(float), h.comm_stream());
@@ -81,6 +83,26 @@ inline void average_spans(const StrategyBase& s, const std::vector<Span>& spans,
   }
   s.wait_comm();
 }
+
+// Averages `spans` over ranks in one all-reduce (over_spans).
+inline void average_spans(const StrategyBase& s, const std::vector<Span>& spans, float* staging) {
+  over_spans(s, spans, staging, [&](const ddp_buffer& buf) {
+    s.comm.all_reduce(buf, DDP_REDUCE_AVG, s.host.comm_stream());
+  });
+}
+
+// Rank 0's values of `spans` on every rank, in one broadcast (over_spans).
+// At set-up, over the whole model: the largest collective the strategy
+// issues, so a transport that stages collectives (gloo on a GPU) sizes its
+// buffers there, not at the first sync point.
+inline void broadcast_spans(const StrategyBase& s, const std::vector<Span>& spans, float* staging) {
+  over_spans(s, spans, staging, [&](const ddp_buffer& buf) { s.comm.broadcast(buf, 0, s.host.comm_stream()); });
+}
+
+// Whether step `info` is the run's last: a strategy whose replicas differ
+// between sync points ends the run with one, so that weights.safetensors
+// (rank 0's) is every rank's model.
+inline bool last_step(const ddp_step_info* info) { return info->step + 1 == info->total_steps; }
 
 // The trainable gradients in reverse table order (as the engine packs
 // them: then in place), to average as DDP does.

@@ -7,7 +7,8 @@
 // outer_lr, momentum = outer_momentum, nesterov = True) would:
 //   b ← μ·b + Δ;   θ_global ← θ_global − lr·Δ − lr·μ·b;   θ_local ← θ_global
 // on every trainable parameter (a frozen one is averaged: θ_global − Δ).
-// That is a sync point; between them the replicas differ on purpose
+// That is a sync point, as is the run's last step (an outer step on the
+// inner steps since the one before); between them the replicas differ on purpose
 // (DDP_CAP_DIVERGENT). θ_global and b (kept where μ > 0) are the outer
 // optimizer's state, a copy of the model each. Keys: period (required),
 // outer_lr (default 0.7), outer_momentum (default 0.9), the paper's.
@@ -67,10 +68,12 @@ ddp_status diloco_create(const ddp_host* host, const ddp_transport_v1_t* transpo
   });
 }
 
-// Rank 0's parameters everywhere, and θ_global = them.
+// Rank 0's parameters everywhere, in one broadcast of the whole model
+// through staging (everything a sync point needs is made here, the
+// transport's buffers where it stages collectives included), and
+// θ_global = them.
 ddp_status diloco_on_train_begin(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
-    s->broadcast_params_from_rank0();
     const Host& h = s->host;
     s->slots = ddp::strategy::model_slots(h);
     const size_t bytes = s->slots.total * sizeof(float);
@@ -78,6 +81,8 @@ ddp_status diloco_on_train_begin(ddp_strategy* s) {
     s->global = DeviceBuffer(h.raw(), bytes, DDP_MEM_OPTIMIZER_STATE);
     if (s->outer_momentum > 0) s->momentum = DeviceBuffer(h.raw(), bytes, DDP_MEM_OPTIMIZER_STATE);
     s->staging = DeviceBuffer(h.raw(), bytes, DDP_MEM_COMM_BUFFERS);
+    const std::vector<bool> every(h.param_count(), true);
+    ddp::strategy::broadcast_spans(*s, ddp::strategy::values_of(h, every), s->staging.floats());
     s->state = {{"global", s->global.get(), s->slots.total}};
     if (s->momentum.get()) s->state.push_back({"momentum", s->momentum.get(), s->slots.total});
     for (size_t i = 0; i < h.param_count(); ++i) {
@@ -131,9 +136,13 @@ void outer_step(ddp_strategy* s, size_t i) {
   h.copy(p.data, global.ptr, p.numel * sizeof(float), c);
 }
 
+// An outer step after every `period` inner steps, and after the last step
+// of the run (on the inner steps since the one before, fewer than `period`
+// where the period does not divide the steps): the model the run writes is
+// θ_global.
 ddp_status diloco_on_step_end(ddp_strategy* s, const ddp_step_info* info, int* synced) {
   return guard(s->host.raw(), [&] {
-    *synced = (info->step + 1) % s->period == 0;
+    *synced = (info->step + 1) % s->period == 0 || ddp::strategy::last_step(info);
     if (!*synced || s->slots.total == 0) return;
     average_pseudo_gradient(s);
     for (size_t i = 0; i < s->host.param_count(); ++i) outer_step(s, i);

@@ -5,7 +5,8 @@
 // engine packed them). From then on each rank steps on its own gradients,
 // and after every `period` such steps (on_step_end) the values of every
 // trainable parameter are averaged over ranks in one all-reduce: a sync
-// point. Between
+// point; the run's last step is one too, so that the model it writes is
+// the average. Between
 // sync points the replicas differ on purpose (DDP_CAP_DIVERGENT): the
 // engine checks them at sync points only. Keys: period (required, >= 1),
 // warmup_steps (default 0).
@@ -64,11 +65,15 @@ ddp_status localsgd_create(const ddp_host* host, const ddp_transport_v1_t* trans
   });
 }
 
+// Rank 0's parameters everywhere, in one broadcast of the whole model
+// through staging: everything a sync point needs is made here, the
+// transport's buffers (where it stages collectives) included.
 ddp_status localsgd_on_train_begin(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
-    s->broadcast_params_from_rank0();
     const size_t total = ddp::strategy::model_slots(s->host).total;
     if (total > 0) s->staging = DeviceBuffer(s->host.raw(), total * sizeof(float), DDP_MEM_COMM_BUFFERS);
+    const std::vector<bool> every(s->host.param_count(), true);
+    ddp::strategy::broadcast_spans(*s, ddp::strategy::values_of(s->host, every), s->staging.floats());
   });
 }
 
@@ -85,10 +90,12 @@ ddp_status localsgd_finish(ddp_strategy* s) {
   });
 }
 
+// A sync point after every `period` local steps, and after the last step
+// of the run (weights.safetensors is then every rank's model).
 ddp_status localsgd_on_step_end(ddp_strategy* s, const ddp_step_info* info, int* synced) {
   return guard(s->host.raw(), [&] {
     *synced = info->step < s->warmup_steps;  // DDP's steps leave equal replicas
-    if (!averages_after(s, info->step)) return;
+    if (*synced || !(averages_after(s, info->step) || ddp::strategy::last_step(info))) return;
     // The trainable parameters: a frozen one is equal on every rank (and
     // was since the last average: a run only ever unfreezes), and an
     // average (x + x + x) / 3 could move it.

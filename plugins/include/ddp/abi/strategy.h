@@ -91,9 +91,14 @@
  *                   batch's info: the strategy may communicate (local SGD
  *                   averages, DiLoCo's outer step) and sets *synced = 1 if
  *                   every rank holds the same parameters now (a sync
- *                   point), the same answer on every rank. Only a strategy
- *                   with DDP_CAP_DIVERGENT may answer 0; the engine's checks
- *                   of the replicas then run at sync points only. Blocking.
+ *                   point), the same answer on every rank (the engine
+ *                   compares the answers after every step, and the
+ *                   collectives issued here before each runs: ranks that
+ *                   disagree stop the run). Only a strategy with
+ *                   DDP_CAP_DIVERGENT may answer 0; the engine's checks
+ *                   of the replicas then run at sync points only. Make
+ *                   the run's last step (total_steps) a sync point:
+ *                   weights.safetensors is rank 0's. Blocking.
  *
  * BETWEEN STEPS, every rank at the same point
  *   unit_values     (required with DDP_CAP_OWNS_PARAMETERS) the whole
