@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/wait.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -73,40 +74,60 @@ json read_cache() {
 // is stopped, and the run with it.
 const char* stop_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP"; }
 
+// The stop signal that came while a probe ran (0: none). A handler, not a
+// blocked mask: a signal sent to the process may land on any of its
+// threads (OpenBLAS's own among them), and a thread that does not block it
+// would take the default action, the launcher's silent death.
+volatile sig_atomic_t g_stop = 0;
+void on_stop(int sig) { g_stop = sig; }
+
+// SIGINT, SIGTERM and SIGHUP caught for the scope's life, then as before.
+struct StopSignals {
+  struct sigaction old[3]{};
+  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+  StopSignals() {
+    g_stop = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop;
+    sigemptyset(&sa.sa_mask);
+    for (int k = 0; k < 3; ++k) sigaction(kSignals[k], &sa, &old[k]);
+  }
+  ~StopSignals() {
+    for (int k = 0; k < 3; ++k) sigaction(kSignals[k], &old[k], nullptr);
+  }
+};
+
 // One candidate's probe in a child process of its own process group: its
 // standard output, or nullopt where it failed, died or ran past 120 s.
-// SIGINT, SIGTERM and SIGHUP are held while it runs; one that comes stops
+// SIGINT, SIGTERM and SIGHUP are caught while it runs; one that comes stops
 // the probe and throws, naming it.
 std::optional<std::string> run_child(const std::string& exe, const std::vector<std::string>& args,
                                      const std::string& kernel) {
-  sigset_t stop, old;
-  sigemptyset(&stop);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop, sig);
   int out[2];
   if (pipe2(out, O_CLOEXEC) != 0) return std::nullopt;
-  pthread_sigmask(SIG_BLOCK, &stop, &old);
+  const StopSignals caught;
   std::vector<char*> argv{const_cast<char*>(exe.c_str())};
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   const pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed outright takes its probe with it
     const int null = open("/dev/null", O_WRONLY);
-    dup2(out[1], 1), dup2(null, 2);
+    dup2(out[1], 1);
+    dup2(null, 2);
     if (kernel == "default") unsetenv("OPENBLAS_CORETYPE");
     else setenv("OPENBLAS_CORETYPE", kernel.c_str(), 1);
-    execv(exe.c_str(), argv.data());
+    execv(exe.c_str(), argv.data());  // (exec restores the caught signals' default actions)
     _exit(127);
   }
+  if (pid > 0) setpgid(pid, pid);  // either side may set it first
   close(out[1]);
   std::string text;
-  int sig = 0;
   bool late = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (pid > 0) {
-    const timespec none{0, 0};
-    if ((sig = sigtimedwait(&stop, nullptr, &none)) > 0 || (late = std::chrono::steady_clock::now() > deadline)) break;
+    if (g_stop != 0 || (late = std::chrono::steady_clock::now() > deadline)) break;
     pollfd p{out[0], POLLIN, 0};
     if (poll(&p, 1, 100) <= 0) continue;
     char buf[4096];
@@ -114,11 +135,16 @@ std::optional<std::string> run_child(const std::string& exe, const std::vector<s
     if (n == 0 || (n < 0 && errno != EINTR)) break;
     if (n > 0) text.append(buf, size_t(n));
   }
+  const int sig = g_stop;
   int status = 0;
-  if (pid > 0 && (sig > 0 || late)) kill(-pid, SIGKILL), kill(pid, SIGKILL);
-  if (pid > 0) waitpid(pid, &status, 0);
+  if (pid > 0 && (sig > 0 || late)) {
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
+  }
+  if (pid > 0)
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
   close(out[0]);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (sig > 0)
     throw Error(std::string("interrupted by ") + stop_name(sig) + " while choosing the BLAS kernel: the probe of " +
                 kernel + " was stopped, and no rank started", DDP_ERR_INTERNAL);

@@ -45,7 +45,7 @@ char g_alt_stack[64 * 1024];
 
 // Appends to a fixed buffer, async-signal-safe.
 struct Record {
-  char text[1024];
+  char text[4096];
   size_t size = 0;
   void add(const char* s) {
     while (s && *s && size < sizeof text) text[size++] = *s++;
@@ -95,9 +95,16 @@ void on_fatal_signal(int sig) {
   raise(sig);
 }
 
+// "H<ms>": how long the child has been in its current entry (a plan loop
+// that calls an entry many times is not an entry that never returned).
 void on_timer(int) {
   Record r;
   r.add("H");
+  const whereabouts::Stage stage = whereabouts::training_stage();
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const int64_t now_ns = int64_t(now.tv_sec) * 1000000000 + now.tv_nsec;
+  r.add_int(long(stage.entry && stage.since_ns > 0 ? (now_ns - stage.since_ns) / 1000000 : -1));
   r.add_where();
   r.send();
   _exit(124);
@@ -127,6 +134,7 @@ void send_all(const std::string& text) {
   g_fd = fd;
   g_deadline = Clock::now() + bound;
   prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed meanwhile takes its check with it
+  setpgid(0, 0);  // a group of its own: what plugin code forks is killed with it
   whereabouts::bind_training_thread();
   stack_t ss{};
   ss.ss_sp = g_alt_stack;
@@ -182,7 +190,7 @@ const char* signal_name(int sig) {
 
 std::string seconds_text(double s) {
   char out[32];
-  std::snprintf(out, sizeof out, "%.3g s", s);
+  std::snprintf(out, sizeof out, s >= 100 ? "%.0f s" : "%.3g s", s);
   return out;
 }
 
@@ -193,29 +201,39 @@ struct Outcome {
   bool timed_out = false;
 };
 
+// Reads what the child sends until it has ended (not until the pipe
+// closes: what plugin code forked may hold it open, or close it early);
+// past the bound and the grace, kills its process group.
 Outcome wait_for(pid_t pid, int fd, std::chrono::milliseconds bound) {
   Outcome o;
   const Clock::time_point give_up = Clock::now() + bound + kKillGrace;
   char buffer[65536];
-  for (;;) {
+  bool ended = false, open = true;
+  while (!ended) {
+    ended = waitpid(pid, &o.status, WNOHANG) == pid;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(give_up - Clock::now());
-    if (left.count() <= 0) {
+    if (!ended && left.count() <= 0) {
+      kill(-pid, SIGKILL);
       kill(pid, SIGKILL);
       o.timed_out = true;
-      break;
+      while (waitpid(pid, &o.status, 0) < 0 && errno == EINTR) {
+      }
+      ended = true;
     }
+    // What the pipe holds now (all of it once the child has ended).
     pollfd p{fd, POLLIN, 0};
-    const int ready = poll(&p, 1, int(std::min<int64_t>(left.count(), 1000)));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) continue;
-    const ssize_t n = read(fd, buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    o.report.append(buffer, size_t(n));
+    while (open && poll(&p, 1, ended ? 0 : int(std::min<int64_t>(std::max<int64_t>(left.count(), 0), 50))) > 0) {
+      const ssize_t n = read(fd, buffer, sizeof buffer);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        open = false;
+        break;
+      }
+      o.report.append(buffer, size_t(n));
+    }
   }
   close(fd);
-  while (waitpid(pid, &o.status, 0) < 0 && errno == EINTR) {
-  }
+  kill(-pid, SIGKILL);  // what it forked, if any is left
   return o;
 }
 
@@ -251,6 +269,12 @@ std::string isolated_ending(const std::string& report, int wait_status, bool tim
   }
   if (kind == 'H' || timed_out) {
     if (w.entry.empty()) return who + " did not finish within " + seconds_text(bound_s);
+    // An entry entered late in the bound did not hang: the work around it
+    // (a plan of many ranks calling it again and again) did not end.
+    const double in_entry_s = kind == 'H' ? std::atof(report.c_str() + 1) / 1000 : -1;
+    if (in_entry_s >= 0 && 2 * in_entry_s < bound_s)
+      return "the check did not finish within " + seconds_text(bound_s) + " (it was in " + w.entry + " of " + who +
+             ", entered " + seconds_text(in_entry_s) + " before)";
     return who + " did not return from " + w.entry + " within " + seconds_text(bound_s);
   }
   if (WIFSIGNALED(wait_status)) {
@@ -268,7 +292,7 @@ std::chrono::milliseconds isolated_time_left() {
 
 std::string run_isolated(const std::string& what, std::chrono::milliseconds bound,
                          const std::function<std::string()>& body) {
-  bound = std::min(bound, isolated_time_left());  // inside a child: within what is left of its bound
+  bound = std::min(std::max(bound, std::chrono::milliseconds(1)), isolated_time_left());  // within a parent's
   if (bound.count() <= 0) {
     const std::string none = "no time was left for it within the bound of the check it is part of";
     throw Error(what.empty() ? none : what + ": " + none);
@@ -288,8 +312,8 @@ std::string run_isolated(const std::string& what, std::chrono::milliseconds boun
   }
   close(fds[1]);
   const Outcome o = wait_for(pid, fds[0], bound);
-  if (!o.timed_out && !o.report.empty() && o.report[0] == 'R') return o.report.substr(1);
-  if (!o.timed_out && !o.report.empty() && o.report[0] == 'E') {
+  if (!o.report.empty() && o.report[0] == 'R' && !o.timed_out) return o.report.substr(1);
+  if (!o.report.empty() && o.report[0] == 'E' && !o.timed_out) {
     const size_t nl = o.report.find('\n');
     const auto status = ddp_status(std::atoi(o.report.c_str() + 1));
     throw Error(nl == std::string::npos ? what : o.report.substr(nl + 1), status);

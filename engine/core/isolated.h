@@ -11,6 +11,8 @@
 //   "<what>: <plugin> called exit(0) in <entry>"
 //   "<what>: <plugin> crashed in <entry> (SIGSEGV)"
 //   "<what>: <plugin> did not return from <entry> within 30 s"
+//   "<what>: the check did not finish within 30 s (it was in <entry> of
+//    <plugin>, entered 0.2 s before)"   (an entry called again and again)
 //   "<what>: the check was killed by signal 9 (SIGKILL)"
 // A call inside an isolated child is bounded by what is left of its
 // parent's bound, less a second for the parent to report.
@@ -34,8 +36,8 @@ std::chrono::milliseconds isolated_time_left();
 
 // How a child ended, from what it reported and its wait status, as the
 // sentence run_isolated's Error gives after "<what>: ". `report` is the
-// child's last record ("X<code>", "C<signal>", "H"; each then
-// "\t<plugin>\t<entry>"; "" for none); `timed_out`: the parent killed it
+// child's last record ("X<code>", "C<signal>", "H<ms in its entry, or -1>";
+// each then "\t<plugin>\t<entry>"; "" for none); `timed_out`: the parent killed it
 // past its bound. Pure.
 std::string isolated_ending(const std::string& report, int wait_status, bool timed_out, double bound_s);
 

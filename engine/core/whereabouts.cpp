@@ -1,6 +1,9 @@
 // whereabouts.cpp — see whereabouts.h.
 #include "whereabouts.h"
 
+#include <mutex>
+#include <set>
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -115,6 +118,15 @@ Inside::~Inside() {
 
 const char* plugin() { return t_plugin; }
 const char* entry() { return t_entry; }
+const char* intern(const std::string& label) {
+  // Never freed, not even by exit(): a label outlives every scope, and
+  // the exit handlers that report an exit() read it (isolated.h).
+  static auto* const mutex = new std::mutex;
+  static auto* const kept = new std::set<std::string>;
+  const std::lock_guard<std::mutex> hold(*mutex);
+  return kept->insert(label).first->c_str();
+}
+
 const char* left_plugin() { return t_left_plugin; }
 const char* left_entry() { return t_left_entry; }
 

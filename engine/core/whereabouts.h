@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <string>
 
 namespace ddp::whereabouts {
 
@@ -57,6 +58,10 @@ const char* plugin();
 const char* entry();
 // The plugin entry the calling thread last left, by a return or by an
 // exception passing through its scope (nullptr: none yet).
+// A copy of `label` kept for the life of the process, for an Inside scope
+// whose label is made on the fly (left_plugin() may name it after the
+// scope, and its maker, have gone).
+const char* intern(const std::string& label);
 const char* left_plugin();
 const char* left_entry();
 

@@ -132,7 +132,9 @@ struct MeterCallbacks {
     c.collectives += 1;
     c.bytes += static_cast<int64_t>(bytes);
     c.bus_bytes += bus;
-    if (int64_t(bytes) > c.largest) c.largest = int64_t(bytes);
+    int64_t largest = c.largest.load();  // a maximum two streams may raise at once
+    while (int64_t(bytes) > largest && !c.largest.compare_exchange_weak(largest, int64_t(bytes))) {
+    }
     g.collectives += 1;
     g.bytes += static_cast<int64_t>(bytes);
     g.bus_bytes += bus;

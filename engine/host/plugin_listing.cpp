@@ -74,8 +74,10 @@ std::vector<PluginInfo> describe_plugins(PluginKind kind, const std::string& sea
       const std::string text =  // its constructors and descriptor, bounded (isolated.h names the plugin)
           run_isolated("", bound, [&] { return to_json(describe_loaded(kind, name, search_path)).dump(); });
       from_json(nlohmann::json::parse(text), info);
-    } catch (const Error& e) {  // its code exited, crashed or hung
-      info.refusal = e.what();
+    } catch (const Error& e) {  // its code exited, crashed or hung (or no time was left for it)
+      const std::string said = e.what();
+      const std::string named = std::string(to_string(kind)) + " plugin '" + info.path + "'";
+      info.refusal = said.find(info.path) == std::string::npos ? named + ": " + said : said;
       info.misbehaved = true;
     }
     out.push_back(std::move(info));

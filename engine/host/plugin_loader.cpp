@@ -315,7 +315,7 @@ std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& na
   if (!regular(path)) refusal.fail("not a regular file (" + file_type_name(path) + ")");
   // Where a constructor or a descriptor that misbehaves is found
   // (whereabouts.h: the crash handler, the watchdog, isolated.h).
-  const std::string label = std::string(to_string(kind)) + " plugin '" + path + "'";
+  const char* const label = whereabouts::intern(std::string(to_string(kind)) + " plugin '" + path + "'");
 
   std::unique_ptr<LoadedPlugin> plugin(new LoadedPlugin());
   plugin->path_ = path;
@@ -325,14 +325,14 @@ std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& na
   try {
     // Absolute, so that a bare "libfoo.so" is not searched for on the
     // library path; local, so that plugins cannot see each other's symbols.
-    const whereabouts::Inside in(label.c_str(), "its constructors (dlopen)");
+    const whereabouts::Inside in(label, "its constructors (dlopen)");
     lib.load(fs::absolute(path),
              boost::dll::load_mode::rtld_lazy | boost::dll::load_mode::rtld_local);
   } catch (const boost::system::system_error& e) {
     refusal.fail(dlerror_text(e.what()));
   }
 
-  const whereabouts::Inside in(label.c_str(), "its descriptor");
+  const whereabouts::Inside in(label, "its descriptor");
   const char* own = entry_symbol(kind);
   const std::string newest = newest_entry(lib, kind);
   if (newest.empty()) {
@@ -372,8 +372,9 @@ std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& na
 }
 
 std::optional<std::vector<PluginKey>> declared_keys(const LoadedPlugin& plugin) {
-  const std::string label = std::string(plugin.strategy() ? "strategy" : "transport") + " plugin '" + plugin.path() + "'";
-  const whereabouts::Inside in(label.c_str(), "its descriptor's keys");
+  const char* const label =
+      whereabouts::intern(std::string(plugin.strategy() ? "strategy" : "transport") + " plugin '" + plugin.path() + "'");
+  const whereabouts::Inside in(label, "its descriptor's keys");
   const ddp_key* keys = plugin.strategy() ? plugin.strategy()->keys : plugin.transport() ? plugin.transport()->keys : nullptr;
   if (!keys) return std::nullopt;
   std::vector<PluginKey> out;

@@ -51,16 +51,16 @@ plan::RunPlan plan_config(const Config& c, const Footprint& model, bool check_ke
   run.clips = c.optimizer.clip_grad_norm > 0;
   std::vector<plan::RankParts> parts;
   // Where a plan entry that exits, crashes or hangs is (isolated.h).
-  const std::string strategy_label = "strategy plugin '" + strategy->path() + "'";
-  const std::string transport_label = "transport plugin '" + transport->path() + "'";
+  const char* const strategy_label = whereabouts::intern("strategy plugin '" + strategy->path() + "'");
+  const char* const transport_label = whereabouts::intern("transport plugin '" + transport->path() + "'");
   for (int r = 0; r < c.run.world_size; ++r) {
     plan::RankParts p;
     try {
       {
-        const whereabouts::Inside in(strategy_label.c_str(), "plan");
+        const whereabouts::Inside in(strategy_label, "plan");
         p.strategy = plan::plan_strategy(*strategy->strategy(), *transport->transport(), c.strategy, run, r);
       }
-      const whereabouts::Inside in(transport_label.c_str(), "plan");
+      const whereabouts::Inside in(transport_label, "plan");
       p.transport = plan::plan_transport(*transport->transport(), c.transport, run, r, p.strategy.collectives,
                                          p.strategy.groups);
     } catch (const Error& e) {  // the plugin's words, in the config's file

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -45,7 +46,13 @@ std::string gb(int64_t bytes) {
   return out;
 }
 
-int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+// a + b, or INT64_MAX where that overflows: a plan of a million ranks of
+// 2^50 bytes each needs "more than there is", never a wrapped sum.
+int64_t add_or_most(int64_t a, int64_t b) {
+  int64_t out = 0;
+  return __builtin_add_overflow(a, b, &out) ? std::numeric_limits<int64_t>::max() : out;
+}
+int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}, add_or_most); }
 
 plan::RunPlan plan_of(const Config& c, bool check_keys = true) {
   try {
@@ -223,15 +230,15 @@ int64_t peak_bytes(const plan::RankMemory& m) {
 std::string rank_limit_shortfall(const std::vector<int64_t>& peaks, const HostMemory& host) {
   if (host.rank_limit < 0 || peaks.empty()) return "";
   const int64_t most = *std::max_element(peaks.begin(), peaks.end());
-  if (most + host.rank_baseline <= host.rank_limit) return "";
-  return "needs " + gb(most + host.rank_baseline) + " a rank (" + gb(most) + " planned + " + gb(host.rank_baseline) +
+  if (add_or_most(most, host.rank_baseline) <= host.rank_limit) return "";
+  return "needs " + gb(add_or_most(most, host.rank_baseline)) + " a rank (" + gb(most) + " planned + " + gb(host.rank_baseline) +
          " a rank's process maps before its run's memory: libraries, thread stacks, BLAS buffers), more than " +
          host.rank_limit_source + " allows each process (" + gb(host.rank_limit) + ")";
 }
 
 std::string fit_shortfall(const std::vector<int64_t>& peaks, const HostMemory& host) {
   if (std::string over = rank_limit_shortfall(peaks, host); !over.empty()) return over;
-  const int64_t need = sum(peaks) + int64_t(peaks.size()) * host.rank_resident;
+  const int64_t need = add_or_most(sum(peaks), int64_t(peaks.size()) * host.rank_resident);
   if (host.bytes < 0 || need <= host.bytes || peaks.empty()) return "";
   const int64_t most = *std::max_element(peaks.begin(), peaks.end()) + host.rank_resident;
   const bool same = std::all_of(peaks.begin(), peaks.end(), [&](int64_t p) { return p + host.rank_resident == most; });
@@ -241,7 +248,9 @@ std::string fit_shortfall(const std::vector<int64_t>& peaks, const HostMemory& h
 }
 
 std::string world_shortfall(int64_t world, const HostMemory& host) {
-  const std::string shortfall = fit_shortfall(std::vector<int64_t>(size_t(std::max<int64_t>(world, 0)), 0), host);
+  HostMemory whole = host;  // the host's memory alone: a limit on each process is the plan's check, not the world's
+  whole.rank_limit = -1;
+  const std::string shortfall = fit_shortfall(std::vector<int64_t>(size_t(std::max<int64_t>(world, 0)), 0), whole);
   return shortfall.empty() ? "" : std::to_string(world) + " ranks do not fit this host's memory: the run " + shortfall;
 }
 
