@@ -24,6 +24,7 @@
 #include <sstream>
 
 #include "atomic_file.h"
+#include "signal_name.h"
 #include "error.h"
 #include "layers.h"
 
@@ -72,8 +73,6 @@ json read_cache() {
 
 // The stop signals that reached this process while a probe ran: the probe
 // is stopped, and the run with it.
-const char* stop_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP"; }
-
 // The stop signal that came while a probe ran (0: none). A handler, not a
 // blocked mask: a signal sent to the process may land on any of its
 // threads (OpenBLAS's own among them), and a thread that does not block it
@@ -146,7 +145,7 @@ std::optional<std::string> run_child(const std::string& exe, const std::vector<s
     }
   close(out[0]);
   if (sig > 0)
-    throw Error(std::string("interrupted by ") + stop_name(sig) + " while choosing the BLAS kernel: the probe of " +
+    throw Error(std::string("interrupted by ") + signal_name(sig) + " while choosing the BLAS kernel: the probe of " +
                 kernel + " was stopped, and no rank started", DDP_ERR_INTERNAL);
   if (pid <= 0 || late || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
   return text;

@@ -26,6 +26,7 @@
 #include <new>
 
 #include "error.h"
+#include "signal_name.h"
 #include "whereabouts.h"
 
 namespace ddp {
@@ -170,22 +171,6 @@ void send_all(const std::string& text) {
   send_all(out);
   std::fflush(nullptr);
   _exit(0);
-}
-
-const char* signal_name(int sig) {
-  switch (sig) {
-    case SIGSEGV: return "SIGSEGV";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGILL: return "SIGILL";
-    case SIGABRT: return "SIGABRT";
-    case SIGSYS: return "SIGSYS";
-    case SIGTRAP: return "SIGTRAP";
-    case SIGKILL: return "SIGKILL";
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-  }
-  return "a signal";
 }
 
 std::string seconds_text(double s) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <initializer_list>
 
+#include "signal_name.h"
 #include "whereabouts.h"
 
 namespace ddp {
@@ -50,17 +51,6 @@ struct Line {
     }
   }
 };
-
-const char* signal_name(int sig) {
-  switch (sig) {
-    case SIGSEGV: return "SIGSEGV";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGILL: return "SIGILL";
-    case SIGABRT: return "SIGABRT";
-  }
-  return "a signal";
-}
 
 // "<plugin> crashed in <entry>", "crashed in the engine (<what it was
 // doing>)", "crashed in the engine", or, on a thread no plugin entry or host
