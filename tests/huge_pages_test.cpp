@@ -8,20 +8,26 @@
 namespace ddp {
 namespace {
 
-TEST(HugePagesTunable, AddedWhereUnsetKeepingTheOtherTunables) {
-  EXPECT_EQ(with_huge_pages_tunable(nullptr, nullptr), "glibc.malloc.hugetlb=1");
-  EXPECT_EQ(with_huge_pages_tunable("", nullptr), "glibc.malloc.hugetlb=1");
+TEST(HugePagesTunable, OffUnlessAskedFor) {
+  EXPECT_EQ(with_huge_pages_tunable(nullptr, nullptr), std::nullopt);
+  EXPECT_EQ(with_huge_pages_tunable("glibc.malloc.arena_max=2", nullptr), std::nullopt);
+  EXPECT_EQ(with_huge_pages_tunable(nullptr, "0"), std::nullopt);
+  EXPECT_EQ(with_huge_pages_tunable(nullptr, ""), std::nullopt);
+  EXPECT_EQ(with_huge_pages_tunable(nullptr, "yes"), std::nullopt);
+}
+
+TEST(HugePagesTunable, AddedWhereAskedForKeepingTheOtherTunables) {
+  EXPECT_EQ(with_huge_pages_tunable(nullptr, "1"), "glibc.malloc.hugetlb=1");
+  EXPECT_EQ(with_huge_pages_tunable("", "1"), "glibc.malloc.hugetlb=1");
   EXPECT_EQ(with_huge_pages_tunable("glibc.malloc.arena_max=2", "1"),
             "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1");
-  EXPECT_EQ(with_huge_pages_tunable("glibc.malloc.hugetlbx=3", nullptr),
+  EXPECT_EQ(with_huge_pages_tunable("glibc.malloc.hugetlbx=3", "1"),
             "glibc.malloc.hugetlbx=3:glibc.malloc.hugetlb=1");
 }
 
-TEST(HugePagesTunable, AUsersSettingAndTheOptOutAreKept) {
-  EXPECT_EQ(with_huge_pages_tunable("glibc.malloc.hugetlb=0", nullptr), std::nullopt);
-  EXPECT_EQ(with_huge_pages_tunable("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=2", nullptr), std::nullopt);
-  EXPECT_EQ(with_huge_pages_tunable(nullptr, "0"), std::nullopt);
-  EXPECT_EQ(with_huge_pages_tunable("glibc.malloc.arena_max=2", "0"), std::nullopt);
+TEST(HugePagesTunable, AUsersSettingIsKept) {
+  EXPECT_EQ(with_huge_pages_tunable("glibc.malloc.hugetlb=0", "1"), std::nullopt);
+  EXPECT_EQ(with_huge_pages_tunable("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=2", "1"), std::nullopt);
 }
 
 TEST(HugePagesTunable, NotWhereTheVariableWouldOutgrowWhatExecveTakes) {
@@ -29,9 +35,9 @@ TEST(HugePagesTunable, NotWhereTheVariableWouldOutgrowWhatExecveTakes) {
   // included: "GLIBC_TUNABLES=" + the value + NUL.
   const std::string suffix = ":glibc.malloc.hugetlb=1";
   const std::string fits(131072 - 15 - 1 - suffix.size(), 'x');
-  EXPECT_EQ(with_huge_pages_tunable(fits.c_str(), nullptr), fits + suffix);
+  EXPECT_EQ(with_huge_pages_tunable(fits.c_str(), "1"), fits + suffix);
   const std::string too_long = fits + "x";
-  EXPECT_EQ(with_huge_pages_tunable(too_long.c_str(), nullptr), std::nullopt);
+  EXPECT_EQ(with_huge_pages_tunable(too_long.c_str(), "1"), std::nullopt);
 }
 
 TEST(HugePagesTunable, TheValueIsTheLastOneGiven) {

@@ -13,7 +13,7 @@ usage: tools/bench_step_ab.py [--config configs/lm-cpu.toml] [--set KEY=VALUE]..
                               [--env-a KEY=VALUE]... [--env-b KEY=VALUE]...
                               [--set-a KEY=VALUE]... [--set-b KEY=VALUE]...
 (default sets: run.world_size=1, data.batch_size=8: one rank, 8 sequences)
-e.g. tools/bench_step_ab.py --rounds 8 --steps 14 --env-b DDP_HUGE_PAGES=0
+e.g. tools/bench_step_ab.py --rounds 8 --steps 14 --env-b DDP_HUGE_PAGES=1
      ZeRO stage 2 against stage 1 (allgather: the same bytes on the wire), lm-cpu on 2 ranks:
      tools/bench_step_ab.py --rounds 7 --set run.world_size=2 --set data.batch_size=16 \
        --set 'strategy.plugin="sharded"' --set-a 'strategy.sharded.variant="allgather"' \

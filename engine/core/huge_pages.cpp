@@ -41,7 +41,7 @@ std::optional<std::string> malloc_hugetlb_value(const char* tunables) {
 }
 
 std::optional<std::string> with_huge_pages_tunable(const char* tunables, const char* ddp_huge_pages) {
-  if (ddp_huge_pages && std::string(ddp_huge_pages) == "0") return std::nullopt;
+  if (!ddp_huge_pages || std::string(ddp_huge_pages) != "1") return std::nullopt;  // off by default
   if (malloc_hugetlb_value(tunables)) return std::nullopt;
   const std::string current = tunables ? tunables : "";
   std::string out = (current.empty() ? "" : current + ":") + kHugetlb + "=1";

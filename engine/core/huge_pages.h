@@ -4,12 +4,14 @@
 // GEMMs' packing run several % slower than on 2 MiB pages (docs/benchmarks.md).
 // glibc's malloc asks the kernel for huge pages where GLIBC_TUNABLES holds
 // glibc.malloc.hugetlb=1 (glibc 2.35+; older ones ignore it), read once, at
-// process start. So `ddp` sets it at start for the processes it starts
+// process start. Off by default: a run of a few dozen steps pays more at the
+// first touch of huge pages than its steps gain (docs/benchmarks.md). With
+// DDP_HUGE_PAGES=1, `ddp` sets it at start for the processes it starts
 // (ask_for_huge_pages), and a process that does the heavy work itself (a
 // rank, a GEMM benchmark) but started without it starts itself again, once
 // (restart_with_huge_pages). A GLIBC_TUNABLES that already names
-// glibc.malloc.hugetlb is kept as it is, and DDP_HUGE_PAGES=0 leaves the
-// environment alone. summary.json's "huge_pages" says what rank 0 got.
+// glibc.malloc.hugetlb is kept as it is. summary.json's "huge_pages" says
+// what rank 0 got.
 #pragma once
 
 #include <cstdint>
@@ -31,9 +33,9 @@ void ask_for_huge_pages();
 void restart_with_huge_pages(char** argv);
 
 // The GLIBC_TUNABLES to set, given the current one (nullptr: unset) and
-// DDP_HUGE_PAGES (nullptr: unset); nullopt where nothing is to change (the
-// setting is there already, DDP_HUGE_PAGES is "0", or the variable would
-// outgrow what execve takes in one string, 128 KiB).
+// DDP_HUGE_PAGES (nullptr: unset); nullopt where nothing is to change
+// (DDP_HUGE_PAGES is not "1", the setting is there already, or the variable
+// would outgrow what execve takes in one string, 128 KiB).
 std::optional<std::string> with_huge_pages_tunable(const char* tunables, const char* ddp_huge_pages);
 
 // The value glibc.malloc.hugetlb has in `tunables` (nullptr: unset), the
