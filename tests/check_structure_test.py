@@ -17,7 +17,7 @@ CHECKER = os.path.join(ROOT, "tools", "check_structure.py")
 CLEAN = {
     "plugins/include/ddp/plugin.h": "#pragma once\n",
     "engine/core/error.h": '#pragma once\n#include <ddp/plugin.h>\n',
-    "models/model.h": '#pragma once\n#include "error.h"\n',
+    "engine/models/model.h": '#pragma once\n#include "error.h"\n',
     "engine/config/config.h": '#pragma once\n#include "model.h"\n',
     "engine/train/trainer.cpp": '#include "config.h"\n#include "error.h"\nint f() {\n  return 1;\n}\n',
     "strategies/common/util.h": "#pragma once\n#include <ddp/plugin.h>\n",
@@ -45,10 +45,11 @@ class CheckStructure(unittest.TestCase):
 
     def test_a_model_including_the_config_is_a_layering_finding(self):
         tree = dict(CLEAN)
-        tree["models/model.h"] = '#pragma once\n#include "config.h"\n'
+        tree["engine/models/model.h"] = '#pragma once\n#include "config.h"\n'
         code, out = run(tree)
         self.assertEqual(code, 1)
-        self.assertIn("models/model.h:2: includes engine/config/config.h: models/ may not depend on engine/config/", out)
+        self.assertIn("engine/models/model.h:2: includes engine/config/config.h: engine/models/ may not depend on "
+                      "engine/config/", out)
 
     def test_a_strategy_including_the_engine_is_a_layering_finding(self):
         tree = dict(CLEAN)
@@ -59,9 +60,9 @@ class CheckStructure(unittest.TestCase):
 
     def test_an_angle_bracket_include_of_a_repository_header_is_checked_too(self):
         tree = dict(CLEAN)
-        tree["models/model.h"] = '#pragma once\n#include <config.h>\n'
+        tree["engine/models/model.h"] = '#pragma once\n#include <config.h>\n'
         code, out = run(tree)
-        self.assertIn("models/model.h:2: includes engine/config/config.h", out)
+        self.assertIn("engine/models/model.h:2: includes engine/config/config.h", out)
 
     def test_an_include_of_a_test_header_is_a_finding_not_a_crash(self):
         tree = dict(CLEAN)
@@ -79,9 +80,9 @@ class CheckStructure(unittest.TestCase):
 
     def test_cuda_headers_and_function_try_blocks_are_measured(self):
         tree = dict(CLEAN)
-        tree["models/k.cuh"] = "int g() try {\n" + "  int x = 0;\n" * 90 + "} catch (...) {\n  return 1;\n}\n"
+        tree["engine/models/k.cuh"] = "int g() try {\n" + "  int x = 0;\n" * 90 + "} catch (...) {\n  return 1;\n}\n"
         code, out = run(tree)
-        self.assertIn("models/k.cuh:1: function g has 92 lines", out)
+        self.assertIn("engine/models/k.cuh:1: function g has 92 lines", out)
 
     def test_a_file_over_its_budget_and_a_long_function_are_findings(self):
         tree = dict(CLEAN)

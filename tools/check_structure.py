@@ -5,8 +5,8 @@
 
 Fails (exit 1, one line per finding: file, line, rule) on
 - an include that crosses the layering: a file of folder A including a
-  header of folder B where LAYERS does not let A depend on B (models see
-  engine/core only; strategies and transport plugins see the public headers,
+  header of folder B where LAYERS does not let A depend on B (engine/models
+  sees engine/core only; strategies and transport plugins see the public headers,
   their own folder and, for strategies, strategies/common);
 - a source file over its budget (BUDGETS: the public header and each of
   its parts 400 lines, a plugin or strategy file 600, an engine or model
@@ -38,17 +38,17 @@ import sys
 PUBLIC = "plugins/include"
 LAYERS = {
     "engine/core": [PUBLIC],
-    "models": ["engine/core", PUBLIC],
-    "engine/config": ["models", "engine/core", PUBLIC],
-    "engine/io": ["engine/config", "models", "engine/core", PUBLIC],
-    "engine/host": ["engine/io", "engine/config", "models", "engine/core", PUBLIC],
-    "engine/train": ["engine/host", "engine/io", "engine/config", "models", "engine/core", PUBLIC],
+    "engine/models": ["engine/core", PUBLIC],
+    "engine/config": ["engine/models", "engine/core", PUBLIC],
+    "engine/io": ["engine/config", "engine/models", "engine/core", PUBLIC],
+    "engine/host": ["engine/io", "engine/config", "engine/models", "engine/core", PUBLIC],
+    "engine/train": ["engine/host", "engine/io", "engine/config", "engine/models", "engine/core", PUBLIC],
     "engine/launch": ["engine/core", PUBLIC],
     "engine/bench": ["engine/launch", "engine/host", "engine/io", "engine/config", "engine/core", PUBLIC],
-    "engine/blas": ["engine/io", "engine/config", "models", "engine/core", PUBLIC],
-    "engine/plan": ["engine/host", "engine/config", "models", "engine/core", PUBLIC],
+    "engine/blas": ["engine/io", "engine/config", "engine/models", "engine/core", PUBLIC],
+    "engine/plan": ["engine/host", "engine/config", "engine/models", "engine/core", PUBLIC],
     "engine": ["engine/blas", "engine/plan", "engine/bench", "engine/launch", "engine/train", "engine/host", "engine/io",
-               "engine/config", "models", "engine/core", PUBLIC],
+               "engine/config", "engine/models", "engine/core", PUBLIC],
     PUBLIC: [],
     "plugins": [PUBLIC],
     "strategies/common": [PUBLIC],
@@ -65,7 +65,6 @@ BUDGETS = [
     ("plugins/", SOURCE, 600),
     ("strategies/", SOURCE, 600),
     ("engine/", SOURCE, 500),
-    ("models/", SOURCE, 500),
 ]
 FUNCTION_LINES = 80
 TOP = ("engine", "models", "plugins", "strategies", "configs", "tools", "tests", "docs", "cmake", ".ci")

@@ -1,6 +1,6 @@
 // config.cpp — the run's configuration: load, apply --set overrides,
 // validate against the fixed schema below and the models' keys
-// (models/registry.h). See config.h for the exact error messages.
+// (engine/models/registry.h). See config.h for the exact error messages.
 #include "config.h"
 
 #include <algorithm>
@@ -13,7 +13,7 @@
 #include <sstream>
 #include <tuple>
 
-#include "layers.h"  // blas_kernel_candidates
+#include "blas_kernels.h"
 #include "schema.h"
 #include "toml_read.h"
 
@@ -232,7 +232,7 @@ RunConfig read_run(const Reader& r) {
 
   run.threads = int(r.integer("run", "threads", 1, 1, 1024));
   std::vector<std::string> kernels = {"auto", "default"};
-  for (const std::string& k : layers::blas_kernel_candidates()) kernels.push_back(k);
+  for (const std::string& k : blas_kernel_candidates()) kernels.push_back(k);
   run.blas_kernel = r.one_of("run", "blas_kernel", "auto", kernels);
   run.device = r.one_of("run", "device", "cpu", {"cpu", "cuda"}) == "cuda" ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
   run.share_gpus = r.boolean("run", "share_gpus", false);

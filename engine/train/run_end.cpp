@@ -9,9 +9,9 @@
 #include <filesystem>
 
 #include "agreement.h"
+#include "blas_info.h"
 #include "checkpoint.h"
 #include "checksum.h"
-#include "layers.h"  // blas_kernel_loaded, blas_build
 #include "rank_run.h"
 #include "replica_check.h"
 #include "safetensors.h"
@@ -313,7 +313,7 @@ void RankRun::write_summary(const std::vector<double>& all) {
   facts.after_setup = mem_after_setup_, facts.before_optimizer = mem_before_optimizer_;
   facts.after_optimizer = mem_after_optimizer_;
   facts.config_toml = config_.toml_text;
-  facts.blas_kernel = layers::blas_kernel_loaded(), facts.blas_build = layers::blas_build();
+  facts.blas_kernel = blas_kernel_loaded(), facts.blas_build = blas_build();
   if (const char* choice = std::getenv("DDP_BLAS_CHOICE")) facts.blas_choice_json = choice;
   facts.replica_check_every = config_.run.check_replicas_every, facts.replica_check_s = replica_check_s_;
   facts.divergent = plugins_->divergent();
