@@ -9,6 +9,7 @@
 
 #include "blas_choice.h"
 #include "blas_info.h"
+#include "env.h"
 #include "error.h"
 #include "gemm_probe.h"
 #include "mlp.h"
@@ -64,10 +65,12 @@ TEST(BlasChoice, TheEnvironmentAndTheKeyWinWithoutMeasuring) {
   // on a virtual one that hides its model.
   const std::string loaded = blas_kernel_loaded();
   setenv("OPENBLAS_CORETYPE", loaded.c_str(), 1);
+  load_env();  // the engine reads its environment once
   BlasChoice c = choose_blas_kernel("Zen", {}, "/nonexistent");
   EXPECT_EQ(c.kernel, loaded);
   EXPECT_EQ(c.source, "environment");
   unsetenv("OPENBLAS_CORETYPE");
+  load_env();
   c = choose_blas_kernel("Zen", {}, "/nonexistent");
   EXPECT_EQ(c.kernel, "Zen");
   EXPECT_EQ(c.source, "config");

@@ -28,6 +28,7 @@
 #include "error.h"
 #include "blas_info.h"
 #include "blas_kernels.h"
+#include "env.h"
 
 namespace ddp {
 
@@ -37,10 +38,10 @@ json BlasChoice::json() const { return {{"kernel", kernel}, {"source", source}, 
 
 std::string blas_cache_path() {
   namespace fs = std::filesystem;
-  if (const char* d = std::getenv("DDP_CACHE_DIR"); d && *d) return (fs::path(d) / "blas-kernel.json").string();
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
+  if (!env().cache_dir.empty()) return (fs::path(env().cache_dir) / "blas-kernel.json").string();
+  if (const char* x = env().get("XDG_CACHE_HOME"); x && *x)
     return (fs::path(x) / "ddp" / "blas-kernel.json").string();
-  const char* home = std::getenv("HOME");
+  const char* home = env().get("HOME");
   return (fs::path(home && *home ? home : "/tmp") / ".cache" / "ddp" / "blas-kernel.json").string();
 }
 
@@ -293,7 +294,7 @@ BlasChoice given_kernel(const std::string& kernel, const std::string& source, co
 
 BlasChoice choose_blas_kernel(const std::string& setting, const std::vector<GemmShape>& shapes, const std::string& exe,
                               int threads) {
-  if (const char* env = std::getenv("OPENBLAS_CORETYPE"); env && *env) {
+  if (const char* env = ddp::env().get("OPENBLAS_CORETYPE"); env && *env) {
     const std::string where = std::string("OPENBLAS_CORETYPE=") + env + " in the environment";
     BlasChoice given = given_kernel(env, "environment", where);
     // This process's OpenBLAS read the variable as it loaded: a name it does
@@ -323,7 +324,7 @@ BlasChoice choose_blas_kernel(const std::string& setting, const std::vector<Gemm
 }
 
 void apply_cached_blas_kernel(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") || std::getenv("DDP_BLAS_CHOICE")) return;
+  if (env().get("OPENBLAS_CORETYPE") || env().blas_choice) return;
   const json cache = read_cache();
   const std::string key = blas_machine_key();
   if (!cache.contains(key) || !cache[key].is_object()) return;
