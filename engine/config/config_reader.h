@@ -45,7 +45,8 @@ class ConfigReader {
           if (is_plugin_section(section)) continue;
           throw ConfigError(where(value) + ": unknown key '" + section + "." + key + "'");
         }
-        if (!toml_read::has_type(value, *type)) throw toml_read::wrong_type(where(value), section + "." + key, *type, value);
+        if (!toml_read::has_type(value, *type))
+          throw toml_read::wrong_type(where(value), section + "." + key, *type, value);
       }
     }
     for (const KeySpec& s : schema())
@@ -123,8 +124,10 @@ class ConfigReader {
         const std::string_view key_name = k.str();  // (a lambda may not capture a structured binding in C++17)
         auto field = std::find_if(fields.begin(), fields.end(),
                                   [&](const auto& f) { return key_name == std::get<0>(f); });
-        if (field == fields.end()) throw ConfigError(where(v) + ": unknown key '" + name + "." + std::string(k.str()) + "'");
-        if (!toml_read::has_type(v, std::get<1>(*field))) throw toml_read::wrong_type(where(v), name + "." + std::string(k.str()), std::get<1>(*field), v);
+        if (field == fields.end())
+          throw ConfigError(where(v) + ": unknown key '" + name + "." + std::string(k.str()) + "'");
+        if (!toml_read::has_type(v, std::get<1>(*field)))
+          throw toml_read::wrong_type(where(v), name + "." + std::string(k.str()), std::get<1>(*field), v);
       }
       for (const auto& f : fields)
         if (std::get<2>(f) && !t.contains(std::get<0>(f)))

@@ -52,11 +52,17 @@ int status_fd_of(const std::optional<std::string>& text) {
 }
 
 // The Env env() returns. Read without a lock (a crash report reads it in
-// a signal handler); every Env ever set is kept, so that a reference
-// env() gave stays valid after set_env.
+// a signal handler); every Env ever set is kept, and never destroyed, so
+// that a reference env() gave stays valid after set_env and while the
+// process exits (a thread may still read it after main returns).
 std::atomic<const Env*> g_env{nullptr};
 std::mutex g_set_mutex;
-std::vector<std::unique_ptr<Env>> g_kept;  // under g_set_mutex
+
+const Env* keep(Env e) {  // under g_set_mutex
+  static auto* kept = new std::vector<std::unique_ptr<Env>>();
+  kept->push_back(std::make_unique<Env>(std::move(e)));
+  return kept->back().get();
+}
 
 }  // namespace
 
@@ -101,10 +107,8 @@ void load_env() { set_env(parse_env(process_environment())); }
 const Env& env() {
   if (const Env* e = g_env.load(std::memory_order_acquire)) return *e;
   std::lock_guard<std::mutex> lock(g_set_mutex);
-  if (!g_env.load(std::memory_order_acquire)) {
-    g_kept.push_back(std::make_unique<Env>(parse_env(process_environment())));
-    g_env.store(g_kept.back().get(), std::memory_order_release);
-  }
+  if (!g_env.load(std::memory_order_acquire))
+    g_env.store(keep(parse_env(process_environment())), std::memory_order_release);
   return *g_env.load(std::memory_order_acquire);
 }
 
@@ -112,8 +116,7 @@ const char* env_var(const char* name) { return env().get(name); }
 
 void set_env(Env e) {
   std::lock_guard<std::mutex> lock(g_set_mutex);
-  g_kept.push_back(std::make_unique<Env>(std::move(e)));
-  g_env.store(g_kept.back().get(), std::memory_order_release);
+  g_env.store(keep(std::move(e)), std::memory_order_release);
 }
 
 }  // namespace ddp
