@@ -28,6 +28,7 @@
 #include "isolated.h"
 #include "checkpoint.h"
 #include "config.h"
+#include "env.h"
 #include "fit_check.h"
 #include "launcher.h"
 #include "plan_command.h"
@@ -52,7 +53,7 @@ std::string timeout_note(const Config& config) {
 // environment cannot tell: run_rank then refuses it).
 std::string rank_text() {
   try {
-    const auto source = rank_from_environment(std::getenv);
+    const auto source = rank_from_environment(env_var);
     return source ? std::to_string(source->rank.rank) : "0";
   } catch (const std::exception&) {
     return "0";
@@ -141,7 +142,7 @@ BlasChoice blas_choice(const Config& config) {
     } catch (const Error& e) {  // the model's refusal of its sizes, in the config's file
       throw Error(config.file + ": " + e.what(), e.status());
     }
-  } else if (config.run.blas_kernel == "auto" && !std::getenv("OPENBLAS_CORETYPE")) {
+  } else if (config.run.blas_kernel == "auto" && !env().get("OPENBLAS_CORETYPE")) {
     return {"default", "model without GEMM shapes"};
   }
   return choose_blas_kernel(config.run.blas_kernel, shapes, std::filesystem::read_symlink("/proc/self/exe"),
@@ -364,7 +365,20 @@ int bench_comm_command(ddp::BenchOptions& bench, const std::vector<std::string>&
   return ddp::bench_comm_rank(bench);
 }
 
+// Reads every variable the engine reads, once (env.h); false after saying
+// which one is malformed.
+bool read_environment() {
+  try {
+    ddp::load_env();
+    return true;
+  } catch (const std::exception& e) {
+    std::cerr << "ddp: error: " << e.what() << std::endl;
+    return false;
+  }
+}
+
 int main(int argc, char** argv) {
+  if (!read_environment()) return 1;
   ddp::ask_for_huge_pages();  // for the processes this one starts (huge_pages.h)
   CLI::App app{"ddp: data-parallel training with plugin strategies and transports"};
   app.set_version_flag("--version", "ddp 0.2.0 (plugin ABI " + std::to_string(DDP_ABI_VERSION_MAJOR) + "." +
@@ -426,11 +440,9 @@ int main(int argc, char** argv) {
       // it. Under another launcher nobody merges: with --trace each rank
       // keeps its own file, and an inherited DDP_TRACE does not count.
       if (!ddp::whereabouts::has_channel()) {
-        if (trace) {
-          setenv("DDP_TRACE", ddp::rank_trace_path(config.run.output_dir, ddp::rank_text()).c_str(), 1);
-        } else {
-          unsetenv("DDP_TRACE");
-        }
+        ddp::Env own = ddp::env();
+        own.trace = trace ? ddp::rank_trace_path(config.run.output_dir, ddp::rank_text()) : "";
+        ddp::set_env(std::move(own));
       }
       return ddp::run_as_rank(config);
     }

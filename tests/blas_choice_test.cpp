@@ -8,9 +8,10 @@
 #include <string>
 
 #include "blas_choice.h"
+#include "blas_info.h"
+#include "env.h"
 #include "error.h"
 #include "gemm_probe.h"
-#include "layers.h"
 #include "mlp.h"
 
 namespace ddp {
@@ -35,7 +36,7 @@ TEST(GemmShapes, TextRoundTripAndRefusals) {
 
 TEST(GemmProbe, TimesWithTheLoadedKernelAndChecksResults) {
   const nlohmann::json r = probe_gemms({{64, 32, 48}, {7, 5, 3}}, 2, 1);
-  EXPECT_EQ(r["corename"].get<std::string>(), layers::blas_kernel_loaded());
+  EXPECT_EQ(r["corename"].get<std::string>(), blas_kernel_loaded());
   EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
   EXPECT_LT(r["worst_error"].get<double>(), 1e-5);
   EXPECT_GT(r["seconds"].get<double>(), 0.0);
@@ -62,12 +63,14 @@ TEST(BlasChoice, TheEnvironmentAndTheKeyWinWithoutMeasuring) {
   // The kernel this process's OpenBLAS loaded (as the variable would have
   // made it: it is read at load): whatever the CPU, Haswell on one, Prescott
   // on a virtual one that hides its model.
-  const std::string loaded = layers::blas_kernel_loaded();
+  const std::string loaded = blas_kernel_loaded();
   setenv("OPENBLAS_CORETYPE", loaded.c_str(), 1);
+  load_env();  // the engine reads its environment once
   BlasChoice c = choose_blas_kernel("Zen", {}, "/nonexistent");
   EXPECT_EQ(c.kernel, loaded);
   EXPECT_EQ(c.source, "environment");
   unsetenv("OPENBLAS_CORETYPE");
+  load_env();
   c = choose_blas_kernel("Zen", {}, "/nonexistent");
   EXPECT_EQ(c.kernel, "Zen");
   EXPECT_EQ(c.source, "config");

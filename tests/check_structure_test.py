@@ -5,6 +5,7 @@ Each test writes a small tree (not a git checkout: the checker then reads
 every file) with one violation, and checks that the checker names it, and
 that a tree without one passes.
 """
+import importlib.util
 import os
 import subprocess
 import sys
@@ -13,11 +14,16 @@ import unittest
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 CHECKER = os.path.join(ROOT, "tools", "check_structure.py")
+_spec = importlib.util.spec_from_file_location("check_structure", CHECKER)
+checker = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(checker)
 
 CLEAN = {
     "plugins/include/ddp/plugin.h": "#pragma once\n",
     "engine/core/error.h": '#pragma once\n#include <ddp/plugin.h>\n',
-    "models/model.h": '#pragma once\n#include "error.h"\n',
+    "engine/models/model.h": '#pragma once\n#include "error.h"\n',
+    "engine/models/layers.h": "#pragma once\n",
+    "engine/core/env.cpp": '#include <cstdlib>\nconst char* v() {\n  return std::getenv("HOME");\n}\n',
     "engine/config/config.h": '#pragma once\n#include "model.h"\n',
     "engine/train/trainer.cpp": '#include "config.h"\n#include "error.h"\nint f() {\n  return 1;\n}\n',
     "strategies/common/util.h": "#pragma once\n#include <ddp/plugin.h>\n",
@@ -45,10 +51,11 @@ class CheckStructure(unittest.TestCase):
 
     def test_a_model_including_the_config_is_a_layering_finding(self):
         tree = dict(CLEAN)
-        tree["models/model.h"] = '#pragma once\n#include "config.h"\n'
+        tree["engine/models/model.h"] = '#pragma once\n#include "config.h"\n'
         code, out = run(tree)
         self.assertEqual(code, 1)
-        self.assertIn("models/model.h:2: includes engine/config/config.h: models/ may not depend on engine/config/", out)
+        self.assertIn("engine/models/model.h:2: includes engine/config/config.h: engine/models/ may not depend on "
+                      "engine/config/", out)
 
     def test_a_strategy_including_the_engine_is_a_layering_finding(self):
         tree = dict(CLEAN)
@@ -59,9 +66,9 @@ class CheckStructure(unittest.TestCase):
 
     def test_an_angle_bracket_include_of_a_repository_header_is_checked_too(self):
         tree = dict(CLEAN)
-        tree["models/model.h"] = '#pragma once\n#include <config.h>\n'
+        tree["engine/models/model.h"] = '#pragma once\n#include <config.h>\n'
         code, out = run(tree)
-        self.assertIn("models/model.h:2: includes engine/config/config.h", out)
+        self.assertIn("engine/models/model.h:2: includes engine/config/config.h", out)
 
     def test_an_include_of_a_test_header_is_a_finding_not_a_crash(self):
         tree = dict(CLEAN)
@@ -79,9 +86,9 @@ class CheckStructure(unittest.TestCase):
 
     def test_cuda_headers_and_function_try_blocks_are_measured(self):
         tree = dict(CLEAN)
-        tree["models/k.cuh"] = "int g() try {\n" + "  int x = 0;\n" * 90 + "} catch (...) {\n  return 1;\n}\n"
+        tree["engine/models/k.cuh"] = "int g() try {\n" + "  int x = 0;\n" * 90 + "} catch (...) {\n  return 1;\n}\n"
         code, out = run(tree)
-        self.assertIn("models/k.cuh:1: function g has 92 lines", out)
+        self.assertIn("engine/models/k.cuh:1: function g has 92 lines", out)
 
     def test_a_file_over_its_budget_and_a_long_function_are_findings(self):
         tree = dict(CLEAN)
@@ -117,6 +124,81 @@ class CheckStructure(unittest.TestCase):
         code, out = run(tree)
         self.assertIn("docs/a.md:1: refers to a path outside the repository: ../../other-repo/notes.txt", out)
         self.assertNotIn("../tests/x.bin", out)
+
+    def test_a_top_level_folder_using_the_engine_is_an_arrow_back_up(self):
+        tree = dict(CLEAN)
+        tree["models/model.h"] = '#pragma once\n#include "error.h"\n'
+        code, out = run(tree)
+        self.assertEqual(code, 1, out)
+        self.assertIn("models/model.h:2: includes engine/core/error.h: an arrow back up between top-level folders: "
+                      "models/ may not use engine/ (it may use: nothing)", out)
+        self.assertIn("models/: a top-level folder of sources outside the layering", out)
+
+    def test_a_transport_plugin_using_a_strategys_header_is_an_arrow_between_top_level_folders(self):
+        tree = dict(CLEAN)
+        tree["plugins/gloo/gloo.cpp"] = '#include "../../strategies/common/util.h"\n'
+        code, out = run(tree)
+        self.assertIn("plugins/gloo/gloo.cpp:1: includes strategies/common/util.h: an arrow back up between "
+                      "top-level folders: plugins/ may not use strategies/ (it may use: plugins/include)", out)
+
+    def test_a_layers_table_in_a_circle_or_pointing_up_is_a_finding(self):
+        self.assertEqual(checker.layer_cycle({"engine/a": ["engine/b"], "engine/b": ["engine/c"],
+                                              "engine/c": ["engine/a"]}),
+                         ["engine/a", "engine/b", "engine/c", "engine/a"])
+        self.assertIsNone(checker.layer_cycle(checker.LAYERS))
+        findings = []
+        with tempfile.TemporaryDirectory() as d:
+            checker.check_top_layers(d, [], findings, layers={"engine/core": ["plugins/include", "models"],
+                                                              "models": ["engine/core"]})
+        self.assertIn("tools/check_structure.py: LAYERS runs in a circle: engine/core -> models -> engine/core",
+                      findings)
+        self.assertIn("tools/check_structure.py: LAYERS lets engine/core/ use models/: an arrow back up between "
+                      "top-level folders (engine/ may use: plugins/include)", findings)
+        findings = []
+        with tempfile.TemporaryDirectory() as d:
+            checker.check_top_layers(d, [], findings)
+        self.assertEqual(findings, [])
+
+    def test_the_config_or_the_trainer_including_a_models_layers_is_a_finding(self):
+        tree = dict(CLEAN)
+        tree["engine/config/config.cpp"] = '#include "config.h"\n#include "layers.h"\n'
+        tree["engine/train/run_end.cpp"] = '#include "model.h"\n#include <layers.h>\n'
+        tree["engine/blas/probe.cpp"] = '#include "layers.h"\n'
+        code, out = run(tree)
+        self.assertEqual(code, 1, out)
+        self.assertIn("engine/config/config.cpp:2: includes engine/models/layers.h: engine/config/ sees a model "
+                      "through model.h, registry.h, compute.h, blas_info.h, not its layers", out)
+        self.assertIn("engine/train/run_end.cpp:2: includes engine/models/layers.h", out)
+        self.assertNotIn("engine/train/run_end.cpp:1", out)
+        self.assertNotIn("engine/blas/probe.cpp", out)  # the kernel choice measures the layers' GEMMs
+
+    def test_getenv_outside_the_env_module_is_a_finding(self):
+        tree = dict(CLEAN)
+        tree["engine/train/trainer.cpp"] = ('#include <cstdlib>\n// not std::getenv("X") in a comment\n'
+                                            'const char* s = "getenv";\n'
+                                            'const char* t() {\n  return std::getenv("DDP_TRACE");\n}\n'
+                                            'const char* u() {\n  return secure_getenv("HOME");\n}\n')
+        code, out = run(tree)
+        self.assertEqual(code, 1, out)
+        self.assertIn("engine/train/trainer.cpp:5: reads the environment with getenv: the engine reads it once, in "
+                      "engine/core/env.cpp (env().get(name), or a field of Env)", out)
+        self.assertIn("engine/train/trainer.cpp:8: reads the environment with secure_getenv", out)
+        self.assertNotIn("trainer.cpp:2", out)
+        self.assertNotIn("trainer.cpp:3", out)
+        self.assertNotIn("engine/core/env.cpp:", out)  # the env module reads it
+
+    def test_an_engine_error_deriving_from_the_plugin_sdk_is_a_finding(self):
+        tree = dict(CLEAN)
+        tree["engine/core/error.h"] = ('#pragma once\n#include <ddp/plugin.h>\nnamespace ddp {\n'
+                                       'class Error : public plugin::Failure {\n};\n'
+                                       'struct Other final : std::runtime_error, public Failure {\n};\n'
+                                       'class Fine : public std::runtime_error {\n};\n}\n')
+        code, out = run(tree)
+        self.assertEqual(code, 1, out)
+        self.assertIn("engine/core/error.h:4: class Error derives from the plugin SDK (public plugin::Failure): the "
+                      "engine's errors are its own, converted to a status at the ABI (host_guard)", out)
+        self.assertIn("engine/core/error.h:6: class Other derives from the plugin SDK", out)
+        self.assertNotIn("class Fine", out)
 
 
 if __name__ == "__main__":

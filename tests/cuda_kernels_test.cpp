@@ -1,4 +1,4 @@
-// cuda_kernels_test.cpp — the CUDA kernels (models/cuda/cuda_kernels.cu)
+// cuda_kernels_test.cpp — the CUDA kernels (engine/models/cuda/cuda_kernels.cu)
 // against the CPU kernels (layers.h through make_cpu_kernels()): every
 // Kernels method on random inputs from a fixed seed, at a few sizes
 // including awkward ones (1, primes, t not a multiple of 32, rows beyond

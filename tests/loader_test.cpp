@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "env.h"
 #include "exports.h"
 #include "plugin_loader.h"
 
@@ -35,7 +36,8 @@ std::string plugin_file(const std::string& kind, const std::string& name) {
   return kDir + "/libddp_" + kind + "_" + name + ".so";
 }
 
-// Sets or unsets DDP_PLUGIN_DIR for one test and restores it afterwards.
+// Sets or unsets DDP_PLUGIN_DIR for one test and restores it afterwards
+// (the engine reads its environment once: load_env reads it again).
 class PluginDirEnv {
  public:
   explicit PluginDirEnv(const char* value) {
@@ -45,6 +47,7 @@ class PluginDirEnv {
     } else {
       unsetenv("DDP_PLUGIN_DIR");
     }
+    load_env();
   }
   ~PluginDirEnv() {
     if (old_) {
@@ -52,6 +55,7 @@ class PluginDirEnv {
     } else {
       unsetenv("DDP_PLUGIN_DIR");
     }
+    load_env();
   }
 
  private:

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "env.h"
 #include "error.h"
 #include "rank_env.h"
 #include "rendezvous.h"
@@ -150,6 +151,7 @@ TEST(Rendezvous, AFailedRankTakesTheLocalDirectoryWithIt) {
   fs::create_directories(tmp);
   setenv("TMPDIR", tmp.c_str(), 1);
   setenv("SLURM_STEP_NUM_NODES", "1", 1);
+  load_env();  // the engine reads its environment once
   const fs::path dir = tmp / "ddp-rendezvous-slurm-9.0";
   const RankInfo rank{0, 2, 0};
   {
@@ -167,6 +169,7 @@ TEST(Rendezvous, AFailedRankTakesTheLocalDirectoryWithIt) {
   EXPECT_FALSE(fs::exists(dir)) << "a failed rank left the job's directory behind";
   unsetenv("SLURM_STEP_NUM_NODES");
   unsetenv("TMPDIR");
+  load_env();
   fs::remove_all(tmp);
 }
 

@@ -1,4 +1,4 @@
-// registry_test.cpp — the model registry (models/registry.h): every model it
+// registry_test.cpp — the model registry (engine/models/registry.h): every model it
 // lists builds from its keys' fallbacks and reads the data it says; the
 // config's [model] keys are its keys; an unknown name is refused by name.
 #include <gtest/gtest.h>

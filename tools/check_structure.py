@@ -5,9 +5,22 @@
 
 Fails (exit 1, one line per finding: file, line, rule) on
 - an include that crosses the layering: a file of folder A including a
-  header of folder B where LAYERS does not let A depend on B (models see
-  engine/core only; strategies and transport plugins see the public headers,
-  their own folder and, for strategies, strategies/common);
+  header of folder B where LAYERS does not let A depend on B (engine/models
+  sees engine/core only; strategies and transport plugins see the public
+  headers, their own folder and, for strategies, strategies/common);
+- an arrow back up: an include between top-level folders that TOP_LAYERS
+  does not have (the engine, the strategies and the transport plugins each
+  use the public headers, and nothing of each other), a top-level folder of
+  sources outside the layering, or a LAYERS table that runs in a circle or
+  lets one top-level folder use another;
+- a layer above the models including a model's layers (layers.h,
+  kernels.h, cuda/): config, train and the rest see a model through
+  MODEL_INTERFACE (what a model is, which exist, the compute lent to
+  strategies, the BLAS in use);
+- a getenv in engine/ outside engine/core/env.cpp (the environment is read
+  once, at start-up, into one struct);
+- a class of engine/ deriving from a plugin SDK type (plugin::Failure ...):
+  the engine's errors are its own, converted at the ABI;
 - a source file over its budget (BUDGETS: the public header and each of
   its parts 400 lines, a plugin or strategy file 600, an engine or model
   file 500);
@@ -38,17 +51,17 @@ import sys
 PUBLIC = "plugins/include"
 LAYERS = {
     "engine/core": [PUBLIC],
-    "models": ["engine/core", PUBLIC],
-    "engine/config": ["models", "engine/core", PUBLIC],
-    "engine/io": ["engine/config", "models", "engine/core", PUBLIC],
-    "engine/host": ["engine/io", "engine/config", "models", "engine/core", PUBLIC],
-    "engine/train": ["engine/host", "engine/io", "engine/config", "models", "engine/core", PUBLIC],
+    "engine/models": ["engine/core", PUBLIC],
+    "engine/config": ["engine/models", "engine/core", PUBLIC],
+    "engine/io": ["engine/config", "engine/models", "engine/core", PUBLIC],
+    "engine/host": ["engine/io", "engine/config", "engine/models", "engine/core", PUBLIC],
+    "engine/train": ["engine/host", "engine/io", "engine/config", "engine/models", "engine/core", PUBLIC],
     "engine/launch": ["engine/core", PUBLIC],
     "engine/bench": ["engine/launch", "engine/host", "engine/io", "engine/config", "engine/core", PUBLIC],
-    "engine/blas": ["engine/io", "engine/config", "models", "engine/core", PUBLIC],
-    "engine/plan": ["engine/host", "engine/config", "models", "engine/core", PUBLIC],
+    "engine/blas": ["engine/io", "engine/config", "engine/models", "engine/core", PUBLIC],
+    "engine/plan": ["engine/host", "engine/config", "engine/models", "engine/core", PUBLIC],
     "engine": ["engine/blas", "engine/plan", "engine/bench", "engine/launch", "engine/train", "engine/host", "engine/io",
-               "engine/config", "models", "engine/core", PUBLIC],
+               "engine/config", "engine/models", "engine/core", PUBLIC],
     PUBLIC: [],
     "plugins": [PUBLIC],
     "strategies/common": [PUBLIC],
@@ -56,6 +69,17 @@ LAYERS = {
 }
 # Folders whose files are not checked for layering (they may use anything).
 UNLAYERED = ("tests", "tools", "cmake")
+# The top-level folders and what each may include of the others: the
+# arrows between them all point down, to the public headers.
+TOP_LAYERS = {PUBLIC: [], "engine": [PUBLIC], "strategies": [PUBLIC], "plugins": [PUBLIC]}
+# What a layer above the models may include of them; a model's layers
+# (layers.h, kernels.h, cuda/) are the models' own, and engine/blas's, which
+# measures their GEMMs.
+MODEL_INTERFACE = ("engine/models/model.h", "engine/models/registry.h", "engine/models/compute.h",
+                   "engine/models/blas_info.h")
+MODEL_LAYERS_SEEN_BY = ("engine/models", "engine/blas")
+# The one file of engine/ that reads the environment (env.h).
+ENV_MODULE = "engine/core/env.cpp"
 
 SOURCE = (".h", ".hpp", ".c", ".cpp", ".cu", ".cuh")
 # (path prefix, suffixes, lines): the first match applies.
@@ -65,7 +89,6 @@ BUDGETS = [
     ("plugins/", SOURCE, 600),
     ("strategies/", SOURCE, 600),
     ("engine/", SOURCE, 500),
-    ("models/", SOURCE, 500),
 ]
 FUNCTION_LINES = 80
 TOP = ("engine", "models", "plugins", "strategies", "configs", "tools", "tests", "docs", "cmake", ".ci")
@@ -114,11 +137,17 @@ def own_folder(path):
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 
 
-def check_includes(root, files, findings):
-    headers = {}  # basename -> [paths]
+def header_index(files):
+    """basename -> [paths] of the repository's headers."""
+    headers = {}
     for f in files:
-        if f.endswith((".h", ".hpp")):
+        if f.endswith((".h", ".hpp", ".cuh")):
             headers.setdefault(os.path.basename(f), []).append(f)
+    return headers
+
+
+def check_includes(root, files, findings):
+    headers = header_index(files)
     for f in files:
         if not f.endswith(SOURCE):
             continue
@@ -156,6 +185,109 @@ def resolve(root, f, kind, name, headers, allowed):
         if any(folder == a or folder.startswith(a + "/") for a in allowed if a):
             return c
     return candidates[0]
+
+
+def top_unit(path):
+    """The top-level folder a path belongs to (the public headers apart from plugins/)."""
+    return PUBLIC if path.startswith(PUBLIC + "/") or path == PUBLIC else path.split("/")[0]
+
+
+def layer_cycle(layers):
+    """A circle in the LAYERS table (a list of folders, first repeated last), or None."""
+    state = {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for dep in layers.get(node, []):
+            if dep == node:
+                continue
+            if state.get(dep) == "open":
+                return path[path.index(dep):] + [dep] if dep in path else [node, dep, node]
+            if dep not in state:
+                found = visit(dep, path + [dep])
+                if found:
+                    return found
+        state[node] = "done"
+        return None
+
+    for key in layers:
+        if key not in state:
+            found = visit(key, [key])
+            if found:
+                return found
+    return None
+
+
+def check_top_layers(root, files, findings, layers=None):
+    """The arrows between top-level folders point down (TOP_LAYERS): in the
+    LAYERS table, which runs in no circle, and in every include."""
+    layers = LAYERS if layers is None else layers
+    cycle = layer_cycle(layers)
+    if cycle:
+        findings.append(f"tools/check_structure.py: LAYERS runs in a circle: {' -> '.join(cycle)}")
+    for key, deps in layers.items():
+        for dep in deps:
+            if top_unit(dep) != top_unit(key) and top_unit(dep) not in TOP_LAYERS.get(top_unit(key), []):
+                findings.append(f"tools/check_structure.py: LAYERS lets {key}/ use {dep}/: an arrow back up "
+                                f"between top-level folders ({top_unit(key)}/ may use: "
+                                f"{', '.join(TOP_LAYERS.get(top_unit(key), [])) or 'nothing'})")
+    headers = header_index(files)
+    outside = set()
+    for f in files:
+        if not f.endswith(SOURCE) or "/" not in f or f.split("/")[0] in UNLAYERED:
+            continue
+        unit = top_unit(f)
+        if unit not in TOP_LAYERS and unit not in outside:
+            outside.add(unit)
+            findings.append(f"{unit}/: a top-level folder of sources outside the layering (TOP_LAYERS and "
+                            f"LAYERS in tools/check_structure.py, and CONTRIBUTING.md)")
+        text = open(os.path.join(root, f), encoding="utf-8", errors="replace").read()
+        allowed = ([own_folder(f)] + LAYERS[folder_rule(f)]) if folder_rule(f) else [os.path.dirname(f)]
+        for m in INCLUDE_RE.finditer(text):
+            target = resolve(root, f, m.group(1), m.group(2), headers, allowed)
+            if target is None or top_unit(target) == unit or top_unit(target) in TOP_LAYERS.get(unit, []):
+                continue
+            line = text.count("\n", 0, m.start()) + 1
+            findings.append(f"{f}:{line}: includes {target}: an arrow back up between top-level folders: "
+                            f"{unit}/ may not use {top_unit(target)}/ "
+                            f"(it may use: {', '.join(TOP_LAYERS.get(unit, [])) or 'nothing'})")
+
+
+def check_model_layers(root, files, findings):
+    """Above the models, a model is seen through MODEL_INTERFACE, not its layers."""
+    headers = header_index(files)
+    for f in files:
+        rule = folder_rule(f)
+        if not f.endswith(SOURCE) or not rule or not rule.startswith("engine") or \
+                any(rule == s or rule.startswith(s + "/") for s in MODEL_LAYERS_SEEN_BY):
+            continue
+        text = open(os.path.join(root, f), encoding="utf-8", errors="replace").read()
+        for m in INCLUDE_RE.finditer(text):
+            target = resolve(root, f, m.group(1), m.group(2), headers, [own_folder(f)] + LAYERS[rule])
+            if target and target.startswith("engine/models/") and target not in MODEL_INTERFACE:
+                line = text.count("\n", 0, m.start()) + 1
+                findings.append(f"{f}:{line}: includes {target}: {rule}/ sees a model through "
+                                f"{', '.join(os.path.basename(h) for h in MODEL_INTERFACE)}, not its layers")
+
+
+def check_engine_code(root, files, findings):
+    """In engine/: getenv only in ENV_MODULE; no class derives from a plugin SDK type."""
+    getenv = re.compile(r"\b(?:secure_)?getenv\b")
+    derived = re.compile(r"\b(?:class|struct)\s+(\w+)(?:\s+final)?\s*:(?!:)([^;{]*)\{")
+    for f in files:
+        if not f.startswith("engine/") or not f.endswith(SOURCE):
+            continue
+        code = strip_c(open(os.path.join(root, f), encoding="utf-8", errors="replace").read())
+        if f != ENV_MODULE:
+            for m in getenv.finditer(code):
+                findings.append(f"{f}:{code.count(chr(10), 0, m.start()) + 1}: reads the environment with "
+                                f"{m.group(0)}: the engine reads it once, in {ENV_MODULE} (env().get(name), or "
+                                f"a field of Env)")
+        for m in derived.finditer(code):
+            if re.search(r"\bplugin::|\bFailure\b", m.group(2)):
+                findings.append(f"{f}:{code.count(chr(10), 0, m.start()) + 1}: class {m.group(1)} derives from "
+                                f"the plugin SDK ({' '.join(m.group(2).split())}): the engine's errors are its "
+                                f"own, converted to a status at the ABI (host_guard)")
 
 
 def check_folders(files, findings):
@@ -348,6 +480,9 @@ def main():
     findings = []
     check_folders(files, findings)
     check_includes(root, files, findings)
+    check_top_layers(root, files, findings)
+    check_model_layers(root, files, findings)
+    check_engine_code(root, files, findings)
     check_budgets(root, files, findings)
     check_functions(root, files, findings)
     check_references(root, files, findings)
@@ -357,7 +492,8 @@ def main():
     if findings:
         print(f"check_structure: {len(findings)} finding(s); the rules are in CONTRIBUTING.md", file=sys.stderr)
         return 1
-    print(f"check_structure: {len(files)} files: layering, budgets, function sizes and references hold")
+    print(f"check_structure: {len(files)} files: layering (arrows down, models' layers, getenv, errors), budgets, "
+          f"function sizes and references hold")
     return 0
 
 

@@ -17,7 +17,7 @@ Weights as PyTorch: y = x W^T (+ b), W is [out, in]. float32 throughout,
 except the RoPE cos/sin tables, computed in float64 and rounded once.
 
 LM_PRESETS holds the spec's named sizes as keyword arguments for LM / make_lm
-(the same values as the engine's models/lm.cpp lm_preset()).
+(the same values as the engine's engine/models/lm.cpp lm_preset()).
 
 Importing this module changes no torch state (no seeding, no thread settings).
 Needs torch only (Debian's python3-torch 1.13 is what the fixtures were made with).

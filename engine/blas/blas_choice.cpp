@@ -26,7 +26,9 @@
 #include "atomic_file.h"
 #include "signal_name.h"
 #include "error.h"
-#include "layers.h"
+#include "blas_info.h"
+#include "blas_kernels.h"
+#include "env.h"
 
 namespace ddp {
 
@@ -36,10 +38,10 @@ json BlasChoice::json() const { return {{"kernel", kernel}, {"source", source}, 
 
 std::string blas_cache_path() {
   namespace fs = std::filesystem;
-  if (const char* d = std::getenv("DDP_CACHE_DIR"); d && *d) return (fs::path(d) / "blas-kernel.json").string();
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
+  if (!env().cache_dir.empty()) return (fs::path(env().cache_dir) / "blas-kernel.json").string();
+  if (const char* x = env().get("XDG_CACHE_HOME"); x && *x)
     return (fs::path(x) / "ddp" / "blas-kernel.json").string();
-  const char* home = std::getenv("HOME");
+  const char* home = env().get("HOME");
   return (fs::path(home && *home ? home : "/tmp") / ".cache" / "ddp" / "blas-kernel.json").string();
 }
 
@@ -51,7 +53,7 @@ std::string blas_machine_key() {
       model = line.substr(line.find(':') + 2);
       break;
     }
-  return model + " | " + layers::blas_build();
+  return model + " | " + blas_build();
 }
 
 namespace {
@@ -188,7 +190,7 @@ BlasChoice measure(const std::vector<GemmShape>& shapes, const std::string& exe,
             << blas_cache_path() << ")" << std::endl;
   constexpr int kRounds = 3;
   std::vector<std::string> alive = {"default"};
-  alive.insert(alive.end(), layers::blas_kernel_candidates().begin(), layers::blas_kernel_candidates().end());
+  alive.insert(alive.end(), blas_kernel_candidates().begin(), blas_kernel_candidates().end());
   std::string default_core, out_of_memory;
   BlasChoice best{"", "measured"};
   const auto began = std::chrono::steady_clock::now();
@@ -219,7 +221,7 @@ BlasChoice measure(const std::vector<GemmShape>& shapes, const std::string& exe,
     throw Error("BLAS kernel: the probe ran out of memory (" + out_of_memory + "): the model's GEMMs need more "
                 "memory than this host gives, whatever the kernel", DDP_ERR_OUT_OF_MEMORY);
   if (best.kernel.empty())
-    throw Error("BLAS kernel: no candidate ran the model's GEMMs correctly (OpenBLAS " + layers::blas_build() +
+    throw Error("BLAS kernel: no candidate ran the model's GEMMs correctly (OpenBLAS " + blas_build() +
                 "); set OPENBLAS_CORETYPE or run.blas_kernel");
   return best;
 }
@@ -292,14 +294,14 @@ BlasChoice given_kernel(const std::string& kernel, const std::string& source, co
 
 BlasChoice choose_blas_kernel(const std::string& setting, const std::vector<GemmShape>& shapes, const std::string& exe,
                               int threads) {
-  if (const char* env = std::getenv("OPENBLAS_CORETYPE"); env && *env) {
+  if (const char* env = ddp::env().get("OPENBLAS_CORETYPE"); env && *env) {
     const std::string where = std::string("OPENBLAS_CORETYPE=") + env + " in the environment";
     BlasChoice given = given_kernel(env, "environment", where);
     // This process's OpenBLAS read the variable as it loaded: a name it does
     // not know (a typo) leaves its own pick, which the ranks would get too.
-    if (lowercase(env) != lowercase(layers::blas_kernel_loaded()))
-      throw Error(where + " is not a kernel this OpenBLAS (" + layers::blas_build() + ") knows: it loaded " +
-                      layers::blas_kernel_loaded() + " instead; name one it has, or unset it",
+    if (lowercase(env) != lowercase(blas_kernel_loaded()))
+      throw Error(where + " is not a kernel this OpenBLAS (" + blas_build() + ") knows: it loaded " +
+                      blas_kernel_loaded() + " instead; name one it has, or unset it",
                   DDP_ERR_INVALID_ARGUMENT);
     return given;
   }
@@ -322,7 +324,7 @@ BlasChoice choose_blas_kernel(const std::string& setting, const std::vector<Gemm
 }
 
 void apply_cached_blas_kernel(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") || std::getenv("DDP_BLAS_CHOICE")) return;
+  if (env().get("OPENBLAS_CORETYPE") || env().blas_choice) return;
   const json cache = read_cache();
   const std::string key = blas_machine_key();
   if (!cache.contains(key) || !cache[key].is_object()) return;

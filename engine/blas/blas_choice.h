@@ -34,7 +34,7 @@
 namespace ddp {
 
 struct BlasChoice {
-  std::string kernel;   // layers::blas_kernel_candidates()'s, or "default": OPENBLAS_CORETYPE unset
+  std::string kernel;   // blas_kernel_candidates()'s, or "default": OPENBLAS_CORETYPE unset
   std::string source;   // "environment", "config", "cache", "measured"
   nlohmann::json timings = nlohmann::json::object();  // kernel -> seconds for the GEMMs (measured, cache)
   nlohmann::json json() const;

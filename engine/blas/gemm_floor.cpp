@@ -6,6 +6,7 @@
 
 #include "data.h"
 #include "device.h"
+#include "blas_info.h"
 #include "layers.h"
 #include "registry.h"
 
@@ -33,7 +34,7 @@ double median_of(const std::vector<layers::GemmCall>& calls, int repeats) {
 }  // namespace
 
 nlohmann::json gemm_floor(const Config& config, int repeats) {
-  layers::set_blas_threads(config.run.threads);
+  set_blas_threads(config.run.threads);
   CpuDevice device;
   DataShape shape;
   auto model = build_model(config.model.name, config.model.options, device, config.run.seed, &shape);
@@ -53,7 +54,7 @@ nlohmann::json gemm_floor(const Config& config, int repeats) {
           {"backward_s", median_of(backward, repeats)},
           {"gemms", {{"forward", forward.size()}, {"backward", backward.size()}}},
           {"gflop", {{"forward", gflop(forward)}, {"backward", gflop(backward)}}},
-          {"kernel", layers::blas_kernel_loaded()}};
+          {"kernel", blas_kernel_loaded()}};
 }
 
 }  // namespace ddp

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "error.h"
-#include "layers.h"
+#include "blas_info.h"
 
 namespace ddp {
 
@@ -91,7 +91,7 @@ std::pair<double, double> time_one(const GemmShape& s, int repeats, std::mt19937
 }  // namespace
 
 nlohmann::json probe_gemms(const std::vector<GemmShape>& shapes, int repeats, int threads) {
-  layers::set_blas_threads(threads);
+  set_blas_threads(threads);
   std::mt19937 rng(7);
   double seconds = 0.0, flop = 0.0, worst = 0.0;
   for (const GemmShape& s : shapes) {

@@ -1,6 +1,7 @@
 // config.cpp — the run's configuration: load, apply --set overrides,
-// validate against the fixed schema below and the models' keys
-// (models/registry.h). See config.h for the exact error messages.
+// validate against the fixed schema (schema.h) and the models' keys
+// (engine/models/registry.h), section by section through the typed reads of
+// config_reader.h. See config.h for the exact error messages.
 #include "config.h"
 
 #include <algorithm>
@@ -13,7 +14,8 @@
 #include <sstream>
 #include <tuple>
 
-#include "layers.h"  // blas_kernel_candidates
+#include "blas_kernels.h"
+#include "config_reader.h"
 #include "schema.h"
 #include "toml_read.h"
 
@@ -23,202 +25,8 @@ namespace {
 namespace fs = std::filesystem;
 using toml_read::format_double;
 using toml_read::from_override;
-using toml_read::has_type;
-using toml_read::wrong_type;
 
-// Reads the fixed sections of a parsed document. check_structure() first;
-// the typed reads then assume types are right and check value constraints.
-class Reader {
- public:
-  Reader(const toml::table& doc, const std::string& file) : doc_(doc), file_(file) {}
-
-  void check_structure() const {
-    for (auto&& [name, node] : doc_) {
-      const std::string section(name.str());
-      if (!is_known_section(section)) {
-        if (node.is_table()) throw ConfigError(where(node) + ": unknown section '" + section + "'");
-        throw ConfigError(where(node) + ": unknown key '" + section + "'");
-      }
-      if (!node.is_table()) throw wrong_type(where(node), section, toml::node_type::table, node);
-      for (auto&& [key_name, value] : *node.as_table()) {
-        const std::string key(key_name.str());
-        const std::optional<toml::node_type> type = key_type(section, key);
-        if (!type) {
-          if (is_plugin_section(section)) continue;
-          throw ConfigError(where(value) + ": unknown key '" + section + "." + key + "'");
-        }
-        if (!has_type(value, *type)) throw wrong_type(where(value), section + "." + key, *type, value);
-      }
-    }
-    for (const KeySpec& s : schema())
-      if (s.required && !find(s.section, s.key))
-        throw ConfigError(file_ + ": missing required key '" + s.section + "." + s.key + "'");
-  }
-
-  // What every key read with a fallback holds, set or not: "section.key" →
-  // its value as text (Config::effective).
-  const std::map<std::string, std::string>& effective() const { return effective_; }
-
-  int64_t integer(const char* section, const char* key, int64_t fallback, int64_t min,
-                  int64_t max = INT64_MAX) const {
-    const toml::node* node = find(section, key);
-    const int64_t value = node ? node->as_integer()->get() : fallback;
-    if (node) {
-      require(value >= min, section, key, ">= " + std::to_string(min), std::to_string(value));
-      require(value <= max, section, key, "<= " + std::to_string(max), std::to_string(value));
-    }
-    return note(section, key, value, std::to_string(value));
-  }
-
-  double positive(const char* section, const char* key, double fallback, double max = INFINITY) const {
-    const toml::node* node = find(section, key);
-    if (!node) return note(section, key, fallback, exact(fallback));
-    const double value = node->is_integer() ? double(node->as_integer()->get())
-                                            : node->as_floating_point()->get();
-    require(value > 0, section, key, "> 0", format_double(value));  // also rejects nan
-    require(std::isfinite(value), section, key, "finite", format_double(value));
-    require(value <= max, section, key, "<= " + exact(max), format_double(value));
-    return note(section, key, value, exact(value));
-  }
-
-  double non_negative(const char* section, const char* key, double fallback) const {
-    const toml::node* node = find(section, key);
-    if (!node) return note(section, key, fallback, exact(fallback));
-    const double value = as_double(*node);
-    require(value >= 0, section, key, ">= 0", format_double(value));
-    require(std::isfinite(value), section, key, "finite", format_double(value));
-    return note(section, key, value, exact(value));
-  }
-
-  // optimizer.betas: exactly two floats, each in [0, 1).
-  std::pair<double, double> betas(double b1, double b2) const {
-    const toml::node* node = find("optimizer", "betas");
-    if (!node) return {b1, b2};
-    const toml::array& a = *node->as_array();
-    bool ok = a.size() == 2;
-    for (size_t i = 0; ok && i < 2; ++i) {
-      ok = has_type(a[i], toml::node_type::floating_point);
-      if (ok) ok = as_double(a[i]) >= 0 && as_double(a[i]) < 1;
-    }
-    // Floats as format_double writes them elsewhere ("0.9", not TOML++'s
-    // full-precision "0.90000000000000002").
-    std::ostringstream got;
-    got << toml::toml_formatter(a, toml::toml_formatter::default_flags |
-                                       toml::format_flags::relaxed_float_precision);
-    require(ok, "optimizer", "betas", "two floats in [0, 1)", got.str());
-    return {as_double(a[0]), as_double(a[1])};
-  }
-
-  // An array of tables ([[section.key]]), each checked against `fields`
-  // (name → type, required); calls `read(table, where_prefix)` for each.
-  template <typename Read>
-  void tables(const char* section, const char* key,
-              std::initializer_list<std::tuple<const char*, toml::node_type, bool>> fields, Read read) const {
-    const toml::node* node = find(section, key);
-    if (!node) return;
-    size_t index = 0;
-    for (const toml::node& element : *node->as_array()) {
-      const std::string name = std::string(section) + "." + key + "[" + std::to_string(index++) + "]";
-      if (!element.is_table()) throw wrong_type(where(element), name, toml::node_type::table, element);
-      const toml::table& t = *element.as_table();
-      for (auto&& [k, v] : t) {
-        const std::string_view key_name = k.str();  // (a lambda may not capture a structured binding in C++17)
-        auto field = std::find_if(fields.begin(), fields.end(),
-                                  [&](const auto& f) { return key_name == std::get<0>(f); });
-        if (field == fields.end()) throw ConfigError(where(v) + ": unknown key '" + name + "." + std::string(k.str()) + "'");
-        if (!has_type(v, std::get<1>(*field))) throw wrong_type(where(v), name + "." + std::string(k.str()), std::get<1>(*field), v);
-      }
-      for (const auto& f : fields)
-        if (std::get<2>(f) && !t.contains(std::get<0>(f)))
-          throw ConfigError(where(element) + ": missing required key '" + name + "." + std::get<0>(f) + "'");
-      read(t, name);
-    }
-  }
-
-  static double as_double(const toml::node& node) {
-    return node.is_integer() ? double(node.as_integer()->get()) : node.as_floating_point()->get();
-  }
-
-  std::string string(const char* section, const char* key, const std::string& fallback) const {
-    const toml::node* node = find(section, key);
-    const std::string value = node ? node->as_string()->get() : fallback;
-    return note(section, key, value, value);
-  }
-
-  // A directory the run writes into. The working directory is written
-  // ".", so an empty value is a key left blank, and the root is refused.
-  std::string directory(const char* section, const char* key, const std::string& fallback) const {
-    const std::string value = string(section, key, fallback);
-    if (!find(section, key)) return value;
-    require(!value.empty(), section, key, "a directory (\".\" for the working directory)", "''");
-    const fs::path path = fs::path(value).lexically_normal();
-    require(path.has_relative_path() || !path.has_root_directory(), section, key,
-            "a directory other than the root", "'" + value + "'");
-    return value;
-  }
-
-  bool boolean(const char* section, const char* key, bool fallback) const {
-    const toml::node* node = find(section, key);
-    const bool value = node ? node->as_boolean()->get() : fallback;
-    return note(section, key, value, value ? "true" : "false");
-  }
-
-  std::string one_of(const char* section, const char* key, const std::string& fallback,
-                     const std::vector<std::string>& allowed) const {
-    const std::string value = string(section, key, fallback);
-    std::string list;
-    for (const std::string& a : allowed) list += (list.empty() ? "" : ", ") + a;
-    require(std::find(allowed.begin(), allowed.end(), value) != allowed.end(), section, key,
-            "one of: " + list, "'" + value + "'");
-    return value;
-  }
-
-  // A path written in the file is relative to the file's directory, so that
-  // a config in configs/ can name ../tests/fixtures/...; one given with --set
-  // is relative to the working directory, like any command-line path.
-  std::string path_from_file(const char* section, const char* key) const {
-    const toml::node* node = find(section, key);
-    if (!node) return "";
-    const fs::path path(node->as_string()->get());
-    if (path.is_absolute() || from_override(node->source())) return path.string();
-    return (fs::path(file_).parent_path() / path).lexically_normal().string();
-  }
-
-  PluginSection plugin_section(const char* section, const std::string& plugin) const {
-    static const toml::table empty;
-    const toml::table* table = doc_[section].as_table();
-    return PluginSection(file_, section, table ? *table : empty, plugin);
-  }
-
-  const toml::node* find(const char* section, const char* key) const {
-    return doc_[section][key].node();
-  }
-
-  const toml::node* find(const char* section) const { return doc_[section].node(); }
-  const std::string& file() const { return file_; }
-  std::string where(const toml::node& node) const { return toml_read::where_of(node.source(), file_); }
-
-  void require(bool ok, const char* section, const char* key, const std::string& constraint,
-               const std::string& got) const {
-    if (ok) return;
-    throw ConfigError(where(*find(section, key)) + ": key '" + section + "." + key +
-                      "' must be " + constraint + " (got " + got + ")");
-  }
-
- private:
-  template <typename T>
-  T note(const char* section, const char* key, T value, std::string text) const {
-    effective_[std::string(section) + "." + key] = std::move(text);
-    return value;
-  }
-  static std::string exact(double x) { return shortest_text(x); }
-
-  const toml::table& doc_;
-  const std::string& file_;
-  mutable std::map<std::string, std::string> effective_;
-};
-
-RunConfig read_run(const Reader& r) {
+RunConfig read_run(const ConfigReader& r) {
   RunConfig run;
   run.world_size = int(r.integer("run", "world_size", 1, 1, kMaxWorldSize));
   run.steps = r.integer("run", "steps", 0, 0);
@@ -232,7 +40,7 @@ RunConfig read_run(const Reader& r) {
 
   run.threads = int(r.integer("run", "threads", 1, 1, 1024));
   std::vector<std::string> kernels = {"auto", "default"};
-  for (const std::string& k : layers::blas_kernel_candidates()) kernels.push_back(k);
+  for (const std::string& k : blas_kernel_candidates()) kernels.push_back(k);
   run.blas_kernel = r.one_of("run", "blas_kernel", "auto", kernels);
   run.device = r.one_of("run", "device", "cpu", {"cpu", "cuda"}) == "cuda" ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
   run.share_gpus = r.boolean("run", "share_gpus", false);
@@ -247,7 +55,7 @@ RunConfig read_run(const Reader& r) {
 
 // A [model] key of another model than `model` is a mistake, named as such;
 // the first in the file is reported.
-void refuse_foreign_keys(const Reader& r, const ModelInfo& model) {
+void refuse_foreign_keys(const ConfigReader& r, const ModelInfo& model) {
   const toml::node* first = nullptr;
   std::string first_key;
   for (auto&& [name, node] : *r.find("model")->as_table()) {
@@ -269,7 +77,7 @@ void refuse_foreign_keys(const Reader& r, const ModelInfo& model) {
 // [model]: name, init_from, freeze, then the keys the registry lists for
 // that model, each at its fallback when unset. A key of another model is a
 // mistake, named as such.
-ModelConfig read_model(const Reader& r) {
+ModelConfig read_model(const ConfigReader& r) {
   ModelConfig m;
   std::vector<std::string> names;
   for (const ModelInfo& info : model_registry()) names.push_back(info.name);
@@ -297,7 +105,7 @@ ModelConfig read_model(const Reader& r) {
   return m;
 }
 
-DataConfig read_data(const Reader& r, const std::string& model, int world_size) {
+DataConfig read_data(const ConfigReader& r, const std::string& model, int world_size) {
   DataConfig d;
   d.path = r.path_from_file("data", "path");
   {
@@ -332,7 +140,7 @@ DataConfig read_data(const Reader& r, const std::string& model, int world_size) 
   return d;
 }
 
-OptimizerConfig read_optimizer(const Reader& r) {
+OptimizerConfig read_optimizer(const ConfigReader& r) {
   OptimizerConfig o;
   o.name = r.one_of("optimizer", "name", "sgd", {"sgd", "adamw"});
   o.lr = r.positive("optimizer", "lr", 0.0);
@@ -353,13 +161,13 @@ OptimizerConfig read_optimizer(const Reader& r) {
            [&](const toml::table& t, const std::string& name) {
              ParamGroupConfig g;
              g.params = t["params"].value_or(std::string());
-             g.lr = t["lr"].node() ? Reader::as_double(*t["lr"].node()) : o.lr;
-             g.weight_decay = t["weight_decay"].node() ? Reader::as_double(*t["weight_decay"].node()) : o.weight_decay;
+             g.lr = t["lr"].node() ? ConfigReader::as_double(*t["lr"].node()) : o.lr;
+             g.weight_decay = t["weight_decay"].node() ? ConfigReader::as_double(*t["weight_decay"].node()) : o.weight_decay;
              if (!(g.lr > 0)) throw ConfigError(r.where(*t["lr"].node()) + ": key '" + name + ".lr' must be > 0 (got " + format_double(g.lr) + ")");
              for (const char* key : {"lr", "weight_decay"})
-               if (t[key].node() && !std::isfinite(Reader::as_double(*t[key].node())))
+               if (t[key].node() && !std::isfinite(ConfigReader::as_double(*t[key].node())))
                  throw ConfigError(r.where(*t[key].node()) + ": key '" + name + "." + key + "' must be finite (got " +
-                                   format_double(Reader::as_double(*t[key].node())) + ")");
+                                   format_double(ConfigReader::as_double(*t[key].node())) + ")");
              if (!(g.weight_decay >= 0))
                throw ConfigError(r.where(*t["weight_decay"].node()) + ": key '" + name + ".weight_decay' must be >= 0 (got " + format_double(g.weight_decay) + ")");
              o.groups.push_back(g);
@@ -367,7 +175,7 @@ OptimizerConfig read_optimizer(const Reader& r) {
   return o;
 }
 
-LrScheduleConfig read_lr_schedule(const Reader& r, const RunConfig& run, double lr) {
+LrScheduleConfig read_lr_schedule(const ConfigReader& r, const RunConfig& run, double lr) {
   LrScheduleConfig s;
   s.kind = r.one_of("schedule", "lr", "constant", {"constant", "cosine"});
   for (const char* key : {"warmup_steps", "cosine_steps", "min_lr"})
@@ -382,7 +190,7 @@ LrScheduleConfig read_lr_schedule(const Reader& r, const RunConfig& run, double 
   return s;
 }
 
-EvalConfig read_eval(const Reader& r, const DataConfig& data) {
+EvalConfig read_eval(const ConfigReader& r, const DataConfig& data) {
   EvalConfig e;
   e.every = r.integer("eval", "every", 0, 0);
   e.batches = r.integer("eval", "batches", 1, 1, kMaxEvalBatches);
@@ -408,7 +216,7 @@ EvalConfig read_eval(const Reader& r, const DataConfig& data) {
   return e;
 }
 
-std::vector<UnfreezeConfig> read_unfreeze(const Reader& r) {
+std::vector<UnfreezeConfig> read_unfreeze(const ConfigReader& r) {
   using T = toml::node_type;
   std::vector<UnfreezeConfig> unfreeze;
   r.tables("schedule", "unfreeze", {{"step", T::integer, true}, {"params", T::string, true}},
@@ -437,7 +245,7 @@ std::string shortest_text(double x) {
 }
 
 Config validate_config(const toml::table& doc, const std::string& file) {
-  const Reader r(doc, file);
+  const ConfigReader r(doc, file);
   r.check_structure();
 
   Config c;

@@ -4,7 +4,7 @@
 // plugin tables ([transport], [strategy]) are kept as PluginSection: plugins
 // read them through the host vtable, and keys no plugin read are unknown.
 // The [model] table's keys beyond name, init_from and freeze are the model's
-// own, as models/registry.h lists them.
+// own, as engine/models/registry.h lists them.
 //
 // Error messages (exact; tests check them):
 //   <file>: cannot open config file
@@ -51,7 +51,7 @@ struct RunConfig {
   double timeout_s = 30.0;    // > 0
   int64_t log_every = 1;      // progress line every N steps, >= 1
   int threads = 1;            // BLAS threads per rank, >= 1
-  std::string blas_kernel = "auto";  // "auto" | "default" | an OpenBLAS kernel (layers::blas_kernel_candidates)
+  std::string blas_kernel = "auto";  // "auto" | "default" | an OpenBLAS kernel (blas_kernel_candidates)
   ddp_device_kind device = DDP_DEVICE_CPU;  // "cpu" | "cuda" (GPU local_rank per rank)
   bool share_gpus = false;    // cuda: ranks beyond the GPU count share them (gloo only)
   bool check_finite = true;   // a non-finite loss stops the run, naming the first non-finite parameter
@@ -76,7 +76,7 @@ struct CheckpointConfig {
 };
 
 struct ModelConfig {
-  std::string name;           // required: a name of models/registry.h
+  std::string name;           // required: a name of engine/models/registry.h
   std::string init_from;      // optional safetensors path, relative to the config file
   std::vector<std::string> freeze;  // globs: parameters frozen from the start (fine-tuning)
   // The model's own keys (registry.h), each with its fallback where unset.

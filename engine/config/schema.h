@@ -1,6 +1,6 @@
 // schema.h — every key of the config's fixed sections, with its TOML type
 // and whether it is required. The models' own [model] keys are the
-// registry's (models/registry.h); the plugin sections ([transport],
+// registry's (engine/models/registry.h); the plugin sections ([transport],
 // [strategy]) list only `plugin`: their other keys belong to the plugin and
 // are checked by PluginSection.
 #pragma once

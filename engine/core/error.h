@@ -3,33 +3,37 @@
 // whoever throws); across the plugin ABI they are ddp_status codes; only
 // main() turns them into an exit code.
 //
-// An Error is a plugin::Failure (ddp/plugin.hpp): it carries the ddp_status
-// it stands for, its kind, so that one guard turns it into a status at the
-// ABI (plugin::guard) and a status coming back out of a plugin keeps its
-// kind. On its way up it also learns which plugin entry and which step it
-// came from. A rank reports all of these to its launcher as fields
+// An Error carries the ddp_status it stands for, its kind, so that a status
+// coming back out of a plugin keeps its kind and the host's own entries
+// return it at the ABI (host_guard, engine/host/plugin_host.h, converts it
+// there explicitly: the engine's errors are its own, not the plugin SDK's).
+// On its way up it also learns which plugin entry and which step it came
+// from. A rank reports all of these to its launcher as fields
 // (engine/launch/failure.h), so that the launcher tells a timeout from a lost
 // peer without reading the text.
 #pragma once
 
 #include <cstdint>
 #include <new>
+#include <stdexcept>
 #include <string>
 
-#include <ddp/plugin.hpp>
+#include <ddp/plugin.h>
 
 #include "whereabouts.h"
 
 namespace ddp {
 
-class Error : public plugin::Failure {
+class Error : public std::runtime_error {
  public:
   // `kind`, the status() it stands for: DDP_ERR_TIMEOUT (a wait outlasted
   // run.timeout_s), DDP_ERR_COMM (a peer or the network failed),
   // DDP_ERR_INVALID_ARGUMENT (the configuration or a file it names),
   // DDP_ERR_OUT_OF_MEMORY, DDP_ERR_UNSUPPORTED; DDP_ERR_INTERNAL for
   // anything else.
-  explicit Error(const std::string& message, ddp_status kind = DDP_ERR_INTERNAL) : Failure(kind, message) {}
+  explicit Error(const std::string& message, ddp_status kind = DDP_ERR_INTERNAL)
+      : std::runtime_error(message), status_(kind) {}
+  ddp_status status() const { return status_; }
 
   // Where it happened, as far as known: the plugin ("strategy plugin
   // 'naive'") and entry ("finish") that returned it, and the training step
@@ -48,6 +52,7 @@ class Error : public plugin::Failure {
   }
 
  private:
+  ddp_status status_;
   std::string plugin_, entry_;
   int64_t step_ = -1;
 };
@@ -59,10 +64,10 @@ class ConfigError : public Error {
   explicit ConfigError(const std::string& message) : Error(message, DDP_ERR_INVALID_ARGUMENT) {}
 };
 
-// The kind of any exception: an Error's (or a plugin::Failure's) own;
-// DDP_ERR_OUT_OF_MEMORY for std::bad_alloc; else DDP_ERR_INTERNAL.
+// The kind of any exception: an Error's own; DDP_ERR_OUT_OF_MEMORY for
+// std::bad_alloc; else DDP_ERR_INTERNAL.
 inline ddp_status kind_of(const std::exception& e) {
-  if (const auto* f = dynamic_cast<const plugin::Failure*>(&e)) return f->status();
+  if (const auto* f = dynamic_cast<const Error*>(&e)) return f->status();
   if (dynamic_cast<const std::bad_alloc*>(&e)) return DDP_ERR_OUT_OF_MEMORY;
   return DDP_ERR_INTERNAL;
 }

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "env.h"
+
 namespace ddp {
 namespace {
 
@@ -17,6 +19,7 @@ constexpr size_t kMaxArgString = 32 * 4096;  // Linux's MAX_ARG_STRLEN
 
 bool g_asked = false;                         // ask_for_huge_pages ran
 std::optional<std::string> g_value_at_start;  // glibc.malloc.hugetlb as this process started
+std::optional<std::string> g_value_now;       // ... as the processes this one starts get it
 bool g_restarted = false;                     // this process is restart_with_huge_pages's
 
 std::string read_text(const char* path) {
@@ -50,20 +53,25 @@ std::optional<std::string> with_huge_pages_tunable(const char* tunables, const c
 }
 
 void ask_for_huge_pages() {
-  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  const char* tunables = env().get("GLIBC_TUNABLES");
   g_asked = true;
   g_value_at_start = malloc_hugetlb_value(tunables);
-  g_restarted = std::getenv(kRestartMark) != nullptr;
+  g_value_now = g_value_at_start;
+  g_restarted = env().huge_pages_restarted;  // kRestartMark
   unsetenv(kRestartMark);
-  if (const auto wanted = with_huge_pages_tunable(tunables, std::getenv("DDP_HUGE_PAGES")))
-    setenv("GLIBC_TUNABLES", wanted->c_str(), 1);
+  const char* ddp_huge_pages = env().get("DDP_HUGE_PAGES");
+  if (const auto wanted = with_huge_pages_tunable(tunables, ddp_huge_pages)) {
+    setenv("GLIBC_TUNABLES", wanted->c_str(), 1);  // for the processes this one starts
+    g_value_now = malloc_hugetlb_value(wanted->c_str());
+  }
 }
 
 void restart_with_huge_pages(char** argv) {
-  if (g_value_at_start || g_restarted || !malloc_hugetlb_value(std::getenv("GLIBC_TUNABLES"))) return;
+  const auto now = g_asked ? g_value_now : malloc_hugetlb_value(env().get("GLIBC_TUNABLES"));
+  if (g_value_at_start || g_restarted || !now) return;
   // Run through ld.so by hand (no interpreter in the auxiliary vector),
   // /proc/self/exe is ld.so; under valgrind it is valgrind's tool.
-  const char* preload = std::getenv("LD_PRELOAD");
+  const char* preload = env().get("LD_PRELOAD");
   if (getauxval(AT_BASE) == 0 || (preload && std::string(preload).find("vgpreload") != std::string::npos)) return;
   setenv(kRestartMark, "1", 1);
   execv("/proc/self/exe", argv);
@@ -92,7 +100,7 @@ int64_t anon_huge_bytes(const std::string& smaps_rollup_text) {
 
 HugePages huge_pages_now() {
   HugePages h;
-  const auto value = g_asked ? g_value_at_start : malloc_hugetlb_value(std::getenv("GLIBC_TUNABLES"));
+  const auto value = g_asked ? g_value_at_start : malloc_hugetlb_value(env().get("GLIBC_TUNABLES"));
   h.malloc_hugetlb = value.value_or("");
   h.thp_mode = thp_mode(read_text("/sys/kernel/mm/transparent_hugepage/enabled"));
   if (h.thp_mode.empty()) h.thp_mode = "unavailable";

@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "env.h"
+
 namespace ddp::whereabouts {
 namespace {
 
@@ -50,14 +52,11 @@ int open_fifo(const char* path) {
 int channel_fd() {
   int fd = g_fd.load(std::memory_order_acquire);
   if (fd != -1) return fd;
-  const char* text = std::getenv("DDP_STATUS_FD");
-  const char* path = std::getenv("DDP_STATUS_PATH");
-  char* end = nullptr;
-  const long value = text && *text ? std::strtol(text, &end, 10) : -1;
-  if (value >= 0 && end && *end == '\0') {
-    fd = int(value);
+  const Env& e = env();  // DDP_STATUS_FD, else DDP_STATUS_PATH
+  if (e.status_fd >= 0) {
+    fd = e.status_fd;
   } else {
-    fd = path && *path ? open_fifo(path) : -2;
+    fd = !e.status_path.empty() ? open_fifo(e.status_path.c_str()) : -2;
   }
   g_fd.store(fd, std::memory_order_release);
   return fd;

@@ -1,10 +1,10 @@
 // host_compute.cpp — ddp_host's compute entries (ABI 1.9: gemm, dot, norm,
 // axpy, normalize), which lend a strategy the engine's BLAS: the argument
 // checks, each refusal naming the entry and what is wrong, then the
-// device's Compute (models/compute.h), which enqueues the work on the
+// device's Compute (engine/models/compute.h), which enqueues the work on the
 // stream. Failures become a status and text through host_guard, as the
 // entries of plugin_host.cpp do. Not here: the arithmetic (compute.cpp and
-// cuda/cuda_compute.cu in models/), and any check that needs the device
+// cuda/cuda_compute.cu in engine/models/), and any check that needs the device
 // (whether a pointer is its memory; copy does not check it either).
 #include <climits>
 #include <cmath>

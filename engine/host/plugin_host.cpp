@@ -3,6 +3,7 @@
 // the work, and turns exceptions into a status plus text (host_guard).
 #include "plugin_host.h"
 
+#include "env.h"
 #include "whereabouts.h"
 
 #include <cstdlib>
@@ -66,7 +67,7 @@ struct HostCallbacks {
 
   static void log(void* ctx, ddp_log_level level, const char* message) {
     static const char* kLevels[] = {"debug", "info", "warning", "error"};
-    if (level == DDP_LOG_DEBUG && !std::getenv("DDP_DEBUG")) return;
+    if (level == DDP_LOG_DEBUG && !env().debug) return;
     std::fprintf(stderr, "[rank %d] %s: %s: %s\n", svc(ctx).rank.rank, self(ctx).label_.c_str(),
                  kLevels[level < 0 || level > 3 ? 1 : level], message);
   }

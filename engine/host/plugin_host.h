@@ -138,11 +138,22 @@ std::string take_plugin_error();
 
 // The host's own entries (and the metered transport's) report a failure as
 // a plugin's entries do: through plugin::guard, which sets the calling
-// thread's error text, with `fallback` for a failure of no kind.
+// thread's error text, with `fallback` for a failure of no kind. An Error
+// is the engine's own type, not the SDK's: it is turned into a
+// plugin::Failure of its kind here, at the ABI, with its words unchanged.
 const ddp_host* engine_error_sink();
 template <typename Body>
 ddp_status host_guard(Body&& body, ddp_status fallback = DDP_ERR_INTERNAL) {
-  return plugin::guard(engine_error_sink(), std::forward<Body>(body), fallback);
+  return plugin::guard(
+      engine_error_sink(),
+      [&] {
+        try {
+          body();
+        } catch (const Error& e) {
+          throw plugin::Failure(e.status(), e.what());
+        }
+      },
+      fallback);
 }
 
 }  // namespace ddp

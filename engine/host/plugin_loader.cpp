@@ -19,6 +19,7 @@
 #include <boost/system/system_error.hpp>
 
 #include "elf_extent.h"
+#include "env.h"
 #include "whereabouts.h"
 
 namespace ddp {
@@ -181,8 +182,8 @@ const char* to_string(PluginKind kind) {
 std::string default_plugin_dir() {
   const fs::path beside = boost::dll::program_location().parent_path() / ".." / "lib" / "ddp";
   const std::string shipped = fs::weakly_canonical(beside).string();
-  const char* env = std::getenv("DDP_PLUGIN_DIR");
-  return env != nullptr && env[0] != '\0' ? std::string(env) + ":" + shipped : shipped;
+  const std::string& given = env().plugin_dir;  // DDP_PLUGIN_DIR
+  return !given.empty() ? given + ":" + shipped : shipped;
 }
 
 std::vector<std::string> search_dirs(const std::string& search_path) {

@@ -14,6 +14,7 @@
 
 #include "crash_handler.h"
 #include "diagnose.h"
+#include "env.h"
 #include "error.h"
 #include "failure.h"
 #include "rank_env.h"
@@ -33,7 +34,7 @@ namespace fs = std::filesystem;
 constexpr std::chrono::milliseconds kGrace{1000};
 
 std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
+  const char* v = env().get(name);
   return v && *v ? v : fallback;
 }
 
@@ -41,10 +42,10 @@ std::string env_or(const char* name, const std::string& fallback) {
 // reuse, from the launcher that started the ranks (SLURM, Open MPI's PMIx,
 // torchrun); "ddp" when none says (ranks started by hand: set DDP_RUN_ID).
 std::string default_run_id() {
-  if (const char* job = std::getenv("SLURM_JOB_ID"))
+  if (const char* job = env().get("SLURM_JOB_ID"))
     return std::string("slurm-") + job + "." + env_or("SLURM_STEP_ID", "0");
-  if (const char* ns = std::getenv("PMIX_NAMESPACE")) return std::string("pmix-") + ns;
-  if (const char* id = std::getenv("TORCHELASTIC_RUN_ID")) return std::string("torchrun-") + id;
+  if (const char* ns = env().get("PMIX_NAMESPACE")) return std::string("pmix-") + ns;
+  if (const char* id = env().get("TORCHELASTIC_RUN_ID")) return std::string("torchrun-") + id;
   return "ddp";
 }
 
@@ -206,7 +207,7 @@ int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milli
   std::signal(SIGPIPE, SIG_IGN);
   whereabouts::has_channel();  // looked up now, not first in a signal handler
   try {
-    const std::optional<RankSource> source = rank_from_environment(std::getenv);
+    const std::optional<RankSource> source = rank_from_environment(env_var);
     if (!source)
       throw Error("no launcher says which rank this is (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID)",
                   DDP_ERR_INVALID_ARGUMENT);
@@ -236,7 +237,7 @@ int run_rank(const std::function<void(const RankEnv&)>& body, std::chrono::milli
 int rank_failed_early(const std::exception& e) {
   std::optional<RankSource> source;
   try {
-    source = rank_from_environment(std::getenv);
+    source = rank_from_environment(env_var);
   } catch (const std::exception&) {  // no rank to name
   }
   if (!source) {
@@ -248,7 +249,7 @@ int rank_failed_early(const std::exception& e) {
 
 bool launched_as_rank() {
   try {
-    return rank_from_environment(std::getenv).has_value();
+    return rank_from_environment(env_var).has_value();
   } catch (const std::exception&) {
     return true;  // a rank with a bad variable: run_rank says which
   }

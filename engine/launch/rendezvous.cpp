@@ -27,6 +27,7 @@
 #include <pmix.h>
 #endif
 
+#include "env.h"
 #include "error.h"
 
 namespace ddp {
@@ -258,8 +259,8 @@ std::string share_through_pmix(const std::string& mine, double timeout_s) {
 
 Rendezvous::Rendezvous(const RankInfo& rank, const std::string& run_id, double timeout_s)
     : unwinding_(std::uncaught_exceptions()) {
-  const char* tmp = std::getenv("TMPDIR");
-  const RendezvousPlan plan = plan_rendezvous(std::getenv, run_id, tmp && *tmp ? tmp : "/tmp");
+  const char* tmp = env().get("TMPDIR");
+  const RendezvousPlan plan = plan_rendezvous(env_var, run_id, tmp && *tmp ? tmp : "/tmp");
   switch (plan.way) {
     case RendezvousPlan::kGiven:
       location_ = plan.location;

@@ -1,5 +1,5 @@
 // model_setup.h — the model as the config sets it up: built through the
-// registry (models/registry.h) from run.seed + rank, initial weights from
+// registry (engine/models/registry.h) from run.seed + rank, initial weights from
 // model.init_from, parameters frozen by model.freeze, and the unfreeze
 // schedule ([[schedule.unfreeze]]) applied step by step.
 #pragma once

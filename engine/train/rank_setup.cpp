@@ -9,6 +9,7 @@
 
 #include "agreement.h"
 #include "checkpoint.h"
+#include "env.h"
 #include "model_setup.h"
 #include "rank_run.h"
 #include "whereabouts.h"
@@ -142,7 +143,7 @@ std::vector<std::vector<float>> RankRun::initial_snapshot() {
 
 void RankRun::set_up_timeline() {
   std::unique_ptr<Trace> trace;
-  if (const char* path = std::getenv("DDP_TRACE"); path && *path) {
+  if (const std::string& path = ddp::env().trace; !path.empty()) {  // DDP_TRACE
     trace_path_ = path;
     // Room for every step's ranges and collectives (about one per parameter each).
     const size_t per_step =

@@ -9,9 +9,10 @@
 #include <filesystem>
 
 #include "agreement.h"
+#include "blas_info.h"
 #include "checkpoint.h"
 #include "checksum.h"
-#include "layers.h"  // blas_kernel_loaded, blas_build
+#include "env.h"
 #include "rank_run.h"
 #include "replica_check.h"
 #include "safetensors.h"
@@ -313,8 +314,8 @@ void RankRun::write_summary(const std::vector<double>& all) {
   facts.after_setup = mem_after_setup_, facts.before_optimizer = mem_before_optimizer_;
   facts.after_optimizer = mem_after_optimizer_;
   facts.config_toml = config_.toml_text;
-  facts.blas_kernel = layers::blas_kernel_loaded(), facts.blas_build = layers::blas_build();
-  if (const char* choice = std::getenv("DDP_BLAS_CHOICE")) facts.blas_choice_json = choice;
+  facts.blas_kernel = blas_kernel_loaded(), facts.blas_build = blas_build();
+  facts.blas_choice_json = ddp::env().blas_choice.value_or("");  // DDP_BLAS_CHOICE
   facts.replica_check_every = config_.run.check_replicas_every, facts.replica_check_s = replica_check_s_;
   facts.divergent = plugins_->divergent();
   facts.weights_synced = weights_synced_;
@@ -324,7 +325,7 @@ void RankRun::write_summary(const std::vector<double>& all) {
   facts.first_step = start_step_, facts.resumed_from = resumed_from_;
   facts.losses_before = loss_prefix_;
   facts.checkpoints = checkpoints_, facts.checkpoint_s = checkpoint_s_;
-  if (const char* restarts = std::getenv("DDP_RESTARTS")) facts.restarts_json = restarts;
+  facts.restarts_json = ddp::env().restarts.value_or("");  // DDP_RESTARTS
   const std::vector<GroupReport> groups = plugins_->metered().reports();
   for (const GroupReport& g : groups)
     if (groups.size() > 1) facts.groups.push_back({g.name, g.ranks, g.collectives, g.bytes, g.bus_bytes});

@@ -1,6 +1,6 @@
 // cuda_check.h — the one way a CUDA failure becomes a ddp::Error: the call
 // that failed, then CUDA's own words. Used by the CUDA device, its kernels
-// (cuda_ops.cu) and the models' kernels (models/cuda/). Builds with
+// (cuda_ops.cu) and the models' kernels (engine/models/cuda/). Builds with
 // DDP_WITH_CUDA only.
 #pragma once
 

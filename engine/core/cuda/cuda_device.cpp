@@ -17,6 +17,7 @@
 #include "convert.h"
 #include "cuda/cuda_ops.h"
 #include "device.h"
+#include "env.h"
 #include "error.h"
 
 namespace ddp {
@@ -245,7 +246,7 @@ std::unique_ptr<Device> make_cuda_device(int local_rank, bool share_gpus) {
                     (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")",
                 DDP_ERR_UNSUPPORTED);
   }
-  return std::make_unique<CudaDevice>(choose_gpu(local_rank, count, std::getenv("CUDA_VISIBLE_DEVICES"), share_gpus));
+  return std::make_unique<CudaDevice>(choose_gpu(local_rank, count, env().get("CUDA_VISIBLE_DEVICES"), share_gpus));
 }
 
 }  // namespace ddp

@@ -1,6 +1,6 @@
 // column_sums.cpp — the layers whose results are column sums (bias and
 // RMSNorm gain gradients), in the fixed order layers.h defines. Built with
-// -ffp-contract=off (models/CMakeLists.txt): a product and a sum stay two
+// -ffp-contract=off (engine/models/CMakeLists.txt): a product and a sum stay two
 // roundings whether or not the CPU has FMA, as the CUDA kernels compute
 // them, so both give the same bits. Apart from this file the layers may
 // contract (the exp polynomial is faster with FMA).

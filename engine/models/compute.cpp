@@ -4,7 +4,7 @@
 // operands when it runs (a dot's out, enqueued before, is an axpy's
 // scalars). And make_compute, the choice by device.
 //
-// Built with -ffp-contract=off (models/CMakeLists.txt): a product and a sum
+// Built with -ffp-contract=off (engine/models/CMakeLists.txt): a product and a sum
 // stay two roundings whether or not the CPU has FMA, as the CUDA kernels
 // (cuda/cuda_compute.cu) compute them with explicit _rn intrinsics, so that
 // both devices give the same bits for dot, norm, axpy and normalize.

@@ -22,18 +22,8 @@
 namespace ddp {
 namespace layers {
 
-// ---- the BLAS behind the GEMMs ---------------------------------------------
-
-// The OpenBLAS GEMM kernels (OPENBLAS_CORETYPE values) `ddp run` may choose
-// between, besides OpenBLAS's own pick (engine/blas/blas_choice.h); x86-64
-// kernels of Debian's DYNAMIC_ARCH build, oldest first.
-const std::vector<std::string>& blas_kernel_candidates();
-// The kernel this process's OpenBLAS loaded ("Haswell", ...), and its
-// build (openblas_get_config without the kernel's name).
-std::string blas_kernel_loaded();
-std::string blas_build();
-// The threads OpenBLAS's GEMMs use in this process.
-void set_blas_threads(int threads);
+// ---- the GEMMs, recorded and replayed ---------------------------------------
+// (What this process's OpenBLAS is: blas_info.h.)
 
 // One GEMM the layers ran (cblas_sgemm, row-major): enough to run it again,
 // on the same operands.
