@@ -56,6 +56,7 @@
 #endif
 #include "conformance_options.h"
 #include "harness.h"
+#include "reference_cache.h"
 #include "plugin_plan.h"
 #include "plugin_loader.h"
 
@@ -153,12 +154,34 @@ std::string toml_for(const Scenario& sc, const std::string& model, const std::st
 // (under mpirun too: each rank computes it). A transport whose ranks only a
 // launcher starts (mpi) cannot run a forked world; on one rank every
 // transport leaves the gradients as they are, so gloo stands in for it.
-const RunResult& engine_reference(const Scenario& sc, const std::string& model) {
-  static std::map<std::string, RunResult> cache;
+// Kept in this process, and where $DDP_CONFORMANCE_REFERENCE_CACHE names a
+// directory (as the build's ctest does) in a file there, for the other
+// cases' processes (reference_cache.h). A run that failed is not kept.
+struct EngineReference {
+  std::vector<std::string> failures;  // "rank r: message"
+  reference_cache::Reference ref;
+};
+std::string g_reference_cache;  // the directory; "": none
+
+EngineReference compute_reference(const std::string& toml) {
+  if (!g_reference_cache.empty())
+    if (std::optional<reference_cache::Reference> ref = reference_cache::load(g_reference_cache, toml))
+      return {{}, std::move(*ref)};
+  RunResult run = harness::run(toml, 1, {}, "", harness::Ranks::kForked);
+  EngineReference out{run.failures, {}};
+  if (!out.failures.empty()) return out;
+  out.ref.weights = std::move(run.ranks.at(0));
+  for (const auto& l : run.summary["loss"]) out.ref.loss.push_back(l.get<double>());
+  if (!g_reference_cache.empty()) reference_cache::store(g_reference_cache, toml, out.ref);
+  return out;
+}
+
+const EngineReference& engine_reference(const Scenario& sc, const std::string& model) {
+  static std::map<std::string, EngineReference> cache;
   const std::string transport = g_options.transport == "mpi" ? "gloo" : g_options.transport;
   const std::string toml = toml_for(sc, model, "naive", transport);
   auto it = cache.find(toml);
-  if (it == cache.end()) it = cache.emplace(toml, harness::run(toml, 1, {}, "", harness::Ranks::kForked)).first;
+  if (it == cache.end()) it = cache.emplace(toml, compute_reference(toml)).first;
   return it->second;
 }
 
@@ -243,12 +266,12 @@ struct Reference {
 Reference reference_of(const Scenario& sc, const std::string& model, const RunResult& ddp) {
   Reference ref;
   if (sc.fixture.empty()) {
-    const RunResult& run = engine_reference(sc, model);
+    const EngineReference& run = engine_reference(sc, model);
     if (!run.failures.empty())
       throw std::runtime_error("the reference run (the single-process engine: naive, 1 rank) failed: " +
                                run.failures[0]);
-    ref.weights = [&run](int s, size_t p) { return run.ranks[0].at(s)[p]; };
-    for (const auto& l : run.summary["loss"]) ref.loss.push_back(l.get<double>());
+    ref.weights = [&run](int s, size_t p) { return run.ref.weights.at(s)[p]; };
+    ref.loss = run.ref.loss;
     ref.name = "the single-process engine";
     return ref;
   }
@@ -493,6 +516,7 @@ int main(int argc, char** argv) {
     std::cout << ddp::kConformanceHelp;
     return 0;
   }
+  if (const char* dir = std::getenv("DDP_CONFORMANCE_REFERENCE_CACHE"); dir && *dir) ddp::g_reference_cache = dir;
   std::vector<char*> rest = {argv[0]};
   for (std::string& a : gtest_args) rest.push_back(a.data());
   int n = static_cast<int>(rest.size());
