@@ -293,7 +293,9 @@ void reduce_in_place(ddp_comm* comm, T* ptr, size_t count, ddp_reduce_op op, uin
 ddp_status gloo_init(const ddp_host* host, ddp_comm** out) {
   const auto start = std::chrono::steady_clock::now();
   try {
-    const char *key = nullptr, *interface = nullptr, *algorithm = nullptr;
+    const char *key = nullptr;
+    const char* interface = nullptr;
+    const char* algorithm = nullptr;
     if (host->config_string(host->ctx, "hostname", "auto", &key) != DDP_OK ||
         host->config_string(host->ctx, "interface", "", &interface) != DDP_OK ||
         host->config_string(host->ctx, "algorithm", "auto", &algorithm) != DDP_OK)
@@ -417,9 +419,12 @@ ddp_status gloo_all_gather(ddp_comm* comm, const ddp_buffer* send_in, const ddp_
                            ddp_stream stream) {
   if (ddp_status s = check_pair(comm, send_in, recv_in, "all_gather")) return s;
   if (ddp_status s = ddp::plugin::check_all_gather(comm->host, *send_in, *recv_in, comm->size)) return s;
-  const ddp_buffer send = *send_in, recv = *recv_in;
+  const ddp_buffer send = *send_in;
+  const ddp_buffer recv = *recv_in;
   size_t world = static_cast<size_t>(comm->size);
-  ddp_buffer hsend = send, hrecv = recv;  // what Gloo works on (staging parts for CUDA buffers)
+  // What Gloo works on (staging parts for CUDA buffers).
+  ddp_buffer hsend = send;
+  ddp_buffer hrecv = recv;
   if (send.device == DDP_DEVICE_CUDA) {
     void* parts[2];
     if (ddp_status s = stage(comm, stream, "all_gather", {bytes_of(send), bytes_of(recv)}, parts)) return s;
@@ -450,9 +455,12 @@ ddp_status gloo_reduce_scatter(ddp_comm* comm, const ddp_buffer* send_in, const 
                                ddp_reduce_op op, ddp_stream stream) {
   if (ddp_status s = check_pair(comm, send_in, recv_in, "reduce_scatter")) return s;
   if (ddp_status s = ddp::plugin::check_reduce_scatter(comm->host, *send_in, *recv_in, comm->size)) return s;
-  const ddp_buffer send = *send_in, recv = *recv_in;
+  const ddp_buffer send = *send_in;
+  const ddp_buffer recv = *recv_in;
   size_t world = static_cast<size_t>(comm->size);
-  ddp_buffer hsend = send, hrecv = recv;  // what Gloo works on (staging parts for CUDA buffers)
+  // What Gloo works on (staging parts for CUDA buffers).
+  ddp_buffer hsend = send;
+  ddp_buffer hrecv = recv;
   void* staged_scratch = nullptr;  // null on a CPU run: scratch_of, on the stream, as ever
   if (comm->host->device != DDP_DEVICE_CPU) {  // no host->alloc in a host function there
     const bool cuda = send.device == DDP_DEVICE_CUDA;

@@ -58,7 +58,8 @@ constexpr uint64_t kDtypes = DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_FLOA
 // MPI has no 16-bit floats: they travel as MPI_UINT16_T and are summed by
 // these user operations, each sum in float32 rounded back (ddp/numeric.h).
 // Made once, when MPI starts.
-MPI_Op g_bf16_sum = MPI_OP_NULL, g_fp16_sum = MPI_OP_NULL;
+MPI_Op g_bf16_sum = MPI_OP_NULL;
+MPI_Op g_fp16_sum = MPI_OP_NULL;
 
 template <uint16_t (*FromFloat)(float), float (*ToFloat)(uint16_t)>
 void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -263,7 +264,9 @@ bool srun_without_pmi(const char* (*get)(const char*)) {
 // MPI initialised (by us, once per process, unless it already was) at a
 // thread level the comm stream's thread may call it at.
 ddp_status start_mpi(const ddp_host* host) {
-  int initialized = 0, finalized = 0, provided = MPI_THREAD_SINGLE;
+  int initialized = 0;
+  int finalized = 0;
+  int provided = MPI_THREAD_SINGLE;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (finalized)
@@ -300,7 +303,8 @@ ddp_status mpi_init(const ddp_host* host, ddp_comm** out) {
       throw ddp::plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "", /*text_is_set=*/true);
     comm->nonblocking = nonblocking != 0;
     if (ddp_status s = start_mpi(host)) throw ddp::plugin::Failure(s, "", /*text_is_set=*/true);
-    int rank = -1, size = 0;
+    int rank = -1;
+    int size = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (rank != host->rank || size != host->world_size)
@@ -396,7 +400,8 @@ ddp_status mpi_all_gather(ddp_comm* comm, const ddp_buffer* send, const ddp_buff
   if (ddp_status s = check_buffer(comm, send, "all_gather")) return s;
   if (ddp_status s = check_buffer(comm, recv, "all_gather")) return s;
   if (ddp_status s = ddp::plugin::check_all_gather(comm->host, *send, *recv, comm->size)) return s;
-  const ddp_buffer s = *send, v = *recv;
+  const ddp_buffer s = *send;
+  const ddp_buffer v = *recv;
   const MPI_Datatype t = mpi_type(s.dtype);
   return enqueue(
       comm, stream, describe("all_gather", s),
@@ -412,7 +417,8 @@ ddp_status mpi_reduce_scatter(ddp_comm* comm, const ddp_buffer* send, const ddp_
   if (ddp_status s = check_buffer(comm, recv, "reduce_scatter")) return s;
   if (ddp_status s = ddp::plugin::check_reduce_scatter(comm->host, *send, *recv, comm->size)) return s;
   const int world = comm->size;
-  const ddp_buffer s = *send, v = *recv;
+  const ddp_buffer s = *send;
+  const ddp_buffer v = *recv;
   return enqueue(
       comm, stream, describe("reduce_scatter", s),
       [comm, s, v] { return MPI_Reduce_scatter_block(s.ptr, v.ptr, int(v.count), mpi_type(v.dtype), sum_of(v.dtype), comm->comm); },

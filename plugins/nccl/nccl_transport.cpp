@@ -283,7 +283,8 @@ ddp_status nccl_split(ddp_comm* parent, const ddp_split* how, ddp_comm** out) {
       throw Failure(DDP_ERR_COMM, where + "cudaSetDevice(" + std::to_string(comm->gpu) + "): " + cuda_error(e));
     ddp::plugin::check(host->alloc(host->ctx, sizeof(float), DDP_MEM_COMM_BUFFERS, &comm->barrier_buf));
     comm->nccl = split_nccl(parent, how, where);
-    int rank = -1, count = 0;
+    int rank = -1;
+    int count = 0;
     ncclCommUserRank(comm->nccl, &rank);
     ncclCommCount(comm->nccl, &count);
     if (rank != how->rank || count != how->size)

@@ -90,23 +90,39 @@ inline void orthogonalize(const plugin::Host& h, float* x, size_t rows, size_t r
 
 // C_b = op(A_b) op(B_b) for b < batch, beta 0 (ddp_gemm).
 struct Product {
-  bool trans_a = false, trans_b = false;
-  size_t m = 0, n = 0, k = 0;
+  bool trans_a = false;
+  bool trans_b = false;
+  size_t m = 0;
+  size_t n = 0;
+  size_t k = 0;
   const float* a = nullptr;
-  size_t lda = 0, stride_a = 0;
+  size_t lda = 0;
+  size_t stride_a = 0;
   const float* b = nullptr;
-  size_t ldb = 0, stride_b = 0;
+  size_t ldb = 0;
+  size_t stride_b = 0;
   float* c = nullptr;
-  size_t ldc = 0, stride_c = 0;
+  size_t ldc = 0;
+  size_t stride_c = 0;
   size_t batch = 1;
 };
 inline void multiply(const plugin::Host& h, const Product& p, ddp_stream s) {
   ddp_gemm g = plugin::Host::gemm_desc();
-  g.trans_a = p.trans_a ? 1 : 0, g.trans_b = p.trans_b ? 1 : 0;
-  g.m = p.m, g.n = p.n, g.k = p.k, g.beta = 0.0;
-  g.a = p.a, g.lda = p.lda, g.stride_a = p.stride_a;
-  g.b = p.b, g.ldb = p.ldb, g.stride_b = p.stride_b;
-  g.c = p.c, g.ldc = p.ldc, g.stride_c = p.stride_c;
+  g.trans_a = p.trans_a ? 1 : 0;
+  g.trans_b = p.trans_b ? 1 : 0;
+  g.m = p.m;
+  g.n = p.n;
+  g.k = p.k;
+  g.beta = 0.0;
+  g.a = p.a;
+  g.lda = p.lda;
+  g.stride_a = p.stride_a;
+  g.b = p.b;
+  g.ldb = p.ldb;
+  g.stride_b = p.stride_b;
+  g.c = p.c;
+  g.ldc = p.ldc;
+  g.stride_c = p.stride_c;
   g.batch = p.batch;
   h.gemm(g, s);
 }

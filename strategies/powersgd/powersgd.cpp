@@ -58,7 +58,8 @@ class HostFloats {
   }
   HostFloats(HostFloats&& o) noexcept : h_(o.h_), p_(std::exchange(o.p_, nullptr)) {}
   HostFloats& operator=(HostFloats&& o) noexcept {
-    std::swap(h_, o.h_), std::swap(p_, o.p_);
+    std::swap(h_, o.h_);
+    std::swap(p_, o.p_);
     return *this;
   }
   float* get() const { return p_; }
@@ -95,7 +96,9 @@ struct ddp_strategy_s : StrategyBase {
   std::vector<ddp_state_scope> scopes;
   bool syncing = false;
   int64_t step = 0;
-  int64_t compressed_steps = 0, plain_steps = 0;  // sync micro-batches of each kind (stats)
+  // Sync micro-batches of each kind (stats).
+  int64_t compressed_steps = 0;
+  int64_t plain_steps = 0;
 };
 
 namespace {
@@ -147,7 +150,9 @@ DeviceBuffer device_floats(const Host& h, size_t count, ddp_mem_category categor
 // (equal on every rank), named from its parameter.
 void name_state(ddp_strategy* s) {
   const Host& h = s->host;
-  s->names.clear(), s->state.clear(), s->scopes.clear();
+  s->names.clear();
+  s->state.clear();
+  s->scopes.clear();
   for (const Matrix& m : s->layout.matrices) {
     s->names.push_back(ddp::powersgd::state_name(h.param(m.param).name, ".error"));
     s->names.push_back(ddp::powersgd::state_name(h.param(m.param).name, ".q"));
@@ -190,7 +195,8 @@ void carry_state(ddp_strategy* s, const Layout& old, const DeviceBuffer& old_err
 void lay_out(ddp_strategy* s) {
   const Host& h = s->host;
   const Layout old = s->layout;
-  DeviceBuffer old_error = std::move(s->error), old_q = std::move(s->q);
+  DeviceBuffer old_error = std::move(s->error);
+  DeviceBuffer old_q = std::move(s->q);
   s->retired.push_back(std::move(s->p));
   s->retired.push_back(std::move(s->flat));
   s->retired.push_back(std::move(s->scratch));
@@ -250,7 +256,10 @@ void average_uncompressed(ddp_strategy* s) {
   std::vector<size_t> order;  // packing order: reverse table order
   size_t total = 0;
   for (size_t i = h.param_count(); i-- > 0;)
-    if (h.param(i).trainable && h.param(i).numel > 0) order.push_back(i), total += h.param(i).numel;
+    if (h.param(i).trainable && h.param(i).numel > 0) {
+      order.push_back(i);
+      total += h.param(i).numel;
+    }
   s->comm_after_compute();
   if (char* packed = s->packed_grads(order)) {
     s->comm.all_reduce(h.floats(packed, total), DDP_REDUCE_AVG, h.comm_stream());
@@ -280,9 +289,13 @@ void compress(ddp_strategy* s) {
   using namespace ddp::powersgd;
   const Host& h = s->host;
   const Layout& l = s->layout;
-  const ddp_stream compute = h.compute_stream(), comm = h.comm_stream();
+  const ddp_stream compute = h.compute_stream();
+  const ddp_stream comm = h.comm_stream();
   const double eps = s->keys.epsilon;
-  float *error = s->error.floats(), *p = s->p.floats(), *q = s->q.floats(), *scratch = s->scratch.floats();
+  float *error = s->error.floats();
+  float* p = s->p.floats();
+  float* q = s->q.floats();
+  float* scratch = s->scratch.floats();
   average_vectors(s);
   if (l.matrices.empty()) return;
   for (const Group& g : l.groups) {

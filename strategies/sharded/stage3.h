@@ -124,19 +124,23 @@ class Stage3 {
     for (size_t b = 0; b < layout.buckets.size(); ++b)
       bucket_of_[h.param(layout.buckets[b].params.front()).unit] = b;
     std::vector<size_t> sizes;
-    size_t largest = 0, chunk = 0;
+    size_t largest = 0;
+    size_t chunk = 0;
     for (size_t u = 0; u < units_.size(); ++u) {
       sizes.push_back(bucket_of_[u] == kNone ? 0 : layout.buckets[bucket_of_[u]].padded());
       largest = std::max(largest, sizes.back());
       if (bucket_of_[u] != kNone) chunk = std::max(chunk, layout.buckets[bucket_of_[u]].chunk);
     }
-    wire_send_.reset(), wire_recv_.reset();
+    wire_send_.reset();
+    wire_recv_.reset();
     if (keys_.gather != DDP_FLOAT32) {  // a chunk and a unit in the gather dtype, converted on the comm stream
       wire_send_ = plugin::DeviceBuffer(h.raw(), chunk * ddp_dtype_size(keys_.gather), DDP_MEM_COMM_BUFFERS);
       wire_recv_ = plugin::DeviceBuffer(h.raw(), largest * ddp_dtype_size(keys_.gather), DDP_MEM_COMM_BUFFERS);
     }
     schedule_ = gather_schedule(units_, keys_.prefetch, keys_.reshard_after_forward, sizes);
-    slots_.clear(), freed_.clear(), gathered_.clear();
+    slots_.clear();
+    freed_.clear();
+    gathered_.clear();
     for (size_t k = 0; k < std::max<size_t>(schedule_.peak_units, 1); ++k) {
       slots_.emplace_back(h.raw(), std::max<size_t>(largest, 1) * sizeof(float), DDP_MEM_PARAMETERS);
       freed_.emplace_back(h.raw());
@@ -224,13 +228,16 @@ class Stage3 {
       if (h.param(i).trainable) plan.claims_gradient(i);
     }
     const ShardLayout layout = shard_layout(units, params, size_t(shard_size), 1, Stage2::kAlign);
-    std::vector<size_t> bucket_of(units.size(), kNone), sizes(units.size(), 0);
-    size_t chunk = 0, largest = 0;
+    std::vector<size_t> bucket_of(units.size(), kNone);
+    std::vector<size_t> sizes(units.size(), 0);
+    size_t chunk = 0;
+    size_t largest = 0;
     for (size_t b = 0; b < layout.buckets.size(); ++b) {
       const ShardBucket& bucket = layout.buckets[b];
       bucket_of[h.param(bucket.params.front()).unit] = b;
       sizes[h.param(bucket.params.front()).unit] = bucket.padded();
-      chunk = std::max(chunk, bucket.chunk), largest = std::max(largest, bucket.padded());
+      chunk = std::max(chunk, bucket.chunk);
+      largest = std::max(largest, bucket.padded());
     }
     for (const OwnedRange& r : owned_ranges(layout, params, size_t(h.rank() % shard_size)))
       if (h.param(r.param).trainable) plan.steps(r.param, r.offset, r.count);
@@ -302,7 +309,9 @@ class Stage3 {
       h.convert(full, recv, comm);  // before the next gather reuses recv: the same stream
     }
     gathered_[x].record(comm);
-    slot_of_[x] = slot, slot_busy_[slot] = true, slot_used_[slot] = true;
+    slot_of_[x] = slot;
+    slot_busy_[slot] = true;
+    slot_used_[slot] = true;
   }
 
   // The compute stream waits for unit x's gather; its values are bound.
@@ -324,7 +333,8 @@ class Stage3 {
     for (size_t i : grads_.layout().buckets[b].params) h.bind_values(i, nullptr);
     const size_t slot = slot_of_[x];
     freed_[slot].record(h.compute_stream());
-    slot_busy_[slot] = false, slot_of_[x] = kNone;
+    slot_busy_[slot] = false;
+    slot_of_[x] = kNone;
   }
 
   const StrategyBase& base_;
@@ -335,12 +345,15 @@ class Stage3 {
   std::vector<size_t> bucket_of_;  // per unit: its bucket in stage 2's layout, or kNone (no parameters)
   GatherSchedule schedule_;
   plugin::DeviceBuffer values_;             // this rank's chunk of every unit's values
-  plugin::DeviceBuffer wire_send_, wire_recv_;  // gather_dtype other than float32: a chunk, a unit
+  // gather_dtype other than float32: a chunk, a unit.
+  plugin::DeviceBuffer wire_send_;
+  plugin::DeviceBuffer wire_recv_;
   std::vector<plugin::DeviceBuffer> slots_;  // full copies of gathered units
   std::vector<plugin::Event> freed_;        // per slot: recorded after the compute that read it
   std::vector<plugin::Event> gathered_;     // per unit: recorded after its all-gather
   std::vector<size_t> slot_of_;             // per unit: its slot while gathered
-  std::vector<bool> slot_used_, slot_busy_;
+  std::vector<bool> slot_used_;
+  std::vector<bool> slot_busy_;
   std::vector<ddp_range> ranges_;
 };
 
