@@ -26,9 +26,9 @@
 // the rank and size of the communicator it is given, never the host's.
 //
 // Not here (yet): CUDA buffers (refused: use nccl, or gloo's staging).
+#include <ddp/numeric.h>
 #include <ddp/plugin.h>
 #include <ddp/plugin.hpp>
-#include <ddp/numeric.h>
 #include <ddp/transport.hpp>
 
 #include <dlfcn.h>
@@ -49,7 +49,8 @@ namespace {
 constexpr const char* kVersion = "0.3.0";  // 0.2: bfloat16, float16; 0.3: split
 
 constexpr ddp_key kKeys[] = {
-    {"nonblocking", "bool", "true: MPI_I* collectives and MPI_Test, bounded by run.timeout_s; false (default): blocking"},
+    {"nonblocking", "bool",
+     "true: MPI_I* collectives and MPI_Test, bounded by run.timeout_s; false (default): blocking"},
     {nullptr, nullptr, nullptr},
 };
 constexpr uint64_t kDtypes = DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_FLOAT64) | DDP_DTYPE_BIT(DDP_INT32) |
@@ -104,7 +105,8 @@ MPI_Datatype mpi_type(ddp_dtype dtype) {
     case DDP_FLOAT64: return MPI_DOUBLE;
     case DDP_INT32: return MPI_INT32_T;
     case DDP_INT64: return MPI_INT64_T;
-    case DDP_BFLOAT16: case DDP_FLOAT16: return MPI_UINT16_T;  // summed by g_bf16_sum, g_fp16_sum
+    case DDP_BFLOAT16:
+    case DDP_FLOAT16: return MPI_UINT16_T;  // summed by g_bf16_sum, g_fp16_sum
     default: return MPI_DATATYPE_NULL;
   }
 }
@@ -308,12 +310,12 @@ ddp_status mpi_init(const ddp_host* host, ddp_comm** out) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (rank != host->rank || size != host->world_size)
-      throw ddp::plugin::Failure(
-          DDP_ERR_INVALID_ARGUMENT,
-          "MPI_COMM_WORLD is " + std::to_string(size) + " ranks and this is rank " + std::to_string(rank) +
-              ", but the run is " + std::to_string(host->world_size) + " ranks and this is rank " +
-              std::to_string(host->rank) + ": start the ranks with mpirun -np " + std::to_string(host->world_size) +
-              " ddp run CONFIG, or srun, or let ddp run start them (it does so through mpirun)");
+      throw ddp::plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
+                                 "MPI_COMM_WORLD is " + std::to_string(size) + " ranks and this is rank " +
+                                     std::to_string(rank) + ", but the run is " + std::to_string(host->world_size) +
+                                     " ranks and this is rank " + std::to_string(host->rank) +
+                                     ": start the ranks with mpirun -np " + std::to_string(host->world_size) +
+                                     " ddp run CONFIG, or srun, or let ddp run start them (it does so through mpirun)");
     if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm->comm))
       throw ddp::plugin::Failure(DDP_ERR_COMM, "MPI_Comm_dup failed: " + mpi_error(rc));
     MPI_Comm_set_errhandler(comm->comm, MPI_ERRORS_RETURN);
@@ -379,7 +381,9 @@ ddp_status mpi_all_reduce(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op o
   const int world = comm->size;
   return enqueue(
       comm, stream, describe("all_reduce", b),
-      [comm, b] { return MPI_Allreduce(MPI_IN_PLACE, b.ptr, int(b.count), mpi_type(b.dtype), sum_of(b.dtype), comm->comm); },
+      [comm, b] {
+        return MPI_Allreduce(MPI_IN_PLACE, b.ptr, int(b.count), mpi_type(b.dtype), sum_of(b.dtype), comm->comm);
+      },
       [comm, b](MPI_Request* r) {
         return MPI_Iallreduce(MPI_IN_PLACE, b.ptr, int(b.count), mpi_type(b.dtype), sum_of(b.dtype), comm->comm, r);
       },
@@ -393,7 +397,9 @@ ddp_status mpi_broadcast(ddp_comm* comm, const ddp_buffer* buf, int root, ddp_st
   return enqueue(
       comm, stream, describe("broadcast", b),
       [comm, b, root] { return MPI_Bcast(b.ptr, int(b.count), mpi_type(b.dtype), root, comm->comm); },
-      [comm, b, root](MPI_Request* r) { return MPI_Ibcast(b.ptr, int(b.count), mpi_type(b.dtype), root, comm->comm, r); });
+      [comm, b, root](MPI_Request* r) {
+        return MPI_Ibcast(b.ptr, int(b.count), mpi_type(b.dtype), root, comm->comm, r);
+      });
 }
 
 ddp_status mpi_all_gather(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv, ddp_stream stream) {
@@ -421,7 +427,9 @@ ddp_status mpi_reduce_scatter(ddp_comm* comm, const ddp_buffer* send, const ddp_
   const ddp_buffer v = *recv;
   return enqueue(
       comm, stream, describe("reduce_scatter", s),
-      [comm, s, v] { return MPI_Reduce_scatter_block(s.ptr, v.ptr, int(v.count), mpi_type(v.dtype), sum_of(v.dtype), comm->comm); },
+      [comm, s, v] {
+        return MPI_Reduce_scatter_block(s.ptr, v.ptr, int(v.count), mpi_type(v.dtype), sum_of(v.dtype), comm->comm);
+      },
       [comm, s, v](MPI_Request* r) {
         return MPI_Ireduce_scatter_block(s.ptr, v.ptr, int(v.count), mpi_type(v.dtype), sum_of(v.dtype), comm->comm, r);
       },

@@ -44,12 +44,12 @@ struct GatherHook {
 };
 
 struct GatherSchedule {
-  std::vector<GatherHook> begin;  // per position
-  std::vector<GatherHook> end;    // per position
+  std::vector<GatherHook> begin;           // per position
+  std::vector<GatherHook> end;             // per position
   std::vector<std::vector<size_t>> needs;  // per position: the units it reads, ascending
-  size_t gathers = 0;                  // all-gathers per micro-batch
-  size_t peak_units = 0;               // most units held or in flight at once
-  size_t peak_elements = 0;            // the same in elements (unit_elements)
+  size_t gathers = 0;                      // all-gathers per micro-batch
+  size_t peak_units = 0;                   // most units held or in flight at once
+  size_t peak_elements = 0;                // the same in elements (unit_elements)
 };
 
 // The unit at position p of U units.
@@ -127,8 +127,7 @@ inline void issue(GatherSchedule& s, GatherState& st, size_t p, size_t prefetch,
 // in flight ahead of the one computing; `unit_elements` (one per unit, or
 // empty) sizes peak_elements. Throws std::invalid_argument for a model
 // without units or with a tied parameter no unit owns.
-inline GatherSchedule gather_schedule(const std::vector<ShardUnit>& units, size_t prefetch,
-                                      bool reshard_after_forward,
+inline GatherSchedule gather_schedule(const std::vector<ShardUnit>& units, size_t prefetch, bool reshard_after_forward,
                                       const std::vector<size_t>& unit_elements = {}) {
   if (units.empty()) throw std::invalid_argument("gather_schedule: the model declares no units");
   if (!unit_elements.empty() && unit_elements.size() != units.size())

@@ -61,20 +61,20 @@ struct OwnedRange {
   size_t param = 0;
   size_t offset = 0;  // first element of the parameter
   size_t count = 0;
-  size_t shard = 0;   // where it lies in the rank's shard
+  size_t shard = 0;  // where it lies in the rank's shard
 };
 
 struct ShardBucket {
-  std::vector<size_t> params;   // table indices, in slot order
-  std::vector<size_t> slots;    // element offset of each in the bucket
-  size_t elements = 0;          // E: sum of their sizes
-  size_t chunk = 0;             // c: elements per rank
+  std::vector<size_t> params;  // table indices, in slot order
+  std::vector<size_t> slots;   // element offset of each in the bucket
+  size_t elements = 0;         // E: sum of their sizes
+  size_t chunk = 0;            // c: elements per rank
   size_t padded() const { return chunk * ranks; }
-  size_t ranks = 1;             // N
-  size_t shard = 0;             // where its chunk lies in every rank's shard
+  size_t ranks = 1;  // N
+  size_t shard = 0;  // where its chunk lies in every rank's shard
   size_t open = 0;   // the backward position (0: the last unit) it is open from
   size_t close = 0;  // and the one it is open to
-  size_t ring = 0;              // element offset in the ring
+  size_t ring = 0;   // element offset in the ring
 };
 
 // Whether two buckets' ring memory overlaps (a bucket shares its own: its
@@ -86,8 +86,8 @@ inline bool share_memory(const ShardBucket& a, const ShardBucket& b) {
 
 struct ShardLayout {
   std::vector<ShardBucket> buckets;
-  size_t shard_elements = 0;     // sum of chunks
-  size_t ring_elements = 0;      // the ring's size
+  size_t shard_elements = 0;  // sum of chunks
+  size_t ring_elements = 0;   // the ring's size
   // Per backward position: bucket indices, ascending.
   std::vector<std::vector<size_t>> opens_at;
   std::vector<std::vector<size_t>> closes_at;
@@ -98,8 +98,8 @@ inline size_t round_up(size_t n, size_t to) { return to == 0 ? n : (n + to - 1) 
 namespace detail {
 
 // New buckets for the trainable parameters of `units` not in `taken`.
-inline void add_buckets(ShardLayout& layout, const std::vector<ShardUnit>& units,
-                        const std::vector<ShardParam>& params, const std::vector<bool>& taken, size_t cap) {
+inline void add_buckets(ShardLayout& layout, const std::vector<ShardUnit>& units, const std::vector<ShardParam>& params,
+                        const std::vector<bool>& taken, size_t cap) {
   bool fresh = true;  // the next unit starts a new bucket
   for (size_t u = units.size(); u-- > 0;) {
     std::vector<size_t> mine;

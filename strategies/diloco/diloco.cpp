@@ -25,15 +25,15 @@ using ddp::strategy::StrategyBase;
 
 struct ddp_strategy_s : StrategyBase {
   ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c) : StrategyBase(h, t, c) {}
-  int64_t period = 1;                       // the keys
+  int64_t period = 1;  // the keys
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
-  ddp::strategy::ModelSlots slots;          // every parameter's place in the buffers below
-  DeviceBuffer global;    // θ_global
-  DeviceBuffer momentum;  // b
-  DeviceBuffer staging;   // Δ on its way
-  int64_t outer_steps = 0;                  // sync points so far (stats)
-  std::vector<ddp_state_buffer> state;      // θ_global and b, for checkpoints
+  ddp::strategy::ModelSlots slots;      // every parameter's place in the buffers below
+  DeviceBuffer global;                  // θ_global
+  DeviceBuffer momentum;                // b
+  DeviceBuffer staging;                 // Δ on its way
+  int64_t outer_steps = 0;              // sync points so far (stats)
+  std::vector<ddp_state_buffer> state;  // θ_global and b, for checkpoints
 };
 
 namespace {

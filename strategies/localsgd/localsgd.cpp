@@ -26,9 +26,9 @@ struct ddp_strategy_s : StrategyBase {
   // The keys.
   int64_t period = 1;
   int64_t warmup_steps = 0;
-  int64_t step = 0;                      // the step under way (on_step_begin)
-  int64_t averages = 0;                  // sync points so far (stats)
-  DeviceBuffer staging;                  // the model's values (or gradients) back to back, to average
+  int64_t step = 0;      // the step under way (on_step_begin)
+  int64_t averages = 0;  // sync points so far (stats)
+  DeviceBuffer staging;  // the model's values (or gradients) back to back, to average
 };
 
 namespace {

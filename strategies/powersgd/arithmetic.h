@@ -73,7 +73,7 @@ inline void orthogonalize(const plugin::Host& h, float* x, size_t rows, size_t r
     if (count <= later) {
       for (size_t k = 0; k < count; ++k) {
         float* m = x + k * size;
-        const ddp_vectors ci{m + i, rows, rank, later, 0};      // column i, once per later column
+        const ddp_vectors ci{m + i, rows, rank, later, 0};        // column i, once per later column
         const ddp_vectors rest{m + i + 1, rows, rank, later, 1};  // columns i+1 .. rank-1
         h.dot(ci, rest, scratch, s);
         h.axpy(-1.0, ci, scratch, rest, s);
@@ -130,15 +130,17 @@ inline void multiply(const plugin::Host& h, const Product& p, ddp_stream s) {
 // P = M Q for each matrix of `g`: M [rows, cols] (the error buffer),
 // Q [cols, rank], P [rows, rank].
 inline void p_from_q(const plugin::Host& h, const Group& g, const float* m, const float* q, float* p, ddp_stream s) {
-  multiply(h, {false, false, g.rows, g.rank, g.cols, m + g.error_offset, g.cols, g.rows * g.cols, q + g.q_offset,
-               g.rank, g.cols * g.rank, p + g.p_offset, g.rank, g.rows * g.rank, g.count},
+  multiply(h,
+           {false, false, g.rows, g.rank, g.cols, m + g.error_offset, g.cols, g.rows * g.cols, q + g.q_offset, g.rank,
+            g.cols * g.rank, p + g.p_offset, g.rank, g.rows * g.rank, g.count},
            s);
 }
 
 // Q = Mᵀ P for each matrix of `g`.
 inline void q_from_p(const plugin::Host& h, const Group& g, const float* m, const float* p, float* q, ddp_stream s) {
-  multiply(h, {true, false, g.cols, g.rank, g.rows, m + g.error_offset, g.cols, g.rows * g.cols, p + g.p_offset,
-               g.rank, g.rows * g.rank, q + g.q_offset, g.rank, g.cols * g.rank, g.count},
+  multiply(h,
+           {true, false, g.cols, g.rank, g.rows, m + g.error_offset, g.cols, g.rows * g.cols, p + g.p_offset, g.rank,
+            g.rows * g.rank, q + g.q_offset, g.rank, g.cols * g.rank, g.count},
            s);
 }
 
@@ -146,8 +148,14 @@ inline void q_from_p(const plugin::Host& h, const Group& g, const float* m, cons
 // batched product where the gradients lie evenly, else one per matrix.
 inline void decompress(const plugin::Host& h, const Layout& l, const Group& g, const float* p, const float* q,
                        ddp_stream s) {
-  Product pr{false, true, g.rows, g.cols, g.rank, p + g.p_offset, g.rank, g.rows * g.rank, q + g.q_offset,
-             g.rank, g.cols * g.rank, gradient(h, l, g, 0), g.cols, 0, g.count};
+  Product pr{false,           true,
+             g.rows,          g.cols,
+             g.rank,          p + g.p_offset,
+             g.rank,          g.rows * g.rank,
+             q + g.q_offset,  g.rank,
+             g.cols * g.rank, gradient(h, l, g, 0),
+             g.cols,          0,
+             g.count};
   if (const size_t stride = gradient_stride(h, l, g)) {
     pr.stride_c = stride;
     multiply(h, pr, s);

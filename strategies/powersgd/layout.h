@@ -156,7 +156,8 @@ inline Layout lay_out(const std::vector<Tensor>& params, size_t rank) {
 inline std::string state_name(const std::string& param, const char* suffix) {
   std::string out;
   for (const char c : param) {
-    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.';
+    const bool plain =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.';
     out += plain ? c : '_';
   }
   return out + suffix;

@@ -43,10 +43,10 @@ using ddp::strategy::StrategyBase;
 namespace ds = ddp::strategy;
 
 struct ddp_strategy_s : StrategyBase {
-  ds::Hsdp groups;                      // the shard and replica groups (the world alone without shard_size < N)
+  ds::Hsdp groups;                        // the shard and replica groups (the world alone without shard_size < N)
   std::unique_ptr<ds::ShardedPart> part;  // the stage (and variant) chosen at create
-  bool syncing = false;                 // this micro-batch's gradients are synchronised
-  std::vector<ddp_held_range> held;     // held_ranges' answer, until the next hook
+  bool syncing = false;                   // this micro-batch's gradients are synchronised
+  std::vector<ddp_held_range> held;       // held_ranges' answer, until the next hook
 
   ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c) : StrategyBase(h, t, c), groups(*this) {}
 };
@@ -55,14 +55,19 @@ namespace {
 
 constexpr ddp_key kKeys[] = {
     {"stage", "int", "ZeRO stage: 1 (default) shards optimizer state; 2 the gradients too; 3 the parameters too"},
-    {"shard_size", "int", "ranks per shard group, a divisor of the world (default: the world); below it, HSDP: "
-                          "sharded within groups, replicated across them"},
-    {"variant", "string", "stage 1: \"broadcast\" (default): all-reduce in buckets, broadcast the updated shards; \"allgather\""},
-    {"bucket_mb", "float or \"auto\"", "stage 1's variant broadcast, stage 2: the most MiB of gradients per bucket (default 25)"},
-    {"compress", "string", "stage 1 broadcast, stages 2, 3: \"none\" (default), \"bf16\" or \"fp16\": the gradients reduced in 16 bits"},
+    {"shard_size", "int",
+     "ranks per shard group, a divisor of the world (default: the world); below it, HSDP: "
+     "sharded within groups, replicated across them"},
+    {"variant", "string",
+     "stage 1: \"broadcast\" (default): all-reduce in buckets, broadcast the updated shards; \"allgather\""},
+    {"bucket_mb", "float or \"auto\"",
+     "stage 1's variant broadcast, stage 2: the most MiB of gradients per bucket (default 25)"},
+    {"compress", "string",
+     "stage 1 broadcast, stages 2, 3: \"none\" (default), \"bf16\" or \"fp16\": the gradients reduced in 16 bits"},
     {"prefetch", "int", "stage 3: units gathered ahead of the one computing, 0 to 16 (default 1)"},
     {"reshard_after_forward", "bool", "stage 3: free a unit's gathered values after its forward (default true)"},
-    {"gather_dtype", "string", "stage 3: \"float32\" (default), \"bf16\" or \"fp16\": the parameters all-gathered in 16 bits"},
+    {"gather_dtype", "string",
+     "stage 3: \"float32\" (default), \"bf16\" or \"fp16\": the parameters all-gathered in 16 bits"},
     {nullptr, nullptr, nullptr},
 };
 

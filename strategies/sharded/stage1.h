@@ -66,8 +66,8 @@ class Stage1 : public ShardedPart {
     *name = h.config_string("variant", "broadcast");
     if (*name == "broadcast") return Variant::Broadcast;
     if (*name == "allgather") return Variant::AllGather;
-    throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.variant must be \"broadcast\" or \"allgather\" (got \"" +
-                                                        *name + "\")");
+    throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
+                          "strategy.variant must be \"broadcast\" or \"allgather\" (got \"" + *name + "\")");
   }
 
   // on_step_begin: a parameter unfrozen mid-run is given an owner, stably.
@@ -164,9 +164,9 @@ class Stage1Broadcast : public Stage1 {
            compress_value(buckets_.wire()) + "\", \"buckets\": " + buckets_.json();
   }
 
-  BucketCap cap_;               // the bucket_mb key: MiB or "auto"
-  BucketSync buckets_;          // the gradient buckets
-  size_t gradient_bytes_ = 0;   // trainable gradients of the current layout
+  BucketCap cap_;              // the bucket_mb key: MiB or "auto"
+  BucketSync buckets_;         // the gradient buckets
+  size_t gradient_bytes_ = 0;  // trainable gradients of the current layout
 };
 
 // Variant allgather: one flat buffer, reduce-scattered and all-gathered.
@@ -197,8 +197,8 @@ class Stage1AllGather : public Stage1 {
                                                              "gradients, and transport '") +
                                                      transport->name + "' has no reduce_scatter");
   }
-  static void plan_comm(const plugin::Plan& plan, const ddp_transport_v1_t* transport,
-                        const std::vector<size_t>& owned, int world, int shard_size);
+  static void plan_comm(const plugin::Plan& plan, const ddp_transport_v1_t* transport, const std::vector<size_t>& owned,
+                        int world, int shard_size);
 
  private:
   void lay_out(const std::vector<ParamInfo>& infos) override;
@@ -224,8 +224,8 @@ inline void Stage1AllGather::finish() {
   }
   base_.comm_after_compute();
   const ddp_buffer shard = h.floats(shard_.get(), shard_elements_);
-  groups_.shard().reduce_scatter(h.floats(flat_.get(), shard_elements_ * size_t(groups_.size())), shard,
-                                 DDP_REDUCE_AVG, comm);
+  groups_.shard().reduce_scatter(h.floats(flat_.get(), shard_elements_ * size_t(groups_.size())), shard, DDP_REDUCE_AVG,
+                                 comm);
   groups_.across_replicas(shard, comm);
   const size_t base = size_t(groups_.rank()) * shard_elements_;
   for (size_t i : owned_) {

@@ -55,7 +55,8 @@ class Stage2 {
       throw plugin::Failure(DDP_ERR_UNSUPPORTED, "strategy.stage = 2 needs an engine of ABI 1.4 or newer");
     if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
       throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.stage = 2 reduce-scatters the gradients, and "
-                                                             "transport '") + transport->name + "' has no reduce_scatter");
+                                                             "transport '") +
+                                                     transport->name + "' has no reduce_scatter");
   }
 
   // Claims the gradient storage of every trainable parameter.
@@ -149,7 +150,8 @@ class Stage2 {
                    size_t cap_bytes, ddp_dtype wire, int shard_size) {
     if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
       throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.stage = 2 reduce-scatters the gradients, and "
-                                                             "transport '") + transport->name + "' has no reduce_scatter");
+                                                             "transport '") +
+                                                     transport->name + "' has no reduce_scatter");
     const std::vector<ShardUnit> units = units_of(h, kNoUnits);
     std::vector<ShardParam> params;
     for (size_t i = 0; i < h.param_count(); ++i)
@@ -186,7 +188,8 @@ class Stage2 {
                           int shard_size, bool last, bool beside) {
     const int world = h.world_size();
     Hsdp::plan(plan, world, shard_size, DDP_OP_REDUCE_SCATTER, b.padded(), wire, beside);
-    if (last && shard_size < world) Hsdp::plan(plan, world, world / shard_size, DDP_OP_ALL_REDUCE, b.chunk, wire, beside);
+    if (last && shard_size < world)
+      Hsdp::plan(plan, world, world / shard_size, DDP_OP_ALL_REDUCE, b.chunk, wire, beside);
   }
 
   // The model's units; a model without any is refused with `refusal`.

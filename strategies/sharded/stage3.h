@@ -59,11 +59,13 @@ class Stage3 {
   // Create: the engine's and the transport's support, by name.
   static void check_support(const ddp_host* host, const ddp_transport_v1_t* transport) {
     if (DDP_ABI_MINOR(host->abi_version) < 5 || !DDP_HOST_HAS(host, add))
-      throw plugin::Failure(DDP_ERR_UNSUPPORTED, "strategy.stage = 3 needs an engine of ABI 1.5 or newer (claimed "
-                                                 "parameter values)");
+      throw plugin::Failure(DDP_ERR_UNSUPPORTED,
+                            "strategy.stage = 3 needs an engine of ABI 1.5 or newer (claimed "
+                            "parameter values)");
     if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
       throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.stage = 3 reduce-scatters the gradients, and "
-                                                             "transport '") + transport->name + "' has no reduce_scatter");
+                                                             "transport '") +
+                                                     transport->name + "' has no reduce_scatter");
   }
 
   struct Keys {
@@ -78,8 +80,10 @@ class Stage3 {
     Keys k;
     const std::string gather = h.config_string("gather_dtype", "float32");
     if (gather != "float32" && gather != "bf16" && gather != "fp16")
-      throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.gather_dtype must be \"float32\", \"bf16\" or "
-                                                      "\"fp16\" (got \"" + gather + "\")");
+      throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
+                            "strategy.gather_dtype must be \"float32\", \"bf16\" or "
+                            "\"fp16\" (got \"" +
+                                gather + "\")");
     k.gather = gather == "float32" ? DDP_FLOAT32 : *compress_dtype(gather);
     const std::string why = compress_refusal(k.gather, transport->name, ddp_transport_dtypes(transport),
                                              planning || plugin::has_convert(h.raw()), "gather_dtype");
@@ -95,8 +99,9 @@ class Stage3 {
   }
 
   static std::vector<ShardUnit> units_of(const plugin::Host& h) {
-    return Stage2::units_of(h, "strategy.stage = 3 gathers the parameters unit by unit, and this model declares no "
-                               "units");
+    return Stage2::units_of(h,
+                            "strategy.stage = 3 gathers the parameters unit by unit, and this model declares no "
+                            "units");
   }
 
   // Create: every value and every trainable gradient are the strategy's.
@@ -117,12 +122,11 @@ class Stage3 {
     const plugin::Host& h = base_.host;
     grads_.lay_out(/*cap_elements=*/1, /*every_parameter=*/true);
     const ShardLayout& layout = grads_.layout();
-    values_ = plugin::DeviceBuffer(h.raw(), std::max<size_t>(layout.shard_elements, 1) * sizeof(float),
-                                   DDP_MEM_PARAMETERS);
+    values_ =
+        plugin::DeviceBuffer(h.raw(), std::max<size_t>(layout.shard_elements, 1) * sizeof(float), DDP_MEM_PARAMETERS);
     if (!lent()) take_chunks(kNone);  // an engine before 1.7 holds every value now
     bucket_of_.assign(units_.size(), kNone);
-    for (size_t b = 0; b < layout.buckets.size(); ++b)
-      bucket_of_[h.param(layout.buckets[b].params.front()).unit] = b;
+    for (size_t b = 0; b < layout.buckets.size(); ++b) bucket_of_[h.param(layout.buckets[b].params.front()).unit] = b;
     std::vector<size_t> sizes;
     size_t largest = 0;
     size_t chunk = 0;
@@ -164,8 +168,7 @@ class Stage3 {
     const plugin::Host& h = base_.host;
     base_.comm_after_compute();  // the engine's upload of them
     for (size_t i : units_[unit].params)
-      base_.comm.broadcast(h.floats(h.param(i).data, StrategyBase::float32_elements(h.param(i))), 0,
-                           h.comm_stream());
+      base_.comm.broadcast(h.floats(h.param(i).data, StrategyBase::float32_elements(h.param(i))), 0, h.comm_stream());
     base_.wait_comm();  // before the compute stream copies from them
     take_chunks(unit);
     base_.comm_after_compute();
@@ -217,8 +220,8 @@ class Stage3 {
   // schedule's all-gathers and a reduce-scatter per unit as it closes
   // (and on the last micro-batch its chunk's all-reduce across the
   // replicas); groups of `shard_size`.
-  static void plan(const plugin::Host& h, const plugin::Plan& plan, const ddp_transport_v1_t* transport,
-                   ddp_dtype wire, int shard_size) {
+  static void plan(const plugin::Host& h, const plugin::Plan& plan, const ddp_transport_v1_t* transport, ddp_dtype wire,
+                   int shard_size) {
     const Keys keys = read_keys(h, transport, /*planning=*/true);
     const std::vector<ShardUnit> units = units_of(h);
     std::vector<ShardParam> params;
@@ -264,10 +267,11 @@ class Stage3 {
   }
 
   std::string json() const {
-    return "\"prefetch\": " + std::to_string(keys_.prefetch) + ", \"reshard_after_forward\": " +
-           (keys_.reshard_after_forward ? "true" : "false") + ", \"gather_dtype\": \"" +
-           (keys_.gather == DDP_FLOAT32 ? "float32" : compress_value(keys_.gather)) + "\", \"gathers_per_micro_batch\": " +
-           std::to_string(schedule_.gathers) + ", \"gather_slots\": " + std::to_string(slots_.size());
+    return "\"prefetch\": " + std::to_string(keys_.prefetch) +
+           ", \"reshard_after_forward\": " + (keys_.reshard_after_forward ? "true" : "false") +
+           ", \"gather_dtype\": \"" + (keys_.gather == DDP_FLOAT32 ? "float32" : compress_value(keys_.gather)) +
+           "\", \"gathers_per_micro_batch\": " + std::to_string(schedule_.gathers) +
+           ", \"gather_slots\": " + std::to_string(slots_.size());
   }
 
  private:
@@ -344,14 +348,14 @@ class Stage3 {
   std::vector<ShardUnit> units_;
   std::vector<size_t> bucket_of_;  // per unit: its bucket in stage 2's layout, or kNone (no parameters)
   GatherSchedule schedule_;
-  plugin::DeviceBuffer values_;             // this rank's chunk of every unit's values
+  plugin::DeviceBuffer values_;  // this rank's chunk of every unit's values
   // gather_dtype other than float32: a chunk, a unit.
   plugin::DeviceBuffer wire_send_;
   plugin::DeviceBuffer wire_recv_;
   std::vector<plugin::DeviceBuffer> slots_;  // full copies of gathered units
-  std::vector<plugin::Event> freed_;        // per slot: recorded after the compute that read it
-  std::vector<plugin::Event> gathered_;     // per unit: recorded after its all-gather
-  std::vector<size_t> slot_of_;             // per unit: its slot while gathered
+  std::vector<plugin::Event> freed_;         // per slot: recorded after the compute that read it
+  std::vector<plugin::Event> gathered_;      // per unit: recorded after its all-gather
+  std::vector<size_t> slot_of_;              // per unit: its slot while gathered
   std::vector<bool> slot_used_;
   std::vector<bool> slot_busy_;
   std::vector<ddp_range> ranges_;

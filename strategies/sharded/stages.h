@@ -132,27 +132,24 @@ inline std::unique_ptr<ShardedPart> make_part(int stage, const StrategyBase& bas
         return std::make_unique<Stage1Broadcast>(base, groups, transport);
       return std::make_unique<Stage1AllGather>(base, groups, transport);
     }
-    case 2:
-      return std::make_unique<Stage2Part>(base, groups, transport);
-    default:
-      return std::make_unique<Stage3Part>(base, groups, transport);
+    case 2: return std::make_unique<Stage2Part>(base, groups, transport);
+    default: return std::make_unique<Stage3Part>(base, groups, transport);
   }
 }
 
 // `ddp plan` for `stage` (1 to 3).
-inline void plan_stage(int stage, const plugin::Host& h, const plugin::Plan& plan,
-                       const ddp_transport_v1_t* transport, int shard_size) {
+inline void plan_stage(int stage, const plugin::Host& h, const plugin::Plan& plan, const ddp_transport_v1_t* transport,
+                       int shard_size) {
   switch (stage) {
-    case 1:
-      return Stage1::plan(h, plan, transport, shard_size);
+    case 1: return Stage1::plan(h, plan, transport, shard_size);
     case 2:
       return Stage2::plan(h, plan, transport, BucketCap::read(h).plan_bytes(),
                           read_compress(h, transport, /*planning=*/true), shard_size);
     default:
       if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
         throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.stage = 3 reduce-scatters the gradients, "
-                                                               "and transport '") + transport->name +
-                                                       "' has no reduce_scatter");
+                                                               "and transport '") +
+                                                       transport->name + "' has no reduce_scatter");
       return Stage3::plan(h, plan, transport, read_compress(h, transport, /*planning=*/true), shard_size);
   }
 }
