@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import importlib.util
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 CHECKER = os.path.join(ROOT, "tools", "check_structure.py")
@@ -199,6 +200,77 @@ class CheckStructure(unittest.TestCase):
                       "engine's errors are its own, converted to a status at the ABI (host_guard)", out)
         self.assertIn("engine/core/error.h:6: class Other derives from the plugin SDK", out)
         self.assertNotIn("class Fine", out)
+
+
+class CommaStatements(unittest.TestCase):
+    """comma_statements: the lines where a comma joins statements or declarations."""
+
+    def found(self, text):
+        return checker.comma_statements(text)
+
+    def test_joined_statements_and_declaration_lists_are_found(self):
+        text = ("void f() {\n"
+                "  a = 1, b = 2;\n"            # 2: assignments
+                "  g(), h();\n"                # 3: calls
+                "  x++, y++;\n"                # 4: increments outside a for header
+                "  int c = 0, d = 0;\n"        # 5: a declaration list
+                "  if (a) b = 1, c = 2;\n"     # 6: under a condition
+                "  std::vector<int> v(3), w;\n"  # 7: declarators after a template type
+                "  Foo e{1}, f{2};\n"          # 8: braced declarators
+                "}\n"
+                "struct S {\n"
+                "  std::string p_, q_;\n"      # 11: members
+                "};\n"
+                "auto l = [] {\n"
+                "  return a = 1, b;\n"         # 14: in a lambda's body
+                "};\n"
+                "int r = call(1, [&] {\n"
+                "  m = 1, n = 2;\n"            # 17: in a lambda passed to a call
+                "});\n"
+                "x = 1,\n"
+                "    y = 2;\n")               # 19: the line of the first comma
+        self.assertEqual(self.found(text), [2, 3, 4, 5, 6, 7, 8, 11, 14, 17, 19])
+
+    def test_commas_that_join_no_statements_are_not_found(self):
+        text = ("#include <map>\n"
+                "#define PAIR(a, b) \\\n"
+                "  a = 1, b = 2;\n"                              # a macro's body, continued
+                "template <typename A, typename B>\n"            # template parameters
+                "struct P : public A, public B {\n"              # base classes
+                "  P(int x, int y) : a_(x), b_{y} {}\n"          # parameters, initialiser list
+                "  std::map<int, std::vector<int>> m_;\n"        # template arguments
+                "};\n"
+                "enum class E { kA, kB, kC };\n"                 # enumerators
+                "const int kArr[] = {1, 2, 3};\n"                # an initialiser list
+                "void f(int a, int b) {\n"
+                "  for (int i = 0, j = 0; i < a; ++i, ++j) g(i, j);\n"  # a for header, a call
+                "  PAIR(a, b);\n"                                # a macro's arguments
+                "  std::pair<int, int> p{1, 2};\n"               # template and brace arguments
+                "  auto [x, y] = p;\n"                           # a structured binding
+                "  s = \"a, b\";  // c = 1, d = 2;\n"             # a string, a comment
+                "  /* e = 1, f = 2; */ ch = ',';\n"              # a block comment, a character
+                "  return {a, b};\n"                             # a braced return
+                "}\n"
+                "Entry e = {.a = 1, .b = 2};\n"                  # designated initialisers
+                "namespace n { void h(std::function<void(int, int)> k); }\n")
+        self.assertEqual(self.found(text), [])
+
+    def test_a_plugin_finding_fails_and_an_engine_one_is_reported_only(self):
+        tree = dict(CLEAN)
+        tree["strategies/naive/naive.cpp"] = '#include "../common/util.h"\nvoid f() {\n  int a = 0, b = 0;\n}\n'
+        tree["engine/train/trainer.cpp"] = '#include "config.h"\nvoid g() {\n  a = 1, b = 2;\n}\n'
+        code, out = run(tree)
+        self.assertEqual(code, 1, out)
+        self.assertIn("strategies/naive/naive.cpp:3: a comma joins statements or declarations", out)
+        self.assertIn("note (report-only, COMMA_RULE_REPORT_ONLY): engine/train/trainer.cpp:3: a comma joins", out)
+        self.assertEqual(checker.COMMA_RULE_REPORT_ONLY, ("engine/", "models/"))
+
+    def test_a_report_only_finding_alone_passes(self):
+        tree = dict(CLEAN)
+        tree["models/model.h"] = '#pragma once\n#include "error.h"\nstruct M {\n  int a, b;\n};\n'
+        code, out = run(tree)
+        self.assertEqual(code, 0, out)
+        self.assertIn("note (report-only, COMMA_RULE_REPORT_ONLY): models/model.h:4: a comma joins", out)
 
 
 if __name__ == "__main__":

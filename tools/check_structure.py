@@ -470,6 +470,108 @@ def check_strategy_names(root, files, findings):
                         findings.append(f"{f}:{n}: names the strategy \"{m.group(1)}\" (the engine names no "
                                         f"strategy: let the plugin say it, through its plan entry or stats)")
 
+# ---------------------------------------------------------------- comma rule
+# Statements joined by the comma operator (`a = 1, b = 2;`, `f(), g();`,
+# `x++, y++;` outside a for header) and declaration lists (`int a = 0, b;`)
+# in C/C++ product code: one statement or declaration per line, so that a
+# line budget is not met by joining lines. COMMA_RULE_REPORT_ONLY lists the
+# folders whose findings are printed as notes and do not fail the check
+# (engine/ and models/ until their findings are fixed; then empty it).
+COMMA_RULE_FOLDERS = ("engine/", "models/", "plugins/", "strategies/")
+COMMA_RULE_REPORT_ONLY = ("engine/", "models/")
+COMMA_BLOCK_WORDS = {"else", "do", "try", "mutable", "noexcept", "const", "override", "final"}
+COMMA_HEAD_RE = re.compile(r"\b(?:namespace|class|struct|union|enum|extern)\b[^;{}()]*$")
+COMMA_TEMPLATE_RE = re.compile(r"<[^<>;{}]*>")
+
+
+def strip_preprocessor(text):
+    """Text with preprocessor directives blanked, continuation lines too (newlines kept)."""
+    lines, out, directive = text.split("\n"), [], False
+    for line in lines:
+        if directive or re.match(r"[ \t]*#", line):
+            directive = line.endswith("\\")
+            out.append(" " * len(line))
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def opens_block(head):
+    """Whether a '{' after `head` (the statement's text so far, nested brackets emptied) opens a
+    body or scope (a function, a control statement, a lambda, a class or namespace) rather than a
+    braced initialiser: a body ends the statement before it (a class head, a constructor's
+    initialiser list)."""
+    tail = head.rstrip()
+    if not tail or tail[-1] in ")]};{" or (tail[-1] == ":" and not tail.endswith("::")):
+        return True
+    word = re.search(r"(\w+)$", tail)
+    return bool(word and word.group(1) in COMMA_BLOCK_WORDS) or bool(COMMA_HEAD_RE.search(tail))
+
+
+def joined_by_comma(statement):
+    """Whether a statement's top-level text (nested brackets emptied) joins parts with a comma,
+    once template argument lists are dropped."""
+    previous = None
+    while previous != statement:
+        previous, statement = statement, COMMA_TEMPLATE_RE.sub("", statement)
+    return "," in statement
+
+
+def comma_statements(text):
+    """The lines of C/C++ `text` where a statement or declaration joins parts with a comma.
+
+    Commas inside parentheses (calls, for headers, parameter lists, macros'
+    arguments), brackets, braces (initialisers, enums: a brace holds a scope
+    of its own, whose statements end in ';'), template argument lists,
+    strings, comments and preprocessor lines are not findings.
+    """
+    s = strip_preprocessor(strip_c(text))
+    found = []
+    # Each scope: [its brackets still open, the statement's top-level text, the first comma's position].
+    scopes = [[[], [], None]]
+    for i, c in enumerate(s):
+        brackets, statement, comma = scopes[-1]
+        if brackets and c in "([":
+            brackets.append(c)
+        elif brackets and c in ")]":
+            brackets.pop()
+            if not brackets:
+                statement.append(c)
+        elif brackets and c not in "{}":
+            continue
+        elif c in "([":
+            brackets.append(c)
+            statement.append(c)
+        elif c == "{":
+            if not brackets and opens_block("".join(statement)):
+                scopes[-1][1:] = [[], None]
+            else:
+                statement.append("{}")
+            scopes.append([[], [], None])
+        elif c == "}":
+            if len(scopes) > 1:
+                scopes.pop()
+        elif c == ";":
+            if comma is not None and joined_by_comma("".join(statement)):
+                found.append(s.count("\n", 0, comma) + 1)
+            scopes[-1][1:] = [[], None]
+        else:
+            if c == "," and comma is None:
+                scopes[-1][2] = i
+            statement.append(c)
+    return found
+
+
+def check_commas(root, files, findings, notes):
+    for f in files:
+        if not f.startswith(COMMA_RULE_FOLDERS) or not f.endswith(SOURCE):
+            continue
+        text = open(os.path.join(root, f), encoding="utf-8", errors="replace").read()
+        for line in comma_statements(text):
+            finding = (f"{f}:{line}: a comma joins statements or declarations (`a = 1, b = 2;`, `int a, b;`): "
+                       f"write one per line")
+            (notes if f.startswith(COMMA_RULE_REPORT_ONLY) else findings).append(finding)
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -487,6 +589,10 @@ def main():
     check_functions(root, files, findings)
     check_references(root, files, findings)
     check_strategy_names(root, files, findings)
+    notes = []
+    check_commas(root, files, findings, notes)
+    for line in notes:
+        print(f"note (report-only, COMMA_RULE_REPORT_ONLY): {line}")
     for line in findings:
         print(line)
     if findings:

@@ -22,6 +22,7 @@ packages=(
   libxxhash-dev python3-xxhash                # checkpoint checksums (XXH3), in C++ and tools/checkpoint_torch.py
   libgtest-dev libgmock-dev                   # tests
   binutils                                    # nm, for the one-exported-symbol test
+  clang-format                                # tools/format_check.sh (.clang-format)
   python3-matplotlib                          # plots of tools/ddp_suite.py (Debian's python3: tomllib)
   python3-torch                               # PyTorch fixtures, tools/checkpoint_torch.py and its test
   redis-server                                # the Redis rendezvous store's test

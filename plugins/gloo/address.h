@@ -29,7 +29,8 @@ inline std::string listen_address(const std::string& hostname, const std::string
   if (interface.empty() && world == 1) return "127.0.0.1";
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) return "127.0.0.1";
-  std::string found, names;
+  std::string found;
+  std::string names;
   for (const ifaddrs* a = list; a && found.empty(); a = a->ifa_next) {
     if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET || !(a->ifa_flags & IFF_UP)) continue;
     char text[INET_ADDRSTRLEN] = {};

@@ -32,15 +32,23 @@ template <typename T>
 void scatter_reduce_step(gloo::Context& ctx_ref, gloo::transport::UnboundBuffer& send, size_t begin, size_t count,
                          size_t chunk, T* into, T* scratch, uint64_t slot) {
   gloo::Context* ctx = &ctx_ref;
-  const size_t n = size_t(ctx->size), rank = size_t(ctx->rank);
+  const size_t n = size_t(ctx->size);
+  const size_t rank = size_t(ctx->rank);
   auto lo = [&](size_t q) { return std::min(count, q * chunk); };
   auto len = [&](size_t q) { return std::min(count, (q + 1) * chunk) - lo(q); };
   auto tmp = ctx->createUnboundBuffer(scratch, (n - 1) * chunk * sizeof(T));
-  size_t sends = 0, recvs = 0;
+  size_t sends = 0;
+  size_t recvs = 0;
   for (size_t q = 0, k = 0; q < n; ++q) {
     if (q == rank) continue;
-    if (len(rank) > 0) tmp->recv(int(q), slot, k * chunk * sizeof(T), len(rank) * sizeof(T)), ++recvs;
-    if (len(q) > 0) send.send(int(q), slot, (begin + lo(q)) * sizeof(T), len(q) * sizeof(T)), ++sends;
+    if (len(rank) > 0) {
+      tmp->recv(int(q), slot, k * chunk * sizeof(T), len(rank) * sizeof(T));
+      ++recvs;
+    }
+    if (len(q) > 0) {
+      send.send(int(q), slot, (begin + lo(q)) * sizeof(T), len(q) * sizeof(T));
+      ++sends;
+    }
     ++k;
   }
   for (; recvs > 0; --recvs) tmp->waitRecv(ctx->getTimeout());
@@ -60,23 +68,32 @@ void scatter_reduce_step(gloo::Context& ctx_ref, gloo::transport::UnboundBuffer&
 template <typename T>
 void direct_all_reduce(gloo::Context& ctx_ref, std::vector<unsigned char>& temp, T* ptr, size_t count, uint32_t tag) {
   gloo::Context* ctx = &ctx_ref;
-  const size_t n = size_t(ctx->size), rank = size_t(ctx->rank);
+  const size_t n = size_t(ctx->size);
+  const size_t rank = size_t(ctx->rank);
   const size_t piece = std::max(kDirectPieceBytes / sizeof(T), (count + 127) / 128);
   auto out = ctx->createUnboundBuffer(ptr, count * sizeof(T));
   temp.resize(std::max(temp.size(), (n - 1) * ((std::min(piece, count) + n - 1) / n) * sizeof(T)));
   T* scratch = reinterpret_cast<T*>(temp.data());
   const gloo::Slot base = gloo::Slot::build(kDirectSlotPrefix, tag);
   for (size_t begin = 0, p = 0; begin < count; begin += piece, ++p) {
-    const size_t len = std::min(piece, count - begin), chunk = (len + n - 1) / n;
+    const size_t len = std::min(piece, count - begin);
+    const size_t chunk = (len + n - 1) / n;
     auto lo = [&](size_t q) { return begin + std::min(len, q * chunk); };
     auto size = [&](size_t q) { return begin + std::min(len, (q + 1) * chunk) - lo(q); };
     scatter_reduce_step<T>(*ctx, *out, begin, len, chunk, ptr + lo(rank), scratch, base + uint8_t(2 * p));
     const uint64_t gather = base + uint8_t(2 * p + 1);
-    size_t sends = 0, recvs = 0;
+    size_t sends = 0;
+    size_t recvs = 0;
     for (size_t q = 0; q < n; ++q) {
       if (q == rank) continue;
-      if (size(q) > 0) out->recv(int(q), gather, lo(q) * sizeof(T), size(q) * sizeof(T)), ++recvs;
-      if (size(rank) > 0) out->send(int(q), gather, lo(rank) * sizeof(T), size(rank) * sizeof(T)), ++sends;
+      if (size(q) > 0) {
+        out->recv(int(q), gather, lo(q) * sizeof(T), size(q) * sizeof(T));
+        ++recvs;
+      }
+      if (size(rank) > 0) {
+        out->send(int(q), gather, lo(rank) * sizeof(T), size(rank) * sizeof(T));
+        ++sends;
+      }
     }
     for (; recvs > 0; --recvs) out->waitRecv(ctx->getTimeout());
     for (; sends > 0; --sends) out->waitSend(ctx->getTimeout());

@@ -77,7 +77,7 @@ struct ddp_comm_s {
   int size = 1;
   std::shared_ptr<gloo::transport::Device> device;  // the world's, shared by its groups
   std::shared_ptr<gloo::rendezvous::Context> context;
-  enum class Choice { Auto, Direct, Gloo } choice = Choice::Auto;  // all_reduce's algorithm
+  enum class Choice { Auto, Direct, Gloo } choice = Choice::Auto;                         // all_reduce's algorithm
   gloo::AllreduceOptions::Algorithm algorithm = gloo::AllreduceOptions::Algorithm::RING;  // for Gloo (and Auto)
   uint32_t next_tag = 0;  // same sequence on every rank: collectives are issued in the same order
   // reduce_scatter's scratch, grown on demand (accounted as a communication
@@ -123,7 +123,8 @@ using ddp::plugin::fail;
 // an I/O failure that took the run's timeout is DDP_ERR_TIMEOUT (a peer
 // hung), an earlier one DDP_ERR_COMM (a peer or its connection is gone).
 // Anything else (Gloo's enforce checks, out of memory) is not the network.
-ddp_status gloo_failure(const std::exception& e, const ddp_host* host, std::chrono::steady_clock::duration took) noexcept {
+ddp_status gloo_failure(const std::exception& e, const ddp_host* host,
+                        std::chrono::steady_clock::duration took) noexcept {
   if (!dynamic_cast<const gloo::IoException*>(&e)) return ddp::plugin::job_status(e, host, took);
   return took >= std::chrono::milliseconds(host->timeout_ms) ? DDP_ERR_TIMEOUT : DDP_ERR_COMM;
 }
@@ -226,9 +227,11 @@ ddp_status stage(ddp_comm* comm, ddp_stream stream, const char* entry, std::init
   const ddp_host* h = comm->host;
   if (!ddp::plugin::has_alloc_host(h))
     return fail(h, DDP_ERR_UNSUPPORTED,
-                std::string(entry) + ": on a CUDA run gloo stages buffers through host->alloc_host, which this "
-                "engine (ABI " + std::to_string(DDP_ABI_MAJOR(h->abi_version)) + "." +
-                std::to_string(DDP_ABI_MINOR(h->abi_version)) + ") lacks: it needs ABI 1.1 or newer");
+                std::string(entry) +
+                    ": on a CUDA run gloo stages buffers through host->alloc_host, which this "
+                    "engine (ABI " +
+                    std::to_string(DDP_ABI_MAJOR(h->abi_version)) + "." +
+                    std::to_string(DDP_ABI_MINOR(h->abi_version)) + ") lacks: it needs ABI 1.1 or newer");
   constexpr size_t kAlign = 64;
   size_t total = 0;
   for (size_t bytes : sizes) total += (bytes + kAlign - 1) / kAlign * kAlign;
@@ -266,14 +269,14 @@ constexpr size_t kDirectMaxBytes = size_t(32) << 20;
 // more threads: 20-35 % slower at 100 MB; README.md).
 constexpr size_t kRingSegmentBytes = size_t(16) << 20;
 
-
 // Sum into `out`, then divide for AVG. Gloo's reduce signature: (dst, a, b, n).
 template <typename T>
 void reduce_in_place(ddp_comm* comm, T* ptr, size_t count, ddp_reduce_op op, uint32_t tag) {
   int world = comm->context->size;
   if (world == 1 || count == 0) return;
-  const bool direct = comm->choice == ddp_comm_s::Choice::Direct ||
-                      (comm->choice == ddp_comm_s::Choice::Auto && (world == 2 || count * sizeof(T) <= kDirectMaxBytes));
+  const bool direct =
+      comm->choice == ddp_comm_s::Choice::Direct ||
+      (comm->choice == ddp_comm_s::Choice::Auto && (world == 2 || count * sizeof(T) <= kDirectMaxBytes));
   if (direct) {
     ddp_gloo::direct_all_reduce(*comm->context, comm->temp, ptr, count, tag);
   } else {
@@ -293,7 +296,9 @@ void reduce_in_place(ddp_comm* comm, T* ptr, size_t count, ddp_reduce_op op, uin
 ddp_status gloo_init(const ddp_host* host, ddp_comm** out) {
   const auto start = std::chrono::steady_clock::now();
   try {
-    const char *key = nullptr, *interface = nullptr, *algorithm = nullptr;
+    const char* key = nullptr;
+    const char* interface = nullptr;
+    const char* algorithm = nullptr;
     if (host->config_string(host->ctx, "hostname", "auto", &key) != DDP_OK ||
         host->config_string(host->ctx, "interface", "", &interface) != DDP_OK ||
         host->config_string(host->ctx, "algorithm", "auto", &algorithm) != DDP_OK)
@@ -383,12 +388,14 @@ ddp_status gloo_all_reduce(ddp_comm* comm, const ddp_buffer* buf_in, ddp_reduce_
   if (buf.device == DDP_DEVICE_CUDA)
     if (ddp_status s = stage(comm, stream, "all_reduce", {bytes_of(buf)}, &work.ptr)) return s;
   uint32_t tag = comm->next_tag++;
-  return enqueue(comm, stream, describe("all_reduce", buf), [=] {
-    with_type(work.dtype, [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      reduce_in_place(comm, static_cast<T*>(work.ptr), work.count, op, tag);
-    });
-  }, {{work.ptr, buf.ptr, bytes_of(buf)}}, {{buf.ptr, work.ptr, bytes_of(buf)}});
+  return enqueue(comm, stream, describe("all_reduce", buf),
+                 [=] {
+                   with_type(work.dtype, [&](auto* type) {
+                     using T = std::remove_pointer_t<decltype(type)>;
+                     reduce_in_place(comm, static_cast<T*>(work.ptr), work.count, op, tag);
+                   });
+                 },
+                 {{work.ptr, buf.ptr, bytes_of(buf)}}, {{buf.ptr, work.ptr, bytes_of(buf)}});
 }
 
 ddp_status gloo_broadcast(ddp_comm* comm, const ddp_buffer* buf_in, int root, ddp_stream stream) {
@@ -400,26 +407,30 @@ ddp_status gloo_broadcast(ddp_comm* comm, const ddp_buffer* buf_in, int root, dd
     if (ddp_status s = stage(comm, stream, "broadcast", {bytes_of(buf)}, &work.ptr)) return s;
   const size_t in_bytes = comm->rank == root ? bytes_of(buf) : 0;
   uint32_t tag = comm->next_tag++;
-  return enqueue(comm, stream, describe("broadcast", buf), [=] {
-    if (comm->context->size == 1) return;
-    with_type(work.dtype, [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      gloo::BroadcastOptions opts(comm->context);
-      opts.setOutput(static_cast<T*>(work.ptr), work.count);
-      opts.setRoot(root);
-      opts.setTag(tag);
-      gloo::broadcast(opts);
-    });
-  }, {{work.ptr, buf.ptr, in_bytes}}, {{buf.ptr, work.ptr, bytes_of(buf)}});
+  return enqueue(comm, stream, describe("broadcast", buf),
+                 [=] {
+                   if (comm->context->size == 1) return;
+                   with_type(work.dtype, [&](auto* type) {
+                     using T = std::remove_pointer_t<decltype(type)>;
+                     gloo::BroadcastOptions opts(comm->context);
+                     opts.setOutput(static_cast<T*>(work.ptr), work.count);
+                     opts.setRoot(root);
+                     opts.setTag(tag);
+                     gloo::broadcast(opts);
+                   });
+                 },
+                 {{work.ptr, buf.ptr, in_bytes}}, {{buf.ptr, work.ptr, bytes_of(buf)}});
 }
 
-ddp_status gloo_all_gather(ddp_comm* comm, const ddp_buffer* send_in, const ddp_buffer* recv_in,
-                           ddp_stream stream) {
+ddp_status gloo_all_gather(ddp_comm* comm, const ddp_buffer* send_in, const ddp_buffer* recv_in, ddp_stream stream) {
   if (ddp_status s = check_pair(comm, send_in, recv_in, "all_gather")) return s;
   if (ddp_status s = ddp::plugin::check_all_gather(comm->host, *send_in, *recv_in, comm->size)) return s;
-  const ddp_buffer send = *send_in, recv = *recv_in;
+  const ddp_buffer send = *send_in;
+  const ddp_buffer recv = *recv_in;
   size_t world = static_cast<size_t>(comm->size);
-  ddp_buffer hsend = send, hrecv = recv;  // what Gloo works on (staging parts for CUDA buffers)
+  // What Gloo works on (staging parts for CUDA buffers).
+  ddp_buffer hsend = send;
+  ddp_buffer hrecv = recv;
   if (send.device == DDP_DEVICE_CUDA) {
     void* parts[2];
     if (ddp_status s = stage(comm, stream, "all_gather", {bytes_of(send), bytes_of(recv)}, parts)) return s;
@@ -427,39 +438,44 @@ ddp_status gloo_all_gather(ddp_comm* comm, const ddp_buffer* send_in, const ddp_
     hrecv.ptr = parts[1];
   }
   uint32_t tag = comm->next_tag++;
-  return enqueue(comm, stream, describe("all_gather", recv), [=] {
-    with_type(hsend.dtype, [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      if (world == 1) {
-        std::memmove(hrecv.ptr, hsend.ptr, hsend.count * sizeof(T));
-        return;
-      }
-      gloo::AllgatherOptions opts(comm->context);
-      opts.setInput(static_cast<T*>(hsend.ptr), hsend.count);
-      opts.setOutput(static_cast<T*>(hrecv.ptr), hrecv.count);
-      opts.setTag(tag);
-      gloo::allgather(opts);
-    });
-  }, {{hsend.ptr, send.ptr, bytes_of(send)}}, {{recv.ptr, hrecv.ptr, bytes_of(recv)}});
+  return enqueue(comm, stream, describe("all_gather", recv),
+                 [=] {
+                   with_type(hsend.dtype, [&](auto* type) {
+                     using T = std::remove_pointer_t<decltype(type)>;
+                     if (world == 1) {
+                       std::memmove(hrecv.ptr, hsend.ptr, hsend.count * sizeof(T));
+                       return;
+                     }
+                     gloo::AllgatherOptions opts(comm->context);
+                     opts.setInput(static_cast<T*>(hsend.ptr), hsend.count);
+                     opts.setOutput(static_cast<T*>(hrecv.ptr), hrecv.count);
+                     opts.setTag(tag);
+                     gloo::allgather(opts);
+                   });
+                 },
+                 {{hsend.ptr, send.ptr, bytes_of(send)}}, {{recv.ptr, hrecv.ptr, bytes_of(recv)}});
 }
 
 // reduce_scatter: the first step of direct_all_reduce alone (this Gloo
 // snapshot has no options-style reduce-scatter): each rank sends chunk q of
 // its send buffer to rank q and sums the chunks it receives into recv.
-ddp_status gloo_reduce_scatter(ddp_comm* comm, const ddp_buffer* send_in, const ddp_buffer* recv_in,
-                               ddp_reduce_op op, ddp_stream stream) {
+ddp_status gloo_reduce_scatter(ddp_comm* comm, const ddp_buffer* send_in, const ddp_buffer* recv_in, ddp_reduce_op op,
+                               ddp_stream stream) {
   if (ddp_status s = check_pair(comm, send_in, recv_in, "reduce_scatter")) return s;
   if (ddp_status s = ddp::plugin::check_reduce_scatter(comm->host, *send_in, *recv_in, comm->size)) return s;
-  const ddp_buffer send = *send_in, recv = *recv_in;
+  const ddp_buffer send = *send_in;
+  const ddp_buffer recv = *recv_in;
   size_t world = static_cast<size_t>(comm->size);
-  ddp_buffer hsend = send, hrecv = recv;  // what Gloo works on (staging parts for CUDA buffers)
-  void* staged_scratch = nullptr;  // null on a CPU run: scratch_of, on the stream, as ever
+  // What Gloo works on (staging parts for CUDA buffers).
+  ddp_buffer hsend = send;
+  ddp_buffer hrecv = recv;
+  void* staged_scratch = nullptr;              // null on a CPU run: scratch_of, on the stream, as ever
   if (comm->host->device != DDP_DEVICE_CPU) {  // no host->alloc in a host function there
     const bool cuda = send.device == DDP_DEVICE_CUDA;
     void* parts[3];
-    if (ddp_status s = stage(comm, stream, "reduce_scatter",
-                             {cuda ? bytes_of(send) : 0, cuda ? bytes_of(recv) : 0, (world - 1) * bytes_of(recv)},
-                             parts))
+    if (ddp_status s =
+            stage(comm, stream, "reduce_scatter",
+                  {cuda ? bytes_of(send) : 0, cuda ? bytes_of(recv) : 0, (world - 1) * bytes_of(recv)}, parts))
       return s;
     if (cuda) {
       hsend.ptr = parts[0];
@@ -468,22 +484,24 @@ ddp_status gloo_reduce_scatter(ddp_comm* comm, const ddp_buffer* send_in, const 
     staged_scratch = parts[2];
   }
   uint32_t tag = comm->next_tag++;
-  return enqueue(comm, stream, describe("reduce_scatter", send), [=] {
-    with_type(hsend.dtype, [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      T* out = static_cast<T*>(hrecv.ptr);
-      if (world == 1 || hrecv.count == 0) {
-        std::memmove(out, hsend.ptr, hrecv.count * sizeof(T));
-        return;
-      }
-      auto in = comm->context->createUnboundBuffer(hsend.ptr, hsend.count * sizeof(T));
-      T* scratch = static_cast<T*>(staged_scratch ? staged_scratch
-                                                  : scratch_of(comm, (world - 1) * hrecv.count * sizeof(T)));
-      ddp_gloo::scatter_reduce_step<T>(*comm->context, *in, 0, hsend.count, hrecv.count, out, scratch,
-                                       gloo::Slot::build(ddp_gloo::kDirectSlotPrefix, tag));
-      if (op == DDP_REDUCE_AVG) divide(out, hrecv.count, int(world));
-    });
-  }, {{hsend.ptr, send.ptr, bytes_of(send)}}, {{recv.ptr, hrecv.ptr, bytes_of(recv)}});
+  return enqueue(comm, stream, describe("reduce_scatter", send),
+                 [=] {
+                   with_type(hsend.dtype, [&](auto* type) {
+                     using T = std::remove_pointer_t<decltype(type)>;
+                     T* out = static_cast<T*>(hrecv.ptr);
+                     if (world == 1 || hrecv.count == 0) {
+                       std::memmove(out, hsend.ptr, hrecv.count * sizeof(T));
+                       return;
+                     }
+                     auto in = comm->context->createUnboundBuffer(hsend.ptr, hsend.count * sizeof(T));
+                     T* scratch = static_cast<T*>(
+                         staged_scratch ? staged_scratch : scratch_of(comm, (world - 1) * hrecv.count * sizeof(T)));
+                     ddp_gloo::scatter_reduce_step<T>(*comm->context, *in, 0, hsend.count, hrecv.count, out, scratch,
+                                                      gloo::Slot::build(ddp_gloo::kDirectSlotPrefix, tag));
+                     if (op == DDP_REDUCE_AVG) divide(out, hrecv.count, int(world));
+                   });
+                 },
+                 {{hsend.ptr, send.ptr, bytes_of(send)}}, {{recv.ptr, hrecv.ptr, bytes_of(recv)}});
 }
 
 ddp_status gloo_barrier(ddp_comm* comm, ddp_stream stream) {

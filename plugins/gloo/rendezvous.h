@@ -70,12 +70,13 @@ inline ddp_status check_listen_address(const ddp_host* host, const std::string& 
   addrinfo* found = nullptr;
   if (int rc = getaddrinfo(hostname.c_str(), nullptr, &hints, &found))
     return ddp::plugin::fail(host, DDP_ERR_INVALID_ARGUMENT,
-                "transport.hostname '" + hostname + "' does not resolve (" + gai_strerror(rc) + ")");
+                             "transport.hostname '" + hostname + "' does not resolve (" + gai_strerror(rc) + ")");
   bool loopback = false;
   for (const addrinfo* a = found; a; a = a->ai_next) {
     if (a->ai_family == AF_INET)
       loopback |= (ntohl(reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
-    if (a->ai_family == AF_INET6) loopback |= IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr);
+    if (a->ai_family == AF_INET6)
+      loopback |= IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr);
   }
   freeaddrinfo(found);
   if (host->world_size == 1) return DDP_OK;
@@ -94,11 +95,12 @@ inline ddp_status check_listen_address(const ddp_host* host, const std::string& 
   const std::string where = "this rank runs on host '" + std::string(mine) + "', rank 0 on '" + first + "', but ";
   if (loopback)
     return ddp::plugin::fail(host, DDP_ERR_INVALID_ARGUMENT,
-                where + "transport.hostname is '" + hostname +
-                    "', a loopback address the other hosts cannot reach: set it to this host's address");
+                             where + "transport.hostname is '" + hostname +
+                                 "', a loopback address the other hosts cannot reach: set it to this host's address");
   return ddp::plugin::fail(host, DDP_ERR_INVALID_ARGUMENT,
-              where + "rank 0 listens on a loopback address this host cannot reach: set rank 0's "
-                      "transport.hostname to its host's address");
+                           where +
+                               "rank 0 listens on a loopback address this host cannot reach: set rank 0's "
+                               "transport.hostname to its host's address");
 }
 
 }  // namespace ddp_gloo

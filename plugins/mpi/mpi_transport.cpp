@@ -26,9 +26,9 @@
 // the rank and size of the communicator it is given, never the host's.
 //
 // Not here (yet): CUDA buffers (refused: use nccl, or gloo's staging).
+#include <ddp/numeric.h>
 #include <ddp/plugin.h>
 #include <ddp/plugin.hpp>
-#include <ddp/numeric.h>
 #include <ddp/transport.hpp>
 
 #include <dlfcn.h>
@@ -49,7 +49,8 @@ namespace {
 constexpr const char* kVersion = "0.3.0";  // 0.2: bfloat16, float16; 0.3: split
 
 constexpr ddp_key kKeys[] = {
-    {"nonblocking", "bool", "true: MPI_I* collectives and MPI_Test, bounded by run.timeout_s; false (default): blocking"},
+    {"nonblocking", "bool",
+     "true: MPI_I* collectives and MPI_Test, bounded by run.timeout_s; false (default): blocking"},
     {nullptr, nullptr, nullptr},
 };
 constexpr uint64_t kDtypes = DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_FLOAT64) | DDP_DTYPE_BIT(DDP_INT32) |
@@ -58,7 +59,8 @@ constexpr uint64_t kDtypes = DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_FLOA
 // MPI has no 16-bit floats: they travel as MPI_UINT16_T and are summed by
 // these user operations, each sum in float32 rounded back (ddp/numeric.h).
 // Made once, when MPI starts.
-MPI_Op g_bf16_sum = MPI_OP_NULL, g_fp16_sum = MPI_OP_NULL;
+MPI_Op g_bf16_sum = MPI_OP_NULL;
+MPI_Op g_fp16_sum = MPI_OP_NULL;
 
 template <uint16_t (*FromFloat)(float), float (*ToFloat)(uint16_t)>
 void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -103,7 +105,8 @@ MPI_Datatype mpi_type(ddp_dtype dtype) {
     case DDP_FLOAT64: return MPI_DOUBLE;
     case DDP_INT32: return MPI_INT32_T;
     case DDP_INT64: return MPI_INT64_T;
-    case DDP_BFLOAT16: case DDP_FLOAT16: return MPI_UINT16_T;  // summed by g_bf16_sum, g_fp16_sum
+    case DDP_BFLOAT16:
+    case DDP_FLOAT16: return MPI_UINT16_T;  // summed by g_bf16_sum, g_fp16_sum
     default: return MPI_DATATYPE_NULL;
   }
 }
@@ -263,7 +266,9 @@ bool srun_without_pmi(const char* (*get)(const char*)) {
 // MPI initialised (by us, once per process, unless it already was) at a
 // thread level the comm stream's thread may call it at.
 ddp_status start_mpi(const ddp_host* host) {
-  int initialized = 0, finalized = 0, provided = MPI_THREAD_SINGLE;
+  int initialized = 0;
+  int finalized = 0;
+  int provided = MPI_THREAD_SINGLE;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (finalized)
@@ -300,16 +305,17 @@ ddp_status mpi_init(const ddp_host* host, ddp_comm** out) {
       throw ddp::plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "", /*text_is_set=*/true);
     comm->nonblocking = nonblocking != 0;
     if (ddp_status s = start_mpi(host)) throw ddp::plugin::Failure(s, "", /*text_is_set=*/true);
-    int rank = -1, size = 0;
+    int rank = -1;
+    int size = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (rank != host->rank || size != host->world_size)
-      throw ddp::plugin::Failure(
-          DDP_ERR_INVALID_ARGUMENT,
-          "MPI_COMM_WORLD is " + std::to_string(size) + " ranks and this is rank " + std::to_string(rank) +
-              ", but the run is " + std::to_string(host->world_size) + " ranks and this is rank " +
-              std::to_string(host->rank) + ": start the ranks with mpirun -np " + std::to_string(host->world_size) +
-              " ddp run CONFIG, or srun, or let ddp run start them (it does so through mpirun)");
+      throw ddp::plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
+                                 "MPI_COMM_WORLD is " + std::to_string(size) + " ranks and this is rank " +
+                                     std::to_string(rank) + ", but the run is " + std::to_string(host->world_size) +
+                                     " ranks and this is rank " + std::to_string(host->rank) +
+                                     ": start the ranks with mpirun -np " + std::to_string(host->world_size) +
+                                     " ddp run CONFIG, or srun, or let ddp run start them (it does so through mpirun)");
     if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm->comm))
       throw ddp::plugin::Failure(DDP_ERR_COMM, "MPI_Comm_dup failed: " + mpi_error(rc));
     MPI_Comm_set_errhandler(comm->comm, MPI_ERRORS_RETURN);
@@ -375,7 +381,9 @@ ddp_status mpi_all_reduce(ddp_comm* comm, const ddp_buffer* buf, ddp_reduce_op o
   const int world = comm->size;
   return enqueue(
       comm, stream, describe("all_reduce", b),
-      [comm, b] { return MPI_Allreduce(MPI_IN_PLACE, b.ptr, int(b.count), mpi_type(b.dtype), sum_of(b.dtype), comm->comm); },
+      [comm, b] {
+        return MPI_Allreduce(MPI_IN_PLACE, b.ptr, int(b.count), mpi_type(b.dtype), sum_of(b.dtype), comm->comm);
+      },
       [comm, b](MPI_Request* r) {
         return MPI_Iallreduce(MPI_IN_PLACE, b.ptr, int(b.count), mpi_type(b.dtype), sum_of(b.dtype), comm->comm, r);
       },
@@ -389,14 +397,17 @@ ddp_status mpi_broadcast(ddp_comm* comm, const ddp_buffer* buf, int root, ddp_st
   return enqueue(
       comm, stream, describe("broadcast", b),
       [comm, b, root] { return MPI_Bcast(b.ptr, int(b.count), mpi_type(b.dtype), root, comm->comm); },
-      [comm, b, root](MPI_Request* r) { return MPI_Ibcast(b.ptr, int(b.count), mpi_type(b.dtype), root, comm->comm, r); });
+      [comm, b, root](MPI_Request* r) {
+        return MPI_Ibcast(b.ptr, int(b.count), mpi_type(b.dtype), root, comm->comm, r);
+      });
 }
 
 ddp_status mpi_all_gather(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv, ddp_stream stream) {
   if (ddp_status s = check_buffer(comm, send, "all_gather")) return s;
   if (ddp_status s = check_buffer(comm, recv, "all_gather")) return s;
   if (ddp_status s = ddp::plugin::check_all_gather(comm->host, *send, *recv, comm->size)) return s;
-  const ddp_buffer s = *send, v = *recv;
+  const ddp_buffer s = *send;
+  const ddp_buffer v = *recv;
   const MPI_Datatype t = mpi_type(s.dtype);
   return enqueue(
       comm, stream, describe("all_gather", s),
@@ -412,10 +423,13 @@ ddp_status mpi_reduce_scatter(ddp_comm* comm, const ddp_buffer* send, const ddp_
   if (ddp_status s = check_buffer(comm, recv, "reduce_scatter")) return s;
   if (ddp_status s = ddp::plugin::check_reduce_scatter(comm->host, *send, *recv, comm->size)) return s;
   const int world = comm->size;
-  const ddp_buffer s = *send, v = *recv;
+  const ddp_buffer s = *send;
+  const ddp_buffer v = *recv;
   return enqueue(
       comm, stream, describe("reduce_scatter", s),
-      [comm, s, v] { return MPI_Reduce_scatter_block(s.ptr, v.ptr, int(v.count), mpi_type(v.dtype), sum_of(v.dtype), comm->comm); },
+      [comm, s, v] {
+        return MPI_Reduce_scatter_block(s.ptr, v.ptr, int(v.count), mpi_type(v.dtype), sum_of(v.dtype), comm->comm);
+      },
       [comm, s, v](MPI_Request* r) {
         return MPI_Ireduce_scatter_block(s.ptr, v.ptr, int(v.count), mpi_type(v.dtype), sum_of(v.dtype), comm->comm, r);
       },

@@ -29,7 +29,8 @@ void watch_once(ddp_comm* comm, PendingAbort& abort) {
       comm->spare_events.push_back(it->done);
       it = comm->in_flight.erase(it);
     } else if (q != cudaErrorNotReady) {
-      fail_locked(comm, abort, DDP_ERR_COMM, prefix + it->what + ": " + cuda_error(q) + "; the communicator was aborted");
+      fail_locked(comm, abort, DDP_ERR_COMM,
+                  prefix + it->what + ": " + cuda_error(q) + "; the communicator was aborted");
       return;
     } else if (now - it->since > comm->timeout) {
       fail_locked(comm, abort, DDP_ERR_TIMEOUT,
@@ -45,9 +46,7 @@ void watch_once(ddp_comm* comm, PendingAbort& abort) {
 
 }  // namespace
 
-std::string rank_prefix(const ddp_host* host) {
-  return "nccl transport, rank " + std::to_string(host->rank) + ": ";
-}
+std::string rank_prefix(const ddp_host* host) { return "nccl transport, rank " + std::to_string(host->rank) + ": "; }
 
 std::string rank_prefix(const ddp_comm* comm) {
   if (comm->tag.empty()) return rank_prefix(comm->host);
@@ -125,10 +124,12 @@ void destroy_comm(ddp_comm* comm) {
   }
   if (!ended) {
     comm->watchdog.detach();
-    comm->host->log(comm->host->ctx, DDP_LOG_WARN,
-                    (rank_prefix(comm) + "ncclCommAbort has not returned after " +
-                     std::to_string(kWatchdogGrace.count()) + " s (the stream never reached the aborted "
-                     "collective): the communicator is left to the process's exit").c_str());
+    comm->host->log(
+        comm->host->ctx, DDP_LOG_WARN,
+        (rank_prefix(comm) + "ncclCommAbort has not returned after " + std::to_string(kWatchdogGrace.count()) +
+         " s (the stream never reached the aborted "
+         "collective): the communicator is left to the process's exit")
+            .c_str());
     return;  // comm stays allocated: the watchdog still uses it
   }
   if (comm->watchdog.joinable()) comm->watchdog.join();

@@ -140,10 +140,12 @@ void enqueue(ddp_comm* comm, ddp_stream stream, std::string what, Call&& call) {
     const std::string prefix = rank_prefix(comm);
     ncclResult_t r = settle(comm->nccl, call(comm->nccl, s), Clock::now() + comm->timeout);
     if (r == ncclInProgress) {
-      fail_locked(comm, abort, DDP_ERR_TIMEOUT, prefix + what + ": NCCL did not finish enqueuing it within " +
-                                             millis(comm->timeout) + " (run.timeout_s); the communicator was aborted");
+      fail_locked(comm, abort, DDP_ERR_TIMEOUT,
+                  prefix + what + ": NCCL did not finish enqueuing it within " + millis(comm->timeout) +
+                      " (run.timeout_s); the communicator was aborted");
     } else if (r != ncclSuccess) {
-      fail_locked(comm, abort, DDP_ERR_COMM, prefix + what + ": " + nccl_error(r, comm->nccl) + "; the communicator was aborted");
+      fail_locked(comm, abort, DDP_ERR_COMM,
+                  prefix + what + ": " + nccl_error(r, comm->nccl) + "; the communicator was aborted");
     }
     if (comm->failure->failed.load(std::memory_order_acquire)) throw_failure(*comm->failure);
 
@@ -158,8 +160,9 @@ void enqueue(ddp_comm* comm, ddp_stream stream, std::string what, Call&& call) {
     if (e == cudaSuccess) e = cudaEventRecord(done, s);
     if (e != cudaSuccess) {
       if (done != nullptr) cudaEventDestroy(done);
-      fail_locked(comm, abort, DDP_ERR_COMM, prefix + what + ": recording its completion event: " + cuda_error(e) +
-                                          "; the communicator was aborted");
+      fail_locked(
+          comm, abort, DDP_ERR_COMM,
+          prefix + what + ": recording its completion event: " + cuda_error(e) + "; the communicator was aborted");
       throw_failure(*comm->failure);
     }
     comm->in_flight.push_back(InFlight{done, Clock::now(), std::move(what)});

@@ -114,11 +114,13 @@ ncclDataType_t nccl_type(ddp_dtype dtype) {
 ncclDataType_t checked(const ddp_host* h, const ddp_buffer* buf, const char* entry) {
   ddp::plugin::check(ddp::plugin::check_buffer(h, buf, entry, [&](const ddp_buffer& b) {
     if (b.device != DDP_DEVICE_CUDA)
-      return fail(h, DDP_ERR_UNSUPPORTED, std::string(entry) + ": the nccl transport needs CUDA buffers (this one is on the " +
-                                              device_name(b.device) + ")");
+      return fail(h, DDP_ERR_UNSUPPORTED,
+                  std::string(entry) + ": the nccl transport needs CUDA buffers (this one is on the " +
+                      device_name(b.device) + ")");
     if (ddp_dtype_size(b.dtype) == 0)
-      return fail(h, DDP_ERR_UNSUPPORTED, std::string(entry) + ": dtype " + std::to_string(b.dtype) +
-                                              " not supported (float32, float64, int32, int64, bfloat16, float16)");
+      return fail(h, DDP_ERR_UNSUPPORTED,
+                  std::string(entry) + ": dtype " + std::to_string(b.dtype) +
+                      " not supported (float32, float64, int32, int64, bfloat16, float16)");
     return DDP_OK;
   }));
   return nccl_type(buf->dtype);
@@ -163,7 +165,8 @@ int use_gpu(const ddp_host* host) {
                                            std::to_string(host->local_rank) + ", but this machine has " +
                                            std::to_string(count) + " GPU(s) visible");
   if ((e = cudaSetDevice(gpu)) != cudaSuccess)
-    throw Failure(DDP_ERR_UNSUPPORTED, rank_prefix(host) + "cudaSetDevice(" + std::to_string(gpu) + "): " + cuda_error(e));
+    throw Failure(DDP_ERR_UNSUPPORTED,
+                  rank_prefix(host) + "cudaSetDevice(" + std::to_string(gpu) + "): " + cuda_error(e));
   return gpu;
 }
 
@@ -190,9 +193,8 @@ ncclUniqueId exchange_unique_id(const ddp_host* host) {
   if (ok) std::memcpy(&id, data, sizeof id);
   std::free(data);
   if (!ok)
-    throw Failure(DDP_ERR_COMM, rank_prefix(host) + "the rendezvous key '" + key + "' holds " +
-                                    std::to_string(bytes) + " bytes, not an NCCL unique id (" +
-                                    std::to_string(sizeof id) + ")");
+    throw Failure(DDP_ERR_COMM, rank_prefix(host) + "the rendezvous key '" + key + "' holds " + std::to_string(bytes) +
+                                    " bytes, not an NCCL unique id (" + std::to_string(sizeof id) + ")");
   return id;
 }
 
@@ -203,14 +205,13 @@ ncclComm_t connect(const ddp_host* host, int gpu, const ncclUniqueId& id, std::c
   ncclResult_t r = ncclCommInitRankConfig(&nccl, host->world_size, id, host->rank, &config);
   if (nccl != nullptr) r = settle(nccl, r, Clock::now() + timeout);
   if (r == ncclSuccess) return nccl;
-  const std::string why = r == ncclInProgress
-                              ? "did not complete within " + millis(timeout) +
-                                    " (run.timeout_s; is every rank started, each with its own GPU?)"
-                              : "failed: " + nccl_error(r, nccl);
+  const std::string why = r == ncclInProgress ? "did not complete within " + millis(timeout) +
+                                                    " (run.timeout_s; is every rank started, each with its own GPU?)"
+                                              : "failed: " + nccl_error(r, nccl);
   if (nccl != nullptr) ncclCommAbort(nccl);
   throw Failure(r == ncclInProgress ? DDP_ERR_TIMEOUT : DDP_ERR_COMM,
-                rank_prefix(host) + "NCCL communicator set-up (" + std::to_string(host->world_size) +
-                    " ranks, GPU " + std::to_string(gpu) + ") " + why);
+                rank_prefix(host) + "NCCL communicator set-up (" + std::to_string(host->world_size) + " ranks, GPU " +
+                    std::to_string(gpu) + ") " + why);
 }
 
 // ----------------------------------------------------------------- entries
@@ -218,9 +219,10 @@ ncclComm_t connect(const ddp_host* host, int gpu, const ncclUniqueId& id, std::c
 ddp_status nccl_init(const ddp_host* host, ddp_comm** out) {
   return ddp::plugin::guard(host, [&] {
     if (host->device != DDP_DEVICE_CUDA)
-      throw Failure(DDP_ERR_UNSUPPORTED,
-                    std::string("the nccl transport needs a CUDA device (run.device = \"cuda\"); this run's device is ") +
-                        device_name(host->device));
+      throw Failure(
+          DDP_ERR_UNSUPPORTED,
+          std::string("the nccl transport needs a CUDA device (run.device = \"cuda\"); this run's device is ") +
+              device_name(host->device));
     auto comm = std::make_unique<ddp_comm_s>();
     comm->host = host;
     comm->rank = host->rank;
@@ -257,9 +259,9 @@ ncclComm_t split_nccl(ddp_comm* parent, const ddp_split* how, const std::string&
                                                     " (run.timeout_s; did every rank of the parent call split?)"
                                               : "failed: " + nccl_error(r, nccl != nullptr ? nccl : parent->nccl);
   if (nccl != nullptr) ncclCommAbort(nccl);
-  throw Failure(r == ncclInProgress ? DDP_ERR_TIMEOUT : DDP_ERR_COMM,
-                where + "ncclCommSplit (color " + std::to_string(how->color) + ", key " + std::to_string(how->key) +
-                    ") " + why);
+  throw Failure(
+      r == ncclInProgress ? DDP_ERR_TIMEOUT : DDP_ERR_COMM,
+      where + "ncclCommSplit (color " + std::to_string(how->color) + ", key " + std::to_string(how->key) + ") " + why);
 }
 
 // A group's communicator (ABI 1.9): NCCL's split, checked against the
@@ -283,7 +285,8 @@ ddp_status nccl_split(ddp_comm* parent, const ddp_split* how, ddp_comm** out) {
       throw Failure(DDP_ERR_COMM, where + "cudaSetDevice(" + std::to_string(comm->gpu) + "): " + cuda_error(e));
     ddp::plugin::check(host->alloc(host->ctx, sizeof(float), DDP_MEM_COMM_BUFFERS, &comm->barrier_buf));
     comm->nccl = split_nccl(parent, how, where);
-    int rank = -1, count = 0;
+    int rank = -1;
+    int count = 0;
     ncclCommUserRank(comm->nccl, &rank);
     ncclCommCount(comm->nccl, &count);
     if (rank != how->rank || count != how->size)

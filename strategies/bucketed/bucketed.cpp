@@ -42,8 +42,7 @@ using ddp::strategy::BucketSync;
 using ddp::strategy::StrategyBase;
 
 struct ddp_strategy_s : StrategyBase {
-  ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c, BucketCap bucket_cap,
-                 bool overlap_opt)
+  ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c, BucketCap bucket_cap, bool overlap_opt)
       : StrategyBase(h, t, c), cap(std::move(bucket_cap)), overlap_optimizer(overlap_opt), buckets(*this) {}
   BucketCap cap;              // the bucket_mb key: MiB, or "auto" (measured at train begin)
   size_t gradient_bytes = 0;  // trainable gradients of the current layout
@@ -54,10 +53,12 @@ struct ddp_strategy_s : StrategyBase {
 namespace {
 
 constexpr ddp_key kKeys[] = {
-    {"bucket_mb", "float or \"auto\"", "the most MiB of gradients per bucket (default 25); \"auto\": from the overhead model"},
+    {"bucket_mb", "float or \"auto\"",
+     "the most MiB of gradients per bucket (default 25); \"auto\": from the overhead model"},
     {"overlap_optimizer", "bool", "true (default): update bucket by bucket as each average arrives"},
     {"compress", "string", "the dtype gradients travel in: \"none\" (default, float32), \"bf16\" or \"fp16\""},
-    {"in_place", "bool", "true (default): average gradients in their own memory, where they lie as a bucket; false: copy"},
+    {"in_place", "bool",
+     "true (default): average gradients in their own memory, where they lie as a bucket; false: copy"},
     {nullptr, nullptr, nullptr},
 };
 

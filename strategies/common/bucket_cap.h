@@ -28,8 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "buckets.h"
 #include <ddp/overhead_model.hpp>
+#include "buckets.h"
 #include "strategy_util.h"
 
 namespace ddp {
@@ -51,18 +51,22 @@ class BucketCap {
       try {
         text = host.config_string("bucket_mb", "");
       } catch (const plugin::Failure&) {
-        throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
-                              "strategy.bucket_mb must be a finite number of MiB > 0 or \"auto\" (got a value of another type)");
+        throw plugin::Failure(
+            DDP_ERR_INVALID_ARGUMENT,
+            "strategy.bucket_mb must be a finite number of MiB > 0 or \"auto\" (got a value of another type)");
       }
       if (text != "auto")
-        throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
-                              "strategy.bucket_mb must be a finite number of MiB > 0 or \"auto\" (got \"" + text + "\")");
+        throw plugin::Failure(
+            DDP_ERR_INVALID_ARGUMENT,
+            "strategy.bucket_mb must be a finite number of MiB > 0 or \"auto\" (got \"" + text + "\")");
       cap.automatic_ = true;
       return cap;
     }
     if (!(cap.mib_ > 0) || !std::isfinite(cap.mib_))
-      throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.bucket_mb must be a finite number of MiB > 0 or "
-                                                      "\"auto\" (got " + number(cap.mib_) + ")");
+      throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
+                            "strategy.bucket_mb must be a finite number of MiB > 0 or "
+                            "\"auto\" (got " +
+                                number(cap.mib_) + ")");
     return cap;
   }
 
@@ -71,8 +75,9 @@ class BucketCap {
   // measurement at run time.
   size_t plan_bytes() const {
     if (automatic_)
-      throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.bucket_mb = \"auto\" is chosen by a measurement "
-                                                      "at run time; `ddp plan` needs a number (MiB)");
+      throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
+                            "strategy.bucket_mb = \"auto\" is chosen by a measurement "
+                            "at run time; `ddp plan` needs a number (MiB)");
     return bytes_of_mib(mib_);
   }
 
@@ -123,10 +128,10 @@ class BucketCap {
                 ", \"seconds\": " + number(p.seconds) + "}";
     const size_t cap = measured_ ? bytes_for(trainable_bytes) : 0;
     return "\"bucket_mb\": \"auto\", \"auto\": {\"o_s\": " + number(fit_.o_s) + ", \"w_bytes_per_s\": " +
-           (std::isinf(fit_.w_bytes_per_s) ? std::string("null") : number(fit_.w_bytes_per_s)) +
-           ", \"probes\": [" + probes + "], \"gradient_bytes\": " + std::to_string(trainable_bytes) +
-           ", \"chosen_bucket_mb\": " + number(double(cap) / (1024.0 * 1024.0)) + ", \"buckets\": " +
-           std::to_string(buckets) + ", \"predicted_overhead_s\": " +
+           (std::isinf(fit_.w_bytes_per_s) ? std::string("null") : number(fit_.w_bytes_per_s)) + ", \"probes\": [" +
+           probes + "], \"gradient_bytes\": " + std::to_string(trainable_bytes) +
+           ", \"chosen_bucket_mb\": " + number(double(cap) / (1024.0 * 1024.0)) +
+           ", \"buckets\": " + std::to_string(buckets) + ", \"predicted_overhead_s\": " +
            number(buckets ? predicted_overhead_s(fit_, double(trainable_bytes), double(buckets)) : 0.0) + "}";
   }
 

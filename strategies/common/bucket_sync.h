@@ -132,11 +132,11 @@ class BucketSync {
     if (!syncing_) return;
     const size_t i = param.index;
     if (i >= place_of_.size() || place_of_[i].bucket == kNoBucket)
-      throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT, std::string("on_grad_ready for '") + param.name +
-                                                          "', which is in no bucket (frozen?)");
+      throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
+                            std::string("on_grad_ready for '") + param.name + "', which is in no bucket (frozen?)");
     if (filled_[i])
-      throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT, std::string("on_grad_ready for '") + param.name +
-                                                          "' twice in one micro-batch");
+      throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
+                            std::string("on_grad_ready for '") + param.name + "' twice in one micro-batch");
     fill_slot(i);
     launch_ready();
   }
@@ -236,7 +236,8 @@ class BucketSync {
       base_.comm_after_compute();
       average(b);
       if (!b.in_place)
-        for (const Slot& slot : b.slots) h.copy(h.param(slot.param).grad, buffer + slot.offset, slot.bytes, h.comm_stream());
+        for (const Slot& slot : b.slots)
+          h.copy(h.param(slot.param).grad, buffer + slot.offset, slot.bytes, h.comm_stream());
       b.done.record(h.comm_stream());
     }
   }

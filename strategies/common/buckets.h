@@ -43,8 +43,8 @@ inline std::vector<Bucket> assign_buckets(const std::vector<ParamInfo>& params, 
   std::vector<Bucket> buckets;
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
     if (!it->trainable) continue;
-    const bool fits = !buckets.empty() && !buckets.back().params.empty() &&
-                      buckets.back().bytes + it->bytes <= cap_bytes;
+    const bool fits =
+        !buckets.empty() && !buckets.back().params.empty() && buckets.back().bytes + it->bytes <= cap_bytes;
     if (!fits) buckets.emplace_back();
     buckets.back().params.push_back(it->index);
     buckets.back().bytes += it->bytes;

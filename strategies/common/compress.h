@@ -39,7 +39,8 @@ inline std::string compress_refusal(ddp_dtype wire, const char* transport, uint6
   if (!(transport_dtypes & DDP_DTYPE_BIT(wire))) {
     std::string takes;
     for (int d = DDP_FLOAT32; d <= DDP_FLOAT16; ++d)
-      if (transport_dtypes & DDP_DTYPE_BIT(d)) takes += (takes.empty() ? "" : ", ") + std::string(ddp_dtype_name(ddp_dtype(d)));
+      if (transport_dtypes & DDP_DTYPE_BIT(d))
+        takes += (takes.empty() ? "" : ", ") + std::string(ddp_dtype_name(ddp_dtype(d)));
     return what + "transport '" + transport + "' does not take " + ddp_dtype_name(wire) + " (it takes " + takes + ")";
   }
   if (!host_converts) return what + "this engine has no host->convert (it needs ABI 1.3 or newer)";
@@ -55,8 +56,8 @@ inline ddp_dtype read_compress(const plugin::Host& host, const ddp_transport_v1_
   if (!wire)
     throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
                           "strategy.compress must be \"none\", \"bf16\" or \"fp16\" (got \"" + value + "\")");
-  const std::string why =
-      compress_refusal(*wire, transport->name, ddp_transport_dtypes(transport), planning || plugin::has_convert(host.raw()));
+  const std::string why = compress_refusal(*wire, transport->name, ddp_transport_dtypes(transport),
+                                           planning || plugin::has_convert(host.raw()));
   if (!why.empty()) throw plugin::Failure(DDP_ERR_UNSUPPORTED, why);
   return *wire;
 }

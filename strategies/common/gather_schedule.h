@@ -44,11 +44,12 @@ struct GatherHook {
 };
 
 struct GatherSchedule {
-  std::vector<GatherHook> begin, end;  // per position
+  std::vector<GatherHook> begin;           // per position
+  std::vector<GatherHook> end;             // per position
   std::vector<std::vector<size_t>> needs;  // per position: the units it reads, ascending
-  size_t gathers = 0;                  // all-gathers per micro-batch
-  size_t peak_units = 0;               // most units held or in flight at once
-  size_t peak_elements = 0;            // the same in elements (unit_elements)
+  size_t gathers = 0;                      // all-gathers per micro-batch
+  size_t peak_units = 0;                   // most units held or in flight at once
+  size_t peak_elements = 0;                // the same in elements (unit_elements)
 };
 
 // The unit at position p of U units.
@@ -92,7 +93,8 @@ inline std::vector<std::vector<size_t>> next_uses(const std::vector<std::vector<
 }
 
 struct GatherState {
-  std::set<size_t> held, in_flight;
+  std::set<size_t> held;
+  std::set<size_t> in_flight;
   size_t elements = 0;  // of the units in either
   bool has(size_t x) const { return held.count(x) || in_flight.count(x); }
 };
@@ -103,7 +105,8 @@ inline void issue(GatherSchedule& s, GatherState& st, size_t p, size_t prefetch,
                   const std::vector<size_t>& unit_elements) {
   GatherHook& hook = s.begin[p];
   auto start = [&](size_t x) {
-    hook.gather.push_back(x), st.in_flight.insert(x);
+    hook.gather.push_back(x);
+    st.in_flight.insert(x);
     st.elements += unit_elements.empty() ? 0 : unit_elements[x];
   };
   for (size_t x : s.needs[p])
@@ -124,16 +127,17 @@ inline void issue(GatherSchedule& s, GatherState& st, size_t p, size_t prefetch,
 // in flight ahead of the one computing; `unit_elements` (one per unit, or
 // empty) sizes peak_elements. Throws std::invalid_argument for a model
 // without units or with a tied parameter no unit owns.
-inline GatherSchedule gather_schedule(const std::vector<ShardUnit>& units, size_t prefetch,
-                                      bool reshard_after_forward,
+inline GatherSchedule gather_schedule(const std::vector<ShardUnit>& units, size_t prefetch, bool reshard_after_forward,
                                       const std::vector<size_t>& unit_elements = {}) {
   if (units.empty()) throw std::invalid_argument("gather_schedule: the model declares no units");
   if (!unit_elements.empty() && unit_elements.size() != units.size())
     throw std::invalid_argument("gather_schedule: unit_elements must give one size per unit");
-  const size_t n = units.size(), positions = 2 * n;
+  const size_t n = units.size();
+  const size_t positions = 2 * n;
   const std::vector<std::vector<size_t>> read = units_read(units);
   GatherSchedule s;
-  s.begin.resize(positions), s.end.resize(positions);
+  s.begin.resize(positions);
+  s.end.resize(positions);
   for (size_t p = 0; p < positions; ++p) s.needs.push_back(read[unit_at(p, n)]);
   const std::vector<std::vector<size_t>> next_use = detail::next_uses(s.needs, n);
   detail::GatherState st;
@@ -143,12 +147,17 @@ inline GatherSchedule gather_schedule(const std::vector<ShardUnit>& units, size_
     s.peak_units = std::max(s.peak_units, st.held.size() + st.in_flight.size());
     s.peak_elements = std::max(s.peak_elements, st.elements);
     for (size_t x : s.needs[p])
-      if (st.in_flight.erase(x)) s.begin[p].wait.push_back(x), st.held.insert(x);
+      if (st.in_flight.erase(x)) {
+        s.begin[p].wait.push_back(x);
+        st.held.insert(x);
+      }
     for (size_t k = 0; k < s.needs[p].size(); ++k) {
-      const size_t x = s.needs[p][k], next = next_use[p][k];
+      const size_t x = s.needs[p][k];
+      const size_t next = next_use[p][k];
       const bool keep = next == p + 1 || (next != SIZE_MAX && !reshard_after_forward && p < n);
       if (!keep) {
-        s.end[p].release.push_back(x), st.held.erase(x);
+        s.end[p].release.push_back(x);
+        st.held.erase(x);
         st.elements -= unit_elements.empty() ? 0 : unit_elements[x];
       }
     }

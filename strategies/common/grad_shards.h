@@ -61,19 +61,20 @@ struct OwnedRange {
   size_t param = 0;
   size_t offset = 0;  // first element of the parameter
   size_t count = 0;
-  size_t shard = 0;   // where it lies in the rank's shard
+  size_t shard = 0;  // where it lies in the rank's shard
 };
 
 struct ShardBucket {
-  std::vector<size_t> params;   // table indices, in slot order
-  std::vector<size_t> slots;    // element offset of each in the bucket
-  size_t elements = 0;          // E: sum of their sizes
-  size_t chunk = 0;             // c: elements per rank
+  std::vector<size_t> params;  // table indices, in slot order
+  std::vector<size_t> slots;   // element offset of each in the bucket
+  size_t elements = 0;         // E: sum of their sizes
+  size_t chunk = 0;            // c: elements per rank
   size_t padded() const { return chunk * ranks; }
-  size_t ranks = 1;             // N
-  size_t shard = 0;             // where its chunk lies in every rank's shard
-  size_t open = 0, close = 0;   // backward positions (0: the last unit) it is open from and to
-  size_t ring = 0;              // element offset in the ring
+  size_t ranks = 1;  // N
+  size_t shard = 0;  // where its chunk lies in every rank's shard
+  size_t open = 0;   // the backward position (0: the last unit) it is open from
+  size_t close = 0;  // and the one it is open to
+  size_t ring = 0;   // element offset in the ring
 };
 
 // Whether two buckets' ring memory overlaps (a bucket shares its own: its
@@ -85,9 +86,11 @@ inline bool share_memory(const ShardBucket& a, const ShardBucket& b) {
 
 struct ShardLayout {
   std::vector<ShardBucket> buckets;
-  size_t shard_elements = 0;     // sum of chunks
-  size_t ring_elements = 0;      // the ring's size
-  std::vector<std::vector<size_t>> opens_at, closes_at;  // per backward position: bucket indices, ascending
+  size_t shard_elements = 0;  // sum of chunks
+  size_t ring_elements = 0;   // the ring's size
+  // Per backward position: bucket indices, ascending.
+  std::vector<std::vector<size_t>> opens_at;
+  std::vector<std::vector<size_t>> closes_at;
 };
 
 inline size_t round_up(size_t n, size_t to) { return to == 0 ? n : (n + to - 1) / to * to; }
@@ -95,14 +98,17 @@ inline size_t round_up(size_t n, size_t to) { return to == 0 ? n : (n + to - 1) 
 namespace detail {
 
 // New buckets for the trainable parameters of `units` not in `taken`.
-inline void add_buckets(ShardLayout& layout, const std::vector<ShardUnit>& units,
-                        const std::vector<ShardParam>& params, const std::vector<bool>& taken, size_t cap) {
+inline void add_buckets(ShardLayout& layout, const std::vector<ShardUnit>& units, const std::vector<ShardParam>& params,
+                        const std::vector<bool>& taken, size_t cap) {
   bool fresh = true;  // the next unit starts a new bucket
   for (size_t u = units.size(); u-- > 0;) {
     std::vector<size_t> mine;
     size_t size = 0;
     for (auto it = units[u].params.rbegin(); it != units[u].params.rend(); ++it)
-      if (params[*it].trainable && !taken[*it]) mine.push_back(*it), size += params[*it].elements;
+      if (params[*it].trainable && !taken[*it]) {
+        mine.push_back(*it);
+        size += params[*it].elements;
+      }
     if (mine.empty()) continue;
     if (fresh || layout.buckets.back().elements + size > cap) layout.buckets.emplace_back();
     fresh = false;
@@ -118,15 +124,23 @@ inline void add_buckets(ShardLayout& layout, const std::vector<ShardUnit>& units
 // Each bucket's open and close positions: the backward positions of the
 // units that own or read its parameters.
 inline void open_and_close(ShardLayout& layout, const std::vector<ShardUnit>& units, size_t param_count) {
-  std::vector<size_t> first(param_count, SIZE_MAX), last(param_count, 0);
+  std::vector<size_t> first(param_count, SIZE_MAX);
+  std::vector<size_t> last(param_count, 0);
   for (size_t u = 0; u < units.size(); ++u) {
     const size_t pos = units.size() - 1 - u;  // backward order
     for (const auto* list : {&units[u].params, &units[u].tied})
-      for (size_t i : *list) first[i] = std::min(first[i], pos), last[i] = std::max(last[i], pos);
+      for (size_t i : *list) {
+        first[i] = std::min(first[i], pos);
+        last[i] = std::max(last[i], pos);
+      }
   }
   for (ShardBucket& b : layout.buckets) {
-    b.open = SIZE_MAX, b.close = 0;
-    for (size_t i : b.params) b.open = std::min(b.open, first[i]), b.close = std::max(b.close, last[i]);
+    b.open = SIZE_MAX;
+    b.close = 0;
+    for (size_t i : b.params) {
+      b.open = std::min(b.open, first[i]);
+      b.close = std::max(b.close, last[i]);
+    }
   }
   layout.opens_at.assign(units.size(), {});
   layout.closes_at.assign(units.size(), {});
@@ -178,12 +192,16 @@ inline ShardLayout shard_layout(const std::vector<ShardUnit>& units, const std::
     ShardBucket b;
     for (size_t i : kept) {
       if (i >= params.size()) throw std::invalid_argument("shard_layout: a kept bucket names no parameter");
-      b.params.push_back(i), b.slots.push_back(b.elements), b.elements += params[i].elements, taken[i] = true;
+      b.params.push_back(i);
+      b.slots.push_back(b.elements);
+      b.elements += params[i].elements;
+      taken[i] = true;
     }
     layout.buckets.push_back(std::move(b));
   }
   detail::add_buckets(layout, units, params, taken, std::max<size_t>(cap, 1));
-  size_t total = 0, largest = 0;
+  size_t total = 0;
+  size_t largest = 0;
   for (ShardBucket& b : layout.buckets) {
     b.ranks = ranks;
     b.chunk = round_up((b.elements + ranks - 1) / ranks, align);
@@ -204,10 +222,13 @@ inline std::vector<OwnedRange> owned_ranges(const ShardLayout& layout, const std
                                             size_t rank) {
   std::vector<OwnedRange> out;
   for (const ShardBucket& b : layout.buckets) {
-    const size_t lo = rank * b.chunk, hi = std::min(lo + b.chunk, b.elements);
+    const size_t lo = rank * b.chunk;
+    const size_t hi = std::min(lo + b.chunk, b.elements);
     for (size_t k = 0; k < b.params.size(); ++k) {
-      const size_t start = b.slots[k], end = start + params[b.params[k]].elements;
-      const size_t from = std::max(start, lo), to = std::min(end, hi);
+      const size_t start = b.slots[k];
+      const size_t end = start + params[b.params[k]].elements;
+      const size_t from = std::max(start, lo);
+      const size_t to = std::min(end, hi);
       if (from < to) out.push_back({b.params[k], from - start, to - from, b.shard + (from - lo)});
     }
   }

@@ -33,8 +33,8 @@ inline int read_shard_size(const plugin::Host& h) {
   const int world = h.world_size();
   const int64_t g = h.config_int("shard_size", world);
   if (g < 1)
-    throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.shard_size must be a number of ranks >= 1 (got " +
-                                                        std::to_string(g) + ")");
+    throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
+                          "strategy.shard_size must be a number of ranks >= 1 (got " + std::to_string(g) + ")");
   if (g > world || world % g != 0)
     throw plugin::Failure(DDP_ERR_UNSUPPORTED, "strategy.shard_size = " + std::to_string(g) +
                                                    " does not divide the world of " + std::to_string(world) +
@@ -63,11 +63,10 @@ class Hsdp {
     ddp_comm* replica = h.split(world, rank % shard_size, rank, "replicate");
     const ddp_group& mine = h.group(shard);
     if (mine.size != shard_size || mine.rank != rank % shard_size || h.group(replica).size != world_ / shard_size)
-      throw plugin::Failure(DDP_ERR_INTERNAL, "split: rank " + std::to_string(rank) + " is place " +
-                                                  std::to_string(mine.rank) + " of a group of " +
-                                                  std::to_string(mine.size) + ", not " +
-                                                  std::to_string(rank % shard_size) + " of " +
-                                                  std::to_string(shard_size));
+      throw plugin::Failure(DDP_ERR_INTERNAL,
+                            "split: rank " + std::to_string(rank) + " is place " + std::to_string(mine.rank) +
+                                " of a group of " + std::to_string(mine.size) + ", not " +
+                                std::to_string(rank % shard_size) + " of " + std::to_string(shard_size));
     shard_ = plugin::Comm(transport, shard);
     replica_.emplace(transport, replica);
     size_ = shard_size;
@@ -78,8 +77,8 @@ class Hsdp {
   const plugin::Comm& shard() const { return shard_; }
   // The replica group's comm, or nullptr where there is none (g = N).
   const plugin::Comm* across() const { return replica_ ? &*replica_ : nullptr; }
-  int size() const { return size_; }  // g
-  int rank() const { return rank_; }  // this rank's place in its shard group
+  int size() const { return size_; }               // g
+  int rank() const { return rank_; }               // this rank's place in its shard group
   int replicas() const { return world_ / size_; }  // r = N / g
 
   // Enqueues the average of `b` across the replica group on `stream`

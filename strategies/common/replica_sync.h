@@ -86,9 +86,8 @@ void over_spans(const StrategyBase& s, const std::vector<Span>& spans, float* st
 
 // Averages `spans` over ranks in one all-reduce (over_spans).
 inline void average_spans(const StrategyBase& s, const std::vector<Span>& spans, float* staging) {
-  over_spans(s, spans, staging, [&](const ddp_buffer& buf) {
-    s.comm.all_reduce(buf, DDP_REDUCE_AVG, s.host.comm_stream());
-  });
+  over_spans(s, spans, staging,
+             [&](const ddp_buffer& buf) { s.comm.all_reduce(buf, DDP_REDUCE_AVG, s.host.comm_stream()); });
 }
 
 // Rank 0's values of `spans` on every rank, in one broadcast (over_spans).

@@ -25,12 +25,15 @@ using ddp::strategy::StrategyBase;
 
 struct ddp_strategy_s : StrategyBase {
   ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c) : StrategyBase(h, t, c) {}
-  int64_t period = 1;                       // the keys
-  double outer_lr = 0.7, outer_momentum = 0.9;
-  ddp::strategy::ModelSlots slots;          // every parameter's place in the buffers below
-  DeviceBuffer global, momentum, staging;   // θ_global, b, and Δ on its way
-  int64_t outer_steps = 0;                  // sync points so far (stats)
-  std::vector<ddp_state_buffer> state;      // θ_global and b, for checkpoints
+  int64_t period = 1;  // the keys
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  ddp::strategy::ModelSlots slots;      // every parameter's place in the buffers below
+  DeviceBuffer global;                  // θ_global
+  DeviceBuffer momentum;                // b
+  DeviceBuffer staging;                 // Δ on its way
+  int64_t outer_steps = 0;              // sync points so far (stats)
+  std::vector<ddp_state_buffer> state;  // θ_global and b, for checkpoints
 };
 
 namespace {
@@ -44,7 +47,8 @@ constexpr ddp_key kKeys[] = {
 
 struct Keys {
   int64_t period;
-  double outer_lr, outer_momentum;
+  double outer_lr;
+  double outer_momentum;
 };
 Keys read_keys(const Host& h) {
   using ddp::plugin::Failure;
@@ -63,7 +67,9 @@ ddp_status diloco_create(const ddp_host* host, const ddp_transport_v1_t* transpo
   return guard(host, [&] {
     const Keys k = read_keys(Host(host));
     auto* s = new ddp_strategy_s(host, transport, comm);
-    s->period = k.period, s->outer_lr = k.outer_lr, s->outer_momentum = k.outer_momentum;
+    s->period = k.period;
+    s->outer_lr = k.outer_lr;
+    s->outer_momentum = k.outer_momentum;
     *out = s;
   });
 }

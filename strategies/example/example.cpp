@@ -212,10 +212,10 @@ ddp_status example_plan(const ddp_host* host, const ddp_transport_v1_t*, ddp_pla
 // hidden); ddp_add_plugin's version script keeps the dynamic symbol table
 // to exactly this.
 DDP_STRATEGY_ENTRY = {
-    .abi_version = DDP_ABI_VERSION,            // the ABI this was built against (major.minor)
-    .struct_size = sizeof(ddp_strategy_v1_t),  // lets a newer host see which entries exist
-    .name = "example",                         // as the host reports it
-    .version = "0.1.0",                        // this plugin's own version
+    .abi_version = DDP_ABI_VERSION,                    // the ABI this was built against (major.minor)
+    .struct_size = sizeof(ddp_strategy_v1_t),          // lets a newer host see which entries exist
+    .name = "example",                                 // as the host reports it
+    .version = "0.1.0",                                // this plugin's own version
     .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA,  // only host device operations are used
     .create = example_create,
     .on_train_begin = example_on_train_begin,

@@ -35,7 +35,8 @@ struct ddp_strategy_s : StrategyBase {
 namespace {
 
 constexpr ddp_key kKeys[] = {
-    {"in_place", "bool", "true (default): average the gradients in their own memory where they lie back to back; false: copy"},
+    {"in_place", "bool",
+     "true (default): average the gradients in their own memory where they lie back to back; false: copy"},
     {nullptr, nullptr, nullptr},
 };
 
@@ -78,8 +79,7 @@ void lay_out(ddp_strategy* s) {
   if (s->bytes > 0 && !s->region) s->flat = DeviceBuffer(s->host.raw(), s->bytes, DDP_MEM_COMM_BUFFERS);
 }
 
-ddp_status flat_create(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm,
-                       ddp_strategy** out) {
+ddp_status flat_create(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm, ddp_strategy** out) {
   return guard(host, [&] {
     const Host h(host);
     const bool in_place = h.config_bool("in_place", true);
@@ -100,7 +100,6 @@ ddp_status flat_on_step_begin(ddp_strategy* s, const ddp_step_info* info) {
   });
 }
 
-
 // In place: one all-reduce of the gradients' range on the comm stream,
 // after the compute stream has made them, and wait. Else pack on the
 // compute stream, all-reduce on the comm stream after it, unpack there,
@@ -118,14 +117,12 @@ ddp_status flat_finish(ddp_strategy* s) {
     }
     if (!s->flat.get()) return;  // nothing trainable: nothing to sync
     char* flat = static_cast<char*>(s->flat.get());
-    for_each_slot(s, [&](const ddp_param& p, size_t at, size_t bytes) {
-      h.copy(flat + at, p.grad, bytes, h.compute_stream());
-    });
+    for_each_slot(
+        s, [&](const ddp_param& p, size_t at, size_t bytes) { h.copy(flat + at, p.grad, bytes, h.compute_stream()); });
     s->comm_after_compute();
     s->comm.all_reduce(h.floats(flat, s->bytes / sizeof(float)), DDP_REDUCE_AVG, h.comm_stream());
-    for_each_slot(s, [&](const ddp_param& p, size_t at, size_t bytes) {
-      h.copy(p.grad, flat + at, bytes, h.comm_stream());
-    });
+    for_each_slot(
+        s, [&](const ddp_param& p, size_t at, size_t bytes) { h.copy(p.grad, flat + at, bytes, h.comm_stream()); });
     s->wait_comm();
   });
 }

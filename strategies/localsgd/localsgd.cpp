@@ -23,10 +23,12 @@ using ddp::strategy::StrategyBase;
 
 struct ddp_strategy_s : StrategyBase {
   ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c) : StrategyBase(h, t, c) {}
-  int64_t period = 1, warmup_steps = 0;  // the keys
-  int64_t step = 0;                      // the step under way (on_step_begin)
-  int64_t averages = 0;                  // sync points so far (stats)
-  DeviceBuffer staging;                  // the model's values (or gradients) back to back, to average
+  // The keys.
+  int64_t period = 1;
+  int64_t warmup_steps = 0;
+  int64_t step = 0;      // the step under way (on_step_begin)
+  int64_t averages = 0;  // sync points so far (stats)
+  DeviceBuffer staging;  // the model's values (or gradients) back to back, to average
 };
 
 namespace {
@@ -38,7 +40,8 @@ constexpr ddp_key kKeys[] = {
 };
 
 struct Keys {
-  int64_t period, warmup_steps;
+  int64_t period;
+  int64_t warmup_steps;
 };
 Keys read_keys(const Host& h) {
   const int64_t period = ddp::strategy::period_key(h, "localsgd");
@@ -60,7 +63,8 @@ ddp_status localsgd_create(const ddp_host* host, const ddp_transport_v1_t* trans
   return guard(host, [&] {
     const Keys keys = read_keys(Host(host));
     auto* s = new ddp_strategy_s(host, transport, comm);
-    s->period = keys.period, s->warmup_steps = keys.warmup_steps;
+    s->period = keys.period;
+    s->warmup_steps = keys.warmup_steps;
     *out = s;
   });
 }

@@ -14,8 +14,7 @@ struct ddp_strategy_s : ddp::strategy::StrategyBase {
 
 namespace {
 
-ddp_status naive_create(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm,
-                        ddp_strategy** out) {
+ddp_status naive_create(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm, ddp_strategy** out) {
   return guard(host, [&] { *out = new ddp_strategy_s(host, transport, comm); });
 }
 

@@ -27,8 +27,7 @@ namespace {
 void reduce(ddp_strategy* s, size_t i) {
   const ddp_param& p = s->host.param(i);
   s->comm_after_compute();
-  s->comm.all_reduce(s->host.floats(p.grad, StrategyBase::float32_elements(p)), DDP_REDUCE_AVG,
-                     s->host.comm_stream());
+  s->comm.all_reduce(s->host.floats(p.grad, StrategyBase::float32_elements(p)), DDP_REDUCE_AVG, s->host.comm_stream());
   s->reduced[i] = 1;
 }
 
@@ -57,8 +56,8 @@ ddp_status overlap_on_grad_ready(ddp_strategy* s, const ddp_param* param) {
     if (!param->trainable)
       throw Failure(DDP_ERR_INVALID_ARGUMENT, std::string("on_grad_ready for frozen '") + param->name + "'");
     if (s->reduced.at(i))
-      throw Failure(DDP_ERR_INVALID_ARGUMENT, std::string("on_grad_ready for '") + param->name +
-                                                  "' twice in one micro-batch");
+      throw Failure(DDP_ERR_INVALID_ARGUMENT,
+                    std::string("on_grad_ready for '") + param->name + "' twice in one micro-batch");
     reduce(s, i);
   });
 }

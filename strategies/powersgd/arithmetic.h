@@ -73,7 +73,7 @@ inline void orthogonalize(const plugin::Host& h, float* x, size_t rows, size_t r
     if (count <= later) {
       for (size_t k = 0; k < count; ++k) {
         float* m = x + k * size;
-        const ddp_vectors ci{m + i, rows, rank, later, 0};      // column i, once per later column
+        const ddp_vectors ci{m + i, rows, rank, later, 0};        // column i, once per later column
         const ddp_vectors rest{m + i + 1, rows, rank, later, 1};  // columns i+1 .. rank-1
         h.dot(ci, rest, scratch, s);
         h.axpy(-1.0, ci, scratch, rest, s);
@@ -90,23 +90,39 @@ inline void orthogonalize(const plugin::Host& h, float* x, size_t rows, size_t r
 
 // C_b = op(A_b) op(B_b) for b < batch, beta 0 (ddp_gemm).
 struct Product {
-  bool trans_a = false, trans_b = false;
-  size_t m = 0, n = 0, k = 0;
+  bool trans_a = false;
+  bool trans_b = false;
+  size_t m = 0;
+  size_t n = 0;
+  size_t k = 0;
   const float* a = nullptr;
-  size_t lda = 0, stride_a = 0;
+  size_t lda = 0;
+  size_t stride_a = 0;
   const float* b = nullptr;
-  size_t ldb = 0, stride_b = 0;
+  size_t ldb = 0;
+  size_t stride_b = 0;
   float* c = nullptr;
-  size_t ldc = 0, stride_c = 0;
+  size_t ldc = 0;
+  size_t stride_c = 0;
   size_t batch = 1;
 };
 inline void multiply(const plugin::Host& h, const Product& p, ddp_stream s) {
   ddp_gemm g = plugin::Host::gemm_desc();
-  g.trans_a = p.trans_a ? 1 : 0, g.trans_b = p.trans_b ? 1 : 0;
-  g.m = p.m, g.n = p.n, g.k = p.k, g.beta = 0.0;
-  g.a = p.a, g.lda = p.lda, g.stride_a = p.stride_a;
-  g.b = p.b, g.ldb = p.ldb, g.stride_b = p.stride_b;
-  g.c = p.c, g.ldc = p.ldc, g.stride_c = p.stride_c;
+  g.trans_a = p.trans_a ? 1 : 0;
+  g.trans_b = p.trans_b ? 1 : 0;
+  g.m = p.m;
+  g.n = p.n;
+  g.k = p.k;
+  g.beta = 0.0;
+  g.a = p.a;
+  g.lda = p.lda;
+  g.stride_a = p.stride_a;
+  g.b = p.b;
+  g.ldb = p.ldb;
+  g.stride_b = p.stride_b;
+  g.c = p.c;
+  g.ldc = p.ldc;
+  g.stride_c = p.stride_c;
   g.batch = p.batch;
   h.gemm(g, s);
 }
@@ -114,15 +130,17 @@ inline void multiply(const plugin::Host& h, const Product& p, ddp_stream s) {
 // P = M Q for each matrix of `g`: M [rows, cols] (the error buffer),
 // Q [cols, rank], P [rows, rank].
 inline void p_from_q(const plugin::Host& h, const Group& g, const float* m, const float* q, float* p, ddp_stream s) {
-  multiply(h, {false, false, g.rows, g.rank, g.cols, m + g.error_offset, g.cols, g.rows * g.cols, q + g.q_offset,
-               g.rank, g.cols * g.rank, p + g.p_offset, g.rank, g.rows * g.rank, g.count},
+  multiply(h,
+           {false, false, g.rows, g.rank, g.cols, m + g.error_offset, g.cols, g.rows * g.cols, q + g.q_offset, g.rank,
+            g.cols * g.rank, p + g.p_offset, g.rank, g.rows * g.rank, g.count},
            s);
 }
 
 // Q = Mᵀ P for each matrix of `g`.
 inline void q_from_p(const plugin::Host& h, const Group& g, const float* m, const float* p, float* q, ddp_stream s) {
-  multiply(h, {true, false, g.cols, g.rank, g.rows, m + g.error_offset, g.cols, g.rows * g.cols, p + g.p_offset,
-               g.rank, g.rows * g.rank, q + g.q_offset, g.rank, g.cols * g.rank, g.count},
+  multiply(h,
+           {true, false, g.cols, g.rank, g.rows, m + g.error_offset, g.cols, g.rows * g.cols, p + g.p_offset, g.rank,
+            g.rows * g.rank, q + g.q_offset, g.rank, g.cols * g.rank, g.count},
            s);
 }
 
@@ -130,8 +148,14 @@ inline void q_from_p(const plugin::Host& h, const Group& g, const float* m, cons
 // batched product where the gradients lie evenly, else one per matrix.
 inline void decompress(const plugin::Host& h, const Layout& l, const Group& g, const float* p, const float* q,
                        ddp_stream s) {
-  Product pr{false, true, g.rows, g.cols, g.rank, p + g.p_offset, g.rank, g.rows * g.rank, q + g.q_offset,
-             g.rank, g.cols * g.rank, gradient(h, l, g, 0), g.cols, 0, g.count};
+  Product pr{false,           true,
+             g.rows,          g.cols,
+             g.rank,          p + g.p_offset,
+             g.rank,          g.rows * g.rank,
+             q + g.q_offset,  g.rank,
+             g.cols * g.rank, gradient(h, l, g, 0),
+             g.cols,          0,
+             g.count};
   if (const size_t stride = gradient_stride(h, l, g)) {
     pr.stride_c = stride;
     multiply(h, pr, s);

@@ -35,9 +35,13 @@ struct Tensor {
 // ([cols, rank]).
 struct Matrix {
   size_t param = 0;
-  size_t rows = 0, cols = 0, rank = 0;
+  size_t rows = 0;
+  size_t cols = 0;
+  size_t rank = 0;
   size_t group = 0;
-  size_t error_offset = 0, p_offset = 0, q_offset = 0;
+  size_t error_offset = 0;
+  size_t p_offset = 0;
+  size_t q_offset = 0;
   size_t elements() const { return rows * cols; }
 };
 
@@ -46,9 +50,14 @@ struct Matrix {
 // matrices [first, first + count), in packing order (reverse table order,
 // as the engine lays out gradients: their gradients then ascend in memory).
 struct Group {
-  size_t rows = 0, cols = 0, rank = 0;
-  size_t first = 0, count = 0;
-  size_t error_offset = 0, p_offset = 0, q_offset = 0;
+  size_t rows = 0;
+  size_t cols = 0;
+  size_t rank = 0;
+  size_t first = 0;
+  size_t count = 0;
+  size_t error_offset = 0;
+  size_t p_offset = 0;
+  size_t q_offset = 0;
 };
 
 // A gradient of fewer than 2 dimensions: all-reduced uncompressed, from
@@ -122,10 +131,14 @@ inline Layout lay_out(const std::vector<Tensor>& params, size_t rank) {
     std::tie(g.rows, g.cols, g.rank) = key;
     g.first = out.matrices.size();
     g.count = by_shape[key].size();
-    g.error_offset = out.error_elements, g.p_offset = out.p_elements, g.q_offset = out.q_elements;
+    g.error_offset = out.error_elements;
+    g.p_offset = out.p_elements;
+    g.q_offset = out.q_elements;
     for (Matrix m : by_shape[key]) {
       m.group = out.groups.size();
-      m.error_offset = out.error_elements, m.p_offset = out.p_elements, m.q_offset = out.q_elements;
+      m.error_offset = out.error_elements;
+      m.p_offset = out.p_elements;
+      m.q_offset = out.q_elements;
       out.error_elements += m.rows * m.cols;
       out.p_elements += m.rows * m.rank;
       out.q_elements += m.cols * m.rank;
@@ -143,7 +156,8 @@ inline Layout lay_out(const std::vector<Tensor>& params, size_t rank) {
 inline std::string state_name(const std::string& param, const char* suffix) {
   std::string out;
   for (const char c : param) {
-    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.';
+    const bool plain =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.';
     out += plain ? c : '_';
   }
   return out + suffix;

@@ -58,7 +58,8 @@ class HostFloats {
   }
   HostFloats(HostFloats&& o) noexcept : h_(o.h_), p_(std::exchange(o.p_, nullptr)) {}
   HostFloats& operator=(HostFloats&& o) noexcept {
-    std::swap(h_, o.h_), std::swap(p_, o.p_);
+    std::swap(h_, o.h_);
+    std::swap(p_, o.p_);
     return *this;
   }
   float* get() const { return p_; }
@@ -81,13 +82,13 @@ struct ddp_strategy_s : StrategyBase {
   ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c, const Keys& k)
       : StrategyBase(h, t, c), keys(k) {}
   Keys keys;
-  Layout layout;                   // of the trainable set now
-  DeviceBuffer error;              // [error_elements]: each matrix's error; M while a step runs
-  DeviceBuffer q;                  // [q_elements]: each matrix's Q [m, r], equal on every rank
-  DeviceBuffer p;                  // [p_elements]: each matrix's P [n, r], all-reduced as one
-  DeviceBuffer flat;               // [vector_elements]: the 1-D gradients, all-reduced as one
-  DeviceBuffer scratch;            // [scratch_elements]: Gram-Schmidt's projections
-  HostFloats staging;              // [q_elements] page-locked: the initial Qs on their way to the device
+  Layout layout;                      // of the trainable set now
+  DeviceBuffer error;                 // [error_elements]: each matrix's error; M while a step runs
+  DeviceBuffer q;                     // [q_elements]: each matrix's Q [m, r], equal on every rank
+  DeviceBuffer p;                     // [p_elements]: each matrix's P [n, r], all-reduced as one
+  DeviceBuffer flat;                  // [vector_elements]: the 1-D gradients, all-reduced as one
+  DeviceBuffer scratch;               // [scratch_elements]: Gram-Schmidt's projections
+  HostFloats staging;                 // [q_elements] page-locked: the initial Qs on their way to the device
   std::vector<DeviceBuffer> retired;  // the last layout's, freed once the copies from them ran (finish)
   std::vector<HostFloats> retired_staging;
   std::vector<std::string> names;  // of the state buffers
@@ -95,7 +96,9 @@ struct ddp_strategy_s : StrategyBase {
   std::vector<ddp_state_scope> scopes;
   bool syncing = false;
   int64_t step = 0;
-  int64_t compressed_steps = 0, plain_steps = 0;  // sync micro-batches of each kind (stats)
+  // Sync micro-batches of each kind (stats).
+  int64_t compressed_steps = 0;
+  int64_t plain_steps = 0;
 };
 
 namespace {
@@ -115,7 +118,8 @@ Keys read_keys(const Host& h) {
   k.epsilon = h.config_float("epsilon", 1e-8);
   k.seed = h.config_int("seed", 0);
   if (k.rank < 1)
-    throw Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.rank must be an integer >= 1 (got " + std::to_string(k.rank) + ")");
+    throw Failure(DDP_ERR_INVALID_ARGUMENT,
+                  "strategy.rank must be an integer >= 1 (got " + std::to_string(k.rank) + ")");
   if (k.start_step < 0)
     throw Failure(DDP_ERR_INVALID_ARGUMENT,
                   "strategy.start_step must be an integer >= 0 (got " + std::to_string(k.start_step) + ")");
@@ -147,7 +151,9 @@ DeviceBuffer device_floats(const Host& h, size_t count, ddp_mem_category categor
 // (equal on every rank), named from its parameter.
 void name_state(ddp_strategy* s) {
   const Host& h = s->host;
-  s->names.clear(), s->state.clear(), s->scopes.clear();
+  s->names.clear();
+  s->state.clear();
+  s->scopes.clear();
   for (const Matrix& m : s->layout.matrices) {
     s->names.push_back(ddp::powersgd::state_name(h.param(m.param).name, ".error"));
     s->names.push_back(ddp::powersgd::state_name(h.param(m.param).name, ".q"));
@@ -190,7 +196,8 @@ void carry_state(ddp_strategy* s, const Layout& old, const DeviceBuffer& old_err
 void lay_out(ddp_strategy* s) {
   const Host& h = s->host;
   const Layout old = s->layout;
-  DeviceBuffer old_error = std::move(s->error), old_q = std::move(s->q);
+  DeviceBuffer old_error = std::move(s->error);
+  DeviceBuffer old_q = std::move(s->q);
   s->retired.push_back(std::move(s->p));
   s->retired.push_back(std::move(s->flat));
   s->retired.push_back(std::move(s->scratch));
@@ -219,8 +226,9 @@ ddp_status powersgd_create(const ddp_host* host, const ddp_transport_v1_t* trans
     const Host h(host);
     const Keys keys = read_keys(h);
     if (!DDP_HOST_HAS(host, gemm) || !DDP_HOST_HAS(host, normalize))
-      throw Failure(DDP_ERR_UNSUPPORTED, "powersgd computes through the host's gemm, dot, norm, axpy and normalize: "
-                                         "it needs an engine of ABI 1.9 or newer");
+      throw Failure(DDP_ERR_UNSUPPORTED,
+                    "powersgd computes through the host's gemm, dot, norm, axpy and normalize: "
+                    "it needs an engine of ABI 1.9 or newer");
     *out = new ddp_strategy_s(host, transport, comm, keys);
   });
 }
@@ -250,7 +258,10 @@ void average_uncompressed(ddp_strategy* s) {
   std::vector<size_t> order;  // packing order: reverse table order
   size_t total = 0;
   for (size_t i = h.param_count(); i-- > 0;)
-    if (h.param(i).trainable && h.param(i).numel > 0) order.push_back(i), total += h.param(i).numel;
+    if (h.param(i).trainable && h.param(i).numel > 0) {
+      order.push_back(i);
+      total += h.param(i).numel;
+    }
   s->comm_after_compute();
   if (char* packed = s->packed_grads(order)) {
     s->comm.all_reduce(h.floats(packed, total), DDP_REDUCE_AVG, h.comm_stream());
@@ -280,9 +291,13 @@ void compress(ddp_strategy* s) {
   using namespace ddp::powersgd;
   const Host& h = s->host;
   const Layout& l = s->layout;
-  const ddp_stream compute = h.compute_stream(), comm = h.comm_stream();
+  const ddp_stream compute = h.compute_stream();
+  const ddp_stream comm = h.comm_stream();
   const double eps = s->keys.epsilon;
-  float *error = s->error.floats(), *p = s->p.floats(), *q = s->q.floats(), *scratch = s->scratch.floats();
+  float* error = s->error.floats();
+  float* p = s->p.floats();
+  float* q = s->q.floats();
+  float* scratch = s->scratch.floats();
   average_vectors(s);
   if (l.matrices.empty()) return;
   for (const Group& g : l.groups) {
@@ -344,9 +359,8 @@ ddp_status powersgd_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed
         "{\"rank\": " + std::to_string(s->keys.rank) + ", \"start_step\": " + std::to_string(s->keys.start_step) +
             ", \"epsilon\": " + json_number(s->keys.epsilon) + ", \"seed\": " + std::to_string(s->keys.seed) +
             ", \"matrices\": [" + matrices + "], \"vector_elements\": " + std::to_string(l.vector_elements) +
-            ", \"bytes_per_step\": " + std::to_string(l.bytes_per_step()) +
-            ", \"all_reduce_bytes\": " + std::to_string(l.dense_bytes()) +
-            ", \"compression_ratio\": " + json_number(l.compression_ratio()) +
+            ", \"bytes_per_step\": " + std::to_string(l.bytes_per_step()) + ", \"all_reduce_bytes\": " +
+            std::to_string(l.dense_bytes()) + ", \"compression_ratio\": " + json_number(l.compression_ratio()) +
             ", \"compressed_steps\": " + std::to_string(s->compressed_steps) +
             ", \"uncompressed_steps\": " + std::to_string(s->plain_steps) + "}",
         buf, cap, needed);

@@ -29,8 +29,10 @@
 //
 // When on_step_begin says params_changed (a parameter unfrozen mid-run) the
 // partition is recomputed stably (owned parameters keep their owner: their
-// optimizer state lives there) and buckets/layout are rebuilt. Everything
-// here throws ddp::plugin::Failure; the plugin's entries catch it.
+// optimizer state lives there) and buckets/layout are rebuilt. Stage1 is the
+// partition both variants share; Stage1Broadcast and Stage1AllGather are
+// the variants, each a part of its own (part.h). Everything here throws
+// ddp::plugin::Failure; the plugin's entries catch it.
 #pragma once
 
 #include <algorithm>
@@ -48,177 +50,215 @@
 #include "../common/plan_util.h"
 #include "../common/stats.h"
 #include "../common/strategy_util.h"
+#include "part.h"
 
 namespace ddp {
 namespace strategy {
 
-class Stage1 {
+// The partition over the shard group, which both variants keep; a variant
+// lays out what it moves (lay_out) and says it in stats (json_layout).
+class Stage1 : public ShardedPart {
  public:
   enum class Variant { Broadcast, AllGather };
-
-  // `cap`: the bucket_mb key (variant broadcast), read by read_keys.
-  Stage1(const StrategyBase& base, const Hsdp& groups, BucketCap& cap)
-      : base_(base), groups_(groups), cap_(cap), buckets_(base) {}
-  Stage1(const Stage1&) = delete;
-  Stage1& operator=(const Stage1&) = delete;
 
   // The variant key, or the refusal that names it.
   static Variant read_variant(const plugin::Host& h, std::string* name) {
     *name = h.config_string("variant", "broadcast");
     if (*name == "broadcast") return Variant::Broadcast;
     if (*name == "allgather") return Variant::AllGather;
-    throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.variant must be \"broadcast\" or \"allgather\" (got \"" +
-                                                        *name + "\")");
+    throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
+                          "strategy.variant must be \"broadcast\" or \"allgather\" (got \"" + *name + "\")");
   }
 
-  // create: its keys, and what the variant needs of the transport.
-  void read_keys(const ddp_transport_v1_t* transport) {
-    variant_ = read_variant(base_.host, &variant_name_);
-    // bucket_mb and compress shape the broadcast variant's buckets only:
-    // not read for allgather, so that setting them there is refused as
-    // keys the plugin does not read, not silently ignored.
-    if (variant_ == Variant::Broadcast) {
-      cap_ = BucketCap::read(base_.host);
-      buckets_.set_wire(read_compress(base_.host, transport));
-    }
-    if (variant_ == Variant::AllGather) check_reduce_scatter(transport);
-  }
-
-  // on_train_begin, after the parameters are broadcast (and the groups
-  // made, in create).
-  void set_up() {
-    buckets_.set_comms(groups_.shard(), groups_.across());
-    if (variant_ == Variant::Broadcast) cap_.measure(base_);  // "auto": o and w, the same on every rank
-    build(/*stable=*/false);
-  }
-
-  // on_step_begin.
-  void begin(const ddp_step_info& info) {
+  // on_step_begin: a parameter unfrozen mid-run is given an owner, stably.
+  void begin(const ddp_step_info& info, bool /*sync*/) override {
     if (info.params_changed) build(/*stable=*/true);
-    if (variant_ == Variant::Broadcast) buckets_.begin_micro_batch(info.sync_grads != 0);
-  }
-  void ready(const ddp_param& param) {
-    if (variant_ == Variant::Broadcast) buckets_.ready(param);
-  }
-  void backward_end() {
-    if (variant_ == Variant::Broadcast) buckets_.flush();
   }
 
-  // finish of the micro-batch that syncs.
-  void finish() {
-    if (variant_ == Variant::Broadcast) {
-      buckets_.flush();  // normally done by on_backward_end; then a no-op
-      base_.wait_comm();
-      return;
-    }
-    if (shard_elements_ == 0) return;
-    // All trainable grads into the owner-grouped flat buffer (compute), then
-    // reduce_scatter: this rank receives its group's average of its own
-    // region, averaged across the replicas next.
-    const plugin::Host& h = base_.host;
-    const ddp_stream compute = h.compute_stream();
-    const ddp_stream comm = h.comm_stream();
-    for (size_t i : trainable_) {
-      const ddp_param& p = h.param(i);
-      h.copy(flat_.floats() + flat_offset_[i], p.grad, p.numel * sizeof(float), compute);
-    }
-    base_.comm_after_compute();
-    const ddp_buffer shard = h.floats(shard_.get(), shard_elements_);
-    groups_.shard().reduce_scatter(h.floats(flat_.get(), shard_elements_ * size_t(groups_.size())), shard,
-                                   DDP_REDUCE_AVG, comm);
-    groups_.across_replicas(shard, comm);
-    const size_t base = size_t(groups_.rank()) * shard_elements_;
-    for (size_t i : owned_) {
-      const ddp_param& p = h.param(i);
-      h.copy(p.grad, shard_.floats() + (flat_offset_[i] - base), p.numel * sizeof(float), comm);
-    }
-    base_.wait_comm();
-  }
-
-  // optimizer_step: the engine's optimizer on this rank's parameters only
-  // (compute stream, blocking; it keeps state for exactly these), then the
-  // owners' updates to their group.
-  void step() {
-    const plugin::Host& h = base_.host;
-    h.run_optimizer(owned_.data(), owned_.size());
-    if (variant_ == Variant::Broadcast) {
-      base_.comm_after_compute();
-      for (size_t i : trainable_) {
-        const ddp_param& p = h.param(i);
-        groups_.shard().broadcast(h.floats(p.data, p.numel), owners_[i], h.comm_stream());
-      }
-      base_.wait_comm();
-      return;
-    }
-    if (shard_elements_ == 0) return;
-    const ddp_stream comm = h.comm_stream();
-    const size_t base = size_t(groups_.rank()) * shard_elements_;
-    for (size_t i : owned_) {
-      const ddp_param& p = h.param(i);
-      h.copy(shard_.floats() + (flat_offset_[i] - base), p.data, p.numel * sizeof(float), h.compute_stream());
-    }
-    base_.comm_after_compute();
-    groups_.shard().all_gather(h.floats(shard_.get(), shard_elements_),
-                               h.floats(flat_.get(), shard_elements_ * size_t(groups_.size())), comm);
-    for (size_t i : trainable_) {
-      if (owners_[i] == groups_.rank()) continue;  // already holds its own update
-      const ddp_param& p = h.param(i);
-      h.copy(p.data, flat_.floats() + flat_offset_[i], p.numel * sizeof(float), comm);
-    }
-    base_.wait_comm();
-  }
-
-  // held_ranges (1.9): broadcast leaves every averaged gradient on every
-  // rank; allgather each on the owners (one per shard group).
-  void held(std::vector<ddp_held_range>& out) const {
-    out.clear();
-    const bool everywhere = variant_ == Variant::Broadcast;
-    for (size_t i : everywhere ? trainable_ : owned_)
-      out.push_back({i, 0, base_.host.param(i).numel, nullptr,
-                     everywhere ? int32_t(base_.host.world_size()) : int32_t(groups_.replicas())});
-  }
-  // held_grads (1.2, older engines): allgather's partition.
-  bool partitioned() const { return variant_ == Variant::AllGather; }
-  const std::vector<size_t>& owned() const { return owned_; }
-
-  std::string json() const;
+  std::string json() const override;
   static void plan(const plugin::Host& h, const plugin::Plan& plan, const ddp_transport_v1_t* transport,
                    int shard_size);
 
- private:
-  static void check_reduce_scatter(const ddp_transport_v1_t* transport) {
-    if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
-      throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.variant = \"allgather\" reduce-scatters the "
-                                                             "gradients, and transport '") +
-                                                     transport->name + "' has no reduce_scatter");
-  }
+ protected:
+  Stage1(const StrategyBase& base, const Hsdp& groups, const char* variant_name)
+      : base_(base), groups_(groups), variant_name_(variant_name) {}
 
+  // The variant's layout of what it moves, for the partition of now.
+  virtual void lay_out(const std::vector<ParamInfo>& infos) = 0;
+  // The variant's members of stats, after the partition's.
+  virtual std::string json_layout() const = 0;
+
+  // The engine's optimizer on this rank's parameters only (compute stream,
+  // blocking; it keeps state for exactly these).
+  void step_owned() const { base_.host.run_optimizer(owned_.data(), owned_.size()); }
   void build(bool stable);
-  void build_flat_layout();
 
   const StrategyBase& base_;
   const Hsdp& groups_;
-  BucketCap& cap_;
-  Variant variant_ = Variant::Broadcast;
-  std::string variant_name_;
-  size_t gradient_bytes_ = 0;  // trainable gradients of the current layout
+  const std::string variant_name_;
 
   // The partition (per table index): owners are places in the shard group.
   std::vector<int> owners_;
   std::vector<size_t> owned_;      // this rank's parameters, table order
   std::vector<size_t> trainable_;  // every trainable parameter, table order
   std::vector<size_t> shard_bytes_;
+};
 
-  BucketSync buckets_;  // variant broadcast: the gradient buckets (empty for allgather)
+// Variant broadcast: buckets all-reduced, the owners' updates broadcast.
+class Stage1Broadcast : public Stage1 {
+ public:
+  // create: bucket_mb and compress, which shape this variant's buckets
+  // only (not read for allgather, so that setting them there is refused as
+  // keys the plugin does not read, not silently ignored).
+  Stage1Broadcast(const StrategyBase& base, const Hsdp& groups, const ddp_transport_v1_t* transport)
+      : Stage1(base, groups, "broadcast"), buckets_(base) {
+    cap_ = BucketCap::read(base_.host);
+    buckets_.set_wire(read_compress(base_.host, transport));
+  }
 
-  // variant allgather
+  void set_up() override {
+    base_.broadcast_params_from_rank0();
+    buckets_.set_comms(groups_.shard(), groups_.across());
+    cap_.measure(base_);  // "auto": o and w, the same on every rank
+    build(/*stable=*/false);
+  }
+  void begin(const ddp_step_info& info, bool sync) override {
+    Stage1::begin(info, sync);
+    buckets_.begin_micro_batch(sync);
+  }
+  void ready(const ddp_param& param) override { buckets_.ready(param); }
+  void backward_end() override { buckets_.flush(); }
+  void finish() override {
+    buckets_.flush();  // normally done by on_backward_end; then a no-op
+    base_.wait_comm();
+  }
+  // The owners' updates to their group.
+  void step() override {
+    const plugin::Host& h = base_.host;
+    step_owned();
+    base_.comm_after_compute();
+    for (size_t i : trainable_) {
+      const ddp_param& p = h.param(i);
+      groups_.shard().broadcast(h.floats(p.data, p.numel), owners_[i], h.comm_stream());
+    }
+    base_.wait_comm();
+  }
+  // Every averaged gradient on every rank.
+  void held(std::vector<ddp_held_range>& out) const override {
+    out.clear();
+    for (size_t i : trainable_)
+      out.push_back({i, 0, base_.host.param(i).numel, nullptr, int32_t(base_.host.world_size())});
+  }
+
+  static void plan_comm(const plugin::Host& h, const plugin::Plan& plan, const ddp_transport_v1_t* transport,
+                        const std::vector<ParamInfo>& infos, int shard_size);
+
+ private:
+  void lay_out(const std::vector<ParamInfo>& infos) override {
+    gradient_bytes_ = 0;
+    for (const ParamInfo& info : infos) gradient_bytes_ += info.trainable ? info.bytes : 0;
+    buckets_.lay_out(infos, cap_.bytes_for(gradient_bytes_));
+  }
+  std::string json_layout() const override {
+    return ", " + cap_.json_members(gradient_bytes_, buckets_.size()) + ", \"compress\": \"" +
+           compress_value(buckets_.wire()) + "\", \"buckets\": " + buckets_.json();
+  }
+
+  BucketCap cap_;              // the bucket_mb key: MiB or "auto"
+  BucketSync buckets_;         // the gradient buckets
+  size_t gradient_bytes_ = 0;  // trainable gradients of the current layout
+};
+
+// Variant allgather: one flat buffer, reduce-scattered and all-gathered.
+class Stage1AllGather : public Stage1 {
+ public:
+  // create: what the variant needs of the transport.
+  Stage1AllGather(const StrategyBase& base, const Hsdp& groups, const ddp_transport_v1_t* transport)
+      : Stage1(base, groups, "allgather") {
+    check_reduce_scatter(transport);
+  }
+
+  void set_up() override {
+    base_.broadcast_params_from_rank0();
+    build(/*stable=*/false);
+  }
+  void finish() override;
+  void step() override;
+  // Each averaged gradient on its owners (one per shard group).
+  void held(std::vector<ddp_held_range>& out) const override {
+    out.clear();
+    for (size_t i : owned_) out.push_back({i, 0, base_.host.param(i).numel, nullptr, int32_t(groups_.replicas())});
+  }
+  const std::vector<size_t>* partition() const override { return &owned_; }
+
+  static void check_reduce_scatter(const ddp_transport_v1_t* transport) {
+    if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
+      throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.variant = \"allgather\" reduce-scatters the "
+                                                             "gradients, and transport '") +
+                                                     transport->name + "' has no reduce_scatter");
+  }
+  static void plan_comm(const plugin::Plan& plan, const ddp_transport_v1_t* transport, const std::vector<size_t>& owned,
+                        int world, int shard_size);
+
+ private:
+  void lay_out(const std::vector<ParamInfo>& infos) override;
+  std::string json_layout() const override { return ", \"shard_elements\": " + std::to_string(shard_elements_); }
+
   std::vector<size_t> flat_offset_;  // per table index: element offset in `flat_`
   size_t shard_elements_ = 0;        // S
   plugin::DeviceBuffer flat_;        // [S * g]: gradients, then parameters
   plugin::DeviceBuffer shard_;       // [S]: this rank's averaged grads, then params
 };
 
-inline void Stage1::build_flat_layout() {
+// All trainable grads into the owner-grouped flat buffer (compute), then
+// reduce_scatter: this rank receives its group's average of its own
+// region, averaged across the replicas next.
+inline void Stage1AllGather::finish() {
+  if (shard_elements_ == 0) return;
+  const plugin::Host& h = base_.host;
+  const ddp_stream compute = h.compute_stream();
+  const ddp_stream comm = h.comm_stream();
+  for (size_t i : trainable_) {
+    const ddp_param& p = h.param(i);
+    h.copy(flat_.floats() + flat_offset_[i], p.grad, p.numel * sizeof(float), compute);
+  }
+  base_.comm_after_compute();
+  const ddp_buffer shard = h.floats(shard_.get(), shard_elements_);
+  groups_.shard().reduce_scatter(h.floats(flat_.get(), shard_elements_ * size_t(groups_.size())), shard, DDP_REDUCE_AVG,
+                                 comm);
+  groups_.across_replicas(shard, comm);
+  const size_t base = size_t(groups_.rank()) * shard_elements_;
+  for (size_t i : owned_) {
+    const ddp_param& p = h.param(i);
+    h.copy(p.grad, shard_.floats() + (flat_offset_[i] - base), p.numel * sizeof(float), comm);
+  }
+  base_.wait_comm();
+}
+
+// This rank's updated parameters into its shard, all_gather within the
+// shard group, every rank copies the others' parameters back.
+inline void Stage1AllGather::step() {
+  const plugin::Host& h = base_.host;
+  step_owned();
+  if (shard_elements_ == 0) return;
+  const ddp_stream comm = h.comm_stream();
+  const size_t base = size_t(groups_.rank()) * shard_elements_;
+  for (size_t i : owned_) {
+    const ddp_param& p = h.param(i);
+    h.copy(shard_.floats() + (flat_offset_[i] - base), p.data, p.numel * sizeof(float), h.compute_stream());
+  }
+  base_.comm_after_compute();
+  groups_.shard().all_gather(h.floats(shard_.get(), shard_elements_),
+                             h.floats(flat_.get(), shard_elements_ * size_t(groups_.size())), comm);
+  for (size_t i : trainable_) {
+    if (owners_[i] == groups_.rank()) continue;  // already holds its own update
+    const ddp_param& p = h.param(i);
+    h.copy(p.data, flat_.floats() + flat_offset_[i], p.numel * sizeof(float), comm);
+  }
+  base_.wait_comm();
+}
+
+inline void Stage1AllGather::lay_out(const std::vector<ParamInfo>& /*infos*/) {
   const plugin::Host& h = base_.host;
   const size_t n = size_t(groups_.size());
   flat_.reset();
@@ -260,13 +300,7 @@ inline void Stage1::build(bool stable) {
     trainable_.push_back(i);
     if (owners_[i] == groups_.rank()) owned_.push_back(i);
   }
-  if (variant_ == Variant::Broadcast) {
-    gradient_bytes_ = 0;
-    for (const ParamInfo& info : infos) gradient_bytes_ += info.trainable ? info.bytes : 0;
-    buckets_.lay_out(infos, cap_.bytes_for(gradient_bytes_));
-  } else {
-    build_flat_layout();
-  }
+  lay_out(infos);
   std::string shards;
   for (size_t b : shard_bytes_) shards += (shards.empty() ? "" : ", ") + std::to_string(b);
   h.log(DDP_LOG_DEBUG, "partition (" + variant_name_ + "): " + std::to_string(owned_.size()) + " of " +
@@ -293,30 +327,15 @@ inline std::string Stage1::json() const {
   } else {
     j += "null";
   }
-  if (variant_ == Variant::Broadcast) {
-    j += ", " + cap_.json_members(gradient_bytes_, buckets_.size()) + ", \"compress\": \"" +
-         compress_value(buckets_.wire()) + "\", \"buckets\": " + buckets_.json();
-  } else {
-    j += ", \"shard_elements\": " + std::to_string(shard_elements_);
-  }
-  return j + "}";
+  return j + json_layout() + "}";
 }
 
 // `ddp plan`: the owners' optimizer state (the partition over the shard
-// group), and variant broadcast: each bucket's all-reduce (averaged in
-// place; compressed, through a buffer in the wire dtype) within the shard
-// group and across the replica group, then a
-// broadcast per trainable parameter from its owner within the shard group;
-// variant allgather: a flat buffer of g shards and one shard, a
-// reduce-scatter of g x S elements within the shard group, an all-reduce
-// of S across the replica group, an all-gather of g x S within the shard
-// group (S: the largest place's).
+// group), then the variant's collectives.
 inline void Stage1::plan(const plugin::Host& h, const plugin::Plan& plan, const ddp_transport_v1_t* transport,
                          int shard_size) {
   std::string variant_name;
   const Variant variant = read_variant(h, &variant_name);
-  const int world = h.world_size();
-  const int replicas = world / shard_size;
   const auto infos = param_infos(h);
   const std::vector<int> owners = partition_params(infos, shard_size);
   std::vector<size_t> owned(size_t(shard_size), 0);
@@ -325,21 +344,40 @@ inline void Stage1::plan(const plugin::Host& h, const plugin::Plan& plan, const 
     owned[size_t(owners[p.index])] += p.bytes / sizeof(float);
     if (owners[p.index] == h.rank() % shard_size) plan.steps(p.index, 0, p.bytes / sizeof(float));
   }
-  if (variant == Variant::Broadcast) {
-    const std::vector<Bucket> buckets = assign_buckets(infos, BucketCap::read(h).plan_bytes());
-    const ddp_dtype wire = read_compress(h, transport, /*planning=*/true);
-    for (size_t k = 0; k < buckets.size(); ++k) {
-      const size_t elements = buckets[k].bytes / sizeof(float);
-      const bool beside = k + 1 < buckets.size();  // the last is issued once backward is done
-      if (wire != DDP_FLOAT32) plan.buffer(DDP_MEM_COMM_BUFFERS, elements * ddp_dtype_size(wire));
-      Hsdp::plan(plan, world, shard_size, DDP_OP_ALL_REDUCE, elements, wire, beside);
-      if (replicas > 1) Hsdp::plan(plan, world, replicas, DDP_OP_ALL_REDUCE, elements, wire, beside);
-    }
-    for (const ParamInfo& p : infos)
-      if (p.trainable) Hsdp::plan(plan, world, shard_size, DDP_OP_BROADCAST, p.bytes / sizeof(float));
-    return;
+  if (variant == Variant::Broadcast) return Stage1Broadcast::plan_comm(h, plan, transport, infos, shard_size);
+  Stage1AllGather::plan_comm(plan, transport, owned, h.world_size(), shard_size);
+}
+
+// Each bucket's all-reduce (averaged in place; compressed, through a buffer
+// in the wire dtype) within the shard group and across the replica group,
+// then a broadcast per trainable parameter from its owner within the shard
+// group.
+inline void Stage1Broadcast::plan_comm(const plugin::Host& h, const plugin::Plan& plan,
+                                       const ddp_transport_v1_t* transport, const std::vector<ParamInfo>& infos,
+                                       int shard_size) {
+  const int world = h.world_size();
+  const int replicas = world / shard_size;
+  const std::vector<Bucket> buckets = assign_buckets(infos, BucketCap::read(h).plan_bytes());
+  const ddp_dtype wire = read_compress(h, transport, /*planning=*/true);
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    const size_t elements = buckets[k].bytes / sizeof(float);
+    const bool beside = k + 1 < buckets.size();  // the last is issued once backward is done
+    if (wire != DDP_FLOAT32) plan.buffer(DDP_MEM_COMM_BUFFERS, elements * ddp_dtype_size(wire));
+    Hsdp::plan(plan, world, shard_size, DDP_OP_ALL_REDUCE, elements, wire, beside);
+    if (replicas > 1) Hsdp::plan(plan, world, replicas, DDP_OP_ALL_REDUCE, elements, wire, beside);
   }
+  for (const ParamInfo& p : infos)
+    if (p.trainable) Hsdp::plan(plan, world, shard_size, DDP_OP_BROADCAST, p.bytes / sizeof(float));
+}
+
+// A flat buffer of g shards and one shard, a reduce-scatter of g x S
+// elements within the shard group, an all-reduce of S across the replica
+// group, an all-gather of g x S within the shard group (S: the largest
+// place's; `owned`: the elements each place owns).
+inline void Stage1AllGather::plan_comm(const plugin::Plan& plan, const ddp_transport_v1_t* transport,
+                                       const std::vector<size_t>& owned, int world, int shard_size) {
   check_reduce_scatter(transport);
+  const int replicas = world / shard_size;
   const size_t shard = *std::max_element(owned.begin(), owned.end());
   const size_t g = size_t(shard_size);
   if (shard == 0) return;

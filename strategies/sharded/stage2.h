@@ -55,7 +55,8 @@ class Stage2 {
       throw plugin::Failure(DDP_ERR_UNSUPPORTED, "strategy.stage = 2 needs an engine of ABI 1.4 or newer");
     if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
       throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.stage = 2 reduce-scatters the gradients, and "
-                                                             "transport '") + transport->name + "' has no reduce_scatter");
+                                                             "transport '") +
+                                                     transport->name + "' has no reduce_scatter");
   }
 
   // Claims the gradient storage of every trainable parameter.
@@ -149,7 +150,8 @@ class Stage2 {
                    size_t cap_bytes, ddp_dtype wire, int shard_size) {
     if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
       throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.stage = 2 reduce-scatters the gradients, and "
-                                                             "transport '") + transport->name + "' has no reduce_scatter");
+                                                             "transport '") +
+                                                     transport->name + "' has no reduce_scatter");
     const std::vector<ShardUnit> units = units_of(h, kNoUnits);
     std::vector<ShardParam> params;
     for (size_t i = 0; i < h.param_count(); ++i)
@@ -186,7 +188,8 @@ class Stage2 {
                           int shard_size, bool last, bool beside) {
     const int world = h.world_size();
     Hsdp::plan(plan, world, shard_size, DDP_OP_REDUCE_SCATTER, b.padded(), wire, beside);
-    if (last && shard_size < world) Hsdp::plan(plan, world, world / shard_size, DDP_OP_ALL_REDUCE, b.chunk, wire, beside);
+    if (last && shard_size < world)
+      Hsdp::plan(plan, world, world / shard_size, DDP_OP_ALL_REDUCE, b.chunk, wire, beside);
   }
 
   // The model's units; a model without any is refused with `refusal`.
@@ -244,9 +247,18 @@ class Stage2 {
  private:
   void allocate() {
     const plugin::Host& h = base_.host;
-    shard_.reset(), ring_.reset(), staging_.reset(), wire_send_.reset(), wire_recv_.reset();  // the old go first
-    size_t chunk = 0, padded = 0;
-    for (const ShardBucket& b : layout_.buckets) chunk = std::max(chunk, b.chunk), padded = std::max(padded, b.padded());
+    // The old go first.
+    shard_.reset();
+    ring_.reset();
+    staging_.reset();
+    wire_send_.reset();
+    wire_recv_.reset();
+    size_t chunk = 0;
+    size_t padded = 0;
+    for (const ShardBucket& b : layout_.buckets) {
+      chunk = std::max(chunk, b.chunk);
+      padded = std::max(padded, b.padded());
+    }
     if (layout_.buckets.empty()) return;
     shard_ = plugin::DeviceBuffer(h.raw(), layout_.shard_elements * sizeof(float), DDP_MEM_GRADIENTS);
     ring_ = plugin::DeviceBuffer(h.raw(), layout_.ring_elements * sizeof(float), DDP_MEM_GRADIENTS);
@@ -271,7 +283,8 @@ class Stage2 {
     for (size_t n = 0; n < in_flight_.size();)  // the reduce-scatters reading this memory are done
       if (share_memory(layout_.buckets[in_flight_[n]], b)) {
         events_[in_flight_[n]].make_wait(h.compute_stream());
-        in_flight_[n] = in_flight_.back(), in_flight_.pop_back();
+        in_flight_[n] = in_flight_.back();
+        in_flight_.pop_back();
       } else {
         ++n;
       }
@@ -332,7 +345,11 @@ class Stage2 {
   ShardLayout layout_;
   std::vector<OwnedRange> owned_;
   std::vector<ddp_range> ranges_;  // owned_, as the engine's optimizer takes them
-  plugin::DeviceBuffer shard_, ring_, staging_, wire_send_, wire_recv_;
+  plugin::DeviceBuffer shard_;
+  plugin::DeviceBuffer ring_;
+  plugin::DeviceBuffer staging_;
+  plugin::DeviceBuffer wire_send_;
+  plugin::DeviceBuffer wire_recv_;
   ddp_dtype wire_ = DDP_FLOAT32;
   std::vector<plugin::Event> events_;  // per bucket: recorded after its reduce-scatter
   std::vector<size_t> in_flight_;      // buckets whose reduce-scatter may still read their ring memory

@@ -59,11 +59,13 @@ class Stage3 {
   // Create: the engine's and the transport's support, by name.
   static void check_support(const ddp_host* host, const ddp_transport_v1_t* transport) {
     if (DDP_ABI_MINOR(host->abi_version) < 5 || !DDP_HOST_HAS(host, add))
-      throw plugin::Failure(DDP_ERR_UNSUPPORTED, "strategy.stage = 3 needs an engine of ABI 1.5 or newer (claimed "
-                                                 "parameter values)");
+      throw plugin::Failure(DDP_ERR_UNSUPPORTED,
+                            "strategy.stage = 3 needs an engine of ABI 1.5 or newer (claimed "
+                            "parameter values)");
     if (!DDP_PLUGIN_HAS(transport, reduce_scatter))
       throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.stage = 3 reduce-scatters the gradients, and "
-                                                             "transport '") + transport->name + "' has no reduce_scatter");
+                                                             "transport '") +
+                                                     transport->name + "' has no reduce_scatter");
   }
 
   struct Keys {
@@ -78,8 +80,10 @@ class Stage3 {
     Keys k;
     const std::string gather = h.config_string("gather_dtype", "float32");
     if (gather != "float32" && gather != "bf16" && gather != "fp16")
-      throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.gather_dtype must be \"float32\", \"bf16\" or "
-                                                      "\"fp16\" (got \"" + gather + "\")");
+      throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
+                            "strategy.gather_dtype must be \"float32\", \"bf16\" or "
+                            "\"fp16\" (got \"" +
+                                gather + "\")");
     k.gather = gather == "float32" ? DDP_FLOAT32 : *compress_dtype(gather);
     const std::string why = compress_refusal(k.gather, transport->name, ddp_transport_dtypes(transport),
                                              planning || plugin::has_convert(h.raw()), "gather_dtype");
@@ -95,8 +99,9 @@ class Stage3 {
   }
 
   static std::vector<ShardUnit> units_of(const plugin::Host& h) {
-    return Stage2::units_of(h, "strategy.stage = 3 gathers the parameters unit by unit, and this model declares no "
-                               "units");
+    return Stage2::units_of(h,
+                            "strategy.stage = 3 gathers the parameters unit by unit, and this model declares no "
+                            "units");
   }
 
   // Create: every value and every trainable gradient are the strategy's.
@@ -117,26 +122,29 @@ class Stage3 {
     const plugin::Host& h = base_.host;
     grads_.lay_out(/*cap_elements=*/1, /*every_parameter=*/true);
     const ShardLayout& layout = grads_.layout();
-    values_ = plugin::DeviceBuffer(h.raw(), std::max<size_t>(layout.shard_elements, 1) * sizeof(float),
-                                   DDP_MEM_PARAMETERS);
+    values_ =
+        plugin::DeviceBuffer(h.raw(), std::max<size_t>(layout.shard_elements, 1) * sizeof(float), DDP_MEM_PARAMETERS);
     if (!lent()) take_chunks(kNone);  // an engine before 1.7 holds every value now
     bucket_of_.assign(units_.size(), kNone);
-    for (size_t b = 0; b < layout.buckets.size(); ++b)
-      bucket_of_[h.param(layout.buckets[b].params.front()).unit] = b;
+    for (size_t b = 0; b < layout.buckets.size(); ++b) bucket_of_[h.param(layout.buckets[b].params.front()).unit] = b;
     std::vector<size_t> sizes;
-    size_t largest = 0, chunk = 0;
+    size_t largest = 0;
+    size_t chunk = 0;
     for (size_t u = 0; u < units_.size(); ++u) {
       sizes.push_back(bucket_of_[u] == kNone ? 0 : layout.buckets[bucket_of_[u]].padded());
       largest = std::max(largest, sizes.back());
       if (bucket_of_[u] != kNone) chunk = std::max(chunk, layout.buckets[bucket_of_[u]].chunk);
     }
-    wire_send_.reset(), wire_recv_.reset();
+    wire_send_.reset();
+    wire_recv_.reset();
     if (keys_.gather != DDP_FLOAT32) {  // a chunk and a unit in the gather dtype, converted on the comm stream
       wire_send_ = plugin::DeviceBuffer(h.raw(), chunk * ddp_dtype_size(keys_.gather), DDP_MEM_COMM_BUFFERS);
       wire_recv_ = plugin::DeviceBuffer(h.raw(), largest * ddp_dtype_size(keys_.gather), DDP_MEM_COMM_BUFFERS);
     }
     schedule_ = gather_schedule(units_, keys_.prefetch, keys_.reshard_after_forward, sizes);
-    slots_.clear(), freed_.clear(), gathered_.clear();
+    slots_.clear();
+    freed_.clear();
+    gathered_.clear();
     for (size_t k = 0; k < std::max<size_t>(schedule_.peak_units, 1); ++k) {
       slots_.emplace_back(h.raw(), std::max<size_t>(largest, 1) * sizeof(float), DDP_MEM_PARAMETERS);
       freed_.emplace_back(h.raw());
@@ -160,8 +168,7 @@ class Stage3 {
     const plugin::Host& h = base_.host;
     base_.comm_after_compute();  // the engine's upload of them
     for (size_t i : units_[unit].params)
-      base_.comm.broadcast(h.floats(h.param(i).data, StrategyBase::float32_elements(h.param(i))), 0,
-                           h.comm_stream());
+      base_.comm.broadcast(h.floats(h.param(i).data, StrategyBase::float32_elements(h.param(i))), 0, h.comm_stream());
     base_.wait_comm();  // before the compute stream copies from them
     take_chunks(unit);
     base_.comm_after_compute();
@@ -213,8 +220,8 @@ class Stage3 {
   // schedule's all-gathers and a reduce-scatter per unit as it closes
   // (and on the last micro-batch its chunk's all-reduce across the
   // replicas); groups of `shard_size`.
-  static void plan(const plugin::Host& h, const plugin::Plan& plan, const ddp_transport_v1_t* transport,
-                   ddp_dtype wire, int shard_size) {
+  static void plan(const plugin::Host& h, const plugin::Plan& plan, const ddp_transport_v1_t* transport, ddp_dtype wire,
+                   int shard_size) {
     const Keys keys = read_keys(h, transport, /*planning=*/true);
     const std::vector<ShardUnit> units = units_of(h);
     std::vector<ShardParam> params;
@@ -224,13 +231,16 @@ class Stage3 {
       if (h.param(i).trainable) plan.claims_gradient(i);
     }
     const ShardLayout layout = shard_layout(units, params, size_t(shard_size), 1, Stage2::kAlign);
-    std::vector<size_t> bucket_of(units.size(), kNone), sizes(units.size(), 0);
-    size_t chunk = 0, largest = 0;
+    std::vector<size_t> bucket_of(units.size(), kNone);
+    std::vector<size_t> sizes(units.size(), 0);
+    size_t chunk = 0;
+    size_t largest = 0;
     for (size_t b = 0; b < layout.buckets.size(); ++b) {
       const ShardBucket& bucket = layout.buckets[b];
       bucket_of[h.param(bucket.params.front()).unit] = b;
       sizes[h.param(bucket.params.front()).unit] = bucket.padded();
-      chunk = std::max(chunk, bucket.chunk), largest = std::max(largest, bucket.padded());
+      chunk = std::max(chunk, bucket.chunk);
+      largest = std::max(largest, bucket.padded());
     }
     for (const OwnedRange& r : owned_ranges(layout, params, size_t(h.rank() % shard_size)))
       if (h.param(r.param).trainable) plan.steps(r.param, r.offset, r.count);
@@ -257,10 +267,11 @@ class Stage3 {
   }
 
   std::string json() const {
-    return "\"prefetch\": " + std::to_string(keys_.prefetch) + ", \"reshard_after_forward\": " +
-           (keys_.reshard_after_forward ? "true" : "false") + ", \"gather_dtype\": \"" +
-           (keys_.gather == DDP_FLOAT32 ? "float32" : compress_value(keys_.gather)) + "\", \"gathers_per_micro_batch\": " +
-           std::to_string(schedule_.gathers) + ", \"gather_slots\": " + std::to_string(slots_.size());
+    return "\"prefetch\": " + std::to_string(keys_.prefetch) +
+           ", \"reshard_after_forward\": " + (keys_.reshard_after_forward ? "true" : "false") +
+           ", \"gather_dtype\": \"" + (keys_.gather == DDP_FLOAT32 ? "float32" : compress_value(keys_.gather)) +
+           "\", \"gathers_per_micro_batch\": " + std::to_string(schedule_.gathers) +
+           ", \"gather_slots\": " + std::to_string(slots_.size());
   }
 
  private:
@@ -302,7 +313,9 @@ class Stage3 {
       h.convert(full, recv, comm);  // before the next gather reuses recv: the same stream
     }
     gathered_[x].record(comm);
-    slot_of_[x] = slot, slot_busy_[slot] = true, slot_used_[slot] = true;
+    slot_of_[x] = slot;
+    slot_busy_[slot] = true;
+    slot_used_[slot] = true;
   }
 
   // The compute stream waits for unit x's gather; its values are bound.
@@ -324,7 +337,8 @@ class Stage3 {
     for (size_t i : grads_.layout().buckets[b].params) h.bind_values(i, nullptr);
     const size_t slot = slot_of_[x];
     freed_[slot].record(h.compute_stream());
-    slot_busy_[slot] = false, slot_of_[x] = kNone;
+    slot_busy_[slot] = false;
+    slot_of_[x] = kNone;
   }
 
   const StrategyBase& base_;
@@ -334,13 +348,16 @@ class Stage3 {
   std::vector<ShardUnit> units_;
   std::vector<size_t> bucket_of_;  // per unit: its bucket in stage 2's layout, or kNone (no parameters)
   GatherSchedule schedule_;
-  plugin::DeviceBuffer values_;             // this rank's chunk of every unit's values
-  plugin::DeviceBuffer wire_send_, wire_recv_;  // gather_dtype other than float32: a chunk, a unit
+  plugin::DeviceBuffer values_;  // this rank's chunk of every unit's values
+  // gather_dtype other than float32: a chunk, a unit.
+  plugin::DeviceBuffer wire_send_;
+  plugin::DeviceBuffer wire_recv_;
   std::vector<plugin::DeviceBuffer> slots_;  // full copies of gathered units
-  std::vector<plugin::Event> freed_;        // per slot: recorded after the compute that read it
-  std::vector<plugin::Event> gathered_;     // per unit: recorded after its all-gather
-  std::vector<size_t> slot_of_;             // per unit: its slot while gathered
-  std::vector<bool> slot_used_, slot_busy_;
+  std::vector<plugin::Event> freed_;         // per slot: recorded after the compute that read it
+  std::vector<plugin::Event> gathered_;      // per unit: recorded after its all-gather
+  std::vector<size_t> slot_of_;              // per unit: its slot while gathered
+  std::vector<bool> slot_used_;
+  std::vector<bool> slot_busy_;
   std::vector<ddp_range> ranges_;
 };
 

@@ -53,7 +53,9 @@ static inline uint16_t ddp_float_to_bf16(float f) {
 }
 
 static inline float ddp_fp16_to_float(uint16_t h) {
-  const uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
+  const uint32_t w = (uint32_t)h << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
   /* normal: shift the exponent and mantissa into place and rebias by 2^-112 */
   const float normalized = ddp_f32_from_bits((two_w >> 4) + (0xe0u << 23)) * 0x1.0p-112f;
   /* subnormal: the mantissa as the low bits of 0.5's, minus 0.5 */
@@ -63,10 +65,13 @@ static inline float ddp_fp16_to_float(uint16_t h) {
 }
 
 static inline uint16_t ddp_float_to_fp16(float f) {
-  const float scale_to_inf = 0x1.0p+112f, scale_to_zero = 0x1.0p-110f;
+  const float scale_to_inf = 0x1.0p+112f;
+  const float scale_to_zero = 0x1.0p-110f;
   const float abs_f = ddp_f32_from_bits(ddp_f32_bits(f) & 0x7fffffffu);
   float base = (abs_f * scale_to_inf) * scale_to_zero; /* overflow to infinity, keep small */
-  const uint32_t w = ddp_f32_bits(f), shl1_w = w + w, sign = w & 0x80000000u;
+  const uint32_t w = ddp_f32_bits(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
   uint32_t bias = shl1_w & 0xff000000u;
   bias += (0x71000000u - bias) & (0u - (uint32_t)(bias < 0x71000000u)); /* at least 0x71000000 */
   base = ddp_f32_from_bits((bias >> 1) + 0x07800000u) + base; /* the add rounds to 10 bits */

@@ -53,7 +53,8 @@ struct OverheadFit {
 // Throws std::invalid_argument without two distinct sizes or with a time
 // that is not a finite number > 0.
 inline OverheadFit fit_overhead(const std::vector<CommTiming>& timings) {
-  double largest = 0, smallest = std::numeric_limits<double>::infinity();
+  double largest = 0;
+  double smallest = std::numeric_limits<double>::infinity();
   for (const CommTiming& t : timings) {
     if (!(t.seconds > 0) || !std::isfinite(t.seconds) || !(t.bytes >= 0) || !std::isfinite(t.bytes))
       throw std::invalid_argument("overhead fit: every timing needs bytes >= 0 and seconds > 0, finite");
@@ -63,9 +64,14 @@ inline OverheadFit fit_overhead(const std::vector<CommTiming>& timings) {
   if (timings.empty() || !(largest > smallest))
     throw std::invalid_argument("overhead fit: needs timings of at least two different sizes");
   // Columns a = 1/t and x·a (x = bytes / largest, for conditioning), target 1.
-  double saa = 0, sax = 0, sxx = 0, ra = 0, rx = 0;
+  double saa = 0;
+  double sax = 0;
+  double sxx = 0;
+  double ra = 0;
+  double rx = 0;
   for (const CommTiming& t : timings) {
-    const double a = 1.0 / t.seconds, x = t.bytes / largest;
+    const double a = 1.0 / t.seconds;
+    const double x = t.bytes / largest;
     saa += a * a;
     sax += a * a * x;
     sxx += a * a * x * x;

@@ -260,14 +260,20 @@ typedef struct ddp_gemm {
   uint32_t struct_size;  /* sizeof(ddp_gemm) as the plugin knows it */
   int trans_a;           /* 1: op(A) is A transposed */
   int trans_b;
-  size_t m, n, k;
-  double alpha, beta;
+  size_t m;
+  size_t n;
+  size_t k;
+  double alpha;
+  double beta;
   const float* a;
-  size_t lda, stride_a;
+  size_t lda;
+  size_t stride_a;
   const float* b;
-  size_t ldb, stride_b;
+  size_t ldb;
+  size_t stride_b;
   float* c;
-  size_t ldc, stride_c;
+  size_t ldc;
+  size_t stride_c;
   size_t batch;          /* products, >= 1 */
 } ddp_gemm;
 
