@@ -350,6 +350,17 @@ struct HostCallbacks {
     return svc(ctx).group ? svc(ctx).group(comm) : nullptr;
   }
 
+  // (1.10) The engine orders its optimizer step after the strategy's
+  // reductions; a strategy that owns the step orders its own.
+  static ddp_status grads_final(void* ctx, ddp_event done, const size_t* indices, size_t count) {
+    if (in_host_function("grads_final")) return DDP_ERR_UNSUPPORTED;
+    if (self(ctx).caps_ & DDP_CAP_OWNS_OPTIMIZER) {
+      t_plugin_error = "grads_final: the plugin's caps have DDP_CAP_OWNS_OPTIMIZER: it orders its own optimizer "
+                       "step (run_optimizer)";
+      return DDP_ERR_UNSUPPORTED;
+    }
+    return host_guard([&] { svc(ctx).say_final(to_event(done), indices, count, self(ctx).label_.c_str()); });
+  }
   static ddp_status run_optimizer(void* ctx, const size_t* indices, size_t count) {
     if (in_host_function("run_optimizer")) return DDP_ERR_UNSUPPORTED;
     // The engine's optimizer computes, with no limit, as it does outside a
@@ -411,6 +422,7 @@ PluginHost::PluginHost(HostServices& services, const PluginSection& section, std
   host_.add = H::add;
   host_.split = H::split;
   host_.group = H::group;
+  host_.grads_final = H::grads_final;
   install_compute_entries(host_);
 }
 

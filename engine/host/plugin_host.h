@@ -60,6 +60,28 @@ struct HostServices {
   std::function<void(const size_t* indices, size_t count)> run_optimizer;
   // ddp_host::run_optimizer_ranges: the same on element ranges.
   std::function<void(const ddp_range* ranges, size_t count)> run_optimizer_ranges;
+  // ddp_host::grads_final (1.10): the groups of trainable parameters a
+  // strategy said final this step, each once its event (null: now) has
+  // fired, in the order said; the trainer's optimizer step waits for each
+  // in turn and updates it (wait_final), then the parameters none named.
+  // Open from on_step_begin of the sync micro-batch until finish returns
+  // (the trainer sets finals_open; begin_finals empties the list).
+  struct FinalGroup {
+    Event* done = nullptr;
+    std::vector<size_t> params;
+    const char* label = nullptr;  // the plugin that said it, for a failed wait
+  };
+  std::vector<FinalGroup> finals;  // [0, finals_said): this step's
+  size_t finals_said = 0;
+  std::vector<char> final_named;  // per parameter: named this step
+  bool finals_open = false;
+  void begin_finals();
+  // Throws Error "grads_final: ..." naming the parameter, or the window.
+  void say_final(Event* done, const size_t* indices, size_t count, const char* label);
+  // Blocks until group `k`'s event has fired, counted as blocked time; a
+  // failed reduction fails naming the plugin and grads_final.
+  void wait_final(size_t k);
+
   // Whether a strategy may claim storage now: in create, on_train_begin,
   // or on_step_begin of a step's first micro-batch (the engine repacks its
   // gradients then, when they hold nothing yet). The trainer sets it.

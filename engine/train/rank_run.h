@@ -70,6 +70,7 @@ class RankRun {
   // Backward, firing on_grad_ready after each parameter's last use.
   void backward(int64_t k, int64_t collectives_at_start, StepRecord& rec);
   void optimizer_step(StepRecord& rec);
+  void step_in_final_order();  // the engine's optimizer, after grads_final's groups
 
   // Every rank's digest of every parameter, compared (replica_check.h);
   // `step` is the step just done, -1 the end of the run.
@@ -167,6 +168,7 @@ class RankRun {
   bool takes_values_ = false;       // ... and takes them unit by unit (take_values: none before)
   std::vector<GradSpan> spans_;     // held_gradients', kept
   std::vector<StepRange> step_ranges_;  // run_optimizer_ranges', kept
+  std::vector<size_t> unnamed_;         // step_in_final_order's, kept
   std::vector<int> remaining_uses_;  // per parameter, this micro-batch's backward
   std::vector<StepRecord> records_;
   size_t reported_ = 0;

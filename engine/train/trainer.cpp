@@ -3,7 +3,8 @@
 //   zero grads → per micro-batch: on_step_begin → forward → backward
 //   (on_grad_ready after a parameter's last use) → on_backward_end;
 //   then finish → optimizer_step (the strategy's, if it owns it, else the
-//   engine's on every trainable parameter).
+//   engine's on every trainable parameter: first the groups the strategy
+//   said final, grads_final, each once its reduction is done).
 // The pieces live beside it: rank_plugins.h (the plugins, their start and
 // shutdown order), step_timeline.h (--trace), summary.h (summary.json),
 // model_setup.h (model, init, freezing), optimizer.h; the set-up is
@@ -151,6 +152,7 @@ StepRecord RankRun::train_step(int64_t step) {
   const bool params_changed = unfreeze(step);
   rec.lr = scheduled_lr(config_.lr_schedule, config_.optimizer.lr, step);
   optimizer_->begin_step(rec.lr / config_.optimizer.lr);
+  services_.begin_finals();
   for (Parameter& p : model_->params())
     if (p.trainable && !p.claimed && p.grad.defined())  // (just unfrozen: made zero after on_step_begin)
       device_->fill(p.grad.data(), p.grad.numel(), 0.0f, device_->compute_stream());
@@ -164,6 +166,7 @@ StepRecord RankRun::train_step(int64_t step) {
     info = ddp_step_info{sizeof(ddp_step_info), step, int32_t(micro), int32_t(k), sync ? 1 : 0,
                          params_changed && micro == 0 ? 1 : 0, config_.run.steps};
     StepTimeline::Mark m = timeline_->mark();
+    services_.finals_open = sync;  // grads_final: from here until finish returns
     services_.claims_open = micro == 0;  // before anything is written into the gradients
     plugins_->on_step_begin(info);
     services_.claims_open = false;
@@ -181,6 +184,7 @@ StepRecord RankRun::train_step(int64_t step) {
   }
   const StepTimeline::Mark m = timeline_->mark();
   plugins_->finish();
+  services_.finals_open = false;
   timeline_->range("finish", m);
   if (config_.optimizer.clip_grad_norm > 0) rec.grad_norm = gradient_norm(/*clip=*/true);
   take_peaks(device_->memory(), mem_before_optimizer_);
@@ -250,7 +254,7 @@ void RankRun::optimizer_step(StepRecord& rec) {
     if (plugins_->owns_optimizer()) {
       plugins_->optimizer_step();
     } else {
-      optimizer_->step(model_->params(), trainable_);
+      step_in_final_order();
     }
   }
   // A strategy's optimizer_step may wait for communication (bucketed waits
@@ -266,6 +270,26 @@ void RankRun::optimizer_step(StepRecord& rec) {
   plugins_->metered().settle(/*wait=*/false);  // a GPU's collectives the device has done
   rec.optimizer_s = seconds_since(t) - (services_.counters.blocked_ns - blocked_before) * 1e-9;
   timeline_->range("optimizer", m);
+}
+
+// The engine's optimizer step: each group the strategy said final
+// (grads_final), in its order, once its reduction is done, so that its
+// update overlaps the reductions still running; then every trainable
+// parameter none named. The update is per parameter: the order changes no
+// result.
+void RankRun::step_in_final_order() {
+  if (services_.finals_said == 0) {
+    optimizer_->step(model_->params(), trainable_);
+    return;
+  }
+  for (size_t k = 0; k < services_.finals_said; ++k) {
+    services_.wait_final(k);
+    optimizer_->step(model_->params(), services_.finals[k].params);
+  }
+  unnamed_.clear();
+  for (size_t i : trainable_)
+    if (!services_.final_named[i]) unnamed_.push_back(i);
+  if (!unnamed_.empty()) optimizer_->step(model_->params(), unnamed_);
 }
 
 double RankRun::gradient_norm(bool clip) {
