@@ -97,14 +97,14 @@ struct HostCallbacks {
       *out = strings.back().c_str();
     });
   }
-  static size_t param_count(void* ctx) { return svc(ctx).param_table.size(); }
-  static size_t unit_count(void* ctx) { return svc(ctx).unit_table.size(); }
+  static size_t param_count(void* ctx) { return svc(ctx).params.param_table.size(); }
+  static size_t unit_count(void* ctx) { return svc(ctx).params.unit_table.size(); }
   static const ddp_unit* unit(void* ctx, size_t index) {
-    auto& table = svc(ctx).unit_table;
+    auto& table = svc(ctx).params.unit_table;
     return index < table.size() ? &table[index] : nullptr;
   }
   static const ddp_param* param(void* ctx, size_t index) {
-    auto& table = svc(ctx).param_table;
+    auto& table = svc(ctx).params.param_table;
     return index < table.size() ? &table[index] : nullptr;
   }
 
@@ -285,16 +285,16 @@ struct HostCallbacks {
     if (in_host_function("claim")) return DDP_ERR_UNSUPPORTED;
     if (!storage_allowed(ctx, "claim", what)) return DDP_ERR_UNSUPPORTED;
     return host_guard([&] {
-      if (what == DDP_STORAGE_DATA) svc(ctx).claim_values(indices, count);
-      else svc(ctx).claim_grads(indices, count);
+      if (what == DDP_STORAGE_DATA) svc(ctx).params.claim_values(indices, count);
+      else svc(ctx).params.claim_grads(indices, count);
     });
   }
   static ddp_status bind(void* ctx, ddp_storage what, size_t index, void* ptr) {
     if (in_host_function("bind")) return DDP_ERR_UNSUPPORTED;
     if (!storage_allowed(ctx, "bind", what)) return DDP_ERR_UNSUPPORTED;
     return host_guard([&] {
-      if (what == DDP_STORAGE_DATA) svc(ctx).bind_values(index, ptr);
-      else svc(ctx).bind_grad(index, ptr);
+      if (what == DDP_STORAGE_DATA) svc(ctx).params.bind_values(index, ptr);
+      else svc(ctx).params.bind_grad(index, ptr);
     });
   }
   // Gradient storage (1.4) or values (1.5), for a strategy that says it
