@@ -154,6 +154,38 @@ TEST(ClaimedGradients, OnlyByAStrategyWhoseCapsSaySoAndOnlyGradients) {
             "strategy plugin 'claims': create: claim: the plugin's caps lack DDP_CAP_OWNS_PARAMETERS");
 }
 
+// Gradients said final (ABI 1.10, grads_final): the engine steps each
+// group once, in the order said, after its event, then the parameters no
+// group named: the run trains as without it, loss for loss and weight for
+// weight (a parameter stepped twice or not at all would differ).
+TEST(GradsFinal, TheEngineStepsEachGroupOnceThenTheRestTrainingAsWithoutIt) {
+  for (const std::string model : {"toy", "toy_tied"}) {
+    Snapshots plain_snapshots;
+    const auto plain = run_one_rank(model, "recorder", "", "", &plain_snapshots);
+    for (const std::string what : {"each", "half"}) {
+      Snapshots final_snapshots;
+      const auto said = run_one_rank(model, "final", "", "what = \"" + what + "\"\n", &final_snapshots);
+      EXPECT_EQ(said.at("loss"), plain.at("loss")) << model << " " << what;
+      EXPECT_EQ(final_snapshots.at, plain_snapshots.at) << model << " " << what;
+      EXPECT_NE(plain_snapshots.at.at(1), plain_snapshots.at.at(2)) << model;  // the step changed the weights
+    }
+  }
+}
+
+TEST(GradsFinal, MisusedItIsRefusedNamingTheEntryAndWhatIsWrong) {
+  EXPECT_EQ(claim_failure("final", "early"),
+            "strategy plugin 'final': on_train_begin: grads_final: only from on_step_begin of a step's sync "
+            "micro-batch until its finish returns (the engine's optimizer step follows)");
+  EXPECT_EQ(claim_failure("final", "frozen"),
+            "strategy plugin 'final': finish: grads_final: parameter 'no_grad_fixed_param' is frozen: the "
+            "optimizer steps trainable parameters only");
+  EXPECT_EQ(claim_failure("final", "twice"),
+            "strategy plugin 'final': finish: grads_final: parameter 'fc1.weight' was said final twice this step");
+  EXPECT_EQ(claim_failure("claims", "final"),
+            "strategy plugin 'claims': finish: grads_final: the plugin's caps have DDP_CAP_OWNS_OPTIMIZER: it "
+            "orders its own optimizer step (run_optimizer)");
+}
+
 // Claimed values (ABI 1.5): bound to the strategy's own copy for the whole
 // run, the model reads them there and the optimizer steps them there, so
 // the run trains as without the claim, loss for loss (the second step's

@@ -34,7 +34,7 @@
 
 namespace {
 
-// This engine's ABI, as refusals name it: "1.9".
+// This engine's ABI, as refusals name it: "1.10".
 const std::string kAbi = "1." + std::to_string(DDP_ABI_VERSION_MINOR);
 
 

@@ -39,7 +39,7 @@ struct MeterCallbacks {
   // none (a bucket averaged in the gradients' memory spans several).
   static int64_t param_of(const HostServices& services, const void* p, size_t bytes) {
     const auto at = reinterpret_cast<uintptr_t>(p);
-    for (const ddp_param& q : services.param_table)
+    for (const ddp_param& q : services.params.param_table)
       for (const void* base : {q.data, q.grad}) {
         const auto b = reinterpret_cast<uintptr_t>(base);
         const size_t size = q.numel * ddp_dtype_size(q.dtype);
@@ -93,7 +93,7 @@ struct MeterCallbacks {
 
   static std::vector<std::string> param_names(const MeteredTransport& m) {
     std::vector<std::string> names;
-    for (const ddp_param& q : m.services_.param_table) names.emplace_back(q.name);
+    for (const ddp_param& q : m.services_.params.param_table) names.emplace_back(q.name);
     return names;
   }
 

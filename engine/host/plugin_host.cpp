@@ -98,14 +98,14 @@ struct HostCallbacks {
       *out = strings.back().c_str();
     });
   }
-  static size_t param_count(void* ctx) { return svc(ctx).param_table.size(); }
-  static size_t unit_count(void* ctx) { return svc(ctx).unit_table.size(); }
+  static size_t param_count(void* ctx) { return svc(ctx).params.param_table.size(); }
+  static size_t unit_count(void* ctx) { return svc(ctx).params.unit_table.size(); }
   static const ddp_unit* unit(void* ctx, size_t index) {
-    auto& table = svc(ctx).unit_table;
+    auto& table = svc(ctx).params.unit_table;
     return index < table.size() ? &table[index] : nullptr;
   }
   static const ddp_param* param(void* ctx, size_t index) {
-    auto& table = svc(ctx).param_table;
+    auto& table = svc(ctx).params.param_table;
     return index < table.size() ? &table[index] : nullptr;
   }
 
@@ -286,16 +286,16 @@ struct HostCallbacks {
     if (in_host_function("claim")) return DDP_ERR_UNSUPPORTED;
     if (!storage_allowed(ctx, "claim", what)) return DDP_ERR_UNSUPPORTED;
     return host_guard([&] {
-      if (what == DDP_STORAGE_DATA) svc(ctx).claim_values(indices, count);
-      else svc(ctx).claim_grads(indices, count);
+      if (what == DDP_STORAGE_DATA) svc(ctx).params.claim_values(indices, count);
+      else svc(ctx).params.claim_grads(indices, count);
     });
   }
   static ddp_status bind(void* ctx, ddp_storage what, size_t index, void* ptr) {
     if (in_host_function("bind")) return DDP_ERR_UNSUPPORTED;
     if (!storage_allowed(ctx, "bind", what)) return DDP_ERR_UNSUPPORTED;
     return host_guard([&] {
-      if (what == DDP_STORAGE_DATA) svc(ctx).bind_values(index, ptr);
-      else svc(ctx).bind_grad(index, ptr);
+      if (what == DDP_STORAGE_DATA) svc(ctx).params.bind_values(index, ptr);
+      else svc(ctx).params.bind_grad(index, ptr);
     });
   }
   // Gradient storage (1.4) or values (1.5), for a strategy that says it
@@ -351,6 +351,17 @@ struct HostCallbacks {
     return svc(ctx).group ? svc(ctx).group(comm) : nullptr;
   }
 
+  // (1.10) The engine orders its optimizer step after the strategy's
+  // reductions; a strategy that owns the step orders its own.
+  static ddp_status grads_final(void* ctx, ddp_event done, const size_t* indices, size_t count) {
+    if (in_host_function("grads_final")) return DDP_ERR_UNSUPPORTED;
+    if (self(ctx).caps_ & DDP_CAP_OWNS_OPTIMIZER) {
+      t_plugin_error = "grads_final: the plugin's caps have DDP_CAP_OWNS_OPTIMIZER: it orders its own optimizer "
+                       "step (run_optimizer)";
+      return DDP_ERR_UNSUPPORTED;
+    }
+    return host_guard([&] { svc(ctx).say_final(to_event(done), indices, count, self(ctx).label_.c_str()); });
+  }
   static ddp_status run_optimizer(void* ctx, const size_t* indices, size_t count) {
     if (in_host_function("run_optimizer")) return DDP_ERR_UNSUPPORTED;
     // The engine's optimizer computes, with no limit, as it does outside a
@@ -412,6 +423,7 @@ PluginHost::PluginHost(HostServices& services, const PluginSection& section, std
   host_.add = H::add;
   host_.split = H::split;
   host_.group = H::group;
+  host_.grads_final = H::grads_final;
   install_compute_entries(host_);
 }
 

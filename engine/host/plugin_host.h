@@ -19,6 +19,7 @@
 #include "compute.h"
 #include "device.h"
 #include "model.h"
+#include "param_store.h"
 #include "plugin_section.h"
 #include "rank.h"
 #include "store.h"
@@ -54,18 +55,35 @@ struct HostServices {
   Store* store = nullptr;
   int64_t timeout_ms = 30000;
   CommCounters counters;
-  std::vector<ddp_param> param_table;  // mirrors model->params()
-  std::vector<ddp_unit> unit_table;    // mirrors model->units()
+  // The parameters' values and gradients, and who holds each (the ABI's
+  // tables, claim and bind): param_store.h.
+  ParamStore params;
   // ddp_host::run_optimizer: the engine's optimizer on these parameters.
   std::function<void(const size_t* indices, size_t count)> run_optimizer;
   // ddp_host::run_optimizer_ranges: the same on element ranges.
   std::function<void(const ddp_range* ranges, size_t count)> run_optimizer_ranges;
-  // Whether a strategy may claim storage now: in create, on_train_begin,
-  // or on_step_begin of a step's first micro-batch (the engine repacks its
-  // gradients then, when they hold nothing yet). The trainer sets it.
-  bool claims_open = false;
-  // Whether a strategy may claim parameter values now: in create only.
-  bool value_claims_open = false;
+  // ddp_host::grads_final (1.10): the groups of trainable parameters a
+  // strategy said final this step, each once its event (null: now) has
+  // fired, in the order said; the trainer's optimizer step waits for each
+  // in turn and updates it (wait_final), then the parameters none named.
+  // Open from on_step_begin of the sync micro-batch until finish returns
+  // (the trainer sets finals_open; begin_finals empties the list).
+  struct FinalGroup {
+    Event* done = nullptr;
+    std::vector<size_t> params;
+    const char* label = nullptr;  // the plugin that said it, for a failed wait
+  };
+  std::vector<FinalGroup> finals;  // [0, finals_said): this step's
+  size_t finals_said = 0;
+  std::vector<char> final_named;  // per parameter: named this step
+  bool finals_open = false;
+  void begin_finals();
+  // Throws Error "grads_final: ..." naming the parameter, or the window.
+  void say_final(Event* done, const size_t* indices, size_t count, const char* label);
+  // Blocks until group `k`'s event has fired, counted as blocked time; a
+  // failed reduction fails naming the plugin and grads_final.
+  void wait_final(size_t k);
+
   // ddp_host::split and group (ABI 1.9): the metered transport's, while a
   // strategy is up; split only while splits_open (create, on_train_begin).
   std::function<ddp_comm*(ddp_comm* parent, int color, int key, const char* name)> split;
@@ -78,25 +96,6 @@ struct HostServices {
   // How long a blocking wait may take before the engine gives up on a stuck
   // collective: the transport's own timeout plus a grace for it to fire.
   std::chrono::milliseconds wait_limit() const { return std::chrono::milliseconds(timeout_ms + 5000); }
-
-  void refresh_param_table();  // after trainable flags change, or storage moved
-  // ddp_host::claim and bind of DDP_STORAGE_GRAD (plugin.h); throw Error
-  // naming the parameter.
-  void claim_grads(const size_t* indices, size_t count);
-  void bind_grad(size_t index, void* ptr);
-  bool claims_any() const;  // whether any parameter's gradient is claimed
-  // The same of DDP_STORAGE_DATA (1.5): the engine's own values of a
-  // claimed parameter live in held_values until on_train_begin returns,
-  // when release_held_values frees them (the unbound then read NULL); for a
-  // strategy with take_values (1.7), none but those of a unit whose lending
-  // failed (kept until the plugins are stopped: its collectives may still
-  // write them).
-  void claim_values(const size_t* indices, size_t count);
-  void bind_values(size_t index, void* ptr);
-  void release_held_values();
-  std::vector<std::pair<size_t, Tensor>> held_values;
-  // Parameter `index`; throws Error "<entry>: parameter index ..." outside the table.
-  Parameter& param_at(const char* entry, size_t index) const;
 
   // The device work of ddp_host's compute entries (1.9), made by the first
   // call (host_compute.cpp), so that a CUDA run makes cuBLAS handles only

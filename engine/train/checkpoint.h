@@ -131,7 +131,7 @@ struct CheckpointInput {
   // Every rank's `mine`, rank-major, to every rank (an engine collective).
   std::function<void(const std::vector<double>& mine, std::vector<double>& all)> all_gather;
   // Calls put(i, host values of parameter i) for every parameter, each
-  // valid during its call (whole_model.h's visit_values: unit by unit where
+  // valid during its call (the store's per-unit view, param_store.h: unit by unit where
   // the strategy holds the values). `collective`: every rank must call it
   // at the same point (the strategy gathers); else rank 0 alone does.
   HostVisit visit_values;

@@ -23,7 +23,7 @@ RankPlugins::RankPlugins(const Config& config, HostServices& services) : service
   check_declared_keys(*transport_lib_, config.transport);
   check_declared_keys(*strategy_lib_, config.strategy);
   // A unit's hooks by the unit's name: where a stuck gather waits, named.
-  for (const ddp_unit& u : services_.unit_table) {
+  for (const ddp_unit& u : services_.params.unit_table) {
     for (const char* phase : {"FORWARD_BEGIN", "FORWARD_END", "BACKWARD_BEGIN", "BACKWARD_END"})
       unit_entries_.push_back(std::string("on_unit(") + u.name + ", " + phase + ")");
     unit_entries_.push_back(std::string("unit_values(") + u.name + ")");
@@ -172,7 +172,7 @@ void RankPlugins::compare_step_end(int64_t step, bool synced) {
                  "all_gather of the ranks' answers to on_step_end", &step_end_staged_);
   }
   std::vector<std::string> names;
-  for (const ddp_param& p : services_.param_table) names.emplace_back(p.name);
+  for (const ddp_param& p : services_.params.param_table) names.emplace_back(p.name);
   const std::string mismatch = step_end_mismatch(all, int(world), names, step);
   if (!mismatch.empty())
     throw Error(strategy_host_->label() + ": on_step_end: " + mismatch, DDP_ERR_INVALID_ARGUMENT);
@@ -232,7 +232,7 @@ void RankPlugins::unit_values(size_t unit, bool hold) {
 
 bool RankPlugins::takes_values() const {
   return strategy_api().take_values != nullptr && (strategy_api().caps & DDP_CAP_OWNS_PARAMETERS) &&
-         !services_.unit_table.empty();
+         !services_.params.unit_table.empty();
 }
 
 void RankPlugins::take_values(size_t unit) {
@@ -243,7 +243,7 @@ void RankPlugins::take_values(size_t unit) {
 std::optional<std::vector<size_t>> RankPlugins::held_grads() {
   const ddp_strategy_v1_t& api = strategy_api();
   if (!api.held_grads) return std::nullopt;
-  std::vector<size_t> held(services_.param_table.size());
+  std::vector<size_t> held(services_.params.param_table.size());
   size_t count = 0;
   int partitioned = 0;
   call("held_grads", [&] { return api.held_grads(strategy_, held.data(), held.size(), &count, &partitioned); });

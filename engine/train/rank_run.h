@@ -70,6 +70,7 @@ class RankRun {
   // Backward, firing on_grad_ready after each parameter's last use.
   void backward(int64_t k, int64_t collectives_at_start, StepRecord& rec);
   void optimizer_step(StepRecord& rec);
+  void step_in_final_order();  // the engine's optimizer, after grads_final's groups
 
   // Every rank's digest of every parameter, compared (replica_check.h);
   // `step` is the step just done, -1 the end of the run.
@@ -90,12 +91,6 @@ class RankRun {
   // The strategy's state (its `state` entry) as host copies, for a checkpoint.
   std::vector<NamedFloats> strategy_state(std::vector<std::vector<float>>& storage);
 
-  // The parameters' values (initial_values.h): make_values gives every
-  // one the strategy did not take unit by unit its storage and its first
-  // values; lend_values, after on_train_begin, lends a strategy that takes
-  // them (take_values) each unit's in turn, freeing each after.
-  void make_values();
-  void lend_values();
   // Each rank's own first values (a test's snapshot before on_train_begin).
   std::vector<std::vector<float>> initial_snapshot();
 
@@ -111,7 +106,6 @@ class RankRun {
   bool held_ranges(std::vector<GradSpan>& spans);
   void gather_checking_coverage(const std::vector<double>& mine, std::vector<double>& all);
   bool unfreeze(int64_t step);
-  void pack_gradients();  // the engine's (Model::pack_gradients), and the table
 
   // The indices of trainable parameters; kept, not rebuilt every step.
   void refresh_trainable();
@@ -130,15 +124,9 @@ class RankRun {
   // weights.safetensors (from `held` where the strategy holds the values), then summary.json.
   void write_summary(const std::vector<double>& all);
   void stop_plugins();
-  // Every parameter's values on the host for `reader` (whole_model.h):
-  // unit by unit, on every rank, where the strategy holds them.
+  // Every parameter's values on the host for `reader`, through the
+  // store's per-unit view (param_store.h).
   HostVisit host_visit(const char* reader);
-  // The strategy's unit_values, for whole_model.h's readers, once it holds
-  // values (after on_train_begin); empty while the engine holds them all.
-  std::function<void(size_t, bool)> unit_values() {
-    if (!values_lent_) return {};
-    return [this](size_t unit, bool hold) { plugins_->unit_values(unit, hold); };
-  }
 
   // What the run is given.
   const Config config_;
@@ -162,11 +150,9 @@ class RankRun {
   // The run's state.
   int64_t tokens_per_row_ = 1;      // positions a row trains (lm: context_length)
   std::vector<size_t> trainable_;   // indices of trainable parameters
-  bool claims_ = false;             // the strategy claimed some gradient storage
-  bool values_lent_ = false;        // it holds some values (claimed, from the end of on_train_begin)
-  bool takes_values_ = false;       // ... and takes them unit by unit (take_values: none before)
   std::vector<GradSpan> spans_;     // held_gradients', kept
   std::vector<StepRange> step_ranges_;  // run_optimizer_ranges', kept
+  std::vector<size_t> unnamed_;         // step_in_final_order's, kept
   std::vector<int> remaining_uses_;  // per parameter, this micro-batch's backward
   std::vector<StepRecord> records_;
   size_t reported_ = 0;

@@ -46,6 +46,7 @@ void RankRun::set_up() {
   services_.rank = r;
   services_.device = device_.get();
   services_.model = model_.get();
+  services_.params.attach(model_.get(), device_.get());
   services_.store = store_.get();
   services_.timeout_ms = static_cast<int64_t>(config_.run.timeout_s * 1000);
   services_.run_optimizer = [this](const size_t* indices, size_t count) {
@@ -59,7 +60,7 @@ void RankRun::set_up() {
     optimizer_->step_ranges(model_->params(), step_ranges_.data(), step_ranges_.size());
   };
   step_ranges_.reserve(4 * model_->params().size());
-  services_.refresh_param_table();
+  services_.params.refresh_param_table();
   refresh_trainable();
   plugins_ = std::make_unique<RankPlugins>(config_, services_);
   if (resumed_.divergent && !plugins_->divergent())
@@ -67,64 +68,26 @@ void RankRun::set_up() {
                       resumed_.strategy + "' lets them differ), and strategy plugin '" + plugins_->strategy_name() +
                       "' keeps the replicas equal: resume it with a strategy whose replicas may differ "
                       "(DDP_CAP_DIVERGENT)");
-  takes_values_ = plugins_->takes_values();
-  if (!takes_values_) make_values();  // before create, as ever
-  // The engine's gradients: before create, as ever, for a strategy that
-  // cannot claim any; after it for one that may, once it knows which it
-  // holds (then a claimed gradient is never made).
-  if (!plugins_->owns_gradients()) pack_gradients();
-  services_.claims_open = true;  // a strategy may claim gradient storage in create,
-  services_.value_claims_open = true;  // and parameter values (ABI 1.5)
+  ParamStore& store = services_.params;
+  store.set_rights(StorageRights{plugins_->owns_gradients(), plugins_->takes_values(),
+                                 [this](size_t unit, bool hold) { plugins_->unit_values(unit, hold); },
+                                 [this](size_t unit) { plugins_->take_values(unit); }});
+  const auto make = [this](size_t i) { return initial_->make(i, *device_); };
+  // The values, and the engine's gradients: before create, as ever, where
+  // the strategy cannot claim them; after it where it may, once it knows
+  // which it holds (then a claimed gradient is never made).
+  store.make_values(make, /*after_create=*/false);
+  store.pack_gradients(/*after_create=*/false);
+  store.claims_open = true;  // a strategy may claim gradient storage in create,
+  store.value_claims_open = true;  // and parameter values (ABI 1.5)
   plugins_->start(config_, timeline_->trace());
-  services_.claims_open = services_.value_claims_open = false;
-  if (takes_values_) make_values();  // those the strategy did not claim
-  if (!model_->gradients_packed()) pack_gradients();
+  store.claims_open = false;
+  store.value_claims_open = false;
+  store.make_values(make, /*after_create=*/true);  // those the strategy did not claim
+  store.pack_gradients(/*after_create=*/true);
   model_->set_unit_hook([this](size_t unit, ddp_unit_phase phase) { on_unit(unit, phase); });
   agree_before_training(*store_, r, fingerprint(config_, model_->params(), plugins_->identity(), model_->units()));
   remaining_uses_.assign(model_->params().size(), 0);
-}
-
-void RankRun::make_values() {
-  for (size_t i = 0; i < model_->params().size(); ++i) {
-    Parameter& p = model_->params()[i];
-    if (!p.data.defined() && !p.values_claimed) p.data = initial_->make(i, *device_);
-  }
-  services_.refresh_param_table();
-}
-
-void RankRun::lend_values() {
-  auto& params = model_->params();
-  for (size_t u = 0; u < model_->units().size(); ++u) {
-    struct Lent {
-      size_t index;
-      Tensor values;
-      float* bound;  // where the strategy had bound them (null: nowhere), bound again after
-    };
-    std::vector<Lent> lent;  // the unit's claimed parameters
-    const auto give_back = [&] {
-      for (Lent& l : lent) {
-        if (params[l.index].data.data() != l.values.data()) continue;  // the strategy bound its own since
-        params[l.index].data.point_view_at(l.bound);
-        services_.param_table[l.index].data = l.bound;
-      }
-    };
-    try {
-      for (size_t i : model_->units()[u].params)
-        if (params[i].values_claimed) lent.push_back({i, initial_->make(i, *device_), params[i].data.data()});
-      for (Lent& l : lent) {
-        params[l.index].data.point_view_at(l.values.data());
-        services_.param_table[l.index].data = l.values.data();
-      }
-      plugins_->take_values(u);
-    } catch (...) {
-      // Its collectives may still write them: they go with the engine's
-      // held values, after the plugins are stopped.
-      give_back();
-      for (Lent& l : lent) services_.held_values.emplace_back(l.index, std::move(l.values));
-      throw;
-    }
-    give_back();
-  }
 }
 
 std::vector<std::vector<float>> RankRun::initial_snapshot() {

@@ -26,7 +26,7 @@ void RankRun::check_replicas(int64_t step) {
   std::vector<int64_t> mine(params.size());
   std::vector<std::string> names;
   for (const Parameter& p : params) names.push_back(p.name);
-  visit_values(*model_, unit_values(), "the replica check", [&](size_t i) {
+  services_.params.visit("the replica check", [&](size_t i) {
     const Parameter& p = params[i];
     const std::vector<float> host = device_->kind() == DDP_DEVICE_CPU ? std::vector<float>() : p.data.to_host();
     const Digest d = digest(host.empty() ? p.data.data() : host.data(), p.data.numel());
@@ -206,7 +206,7 @@ void RankRun::checkpoint(int64_t step) {
                         plugins_->strategy_name(), plugins_->transport_name(), resume_items(config_),
                         loss_prefix_, {}, {}};
   for (const StepRecord& r : records_) input.losses.push_back(r.loss);
-  input.collective = values_lent_;  // the strategy gathers them unit by unit, on every rank
+  input.collective = services_.params.values_lent();  // the strategy gathers them unit by unit, on every rank
   input.divergent = plugins_->divergent();  // every rank's own weights and state
   std::vector<std::vector<float>> state;
   input.strategy_state = strategy_state(state);
@@ -257,7 +257,7 @@ void RankRun::report(int64_t step) {
 
 HostVisit RankRun::host_visit(const char* reader) {
   return [this, reader](const std::function<void(size_t, const float*)>& put) {
-    visit_values(*model_, unit_values(), reader, [&](size_t i) {
+    services_.params.visit(reader, [&](size_t i) {
       const Tensor& values = model_->params()[i].data;
       if (device_->kind() == DDP_DEVICE_CPU) return put(i, values.data());
       put(i, values.to_host().data());  // a GPU's, one tensor at a time
@@ -276,7 +276,7 @@ void RankRun::finish_run() {
   const std::string weights_path = (fs::path(config_.run.output_dir) / "weights.safetensors").string();
   if (writes) fs::create_directories(config_.run.output_dir);
   const std::string failure =
-      write_weights(weights_path, model_->params(), writes, values_lent_, host_visit("weights.safetensors"));
+      write_weights(weights_path, model_->params(), writes, services_.params.values_lent(), host_visit("weights.safetensors"));
   if (!failure.empty()) throw Error(failure);
   // Every rank's totals, the peak resident memory last: the outputs' writing included.
   RankTotals mine;

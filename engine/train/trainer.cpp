@@ -3,7 +3,8 @@
 //   zero grads → per micro-batch: on_step_begin → forward → backward
 //   (on_grad_ready after a parameter's last use) → on_backward_end;
 //   then finish → optimizer_step (the strategy's, if it owns it, else the
-//   engine's on every trainable parameter).
+//   engine's on every trainable parameter: first the groups the strategy
+//   said final, grads_final, each once its reduction is done).
 // The pieces live beside it: rank_plugins.h (the plugins, their start and
 // shutdown order), step_timeline.h (--trace), summary.h (summary.json),
 // model_setup.h (model, init, freezing), optimizer.h; the set-up is
@@ -69,21 +70,19 @@ void RankRun::on_unit(size_t unit, ddp_unit_phase phase) {
 
 void RankRun::train() {
   if (observer_) observer_->on_weights(-1, initial_snapshot());
-  services_.claims_open = true;  // a strategy may claim gradient storage here
+  ParamStore& store = services_.params;
+  store.claims_open = true;  // a strategy may claim gradient storage here
   plugins_->on_train_begin();
-  services_.claims_open = false;
-  if (takes_values_ && values_claimed(model_->params())) lend_values();  // (none claimed: nothing to lend)
-  services_.release_held_values();  // the strategy has taken its part of the values it claimed
+  store.claims_open = false;
+  store.after_train_begin([this](size_t i) { return initial_->make(i, *device_); });
   put_back_resumed_state();
   initial_.reset();  // every value has been made: a resumed checkpoint's file closes
-  values_lent_ = values_claimed(model_->params());
-  claims_ = services_.claims_any();
-  if (observer_) observer_->on_weights(0, host_values(*model_, unit_values(), "a snapshot"));
+  if (observer_) observer_->on_weights(0, store.host_values("a snapshot"));
   take_peaks(device_->memory(), mem_after_setup_);
   // The records of the first steps, reserved (growing past them is rare and
   // cheap; reserving run.steps = 1e8 records would be 12 GB of address space).
   records_.reserve(static_cast<size_t>(std::min<int64_t>(config_.run.steps, int64_t(1) << 16)));
-  if (eval_data_ && values_lent_)
+  if (eval_data_ && store.values_lent())
     throw Error(std::string("eval.every: strategy plugin '") + plugins_->strategy_name() +
                     "' holds the parameters' values (it claimed them), and evaluating reads the whole model: "
                     "not supported yet; set eval.every = 0", DDP_ERR_UNSUPPORTED);
@@ -91,7 +90,7 @@ void RankRun::train() {
     whereabouts::enter_step(step);
     records_.push_back(train_step(step));
     if (step == start_step_) optimizer_->drop_unclaimed();  // a resumed run's state not this rank's
-    if (observer_) observer_->on_weights(step + 1, host_values(*model_, unit_values(), "a snapshot"));
+    if (observer_) observer_->on_weights(step + 1, store.host_values("a snapshot"));
     after_step(step);
   }
   whereabouts::enter_step(-1);  // what follows is the end of the run, not a step
@@ -151,9 +150,8 @@ StepRecord RankRun::train_step(int64_t step) {
   const bool params_changed = unfreeze(step);
   rec.lr = scheduled_lr(config_.lr_schedule, config_.optimizer.lr, step);
   optimizer_->begin_step(rec.lr / config_.optimizer.lr);
-  for (Parameter& p : model_->params())
-    if (p.trainable && !p.claimed && p.grad.defined())  // (just unfrozen: made zero after on_step_begin)
-      device_->fill(p.grad.data(), p.grad.numel(), 0.0f, device_->compute_stream());
+  services_.begin_finals();
+  services_.params.zero_grads();  // the engine's own (a claimed one is the strategy's to clear)
   // Micro-batches accumulate into the gradients; each one's loss is scaled
   // by 1/k so the sum is the gradient of the mean over k x the batch.
   const int64_t k = config_.run.grad_accum_steps;
@@ -164,11 +162,11 @@ StepRecord RankRun::train_step(int64_t step) {
     info = ddp_step_info{sizeof(ddp_step_info), step, int32_t(micro), int32_t(k), sync ? 1 : 0,
                          params_changed && micro == 0 ? 1 : 0, config_.run.steps};
     StepTimeline::Mark m = timeline_->mark();
-    services_.claims_open = micro == 0;  // before anything is written into the gradients
+    services_.finals_open = sync;  // grads_final: from here until finish returns
+    services_.params.claims_open = micro == 0;  // before anything is written into the gradients
     plugins_->on_step_begin(info);
-    services_.claims_open = false;
-    if (micro == 0) claims_ = services_.claims_any();
-    if (micro == 0 && params_changed && plugins_->owns_gradients()) pack_gradients();
+    services_.params.claims_open = false;
+    if (micro == 0) services_.params.after_step_begin(params_changed);
     timeline_->range("on_step_begin", m);
     const auto t = Clock::now();
     const Batch batch = data_->batch(step * k + micro);
@@ -181,6 +179,7 @@ StepRecord RankRun::train_step(int64_t step) {
   }
   const StepTimeline::Mark m = timeline_->mark();
   plugins_->finish();
+  services_.finals_open = false;
   timeline_->range("finish", m);
   if (config_.optimizer.clip_grad_norm > 0) rec.grad_norm = gradient_norm(/*clip=*/true);
   take_peaks(device_->memory(), mem_before_optimizer_);
@@ -230,7 +229,7 @@ void RankRun::backward(int64_t k, int64_t collectives_at_start, StepRecord& rec)
     model_->backward(1.0f / float(k), [&](size_t index) {
       if (--remaining_uses_[index] != 0) return;
       rec.collectives_before_last_grad_ready = services_.counters.collectives - collectives_at_start;
-      plugins_->on_grad_ready(services_.param_table[index]);
+      plugins_->on_grad_ready(services_.params.param_table[index]);
     });
     // On a GPU backward has only been enqueued: wait for it, so that
     // backward_s is its time and the strategy's waits (comm_blocked_s) are
@@ -250,7 +249,7 @@ void RankRun::optimizer_step(StepRecord& rec) {
     if (plugins_->owns_optimizer()) {
       plugins_->optimizer_step();
     } else {
-      optimizer_->step(model_->params(), trainable_);
+      step_in_final_order();
     }
   }
   // A strategy's optimizer_step may wait for communication (bucketed waits
@@ -266,6 +265,26 @@ void RankRun::optimizer_step(StepRecord& rec) {
   plugins_->metered().settle(/*wait=*/false);  // a GPU's collectives the device has done
   rec.optimizer_s = seconds_since(t) - (services_.counters.blocked_ns - blocked_before) * 1e-9;
   timeline_->range("optimizer", m);
+}
+
+// The engine's optimizer step: each group the strategy said final
+// (grads_final), in its order, once its reduction is done, so that its
+// update overlaps the reductions still running; then every trainable
+// parameter none named. The update is per parameter: the order changes no
+// result.
+void RankRun::step_in_final_order() {
+  if (services_.finals_said == 0) {
+    optimizer_->step(model_->params(), trainable_);
+    return;
+  }
+  for (size_t k = 0; k < services_.finals_said; ++k) {
+    services_.wait_final(k);
+    optimizer_->step(model_->params(), services_.finals[k].params);
+  }
+  unnamed_.clear();
+  for (size_t i : trainable_)
+    if (!services_.final_named[i]) unnamed_.push_back(i);
+  if (!unnamed_.empty()) optimizer_->step(model_->params(), unnamed_);
 }
 
 double RankRun::gradient_norm(bool clip) {
@@ -325,10 +344,11 @@ bool RankRun::held_gradients(std::vector<GradSpan>& spans) {
   const int world = env_.rank.world_size;
   const std::optional<std::vector<size_t>> held = plugins_->held_grads();
   auto& params = model_->params();
+  const ParamStore& store = services_.params;
   for (size_t i : held ? *held : trainable_)
-    if (!params[i].claimed)
+    if (!store.grad_claimed(i))
       spans.push_back({i, params[i].grad.data(), params[i].grad.numel(), true, held ? 1 : world});
-  if (!claims_) return held.has_value();
+  if (!store.grads_claimed()) return held.has_value();
   const std::optional<GradRanges> ranges = plugins_->grad_ranges();
   if (!ranges)
     throw Error(std::string("strategy plugin '") + plugins_->strategy_name() +
@@ -336,7 +356,7 @@ bool RankRun::held_gradients(std::vector<GradSpan>& spans) {
                 "the gradients it holds", DDP_ERR_UNSUPPORTED);
   for (size_t k = 0; k < ranges->count; ++k) {
     const ddp_range& r = ranges->ranges[k];
-    if (r.param >= params.size() || !params[r.param].claimed || !r.grad || r.offset > params[r.param].data.numel() ||
+    if (r.param >= params.size() || !store.grad_claimed(r.param) || !r.grad || r.offset > params[r.param].data.numel() ||
         r.count > params[r.param].data.numel() - r.offset)
       throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': grad_ranges: range " +
                   std::to_string(k) + " names no elements of a claimed gradient of the table",
@@ -359,7 +379,7 @@ bool RankRun::held_ranges(std::vector<GradSpan>& spans) {
     std::string wrong;
     if (!p || !p->trainable) wrong = "names no trainable parameter of the table";
     else if (h.offset > numel || h.count > numel - h.offset) wrong = "names elements outside its parameter";
-    else if (!h.grad && (p->claimed || !p->grad.data())) wrong = "has grad NULL, but the engine holds no gradient of it";
+    else if (!h.grad && !services_.params.engine_grad(h.param)) wrong = "has grad NULL, but the engine holds no gradient of it";
     else if (h.replicas < 1 || h.replicas > env_.rank.world_size) wrong = "says it is held by " + std::to_string(h.replicas) + " ranks";
     if (!wrong.empty())
       throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': held_ranges: range " +
@@ -377,16 +397,12 @@ bool RankRun::held_ranges(std::vector<GradSpan>& spans) {
   return true;
 }
 
-void RankRun::pack_gradients() {
-  model_->pack_gradients(*device_);
-  services_.refresh_param_table();
-}
-
 bool RankRun::unfreeze(int64_t step) {
   // A strategy that may claim gradients claims the new ones in on_step_begin;
   // the engine makes those it still holds after that (train_step).
-  if (!apply_unfreeze(config_.unfreeze, step, *model_, *device_, !plugins_->owns_gradients())) return false;
-  services_.refresh_param_table();
+  if (!apply_unfreeze(config_.unfreeze, step, *model_, *device_, services_.params.engine_makes_new_grads()))
+    return false;
+  services_.params.refresh_param_table();
   refresh_trainable();
   return true;
 }

@@ -15,7 +15,7 @@ namespace ddp {
 // Lets tests look at the weights: step -1 before the strategy's set-up
 // (each rank's own initialisation), 0 after it, s after optimizer step s;
 // `values`: every parameter's, on the host, in table order (read unit by
-// unit where the strategy holds them: whole_model.h).
+// unit where the strategy holds them: the store, engine/host/param_store.h).
 class TrainObserver {
  public:
   virtual ~TrainObserver() = default;

@@ -10,13 +10,14 @@
 // `overlap`, still overlapped with backward.
 // Frozen parameters are never touched.
 //
-// The strategy owns the optimizer step (DDP_CAP_OWNS_OPTIMIZER) only to
-// order it: with `overlap_optimizer` (the default) it runs the engine's
-// optimizer bucket by bucket as each bucket's average arrives, so the last
-// bucket's all-reduce — the one backward cannot hide, it starts when
-// backward ends — overlaps the update of the others instead of blocking the
-// training thread. Off, finish waits for every bucket and the whole update
-// follows, as in PyTorch DDP. The results are the same either way.
+// The engine owns the optimizer step; the strategy only orders it: with
+// `overlap_optimizer` (the default) finish says each bucket's parameters
+// final once its average has arrived (ddp_host::grads_final, ABI 1.10), and
+// the engine updates bucket by bucket as they do, so the last bucket's
+// all-reduce — the one backward cannot hide, it starts when backward ends
+// — overlaps the update of the others instead of blocking the training
+// thread. Off, finish waits for every bucket and the whole update follows,
+// as in PyTorch DDP. The results are the same either way.
 //
 // Keys: bucket_mb (MiB, default 25, or "auto": ../common/bucket_cap.h),
 // overlap_optimizer (default true), compress ("none", "bf16" or "fp16":
@@ -116,15 +117,12 @@ ddp_status bucketed_on_backward_end(ddp_strategy* s) {
   return guard(s->host.raw(), [&] { s->buckets.flush(); });
 }
 
-// With overlap_optimizer, optimizer_step waits for each bucket itself.
+// With overlap_optimizer, the engine's optimizer step waits for each bucket.
 ddp_status bucketed_finish(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
-    if (!s->overlap_optimizer) s->wait_comm();
+    if (s->overlap_optimizer) s->buckets.say_final_by_bucket();
+    else s->wait_comm();
   });
-}
-
-ddp_status bucketed_optimizer_step(ddp_strategy* s) {
-  return guard(s->host.raw(), [&] { s->buckets.step_optimizer_by_bucket(); });
 }
 
 // {"bucket_mb": x (or "auto", "auto": {...}: bucket_cap.h), "overlap_optimizer": b, "compress": c,
@@ -168,14 +166,13 @@ DDP_STRATEGY_ENTRY = {
     .struct_size = sizeof(ddp_strategy_v1_t),
     .name = "bucketed",
     .version = "0.1.0",
-    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER,
+    .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA,
     .create = bucketed_create,
     .on_train_begin = bucketed_on_train_begin,
     .on_step_begin = bucketed_on_step_begin,
     .on_grad_ready = bucketed_on_grad_ready,
     .on_backward_end = bucketed_on_backward_end,
     .finish = bucketed_finish,
-    .optimizer_step = bucketed_optimizer_step,
     .stats = bucketed_stats,
     .destroy = bucketed_destroy,
     .keys = kKeys,

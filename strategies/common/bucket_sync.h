@@ -154,16 +154,14 @@ class BucketSync {
     syncing_ = false;
   }
 
-  // For a strategy that owns the optimizer step, after finish: steps the
-  // engine's optimizer bucket by bucket, in launch order, each bucket as
-  // soon as its all-reduce (and copies back) have run, so the updates of the
-  // first buckets overlap the communication of the last ones (the update is
-  // per parameter: the order changes no result). Blocking.
-  void step_optimizer_by_bucket() const {
-    for (const BucketState& b : buckets_) {
-      b.done.synchronize();
-      base_.host.run_optimizer(b.params.data(), b.params.size());
-    }
+  // In finish, for the engine's optimizer step (ABI 1.10, grads_final):
+  // each bucket's parameters, in launch order, said final once its
+  // all-reduce (and copies back) have run. The engine waits for each in
+  // turn and updates it, so the updates of the first buckets overlap the
+  // communication of the last ones (the update is per parameter: the order
+  // changes no result).
+  void say_final_by_bucket() const {
+    for (const BucketState& b : buckets_) base_.host.grads_final(b.done.raw(), b.params.data(), b.params.size());
   }
 
   size_t size() const { return buckets_.size(); }

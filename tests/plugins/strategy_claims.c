@@ -4,6 +4,7 @@
  *   "late"     claims the trainable ones in on_unit (too late: backward);
  *   "unbound"  claims the trainable ones in create and binds nothing;
  *   "storage"  claims DDP_STORAGE_DATA (caps without DDP_CAP_OWNS_PARAMETERS);
+ *   "final"    says a gradient final in finish (grads_final, ABI 1.10);
  * and, built as _values (-DVALUES, caps with DDP_CAP_OWNS_PARAMETERS), uses
  * claimed values (ABI 1.5):
  *   "values"   claims every parameter's values in create, copies them into
@@ -159,8 +160,11 @@ static ddp_status claims_take_values(ddp_strategy* s, size_t unit) {
 }
 #endif
 
+/* "final": says a gradient final (ABI 1.10), which a strategy that owns
+ * the optimizer step may not: it orders its own. */
 static ddp_status claims_finish(ddp_strategy* s) {
-  (void)s;
+  size_t first = 0;
+  if (is(s, "final")) return s->host->grads_final(s->host->ctx, NULL, &first, 1);
   return DDP_OK;
 }
 

@@ -95,6 +95,9 @@
  *        equal on every rank (state_scopes, ddp_state_scope); compute on a
  *        stream (ddp_host::gemm, dot, norm, axpy, normalize; ddp_gemm,
  *        ddp_vectors).
+ *   1.10 the engine's optimizer ordered by a strategy's reductions:
+ *        ddp_host::grads_final (a strategy need not own the optimizer
+ *        step only to order it).
  * Header-only helpers (ddp_dtype_*, DDP_*_ENTRY, DDP_*_HAS, ddp/numeric.h,
  * ddp/plugin.hpp, ddp/transport.hpp, the strategy kit) are no ABI change.
  */

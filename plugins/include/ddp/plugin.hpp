@@ -309,6 +309,13 @@ class Host {
   void run_optimizer(const size_t* indices, size_t count) const {
     check(h_->run_optimizer(h_->ctx, indices, count));
   }
+  // (1.10) These parameters' averaged gradients are final once `done` has
+  // fired (NULL: now): the engine's optimizer step updates them then.
+  bool has_grads_final() const { return DDP_HOST_HAS(h_, grads_final); }
+  void grads_final(ddp_event done, const size_t* indices, size_t count) const {
+    require(has_grads_final(), "grads_final", 10);
+    check(h_->grads_final(h_->ctx, done, indices, count));
+  }
 
   // A float32 buffer on the run's device; one of `dtype`.
   ddp_buffer floats(void* ptr, size_t count) const { return ddp_buffer{ptr, count, DDP_FLOAT32, h_->device}; }
@@ -341,6 +348,7 @@ class Event {
   void record(ddp_stream s) const { check(h_->event_record(h_->ctx, e_, s)); }
   void make_wait(ddp_stream s) const { check(h_->stream_wait_event(h_->ctx, s, e_)); }
   void synchronize() const { check(h_->event_synchronize(h_->ctx, e_)); }
+  ddp_event raw() const { return e_; }  // the handle, for grads_final
   bool query() const {
     int done = 0;
     check(h_->event_query(h_->ctx, e_, &done));

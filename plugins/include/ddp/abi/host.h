@@ -11,6 +11,7 @@
  *   allows no CUDA call), every entry that reaches the device or blocks
  *   (alloc, copy, fill, scale, convert, add, launch_host_func,
  *   event_record, the waits, run_optimizer*, store_*, claim, bind, split,
+ *   grads_final,
  *   and the compute entries of 1.9) returns DDP_ERR_UNSUPPORTED with the
  *   reason; free, free_host and
  *   event_destroy (of a device event) log it and leave the memory or event.
@@ -39,7 +40,9 @@
  *                     event_query
  *   groups of ranks   split, group
  *   rendezvous store  store_set, store_get, store_wait
- *   the optimizer     run_optimizer (parameters), run_optimizer_ranges
+ *   the optimizer     run_optimizer (parameters), run_optimizer_ranges;
+ *                     grads_final (the engine's step, ordered by the
+ *                     strategy's reductions)
  *   storage it owns   claim, bind (gradients, values)
  *
  * A host made for planning (the `plan` entries, ddp/abi/plan.h) has rank,
@@ -264,6 +267,18 @@ typedef struct ddp_host {
   ddp_status (*axpy)(void* ctx, double alpha, const ddp_vectors* x, const float* scalars, const ddp_vectors* y,
                      ddp_stream stream);
   ddp_status (*normalize)(void* ctx, const ddp_vectors* x, double eps, ddp_stream stream);
+
+  /* (1.10) The averaged gradients of these trainable parameters are final
+   * once `done` has fired (an event recorded after their reduction; NULL:
+   * now). For a strategy without DDP_CAP_OWNS_OPTIMIZER, from on_step_begin
+   * of a step's sync micro-batch until its finish returns: the engine's
+   * optimizer step then waits for each such group in the order said and
+   * updates its parameters, so that an update overlaps the reductions
+   * still running (bucketed), then updates the trainable parameters no
+   * group named. `done` stays alive until that step's optimizer step has
+   * run. A parameter named twice, a frozen one, or a call outside that
+   * window fails, naming it. */
+  ddp_status (*grads_final)(void* ctx, ddp_event done, const size_t* param_indices, size_t count);
 } ddp_host;
 
 /* Whether the engine offers host entry `entry` (see above). */

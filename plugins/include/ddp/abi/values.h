@@ -21,7 +21,7 @@ extern "C" {
 #endif
 
 #define DDP_ABI_VERSION_MAJOR 1
-#define DDP_ABI_VERSION_MINOR 9
+#define DDP_ABI_VERSION_MINOR 10
 /* abi_version = major << 16 | minor. */
 #define DDP_ABI_VERSION ((uint32_t)((DDP_ABI_VERSION_MAJOR << 16) | DDP_ABI_VERSION_MINOR))
 #define DDP_ABI_MAJOR(v) ((uint32_t)(v) >> 16)
