@@ -120,8 +120,10 @@ ddp_status bucketed_on_backward_end(ddp_strategy* s) {
 // With overlap_optimizer, the engine's optimizer step waits for each bucket.
 ddp_status bucketed_finish(ddp_strategy* s) {
   return guard(s->host.raw(), [&] {
-    if (s->overlap_optimizer) s->buckets.say_final_by_bucket();
-    else s->wait_comm();
+    if (s->overlap_optimizer)
+      s->buckets.say_final_by_bucket();
+    else
+      s->wait_comm();
   });
 }
 
