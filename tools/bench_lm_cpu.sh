@@ -25,7 +25,7 @@
 #
 # usage: tools/bench_lm_cpu.sh [--steps S] [--warmup W] [--rounds R]
 #                              [--strategies "bucketed overlap ..."] [--out FILE]
-#                              [--ddp BIN] [--python PY] [--keep]
+#                              [--ddp BIN] [--ddp-b BIN] [--python PY] [--keep]
 #   --steps S        timed steps per run (default 20)
 #   --warmup W       untimed steps first (default 3)
 #   --rounds R       rounds of alternation (default 3)
@@ -35,6 +35,8 @@
 #                    and true/false as TOML values, anything else a string)
 #   --out FILE       results JSON (default runs/bench_lm_cpu/results.json, in the repo)
 #   --ddp BIN        our launcher (default build/bin/ddp; build it with tools/setup.sh)
+#   --ddp-b BIN      a second launcher (e.g. an older build): each strategy runs with it too,
+#                    as ddp-<strategy>@b, alternated with the rest in every round
 #   --python PY      Python with torch 1.13 (default /usr/bin/python3, Debian's python3-torch)
 #   --keep           keep the temporary directory (configs, logs, summary.json files)
 # Exit status: 0 when every run succeeded; 1 when any failed (the table marks it).
@@ -49,7 +51,7 @@ die() { say "error: $*"; exit 2; }
 abspath() { case "$1" in /*) echo "$1" ;; *) echo "$caller/$1" ;; esac; }
 
 steps=20 warmup=3 rounds=3 strategies="bucketed" out="$root/runs/bench_lm_cpu/results.json"
-ddp="$root/build/bin/ddp" python=/usr/bin/python3 keep=0
+ddp="$root/build/bin/ddp" ddp_b="" python=/usr/bin/python3 keep=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps=${2:?--steps needs a number}; shift 2 ;;
@@ -58,6 +60,7 @@ while [ $# -gt 0 ]; do
     --strategies) strategies=${2?--strategies needs a list}; shift 2 ;;
     --out) out=$(abspath "${2:?--out needs a file}"); shift 2 ;;
     --ddp) ddp=$(abspath "${2:?--ddp needs a file}"); shift 2 ;;
+    --ddp-b) ddp_b=$(abspath "${2:?--ddp-b needs a file}"); shift 2 ;;
     --python) python=${2:?--python needs a program}; shift 2 ;;
     --keep) keep=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 0 ;;
@@ -68,6 +71,7 @@ for v in steps rounds; do [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "--$v must be a po
 [[ $warmup =~ ^[0-9]+$ ]] || die "--warmup must be a non-negative integer (got '$warmup')"
 read -r -a strategy_list <<< "$strategies"
 [ -x "$ddp" ] || [ ${#strategy_list[@]} -eq 0 ] || die "'$ddp' not found (build it: tools/setup.sh)"
+[ -z "$ddp_b" ] || [ -x "$ddp_b" ] || die "--ddp-b: '$ddp_b' not found"
 "$python" -c 'import torch, torch.distributed as d; assert d.is_gloo_available()' 2>/dev/null ||
   die "'$python' has no torch with gloo (Debian: apt-get install python3-torch)"
 
@@ -76,13 +80,15 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench_lm_cpu.XXXXXX")
 if [ "$keep" = 1 ]; then say "keeping $tmp"; else trap 'rm -rf "$tmp"' EXIT; fi
 mkdir -p "$tmp/results"
 
-# impls: pytorch-single pytorch-ddp ddp-<label>...; spec[<impl>] is the strategy spec.
+# impls: pytorch-single pytorch-ddp ddp-<label>... [ddp-<label>@b...]; spec[<impl>] is the
+# strategy spec, bin[<impl>] the launcher.
 impls=(pytorch-single pytorch-ddp)
-declare -A spec failed
+declare -A spec bin failed
 nfailed=0
 for s in "${strategy_list[@]}"; do
   label="ddp-${s//[^A-Za-z0-9_.=-]/_}"
-  impls+=("$label"); spec[$label]=$s
+  impls+=("$label"); spec[$label]=$s; bin[$label]=$ddp
+  if [ -n "$ddp_b" ]; then impls+=("$label@b"); spec[$label@b]=$s; bin[$label@b]=$ddp_b; fi
 done
 
 write_config() {  # write_config SPEC DIR OUTPUT_DIR: DIR/config.toml
@@ -166,7 +172,7 @@ run_one() {  # run_one IMPL ROUND: writes $tmp/results/IMPL.ROUND.json, or retur
       local dir="$tmp/$impl"
       mkdir -p "$dir"
       write_config "${spec[$impl]}" "$dir" "$dir/r$r" || return 1
-      if "$ddp" run "$dir/config.toml" > "$log" 2>&1 && extract_summary "$dir/r$r/summary.json" "${spec[$impl]}" "$res"; then
+      if "${bin[$impl]}" run "$dir/config.toml" > "$log" 2>&1 && extract_summary "$dir/r$r/summary.json" "${spec[$impl]}" "$res"; then
         :
       else
         say "$impl failed (round $((r + 1))):"; tail -n 20 "$log" >&2; return 1
