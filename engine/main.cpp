@@ -75,7 +75,8 @@ int run_as_rank(const Config& config) {
   return run_rank(
       [&](const RankEnv& env) {
         // Under another launcher rank 0 holds the output directory itself.
-        std::unique_ptr<DirectoryLock> lock, checkpoint_lock;
+        std::unique_ptr<DirectoryLock> lock;
+        std::unique_ptr<DirectoryLock> checkpoint_lock;
         if (env.rank.rank == 0 && !whereabouts::has_channel()) {
           lock = std::make_unique<DirectoryLock>(config.run.output_dir, "run.output_dir");
           checkpoint_lock = lock_checkpoint_dir(config);
@@ -303,9 +304,12 @@ CLI::App* add_plan(CLI::App& app, ddp::PlanOptions& p) {
 struct BlasCommands {
   CLI::App* probe = nullptr;
   CLI::App* floor = nullptr;
-  std::string shapes, config;
+  std::string shapes;
+  std::string config;
   std::vector<std::string> sets;
-  int probe_repeats = 3, probe_threads = 1, floor_repeats = 5;
+  int probe_repeats = 3;
+  int probe_threads = 1;
+  int floor_repeats = 5;
 };
 
 void add_blas_commands(CLI::App& app, BlasCommands& b) {

@@ -45,7 +45,8 @@ struct Row {
   Collective op = Collective::AllReduce;
   int world = 1;
   size_t bytes = 0;  // S actually moved
-  int iters = 0, warmup = 0;
+  int iters = 0;
+  int warmup = 0;
   std::string load = "none";  // --load
   TimeStats time;
   double algbw() const { return double(bytes) / time.mean_s / 1e9; }
@@ -215,7 +216,8 @@ class BenchRank {
 
   // Enqueues `op` on the comm stream and waits for it on this thread.
   void collective(Collective op, const Buffer& send, const Buffer& recv) {
-    const ddp_buffer s = send.view(), r = recv.view();
+    const ddp_buffer s = send.view();
+    const ddp_buffer r = recv.view();
     switch (op) {
       case Collective::AllReduce:
         host_->check(api_->all_reduce(comm_, &s, DDP_REDUCE_SUM, stream()), "all_reduce");
@@ -284,7 +286,8 @@ class BenchRank {
   // One untimed run on known values, checked everywhere: rank r holds r + 1
   // (reduce_scatter: chunk c of rank r holds (r + 1)(c + 1)).
   void check_result(Collective op, size_t bytes, Buffer& send, Buffer& recv) {
-    const size_t n = size_t(world()), r = size_t(rank());
+    const size_t n = size_t(world());
+    const size_t r = size_t(rank());
     if (op == Collective::ReduceScatter) {
       for (size_t i = 0; i < send.count; ++i) send.host()[i] = float((r + 1) * (i / recv.count + 1));
     } else {
@@ -314,7 +317,8 @@ class BenchRank {
   // (On a GPU through device copies: a transport may read device memory only.)
   std::vector<std::vector<double>> gather(const std::vector<double>& mine) {
     std::vector<double> all(mine.size() * size_t(world()));
-    Buffer send_copy(*device_, 2 * mine.size()), recv_copy(*device_, 2 * all.size());  // doubles in floats
+    Buffer send_copy(*device_, 2 * mine.size());  // doubles in floats
+    Buffer recv_copy(*device_, 2 * all.size());
     std::memcpy(send_copy.host(), mine.data(), mine.size() * sizeof(double));
     send_copy.upload();
     const ddp_buffer send{send_copy.data, mine.size(), DDP_FLOAT64, device_->kind()};
@@ -366,7 +370,8 @@ uint64_t transport_caps(const std::string& transport, double timeout_s) {
 }  // namespace
 
 int bench_comm(const BenchOptions& options) {
-  std::vector<std::string> sizes, ops;
+  std::vector<std::string> sizes;
+  std::vector<std::string> ops;
   for (size_t s : options.sizes) sizes.push_back(format_size(s));
   for (Collective op : options.ops) ops.push_back(to_string(op));
   plugin_section_from_overrides("transport", options.transport_sets);  // bad --set: refused before any rank starts

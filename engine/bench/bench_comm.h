@@ -58,7 +58,8 @@ std::string format_size(size_t bytes);
 // (see the conventions above); in-place ops (all_reduce, broadcast) have
 // send == recv and use one buffer. Pure.
 struct BufferCounts {
-  size_t send = 0, recv = 0;
+  size_t send = 0;
+  size_t recv = 0;
 };
 BufferCounts buffer_counts(Collective op, size_t bytes, int world);
 
@@ -70,7 +71,8 @@ int default_iters(size_t bytes);
 // times[rank][iteration] (seconds) → mean and median over iterations of the
 // per-iteration mean over ranks. Throws Error on ragged or empty input. Pure.
 struct TimeStats {
-  double mean_s = 0, median_s = 0;
+  double mean_s = 0;
+  double median_s = 0;
 };
 TimeStats aggregate_times(const std::vector<std::vector<double>>& times);
 

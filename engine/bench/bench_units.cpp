@@ -68,7 +68,8 @@ std::string format_size(size_t bytes) {
 }
 
 BufferCounts buffer_counts(Collective op, size_t bytes, int world) {
-  const size_t floats = bytes / kFloat, n = size_t(world);
+  const size_t floats = bytes / kFloat;
+  const size_t n = size_t(world);
   switch (op) {
     case Collective::AllReduce:
     case Collective::Broadcast: return {floats, floats};

@@ -47,7 +47,8 @@ std::string blas_cache_path() {
 
 std::string blas_machine_key() {
   std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line, model = "unknown CPU";
+  std::string line;
+  std::string model = "unknown CPU";
   while (std::getline(cpuinfo, line))
     if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
       model = line.substr(line.find(':') + 2);
@@ -191,7 +192,8 @@ BlasChoice measure(const std::vector<GemmShape>& shapes, const std::string& exe,
   constexpr int kRounds = 3;
   std::vector<std::string> alive = {"default"};
   alive.insert(alive.end(), blas_kernel_candidates().begin(), blas_kernel_candidates().end());
-  std::string default_core, out_of_memory;
+  std::string default_core;
+  std::string out_of_memory;
   BlasChoice best{"", "measured"};
   const auto began = std::chrono::steady_clock::now();
   for (int round = 0; round < kRounds; ++round) {
@@ -216,7 +218,10 @@ BlasChoice measure(const std::vector<GemmShape>& shapes, const std::string& exe,
   }
   double best_s = INFINITY;
   for (const auto& [k, s] : best.timings.items())
-    if (s.get<double>() < best_s) best_s = s.get<double>(), best.kernel = k;
+    if (s.get<double>() < best_s) {
+      best_s = s.get<double>();
+      best.kernel = k;
+    }
   if (best.kernel.empty() && !out_of_memory.empty())
     throw Error("BLAS kernel: the probe ran out of memory (" + out_of_memory + "): the model's GEMMs need more "
                 "memory than this host gives, whatever the kernel", DDP_ERR_OUT_OF_MEMORY);
@@ -306,8 +311,9 @@ BlasChoice choose_blas_kernel(const std::string& setting, const std::vector<Gemm
     return given;
   }
   if (setting != "auto") return given_kernel(setting, "config", "run.blas_kernel = \"" + setting + "\"");
-  const std::string key = blas_machine_key(), model = format_shapes(shapes) + " on " + std::to_string(threads) +
-                                                                      (threads == 1 ? " thread" : " threads");
+  const std::string key = blas_machine_key();
+  const std::string model =
+      format_shapes(shapes) + " on " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
   json cache = read_cache();
   if (!cache[key].is_object()) cache[key] = json::object();
   const json& known = cache[key];

@@ -64,7 +64,10 @@ void refuse_foreign_keys(const ConfigReader& r, const ModelInfo& model) {
     const auto at = [](const toml::node& n) {  // file order; keys from --set after the file's
       return std::make_tuple(from_override(n.source()), n.source().begin.line, n.source().begin.column);
     };
-    if (!first || at(node) < at(*first)) first = &node, first_key = key;
+    if (!first || at(node) < at(*first)) {
+      first = &node;
+      first_key = key;
+    }
   }
   if (!first) return;
   std::string owners;

@@ -136,7 +136,8 @@ struct OptimizerConfig {
   std::string name = "sgd";   // "sgd" | "adamw"
   double lr = 0.0;            // required, > 0
   double momentum = 0.0;      // sgd, >= 0
-  double beta1 = 0.9, beta2 = 0.999;  // adamw `betas`, each in [0, 1)
+  double beta1 = 0.9;  // adamw `betas`, each in [0, 1)
+  double beta2 = 0.999;
   double eps = 1e-8;          // adamw, > 0
   double weight_decay = 0.0;  // >= 0; default 0 for sgd (L2), 0.01 for adamw (decoupled), as PyTorch
   std::vector<ParamGroupConfig> groups;

@@ -43,12 +43,14 @@ PluginSection::PluginSection(std::string file, std::string section, const toml::
 void PluginSection::add(const std::string& table_name, const toml::key& key, const toml::node& node) {
   const std::string k(key.str());
   if (table_.get(k)) {
-    const bool mine_set = from_override(node.source()), before_set = from_override(sources_.at(k));
+    const bool mine_set = from_override(node.source());
+    const bool before_set = from_override(sources_.at(k));
     if (mine_set == before_set) {  // both in the file: named from the later one
       const toml::source_region& a = node.source();
       const toml::source_region& b = sources_.at(k);
       const bool mine_later = std::tie(a.begin.line, a.begin.column) > std::tie(b.begin.line, b.begin.column);
-      const std::string mine_name = table_name + "." + k, mine_where = where_of(a, file_);
+      const std::string mine_name = table_name + "." + k;
+      const std::string mine_where = where_of(a, file_);
       throw ConfigError((mine_later ? mine_where : where(k)) + ": key '" + (mine_later ? mine_name : name_of(k)) +
                         "' is set twice: also as '" + (mine_later ? name_of(k) : mine_name) + "' at " +
                         (mine_later ? where(k) : mine_where) + " (keep one)");

@@ -69,7 +69,8 @@ struct Record {
     const char* entry = whereabouts::entry();
     if (!plugin && !entry) {
       const whereabouts::Stage stage = whereabouts::training_stage();
-      plugin = stage.plugin, entry = stage.entry;
+      plugin = stage.plugin;
+      entry = stage.entry;
     }
     add("\t");
     add(plugin);
@@ -193,7 +194,8 @@ Outcome wait_for(pid_t pid, int fd, std::chrono::milliseconds bound) {
   Outcome o;
   const Clock::time_point give_up = Clock::now() + bound + kKillGrace;
   char buffer[65536];
-  bool ended = false, open = true;
+  bool ended = false;
+  bool open = true;
   while (!ended) {
     ended = waitpid(pid, &o.status, WNOHANG) == pid;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(give_up - Clock::now());
@@ -224,7 +226,8 @@ Outcome wait_for(pid_t pid, int fd, std::chrono::milliseconds bound) {
 
 // "<plugin> ... in <entry>" from a record's "\t<plugin>\t<entry>".
 struct Where {
-  std::string plugin, entry;
+  std::string plugin;
+  std::string entry;
 };
 Where where_of(const std::string& record) {
   Where w;

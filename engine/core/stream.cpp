@@ -48,12 +48,16 @@ void Stream::run(Task& task, int64_t index) {
   // A device stream's task runs where the device allows no calls into it
   // (CUDA's host functions): flagged, so the plugin host can refuse them.
   struct Flag {
-    bool was, was_task;
+    bool was;
+    bool was_task;
     explicit Flag(bool on) : was(t_in_device_task), was_task(t_in_task) {
       t_in_device_task = was || on;
       t_in_task = true;
     }
-    ~Flag() { t_in_device_task = was, t_in_task = was_task; }
+    ~Flag() {
+      t_in_device_task = was;
+      t_in_task = was_task;
+    }
   } flag(native_ != nullptr);
   try {
     task(cancelled);

@@ -15,7 +15,14 @@ namespace ddp {
 //   denom = sqrt(v) / bias2_sqrt + eps;  w = w + (-step_size) * m / denom
 // each operation rounded on its own (no fused multiply-add).
 struct AdamScalars {
-  float decay, b1, one_minus_b1, b2, one_minus_b2, bias2_sqrt, eps, step_size;
+  float decay;
+  float b1;
+  float one_minus_b1;
+  float b2;
+  float one_minus_b2;
+  float bias2_sqrt;
+  float eps;
+  float step_size;
 };
 
 // A gradient's squared L2 norm is summed in float64 in kSquareLanes fixed

@@ -54,7 +54,8 @@ struct LocalRows {
 
   DataShape shape;
   int64_t rows;
-  Tensor x, y;               // [rows, in], [rows, out]
+  Tensor x;  // [rows, in]
+  Tensor y;  // [rows, out]
   std::vector<int32_t> ints;  // tokens [rows, context + 1] or labels [rows]
 };
 
@@ -162,13 +163,17 @@ class InMemory final : public Dataset {
   }
 
   DataShape shape_;
-  int64_t global_, local_, first_;
+  int64_t global_;
+  int64_t local_;
+  int64_t first_;
   int64_t holdout_;       // rows set aside at the end
   bool held_out_;         // this source reads them
   int64_t rows_ = 0;      // rows it reads, from window_first_ on
   int64_t window_first_ = 0;
-  std::vector<float> xs_, ys_;            // all rows
-  std::vector<int32_t> labels_, tokens_;  // all rows
+  std::vector<float> xs_;            // all rows
+  std::vector<float> ys_;
+  std::vector<int32_t> labels_;  // all rows
+  std::vector<int32_t> tokens_;
   LocalRows out_;                         // this rank's rows
 };
 
@@ -239,8 +244,11 @@ class RandomRows final : public Dataset {
   }
 
   DataShape shape_;
-  uint64_t seed_, stream_;
-  int64_t global_, local_, first_;
+  uint64_t seed_;
+  uint64_t stream_;
+  int64_t global_;
+  int64_t local_;
+  int64_t first_;
   std::vector<float> teacher_;  // W [out, in] (data.teacher)
   std::vector<int32_t> next_;   // the tokens' permutation (data.teacher)
   LocalRows out_;  // this rank's rows
@@ -301,9 +309,12 @@ class TokenFile final : public Dataset {
   std::string path_;
   DataShape shape_;
   uint64_t seed_;
-  int64_t global_, local_, first_;
+  int64_t global_;
+  int64_t local_;
+  int64_t first_;
   const uint16_t* tokens_ = nullptr;
-  size_t bytes_ = 0, count_ = 0;
+  size_t bytes_ = 0;
+  size_t count_ = 0;
   LocalRows out_;  // this rank's rows
 };
 

@@ -79,7 +79,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
                       " is over the format's 100 MB)");
   std::string header(header_len, '\0');
   in_.read(header.data(), static_cast<std::streamsize>(header_len));
-  const uint64_t data_start = 8 + header_len, data_size = file_size - data_start;
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_size = file_size - data_start;
 
   nlohmann::json doc;
   try {

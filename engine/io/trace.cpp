@@ -18,7 +18,8 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-constexpr int kComputeLane = 0, kCommunicationLane = 1;
+constexpr int kComputeLane = 0;
+constexpr int kCommunicationLane = 1;
 
 int64_t ns(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();

@@ -48,7 +48,8 @@ class Trace {
  private:
   struct Event {
     const char* name;  // compute: the range; communication: the op
-    int64_t begin_ns, end_ns;
+    int64_t begin_ns;
+    int64_t end_ns;
     int64_t step;
     int64_t bytes;  // -1 on the compute lane
     const char* group;  // the collective's group label; null: the world's (and compute)

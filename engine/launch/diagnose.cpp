@@ -82,14 +82,16 @@ Diagnosis diagnose(const WatchResult& watched, const std::vector<std::optional<R
   int blamed = -1;
   for (size_t r = 0; r < ranks.size(); ++r) {
     if (ranks[r].failed_order < 0) continue;
-    const int w = weight(ranks[r], reports[r]), best = blamed < 0 ? -1 : weight(ranks[blamed], reports[blamed]);
+    const int w = weight(ranks[r], reports[r]);
+    const int best = blamed < 0 ? -1 : weight(ranks[blamed], reports[blamed]);
     if (w > best || (w == best && ranks[r].failed_order < ranks[blamed].failed_order)) blamed = int(r);
   }
   if (blamed < 0) return {0, ""};
 
   // The ranks the others waited for: those that fell silent (mpirun's), else
   // those still running when the launcher stopped the run.
-  std::string stopped, silent;
+  std::string stopped;
+  std::string silent;
   for (size_t r = 0; r < ranks.size(); ++r) {
     if (ranks[r].stopped) stopped += (stopped.empty() ? "" : ", ") + std::to_string(r);
     if (ranks[r].silent) silent += (silent.empty() ? "" : ", ") + std::to_string(r);

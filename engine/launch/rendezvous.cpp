@@ -43,7 +43,8 @@ std::string get(const std::function<const char*(const char*)>& lookup, const cha
 // Whether the launcher says every rank runs on this host.
 bool all_local(const std::function<const char*(const char*)>& lookup) {
   auto same = [&](const char* local, const char* world) {
-    const std::string l = get(lookup, local), w = get(lookup, world);
+    const std::string l = get(lookup, local);
+    const std::string w = get(lookup, world);
     return !l.empty() && l == w;
   };
   return same("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE") || get(lookup, "SLURM_STEP_NUM_NODES") == "1" ||
@@ -75,7 +76,8 @@ void check_given(const std::string& given) {
 
 // The IPv4 address of `host` ("10.0.0.1", or a name), for redis-server's bind.
 std::string ipv4_of(const std::string& host) {
-  addrinfo hints{}, *found = nullptr;
+  addrinfo hints{};
+  addrinfo* found = nullptr;
   hints.ai_family = AF_INET;
   if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || !found)
     throw Error("MASTER_ADDR=" + host + " does not resolve to an IPv4 address", DDP_ERR_INVALID_ARGUMENT);
@@ -105,7 +107,8 @@ std::string own_address() {
 
 // Whether a TCP connection to address:port opens.
 bool reachable(const std::string& address, int port) {
-  addrinfo hints{}, *found = nullptr;
+  addrinfo hints{};
+  addrinfo* found = nullptr;
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   if (getaddrinfo(address.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || !found) return false;
@@ -209,7 +212,8 @@ RendezvousPlan plan_rendezvous(const std::function<const char*(const char*)>& lo
     check_given(given);
     return {RendezvousPlan::kGiven, given};
   }
-  const std::string addr = get(lookup, "MASTER_ADDR"), port = get(lookup, "MASTER_PORT");
+  const std::string addr = get(lookup, "MASTER_ADDR");
+  const std::string port = get(lookup, "MASTER_PORT");
   if (!addr.empty() && !port.empty() && !is_port(port))
     throw Error("MASTER_PORT=" + port + " is not a port (1 to 65535)", DDP_ERR_INVALID_ARGUMENT);
   if (!addr.empty() && !port.empty()) return {RendezvousPlan::kMaster, addr + ":" + port};
@@ -235,7 +239,8 @@ std::string share_through_pmix(const std::string& mine, double timeout_s) {
     PMIX_VALUE_DESTRUCT(&value);
   }
   PMIx_Commit();
-  pmix_proc_t all, zero;
+  pmix_proc_t all;
+  pmix_proc_t zero;
   PMIX_LOAD_PROCID(&all, me.nspace, PMIX_RANK_WILDCARD);
   PMIX_LOAD_PROCID(&zero, me.nspace, 0);
   pmix_info_t info[2];

@@ -192,7 +192,8 @@ void rope_rotate(float* x, const float* cos, const float* sin, int64_t b, int64_
       float* __restrict xh = x + (bt * heads + h) * dh;
 #pragma omp simd
       for (int64_t k = 0; k < half; ++k) {
-        const float x0 = xh[2 * k], x1 = xh[2 * k + 1];
+        const float x0 = xh[2 * k];
+        const float x1 = xh[2 * k + 1];
         const float sk = sign * s[k];
         xh[2 * k] = c[k] * x0 - sk * x1;
         xh[2 * k + 1] = sk * x0 + c[k] * x1;
@@ -230,7 +231,8 @@ void attention_forward(float* out, float* p, const float* q, const float* k, con
       const int64_t off = bi_ * t * d + h * dh;  // head h of sequence bi_, row stride d
       float* ph = p + (bi_ * heads + h) * t * t;  // [t, t]
       for (int64_t r0 = 0; r0 < t; r0 += kQueryBlock) {
-        const int64_t r1 = std::min(r0 + kQueryBlock, t), rows = r1 - r0;
+        const int64_t r1 = std::min(r0 + kQueryBlock, t);
+        const int64_t rows = r1 - r0;
         // scores[r0:r1, 0:r1] = q_h[r0:r1] · k_h[0:r1]^T / sqrt(dh)
         sgemm(CblasNoTrans, CblasTrans, bi(rows), bi(r1), bi(dh), scale,
                     q + off + r0 * d, bi(d), k + off, bi(d), 0.0f, ph + r0 * t, bi(t));
@@ -272,7 +274,8 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
       // Last block first: it meets every key, so it writes dk_h and dv_h
       // whole (beta 0) and the earlier blocks add into their prefixes.
       for (int64_t r0 = last; r0 >= 0; r0 -= kQueryBlock) {
-        const int64_t r1 = std::min(r0 + kQueryBlock, t), rows = r1 - r0;
+        const int64_t r1 = std::min(r0 + kQueryBlock, t);
+        const int64_t rows = r1 - r0;
         const float beta = r0 == last ? 0.0f : 1.0f;
         const float* pb = ph + r0 * t;  // p[r0:r1, 0:r1], row stride t
         float* sb = scratch + r0 * t;   // dp, then ds, same place
@@ -319,7 +322,8 @@ void swiglu_backward(float* __restrict da, float* __restrict db, const float* __
   // d silu(z)/dz = s (1 + z (1 - s)), s = sigmoid(z)
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const float z = a[i], s = sigmoid(z);
+    const float z = a[i];
+    const float s = sigmoid(z);
     db[i] = dout[i] * z * s;
     da[i] = dout[i] * b[i] * s * (1.0f + z * (1.0f - s));
   }

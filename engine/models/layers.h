@@ -28,9 +28,16 @@ namespace layers {
 // One GEMM the layers ran (cblas_sgemm, row-major): enough to run it again,
 // on the same operands.
 struct GemmCall {
-  bool trans_a = false, trans_b = false;
-  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
-  float alpha = 1.0f, beta = 0.0f;
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t lda = 0;
+  int64_t ldb = 0;
+  int64_t ldc = 0;
+  float alpha = 1.0f;
+  float beta = 0.0f;
   const float* a = nullptr;
   const float* b = nullptr;
   float* c = nullptr;

@@ -94,7 +94,9 @@ void check_sizes(const LmConfig& c) {
 }  // namespace
 
 std::vector<std::pair<std::string, Shape>> lm_parameter_shapes(const LmConfig& c) {
-  const int64_t d = c.d_model, f = c.d_ff, v = c.vocab_size;
+  const int64_t d = c.d_model;
+  const int64_t f = c.d_ff;
+  const int64_t v = c.vocab_size;
   std::vector<std::pair<std::string, Shape>> table;
   if (!c.ffn_only) table.push_back({"token_embeddings.weight", {v, d}});
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -143,7 +145,8 @@ Footprint lm_footprint(const LmConfig& c, int64_t rows, ddp_device_kind device) 
     f.saved_elements_per_token = static_cast<double>(c.num_layers * (c.d_model + c.d_ff));
     return f;
   }
-  const int64_t half = c.d_model / c.num_heads / 2, kFloat = 4;
+  const int64_t half = c.d_model / c.num_heads / 2;
+  const int64_t kFloat = 4;
   f.setup_activation_bytes = 2 * c.context_length * half * kFloat;  // RoPE cos, sin
   int64_t floats = 0;
   for (const Shape& s : LmModel::activation_shapes(c, rows, device)) floats += numel(s);
@@ -181,10 +184,12 @@ LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed, bool wit
     }
   });
 
-  const int64_t t = c.context_length, half = head_dim_ / 2;
+  const int64_t t = c.context_length;
+  const int64_t half = head_dim_ / 2;
   rope_cos_ = Tensor(device_, {t, half}, MemCategory::Activations);
   rope_sin_ = Tensor(device_, {t, half}, MemCategory::Activations);
-  std::vector<float> cos(static_cast<size_t>(t * half)), sin(cos.size());
+  std::vector<float> cos(static_cast<size_t>(t * half));
+  std::vector<float> sin(cos.size());
   layers::rope_tables(cos.data(), sin.data(), t, head_dim_, c.rope_theta);
   device_.upload(rope_cos_.data(), cos.data(), rope_cos_.bytes());
   device_.upload(rope_sin_.data(), sin.data(), rope_sin_.bytes());
@@ -200,7 +205,11 @@ void LmModel::add_param(const std::string& name, Shape shape) {
 }
 
 std::vector<Shape> LmModel::activation_shapes(const LmConfig& c, int64_t rows, ddp_device_kind device) {
-  const int64_t t = c.context_length, d = c.d_model, f = c.d_ff, h = c.num_heads, n = rows * t;
+  const int64_t t = c.context_length;
+  const int64_t d = c.d_model;
+  const int64_t f = c.d_ff;
+  const int64_t h = c.num_heads;
+  const int64_t n = rows * t;
   std::vector<Shape> s;
   if (device != DDP_DEVICE_CPU) s.push_back({2 * n});  // tokens_dev_: int32 ids in floats' bytes
   s.push_back({n, d});                                  // x0_
@@ -249,9 +258,13 @@ float LmModel::forward(const Batch& batch) {
   if (!batch.tokens) throw Error("lm: the batch has no tokens (the lm model trains on token data)");
   if (batch.rows < 1) throw Error("lm: a batch needs at least one row");
   ensure_activations(batch.rows);
-  const int64_t rows = batch.rows, t = config_.context_length, d = config_.d_model,
-                f = config_.d_ff, heads = config_.num_heads, vocab = config_.vocab_size,
-                n = rows * t;
+  const int64_t rows = batch.rows;
+  const int64_t t = config_.context_length;
+  const int64_t d = config_.d_model;
+  const int64_t f = config_.d_ff;
+  const int64_t heads = config_.num_heads;
+  const int64_t vocab = config_.vocab_size;
+  const int64_t n = rows * t;
 
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t* row = batch.tokens + r * (t + 1);
@@ -305,16 +318,65 @@ float LmModel::forward(const Batch& batch) {
       k_->cross_entropy_forward(lse_.data(), logits_.data(), target_tokens(), n, vocab));
 }
 
+void LmModel::weight_grad(size_t index, const float* dy, const float* x, int64_t in, int64_t out, float alpha) {
+  const int64_t n = rows_ * config_.context_length;
+  if (float* dw = g(index)) k_->linear_backward_weight(dw, dy, x, n, in, out, alpha);
+}
+
+// Block l's backward: dresid_ holds dy on entry and dx on return.
+void LmModel::block_backward(int64_t l, const GradAccumulated& done) {
+  const int64_t rows = rows_;
+  const int64_t t = config_.context_length;
+  const int64_t d = config_.d_model;
+  const int64_t f = config_.d_ff;
+  const int64_t heads = config_.num_heads;
+  const int64_t n = rows * t;
+  BlockActs& b = blocks_[l];
+  const float* x = l ? blocks_[l - 1].y.data() : x0_.data();
+  // dresid_ holds dy; FFN branch: y = h + w2 gate.
+  k_->linear_backward_input(dgate_.data(), dresid_.data(), w(layer_param(l, kW2)), n, f, d);
+  k_->swiglu_backward(da_.data(), db_.data(), dgate_.data(), b.a.data(), b.b.data(), n * f);
+  weight_grad(layer_param(l, kW3), db_.data(), b.ln2.data(), d, f);
+  done(layer_param(l, kW3));
+  weight_grad(layer_param(l, kW2), dresid_.data(), b.gate.data(), f, d);
+  done(layer_param(l, kW2));
+  weight_grad(layer_param(l, kW1), da_.data(), b.ln2.data(), d, f);
+  done(layer_param(l, kW1));
+  k_->linear_backward_input(dln_.data(), da_.data(), w(layer_param(l, kW1)), n, d, f);
+  k_->linear_backward_input(dln_.data(), db_.data(), w(layer_param(l, kW3)), n, d, f, true);
+  k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn2)), dln_.data(), b.h.data(),
+                           w(layer_param(l, kLn2)), b.rms2.data(), n, d, /*accumulate=*/true);
+  done(layer_param(l, kLn2));
+  // dresid_ holds dh; attention branch: h = x + output_proj att.
+  k_->linear_backward_input(datt_.data(), dresid_.data(), w(layer_param(l, kO)), n, d, d);
+  weight_grad(layer_param(l, kO), dresid_.data(), b.att.data(), d, d);
+  done(layer_param(l, kO));
+  k_->attention_backward(dq_.data(), dk_.data(), dv_.data(), dscores_.data(), datt_.data(),
+                             b.p.data(), b.q.data(), b.k.data(), b.v.data(), rows, t, heads,
+                             head_dim_);
+  k_->rope_backward(dq_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+  k_->rope_backward(dk_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+  weight_grad(layer_param(l, kV), dv_.data(), b.ln1.data(), d, d);
+  done(layer_param(l, kV));
+  weight_grad(layer_param(l, kK), dk_.data(), b.ln1.data(), d, d);
+  done(layer_param(l, kK));
+  weight_grad(layer_param(l, kQ), dq_.data(), b.ln1.data(), d, d);
+  done(layer_param(l, kQ));
+  k_->linear_backward_input(dln_.data(), dq_.data(), w(layer_param(l, kQ)), n, d, d);
+  k_->linear_backward_input(dln_.data(), dk_.data(), w(layer_param(l, kK)), n, d, d, true);
+  k_->linear_backward_input(dln_.data(), dv_.data(), w(layer_param(l, kV)), n, d, d, true);
+  k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn1)), dln_.data(), x,
+                           w(layer_param(l, kLn1)), b.rms1.data(), n, d, /*accumulate=*/true);
+  done(layer_param(l, kLn1));
+}
+
 void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   if (rows_ < 1) throw Error("lm: backward before forward");
-  const int64_t rows = rows_, t = config_.context_length, d = config_.d_model, f = config_.d_ff,
-                heads = config_.num_heads, vocab = config_.vocab_size, n = rows * t;
-  auto done = [&](size_t index) {
+  const int64_t d = config_.d_model;
+  const int64_t vocab = config_.vocab_size;
+  const int64_t n = rows_ * config_.context_length;
+  const GradAccumulated done = [&](size_t index) {
     if (params_[index].trainable) accumulated(index);
-  };
-  auto weight_grad = [&](size_t index, const float* dy, const float* x, int64_t in, int64_t out,
-                         float alpha = 1.0f) {
-    if (float* dw = g(index)) k_->linear_backward_weight(dw, dy, x, n, in, out, alpha);
   };
   RangeLaps ranges(range_hook_);
 
@@ -337,43 +399,7 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
 
   for (int64_t l = config_.num_layers - 1; l >= 0; --l) {
     unit_event(block_unit(l), DDP_UNIT_BACKWARD_BEGIN);
-    BlockActs& b = blocks_[l];
-    const float* x = l ? blocks_[l - 1].y.data() : x0_.data();
-    // dresid_ holds dy; FFN branch: y = h + w2 gate.
-    k_->linear_backward_input(dgate_.data(), dresid_.data(), w(layer_param(l, kW2)), n, f, d);
-    k_->swiglu_backward(da_.data(), db_.data(), dgate_.data(), b.a.data(), b.b.data(), n * f);
-    weight_grad(layer_param(l, kW3), db_.data(), b.ln2.data(), d, f);
-    done(layer_param(l, kW3));
-    weight_grad(layer_param(l, kW2), dresid_.data(), b.gate.data(), f, d);
-    done(layer_param(l, kW2));
-    weight_grad(layer_param(l, kW1), da_.data(), b.ln2.data(), d, f);
-    done(layer_param(l, kW1));
-    k_->linear_backward_input(dln_.data(), da_.data(), w(layer_param(l, kW1)), n, d, f);
-    k_->linear_backward_input(dln_.data(), db_.data(), w(layer_param(l, kW3)), n, d, f, true);
-    k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn2)), dln_.data(), b.h.data(),
-                             w(layer_param(l, kLn2)), b.rms2.data(), n, d, /*accumulate=*/true);
-    done(layer_param(l, kLn2));
-    // dresid_ holds dh; attention branch: h = x + output_proj att.
-    k_->linear_backward_input(datt_.data(), dresid_.data(), w(layer_param(l, kO)), n, d, d);
-    weight_grad(layer_param(l, kO), dresid_.data(), b.att.data(), d, d);
-    done(layer_param(l, kO));
-    k_->attention_backward(dq_.data(), dk_.data(), dv_.data(), dscores_.data(), datt_.data(),
-                               b.p.data(), b.q.data(), b.k.data(), b.v.data(), rows, t, heads,
-                               head_dim_);
-    k_->rope_backward(dq_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-    k_->rope_backward(dk_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-    weight_grad(layer_param(l, kV), dv_.data(), b.ln1.data(), d, d);
-    done(layer_param(l, kV));
-    weight_grad(layer_param(l, kK), dk_.data(), b.ln1.data(), d, d);
-    done(layer_param(l, kK));
-    weight_grad(layer_param(l, kQ), dq_.data(), b.ln1.data(), d, d);
-    done(layer_param(l, kQ));
-    k_->linear_backward_input(dln_.data(), dq_.data(), w(layer_param(l, kQ)), n, d, d);
-    k_->linear_backward_input(dln_.data(), dk_.data(), w(layer_param(l, kK)), n, d, d, true);
-    k_->linear_backward_input(dln_.data(), dv_.data(), w(layer_param(l, kV)), n, d, d, true);
-    k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn1)), dln_.data(), x,
-                             w(layer_param(l, kLn1)), b.rms1.data(), n, d, /*accumulate=*/true);
-    done(layer_param(l, kLn1));
+    block_backward(l, done);
     ranges.lap(range_names_[l].c_str());
     unit_event(block_unit(l), DDP_UNIT_BACKWARD_END);
   }

@@ -125,7 +125,9 @@ float MlpModel::forward(const Batch& batch) {
     throw Error("mlp: the batch needs inputs x and class labels (labels are integer data)");
   if (batch.rows < 1) throw Error("mlp: a batch needs at least one row");
   ensure_activations(batch.rows);
-  const int64_t rows = batch.rows, w = config_.width, classes = config_.classes;
+  const int64_t rows = batch.rows;
+  const int64_t w = config_.width;
+  const int64_t classes = config_.classes;
   for (int64_t r = 0; r < rows; ++r) {
     if (batch.labels[r] < 0 || batch.labels[r] >= classes)
       throw Error("mlp: label " + std::to_string(batch.labels[r]) + " at row " + std::to_string(r) +
@@ -159,7 +161,9 @@ float MlpModel::forward(const Batch& batch) {
 
 void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   if (rows_ < 1) throw Error("mlp: backward before forward");
-  const int64_t rows = rows_, w = config_.width, classes = config_.classes;
+  const int64_t rows = rows_;
+  const int64_t w = config_.width;
+  const int64_t classes = config_.classes;
   // Adds dy-derived gradients of linear (weight, weight + 1 = bias) with input x.
   auto linear_grads = [&](size_t weight, const float* dy, const float* x, int64_t out) {
     if (float* db = grad_out(weight + 1)) {

@@ -96,7 +96,9 @@ struct Footprint {
   // Transformer-like sizes, for hypothetical layouts (plan/mesh.h): model
   // width D, FFN width F, blocks L, and the activation elements backward
   // keeps per token. Zero for models that are not.
-  int64_t d_model = 0, d_ff = 0, layers = 0;
+  int64_t d_model = 0;
+  int64_t d_ff = 0;
+  int64_t layers = 0;
   int ffn_matrices = 2;  // weight matrices of D x F per FFN block (SwiGLU: 3)
   double saved_elements_per_token = 0;
   bool plan_only = false;  // a size `ddp plan` accounts for and `ddp run` cannot build

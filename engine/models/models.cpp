@@ -18,7 +18,8 @@ struct Layer {
   enum Kind { Linear, Relu } kind;
   int weight = -1;  // parameter index (Linear)
   int bias = -1;    // parameter index or -1
-  int64_t in = 0, out = 0;
+  int64_t in = 0;
+  int64_t out = 0;
   size_t unit = 0;  // a linear layer and the ReLU after it are one unit
 };
 
@@ -176,7 +177,8 @@ class SequentialMse final : public Model {
   int64_t rows_ = -1;
   const float* input_ = nullptr;   // x of the last forward [rows, in]
   const float* target_ = nullptr;  // y of the last forward [rows, out]
-  Tensor x_dev_, y_dev_;           // a GPU's copies of x and y
+  Tensor x_dev_;  // a GPU's copy of x
+  Tensor y_dev_;  // a GPU's copy of y
   std::vector<Tensor> acts_;       // output of layer i [rows, width_i]
   std::vector<Tensor> grads_;      // d loss / d acts_[i]
 };
@@ -274,7 +276,10 @@ void Model::draw_initial(size_t index, float* out) {
   if (index >= params_.size() || !draw_)
     throw Error("draw_initial: parameter " + std::to_string(index) + " of " + std::to_string(params_.size()) +
                 (draw_ ? "" : ", and the model sets no draw"), DDP_ERR_INTERNAL);
-  if (index < next_draw_) rng_.seed(seed_), next_draw_ = 0;  // back to the start
+  if (index < next_draw_) {  // back to the start
+    rng_.seed(seed_);
+    next_draw_ = 0;
+  }
   std::vector<float> skipped;
   for (; next_draw_ < index; ++next_draw_) {  // the ones between, drawn and dropped
     skipped.resize(numel_of(params_[next_draw_].shape));

@@ -144,7 +144,8 @@ json run_json(const Config& c, const plan::RunPlan& p, const strategy::OverheadF
     }
     return out;
   };
-  int64_t comm = 0, bus = 0;
+  int64_t comm = 0;
+  int64_t bus = 0;
   const std::vector<plan::Collective> per_step = p.step_collectives();
   const json collectives = listed(per_step, &comm, &bus);
   json j = {{"world_size", c.run.world_size},
@@ -157,7 +158,8 @@ json run_json(const Config& c, const plan::RunPlan& p, const strategy::OverheadF
             {"bus_bytes_per_step", bus},
             {"collectives", collectives}};
   if (p.every() > 1) {  // a divergent strategy's sync points: once every `every` steps
-    int64_t sync_comm = 0, sync_bus = 0;
+    int64_t sync_comm = 0;
+    int64_t sync_bus = 0;
     const std::vector<plan::Collective> periodic = p.step_collectives(true);
     j["per_sync_point"] = {{"every", p.every()}, {"collectives", listed(periodic, &sync_comm, &sync_bus)},
                            {"comm_bytes", sync_comm}, {"bus_bytes", sync_bus}};
@@ -328,7 +330,9 @@ void print_mesh(const json& m) {
             << si(b["gradients"].get<double>(), "B") << " | " << si(b["optimizer"].get<double>(), "B") << " | "
             << si(b["activations"].get<double>(), "B") << " | " << si(b["total"].get<double>(), "B") << " | "
             << m["devices_of_memory"].get<double>() << " |\n\n";
-  const int64_t fit = m["min_fsdp_to_fit"].get<int64_t>(), x = m["X"].get<int64_t>(), y = m["Y"].get<int64_t>();
+  const int64_t fit = m["min_fsdp_to_fit"].get<int64_t>();
+  const int64_t x = m["X"].get<int64_t>();
+  const int64_t y = m["Y"].get<int64_t>();
   std::cout << "Smallest FSDP degree within " << si(m["memory_per_device"].get<double>(), "B")
             << " per device (this TP degree and batch): "
             << (fit > 0 ? std::to_string(fit) : std::string("none (the unsharded activations alone exceed it)"))

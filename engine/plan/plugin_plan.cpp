@@ -26,16 +26,27 @@ class PlanningCall {
       for (size_t i : f.units[u].params) unit_of[i] = u;
     for (size_t i = 0; i < f.params.size(); ++i) {
       ddp_param p{};
-      p.name = f.params[i].name.c_str(), p.index = i, p.numel = size_t(f.params[i].elements);
-      p.dtype = DDP_FLOAT32, p.trainable = 1;  // `ddp plan` plans runs that train every parameter
-      p.ndim = f.params[i].shape.size(), p.shape = f.params[i].shape.data(), p.unit = unit_of[i], p.uses = 1;
+      p.name = f.params[i].name.c_str();
+      p.index = i;
+      p.numel = size_t(f.params[i].elements);
+      p.dtype = DDP_FLOAT32;  // `ddp plan` plans runs that train every parameter
+      p.trainable = 1;
+      p.ndim = f.params[i].shape.size();
+      p.shape = f.params[i].shape.data();
+      p.unit = unit_of[i];
+      p.uses = 1;
       params_.push_back(p);
     }
     for (size_t u = 0; u < f.units.size(); ++u)
       units_.push_back({f.units[u].name.c_str(), u, f.units[u].params.data(), f.units[u].params.size(),
                         f.units[u].tied.data(), f.units[u].tied.size()});
-    host_.abi_version = DDP_ABI_VERSION, host_.struct_size = sizeof(ddp_host), host_.ctx = this;
-    host_.rank = rank, host_.world_size = run.world, host_.local_rank = rank, host_.device = run.device;
+    host_.abi_version = DDP_ABI_VERSION;
+    host_.struct_size = sizeof(ddp_host);
+    host_.ctx = this;
+    host_.rank = rank;
+    host_.world_size = run.world;
+    host_.local_rank = rank;
+    host_.device = run.device;
     host_.timeout_ms = run.timeout_ms;
     host_.log = [](void*, ddp_log_level, const char*) {};
     host_.set_error = [](void* ctx, const char* m) { self(ctx).error_ = m ? m : ""; };
@@ -64,8 +75,10 @@ class PlanningCall {
  private:
   // The ddp_plan the entry reports through: each callback records into part_.
   void set_up_plan() {
-    plan_.struct_size = sizeof(ddp_plan), plan_.ctx = this;
-    plan_.micro_steps = run_.micro_steps, plan_.clips = run_.clips ? 1 : 0;
+    plan_.struct_size = sizeof(ddp_plan);
+    plan_.ctx = this;
+    plan_.micro_steps = run_.micro_steps;
+    plan_.clips = run_.clips ? 1 : 0;
     plan_.collective = [](void* ctx, const ddp_plan_collective* c) {
       return self(ctx).record([&] {
         if (!c || c->op < DDP_OP_ALL_REDUCE || c->op > DDP_OP_BARRIER || ddp_dtype_size(c->dtype) == 0)
@@ -180,7 +193,8 @@ class PlanningCall {
   const PlanRun& run_;
   PluginPart part_;
   int64_t every_ = 1;  // the period of the collectives reported now (1.8)
-  int64_t buffer_bytes_ = 0, collective_bytes_ = 0;  // recorded so far (each within kMaxPlannedBytes)
+  int64_t buffer_bytes_ = 0;  // recorded so far (each within kMaxPlannedBytes)
+  int64_t collective_bytes_ = 0;
   std::string error_;
   std::deque<std::string> strings_;
   std::vector<ddp_param> params_;

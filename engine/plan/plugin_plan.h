@@ -43,7 +43,8 @@ struct PluginPart {
   std::vector<ddp_plan_collective> collectives;  // a strategy's, in the order they start
   std::vector<int64_t> every;                    // per collective: its period in steps (1.8; 1: every step)
   std::vector<int> groups;                       // per collective: its group's size (1.9; 0: the world)
-  Bytes setup{}, step{};  // its buffers: held from the end of set-up on, from the first step on
+  Bytes setup{};  // its buffers held from the end of set-up on
+  Bytes step{};   // its buffers held from the first step on
   bool says_steps = false;   // it named what its optimizer steps
   int64_t stepped = 0;       // the elements it named
   std::vector<bool> claimed;  // per parameter: its gradient storage claimed

@@ -36,13 +36,17 @@ void add(Bytes& into, const Bytes& b) {
 
 // One rank's memory: the engine's own, then what its plugins hold.
 RankMemory rank_memory(const RunInput& in, const RankParts& part, int64_t per_element) {
-  int64_t params = 0, engine_grads = 0, all = 0, lent = 0;
+  int64_t params = 0;
+  int64_t engine_grads = 0;
+  int64_t all = 0;
+  int64_t lent = 0;
   const auto values_claimed = [&](size_t i) {
     return i < part.strategy.claimed_values.size() && part.strategy.claimed_values[i];
   };
   for (size_t i = 0; i < in.model.params.size(); ++i) {
     const int64_t n = in.model.params[i].elements;
-    params += n * kFloat, all += n;
+    params += n * kFloat;
+    all += n;
     const bool claimed = i < part.strategy.claimed.size() && part.strategy.claimed[i];
     if (!claimed) engine_grads += n * kFloat;
     if (values_claimed(i)) lent += n * kFloat;
@@ -79,7 +83,8 @@ RankMemory rank_memory(const RunInput& in, const RankParts& part, int64_t per_el
 bool same_collectives(const PluginPart& a, const PluginPart& b) {
   if (a.collectives.size() != b.collectives.size() || a.groups != b.groups) return false;
   for (size_t k = 0; k < a.collectives.size(); ++k) {
-    const ddp_plan_collective &x = a.collectives[k], &y = b.collectives[k];
+    const ddp_plan_collective& x = a.collectives[k];
+    const ddp_plan_collective& y = b.collectives[k];
     if (x.op != y.op || x.count != y.count || x.dtype != y.dtype) return false;
   }
   return true;

@@ -135,7 +135,8 @@ class CudaDevice final : public Device {
  public:
   explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
     check(cudaSetDevice(ordinal), ("cudaSetDevice(" + std::to_string(ordinal) + ")").c_str());
-    cudaStream_t compute = nullptr, comm = nullptr;
+    cudaStream_t compute = nullptr;
+    cudaStream_t comm = nullptr;
     check(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "cudaStreamCreate (compute)");
     compute_ = std::make_unique<CudaStream>("compute", compute);
     check(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking), "cudaStreamCreate (comm)");

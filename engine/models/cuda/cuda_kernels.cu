@@ -212,7 +212,8 @@ class CudaKernels final : public Kernels {
   void attention_forward(float* out, float* p, const float* q, const float* k, const float* v,
                          int64_t b, int64_t t, int64_t heads, int64_t dh) override {
     if (b * t * heads * dh == 0) return;
-    const int64_t d = heads * dh, tt = t * t;
+    const int64_t d = heads * dh;
+    const int64_t tt = t * t;
     const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
     for (int64_t s = 0; s < b; ++s) {
       const int64_t off = s * t * d;  // sequence s; head h at + h*dh
@@ -236,7 +237,8 @@ class CudaKernels final : public Kernels {
                           const float* p, const float* q, const float* k, const float* v, int64_t b,
                           int64_t t, int64_t heads, int64_t dh) override {
     if (b * t * heads * dh == 0) return;
-    const int64_t d = heads * dh, tt = t * t;
+    const int64_t d = heads * dh;
+    const int64_t tt = t * t;
     const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
     for (int64_t s = 0; s < b; ++s) {
       const int64_t off = s * t * d;

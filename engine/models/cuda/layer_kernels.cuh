@@ -139,7 +139,8 @@ struct BiasTerm {
 __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* table,
                                          int64_t n, int64_t d) {
   DDP_GRID_STRIDE(idx, n * d) {
-    const int64_t i = idx / d, j = idx - i * d;
+    const int64_t i = idx / d;
+    const int64_t j = idx - i * d;
     out[idx] = table[static_cast<int64_t>(tokens[i]) * d + j];
   }
 }
@@ -232,11 +233,14 @@ struct RmsGainTerm {  // layers.cpp: dy_ij * x_ij * inv, inv = 1 / rms_i
 __global__ void rope_kernel(float* x, const float* cos, const float* sin, int64_t pairs, int64_t t,
                             int64_t heads, int64_t dh, int64_t half, float sign) {
   DDP_GRID_STRIDE(p, pairs) {
-    const int64_t k = p % half, head_row = p / half;  // head_row = bt * heads + h
+    const int64_t k = p % half;
+    const int64_t head_row = p / half;  // bt * heads + h
     const int64_t pos = (head_row / heads) % t;
-    const float c = cos[pos * half + k], sk = sign * sin[pos * half + k];
+    const float c = cos[pos * half + k];
+    const float sk = sign * sin[pos * half + k];
     float* xp = x + head_row * dh + 2 * k;
-    const float x0 = xp[0], x1 = xp[1];
+    const float x0 = xp[0];
+    const float x1 = xp[1];
     xp[0] = c * x0 - sk * x1;
     xp[1] = sk * x0 + c * x1;
   }
@@ -301,7 +305,10 @@ __global__ void swiglu_backward_kernel(float* da, float* db, const float* dout, 
                                        const float* b, int64_t n) {
   // d silu(z)/dz = s (1 + z (1 - s)), s = sigmoid(z)
   DDP_GRID_STRIDE(i, n) {
-    const float z = a[i], s = sigmoid(z), g = dout[i], bi = b[i];
+    const float z = a[i];
+    const float s = sigmoid(z);
+    const float g = dout[i];
+    const float bi = b[i];
     db[i] = g * z * s;
     da[i] = g * bi * s * (1.0f + z * (1.0f - s));
   }
@@ -345,7 +352,8 @@ __global__ void cross_entropy_forward_kernel(float* lse, double* loss, const flo
 __global__ void cross_entropy_gradient_kernel(float* logits, const float* lse,
                                               const int32_t* targets, int64_t n, int64_t v) {
   DDP_GRID_STRIDE(idx, n * v) {
-    const int64_t i = idx / v, j = idx - i * v;
+    const int64_t i = idx / v;
+    const int64_t j = idx - i * v;
     const float p = expf(logits[idx] - lse[i]);
     logits[idx] = j == targets[i] ? p - 1.0f : p;
   }
