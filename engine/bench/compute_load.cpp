@@ -39,8 +39,7 @@ void ComputeLoad::loop() {
   std::vector<float> c(size_t(m) * n);
   running_ = true;
   while (!stop_.load()) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(),
-                n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
   }
 }
 

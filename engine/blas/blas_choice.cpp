@@ -4,13 +4,13 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/wait.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#include <csignal>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <optional>
 
 #include <algorithm>
@@ -24,11 +24,11 @@
 #include <sstream>
 
 #include "atomic_file.h"
-#include "signal_name.h"
-#include "error.h"
 #include "blas_info.h"
 #include "blas_kernels.h"
 #include "env.h"
+#include "error.h"
+#include "signal_name.h"
 
 namespace ddp {
 
@@ -39,8 +39,7 @@ json BlasChoice::json() const { return {{"kernel", kernel}, {"source", source}, 
 std::string blas_cache_path() {
   namespace fs = std::filesystem;
   if (!env().cache_dir.empty()) return (fs::path(env().cache_dir) / "blas-kernel.json").string();
-  if (const char* x = env().get("XDG_CACHE_HOME"); x && *x)
-    return (fs::path(x) / "ddp" / "blas-kernel.json").string();
+  if (const char* x = env().get("XDG_CACHE_HOME"); x && *x) return (fs::path(x) / "ddp" / "blas-kernel.json").string();
   const char* home = env().get("HOME");
   return (fs::path(home && *home ? home : "/tmp") / ".cache" / "ddp" / "blas-kernel.json").string();
 }
@@ -118,8 +117,10 @@ std::optional<std::string> run_child(const std::string& exe, const std::vector<s
     const int null = open("/dev/null", O_WRONLY);
     dup2(out[1], 1);
     dup2(null, 2);
-    if (kernel == "default") unsetenv("OPENBLAS_CORETYPE");
-    else setenv("OPENBLAS_CORETYPE", kernel.c_str(), 1);
+    if (kernel == "default")
+      unsetenv("OPENBLAS_CORETYPE");
+    else
+      setenv("OPENBLAS_CORETYPE", kernel.c_str(), 1);
     execv(exe.c_str(), argv.data());  // (exec restores the caught signals' default actions)
     _exit(127);
   }
@@ -144,12 +145,12 @@ std::optional<std::string> run_child(const std::string& exe, const std::vector<s
     kill(pid, SIGKILL);
   }
   if (pid > 0)
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
   close(out[0]);
   if (sig > 0)
     throw Error(std::string("interrupted by ") + signal_name(sig) + " while choosing the BLAS kernel: the probe of " +
-                kernel + " was stopped, and no rank started", DDP_ERR_INTERNAL);
+                    kernel + " was stopped, and no rank started",
+                DDP_ERR_INTERNAL);
   if (pid <= 0 || late || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
   return text;
 }
@@ -201,8 +202,8 @@ BlasChoice measure(const std::vector<GemmShape>& shapes, const std::string& exe,
     for (size_t i = 0; i < order.size(); ++i) {
       const std::string& k = order[(i + size_t(round)) % order.size()];
       if (std::chrono::steady_clock::now() - began > std::chrono::seconds(2))  // a long one: say where it is
-        std::cerr << "BLAS kernel: probing " << k << " (" << i + 1 << " of " << order.size() << ", round "
-                  << round + 1 << " of " << kRounds << ")..." << std::endl;
+        std::cerr << "BLAS kernel: probing " << k << " (" << i + 1 << " of " << order.size() << ", round " << round + 1
+                  << " of " << kRounds << ")..." << std::endl;
       const json r = run_probe(exe, k, shapes, threads);
       if (r.is_object() && r.contains("error")) out_of_memory = r["error"].get<std::string>();
       const std::string core = r.is_object() ? r.value("corename", "") : "";
@@ -223,8 +224,10 @@ BlasChoice measure(const std::vector<GemmShape>& shapes, const std::string& exe,
       best.kernel = k;
     }
   if (best.kernel.empty() && !out_of_memory.empty())
-    throw Error("BLAS kernel: the probe ran out of memory (" + out_of_memory + "): the model's GEMMs need more "
-                "memory than this host gives, whatever the kernel", DDP_ERR_OUT_OF_MEMORY);
+    throw Error("BLAS kernel: the probe ran out of memory (" + out_of_memory +
+                    "): the model's GEMMs need more "
+                    "memory than this host gives, whatever the kernel",
+                DDP_ERR_OUT_OF_MEMORY);
   if (best.kernel.empty())
     throw Error("BLAS kernel: no candidate ran the model's GEMMs correctly (OpenBLAS " + blas_build() +
                 "); set OPENBLAS_CORETYPE or run.blas_kernel");
@@ -289,8 +292,9 @@ bool cpu_supports(const std::string& feature) {
 // A kernel given by the user, refused where this CPU cannot run it.
 BlasChoice given_kernel(const std::string& kernel, const std::string& source, const std::string& where) {
   if (const std::string lacks = missing_cpu_feature(kernel, cpu_supports); !lacks.empty())
-    throw Error(where + " needs the CPU feature " + lacks + ", which this CPU lacks (its GEMMs would die of an "
-                "illegal instruction): remove it, or name a kernel this CPU runs",
+    throw Error(where + " needs the CPU feature " + lacks +
+                    ", which this CPU lacks (its GEMMs would die of an "
+                    "illegal instruction): remove it, or name a kernel this CPU runs",
                 DDP_ERR_INVALID_ARGUMENT);
   return {kernel, source};
 }
@@ -338,8 +342,7 @@ void apply_cached_blas_kernel(char** argv) {
   // most work, the likeliest to hold for a real model.
   const json* best = nullptr;
   for (const auto& [shapes, entry] : cache[key].items())
-    if (usable(entry) && (!best || entry.value("gflop", 0.0) > best->value("gflop", 0.0)))
-      best = &entry;
+    if (usable(entry) && (!best || entry.value("gflop", 0.0) > best->value("gflop", 0.0))) best = &entry;
   if (!best) return;
   const std::string kernel = best->value("kernel", "");
   BlasChoice choice{kernel, "cache", best->value("timings_s", json::object())};

@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "blas_info.h"
 #include "data.h"
 #include "device.h"
-#include "blas_info.h"
 #include "layers.h"
 #include "registry.h"
 

@@ -9,8 +9,8 @@
 #include <random>
 #include <sstream>
 
-#include "error.h"
 #include "blas_info.h"
+#include "error.h"
 
 namespace ddp {
 
@@ -71,8 +71,8 @@ std::pair<double, double> time_one(const GemmShape& s, int repeats, std::mt19937
   double best = INFINITY;
   for (int r = 0; r <= repeats; ++r) {  // the first is a warm-up
     const auto begin = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(s.m), blas_int(s.n), blas_int(s.k), 1.0f,
-                a.data(), blas_int(s.k), b.data(), blas_int(s.n), 0.0f, c.data(), blas_int(s.n));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(s.m), blas_int(s.n), blas_int(s.k), 1.0f, a.data(),
+                blas_int(s.k), b.data(), blas_int(s.n), 0.0f, c.data(), blas_int(s.n));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     if (r > 0) best = std::min(best, seconds);
   }
@@ -118,9 +118,12 @@ nlohmann::json probe_gemms(const std::vector<GemmShape>& shapes, int repeats, in
     flop += 2.0 * double(s.m) * double(s.k) * double(s.n);
     worst = std::max(worst, err);
   }
-  return {{"corename", openblas_get_corename()}, {"config", openblas_get_config()},
-          {"seconds", seconds},                  {"gflops", flop / seconds / 1e9},
-          {"worst_error", worst},                {"ok", worst < 1e-4}};
+  return {{"corename", openblas_get_corename()},
+          {"config", openblas_get_config()},
+          {"seconds", seconds},
+          {"gflops", flop / seconds / 1e9},
+          {"worst_error", worst},
+          {"ok", worst < 1e-4}};
 }
 
 }  // namespace ddp

@@ -34,8 +34,8 @@ std::string unreadable_in(const std::string& maps, uintptr_t begin, size_t bytes
     covered = uintptr_t(stop);
   }
   if (covered >= end) return "";
-  return what + " run past the memory mapped there (" + (covered == begin ? "nothing readable at " + hex(begin)
-                                                                           : "unmapped from " + hex(covered)) + ")";
+  return what + " run past the memory mapped there (" +
+         (covered == begin ? "nothing readable at " + hex(begin) : "unmapped from " + hex(covered)) + ")";
 }
 
 std::string unreadable(const void* begin, size_t bytes) {

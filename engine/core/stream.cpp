@@ -11,8 +11,7 @@ Stream::Stream(std::string name, bool threaded) : name_(std::move(name)), thread
   if (threaded_) thread_ = std::thread([this] { loop(); });
 }
 
-Stream::Stream(std::string name, void* native)
-    : name_(std::move(name)), threaded_(true), native_(native) {}
+Stream::Stream(std::string name, void* native) : name_(std::move(name)), threaded_(true), native_(native) {}
 
 Stream::~Stream() {
   if (!thread_.joinable()) return;
@@ -114,8 +113,7 @@ bool Stream::drained_within(std::chrono::milliseconds limit) {
   if (native_) {
     try {
       synchronize();
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
     return true;
   }
   std::unique_lock<std::mutex> lock(mutex_);
@@ -217,8 +215,7 @@ void Event::wait_native(std::chrono::milliseconds limit) const {
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
-  if (native->stream->failed_before(native->point))
-    throw Error(native->stream->error(), native->stream->error_kind());
+  if (native->stream->failed_before(native->point)) throw Error(native->stream->error(), native->stream->error_kind());
 }
 
 void Event::synchronize(std::chrono::milliseconds limit) {

@@ -60,7 +60,6 @@ inline double sum_squares_while(const float* g, size_t n, Each&& each) {
 }
 
 // The constants for step `step` (1-based) with these hyper-parameters.
-AdamScalars adamw_scalars(double lr, double weight_decay, double beta1, double beta2, double eps,
-                          int64_t step);
+AdamScalars adamw_scalars(double lr, double weight_decay, double beta1, double beta2, double eps, int64_t step);
 
 }  // namespace ddp

@@ -2,8 +2,8 @@
 #include "spawn.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -71,8 +71,7 @@ std::vector<RankProcess> spawn_ranks(std::vector<std::string> args, std::vector<
       kill(p.pid, SIGKILL);
       close(p.channel);
     }
-    while (wait(nullptr) > 0) {
-    }
+    while (wait(nullptr) > 0) {}
     throw Error("cannot start rank " + std::to_string(r) + ": " + std::strerror(err));
   };
   for (size_t r = 0; r < envs.size(); ++r) {

@@ -88,9 +88,7 @@ class LmModel final : public Model {
   static constexpr size_t kW2 = 7;
   static constexpr size_t kW3 = 8;
   static constexpr size_t kPerLayer = 9;
-  size_t layer_param(int64_t layer, size_t which) const {
-    return 1 + static_cast<size_t>(layer) * kPerLayer + which;
-  }
+  size_t layer_param(int64_t layer, size_t which) const { return 1 + static_cast<size_t>(layer) * kPerLayer + which; }
   size_t ln_final_index() const { return 1 + static_cast<size_t>(config_.num_layers) * kPerLayer; }
   size_t lm_head_index() const { return ln_final_index() + 1; }
   const float* w(size_t index) const { return values(index); }
@@ -155,11 +153,11 @@ class LmModel final : public Model {
   Tensor dresid_;  // [N, D] d loss / d residual stream
   Tensor dln_;     // [N, D] d loss / d RMSNorm output
   Tensor datt_;    // [N, D]
-  Tensor dq_;  // [N, D]
+  Tensor dq_;      // [N, D]
   Tensor dk_;
   Tensor dv_;
-  Tensor dgate_;   // [N, F]
-  Tensor da_;  // [N, F]
+  Tensor dgate_;  // [N, F]
+  Tensor da_;     // [N, F]
   Tensor db_;
   Tensor dscores_;  // attention backward's scratch (CPU: [T, T])
 };

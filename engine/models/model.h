@@ -23,9 +23,9 @@ struct Parameter {
   std::string name;
   Shape shape;
   bool trainable = true;
-  int uses = 1;  // uses per forward (2 for a tied weight)
+  int uses = 1;               // uses per forward (2 for a tied weight)
   size_t unit = DDP_NO_UNIT;  // the unit that owns it (Model::units)
-  Tensor data;   // category Parameters
+  Tensor data;                // category Parameters
   // Category Gradients, iff trainable: a view of the block pack_gradients
   // makes (undefined until it has run: the engine runs it once the
   // strategy could claim), or of the strategy's memory where it claimed

@@ -15,9 +15,9 @@
 #include <sys/resource.h>
 
 #include "config_plan.h"
-#include "plugin_loader.h"
 #include "error.h"
 #include "isolated.h"
+#include "plugin_loader.h"
 #include "registry.h"
 
 namespace ddp {
@@ -41,8 +41,10 @@ int64_t cgroup_bytes(const std::string& text) {
 // "16.7 GB"; under 0.1 GB, in MB ("35.2 MB"), where GB would round to 0.0.
 std::string gb(int64_t bytes) {
   char out[32];
-  if (bytes < 100000000) std::snprintf(out, sizeof out, "%.1f MB", double(bytes) / 1e6);
-  else std::snprintf(out, sizeof out, "%.1f GB", double(bytes) / 1e9);
+  if (bytes < 100000000)
+    std::snprintf(out, sizeof out, "%.1f MB", double(bytes) / 1e6);
+  else
+    std::snprintf(out, sizeof out, "%.1f GB", double(bytes) / 1e9);
   return out;
 }
 
@@ -96,7 +98,9 @@ std::optional<plan::RunPlan> plan_with(const Config& c, const std::vector<std::s
 bool fits(const std::optional<plan::RunPlan>& p, const HostMemory& host) {
   return p && fit_shortfall(peaks_of(*p), host).empty();
 }
-std::string needs(const std::string& what, const plan::RunPlan& p) { return "; " + what + " needs " + gb(sum(peaks_of(p))); }
+std::string needs(const std::string& what, const plan::RunPlan& p) {
+  return "; " + what + " needs " + gb(sum(peaks_of(p)));
+}
 // A key in the plugin's own table, where a --set of the user's may have put it too (the later wins).
 std::string key_of(const std::string& plugin, const std::string& key) {
   return "strategy." + plugin_table_name(plugin) + "." + key;
@@ -161,7 +165,8 @@ std::string world_that_fits(const Config& c, const HostMemory& host) {
     Config fewer = c;
     fewer.run.world_size = w;
     const std::vector<int64_t> peaks = peaks_of(plan_of(fewer));
-    if (fit_shortfall(peaks, host).empty()) return "; run.world_size = " + std::to_string(w) + " needs " + gb(sum(peaks));
+    if (fit_shortfall(peaks, host).empty())
+      return "; run.world_size = " + std::to_string(w) + " needs " + gb(sum(peaks));
   }
   return "";
 }
@@ -244,7 +249,8 @@ std::string rank_limit_shortfall(const std::vector<int64_t>& peaks, const HostMe
   if (host.rank_limit < 0 || peaks.empty()) return "";
   const int64_t most = *std::max_element(peaks.begin(), peaks.end());
   if (add_or_most(most, host.rank_baseline) <= host.rank_limit) return "";
-  return "needs " + gb(add_or_most(most, host.rank_baseline)) + " a rank (" + gb(most) + " planned + " + gb(host.rank_baseline) +
+  return "needs " + gb(add_or_most(most, host.rank_baseline)) + " a rank (" + gb(most) + " planned + " +
+         gb(host.rank_baseline) +
          " a rank's process maps before its run's memory: libraries, thread stacks, BLAS buffers), more than " +
          host.rank_limit_source + " allows each process (" + gb(host.rank_limit) + ")";
 }

@@ -131,21 +131,20 @@ RunPlan plan_run(const RunInput& in, const std::vector<RankParts>& parts) {
 
 double collective_seconds(const Collective& c, const strategy::OverheadFit& idle, int world,
                           const strategy::OverheadFit* busy) {
-  world = c.ranks(world);  // a group's collective crosses between its ranks (1.9)
+  world = c.ranks(world);     // a group's collective crosses between its ranks (1.9)
   if (world < 2) return 0.0;  // nothing crosses between ranks
   const strategy::OverheadFit& fit = busy && c.beside_compute ? *busy : idle;
   // An all-reduce of b bytes moves bus_bytes = 2 (N - 1) / N b in b / w: the
   // link moves bus bytes at that rate, whatever the collective.
   const double all_reduce_bus = static_cast<double>(bus_bytes("all_reduce", 1 << 20, world)) / (1 << 20);
-  return std::max(0.0, fit.o_s + static_cast<double>(bus_bytes(c.op.c_str(), c.bytes, world)) / all_reduce_bus /
-                           fit.w_bytes_per_s);
+  return std::max(
+      0.0, fit.o_s + static_cast<double>(bus_bytes(c.op.c_str(), c.bytes, world)) / all_reduce_bus / fit.w_bytes_per_s);
 }
 
 double comm_seconds(const std::vector<Collective>& collectives, const strategy::OverheadFit& fit, int world,
                     const strategy::OverheadFit* busy) {
   double seconds = 0.0;
-  for (const Collective& c : collectives)
-    seconds += collective_seconds(c, fit, world, busy);
+  for (const Collective& c : collectives) seconds += collective_seconds(c, fit, world, busy);
   return seconds;
 }
 

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include <ddp/overhead_model.hpp>
 #include <ddp/plugin.h>
+#include <ddp/overhead_model.hpp>
 
 #include "model.h"
 #include "plugin_plan.h"
