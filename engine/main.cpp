@@ -7,8 +7,8 @@
 //                  [--bench-busy FILE]
 //                  [--mesh X,Y] [--hardware NAME] [--hw KEY=VALUE]... [--axes MX,MY] [--tokens N]
 //                  [--activation-shard F] [--precision CLASS=BYTES]...
-#include <CLI/CLI.hpp>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdlib>
 #include <filesystem>
@@ -23,18 +23,18 @@
 #include "atomic_file.h"
 #include "bench_comm.h"
 #include "blas_choice.h"
-#include "gemm_floor.h"
-#include "huge_pages.h"
-#include "isolated.h"
 #include "checkpoint.h"
 #include "config.h"
 #include "env.h"
 #include "fit_check.h"
+#include "gemm_floor.h"
+#include "huge_pages.h"
+#include "isolated.h"
 #include "launcher.h"
 #include "plan_command.h"
 #include "plugin_loader.h"
-#include "registry.h"
 #include "rank_env.h"
+#include "registry.h"
 #include "trace.h"
 #include "trainer.h"
 #include "whereabouts.h"
@@ -75,7 +75,8 @@ int run_as_rank(const Config& config) {
   return run_rank(
       [&](const RankEnv& env) {
         // Under another launcher rank 0 holds the output directory itself.
-        std::unique_ptr<DirectoryLock> lock, checkpoint_lock;
+        std::unique_ptr<DirectoryLock> lock;
+        std::unique_ptr<DirectoryLock> checkpoint_lock;
         if (env.rank.rank == 0 && !whereabouts::has_channel()) {
           lock = std::make_unique<DirectoryLock>(config.run.output_dir, "run.output_dir");
           checkpoint_lock = lock_checkpoint_dir(config);
@@ -225,7 +226,8 @@ int launch_run(const Config& config, const std::string& config_path, const std::
     const std::string from = resume.empty() ? "" : resolve_checkpoint(config.checkpoint.dir, resume);
     std::cerr << "ddp: restarting the run (" << attempt + 1 << " of run.max_restarts = " << config.run.max_restarts
               << ") from " << (from.empty() ? "the start" : from) << std::endl;
-    restarts.push_back({{"failure", outcome.message}, {"resumed_from", from.empty() ? nlohmann::json() : nlohmann::json(from)}});
+    restarts.push_back(
+        {{"failure", outcome.message}, {"resumed_from", from.empty() ? nlohmann::json() : nlohmann::json(from)}});
   }
 }
 
@@ -255,8 +257,7 @@ CLI::App* add_bench_comm(CLI::App& app, ddp::BenchOptions& bench, std::vector<st
       ->check(CLI::Range(1, 1000000));
   bc->add_option("--out", bench.out_dir, "where bench_comm.json and bench_comm.csv go")
       ->check(CLI::Validator(
-          [](const std::string& dir) { return dir.empty() ? "empty (\".\" is the working directory)" : ""; },
-          "DIR"))
+          [](const std::string& dir) { return dir.empty() ? "empty (\".\" is the working directory)" : ""; }, "DIR"))
       ->capture_default_str();
   bc->add_option("--set", bench.transport_sets, "a transport key: transport.key=value (repeatable)")->take_all();
   bc->add_option("--timeout", bench.timeout_s, "seconds a collective or the rendezvous may take")
@@ -286,8 +287,7 @@ CLI::App* add_plan(CLI::App& app, ddp::PlanOptions& p) {
   plan->add_option("--hardware", p.hardware, "h100-80gb or tpu-v5p (memory, W, C)")->capture_default_str();
   plan->add_option("--hw", p.hardware_set, "memory=BYTES, bandwidth=BYTES_PER_S or flops=FLOP_PER_S (repeatable)")
       ->take_all();
-  plan->add_option("--axes", p.axes, "M_X, M_Y: mesh axes X and Y span (default: the hardware's)")
-      ->delimiter(',');
+  plan->add_option("--axes", p.axes, "M_X, M_Y: mesh axes X and Y span (default: the hardware's)")->delimiter(',');
   plan->add_option("--tokens", p.tokens, "the batch in tokens (the mesh's activations and compute)");
   plan->add_option("--activation-shard", p.activation_shard, "fraction of activations sharded over X")
       ->capture_default_str();
@@ -303,9 +303,12 @@ CLI::App* add_plan(CLI::App& app, ddp::PlanOptions& p) {
 struct BlasCommands {
   CLI::App* probe = nullptr;
   CLI::App* floor = nullptr;
-  std::string shapes, config;
+  std::string shapes;
+  std::string config;
   std::vector<std::string> sets;
-  int probe_repeats = 3, probe_threads = 1, floor_repeats = 5;
+  int probe_repeats = 3;
+  int probe_threads = 1;
+  int floor_repeats = 5;
 };
 
 void add_blas_commands(CLI::App& app, BlasCommands& b) {
@@ -325,9 +328,9 @@ void add_blas_commands(CLI::App& app, BlasCommands& b) {
 
 int blas_command(const BlasCommands& b, char** argv) {
   ddp::restart_with_huge_pages(argv);  // its GEMMs on the memory a rank's would be on
-  const nlohmann::json out = b.probe->parsed() ? ddp::probe_gemms(ddp::parse_shapes(b.shapes), b.probe_repeats,
-                                                                   b.probe_threads)
-                                               : ddp::gemm_floor(ddp::load_config(b.config, b.sets), b.floor_repeats);
+  const nlohmann::json out = b.probe->parsed()
+                                 ? ddp::probe_gemms(ddp::parse_shapes(b.shapes), b.probe_repeats, b.probe_threads)
+                                 : ddp::gemm_floor(ddp::load_config(b.config, b.sets), b.floor_repeats);
   std::cout << out.dump() << "\n";
   return 0;
 }
@@ -382,7 +385,7 @@ int main(int argc, char** argv) {
   ddp::ask_for_huge_pages();  // for the processes this one starts (huge_pages.h)
   CLI::App app{"ddp: data-parallel training with plugin strategies and transports"};
   app.set_version_flag("--version", "ddp 0.2.0 (plugin ABI " + std::to_string(DDP_ABI_VERSION_MAJOR) + "." +
-                                           std::to_string(DDP_ABI_VERSION_MINOR) + ")");
+                                        std::to_string(DDP_ABI_VERSION_MINOR) + ")");
   app.require_subcommand(1);
   std::string config_path;
   std::vector<std::string> overrides;
@@ -394,8 +397,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI::App* run = app.add_subcommand("run", "train as the TOML file says (starts run.world_size ranks)");
   run->add_option("config", config_path, "the run's TOML file")->required();
-  run->add_option("--set", overrides, "override a key: section.key=value (TOML value; repeatable)")
-      ->take_all();
+  run->add_option("--set", overrides, "override a key: section.key=value (TOML value; repeatable)")->take_all();
   std::string resume;
   CLI::Option* resume_option =
       run->add_option("--resume", resume,

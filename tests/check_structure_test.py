@@ -255,7 +255,7 @@ class CommaStatements(unittest.TestCase):
                 "namespace n { void h(std::function<void(int, int)> k); }\n")
         self.assertEqual(self.found(text), [])
 
-    def test_a_plugin_finding_fails_and_an_engine_one_is_reported_only(self):
+    def test_a_plugin_finding_fails_and_an_engine_train_one_is_reported_only(self):
         tree = dict(CLEAN)
         tree["strategies/naive/naive.cpp"] = '#include "../common/util.h"\nvoid f() {\n  int a = 0, b = 0;\n}\n'
         tree["engine/train/trainer.cpp"] = '#include "config.h"\nvoid g() {\n  a = 1, b = 2;\n}\n'
@@ -263,14 +263,22 @@ class CommaStatements(unittest.TestCase):
         self.assertEqual(code, 1, out)
         self.assertIn("strategies/naive/naive.cpp:3: a comma joins statements or declarations", out)
         self.assertIn("note (report-only, COMMA_RULE_REPORT_ONLY): engine/train/trainer.cpp:3: a comma joins", out)
-        self.assertEqual(checker.COMMA_RULE_REPORT_ONLY, ("engine/",))
+        self.assertEqual(checker.COMMA_RULE_REPORT_ONLY, ("engine/train/", "engine/host/"))
 
     def test_a_report_only_finding_alone_passes(self):
         tree = dict(CLEAN)
-        tree["engine/models/model.h"] = '#pragma once\n#include "error.h"\nstruct M {\n  int a, b;\n};\n'
+        tree["engine/host/host.h"] = '#pragma once\n#include "error.h"\nstruct M {\n  int a, b;\n};\n'
         code, out = run(tree)
         self.assertEqual(code, 0, out)
-        self.assertIn("note (report-only, COMMA_RULE_REPORT_ONLY): engine/models/model.h:4: a comma joins", out)
+        self.assertIn("note (report-only, COMMA_RULE_REPORT_ONLY): engine/host/host.h:4: a comma joins", out)
+
+    def test_an_engine_finding_outside_train_and_host_fails(self):
+        tree = dict(CLEAN)
+        tree["engine/models/model.h"] = '#pragma once\n#include "error.h"\nstruct M {\n  int a, b;\n};\n'
+        code, out = run(tree)
+        self.assertEqual(code, 1, out)
+        self.assertIn("engine/models/model.h:4: a comma joins statements or declarations", out)
+        self.assertNotIn("note (report-only, COMMA_RULE_REPORT_ONLY): engine/models/model.h", out)
 
 
 if __name__ == "__main__":

@@ -476,9 +476,10 @@ def check_strategy_names(root, files, findings):
 # in C/C++ product code: one statement or declaration per line, so that a
 # line budget is not met by joining lines. COMMA_RULE_REPORT_ONLY lists the
 # folders whose findings are printed as notes and do not fail the check
-# (engine/ and models/ until their findings are fixed; then empty it).
+# (engine/train/ and engine/host/ until their findings are fixed; then
+# empty it).
 COMMA_RULE_FOLDERS = ("engine/", "plugins/", "strategies/")
-COMMA_RULE_REPORT_ONLY = ("engine/",)
+COMMA_RULE_REPORT_ONLY = ("engine/train/", "engine/host/")
 COMMA_BLOCK_WORDS = {"else", "do", "try", "mutable", "noexcept", "const", "override", "final"}
 COMMA_HEAD_RE = re.compile(r"\b(?:namespace|class|struct|union|enum|extern)\b[^;{}()]*$")
 COMMA_TEMPLATE_RE = re.compile(r"<[^<>;{}]*>")

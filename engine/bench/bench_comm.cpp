@@ -20,12 +20,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <ddp/overhead_model.hpp>
 #include "atomic_file.h"
 #include "compute_load.h"
 #include "device.h"
 #include "isolated.h"
 #include "launcher.h"
-#include <ddp/overhead_model.hpp>
 #include "plugin_host.h"
 #include "plugin_loader.h"
 #include "rank.h"
@@ -45,7 +45,8 @@ struct Row {
   Collective op = Collective::AllReduce;
   int world = 1;
   size_t bytes = 0;  // S actually moved
-  int iters = 0, warmup = 0;
+  int iters = 0;
+  int warmup = 0;
   std::string load = "none";  // --load
   TimeStats time;
   double algbw() const { return double(bytes) / time.mean_s / 1e9; }
@@ -53,9 +54,10 @@ struct Row {
 };
 
 json to_json(const Row& r) {
-  return {{"transport", r.transport}, {"op", to_string(r.op)}, {"world", r.world}, {"bytes", r.bytes},
-          {"size", format_size(r.bytes)}, {"iters", r.iters}, {"warmup", r.warmup}, {"mean_s", r.time.mean_s},
-          {"median_s", r.time.median_s}, {"algbw_GBps", r.algbw()}, {"busbw_GBps", r.busbw()}, {"load", r.load}};
+  return {{"transport", r.transport}, {"op", to_string(r.op)},        {"world", r.world},
+          {"bytes", r.bytes},         {"size", format_size(r.bytes)}, {"iters", r.iters},
+          {"warmup", r.warmup},       {"mean_s", r.time.mean_s},      {"median_s", r.time.median_s},
+          {"algbw_GBps", r.algbw()},  {"busbw_GBps", r.busbw()},      {"load", r.load}};
 }
 
 Row row_from_json(const json& j) {
@@ -94,7 +96,9 @@ json overhead_fits(const std::vector<Row>& rows) {
         timings.push_back({double(q.bytes), q.time.median_s});
     try {
       const strategy::OverheadFit fit = strategy::fit_overhead(timings);
-      fits.push_back({{"transport", r.transport}, {"world", r.world}, {"o_s", fit.o_s},
+      fits.push_back({{"transport", r.transport},
+                      {"world", r.world},
+                      {"o_s", fit.o_s},
                       {"w_bytes_per_s", std::isinf(fit.w_bytes_per_s) ? json(nullptr) : json(fit.w_bytes_per_s)}});
     } catch (const std::invalid_argument&) {  // one size only: nothing to fit
     }
@@ -108,10 +112,9 @@ void write_outputs(const std::vector<Row>& rows, const std::string& out_dir, con
   std::cout << "| transport | op | size | world | iters | mean ms | median ms | algbw GB/s | busbw GB/s |\n"
             << "|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows)
-    std::cout << "| " << r.transport << " | " << to_string(r.op) << " | " << format_size(r.bytes) << " | "
-              << r.world << " | " << r.iters << " | " << fixed(r.time.mean_s * 1e3, 3) << " | "
-              << fixed(r.time.median_s * 1e3, 3) << " | " << fixed(r.algbw(), 3) << " | " << fixed(r.busbw(), 3)
-              << " |\n";
+    std::cout << "| " << r.transport << " | " << to_string(r.op) << " | " << format_size(r.bytes) << " | " << r.world
+              << " | " << r.iters << " | " << fixed(r.time.mean_s * 1e3, 3) << " | " << fixed(r.time.median_s * 1e3, 3)
+              << " | " << fixed(r.algbw(), 3) << " | " << fixed(r.busbw(), 3) << " |\n";
   const json fits = overhead_fits(rows);
   if (!fits.empty()) {
     std::cout << "\nall_reduce fitted to t = o + bytes / w (median times; least squares, relative residuals):\n\n"
@@ -119,7 +122,8 @@ void write_outputs(const std::vector<Row>& rows, const std::string& out_dir, con
     for (const json& f : fits)
       std::cout << "| " << f["transport"].get<std::string>() << " | " << f["world"].get<int>() << " | "
                 << fixed(f["o_s"].get<double>() * 1e6, 1) << " | "
-                << (f["w_bytes_per_s"].is_null() ? std::string("inf") : fixed(f["w_bytes_per_s"].get<double>() / 1e9, 3))
+                << (f["w_bytes_per_s"].is_null() ? std::string("inf")
+                                                 : fixed(f["w_bytes_per_s"].get<double>() / 1e9, 3))
                 << " |\n";
   }
   std::cout.flush();
@@ -127,8 +131,9 @@ void write_outputs(const std::vector<Row>& rows, const std::string& out_dir, con
   fs::create_directories(out_dir);
   json all = json::array();
   for (const Row& r : rows) all.push_back(to_json(r));
-  const json doc = {{"conventions", "nccl-tests: time = mean over ranks per iteration, mean/median over iterations; "
-                                    "algbw = bytes / mean time; busbw = algbw * bus factor; sizes binary, GB/s = 1e9 B/s"},
+  const json doc = {{"conventions",
+                     "nccl-tests: time = mean over ranks per iteration, mean/median over iterations; "
+                     "algbw = bytes / mean time; busbw = algbw * bus factor; sizes binary, GB/s = 1e9 B/s"},
                     {"load", load},
                     {"rows", all},
                     {"overhead_fit", fits}};
@@ -193,8 +198,7 @@ class BenchRank {
   ~BenchRank() {
     try {
       device_->comm_stream().synchronize();
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
     if (comm_) api_->destroy(comm_);
   }
 
@@ -215,23 +219,20 @@ class BenchRank {
 
   // Enqueues `op` on the comm stream and waits for it on this thread.
   void collective(Collective op, const Buffer& send, const Buffer& recv) {
-    const ddp_buffer s = send.view(), r = recv.view();
+    const ddp_buffer s = send.view();
+    const ddp_buffer r = recv.view();
     switch (op) {
       case Collective::AllReduce:
         host_->check(api_->all_reduce(comm_, &s, DDP_REDUCE_SUM, stream()), "all_reduce");
         break;
-      case Collective::AllGather:
-        host_->check(api_->all_gather(comm_, &s, &r, stream()), "all_gather");
-        break;
+      case Collective::AllGather: host_->check(api_->all_gather(comm_, &s, &r, stream()), "all_gather"); break;
       case Collective::ReduceScatter:
         if (!api_->reduce_scatter)
           throw Error(std::string("transport '") + api_->name + "' has no reduce_scatter: leave it out of --ops",
                       DDP_ERR_UNSUPPORTED);
         host_->check(api_->reduce_scatter(comm_, &s, &r, DDP_REDUCE_SUM, stream()), "reduce_scatter");
         break;
-      case Collective::Broadcast:
-        host_->check(api_->broadcast(comm_, &s, 0, stream()), "broadcast");
-        break;
+      case Collective::Broadcast: host_->check(api_->broadcast(comm_, &s, 0, stream()), "broadcast"); break;
     }
     wait();
   }
@@ -276,15 +277,16 @@ class BenchRank {
     row.time = aggregate_times(gather(mine));
     if (rank() == 0)
       std::cerr << "bench-comm: " << row.transport << " world " << row.world << ": " << to_string(op) << " "
-                << format_size(row.bytes) << ": " << row.iters << " iterations, mean " << fixed(row.time.mean_s * 1e3, 3)
-                << " ms, busbw " << fixed(row.busbw(), 3) << " GB/s" << std::endl;
+                << format_size(row.bytes) << ": " << row.iters << " iterations, mean "
+                << fixed(row.time.mean_s * 1e3, 3) << " ms, busbw " << fixed(row.busbw(), 3) << " GB/s" << std::endl;
     return row;
   }
 
   // One untimed run on known values, checked everywhere: rank r holds r + 1
   // (reduce_scatter: chunk c of rank r holds (r + 1)(c + 1)).
   void check_result(Collective op, size_t bytes, Buffer& send, Buffer& recv) {
-    const size_t n = size_t(world()), r = size_t(rank());
+    const size_t n = size_t(world());
+    const size_t r = size_t(rank());
     if (op == Collective::ReduceScatter) {
       for (size_t i = 0; i < send.count; ++i) send.host()[i] = float((r + 1) * (i / recv.count + 1));
     } else {
@@ -314,7 +316,8 @@ class BenchRank {
   // (On a GPU through device copies: a transport may read device memory only.)
   std::vector<std::vector<double>> gather(const std::vector<double>& mine) {
     std::vector<double> all(mine.size() * size_t(world()));
-    Buffer send_copy(*device_, 2 * mine.size()), recv_copy(*device_, 2 * all.size());  // doubles in floats
+    Buffer send_copy(*device_, 2 * mine.size());  // doubles in floats
+    Buffer recv_copy(*device_, 2 * all.size());
     std::memcpy(send_copy.host(), mine.data(), mine.size() * sizeof(double));
     send_copy.upload();
     const ddp_buffer send{send_copy.data, mine.size(), DDP_FLOAT64, device_->kind()};
@@ -357,16 +360,17 @@ std::string number_text(double x) {
 // The transport's caps, read in a process of its own within the collectives'
 // bound (isolated.h): its constructors cannot take the launcher down.
 uint64_t transport_caps(const std::string& transport, double timeout_s) {
-  const std::string caps =
-      run_isolated("bench-comm", std::chrono::milliseconds(int64_t(timeout_s * 1000)),
-                   [&] { return std::to_string(load_plugin(PluginKind::Transport, transport)->transport()->caps); });
+  const std::string caps = run_isolated("bench-comm", std::chrono::milliseconds(int64_t(timeout_s * 1000)), [&] {
+    return std::to_string(load_plugin(PluginKind::Transport, transport)->transport()->caps);
+  });
   return std::stoull(caps);
 }
 
 }  // namespace
 
 int bench_comm(const BenchOptions& options) {
-  std::vector<std::string> sizes, ops;
+  std::vector<std::string> sizes;
+  std::vector<std::string> ops;
   for (size_t s : options.sizes) sizes.push_back(format_size(s));
   for (Collective op : options.ops) ops.push_back(to_string(op));
   plugin_section_from_overrides("transport", options.transport_sets);  // bad --set: refused before any rank starts
@@ -388,12 +392,19 @@ int bench_comm(const BenchOptions& options) {
     }
     for (int world : options.worlds) {
       const std::string part = (fs::path(options.out_dir) / (".part-" + std::to_string(::getpid()) + ".json")).string();
-      std::vector<std::string> args = {"ddp", "bench-comm", "--transport", transport, "--world", std::to_string(world),
-                                       "--sizes", join(sizes), "--ops", join(ops), "--warmup",
-                                       std::to_string(options.warmup), "--out", options.out_dir, "--timeout",
-                                       number_text(options.timeout_s), "--device", options.device, "--load",
-                                       options.load, "--part", part};
-      if (options.iters > 0) args.insert(args.end(), {"--iters", std::to_string(options.iters)});  // else each size's default
+      std::vector<std::string> args = {"ddp",         "bench-comm",
+                                       "--transport", transport,
+                                       "--world",     std::to_string(world),
+                                       "--sizes",     join(sizes),
+                                       "--ops",       join(ops),
+                                       "--warmup",    std::to_string(options.warmup),
+                                       "--out",       options.out_dir,
+                                       "--timeout",   number_text(options.timeout_s),
+                                       "--device",    options.device,
+                                       "--load",      options.load,
+                                       "--part",      part};
+      if (options.iters > 0)
+        args.insert(args.end(), {"--iters", std::to_string(options.iters)});  // else each size's default
       for (const auto& set : options.transport_sets) args.insert(args.end(), {"--set", set});
       std::cerr << "bench-comm: " << transport << " on " << world << " ranks" << std::endl;
       LaunchSpec spec;
@@ -422,20 +433,23 @@ int bench_comm(const BenchOptions& options) {
 }
 
 int bench_comm_rank(const BenchOptions& options) {
-  return run_rank([&](const RankEnv& env) {
-    if (options.transports.size() != 1) throw Error("a rank of bench-comm measures one transport: give one --transport");
-    if (std::find(options.worlds.begin(), options.worlds.end(), env.rank.world_size) == options.worlds.end())
-      throw Error("WORLD_SIZE=" + std::to_string(env.rank.world_size) + " in the environment is not in --world");
-    const std::vector<Row> rows = BenchRank(options, env).run();
-    if (env.rank.rank != 0) return;
-    if (options.part_file.empty()) {
-      write_outputs(rows, options.out_dir, options.load);
-      return;
-    }
-    json all = json::array();
-    for (const Row& r : rows) all.push_back(to_json(r));
-    write_file_atomically(options.part_file, all.dump() + "\n");
-  }, std::chrono::milliseconds(int64_t(options.timeout_s * 1000)), "--timeout " + number_text(options.timeout_s));
+  return run_rank(
+      [&](const RankEnv& env) {
+        if (options.transports.size() != 1)
+          throw Error("a rank of bench-comm measures one transport: give one --transport");
+        if (std::find(options.worlds.begin(), options.worlds.end(), env.rank.world_size) == options.worlds.end())
+          throw Error("WORLD_SIZE=" + std::to_string(env.rank.world_size) + " in the environment is not in --world");
+        const std::vector<Row> rows = BenchRank(options, env).run();
+        if (env.rank.rank != 0) return;
+        if (options.part_file.empty()) {
+          write_outputs(rows, options.out_dir, options.load);
+          return;
+        }
+        json all = json::array();
+        for (const Row& r : rows) all.push_back(to_json(r));
+        write_file_atomically(options.part_file, all.dump() + "\n");
+      },
+      std::chrono::milliseconds(int64_t(options.timeout_s * 1000)), "--timeout " + number_text(options.timeout_s));
 }
 
 }  // namespace ddp

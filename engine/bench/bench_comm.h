@@ -58,7 +58,8 @@ std::string format_size(size_t bytes);
 // (see the conventions above); in-place ops (all_reduce, broadcast) have
 // send == recv and use one buffer. Pure.
 struct BufferCounts {
-  size_t send = 0, recv = 0;
+  size_t send = 0;
+  size_t recv = 0;
 };
 BufferCounts buffer_counts(Collective op, size_t bytes, int world);
 
@@ -70,7 +71,8 @@ int default_iters(size_t bytes);
 // times[rank][iteration] (seconds) → mean and median over iterations of the
 // per-iteration mean over ranks. Throws Error on ragged or empty input. Pure.
 struct TimeStats {
-  double mean_s = 0, median_s = 0;
+  double mean_s = 0;
+  double median_s = 0;
 };
 TimeStats aggregate_times(const std::vector<std::vector<double>>& times);
 
@@ -78,14 +80,14 @@ struct BenchOptions {
   std::vector<std::string> transports = {"gloo"};  // names or paths
   std::vector<std::string> transport_sets;         // "transport.key=value", as ddp run's --set
   std::vector<int> worlds = {2, 4, 6};
-  std::vector<size_t> sizes;                       // bytes (S)
+  std::vector<size_t> sizes;  // bytes (S)
   std::vector<Collective> ops = {Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter,
                                  Collective::Broadcast};
   int warmup = 5;
   int iters = 0;  // 0: default_iters(S)
   std::string out_dir = "runs/bench-comm";
-  double timeout_s = 300;  // per collective (Gloo's timeout) and rendezvous
-  std::string part_file;   // set by the launcher for its ranks: rank 0 writes its rows there
+  double timeout_s = 300;      // per collective (Gloo's timeout) and rendezvous
+  std::string part_file;       // set by the launcher for its ranks: rank 0 writes its rows there
   std::string device = "cpu";  // "cpu" | "cuda": where the buffers live (cuda: GPU local_rank)
   std::string load = "none";   // "none" | "gemm": a core of each rank busy with GEMMs (compute_load.h)
 };

@@ -50,9 +50,17 @@ size_t parse_size(const std::string& text) {
   while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
   std::string unit;
   for (char c : text.substr(digits)) unit += char(std::toupper(static_cast<unsigned char>(c)));
-  const std::vector<std::pair<std::string, size_t>> units = {
-      {"", 1}, {"B", 1}, {"K", 1ull << 10}, {"KB", 1ull << 10}, {"KIB", 1ull << 10}, {"M", 1ull << 20},
-      {"MB", 1ull << 20}, {"MIB", 1ull << 20}, {"G", 1ull << 30}, {"GB", 1ull << 30}, {"GIB", 1ull << 30}};
+  const std::vector<std::pair<std::string, size_t>> units = {{"", 1},
+                                                             {"B", 1},
+                                                             {"K", 1ull << 10},
+                                                             {"KB", 1ull << 10},
+                                                             {"KIB", 1ull << 10},
+                                                             {"M", 1ull << 20},
+                                                             {"MB", 1ull << 20},
+                                                             {"MIB", 1ull << 20},
+                                                             {"G", 1ull << 30},
+                                                             {"GB", 1ull << 30},
+                                                             {"GIB", 1ull << 30}};
   for (const auto& [name, scale] : units) {
     if (digits == 0 || unit != name || digits > 12) continue;
     const size_t value = std::stoull(text.substr(0, digits)) * scale;
@@ -62,13 +70,15 @@ size_t parse_size(const std::string& text) {
 }
 
 std::string format_size(size_t bytes) {
-  for (const auto& [name, scale] : {std::pair<const char*, size_t>{"GB", 1ull << 30}, {"MB", 1ull << 20}, {"KB", 1ull << 10}})
+  for (const auto& [name, scale] :
+       {std::pair<const char*, size_t>{"GB", 1ull << 30}, {"MB", 1ull << 20}, {"KB", 1ull << 10}})
     if (bytes >= scale && bytes % scale == 0) return std::to_string(bytes / scale) + name;
   return std::to_string(bytes) + "B";
 }
 
 BufferCounts buffer_counts(Collective op, size_t bytes, int world) {
-  const size_t floats = bytes / kFloat, n = size_t(world);
+  const size_t floats = bytes / kFloat;
+  const size_t n = size_t(world);
   switch (op) {
     case Collective::AllReduce:
     case Collective::Broadcast: return {floats, floats};

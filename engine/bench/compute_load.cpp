@@ -31,12 +31,15 @@ ComputeLoad::~ComputeLoad() {
 void ComputeLoad::loop() {
   // C[m, n] = A[m, k] B[k, n] at lm-cpu's FFN shape: 1024 tokens, d_model
   // 256, d_ff 1024 (0.5 GFLOP, a few ms: the stop flag is seen soon).
-  constexpr int m = 1024, k = 256, n = 1024;
-  std::vector<float> a(size_t(m) * k, 0.5f), b(size_t(k) * n, 0.25f), c(size_t(m) * n);
+  constexpr int m = 1024;
+  constexpr int k = 256;
+  constexpr int n = 1024;
+  std::vector<float> a(size_t(m) * k, 0.5f);
+  std::vector<float> b(size_t(k) * n, 0.25f);
+  std::vector<float> c(size_t(m) * n);
   running_ = true;
   while (!stop_.load()) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(),
-                n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
   }
 }
 

@@ -29,7 +29,8 @@ class ComputeLoad {
  private:
   void loop();
 
-  std::atomic<bool> stop_{false}, running_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> running_{false};
   std::thread thread_;
 };
 

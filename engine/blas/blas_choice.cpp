@@ -4,13 +4,13 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/wait.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#include <csignal>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <optional>
 
 #include <algorithm>
@@ -24,11 +24,11 @@
 #include <sstream>
 
 #include "atomic_file.h"
-#include "signal_name.h"
-#include "error.h"
 #include "blas_info.h"
 #include "blas_kernels.h"
 #include "env.h"
+#include "error.h"
+#include "signal_name.h"
 
 namespace ddp {
 
@@ -39,15 +39,15 @@ json BlasChoice::json() const { return {{"kernel", kernel}, {"source", source}, 
 std::string blas_cache_path() {
   namespace fs = std::filesystem;
   if (!env().cache_dir.empty()) return (fs::path(env().cache_dir) / "blas-kernel.json").string();
-  if (const char* x = env().get("XDG_CACHE_HOME"); x && *x)
-    return (fs::path(x) / "ddp" / "blas-kernel.json").string();
+  if (const char* x = env().get("XDG_CACHE_HOME"); x && *x) return (fs::path(x) / "ddp" / "blas-kernel.json").string();
   const char* home = env().get("HOME");
   return (fs::path(home && *home ? home : "/tmp") / ".cache" / "ddp" / "blas-kernel.json").string();
 }
 
 std::string blas_machine_key() {
   std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line, model = "unknown CPU";
+  std::string line;
+  std::string model = "unknown CPU";
   while (std::getline(cpuinfo, line))
     if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
       model = line.substr(line.find(':') + 2);
@@ -117,8 +117,10 @@ std::optional<std::string> run_child(const std::string& exe, const std::vector<s
     const int null = open("/dev/null", O_WRONLY);
     dup2(out[1], 1);
     dup2(null, 2);
-    if (kernel == "default") unsetenv("OPENBLAS_CORETYPE");
-    else setenv("OPENBLAS_CORETYPE", kernel.c_str(), 1);
+    if (kernel == "default")
+      unsetenv("OPENBLAS_CORETYPE");
+    else
+      setenv("OPENBLAS_CORETYPE", kernel.c_str(), 1);
     execv(exe.c_str(), argv.data());  // (exec restores the caught signals' default actions)
     _exit(127);
   }
@@ -143,12 +145,12 @@ std::optional<std::string> run_child(const std::string& exe, const std::vector<s
     kill(pid, SIGKILL);
   }
   if (pid > 0)
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
   close(out[0]);
   if (sig > 0)
     throw Error(std::string("interrupted by ") + signal_name(sig) + " while choosing the BLAS kernel: the probe of " +
-                kernel + " was stopped, and no rank started", DDP_ERR_INTERNAL);
+                    kernel + " was stopped, and no rank started",
+                DDP_ERR_INTERNAL);
   if (pid <= 0 || late || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
   return text;
 }
@@ -191,7 +193,8 @@ BlasChoice measure(const std::vector<GemmShape>& shapes, const std::string& exe,
   constexpr int kRounds = 3;
   std::vector<std::string> alive = {"default"};
   alive.insert(alive.end(), blas_kernel_candidates().begin(), blas_kernel_candidates().end());
-  std::string default_core, out_of_memory;
+  std::string default_core;
+  std::string out_of_memory;
   BlasChoice best{"", "measured"};
   const auto began = std::chrono::steady_clock::now();
   for (int round = 0; round < kRounds; ++round) {
@@ -199,8 +202,8 @@ BlasChoice measure(const std::vector<GemmShape>& shapes, const std::string& exe,
     for (size_t i = 0; i < order.size(); ++i) {
       const std::string& k = order[(i + size_t(round)) % order.size()];
       if (std::chrono::steady_clock::now() - began > std::chrono::seconds(2))  // a long one: say where it is
-        std::cerr << "BLAS kernel: probing " << k << " (" << i + 1 << " of " << order.size() << ", round "
-                  << round + 1 << " of " << kRounds << ")..." << std::endl;
+        std::cerr << "BLAS kernel: probing " << k << " (" << i + 1 << " of " << order.size() << ", round " << round + 1
+                  << " of " << kRounds << ")..." << std::endl;
       const json r = run_probe(exe, k, shapes, threads);
       if (r.is_object() && r.contains("error")) out_of_memory = r["error"].get<std::string>();
       const std::string core = r.is_object() ? r.value("corename", "") : "";
@@ -216,10 +219,15 @@ BlasChoice measure(const std::vector<GemmShape>& shapes, const std::string& exe,
   }
   double best_s = INFINITY;
   for (const auto& [k, s] : best.timings.items())
-    if (s.get<double>() < best_s) best_s = s.get<double>(), best.kernel = k;
+    if (s.get<double>() < best_s) {
+      best_s = s.get<double>();
+      best.kernel = k;
+    }
   if (best.kernel.empty() && !out_of_memory.empty())
-    throw Error("BLAS kernel: the probe ran out of memory (" + out_of_memory + "): the model's GEMMs need more "
-                "memory than this host gives, whatever the kernel", DDP_ERR_OUT_OF_MEMORY);
+    throw Error("BLAS kernel: the probe ran out of memory (" + out_of_memory +
+                    "): the model's GEMMs need more "
+                    "memory than this host gives, whatever the kernel",
+                DDP_ERR_OUT_OF_MEMORY);
   if (best.kernel.empty())
     throw Error("BLAS kernel: no candidate ran the model's GEMMs correctly (OpenBLAS " + blas_build() +
                 "); set OPENBLAS_CORETYPE or run.blas_kernel");
@@ -284,8 +292,9 @@ bool cpu_supports(const std::string& feature) {
 // A kernel given by the user, refused where this CPU cannot run it.
 BlasChoice given_kernel(const std::string& kernel, const std::string& source, const std::string& where) {
   if (const std::string lacks = missing_cpu_feature(kernel, cpu_supports); !lacks.empty())
-    throw Error(where + " needs the CPU feature " + lacks + ", which this CPU lacks (its GEMMs would die of an "
-                "illegal instruction): remove it, or name a kernel this CPU runs",
+    throw Error(where + " needs the CPU feature " + lacks +
+                    ", which this CPU lacks (its GEMMs would die of an "
+                    "illegal instruction): remove it, or name a kernel this CPU runs",
                 DDP_ERR_INVALID_ARGUMENT);
   return {kernel, source};
 }
@@ -306,8 +315,9 @@ BlasChoice choose_blas_kernel(const std::string& setting, const std::vector<Gemm
     return given;
   }
   if (setting != "auto") return given_kernel(setting, "config", "run.blas_kernel = \"" + setting + "\"");
-  const std::string key = blas_machine_key(), model = format_shapes(shapes) + " on " + std::to_string(threads) +
-                                                                      (threads == 1 ? " thread" : " threads");
+  const std::string key = blas_machine_key();
+  const std::string model =
+      format_shapes(shapes) + " on " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
   json cache = read_cache();
   if (!cache[key].is_object()) cache[key] = json::object();
   const json& known = cache[key];
@@ -332,8 +342,7 @@ void apply_cached_blas_kernel(char** argv) {
   // most work, the likeliest to hold for a real model.
   const json* best = nullptr;
   for (const auto& [shapes, entry] : cache[key].items())
-    if (usable(entry) && (!best || entry.value("gflop", 0.0) > best->value("gflop", 0.0)))
-      best = &entry;
+    if (usable(entry) && (!best || entry.value("gflop", 0.0) > best->value("gflop", 0.0))) best = &entry;
   if (!best) return;
   const std::string kernel = best->value("kernel", "");
   BlasChoice choice{kernel, "cache", best->value("timings_s", json::object())};

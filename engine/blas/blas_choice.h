@@ -34,8 +34,8 @@
 namespace ddp {
 
 struct BlasChoice {
-  std::string kernel;   // blas_kernel_candidates()'s, or "default": OPENBLAS_CORETYPE unset
-  std::string source;   // "environment", "config", "cache", "measured"
+  std::string kernel;  // blas_kernel_candidates()'s, or "default": OPENBLAS_CORETYPE unset
+  std::string source;  // "environment", "config", "cache", "measured"
   nlohmann::json timings = nlohmann::json::object();  // kernel -> seconds for the GEMMs (measured, cache)
   nlohmann::json json() const;
 };
@@ -56,8 +56,8 @@ std::string probe_memory_problem(const std::vector<GemmShape>& shapes, int64_t m
 // cache's key with the shapes. Throws Error if no candidate passes (a
 // broken OpenBLAS), or if the kernel given (OPENBLAS_CORETYPE, or the
 // setting) needs a CPU feature this CPU lacks.
-BlasChoice choose_blas_kernel(const std::string& setting, const std::vector<GemmShape>& shapes,
-                              const std::string& exe, int threads = 1);
+BlasChoice choose_blas_kernel(const std::string& setting, const std::vector<GemmShape>& shapes, const std::string& exe,
+                              int threads = 1);
 
 // The file the choices are cached in, and this machine's key in it ("<CPU
 // model> | <OpenBLAS build>").

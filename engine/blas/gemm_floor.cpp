@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "blas_info.h"
 #include "data.h"
 #include "device.h"
-#include "blas_info.h"
 #include "layers.h"
 #include "registry.h"
 
@@ -43,7 +43,8 @@ nlohmann::json gemm_floor(const Config& config, int repeats) {
   const Batch batch = data->batch(0);
   model->forward(batch);  // once unrecorded: activations allocated, caches warm
   model->backward(1.0f, [](size_t) {});
-  std::vector<layers::GemmCall> forward, backward;
+  std::vector<layers::GemmCall> forward;
+  std::vector<layers::GemmCall> backward;
   layers::record_gemms(&forward);
   model->forward(batch);
   layers::record_gemms(&backward);

@@ -9,8 +9,8 @@
 #include <random>
 #include <sstream>
 
-#include "error.h"
 #include "blas_info.h"
+#include "error.h"
 
 namespace ddp {
 
@@ -22,7 +22,8 @@ std::vector<GemmShape> model_gemm_shapes(const Footprint& f, int64_t rows) {
   };
   for (const ParamSize& p : f.params) {
     if (p.shape.size() != 2) continue;
-    const int64_t out = p.shape[0], in = p.shape[1];
+    const int64_t out = p.shape[0];
+    const int64_t in = p.shape[1];
     add({m, in, out});
     add({m, out, in});
     add({out, m, in});
@@ -43,7 +44,8 @@ std::vector<GemmShape> parse_shapes(const std::string& text) {
   std::string item;
   while (std::getline(in, item, ',')) {
     GemmShape s;
-    char x1 = 0, x2 = 0;
+    char x1 = 0;
+    char x2 = 0;
     std::istringstream one(item);
     if (!(one >> s.m >> x1 >> s.k >> x2 >> s.n) || x1 != 'x' || x2 != 'x' || !one.eof() || s.m < 1 || s.k < 1 ||
         s.n < 1 || s.m > (1 << 20) || s.k > (1 << 20) || s.n > (1 << 20))
@@ -60,23 +62,28 @@ namespace {
 // of 64 sampled entries.
 std::pair<double, double> time_one(const GemmShape& s, int repeats, std::mt19937& rng) {
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> a(static_cast<size_t>(s.m * s.k)), b(static_cast<size_t>(s.k * s.n)), c(static_cast<size_t>(s.m * s.n));
+  std::vector<float> a(static_cast<size_t>(s.m * s.k));
+  std::vector<float> b(static_cast<size_t>(s.k * s.n));
+  std::vector<float> c(static_cast<size_t>(s.m * s.n));
   for (float& v : a) v = dist(rng);
   for (float& v : b) v = dist(rng);
   const auto blas_int = [](int64_t v) { return static_cast<blasint>(v); };
   double best = INFINITY;
   for (int r = 0; r <= repeats; ++r) {  // the first is a warm-up
     const auto begin = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(s.m), blas_int(s.n), blas_int(s.k), 1.0f,
-                a.data(), blas_int(s.k), b.data(), blas_int(s.n), 0.0f, c.data(), blas_int(s.n));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(s.m), blas_int(s.n), blas_int(s.k), 1.0f, a.data(),
+                blas_int(s.k), b.data(), blas_int(s.n), 0.0f, c.data(), blas_int(s.n));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     if (r > 0) best = std::min(best, seconds);
   }
   double worst = 0.0;
-  std::uniform_int_distribution<int64_t> row(0, s.m - 1), col(0, s.n - 1);
+  std::uniform_int_distribution<int64_t> row(0, s.m - 1);
+  std::uniform_int_distribution<int64_t> col(0, s.n - 1);
   for (int i = 0; i < 64; ++i) {
-    const int64_t r = row(rng), q = col(rng);
-    double exact = 0.0, scale = 0.0;
+    const int64_t r = row(rng);
+    const int64_t q = col(rng);
+    double exact = 0.0;
+    double scale = 0.0;
     for (int64_t j = 0; j < s.k; ++j) {
       const double term = double(a[size_t(r * s.k + j)]) * double(b[size_t(j * s.n + q)]);
       exact += term;
@@ -93,7 +100,9 @@ std::pair<double, double> time_one(const GemmShape& s, int repeats, std::mt19937
 nlohmann::json probe_gemms(const std::vector<GemmShape>& shapes, int repeats, int threads) {
   set_blas_threads(threads);
   std::mt19937 rng(7);
-  double seconds = 0.0, flop = 0.0, worst = 0.0;
+  double seconds = 0.0;
+  double flop = 0.0;
+  double worst = 0.0;
   for (const GemmShape& s : shapes) {
     std::pair<double, double> timed;
     try {
@@ -109,9 +118,12 @@ nlohmann::json probe_gemms(const std::vector<GemmShape>& shapes, int repeats, in
     flop += 2.0 * double(s.m) * double(s.k) * double(s.n);
     worst = std::max(worst, err);
   }
-  return {{"corename", openblas_get_corename()}, {"config", openblas_get_config()},
-          {"seconds", seconds},                  {"gflops", flop / seconds / 1e9},
-          {"worst_error", worst},                {"ok", worst < 1e-4}};
+  return {{"corename", openblas_get_corename()},
+          {"config", openblas_get_config()},
+          {"seconds", seconds},
+          {"gflops", flop / seconds / 1e9},
+          {"worst_error", worst},
+          {"ok", worst < 1e-4}};
 }
 
 }  // namespace ddp

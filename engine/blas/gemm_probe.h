@@ -16,7 +16,9 @@ namespace ddp {
 // One cblas_sgemm: C[m, n] = A[m, k] B[k, n] (row-major, no transposes:
 // the kernel's speed at these sizes is what is being measured).
 struct GemmShape {
-  int64_t m = 0, k = 0, n = 0;
+  int64_t m = 0;
+  int64_t k = 0;
+  int64_t n = 0;
   bool operator==(const GemmShape& o) const { return m == o.m && k == o.k && n == o.n; }
 };
 

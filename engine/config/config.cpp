@@ -64,7 +64,10 @@ void refuse_foreign_keys(const ConfigReader& r, const ModelInfo& model) {
     const auto at = [](const toml::node& n) {  // file order; keys from --set after the file's
       return std::make_tuple(from_override(n.source()), n.source().begin.line, n.source().begin.column);
     };
-    if (!first || at(node) < at(*first)) first = &node, first_key = key;
+    if (!first || at(node) < at(*first)) {
+      first = &node;
+      first_key = key;
+    }
   }
   if (!first) return;
   std::string owners;
@@ -109,9 +112,9 @@ DataConfig read_data(const ConfigReader& r, const std::string& model, int world_
   DataConfig d;
   d.path = r.path_from_file("data", "path");
   {
-    const std::string inferred = d.path.empty() ? "random"
+    const std::string inferred = d.path.empty()                                   ? "random"
                                  : fs::path(d.path).extension() == ".safetensors" ? "safetensors"
-                                                                                       : "tokens";
+                                                                                  : "tokens";
     d.kind = r.one_of("data", "kind", inferred, {"random", "safetensors", "tokens"});
     if (d.kind == "random" && !d.path.empty())
       throw ConfigError(r.where(*r.find("data", "path")) + ": key 'data.path' is not used with data.kind = \"random\"");
@@ -133,8 +136,7 @@ DataConfig read_data(const ConfigReader& r, const std::string& model, int world_
   // The batch is global: every rank takes an equal share.
   if (d.batch_size % world_size != 0)
     throw ConfigError(r.where(*r.find("data", "batch_size")) + ": key 'data.batch_size' (" +
-                      std::to_string(d.batch_size) +
-                      ") must be divisible by run.world_size (" +
+                      std::to_string(d.batch_size) + ") must be divisible by run.world_size (" +
                       std::to_string(world_size) + ")");
 
   return d;
@@ -156,20 +158,24 @@ OptimizerConfig read_optimizer(const ConfigReader& r) {
     if (o.name != "adamw" && r.find("optimizer", key))
       throw ConfigError(r.where(*r.find("optimizer", key)) + ": key 'optimizer." + key + "' applies to adamw only");
   using T = toml::node_type;
-  r.tables("optimizer", "groups", {{"params", T::string, true}, {"lr", T::floating_point, false},
-                                   {"weight_decay", T::floating_point, false}},
+  r.tables("optimizer", "groups",
+           {{"params", T::string, true}, {"lr", T::floating_point, false}, {"weight_decay", T::floating_point, false}},
            [&](const toml::table& t, const std::string& name) {
              ParamGroupConfig g;
              g.params = t["params"].value_or(std::string());
              g.lr = t["lr"].node() ? ConfigReader::as_double(*t["lr"].node()) : o.lr;
-             g.weight_decay = t["weight_decay"].node() ? ConfigReader::as_double(*t["weight_decay"].node()) : o.weight_decay;
-             if (!(g.lr > 0)) throw ConfigError(r.where(*t["lr"].node()) + ": key '" + name + ".lr' must be > 0 (got " + format_double(g.lr) + ")");
+             g.weight_decay =
+                 t["weight_decay"].node() ? ConfigReader::as_double(*t["weight_decay"].node()) : o.weight_decay;
+             if (!(g.lr > 0))
+               throw ConfigError(r.where(*t["lr"].node()) + ": key '" + name + ".lr' must be > 0 (got " +
+                                 format_double(g.lr) + ")");
              for (const char* key : {"lr", "weight_decay"})
                if (t[key].node() && !std::isfinite(ConfigReader::as_double(*t[key].node())))
                  throw ConfigError(r.where(*t[key].node()) + ": key '" + name + "." + key + "' must be finite (got " +
                                    format_double(ConfigReader::as_double(*t[key].node())) + ")");
              if (!(g.weight_decay >= 0))
-               throw ConfigError(r.where(*t["weight_decay"].node()) + ": key '" + name + ".weight_decay' must be >= 0 (got " + format_double(g.weight_decay) + ")");
+               throw ConfigError(r.where(*t["weight_decay"].node()) + ": key '" + name +
+                                 ".weight_decay' must be >= 0 (got " + format_double(g.weight_decay) + ")");
              o.groups.push_back(g);
            });
   return o;
@@ -180,13 +186,15 @@ LrScheduleConfig read_lr_schedule(const ConfigReader& r, const RunConfig& run, d
   s.kind = r.one_of("schedule", "lr", "constant", {"constant", "cosine"});
   for (const char* key : {"warmup_steps", "cosine_steps", "min_lr"})
     if (s.kind != "cosine" && r.find("schedule", key))
-      throw ConfigError(r.where(*r.find("schedule", key)) + ": key 'schedule." + key + "' applies to lr = \"cosine\" only");
+      throw ConfigError(r.where(*r.find("schedule", key)) + ": key 'schedule." + key +
+                        "' applies to lr = \"cosine\" only");
   if (s.kind != "cosine") return s;
   s.warmup_steps = r.integer("schedule", "warmup_steps", 0, 0);
   s.cosine_steps = r.integer("schedule", "cosine_steps", std::max(run.steps, s.warmup_steps + 1), s.warmup_steps + 1);
   s.min_lr = r.non_negative("schedule", "min_lr", 0.0);
   if (r.find("schedule", "min_lr"))
-    r.require(s.min_lr <= lr, "schedule", "min_lr", "<= optimizer.lr (" + format_double(lr) + ")", format_double(s.min_lr));
+    r.require(s.min_lr <= lr, "schedule", "min_lr", "<= optimizer.lr (" + format_double(lr) + ")",
+              format_double(s.min_lr));
   return s;
 }
 
@@ -203,15 +211,18 @@ EvalConfig read_eval(const ConfigReader& r, const DataConfig& data) {
                       ": key 'eval.holdout_rows' sets rows of data.path aside, and eval.path gives held-out rows "
                       "already: one or the other");
   if (e.holdout_rows > 0 && data.kind != "safetensors")
-    throw ConfigError(r.where(*r.find("eval", "holdout_rows")) + ": key 'eval.holdout_rows' sets rows of a "
-                      "safetensors data file aside, and data.kind is \"" + data.kind + "\"");
+    throw ConfigError(r.where(*r.find("eval", "holdout_rows")) +
+                      ": key 'eval.holdout_rows' sets rows of a "
+                      "safetensors data file aside, and data.kind is \"" +
+                      data.kind + "\"");
   // Checked even where eval.every = 0 turns evaluation off: a key that
   // names a file the run never finds is a mistake either way.
   if (!e.path.empty() && !fs::exists(e.path))
     throw ConfigError(r.where(*r.find("eval", "path")) + ": key 'eval.path' names " + e.path +
                       ", which does not exist (checked even while eval.every = 0 leaves evaluation off)");
   if (e.every > 0 && e.path.empty() && e.holdout_rows == 0 && data.kind != "random")
-    throw ConfigError(r.where(*r.find("eval", "every")) + ": [eval] needs held-out rows: eval.path (a file of "
+    throw ConfigError(r.where(*r.find("eval", "every")) +
+                      ": [eval] needs held-out rows: eval.path (a file of "
                       "them) or eval.holdout_rows (the last rows of data.path)");
   return e;
 }
@@ -222,7 +233,9 @@ std::vector<UnfreezeConfig> read_unfreeze(const ConfigReader& r) {
   r.tables("schedule", "unfreeze", {{"step", T::integer, true}, {"params", T::string, true}},
            [&](const toml::table& t, const std::string& name) {
              UnfreezeConfig u{t["step"].value_or(int64_t(0)), t["params"].value_or(std::string())};
-             if (u.step < 0) throw ConfigError(r.where(*t["step"].node()) + ": key '" + name + ".step' must be >= 0 (got " + std::to_string(u.step) + ")");
+             if (u.step < 0)
+               throw ConfigError(r.where(*t["step"].node()) + ": key '" + name + ".step' must be >= 0 (got " +
+                                 std::to_string(u.step) + ")");
              unfreeze.push_back(u);
            });
 

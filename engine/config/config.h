@@ -45,16 +45,16 @@ inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
 struct RunConfig {
   int world_size = 1;
   int64_t grad_accum_steps = 1;  // micro-batches per optimizer step, >= 1
-  int64_t steps = 0;          // required, >= 0
+  int64_t steps = 0;             // required, >= 0
   uint64_t seed = 0;
-  std::string output_dir;     // default: "runs/<config file stem>"
-  double timeout_s = 30.0;    // > 0
-  int64_t log_every = 1;      // progress line every N steps, >= 1
-  int threads = 1;            // BLAS threads per rank, >= 1
-  std::string blas_kernel = "auto";  // "auto" | "default" | an OpenBLAS kernel (blas_kernel_candidates)
+  std::string output_dir;                   // default: "runs/<config file stem>"
+  double timeout_s = 30.0;                  // > 0
+  int64_t log_every = 1;                    // progress line every N steps, >= 1
+  int threads = 1;                          // BLAS threads per rank, >= 1
+  std::string blas_kernel = "auto";         // "auto" | "default" | an OpenBLAS kernel (blas_kernel_candidates)
   ddp_device_kind device = DDP_DEVICE_CPU;  // "cpu" | "cuda" (GPU local_rank per rank)
-  bool share_gpus = false;    // cuda: ranks beyond the GPU count share them (gloo only)
-  bool check_finite = true;   // a non-finite loss stops the run, naming the first non-finite parameter
+  bool share_gpus = false;                  // cuda: ranks beyond the GPU count share them (gloo only)
+  bool check_finite = true;                 // a non-finite loss stops the run, naming the first non-finite parameter
   // Steps between checks that every rank holds the same parameters (0: only
   // at the end of the run). The default costs well under 1 % of lm-cpu's
   // step (docs/benchmarks.md).
@@ -76,8 +76,8 @@ struct CheckpointConfig {
 };
 
 struct ModelConfig {
-  std::string name;           // required: a name of engine/models/registry.h
-  std::string init_from;      // optional safetensors path, relative to the config file
+  std::string name;                 // required: a name of engine/models/registry.h
+  std::string init_from;            // optional safetensors path, relative to the config file
   std::vector<std::string> freeze;  // globs: parameters frozen from the start (fine-tuning)
   // The model's own keys (registry.h), each with its fallback where unset.
   ModelOptions options;
@@ -89,8 +89,8 @@ struct DataConfig {
   // memory-mapped, random windows. Default: from `path` (none: random;
   // *.safetensors: safetensors; else tokens).
   std::string kind;
-  std::string path;           // relative to the config file
-  int64_t batch_size = 0;     // required, global batch, > 0, divisible by world_size
+  std::string path;        // relative to the config file
+  int64_t batch_size = 0;  // required, global batch, > 0, divisible by world_size
   // Random data whose targets a fixed teacher gives (data.h), so that the
   // task can be learnt; false: random targets.
   bool teacher = false;
@@ -133,10 +133,11 @@ struct ParamGroupConfig {
 };
 
 struct OptimizerConfig {
-  std::string name = "sgd";   // "sgd" | "adamw"
-  double lr = 0.0;            // required, > 0
-  double momentum = 0.0;      // sgd, >= 0
-  double beta1 = 0.9, beta2 = 0.999;  // adamw `betas`, each in [0, 1)
+  std::string name = "sgd";  // "sgd" | "adamw"
+  double lr = 0.0;           // required, > 0
+  double momentum = 0.0;     // sgd, >= 0
+  double beta1 = 0.9;        // adamw `betas`, each in [0, 1)
+  double beta2 = 0.999;
   double eps = 1e-8;          // adamw, > 0
   double weight_decay = 0.0;  // >= 0; default 0 for sgd (L2), 0.01 for adamw (decoupled), as PyTorch
   std::vector<ParamGroupConfig> groups;
@@ -164,7 +165,7 @@ struct UnfreezeConfig {
 };
 
 struct Config {
-  std::string file;           // path as given
+  std::string file;                    // path as given
   std::vector<std::string> overrides;  // the --set arguments it was loaded with
   RunConfig run;
   ModelConfig model;
@@ -178,7 +179,7 @@ struct Config {
   std::string strategy_plugin = "naive";
   PluginSection transport;
   PluginSection strategy;
-  std::string toml_text;      // the effective config (after --set), for summary.json
+  std::string toml_text;  // the effective config (after --set), for summary.json
   // Not a key: `ddp run --resume [PATH]`: "" (start afresh), "latest" (the
   // checkpoint checkpoint.dir/latest names) or a checkpoint's path.
   std::string resume;

@@ -58,8 +58,7 @@ class ConfigReader {
   // its value as text (Config::effective).
   const std::map<std::string, std::string>& effective() const { return effective_; }
 
-  int64_t integer(const char* section, const char* key, int64_t fallback, int64_t min,
-                  int64_t max = INT64_MAX) const {
+  int64_t integer(const char* section, const char* key, int64_t fallback, int64_t min, int64_t max = INT64_MAX) const {
     const toml::node* node = find(section, key);
     const int64_t value = node ? node->as_integer()->get() : fallback;
     if (node) {
@@ -72,8 +71,7 @@ class ConfigReader {
   double positive(const char* section, const char* key, double fallback, double max = INFINITY) const {
     const toml::node* node = find(section, key);
     if (!node) return note(section, key, fallback, exact(fallback));
-    const double value = node->is_integer() ? double(node->as_integer()->get())
-                                            : node->as_floating_point()->get();
+    const double value = node->is_integer() ? double(node->as_integer()->get()) : node->as_floating_point()->get();
     require(value > 0, section, key, "> 0", toml_read::format_double(value));  // also rejects nan
     require(std::isfinite(value), section, key, "finite", toml_read::format_double(value));
     require(value <= max, section, key, "<= " + exact(max), toml_read::format_double(value));
@@ -102,8 +100,7 @@ class ConfigReader {
     // Floats as format_double writes them elsewhere ("0.9", not TOML++'s
     // full-precision "0.90000000000000002").
     std::ostringstream got;
-    got << toml::toml_formatter(a, toml::toml_formatter::default_flags |
-                                       toml::format_flags::relaxed_float_precision);
+    got << toml::toml_formatter(a, toml::toml_formatter::default_flags | toml::format_flags::relaxed_float_precision);
     require(ok, "optimizer", "betas", "two floats in [0, 1)", got.str());
     return {as_double(a[0]), as_double(a[1])};
   }
@@ -122,8 +119,8 @@ class ConfigReader {
       const toml::table& t = *element.as_table();
       for (auto&& [k, v] : t) {
         const std::string_view key_name = k.str();  // (a lambda may not capture a structured binding in C++17)
-        auto field = std::find_if(fields.begin(), fields.end(),
-                                  [&](const auto& f) { return key_name == std::get<0>(f); });
+        auto field =
+            std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return key_name == std::get<0>(f); });
         if (field == fields.end())
           throw ConfigError(where(v) + ": unknown key '" + name + "." + std::string(k.str()) + "'");
         if (!toml_read::has_type(v, std::get<1>(*field)))
@@ -153,8 +150,8 @@ class ConfigReader {
     if (!find(section, key)) return value;
     require(!value.empty(), section, key, "a directory (\".\" for the working directory)", "''");
     const std::filesystem::path path = std::filesystem::path(value).lexically_normal();
-    require(path.has_relative_path() || !path.has_root_directory(), section, key,
-            "a directory other than the root", "'" + value + "'");
+    require(path.has_relative_path() || !path.has_root_directory(), section, key, "a directory other than the root",
+            "'" + value + "'");
     return value;
   }
 
@@ -169,8 +166,8 @@ class ConfigReader {
     const std::string value = string(section, key, fallback);
     std::string list;
     for (const std::string& a : allowed) list += (list.empty() ? "" : ", ") + a;
-    require(std::find(allowed.begin(), allowed.end(), value) != allowed.end(), section, key,
-            "one of: " + list, "'" + value + "'");
+    require(std::find(allowed.begin(), allowed.end(), value) != allowed.end(), section, key, "one of: " + list,
+            "'" + value + "'");
     return value;
   }
 
@@ -191,9 +188,7 @@ class ConfigReader {
     return PluginSection(file_, section, table ? *table : empty, plugin);
   }
 
-  const toml::node* find(const char* section, const char* key) const {
-    return doc_[section][key].node();
-  }
+  const toml::node* find(const char* section, const char* key) const { return doc_[section][key].node(); }
 
   const toml::node* find(const char* section) const { return doc_[section].node(); }
   const std::string& file() const { return file_; }
@@ -202,8 +197,8 @@ class ConfigReader {
   void require(bool ok, const char* section, const char* key, const std::string& constraint,
                const std::string& got) const {
     if (ok) return;
-    throw ConfigError(where(*find(section, key)) + ": key '" + section + "." + key +
-                      "' must be " + constraint + " (got " + got + ")");
+    throw ConfigError(where(*find(section, key)) + ": key '" + section + "." + key + "' must be " + constraint +
+                      " (got " + got + ")");
   }
 
  private:

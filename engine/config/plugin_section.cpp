@@ -23,12 +23,11 @@ std::string plugin_table_name(const std::string& plugin) {
   return name;
 }
 
-PluginSection::PluginSection(std::string file, std::string section, const toml::table& table,
-                             const std::string& plugin)
+PluginSection::PluginSection(std::string file, std::string section, const toml::table& table, const std::string& plugin)
     : file_(std::move(file)), section_(std::move(section)) {
   const std::string own = plugin.empty() ? "" : plugin_table_name(plugin);
   for (auto&& [key, node] : table) {
-    if (key.str() == "plugin") continue;  // the host's key: which plugin, not its settings
+    if (key.str() == "plugin") continue;             // the host's key: which plugin, not its settings
     if (const toml::table* sub = node.as_table()) {  // a plugin's own table: the chosen one's only
       if (key.str() == own)
         for (auto&& [k, n] : *sub) add(section_ + "." + own, k, n);
@@ -43,12 +42,14 @@ PluginSection::PluginSection(std::string file, std::string section, const toml::
 void PluginSection::add(const std::string& table_name, const toml::key& key, const toml::node& node) {
   const std::string k(key.str());
   if (table_.get(k)) {
-    const bool mine_set = from_override(node.source()), before_set = from_override(sources_.at(k));
+    const bool mine_set = from_override(node.source());
+    const bool before_set = from_override(sources_.at(k));
     if (mine_set == before_set) {  // both in the file: named from the later one
       const toml::source_region& a = node.source();
       const toml::source_region& b = sources_.at(k);
       const bool mine_later = std::tie(a.begin.line, a.begin.column) > std::tie(b.begin.line, b.begin.column);
-      const std::string mine_name = table_name + "." + k, mine_where = where_of(a, file_);
+      const std::string mine_name = table_name + "." + k;
+      const std::string mine_where = where_of(a, file_);
       throw ConfigError((mine_later ? mine_where : where(k)) + ": key '" + (mine_later ? mine_name : name_of(k)) +
                         "' is set twice: also as '" + (mine_later ? name_of(k) : mine_name) + "' at " +
                         (mine_later ? where(k) : mine_where) + " (keep one)");
@@ -65,15 +66,12 @@ const toml::node* PluginSection::find(const std::string& key) const {
   return table_.get(key);
 }
 
-std::string PluginSection::where(const std::string& key) const {
-  return where_of(sources_.at(key), file_);
-}
+std::string PluginSection::where(const std::string& key) const { return where_of(sources_.at(key), file_); }
 
 int64_t PluginSection::get_int(const std::string& key, int64_t fallback) const {
   const toml::node* node = find(key);
   if (!node) return fallback;
-  if (!node->is_integer())
-    throw wrong_type(where(key), name_of(key), toml::node_type::integer, *node);
+  if (!node->is_integer()) throw wrong_type(where(key), name_of(key), toml::node_type::integer, *node);
   return node->as_integer()->get();
 }
 
@@ -81,25 +79,21 @@ double PluginSection::get_float(const std::string& key, double fallback) const {
   const toml::node* node = find(key);
   if (!node) return fallback;
   if (node->is_integer()) return double(node->as_integer()->get());
-  if (!node->is_floating_point())
-    throw wrong_type(where(key), name_of(key), toml::node_type::floating_point, *node);
+  if (!node->is_floating_point()) throw wrong_type(where(key), name_of(key), toml::node_type::floating_point, *node);
   return node->as_floating_point()->get();
 }
 
 bool PluginSection::get_bool(const std::string& key, bool fallback) const {
   const toml::node* node = find(key);
   if (!node) return fallback;
-  if (!node->is_boolean())
-    throw wrong_type(where(key), name_of(key), toml::node_type::boolean, *node);
+  if (!node->is_boolean()) throw wrong_type(where(key), name_of(key), toml::node_type::boolean, *node);
   return node->as_boolean()->get();
 }
 
-std::string PluginSection::get_string(const std::string& key,
-                                      const std::string& fallback) const {
+std::string PluginSection::get_string(const std::string& key, const std::string& fallback) const {
   const toml::node* node = find(key);
   if (!node) return fallback;
-  if (!node->is_string())
-    throw wrong_type(where(key), name_of(key), toml::node_type::string, *node);
+  if (!node->is_string()) throw wrong_type(where(key), name_of(key), toml::node_type::string, *node);
   return node->as_string()->get();
 }
 
@@ -154,7 +148,8 @@ PluginSection plugin_section_from_overrides(const std::string& section, const st
     if (name.compare(0, section.size() + 1, section + ".") != 0)
       throw ConfigError(kSetPrefix + arg + ": only " + section + ".<key> can be set here");
     if (name == section + ".plugin")
-      throw ConfigError(kSetPrefix + arg + ": the " + section + " plugin is not a key here (name it with --" + section + ")");
+      throw ConfigError(kSetPrefix + arg + ": the " + section + " plugin is not a key here (name it with --" + section +
+                        ")");
   }
   const toml::table empty;
   const toml::table* table = doc[section].as_table();

@@ -65,7 +65,7 @@ class PluginSection {
   std::string file_;
   std::string section_;
   toml::table table_;
-  std::map<std::string, std::string> owner_;  // key -> the table it came from ("strategy.bucketed")
+  std::map<std::string, std::string> owner_;            // key -> the table it came from ("strategy.bucketed")
   std::map<std::string, toml::source_region> sources_;  // key -> position in the file
   std::vector<std::pair<std::string, toml::source_region>> other_tables_;  // not the chosen plugin's
   mutable std::set<std::string> read_;

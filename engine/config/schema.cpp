@@ -60,13 +60,10 @@ const KeySpec kSchema[] = {
 
 std::vector<KeySpec> schema() { return {std::begin(kSchema), std::end(kSchema)}; }
 
-bool is_plugin_section(const std::string& section) {
-  return section == "transport" || section == "strategy";
-}
+bool is_plugin_section(const std::string& section) { return section == "transport" || section == "strategy"; }
 
 bool is_known_section(const std::string& section) {
-  return std::any_of(std::begin(kSchema), std::end(kSchema),
-                     [&](const KeySpec& s) { return section == s.section; });
+  return std::any_of(std::begin(kSchema), std::end(kSchema), [&](const KeySpec& s) { return section == s.section; });
 }
 
 const KeySpec* find_spec(const std::string& section, const std::string& key) {

@@ -35,25 +35,20 @@ const char* type_name(toml::node_type type) {
 }
 
 bool has_type(const toml::node& node, toml::node_type type) {
-  return node.type() == type ||
-         (type == toml::node_type::floating_point && node.is_integer());
+  return node.type() == type || (type == toml::node_type::floating_point && node.is_integer());
 }
 
-bool from_override(const toml::source_region& source) {
-  return source.path && source.path->rfind(kSetPrefix, 0) == 0;
-}
+bool from_override(const toml::source_region& source) { return source.path && source.path->rfind(kSetPrefix, 0) == 0; }
 
 std::string where_of(const toml::source_region& source, const std::string& file) {
   if (from_override(source)) return *source.path;
   if (source.begin.line == 0) return file;  // built in code, not parsed
-  return file + ":" + std::to_string(source.begin.line) + ":" +
-         std::to_string(source.begin.column);
+  return file + ":" + std::to_string(source.begin.line) + ":" + std::to_string(source.begin.column);
 }
 
-ConfigError wrong_type(const std::string& where, const std::string& name,
-                       toml::node_type expected, const toml::node& node) {
-  return ConfigError(where + ": key '" + name + "' must be " + type_name(expected) +
-                     ", not " + type_name(node.type()));
+ConfigError wrong_type(const std::string& where, const std::string& name, toml::node_type expected,
+                       const toml::node& node) {
+  return ConfigError(where + ": key '" + name + "' must be " + type_name(expected) + ", not " + type_name(node.type()));
 }
 
 std::string format_double(double value) {
@@ -67,9 +62,8 @@ namespace {
 // Letters, digits and '_' '-': what a bare TOML key may hold, so that
 // "<key> = <value>" parses as exactly one key.
 bool is_bare_key(const std::string& s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) {
-    return std::isalnum(c) || c == '_' || c == '-';
-  });
+  return !s.empty() &&
+         std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isalnum(c) || c == '_' || c == '-'; });
 }
 
 // A word that may stand for a string without quotes (plugin names, paths).
@@ -92,8 +86,7 @@ std::string trim(const std::string& s) {
 // TOML allows: what toml++ refuses only where it is out of range.
 static bool is_integer_text(const std::string& v) {
   const size_t first = v.find_first_not_of("+-") == 1 ? 1 : 0;
-  return v.size() > first && v[first] >= '1' && v[first] <= '9' &&
-         std::isdigit(static_cast<unsigned char>(v.back())) &&
+  return v.size() > first && v[first] >= '1' && v[first] <= '9' && std::isdigit(static_cast<unsigned char>(v.back())) &&
          v.find_first_not_of("0123456789_", first) == std::string::npos;
 }
 
@@ -125,11 +118,13 @@ void apply_override(toml::table& doc, const std::string& arg) {
     // A word, then something a word may not hold (a space, '#'): toml++
     // would say "expected 'true'"; say what the value needs instead.
     if (!value.empty() && std::isalpha(static_cast<unsigned char>(value[0])) && !is_bare_word(value))
-      throw ConfigError(source + ": '" + value + "' is not a TOML value; a string holding "
+      throw ConfigError(source + ": '" + value +
+                        "' is not a TOML value; a string holding "
                         "characters other than letters, digits and _-./:+ takes quotes, and "
                         "--set takes no comment");
     if (is_integer_text(value))
-      throw ConfigError(source + ": key '" + name + "': " + value + " is an integer out of range (TOML's are "
+      throw ConfigError(source + ": key '" + name + "': " + value +
+                        " is an integer out of range (TOML's are "
                         "64-bit: -9223372036854775808 to 9223372036854775807)");
     if (!is_bare_word(value)) throw ConfigError(source + ": " + std::string(e.description()));
     parsed = toml::parse(key + " = \"" + value + "\"", source);
@@ -168,8 +163,8 @@ toml::table parse_file(const std::string& path) {
     return toml::parse(text, path);
   } catch (const toml::parse_error& e) {
     const auto& begin = e.source().begin;
-    throw ConfigError(path + ":" + std::to_string(begin.line) + ":" +
-                      std::to_string(begin.column) + ": " + std::string(e.description()));
+    throw ConfigError(path + ":" + std::to_string(begin.line) + ":" + std::to_string(begin.column) + ": " +
+                      std::string(e.description()));
   }
 }
 

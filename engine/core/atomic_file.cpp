@@ -64,7 +64,8 @@ void AtomicFile::commit() {
   if (::fsync(fd_) != 0) fail(std::string("cannot write file (") + std::strerror(errno) + ")");
   const int fd = fd_;
   fd_ = -1;
-  std::error_code ignored, ec;
+  std::error_code ignored;
+  std::error_code ec;
   if (::close(fd) != 0) {
     const int err = errno;
     std::filesystem::remove(tmp_, ignored);
@@ -89,7 +90,8 @@ namespace {
 // removes the lock file as it leaves, so an fd opened just before that
 // locks a file no one else will see).
 bool still_named(int fd, const std::string& path) {
-  struct stat open_st {}, named_st {};
+  struct stat open_st {};
+  struct stat named_st {};
   return ::fstat(fd, &open_st) == 0 && ::stat(path.c_str(), &named_st) == 0 && open_st.st_dev == named_st.st_dev &&
          open_st.st_ino == named_st.st_ino;
 }

@@ -34,7 +34,8 @@ class AtomicFile {
 
  private:
   [[noreturn]] void fail(const std::string& why);
-  std::string path_, tmp_;
+  std::string path_;
+  std::string tmp_;
   int fd_ = -1;
 };
 

@@ -26,8 +26,7 @@ const char* to_string(MemCategory category) {
 
 static void raise_peak(std::atomic<size_t>& peak, size_t value) {
   size_t seen = peak.load();
-  while (value > seen && !peak.compare_exchange_weak(seen, value)) {
-  }
+  while (value > seen && !peak.compare_exchange_weak(seen, value)) {}
 }
 
 void MemoryTracker::add(MemCategory category, size_t bytes) {
@@ -91,8 +90,9 @@ void* CpuDevice::alloc(size_t bytes, MemCategory category) {
   constexpr size_t kAlign = 64;
   size_t rounded = std::max<size_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
   void* ptr = std::aligned_alloc(kAlign, rounded);
-  if (!ptr) throw Error("out of memory allocating " + std::to_string(bytes) + " bytes of " +
-                        to_string(category), DDP_ERR_OUT_OF_MEMORY);
+  if (!ptr)
+    throw Error("out of memory allocating " + std::to_string(bytes) + " bytes of " + to_string(category),
+                DDP_ERR_OUT_OF_MEMORY);
   std::memset(ptr, 0, rounded);
   blocks_.add(ptr, bytes, category);
   return ptr;
@@ -121,13 +121,9 @@ void CpuDevice::fill(float* data, size_t count, float value, Stream& stream) {
   });
 }
 
-void CpuDevice::upload(void* dst, const void* host_src, size_t bytes) {
-  std::memcpy(dst, host_src, bytes);
-}
+void CpuDevice::upload(void* dst, const void* host_src, size_t bytes) { std::memcpy(dst, host_src, bytes); }
 
-void CpuDevice::download(void* host_dst, const void* src, size_t bytes) {
-  std::memcpy(host_dst, src, bytes);
-}
+void CpuDevice::download(void* host_dst, const void* src, size_t bytes) { std::memcpy(host_dst, src, bytes); }
 
 void CpuDevice::scale(float* data, size_t count, float factor, Stream& stream) {
   stream.enqueue([=](bool cancelled) {
@@ -172,9 +168,10 @@ std::unique_ptr<Device> make_device(ddp_device_kind kind, int local_rank, bool s
 #else
   (void)local_rank;
   (void)share_gpus;
-  throw Error("device \"cuda\": this build of ddp has no CUDA (it was configured without "
-              "nvcc or with -DDDP_WITH_CUDA=OFF)",
-              DDP_ERR_UNSUPPORTED);
+  throw Error(
+      "device \"cuda\": this build of ddp has no CUDA (it was configured without "
+      "nvcc or with -DDDP_WITH_CUDA=OFF)",
+      DDP_ERR_UNSUPPORTED);
 #endif
 }
 

@@ -79,7 +79,8 @@ Env parse_env(const std::map<std::string, std::string>& vars) {
   e.restarts = launcher_json(vars, "DDP_RESTARTS", '[', ']', "a JSON array");
   if (const auto h = value_of(vars, "DDP_HUGE_PAGES")) {
     if (*h != "0" && *h != "1")
-      throw ConfigError(shown("DDP_HUGE_PAGES", *h) + " is neither 0 nor 1 (0: malloc without huge pages, "
+      throw ConfigError(shown("DDP_HUGE_PAGES", *h) +
+                        " is neither 0 nor 1 (0: malloc without huge pages, "
                         "1: with them)");
     e.huge_pages = *h == "1";
   }

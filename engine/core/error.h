@@ -53,7 +53,8 @@ class Error : public std::runtime_error {
 
  private:
   ddp_status status_;
-  std::string plugin_, entry_;
+  std::string plugin_;
+  std::string entry_;
   int64_t step_ = -1;
 };
 

@@ -79,7 +79,8 @@ void restart_with_huge_pages(char** argv) {
 }
 
 std::string thp_mode(const std::string& enabled_text) {
-  const size_t open = enabled_text.find('['), close = enabled_text.find(']', open);
+  const size_t open = enabled_text.find('[');
+  const size_t close = enabled_text.find(']', open);
   if (open == std::string::npos || close == std::string::npos) return "";
   return enabled_text.substr(open + 1, close - open - 1);
 }

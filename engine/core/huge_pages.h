@@ -54,7 +54,8 @@ int64_t anon_huge_bytes(const std::string& smaps_rollup_text);
 // mode ("unavailable" without /sys), its anonymous memory on huge pages now
 // (-1 where the kernel does not say): the proof that they took.
 struct HugePages {
-  std::string malloc_hugetlb, thp_mode;
+  std::string malloc_hugetlb;
+  std::string thp_mode;
   int64_t anon_huge_bytes = -1;
 };
 HugePages huge_pages_now();

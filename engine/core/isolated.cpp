@@ -40,8 +40,8 @@ constexpr std::chrono::milliseconds kKillGrace{2000};
 // What a nested call leaves its parent to report in.
 constexpr std::chrono::milliseconds kReportMargin{1000};
 
-int g_fd = -1;                         // the child's end of the pipe
-Clock::time_point g_deadline{};        // the child's bound; epoch outside a child
+int g_fd = -1;                   // the child's end of the pipe
+Clock::time_point g_deadline{};  // the child's bound; epoch outside a child
 char g_alt_stack[64 * 1024];
 
 // Appends to a fixed buffer, async-signal-safe.
@@ -69,7 +69,8 @@ struct Record {
     const char* entry = whereabouts::entry();
     if (!plugin && !entry) {
       const whereabouts::Stage stage = whereabouts::training_stage();
-      plugin = stage.plugin, entry = stage.entry;
+      plugin = stage.plugin;
+      entry = stage.entry;
     }
     add("\t");
     add(plugin);
@@ -135,7 +136,7 @@ void send_all(const std::string& text) {
   g_fd = fd;
   g_deadline = Clock::now() + bound;
   prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed meanwhile takes its check with it
-  setpgid(0, 0);  // a group of its own: what plugin code forks is killed with it
+  setpgid(0, 0);                     // a group of its own: what plugin code forks is killed with it
   whereabouts::bind_training_thread();
   stack_t ss{};
   ss.ss_sp = g_alt_stack;
@@ -193,7 +194,8 @@ Outcome wait_for(pid_t pid, int fd, std::chrono::milliseconds bound) {
   Outcome o;
   const Clock::time_point give_up = Clock::now() + bound + kKillGrace;
   char buffer[65536];
-  bool ended = false, open = true;
+  bool ended = false;
+  bool open = true;
   while (!ended) {
     ended = waitpid(pid, &o.status, WNOHANG) == pid;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(give_up - Clock::now());
@@ -201,8 +203,7 @@ Outcome wait_for(pid_t pid, int fd, std::chrono::milliseconds bound) {
       kill(-pid, SIGKILL);
       kill(pid, SIGKILL);
       o.timed_out = true;
-      while (waitpid(pid, &o.status, 0) < 0 && errno == EINTR) {
-      }
+      while (waitpid(pid, &o.status, 0) < 0 && errno == EINTR) {}
       ended = true;
     }
     // What the pipe holds now (all of it once the child has ended).
@@ -224,7 +225,8 @@ Outcome wait_for(pid_t pid, int fd, std::chrono::milliseconds bound) {
 
 // "<plugin> ... in <entry>" from a record's "\t<plugin>\t<entry>".
 struct Where {
-  std::string plugin, entry;
+  std::string plugin;
+  std::string entry;
 };
 Where where_of(const std::string& record) {
   Where w;
@@ -242,8 +244,7 @@ std::string isolated_ending(const std::string& report, int wait_status, bool tim
   const char kind = report.empty() ? '\0' : report[0];
   const Where w = where_of(report);
   const std::string who = w.plugin.empty() ? "the check" : w.plugin;
-  const std::string in = w.entry.empty() ? (w.plugin.empty() ? " outside any plugin entry" : "")
-                                         : " in " + w.entry;
+  const std::string in = w.entry.empty() ? (w.plugin.empty() ? " outside any plugin entry" : "") : " in " + w.entry;
   if (kind == 'X') {
     const std::string code = report.substr(1, report.find('\t') - 1);
     return who + " called exit(" + code + ")" + in;

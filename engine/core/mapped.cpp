@@ -25,7 +25,8 @@ std::string unreadable_in(const std::string& maps, uintptr_t begin, size_t bytes
   std::istringstream lines(maps);
   std::string line;
   while (covered < end && std::getline(lines, line)) {
-    unsigned long long start = 0, stop = 0;
+    unsigned long long start = 0;
+    unsigned long long stop = 0;
     char perms[8] = {};
     if (std::sscanf(line.c_str(), "%llx-%llx %7s", &start, &stop, perms) != 3) continue;
     if (stop <= covered) continue;
@@ -33,8 +34,8 @@ std::string unreadable_in(const std::string& maps, uintptr_t begin, size_t bytes
     covered = uintptr_t(stop);
   }
   if (covered >= end) return "";
-  return what + " run past the memory mapped there (" + (covered == begin ? "nothing readable at " + hex(begin)
-                                                                           : "unmapped from " + hex(covered)) + ")";
+  return what + " run past the memory mapped there (" +
+         (covered == begin ? "nothing readable at " + hex(begin) : "unmapped from " + hex(covered)) + ")";
 }
 
 std::string unreadable(const void* begin, size_t bytes) {

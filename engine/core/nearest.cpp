@@ -20,7 +20,10 @@ std::string nearest_name(const std::string& name, const std::vector<std::string>
         diagonal = up;
       }
     }
-    if (row[candidate.size()] < best_distance) best_distance = row[candidate.size()], best = candidate;
+    if (row[candidate.size()] < best_distance) {
+      best_distance = row[candidate.size()];
+      best = candidate;
+    }
   }
   return best;
 }

@@ -11,8 +11,7 @@ Stream::Stream(std::string name, bool threaded) : name_(std::move(name)), thread
   if (threaded_) thread_ = std::thread([this] { loop(); });
 }
 
-Stream::Stream(std::string name, void* native)
-    : name_(std::move(name)), threaded_(true), native_(native) {}
+Stream::Stream(std::string name, void* native) : name_(std::move(name)), threaded_(true), native_(native) {}
 
 Stream::~Stream() {
   if (!thread_.joinable()) return;
@@ -48,12 +47,16 @@ void Stream::run(Task& task, int64_t index) {
   // A device stream's task runs where the device allows no calls into it
   // (CUDA's host functions): flagged, so the plugin host can refuse them.
   struct Flag {
-    bool was, was_task;
+    bool was;
+    bool was_task;
     explicit Flag(bool on) : was(t_in_device_task), was_task(t_in_task) {
       t_in_device_task = was || on;
       t_in_task = true;
     }
-    ~Flag() { t_in_device_task = was, t_in_task = was_task; }
+    ~Flag() {
+      t_in_device_task = was;
+      t_in_task = was_task;
+    }
   } flag(native_ != nullptr);
   try {
     task(cancelled);
@@ -110,8 +113,7 @@ bool Stream::drained_within(std::chrono::milliseconds limit) {
   if (native_) {
     try {
       synchronize();
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
     return true;
   }
   std::unique_lock<std::mutex> lock(mutex_);
@@ -213,8 +215,7 @@ void Event::wait_native(std::chrono::milliseconds limit) const {
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
-  if (native->stream->failed_before(native->point))
-    throw Error(native->stream->error(), native->stream->error_kind());
+  if (native->stream->failed_before(native->point)) throw Error(native->stream->error(), native->stream->error_kind());
 }
 
 void Event::synchronize(std::chrono::milliseconds limit) {

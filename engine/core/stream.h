@@ -42,7 +42,7 @@ class Stream {
   using Task = std::function<void(bool cancelled)>;
 
   Stream(std::string name, bool threaded);  // a CPU stream
-  virtual ~Stream();  // CPU: drains the queue, then joins the executor
+  virtual ~Stream();                        // CPU: drains the queue, then joins the executor
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
@@ -181,7 +181,7 @@ class Event {
     Stream::NativeEventDestroy destroy = nullptr;
     bool recorded = false;
     Stream* stream = nullptr;  // where it was last recorded
-    int64_t point = 0;  // the stream's task count then
+    int64_t point = 0;         // the stream's task count then
     ~Native() {
       if (event && destroy) destroy(event);
     }

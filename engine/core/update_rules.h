@@ -15,7 +15,14 @@ namespace ddp {
 //   denom = sqrt(v) / bias2_sqrt + eps;  w = w + (-step_size) * m / denom
 // each operation rounded on its own (no fused multiply-add).
 struct AdamScalars {
-  float decay, b1, one_minus_b1, b2, one_minus_b2, bias2_sqrt, eps, step_size;
+  float decay;
+  float b1;
+  float one_minus_b1;
+  float b2;
+  float one_minus_b2;
+  float bias2_sqrt;
+  float eps;
+  float step_size;
 };
 
 // A gradient's squared L2 norm is summed in float64 in kSquareLanes fixed
@@ -53,7 +60,6 @@ inline double sum_squares_while(const float* g, size_t n, Each&& each) {
 }
 
 // The constants for step `step` (1-based) with these hyper-parameters.
-AdamScalars adamw_scalars(double lr, double weight_decay, double beta1, double beta2, double eps,
-                          int64_t step);
+AdamScalars adamw_scalars(double lr, double weight_decay, double beta1, double beta2, double eps, int64_t step);
 
 }  // namespace ddp

@@ -108,7 +108,10 @@ Inside::Inside(const char* plugin, const char* entry) : outer_plugin_(t_plugin),
 }
 
 Inside::~Inside() {
-  if (t_plugin) t_left_plugin = t_plugin, t_left_entry = t_entry;
+  if (t_plugin) {
+    t_left_plugin = t_plugin;
+    t_left_entry = t_entry;
+  }
   t_plugin = outer_plugin_;
   t_entry = outer_entry_;
   if (!t_training) return;

@@ -46,15 +46,18 @@ struct LocalRows {
       b.tokens = ints.data();
     } else {
       b.x = x.data();
-      if (shape.kind == DataShape::Regression) b.y = y.data();
-      else b.labels = ints.data();
+      if (shape.kind == DataShape::Regression)
+        b.y = y.data();
+      else
+        b.labels = ints.data();
     }
     return b;
   }
 
   DataShape shape;
   int64_t rows;
-  Tensor x, y;               // [rows, in], [rows, out]
+  Tensor x;                   // [rows, in]
+  Tensor y;                   // [rows, out]
   std::vector<int32_t> ints;  // tokens [rows, context + 1] or labels [rows]
 };
 
@@ -63,8 +66,13 @@ struct LocalRows {
 class InMemory final : public Dataset {
  public:
   InMemory(const Config& config, const DataShape& shape, int rank, int world, Device& device)
-      : shape_(shape), global_(config.data.batch_size), local_(global_ / world), first_(int64_t(rank) * local_),
-        holdout_(config.data.holdout_rows), held_out_(config.data.held_out), out_(shape, local_, device) {}
+      : shape_(shape),
+        global_(config.data.batch_size),
+        local_(global_ / world),
+        first_(int64_t(rank) * local_),
+        holdout_(config.data.holdout_rows),
+        held_out_(config.data.held_out),
+        out_(shape, local_, device) {}
 
   // Reads the file, then sets aside its last holdout rows: training reads
   // the others, the held-out source those.
@@ -72,8 +80,8 @@ class InMemory final : public Dataset {
     fill_rows(path);
     if (holdout_ == 0) return;
     if (holdout_ >= rows_)
-      throw ConfigError(path + ": holds " + std::to_string(rows_) + " rows, and eval.holdout_rows = " +
-                        std::to_string(holdout_) + " leaves none to train on");
+      throw ConfigError(path + ": holds " + std::to_string(rows_) +
+                        " rows, and eval.holdout_rows = " + std::to_string(holdout_) + " leaves none to train on");
     window_first_ = held_out_ ? rows_ - holdout_ : 0;
     rows_ = held_out_ ? holdout_ : rows_ - holdout_;
   }
@@ -91,7 +99,7 @@ class InMemory final : public Dataset {
       const HostTensor& t = need("tokens");
       if (t.shape.size() != 2 || t.shape[1] != row_width() || t.shape[0] < 1)
         throw ConfigError(path + ": tensor 'tokens' has shape " + shape_string(t.shape) + ", expected [samples, " +
-                    std::to_string(row_width()) + "] (context_length + 1)");
+                          std::to_string(row_width()) + "] (context_length + 1)");
       rows_ = t.shape[0];
       tokens_ = ids(path, "tokens", t, shape_.vocab);
       return;
@@ -99,23 +107,22 @@ class InMemory final : public Dataset {
     const HostTensor& x = need("x");
     if (x.shape.size() != 2 || x.shape[1] != shape_.in || x.shape[0] < 1)
       throw ConfigError(path + ": tensor 'x' has shape " + shape_string(x.shape) + ", expected [samples, " +
-                  std::to_string(shape_.in) + "]");
+                        std::to_string(shape_.in) + "]");
     rows_ = x.shape[0];
     xs_ = x.as_floats(path, "x");
     const HostTensor& y = need("y");
     if (shape_.kind == DataShape::Regression) {
       if (y.shape != Shape{rows_, shape_.out})
         throw ConfigError(path + ": tensor 'y' has shape " + shape_string(y.shape) + ", expected " +
-                    shape_string({rows_, shape_.out}));
+                          shape_string({rows_, shape_.out}));
       ys_ = y.as_floats(path, "y");
     } else {
       if (y.shape != Shape{rows_})
         throw ConfigError(path + ": tensor 'y' has shape " + shape_string(y.shape) + ", expected labels " +
-                    shape_string({rows_}));
+                          shape_string({rows_}));
       labels_ = ids(path, "y", y, shape_.out);
     }
   }
-
 
  public:
   Batch batch(int64_t micro) override {
@@ -155,21 +162,25 @@ class InMemory final : public Dataset {
       }
       if (v < 0 || v >= limit)
         throw ConfigError(path + ": tensor '" + std::string(name) + "' holds " + std::to_string(v) + " at element " +
-                    std::to_string(k) + ", outside [0, " + std::to_string(limit) + ")");
+                          std::to_string(k) + ", outside [0, " + std::to_string(limit) + ")");
       out[k] = int32_t(v);
     }
     return out;
   }
 
   DataShape shape_;
-  int64_t global_, local_, first_;
-  int64_t holdout_;       // rows set aside at the end
-  bool held_out_;         // this source reads them
-  int64_t rows_ = 0;      // rows it reads, from window_first_ on
+  int64_t global_;
+  int64_t local_;
+  int64_t first_;
+  int64_t holdout_;   // rows set aside at the end
+  bool held_out_;     // this source reads them
+  int64_t rows_ = 0;  // rows it reads, from window_first_ on
   int64_t window_first_ = 0;
-  std::vector<float> xs_, ys_;            // all rows
-  std::vector<int32_t> labels_, tokens_;  // all rows
-  LocalRows out_;                         // this rank's rows
+  std::vector<float> xs_;  // all rows
+  std::vector<float> ys_;
+  std::vector<int32_t> labels_;  // all rows
+  std::vector<int32_t> tokens_;
+  LocalRows out_;  // this rank's rows
 };
 
 // Random rows: global row g is drawn from (seed, stream, g) alone, so
@@ -182,8 +193,13 @@ class InMemory final : public Dataset {
 class RandomRows final : public Dataset {
  public:
   RandomRows(const Config& config, const DataShape& shape, int rank, int world, Device& device)
-      : shape_(shape), seed_(config.run.seed), stream_(config.data.stream), global_(config.data.batch_size),
-        local_(global_ / world), first_(int64_t(rank) * local_), out_(shape, local_, device) {
+      : shape_(shape),
+        seed_(config.run.seed),
+        stream_(config.data.stream),
+        global_(config.data.batch_size),
+        local_(global_ / world),
+        first_(int64_t(rank) * local_),
+        out_(shape, local_, device) {
     if (config.data.teacher) draw_teacher();
   }
 
@@ -200,10 +216,12 @@ class RandomRows final : public Dataset {
       for (int64_t k = 0; k < shape_.in; ++k) x[k] = normal(rng);
       if (shape_.kind == DataShape::Regression) {
         float* y = out_.y.data() + i * shape_.out;
-        for (int64_t k = 0; k < shape_.out; ++k) y[k] = teacher_.empty() ? normal(rng) : taught(x, k) / std::sqrt(float(shape_.in));
+        for (int64_t k = 0; k < shape_.out; ++k)
+          y[k] = teacher_.empty() ? normal(rng) : taught(x, k) / std::sqrt(float(shape_.in));
       } else {
-        out_.ints[size_t(i)] = teacher_.empty() ? std::uniform_int_distribution<int32_t>(0, int32_t(shape_.out - 1))(rng)
-                                                : taught_label(x);
+        out_.ints[size_t(i)] = teacher_.empty()
+                                   ? std::uniform_int_distribution<int32_t>(0, int32_t(shape_.out - 1))(rng)
+                                   : taught_label(x);
       }
     }
     return out_.batch();
@@ -239,20 +257,27 @@ class RandomRows final : public Dataset {
   }
 
   DataShape shape_;
-  uint64_t seed_, stream_;
-  int64_t global_, local_, first_;
+  uint64_t seed_;
+  uint64_t stream_;
+  int64_t global_;
+  int64_t local_;
+  int64_t first_;
   std::vector<float> teacher_;  // W [out, in] (data.teacher)
   std::vector<int32_t> next_;   // the tokens' permutation (data.teacher)
-  LocalRows out_;  // this rank's rows
+  LocalRows out_;               // this rank's rows
 };
 
 // A flat uint16 token file, memory-mapped.
 class TokenFile final : public Dataset {
  public:
   TokenFile(const Config& config, const DataShape& shape, int rank, int world, Device& device)
-      : path_(config.data.path), shape_(shape), seed_(config.run.seed + config.data.stream * 0xd1b54a32d192ed03ull),
+      : path_(config.data.path),
+        shape_(shape),
+        seed_(config.run.seed + config.data.stream * 0xd1b54a32d192ed03ull),
         global_(config.data.batch_size),
-        local_(global_ / world), first_(int64_t(rank) * local_), out_(shape, local_, device) {
+        local_(global_ / world),
+        first_(int64_t(rank) * local_),
+        out_(shape, local_, device) {
     int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO must not block the open
     if (fd < 0) throw ConfigError(path_ + ": cannot open token file: " + std::strerror(errno));
     struct stat st {};
@@ -263,13 +288,14 @@ class TokenFile final : public Dataset {
     bytes_ = size_t(st.st_size);
     if (bytes_ % 2 != 0) {
       ::close(fd);
-      throw ConfigError(path_ + ": token file has an odd size (" + std::to_string(bytes_) + " bytes): not uint16 tokens");
+      throw ConfigError(path_ + ": token file has an odd size (" + std::to_string(bytes_) +
+                        " bytes): not uint16 tokens");
     }
     count_ = bytes_ / 2;
     if (count_ < size_t(shape.context + 1)) {
       ::close(fd);
-      throw ConfigError(path_ + ": token file holds " + std::to_string(count_) + " tokens; a window needs context_length + 1 = " +
-                  std::to_string(shape.context + 1));
+      throw ConfigError(path_ + ": token file holds " + std::to_string(count_) +
+                        " tokens; a window needs context_length + 1 = " + std::to_string(shape.context + 1));
     }
     void* map = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
     ::close(fd);
@@ -290,7 +316,7 @@ class TokenFile final : public Dataset {
         const uint16_t id = tokens_[start + uint64_t(k)];
         if (id >= shape_.vocab)
           throw ConfigError(path_ + ": token " + std::to_string(id) + " at position " + std::to_string(start + k) +
-                      " is >= vocab_size " + std::to_string(shape_.vocab));
+                            " is >= vocab_size " + std::to_string(shape_.vocab));
         out_.ints[size_t(i * w + k)] = id;
       }
     }
@@ -301,9 +327,12 @@ class TokenFile final : public Dataset {
   std::string path_;
   DataShape shape_;
   uint64_t seed_;
-  int64_t global_, local_, first_;
+  int64_t global_;
+  int64_t local_;
+  int64_t first_;
   const uint16_t* tokens_ = nullptr;
-  size_t bytes_ = 0, count_ = 0;
+  size_t bytes_ = 0;
+  size_t count_ = 0;
   LocalRows out_;  // this rank's rows
 };
 
@@ -336,8 +365,8 @@ std::unique_ptr<Dataset> make_eval_dataset(const Config& config, const DataShape
     c.data.kind = config.eval.kind;
     c.data.holdout_rows = 0;
     if (c.data.kind == "tokens" && shape.kind != DataShape::Tokens)
-      throw ConfigError(c.data.path + ": eval.path is a token file (eval.kind), and model '" +
-                        config.model.name + "' reads no tokens");
+      throw ConfigError(c.data.path + ": eval.path is a token file (eval.kind), and model '" + config.model.name +
+                        "' reads no tokens");
   } else {
     c.data.held_out = true;  // the rows of data.path set aside, if any
   }

@@ -6,11 +6,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <limits>
-#include <type_traits>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -50,8 +50,7 @@ std::vector<Int> integers(const nlohmann::json& j, const char* what) {
 }  // namespace
 
 std::vector<float> HostTensor::as_floats(const std::string& file, const std::string& name) const {
-  if (dtype != "F32")
-    throw ConfigError(file + ": tensor '" + name + "' has dtype " + dtype + ", expected F32");
+  if (dtype != "F32") throw ConfigError(file + ": tensor '" + name + "' has dtype " + dtype + ", expected F32");
   std::vector<float> out(bytes.size() / sizeof(float));
   std::memcpy(out.data(), bytes.data(), bytes.size());
   return out;
@@ -73,13 +72,14 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   for (int i = 7; i >= 0; --i) header_len = header_len << 8 | len_bytes[i];
   if (header_len > file_size - 8)
     throw ConfigError(path + ": not a safetensors file (header length " + std::to_string(header_len) +
-                " exceeds the file)");
+                      " exceeds the file)");
   if (header_len > kMaxHeaderBytes)
     throw ConfigError(path + ": not a safetensors file (header length " + std::to_string(header_len) +
                       " is over the format's 100 MB)");
   std::string header(header_len, '\0');
   in_.read(header.data(), static_cast<std::streamsize>(header_len));
-  const uint64_t data_start = 8 + header_len, data_size = file_size - data_start;
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_size = file_size - data_start;
 
   nlohmann::json doc;
   try {

@@ -35,7 +35,8 @@ class SafetensorsReader {
   struct Entry {
     std::string dtype;
     Shape shape;
-    uint64_t offset = 0, bytes = 0;  // of its data, in the file
+    uint64_t offset = 0;  // of its data, in the file
+    uint64_t bytes = 0;   // of its data, in the file
   };
   explicit SafetensorsReader(const std::string& path);
   const std::string& path() const { return path_; }

@@ -10,15 +10,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "error.h"
 #include "atomic_file.h"
+#include "error.h"
 
 namespace ddp {
 namespace {
 
 using json = nlohmann::ordered_json;
 
-constexpr int kComputeLane = 0, kCommunicationLane = 1;
+constexpr int kComputeLane = 0;
+constexpr int kCommunicationLane = 1;
 
 int64_t ns(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
@@ -44,8 +45,8 @@ void Trace::compute(const char* name, Clock::time_point begin, Clock::time_point
   add(Event{name, ns(begin), ns(end), step(), -1, nullptr});
 }
 
-void Trace::collective(const char* op, int64_t bytes, int64_t step, Clock::time_point begin,
-                       Clock::time_point end, const char* group) {
+void Trace::collective(const char* op, int64_t bytes, int64_t step, Clock::time_point begin, Clock::time_point end,
+                       const char* group) {
   add(Event{op, ns(begin), ns(end), step, bytes, group});
 }
 
@@ -59,9 +60,13 @@ void Trace::write(const std::string& path) const {
     const bool comm = e.bytes >= 0;
     json args = comm ? json{{"op", e.name}, {"bytes", e.bytes}, {"step", e.step}} : json{{"step", e.step}};
     if (e.group) args["group"] = e.group;
-    events.push_back({{"name", e.name}, {"ph", "X"}, {"pid", rank_},
-                      {"tid", comm ? kCommunicationLane : kComputeLane}, {"ts", e.begin_ns / 1e3},
-                      {"dur", (e.end_ns - e.begin_ns) / 1e3}, {"args", std::move(args)}});
+    events.push_back({{"name", e.name},
+                      {"ph", "X"},
+                      {"pid", rank_},
+                      {"tid", comm ? kCommunicationLane : kComputeLane},
+                      {"ts", e.begin_ns / 1e3},
+                      {"dur", (e.end_ns - e.begin_ns) / 1e3},
+                      {"args", std::move(args)}});
   }
   write_file_atomically(path, json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}.dump() + "\n");
 }

@@ -39,8 +39,8 @@ class Trace {
   void compute(const char* name, Clock::time_point begin, Clock::time_point end);
   // `group` (ABI 1.9): the label of the group it ran in ("group 'shard'
   // (ranks 0, 1)", outliving the Trace); null for the world's.
-  void collective(const char* op, int64_t bytes, int64_t step, Clock::time_point begin,
-                  Clock::time_point end, const char* group = nullptr);
+  void collective(const char* op, int64_t bytes, int64_t step, Clock::time_point begin, Clock::time_point end,
+                  const char* group = nullptr);
 
   // {"traceEvents": [...], "displayTimeUnit": "ms"}, itself a valid trace.
   void write(const std::string& path) const;
@@ -48,9 +48,10 @@ class Trace {
  private:
   struct Event {
     const char* name;  // compute: the range; communication: the op
-    int64_t begin_ns, end_ns;
+    int64_t begin_ns;
+    int64_t end_ns;
     int64_t step;
-    int64_t bytes;  // -1 on the compute lane
+    int64_t bytes;      // -1 on the compute lane
     const char* group;  // the collective's group label; null: the world's (and compute)
   };
   void add(const Event& event);

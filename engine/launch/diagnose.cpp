@@ -62,8 +62,7 @@ std::string at_step(const RankExit& exit, const std::optional<RankFailure>& repo
 
 // The first rank other than `blamed` to fail with a report of a failed
 // collective (a peer's echo of the failure), or -1.
-int first_echo(const std::vector<RankExit>& ranks, const std::vector<std::optional<RankFailure>>& reports,
-               int blamed) {
+int first_echo(const std::vector<RankExit>& ranks, const std::vector<std::optional<RankFailure>>& reports, int blamed) {
   int first = -1;
   for (size_t r = 0; r < ranks.size(); ++r) {
     if (int(r) == blamed || ranks[r].failed_order < 0 || !reports[r] || reports[r]->message.empty()) continue;
@@ -82,14 +81,16 @@ Diagnosis diagnose(const WatchResult& watched, const std::vector<std::optional<R
   int blamed = -1;
   for (size_t r = 0; r < ranks.size(); ++r) {
     if (ranks[r].failed_order < 0) continue;
-    const int w = weight(ranks[r], reports[r]), best = blamed < 0 ? -1 : weight(ranks[blamed], reports[blamed]);
+    const int w = weight(ranks[r], reports[r]);
+    const int best = blamed < 0 ? -1 : weight(ranks[blamed], reports[blamed]);
     if (w > best || (w == best && ranks[r].failed_order < ranks[blamed].failed_order)) blamed = int(r);
   }
   if (blamed < 0) return {0, ""};
 
   // The ranks the others waited for: those that fell silent (mpirun's), else
   // those still running when the launcher stopped the run.
-  std::string stopped, silent;
+  std::string stopped;
+  std::string silent;
   for (size_t r = 0; r < ranks.size(); ++r) {
     if (ranks[r].stopped) stopped += (stopped.empty() ? "" : ", ") + std::to_string(r);
     if (ranks[r].silent) silent += (silent.empty() ? "" : ", ") + std::to_string(r);
@@ -103,7 +104,8 @@ Diagnosis diagnose(const WatchResult& watched, const std::vector<std::optional<R
               " stopped responding: the other ranks timed out waiting (" + timeout_note + ")\n" + "ddp: rank " +
               std::to_string(blamed) + " reported" + at_step(exit, report) + ": " + cause(exit, report) + "\n";
   } else {
-    message = "ddp: rank " + std::to_string(blamed) + " failed" + at_step(exit, report) + ": " + cause(exit, report) + "\n";
+    message =
+        "ddp: rank " + std::to_string(blamed) + " failed" + at_step(exit, report) + ": " + cause(exit, report) + "\n";
     const int peer = first_echo(ranks, reports, blamed);
     if (weight(exit, report) == 3 && !report && peer >= 0)  // it said nothing: what a peer saw (a collective, a unit)
       message += "ddp: rank " + std::to_string(peer) + " reported" + at_step(ranks[peer], reports[peer]) + ": " +

@@ -32,9 +32,9 @@ RankFailure failure_of(const std::exception& e, int rank) {
 }
 
 std::string failure_json(const RankFailure& f) {
-  const nlohmann::ordered_json j = {{"kind", kind_name(f.kind)}, {"rank", f.rank},   {"step", f.step},
-                                    {"plugin", f.plugin},        {"entry", f.entry}, {"message", f.message},
-                                    {"exit_code", f.exit_code}, {"signal", f.signal}};
+  const nlohmann::ordered_json j = {{"kind", kind_name(f.kind)}, {"rank", f.rank},    {"step", f.step},
+                                    {"plugin", f.plugin},        {"entry", f.entry},  {"message", f.message},
+                                    {"exit_code", f.exit_code},  {"signal", f.signal}};
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 

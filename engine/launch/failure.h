@@ -31,7 +31,8 @@ struct RankFailure {
   ddp_status kind = DDP_ERR_INTERNAL;
   int rank = -1;
   int64_t step = -1;
-  std::string plugin, entry;
+  std::string plugin;
+  std::string entry;
   std::string message;
   int exit_code = 1;
   int signal = 0;

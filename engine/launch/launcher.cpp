@@ -185,8 +185,7 @@ void exited_early(int code, void*) {
       std::_Exit(code);  // the launcher names it; no "completed" came
     }
     std::fprintf(stderr, "ddp: rank %d: error: %s\n", g_rank.load(), error.what());
-  } catch (...) {
-  }
+  } catch (...) {}
   std::fflush(nullptr);
   std::_Exit(1);
 }

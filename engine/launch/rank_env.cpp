@@ -28,8 +28,7 @@ int integer(const char* name, const char* value) {
     size_t used = 0;
     const int n = std::stoi(text, &used);
     if (used == text.size()) return n;
-  } catch (const std::exception&) {
-  }
+  } catch (const std::exception&) {}
   throw Error(std::string("environment variable ") + name + "='" + text + "' is not an integer",
               DDP_ERR_INVALID_ARGUMENT);
 }

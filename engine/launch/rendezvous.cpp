@@ -43,7 +43,8 @@ std::string get(const std::function<const char*(const char*)>& lookup, const cha
 // Whether the launcher says every rank runs on this host.
 bool all_local(const std::function<const char*(const char*)>& lookup) {
   auto same = [&](const char* local, const char* world) {
-    const std::string l = get(lookup, local), w = get(lookup, world);
+    const std::string l = get(lookup, local);
+    const std::string w = get(lookup, world);
     return !l.empty() && l == w;
   };
   return same("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE") || get(lookup, "SLURM_STEP_NUM_NODES") == "1" ||
@@ -52,8 +53,8 @@ bool all_local(const std::function<const char*(const char*)>& lookup) {
 
 bool is_port(const std::string& text) {
   return !text.empty() && text.size() <= 5 &&
-         std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
-         std::stoi(text) >= 1 && std::stoi(text) <= 65535;
+         std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }) && std::stoi(text) >= 1 &&
+         std::stoi(text) <= 65535;
 }
 
 // DDP_RENDEZVOUS, checked before anything connects to it.
@@ -75,7 +76,8 @@ void check_given(const std::string& given) {
 
 // The IPv4 address of `host` ("10.0.0.1", or a name), for redis-server's bind.
 std::string ipv4_of(const std::string& host) {
-  addrinfo hints{}, *found = nullptr;
+  addrinfo hints{};
+  addrinfo* found = nullptr;
   hints.ai_family = AF_INET;
   if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || !found)
     throw Error("MASTER_ADDR=" + host + " does not resolve to an IPv4 address", DDP_ERR_INVALID_ARGUMENT);
@@ -99,13 +101,15 @@ std::string own_address() {
     found = text;
   }
   freeifaddrs(list);
-  if (found.empty()) throw Error("no network interface but loopback: the other hosts cannot reach rank 0", DDP_ERR_COMM);
+  if (found.empty())
+    throw Error("no network interface but loopback: the other hosts cannot reach rank 0", DDP_ERR_COMM);
   return found;
 }
 
 // Whether a TCP connection to address:port opens.
 bool reachable(const std::string& address, int port) {
-  addrinfo hints{}, *found = nullptr;
+  addrinfo hints{};
+  addrinfo* found = nullptr;
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   if (getaddrinfo(address.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || !found) return false;
@@ -165,9 +169,9 @@ int serve_redis(const std::string& address, int port) {
     throw Error("rank 0 cannot serve the rendezvous at " + address + ":" + p +
                     ": another program holds that port (choose another MASTER_PORT)",
                 DDP_ERR_INVALID_ARGUMENT);
-  std::vector<const char*> argv = {"redis-server", "--bind", address.c_str(), "--port", p.c_str(),
-                                   "--protected-mode", "no", "--save", "", "--appendonly", "no",
-                                   "--loglevel", "warning", nullptr};
+  std::vector<const char*> argv = {
+      "redis-server", "--bind", address.c_str(), "--port", p.c_str(),    "--protected-mode", "no",
+      "--save",       "",       "--appendonly",  "no",     "--loglevel", "warning",          nullptr};
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
@@ -184,9 +188,10 @@ int serve_redis(const std::string& address, int port) {
     int status = 0;
     if (waitpid(pid, &status, WNOHANG) == pid) {
       if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
-        throw Error("rank 0 serves the rendezvous with redis-server, which is not installed (Debian: redis-server); "
-                    "or set DDP_RENDEZVOUS",
-                    DDP_ERR_INVALID_ARGUMENT);
+        throw Error(
+            "rank 0 serves the rendezvous with redis-server, which is not installed (Debian: redis-server); "
+            "or set DDP_RENDEZVOUS",
+            DDP_ERR_INVALID_ARGUMENT);
       throw Error("redis-server could not serve the rendezvous at " + address + ":" + p + " (port taken?)",
                   DDP_ERR_COMM);
     }
@@ -209,12 +214,14 @@ RendezvousPlan plan_rendezvous(const std::function<const char*(const char*)>& lo
     check_given(given);
     return {RendezvousPlan::kGiven, given};
   }
-  const std::string addr = get(lookup, "MASTER_ADDR"), port = get(lookup, "MASTER_PORT");
+  const std::string addr = get(lookup, "MASTER_ADDR");
+  const std::string port = get(lookup, "MASTER_PORT");
   if (!addr.empty() && !port.empty() && !is_port(port))
     throw Error("MASTER_PORT=" + port + " is not a port (1 to 65535)", DDP_ERR_INVALID_ARGUMENT);
   if (!addr.empty() && !port.empty()) return {RendezvousPlan::kMaster, addr + ":" + port};
   if (run_id != "ddp" && all_local(lookup))
-    return {RendezvousPlan::kLocalFile, "file:" + (std::filesystem::path(temp_dir) / ("ddp-rendezvous-" + run_id)).string()};
+    return {RendezvousPlan::kLocalFile,
+            "file:" + (std::filesystem::path(temp_dir) / ("ddp-rendezvous-" + run_id)).string()};
   if (!get(lookup, "PMIX_NAMESPACE").empty()) return {RendezvousPlan::kPmix, ""};
   return {RendezvousPlan::kNone, ""};
 }
@@ -235,7 +242,8 @@ std::string share_through_pmix(const std::string& mine, double timeout_s) {
     PMIX_VALUE_DESTRUCT(&value);
   }
   PMIx_Commit();
-  pmix_proc_t all, zero;
+  pmix_proc_t all;
+  pmix_proc_t zero;
   PMIX_LOAD_PROCID(&all, me.nspace, PMIX_RANK_WILDCARD);
   PMIX_LOAD_PROCID(&zero, me.nspace, 0);
   pmix_info_t info[2];
@@ -262,9 +270,7 @@ Rendezvous::Rendezvous(const RankInfo& rank, const std::string& run_id, double t
   const char* tmp = env().get("TMPDIR");
   const RendezvousPlan plan = plan_rendezvous(env_var, run_id, tmp && *tmp ? tmp : "/tmp");
   switch (plan.way) {
-    case RendezvousPlan::kGiven:
-      location_ = plan.location;
-      return;
+    case RendezvousPlan::kGiven: location_ = plan.location; return;
     case RendezvousPlan::kLocalFile:
       std::filesystem::create_directories(plan.location.substr(5));
       location_ = plan.location;
@@ -306,12 +312,12 @@ Rendezvous::Rendezvous(const RankInfo& rank, const std::string& run_id, double t
       break;
 #endif
     }
-    case RendezvousPlan::kNone:
-      break;
+    case RendezvousPlan::kNone: break;
   }
-  throw Error("no rendezvous: set DDP_RENDEZVOUS to file:<directory shared by all ranks> (fresh for each run) or "
-              "redis:<host>:<port>, or MASTER_ADDR and MASTER_PORT (rank 0 then serves a Redis store there)",
-              DDP_ERR_INVALID_ARGUMENT);
+  throw Error(
+      "no rendezvous: set DDP_RENDEZVOUS to file:<directory shared by all ranks> (fresh for each run) or "
+      "redis:<host>:<port>, or MASTER_ADDR and MASTER_PORT (rank 0 then serves a Redis store there)",
+      DDP_ERR_INVALID_ARGUMENT);
 }
 
 Rendezvous::~Rendezvous() {

@@ -48,8 +48,8 @@ class Rendezvous {
   std::string location_;
   std::string local_dir_;  // kLocalFile's directory
   int unwinding_ = 0;      // std::uncaught_exceptions() at construction: more at destruction is a failure
-  int server_ = -1;   // redis-server's pid (rank 0), or -1
-  bool pmix_ = false;  // PMIx_Init was called: PMIx_Finalize at the end
+  int server_ = -1;        // redis-server's pid (rank 0), or -1
+  bool pmix_ = false;      // PMIx_Init was called: PMIx_Finalize at the end
 };
 
 }  // namespace ddp

@@ -2,8 +2,8 @@
 #include "spawn.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -52,7 +52,8 @@ pid_t start(const char* file, bool search_path, std::vector<char*>& argv, std::v
 std::vector<std::string> rank_environment(const std::vector<std::string>& set, const std::vector<std::string>& unset) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
-    const std::string kv = *e, name = name_of(kv);
+    const std::string kv = *e;
+    const std::string name = name_of(kv);
     bool replaced = false;
     for (const std::string& s : set) replaced |= name_of(s) == name;
     for (const std::string& u : unset) replaced |= u == name;
@@ -70,8 +71,7 @@ std::vector<RankProcess> spawn_ranks(std::vector<std::string> args, std::vector<
       kill(p.pid, SIGKILL);
       close(p.channel);
     }
-    while (wait(nullptr) > 0) {
-    }
+    while (wait(nullptr) > 0) {}
     throw Error("cannot start rank " + std::to_string(r) + ": " + std::strerror(err));
   };
   for (size_t r = 0; r < envs.size(); ++r) {
@@ -107,7 +107,8 @@ std::vector<RankProcess> spawn_through(std::vector<std::string> command, std::ve
       give_up("cannot make the channel " + fifo + ": " + std::strerror(errno));
     ranks.push_back(RankProcess{-1, fd, true});
   }
-  std::vector<char*> argv = pointers(command), envp = pointers(env);
+  std::vector<char*> argv = pointers(command);
+  std::vector<char*> envp = pointers(env);
   const pid_t pid = start(command[0].c_str(), true, argv, envp, -1);
   if (pid < 0) give_up("cannot start " + command[0] + ": " + std::strerror(errno));
   for (RankProcess& p : ranks) p.pid = pid;

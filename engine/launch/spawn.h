@@ -4,8 +4,8 @@
 // outlives its launcher (killed by CI, by the OOM killer, by hand).
 #pragma once
 
-#include <string>
 #include <sys/types.h>
+#include <string>
 #include <vector>
 
 namespace ddp {

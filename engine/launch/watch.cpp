@@ -47,16 +47,16 @@ class InterruptHandlers {
 
  private:
   static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
-  struct sigaction old_[std::size(kSignals)] {};
+  struct sigaction old_[std::size(kSignals)]{};
 };
 
 // A rank's channel: what it said so far, split into lines as they come.
 struct Channel {
   int fd = -1;
-  bool fifo = false;    // a FIFO the rank opens itself: no writer yet reads as an end, too
-  bool heard = false;   // anything came on it
+  bool fifo = false;               // a FIFO the rank opens itself: no writer yet reads as an end, too
+  bool heard = false;              // anything came on it
   Clock::time_point last_heard{};  // when it last said something (ranks say "alive" each second)
-  std::string pending;  // an incomplete last line
+  std::string pending;             // an incomplete last line
 };
 
 // Reads what `channel` holds now (without blocking); closes it at its end.
@@ -65,9 +65,9 @@ void listen(Channel& channel, RankExit& rank) {
   while (channel.fd >= 0) {
     const ssize_t n = read(channel.fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return;  // EAGAIN: nothing more now
+    if (n < 0) return;                                     // EAGAIN: nothing more now
     if (n == 0 && channel.fifo && !channel.heard) return;  // the rank has not opened it yet
-    if (n == 0) {       // the rank's end of the pipe is closed: it has exited
+    if (n == 0) {                                          // the rank's end of the pipe is closed: it has exited
       close(channel.fd);
       channel.fd = -1;
       if (!channel.pending.empty()) hear(rank, channel.pending);
@@ -239,9 +239,9 @@ struct Watch {
         if (!ranks[r].shared) kill(ranks[r].pid, SIGKILL);
       }
     }
-    const int signal = now - killed_at > std::chrono::seconds(10) ? SIGKILL
+    const int signal = now - killed_at > std::chrono::seconds(10)  ? SIGKILL
                        : now - killed_at > std::chrono::seconds(5) ? SIGTERM
-                                                                  : 0;
+                                                                   : 0;
     if (signal == 0 || signal == launcher_signal) return;
     launcher_signal = signal;
     for (size_t r = 0; r < ranks.size(); ++r)

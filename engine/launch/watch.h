@@ -18,17 +18,17 @@ namespace ddp {
 
 // How one rank ended, as its launcher saw and heard it.
 struct RankExit {
-  int status = 0;         // waitpid's status
-  int failed_order = -1;  // 0 for the first rank to fail, 1 for the next...; -1: did not fail, or
-                          // only after the launcher stopped the run
-  bool stopped = false;   // still running when the launcher stopped the run
-  bool silent = false;    // a rank of mpirun's that had said nothing for 3 s when the first
-                          // rank failed: frozen (stopped)
-  bool completed = false;     // it said "completed"
-  int64_t last_step = -1;     // the last "step <n>" it said (-1: none)
-  std::string failure;        // the JSON of its "failure" line ("": none)
-  bool status_known = true;   // false: a rank of another launcher (mpirun) that ended without a
-                              // word; `status` is then the launcher's, or exit 1 if it still ran
+  int status = 0;            // waitpid's status
+  int failed_order = -1;     // 0 for the first rank to fail, 1 for the next...; -1: did not fail, or
+                             // only after the launcher stopped the run
+  bool stopped = false;      // still running when the launcher stopped the run
+  bool silent = false;       // a rank of mpirun's that had said nothing for 3 s when the first
+                             // rank failed: frozen (stopped)
+  bool completed = false;    // it said "completed"
+  int64_t last_step = -1;    // the last "step <n>" it said (-1: none)
+  std::string failure;       // the JSON of its "failure" line ("": none)
+  bool status_known = true;  // false: a rank of another launcher (mpirun) that ended without a
+                             // word; `status` is then the launcher's, or exit 1 if it still ran
 };
 
 struct WatchResult {

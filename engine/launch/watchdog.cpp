@@ -21,8 +21,8 @@ int64_t now_ns() {
 std::string stuck_message(const whereabouts::Stage& stage, double seconds, const std::string& note) {
   char waited[32];
   std::snprintf(waited, sizeof waited, "%.0f s", seconds);
-  const std::string where = stage.plugin ? std::string(stage.plugin) + ": " + stage.entry
-                                         : std::string("the engine, ") + stage.entry;
+  const std::string where =
+      stage.plugin ? std::string(stage.plugin) + ": " + stage.entry : std::string("the engine, ") + stage.entry;
   return where + ": no progress for " + waited + " (" + note + "); the rank was stopped";
 }
 

@@ -12,7 +12,8 @@ void set_blas_threads(int threads) { openblas_set_num_threads(threads); }
 std::string blas_build() {
   // Its configuration string names the kernel loaded: drop that word, so
   // that the build reads the same whichever kernel was picked.
-  std::string config = openblas_get_config(), out;
+  std::string config = openblas_get_config();
+  std::string out;
   const std::string core = openblas_get_corename();
   size_t start = 0;
   while (start <= config.size()) {

@@ -39,8 +39,8 @@ void bias_backward(float* __restrict db, const float* dy, int64_t n, int64_t out
 
 // dg[d] += column sums of dy_ij x_ij (1 / rms_i), as bias_backward sums.
 DDP_SIMD_CLONES
-void rmsnorm_gain_backward(float* __restrict dg, const float* dy, const float* x,
-                                  const float* rms, int64_t n, int64_t d) {
+void rmsnorm_gain_backward(float* __restrict dg, const float* dy, const float* x, const float* rms, int64_t n,
+                           int64_t d) {
   float tile[kColumnChunk];
   for (int64_t j0 = 0; j0 < d; j0 += kColumnChunk) {
     const int64_t w = std::min(kColumnChunk, d - j0);

@@ -90,8 +90,7 @@ class CpuCompute final : public Compute {
     });
   }
 
-  void axpy(double alpha, const ddp_vectors& x, const float* scalars, const ddp_vectors& y,
-            Stream& stream) override {
+  void axpy(double alpha, const ddp_vectors& x, const float* scalars, const ddp_vectors& y, Stream& stream) override {
     stream.enqueue([alpha, x, scalars, y](bool cancelled) {
       if (cancelled) return;
       for (size_t i = 0; i < x.count; ++i) {
@@ -128,9 +127,10 @@ std::unique_ptr<Compute> make_compute(ddp_device_kind kind) {
 #if DDP_WITH_CUDA
   return make_cuda_compute();
 #else
-  throw Error("compute on device \"cuda\": this build of ddp has no CUDA (configured without nvcc or with "
-              "-DDDP_WITH_CUDA=OFF)",
-              DDP_ERR_UNSUPPORTED);
+  throw Error(
+      "compute on device \"cuda\": this build of ddp has no CUDA (configured without nvcc or with "
+      "-DDDP_WITH_CUDA=OFF)",
+      DDP_ERR_UNSUPPORTED);
 #endif
 }
 

@@ -54,8 +54,7 @@ class Compute {
   virtual void norm(const ddp_vectors& x, float* out, Stream& stream) = 0;
   // y_ij = float(y_ij + (alpha s_i) x_ij) in float64, each operation rounded
   // on its own, s_i = scalars[i] (read when the work runs) or 1 if null.
-  virtual void axpy(double alpha, const ddp_vectors& x, const float* scalars, const ddp_vectors& y,
-                    Stream& stream) = 0;
+  virtual void axpy(double alpha, const ddp_vectors& x, const float* scalars, const ddp_vectors& y, Stream& stream) = 0;
   // x_ij = x_ij / (norm_i + eps) in float32, norm_i as norm gives it and
   // eps rounded to float (torch's `col /= col.norm() + eps`: a zero vector
   // with eps 0 becomes NaN).

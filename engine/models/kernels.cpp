@@ -25,66 +25,59 @@ class CpuKernels final : public Kernels {
                       bool accumulate) override {
     layers::linear_forward(y, x, w, n, in, out, accumulate);
   }
-  void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in,
-                             int64_t out, bool accumulate, float alpha) override {
+  void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out,
+                             bool accumulate, float alpha) override {
     layers::linear_backward_input(dx, dy, w, n, in, out, accumulate, alpha);
   }
-  void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in,
-                              int64_t out, float alpha) override {
+  void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in, int64_t out,
+                              float alpha) override {
     layers::linear_backward_weight(dw, dy, x, n, in, out, alpha);
   }
-  void bias_forward(float* y, const float* b, int64_t n, int64_t out) override {
-    layers::bias_forward(y, b, n, out);
-  }
+  void bias_forward(float* y, const float* b, int64_t n, int64_t out) override { layers::bias_forward(y, b, n, out); }
   void bias_backward(float* db, const float* dy, int64_t n, int64_t out) override {
     layers::bias_backward(db, dy, n, out);
   }
-  void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n,
-                         int64_t d) override {
+  void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n, int64_t d) override {
     layers::embedding_forward(out, tokens, table, n, d);
   }
-  void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t n,
-                          int64_t d) override {
+  void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t n, int64_t d) override {
     layers::embedding_backward(dtable, dout, tokens, n, d);
   }
-  void rmsnorm_forward(float* y, float* rms, const float* x, const float* g, int64_t n,
-                       int64_t d) override {
+  void rmsnorm_forward(float* y, float* rms, const float* x, const float* g, int64_t n, int64_t d) override {
     layers::rmsnorm_forward(y, rms, x, g, n, d);
   }
-  void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x, const float* g,
-                        const float* rms, int64_t n, int64_t d, bool accumulate) override {
+  void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x, const float* g, const float* rms,
+                        int64_t n, int64_t d, bool accumulate) override {
     layers::rmsnorm_backward(dx, dg, dy, x, g, rms, n, d, accumulate);
   }
-  void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t,
-                    int64_t heads, int64_t dh) override {
+  void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
+                    int64_t dh) override {
     layers::rope_forward(x, cos, sin, b, t, heads, dh);
   }
-  void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int64_t t,
-                     int64_t heads, int64_t dh) override {
+  void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
+                     int64_t dh) override {
     layers::rope_backward(dx, cos, sin, b, t, heads, dh);
   }
-  void attention_forward(float* out, float* p, const float* q, const float* k, const float* v,
-                         int64_t b, int64_t t, int64_t heads, int64_t dh) override {
+  void attention_forward(float* out, float* p, const float* q, const float* k, const float* v, int64_t b, int64_t t,
+                         int64_t heads, int64_t dh) override {
     layers::attention_forward(out, p, q, k, v, b, t, heads, dh);
   }
-  void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
-                          const float* p, const float* q, const float* k, const float* v,
-                          int64_t b, int64_t t, int64_t heads, int64_t dh) override {
+  void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* p,
+                          const float* q, const float* k, const float* v, int64_t b, int64_t t, int64_t heads,
+                          int64_t dh) override {
     layers::attention_backward(dq, dk, dv, scratch, dout, p, q, k, v, b, t, heads, dh);
   }
   void swiglu_forward(float* out, const float* a, const float* b, int64_t n) override {
     layers::swiglu_forward(out, a, b, n);
   }
-  void swiglu_backward(float* da, float* db, const float* dout, const float* a, const float* b,
-                       int64_t n) override {
+  void swiglu_backward(float* da, float* db, const float* dout, const float* a, const float* b, int64_t n) override {
     layers::swiglu_backward(da, db, dout, a, b, n);
   }
   void relu_forward(float* y, const float* x, int64_t n) override { layers::relu_forward(y, x, n); }
   void relu_backward(float* dx, const float* dy, const float* y, int64_t n) override {
     layers::relu_backward(dx, dy, y, n);
   }
-  float cross_entropy_forward(float* lse, float* logits, const int32_t* targets, int64_t n,
-                              int64_t v) override {
+  float cross_entropy_forward(float* lse, float* logits, const int32_t* targets, int64_t n, int64_t v) override {
     return static_cast<float>(layers::cross_entropy_forward(lse, logits, targets, n, v));
   }
   void cross_entropy_backward(float* dlogits, int64_t n, int64_t v, float scale) override {

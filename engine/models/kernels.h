@@ -38,51 +38,43 @@ class Kernels {
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;
 
   // ---- linear, bias ---------------------------------------------------------
-  virtual void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in,
-                              int64_t out, bool accumulate = false) = 0;
-  virtual void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n,
-                                     int64_t in, int64_t out, bool accumulate = false,
-                                     float alpha = 1.0f) = 0;
-  virtual void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n,
-                                      int64_t in, int64_t out, float alpha = 1.0f) = 0;
+  virtual void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out,
+                              bool accumulate = false) = 0;
+  virtual void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out,
+                                     bool accumulate = false, float alpha = 1.0f) = 0;
+  virtual void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in, int64_t out,
+                                      float alpha = 1.0f) = 0;
   virtual void bias_forward(float* y, const float* b, int64_t n, int64_t out) = 0;
   virtual void bias_backward(float* db, const float* dy, int64_t n, int64_t out) = 0;
 
   // ---- embedding (tokens: device memory, in range) --------------------------
-  virtual void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n,
-                                 int64_t d) = 0;
-  virtual void embedding_backward(float* dtable, const float* dout, const int32_t* tokens,
-                                  int64_t n, int64_t d) = 0;
+  virtual void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n, int64_t d) = 0;
+  virtual void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t n, int64_t d) = 0;
 
   // ---- RMSNorm, RoPE ----------------------------------------------------------
-  virtual void rmsnorm_forward(float* y, float* rms, const float* x, const float* g, int64_t n,
-                               int64_t d) = 0;
-  virtual void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x,
-                                const float* g, const float* rms, int64_t n, int64_t d,
-                                bool accumulate = false) = 0;
+  virtual void rmsnorm_forward(float* y, float* rms, const float* x, const float* g, int64_t n, int64_t d) = 0;
+  virtual void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x, const float* g, const float* rms,
+                                int64_t n, int64_t d, bool accumulate = false) = 0;
   // cos, sin [t, dh/2] in device memory (fill them with layers::rope_tables
   // on the host and upload).
-  virtual void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t,
-                            int64_t heads, int64_t dh) = 0;
-  virtual void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int64_t t,
-                             int64_t heads, int64_t dh) = 0;
+  virtual void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
+                            int64_t dh) = 0;
+  virtual void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
+                             int64_t dh) = 0;
 
   // ---- causal attention -------------------------------------------------------
   // Floats of scratch attention_backward needs for these sizes: the
   // device kind's rule, attention_scratch_floats below.
   size_t attention_scratch_floats(int64_t b, int64_t t, int64_t heads) const;
-  virtual void attention_forward(float* out, float* p, const float* q, const float* k,
-                                 const float* v, int64_t b, int64_t t, int64_t heads,
-                                 int64_t dh) = 0;
-  virtual void attention_backward(float* dq, float* dk, float* dv, float* scratch,
-                                  const float* dout, const float* p, const float* q,
-                                  const float* k, const float* v, int64_t b, int64_t t,
-                                  int64_t heads, int64_t dh) = 0;
+  virtual void attention_forward(float* out, float* p, const float* q, const float* k, const float* v, int64_t b,
+                                 int64_t t, int64_t heads, int64_t dh) = 0;
+  virtual void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* p,
+                                  const float* q, const float* k, const float* v, int64_t b, int64_t t, int64_t heads,
+                                  int64_t dh) = 0;
 
   // ---- elementwise -------------------------------------------------------------
   virtual void swiglu_forward(float* out, const float* a, const float* b, int64_t n) = 0;
-  virtual void swiglu_backward(float* da, float* db, const float* dout, const float* a,
-                               const float* b, int64_t n) = 0;
+  virtual void swiglu_backward(float* da, float* db, const float* dout, const float* a, const float* b, int64_t n) = 0;
   virtual void relu_forward(float* y, const float* x, int64_t n) = 0;
   virtual void relu_backward(float* dx, const float* dy, const float* y, int64_t n) = 0;
 
@@ -90,15 +82,13 @@ class Kernels {
   // the compute stream (PyTorch's loss.item()); sums are in double. ---------
   // Mean cross-entropy over n rows (targets: device memory); lse[n] kept,
   // and softmax - onehot left in place of the logits (layers.h).
-  virtual float cross_entropy_forward(float* lse, float* logits, const int32_t* targets,
-                                      int64_t n, int64_t v) = 0;
+  virtual float cross_entropy_forward(float* lse, float* logits, const int32_t* targets, int64_t n, int64_t v) = 0;
   // dlogits[n, v] *= scale / n: the forward's gradient made the mean's.
   virtual void cross_entropy_backward(float* dlogits, int64_t n, int64_t v, float scale) = 0;
   // Mean over n elements of (pred - y)^2 (toy models).
   virtual float mse_forward(const float* pred, const float* y, int64_t n) = 0;
   // d[n] = (2 * scale / n) * (pred - y), the factor rounded to float first.
-  virtual void mse_backward(float* d, const float* pred, const float* y, int64_t n,
-                            float scale) = 0;
+  virtual void mse_backward(float* d, const float* pred, const float* y, int64_t n, float scale) = 0;
 };
 
 // The CPU kernels: the functions of layers.h, run at once.

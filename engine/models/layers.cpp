@@ -67,29 +67,27 @@ void record_gemms(std::vector<GemmCall>* calls) { t_recorded = calls; }
 double replay_gemms(const std::vector<GemmCall>& calls) {
   const auto begin = std::chrono::steady_clock::now();
   for (const GemmCall& g : calls)
-    cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
-                bi(g.m), bi(g.n), bi(g.k), g.alpha, g.a, bi(g.lda), g.b, bi(g.ldb), g.beta, g.c, bi(g.ldc));
+    cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans, bi(g.m),
+                bi(g.n), bi(g.k), g.alpha, g.a, bi(g.lda), g.b, bi(g.ldb), g.beta, g.c, bi(g.ldc));
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 }
 
 // ---- linear ---------------------------------------------------------------
 
-void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out,
-                    bool accumulate) {
-  sgemm(CblasNoTrans, CblasTrans, bi(n), bi(out), bi(in), 1.0f, x, bi(in), w,
-              bi(in), accumulate ? 1.0f : 0.0f, y, bi(out));
+void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out, bool accumulate) {
+  sgemm(CblasNoTrans, CblasTrans, bi(n), bi(out), bi(in), 1.0f, x, bi(in), w, bi(in), accumulate ? 1.0f : 0.0f, y,
+        bi(out));
 }
 
-void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in,
-                           int64_t out, bool accumulate, float alpha) {
-  sgemm(CblasNoTrans, CblasNoTrans, bi(n), bi(in), bi(out), alpha, dy, bi(out),
-              w, bi(in), accumulate ? 1.0f : 0.0f, dx, bi(in));
+void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out,
+                           bool accumulate, float alpha) {
+  sgemm(CblasNoTrans, CblasNoTrans, bi(n), bi(in), bi(out), alpha, dy, bi(out), w, bi(in), accumulate ? 1.0f : 0.0f, dx,
+        bi(in));
 }
 
-void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in,
-                            int64_t out, float alpha) {
-  sgemm(CblasTrans, CblasNoTrans, bi(out), bi(in), bi(n), alpha, dy, bi(out), x,
-              bi(in), 1.0f, dw, bi(in));
+void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in, int64_t out,
+                            float alpha) {
+  sgemm(CblasTrans, CblasNoTrans, bi(out), bi(in), bi(n), alpha, dy, bi(out), x, bi(in), 1.0f, dw, bi(in));
 }
 
 DDP_SIMD_CLONES
@@ -109,8 +107,7 @@ void embedding_forward(float* out, const int32_t* tokens, const float* table, in
 }
 
 DDP_SIMD_CLONES
-void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t n,
-                        int64_t d) {
+void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t n, int64_t d) {
   for (int64_t i = 0; i < n; ++i) {
     float* __restrict row = dtable + static_cast<int64_t>(tokens[i]) * d;
     const float* __restrict g = dout + i * d;
@@ -122,8 +119,7 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* tokens,
 // ---- RMSNorm --------------------------------------------------------------
 
 DDP_SIMD_CLONES
-void rmsnorm_forward(float* y, float* rms, const float* x, const float* __restrict g, int64_t n,
-                     int64_t d) {
+void rmsnorm_forward(float* y, float* rms, const float* x, const float* __restrict g, int64_t n, int64_t d) {
   for (int64_t i = 0; i < n; ++i) {
     const float* __restrict xi = x + i * d;
     float* __restrict yi = y + i * d;
@@ -139,9 +135,8 @@ void rmsnorm_forward(float* y, float* rms, const float* x, const float* __restri
 }
 
 DDP_SIMD_CLONES
-void rmsnorm_backward(float* dx, float* __restrict dg, const float* dy, const float* x,
-                      const float* __restrict g, const float* rms, int64_t n, int64_t d,
-                      bool accumulate) {
+void rmsnorm_backward(float* dx, float* __restrict dg, const float* dy, const float* x, const float* __restrict g,
+                      const float* rms, int64_t n, int64_t d, bool accumulate) {
   // y_j = g_j x_j / r, r = sqrt(mean(x^2) + eps):
   // dx_j = g_j dy_j / r - x_j sum_i(g_i dy_i x_i) / (d r^3);  dg_j += dy_j x_j / r.
   for (int64_t i = 0; i < n; ++i) {
@@ -170,8 +165,8 @@ void rope_tables(float* cos, float* sin, int64_t t, int64_t dh, double theta) {
   const int64_t half = dh / 2;
   for (int64_t pos = 0; pos < t; ++pos) {
     for (int64_t k = 0; k < half; ++k) {
-      const double angle = static_cast<double>(pos) /
-                           std::pow(theta, 2.0 * static_cast<double>(k) / static_cast<double>(dh));
+      const double angle =
+          static_cast<double>(pos) / std::pow(theta, 2.0 * static_cast<double>(k) / static_cast<double>(dh));
       cos[pos * half + k] = static_cast<float>(std::cos(angle));
       sin[pos * half + k] = static_cast<float>(std::sin(angle));
     }
@@ -181,8 +176,8 @@ void rope_tables(float* cos, float* sin, int64_t t, int64_t dh, double theta) {
 namespace {
 // Rotates each pair (x0, x1) by +angle (sign = 1) or -angle (sign = -1).
 DDP_SIMD_CLONES
-void rope_rotate(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
-                 int64_t dh, float sign) {
+void rope_rotate(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads, int64_t dh,
+                 float sign) {
   const int64_t half = dh / 2;
   for (int64_t bt = 0; bt < b * t; ++bt) {
     const int64_t pos = bt % t;
@@ -192,7 +187,8 @@ void rope_rotate(float* x, const float* cos, const float* sin, int64_t b, int64_
       float* __restrict xh = x + (bt * heads + h) * dh;
 #pragma omp simd
       for (int64_t k = 0; k < half; ++k) {
-        const float x0 = xh[2 * k], x1 = xh[2 * k + 1];
+        const float x0 = xh[2 * k];
+        const float x1 = xh[2 * k + 1];
         const float sk = sign * s[k];
         xh[2 * k] = c[k] * x0 - sk * x1;
         xh[2 * k + 1] = sk * x0 + c[k] * x1;
@@ -202,13 +198,11 @@ void rope_rotate(float* x, const float* cos, const float* sin, int64_t b, int64_
 }
 }  // namespace
 
-void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
-                  int64_t dh) {
+void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads, int64_t dh) {
   rope_rotate(x, cos, sin, b, t, heads, dh, 1.0f);
 }
 
-void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int64_t t,
-                   int64_t heads, int64_t dh) {
+void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads, int64_t dh) {
   rope_rotate(dx, cos, sin, b, t, heads, dh, -1.0f);
 }
 
@@ -221,19 +215,20 @@ void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int
 constexpr int64_t kQueryBlock = 32;
 
 DDP_SIMD_CLONES
-void attention_forward(float* out, float* p, const float* q, const float* k, const float* v,
-                       int64_t b, int64_t t, int64_t heads, int64_t dh) {
+void attention_forward(float* out, float* p, const float* q, const float* k, const float* v, int64_t b, int64_t t,
+                       int64_t heads, int64_t dh) {
   const int64_t d = heads * dh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   for (int64_t bi_ = 0; bi_ < b; ++bi_) {
     for (int64_t h = 0; h < heads; ++h) {
-      const int64_t off = bi_ * t * d + h * dh;  // head h of sequence bi_, row stride d
+      const int64_t off = bi_ * t * d + h * dh;   // head h of sequence bi_, row stride d
       float* ph = p + (bi_ * heads + h) * t * t;  // [t, t]
       for (int64_t r0 = 0; r0 < t; r0 += kQueryBlock) {
-        const int64_t r1 = std::min(r0 + kQueryBlock, t), rows = r1 - r0;
+        const int64_t r1 = std::min(r0 + kQueryBlock, t);
+        const int64_t rows = r1 - r0;
         // scores[r0:r1, 0:r1] = q_h[r0:r1] · k_h[0:r1]^T / sqrt(dh)
-        sgemm(CblasNoTrans, CblasTrans, bi(rows), bi(r1), bi(dh), scale,
-                    q + off + r0 * d, bi(d), k + off, bi(d), 0.0f, ph + r0 * t, bi(t));
+        sgemm(CblasNoTrans, CblasTrans, bi(rows), bi(r1), bi(dh), scale, q + off + r0 * d, bi(d), k + off, bi(d), 0.0f,
+              ph + r0 * t, bi(t));
         for (int64_t i = r0; i < r1; ++i) {
           float* __restrict row = ph + i * t;
           float m = row[0];
@@ -251,17 +246,17 @@ void attention_forward(float* out, float* p, const float* q, const float* k, con
           std::fill(row + i + 1, row + t, 0.0f);  // the causal mask
         }
         // out_h[r0:r1] = p[r0:r1, 0:r1] · v_h[0:r1]
-        sgemm(CblasNoTrans, CblasNoTrans, bi(rows), bi(dh), bi(r1), 1.0f,
-                    ph + r0 * t, bi(t), v + off, bi(d), 0.0f, out + off + r0 * d, bi(d));
+        sgemm(CblasNoTrans, CblasNoTrans, bi(rows), bi(dh), bi(r1), 1.0f, ph + r0 * t, bi(t), v + off, bi(d), 0.0f,
+              out + off + r0 * d, bi(d));
       }
     }
   }
 }
 
 DDP_SIMD_CLONES
-void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
-                        const float* p, const float* q, const float* k, const float* v, int64_t b,
-                        int64_t t, int64_t heads, int64_t dh) {
+void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* p,
+                        const float* q, const float* k, const float* v, int64_t b, int64_t t, int64_t heads,
+                        int64_t dh) {
   const int64_t d = heads * dh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   const int64_t last = (t - 1) / kQueryBlock * kQueryBlock;  // r0 of the last query block
@@ -272,16 +267,17 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
       // Last block first: it meets every key, so it writes dk_h and dv_h
       // whole (beta 0) and the earlier blocks add into their prefixes.
       for (int64_t r0 = last; r0 >= 0; r0 -= kQueryBlock) {
-        const int64_t r1 = std::min(r0 + kQueryBlock, t), rows = r1 - r0;
+        const int64_t r1 = std::min(r0 + kQueryBlock, t);
+        const int64_t rows = r1 - r0;
         const float beta = r0 == last ? 0.0f : 1.0f;
         const float* pb = ph + r0 * t;  // p[r0:r1, 0:r1], row stride t
         float* sb = scratch + r0 * t;   // dp, then ds, same place
         // dp[r0:r1, 0:r1] = dout_h[r0:r1] · v_h[0:r1]^T
-        sgemm(CblasNoTrans, CblasTrans, bi(rows), bi(r1), bi(dh), 1.0f,
-                    dout + off + r0 * d, bi(d), v + off, bi(d), 0.0f, sb, bi(t));
+        sgemm(CblasNoTrans, CblasTrans, bi(rows), bi(r1), bi(dh), 1.0f, dout + off + r0 * d, bi(d), v + off, bi(d),
+              0.0f, sb, bi(t));
         // dv_h[0:r1] += p[r0:r1, 0:r1]^T · dout_h[r0:r1]
-        sgemm(CblasTrans, CblasNoTrans, bi(r1), bi(dh), bi(rows), 1.0f, pb,
-                    bi(t), dout + off + r0 * d, bi(d), beta, dv + off, bi(d));
+        sgemm(CblasTrans, CblasNoTrans, bi(r1), bi(dh), bi(rows), 1.0f, pb, bi(t), dout + off + r0 * d, bi(d), beta,
+              dv + off, bi(d));
         // Softmax backward, scaled: ds_ij = p_ij (dp_ij - sum_k p_ik dp_ik) / sqrt(dh);
         // masked entries have p = 0 and stay 0.
         for (int64_t i = r0; i < r1; ++i) {
@@ -295,10 +291,10 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
           std::fill(dr + i + 1, dr + r1, 0.0f);
         }
         // dq_h[r0:r1] = ds[r0:r1, 0:r1] · k_h[0:r1];  dk_h[0:r1] += ds^T · q_h[r0:r1]
-        sgemm(CblasNoTrans, CblasNoTrans, bi(rows), bi(dh), bi(r1), 1.0f, sb,
-                    bi(t), k + off, bi(d), 0.0f, dq + off + r0 * d, bi(d));
-        sgemm(CblasTrans, CblasNoTrans, bi(r1), bi(dh), bi(rows), 1.0f, sb,
-                    bi(t), q + off + r0 * d, bi(d), beta, dk + off, bi(d));
+        sgemm(CblasNoTrans, CblasNoTrans, bi(rows), bi(dh), bi(r1), 1.0f, sb, bi(t), k + off, bi(d), 0.0f,
+              dq + off + r0 * d, bi(d));
+        sgemm(CblasTrans, CblasNoTrans, bi(r1), bi(dh), bi(rows), 1.0f, sb, bi(t), q + off + r0 * d, bi(d), beta,
+              dk + off, bi(d));
       }
     }
   }
@@ -307,8 +303,7 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
 // ---- elementwise ----------------------------------------------------------
 
 DDP_SIMD_CLONES
-void swiglu_forward(float* __restrict out, const float* __restrict a, const float* __restrict b,
-                    int64_t n) {
+void swiglu_forward(float* __restrict out, const float* __restrict a, const float* __restrict b, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] * sigmoid(a[i]) * b[i];
 }
@@ -319,7 +314,8 @@ void swiglu_backward(float* __restrict da, float* __restrict db, const float* __
   // d silu(z)/dz = s (1 + z (1 - s)), s = sigmoid(z)
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const float z = a[i], s = sigmoid(z);
+    const float z = a[i];
+    const float s = sigmoid(z);
     db[i] = dout[i] * z * s;
     da[i] = dout[i] * b[i] * s * (1.0f + z * (1.0f - s));
   }
@@ -343,8 +339,7 @@ void relu_backward(float* dx, const float* dy, const float* y, int64_t n) {
 // ---- cross-entropy ----------------------------------------------------------
 
 DDP_SIMD_CLONES
-double cross_entropy_forward(float* lse, float* logits, const int32_t* targets, int64_t n,
-                             int64_t v) {
+double cross_entropy_forward(float* lse, float* logits, const int32_t* targets, int64_t n, int64_t v) {
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     float* __restrict row = logits + i * v;

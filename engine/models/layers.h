@@ -28,9 +28,16 @@ namespace layers {
 // One GEMM the layers ran (cblas_sgemm, row-major): enough to run it again,
 // on the same operands.
 struct GemmCall {
-  bool trans_a = false, trans_b = false;
-  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
-  float alpha = 1.0f, beta = 0.0f;
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t lda = 0;
+  int64_t ldb = 0;
+  int64_t ldc = 0;
+  float alpha = 1.0f;
+  float beta = 0.0f;
   const float* a = nullptr;
   const float* b = nullptr;
   float* c = nullptr;
@@ -50,12 +57,12 @@ double replay_gemms(const std::vector<GemmCall>& calls);
 void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out,
                     bool accumulate = false);
 // dx[n, in] = alpha * dy[n, out] · w[out, in] (accumulate: dx += ...).
-void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in,
-                           int64_t out, bool accumulate = false, float alpha = 1.0f);
+void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out,
+                           bool accumulate = false, float alpha = 1.0f);
 // dw[out, in] += alpha * dy[n, out]^T · x[n, in]. (alpha: a factor of dy
 // folded into the GEMM instead of a pass of its own over dy.)
-void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in,
-                            int64_t out, float alpha = 1.0f);
+void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in, int64_t out,
+                            float alpha = 1.0f);
 // y[n, out] += b[out] broadcast over rows.
 void bias_forward(float* y, const float* b, int64_t n, int64_t out);
 // db[out] += sum over rows of dy[n, out], in the column-sum order below.
@@ -78,8 +85,7 @@ constexpr int64_t kColumnSumRows = 64;
 // (callers validate: this does not).
 void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n, int64_t d);
 // dtable[tokens[i], :] += dout[i, :] (scatter-add; repeated tokens sum).
-void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t n,
-                        int64_t d);
+void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t n, int64_t d);
 
 // ---- RMSNorm: y = x / sqrt(mean(x^2) + eps) * g, in float32 ---------------
 
@@ -89,11 +95,10 @@ constexpr float kRmsNormEps = 1e-5f;
 void rmsnorm_forward(float* y, float* rms, const float* x, const float* g, int64_t n, int64_t d);
 // dx[n, d] (= or +=), dg[d] +=; from dy[n, d], x[n, d], g[d], rms[n].
 // dg is rmsnorm_gain_backward's (skipped if null).
-void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x, const float* g,
-                      const float* rms, int64_t n, int64_t d, bool accumulate = false);
+void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x, const float* g, const float* rms,
+                      int64_t n, int64_t d, bool accumulate = false);
 // dg[d] += column sums of dy_ij x_ij (1 / rms_i), in the column-sum order.
-void rmsnorm_gain_backward(float* dg, const float* dy, const float* x, const float* rms, int64_t n,
-                           int64_t d);
+void rmsnorm_gain_backward(float* dg, const float* dy, const float* x, const float* rms, int64_t n, int64_t d);
 
 // ---- RoPE: rotate adjacent pairs (2k, 2k+1) by pos / theta^(2k/dh) -------
 
@@ -101,31 +106,28 @@ void rmsnorm_gain_backward(float* dg, const float* dy, const float* x, const flo
 // computed in float64 and rounded once to float32 (as the golden fixtures).
 void rope_tables(float* cos, float* sin, int64_t t, int64_t dh, double theta);
 // In place on x[b, t, heads, dh] (row stride heads*dh): position = index in t.
-void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t,
-                  int64_t heads, int64_t dh);
+void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads, int64_t dh);
 // In place on dx[b, t, heads, dh]: the inverse rotation (rotation by -angle).
-void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int64_t t,
-                   int64_t heads, int64_t dh);
+void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads, int64_t dh);
 
 // ---- causal multi-head attention core -----------------------------------
 
 // q, k, v, out [b, t, heads, dh] (row stride heads*dh, i.e. [b*t, d_model]
 // with head h in columns [h*dh, (h+1)*dh)). p[b, heads, t, t] keeps the
 // attention weights: softmax(q k^T / sqrt(dh)) over keys j <= i, 0 beyond.
-void attention_forward(float* out, float* p, const float* q, const float* k, const float* v,
-                       int64_t b, int64_t t, int64_t heads, int64_t dh);
+void attention_forward(float* out, float* p, const float* q, const float* k, const float* v, int64_t b, int64_t t,
+                       int64_t heads, int64_t dh);
 // dq, dk, dv [b, t, heads, dh] overwritten; scratch [t, t]; others as above.
-void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
-                        const float* p, const float* q, const float* k, const float* v, int64_t b,
-                        int64_t t, int64_t heads, int64_t dh);
+void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* p,
+                        const float* q, const float* k, const float* v, int64_t b, int64_t t, int64_t heads,
+                        int64_t dh);
 
 // ---- elementwise --------------------------------------------------------
 
 // out[n] = silu(a) * b, silu(z) = z * sigmoid(z).
 void swiglu_forward(float* out, const float* a, const float* b, int64_t n);
 // da[n], db[n] overwritten from dout[n], a[n], b[n].
-void swiglu_backward(float* da, float* db, const float* dout, const float* a, const float* b,
-                     int64_t n);
+void swiglu_backward(float* da, float* db, const float* dout, const float* a, const float* b, int64_t n);
 // y[n] = max(x, 0); y may alias x.
 void relu_forward(float* y, const float* x, int64_t n);
 // dx[n] = y > 0 ? dy : 0 from the forward output y[n]; dx may alias dy.
@@ -139,8 +141,7 @@ void relu_backward(float* dx, const float* dy, const float* y, int64_t n);
 // onehot(targets[i]), written while each row is still in cache: backward
 // has only to scale it by loss_scale / n (cross_entropy_backward, or the
 // alpha of the GEMMs that read it next).
-double cross_entropy_forward(float* lse, float* logits, const int32_t* targets, int64_t n,
-                             int64_t v);
+double cross_entropy_forward(float* lse, float* logits, const int32_t* targets, int64_t n, int64_t v);
 // dlogits[n, v] *= c, c = scale / n rounded to float first: the forward's
 // gradient made that of the mean loss times scale.
 void cross_entropy_backward(float* dlogits, int64_t n, int64_t v, float scale);

@@ -76,13 +76,12 @@ void check_sizes(const LmConfig& c) {
     check_product({c.num_layers, c.d_model, c.d_ff});
     return;
   }
-  if (c.vocab_size < 1 || c.context_length < 1 || c.d_model < 1 || c.num_layers < 0 ||
-      c.num_heads < 1 || c.d_ff < 1 || !(c.rope_theta > 0))
-    throw Error("lm: sizes must be positive (vocab_size " + std::to_string(c.vocab_size) +
-                ", context_length " + std::to_string(c.context_length) + ", d_model " +
-                std::to_string(c.d_model) + ", num_layers " + std::to_string(c.num_layers) +
-                ", num_heads " + std::to_string(c.num_heads) + ", d_ff " + std::to_string(c.d_ff) +
-                ")");
+  if (c.vocab_size < 1 || c.context_length < 1 || c.d_model < 1 || c.num_layers < 0 || c.num_heads < 1 || c.d_ff < 1 ||
+      !(c.rope_theta > 0))
+    throw Error("lm: sizes must be positive (vocab_size " + std::to_string(c.vocab_size) + ", context_length " +
+                std::to_string(c.context_length) + ", d_model " + std::to_string(c.d_model) + ", num_layers " +
+                std::to_string(c.num_layers) + ", num_heads " + std::to_string(c.num_heads) + ", d_ff " +
+                std::to_string(c.d_ff) + ")");
   if (c.d_model % c.num_heads != 0 || (c.d_model / c.num_heads) % 2 != 0)
     throw Error("lm: d_model " + std::to_string(c.d_model) + " must split into num_heads " +
                 std::to_string(c.num_heads) + " heads of an even size (RoPE rotates pairs)");
@@ -94,7 +93,9 @@ void check_sizes(const LmConfig& c) {
 }  // namespace
 
 std::vector<std::pair<std::string, Shape>> lm_parameter_shapes(const LmConfig& c) {
-  const int64_t d = c.d_model, f = c.d_ff, v = c.vocab_size;
+  const int64_t d = c.d_model;
+  const int64_t f = c.d_ff;
+  const int64_t v = c.vocab_size;
   std::vector<std::pair<std::string, Shape>> table;
   if (!c.ffn_only) table.push_back({"token_embeddings.weight", {v, d}});
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -139,11 +140,12 @@ Footprint lm_footprint(const LmConfig& c, int64_t rows, ddp_device_kind device) 
   f.layers = c.num_layers;
   f.plan_only = c.ffn_only;
   f.ffn_matrices = c.ffn_only ? 2 : 3;  // SwiGLU: w1, w2, w3
-  if (c.ffn_only) {  // backward keeps each linear's input: D + F per token per block
+  if (c.ffn_only) {                     // backward keeps each linear's input: D + F per token per block
     f.saved_elements_per_token = static_cast<double>(c.num_layers * (c.d_model + c.d_ff));
     return f;
   }
-  const int64_t half = c.d_model / c.num_heads / 2, kFloat = 4;
+  const int64_t half = c.d_model / c.num_heads / 2;
+  const int64_t kFloat = 4;
   f.setup_activation_bytes = 2 * c.context_length * half * kFloat;  // RoPE cos, sin
   int64_t floats = 0;
   for (const Shape& s : LmModel::activation_shapes(c, rows, device)) floats += numel(s);
@@ -152,7 +154,6 @@ Footprint lm_footprint(const LmConfig& c, int64_t rows, ddp_device_kind device) 
     f.saved_elements_per_token = static_cast<double>(floats) / static_cast<double>(rows * c.context_length);
   return f;
 }
-
 
 LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed, bool with_values)
     : device_(device), k_(make_kernels(device)), config_(config) {
@@ -163,8 +164,7 @@ LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed, bool wit
 
   for (const auto& [name, shape] : lm_parameter_shapes(c)) add_param(name, shape);
   declare_units(lm_units(c));
-  for (int64_t l = 0; l < c.num_layers; ++l)
-    range_names_.push_back("backward layers." + std::to_string(l));
+  for (int64_t l = 0; l < c.num_layers; ++l) range_names_.push_back("backward layers." + std::to_string(l));
 
   // In table order: embeddings N(0, 1), linears N(0, 2 / (in + out)), both
   // truncated at 3 std; RMSNorm gains 1. Drawn on the host.
@@ -181,10 +181,12 @@ LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed, bool wit
     }
   });
 
-  const int64_t t = c.context_length, half = head_dim_ / 2;
+  const int64_t t = c.context_length;
+  const int64_t half = head_dim_ / 2;
   rope_cos_ = Tensor(device_, {t, half}, MemCategory::Activations);
   rope_sin_ = Tensor(device_, {t, half}, MemCategory::Activations);
-  std::vector<float> cos(static_cast<size_t>(t * half)), sin(cos.size());
+  std::vector<float> cos(static_cast<size_t>(t * half));
+  std::vector<float> sin(cos.size());
   layers::rope_tables(cos.data(), sin.data(), t, head_dim_, c.rope_theta);
   device_.upload(rope_cos_.data(), cos.data(), rope_cos_.bytes());
   device_.upload(rope_sin_.data(), sin.data(), rope_sin_.bytes());
@@ -200,18 +202,21 @@ void LmModel::add_param(const std::string& name, Shape shape) {
 }
 
 std::vector<Shape> LmModel::activation_shapes(const LmConfig& c, int64_t rows, ddp_device_kind device) {
-  const int64_t t = c.context_length, d = c.d_model, f = c.d_ff, h = c.num_heads, n = rows * t;
+  const int64_t t = c.context_length;
+  const int64_t d = c.d_model;
+  const int64_t f = c.d_ff;
+  const int64_t h = c.num_heads;
+  const int64_t n = rows * t;
   std::vector<Shape> s;
   if (device != DDP_DEVICE_CPU) s.push_back({2 * n});  // tokens_dev_: int32 ids in floats' bytes
-  s.push_back({n, d});                                  // x0_
-  for (int64_t l = 0; l < c.num_layers; ++l)            // BlockActs, in member order
-    for (Shape b : {Shape{n, d}, Shape{n}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{rows, h, t, t},
-                    Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n}, Shape{n, f}, Shape{n, f},
-                    Shape{n, f}, Shape{n, d}})
+  s.push_back({n, d});                                 // x0_
+  for (int64_t l = 0; l < c.num_layers; ++l)           // BlockActs, in member order
+    for (Shape b : {Shape{n, d}, Shape{n}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{rows, h, t, t}, Shape{n, d},
+                    Shape{n, d}, Shape{n, d}, Shape{n}, Shape{n, f}, Shape{n, f}, Shape{n, f}, Shape{n, d}})
       s.push_back(b);
   for (Shape b : {Shape{n, d}, Shape{n}, Shape{n, c.vocab_size}, Shape{n},  // lnf_ .. lse_
-                  Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, d},
-                  Shape{n, f}, Shape{n, f}, Shape{n, f}})  // dresid_ .. db_
+                  Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, f},
+                  Shape{n, f}, Shape{n, f}})  // dresid_ .. db_
     s.push_back(b);
   s.push_back({static_cast<int64_t>(attention_scratch_floats(device, rows, t, h))});  // dscores_
   return s;
@@ -221,8 +226,8 @@ void LmModel::ensure_activations(int64_t rows) {
   if (rows == rows_) return;
   // Release the old sizes first so the peak never holds both.
   blocks_.clear();
-  for (Tensor* old : {&tokens_dev_, &x0_, &lnf_, &rmsf_, &logits_, &lse_, &dresid_, &dln_, &datt_,
-                      &dq_, &dk_, &dv_, &dgate_, &da_, &db_, &dscores_})
+  for (Tensor* old : {&tokens_dev_, &x0_, &lnf_, &rmsf_, &logits_, &lse_, &dresid_, &dln_, &datt_, &dq_, &dk_, &dv_,
+                      &dgate_, &da_, &db_, &dscores_})
     old->reset();
 
   const int64_t n = rows * config_.context_length;
@@ -235,11 +240,11 @@ void LmModel::ensure_activations(int64_t rows) {
   x0_ = act();
   blocks_.resize(static_cast<size_t>(config_.num_layers));
   for (BlockActs& b : blocks_)
-    for (Tensor* t : {&b.ln1, &b.rms1, &b.q, &b.k, &b.v, &b.p, &b.att, &b.h, &b.ln2, &b.rms2, &b.a,
-                      &b.b, &b.gate, &b.y})
+    for (Tensor* t :
+         {&b.ln1, &b.rms1, &b.q, &b.k, &b.v, &b.p, &b.att, &b.h, &b.ln2, &b.rms2, &b.a, &b.b, &b.gate, &b.y})
       *t = act();
-  for (Tensor* t : {&lnf_, &rmsf_, &logits_, &lse_, &dresid_, &dln_, &datt_, &dq_, &dk_, &dv_,
-                    &dgate_, &da_, &db_, &dscores_})
+  for (Tensor* t :
+       {&lnf_, &rmsf_, &logits_, &lse_, &dresid_, &dln_, &datt_, &dq_, &dk_, &dv_, &dgate_, &da_, &db_, &dscores_})
     *t = act();
   if (next != shapes.size()) throw Error("lm: activation_shapes and ensure_activations disagree");
   rows_ = rows;
@@ -249,17 +254,20 @@ float LmModel::forward(const Batch& batch) {
   if (!batch.tokens) throw Error("lm: the batch has no tokens (the lm model trains on token data)");
   if (batch.rows < 1) throw Error("lm: a batch needs at least one row");
   ensure_activations(batch.rows);
-  const int64_t rows = batch.rows, t = config_.context_length, d = config_.d_model,
-                f = config_.d_ff, heads = config_.num_heads, vocab = config_.vocab_size,
-                n = rows * t;
+  const int64_t rows = batch.rows;
+  const int64_t t = config_.context_length;
+  const int64_t d = config_.d_model;
+  const int64_t f = config_.d_ff;
+  const int64_t heads = config_.num_heads;
+  const int64_t vocab = config_.vocab_size;
+  const int64_t n = rows * t;
 
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t* row = batch.tokens + r * (t + 1);
     for (int64_t i = 0; i <= t; ++i)
       if (row[i] < 0 || row[i] >= vocab)
-        throw Error("lm: token " + std::to_string(row[i]) + " at row " + std::to_string(r) +
-                    ", position " + std::to_string(i) + " is outside the vocabulary [0, " +
-                    std::to_string(vocab) + ")");
+        throw Error("lm: token " + std::to_string(row[i]) + " at row " + std::to_string(r) + ", position " +
+                    std::to_string(i) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
     std::memcpy(&inputs_[r * t], row, sizeof(int32_t) * t);
     std::memcpy(&targets_[r * t], row + 1, sizeof(int32_t) * t);
   }
@@ -283,8 +291,7 @@ float LmModel::forward(const Batch& batch) {
     k_->linear_forward(b.v.data(), b.ln1.data(), w(layer_param(l, kV)), n, d, d);
     k_->rope_forward(b.q.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
     k_->rope_forward(b.k.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-    k_->attention_forward(b.att.data(), b.p.data(), b.q.data(), b.k.data(), b.v.data(), rows, t,
-                              heads, head_dim_);
+    k_->attention_forward(b.att.data(), b.p.data(), b.q.data(), b.k.data(), b.v.data(), rows, t, heads, head_dim_);
     k_->copy(b.h.data(), x, b.h.bytes());
     k_->linear_forward(b.h.data(), b.att.data(), w(layer_param(l, kO)), n, d, d, true);
     // y = h + w2(silu(w1 z) * w3 z), z = RMSNorm2(h)
@@ -301,20 +308,67 @@ float LmModel::forward(const Batch& batch) {
   k_->rmsnorm_forward(lnf_.data(), rmsf_.data(), x, w(ln_final_index()), n, d);
   k_->linear_forward(logits_.data(), lnf_.data(), w(lm_head_index()), n, d, vocab);
   unit_event(head, DDP_UNIT_FORWARD_END);
-  return static_cast<float>(
-      k_->cross_entropy_forward(lse_.data(), logits_.data(), target_tokens(), n, vocab));
+  return static_cast<float>(k_->cross_entropy_forward(lse_.data(), logits_.data(), target_tokens(), n, vocab));
+}
+
+void LmModel::weight_grad(size_t index, const float* dy, const float* x, int64_t in, int64_t out, float alpha) {
+  const int64_t n = rows_ * config_.context_length;
+  if (float* dw = g(index)) k_->linear_backward_weight(dw, dy, x, n, in, out, alpha);
+}
+
+// Block l's backward: dresid_ holds dy on entry and dx on return.
+void LmModel::block_backward(int64_t l, const GradAccumulated& done) {
+  const int64_t rows = rows_;
+  const int64_t t = config_.context_length;
+  const int64_t d = config_.d_model;
+  const int64_t f = config_.d_ff;
+  const int64_t heads = config_.num_heads;
+  const int64_t n = rows * t;
+  BlockActs& b = blocks_[l];
+  const float* x = l ? blocks_[l - 1].y.data() : x0_.data();
+  // dresid_ holds dy; FFN branch: y = h + w2 gate.
+  k_->linear_backward_input(dgate_.data(), dresid_.data(), w(layer_param(l, kW2)), n, f, d);
+  k_->swiglu_backward(da_.data(), db_.data(), dgate_.data(), b.a.data(), b.b.data(), n * f);
+  weight_grad(layer_param(l, kW3), db_.data(), b.ln2.data(), d, f);
+  done(layer_param(l, kW3));
+  weight_grad(layer_param(l, kW2), dresid_.data(), b.gate.data(), f, d);
+  done(layer_param(l, kW2));
+  weight_grad(layer_param(l, kW1), da_.data(), b.ln2.data(), d, f);
+  done(layer_param(l, kW1));
+  k_->linear_backward_input(dln_.data(), da_.data(), w(layer_param(l, kW1)), n, d, f);
+  k_->linear_backward_input(dln_.data(), db_.data(), w(layer_param(l, kW3)), n, d, f, true);
+  k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn2)), dln_.data(), b.h.data(), w(layer_param(l, kLn2)),
+                       b.rms2.data(), n, d, /*accumulate=*/true);
+  done(layer_param(l, kLn2));
+  // dresid_ holds dh; attention branch: h = x + output_proj att.
+  k_->linear_backward_input(datt_.data(), dresid_.data(), w(layer_param(l, kO)), n, d, d);
+  weight_grad(layer_param(l, kO), dresid_.data(), b.att.data(), d, d);
+  done(layer_param(l, kO));
+  k_->attention_backward(dq_.data(), dk_.data(), dv_.data(), dscores_.data(), datt_.data(), b.p.data(), b.q.data(),
+                         b.k.data(), b.v.data(), rows, t, heads, head_dim_);
+  k_->rope_backward(dq_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+  k_->rope_backward(dk_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+  weight_grad(layer_param(l, kV), dv_.data(), b.ln1.data(), d, d);
+  done(layer_param(l, kV));
+  weight_grad(layer_param(l, kK), dk_.data(), b.ln1.data(), d, d);
+  done(layer_param(l, kK));
+  weight_grad(layer_param(l, kQ), dq_.data(), b.ln1.data(), d, d);
+  done(layer_param(l, kQ));
+  k_->linear_backward_input(dln_.data(), dq_.data(), w(layer_param(l, kQ)), n, d, d);
+  k_->linear_backward_input(dln_.data(), dk_.data(), w(layer_param(l, kK)), n, d, d, true);
+  k_->linear_backward_input(dln_.data(), dv_.data(), w(layer_param(l, kV)), n, d, d, true);
+  k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn1)), dln_.data(), x, w(layer_param(l, kLn1)), b.rms1.data(),
+                       n, d, /*accumulate=*/true);
+  done(layer_param(l, kLn1));
 }
 
 void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   if (rows_ < 1) throw Error("lm: backward before forward");
-  const int64_t rows = rows_, t = config_.context_length, d = config_.d_model, f = config_.d_ff,
-                heads = config_.num_heads, vocab = config_.vocab_size, n = rows * t;
-  auto done = [&](size_t index) {
+  const int64_t d = config_.d_model;
+  const int64_t vocab = config_.vocab_size;
+  const int64_t n = rows_ * config_.context_length;
+  const GradAccumulated done = [&](size_t index) {
     if (params_[index].trainable) accumulated(index);
-  };
-  auto weight_grad = [&](size_t index, const float* dy, const float* x, int64_t in, int64_t out,
-                         float alpha = 1.0f) {
-    if (float* dw = g(index)) k_->linear_backward_weight(dw, dy, x, n, in, out, alpha);
   };
   RangeLaps ranges(range_hook_);
 
@@ -329,51 +383,15 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   k_->linear_backward_input(dln_.data(), dlogits, w(lm_head_index()), n, d, vocab, false, c);
   ranges.lap("backward lm_head");
   const float* x_last = config_.num_layers ? blocks_.back().y.data() : x0_.data();
-  k_->rmsnorm_backward(dresid_.data(), g(ln_final_index()), dln_.data(), x_last,
-                           w(ln_final_index()), rmsf_.data(), n, d);
+  k_->rmsnorm_backward(dresid_.data(), g(ln_final_index()), dln_.data(), x_last, w(ln_final_index()), rmsf_.data(), n,
+                       d);
   done(ln_final_index());
   ranges.lap("backward ln_final");
   unit_event(head_unit(), DDP_UNIT_BACKWARD_END);
 
   for (int64_t l = config_.num_layers - 1; l >= 0; --l) {
     unit_event(block_unit(l), DDP_UNIT_BACKWARD_BEGIN);
-    BlockActs& b = blocks_[l];
-    const float* x = l ? blocks_[l - 1].y.data() : x0_.data();
-    // dresid_ holds dy; FFN branch: y = h + w2 gate.
-    k_->linear_backward_input(dgate_.data(), dresid_.data(), w(layer_param(l, kW2)), n, f, d);
-    k_->swiglu_backward(da_.data(), db_.data(), dgate_.data(), b.a.data(), b.b.data(), n * f);
-    weight_grad(layer_param(l, kW3), db_.data(), b.ln2.data(), d, f);
-    done(layer_param(l, kW3));
-    weight_grad(layer_param(l, kW2), dresid_.data(), b.gate.data(), f, d);
-    done(layer_param(l, kW2));
-    weight_grad(layer_param(l, kW1), da_.data(), b.ln2.data(), d, f);
-    done(layer_param(l, kW1));
-    k_->linear_backward_input(dln_.data(), da_.data(), w(layer_param(l, kW1)), n, d, f);
-    k_->linear_backward_input(dln_.data(), db_.data(), w(layer_param(l, kW3)), n, d, f, true);
-    k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn2)), dln_.data(), b.h.data(),
-                             w(layer_param(l, kLn2)), b.rms2.data(), n, d, /*accumulate=*/true);
-    done(layer_param(l, kLn2));
-    // dresid_ holds dh; attention branch: h = x + output_proj att.
-    k_->linear_backward_input(datt_.data(), dresid_.data(), w(layer_param(l, kO)), n, d, d);
-    weight_grad(layer_param(l, kO), dresid_.data(), b.att.data(), d, d);
-    done(layer_param(l, kO));
-    k_->attention_backward(dq_.data(), dk_.data(), dv_.data(), dscores_.data(), datt_.data(),
-                               b.p.data(), b.q.data(), b.k.data(), b.v.data(), rows, t, heads,
-                               head_dim_);
-    k_->rope_backward(dq_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-    k_->rope_backward(dk_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-    weight_grad(layer_param(l, kV), dv_.data(), b.ln1.data(), d, d);
-    done(layer_param(l, kV));
-    weight_grad(layer_param(l, kK), dk_.data(), b.ln1.data(), d, d);
-    done(layer_param(l, kK));
-    weight_grad(layer_param(l, kQ), dq_.data(), b.ln1.data(), d, d);
-    done(layer_param(l, kQ));
-    k_->linear_backward_input(dln_.data(), dq_.data(), w(layer_param(l, kQ)), n, d, d);
-    k_->linear_backward_input(dln_.data(), dk_.data(), w(layer_param(l, kK)), n, d, d, true);
-    k_->linear_backward_input(dln_.data(), dv_.data(), w(layer_param(l, kV)), n, d, d, true);
-    k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn1)), dln_.data(), x,
-                             w(layer_param(l, kLn1)), b.rms1.data(), n, d, /*accumulate=*/true);
-    done(layer_param(l, kLn1));
+    block_backward(l, done);
     ranges.lap(range_names_[l].c_str());
     unit_event(block_unit(l), DDP_UNIT_BACKWARD_END);
   }

@@ -74,12 +74,21 @@ class LmModel final : public Model {
   const float* loss_gradient() const { return logits_.data(); }
 
  private:
+  // dW += alpha * dy^T x over the last forward's N rows, where index trains.
+  void weight_grad(size_t index, const float* dy, const float* x, int64_t in, int64_t out, float alpha = 1.0f);
+  void block_backward(int64_t l, const GradAccumulated& done);
   // Parameter indices in the table (spec order).
-  static constexpr size_t kLn1 = 0, kQ = 1, kK = 2, kV = 3, kO = 4, kLn2 = 5, kW1 = 6, kW2 = 7,
-                          kW3 = 8, kPerLayer = 9;
-  size_t layer_param(int64_t layer, size_t which) const {
-    return 1 + static_cast<size_t>(layer) * kPerLayer + which;
-  }
+  static constexpr size_t kLn1 = 0;
+  static constexpr size_t kQ = 1;
+  static constexpr size_t kK = 2;
+  static constexpr size_t kV = 3;
+  static constexpr size_t kO = 4;
+  static constexpr size_t kLn2 = 5;
+  static constexpr size_t kW1 = 6;
+  static constexpr size_t kW2 = 7;
+  static constexpr size_t kW3 = 8;
+  static constexpr size_t kPerLayer = 9;
+  size_t layer_param(int64_t layer, size_t which) const { return 1 + static_cast<size_t>(layer) * kPerLayer + which; }
   size_t ln_final_index() const { return 1 + static_cast<size_t>(config_.num_layers) * kPerLayer; }
   size_t lm_head_index() const { return ln_final_index() + 1; }
   const float* w(size_t index) const { return values(index); }
@@ -144,9 +153,12 @@ class LmModel final : public Model {
   Tensor dresid_;  // [N, D] d loss / d residual stream
   Tensor dln_;     // [N, D] d loss / d RMSNorm output
   Tensor datt_;    // [N, D]
-  Tensor dq_, dk_, dv_;  // [N, D]
-  Tensor dgate_;   // [N, F]
-  Tensor da_, db_;  // [N, F]
+  Tensor dq_;      // [N, D]
+  Tensor dk_;
+  Tensor dv_;
+  Tensor dgate_;  // [N, F]
+  Tensor da_;     // [N, F]
+  Tensor db_;
   Tensor dscores_;  // attention backward's scratch (CPU: [T, T])
 };
 

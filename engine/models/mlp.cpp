@@ -19,8 +19,8 @@ namespace {
 void check_sizes(const MlpConfig& config, int64_t rows) {
   if (config.width < 1 || config.depth < 0 || config.classes < 1)
     throw Error("mlp: width and classes must be positive and depth non-negative (width " +
-                std::to_string(config.width) + ", depth " + std::to_string(config.depth) +
-                ", classes " + std::to_string(config.classes) + ")");
+                std::to_string(config.width) + ", depth " + std::to_string(config.depth) + ", classes " +
+                std::to_string(config.classes) + ")");
   if (config.depth > kMaxLayers)
     throw Error("mlp: depth " + std::to_string(config.depth) + " is more than " + std::to_string(kMaxLayers) +
                 " layers (model.h's kMaxLayers)");
@@ -125,7 +125,9 @@ float MlpModel::forward(const Batch& batch) {
     throw Error("mlp: the batch needs inputs x and class labels (labels are integer data)");
   if (batch.rows < 1) throw Error("mlp: a batch needs at least one row");
   ensure_activations(batch.rows);
-  const int64_t rows = batch.rows, w = config_.width, classes = config_.classes;
+  const int64_t rows = batch.rows;
+  const int64_t w = config_.width;
+  const int64_t classes = config_.classes;
   for (int64_t r = 0; r < rows; ++r) {
     if (batch.labels[r] < 0 || batch.labels[r] >= classes)
       throw Error("mlp: label " + std::to_string(batch.labels[r]) + " at row " + std::to_string(r) +
@@ -153,13 +155,14 @@ float MlpModel::forward(const Batch& batch) {
   k_->linear_forward(logits_.data(), in, values(head), rows, w, classes);
   k_->bias_forward(logits_.data(), values(head + 1), rows, classes);
   unit_event(size_t(config_.depth), DDP_UNIT_FORWARD_END);
-  return static_cast<float>(
-      k_->cross_entropy_forward(lse_.data(), logits_.data(), labels(), rows, classes));
+  return static_cast<float>(k_->cross_entropy_forward(lse_.data(), logits_.data(), labels(), rows, classes));
 }
 
 void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   if (rows_ < 1) throw Error("mlp: backward before forward");
-  const int64_t rows = rows_, w = config_.width, classes = config_.classes;
+  const int64_t rows = rows_;
+  const int64_t w = config_.width;
+  const int64_t classes = config_.classes;
   // Adds dy-derived gradients of linear (weight, weight + 1 = bias) with input x.
   auto linear_grads = [&](size_t weight, const float* dy, const float* x, int64_t out) {
     if (float* db = grad_out(weight + 1)) {
@@ -173,7 +176,7 @@ void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   };
 
   RangeLaps ranges(range_hook_);
-  float* dlogits = logits_.data();  // [rows, classes]
+  float* dlogits = logits_.data();                                 // [rows, classes]
   k_->cross_entropy_backward(dlogits, rows, classes, loss_scale);  // the forward left the rest
   const size_t head = 2 * static_cast<size_t>(config_.depth);
   const float* last = config_.depth ? acts_.back().data() : input_;
@@ -193,8 +196,7 @@ void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
     k_->relu_backward(dact_.data(), dact_.data(), acts_[i].data(), rows * w);
     linear_grads(2 * static_cast<size_t>(i), dact_.data(), i ? acts_[i - 1].data() : input_, w);
     if (i > 0) {
-      k_->linear_backward_input(dtmp_.data(), dact_.data(), values(2 * i), rows, w,
-                                    w);
+      k_->linear_backward_input(dtmp_.data(), dact_.data(), values(2 * i), rows, w, w);
       std::swap(dact_, dtmp_);
     }
     ranges.lap(range_names_[i].c_str());

@@ -61,11 +61,13 @@ class MlpModel final : public Model {
   int64_t rows_ = -1;
   const float* input_ = nullptr;  // x of the last forward [rows, width]
   std::vector<int32_t> labels_;   // [rows]
-  Tensor x_dev_, labels_dev_;     // a GPU's copies of x and labels_
+  Tensor x_dev_;                  // a GPU's copy of x
+  Tensor labels_dev_;             // a GPU's copy of labels_
   std::vector<Tensor> acts_;      // relu(layer i) [rows, width], i < depth
   Tensor logits_;                 // [rows, classes]; softmax - onehot from forward on
   Tensor lse_;                    // [rows]
-  Tensor dact_, dtmp_;            // [rows, width] backward scratch (ping-pong)
+  Tensor dact_;                   // [rows, width] backward scratch (ping-pong)
+  Tensor dtmp_;
 };
 
 // `with_gradients`, `with_values`: as make_lm's.

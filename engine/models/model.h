@@ -23,9 +23,9 @@ struct Parameter {
   std::string name;
   Shape shape;
   bool trainable = true;
-  int uses = 1;  // uses per forward (2 for a tied weight)
+  int uses = 1;               // uses per forward (2 for a tied weight)
   size_t unit = DDP_NO_UNIT;  // the unit that owns it (Model::units)
-  Tensor data;   // category Parameters
+  Tensor data;                // category Parameters
   // Category Gradients, iff trainable: a view of the block pack_gradients
   // makes (undefined until it has run: the engine runs it once the
   // strategy could claim), or of the strategy's memory where it claimed
@@ -96,7 +96,9 @@ struct Footprint {
   // Transformer-like sizes, for hypothetical layouts (plan/mesh.h): model
   // width D, FFN width F, blocks L, and the activation elements backward
   // keeps per token. Zero for models that are not.
-  int64_t d_model = 0, d_ff = 0, layers = 0;
+  int64_t d_model = 0;
+  int64_t d_ff = 0;
+  int64_t layers = 0;
   int ffn_matrices = 2;  // weight matrices of D x F per FFN block (SwiGLU: 3)
   double saved_elements_per_token = 0;
   bool plan_only = false;  // a size `ddp plan` accounts for and `ddp run` cannot build

@@ -18,7 +18,8 @@ struct Layer {
   enum Kind { Linear, Relu } kind;
   int weight = -1;  // parameter index (Linear)
   int bias = -1;    // parameter index or -1
-  int64_t in = 0, out = 0;
+  int64_t in = 0;
+  int64_t out = 0;
   size_t unit = 0;  // a linear layer and the ReLU after it are one unit
 };
 
@@ -119,8 +120,7 @@ class SequentialMse final : public Model {
     const int64_t rows = rows_;
     RangeLaps ranges(range_hook_);
     // d(mean((p - y)^2))/dp = 2 (p - y) / n
-    k_->mse_backward(grads_.back().data(), acts_.back().data(), target_, rows * out_width_,
-                     loss_scale);
+    k_->mse_backward(grads_.back().data(), acts_.back().data(), target_, rows * out_width_, loss_scale);
     for (size_t i = layers_.size(); i-- > 0;) {
       const Layer& l = layers_[i];
       if (i + 1 == layers_.size() || l.unit != layers_[i + 1].unit) {
@@ -176,7 +176,8 @@ class SequentialMse final : public Model {
   int64_t rows_ = -1;
   const float* input_ = nullptr;   // x of the last forward [rows, in]
   const float* target_ = nullptr;  // y of the last forward [rows, out]
-  Tensor x_dev_, y_dev_;           // a GPU's copies of x and y
+  Tensor x_dev_;                   // a GPU's copy of x
+  Tensor y_dev_;                   // a GPU's copy of y
   std::vector<Tensor> acts_;       // output of layer i [rows, width_i]
   std::vector<Tensor> grads_;      // d loss / d acts_[i]
 };
@@ -198,8 +199,7 @@ std::unique_ptr<Model> make_toy(const std::string& name, Device& device, uint64_
   if (name == "toy") {
     // 0 no_grad_fixed_param, 1 fc1.weight, 2 fc2.fc.weight, 3 fc2.fc.bias, 4 fc3.weight
     auto m = std::make_unique<SequentialMse>(
-        device, std::vector<Layer>{linear(1, 10, 10), relu(), linear(2, 10, 50, 3), relu(),
-                                   linear(4, 50, 5)});
+        device, std::vector<Layer>{linear(1, 10, 10), relu(), linear(2, 10, 50, 3), relu(), linear(4, 50, 5)});
     m->add_param("no_grad_fixed_param", {2}, false, 0);
     m->add_param("fc1.weight", {10, 10}, true);
     m->add_param("fc2.fc.weight", {50, 10}, true);
@@ -208,17 +208,18 @@ std::unique_ptr<Model> make_toy(const std::string& name, Device& device, uint64_
     m->finish_setup(seed, [m = m.get()](size_t index, float* out, std::mt19937_64& rng) {
       static constexpr int64_t fan_in[] = {0, 10, 10, 10, 50};
       const size_t n = numel_of(m->params()[index].shape);
-      if (index == 0) std::fill(out, out + n, 2.0f);
-      else init_uniform(out, n, fan_in[index], rng);
+      if (index == 0)
+        std::fill(out, out + n, 2.0f);
+      else
+        init_uniform(out, n, fan_in[index], rng);
     });
     return m;
   }
   if (name == "toy_tied") {
     // 0 fc1.weight, 1 fc2.weight (also fc4), 2 fc3.weight, 3 fc5.weight
     auto m = std::make_unique<SequentialMse>(
-        device, std::vector<Layer>{linear(0, 10, 10), relu(), linear(1, 10, 50), relu(),
-                                   linear(2, 50, 10), relu(), linear(1, 10, 50), relu(),
-                                   linear(3, 50, 5)});
+        device, std::vector<Layer>{linear(0, 10, 10), relu(), linear(1, 10, 50), relu(), linear(2, 50, 10), relu(),
+                                   linear(1, 10, 50), relu(), linear(3, 50, 5)});
     m->add_param("fc1.weight", {10, 10}, true);
     m->add_param("fc2.weight", {50, 10}, true, /*uses=*/2);
     m->add_param("fc3.weight", {10, 50}, true);
@@ -273,8 +274,12 @@ void Model::set_draw(uint64_t seed, Draw draw) {
 void Model::draw_initial(size_t index, float* out) {
   if (index >= params_.size() || !draw_)
     throw Error("draw_initial: parameter " + std::to_string(index) + " of " + std::to_string(params_.size()) +
-                (draw_ ? "" : ", and the model sets no draw"), DDP_ERR_INTERNAL);
-  if (index < next_draw_) rng_.seed(seed_), next_draw_ = 0;  // back to the start
+                    (draw_ ? "" : ", and the model sets no draw"),
+                DDP_ERR_INTERNAL);
+  if (index < next_draw_) {  // back to the start
+    rng_.seed(seed_);
+    next_draw_ = 0;
+  }
   std::vector<float> skipped;
   for (; next_draw_ < index; ++next_draw_) {  // the ones between, drawn and dropped
     skipped.resize(numel_of(params_[next_draw_].shape));
@@ -327,20 +332,24 @@ void Model::declare_units(std::vector<Unit> units) {
 void Model::unbound_gradient(size_t index) const {
   const Parameter& p = params_[index];
   if (!p.claimed)
-    throw Error("backward reached the gradient of '" + p.name + "', which has no storage: the model's gradients "
-                "were never made (Model::pack_gradients)", DDP_ERR_INTERNAL);
+    throw Error("backward reached the gradient of '" + p.name +
+                    "', which has no storage: the model's gradients "
+                    "were never made (Model::pack_gradients)",
+                DDP_ERR_INTERNAL);
   const std::string unit = p.unit < units_.size() ? units_[p.unit].name : std::string("?");
   throw Error("backward reached the gradient of '" + p.name + "', whose storage the strategy claimed and bound " +
-              "none to: bind it (ddp_host::bind) at the latest in on_unit(BACKWARD_BEGIN) of unit '" + unit +
-              "' or of a unit that reads it before", DDP_ERR_INVALID_ARGUMENT);
+                  "none to: bind it (ddp_host::bind) at the latest in on_unit(BACKWARD_BEGIN) of unit '" + unit +
+                  "' or of a unit that reads it before",
+              DDP_ERR_INVALID_ARGUMENT);
 }
 
 void Model::unbound_values(size_t index) const {
   const Parameter& p = params_[index];
   const std::string unit = p.unit < units_.size() ? units_[p.unit].name : std::string("?");
   throw Error("the model read the values of '" + p.name + "', which the strategy claimed and bound none to: bind " +
-              "them (ddp_host::bind, DDP_STORAGE_DATA) at the latest in on_unit(FORWARD_BEGIN or BACKWARD_BEGIN) " +
-              "of each unit that reads them (unit '" + unit + "' owns them)", DDP_ERR_INVALID_ARGUMENT);
+                  "them (ddp_host::bind, DDP_STORAGE_DATA) at the latest in on_unit(FORWARD_BEGIN or BACKWARD_BEGIN) " +
+                  "of each unit that reads them (unit '" + unit + "' owns them)",
+              DDP_ERR_INVALID_ARGUMENT);
 }
 
 }  // namespace ddp

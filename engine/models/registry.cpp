@@ -17,8 +17,11 @@ std::unique_ptr<Model> build_toy(const std::string& name, Device& device, uint64
 // A preset, then each size the config sets (0: the preset's).
 LmConfig lm_config(const ModelOptions& o) {
   LmConfig c = lm_preset(o.get_string("preset"));
-  for (auto [field, key] : {std::pair{&c.vocab_size, "vocab_size"}, {&c.context_length, "context_length"},
-                            {&c.d_model, "d_model"}, {&c.num_layers, "num_layers"}, {&c.num_heads, "num_heads"},
+  for (auto [field, key] : {std::pair{&c.vocab_size, "vocab_size"},
+                            {&c.context_length, "context_length"},
+                            {&c.d_model, "d_model"},
+                            {&c.num_layers, "num_layers"},
+                            {&c.num_heads, "num_heads"},
                             {&c.d_ff, "d_ff"}})
     if (const int64_t value = o.get_int(key)) *field = value;
   if (o.get_float("rope_theta") > 0) c.rope_theta = o.get_float("rope_theta");
@@ -59,19 +62,24 @@ ModelKey int_key(const char* name, int64_t min, int64_t fallback) {
 
 const std::vector<ModelInfo>& model_registry() {
   static const std::vector<ModelInfo> models = {
-      {"toy", DataShape::Regression, {},
+      {"toy",
+       DataShape::Regression,
+       {},
        [](const ModelOptions&, Device& d, uint64_t seed, DataShape* s) { return build_toy("toy", d, seed, s); }},
-      {"toy_tied", DataShape::Regression, {},
+      {"toy_tied",
+       DataShape::Regression,
+       {},
        [](const ModelOptions&, Device& d, uint64_t seed, DataShape* s) { return build_toy("toy_tied", d, seed, s); }},
-      {"mlp", DataShape::Classification,
+      {"mlp",
+       DataShape::Classification,
        {int_key("width", 1, 1024), int_key("depth", 0, 8), int_key("classes", 2, 10)},
        build_mlp,
        [](const ModelOptions& o, int64_t rows, ddp_device_kind k) { return mlp_footprint(mlp_config(o), rows, k); }},
-      {"lm", DataShape::Tokens,
-       {ModelKey{"preset", ModelKey::String, 0, preset_names(), std::string("lm-tiny")},
-        int_key("vocab_size", 2, 0), int_key("context_length", 1, 0), int_key("d_model", 1, 0),
-        int_key("num_layers", 1, 0), int_key("num_heads", 1, 0), int_key("d_ff", 1, 0),
-        ModelKey{"rope_theta", ModelKey::Float, 0, {}, 0.0}},
+      {"lm",
+       DataShape::Tokens,
+       {ModelKey{"preset", ModelKey::String, 0, preset_names(), std::string("lm-tiny")}, int_key("vocab_size", 2, 0),
+        int_key("context_length", 1, 0), int_key("d_model", 1, 0), int_key("num_layers", 1, 0),
+        int_key("num_heads", 1, 0), int_key("d_ff", 1, 0), ModelKey{"rope_theta", ModelKey::Float, 0, {}, 0.0}},
        build_lm,
        [](const ModelOptions& o, int64_t rows, ddp_device_kind k) { return lm_footprint(lm_config(o), rows, k); }},
   };
@@ -103,15 +111,14 @@ const ModelInfo& known_model(const std::string& name) {
 }
 }  // namespace
 
-std::unique_ptr<Model> build_model(const std::string& name, const ModelOptions& options, Device& device,
-                                   uint64_t seed, DataShape* shape, bool with_values) {
+std::unique_ptr<Model> build_model(const std::string& name, const ModelOptions& options, Device& device, uint64_t seed,
+                                   DataShape* shape, bool with_values) {
   std::unique_ptr<Model> model = known_model(name).build(options, device, seed, shape);
   if (with_values) model->materialise(device);
   return model;
 }
 
-Footprint model_footprint(const std::string& name, const ModelOptions& options, int64_t rows,
-                          ddp_device_kind device) {
+Footprint model_footprint(const std::string& name, const ModelOptions& options, int64_t rows, ddp_device_kind device) {
   const ModelInfo& m = known_model(name);
   if (!m.footprint) throw Error("model '" + name + "' has no footprint: `ddp plan` cannot account for it");
   return m.footprint(options, rows, device);

@@ -75,13 +75,12 @@ ModelOptions default_model_options(const std::string& name);
 
 // The registry's footprint for `name`. Throws Error for an unknown name or
 // one without a footprint.
-Footprint model_footprint(const std::string& name, const ModelOptions& options, int64_t rows,
-                          ddp_device_kind device);
+Footprint model_footprint(const std::string& name, const ModelOptions& options, int64_t rows, ddp_device_kind device);
 
 // The registry's build for `name`, with its values drawn unless
 // `with_values` is false (Model::materialise). Throws Error for an unknown
 // name.
-std::unique_ptr<Model> build_model(const std::string& name, const ModelOptions& options, Device& device,
-                                   uint64_t seed, DataShape* shape, bool with_values = true);
+std::unique_ptr<Model> build_model(const std::string& name, const ModelOptions& options, Device& device, uint64_t seed,
+                                   DataShape* shape, bool with_values = true);
 
 }  // namespace ddp

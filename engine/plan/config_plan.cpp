@@ -61,8 +61,8 @@ plan::RunPlan plan_config(const Config& c, const Footprint& model, bool check_ke
         p.strategy = plan::plan_strategy(*strategy->strategy(), *transport->transport(), c.strategy, run, r);
       }
       const whereabouts::Inside in(transport_label, "plan");
-      p.transport = plan::plan_transport(*transport->transport(), c.transport, run, r, p.strategy.collectives,
-                                         p.strategy.groups);
+      p.transport =
+          plan::plan_transport(*transport->transport(), c.transport, run, r, p.strategy.collectives, p.strategy.groups);
     } catch (const Error& e) {  // the plugin's words, in the config's file
       throw Error(c.file + ": " + e.what(), e.status());
     }

@@ -15,9 +15,9 @@
 #include <sys/resource.h>
 
 #include "config_plan.h"
-#include "plugin_loader.h"
 #include "error.h"
 #include "isolated.h"
+#include "plugin_loader.h"
 #include "registry.h"
 
 namespace ddp {
@@ -41,8 +41,10 @@ int64_t cgroup_bytes(const std::string& text) {
 // "16.7 GB"; under 0.1 GB, in MB ("35.2 MB"), where GB would round to 0.0.
 std::string gb(int64_t bytes) {
   char out[32];
-  if (bytes < 100000000) std::snprintf(out, sizeof out, "%.1f MB", double(bytes) / 1e6);
-  else std::snprintf(out, sizeof out, "%.1f GB", double(bytes) / 1e9);
+  if (bytes < 100000000)
+    std::snprintf(out, sizeof out, "%.1f MB", double(bytes) / 1e6);
+  else
+    std::snprintf(out, sizeof out, "%.1f GB", double(bytes) / 1e9);
   return out;
 }
 
@@ -96,7 +98,9 @@ std::optional<plan::RunPlan> plan_with(const Config& c, const std::vector<std::s
 bool fits(const std::optional<plan::RunPlan>& p, const HostMemory& host) {
   return p && fit_shortfall(peaks_of(*p), host).empty();
 }
-std::string needs(const std::string& what, const plan::RunPlan& p) { return "; " + what + " needs " + gb(sum(peaks_of(p))); }
+std::string needs(const std::string& what, const plan::RunPlan& p) {
+  return "; " + what + " needs " + gb(sum(peaks_of(p)));
+}
 // A key in the plugin's own table, where a --set of the user's may have put it too (the later wins).
 std::string key_of(const std::string& plugin, const std::string& key) {
   return "strategy." + plugin_table_name(plugin) + "." + key;
@@ -105,7 +109,8 @@ std::string key_of(const std::string& plugin, const std::string& key) {
 // "; strategy.plugin = "<other>" [with <key> = <value>] needs 18.6 GB"
 // where the other plugin fits at its defaults or at a leaner setting; "".
 std::string other_that_fits(const Config& c, const PluginInfo& other, const HostMemory& host) {
-  const std::string plugin = "strategy.plugin=\"" + other.name + "\"", named = "strategy.plugin = \"" + other.name + "\"";
+  const std::string plugin = "strategy.plugin=\"" + other.name + "\"";
+  const std::string named = "strategy.plugin = \"" + other.name + "\"";
   const std::optional<plan::RunPlan> p = plan_with(c, {plugin});
   if (!p) return "";
   if (fits(p, host)) return needs(named, *p);
@@ -160,7 +165,8 @@ std::string world_that_fits(const Config& c, const HostMemory& host) {
     Config fewer = c;
     fewer.run.world_size = w;
     const std::vector<int64_t> peaks = peaks_of(plan_of(fewer));
-    if (fit_shortfall(peaks, host).empty()) return "; run.world_size = " + std::to_string(w) + " needs " + gb(sum(peaks));
+    if (fit_shortfall(peaks, host).empty())
+      return "; run.world_size = " + std::to_string(w) + " needs " + gb(sum(peaks));
   }
   return "";
 }
@@ -177,7 +183,8 @@ HostMemory host_memory_from(const std::string& meminfo, const std::string& cgrou
     if (key == "MemAvailable:") host = {kb * 1024, "MemAvailable"};
     lines.ignore(256, '\n');
   }
-  const int64_t limit = cgroup_bytes(cgroup_limit), usage = cgroup_bytes(cgroup_usage);
+  const int64_t limit = cgroup_bytes(cgroup_limit);
+  const int64_t usage = cgroup_bytes(cgroup_usage);
   if (limit >= 0 && usage >= 0 && (host.bytes < 0 || limit - usage < host.bytes))
     host = {std::max<int64_t>(limit - usage, 0), "the cgroup's limit less its usage"};
   return host;
@@ -187,7 +194,8 @@ HostMemory with_rank_limit(HostMemory host, uint64_t rlimit_as, uint64_t rlimit_
                            const RankExtra& extra) {
   auto status_bytes = [&](const std::string& key) {  // "VmSize:\t  123456 kB", among lines of words ("Name:\tddp")
     std::istringstream lines(status);
-    std::string line, name;
+    std::string line;
+    std::string name;
     int64_t kb = 0;
     while (std::getline(lines, line))
       if (std::istringstream words(line); words >> name >> kb && name == key) return kb * 1024;
@@ -202,18 +210,28 @@ HostMemory with_rank_limit(HostMemory host, uint64_t rlimit_as, uint64_t rlimit_
   host.rank_resident = status_bytes("RssAnon:") + extra.resident;
   for (const auto& l : limits) {
     if (l.limit == RLIM_INFINITY || l.limit >= (uint64_t{1} << 62)) continue;
-    const int64_t limit = int64_t(l.limit), baseline = l.baseline;
-    if (host.rank_limit < 0 || limit - baseline < host.rank_limit - host.rank_baseline)
-      host.rank_limit = limit, host.rank_baseline = baseline, host.rank_limit_source = l.source;
+    const int64_t limit = int64_t(l.limit);
+    const int64_t baseline = l.baseline;
+    if (host.rank_limit < 0 || limit - baseline < host.rank_limit - host.rank_baseline) {
+      host.rank_limit = limit;
+      host.rank_baseline = baseline;
+      host.rank_limit_source = l.source;
+    }
   }
   return host;
 }
 
 HostMemory host_memory() {
-  const std::string v2 = "/sys/fs/cgroup/memory.", v1 = "/sys/fs/cgroup/memory/memory.";
-  std::string limit = read_text(v2 + "max"), usage = read_text(v2 + "current");
-  if (limit.empty()) limit = read_text(v1 + "limit_in_bytes"), usage = read_text(v1 + "usage_in_bytes");
-  rlimit as{RLIM_INFINITY, RLIM_INFINITY}, data{RLIM_INFINITY, RLIM_INFINITY};
+  const std::string v2 = "/sys/fs/cgroup/memory.";
+  const std::string v1 = "/sys/fs/cgroup/memory/memory.";
+  std::string limit = read_text(v2 + "max");
+  std::string usage = read_text(v2 + "current");
+  if (limit.empty()) {
+    limit = read_text(v1 + "limit_in_bytes");
+    usage = read_text(v1 + "usage_in_bytes");
+  }
+  rlimit as{RLIM_INFINITY, RLIM_INFINITY};
+  rlimit data{RLIM_INFINITY, RLIM_INFINITY};
   getrlimit(RLIMIT_AS, &as);
   getrlimit(RLIMIT_DATA, &data);
   return with_rank_limit(host_memory_from(read_text("/proc/meminfo"), limit, usage), as.rlim_cur, data.rlim_cur,
@@ -231,7 +249,8 @@ std::string rank_limit_shortfall(const std::vector<int64_t>& peaks, const HostMe
   if (host.rank_limit < 0 || peaks.empty()) return "";
   const int64_t most = *std::max_element(peaks.begin(), peaks.end());
   if (add_or_most(most, host.rank_baseline) <= host.rank_limit) return "";
-  return "needs " + gb(add_or_most(most, host.rank_baseline)) + " a rank (" + gb(most) + " planned + " + gb(host.rank_baseline) +
+  return "needs " + gb(add_or_most(most, host.rank_baseline)) + " a rank (" + gb(most) + " planned + " +
+         gb(host.rank_baseline) +
          " a rank's process maps before its run's memory: libraries, thread stacks, BLAS buffers), more than " +
          host.rank_limit_source + " allows each process (" + gb(host.rank_limit) + ")";
 }

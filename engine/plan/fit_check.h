@@ -45,7 +45,9 @@ HostMemory host_memory_from(const std::string& meminfo, const std::string& cgrou
 // (`extra.as`, `extra.data`) and holds (`extra.resident`). The limit kept
 // is the one leaving a rank the least room. Pure.
 struct RankExtra {
-  int64_t as = 0, data = 0, resident = 0;
+  int64_t as = 0;
+  int64_t data = 0;
+  int64_t resident = 0;
 };
 HostMemory with_rank_limit(HostMemory host, uint64_t rlimit_as, uint64_t rlimit_data, const std::string& status,
                            const RankExtra& extra);

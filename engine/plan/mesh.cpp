@@ -32,7 +32,10 @@ Hardware hardware_preset(const std::string& name) {
 namespace {
 
 struct DeviceBytes {
-  double master, gradients, optimizer, activations;
+  double master;
+  double gradients;
+  double optimizer;
+  double activations;
   double total() const { return master + gradients + optimizer + activations; }
 };
 
@@ -96,9 +99,17 @@ MeshPlan plan_mesh(const MeshInput& in) {
       p.min_x_to_fit = hi;
     }
   }
-  const double c = hw.flops, w = hw.link_bytes_per_s, d = in.d_model, f = in.d_ff, m = in.ffn_matrices;
-  const double mx = hw.axes_x, my = hw.axes_y, y = static_cast<double>(in.y), x = static_cast<double>(in.x);
-  const double tokens = in.tokens, comm = in.precision.comm;
+  const double c = hw.flops;
+  const double w = hw.link_bytes_per_s;
+  const double d = in.d_model;
+  const double f = in.d_ff;
+  const double m = in.ffn_matrices;
+  const double mx = hw.axes_x;
+  const double my = hw.axes_y;
+  const double y = static_cast<double>(in.y);
+  const double x = static_cast<double>(in.x);
+  const double tokens = in.tokens;
+  const double comm = in.precision.comm;
   p.alpha = c / w;
   p.t_math = 2.0 * m * tokens * d * f / (n * c);
   p.t_fsdp = in.x > 1 ? m * comm * d * f / (y * w * mx) : 0.0;

@@ -39,10 +39,11 @@ struct Precisions {
 
 struct Hardware {
   std::string name;
-  double memory_bytes = 0;  // per device
+  double memory_bytes = 0;      // per device
   double link_bytes_per_s = 0;  // W: one device's link bandwidth along a mesh axis
-  double flops = 0;         // C: per device
-  int axes_x = 1, axes_y = 1;  // M_X, M_Y: mesh axes (links) the X and Y dimensions span
+  double flops = 0;             // C: per device
+  int axes_x = 1;               // M_X: mesh axes (links) the X dimension spans
+  int axes_y = 1;               // M_Y: mesh axes (links) the Y dimension spans
 };
 
 // "h100-80gb", "tpu-v5p", in that order.
@@ -53,10 +54,12 @@ Hardware hardware_preset(const std::string& name);
 struct MeshInput {
   double params = 0;                    // P
   double saved_elements_per_token = 0;  // activations backward keeps, per token
-  double d_model = 0, d_ff = 0;         // D, F (of the FFN blocks)
+  double d_model = 0;                   // D (of the FFN blocks)
+  double d_ff = 0;                      // F (of the FFN blocks)
   int ffn_matrices = 2;                 // m
   double tokens = 0;                    // B: the batch, in tokens
-  int64_t x = 1, y = 1;                 // FSDP, TP degrees
+  int64_t x = 1;                        // FSDP degree
+  int64_t y = 1;                        // TP degree
   double activation_shard = 0.5;        // fraction of the activations sharded over X
   Precisions precision;
   Hardware hardware;
@@ -64,15 +67,21 @@ struct MeshInput {
 
 struct MeshPlan {
   // Bytes per device.
-  double master = 0, gradients = 0, optimizer = 0, activations = 0, total = 0;
+  double master = 0;
+  double gradients = 0;
+  double optimizer = 0;
+  double activations = 0;
+  double total = 0;
   double devices_of_memory = 0;  // total x N / the hardware's memory: devices' worth
   int64_t min_x_to_fit = 0;      // smallest FSDP degree (this Y) within memory; 0: none does
   double alpha = 0;              // C / W
-  double t_math = 0, t_fsdp = 0, t_tp = 0;  // seconds per block's forward at this batch
-  double fsdp_min_tokens_per_device = 0;    // B / N from which FSDP is compute-bound
-  double tp_max_y = 0;                      // the largest Y at which TP is compute-bound
+  double t_math = 0;             // seconds per block's forward at this batch
+  double t_fsdp = 0;
+  double t_tp = 0;
+  double fsdp_min_tokens_per_device = 0;  // B / N from which FSDP is compute-bound
+  double tp_max_y = 0;                    // the largest Y at which TP is compute-bound
   bool tp_compute_bound = false;
-  bool compute_bound = false;               // at this batch, both axes
+  bool compute_bound = false;  // at this batch, both axes
 };
 
 // Throws std::invalid_argument for degrees below 1 (or X Y above 2^40),

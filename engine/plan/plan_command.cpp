@@ -17,9 +17,9 @@
 
 #include "config.h"
 #include "config_plan.h"
-#include "fit_check.h"
 #include "device.h"
 #include "error.h"
+#include "fit_check.h"
 #include "mesh.h"
 #include "plugin_host.h"
 #include "plugin_loader.h"
@@ -43,8 +43,9 @@ json fit_json(const Config& c) {
   }
   const std::string refusal = fit_refusal(c, host);
   fit["fits"] = refusal.empty();
-  const std::string limit = host.rank_limit < 0 ? "" : "; " + host.rank_limit_source + " allows each process " +
-                                                          std::to_string(host.rank_limit / 1000000) + " MB";
+  const std::string limit = host.rank_limit < 0 ? ""
+                                                : "; " + host.rank_limit_source + " allows each process " +
+                                                      std::to_string(host.rank_limit / 1000000) + " MB";
   fit["verdict"] = refusal.empty() ? "fits this host (" + std::to_string(host.bytes / 1000000) + " MB available, " +
                                          host.source + limit + ")"
                                    : refusal.substr(c.file.size() + 2);
@@ -144,7 +145,8 @@ json run_json(const Config& c, const plan::RunPlan& p, const strategy::OverheadF
     }
     return out;
   };
-  int64_t comm = 0, bus = 0;
+  int64_t comm = 0;
+  int64_t bus = 0;
   const std::vector<plan::Collective> per_step = p.step_collectives();
   const json collectives = listed(per_step, &comm, &bus);
   json j = {{"world_size", c.run.world_size},
@@ -157,16 +159,20 @@ json run_json(const Config& c, const plan::RunPlan& p, const strategy::OverheadF
             {"bus_bytes_per_step", bus},
             {"collectives", collectives}};
   if (p.every() > 1) {  // a divergent strategy's sync points: once every `every` steps
-    int64_t sync_comm = 0, sync_bus = 0;
+    int64_t sync_comm = 0;
+    int64_t sync_bus = 0;
     const std::vector<plan::Collective> periodic = p.step_collectives(true);
-    j["per_sync_point"] = {{"every", p.every()}, {"collectives", listed(periodic, &sync_comm, &sync_bus)},
-                           {"comm_bytes", sync_comm}, {"bus_bytes", sync_bus}};
+    j["per_sync_point"] = {{"every", p.every()},
+                           {"collectives", listed(periodic, &sync_comm, &sync_bus)},
+                           {"comm_bytes", sync_comm},
+                           {"bus_bytes", sync_bus}};
     j["mean_comm_bytes_per_step"] = double(comm) + double(sync_comm) / double(p.every());
     j["mean_bus_bytes_per_step"] = double(bus) + double(sync_bus) / double(p.every());
   }
   if (!p.unplanned.empty()) {
     json names = json::array();
-    for (const std::string& u : p.unplanned) names.push_back(u + " has no plan entry: its collectives and buffers are not planned");
+    for (const std::string& u : p.unplanned)
+      names.push_back(u + " has no plan entry: its collectives and buffers are not planned");
     j["unplanned"] = names;
   }
   if (timed) {
@@ -202,8 +208,12 @@ void set_fields(const std::vector<std::string>& items, const std::vector<std::pa
 
 plan::Precisions precisions(const std::vector<std::string>& items) {
   plan::Precisions p;
-  set_fields(items, {{"master", &p.master}, {"gradients", &p.gradients}, {"optimizer", &p.optimizer},
-                     {"activations", &p.activations}, {"comm", &p.comm}},
+  set_fields(items,
+             {{"master", &p.master},
+              {"gradients", &p.gradients},
+              {"optimizer", &p.optimizer},
+              {"activations", &p.activations},
+              {"comm", &p.comm}},
              "--precision");
   return p;
 }
@@ -230,7 +240,8 @@ json mesh_json(const PlanOptions& o, const Footprint& f) {
     throw Error(std::string("--hardware: ") + e.what());
   }
   set_fields(o.hardware_set,
-             {{"memory", &in.hardware.memory_bytes}, {"bandwidth", &in.hardware.link_bytes_per_s},
+             {{"memory", &in.hardware.memory_bytes},
+              {"bandwidth", &in.hardware.link_bytes_per_s},
               {"flops", &in.hardware.flops}},
              "--hw");
   if (o.axes.size() == 2) {
@@ -246,21 +257,42 @@ json mesh_json(const PlanOptions& o, const Footprint& f) {
     throw Error(e.what());
   }
   const plan::Precisions& pr = in.precision;
-  return {{"hardware", in.hardware.name}, {"memory_per_device", in.hardware.memory_bytes},
-          {"W", in.hardware.link_bytes_per_s}, {"C", in.hardware.flops},
-          {"M_X", in.hardware.axes_x}, {"M_Y", in.hardware.axes_y}, {"X", in.x}, {"Y", in.y},
-          {"parameters", in.params}, {"tokens", in.tokens},
-          {"tokens_per_device", in.tokens / (double(in.x) * double(in.y))}, {"ffn_matrices", in.ffn_matrices},
-          {"precision", {{"master", pr.master}, {"gradients", pr.gradients}, {"optimizer", pr.optimizer},
-                         {"activations", pr.activations}, {"comm", pr.comm}}},
+  return {{"hardware", in.hardware.name},
+          {"memory_per_device", in.hardware.memory_bytes},
+          {"W", in.hardware.link_bytes_per_s},
+          {"C", in.hardware.flops},
+          {"M_X", in.hardware.axes_x},
+          {"M_Y", in.hardware.axes_y},
+          {"X", in.x},
+          {"Y", in.y},
+          {"parameters", in.params},
+          {"tokens", in.tokens},
+          {"tokens_per_device", in.tokens / (double(in.x) * double(in.y))},
+          {"ffn_matrices", in.ffn_matrices},
+          {"precision",
+           {{"master", pr.master},
+            {"gradients", pr.gradients},
+            {"optimizer", pr.optimizer},
+            {"activations", pr.activations},
+            {"comm", pr.comm}}},
           {"activation_shard", in.activation_shard},
-          {"bytes_per_device", {{"master", m.master}, {"gradients", m.gradients}, {"optimizer", m.optimizer},
-                                {"activations", m.activations}, {"total", m.total}}},
-          {"devices_of_memory", m.devices_of_memory}, {"min_fsdp_to_fit", m.min_x_to_fit},
-          {"alpha", m.alpha}, {"t_math_s", m.t_math}, {"t_fsdp_s", m.t_fsdp}, {"t_tp_s", m.t_tp},
+          {"bytes_per_device",
+           {{"master", m.master},
+            {"gradients", m.gradients},
+            {"optimizer", m.optimizer},
+            {"activations", m.activations},
+            {"total", m.total}}},
+          {"devices_of_memory", m.devices_of_memory},
+          {"min_fsdp_to_fit", m.min_x_to_fit},
+          {"alpha", m.alpha},
+          {"t_math_s", m.t_math},
+          {"t_fsdp_s", m.t_fsdp},
+          {"t_tp_s", m.t_tp},
           {"fsdp_min_tokens_per_device", m.fsdp_min_tokens_per_device},
           {"fsdp_min_global_tokens", m.fsdp_min_tokens_per_device * double(in.x * in.y)},
-          {"tp_max_y", m.tp_max_y}, {"tp_compute_bound", m.tp_compute_bound}, {"compute_bound", m.compute_bound}};
+          {"tp_max_y", m.tp_max_y},
+          {"tp_compute_bound", m.tp_compute_bound},
+          {"compute_bound", m.compute_bound}};
 }
 
 std::string si(double v, const char* unit) {
@@ -295,8 +327,8 @@ void print_run(const json& r) {
   if (grouped > 0) std::cout << ", " << grouped << " of them within groups of ranks";
   if (r.contains("per_sync_point")) {
     const json& s = r["per_sync_point"];
-    std::cout << "; and every " << s["every"].get<int64_t>() << " steps (the sync points) "
-              << s["collectives"].size() << " more, " << si(double(s["comm_bytes"].get<int64_t>()), "B") << " (bus "
+    std::cout << "; and every " << s["every"].get<int64_t>() << " steps (the sync points) " << s["collectives"].size()
+              << " more, " << si(double(s["comm_bytes"].get<int64_t>()), "B") << " (bus "
               << si(double(s["bus_bytes"].get<int64_t>()), "B") << "): a mean of "
               << si(r["mean_bus_bytes_per_step"].get<double>(), "B") << " bus a step";
   }
@@ -328,7 +360,9 @@ void print_mesh(const json& m) {
             << si(b["gradients"].get<double>(), "B") << " | " << si(b["optimizer"].get<double>(), "B") << " | "
             << si(b["activations"].get<double>(), "B") << " | " << si(b["total"].get<double>(), "B") << " | "
             << m["devices_of_memory"].get<double>() << " |\n\n";
-  const int64_t fit = m["min_fsdp_to_fit"].get<int64_t>(), x = m["X"].get<int64_t>(), y = m["Y"].get<int64_t>();
+  const int64_t fit = m["min_fsdp_to_fit"].get<int64_t>();
+  const int64_t x = m["X"].get<int64_t>();
+  const int64_t y = m["Y"].get<int64_t>();
   std::cout << "Smallest FSDP degree within " << si(m["memory_per_device"].get<double>(), "B")
             << " per device (this TP degree and batch): "
             << (fit > 0 ? std::to_string(fit) : std::string("none (the unsharded activations alone exceed it)"))
@@ -360,8 +394,9 @@ void plan_command(const PlanOptions& o) {
       const strategy::OverheadFit fit = overhead_fit(o, c);  // its refusals first
       out["run"] = run_json(c, plan_config(c, f), fit, busy_fit(o, c));
       if (c.run.steps < 2)
-        out["run"]["note"] = "run.steps < 2: the optimizer state, created by the first update, is not yet held "
-                             "before the run's only optimizer step";
+        out["run"]["note"] =
+            "run.steps < 2: the optimizer state, created by the first update, is not yet held "
+            "before the run's only optimizer step";
       out["run"]["fit"] = fit_json(c);
     } catch (const std::invalid_argument& e) {
       throw Error(c.file + ": " + e.what());
@@ -370,9 +405,11 @@ void plan_command(const PlanOptions& o) {
   const bool mesh_options = o.hardware != "h100-80gb" || !o.axes.empty() || o.tokens != 0 ||
                             o.activation_shard != 0.5 || !o.precision.empty() || !o.hardware_set.empty();
   if (!f.plan_only && o.mesh.empty() && mesh_options)
-    throw Error("--hardware, --hw, --axes, --tokens, --activation-shard and --precision describe a mesh: add --mesh X,Y");
+    throw Error(
+        "--hardware, --hw, --axes, --tokens, --activation-shard and --precision describe a mesh: add --mesh X,Y");
   if (f.plan_only && (!o.overhead.empty() || !o.bench_file.empty() || !o.bench_busy_file.empty()))
-    throw Error("--overhead, --bench and --bench-busy time a run's collectives; this model is accounting only (no run)");
+    throw Error(
+        "--overhead, --bench and --bench-busy time a run's collectives; this model is accounting only (no run)");
   if (f.plan_only || !o.mesh.empty()) {
     if (f.d_model == 0) throw Error("model '" + c.model.name + "': the mesh accounting needs a Transformer");
     out["mesh"] = mesh_json(o, f);
@@ -384,8 +421,8 @@ void plan_command(const PlanOptions& o) {
   std::cout << "ddp plan: " << o.config_path << ": " << c.model.name << ", " << params << " parameters";
   if (out.contains("run"))
     std::cout << "; " << c.strategy_plugin << " on " << c.run.world_size << " ranks, "
-              << out["run"]["rows_per_rank"].get<int64_t>() << " rows per rank per micro-batch, "
-              << c.optimizer.name << "\n";
+              << out["run"]["rows_per_rank"].get<int64_t>() << " rows per rank per micro-batch, " << c.optimizer.name
+              << "\n";
   else
     std::cout << " (accounting only)\n";
   if (out.contains("run")) print_run(out["run"]);

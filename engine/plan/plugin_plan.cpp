@@ -26,16 +26,27 @@ class PlanningCall {
       for (size_t i : f.units[u].params) unit_of[i] = u;
     for (size_t i = 0; i < f.params.size(); ++i) {
       ddp_param p{};
-      p.name = f.params[i].name.c_str(), p.index = i, p.numel = size_t(f.params[i].elements);
-      p.dtype = DDP_FLOAT32, p.trainable = 1;  // `ddp plan` plans runs that train every parameter
-      p.ndim = f.params[i].shape.size(), p.shape = f.params[i].shape.data(), p.unit = unit_of[i], p.uses = 1;
+      p.name = f.params[i].name.c_str();
+      p.index = i;
+      p.numel = size_t(f.params[i].elements);
+      p.dtype = DDP_FLOAT32;  // `ddp plan` plans runs that train every parameter
+      p.trainable = 1;
+      p.ndim = f.params[i].shape.size();
+      p.shape = f.params[i].shape.data();
+      p.unit = unit_of[i];
+      p.uses = 1;
       params_.push_back(p);
     }
     for (size_t u = 0; u < f.units.size(); ++u)
       units_.push_back({f.units[u].name.c_str(), u, f.units[u].params.data(), f.units[u].params.size(),
                         f.units[u].tied.data(), f.units[u].tied.size()});
-    host_.abi_version = DDP_ABI_VERSION, host_.struct_size = sizeof(ddp_host), host_.ctx = this;
-    host_.rank = rank, host_.world_size = run.world, host_.local_rank = rank, host_.device = run.device;
+    host_.abi_version = DDP_ABI_VERSION;
+    host_.struct_size = sizeof(ddp_host);
+    host_.ctx = this;
+    host_.rank = rank;
+    host_.world_size = run.world;
+    host_.local_rank = rank;
+    host_.device = run.device;
     host_.timeout_ms = run.timeout_ms;
     host_.log = [](void*, ddp_log_level, const char*) {};
     host_.set_error = [](void* ctx, const char* m) { self(ctx).error_ = m ? m : ""; };
@@ -55,24 +66,30 @@ class PlanningCall {
       });
     };
     host_.param_count = [](void* ctx) { return self(ctx).params_.size(); };
-    host_.param = [](void* ctx, size_t i) -> const ddp_param* { return i < self(ctx).params_.size() ? &self(ctx).params_[i] : nullptr; };
+    host_.param = [](void* ctx, size_t i) -> const ddp_param* {
+      return i < self(ctx).params_.size() ? &self(ctx).params_[i] : nullptr;
+    };
     host_.unit_count = [](void* ctx) { return self(ctx).units_.size(); };
-    host_.unit = [](void* ctx, size_t i) -> const ddp_unit* { return i < self(ctx).units_.size() ? &self(ctx).units_[i] : nullptr; };
+    host_.unit = [](void* ctx, size_t i) -> const ddp_unit* {
+      return i < self(ctx).units_.size() ? &self(ctx).units_[i] : nullptr;
+    };
     set_up_plan();
   }
 
  private:
   // The ddp_plan the entry reports through: each callback records into part_.
   void set_up_plan() {
-    plan_.struct_size = sizeof(ddp_plan), plan_.ctx = this;
-    plan_.micro_steps = run_.micro_steps, plan_.clips = run_.clips ? 1 : 0;
+    plan_.struct_size = sizeof(ddp_plan);
+    plan_.ctx = this;
+    plan_.micro_steps = run_.micro_steps;
+    plan_.clips = run_.clips ? 1 : 0;
     plan_.collective = [](void* ctx, const ddp_plan_collective* c) {
       return self(ctx).record([&] {
         if (!c || c->op < DDP_OP_ALL_REDUCE || c->op > DDP_OP_BARRIER || ddp_dtype_size(c->dtype) == 0)
           throw Error("collective: not a collective this ABI names (op " + std::to_string(c ? int(c->op) : -1) + ")");
         const size_t size = ddp_dtype_size(c->dtype);
-        const std::string problem = plan_bytes_problem(
-            c->count > UINT64_MAX / size ? UINT64_MAX : c->count * size, self(ctx).collective_bytes_);
+        const std::string problem = plan_bytes_problem(c->count > UINT64_MAX / size ? UINT64_MAX : c->count * size,
+                                                       self(ctx).collective_bytes_);
         if (!problem.empty())
           throw Error("collective: " + std::to_string(c->count) + " elements of " + std::to_string(size) +
                       " bytes: " + problem);
@@ -113,7 +130,8 @@ class PlanningCall {
     plan_.claims = [](void* ctx, ddp_storage what, size_t param) {
       return self(ctx).record([&] {
         if (what != DDP_STORAGE_GRAD && what != DDP_STORAGE_DATA)
-          throw Error("claims: storage " + std::to_string(int(what)) + " is none of DDP_STORAGE_GRAD and DDP_STORAGE_DATA");
+          throw Error("claims: storage " + std::to_string(int(what)) +
+                      " is none of DDP_STORAGE_GRAD and DDP_STORAGE_DATA");
         self(ctx).param_at(param, "claims");
         (what == DDP_STORAGE_GRAD ? self(ctx).part_.claimed : self(ctx).part_.claimed_values)[param] = true;
       });
@@ -151,7 +169,9 @@ class PlanningCall {
     }
   }
   template <typename Body>
-  ddp_status record(Body&& body) { return read(std::forward<Body>(body)); }
+  ddp_status record(Body&& body) {
+    return read(std::forward<Body>(body));
+  }
   const ddp_param& param_at(size_t param, const char* entry) const {
     if (param >= params_.size())
       throw Error(std::string(entry) + ": parameter " + std::to_string(param) + " is not in the table of " +
@@ -179,8 +199,9 @@ class PlanningCall {
   const PluginSection& section_;
   const PlanRun& run_;
   PluginPart part_;
-  int64_t every_ = 1;  // the period of the collectives reported now (1.8)
-  int64_t buffer_bytes_ = 0, collective_bytes_ = 0;  // recorded so far (each within kMaxPlannedBytes)
+  int64_t every_ = 1;         // the period of the collectives reported now (1.8)
+  int64_t buffer_bytes_ = 0;  // recorded so far (each within kMaxPlannedBytes)
+  int64_t collective_bytes_ = 0;
   std::string error_;
   std::deque<std::string> strings_;
   std::vector<ddp_param> params_;
@@ -224,7 +245,8 @@ PluginPart plan_transport(const ddp_transport_v1_t& t, const PluginSection& sect
   call.plan()->collectives = collectives.data();
   call.plan()->collective_count = collectives.size();
   std::vector<int32_t> sizes;  // (1.9) each collective's group size, the world's where it names none
-  for (size_t k = 0; k < collectives.size(); ++k) sizes.push_back(k < groups.size() && groups[k] ? groups[k] : run.world);
+  for (size_t k = 0; k < collectives.size(); ++k)
+    sizes.push_back(k < groups.size() && groups[k] ? groups[k] : run.world);
   call.plan()->group_sizes = sizes.data();
   return call.take(t.plan(call.host(), call.plan()));
 }

@@ -38,16 +38,17 @@ struct Collective {
 
 // What one plugin said of one rank.
 struct PluginPart {
-  std::string label;  // "strategy plugin 'naive'"
-  bool planned = false;  // it has a plan entry (else the rest is empty)
-  std::vector<ddp_plan_collective> collectives;  // a strategy's, in the order they start
-  std::vector<int64_t> every;                    // per collective: its period in steps (1.8; 1: every step)
-  std::vector<int> groups;                       // per collective: its group's size (1.9; 0: the world)
-  Bytes setup{}, step{};  // its buffers: held from the end of set-up on, from the first step on
-  bool says_steps = false;   // it named what its optimizer steps
-  int64_t stepped = 0;       // the elements it named
-  std::vector<bool> claimed;  // per parameter: its gradient storage claimed
-  std::vector<bool> claimed_values;  // per parameter: its values claimed (1.5)
+  std::string label;                                        // "strategy plugin 'naive'"
+  bool planned = false;                                     // it has a plan entry (else the rest is empty)
+  std::vector<ddp_plan_collective> collectives;             // a strategy's, in the order they start
+  std::vector<int64_t> every;                               // per collective: its period in steps (1.8; 1: every step)
+  std::vector<int> groups;                                  // per collective: its group's size (1.9; 0: the world)
+  Bytes setup{};                                            // its buffers held from the end of set-up on
+  Bytes step{};                                             // its buffers held from the first step on
+  bool says_steps = false;                                  // it named what its optimizer steps
+  int64_t stepped = 0;                                      // the elements it named
+  std::vector<bool> claimed;                                // per parameter: its gradient storage claimed
+  std::vector<bool> claimed_values;                         // per parameter: its values claimed (1.5)
   std::vector<std::pair<std::string, std::string>> leaner;  // a strategy's settings that hold less (1.6)
   bool takes_values = false;  // a strategy lent its claimed values unit by unit (take_values, 1.7)
 };

@@ -36,13 +36,17 @@ void add(Bytes& into, const Bytes& b) {
 
 // One rank's memory: the engine's own, then what its plugins hold.
 RankMemory rank_memory(const RunInput& in, const RankParts& part, int64_t per_element) {
-  int64_t params = 0, engine_grads = 0, all = 0, lent = 0;
+  int64_t params = 0;
+  int64_t engine_grads = 0;
+  int64_t all = 0;
+  int64_t lent = 0;
   const auto values_claimed = [&](size_t i) {
     return i < part.strategy.claimed_values.size() && part.strategy.claimed_values[i];
   };
   for (size_t i = 0; i < in.model.params.size(); ++i) {
     const int64_t n = in.model.params[i].elements;
-    params += n * kFloat, all += n;
+    params += n * kFloat;
+    all += n;
     const bool claimed = i < part.strategy.claimed.size() && part.strategy.claimed[i];
     if (!claimed) engine_grads += n * kFloat;
     if (values_claimed(i)) lent += n * kFloat;
@@ -79,7 +83,8 @@ RankMemory rank_memory(const RunInput& in, const RankParts& part, int64_t per_el
 bool same_collectives(const PluginPart& a, const PluginPart& b) {
   if (a.collectives.size() != b.collectives.size() || a.groups != b.groups) return false;
   for (size_t k = 0; k < a.collectives.size(); ++k) {
-    const ddp_plan_collective &x = a.collectives[k], &y = b.collectives[k];
+    const ddp_plan_collective& x = a.collectives[k];
+    const ddp_plan_collective& y = b.collectives[k];
     if (x.op != y.op || x.count != y.count || x.dtype != y.dtype) return false;
   }
   return true;
@@ -126,21 +131,20 @@ RunPlan plan_run(const RunInput& in, const std::vector<RankParts>& parts) {
 
 double collective_seconds(const Collective& c, const strategy::OverheadFit& idle, int world,
                           const strategy::OverheadFit* busy) {
-  world = c.ranks(world);  // a group's collective crosses between its ranks (1.9)
+  world = c.ranks(world);     // a group's collective crosses between its ranks (1.9)
   if (world < 2) return 0.0;  // nothing crosses between ranks
   const strategy::OverheadFit& fit = busy && c.beside_compute ? *busy : idle;
   // An all-reduce of b bytes moves bus_bytes = 2 (N - 1) / N b in b / w: the
   // link moves bus bytes at that rate, whatever the collective.
   const double all_reduce_bus = static_cast<double>(bus_bytes("all_reduce", 1 << 20, world)) / (1 << 20);
-  return std::max(0.0, fit.o_s + static_cast<double>(bus_bytes(c.op.c_str(), c.bytes, world)) / all_reduce_bus /
-                           fit.w_bytes_per_s);
+  return std::max(
+      0.0, fit.o_s + static_cast<double>(bus_bytes(c.op.c_str(), c.bytes, world)) / all_reduce_bus / fit.w_bytes_per_s);
 }
 
 double comm_seconds(const std::vector<Collective>& collectives, const strategy::OverheadFit& fit, int world,
                     const strategy::OverheadFit* busy) {
   double seconds = 0.0;
-  for (const Collective& c : collectives)
-    seconds += collective_seconds(c, fit, world, busy);
+  for (const Collective& c : collectives) seconds += collective_seconds(c, fit, world, busy);
   return seconds;
 }
 

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include <ddp/overhead_model.hpp>
 #include <ddp/plugin.h>
+#include <ddp/overhead_model.hpp>
 
 #include "model.h"
 #include "plugin_plan.h"
@@ -39,12 +39,15 @@ struct RunInput {
 // What the plugins said of one rank; `owns_optimizer`: the strategy's caps
 // have DDP_CAP_OWNS_OPTIMIZER (then only what it says it steps has state).
 struct RankParts {
-  PluginPart strategy, transport;
+  PluginPart strategy;
+  PluginPart transport;
   bool owns_optimizer = false;
 };
 
 struct RankMemory {
-  Bytes after_setup{}, before_optimizer_step{}, after_optimizer_step{};
+  Bytes after_setup{};
+  Bytes before_optimizer_step{};
+  Bytes after_optimizer_step{};
 };
 
 struct RunPlan {

@@ -23,8 +23,6 @@ inline void check(cudaError_t e, const std::string& what) {
 // After a kernel launch: a bad launch configuration, no device, or a sticky
 // error an earlier kernel left fails here, naming the kernel, not at the
 // next synchronisation.
-inline void check_launch(const std::string& kernel) {
-  check(cudaGetLastError(), "launch of kernel " + kernel);
-}
+inline void check_launch(const std::string& kernel) { check(cudaGetLastError(), "launch of kernel " + kernel); }
 
 }  // namespace ddp::cuda

@@ -13,8 +13,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "cuda/cuda_check.h"
 #include "convert.h"
+#include "cuda/cuda_check.h"
 #include "cuda/cuda_ops.h"
 #include "device.h"
 #include "env.h"
@@ -120,7 +120,7 @@ class CudaStream final : public Stream {
     Task task;
     int64_t index;  // the stream's task number
   };
-  cudaEvent_t anchor_ = nullptr;  // timestamps' reference point
+  cudaEvent_t anchor_ = nullptr;          // timestamps' reference point
   cudaStream_t anchor_stream_ = nullptr;  // where it is recorded: idle
   Clock::time_point anchor_at_{};
   // Runs on CUDA's callback thread; run() records a failure (never throws
@@ -135,7 +135,8 @@ class CudaDevice final : public Device {
  public:
   explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
     check(cudaSetDevice(ordinal), ("cudaSetDevice(" + std::to_string(ordinal) + ")").c_str());
-    cudaStream_t compute = nullptr, comm = nullptr;
+    cudaStream_t compute = nullptr;
+    cudaStream_t comm = nullptr;
     check(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "cudaStreamCreate (compute)");
     compute_ = std::make_unique<CudaStream>("compute", compute);
     check(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking), "cudaStreamCreate (comm)");
@@ -159,9 +160,8 @@ class CudaDevice final : public Device {
     const cudaError_t e = cudaMalloc(&ptr, bytes ? bytes : 1);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      throw Error("out of GPU memory allocating " + std::to_string(bytes) + " bytes of " +
-                      to_string(category) + " on GPU " + std::to_string(ordinal_) + " (" +
-                      cudaGetErrorString(e) + ")",
+      throw Error("out of GPU memory allocating " + std::to_string(bytes) + " bytes of " + to_string(category) +
+                      " on GPU " + std::to_string(ordinal_) + " (" + cudaGetErrorString(e) + ")",
                   DDP_ERR_OUT_OF_MEMORY);
     }
     check(cudaMemsetAsync(ptr, 0, bytes, raw(*compute_)), "cudaMemsetAsync");

@@ -25,8 +25,8 @@
 namespace ddp::cuda_ops {
 namespace {
 
-constexpr unsigned kThreads = 256;     // per block
-constexpr size_t kMaxBlocks = 4096;    // beyond this each thread loops (grid-stride)
+constexpr unsigned kThreads = 256;   // per block
+constexpr size_t kMaxBlocks = 4096;  // beyond this each thread loops (grid-stride)
 
 // Blocks for n > 0 elements: one element per thread, up to kMaxBlocks.
 unsigned blocks_for(size_t n) {
@@ -39,9 +39,8 @@ cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream);
 using cuda::check_launch;
 
 // size_t indices throughout: n may exceed 2^31.
-#define DDP_GRID_STRIDE_LOOP(i, n)                                                          \
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);                   \
-       i += size_t(gridDim.x) * blockDim.x)
+#define DDP_GRID_STRIDE_LOOP(i, n) \
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += size_t(gridDim.x) * blockDim.x)
 
 __global__ void fill_kernel(float* __restrict__ data, size_t n, float value) {
   DDP_GRID_STRIDE_LOOP(i, n) data[i] = value;
@@ -59,8 +58,7 @@ __global__ void add_kernel(float* __restrict__ dst, const float* __restrict__ sr
 
 // w[k] += -lr * (wd != 0.0f ? g[k] + wd * w[k] : g[k]);
 //   d = g + (wd * w);  w = w + ((-lr) * d)
-__global__ void sgd_plain_kernel(float* __restrict__ w, const float* __restrict__ g, size_t n, float lr,
-                                 float wd) {
+__global__ void sgd_plain_kernel(float* __restrict__ w, const float* __restrict__ g, size_t n, float lr, float wd) {
   const float neg_lr = -lr;  // negation is exact
   DDP_GRID_STRIDE_LOOP(i, n) {
     const float wi = w[i];
@@ -72,9 +70,8 @@ __global__ void sgd_plain_kernel(float* __restrict__ w, const float* __restrict_
 // const float d = wd != 0.0f ? g[k] + wd * w[k] : g[k];
 // buf[k] = first ? d : buf[k] * mu + d;      buf = (buf * mu) + d
 // w[k] += -lr * buf[k];                      w = w + ((-lr) * buf)
-__global__ void sgd_momentum_kernel(float* __restrict__ w, const float* __restrict__ g,
-                                    float* __restrict__ buf, size_t n, float lr, float wd, float mu,
-                                    bool first) {
+__global__ void sgd_momentum_kernel(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ buf,
+                                    size_t n, float lr, float wd, float mu, bool first) {
   const float neg_lr = -lr;
   DDP_GRID_STRIDE_LOOP(i, n) {
     const float wi = w[i];
@@ -166,15 +163,14 @@ void sgd_plain(void* stream, float* w, const float* g, size_t n, float lr, float
   check_launch("sgd_plain");
 }
 
-void sgd_momentum(void* stream, float* w, const float* g, float* buf, size_t n, float lr, float wd,
-                  float mu, bool first) {
+void sgd_momentum(void* stream, float* w, const float* g, float* buf, size_t n, float lr, float wd, float mu,
+                  bool first) {
   if (n == 0) return;
   sgd_momentum_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(w, g, buf, n, lr, wd, mu, first);
   check_launch("sgd_momentum");
 }
 
-void adamw_update(void* stream, float* w, const float* g, float* m, float* v, size_t n,
-                  const AdamScalars& c) {
+void adamw_update(void* stream, float* w, const float* g, float* m, float* v, size_t n, const AdamScalars& c) {
   if (n == 0) return;
   adamw_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(w, g, m, v, n, c);
   check_launch("adamw_update");

@@ -33,10 +33,9 @@ void convert(void* stream, void* dst, ddp_dtype dst_type, const void* src, ddp_d
 void sgd_plain(void* stream, float* w, const float* g, size_t n, float lr, float wd);
 // SGD with momentum mu: d = wd != 0 ? g + wd * w : g;
 // buf = first ? d : buf * mu + d;  w += -lr * buf.
-void sgd_momentum(void* stream, float* w, const float* g, float* buf, size_t n, float lr, float wd,
-                  float mu, bool first);
+void sgd_momentum(void* stream, float* w, const float* g, float* buf, size_t n, float lr, float wd, float mu,
+                  bool first);
 // AdamW, the rule of update_rules.h; m, v the two moments.
-void adamw_update(void* stream, float* w, const float* g, float* m, float* v, size_t n,
-                  const AdamScalars& c);
+void adamw_update(void* stream, float* w, const float* g, float* m, float* v, size_t n, const AdamScalars& c);
 
 }  // namespace ddp::cuda_ops

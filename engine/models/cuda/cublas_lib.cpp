@@ -18,8 +18,7 @@ namespace {
 namespace dll = boost::dll;
 
 dll::shared_library load_library() {
-  const std::string candidates[] = {DDP_CUBLAS_SONAME,
-                                    std::string(DDP_CUDA_LIBRARY_DIR) + "/" + DDP_CUBLAS_SONAME};
+  const std::string candidates[] = {DDP_CUBLAS_SONAME, std::string(DDP_CUDA_LIBRARY_DIR) + "/" + DDP_CUBLAS_SONAME};
   std::string failures;
   for (const std::string& path : candidates) {
     try {
@@ -29,8 +28,7 @@ dll::shared_library load_library() {
     }
   }
   throw Error(std::string("cuBLAS: cannot load ") + DDP_CUBLAS_SONAME +
-              " (a CUDA device needs it; set LD_LIBRARY_PATH to the CUDA toolkit's lib folder):" +
-              failures);
+              " (a CUDA device needs it; set LD_LIBRARY_PATH to the CUDA toolkit's lib folder):" + failures);
 }
 
 template <typename F>
@@ -50,8 +48,7 @@ CublasLib load() {
   api.set_stream = entry<decltype(api.set_stream)>(lib, "cublasSetStream_v2");
   api.set_math_mode = entry<decltype(api.set_math_mode)>(lib, "cublasSetMathMode");
   api.sgemm = entry<decltype(api.sgemm)>(lib, "cublasSgemm_v2");
-  api.sgemm_strided_batched =
-      entry<decltype(api.sgemm_strided_batched)>(lib, "cublasSgemmStridedBatched");
+  api.sgemm_strided_batched = entry<decltype(api.sgemm_strided_batched)>(lib, "cublasSgemmStridedBatched");
   api.status_name = entry<decltype(api.status_name)>(lib, "cublasGetStatusName");
   api.status_string = entry<decltype(api.status_string)>(lib, "cublasGetStatusString");
   return api;

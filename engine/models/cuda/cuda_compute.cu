@@ -127,12 +127,12 @@ class CudaCompute final : public Compute {
     // first, n and m swapped, each operand with its own flag (the models'
     // gemm in cuda_kernels.cu does the same).
     std::lock_guard<std::mutex> lock(mutex_);
-    check(cuda::cublas().sgemm_strided_batched(
-              handle_for(native_of(stream)), g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-              g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(g.n), static_cast<int>(g.m),
-              static_cast<int>(g.k), &alpha, g.b, lead(g.ldb), static_cast<long long>(g.stride_b), g.a, lead(g.lda),
-              static_cast<long long>(g.stride_a), &beta, g.c, lead(g.ldc), static_cast<long long>(g.stride_c),
-              static_cast<int>(g.batch)),
+    check(cuda::cublas().sgemm_strided_batched(handle_for(native_of(stream)), g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                               g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(g.n),
+                                               static_cast<int>(g.m), static_cast<int>(g.k), &alpha, g.b, lead(g.ldb),
+                                               static_cast<long long>(g.stride_b), g.a, lead(g.lda),
+                                               static_cast<long long>(g.stride_a), &beta, g.c, lead(g.ldc),
+                                               static_cast<long long>(g.stride_c), static_cast<int>(g.batch)),
           "cublasSgemmStridedBatched (gemm)");
   }
 
@@ -148,12 +148,10 @@ class CudaCompute final : public Compute {
     check_launch("dot_kernel (norm)");
   }
 
-  void axpy(double alpha, const ddp_vectors& x, const float* scalars, const ddp_vectors& y,
-            Stream& stream) override {
+  void axpy(double alpha, const ddp_vectors& x, const float* scalars, const ddp_vectors& y, Stream& stream) override {
     const size_t total = x.count * x.length;
     if (total == 0) return;
-    axpy_kernel<<<blocks_of((total + kThreads - 1) / kThreads), kThreads, 0, native_of(stream)>>>(alpha, x, scalars,
-                                                                                                  y);
+    axpy_kernel<<<blocks_of((total + kThreads - 1) / kThreads), kThreads, 0, native_of(stream)>>>(alpha, x, scalars, y);
     check_launch("axpy_kernel");
   }
 

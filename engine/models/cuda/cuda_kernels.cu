@@ -20,8 +20,8 @@
 // Every call runs on the device current when the kernels were made. A CUDA
 // or cuBLAS failure throws Error naming the call and CUDA's message. The
 // kernels themselves are in layer_kernels.cuh; this file is their host side.
-#include <cub/device/device_radix_sort.cuh>
 #include <cuda_runtime_api.h>
+#include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
 #include <climits>
@@ -46,8 +46,7 @@ using cuda::check;
 
 void check(cublasStatus_t s, const std::string& what) {
   if (s != CUBLAS_STATUS_SUCCESS)
-    throw Error(what + ": " + cuda::cublas().status_name(s) + " (" +
-                cuda::cublas().status_string(s) + ")");
+    throw Error(what + ": " + cuda::cublas().status_name(s) + " (" + cuda::cublas().status_string(s) + ")");
 }
 
 // cuBLAS takes int sizes; one-block-per-row grids take int counts too.
@@ -75,10 +74,8 @@ class CudaKernels final : public Kernels {
       check(cuda::cublas().create(&blas_), "cublasCreate");
       check(cuda::cublas().set_stream(blas_, stream_), "cublasSetStream");
       // float32 throughout: no TF32 (cuBLAS's default, stated so it stays).
-      check(cuda::cublas().set_math_mode(blas_, CUBLAS_DEFAULT_MATH),
-            "cublasSetMathMode");
-      for (Slot& slot : slots_)
-        check(cudaEventCreateWithFlags(&slot.sent, cudaEventDisableTiming), "cudaEventCreate");
+      check(cuda::cublas().set_math_mode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+      for (Slot& slot : slots_) check(cudaEventCreateWithFlags(&slot.sent, cudaEventDisableTiming), "cudaEventCreate");
       check(cudaMallocHost(&host_sum_, sizeof(double)), "cudaMallocHost");
     } catch (...) {
       release();
@@ -93,8 +90,7 @@ class CudaKernels final : public Kernels {
 
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
-          "cudaMemcpyAsync (copy)");
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync (copy)");
   }
 
   void upload(void* dst, const void* src, size_t bytes) override {
@@ -107,8 +103,7 @@ class CudaKernels final : public Kernels {
       check(cudaEventSynchronize(slot.sent),
             "cudaEventSynchronize (staging)");  // its last copy ran
       std::memcpy(slot.host, static_cast<const char*>(src) + done, chunk);
-      check(cudaMemcpyAsync(static_cast<char*>(dst) + done, slot.host, chunk,
-                            cudaMemcpyHostToDevice, stream_),
+      check(cudaMemcpyAsync(static_cast<char*>(dst) + done, slot.host, chunk, cudaMemcpyHostToDevice, stream_),
             "cudaMemcpyAsync (upload)");
       check(cudaEventRecord(slot.sent, stream_), "cudaEventRecord (staging)");
     }
@@ -122,13 +117,13 @@ class CudaKernels final : public Kernels {
     // y[n, out] (+)= x[n, in] · w[out, in]^T
     gemm(false, true, n, out, in, 1.0f, x, in, w, in, accumulate ? 1.0f : 0.0f, y, out);
   }
-  void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in,
-                             int64_t out, bool accumulate, float alpha) override {
+  void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out,
+                             bool accumulate, float alpha) override {
     // dx[n, in] (+)= alpha * dy[n, out] · w[out, in]
     gemm(false, false, n, in, out, alpha, dy, out, w, in, accumulate ? 1.0f : 0.0f, dx, in);
   }
-  void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in,
-                              int64_t out, float alpha) override {
+  void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in, int64_t out,
+                              float alpha) override {
     // dw[out, in] += alpha * dy[n, out]^T · x[n, in]
     gemm(true, false, out, in, n, alpha, dy, out, x, in, 1.0f, dw, in);
   }
@@ -145,21 +140,19 @@ class CudaKernels final : public Kernels {
 
   // ---- embedding -----------------------------------------------------------------
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n,
-                         int64_t d) override {
+  void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n, int64_t d) override {
     if (n * d == 0) return;
     embedding_forward_kernel<<<grid_for(n * d), kThreads, 0, stream_>>>(out, tokens, table, n, d);
     check_launch("embedding_forward_kernel");
   }
-  void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t n,
-                          int64_t d) override {
+  void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t n, int64_t d) override {
     if (n * d == 0) return;
     const int items = to_int(n, "embedding_backward rows");
     // Scratch: sorted tokens, positions, sorted positions, then CUB's own.
     size_t cub_bytes = 0;
     check(cub::DeviceRadixSort::SortPairs(nullptr, cub_bytes, tokens, static_cast<int32_t*>(nullptr),
-                                          static_cast<const int32_t*>(nullptr),
-                                          static_cast<int32_t*>(nullptr), items, 0, 32, stream_),
+                                          static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), items,
+                                          0, 32, stream_),
           "cub::DeviceRadixSort::SortPairs (size)");
     const size_t ints = (static_cast<size_t>(n) * 3 + 63) / 64 * 64;  // CUB's part 256-byte aligned
     int32_t* keys = static_cast<int32_t*>(scratch_bytes(ints * sizeof(int32_t) + cub_bytes));
@@ -167,39 +160,37 @@ class CudaKernels final : public Kernels {
     int32_t* sorted_positions = positions + n;
     iota_kernel<<<grid_for(n), kThreads, 0, stream_>>>(positions, n);
     check_launch("iota_kernel");
-    check(cub::DeviceRadixSort::SortPairs(keys + ints, cub_bytes, tokens, keys, positions,
-                                          sorted_positions, items, 0, 32, stream_),
+    check(cub::DeviceRadixSort::SortPairs(keys + ints, cub_bytes, tokens, keys, positions, sorted_positions, items, 0,
+                                          32, stream_),
           "cub::DeviceRadixSort::SortPairs (tokens)");
-    embedding_runs_kernel<<<blocks(n, "embedding_backward rows"), kThreads, 0, stream_>>>(
-        dtable, dout, keys, sorted_positions, n, d);
+    embedding_runs_kernel<<<blocks(n, "embedding_backward rows"), kThreads, 0, stream_>>>(dtable, dout, keys,
+                                                                                          sorted_positions, n, d);
     check_launch("embedding_runs_kernel");
   }
 
   // ---- RMSNorm, RoPE -----------------------------------------------------------------
 
-  void rmsnorm_forward(float* y, float* rms, const float* x, const float* g, int64_t n,
-                       int64_t d) override {
+  void rmsnorm_forward(float* y, float* rms, const float* x, const float* g, int64_t n, int64_t d) override {
     if (n == 0) return;
     rmsnorm_forward_kernel<<<blocks(n, "rmsnorm rows"), kThreads, 0, stream_>>>(y, rms, x, g, d);
     check_launch("rmsnorm_forward_kernel");
   }
-  void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x, const float* g,
-                        const float* rms, int64_t n, int64_t d, bool accumulate) override {
+  void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x, const float* g, const float* rms,
+                        int64_t n, int64_t d, bool accumulate) override {
     if (n == 0) return;
-    rmsnorm_backward_kernel<<<blocks(n, "rmsnorm rows"), kThreads, 0, stream_>>>(dx, dy, x, g, rms,
-                                                                                 d, accumulate);
+    rmsnorm_backward_kernel<<<blocks(n, "rmsnorm rows"), kThreads, 0, stream_>>>(dx, dy, x, g, rms, d, accumulate);
     check_launch("rmsnorm_backward_kernel");
     if (dg)
-      column_sum(stream_, scratch_floats(column_sum_scratch(n, d)), dg, n, d,
-                 RmsGainTerm{dy, x, rms, d}, "column_tile_sums_kernel (rmsnorm dg)");
+      column_sum(stream_, scratch_floats(column_sum_scratch(n, d)), dg, n, d, RmsGainTerm{dy, x, rms, d},
+                 "column_tile_sums_kernel (rmsnorm dg)");
   }
 
-  void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t,
-                    int64_t heads, int64_t dh) override {
+  void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
+                    int64_t dh) override {
     rope(x, cos, sin, b, t, heads, dh, 1.0f);
   }
-  void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int64_t t,
-                     int64_t heads, int64_t dh) override {
+  void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
+                     int64_t dh) override {
     rope(dx, cos, sin, b, t, heads, dh, -1.0f);
   }
 
@@ -209,58 +200,55 @@ class CudaKernels final : public Kernels {
   // for every sequence and head at once: one softmax-backward launch
   // instead of one per sequence. The same size as p.
 
-  void attention_forward(float* out, float* p, const float* q, const float* k, const float* v,
-                         int64_t b, int64_t t, int64_t heads, int64_t dh) override {
+  void attention_forward(float* out, float* p, const float* q, const float* k, const float* v, int64_t b, int64_t t,
+                         int64_t heads, int64_t dh) override {
     if (b * t * heads * dh == 0) return;
-    const int64_t d = heads * dh, tt = t * t;
+    const int64_t d = heads * dh;
+    const int64_t tt = t * t;
     const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
     for (int64_t s = 0; s < b; ++s) {
       const int64_t off = s * t * d;  // sequence s; head h at + h*dh
       // scores p_h[t, t] = q_h[t, dh] · k_h[t, dh]^T / sqrt(dh)
-      gemm_heads(false, true, t, t, dh, scale, q + off, d, dh, k + off, d, dh, 0.0f,
-                 p + s * heads * tt, t, tt, heads);
+      gemm_heads(false, true, t, t, dh, scale, q + off, d, dh, k + off, d, dh, 0.0f, p + s * heads * tt, t, tt, heads);
     }
     const int64_t rows = b * heads * t;
-    causal_softmax_kernel<<<blocks((rows + kRowsPerBlock - 1) / kRowsPerBlock, "attention rows"),
-                            kThreads, 0, stream_>>>(p, rows, t);
+    causal_softmax_kernel<<<blocks((rows + kRowsPerBlock - 1) / kRowsPerBlock, "attention rows"), kThreads, 0,
+                            stream_>>>(p, rows, t);
     check_launch("causal_softmax_kernel");
     for (int64_t s = 0; s < b; ++s) {
       const int64_t off = s * t * d;
       // out_h[t, dh] = p_h[t, t] · v_h[t, dh]
-      gemm_heads(false, false, t, dh, t, 1.0f, p + s * heads * tt, t, tt, v + off, d, dh, 0.0f,
-                 out + off, d, dh, heads);
+      gemm_heads(false, false, t, dh, t, 1.0f, p + s * heads * tt, t, tt, v + off, d, dh, 0.0f, out + off, d, dh,
+                 heads);
     }
   }
 
-  void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
-                          const float* p, const float* q, const float* k, const float* v, int64_t b,
-                          int64_t t, int64_t heads, int64_t dh) override {
+  void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* p,
+                          const float* q, const float* k, const float* v, int64_t b, int64_t t, int64_t heads,
+                          int64_t dh) override {
     if (b * t * heads * dh == 0) return;
-    const int64_t d = heads * dh, tt = t * t;
+    const int64_t d = heads * dh;
+    const int64_t tt = t * t;
     const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
     for (int64_t s = 0; s < b; ++s) {
       const int64_t off = s * t * d;
       const float* ps = p + s * heads * tt;
       // dp_h[t, t] = dout_h[t, dh] · v_h[t, dh]^T
-      gemm_heads(false, true, t, t, dh, 1.0f, dout + off, d, dh, v + off, d, dh, 0.0f,
-                 scratch + s * heads * tt, t, tt, heads);
-      // dv_h[t, dh] = p_h[t, t]^T · dout_h[t, dh]
-      gemm_heads(true, false, t, dh, t, 1.0f, ps, t, tt, dout + off, d, dh, 0.0f, dv + off, d, dh,
+      gemm_heads(false, true, t, t, dh, 1.0f, dout + off, d, dh, v + off, d, dh, 0.0f, scratch + s * heads * tt, t, tt,
                  heads);
+      // dv_h[t, dh] = p_h[t, t]^T · dout_h[t, dh]
+      gemm_heads(true, false, t, dh, t, 1.0f, ps, t, tt, dout + off, d, dh, 0.0f, dv + off, d, dh, heads);
     }
     const int64_t rows = b * heads * t;
-    causal_softmax_backward_kernel<<<blocks((rows + kRowsPerBlock - 1) / kRowsPerBlock,
-                                            "attention rows"),
-                                     kThreads, 0, stream_>>>(scratch, p, rows, t, scale);
+    causal_softmax_backward_kernel<<<blocks((rows + kRowsPerBlock - 1) / kRowsPerBlock, "attention rows"), kThreads, 0,
+                                     stream_>>>(scratch, p, rows, t, scale);
     check_launch("causal_softmax_backward_kernel");
     for (int64_t s = 0; s < b; ++s) {
       const int64_t off = s * t * d;
       const float* ds = scratch + s * heads * tt;
       // dq_h[t, dh] = ds_h[t, t] · k_h[t, dh];  dk_h[t, dh] = ds_h[t, t]^T · q_h[t, dh]
-      gemm_heads(false, false, t, dh, t, 1.0f, ds, t, tt, k + off, d, dh, 0.0f, dq + off, d, dh,
-                 heads);
-      gemm_heads(true, false, t, dh, t, 1.0f, ds, t, tt, q + off, d, dh, 0.0f, dk + off, d, dh,
-                 heads);
+      gemm_heads(false, false, t, dh, t, 1.0f, ds, t, tt, k + off, d, dh, 0.0f, dq + off, d, dh, heads);
+      gemm_heads(true, false, t, dh, t, 1.0f, ds, t, tt, q + off, d, dh, 0.0f, dk + off, d, dh, heads);
     }
   }
 
@@ -271,8 +259,7 @@ class CudaKernels final : public Kernels {
     swiglu_forward_kernel<<<grid_for(n), kThreads, 0, stream_>>>(out, a, b, n);
     check_launch("swiglu_forward_kernel");
   }
-  void swiglu_backward(float* da, float* db, const float* dout, const float* a, const float* b,
-                       int64_t n) override {
+  void swiglu_backward(float* da, float* db, const float* dout, const float* a, const float* b, int64_t n) override {
     if (n == 0) return;
     swiglu_backward_kernel<<<grid_for(n), kThreads, 0, stream_>>>(da, db, dout, a, b, n);
     check_launch("swiglu_backward_kernel");
@@ -290,17 +277,15 @@ class CudaKernels final : public Kernels {
 
   // ---- losses ------------------------------------------------------------------------
 
-  float cross_entropy_forward(float* lse, float* logits, const int32_t* targets, int64_t n,
-                              int64_t v) override {
+  float cross_entropy_forward(float* lse, float* logits, const int32_t* targets, int64_t n, int64_t v) override {
     double total = 0.0;
     if (n > 0) {
       double* terms = device_doubles(static_cast<size_t>(n) + 1);  // [n] terms, then the sum
-      cross_entropy_forward_kernel<<<blocks(n, "cross_entropy rows"), kThreads, 0, stream_>>>(
-          lse, terms, logits, targets, v);
+      cross_entropy_forward_kernel<<<blocks(n, "cross_entropy rows"), kThreads, 0, stream_>>>(lse, terms, logits,
+                                                                                              targets, v);
       check_launch("cross_entropy_forward_kernel");
       if (v > 0) {
-        cross_entropy_gradient_kernel<<<grid_for(n * v), kThreads, 0, stream_>>>(logits, lse,
-                                                                                 targets, n, v);
+        cross_entropy_gradient_kernel<<<grid_for(n * v), kThreads, 0, stream_>>>(logits, lse, targets, n, v);
         check_launch("cross_entropy_gradient_kernel");
       }
       total = sum_to_host(terms + n, terms, n);
@@ -318,8 +303,7 @@ class CudaKernels final : public Kernels {
     if (n > 0) {
       const int64_t parts = std::min<int64_t>(grid_for(n), kMseBlocks);
       double* partial = device_doubles(static_cast<size_t>(parts) + 1);  // [parts], then the sum
-      mse_partial_kernel<<<static_cast<unsigned>(parts), kThreads, 0, stream_>>>(partial, pred, y,
-                                                                                 n);
+      mse_partial_kernel<<<static_cast<unsigned>(parts), kThreads, 0, stream_>>>(partial, pred, y, n);
       check_launch("mse_partial_kernel");
       total = sum_to_host(partial + parts, partial, parts);
     }
@@ -340,44 +324,37 @@ class CudaKernels final : public Kernels {
   // dimension ld. So C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T:
   // the column-major call takes b first and a second, n and m swapped, and
   // each operand keeps its own transpose flag.
-  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+            int64_t ldb, float beta, float* c, int64_t ldc) {
     if (m == 0 || n == 0) return;
-    check(cuda::cublas().sgemm(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                               ta ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n, "gemm n"),
-                               to_int(m, "gemm m"), to_int(k, "gemm k"), &alpha, b,
-                               to_int(ldb, "gemm ldb"), a, to_int(lda, "gemm lda"), &beta, c,
-                               to_int(ldc, "gemm ldc")),
+    check(cuda::cublas().sgemm(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                               to_int(n, "gemm n"), to_int(m, "gemm m"), to_int(k, "gemm k"), &alpha, b,
+                               to_int(ldb, "gemm ldb"), a, to_int(lda, "gemm lda"), &beta, c, to_int(ldc, "gemm ldc")),
           "cublasSgemm");
   }
 
   // gemm() over `batch` matrix triples, the i-th at a + i*sa, b + i*sb,
   // c + i*sc (the heads of one sequence; same mapping to column-major).
-  void gemm_heads(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                  int64_t lda, int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta,
-                  float* c, int64_t ldc, int64_t sc, int64_t batch) {
+  void gemm_heads(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                  int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, float* c, int64_t ldc, int64_t sc,
+                  int64_t batch) {
     if (m == 0 || n == 0 || batch == 0) return;
-    check(cuda::cublas().sgemm_strided_batched(
-              blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-              to_int(n, "gemm n"), to_int(m, "gemm m"), to_int(k, "gemm k"), &alpha, b,
-              to_int(ldb, "gemm ldb"), sb, a, to_int(lda, "gemm lda"), sa, &beta, c,
-              to_int(ldc, "gemm ldc"), sc, to_int(batch, "gemm batch")),
+    check(cuda::cublas().sgemm_strided_batched(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                               to_int(n, "gemm n"), to_int(m, "gemm m"), to_int(k, "gemm k"), &alpha, b,
+                                               to_int(ldb, "gemm ldb"), sb, a, to_int(lda, "gemm lda"), sa, &beta, c,
+                                               to_int(ldc, "gemm ldc"), sc, to_int(batch, "gemm batch")),
           "cublasSgemmStridedBatched");
   }
 
-  void rope(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
-            int64_t dh, float sign) {
+  void rope(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads, int64_t dh, float sign) {
     const int64_t pairs = b * t * heads * (dh / 2);
     if (pairs == 0) return;
-    rope_kernel<<<grid_for(pairs), kThreads, 0, stream_>>>(x, cos, sin, pairs, t, heads, dh, dh / 2,
-                                                           sign);
+    rope_kernel<<<grid_for(pairs), kThreads, 0, stream_>>>(x, cos, sin, pairs, t, heads, dh, dh / 2, sign);
     check_launch("rope_kernel");
   }
 
   // A grid of one block per row (or per group of rows).
-  static unsigned blocks(int64_t n, const char* what) {
-    return static_cast<unsigned>(to_int(n, what));
-  }
+  static unsigned blocks(int64_t n, const char* what) { return static_cast<unsigned>(to_int(n, what)); }
 
   // Device scratch for the losses' partial sums, the column sums and the
   // embedding's sort; its contents live for one call. Grown on demand
@@ -394,20 +371,15 @@ class CudaKernels final : public Kernels {
     }
     return scratch_;
   }
-  float* scratch_floats(size_t count) {
-    return static_cast<float*>(scratch_bytes(count * sizeof(float)));
-  }
-  double* device_doubles(size_t count) {
-    return static_cast<double*>(scratch_bytes(count * sizeof(double)));
-  }
+  float* scratch_floats(size_t count) { return static_cast<float*>(scratch_bytes(count * sizeof(float))); }
+  double* device_doubles(size_t count) { return static_cast<double*>(scratch_bytes(count * sizeof(double))); }
 
   // Sums in[n] into *out on the device and returns it to the host, waiting
   // for the stream (the loss's .item()).
   double sum_to_host(double* out, const double* in, int64_t n) {
     sum_doubles_kernel<<<1, kThreads, 0, stream_>>>(out, in, n);
     check_launch("sum_doubles_kernel");
-    check(cudaMemcpyAsync(host_sum_, out, sizeof(double), cudaMemcpyDeviceToHost, stream_),
-          "cudaMemcpyAsync (loss)");
+    check(cudaMemcpyAsync(host_sum_, out, sizeof(double), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (loss)");
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (loss)");
     return *host_sum_;
   }
@@ -440,7 +412,7 @@ class CudaKernels final : public Kernels {
   Slot slots_[kStagingSlots];
   int next_slot_ = 0;
   double* host_sum_ = nullptr;  // pinned, a loss on its way to the host
-  void* scratch_ = nullptr;  // device [scratch_size_] bytes: scratch_bytes
+  void* scratch_ = nullptr;     // device [scratch_size_] bytes: scratch_bytes
   size_t scratch_size_ = 0;
 };
 

@@ -81,8 +81,7 @@ __global__ void sum_doubles_kernel(double* out, const double* in, int64_t n) {
 // order. Sums and the terms' products are __fadd_rn / __fmul_rn, which nvcc
 // never contracts into FMAs (nor does the CPU: -ffp-contract=off), so the
 // bits are the CPU's.
-__global__ void column_total_kernel(float* sum, const float* partial, int64_t tiles,
-                                    int64_t cols) {
+__global__ void column_total_kernel(float* sum, const float* partial, int64_t tiles, int64_t cols) {
   DDP_GRID_STRIDE(j, cols) {
     float acc = sum[j];
     for (int64_t t = 0; t < tiles; ++t) acc = __fadd_rn(acc, partial[t * cols + j]);
@@ -110,8 +109,7 @@ size_t column_sum_scratch(int64_t n, int64_t cols) {
 }
 
 template <typename Term>
-void column_sum(cudaStream_t stream, float* partial, float* sum, int64_t n, int64_t cols,
-                Term term, const char* name) {
+void column_sum(cudaStream_t stream, float* partial, float* sum, int64_t n, int64_t cols, Term term, const char* name) {
   if (n == 0 || cols == 0) return;
   const int64_t tiles = (n + layers::kColumnSumRows - 1) / layers::kColumnSumRows;
   const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
@@ -136,10 +134,10 @@ struct BiasTerm {
 
 // ---- embedding: out[n, d] = table[tokens[i], :]; dtable[tokens[i], :] += dout[i, :]
 
-__global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* table,
-                                         int64_t n, int64_t d) {
+__global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* table, int64_t n, int64_t d) {
   DDP_GRID_STRIDE(idx, n * d) {
-    const int64_t i = idx / d, j = idx - i * d;
+    const int64_t i = idx / d;
+    const int64_t j = idx - i * d;
     out[idx] = table[static_cast<int64_t>(tokens[i]) * d + j];
   }
 }
@@ -151,9 +149,7 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, cons
 // increasing position, into its table row (a thread per column), and every
 // other block exits. Each table element thus gets the same float additions
 // in the same order as the CPU's loop over positions: bitwise its result.
-__global__ void iota_kernel(int32_t* v, int64_t n) {
-  DDP_GRID_STRIDE(i, n) v[i] = static_cast<int32_t>(i);
-}
+__global__ void iota_kernel(int32_t* v, int64_t n) { DDP_GRID_STRIDE(i, n) v[i] = static_cast<int32_t>(i); }
 
 __global__ void embedding_runs_kernel(float* dtable, const float* dout, const int32_t* sorted_tokens,
                                       const int32_t* positions, int64_t n, int64_t d) {
@@ -173,8 +169,7 @@ __global__ void embedding_runs_kernel(float* dtable, const float* dout, const in
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
     float acc = row[c];
 #pragma unroll 4
-    for (int64_t m = k; m < end; ++m)
-      acc = __fadd_rn(acc, dout[static_cast<int64_t>(positions[m]) * d + c]);
+    for (int64_t m = k; m < end; ++m) acc = __fadd_rn(acc, dout[static_cast<int64_t>(positions[m]) * d + c]);
     row[c] = acc;
   }
 }
@@ -184,8 +179,7 @@ __global__ void embedding_runs_kernel(float* dtable, const float* dout, const in
 // dx_j = g_j dy_j / r - x_j sum_i(g_i dy_i x_i) / (d r^3) (= or +=), and
 // dg_j += sum over rows of dy_j x_j / r (a column sum, see column_sum).
 
-__global__ void rmsnorm_forward_kernel(float* y, float* rms, const float* x, const float* g,
-                                       int64_t d) {
+__global__ void rmsnorm_forward_kernel(float* y, float* rms, const float* x, const float* g, int64_t d) {
   const int64_t i = blockIdx.x;
   const float* xi = x + i * d;
   float* yi = y + i * d;
@@ -197,8 +191,8 @@ __global__ void rmsnorm_forward_kernel(float* y, float* rms, const float* x, con
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) yi[j] = xi[j] / r * g[j];
 }
 
-__global__ void rmsnorm_backward_kernel(float* dx, const float* dy, const float* x, const float* g,
-                                        const float* rms, int64_t d, bool accumulate) {
+__global__ void rmsnorm_backward_kernel(float* dx, const float* dy, const float* x, const float* g, const float* rms,
+                                        int64_t d, bool accumulate) {
   const int64_t i = blockIdx.x;
   const float* xi = x + i * d;
   const float* dyi = dy + i * d;
@@ -229,14 +223,17 @@ struct RmsGainTerm {  // layers.cpp: dy_ij * x_ij * inv, inv = 1 / rms_i
 // x + (bt * heads + h) * dh + 2k, at position bt mod t. sign = -1 rotates
 // back (the backward).
 
-__global__ void rope_kernel(float* x, const float* cos, const float* sin, int64_t pairs, int64_t t,
-                            int64_t heads, int64_t dh, int64_t half, float sign) {
+__global__ void rope_kernel(float* x, const float* cos, const float* sin, int64_t pairs, int64_t t, int64_t heads,
+                            int64_t dh, int64_t half, float sign) {
   DDP_GRID_STRIDE(p, pairs) {
-    const int64_t k = p % half, head_row = p / half;  // head_row = bt * heads + h
+    const int64_t k = p % half;
+    const int64_t head_row = p / half;  // bt * heads + h
     const int64_t pos = (head_row / heads) % t;
-    const float c = cos[pos * half + k], sk = sign * sin[pos * half + k];
+    const float c = cos[pos * half + k];
+    const float sk = sign * sin[pos * half + k];
     float* xp = x + head_row * dh + 2 * k;
-    const float x0 = xp[0], x1 = xp[1];
+    const float x0 = xp[0];
+    const float x1 = xp[1];
     xp[0] = c * x0 - sk * x1;
     xp[1] = sk * x0 + c * x1;
   }
@@ -275,8 +272,7 @@ __global__ void causal_softmax_kernel(float* p, int64_t rows, int64_t t) {
 }
 
 // ds = p * (dp - sum_j p dp) * scale in place of dp (ds row i: 0 beyond i).
-__global__ void causal_softmax_backward_kernel(float* ds, const float* p, int64_t rows, int64_t t,
-                                               float scale) {
+__global__ void causal_softmax_backward_kernel(float* ds, const float* p, int64_t rows, int64_t t, float scale) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (r >= rows) return;
   const int lane = threadIdx.x & 31;
@@ -297,11 +293,14 @@ __global__ void swiglu_forward_kernel(float* out, const float* a, const float* b
   DDP_GRID_STRIDE(i, n) out[i] = a[i] * sigmoid(a[i]) * b[i];
 }
 
-__global__ void swiglu_backward_kernel(float* da, float* db, const float* dout, const float* a,
-                                       const float* b, int64_t n) {
+__global__ void swiglu_backward_kernel(float* da, float* db, const float* dout, const float* a, const float* b,
+                                       int64_t n) {
   // d silu(z)/dz = s (1 + z (1 - s)), s = sigmoid(z)
   DDP_GRID_STRIDE(i, n) {
-    const float z = a[i], s = sigmoid(z), g = dout[i], bi = b[i];
+    const float z = a[i];
+    const float s = sigmoid(z);
+    const float g = dout[i];
+    const float bi = b[i];
     db[i] = g * z * s;
     da[i] = g * bi * s * (1.0f + z * (1.0f - s));
   }
@@ -324,8 +323,8 @@ __global__ void relu_backward_kernel(float* dx, const float* dy, const float* y,
 // (pred - y)^2 in double into one partial each, then sum_doubles_kernel.
 // The backward passes are elementwise.
 
-__global__ void cross_entropy_forward_kernel(float* lse, double* loss, const float* logits,
-                                             const int32_t* targets, int64_t v) {
+__global__ void cross_entropy_forward_kernel(float* lse, double* loss, const float* logits, const int32_t* targets,
+                                             int64_t v) {
   const int64_t i = blockIdx.x;
   const float* row = logits + i * v;
   float m = row[0];
@@ -342,10 +341,11 @@ __global__ void cross_entropy_forward_kernel(float* lse, double* loss, const flo
 }
 
 // logits[n, v] := softmax - onehot in place, from the forward's lse.
-__global__ void cross_entropy_gradient_kernel(float* logits, const float* lse,
-                                              const int32_t* targets, int64_t n, int64_t v) {
+__global__ void cross_entropy_gradient_kernel(float* logits, const float* lse, const int32_t* targets, int64_t n,
+                                              int64_t v) {
   DDP_GRID_STRIDE(idx, n * v) {
-    const int64_t i = idx / v, j = idx - i * v;
+    const int64_t i = idx / v;
+    const int64_t j = idx - i * v;
     const float p = expf(logits[idx] - lse[i]);
     logits[idx] = j == targets[i] ? p - 1.0f : p;
   }
@@ -363,8 +363,7 @@ __global__ void mse_partial_kernel(double* partial, const float* pred, const flo
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-__global__ void mse_backward_kernel(float* d, const float* pred, const float* y, int64_t n,
-                                    float c) {
+__global__ void mse_backward_kernel(float* d, const float* pred, const float* y, int64_t n, float c) {
   DDP_GRID_STRIDE(k, n) d[k] = c * (pred[k] - y[k]);
 }
 
