@@ -86,5 +86,21 @@ TEST(ReplicaDivergence, NamesTheFirstParameterAndTheRanks) {
   EXPECT_EQ(first_divergence(names, {7, 8, 9}, 1, 0), "");
 }
 
+TEST(NonFiniteLoss, NamesTheFirstParameterNotFiniteOrSaysWhyNoneWasSearched) {
+  const std::vector<std::string> names = {"fc1.weight", "fc1.bias"};
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<std::vector<float>> values = {{1.0f, 2.0f}, {0.5f, inf}};
+  EXPECT_EQ(non_finite_loss(std::nan(""), names, &values),
+            "the loss is nan; the first parameter that is not finite is 'fc1.bias' (element 1 is inf) "
+            "(run.check_finite = false lets the run go on)");
+  values[1][1] = 3.0f;
+  EXPECT_EQ(non_finite_loss(double(inf), names, &values),
+            "the loss is inf; every parameter is finite: the data or the forward pass made it (run.check_finite = "
+            "false lets the run go on)");
+  EXPECT_EQ(non_finite_loss(std::nan(""), names, nullptr),
+            "the loss is nan; the strategy holds the parameters' values, so they were not searched "
+            "(run.check_finite = false lets the run go on)");
+}
+
 }  // namespace
 }  // namespace ddp

@@ -185,12 +185,48 @@ void ParamStore::lend_values(const std::function<Tensor(size_t index)>& make) {
   }
 }
 
-float* ParamStore::engine_grad(size_t i) const {
-  Parameter& p = model_->params()[i];
-  return p.claimed ? nullptr : p.grad.data();
+bool ParamStore::grad_held_by_strategy(size_t i) const {
+  return i < model_->params().size() && model_->params()[i].claimed;
 }
 
-bool ParamStore::grad_claimed(size_t i) const { return i < model_->params().size() && model_->params()[i].claimed; }
+bool ParamStore::grad_spans(const std::vector<size_t>& indices, int replicas, int world,
+                            const std::function<std::optional<GradRanges>()>& ranges, const std::string& strategy,
+                            std::vector<GradSpan>& spans) const {
+  auto& params = model_->params();
+  for (size_t i : indices)
+    if (!grad_held_by_strategy(i))
+      spans.push_back({i, params[i].grad.data(), params[i].grad.numel(), true, replicas});
+  if (!grads_claimed_) return false;
+  const std::optional<GradRanges> held = ranges();
+  if (!held)
+    throw Error("strategy plugin '" + strategy +
+                    "' claimed gradient storage and has no grad_ranges entry: the engine cannot measure or clip "
+                    "the gradients it holds",
+                DDP_ERR_UNSUPPORTED);
+  for (size_t k = 0; k < held->count; ++k) {
+    const ddp_range& r = held->ranges[k];
+    const bool names_held = r.param < params.size() && grad_held_by_strategy(r.param) && r.grad;
+    if (!names_held || r.offset > params[r.param].data.numel() || r.count > params[r.param].data.numel() - r.offset)
+      throw Error("strategy plugin '" + strategy + "': grad_ranges: range " + std::to_string(k) +
+                      " names no elements of a claimed gradient of the table",
+                  DDP_ERR_INVALID_ARGUMENT);
+    spans.push_back({r.param, static_cast<float*>(r.grad), r.count, false, held->partitioned ? 1 : world, r.offset});
+  }
+  return held->partitioned;
+}
+
+std::string ParamStore::held_span(const ddp_held_range& h, int world, GradSpan& span) const {
+  auto& params = model_->params();
+  Parameter* p = h.param < params.size() ? &params[h.param] : nullptr;
+  const size_t numel = p ? p->data.numel() : 0;
+  if (!p || !p->trainable) return "names no trainable parameter of the table";
+  if (h.offset > numel || h.count > numel - h.offset) return "names elements outside its parameter";
+  if (!h.grad && (grad_held_by_strategy(h.param) || !p->grad.data())) return "has grad NULL, but the engine holds no gradient of it";
+  if (h.replicas < 1 || h.replicas > world) return "says it is held by " + std::to_string(h.replicas) + " ranks";
+  float* grad = h.grad ? static_cast<float*>(h.grad) : p->grad.data() + h.offset;
+  span = {h.param, grad, h.count, !h.grad && h.offset == 0 && h.count == numel, h.replicas, h.offset};
+  return "";
+}
 
 void ParamStore::zero_grads() {
   for (Parameter& p : model_->params())

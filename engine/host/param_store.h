@@ -5,13 +5,14 @@
 // lent back unit by unit, 1.7). The trainer, the optimizer, checkpoints,
 // weights.safetensors, evaluation and the replica check read the values
 // through its per-unit view (visit) and the gradients through its answers
-// (engine_grad, zero_grads); none of them asks who owns what. It does not
+// (grad_spans, held_span, zero_grads); none of them asks who owns what. It does not
 // step, reduce or write anything: its callers do, through what it hands
 // them.
 #pragma once
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,7 @@
 #include <ddp/plugin.h>
 
 #include "device.h"
+#include "grad_span.h"
 #include "model.h"
 
 namespace ddp {
@@ -75,13 +77,24 @@ class ParamStore {
   // now (else after the strategy's on_step_begin has claimed or not).
   bool engine_makes_new_grads() const { return !rights_.claims_gradients; }
 
-  // Whether the strategy holds any gradient (claimed), any values (after
-  // on_train_begin).
-  bool grads_claimed() const { return grads_claimed_; }
-  bool values_lent() const { return values_lent_; }
-  // The engine's own gradient of parameter i (null: the strategy's, or none).
-  float* engine_grad(size_t i) const;
-  bool grad_claimed(size_t i) const;
+  // The gradients this rank holds, appended to `spans`: the engine's own of
+  // parameters `indices`, each held by `replicas` ranks; then, where the
+  // strategy holds gradient storage, the ranges `ranges` returns (its
+  // grad_ranges; nullopt where it has none), each held by one rank where
+  // partitioned, else by `world`. Returns whether those ranges are
+  // partitioned. Throws Error naming `strategy` where it holds gradients
+  // and has no grad_ranges, or a range names no elements of one it holds.
+  bool grad_spans(const std::vector<size_t>& indices, int replicas, int world,
+                  const std::function<std::optional<GradRanges>()>& ranges, const std::string& strategy,
+                  std::vector<GradSpan>& spans) const;
+  // One held_ranges (1.9) entry of a world of `world` ranks as a span, its
+  // grad the engine's own where the entry's is NULL: "" and `span` set, or
+  // what is wrong with it ("names no trainable parameter of the table" ...).
+  std::string held_span(const ddp_held_range& h, int world, GradSpan& span) const;
+  // Whether reading the whole model (visit, host_values) is collective: every
+  // rank must do it at the same point (the strategy holds values and gathers
+  // them unit by unit). Fixed after on_train_begin.
+  bool visit_is_collective() const { return values_lent_; }
   // Zeroes the engine's gradients of trainable parameters on the compute stream.
   void zero_grads();
 
@@ -103,6 +116,7 @@ class ParamStore {
 
  private:
   void lend_values(const std::function<Tensor(size_t index)>& make);
+  bool grad_held_by_strategy(size_t i) const;
   bool any_values_claimed() const;
 
   Model* model_ = nullptr;

@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config.h"
+#include "grad_span.h"
 #include "metered_transport.h"
 #include "plugin_host.h"
 #include "plugin_loader.h"
@@ -39,12 +40,6 @@
 #include "whereabouts.h"
 
 namespace ddp {
-
-struct GradRanges {
-  const ddp_range* ranges = nullptr;
-  size_t count = 0;
-  bool partitioned = false;  // each element on one rank only
-};
 
 class RankPlugins {
  public:

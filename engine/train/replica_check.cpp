@@ -76,18 +76,18 @@ std::string first_divergence(const std::vector<std::string>& names, const std::v
 
 // run.check_finite: a loss that is not a number stops the run; the first
 // parameter that is not finite either says where it came from.
-std::string non_finite_loss(double loss, const std::vector<Parameter>& params) {
+std::string non_finite_loss(double loss, const std::vector<std::string>& names,
+                            const std::vector<std::vector<float>>* values) {
   std::string text = "the loss is " + std::string(std::isnan(loss) ? "nan" : "inf") + "; ";
-  for (const Parameter& p : params)
-    if (p.values_claimed)
-      return text + "the strategy holds the parameters' values, so they were not searched (run.check_finite = "
-                    "false lets the run go on)";
-  for (const Parameter& p : params) {
-    const std::vector<float> values = p.data.to_host();
-    for (size_t i = 0; i < values.size(); ++i)
-      if (!std::isfinite(values[i]))
-        return text + "the first parameter that is not finite is '" + p.name + "' (element " + std::to_string(i) +
-               " is " + std::to_string(values[i]) + ") (run.check_finite = false lets the run go on)";
+  if (!values)
+    return text + "the strategy holds the parameters' values, so they were not searched (run.check_finite = "
+                  "false lets the run go on)";
+  for (size_t p = 0; p < values->size() && p < names.size(); ++p) {
+    const std::vector<float>& v = (*values)[p];
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!std::isfinite(v[i]))
+        return text + "the first parameter that is not finite is '" + names[p] + "' (element " + std::to_string(i) +
+               " is " + std::to_string(v[i]) + ") (run.check_finite = false lets the run go on)";
   }
   return text + "every parameter is finite: the data or the forward pass made it (run.check_finite = false "
                 "lets the run go on)";

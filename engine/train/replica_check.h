@@ -34,6 +34,10 @@ std::string first_divergence(const std::vector<std::string>& names, const std::v
 
 // run.check_finite: the message for a loss that is not finite, naming the
 // first parameter that is not finite (if any): where it came from.
-std::string non_finite_loss(double loss, const std::vector<Parameter>& params);
+// `values` holds each parameter's values (`names`, table order); null where
+// this rank cannot read the whole model alone (the store's view is
+// collective), and then none is searched. Pure.
+std::string non_finite_loss(double loss, const std::vector<std::string>& names,
+                            const std::vector<std::vector<float>>* values);
 
 }  // namespace ddp

@@ -206,7 +206,7 @@ void RankRun::checkpoint(int64_t step) {
                         plugins_->strategy_name(), plugins_->transport_name(), resume_items(config_),
                         loss_prefix_, {}, {}};
   for (const StepRecord& r : records_) input.losses.push_back(r.loss);
-  input.collective = services_.params.values_lent();  // the strategy gathers them unit by unit, on every rank
+  input.collective = services_.params.visit_is_collective();  // the strategy gathers them unit by unit, on every rank
   input.divergent = plugins_->divergent();  // every rank's own weights and state
   std::vector<std::vector<float>> state;
   input.strategy_state = strategy_state(state);
@@ -276,7 +276,7 @@ void RankRun::finish_run() {
   const std::string weights_path = (fs::path(config_.run.output_dir) / "weights.safetensors").string();
   if (writes) fs::create_directories(config_.run.output_dir);
   const std::string failure =
-      write_weights(weights_path, model_->params(), writes, services_.params.values_lent(), host_visit("weights.safetensors"));
+      write_weights(weights_path, model_->params(), writes, services_.params.visit_is_collective(), host_visit("weights.safetensors"));
   if (!failure.empty()) throw Error(failure);
   // Every rank's totals, the peak resident memory last: the outputs' writing included.
   RankTotals mine;

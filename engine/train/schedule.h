@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "config.h"
+#include "grad_span.h"
 #include "model.h"
 
 namespace ddp {
@@ -28,20 +29,6 @@ double clip_coefficient(double total_norm, double max_norm);
 // update_rules.h (kSquareLanes): the same bits on every machine (OpenBLAS's
 // dsdot sums in an order of its kernel's choosing). Pure.
 double sum_of_squares(const float* x, size_t n);
-
-// Gradient values a rank holds: `count` floats at `grad` on the device,
-// elements of parameter `param` (all of it where `whole`), held by
-// `replicas` ranks, this one included (the strategy's held_grads,
-// grad_ranges or held_ranges: 1 for a shard held once, the world size
-// for a gradient every rank holds).
-struct GradSpan {
-  size_t param = 0;
-  float* grad = nullptr;
-  size_t count = 0;
-  bool whole = true;
-  int replicas = 1;
-  size_t offset = 0;  // its first element in the parameter
-};
 
 // What a strategy's held_ranges (1.9) promises, checked. Pure.
 // The first two spans of one rank that hold the same elements, as a

@@ -82,7 +82,7 @@ void RankRun::train() {
   // The records of the first steps, reserved (growing past them is rare and
   // cheap; reserving run.steps = 1e8 records would be 12 GB of address space).
   records_.reserve(static_cast<size_t>(std::min<int64_t>(config_.run.steps, int64_t(1) << 16)));
-  if (eval_data_ && store.values_lent())
+  if (eval_data_ && store.visit_is_collective())
     throw Error(std::string("eval.every: strategy plugin '") + plugins_->strategy_name() +
                     "' holds the parameters' values (it claimed them), and evaluating reads the whole model: "
                     "not supported yet; set eval.every = 0", DDP_ERR_UNSUPPORTED);
@@ -215,7 +215,14 @@ void RankRun::forward(const Batch& batch, int64_t k, StepRecord& rec) {
   }
   rec.forward_s += seconds_since(t);
   timeline_->range("forward", m);
-  if (config_.run.check_finite && !std::isfinite(rec.loss)) throw Error(non_finite_loss(rec.loss, model_->params()));
+  if (config_.run.check_finite && !std::isfinite(rec.loss)) {
+    const ParamStore& store = services_.params;
+    std::vector<std::string> names;
+    for (const Parameter& p : model_->params()) names.push_back(p.name);
+    const bool readable = !store.visit_is_collective();  // (this rank alone cannot make a collective read)
+    const auto values = readable ? store.host_values("run.check_finite") : std::vector<std::vector<float>>{};
+    throw Error(non_finite_loss(rec.loss, names, readable ? &values : nullptr));
+  }
 }
 
 void RankRun::backward(int64_t k, int64_t collectives_at_start, StepRecord& rec) {
@@ -343,27 +350,10 @@ bool RankRun::held_gradients(std::vector<GradSpan>& spans) {
   if (plugins_->has_held_ranges()) return held_ranges(spans);
   const int world = env_.rank.world_size;
   const std::optional<std::vector<size_t>> held = plugins_->held_grads();
-  auto& params = model_->params();
-  const ParamStore& store = services_.params;
-  for (size_t i : held ? *held : trainable_)
-    if (!store.grad_claimed(i))
-      spans.push_back({i, params[i].grad.data(), params[i].grad.numel(), true, held ? 1 : world});
-  if (!store.grads_claimed()) return held.has_value();
-  const std::optional<GradRanges> ranges = plugins_->grad_ranges();
-  if (!ranges)
-    throw Error(std::string("strategy plugin '") + plugins_->strategy_name() +
-                "' claimed gradient storage and has no grad_ranges entry: the engine cannot measure or clip "
-                "the gradients it holds", DDP_ERR_UNSUPPORTED);
-  for (size_t k = 0; k < ranges->count; ++k) {
-    const ddp_range& r = ranges->ranges[k];
-    if (r.param >= params.size() || !store.grad_claimed(r.param) || !r.grad || r.offset > params[r.param].data.numel() ||
-        r.count > params[r.param].data.numel() - r.offset)
-      throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': grad_ranges: range " +
-                  std::to_string(k) + " names no elements of a claimed gradient of the table",
-                  DDP_ERR_INVALID_ARGUMENT);
-    spans.push_back({r.param, static_cast<float*>(r.grad), r.count, false, ranges->partitioned ? 1 : world, r.offset});
-  }
-  return held.has_value() || ranges->partitioned;
+  const bool partitioned = services_.params.grad_spans(
+      held ? *held : trainable_, held ? 1 : world, world, [this] { return plugins_->grad_ranges(); },
+      plugins_->strategy_name(), spans);
+  return held.has_value() || partitioned;
 }
 
 // held_ranges (1.9): each range checked against the table, the engine's
@@ -373,20 +363,13 @@ bool RankRun::held_ranges(std::vector<GradSpan>& spans) {
   auto& params = model_->params();
   const std::vector<ddp_held_range> held = plugins_->held_ranges();
   for (size_t k = 0; k < held.size(); ++k) {
-    const ddp_held_range& h = held[k];
-    Parameter* p = h.param < params.size() ? &params[h.param] : nullptr;
-    const size_t numel = p ? p->data.numel() : 0;
-    std::string wrong;
-    if (!p || !p->trainable) wrong = "names no trainable parameter of the table";
-    else if (h.offset > numel || h.count > numel - h.offset) wrong = "names elements outside its parameter";
-    else if (!h.grad && !services_.params.engine_grad(h.param)) wrong = "has grad NULL, but the engine holds no gradient of it";
-    else if (h.replicas < 1 || h.replicas > env_.rank.world_size) wrong = "says it is held by " + std::to_string(h.replicas) + " ranks";
+    GradSpan span;
+    const std::string wrong = services_.params.held_span(held[k], env_.rank.world_size, span);
     if (!wrong.empty())
       throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': held_ranges: range " +
                       std::to_string(k) + " " + wrong + " (of a world of " + std::to_string(env_.rank.world_size) + ")",
                   DDP_ERR_INVALID_ARGUMENT);
-    float* grad = h.grad ? static_cast<float*>(h.grad) : p->grad.data() + h.offset;
-    spans.push_back({h.param, grad, h.count, !h.grad && h.offset == 0 && h.count == numel, h.replicas, h.offset});
+    spans.push_back(span);
   }
   std::vector<std::string> names;
   for (const Parameter& q : params) names.push_back(q.name);
