@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include <ddp/overhead_model.hpp>
+#include "bucket_layout.h"
 #include "harness.h"
 
 namespace ddp {
@@ -46,6 +47,38 @@ void expect_auto_stats(const json& stats, size_t gradient_bytes) {
   EXPECT_EQ(a["buckets"].get<size_t>(), stats["buckets"].size());
   EXPECT_NEAR(a["predicted_overhead_s"].get<double>(),
               strategy::predicted_overhead_s(fit, double(gradient_bytes), double(stats["buckets"].size())), 1e-12);
+}
+
+// The layouts two runs' stats prove the same, and why the others are not.
+json auto_stats(double o, double w, double chosen_mb) {
+  return json{{"bucket_mb", "auto"},
+              {"auto", {{"o_s", o}, {"w_bytes_per_s", w}, {"gradient_bytes", 3400}, {"chosen_bucket_mb", chosen_mb}}}};
+}
+
+TEST(BucketLayouts, TheSameWhereNeitherMeasuredOrTheFitsOrClampedCapsAgree) {
+  const double whole = 3400.0 / (1024 * 1024);  // every trainable gradient in one cap
+  const double one = 1.0 / (1024 * 1024);       // a 1-byte cap: a parameter per bucket
+  EXPECT_EQ(test::bucket_layouts_differ(json{{"bucket_mb", 25}}, json{{"bucket_mb", 25}}), "");
+  EXPECT_EQ(test::bucket_layouts_differ(json(), json()), "");
+  EXPECT_EQ(test::bucket_layouts_differ(auto_stats(1e-5, 1e9, 0.001), auto_stats(1e-5, 1e9, 0.001)), "");
+  EXPECT_EQ(test::bucket_layouts_differ(auto_stats(1e-5, 1e9, whole), auto_stats(2e-5, 3e9, whole)), "");
+  EXPECT_EQ(test::bucket_layouts_differ(auto_stats(-1e-6, 1e9, one), auto_stats(1e-12, 1e9, one)), "");
+}
+
+TEST(BucketLayouts, OtherFitsWithOtherOrUnclampedCapsMayDiffer) {
+  EXPECT_EQ(test::bucket_layouts_differ(auto_stats(1e-5, 1e9, 0.002), auto_stats(-1e-6, 1e9, 1.0 / (1024 * 1024))),
+            "bucket_mb = \"auto\" measured other fits: caps of 0.002 and 9.5367431640625e-07 MiB for 3400 "
+            "gradient bytes");
+  // The same cap below the whole, from other fits: before an unfreeze
+  // (fewer trainable bytes) the two caps may have differed.
+  EXPECT_EQ(test::bucket_layouts_differ(auto_stats(1e-5, 1e9, 0.002), auto_stats(2e-5, 5e8, 0.002)),
+            "bucket_mb = \"auto\" measured other fits: caps of 0.002 and 0.002 MiB for 3400 gradient bytes");
+  EXPECT_EQ(test::bucket_layouts_differ(json{{"bucket_mb", 25}}, auto_stats(1e-5, 1e9, 0.002)),
+            "one run measured its bucket cap (bucket_mb = \"auto\"), the other did not");
+  json more = auto_stats(1e-5, 1e9, 0.002);
+  more["auto"]["gradient_bytes"] = 3600;
+  EXPECT_EQ(test::bucket_layouts_differ(auto_stats(1e-5, 1e9, 0.002), more),
+            "the runs ended with 3400 and 3600 trainable gradient bytes");
 }
 
 TEST(BucketMbAuto, BucketedMeasuresAtStartAndRecordsTheChoice) {
