@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# tools/setup.sh [PRESET] — everything a fresh Debian 12 machine needs, as
-# root: installs the Debian packages ddp builds against (only those
-# missing), configures PRESET (default `release`; `sanitize`: Clang with
-# ASan, UBSan and the libFuzzer targets, in build-sanitize/) and builds.
+# tools/setup.sh [PRESET] [--no-build] — everything a fresh Debian 12
+# machine needs, as root: installs the Debian packages ddp builds against
+# (only those missing), configures PRESET (default `release`; `sanitize`:
+# Clang with ASan, UBSan and the libFuzzer targets, in build-sanitize/) and
+# builds (not with --no-build: `cmake --build --preset PRESET` then does).
 # Safe to run again: it then only rebuilds what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=${1:-release}
+build=1
+if [ "${2:-}" = --no-build ]; then build=0; elif [ -n "${2:-}" ]; then
+  echo "setup: unknown argument '$2' (--no-build)" >&2; exit 2
+fi
 case "$preset" in
   release | debug | sanitize) ;;
   *) echo "setup: unknown preset '$preset' (release, debug or sanitize)" >&2; exit 2 ;;
@@ -47,4 +52,4 @@ fi
 dir=build
 [ "$preset" = release ] || dir=build-$preset
 [ -f "$dir/CMakeCache.txt" ] || cmake --preset "$preset"
-cmake --build --preset "$preset" -j "$(nproc)"
+[ "$build" = 0 ] || cmake --build --preset "$preset" -j "$(nproc)"
