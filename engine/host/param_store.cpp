@@ -10,6 +10,14 @@
 
 namespace ddp {
 
+void ParamStore::attach(Model* model, Device* device) {
+  model_ = model;
+  device_ = device;
+  strategy_grad_.assign(model->params().size(), 0);
+  strategy_values_.assign(model->params().size(), 0);
+  model->set_grads_held_elsewhere([this](size_t i) { return grad_held_by_strategy(i); });
+}
+
 Parameter& ParamStore::param_at(const char* entry, size_t index) const {
   auto& params = model_->params();
   if (index >= params.size())
@@ -60,8 +68,8 @@ void ParamStore::claim_grads(const size_t* indices, size_t count) {
   bool changed = false;
   for (size_t k = 0; k < count; ++k) {
     Parameter& p = params[indices[k]];
-    if (p.claimed) continue;
-    p.claimed = true;
+    if (strategy_grad_[indices[k]]) continue;
+    strategy_grad_[indices[k]] = 1;
     p.grad = Tensor::view(*device_, nullptr, p.shape);  // bound to nothing until the strategy binds it
     changed = true;
   }
@@ -73,7 +81,7 @@ void ParamStore::claim_grads(const size_t* indices, size_t count) {
 
 void ParamStore::bind_grad(size_t index, void* ptr) {
   Parameter& p = param_at("bind", index);
-  if (!p.claimed)
+  if (!strategy_grad_[index])
     throw Error("bind: the gradient of parameter '" + p.name + "' is the engine's: claim it first (ddp_host::claim)",
                 DDP_ERR_INVALID_ARGUMENT);
   p.grad.point_view_at(static_cast<float*>(ptr));
@@ -87,8 +95,8 @@ void ParamStore::claim_values(const size_t* indices, size_t count) {
   for (size_t k = 0; k < count; ++k) param_at("claim", indices[k]);  // all checked before any is taken
   for (size_t k = 0; k < count; ++k) {
     Parameter& p = model_->params()[indices[k]];
-    if (p.values_claimed) continue;
-    p.values_claimed = true;
+    if (strategy_values_[indices[k]]) continue;
+    strategy_values_[indices[k]] = 1;
     if (!p.data.defined()) continue;  // none made yet: lent unit by unit (take_values, 1.7)
     float* values = p.data.data();
     held_values.emplace_back(indices[k], std::move(p.data));  // read there until on_train_begin returns
@@ -98,7 +106,7 @@ void ParamStore::claim_values(const size_t* indices, size_t count) {
 
 void ParamStore::bind_values(size_t index, void* ptr) {
   Parameter& p = param_at("bind", index);
-  if (!p.values_claimed)
+  if (!strategy_values_[index])
     throw Error("bind: the values of parameter '" + p.name + "' are the engine's: claim them first "
                 "(ddp_host::claim, DDP_STORAGE_DATA)", DDP_ERR_INVALID_ARGUMENT);
   p.data.point_view_at(static_cast<float*>(ptr));
@@ -118,8 +126,8 @@ void ParamStore::release_held_values() {
 }
 
 bool ParamStore::any_values_claimed() const {
-  for (const Parameter& p : model_->params())
-    if (p.values_claimed) return true;
+  for (char held : strategy_values_)
+    if (held) return true;
   return false;
 }
 
@@ -127,7 +135,7 @@ void ParamStore::make_values(const std::function<Tensor(size_t index)>& make, bo
   if (after_create != rights_.takes_values) return;  // (the other call makes them)
   for (size_t i = 0; i < model_->params().size(); ++i) {
     Parameter& p = model_->params()[i];
-    if (!p.data.defined() && !p.values_claimed) p.data = make(i);
+    if (!p.data.defined() && !strategy_values_[i]) p.data = make(i);
   }
   refresh_param_table();
 }
@@ -168,7 +176,7 @@ void ParamStore::lend_values(const std::function<Tensor(size_t index)>& make) {
     };
     try {
       for (size_t i : model_->units()[u].params)
-        if (params[i].values_claimed) lent.push_back({i, make(i), params[i].data.data()});
+        if (strategy_values_[i]) lent.push_back({i, make(i), params[i].data.data()});
       for (Lent& l : lent) {
         params[l.index].data.point_view_at(l.values.data());
         param_table[l.index].data = l.values.data();
@@ -186,7 +194,7 @@ void ParamStore::lend_values(const std::function<Tensor(size_t index)>& make) {
 }
 
 bool ParamStore::grad_held_by_strategy(size_t i) const {
-  return i < model_->params().size() && model_->params()[i].claimed;
+  return i < strategy_grad_.size() && strategy_grad_[i];
 }
 
 bool ParamStore::grad_spans(const std::vector<size_t>& indices, int replicas, int world,
@@ -229,9 +237,11 @@ std::string ParamStore::held_span(const ddp_held_range& h, int world, GradSpan& 
 }
 
 void ParamStore::zero_grads() {
-  for (Parameter& p : model_->params())
-    if (p.trainable && !p.claimed && p.grad.defined())  // (just unfrozen: made zero after on_step_begin)
+  for (size_t i = 0; i < model_->params().size(); ++i) {
+    Parameter& p = model_->params()[i];
+    if (p.trainable && !strategy_grad_[i] && p.grad.defined())  // (just unfrozen: made zero after on_step_begin)
       device_->fill(p.grad.data(), p.grad.numel(), 0.0f, device_->compute_stream());
+  }
 }
 
 void ParamStore::visit(const std::string& reader, const std::function<void(size_t index)>& visit) const {

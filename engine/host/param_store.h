@@ -35,10 +35,8 @@ struct StorageRights {
 
 class ParamStore {
  public:
-  void attach(Model* model, Device* device) {
-    model_ = model;
-    device_ = device;
-  }
+  // Attaches the model (its parameters fixed from now on) and the device.
+  void attach(Model* model, Device* device);
   void set_rights(StorageRights rights) { rights_ = std::move(rights); }
   bool attached() const { return model_ != nullptr; }
 
@@ -122,6 +120,10 @@ class ParamStore {
   Model* model_ = nullptr;
   Device* device_ = nullptr;
   StorageRights rights_;
+  // Per parameter (table order): whether the strategy holds its gradient,
+  // its values (claimed; the Parameter itself carries no such state).
+  std::vector<char> strategy_grad_;
+  std::vector<char> strategy_values_;
   bool grads_claimed_ = false;
   bool values_lent_ = false;
 };

@@ -28,13 +28,11 @@ struct Parameter {
   Tensor data;                // category Parameters
   // Category Gradients, iff trainable: a view of the block pack_gradients
   // makes (undefined until it has run: the engine runs it once the
-  // strategy could claim), or of the strategy's memory where it claimed
-  // the gradient (`claimed`; then undefined while the strategy binds none).
+  // strategy could claim), or of memory another holds (the ParamStore
+  // knows whose; then undefined while none is bound). Where another holds
+  // the values, `data` is a view of its memory, and holds none (data()
+  // null) while none is bound.
   Tensor grad;
-  bool claimed = false;
-  // Its values are the strategy's (DDP_STORAGE_DATA): `data` is a view of
-  // its memory, and holds none (data() null) while the strategy binds none.
-  bool values_claimed = false;
 };
 
 // A unit (plugin.h's ddp_unit): parameters that compute together, in
@@ -120,9 +118,11 @@ class Model {
   // a strategy can average a run of them where they are instead of copying
   // them into a buffer (bucket_sync.h; PyTorch's gradient_as_bucket_view).
   // The gradients are zero afterwards. Between steps only.
-  // Claimed gradients (Parameter::claimed) are left out: their storage is
-  // the strategy's.
+  // Gradients held elsewhere (held_elsewhere, below) are left out.
   void pack_gradients(Device& device);
+  // Which gradients live outside the model's block: set once by the store
+  // of parameters (ParamStore), which knows who holds each.
+  void set_grads_held_elsewhere(std::function<bool(size_t index)> held) { grads_held_elsewhere_ = std::move(held); }
   bool gradients_packed() const { return packed_; }  // whether pack_gradients has made them
 
   // Parameter `index`'s initial values, drawn from the model's seed into
@@ -173,8 +173,8 @@ class Model {
     if (unit_hook_) unit_hook_(unit, phase);
   }
   // Where backward adds params_[index]'s gradient: null for a frozen
-  // parameter; throws Error for a claimed one the strategy bound no
-  // storage to (the engine never writes where the strategy did not say).
+  // parameter; throws Error for one held elsewhere that is bound to no
+  // storage (the engine never writes where the strategy did not say).
   float* grad_out(size_t index) {
     Parameter& p = params_[index];
     if (!p.trainable) return nullptr;
@@ -215,6 +215,8 @@ class Model {
   std::vector<Unit> units_;
   UnitHook unit_hook_;
   Tensor gradient_block_;
+  std::function<bool(size_t index)> grads_held_elsewhere_;  // (unset: none)
+  bool held_elsewhere(size_t index) const { return grads_held_elsewhere_ && grads_held_elsewhere_(index); }
   bool packed_ = false;  // pack_gradients: the memory of every grad, which are views of it
   RangeHook range_hook_;
   std::vector<std::string> range_names_;  // the models' per-layer names for lap()

@@ -246,8 +246,9 @@ std::unique_ptr<Model> make_model(const std::string& name, Device& device, uint6
 void Model::pack_gradients(Device& device) {
   packed_ = true;
   size_t total = 0;
-  for (Parameter& p : params_) {
-    if (p.claimed) continue;  // the strategy's storage
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = params_[i];
+    if (held_elsewhere(i)) continue;  // not the model's block
     p.grad.reset();
     if (p.trainable) total += numel_of(p.shape);
   }
@@ -258,7 +259,7 @@ void Model::pack_gradients(Device& device) {
   size_t offset = 0;
   for (size_t i = params_.size(); i-- > 0;) {
     Parameter& p = params_[i];
-    if (!p.trainable || p.claimed) continue;
+    if (!p.trainable || held_elsewhere(i)) continue;
     p.grad = Tensor::view(device, gradient_block_.data() + offset, p.shape);
     offset += p.grad.numel();
   }
@@ -331,7 +332,7 @@ void Model::declare_units(std::vector<Unit> units) {
 
 void Model::unbound_gradient(size_t index) const {
   const Parameter& p = params_[index];
-  if (!p.claimed)
+  if (!held_elsewhere(index))
     throw Error("backward reached the gradient of '" + p.name +
                     "', which has no storage: the model's gradients "
                     "were never made (Model::pack_gradients)",
