@@ -20,7 +20,12 @@ const char* reduce_name(int64_t op) { return op == 0 ? "sum" : op == 1 ? "avg" :
 }  // namespace
 
 void to_words(const CollectiveCall& c, int64_t* w) {
-  w[0] = c.seq, w[1] = c.op, w[2] = c.count, w[3] = c.dtype, w[4] = c.arg, w[5] = c.param;
+  w[0] = c.seq;
+  w[1] = c.op;
+  w[2] = c.count;
+  w[3] = c.dtype;
+  w[4] = c.arg;
+  w[5] = c.param;
 }
 
 CollectiveCall from_words(const int64_t* w) { return CollectiveCall{w[0], w[1], w[2], w[3], w[4], w[5]}; }
@@ -68,7 +73,8 @@ std::string step_end_mismatch(const std::vector<int64_t>& all, int world, const 
   const std::string n = std::to_string(step + 1);
   for (int r = 1; r < world; ++r) {
     const CollectiveCall other = from_words(all.data() + size_t(r) * kCallWords);
-    const bool ended = first.op == kStepEnd, other_ended = other.op == kStepEnd;
+    const bool ended = first.op == kStepEnd;
+    const bool other_ended = other.op == kStepEnd;
     if (!ended && !other_ended) {  // two collectives: as run.debug_collectives says them
       std::vector<int64_t> pair(all.begin(), all.begin() + long(kCallWords));
       pair.insert(pair.end(), all.begin() + long(size_t(r) * kCallWords), all.begin() + long(size_t(r + 1) * kCallWords));

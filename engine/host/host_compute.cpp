@@ -85,11 +85,14 @@ std::vector<bool> residues(const ddp_vectors& v) {
 // columns after it, in one matrix or across a batch). A sufficient test
 // of being apart.
 bool may_share(const ddp_vectors& a, const ddp_vectors& b) {
-  const auto begin_a = reinterpret_cast<uintptr_t>(a.ptr), begin_b = reinterpret_cast<uintptr_t>(b.ptr);
-  const uintptr_t end_a = begin_a + extent(a) * sizeof(float), end_b = begin_b + extent(b) * sizeof(float);
+  const auto begin_a = reinterpret_cast<uintptr_t>(a.ptr);
+  const auto begin_b = reinterpret_cast<uintptr_t>(b.ptr);
+  const uintptr_t end_a = begin_a + extent(a) * sizeof(float);
+  const uintptr_t end_b = begin_b + extent(b) * sizeof(float);
   if (extent(a) == 0 || extent(b) == 0 || end_a <= begin_b || end_b <= begin_a) return false;
   if (a.inc != b.inc || (begin_b - begin_a) % sizeof(float) != 0) return true;
-  const std::vector<bool> ra = residues(a), rb = residues(b);
+  const std::vector<bool> ra = residues(a);
+  const std::vector<bool> rb = residues(b);
   if (ra.empty() || rb.empty()) return true;
   const auto inc = static_cast<int64_t>(a.inc);
   const int64_t shift = (static_cast<int64_t>(begin_b) - static_cast<int64_t>(begin_a)) / int64_t(sizeof(float));

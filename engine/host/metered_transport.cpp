@@ -66,7 +66,8 @@ struct MeterCallbacks {
       });
     call.seq = g.described++;
     call.param = param_of(m.services_, data, size_t(call.count) * ddp_dtype_size(ddp_dtype(call.dtype)));
-    std::vector<int64_t> mine(kCallWords), all(kCallWords * size_t(g.size));
+    std::vector<int64_t> mine(kCallWords);
+    std::vector<int64_t> all(kCallWords * size_t(g.size));
     to_words(call, mine.data());
     ddp_status status = DDP_OK;
     const ddp_status thrown = host_guard([&] {
@@ -106,7 +107,8 @@ struct MeterCallbacks {
     return run_staged(
         *m.services_.device, *to_stream(stream),
         [&](void* const* p) {
-          const ddp_buffer s{p[0], send, DDP_FLOAT64, kind}, r{p[1], recv, DDP_FLOAT64, kind};
+          const ddp_buffer s{p[0], send, DDP_FLOAT64, kind};
+          const ddp_buffer r{p[1], recv, DDP_FLOAT64, kind};
           return m.real_->all_gather(g.real, &s, &r, stream);
         },
         {{mine, send * sizeof(int64_t)}, {all, recv * sizeof(int64_t)}}, m.services_.wait_limit(), &m.staged_);
@@ -118,7 +120,8 @@ struct MeterCallbacks {
     Clock::time_point start;
     Trace* trace;  // null: not traced
     const char* op;
-    int64_t bytes, step;
+    int64_t bytes;
+    int64_t step;
     const char* group;  // a group's label; null: the world
     std::atomic<const char*>* in_flight;  // the rank's note of the group whose collective runs
     uint64_t nvtx = 0;  // the collective's NVTX range (GPU builds)
@@ -298,7 +301,8 @@ void MeteredTransport::settle(bool wait) {
     void* const stamps[2] = {p.begin, p.end};
     Clock::time_point at[2];
     p.stream->resolve_timestamps(stamps, 2, at);
-    const Clock::time_point begin = at[0], end = at[1];
+    const Clock::time_point begin = at[0];
+    const Clock::time_point end = at[1];
     p.stream->release_timestamp(p.begin);
     p.stream->release_timestamp(p.end);
     services_.counters.busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(end - begin).count();
@@ -345,11 +349,20 @@ MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* com
 MeteredComm& MeteredTransport::add_comm(ddp_comm* real, std::string name, std::vector<int> ranks, int rank,
                                         int color, std::string tag) {
   MeteredComm& g = comms_.emplace_back();  // (split holds comms_mutex_; the constructor is alone)
-  g.owner = this, g.real = real, g.name = std::move(name), g.ranks = std::move(ranks), g.tag = std::move(tag);
-  g.rank = rank, g.size = int(g.ranks.size()), g.color = color;
+  g.owner = this;
+  g.real = real;
+  g.name = std::move(name);
+  g.ranks = std::move(ranks);
+  g.tag = std::move(tag);
+  g.rank = rank;
+  g.size = int(g.ranks.size());
+  g.color = color;
   if (comms_.size() > 1) g.label = group_label(g.name, g.ranks);
   g.abi.struct_size = sizeof(ddp_group);
-  g.abi.name = g.name.c_str(), g.abi.rank = g.rank, g.abi.size = g.size, g.abi.ranks = g.ranks.data();
+  g.abi.name = g.name.c_str();
+  g.abi.rank = g.rank;
+  g.abi.size = g.size;
+  g.abi.ranks = g.ranks.data();
   g.abi.color = g.color;
   return g;
 }
@@ -369,7 +382,8 @@ ddp_comm* MeteredTransport::split(ddp_comm* parent_handle, int color, int key, c
                 DDP_ERR_UNSUPPORTED);
   MeteredComm& parent = MeterCallbacks::group(parent_handle);
   // Every rank's color and key, in parent rank order: who is in which group.
-  std::vector<int64_t> mine{color, key}, all(2 * size_t(parent.size));
+  std::vector<int64_t> mine{color, key};
+  std::vector<int64_t> all(2 * size_t(parent.size));
   Stream& comm = services_.device->comm_stream();
   {
     whereabouts::Inside in(label_, "all_gather (split)");

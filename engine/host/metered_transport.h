@@ -36,7 +36,9 @@ struct MeteredComm {
   ddp_comm* real = nullptr;     // the transport's own
   std::string name;             // "world", or split's name
   std::vector<int> ranks;       // members' world ranks, in group order
-  int rank = 0, size = 1, color = 0;
+  int rank = 0;
+  int size = 1;
+  int color = 0;
   std::string label;            // "group 'shard' (ranks 0, 1)"; "" for the world
   ddp_group abi{};              // what ddp_host::group returns
   int64_t described = 0;        // collectives described so far (run.debug_collectives)
@@ -46,7 +48,9 @@ struct MeteredComm {
   std::string tag = "ddp.group";
   int splits = 0;               // splits made of it so far (every member makes them in one order)
   // Its own share of the counters (the rank's totals count every group).
-  std::atomic<int64_t> collectives{0}, bytes{0}, bus_bytes{0};
+  std::atomic<int64_t> collectives{0};
+  std::atomic<int64_t> bytes{0};
+  std::atomic<int64_t> bus_bytes{0};
   bool world() const { return label.empty(); }
   ddp_comm* comm() { return reinterpret_cast<ddp_comm*>(this); }
 };
@@ -55,7 +59,9 @@ struct MeteredComm {
 struct GroupReport {
   std::string name;
   std::vector<int> ranks;
-  int64_t collectives = 0, bytes = 0, bus_bytes = 0;
+  int64_t collectives = 0;
+  int64_t bytes = 0;
+  int64_t bus_bytes = 0;
 };
 
 // A transport vtable and comm handles for the strategy: each call is
@@ -127,7 +133,8 @@ class MeteredTransport {
     void* end;
     const char* op;
     const char* group;  // null: the world
-    int64_t bytes, step;  // step: -1 when not traced
+    int64_t bytes;
+    int64_t step;  // -1 when not traced
   };
   MeteredComm& add_comm(ddp_comm* real, std::string name, std::vector<int> ranks, int rank, int color,
                         std::string tag = "ddp.group");

@@ -24,10 +24,14 @@ PluginInfo describe_loaded(PluginKind kind, const std::string& name, const std::
   try {
     const std::unique_ptr<LoadedPlugin> plugin = load_plugin(kind, name, search_path);
     if (const ddp_strategy_v1_t* d = plugin->strategy()) {
-      info.version = d->version, info.abi_version = d->abi_version, info.caps = d->caps;
+      info.version = d->version;
+      info.abi_version = d->abi_version;
+      info.caps = d->caps;
       info.plans = DDP_PLUGIN_HAS(d, plan);
     } else if (const ddp_transport_v1_t* t = plugin->transport()) {
-      info.version = t->version, info.abi_version = t->abi_version, info.caps = t->caps;
+      info.version = t->version;
+      info.abi_version = t->abi_version;
+      info.caps = t->caps;
       info.dtypes = ddp_transport_dtypes(t);
       info.plans = DDP_PLUGIN_HAS(t, plan);
     }

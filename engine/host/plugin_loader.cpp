@@ -229,7 +229,8 @@ namespace {
 
 // Each file of the search path named libddp_<kind>_<name>.so, in order.
 std::vector<fs::path> plugin_files(PluginKind kind, const std::string& search_path) {
-  const std::string prefix = "libddp_" + std::string(to_string(kind)) + "_", suffix = ".so";
+  const std::string prefix = "libddp_" + std::string(to_string(kind)) + "_";
+  const std::string suffix = ".so";
   std::vector<fs::path> files;
   for (const std::string& dir : search_dirs(search_path)) {
     boost::system::error_code ec;
@@ -252,7 +253,8 @@ bool regular(const fs::path& path) {
 
 std::string plugin_name_of(PluginKind kind, const std::string& path) {
   const std::string f = fs::path(path).filename().string();
-  const size_t prefix = std::string("libddp_").size() + std::string(to_string(kind)).size() + 1, suffix = 3;
+  const size_t prefix = std::string("libddp_").size() + std::string(to_string(kind)).size() + 1;
+  const size_t suffix = 3;
   return f.size() > prefix + suffix ? f.substr(prefix, f.size() - prefix - suffix) : f;
 }
 

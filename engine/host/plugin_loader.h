@@ -99,7 +99,9 @@ std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& na
 
 // One TOML key a plugin declares (ddp_key), copied.
 struct PluginKey {
-  std::string name, type, help;
+  std::string name;
+  std::string type;
+  std::string help;
 };
 // The keys the plugin declares in its descriptor, or nullopt where it
 // declares none (keys NULL, or a plugin older than ABI 1.3).
@@ -118,7 +120,9 @@ std::unique_ptr<LoadedPlugin> load_and_check(PluginKind kind, const std::string&
 // checked as a run would load it, or why it cannot be (plugin_listing.cpp).
 struct PluginInfo {
   PluginKind kind = PluginKind::Strategy;
-  std::string name, path, version;  // name as a config names it; version from its descriptor
+  std::string name;  // as a config names it
+  std::string path;
+  std::string version;  // from its descriptor
   uint32_t abi_version = 0;
   uint64_t caps = 0;
   std::string refusal;  // "" if it loads

@@ -213,7 +213,8 @@ void Store::refuse(int rank, const std::string& why) {
 void Store::await(const std::string& key, const std::string& missing,
                   std::chrono::steady_clock::time_point deadline) {
   for (;;) {
-    bool there = false, refused = false;
+    bool there = false;
+    bool refused = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       try {

@@ -51,7 +51,8 @@ class Store {
   [[noreturn]] void refuse(int rank, const std::string& why);
   void await(const std::string& key, const std::string& missing, std::chrono::steady_clock::time_point deadline);
   static constexpr const char* kRefusedKey = "ddp_refused";
-  std::string location_, prefix_;
+  std::string location_;
+  std::string prefix_;
   std::unique_ptr<gloo::rendezvous::Store> base_;
   std::unique_ptr<gloo::rendezvous::Store> prefixed_;
   std::chrono::milliseconds timeout_;

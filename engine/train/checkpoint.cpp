@@ -55,7 +55,8 @@ void sync_directory(const fs::path& dir) {
 json meta_json(const CheckpointInput& in, int64_t step, const StateLayout& layout,
                const std::map<std::string, FileDigest>& digests) {
   const json state = state_json(in, layout);
-  json trainable = json::array(), files = json::object();
+  json trainable = json::array();
+  json files = json::object();
   for (const Parameter& p : in.params)
     if (p.trainable) trainable.push_back(p.name);
   for (const auto& [name, d] : digests) files[name] = {{"bytes", d.bytes}, {"xxh3", d.xxh3}};
@@ -82,7 +83,8 @@ void complete(const CheckpointInput& in, int64_t step, const json& meta, const f
   const std::string name = checkpoint_name(step);
   write_file_atomically((partial / kMeta).string(), seal_meta(meta.dump(1)));
   sync_directory(partial);
-  const fs::path final_path = dir / name, replaced = dir / (name + ".replaced");
+  const fs::path final_path = dir / name;
+  const fs::path replaced = dir / (name + ".replaced");
   if (fs::exists(final_path)) {  // a run resumed from before it comes past it again
     fs::remove_all(replaced);
     fs::rename(final_path, replaced);
@@ -229,8 +231,10 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
     m.config = j.at("config").get<std::map<std::string, std::string>>();
     m.trainable = j.at("trainable").get<std::vector<std::string>>();
     m.losses = j.at("losses").get<std::vector<double>>();
-    if (j.contains("due"))  // (absent before [eval] and divergent strategies)
-      m.eval_due = j.at("due").at("eval").get<bool>(), m.check_due = j.at("due").at("replica_check").get<bool>();
+    if (j.contains("due")) {  // (absent before [eval] and divergent strategies)
+      m.eval_due = j.at("due").at("eval").get<bool>();
+      m.check_due = j.at("due").at("replica_check").get<bool>();
+    }
     if (j.contains("val_loss"))
       for (const auto& v : j.at("val_loss")) {
         if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || v[0].get<int64_t>() < 1 ||

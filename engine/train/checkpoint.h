@@ -56,15 +56,19 @@ struct CheckpointMeta {
   int64_t step = 0;    // optimizer steps done
   int world_size = 1;
   bool divergent = false;  // each rank's own replica (format 3)
-  std::string strategy, transport, optimizer;
+  std::string strategy;
+  std::string transport;
+  std::string optimizer;
   std::map<std::string, std::string> config;  // config_items() of the run
   std::vector<std::string> trainable;         // parameters trainable at `step`
   std::vector<double> losses;                 // the mean loss of steps 1..step
-  bool eval_due = false, check_due = false;   // waiting for a sync point ("due"; absent: none)
+  bool eval_due = false;                      // waiting for a sync point ("due"; absent: none)
+  bool check_due = false;
   std::vector<std::pair<int64_t, double>> val_losses;  // [eval]'s (step, loss) so far ("val_loss")
   struct Piece {
     std::string file;  // "optimizer-1.safetensors"
-    size_t offset = 0, count = 0;
+    size_t offset = 0;
+    size_t count = 0;
   };
   struct State {
     std::string file;   // "optimizer-0.safetensors" ("" where held in pieces)
@@ -122,10 +126,12 @@ std::vector<std::string> checkpoint_entries(const std::string& dir);
 // What writing a checkpoint needs from the run.
 struct CheckpointInput {
   const Config& config;
-  int rank = 0, world = 1;
+  int rank = 0;
+  int world = 1;
   const std::vector<Parameter>& params;
   const Optimizer& optimizer;
-  std::string strategy, transport;
+  std::string strategy;
+  std::string transport;
   std::map<std::string, std::string> config_items;  // agreement.h's config_items()
   std::vector<double> losses;  // steps 1..step
   // Every rank's `mine`, rank-major, to every rank (an engine collective).
@@ -145,7 +151,8 @@ struct CheckpointInput {
   std::vector<NamedFloats> strategy_state{};
   // What waits for the next sync point (a divergent strategy's), and the
   // held-out losses so far (step, loss): a resumed run goes on with them.
-  bool eval_due = false, check_due = false;
+  bool eval_due = false;
+  bool check_due = false;
   std::vector<std::pair<int64_t, double>> val_losses{};
 };
 
@@ -181,7 +188,8 @@ struct Resumed {
   bool divergent = false;            // each rank's own replica
   std::string strategy_state;        // this rank's strategy state file ("": none)
   std::string shared_state;          // rank 0's, which holds the state equal on every rank ("": none)
-  bool eval_due = false, check_due = false;             // waiting for a sync point
+  bool eval_due = false;             // waiting for a sync point
+  bool check_due = false;
   std::vector<std::pair<int64_t, double>> val_losses;  // [eval]'s so far
 };
 Resumed resume_run(const Config& config, int rank, Model& model, Device& device, Optimizer& optimizer,

@@ -47,7 +47,8 @@ bool checkpoint_file_name(std::string name) {
 }
 
 std::string seal_meta(const std::string& text) {
-  const size_t open = text.find_first_not_of(" \n"), close = text.find_last_not_of(" \n");
+  const size_t open = text.find_first_not_of(" \n");
+  const size_t close = text.find_last_not_of(" \n");
   const size_t last = close == std::string::npos || close == 0 ? open : text.find_last_not_of(" \n", close - 1);
   if (open == std::string::npos || text[open] != '{' || text[close] != '}' || last == open)
     throw Error("checkpoint metadata to seal is not a JSON object with members", DDP_ERR_INTERNAL);
@@ -65,7 +66,8 @@ std::string unseal_meta(const std::string& text, const std::string& file) {
   if (text.size() != digits + kHexDigits + std::string(kSealEnd).size() ||
       text.compare(digits + kHexDigits, std::string::npos, kSealEnd) != 0)
     throw bad(file, "changed after it was written (something follows its checksum)");
-  const std::string recorded = text.substr(digits, kHexDigits), actual = xxh3_hex(text.data(), digits);
+  const std::string recorded = text.substr(digits, kHexDigits);
+  const std::string actual = xxh3_hex(text.data(), digits);
   if (recorded != actual)
     throw bad(file, "changed after it was written (its checksum says " + recorded + ", its contents hash to " +
                         actual + ")");

@@ -38,7 +38,9 @@ std::string unseal_meta(const std::string& text, const std::string& file);
 // that kind): its optimizer state, its weights (rank 0, or each rank where
 // the replicas differ), its strategy's state.
 struct RankFiles {
-  std::string optimizer, weights, strategy;
+  std::string optimizer;
+  std::string weights;
+  std::string strategy;
 };
 
 // Every rank calls it once its files are written into `dir` (an engine

@@ -47,7 +47,9 @@ std::vector<double> my_pieces(const CheckpointInput& in, const std::vector<int>&
 // by that rank, and must hold the same state.
 void add_piece(StateLayout& layout, const CheckpointInput& in, int rank, const double* t,
                std::map<std::pair<size_t, size_t>, std::pair<int, double>>& seen) {
-  const size_t param = size_t(t[0]), offset = size_t(t[1]), count = size_t(t[2]);
+  const size_t param = size_t(t[0]);
+  const size_t offset = size_t(t[1]);
+  const size_t count = size_t(t[2]);
   const auto key = std::make_pair(param, offset);
   const auto first = seen.find(key);
   if (first != seen.end() && size_t(first->second.first) < size_t(rank)) {
@@ -113,7 +115,8 @@ void check_whole_replicas(const CheckpointInput& in, const std::vector<double>& 
 }  // namespace
 
 StateLayout gather_state_layout(const CheckpointInput& in) {
-  const size_t n = in.params.size(), stride = 3 * n + 1;  // kinds, steps, pieces, whole states' digests
+  const size_t n = in.params.size();
+  const size_t stride = 3 * n + 1;  // kinds, steps, pieces, whole states' digests
   std::vector<double> mine(stride, 0.0);
   for (size_t i = 0; i < n; ++i) {
     if (!in.optimizer.has_state(i)) continue;
@@ -269,7 +272,8 @@ StateReader::Part StateReader::part(const std::string& path, const std::string& 
       throw Error(reader->path() + ": tensor '" + name + "' has " + std::to_string(n) + " elements, '" + first +
                       "' " + std::to_string(out.count) + ": the moments of one state differ",
                   DDP_ERR_INVALID_ARGUMENT);
-    out.count = n, counted = true;
+    out.count = n;
+    counted = true;
   }
   return out;
 }
@@ -281,7 +285,8 @@ bool StateReader::read(size_t param, size_t offset, size_t count, SavedState& ou
   if (firsts_) out.first.resize(count);
   if (seconds_) out.second.resize(count);
   for (const Part& p : it->second.parts) {  // the parts [offset, offset + count) overlaps, each in its slice
-    const size_t from = std::max(offset, p.offset), to = std::min(offset + count, p.offset + p.count);
+    const size_t from = std::max(offset, p.offset);
+    const size_t to = std::min(offset + count, p.offset + p.count);
     if (from >= to) continue;
     if (firsts_) p.file->read_floats(p.first, from - p.offset, to - from, out.first.data() + (from - offset));
     if (seconds_) p.file->read_floats(p.second, from - p.offset, to - from, out.second.data() + (from - offset));

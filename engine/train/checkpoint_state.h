@@ -72,8 +72,10 @@ class StateReader {
  private:
   struct Part {  // a whole state, or a piece: both its moments' tensors, in one file
     SafetensorsReader* file;
-    std::string first, second;
-    size_t offset, count;
+    std::string first;
+    std::string second;
+    size_t offset;
+    size_t count;
   };
   struct State {
     int64_t steps = 0;
@@ -81,7 +83,8 @@ class StateReader {
   };
   Part part(const std::string& path, const std::string& file, const std::string& first, const std::string& second,
             size_t offset, size_t count);
-  bool firsts_, seconds_;  // which moments the optimizer keeps
+  bool firsts_;  // which moments the optimizer keeps
+  bool seconds_;
   std::map<std::string, std::unique_ptr<SafetensorsReader>> files_;
   std::map<size_t, State> states_;
 };

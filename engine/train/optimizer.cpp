@@ -145,7 +145,8 @@ Optimizer::State& Optimizer::state_for(const Parameter& p, const StepRange& r) {
                   DDP_ERR_INVALID_ARGUMENT);
   }
   auto s = std::make_unique<State>();
-  s->offset = r.offset, s->count = r.count;
+  s->offset = r.offset;
+  s->count = r.count;
   take_up(r.param, p, *s);
   pieces.push_back(std::move(s));
   return *pieces.back();
@@ -179,7 +180,9 @@ void Optimizer::take_up(size_t i, const Parameter& p, State& s) {
 void Optimizer::sgd(const StepRange& r, float* w, const Hyper& h, State& s) {
   const size_t n = r.count;
   const float* g = r.grad;
-  const float lr = float(h.lr), wd = float(h.weight_decay), mu = float(config_.momentum);
+  const float lr = float(h.lr);
+  const float wd = float(h.weight_decay);
+  const float mu = float(config_.momentum);
   const bool first = mu != 0.0f && !s.first.defined();
   if (first) s.first = Tensor(device_, Shape{int64_t(n)}, MemCategory::OptimizerState);
 #if DDP_WITH_CUDA

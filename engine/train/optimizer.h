@@ -25,14 +25,18 @@ namespace ddp {
 // parameter, or of its elements [offset, offset + count) (a piece).
 struct SavedState {
   int64_t steps = 0;
-  std::vector<float> first, second;
-  size_t offset = 0, count = 0;
+  std::vector<float> first;
+  std::vector<float> second;
+  size_t offset = 0;
+  size_t count = 0;
 };
 
 // Elements [offset, offset + count) of params[param] to update from `grad`
 // (ddp_range): values at `data`, or the parameter's own + offset if null.
 struct StepRange {
-  size_t param = 0, offset = 0, count = 0;
+  size_t param = 0;
+  size_t offset = 0;
+  size_t count = 0;
   const float* grad = nullptr;
   float* data = nullptr;
 };
@@ -98,13 +102,15 @@ class Optimizer {
  private:
   // The state of elements [offset, offset + count) of a parameter.
   struct State {
-    size_t offset = 0, count = 0;
+    size_t offset = 0;
+    size_t count = 0;
     int64_t steps = 0;
     Tensor first;   // momentum buffer (sgd) or exp_avg (adamw) [count]
     Tensor second;  // exp_avg_sq (adamw) [count]
   };
   struct Hyper {
-    double lr, weight_decay;
+    double lr;
+    double weight_decay;
   };
   // The state of `r`, made (and taken up from restore_) at its first step.
   State& state_for(const Parameter& p, const StepRange& r);

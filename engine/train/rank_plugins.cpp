@@ -164,7 +164,8 @@ std::string RankPlugins::unreadable_on_cpu(const void* ptr, size_t count, size_t
 // issue a collective the others do not, meets it in the same all-gather.
 void RankPlugins::compare_step_end(int64_t step, bool synced) {
   const size_t world = size_t(services_.rank.world_size);
-  std::vector<int64_t> mine(kCallWords), all(kCallWords * world);
+  std::vector<int64_t> mine(kCallWords);
+  std::vector<int64_t> all(kCallWords * world);
   to_words(CollectiveCall{0, kStepEnd, synced ? 1 : 0, 0, step, -1}, mine.data());
   {
     whereabouts::Inside in(strategy_host_->label().c_str(), "on_step_end (the ranks comparing their answers)");

@@ -161,8 +161,10 @@ class RankPlugins {
   void compare_step_end(int64_t step, bool synced);
 
   HostServices& services_;
-  std::unique_ptr<LoadedPlugin> transport_lib_, strategy_lib_;
-  std::unique_ptr<PluginHost> transport_host_, strategy_host_;
+  std::unique_ptr<LoadedPlugin> transport_lib_;
+  std::unique_ptr<LoadedPlugin> strategy_lib_;
+  std::unique_ptr<PluginHost> transport_host_;
+  std::unique_ptr<PluginHost> strategy_host_;
   ddp_comm* comm_ = nullptr;
   std::unique_ptr<MeteredTransport> metered_;
   ddp_strategy* strategy_ = nullptr;

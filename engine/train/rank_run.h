@@ -55,7 +55,12 @@ class RankRun {
 
   // The communication counters and allocations at the start of a step.
   struct Before {
-    int64_t blocked_ns, busy_ns, collectives, bytes, bus_bytes, allocations;
+    int64_t blocked_ns;
+    int64_t busy_ns;
+    int64_t collectives;
+    int64_t bytes;
+    int64_t bus_bytes;
+    int64_t allocations;
   };
 
   StepRecord train_step(int64_t step);
@@ -157,7 +162,8 @@ class RankRun {
   std::vector<StepRecord> records_;
   size_t reported_ = 0;
   std::vector<int64_t> replica_checked_after_;  // steps (from 1; 0: the end) whose replicas agreed
-  bool check_due_ = false, eval_due_ = false;   // until the next sync point
+  bool check_due_ = false;   // until the next sync point
+  bool eval_due_ = false;
   bool weights_synced_ = true;  // the last step was a sync point: weights.safetensors holds every rank's model
   std::unique_ptr<Dataset> eval_data_;          // [eval]'s held-out rows (null: off)
   bool evaluating_ = false;
@@ -169,7 +175,9 @@ class RankRun {
   Resumed resumed_;                   // what it said of itself
   std::vector<int64_t> checkpoints_;  // after which steps this run wrote one
   double checkpoint_s_ = 0;
-  PeakBytes mem_after_setup_{}, mem_before_optimizer_{}, mem_after_optimizer_{};
+  PeakBytes mem_after_setup_{};
+  PeakBytes mem_before_optimizer_{};
+  PeakBytes mem_after_optimizer_{};
 };
 
 }  // namespace ddp

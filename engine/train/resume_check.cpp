@@ -50,7 +50,8 @@ ResumeCheck compare_for_resume(const std::map<std::string, std::string>& saved,
       {"data.teacher", "false"}, {"eval.every", "0"}, {"eval.batches", "1"}, {"eval.holdout_rows", "0"},
       {"eval.kind", "tokens"}};
   const auto saved_value = [&](const std::string& key) {
-    const auto a = saved.find(key), added = kAdded.find(key);
+    const auto a = saved.find(key);
+    const auto added = kAdded.find(key);
     return a != saved.end() ? a->second : added != kAdded.end() ? added->second : std::string();
   };
   std::set<std::string> keys;
@@ -60,7 +61,8 @@ ResumeCheck compare_for_resume(const std::map<std::string, std::string>& saved,
   std::vector<std::pair<int, std::string>> refused;  // (order, key)
   for (const std::string& key : keys) {
     const auto b = now.find(key);
-    const std::string was = saved_value(key), is = b == now.end() ? "" : b->second;
+    const std::string was = saved_value(key);
+    const std::string is = b == now.end() ? "" : b->second;
     if (was == is) continue;
     if (may_change(key)) {
       check.changed.push_back(key + " " + shown(was) + " → " + shown(is));
@@ -72,7 +74,8 @@ ResumeCheck compare_for_resume(const std::map<std::string, std::string>& saved,
   std::stable_sort(refused.begin(), refused.end(),
                    [](const auto& x, const auto& y) { return x.first < y.first; });
   const std::string& key = refused[0].second;
-  const std::string was = saved_value(key), is = now.count(key) ? now.at(key) : "";
+  const std::string was = saved_value(key);
+  const std::string is = now.count(key) ? now.at(key) : "";
   check.refused = key + " is " + shown(is) + " but was " + shown(was) + " in the checkpoint";
   if (key == "schedule.cosine_steps")
     check.refused += " (unless set, it follows run.steps: --set schedule.cosine_steps=" + was + " keeps the schedule)";

@@ -64,7 +64,8 @@ void RankRun::resume() {
   const Resumed r = resume_run(config_, env_.rank.rank, *model_, *device_, *optimizer_, *initial_);
   resumed_ = r;
   start_step_ = r.step;
-  eval_due_ = r.eval_due && config_.eval.every > 0, check_due_ = r.check_due;  // waiting for a sync point
+  eval_due_ = r.eval_due && config_.eval.every > 0;  // waiting for a sync point
+  check_due_ = r.check_due;
   loss_prefix_ = r.losses;
   resumed_from_ = r.path;
   if (env_.rank.rank != 0) return;
@@ -105,7 +106,8 @@ void RankRun::put_back_strategy_state(const std::vector<RankPlugins::StateBuffer
                   "none for it\n", name.c_str(), resumed_.strategy.c_str(), resumed_.world);
     return;
   }
-  std::unique_ptr<SafetensorsReader> own, shared;
+  std::unique_ptr<SafetensorsReader> own;
+  std::unique_ptr<SafetensorsReader> shared;
   if (same_world && !resumed_.strategy_state.empty()) own = std::make_unique<SafetensorsReader>(resumed_.strategy_state);
   if (!resumed_.shared_state.empty()) shared = std::make_unique<SafetensorsReader>(resumed_.shared_state);
   if (own) refuse_untaken_state(*own, buffers);
@@ -210,7 +212,8 @@ void RankRun::checkpoint(int64_t step) {
   input.divergent = plugins_->divergent();  // every rank's own weights and state
   std::vector<std::vector<float>> state;
   input.strategy_state = strategy_state(state);
-  input.eval_due = eval_due_, input.check_due = check_due_;
+  input.eval_due = eval_due_;
+  input.check_due = check_due_;
   input.val_losses = val_losses();
   input.visit_values = host_visit("the checkpoint");
   input.all_gather = [this](const std::vector<double>& mine, std::vector<double>& all) {
@@ -229,10 +232,12 @@ std::vector<std::pair<int64_t, double>> RankRun::val_losses() const {
 }
 
 void RankRun::average_losses() {
-  const size_t begin = reported_, count = records_.size() - begin;
+  const size_t begin = reported_;
+  const size_t count = records_.size() - begin;
   reported_ = records_.size();
   if (count == 0) return;
-  std::vector<double> mine, all(count * size_t(env_.rank.world_size));
+  std::vector<double> mine;
+  std::vector<double> all(count * size_t(env_.rank.world_size));
   for (size_t i = begin; i < records_.size(); ++i) mine.push_back(records_[i].loss);
   plugins_->all_gather(mine, all);
   for (size_t i = 0; i < count; ++i) {
@@ -282,7 +287,10 @@ void RankRun::finish_run() {
   RankTotals mine;
   for (int c = 0; c < kMemCategories; ++c)
     mine.peaks[c] = std::max({mem_after_setup_[c], mem_before_optimizer_[c], mem_after_optimizer_[c]});
-  for (const StepRecord& r : records_) mine.comm_blocked_s += r.comm_blocked_s, mine.comm_busy_s += r.comm_busy_s;
+  for (const StepRecord& r : records_) {
+    mine.comm_blocked_s += r.comm_blocked_s;
+    mine.comm_busy_s += r.comm_busy_s;
+  }
   mine.collective_sequence = services_.counters.sequence_hash.load() >> 12;
   mine.peak_resident_bytes = peak_resident_bytes();
   std::vector<double> all(RankTotals::kDoubles * env_.rank.world_size);
@@ -306,25 +314,35 @@ void RankRun::write_summary(const std::vector<double>& all) {
   std::vector<RankTotals> ranks;
   for (int r = 0; r < env_.rank.world_size; ++r) ranks.push_back(RankTotals::from_doubles(&all[r * RankTotals::kDoubles]));
   RunFacts facts;
-  facts.world_size = env_.rank.world_size, facts.steps = config_.run.steps;
+  facts.world_size = env_.rank.world_size;
+  facts.steps = config_.run.steps;
   facts.model = config_.model.name;
-  facts.transport = plugins_->transport_name(), facts.strategy = plugins_->strategy_name();
+  facts.transport = plugins_->transport_name();
+  facts.strategy = plugins_->strategy_name();
   facts.rows_per_step = double(config_.data.batch_size) * double(config_.run.grad_accum_steps);
   facts.tokens_per_row = tokens_per_row_;
-  facts.after_setup = mem_after_setup_, facts.before_optimizer = mem_before_optimizer_;
+  facts.after_setup = mem_after_setup_;
+  facts.before_optimizer = mem_before_optimizer_;
   facts.after_optimizer = mem_after_optimizer_;
   facts.config_toml = config_.toml_text;
-  facts.blas_kernel = blas_kernel_loaded(), facts.blas_build = blas_build();
+  facts.blas_kernel = blas_kernel_loaded();
+  facts.blas_build = blas_build();
   facts.blas_choice_json = ddp::env().blas_choice.value_or("");  // DDP_BLAS_CHOICE
-  facts.replica_check_every = config_.run.check_replicas_every, facts.replica_check_s = replica_check_s_;
+  facts.replica_check_every = config_.run.check_replicas_every;
+  facts.replica_check_s = replica_check_s_;
   facts.divergent = plugins_->divergent();
   facts.weights_synced = weights_synced_;
-  facts.eval_every = config_.eval.every, facts.eval_batches = config_.eval.batches, facts.eval_s = eval_s_;
+  facts.eval_every = config_.eval.every;
+  facts.eval_batches = config_.eval.batches;
+  facts.eval_s = eval_s_;
   facts.val_losses = val_losses();
-  facts.replica_checked_after = replica_checked_after_, facts.huge_pages = huge_pages_now();
-  facts.first_step = start_step_, facts.resumed_from = resumed_from_;
+  facts.replica_checked_after = replica_checked_after_;
+  facts.huge_pages = huge_pages_now();
+  facts.first_step = start_step_;
+  facts.resumed_from = resumed_from_;
   facts.losses_before = loss_prefix_;
-  facts.checkpoints = checkpoints_, facts.checkpoint_s = checkpoint_s_;
+  facts.checkpoints = checkpoints_;
+  facts.checkpoint_s = checkpoint_s_;
   facts.restarts_json = ddp::env().restarts.value_or("");  // DDP_RESTARTS
   const std::vector<GroupReport> groups = plugins_->metered().reports();
   for (const GroupReport& g : groups)

@@ -12,7 +12,9 @@ namespace ddp {
 
 double scheduled_lr(const LrScheduleConfig& s, double lr, int64_t step) {
   if (s.kind != "cosine") return lr;
-  const double t = double(step), warmup = double(s.warmup_steps), cosine = double(s.cosine_steps);
+  const double t = double(step);
+  const double warmup = double(s.warmup_steps);
+  const double cosine = double(s.cosine_steps);
   if (t < warmup) return t / warmup * lr;
   if (t <= cosine) return s.min_lr + 0.5 * (1 + std::cos((t - warmup) / (cosine - warmup) * M_PI)) * (lr - s.min_lr);
   return s.min_lr;
@@ -28,7 +30,8 @@ double sum_of_squares(const float* x, size_t n) {
 double clip_gradients(const std::vector<GradSpan>& held, bool gather, double max_norm, Device& device, int world,
                       const std::function<void(const std::vector<double>&, std::vector<double>&)>& all_gather,
                       const std::vector<double>* known) {
-  double mine = 0, everyones = 0;  // held by fewer than every rank (each / its replicas), by every rank
+  double mine = 0;       // held by fewer than every rank (each / its replicas)
+  double everyones = 0;  // held by every rank
   for (const GradSpan& s : held) {
     const bool everywhere = s.replicas >= world;
     double& sum = everywhere ? everyones : mine;
@@ -66,7 +69,8 @@ std::string overlapping_spans(std::vector<GradSpan> spans, const std::vector<std
     return a.param != b.param ? a.param < b.param : a.offset < b.offset;
   });
   for (size_t k = 1; k < spans.size(); ++k) {
-    const GradSpan &a = spans[k - 1], &b = spans[k];
+    const GradSpan &a = spans[k - 1];
+    const GradSpan &b = spans[k];
     if (a.param != b.param || b.offset >= a.offset + a.count || b.count == 0) continue;
     const std::string name = a.param < names.size() ? names[a.param] : std::to_string(a.param);
     return "two ranges hold elements [" + std::to_string(b.offset) + ", " +

@@ -50,7 +50,8 @@ class StepTimeline {
  private:
   struct DeviceRange {
     const char* name;
-    int begin, end;  // indices in stamps_
+    int begin;  // indices in stamps_
+    int end;
   };
   std::unique_ptr<Trace> trace_;
   Stream& compute_;

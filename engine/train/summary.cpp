@@ -104,12 +104,17 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
   summary["model"] = facts.model;
   summary["transport"] = facts.transport;
   summary["strategy"] = facts.strategy;
-  double total = 0, blocked = 0, busy = 0;
-  json loss = facts.losses_before, step_time = json::array();
+  double total = 0;
+  double blocked = 0;
+  double busy = 0;
+  json loss = facts.losses_before;
+  json step_time = json::array();
   for (const StepRecord& r : steps) {
     loss.push_back(r.loss);
     step_time.push_back(r.step_s);
-    total += r.step_s, blocked += r.comm_blocked_s, busy += r.comm_busy_s;
+    total += r.step_s;
+    blocked += r.comm_blocked_s;
+    busy += r.comm_busy_s;
   }
   summary["loss"] = loss;
   summary["step_time_s"] = step_time;
@@ -143,7 +148,8 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
   const json note = facts.weights_synced ? json() : json(unsynced_weights_note(facts.strategy, facts.steps));
   summary["weights"] = {{"after_step", facts.steps}, {"sync_point", facts.weights_synced}, {"note", note}};
   summary["checkpoints"] = {{"after_steps", facts.checkpoints}, {"seconds", facts.checkpoint_s}};
-  json evaluated = json::array(), val_loss = json::array();
+  json evaluated = json::array();
+  json val_loss = json::array();
   for (const auto& [step, loss] : facts.val_losses) {
     evaluated.push_back(step);
     val_loss.push_back(loss);

@@ -21,9 +21,16 @@
 namespace ddp {
 
 struct StepRecord {
-  double loss = 0, step_s = 0, data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;
-  double comm_blocked_s = 0, comm_busy_s = 0;
-  int64_t collectives = 0, comm_bytes = 0;
+  double loss = 0;
+  double step_s = 0;
+  double data_s = 0;
+  double forward_s = 0;
+  double backward_s = 0;
+  double optimizer_s = 0;
+  double comm_blocked_s = 0;
+  double comm_busy_s = 0;
+  int64_t collectives = 0;
+  int64_t comm_bytes = 0;
   int64_t bus_bytes = 0;  // sent (and received) by this rank: bus_bytes() of plugin_host.h
   // Collectives the strategy had enqueued when the step's last
   // on_grad_ready was called: > 0 means communication overlapped backward.
@@ -51,7 +58,8 @@ using PeakBytes = std::array<size_t, kMemCategories>;
 // sequence fingerprint.
 struct RankTotals {
   PeakBytes peaks{};
-  double comm_blocked_s = 0, comm_busy_s = 0;
+  double comm_blocked_s = 0;
+  double comm_busy_s = 0;
   uint64_t collective_sequence = 0;  // 52 bits of the fingerprint: exact in a double
   int64_t peak_resident_bytes = -1;  // the process's VmHWM at the end of its steps; -1: unknown
 
@@ -64,10 +72,14 @@ struct RankTotals {
 struct RunFacts {
   int world_size = 1;
   int64_t steps = 0;
-  std::string model, transport, strategy;
+  std::string model;
+  std::string transport;
+  std::string strategy;
   double rows_per_step = 0;    // data.batch_size * run.grad_accum_steps
   int64_t tokens_per_row = 1;  // lm: context_length (tokens_per_s), else 1 (samples_per_s)
-  PeakBytes after_setup{}, before_optimizer{}, after_optimizer{};
+  PeakBytes after_setup{};
+  PeakBytes before_optimizer{};
+  PeakBytes after_optimizer{};
   std::string config_toml;  // the effective config
   // The replica checks that passed: run.check_replicas_every, after which
   // steps (from 1; 0: the end of the run), and the seconds they took.
@@ -77,7 +89,8 @@ struct RunFacts {
   std::vector<int64_t> replica_checked_after;
   double replica_check_s = 0;
   // [eval]: eval.every, eval.batches, and the seconds the evaluations took.
-  int64_t eval_every = 0, eval_batches = 0;
+  int64_t eval_every = 0;
+  int64_t eval_batches = 0;
   double eval_s = 0;
   std::vector<std::pair<int64_t, double>> val_losses;  // (step, held-out loss), a resumed run's earlier ones too
   // A resumed run: the step it started after, from which checkpoint ("":
@@ -92,7 +105,9 @@ struct RunFacts {
   std::string restarts_json;
   // The GEMM kernel rank 0's OpenBLAS loaded, its build, and how it was
   // chosen (the launcher's DDP_BLAS_CHOICE, JSON; "" for none).
-  std::string blas_kernel, blas_build, blas_choice_json;
+  std::string blas_kernel;
+  std::string blas_build;
+  std::string blas_choice_json;
   // Rank 0's huge pages at the end of its run (huge_pages.h).
   HugePages huge_pages;
   // Rank 0's communicators, where the strategy made groups (ABI 1.9): each
@@ -101,7 +116,9 @@ struct RunFacts {
   struct Group {
     std::string name;
     std::vector<int> ranks;
-    int64_t collectives = 0, bytes = 0, bus_bytes = 0;
+    int64_t collectives = 0;
+    int64_t bytes = 0;
+    int64_t bus_bytes = 0;
   };
   std::vector<Group> groups;
 };

@@ -122,7 +122,8 @@ void RankRun::train() {
 // from there: each step is one but under a divergent strategy), the
 // progress line, a checkpoint.
 void RankRun::after_step(int64_t step) {
-  const int64_t done = step + 1, steps = config_.run.steps;
+  const int64_t done = step + 1;
+  const int64_t steps = config_.run.steps;
   const bool synced = records_.back().synced;
   eval_due_ |= eval_data_ && (done % config_.eval.every == 0 || done == steps);
   if (eval_due_ && synced) {
@@ -319,8 +320,10 @@ void RankRun::gather_checking_coverage(const std::vector<double>& mine, std::vec
   std::vector<double> send = mine;
   const std::vector<double> held = held_once(spans_, params.size());
   send.insert(send.end(), held.begin(), held.end());
-  const size_t world = size_t(env_.rank.world_size), stride = send.size();
-  std::vector<double> got(stride * world), every;
+  const size_t world = size_t(env_.rank.world_size);
+  const size_t stride = send.size();
+  std::vector<double> got(stride * world);
+  std::vector<double> every;
   plugins_->all_gather(send, got);
   std::vector<size_t> numel;
   std::vector<bool> trainable;
