@@ -12,7 +12,8 @@ const char* op_name(int64_t op) {
 }
 
 const char* dtype_words(int64_t dtype) {
-  return dtype >= 0 && dtype <= DDP_FLOAT16 ? ddp_dtype_name(static_cast<ddp_dtype>(dtype)) : "elements of an unknown type";
+  return dtype >= 0 && dtype <= DDP_FLOAT16 ? ddp_dtype_name(static_cast<ddp_dtype>(dtype))
+                                            : "elements of an unknown type";
 }
 
 const char* reduce_name(int64_t op) { return op == 0 ? "sum" : op == 1 ? "avg" : "unknown op"; }
@@ -54,14 +55,14 @@ std::string first_mismatch(const std::vector<int64_t>& all, int world, const std
     for (size_t k = 0; k < kCallWords; ++k) same = same && w[k] == all[k];
     if (same) continue;
     const CollectiveCall other = from_words(w);
-    const std::string which = first.seq == other.seq ? "collective #" + std::to_string(first.seq + 1)
-                                                     : "the next collective (rank " + rank(0) + "'s #" +
-                                                           std::to_string(first.seq + 1) + ", rank " + rank(r) +
-                                                           "'s #" + std::to_string(other.seq + 1) + ")";
+    const std::string which = first.seq == other.seq
+                                  ? "collective #" + std::to_string(first.seq + 1)
+                                  : "the next collective (rank " + rank(0) + "'s #" + std::to_string(first.seq + 1) +
+                                        ", rank " + rank(r) + "'s #" + std::to_string(other.seq + 1) + ")";
     const std::string who = group.empty() ? "the ranks" : "the ranks of " + group;
     const std::string of = group.empty() ? "" : " of the group";
-    return who + " disagree on " + which + of + ": rank " + rank(0) + " calls " + describe(first, names) +
-           ", rank " + rank(r) + " calls " + describe(other, names) +
+    return who + " disagree on " + which + of + ": rank " + rank(0) + " calls " + describe(first, names) + ", rank " +
+           rank(r) + " calls " + describe(other, names) +
            ": every rank must issue the same collectives in the same order";
   }
   return "";
@@ -77,7 +78,8 @@ std::string step_end_mismatch(const std::vector<int64_t>& all, int world, const 
     const bool other_ended = other.op == kStepEnd;
     if (!ended && !other_ended) {  // two collectives: as run.debug_collectives says them
       std::vector<int64_t> pair(all.begin(), all.begin() + long(kCallWords));
-      pair.insert(pair.end(), all.begin() + long(size_t(r) * kCallWords), all.begin() + long(size_t(r + 1) * kCallWords));
+      pair.insert(pair.end(), all.begin() + long(size_t(r) * kCallWords),
+                  all.begin() + long(size_t(r + 1) * kCallWords));
       const std::string mismatch = first_mismatch(pair, 2, names, {0, r});
       if (!mismatch.empty()) return mismatch;
       continue;
@@ -89,8 +91,8 @@ std::string step_end_mismatch(const std::vector<int64_t>& all, int world, const 
              (other.count ? "is" : "is not") + ": every rank must answer on_step_end alike";
     }
     return "the ranks disagree in on_step_end of step " + n + ": rank 0 " +
-           (ended ? describe(first, names) : "calls " + describe(first, names)) + ", rank " + std::to_string(r) +
-           " " + (other_ended ? describe(other, names) : "calls " + describe(other, names)) +
+           (ended ? describe(first, names) : "calls " + describe(first, names)) + ", rank " + std::to_string(r) + " " +
+           (other_ended ? describe(other, names) : "calls " + describe(other, names)) +
            ": every rank must answer on_step_end alike, with the same collectives";
   }
   return "";

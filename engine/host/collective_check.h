@@ -18,11 +18,11 @@ namespace ddp {
 
 // A collective as a rank describes it; kCallWords int64 on the wire.
 struct CollectiveCall {
-  int64_t seq = 0;    // this rank's count of collectives before it
-  int64_t op = 0;     // 1 all_reduce, 2 broadcast, 3 all_gather, 4 reduce_scatter, 5 barrier; kStepEnd
-  int64_t count = 0;  // elements sent
-  int64_t dtype = 0;  // ddp_dtype
-  int64_t arg = 0;    // all_reduce, reduce_scatter: ddp_reduce_op; broadcast: root; all_gather: count received
+  int64_t seq = 0;     // this rank's count of collectives before it
+  int64_t op = 0;      // 1 all_reduce, 2 broadcast, 3 all_gather, 4 reduce_scatter, 5 barrier; kStepEnd
+  int64_t count = 0;   // elements sent
+  int64_t dtype = 0;   // ddp_dtype
+  int64_t arg = 0;     // all_reduce, reduce_scatter: ddp_reduce_op; broadcast: root; all_gather: count received
   int64_t param = -1;  // the parameter whose data or gradient holds the buffer; -1: none
 };
 constexpr size_t kCallWords = 6;

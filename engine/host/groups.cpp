@@ -17,7 +17,8 @@ GroupPlace place_in_group(const std::vector<int64_t>& colors_and_keys, int paren
   for (size_t r = 0; r < ranks; ++r)
     if (colors_and_keys[2 * r] < 0)
       throw Error("split: rank " + std::to_string(r) + " passed color " + std::to_string(colors_and_keys[2 * r]) +
-                      ": a color is a number >= 0", DDP_ERR_INVALID_ARGUMENT);
+                      ": a color is a number >= 0",
+                  DDP_ERR_INVALID_ARGUMENT);
   const int64_t color = colors_and_keys[2 * size_t(parent_rank)];
   GroupPlace place;
   for (size_t r = 0; r < ranks; ++r)
@@ -54,11 +55,12 @@ std::string printable(const char* text) {
 std::string group_name_problem(const char* name) {
   if (!name || !*name) return "a group needs a name";
   const size_t length = std::strlen(name);
-  if (length > 31) return "group name '" + printable(std::string(name, 31).c_str()) + "...' is longer than 31 characters";
+  if (length > 31)
+    return "group name '" + printable(std::string(name, 31).c_str()) + "...' is longer than 31 characters";
   for (size_t i = 0; i < length; ++i) {
     const char c = name[i];
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-                    c == '.' || c == '-';
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
     if (!ok) return "a group name has only characters of [A-Za-z0-9_.-]: '" + printable(name) + "' has another";
   }
   if (std::string(name) == "world") return "'world' names the world's group: give a group of yours another name";

@@ -51,8 +51,8 @@ Stream& stream_of(const char* entry, ddp_stream stream) {
 // OpenBLAS's cblas (32-bit blasint) and cuBLAS take int sizes.
 void require_int(const char* what, size_t v) {
   if (v > static_cast<size_t>(INT_MAX))
-    refuse("gemm", std::string(what) + " " + num(v) + " is beyond the int range BLAS takes (at most " +
-                       num(INT_MAX) + ")");
+    refuse("gemm",
+           std::string(what) + " " + num(v) + " is beyond the int range BLAS takes (at most " + num(INT_MAX) + ")");
 }
 
 // A matrix's leading dimension against its row: `ld` elements from one row
@@ -175,7 +175,8 @@ const ddp_vectors& checked(const char* entry, const char* name, const ddp_vector
                       " elements one (1 for a row of a matrix, the row length for a column)");
   if (written && !disjoint(*v))
     refuse(entry, what + "'s vectors overlap (" + num(v->count) + " of " + num(v->length) + " elements, inc " +
-                      num(v->inc) + ", stride " + num(v->stride) + "): the vectors an entry writes may share no element");
+                      num(v->inc) + ", stride " + num(v->stride) +
+                      "): the vectors an entry writes may share no element");
   return *v;
 }
 
@@ -183,8 +184,8 @@ void same_shape(const char* entry, const ddp_vectors& x, const ddp_vectors& y) {
   if (x.count != y.count)
     refuse(entry, "x holds " + num(x.count) + " vectors and y " + num(y.count) + ": the counts must be equal");
   if (x.length != y.length)
-    refuse(entry, "x's vectors hold " + num(x.length) + " elements and y's " + num(y.length) +
-                      ": the lengths must be equal");
+    refuse(entry,
+           "x's vectors hold " + num(x.length) + " elements and y's " + num(y.length) + ": the lengths must be equal");
 }
 
 void require_out(const char* entry, const float* out) {

@@ -17,16 +17,17 @@ void HostServices::begin_finals() {
 
 void HostServices::say_final(Event* done, const size_t* indices, size_t count, const char* label) {
   if (!finals_open)
-    throw Error("grads_final: only from on_step_begin of a step's sync micro-batch until its finish returns "
-                "(the engine's optimizer step follows)", DDP_ERR_INVALID_ARGUMENT);
+    throw Error(
+        "grads_final: only from on_step_begin of a step's sync micro-batch until its finish returns "
+        "(the engine's optimizer step follows)",
+        DDP_ERR_INVALID_ARGUMENT);
   for (size_t k = 0; k < count; ++k) {  // all checked before any is taken: a refusal changes nothing
     const Parameter& p = params.param_at("grads_final", indices[k]);
     if (!p.trainable)
       throw Error("grads_final: parameter '" + p.name + "' is frozen: the optimizer steps trainable parameters only",
                   DDP_ERR_INVALID_ARGUMENT);
     if (final_named[indices[k]] || std::count(indices, indices + k, indices[k]))
-      throw Error("grads_final: parameter '" + p.name + "' was said final twice this step",
-                  DDP_ERR_INVALID_ARGUMENT);
+      throw Error("grads_final: parameter '" + p.name + "' was said final twice this step", DDP_ERR_INVALID_ARGUMENT);
   }
   for (size_t k = 0; k < count; ++k) final_named[indices[k]] = 1;
   if (finals_said == finals.size()) finals.emplace_back();
@@ -44,8 +45,8 @@ void HostServices::wait_final(size_t k) {
   try {
     group.done->synchronize(wait_limit());
   } catch (const Error& e) {
-    throw Error(std::string(group.label) + ": grads_final: " + e.what(), e.status()).in_plugin(group.label,
-                                                                                          "grads_final");
+    throw Error(std::string(group.label) + ": grads_final: " + e.what(), e.status())
+        .in_plugin(group.label, "grads_final");
   }
   counters.blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
 }

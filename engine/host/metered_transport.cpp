@@ -60,9 +60,10 @@ struct MeterCallbacks {
     if (Stream::in_task() && !m.debug_) return DDP_OK;  // a host function's: compared under the debug check only
     if (Stream::in_task())
       return host_guard([] {
-        throw Error("run.debug_collectives: a collective issued inside a host function cannot be checked (the "
-                    "check waits for its stream): issue it at enqueue time, or turn the check off",
-                    DDP_ERR_UNSUPPORTED);
+        throw Error(
+            "run.debug_collectives: a collective issued inside a host function cannot be checked (the "
+            "check waits for its stream): issue it at enqueue time, or turn the check off",
+            DDP_ERR_UNSUPPORTED);
       });
     call.seq = g.described++;
     call.param = param_of(m.services_, data, size_t(call.count) * ddp_dtype_size(ddp_dtype(call.dtype)));
@@ -70,17 +71,21 @@ struct MeterCallbacks {
     std::vector<int64_t> all(kCallWords * size_t(g.size));
     to_words(call, mine.data());
     ddp_status status = DDP_OK;
-    const ddp_status thrown = host_guard([&] {
-      whereabouts::Inside in(m.label_,
-                             m.debug_ ? "all_gather (run.debug_collectives)" : "all_gather (on_step_end's check)");
-      try {
-        status = gather_words(m, g, stream, mine.data(), all.data(), mine.size(), all.size());
-      } catch (const Error& e) {  // a rank never came to compare its next collective: say where
-        throw Error(std::string(e.what()) + (m.debug_ ? " (run.debug_collectives comparing the next collective"
-                                                       : " (comparing the next collective in on_step_end") +
-                        (g.world() ? "" : " of " + g.label) + ")", e.status());
-      }
-    }, DDP_ERR_COMM);
+    const ddp_status thrown = host_guard(
+        [&] {
+          whereabouts::Inside in(m.label_,
+                                 m.debug_ ? "all_gather (run.debug_collectives)" : "all_gather (on_step_end's check)");
+          try {
+            status = gather_words(m, g, stream, mine.data(), all.data(), mine.size(), all.size());
+          } catch (const Error& e) {  // a rank never came to compare its next collective: say where
+            throw Error(std::string(e.what()) +
+                            (m.debug_ ? " (run.debug_collectives comparing the next collective"
+                                      : " (comparing the next collective in on_step_end") +
+                            (g.world() ? "" : " of " + g.label) + ")",
+                        e.status());
+          }
+        },
+        DDP_ERR_COMM);
     if (thrown != DDP_OK || status != DDP_OK) return thrown != DDP_OK ? thrown : status;  // the error text is set
     const std::vector<std::string> names = param_names(m);
     bool returned = false;  // a rank that returned from on_step_end: step_end_mismatch's sentence
@@ -101,8 +106,8 @@ struct MeterCallbacks {
   // An all-gather of int64 words within `g`, through the real transport,
   // waited for: sent as float64 (which every transport supports), copied,
   // not computed on.
-  static ddp_status gather_words(MeteredTransport& m, MeteredComm& g, ddp_stream stream, int64_t* mine,
-                                 int64_t* all, size_t send, size_t recv) {
+  static ddp_status gather_words(MeteredTransport& m, MeteredComm& g, ddp_stream stream, int64_t* mine, int64_t* all,
+                                 size_t send, size_t recv) {
     const ddp_device_kind kind = m.services_.device->kind();
     return run_staged(
         *m.services_.device, *to_stream(stream),
@@ -122,9 +127,9 @@ struct MeterCallbacks {
     const char* op;
     int64_t bytes;
     int64_t step;
-    const char* group;  // a group's label; null: the world
+    const char* group;                    // a group's label; null: the world
     std::atomic<const char*>* in_flight;  // the rank's note of the group whose collective runs
-    uint64_t nvtx = 0;  // the collective's NVTX range (GPU builds)
+    uint64_t nvtx = 0;                    // the collective's NVTX range (GPU builds)
   };
 
   // Counted once the transport took it: the rank's totals and the group's,
@@ -136,8 +141,7 @@ struct MeterCallbacks {
     c.bytes += static_cast<int64_t>(bytes);
     c.bus_bytes += bus;
     int64_t largest = c.largest.load();  // a maximum two streams may raise at once
-    while (int64_t(bytes) > largest && !c.largest.compare_exchange_weak(largest, int64_t(bytes))) {
-    }
+    while (int64_t(bytes) > largest && !c.largest.compare_exchange_weak(largest, int64_t(bytes))) {}
     g.collectives += 1;
     g.bytes += static_cast<int64_t>(bytes);
     g.bus_bytes += bus;
@@ -155,15 +159,17 @@ struct MeterCallbacks {
     // goes back as a status, never as an exception across the C ABI. A
     // group's collective is noted while it runs: its failure, or a wait
     // that gives up on it, names the group and its ranks.
-    ddp_status queued = host_guard([&] {
-      s.enqueue([span](bool cancelled) {
-        span->start = Clock::now();
-        span->nvtx = nvtx::start(span->op);
-        if (cancelled) return;  // the stream failed before: its failure names what ran then
-        Stream::set_task_note(span->group);
-        span->in_flight->store(span->group);
-      });
-    }, DDP_ERR_COMM);
+    ddp_status queued = host_guard(
+        [&] {
+          s.enqueue([span](bool cancelled) {
+            span->start = Clock::now();
+            span->nvtx = nvtx::start(span->op);
+            if (cancelled) return;  // the stream failed before: its failure names what ran then
+            Stream::set_task_note(span->group);
+            span->in_flight->store(span->group);
+          });
+        },
+        DDP_ERR_COMM);
     if (queued != DDP_OK) {
       delete span;
       return queued;
@@ -179,19 +185,22 @@ struct MeterCallbacks {
     }
     CommCounters* counters = &m.services_.counters;
     // (If this enqueue fails, the first task still holds span: it leaks.)
-    queued = host_guard([&] {
-      s.enqueue([span, counters](bool cancelled) {
-        nvtx::end(span->nvtx);
-        Stream::set_task_note(nullptr);
-        if (!cancelled) {
-          span->in_flight->store(nullptr);
-          const Clock::time_point end = Clock::now();
-          counters->busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(end - span->start).count();
-          if (span->trace) span->trace->collective(span->op, span->bytes, span->step, span->start, end, span->group);
-        }
-        delete span;
-      });
-    }, DDP_ERR_COMM);
+    queued = host_guard(
+        [&] {
+          s.enqueue([span, counters](bool cancelled) {
+            nvtx::end(span->nvtx);
+            Stream::set_task_note(nullptr);
+            if (!cancelled) {
+              span->in_flight->store(nullptr);
+              const Clock::time_point end = Clock::now();
+              counters->busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(end - span->start).count();
+              if (span->trace)
+                span->trace->collective(span->op, span->bytes, span->step, span->start, end, span->group);
+            }
+            delete span;
+          });
+        },
+        DDP_ERR_COMM);
     if (queued != DDP_OK) return queued;
     if (status == DDP_OK) count(g, bytes, op);
     return status;
@@ -211,12 +220,14 @@ struct MeterCallbacks {
       whereabouts::Inside in(m.label_, op);
       status = call(m.real_, g.real);
     }
-    queued = host_guard([&] {
-      end = s.record_timestamp();
-      m.pending_.push_back(MeteredTransport::Pending{&s, begin, end, op, g.world() ? nullptr : g.label.c_str(),
-                                                     int64_t(bytes),
-                                                     status == DDP_OK && m.trace_ ? m.trace_->step() : -1});
-    }, DDP_ERR_COMM);
+    queued = host_guard(
+        [&] {
+          end = s.record_timestamp();
+          m.pending_.push_back(MeteredTransport::Pending{&s, begin, end, op, g.world() ? nullptr : g.label.c_str(),
+                                                         int64_t(bytes),
+                                                         status == DDP_OK && m.trace_ ? m.trace_->step() : -1});
+        },
+        DDP_ERR_COMM);
     if (queued != DDP_OK) {
       s.release_timestamp(begin);
       s.release_timestamp(end);
@@ -227,40 +238,34 @@ struct MeterCallbacks {
   }
 
   static ddp_status init(const ddp_host*, ddp_comm**) {
-    return host_guard([] {
-      throw Error("a strategy may not create another communicator", DDP_ERR_UNSUPPORTED);
-    });
+    return host_guard([] { throw Error("a strategy may not create another communicator", DDP_ERR_UNSUPPORTED); });
   }
   static void destroy(ddp_comm*) {}
   static ddp_status all_reduce(ddp_comm* c, const ddp_buffer* buf, ddp_reduce_op op, ddp_stream s) {
     if (ddp_status bad = agree(c, s, {0, 1, int64_t(buf->count), buf->dtype, op}, buf->ptr)) return bad;
     fingerprint(c, 1, buf->count, buf->dtype, op);
-    return metered(c, s, "all_reduce", buf->count * ddp_dtype_size(buf->dtype), [&](auto* t, ddp_comm* rc) {
-      return t->all_reduce(rc, buf, op, s);
-    });
+    return metered(c, s, "all_reduce", buf->count * ddp_dtype_size(buf->dtype),
+                   [&](auto* t, ddp_comm* rc) { return t->all_reduce(rc, buf, op, s); });
   }
   static ddp_status broadcast(ddp_comm* c, const ddp_buffer* buf, int root, ddp_stream s) {
     if (ddp_status bad = agree(c, s, {0, 2, int64_t(buf->count), buf->dtype, root}, buf->ptr)) return bad;
     fingerprint(c, 2, buf->count, buf->dtype, uint64_t(root));
-    return metered(c, s, "broadcast", buf->count * ddp_dtype_size(buf->dtype), [&](auto* t, ddp_comm* rc) {
-      return t->broadcast(rc, buf, root, s);
-    });
+    return metered(c, s, "broadcast", buf->count * ddp_dtype_size(buf->dtype),
+                   [&](auto* t, ddp_comm* rc) { return t->broadcast(rc, buf, root, s); });
   }
   static ddp_status all_gather(ddp_comm* c, const ddp_buffer* send, const ddp_buffer* recv, ddp_stream s) {
     if (ddp_status bad = agree(c, s, {0, 3, int64_t(send->count), send->dtype, int64_t(recv->count)}, send->ptr))
       return bad;
     fingerprint(c, 3, send->count, send->dtype, recv->count);
-    return metered(c, s, "all_gather", recv->count * ddp_dtype_size(recv->dtype), [&](auto* t, ddp_comm* rc) {
-      return t->all_gather(rc, send, recv, s);
-    });
+    return metered(c, s, "all_gather", recv->count * ddp_dtype_size(recv->dtype),
+                   [&](auto* t, ddp_comm* rc) { return t->all_gather(rc, send, recv, s); });
   }
-  static ddp_status reduce_scatter(ddp_comm* c, const ddp_buffer* send, const ddp_buffer* recv,
-                                   ddp_reduce_op op, ddp_stream s) {
+  static ddp_status reduce_scatter(ddp_comm* c, const ddp_buffer* send, const ddp_buffer* recv, ddp_reduce_op op,
+                                   ddp_stream s) {
     if (ddp_status bad = agree(c, s, {0, 4, int64_t(send->count), send->dtype, op}, send->ptr)) return bad;
     fingerprint(c, 4, send->count, send->dtype, op);
-    return metered(c, s, "reduce_scatter", send->count * ddp_dtype_size(send->dtype), [&](auto* t, ddp_comm* rc) {
-      return t->reduce_scatter(rc, send, recv, op, s);
-    });
+    return metered(c, s, "reduce_scatter", send->count * ddp_dtype_size(send->dtype),
+                   [&](auto* t, ddp_comm* rc) { return t->reduce_scatter(rc, send, recv, op, s); });
   }
   static ddp_status barrier(ddp_comm* c, ddp_stream s) {
     if (ddp_status bad = agree(c, s, {0, 5, 0, 0, 0}, nullptr)) return bad;
@@ -271,10 +276,13 @@ struct MeterCallbacks {
   // reduce_scatter (optional since 1.4).
   static ddp_status missing_reduce_scatter(ddp_comm* c, const ddp_buffer*, const ddp_buffer*, ddp_reduce_op,
                                            ddp_stream) {
-    return host_guard([&] {
-      throw Error(std::string("reduce_scatter: transport '") + self(c).real_->name +
-                  "' has none (optional since ABI 1.4)", DDP_ERR_UNSUPPORTED);
-    }, DDP_ERR_UNSUPPORTED);
+    return host_guard(
+        [&] {
+          throw Error(
+              std::string("reduce_scatter: transport '") + self(c).real_->name + "' has none (optional since ABI 1.4)",
+              DDP_ERR_UNSUPPORTED);
+        },
+        DDP_ERR_UNSUPPORTED);
   }
   static void abort(ddp_comm* c) {
     MeteredTransport& m = self(c);
@@ -339,15 +347,15 @@ MeteredTransport::MeteredTransport(const ddp_transport_v1_t* real, ddp_comm* com
   vtable_.abort = MeterCallbacks::abort;
   vtable_.dtypes = real->dtypes;  // `real` is the loader's host-sized copy: 0 where the plugin lacks it
   vtable_.keys = real->keys;
-  vtable_.plan = nullptr;  // planning happens before any rank starts, on the real descriptor
+  vtable_.plan = nullptr;   // planning happens before any rank starts, on the real descriptor
   vtable_.split = nullptr;  // a strategy makes groups through ddp_host::split, which the engine meters
   std::vector<int> everyone;
   for (int r = 0; r < services.rank.world_size; ++r) everyone.push_back(r);
   add_comm(comm, "world", std::move(everyone), services.rank.rank, 0);
 }
 
-MeteredComm& MeteredTransport::add_comm(ddp_comm* real, std::string name, std::vector<int> ranks, int rank,
-                                        int color, std::string tag) {
+MeteredComm& MeteredTransport::add_comm(ddp_comm* real, std::string name, std::vector<int> ranks, int rank, int color,
+                                        std::string tag) {
   MeteredComm& g = comms_.emplace_back();  // (split holds comms_mutex_; the constructor is alone)
   g.owner = this;
   g.real = real;
@@ -369,8 +377,11 @@ MeteredComm& MeteredTransport::add_comm(ddp_comm* real, std::string name, std::v
 
 ddp_comm* MeteredTransport::split(ddp_comm* parent_handle, int color, int key, const char* name) {
   const ddp_group* known = group(parent_handle);
-  if (!known) throw Error("split: the parent is no communicator of this strategy's (the comm create was given, "
-                          "or one split made)", DDP_ERR_INVALID_ARGUMENT);
+  if (!known)
+    throw Error(
+        "split: the parent is no communicator of this strategy's (the comm create was given, "
+        "or one split made)",
+        DDP_ERR_INVALID_ARGUMENT);
   const std::string problem = group_name_problem(name);
   if (!problem.empty()) throw Error("split: " + problem, DDP_ERR_INVALID_ARGUMENT);
   for (const MeteredComm& g : comms_)
@@ -389,8 +400,8 @@ ddp_comm* MeteredTransport::split(ddp_comm* parent_handle, int color, int key, c
     whereabouts::Inside in(label_, "all_gather (split)");
     ddp_status status = DDP_OK;
     try {
-      status = MeterCallbacks::gather_words(*this, parent, reinterpret_cast<ddp_stream>(&comm), mine.data(),
-                                            all.data(), 2, all.size());
+      status = MeterCallbacks::gather_words(*this, parent, reinterpret_cast<ddp_stream>(&comm), mine.data(), all.data(),
+                                            2, all.size());
     } catch (const Error& e) {  // a stuck or failed gather: every rank of the parent must split here
       throw Error(std::string("split '") + name + "': gathering every rank's color and key: " + e.what(), e.status());
     }
@@ -412,8 +423,9 @@ ddp_comm* MeteredTransport::split(ddp_comm* parent_handle, int color, int key, c
     status = real_->split(parent.real, &how, &made);
   }
   if (status != DDP_OK)
-    throw Error(std::string(label_) + ": split: " + take_plugin_error() + " (making " +
-                    group_label(name, world_ranks) + ")", status);
+    throw Error(
+        std::string(label_) + ": split: " + take_plugin_error() + " (making " + group_label(name, world_ranks) + ")",
+        status);
   if (!made) throw Error(std::string(label_) + ": split: no communicator made, and no error", DDP_ERR_INTERNAL);
   std::lock_guard<std::mutex> lock(comms_mutex_);
   return add_comm(made, name, std::move(world_ranks), place.rank, color, tag).comm();

@@ -33,20 +33,20 @@ class MeteredTransport;
 // handle (comm()) is what the strategy passes to the metered vtable.
 struct MeteredComm {
   MeteredTransport* owner = nullptr;
-  ddp_comm* real = nullptr;     // the transport's own
-  std::string name;             // "world", or split's name
-  std::vector<int> ranks;       // members' world ranks, in group order
+  ddp_comm* real = nullptr;  // the transport's own
+  std::string name;          // "world", or split's name
+  std::vector<int> ranks;    // members' world ranks, in group order
   int rank = 0;
   int size = 1;
   int color = 0;
-  std::string label;            // "group 'shard' (ranks 0, 1)"; "" for the world
-  ddp_group abi{};              // what ddp_host::group returns
-  int64_t described = 0;        // collectives described so far (run.debug_collectives)
+  std::string label;      // "group 'shard' (ranks 0, 1)"; "" for the world
+  ddp_group abi{};        // what ddp_host::group returns
+  int64_t described = 0;  // collectives described so far (run.debug_collectives)
   // Its rendezvous tag ("ddp.group" for the world; a group's is its
   // parent's, the parent's count of splits before it and its color: the
   // same on every member, another for every group of the run, nested too).
   std::string tag = "ddp.group";
-  int splits = 0;               // splits made of it so far (every member makes them in one order)
+  int splits = 0;  // splits made of it so far (every member makes them in one order)
   // Its own share of the counters (the rank's totals count every group).
   std::atomic<int64_t> collectives{0};
   std::atomic<int64_t> bytes{0};
@@ -143,13 +143,13 @@ class MeteredTransport {
   const char* label_;
   Trace* trace_ = nullptr;
   bool debug_ = false;
-  bool step_end_ = false;     // within on_step_end of a divergent strategy (set_step_end)
-  int64_t step_end_step_ = 0;  // its step
+  bool step_end_ = false;       // within on_step_end of a divergent strategy (set_step_end)
+  int64_t step_end_step_ = 0;   // its step
   std::vector<Tensor> staged_;  // the descriptions' device copies (run_staged), kept from call to call
   ddp_transport_v1_t vtable_{};
-  std::deque<MeteredComm> comms_;  // the world's first; stable addresses (their handles)
+  std::deque<MeteredComm> comms_;   // the world's first; stable addresses (their handles)
   mutable std::mutex comms_mutex_;  // split and release against abort_groups, which any thread may call
-  std::vector<Pending> pending_;  // the training thread's only
+  std::vector<Pending> pending_;    // the training thread's only
 };
 
 }  // namespace ddp

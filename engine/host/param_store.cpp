@@ -22,7 +22,8 @@ Parameter& ParamStore::param_at(const char* entry, size_t index) const {
   auto& params = model_->params();
   if (index >= params.size())
     throw Error(std::string(entry) + ": parameter index " + std::to_string(index) + " is not in the table of " +
-                std::to_string(params.size()), DDP_ERR_INVALID_ARGUMENT);
+                    std::to_string(params.size()),
+                DDP_ERR_INVALID_ARGUMENT);
   return params[index];
 }
 
@@ -50,20 +51,24 @@ void ParamStore::refresh_param_table() {
   }
   for (size_t u = 0; u < model_->units().size(); ++u) {
     const Unit& unit = model_->units()[u];
-    unit_table.push_back(ddp_unit{unit.name.c_str(), u, unit.params.data(), unit.params.size(), unit.tied.data(),
-                                  unit.tied.size()});
+    unit_table.push_back(
+        ddp_unit{unit.name.c_str(), u, unit.params.data(), unit.params.size(), unit.tied.data(), unit.tied.size()});
   }
 }
 
 void ParamStore::claim_grads(const size_t* indices, size_t count) {
   if (!claims_open)
-    throw Error("claim: only in create, on_train_begin, or on_step_begin of a step's first micro-batch (the "
-                "engine's own gradients hold nothing then)", DDP_ERR_INVALID_ARGUMENT);
+    throw Error(
+        "claim: only in create, on_train_begin, or on_step_begin of a step's first micro-batch (the "
+        "engine's own gradients hold nothing then)",
+        DDP_ERR_INVALID_ARGUMENT);
   auto& params = model_->params();
   for (size_t k = 0; k < count; ++k) {  // all checked before any is taken: a refusal changes nothing
     if (!param_at("claim", indices[k]).trainable)
-      throw Error("claim: parameter '" + params[indices[k]].name + "' is frozen: a strategy may claim the "
-                  "gradient storage of trainable parameters only", DDP_ERR_INVALID_ARGUMENT);
+      throw Error("claim: parameter '" + params[indices[k]].name +
+                      "' is frozen: a strategy may claim the "
+                      "gradient storage of trainable parameters only",
+                  DDP_ERR_INVALID_ARGUMENT);
   }
   bool changed = false;
   for (size_t k = 0; k < count; ++k) {
@@ -107,8 +112,10 @@ void ParamStore::claim_values(const size_t* indices, size_t count) {
 void ParamStore::bind_values(size_t index, void* ptr) {
   Parameter& p = param_at("bind", index);
   if (!strategy_values_[index])
-    throw Error("bind: the values of parameter '" + p.name + "' are the engine's: claim them first "
-                "(ddp_host::claim, DDP_STORAGE_DATA)", DDP_ERR_INVALID_ARGUMENT);
+    throw Error("bind: the values of parameter '" + p.name +
+                    "' are the engine's: claim them first "
+                    "(ddp_host::claim, DDP_STORAGE_DATA)",
+                DDP_ERR_INVALID_ARGUMENT);
   p.data.point_view_at(static_cast<float*>(ptr));
   param_table[index].data = ptr;
 }
@@ -193,17 +200,14 @@ void ParamStore::lend_values(const std::function<Tensor(size_t index)>& make) {
   }
 }
 
-bool ParamStore::grad_held_by_strategy(size_t i) const {
-  return i < strategy_grad_.size() && strategy_grad_[i];
-}
+bool ParamStore::grad_held_by_strategy(size_t i) const { return i < strategy_grad_.size() && strategy_grad_[i]; }
 
 bool ParamStore::grad_spans(const std::vector<size_t>& indices, int replicas, int world,
                             const std::function<std::optional<GradRanges>()>& ranges, const std::string& strategy,
                             std::vector<GradSpan>& spans) const {
   auto& params = model_->params();
   for (size_t i : indices)
-    if (!grad_held_by_strategy(i))
-      spans.push_back({i, params[i].grad.data(), params[i].grad.numel(), true, replicas});
+    if (!grad_held_by_strategy(i)) spans.push_back({i, params[i].grad.data(), params[i].grad.numel(), true, replicas});
   if (!grads_claimed_) return false;
   const std::optional<GradRanges> held = ranges();
   if (!held)
@@ -229,7 +233,8 @@ std::string ParamStore::held_span(const ddp_held_range& h, int world, GradSpan& 
   const size_t numel = p ? p->data.numel() : 0;
   if (!p || !p->trainable) return "names no trainable parameter of the table";
   if (h.offset > numel || h.count > numel - h.offset) return "names elements outside its parameter";
-  if (!h.grad && (grad_held_by_strategy(h.param) || !p->grad.data())) return "has grad NULL, but the engine holds no gradient of it";
+  if (!h.grad && (grad_held_by_strategy(h.param) || !p->grad.data()))
+    return "has grad NULL, but the engine holds no gradient of it";
   if (h.replicas < 1 || h.replicas > world) return "says it is held by " + std::to_string(h.replicas) + " ranks";
   float* grad = h.grad ? static_cast<float*>(h.grad) : p->grad.data() + h.offset;
   span = {h.param, grad, h.count, !h.grad && h.offset == 0 && h.count == numel, h.replicas, h.offset};
@@ -252,14 +257,17 @@ void ParamStore::visit(const std::string& reader, const std::function<void(size_
   }
   const std::vector<Unit>& units = model_->units();
   if (units.empty())
-    throw Error(reader + " reads every parameter, whose values the strategy claimed, unit by unit, and this model "
-                "declares no units", DDP_ERR_UNSUPPORTED);
+    throw Error(reader +
+                    " reads every parameter, whose values the strategy claimed, unit by unit, and this model "
+                    "declares no units",
+                DDP_ERR_UNSUPPORTED);
   for (size_t u = 0; u < units.size(); ++u) {
     rights_.unit_values(u, true);
     for (size_t i : units[u].params)
       if (!params[i].data.data())
         throw Error(reader + " reads the values of '" + params[i].name + "', which the strategy claimed and did " +
-                    "not bind in unit_values(unit '" + units[u].name + "', 1)", DDP_ERR_INVALID_ARGUMENT);
+                        "not bind in unit_values(unit '" + units[u].name + "', 1)",
+                    DDP_ERR_INVALID_ARGUMENT);
     for (size_t i : units[u].params) visit(i);
     rights_.unit_values(u, false);
   }

@@ -150,16 +150,14 @@ struct HostCallbacks {
     if (in_host_function("fill")) return DDP_ERR_UNSUPPORTED;
     if (buf->dtype != DDP_FLOAT32) return unsupported_dtype("fill");
     return host_guard([&] {
-      svc(ctx).device->fill(static_cast<float*>(buf->ptr), buf->count, static_cast<float>(value),
-                            *to_stream(stream));
+      svc(ctx).device->fill(static_cast<float*>(buf->ptr), buf->count, static_cast<float>(value), *to_stream(stream));
     });
   }
   static ddp_status scale(void* ctx, const ddp_buffer* buf, double factor, ddp_stream stream) {
     if (in_host_function("scale")) return DDP_ERR_UNSUPPORTED;
     if (buf->dtype != DDP_FLOAT32) return unsupported_dtype("scale");
     return host_guard([&] {
-      svc(ctx).device->scale(static_cast<float*>(buf->ptr), buf->count, static_cast<float>(factor),
-                             *to_stream(stream));
+      svc(ctx).device->scale(static_cast<float*>(buf->ptr), buf->count, static_cast<float>(factor), *to_stream(stream));
     });
   }
   static ddp_status convert(void* ctx, const ddp_buffer* dst, const ddp_buffer* src, ddp_stream stream) {
@@ -173,9 +171,8 @@ struct HostCallbacks {
                        std::to_string(src->count) + ": they must be equal";
       return DDP_ERR_INVALID_ARGUMENT;
     }
-    return host_guard([&] {
-      svc(ctx).device->convert(dst->ptr, dst->dtype, src->ptr, src->dtype, src->count, *to_stream(stream));
-    });
+    return host_guard(
+        [&] { svc(ctx).device->convert(dst->ptr, dst->dtype, src->ptr, src->dtype, src->count, *to_stream(stream)); });
   }
   static ddp_status unsupported_dtype(const char* what) {
     t_plugin_error = std::string(what) + ": only float32 buffers are supported";
@@ -212,9 +209,9 @@ struct HostCallbacks {
   static ddp_status stream_wait_event(void* ctx, ddp_stream stream, ddp_event event) {
     if (in_host_function("stream_wait_event")) return DDP_ERR_UNSUPPORTED;
     auto start = Clock::now();
-    ddp_status status = host_guard([&] {
-      naming_group(ctx, [&] { to_event(event)->make_wait(*to_stream(stream), svc(ctx).wait_limit()); });
-    }, DDP_ERR_COMM);
+    ddp_status status = host_guard(
+        [&] { naming_group(ctx, [&] { to_event(event)->make_wait(*to_stream(stream), svc(ctx).wait_limit()); }); },
+        DDP_ERR_COMM);
     if (!to_stream(stream)->threaded()) add_blocked(ctx, start);
     return status;
   }
@@ -224,9 +221,8 @@ struct HostCallbacks {
     // Its own stage: the watchdog's clock restarts for the wait (bounded by
     // wait_limit) and again after it, so an entry of many waits is not stuck.
     whereabouts::Inside in(self(ctx).label_.c_str(), "event_synchronize");
-    ddp_status status =
-        host_guard([&] { naming_group(ctx, [&] { to_event(event)->synchronize(svc(ctx).wait_limit()); }); },
-                   DDP_ERR_COMM);
+    ddp_status status = host_guard(
+        [&] { naming_group(ctx, [&] { to_event(event)->synchronize(svc(ctx).wait_limit()); }); }, DDP_ERR_COMM);
     add_blocked(ctx, start);
     return status;
   }
@@ -243,59 +239,67 @@ struct HostCallbacks {
     }
   }
   static void add_blocked(void* ctx, Clock::time_point start) {
-    svc(ctx).counters.blocked_ns +=
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+    svc(ctx).counters.blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
   }
   static ddp_status event_query(void*, ddp_event event, int* done) {
     if (in_host_function("event_query")) return DDP_ERR_UNSUPPORTED;
     // Done and failed: the failure, as the ABI says (*done is still 1).
-    return host_guard([&] {
-      *done = to_event(event)->query() ? 1 : 0;
-      if (*done) {
-        const std::string error = to_event(event)->error();
-        if (!error.empty()) throw Error(error, to_event(event)->error_kind());
-      }
-    }, DDP_ERR_COMM);
+    return host_guard(
+        [&] {
+          *done = to_event(event)->query() ? 1 : 0;
+          if (*done) {
+            const std::string error = to_event(event)->error();
+            if (!error.empty()) throw Error(error, to_event(event)->error_kind());
+          }
+        },
+        DDP_ERR_COMM);
   }
   static void* stream_native(void*, ddp_stream stream) { return to_stream(stream)->native(); }  // CPU: null
 
   static ddp_status store_set(void* ctx, const char* key, const void* data, size_t bytes) {
     if (in_host_function("store_set")) return DDP_ERR_UNSUPPORTED;
-    return host_guard([&] {
-      const char* p = static_cast<const char*>(data);
-      svc(ctx).store->set(key, std::vector<char>(p, p + bytes));
-    }, DDP_ERR_COMM);
+    return host_guard(
+        [&] {
+          const char* p = static_cast<const char*>(data);
+          svc(ctx).store->set(key, std::vector<char>(p, p + bytes));
+        },
+        DDP_ERR_COMM);
   }
   static ddp_status store_get(void* ctx, const char* key, void** out, size_t* bytes) {
     if (in_host_function("store_get")) return DDP_ERR_UNSUPPORTED;
-    return host_guard([&] {
-      std::vector<char> value = svc(ctx).store->get(key);
-      *out = std::malloc(value.size() ? value.size() : 1);
-      if (!*out) throw Error("store_get: out of memory");
-      std::memcpy(*out, value.data(), value.size());
-      *bytes = value.size();
-    }, DDP_ERR_TIMEOUT);
+    return host_guard(
+        [&] {
+          std::vector<char> value = svc(ctx).store->get(key);
+          *out = std::malloc(value.size() ? value.size() : 1);
+          if (!*out) throw Error("store_get: out of memory");
+          std::memcpy(*out, value.data(), value.size());
+          *bytes = value.size();
+        },
+        DDP_ERR_TIMEOUT);
   }
   static ddp_status store_wait(void* ctx, const char* const* keys, size_t count) {
     if (in_host_function("store_wait")) return DDP_ERR_UNSUPPORTED;
-    return host_guard([&] { svc(ctx).store->wait(std::vector<std::string>(keys, keys + count)); },
-                   DDP_ERR_TIMEOUT);
+    return host_guard([&] { svc(ctx).store->wait(std::vector<std::string>(keys, keys + count)); }, DDP_ERR_TIMEOUT);
   }
 
   static ddp_status claim(void* ctx, ddp_storage what, const size_t* indices, size_t count) {
     if (in_host_function("claim")) return DDP_ERR_UNSUPPORTED;
     if (!storage_allowed(ctx, "claim", what)) return DDP_ERR_UNSUPPORTED;
     return host_guard([&] {
-      if (what == DDP_STORAGE_DATA) svc(ctx).params.claim_values(indices, count);
-      else svc(ctx).params.claim_grads(indices, count);
+      if (what == DDP_STORAGE_DATA)
+        svc(ctx).params.claim_values(indices, count);
+      else
+        svc(ctx).params.claim_grads(indices, count);
     });
   }
   static ddp_status bind(void* ctx, ddp_storage what, size_t index, void* ptr) {
     if (in_host_function("bind")) return DDP_ERR_UNSUPPORTED;
     if (!storage_allowed(ctx, "bind", what)) return DDP_ERR_UNSUPPORTED;
     return host_guard([&] {
-      if (what == DDP_STORAGE_DATA) svc(ctx).params.bind_values(index, ptr);
-      else svc(ctx).params.bind_grad(index, ptr);
+      if (what == DDP_STORAGE_DATA)
+        svc(ctx).params.bind_values(index, ptr);
+      else
+        svc(ctx).params.bind_grad(index, ptr);
     });
   }
   // Gradient storage (1.4) or values (1.5), for a strategy that says it
@@ -342,22 +346,23 @@ struct HostCallbacks {
       if (!out) throw Error("split: out is NULL", DDP_ERR_INVALID_ARGUMENT);
       if (!svc(ctx).split) throw Error("split: this host makes no groups", DDP_ERR_UNSUPPORTED);
       if (!svc(ctx).splits_open)
-        throw Error("split: only in create or on_train_begin (every rank of the parent at the same point, before "
-                    "the first step)", DDP_ERR_INVALID_ARGUMENT);
+        throw Error(
+            "split: only in create or on_train_begin (every rank of the parent at the same point, before "
+            "the first step)",
+            DDP_ERR_INVALID_ARGUMENT);
       *out = svc(ctx).split(parent, color, key, name);
     });
   }
-  static const ddp_group* group(void* ctx, ddp_comm* comm) {
-    return svc(ctx).group ? svc(ctx).group(comm) : nullptr;
-  }
+  static const ddp_group* group(void* ctx, ddp_comm* comm) { return svc(ctx).group ? svc(ctx).group(comm) : nullptr; }
 
   // (1.10) The engine orders its optimizer step after the strategy's
   // reductions; a strategy that owns the step orders its own.
   static ddp_status grads_final(void* ctx, ddp_event done, const size_t* indices, size_t count) {
     if (in_host_function("grads_final")) return DDP_ERR_UNSUPPORTED;
     if (self(ctx).caps_ & DDP_CAP_OWNS_OPTIMIZER) {
-      t_plugin_error = "grads_final: the plugin's caps have DDP_CAP_OWNS_OPTIMIZER: it orders its own optimizer "
-                       "step (run_optimizer)";
+      t_plugin_error =
+          "grads_final: the plugin's caps have DDP_CAP_OWNS_OPTIMIZER: it orders its own optimizer "
+          "step (run_optimizer)";
       return DDP_ERR_UNSUPPORTED;
     }
     return host_guard([&] { svc(ctx).say_final(to_event(done), indices, count, self(ctx).label_.c_str()); });
@@ -445,6 +450,5 @@ const ddp_host* engine_error_sink() {
   }();
   return &sink;
 }
-
 
 }  // namespace ddp

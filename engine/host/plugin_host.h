@@ -29,9 +29,9 @@ namespace ddp {
 // Communication counters of the strategy's collectives. Thread-safe.
 struct CommCounters {
   std::atomic<int64_t> collectives{0};
-  std::atomic<int64_t> bytes{0};      // buffer bytes: S of each collective (all_gather: the gathered buffer)
-  std::atomic<int64_t> bus_bytes{0};  // bytes each rank sends (and receives): bus_bytes() of each collective
-  std::atomic<int64_t> largest{0};    // the largest collective's buffer bytes so far (as `bytes` counts them)
+  std::atomic<int64_t> bytes{0};       // buffer bytes: S of each collective (all_gather: the gathered buffer)
+  std::atomic<int64_t> bus_bytes{0};   // bytes each rank sends (and receives): bus_bytes() of each collective
+  std::atomic<int64_t> largest{0};     // the largest collective's buffer bytes so far (as `bytes` counts them)
   std::atomic<int64_t> busy_ns{0};     // time collectives ran on the comm stream
   std::atomic<int64_t> blocked_ns{0};  // time the training thread waited on events
   // FNV-1a over (op, count, dtype, reduce op / root) of every collective in
@@ -122,7 +122,7 @@ class PluginHost {
   friend struct HostCompute;  // host_compute.cpp
   HostServices& services_;
   const PluginSection& section_;
-  std::string label_;  // "strategy plugin 'naive'"
+  std::string label_;                // "strategy plugin 'naive'"
   std::deque<std::string> strings_;  // config_string results, kept alive
   uint64_t caps_ = 0;
   ddp_host host_{};

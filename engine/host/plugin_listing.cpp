@@ -44,7 +44,7 @@ PluginInfo describe_loaded(PluginKind kind, const std::string& name, const std::
 
 nlohmann::json to_json(const PluginInfo& p) {
   nlohmann::json j = {{"version", p.version}, {"abi", p.abi_version}, {"caps", p.caps},
-                      {"refusal", p.refusal}, {"dtypes", p.dtypes}, {"plans", p.plans}};
+                      {"refusal", p.refusal}, {"dtypes", p.dtypes},   {"plans", p.plans}};
   if (p.keys) {
     j["keys"] = nlohmann::json::array();
     for (const PluginKey& k : *p.keys) j["keys"].push_back({k.name, k.type, k.help});
@@ -121,7 +121,8 @@ std::string format_plugins(const std::vector<PluginInfo>& plugins) {
     if (p.dtypes) {
       std::string dtypes;
       for (int d = DDP_FLOAT32; d <= DDP_FLOAT16; ++d)
-        if (p.dtypes & DDP_DTYPE_BIT(d)) dtypes += (dtypes.empty() ? "" : ", ") + std::string(ddp_dtype_name(ddp_dtype(d)));
+        if (p.dtypes & DDP_DTYPE_BIT(d))
+          dtypes += (dtypes.empty() ? "" : ", ") + std::string(ddp_dtype_name(ddp_dtype(d)));
       text += "    dtypes: " + dtypes + "\n";
     }
     if (!p.keys) {
@@ -129,7 +130,8 @@ std::string format_plugins(const std::vector<PluginInfo>& plugins) {
       continue;
     }
     if (p.keys->empty()) text += "    (no keys)\n";
-    for (const PluginKey& k : *p.keys) text += "    " + padded(k.name, 18) + "  " + padded(k.type, 16) + "  " + k.help + "\n";
+    for (const PluginKey& k : *p.keys)
+      text += "    " + padded(k.name, 18) + "  " + padded(k.type, 16) + "  " + k.help + "\n";
   }
   return text;
 }

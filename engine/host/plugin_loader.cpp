@@ -32,10 +32,8 @@ namespace {
 // plugin built against an older minor may stop there, never earlier. (Of
 // those entries, reduce_scatter, on_step_begin, on_grad_ready and
 // on_backward_end are optional since 1.4; the others are required.)
-constexpr size_t kTransportMinSize =
-    offsetof(ddp_transport_v1_t, barrier) + sizeof(ddp_transport_v1_t::barrier);
-constexpr size_t kStrategyMinSize =
-    offsetof(ddp_strategy_v1_t, destroy) + sizeof(ddp_strategy_v1_t::destroy);
+constexpr size_t kTransportMinSize = offsetof(ddp_transport_v1_t, barrier) + sizeof(ddp_transport_v1_t::barrier);
+constexpr size_t kStrategyMinSize = offsetof(ddp_strategy_v1_t, destroy) + sizeof(ddp_strategy_v1_t::destroy);
 
 const char* entry_symbol(PluginKind kind) {
   return kind == PluginKind::Strategy ? DDP_STRATEGY_ENTRY_V1 : DDP_TRANSPORT_ENTRY_V1;
@@ -47,8 +45,8 @@ const char* entry_symbol(PluginKind kind) {
 constexpr int kNewestMajorProbed = 9;
 std::string newest_entry(boost::dll::shared_library& lib, PluginKind kind) {
   for (int major = kNewestMajorProbed; major >= 1; --major) {
-    std::string symbol = std::string("ddp_") + (kind == PluginKind::Strategy ? "strategy" : "transport") +
-                         "_v" + std::to_string(major);
+    std::string symbol =
+        std::string("ddp_") + (kind == PluginKind::Strategy ? "strategy" : "transport") + "_v" + std::to_string(major);
     if (lib.has(symbol)) return symbol;
   }
   return "";
@@ -59,8 +57,7 @@ PluginKind other_kind(PluginKind kind) {
 }
 
 std::string abi_string(uint32_t abi_version) {
-  return std::to_string(DDP_ABI_MAJOR(abi_version)) + "." +
-         std::to_string(DDP_ABI_MINOR(abi_version));
+  return std::to_string(DDP_ABI_MAJOR(abi_version)) + "." + std::to_string(DDP_ABI_MINOR(abi_version));
 }
 
 // Builds "cannot load <kind> plugin '<path>' (host ABI M.m, plugin ABI M.m|none): <reason>".
@@ -70,9 +67,8 @@ class Refusal {
   void set_plugin_abi(uint32_t abi_version) { plugin_abi_ = abi_string(abi_version); }
 
   [[noreturn]] void fail(const std::string& reason) const {
-    throw PluginError("cannot load " + std::string(to_string(kind_)) + " plugin '" + path_ +
-                      "' (host ABI " + abi_string(DDP_ABI_VERSION) + ", plugin ABI " +
-                      plugin_abi_ + "): " + reason);
+    throw PluginError("cannot load " + std::string(to_string(kind_)) + " plugin '" + path_ + "' (host ABI " +
+                      abi_string(DDP_ABI_VERSION) + ", plugin ABI " + plugin_abi_ + "): " + reason);
   }
 
  private:
@@ -108,13 +104,12 @@ template <typename Descriptor>
 void check_header(const Refusal& refusal, const Descriptor& d, size_t min_size) {
   if (DDP_ABI_MAJOR(d.abi_version) != DDP_ABI_VERSION_MAJOR) refusal.fail("other major ABI version");
   if (d.struct_size < min_size) {
-    refusal.fail("descriptor too small (struct_size " + std::to_string(d.struct_size) +
-                 ", need " + std::to_string(min_size) + ")");
+    refusal.fail("descriptor too small (struct_size " + std::to_string(d.struct_size) + ", need " +
+                 std::to_string(min_size) + ")");
   }
 }
 
-void require(const Refusal& refusal, bool present, const char* name,
-             const char* why = nullptr) {
+void require(const Refusal& refusal, bool present, const char* name, const char* why = nullptr) {
   if (present) return;
   std::string reason = std::string("required entry '") + name + "' is NULL";
   if (why != nullptr) reason += std::string(" (") + why + ")";
@@ -139,28 +134,30 @@ void check_entries(const Refusal& refusal, const ddp_strategy_v1_t& s) {
   require(refusal, s.on_train_begin != nullptr, "on_train_begin");
   require(refusal, s.finish != nullptr, "finish");
   if (s.caps & DDP_CAP_OWNS_OPTIMIZER) {
-    require(refusal, s.optimizer_step != nullptr, "optimizer_step",
-            "caps has DDP_CAP_OWNS_OPTIMIZER");
+    require(refusal, s.optimizer_step != nullptr, "optimizer_step", "caps has DDP_CAP_OWNS_OPTIMIZER");
   }
   if (s.caps & DDP_CAP_OWNS_GRADIENTS) {  // it holds gradients: it says where, and steps them itself
     if (!(s.caps & DDP_CAP_OWNS_OPTIMIZER))
-      refusal.fail("caps has DDP_CAP_OWNS_GRADIENTS without DDP_CAP_OWNS_OPTIMIZER: a strategy that holds "
-                   "gradients steps them itself (run_optimizer_ranges)");
+      refusal.fail(
+          "caps has DDP_CAP_OWNS_GRADIENTS without DDP_CAP_OWNS_OPTIMIZER: a strategy that holds "
+          "gradients steps them itself (run_optimizer_ranges)");
     if (!s.held_ranges)  // (1.9: held_ranges says it too)
       require(refusal, s.grad_ranges != nullptr, "grad_ranges", "caps has DDP_CAP_OWNS_GRADIENTS");
   }
   if (s.caps & DDP_CAP_OWNS_PARAMETERS) {  // it holds values: it steps them, and lends them to the engine's readers
     if (!(s.caps & DDP_CAP_OWNS_OPTIMIZER))
-      refusal.fail("caps has DDP_CAP_OWNS_PARAMETERS without DDP_CAP_OWNS_OPTIMIZER: a strategy that holds "
-                   "parameters steps them itself (run_optimizer_ranges)");
+      refusal.fail(
+          "caps has DDP_CAP_OWNS_PARAMETERS without DDP_CAP_OWNS_OPTIMIZER: a strategy that holds "
+          "parameters steps them itself (run_optimizer_ranges)");
     require(refusal, s.unit_values != nullptr, "unit_values", "caps has DDP_CAP_OWNS_PARAMETERS");
   }
   // Replicas that may differ: it says when they are equal again.
   if (s.caps & DDP_CAP_DIVERGENT) {
     require(refusal, s.on_step_end != nullptr, "on_step_end", "caps has DDP_CAP_DIVERGENT");
     if (s.caps & (DDP_CAP_OWNS_GRADIENTS | DDP_CAP_OWNS_PARAMETERS))  // each rank's own replica is whole
-      refusal.fail("caps has DDP_CAP_DIVERGENT with DDP_CAP_OWNS_GRADIENTS or DDP_CAP_OWNS_PARAMETERS: replicas "
-                   "that differ are whole on every rank, not shards of one model");
+      refusal.fail(
+          "caps has DDP_CAP_DIVERGENT with DDP_CAP_OWNS_GRADIENTS or DDP_CAP_OWNS_PARAMETERS: replicas "
+          "that differ are whole on every rank, not shards of one model");
   }
   require(refusal, s.destroy != nullptr, "destroy");
 }
@@ -175,9 +172,7 @@ struct LoadedPlugin::Library {
 
 LoadedPlugin::~LoadedPlugin() = default;
 
-const char* to_string(PluginKind kind) {
-  return kind == PluginKind::Strategy ? "strategy" : "transport";
-}
+const char* to_string(PluginKind kind) { return kind == PluginKind::Strategy ? "strategy" : "transport"; }
 
 std::string default_plugin_dir() {
   const fs::path beside = boost::dll::program_location().parent_path() / ".." / "lib" / "ddp";
@@ -213,8 +208,7 @@ std::string file_name(PluginKind kind, const std::string& name) {
 
 }  // namespace
 
-std::string resolve_plugin_path(PluginKind kind, const std::string& name_or_path,
-                                const std::string& search_path) {
+std::string resolve_plugin_path(PluginKind kind, const std::string& name_or_path, const std::string& search_path) {
   if (is_path(name_or_path)) return name_or_path;
   const std::vector<std::string> dirs = search_dirs(search_path);
   boost::system::error_code ec;
@@ -329,8 +323,7 @@ std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& na
     // Absolute, so that a bare "libfoo.so" is not searched for on the
     // library path; local, so that plugins cannot see each other's symbols.
     const whereabouts::Inside in(label, "its constructors (dlopen)");
-    lib.load(fs::absolute(path),
-             boost::dll::load_mode::rtld_lazy | boost::dll::load_mode::rtld_local);
+    lib.load(fs::absolute(path), boost::dll::load_mode::rtld_lazy | boost::dll::load_mode::rtld_local);
   } catch (const boost::system::system_error& e) {
     refusal.fail(dlerror_text(e.what()));
   }
@@ -341,8 +334,7 @@ std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& na
   if (newest.empty()) {
     const std::string other = newest_entry(lib, other_kind(kind));
     if (other.empty()) {
-      refusal.fail("not a ddp plugin (no " DDP_STRATEGY_ENTRY_V1 " or " DDP_TRANSPORT_ENTRY_V1
-                   " symbol)");
+      refusal.fail("not a ddp plugin (no " DDP_STRATEGY_ENTRY_V1 " or " DDP_TRANSPORT_ENTRY_V1 " symbol)");
     }
     // Every descriptor begins with abi_version, so the version is known.
     refusal.set_plugin_abi(lib.get<const uint32_t>(other));
@@ -375,10 +367,12 @@ std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& na
 }
 
 std::optional<std::vector<PluginKey>> declared_keys(const LoadedPlugin& plugin) {
-  const char* const label =
-      whereabouts::intern(std::string(plugin.strategy() ? "strategy" : "transport") + " plugin '" + plugin.path() + "'");
+  const char* const label = whereabouts::intern(std::string(plugin.strategy() ? "strategy" : "transport") +
+                                                " plugin '" + plugin.path() + "'");
   const whereabouts::Inside in(label, "its descriptor's keys");
-  const ddp_key* keys = plugin.strategy() ? plugin.strategy()->keys : plugin.transport() ? plugin.transport()->keys : nullptr;
+  const ddp_key* keys = plugin.strategy()    ? plugin.strategy()->keys
+                        : plugin.transport() ? plugin.transport()->keys
+                                             : nullptr;
   if (!keys) return std::nullopt;
   std::vector<PluginKey> out;
   for (const ddp_key* k = keys; k->name; ++k) out.push_back({k->name, k->type ? k->type : "", k->help ? k->help : ""});

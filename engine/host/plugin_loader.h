@@ -54,8 +54,7 @@ std::vector<std::string> search_dirs(const std::string& search_path);
 
 // Resolves a name or path as described above; a name found nowhere
 // resolves into the first directory (for the refusal to name).
-std::string resolve_plugin_path(PluginKind kind, const std::string& name_or_path,
-                                const std::string& search_path);
+std::string resolve_plugin_path(PluginKind kind, const std::string& name_or_path, const std::string& search_path);
 
 // The names of the plugins of `kind` in the search path, sorted, each once:
 // the regular files (or links to them) named libddp_<kind>_<name>.so.
@@ -69,18 +68,16 @@ std::string plugin_name_of(PluginKind kind, const std::string& path);
 // "a socket", "a device", "a dangling symbolic link", "missing".
 std::string file_type_name(const std::string& path);
 
-
 // Keeps the library loaded for as long as the descriptor is used.
 class LoadedPlugin {
  public:
   ~LoadedPlugin();
   const std::string& path() const { return path_; }
-  const ddp_strategy_v1_t* strategy() const { return strategy_; }    // Strategy kind
-  const ddp_transport_v1_t* transport() const { return transport_; } // Transport kind
+  const ddp_strategy_v1_t* strategy() const { return strategy_; }     // Strategy kind
+  const ddp_transport_v1_t* transport() const { return transport_; }  // Transport kind
 
  private:
-  friend std::unique_ptr<LoadedPlugin> load_plugin(PluginKind, const std::string&,
-                                                   const std::string&);
+  friend std::unique_ptr<LoadedPlugin> load_plugin(PluginKind, const std::string&, const std::string&);
   LoadedPlugin() = default;
   struct Library;
   std::unique_ptr<Library> lib_;
@@ -127,8 +124,8 @@ struct PluginInfo {
   uint64_t caps = 0;
   std::string refusal;  // "" if it loads
   std::optional<std::vector<PluginKey>> keys;
-  uint64_t dtypes = 0;  // a transport's (ddp_transport_dtypes); 0 for a strategy
-  bool plans = false;   // it has a plan entry (ABI 1.4): `ddp plan` asks it
+  uint64_t dtypes = 0;      // a transport's (ddp_transport_dtypes); 0 for a strategy
+  bool plans = false;       // it has a plan entry (ABI 1.4): `ddp plan` asks it
   bool misbehaved = false;  // its code exited, crashed or hung as it was loaded; or not a regular file
 };
 // How long loading one plugin may take in `ddp plugins` (its constructors

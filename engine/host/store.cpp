@@ -83,8 +83,7 @@ class RedisStore final : public gloo::rendezvous::RedisStore {
 
 }  // namespace
 
-Store::Store(const std::string& location, const std::string& prefix,
-             std::chrono::milliseconds timeout)
+Store::Store(const std::string& location, const std::string& prefix, std::chrono::milliseconds timeout)
     : location_(location), prefix_(prefix), timeout_(timeout) {
   try {
     if (location.rfind("file:", 0) == 0) {
@@ -210,8 +209,7 @@ void Store::refuse(int rank, const std::string& why) {
 
 // Waits for `key` until `deadline`, as wait() does, but hears a rank's
 // refusal, and says on timeout who did not come (`missing`).
-void Store::await(const std::string& key, const std::string& missing,
-                  std::chrono::steady_clock::time_point deadline) {
+void Store::await(const std::string& key, const std::string& missing, std::chrono::steady_clock::time_point deadline) {
   for (;;) {
     bool there = false;
     bool refused = false;
@@ -263,8 +261,7 @@ void Store::claim(int rank, int world_size) {
       set("ddp_admit_" + std::string(theirs.begin(), theirs.end()), std::vector<char>(nonce.begin(), nonce.end()));
     }
     for (int r = 1; r < world_size; ++r)
-      await("ddp_joined_" + nonce + "_" + std::to_string(r), "rank " + std::to_string(r) + " did not answer",
-            deadline);
+      await("ddp_joined_" + nonce + "_" + std::to_string(r), "rank " + std::to_string(r) + " did not answer", deadline);
     set("ddp_go_" + nonce, {'1'});
     return;
   }

@@ -56,7 +56,7 @@ class Store {
   std::unique_ptr<gloo::rendezvous::Store> base_;
   std::unique_ptr<gloo::rendezvous::Store> prefixed_;
   std::chrono::milliseconds timeout_;
-  std::mutex mutex_;                 // set() may be called from a stream's thread
+  std::mutex mutex_;                  // set() may be called from a stream's thread
   std::vector<std::string> written_;  // the keys set, as the base store names them
 };
 

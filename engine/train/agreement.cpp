@@ -3,8 +3,8 @@
 
 #include <sstream>
 
-#include <nlohmann/json.hpp>
 #include <toml++/toml.h>
+#include <nlohmann/json.hpp>
 
 namespace ddp {
 namespace {
@@ -39,7 +39,8 @@ void flatten(const toml::table& doc, std::map<std::string, std::string>& out) {
   for (auto&& [section, node] : doc) {
     const toml::table* table = node.as_table();
     if (!table) continue;
-    for (auto&& [key, value] : *table) out[std::string(section.str()) + "." + std::string(key.str())] = value_text(value);
+    for (auto&& [key, value] : *table)
+      out[std::string(section.str()) + "." + std::string(key.str())] = value_text(value);
   }
 }
 
@@ -110,8 +111,7 @@ std::string first_difference(const Fingerprint& base, int base_rank,
     if (differ.empty()) continue;
     return "the ranks disagree on " + item + ": rank " + std::to_string(base_rank) + " has " + show(expected) +
            ", rank" + (differ.size() > 1 ? "s " : " ") + join_ranks(differ) + (differ.size() > 1 ? " have " : " has ") +
-           show(theirs) +
-           (differ.size() > 1 ? " (or another value)" : "") +
+           show(theirs) + (differ.size() > 1 ? " (or another value)" : "") +
            ": every rank must train the same model with the same config";
   }
   return "";

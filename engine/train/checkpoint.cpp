@@ -60,14 +60,16 @@ json meta_json(const CheckpointInput& in, int64_t step, const StateLayout& layou
   for (const Parameter& p : in.params)
     if (p.trainable) trainable.push_back(p.name);
   for (const auto& [name, d] : digests) files[name] = {{"bytes", d.bytes}, {"xxh3", d.xxh3}};
-  json meta = {{"format", in.divergent ? "ddp-checkpoint 3" : "ddp-checkpoint 2"},
-               {"step", step},
-               {"world_size", in.world}};
+  json meta = {
+      {"format", in.divergent ? "ddp-checkpoint 3" : "ddp-checkpoint 2"}, {"step", step}, {"world_size", in.world}};
   if (in.divergent) meta["divergent"] = true;  // each rank's own files: an older ddp refuses format 3
   meta.update(json{{"strategy", in.strategy},
-                   {"transport", in.transport},         {"optimizer", in.config.optimizer.name},
-                   {"trainable", trainable},            {"losses", in.losses},
-                   {"state", state},                    {"config", json(in.config_items)},
+                   {"transport", in.transport},
+                   {"optimizer", in.config.optimizer.name},
+                   {"trainable", trainable},
+                   {"losses", in.losses},
+                   {"state", state},
+                   {"config", json(in.config_items)},
                    {"files", files}});
   meta["due"] = {{"eval", in.eval_due}, {"replica_check", in.check_due}};
   json val = json::array();
@@ -119,8 +121,8 @@ void own_state_files(CheckpointMeta& meta, int rank, const std::string& path) {
   const std::string own = "optimizer-" + std::to_string(rank) + ".safetensors";
   for (auto& [name, state] : meta.state) {
     if (!meta.files.count(own) || !state.pieces.empty())
-      throw Error((fs::path(path) / kMeta).string() + ": divergent, but the state of '" + name +
-                      "' is not whole in " + own + ", rank " + std::to_string(rank) + "'s own",
+      throw Error((fs::path(path) / kMeta).string() + ": divergent, but the state of '" + name + "' is not whole in " +
+                      own + ", rank " + std::to_string(rank) + "'s own",
                   DDP_ERR_INVALID_ARGUMENT);
     state.file = own;
   }
@@ -146,7 +148,8 @@ CheckpointMeta files_read_by(const CheckpointMeta& meta, int rank) {
 
 int64_t step_of(const std::string& name) {
   if (name.rfind("step-", 0) != 0) return -1;
-  const std::string digits = name.substr(5, name.find('.') == std::string::npos ? std::string::npos : name.find('.') - 5);
+  const std::string digits =
+      name.substr(5, name.find('.') == std::string::npos ? std::string::npos : name.find('.') - 5);
   if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
   return std::stoll(digits);  // < 10^18: no overflow
 }
@@ -179,8 +182,10 @@ std::string resolve_checkpoint(const std::string& dir, const std::string& given)
   if (!fs::exists(latest))
     throw Error(dir + ": no checkpoint to resume from (no 'latest' in checkpoint.dir)", DDP_ERR_INVALID_ARGUMENT);
   if (fs::is_directory(latest))
-    throw Error(latest.string() + " is a directory, where a file naming the latest checkpoint (step-N) belongs: "
-                "remove it, or give --resume a checkpoint's path", DDP_ERR_INVALID_ARGUMENT);
+    throw Error(latest.string() +
+                    " is a directory, where a file naming the latest checkpoint (step-N) belongs: "
+                    "remove it, or give --resume a checkpoint's path",
+                DDP_ERR_INVALID_ARGUMENT);
   const std::string name = latest_name(dir);
   if (name.empty())
     throw Error(latest.string() + " is empty: give --resume a checkpoint's path", DDP_ERR_INVALID_ARGUMENT);
@@ -203,8 +208,9 @@ int64_t whole(const json& j, const char* key, int64_t least) {
   const json& v = j.at(key);
   if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) ||
       v.get<int64_t>() < least)
-    throw json::other_error::create(501, std::string("'") + key + "' is " + v.dump() + ", not a whole number of at least " +
-                                             std::to_string(least), &v);
+    throw json::other_error::create(
+        501, std::string("'") + key + "' is " + v.dump() + ", not a whole number of at least " + std::to_string(least),
+        &v);
   return v.get<int64_t>();
 }
 
@@ -250,7 +256,8 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
         continue;
       }
       for (const auto& p : s.at("pieces"))
-        state.pieces.push_back({p.at("file").get<std::string>(), size_t(whole(p, "offset", 0)), size_t(whole(p, "count", 1))});
+        state.pieces.push_back(
+            {p.at("file").get<std::string>(), size_t(whole(p, "offset", 0)), size_t(whole(p, "count", 1))});
     }
     for (const auto& [name, f] : j.at("files").items())
       m.files[name] = FileDigest{f.at("bytes").get<uint64_t>(), f.at("xxh3").get<std::string>()};
@@ -322,8 +329,10 @@ std::string write_checkpoint(const CheckpointInput& in, int64_t step) {
   all_or_none(in, failure.empty() ? "" : partial.string() + ": " + failure, "create " + partial.string());
   const StateLayout layout = gather_state_layout(in);
   if (in.divergent && !layout.pieces.empty())  // each rank's own state, whole: what a resume reads
-    throw Error("checkpoint: strategy '" + in.strategy + "' lets the replicas differ and leaves optimizer state in "
-                "pieces across ranks, which a divergent checkpoint cannot hold", DDP_ERR_UNSUPPORTED);
+    throw Error("checkpoint: strategy '" + in.strategy +
+                    "' lets the replicas differ and leaves optimizer state in "
+                    "pieces across ranks, which a divergent checkpoint cannot hold",
+                DDP_ERR_UNSUPPORTED);
   RankFiles mine;
   failure = attempt([&] {
     mine.optimizer = write_state_file(in, layout, partial);
@@ -413,8 +422,17 @@ Resumed resume_run(const Config& config, int rank, Model& model, Device& device,
   const auto state_path = [&](int r) {
     return meta.files.count(strategy_state_file(r)) ? (fs::path(path) / strategy_state_file(r)).string() : "";
   };
-  Resumed resumed{path, meta.step, meta.losses, check.changed, meta.strategy, meta.world_size, meta.divergent,
-                  rank < meta.world_size ? state_path(rank) : "", "", meta.eval_due, meta.check_due,
+  Resumed resumed{path,
+                  meta.step,
+                  meta.losses,
+                  check.changed,
+                  meta.strategy,
+                  meta.world_size,
+                  meta.divergent,
+                  rank < meta.world_size ? state_path(rank) : "",
+                  "",
+                  meta.eval_due,
+                  meta.check_due,
                   meta.val_losses};
   resumed.shared_state = state_path(0);
   return resumed;
@@ -440,8 +458,8 @@ void refuse_foreign_checkpoints(const Config& config, const std::string& resumed
                       "checkpoint.dir (or remove that one)");
   if (!same_directory((fs::path(resumed) / kMeta).parent_path().parent_path(), dir))
     throw ConfigError("checkpoint.dir " + config.checkpoint.dir + " holds other checkpoints than " + resumed +
-                      "'s: give this run a checkpoint.dir of its own (or resume from one in " +
-                      config.checkpoint.dir + ")");
+                      "'s: give this run a checkpoint.dir of its own (or resume from one in " + config.checkpoint.dir +
+                      ")");
 }
 
 }  // namespace ddp

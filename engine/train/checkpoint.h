@@ -71,11 +71,11 @@ struct CheckpointMeta {
     size_t count = 0;
   };
   struct State {
-    std::string file;   // "optimizer-0.safetensors" ("" where held in pieces)
-    int64_t steps = 0;  // AdamW's step count
+    std::string file;           // "optimizer-0.safetensors" ("" where held in pieces)
+    int64_t steps = 0;          // AdamW's step count
     std::vector<Piece> pieces;  // by offset (checkpoint_state.h); empty where whole
   };
-  std::map<std::string, State> state;  // parameter name → its optimizer state
+  std::map<std::string, State> state;       // parameter name → its optimizer state
   std::map<std::string, FileDigest> files;  // every other file: size and xxh3 (checkpoint_files.h)
 };
 
@@ -133,7 +133,7 @@ struct CheckpointInput {
   std::string strategy;
   std::string transport;
   std::map<std::string, std::string> config_items;  // agreement.h's config_items()
-  std::vector<double> losses;  // steps 1..step
+  std::vector<double> losses;                       // steps 1..step
   // Every rank's `mine`, rank-major, to every rank (an engine collective).
   std::function<void(const std::vector<double>& mine, std::vector<double>& all)> all_gather;
   // Calls put(i, host values of parameter i) for every parameter, each

@@ -60,8 +60,9 @@ std::string unseal_meta(const std::string& text, const std::string& file) {
   const std::string marker = kSealMarker;
   const size_t at = text.rfind(marker);
   if (at == std::string::npos)
-    throw bad(file, "no checksum at its end: cut short, edited, or written by a ddp before checksums "
-                    "(format \"ddp-checkpoint 2\")");
+    throw bad(file,
+              "no checksum at its end: cut short, edited, or written by a ddp before checksums "
+              "(format \"ddp-checkpoint 2\")");
   const size_t digits = at + marker.size();
   if (text.size() != digits + kHexDigits + std::string(kSealEnd).size() ||
       text.compare(digits + kHexDigits, std::string::npos, kSealEnd) != 0)
@@ -69,8 +70,8 @@ std::string unseal_meta(const std::string& text, const std::string& file) {
   const std::string recorded = text.substr(digits, kHexDigits);
   const std::string actual = xxh3_hex(text.data(), digits);
   if (recorded != actual)
-    throw bad(file, "changed after it was written (its checksum says " + recorded + ", its contents hash to " +
-                        actual + ")");
+    throw bad(file,
+              "changed after it was written (its checksum says " + recorded + ", its contents hash to " + actual + ")");
   return text;
 }
 
@@ -95,7 +96,7 @@ std::map<std::string, FileDigest> gather_file_digests(const CheckpointInput& in,
     for (size_t k = 0; k < 3; ++k) {
       const size_t at = words.size() * size_t(r) + per_kind * k;
       if (all[at] == 0.0) continue;
-      const std::string name = k == 0 ? "optimizer-" + std::to_string(r) + ".safetensors"
+      const std::string name = k == 0   ? "optimizer-" + std::to_string(r) + ".safetensors"
                                : k == 1 ? weights_file(r, in.divergent)
                                         : strategy_state_file(r);
       files[name] = FileDigest{u64_at(all, at + 1), digest_hex(u64_at(all, at + 3))};
@@ -112,7 +113,8 @@ void check_meta_shape(const CheckpointMeta& meta, const std::string& file) {
     throw bad(file, "world_size is more than " + std::to_string(kMaxWorldSize) + " ranks (config.h's kMaxWorldSize)");
   const auto named = meta.config.find("optimizer.name");
   if (named != meta.config.end() && named->second != meta.optimizer)
-    throw bad(file, "optimizer \"" + meta.optimizer + "\" is not its config's optimizer.name \"" + named->second + "\"");
+    throw bad(file,
+              "optimizer \"" + meta.optimizer + "\" is not its config's optimizer.name \"" + named->second + "\"");
   if (meta.losses.size() != size_t(meta.step))
     throw bad(file, std::to_string(meta.losses.size()) + " losses for " + std::to_string(meta.step) + " steps");
   for (const auto& [name, digest] : meta.files)
@@ -123,7 +125,8 @@ void check_meta_shape(const CheckpointMeta& meta, const std::string& file) {
   if ((meta.format == "ddp-checkpoint 3") != meta.divergent)
     throw bad(file, std::string(meta.divergent ? "divergent in format 2" : "format 3 without \"divergent\": true"));
   for (int r = 1; meta.divergent && r < meta.world_size; ++r)
-    if (!meta.files.count(weights_file(r, true))) throw bad(file, "files: no " + weights_file(r, true) + ", rank " + std::to_string(r) + "'s replica");
+    if (!meta.files.count(weights_file(r, true)))
+      throw bad(file, "files: no " + weights_file(r, true) + ", rank " + std::to_string(r) + "'s replica");
   const auto listed = [&](const std::string& state_file, const std::string& param) {
     if (!meta.files.count(state_file))
       throw bad(file, "state of '" + param + "': file \"" + state_file + "\" is not among its files");
@@ -147,8 +150,8 @@ void verify_checkpoint_files(const std::string& path, const CheckpointMeta& meta
       throw bad(file, "missing, or not a regular file (checkpoint.json records it)");
     const FileDigest got = file_digest(file);
     if (got.bytes != want.bytes)
-      throw bad(file, std::to_string(got.bytes) + " bytes, but checkpoint.json records " +
-                          std::to_string(want.bytes) + ": cut short or changed after it was written");
+      throw bad(file, std::to_string(got.bytes) + " bytes, but checkpoint.json records " + std::to_string(want.bytes) +
+                          ": cut short or changed after it was written");
     if (got.xxh3 != want.xxh3)
       throw bad(file, "changed after it was written (checkpoint.json records xxh3 " + want.xxh3 +
                           ", its contents hash to " + got.xxh3 + ")");

@@ -53,15 +53,16 @@ void add_piece(StateLayout& layout, const CheckpointInput& in, int rank, const d
   const auto key = std::make_pair(param, offset);
   const auto first = seen.find(key);
   if (first != seen.end() && size_t(first->second.first) < size_t(rank)) {
-    const CheckpointMeta::Piece& kept = *std::find_if(
-        layout.pieces[param].begin(), layout.pieces[param].end(),
-        [&](const CheckpointMeta::Piece& p) { return p.offset == offset; });
+    const CheckpointMeta::Piece& kept =
+        *std::find_if(layout.pieces[param].begin(), layout.pieces[param].end(),
+                      [&](const CheckpointMeta::Piece& p) { return p.offset == offset; });
     if (kept.count == count) {
       if (first->second.second != t[3])
         throw Error("checkpoint: the optimizer state of '" + in.params[param].name + "' elements [" +
                         std::to_string(offset) + ", " + std::to_string(offset + count) + ") differs between rank " +
                         std::to_string(first->second.first) + " and rank " + std::to_string(rank) +
-                        ", which both hold it: replicas of a piece must hold the same state", DDP_ERR_INTERNAL);
+                        ", which both hold it: replicas of a piece must hold the same state",
+                    DDP_ERR_INTERNAL);
       return;  // a replica's: written once, by the lower rank
     }
   }
@@ -107,7 +108,8 @@ void check_whole_replicas(const CheckpointInput& in, const std::vector<double>& 
       if (w[2 * n + 1 + i] != all[size_t(first) * stride + 2 * n + 1 + i])
         throw Error("checkpoint: the optimizer state of '" + in.params[i].name + "' differs between rank " +
                         std::to_string(first) + " and rank " + std::to_string(r) +
-                        ", which both hold it whole: replicas must hold the same state", DDP_ERR_INTERNAL);
+                        ", which both hold it whole: replicas must hold the same state",
+                    DDP_ERR_INTERNAL);
     }
   }
 }
@@ -213,8 +215,8 @@ void check_pieces(const std::vector<std::pair<size_t, size_t>>& pieces, size_t n
   for (const auto& [offset, count] : pieces) {
     if (offset != next || count > numel - offset)
       throw Error(what + ": its pieces of optimizer state do not cover its " + std::to_string(numel) +
-                      " elements once each (a piece at " + std::to_string(offset) + " where " +
-                      std::to_string(next) + " was next)",
+                      " elements once each (a piece at " + std::to_string(offset) + " where " + std::to_string(next) +
+                      " was next)",
                   DDP_ERR_INVALID_ARGUMENT);
     next = offset + count;
   }
@@ -269,8 +271,8 @@ StateReader::Part StateReader::part(const std::string& path, const std::string& 
                   DDP_ERR_INVALID_ARGUMENT);
     const size_t n = e->bytes / sizeof(float);
     if (counted && n != out.count)
-      throw Error(reader->path() + ": tensor '" + name + "' has " + std::to_string(n) + " elements, '" + first +
-                      "' " + std::to_string(out.count) + ": the moments of one state differ",
+      throw Error(reader->path() + ": tensor '" + name + "' has " + std::to_string(n) + " elements, '" + first + "' " +
+                      std::to_string(out.count) + ": the moments of one state differ",
                   DDP_ERR_INVALID_ARGUMENT);
     out.count = n;
     counted = true;

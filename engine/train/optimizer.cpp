@@ -35,8 +35,8 @@ void sgd_plain(float* __restrict w, const float* __restrict g, size_t n, float l
 }
 
 DDP_UPDATE_CLONES
-void sgd_momentum(float* __restrict w, const float* __restrict g, float* __restrict buf, size_t n, float lr,
-                  float wd, float mu, bool first) {
+void sgd_momentum(float* __restrict w, const float* __restrict g, float* __restrict buf, size_t n, float lr, float wd,
+                  float mu, bool first) {
   for (size_t k = 0; k < n; ++k) {
     const float d = wd != 0.0f ? g[k] + wd * w[k] : g[k];
     buf[k] = first ? d : buf[k] * mu + d;
@@ -48,14 +48,14 @@ void sgd_momentum(float* __restrict w, const float* __restrict g, float* __restr
 // bit for bit: measured in the pass that reads g anyway, the gradient norm
 // of an unclipped step costs no pass of its own.
 DDP_UPDATE_CLONES
-double adamw_update(float* __restrict w, const float* __restrict g, float* __restrict m, float* __restrict v,
-                    size_t n, const AdamScalars c) {
+double adamw_update(float* __restrict w, const float* __restrict g, float* __restrict m, float* __restrict v, size_t n,
+                    const AdamScalars c) {
   return sum_squares_while(g, n, [&](size_t k) {
     w[k] *= c.decay;
     m[k] = m[k] * c.b1 + c.one_minus_b1 * g[k];         // exp_avg.mul_(b1).add_(g, alpha=1-b1)
     v[k] = v[k] * c.b2 + c.one_minus_b2 * g[k] * g[k];  // exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2)
     const float denom = std::sqrt(v[k]) / c.bias2_sqrt + c.eps;
-    w[k] = w[k] + -c.step_size * m[k] / denom;          // param.addcdiv_(m, denom, value=-step_size)
+    w[k] = w[k] + -c.step_size * m[k] / denom;  // param.addcdiv_(m, denom, value=-step_size)
   });
 }
 
@@ -108,7 +108,8 @@ void Optimizer::step_ranges(std::vector<Parameter>& params, const StepRange* ran
     const StepRange& r = ranges[k];
     if (r.param >= params.size())
       throw Error("optimizer: parameter index " + std::to_string(r.param) + " is not in the table of " +
-                  std::to_string(params.size()), DDP_ERR_INVALID_ARGUMENT);
+                      std::to_string(params.size()),
+                  DDP_ERR_INVALID_ARGUMENT);
     Parameter& p = params[r.param];
     if (!p.trainable || p.uses == 0) continue;
     if (r.offset > p.data.numel() || r.count > p.data.numel() - r.offset)
@@ -120,8 +121,10 @@ void Optimizer::step_ranges(std::vector<Parameter>& params, const StepRange* ran
     if (!g) throw Error("optimizer: no gradient for parameter '" + p.name + "'", DDP_ERR_INVALID_ARGUMENT);
     State& s = state_for(p, r);
     if (!r.data && !p.data.data())
-      throw Error("optimizer: no values for parameter '" + p.name + "': the strategy claimed them, so a range of it "
-                  "must give its data (ddp_range::data)", DDP_ERR_INVALID_ARGUMENT);
+      throw Error("optimizer: no values for parameter '" + p.name +
+                      "': the strategy claimed them, so a range of it "
+                      "must give its data (ddp_range::data)",
+                  DDP_ERR_INVALID_ARGUMENT);
     float* w = r.data ? r.data : p.data.data() + r.offset;
     const Hyper h{hyper_[r.param].lr * lr_scale_, hyper_[r.param].weight_decay};
     const StepRange with{r.param, r.offset, r.count, g, w};
@@ -155,7 +158,8 @@ Optimizer::State& Optimizer::state_for(const Parameter& p, const StepRange& r) {
 std::vector<SavedState> Optimizer::saved(size_t i) const {
   std::vector<SavedState> out;
   if (i >= state_.size()) return out;
-  for (const auto& s : state_[i]) out.push_back(SavedState{s->steps, s->first.to_host(), s->second.to_host(), s->offset, s->count});
+  for (const auto& s : state_[i])
+    out.push_back(SavedState{s->steps, s->first.to_host(), s->second.to_host(), s->offset, s->count});
   return out;
 }
 
@@ -168,7 +172,8 @@ void Optimizer::take_up(size_t i, const Parameter& p, State& s) {
     if (values.empty()) return;
     if (values.size() != s.count)
       throw Error("checkpoint: optimizer state of '" + p.name + "' elements [" + std::to_string(s.offset) + ", " +
-                  std::to_string(s.offset + s.count) + ") came as " + std::to_string(values.size()), DDP_ERR_INTERNAL);
+                      std::to_string(s.offset + s.count) + ") came as " + std::to_string(values.size()),
+                  DDP_ERR_INTERNAL);
     t = Tensor(device_, Shape{int64_t(s.count)}, MemCategory::OptimizerState);
     device_.upload(t.data(), values.data(), t.bytes());
   };
@@ -187,13 +192,17 @@ void Optimizer::sgd(const StepRange& r, float* w, const Hyper& h, State& s) {
   if (first) s.first = Tensor(device_, Shape{int64_t(n)}, MemCategory::OptimizerState);
 #if DDP_WITH_CUDA
   if (void* stream = device_.compute_stream().native()) {
-    if (mu == 0.0f) cuda_ops::sgd_plain(stream, w, g, n, lr, wd);
-    else cuda_ops::sgd_momentum(stream, w, g, s.first.data(), n, lr, wd, mu, first);
+    if (mu == 0.0f)
+      cuda_ops::sgd_plain(stream, w, g, n, lr, wd);
+    else
+      cuda_ops::sgd_momentum(stream, w, g, s.first.data(), n, lr, wd, mu, first);
     return;
   }
 #endif
-  if (mu == 0.0f) sgd_plain(w, g, n, lr, wd);
-  else sgd_momentum(w, g, s.first.data(), n, lr, wd, mu, first);
+  if (mu == 0.0f)
+    sgd_plain(w, g, n, lr, wd);
+  else
+    sgd_momentum(w, g, s.first.data(), n, lr, wd, mu, first);
 }
 
 // torch.optim.AdamW (_single_tensor_adamw, PyTorch 1.13):
@@ -207,8 +216,7 @@ void Optimizer::adamw(const StepRange& r, float* w, const Hyper& h, State& s, bo
     s.second = Tensor(device_, Shape{int64_t(r.count)}, MemCategory::OptimizerState);
   }
   s.steps += 1;
-  const AdamScalars c =
-      adamw_scalars(h.lr, h.weight_decay, config_.beta1, config_.beta2, config_.eps, s.steps);
+  const AdamScalars c = adamw_scalars(h.lr, h.weight_decay, config_.beta1, config_.beta2, config_.eps, s.steps);
 #if DDP_WITH_CUDA
   if (void* stream = device_.compute_stream().native()) {
     cuda_ops::adamw_update(stream, w, r.grad, s.first.data(), s.second.data(), r.count, c);

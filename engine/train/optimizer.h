@@ -125,7 +125,7 @@ class Optimizer {
   std::vector<std::vector<std::unique_ptr<State>>> state_;
   Restore restore_;  // a resumed run's state, until drop_unclaimed
   double lr_scale_ = 1.0;
-  std::vector<double> grad_sq_;  // per parameter: see grad_squares
+  std::vector<double> grad_sq_;   // per parameter: see grad_squares
   std::vector<StepRange> whole_;  // step()'s ranges, kept: it allocates nothing once settled
   void take_up(size_t i, const Parameter& p, State& s);
 };

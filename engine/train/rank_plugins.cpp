@@ -33,7 +33,7 @@ RankPlugins::RankPlugins(const Config& config, HostServices& services) : service
 
 void RankPlugins::start(const Config& config, Trace* trace) {
   try {
-    start_transport(config);  // config → engine → transport
+    start_transport(config);        // config → engine → transport
     start_strategy(config, trace);  // engine → strategy (→ transport, metered)
   } catch (const std::bad_alloc& e) {
     const Error error(words_of(e), DDP_ERR_OUT_OF_MEMORY);
@@ -109,16 +109,23 @@ void RankPlugins::on_train_begin() {
 }
 // The hooks a strategy may leave NULL (1.4) do nothing then.
 void RankPlugins::on_step_begin(const ddp_step_info& info) {
-  if (strategy_api().on_step_begin) call("on_step_begin", [&] { return strategy_api().on_step_begin(strategy_, &info); });
+  if (strategy_api().on_step_begin)
+    call("on_step_begin", [&] { return strategy_api().on_step_begin(strategy_, &info); });
 }
 void RankPlugins::on_grad_ready(const ddp_param& param) {
-  if (strategy_api().on_grad_ready) call("on_grad_ready", [&] { return strategy_api().on_grad_ready(strategy_, &param); });
+  if (strategy_api().on_grad_ready)
+    call("on_grad_ready", [&] { return strategy_api().on_grad_ready(strategy_, &param); });
 }
 void RankPlugins::on_backward_end() {
-  if (strategy_api().on_backward_end) call("on_backward_end", [&] { return strategy_api().on_backward_end(strategy_); });
+  if (strategy_api().on_backward_end)
+    call("on_backward_end", [&] { return strategy_api().on_backward_end(strategy_); });
 }
-void RankPlugins::finish() { call("finish", [&] { return strategy_api().finish(strategy_); }); }
-void RankPlugins::optimizer_step() { call("optimizer_step", [&] { return strategy_api().optimizer_step(strategy_); }); }
+void RankPlugins::finish() {
+  call("finish", [&] { return strategy_api().finish(strategy_); });
+}
+void RankPlugins::optimizer_step() {
+  call("optimizer_step", [&] { return strategy_api().optimizer_step(strategy_); });
+}
 void RankPlugins::on_unit(size_t unit, ddp_unit_phase phase) {
   const char* entry = unit < unit_entries_.size() / 6 ? unit_entries_[6 * unit + size_t(phase)].c_str() : "on_unit";
   if (strategy_api().on_unit) call(entry, [&] { return strategy_api().on_unit(strategy_, unit, phase); });
@@ -143,8 +150,10 @@ bool RankPlugins::on_step_end(const ddp_step_info& info) {
   call("on_step_end", [&] { return strategy_api().on_step_end(strategy_, &info, &synced); });
   if (synced == 0 && !divergent())
     throw Error(strategy_host_->label() + ": on_step_end said the replicas may differ after step " +
-                    std::to_string(info.step + 1) + ", but its caps lack DDP_CAP_DIVERGENT (replicas that may "
-                    "differ between sync points)", DDP_ERR_INTERNAL);
+                    std::to_string(info.step + 1) +
+                    ", but its caps lack DDP_CAP_DIVERGENT (replicas that may "
+                    "differ between sync points)",
+                DDP_ERR_INTERNAL);
   if (check) compare_step_end(info.step, synced != 0);
   return synced != 0;
 }
@@ -154,8 +163,8 @@ bool RankPlugins::on_step_end(const ddp_step_info& info) {
 // device's memory is not this process's to look up).
 std::string RankPlugins::unreadable_on_cpu(const void* ptr, size_t count, size_t size) const {
   if (services_.device->kind() != DDP_DEVICE_CPU) return "";
-  if (count > SIZE_MAX / size) return "its " + std::to_string(count) + " elements of " + std::to_string(size) +
-                                      " bytes overflow a size";
+  if (count > SIZE_MAX / size)
+    return "its " + std::to_string(count) + " elements of " + std::to_string(size) + " bytes overflow a size";
   return unreadable(ptr, count * size);
 }
 
@@ -175,8 +184,7 @@ void RankPlugins::compare_step_end(int64_t step, bool synced) {
   std::vector<std::string> names;
   for (const ddp_param& p : services_.params.param_table) names.emplace_back(p.name);
   const std::string mismatch = step_end_mismatch(all, int(world), names, step);
-  if (!mismatch.empty())
-    throw Error(strategy_host_->label() + ": on_step_end: " + mismatch, DDP_ERR_INVALID_ARGUMENT);
+  if (!mismatch.empty()) throw Error(strategy_host_->label() + ": on_step_end: " + mismatch, DDP_ERR_INVALID_ARGUMENT);
 }
 
 std::vector<RankPlugins::StateBuffer> RankPlugins::state() {
@@ -186,20 +194,19 @@ std::vector<RankPlugins::StateBuffer> RankPlugins::state() {
   size_t count = 0;
   call("state", [&] { return strategy_api().state(strategy_, &buffers, &count); });
   const std::string label = strategy_host_->label() + ": state: ";
-  if (count > 0 && !buffers)
-    throw Error(label + std::to_string(count) + " buffers at NULL", DDP_ERR_INVALID_ARGUMENT);
+  if (count > 0 && !buffers) throw Error(label + std::to_string(count) + " buffers at NULL", DDP_ERR_INVALID_ARGUMENT);
   if (const std::string past = unreadable_on_cpu(buffers, count, sizeof(ddp_state_buffer)); !past.empty())
     throw Error(label + "its " + std::to_string(count) + " buffers: " + past, DDP_ERR_INVALID_ARGUMENT);
   for (size_t k = 0; k < count; ++k) {
     const ddp_state_buffer& b = buffers[k];
     std::string name = b.name ? b.name : "";
     const std::string which = "buffer " + std::to_string(k) + " ('" + name + "')";
-    bool unique = !name.empty() && name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.") ==
-                                       std::string::npos;
+    bool unique =
+        !name.empty() &&
+        name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.") == std::string::npos;
     for (const StateBuffer& earlier : out) unique = unique && earlier.name != name;
     unique = unique && name != "__metadata__";  // the safetensors header's own
-    if (!unique)
-      throw Error(label + which + " needs a name of its own of [A-Za-z0-9_.]", DDP_ERR_INVALID_ARGUMENT);
+    if (!unique) throw Error(label + which + " needs a name of its own of [A-Za-z0-9_.]", DDP_ERR_INVALID_ARGUMENT);
     if (b.count > 0 && !b.ptr)
       throw Error(label + which + " is NULL with " + std::to_string(b.count) + " elements", DDP_ERR_INVALID_ARGUMENT);
     if (const std::string past = unreadable_on_cpu(b.ptr, b.count, sizeof(float)); !past.empty())
@@ -212,10 +219,12 @@ std::vector<RankPlugins::StateBuffer> RankPlugins::state() {
   call("state_scopes", [&] { return strategy_api().state_scopes(strategy_, &scopes, &scoped); });
   if (!scopes)
     throw Error(strategy_host_->label() + ": state_scopes: no scopes (NULL) for the " + std::to_string(out.size()) +
-                    " buffers state gave", DDP_ERR_INVALID_ARGUMENT);
+                    " buffers state gave",
+                DDP_ERR_INVALID_ARGUMENT);
   if (scoped != out.size())
     throw Error(strategy_host_->label() + ": state_scopes: " + std::to_string(scoped) + " scopes for the " +
-                    std::to_string(out.size()) + " buffers state gave", DDP_ERR_INVALID_ARGUMENT);
+                    std::to_string(out.size()) + " buffers state gave",
+                DDP_ERR_INVALID_ARGUMENT);
   for (size_t k = 0; k < out.size(); ++k) {
     if (scopes[k] != DDP_STATE_PER_RANK && scopes[k] != DDP_STATE_EQUAL)
       throw Error(strategy_host_->label() + ": state_scopes: buffer '" + out[k].name + "' has scope " +
@@ -249,8 +258,9 @@ std::optional<std::vector<size_t>> RankPlugins::held_grads() {
   int partitioned = 0;
   call("held_grads", [&] { return api.held_grads(strategy_, held.data(), held.size(), &count, &partitioned); });
   if (!partitioned) return std::nullopt;
-  if (count > held.size()) throw Error(strategy_host_->label() + ": held_grads: count " + std::to_string(count) +
-                                       " exceeds the " + std::to_string(held.size()) + " parameters");
+  if (count > held.size())
+    throw Error(strategy_host_->label() + ": held_grads: count " + std::to_string(count) + " exceeds the " +
+                std::to_string(held.size()) + " parameters");
   held.resize(count);
   return held;
 }
@@ -262,8 +272,9 @@ std::optional<GradRanges> RankPlugins::grad_ranges() {
   size_t count = 0;
   int partitioned = 0;
   call("grad_ranges", [&] { return api.grad_ranges(strategy_, &ranges, &count, &partitioned); });
-  if (count > 0 && !ranges) throw Error(strategy_host_->label() + ": grad_ranges: " + std::to_string(count) +
-                                        " ranges at NULL", DDP_ERR_INVALID_ARGUMENT);
+  if (count > 0 && !ranges)
+    throw Error(strategy_host_->label() + ": grad_ranges: " + std::to_string(count) + " ranges at NULL",
+                DDP_ERR_INVALID_ARGUMENT);
   return GradRanges{ranges, count, partitioned != 0};
 }
 
@@ -271,8 +282,9 @@ std::vector<ddp_held_range> RankPlugins::held_ranges() {
   const ddp_held_range* held = nullptr;
   size_t count = 0;
   call("held_ranges", [&] { return strategy_api().held_ranges(strategy_, &held, &count); });
-  if (count > 0 && !held) throw Error(strategy_host_->label() + ": held_ranges: " + std::to_string(count) +
-                                      " ranges at NULL", DDP_ERR_INVALID_ARGUMENT);
+  if (count > 0 && !held)
+    throw Error(strategy_host_->label() + ": held_ranges: " + std::to_string(count) + " ranges at NULL",
+                DDP_ERR_INVALID_ARGUMENT);
   if (const std::string past = unreadable(held, count > SIZE_MAX / sizeof *held ? SIZE_MAX : count * sizeof *held);
       !past.empty())
     throw Error(strategy_host_->label() + ": held_ranges: its " + std::to_string(count) + " ranges: " + past,
@@ -309,7 +321,6 @@ void RankPlugins::engine_collective(const Call& call, const char* what,
   transport_host_->check(status, what);
 }
 
-
 void RankPlugins::all_gather(const std::vector<double>& mine, std::vector<double>& all) {
   gather_words(mine.data(), all.data(), mine.size(), all.size(), DDP_FLOAT64, "all_gather of the rank summaries");
 }
@@ -320,8 +331,8 @@ void RankPlugins::all_gather(const std::vector<int64_t>& mine, std::vector<int64
   gather_words(mine.data(), all.data(), mine.size(), all.size(), DDP_FLOAT64, "all_gather of the replica digests");
 }
 
-void RankPlugins::gather_words(const void* mine, void* all, size_t send, size_t recv, ddp_dtype dtype,
-                               const char* what, std::vector<Tensor>* keep) {
+void RankPlugins::gather_words(const void* mine, void* all, size_t send, size_t recv, ddp_dtype dtype, const char* what,
+                               std::vector<Tensor>* keep) {
   std::vector<char> copy(static_cast<const char*>(mine), static_cast<const char*>(mine) + send * 8);  // read-write
   engine_collective(
       [send, recv, dtype](const ddp_transport_v1_t& t, ddp_comm* comm, ddp_stream s, void* const* ptrs,
@@ -357,7 +368,7 @@ void RankPlugins::shutdown() {
   if (metered_) metered_->release_groups();  // the groups' communicators, before the world's
   drain();
   step_end_staged_.clear();  // device memory, as the metered transport's below
-  metered_.reset();  // releases its device timestamps
+  metered_.reset();          // releases its device timestamps
   if (comm_) {
     whereabouts::Inside in(transport_host_->label().c_str(), "destroy");
     transport_lib_->transport()->destroy(comm_);
@@ -384,12 +395,10 @@ void RankPlugins::drain() {
   }
   try {
     device->comm_stream().synchronize();
-  } catch (const std::exception&) {
-  }
+  } catch (const std::exception&) {}
   try {  // a GPU's compute stream may hold a plugin's host functions too
     device->compute_stream().synchronize();
-  } catch (const std::exception&) {
-  }
+  } catch (const std::exception&) {}
 }
 
 }  // namespace ddp

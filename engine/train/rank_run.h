@@ -149,23 +149,23 @@ class RankRun {
   std::unique_ptr<Store> store_;
   HostServices services_;
   std::unique_ptr<RankPlugins> plugins_;
-  std::string trace_path_;  // empty: no trace
+  std::string trace_path_;                   // empty: no trace
   std::vector<std::string> forward_ranges_;  // with a trace: "forward <unit>" per unit
   StepTimeline::Mark unit_begin_;            // where the unit computing began
   // The run's state.
-  int64_t tokens_per_row_ = 1;      // positions a row trains (lm: context_length)
-  std::vector<size_t> trainable_;   // indices of trainable parameters
-  std::vector<GradSpan> spans_;     // held_gradients', kept
+  int64_t tokens_per_row_ = 1;          // positions a row trains (lm: context_length)
+  std::vector<size_t> trainable_;       // indices of trainable parameters
+  std::vector<GradSpan> spans_;         // held_gradients', kept
   std::vector<StepRange> step_ranges_;  // run_optimizer_ranges', kept
   std::vector<size_t> unnamed_;         // step_in_final_order's, kept
-  std::vector<int> remaining_uses_;  // per parameter, this micro-batch's backward
+  std::vector<int> remaining_uses_;     // per parameter, this micro-batch's backward
   std::vector<StepRecord> records_;
   size_t reported_ = 0;
   std::vector<int64_t> replica_checked_after_;  // steps (from 1; 0: the end) whose replicas agreed
-  bool check_due_ = false;   // until the next sync point
+  bool check_due_ = false;                      // until the next sync point
   bool eval_due_ = false;
-  bool weights_synced_ = true;  // the last step was a sync point: weights.safetensors holds every rank's model
-  std::unique_ptr<Dataset> eval_data_;          // [eval]'s held-out rows (null: off)
+  bool weights_synced_ = true;          // the last step was a sync point: weights.safetensors holds every rank's model
+  std::unique_ptr<Dataset> eval_data_;  // [eval]'s held-out rows (null: off)
   bool evaluating_ = false;
   double eval_s_ = 0;
   double replica_check_s_ = 0;

@@ -31,15 +31,18 @@ void RankRun::set_up() {
   if (config_.eval.every > 0) {
     eval_data_ = make_eval_dataset(config_, shape, r.rank, r.world_size, host_device_ ? *host_device_ : *device_);
     const std::string source = config_.eval.path.empty() ? config_.data.path : config_.eval.path;
-    if (const std::string beyond = eval_batches_beyond(config_.eval.batches, config_.data.batch_size, eval_data_->rows());
+    if (const std::string beyond =
+            eval_batches_beyond(config_.eval.batches, config_.data.batch_size, eval_data_->rows());
         !beyond.empty())
       throw ConfigError(source + ": " + beyond);
     for (int64_t b = 0; b < config_.eval.batches; ++b) eval_data_->batch(b);  // a bad row fails now, not later
   }
   optimizer_ = std::make_unique<Optimizer>(config_.optimizer, *device_, model_->params());
   check_unfreeze(config_.unfreeze, *model_, config_.model.name);
-  if (config_.resume.empty()) refuse_foreign_checkpoints(config_);
-  else resume();
+  if (config_.resume.empty())
+    refuse_foreign_checkpoints(config_);
+  else
+    resume();
   store_ = std::make_unique<Store>(env_.rendezvous, env_.run_id,
                                    std::chrono::milliseconds(int64_t(config_.run.timeout_s * 1000)));
   store_->claim(r.rank, r.world_size);
@@ -78,7 +81,7 @@ void RankRun::set_up() {
   // which it holds (then a claimed gradient is never made).
   store.make_values(make, /*after_create=*/false);
   store.pack_gradients(/*after_create=*/false);
-  store.claims_open = true;  // a strategy may claim gradient storage in create,
+  store.claims_open = true;        // a strategy may claim gradient storage in create,
   store.value_claims_open = true;  // and parameter values (ABI 1.5)
   plugins_->start(config_, timeline_->trace());
   store.claims_open = false;

@@ -66,8 +66,8 @@ std::string first_divergence(const std::vector<std::string>& names, const std::v
     }
     if (count == 0) continue;
     const std::string when = step >= 0 ? "after step " + std::to_string(step + 1) : "at the end of the run";
-    return "the replicas differ " + when + ": parameter '" + names[p] + "' of rank" + (count > 1 ? "s " : " ") +
-           ranks + " differs from rank 0's (a strategy that reduced the wrong buffers or skipped one, or a transport "
+    return "the replicas differ " + when + ": parameter '" + names[p] + "' of rank" + (count > 1 ? "s " : " ") + ranks +
+           " differs from rank 0's (a strategy that reduced the wrong buffers or skipped one, or a transport "
            "whose results are not the same on every rank; run.debug_collectives = true compares every collective "
            "across ranks)";
   }
@@ -80,8 +80,9 @@ std::string non_finite_loss(double loss, const std::vector<std::string>& names,
                             const std::vector<std::vector<float>>* values) {
   std::string text = "the loss is " + std::string(std::isnan(loss) ? "nan" : "inf") + "; ";
   if (!values)
-    return text + "the strategy holds the parameters' values, so they were not searched (run.check_finite = "
-                  "false lets the run go on)";
+    return text +
+           "the strategy holds the parameters' values, so they were not searched (run.check_finite = "
+           "false lets the run go on)";
   for (size_t p = 0; p < values->size() && p < names.size(); ++p) {
     const std::vector<float>& v = (*values)[p];
     for (size_t i = 0; i < v.size(); ++i)
@@ -89,8 +90,9 @@ std::string non_finite_loss(double loss, const std::vector<std::string>& names,
         return text + "the first parameter that is not finite is '" + names[p] + "' (element " + std::to_string(i) +
                " is " + std::to_string(v[i]) + ") (run.check_finite = false lets the run go on)";
   }
-  return text + "every parameter is finite: the data or the forward pass made it (run.check_finite = false "
-                "lets the run go on)";
+  return text +
+         "every parameter is finite: the data or the forward pass made it (run.check_finite = false "
+         "lets the run go on)";
 }
 
 }  // namespace ddp

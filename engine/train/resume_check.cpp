@@ -15,11 +15,19 @@ namespace {
 // which plugins, and how it is run and checked. Everything else shapes the
 // trajectory (model, data, optimizer, schedule, seed, batch).
 bool may_change(const std::string& key) {
-  static const std::set<std::string> run_keys = {
-      "run.steps",     "run.world_size",           "run.timeout_s",         "run.output_dir",
-      "run.log_every", "run.threads",              "run.device",            "run.share_gpus",
-      "run.check_finite", "run.check_replicas_every", "run.debug_collectives", "run.max_restarts",
-      "run.check_memory"};
+  static const std::set<std::string> run_keys = {"run.steps",
+                                                 "run.world_size",
+                                                 "run.timeout_s",
+                                                 "run.output_dir",
+                                                 "run.log_every",
+                                                 "run.threads",
+                                                 "run.device",
+                                                 "run.share_gpus",
+                                                 "run.check_finite",
+                                                 "run.check_replicas_every",
+                                                 "run.debug_collectives",
+                                                 "run.max_restarts",
+                                                 "run.check_memory"};
   for (const char* section : {"strategy.", "transport.", "checkpoint."})
     if (key.rfind(section, 0) == 0) return true;
   // What is evaluated, and when: not what trains (eval.holdout_rows is: the rows set aside).
@@ -46,9 +54,11 @@ ResumeCheck compare_for_resume(const std::map<std::string, std::string>& saved,
                                const std::map<std::string, std::string>& now) {
   // Keys added after checkpoints were written, as they are unset: a
   // checkpoint without one was written with that default in effect.
-  static const std::map<std::string, std::string> kAdded = {
-      {"data.teacher", "false"}, {"eval.every", "0"}, {"eval.batches", "1"}, {"eval.holdout_rows", "0"},
-      {"eval.kind", "tokens"}};
+  static const std::map<std::string, std::string> kAdded = {{"data.teacher", "false"},
+                                                            {"eval.every", "0"},
+                                                            {"eval.batches", "1"},
+                                                            {"eval.holdout_rows", "0"},
+                                                            {"eval.kind", "tokens"}};
   const auto saved_value = [&](const std::string& key) {
     const auto a = saved.find(key);
     const auto added = kAdded.find(key);
@@ -71,8 +81,7 @@ ResumeCheck compare_for_resume(const std::map<std::string, std::string>& saved,
     }
   }
   if (refused.empty()) return check;
-  std::stable_sort(refused.begin(), refused.end(),
-                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::stable_sort(refused.begin(), refused.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
   const std::string& key = refused[0].second;
   const std::string was = saved_value(key);
   const std::string is = now.count(key) ? now.at(key) : "";
@@ -80,8 +89,9 @@ ResumeCheck compare_for_resume(const std::map<std::string, std::string>& saved,
   if (key == "schedule.cosine_steps")
     check.refused += " (unless set, it follows run.steps: --set schedule.cosine_steps=" + was + " keeps the schedule)";
   for (size_t k = 1; k < refused.size(); ++k) check.refused += (k == 1 ? "; also " : ", ") + refused[k].second;
-  check.refused += ": a resumed run may change run.steps, run.world_size, the strategy, the transport, timeouts and "
-                   "checks, not what it trains";
+  check.refused +=
+      ": a resumed run may change run.steps, run.world_size, the strategy, the transport, timeouts and "
+      "checks, not what it trains";
   return check;
 }
 

@@ -102,13 +102,16 @@ void RankRun::put_back_strategy_state(const std::vector<RankPlugins::StateBuffer
                         buffers[0].name + "' first), and the checkpoint, written by strategy '" + resumed_.strategy +
                         "', holds none of it");
     if (env_.rank.rank == 0)  // replicas equal: a strategy's state may start afresh
-      std::printf("  strategy plugin '%s' starts its state afresh: the checkpoint (strategy '%s', %d ranks) holds "
-                  "none for it\n", name.c_str(), resumed_.strategy.c_str(), resumed_.world);
+      std::printf(
+          "  strategy plugin '%s' starts its state afresh: the checkpoint (strategy '%s', %d ranks) holds "
+          "none for it\n",
+          name.c_str(), resumed_.strategy.c_str(), resumed_.world);
     return;
   }
   std::unique_ptr<SafetensorsReader> own;
   std::unique_ptr<SafetensorsReader> shared;
-  if (same_world && !resumed_.strategy_state.empty()) own = std::make_unique<SafetensorsReader>(resumed_.strategy_state);
+  if (same_world && !resumed_.strategy_state.empty())
+    own = std::make_unique<SafetensorsReader>(resumed_.strategy_state);
   if (!resumed_.shared_state.empty()) shared = std::make_unique<SafetensorsReader>(resumed_.shared_state);
   if (own) refuse_untaken_state(*own, buffers);
   std::vector<std::string> afresh;
@@ -122,8 +125,10 @@ void RankRun::put_back_strategy_state(const std::vector<RankPlugins::StateBuffer
     const SafetensorsReader::Entry* e = file->find_floats(b.name);
     if (!e || size_t(numel_of(e->shape)) != b.count)
       throw ConfigError(file->path() + ": no tensor '" + b.name + "' of " + std::to_string(b.count) +
-                        " float32, where strategy plugin '" + name + "' keeps state across steps (the checkpoint "
-                        "was written by strategy '" + resumed_.strategy + "')");
+                        " float32, where strategy plugin '" + name +
+                        "' keeps state across steps (the checkpoint "
+                        "was written by strategy '" +
+                        resumed_.strategy + "')");
     host.resize(b.count);
     file->read_floats(b.name, 0, b.count, host.data());
     device_->upload(b.data, host.data(), b.count * sizeof(float));
@@ -132,9 +137,10 @@ void RankRun::put_back_strategy_state(const std::vector<RankPlugins::StateBuffer
   if (resumed_.divergent)  // (a divergent checkpoint is resumed on its own world size only)
     throw ConfigError("--resume " + resumed_from_ + ": no state '" + afresh[0] + "' of this rank's in the checkpoint");
   if (env_.rank.rank == 0)
-    std::printf("  strategy plugin '%s' starts its per-rank state afresh ('%s'%s): the checkpoint holds it for %d "
-                "ranks, this run has %d\n", name.c_str(), afresh[0].c_str(), afresh.size() > 1 ? " and more" : "",
-                resumed_.world, env_.rank.world_size);
+    std::printf(
+        "  strategy plugin '%s' starts its per-rank state afresh ('%s'%s): the checkpoint holds it for %d "
+        "ranks, this run has %d\n",
+        name.c_str(), afresh[0].c_str(), afresh.size() > 1 ? " and more" : "", resumed_.world, env_.rank.world_size);
 }
 
 // A tensor in this rank's state file that the strategy no longer takes:
@@ -164,9 +170,10 @@ void RankRun::agree_on_state(const std::vector<RankPlugins::StateBuffer>& buffer
   plugins_->all_gather(mine, all);
   for (int r = 1; r < env_.rank.world_size; ++r)
     if (all[size_t(r)] != all[0])
-      throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': state: rank " +
-                      std::to_string(r) + " gives other buffers, counts or scopes (state_scopes) than rank 0: "
-                      "every rank must give the same (writing a checkpoint)", DDP_ERR_INVALID_ARGUMENT);
+      throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': state: rank " + std::to_string(r) +
+                      " gives other buffers, counts or scopes (state_scopes) than rank 0: "
+                      "every rank must give the same (writing a checkpoint)",
+                  DDP_ERR_INVALID_ARGUMENT);
 }
 
 // This rank's state buffers for its checkpoint file: its per-rank ones,
@@ -196,7 +203,8 @@ std::vector<NamedFloats> RankRun::strategy_state(std::vector<std::vector<float>>
       if (all[size_t(r) * digests.size() + k] != all[k])
         throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': state '" + equal[k]->name +
                         "' is equal on every rank by its state_scopes, but rank " + std::to_string(r) +
-                        "'s differs from rank 0's (writing a checkpoint)", DDP_ERR_INTERNAL);
+                        "'s differs from rank 0's (writing a checkpoint)",
+                    DDP_ERR_INTERNAL);
   return out;
 }
 
@@ -204,12 +212,20 @@ void RankRun::checkpoint(int64_t step) {
   const auto t = Clock::now();
   whereabouts::Inside in(nullptr, "writing a checkpoint");
   average_losses();
-  CheckpointInput input{config_, env_.rank.rank, env_.rank.world_size, model_->params(), *optimizer_,
-                        plugins_->strategy_name(), plugins_->transport_name(), resume_items(config_),
-                        loss_prefix_, {}, {}};
+  CheckpointInput input{config_,
+                        env_.rank.rank,
+                        env_.rank.world_size,
+                        model_->params(),
+                        *optimizer_,
+                        plugins_->strategy_name(),
+                        plugins_->transport_name(),
+                        resume_items(config_),
+                        loss_prefix_,
+                        {},
+                        {}};
   for (const StepRecord& r : records_) input.losses.push_back(r.loss);
   input.collective = services_.params.visit_is_collective();  // the strategy gathers them unit by unit, on every rank
-  input.divergent = plugins_->divergent();  // every rank's own weights and state
+  input.divergent = plugins_->divergent();                    // every rank's own weights and state
   std::vector<std::vector<float>> state;
   input.strategy_state = strategy_state(state);
   input.eval_due = eval_due_;
@@ -252,9 +268,8 @@ void RankRun::report(int64_t step) {
   if (env_.rank.rank != 0) return;
   const StepRecord& r = records_.back();
   std::printf("step %lld/%lld  loss %.6f  step %.2f ms  comm blocked %.2f ms  (%lld collectives, %.3f MB)",
-              static_cast<long long>(step + 1), static_cast<long long>(config_.run.steps), r.loss,
-              r.step_s * 1e3, r.comm_blocked_s * 1e3, static_cast<long long>(r.collectives),
-              r.comm_bytes / 1e6);
+              static_cast<long long>(step + 1), static_cast<long long>(config_.run.steps), r.loss, r.step_s * 1e3,
+              r.comm_blocked_s * 1e3, static_cast<long long>(r.collectives), r.comm_bytes / 1e6);
   if (!std::isnan(r.val_loss)) std::printf("  val loss %.6f", r.val_loss);
   std::printf("\n");
   std::fflush(stdout);
@@ -280,8 +295,8 @@ void RankRun::finish_run() {
   const bool writes = env_.rank.rank == 0;
   const std::string weights_path = (fs::path(config_.run.output_dir) / "weights.safetensors").string();
   if (writes) fs::create_directories(config_.run.output_dir);
-  const std::string failure =
-      write_weights(weights_path, model_->params(), writes, services_.params.visit_is_collective(), host_visit("weights.safetensors"));
+  const std::string failure = write_weights(weights_path, model_->params(), writes,
+                                            services_.params.visit_is_collective(), host_visit("weights.safetensors"));
   if (!failure.empty()) throw Error(failure);
   // Every rank's totals, the peak resident memory last: the outputs' writing included.
   RankTotals mine;
@@ -312,7 +327,8 @@ void RankRun::write_summary(const std::vector<double>& all) {
   namespace fs = std::filesystem;
 
   std::vector<RankTotals> ranks;
-  for (int r = 0; r < env_.rank.world_size; ++r) ranks.push_back(RankTotals::from_doubles(&all[r * RankTotals::kDoubles]));
+  for (int r = 0; r < env_.rank.world_size; ++r)
+    ranks.push_back(RankTotals::from_doubles(&all[r * RankTotals::kDoubles]));
   RunFacts facts;
   facts.world_size = env_.rank.world_size;
   facts.steps = config_.run.steps;

@@ -69,8 +69,8 @@ std::string overlapping_spans(std::vector<GradSpan> spans, const std::vector<std
     return a.param != b.param ? a.param < b.param : a.offset < b.offset;
   });
   for (size_t k = 1; k < spans.size(); ++k) {
-    const GradSpan &a = spans[k - 1];
-    const GradSpan &b = spans[k];
+    const GradSpan& a = spans[k - 1];
+    const GradSpan& b = spans[k];
     if (a.param != b.param || b.offset >= a.offset + a.count || b.count == 0) continue;
     const std::string name = a.param < names.size() ? names[a.param] : std::to_string(a.param);
     return "two ranges hold elements [" + std::to_string(b.offset) + ", " +

@@ -96,6 +96,46 @@ std::string unsynced_weights_note(const std::string& strategy, int64_t steps) {
          "' lets the replicas differ between sync points and did not end the run with one";
 }
 
+// The summary's replica checks, weights, checkpoints, evaluations, restarts
+// and groups: what the run checked and wrote.
+static void add_checks_and_outputs(json& summary, const RunFacts& facts) {
+  summary["replica_checks"] = {{"every", facts.replica_check_every},
+                               {"sync_points_only", facts.divergent},
+                               {"after_steps", facts.replica_checked_after},
+                               {"seconds", facts.replica_check_s}};
+  // What weights.safetensors holds: every rank's model, or (a divergent
+  // strategy's last step not a sync point) rank 0's own replica, said.
+  const json note = facts.weights_synced ? json() : json(unsynced_weights_note(facts.strategy, facts.steps));
+  summary["weights"] = {{"after_step", facts.steps}, {"sync_point", facts.weights_synced}, {"note", note}};
+  summary["checkpoints"] = {{"after_steps", facts.checkpoints}, {"seconds", facts.checkpoint_s}};
+  json evaluated = json::array();
+  json val_loss = json::array();
+  for (const auto& [step, loss] : facts.val_losses) {
+    evaluated.push_back(step);
+    val_loss.push_back(loss);
+  }
+  summary["eval"] = {{"every", facts.eval_every},
+                     {"batches", facts.eval_batches},
+                     {"after_steps", evaluated},
+                     {"val_loss", val_loss},
+                     {"seconds", facts.eval_s}};
+  summary["first_step"] = facts.first_step;
+  summary["resumed_from"] = facts.resumed_from.empty() ? json() : json(facts.resumed_from);
+  json restarts = facts.restarts_json.empty() ? json::array() : json::parse(facts.restarts_json, nullptr, false);
+  summary["restarts"] = restarts.is_discarded() ? json::array() : restarts;
+  if (!facts.groups.empty()) {
+    json groups = json::array();
+    for (const RunFacts::Group& g : facts.groups)
+      groups.push_back({{"name", g.name},
+                        {"size", g.ranks.size()},
+                        {"ranks", g.ranks},
+                        {"collectives", g.collectives},
+                        {"comm_bytes", g.bytes},
+                        {"bus_bytes", g.bus_bytes}});
+    summary["groups"] = groups;
+  }
+}
+
 json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, const std::vector<RankTotals>& ranks,
                  const json* strategy_stats) {
   json summary;
@@ -139,40 +179,14 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
   // A false here means ranks issued different collectives: with Gloo that
   // usually hangs; when it does not, data were silently mixed.
   summary["collective_sequences_agree"] = agree;
-  summary["replica_checks"] = {{"every", facts.replica_check_every},
-                               {"sync_points_only", facts.divergent},
-                               {"after_steps", facts.replica_checked_after},
-                               {"seconds", facts.replica_check_s}};
-  // What weights.safetensors holds: every rank's model, or (a divergent
-  // strategy's last step not a sync point) rank 0's own replica, said.
-  const json note = facts.weights_synced ? json() : json(unsynced_weights_note(facts.strategy, facts.steps));
-  summary["weights"] = {{"after_step", facts.steps}, {"sync_point", facts.weights_synced}, {"note", note}};
-  summary["checkpoints"] = {{"after_steps", facts.checkpoints}, {"seconds", facts.checkpoint_s}};
-  json evaluated = json::array();
-  json val_loss = json::array();
-  for (const auto& [step, loss] : facts.val_losses) {
-    evaluated.push_back(step);
-    val_loss.push_back(loss);
-  }
-  summary["eval"] = {{"every", facts.eval_every}, {"batches", facts.eval_batches}, {"after_steps", evaluated},
-                     {"val_loss", val_loss}, {"seconds", facts.eval_s}};
-  summary["first_step"] = facts.first_step;
-  summary["resumed_from"] = facts.resumed_from.empty() ? json() : json(facts.resumed_from);
-  json restarts = facts.restarts_json.empty() ? json::array() : json::parse(facts.restarts_json, nullptr, false);
-  summary["restarts"] = restarts.is_discarded() ? json::array() : restarts;
-  if (!facts.groups.empty()) {
-    json groups = json::array();
-    for (const RunFacts::Group& g : facts.groups)
-      groups.push_back({{"name", g.name}, {"size", g.ranks.size()}, {"ranks", g.ranks}, {"collectives", g.collectives},
-                        {"comm_bytes", g.bytes}, {"bus_bytes", g.bus_bytes}});
-    summary["groups"] = groups;
-  }
+  add_checks_and_outputs(summary, facts);
   if (strategy_stats) summary["strategy_stats"] = *strategy_stats;
   json choice = facts.blas_choice_json.empty() ? json() : json::parse(facts.blas_choice_json, nullptr, false);
-  summary["blas"] = {{"kernel", facts.blas_kernel}, {"build", facts.blas_build},
-                     {"choice", choice.is_discarded() ? json() : choice}};
+  summary["blas"] = {
+      {"kernel", facts.blas_kernel}, {"build", facts.blas_build}, {"choice", choice.is_discarded() ? json() : choice}};
   const HugePages& h = facts.huge_pages;
-  summary["huge_pages"] = {{"malloc_hugetlb", h.malloc_hugetlb}, {"transparent_huge_pages", h.thp_mode},
+  summary["huge_pages"] = {{"malloc_hugetlb", h.malloc_hugetlb},
+                           {"transparent_huge_pages", h.thp_mode},
                            {"anon_huge_bytes", h.anon_huge_bytes}};
   summary["config"] = facts.config_toml;
   return summary;

@@ -37,17 +37,17 @@ struct StepRecord {
   int64_t collectives_before_last_grad_ready = 0;
   // Collectives enqueued during micro-batches without sync_grads: must be 0.
   int64_t collectives_before_sync_micro_batch = 0;
-  int64_t comm_buffer_bytes = 0;  // current at the end of the step (a leak grows it)
+  int64_t comm_buffer_bytes = 0;   // current at the end of the step (a leak grows it)
   int64_t device_allocations = 0;  // device memory allocated during the step
   // The largest collective the strategy issued so far, set-up included (its
   // buffer bytes, as comm_bytes counts them): what a transport that stages
   // collectives (gloo on a GPU) holds a buffer of. Where it grows after the
   // first step, such a transport allocates there, which a CPU run hides.
   int64_t largest_collective_bytes = 0;
-  double lr = 0;                     // the scheduled learning rate ([optimizer] lr unless a schedule)
-  double grad_norm = NAN;            // the averaged gradients' L2 norm before clipping; NaN (null): not measured
-  bool synced = true;                // every rank holds the same parameters after it (on_step_end, 1.8)
-  double val_loss = NAN;             // [eval]'s mean held-out loss after it; NaN (null): not evaluated
+  double lr = 0;           // the scheduled learning rate ([optimizer] lr unless a schedule)
+  double grad_norm = NAN;  // the averaged gradients' L2 norm before clipping; NaN (null): not measured
+  bool synced = true;      // every rank holds the same parameters after it (on_step_end, 1.8)
+  double val_loss = NAN;   // [eval]'s mean held-out loss after it; NaN (null): not evaluated
 };
 
 // Peak bytes per memory category over a window of the run.
@@ -84,7 +84,7 @@ struct RunFacts {
   // The replica checks that passed: run.check_replicas_every, after which
   // steps (from 1; 0: the end of the run), and the seconds they took.
   int64_t replica_check_every = 0;
-  bool divergent = false;  // the strategy's replicas may differ between sync points: checked there only
+  bool divergent = false;      // the strategy's replicas may differ between sync points: checked there only
   bool weights_synced = true;  // the last step was a sync point (else weights.safetensors is rank 0's own replica)
   std::vector<int64_t> replica_checked_after;
   double replica_check_s = 0;

@@ -85,7 +85,8 @@ void RankRun::train() {
   if (eval_data_ && store.visit_is_collective())
     throw Error(std::string("eval.every: strategy plugin '") + plugins_->strategy_name() +
                     "' holds the parameters' values (it claimed them), and evaluating reads the whole model: "
-                    "not supported yet; set eval.every = 0", DDP_ERR_UNSUPPORTED);
+                    "not supported yet; set eval.every = 0",
+                DDP_ERR_UNSUPPORTED);
   for (int64_t step = start_step_; step < config_.run.steps; ++step) {
     whereabouts::enter_step(step);
     records_.push_back(train_step(step));
@@ -160,10 +161,11 @@ StepRecord RankRun::train_step(int64_t step) {
   for (int64_t micro = 0; micro < k; ++micro) {
     const bool sync = micro == k - 1;
     if (sync) rec.collectives_before_sync_micro_batch = c.collectives - before.collectives;
-    info = ddp_step_info{sizeof(ddp_step_info), step, int32_t(micro), int32_t(k), sync ? 1 : 0,
-                         params_changed && micro == 0 ? 1 : 0, config_.run.steps};
+    info = ddp_step_info{
+        sizeof(ddp_step_info), step, int32_t(micro), int32_t(k), sync ? 1 : 0, params_changed && micro == 0 ? 1 : 0,
+        config_.run.steps};
     StepTimeline::Mark m = timeline_->mark();
-    services_.finals_open = sync;  // grads_final: from here until finish returns
+    services_.finals_open = sync;               // grads_final: from here until finish returns
     services_.params.claims_open = micro == 0;  // before anything is written into the gradients
     plugins_->on_step_begin(info);
     services_.params.claims_open = false;
@@ -304,12 +306,13 @@ double RankRun::gradient_norm(bool clip) {
   // held_ranges (1.9): what every rank holds travels with the norm's
   // gather, checked to cover each trainable parameter once.
   const bool check = plugins_->has_held_ranges();
-  return clip_gradients(spans_, gather, clip ? config_.optimizer.clip_grad_norm : 0.0, *device_,
-                        env_.rank.world_size,
-                        [this, check](const std::vector<double>& mine, std::vector<double>& all) {
-                          if (check) return gather_checking_coverage(mine, all);
-                          plugins_->all_gather(mine, all);
-                        }, &optimizer_->grad_squares());  // what this step's update measured
+  return clip_gradients(
+      spans_, gather, clip ? config_.optimizer.clip_grad_norm : 0.0, *device_, env_.rank.world_size,
+      [this, check](const std::vector<double>& mine, std::vector<double>& all) {
+        if (check) return gather_checking_coverage(mine, all);
+        plugins_->all_gather(mine, all);
+      },
+      &optimizer_->grad_squares());  // what this step's update measured
 }
 
 // The norm's all-gather, with every rank's held_once of its spans beside
@@ -379,7 +382,8 @@ bool RankRun::held_ranges(std::vector<GradSpan>& spans) {
   const std::string overlap = overlapping_spans(spans, names);
   if (!overlap.empty())
     throw Error(std::string("strategy plugin '") + plugins_->strategy_name() + "': held_ranges: " + overlap +
-                    ": each element this rank holds is named once", DDP_ERR_INVALID_ARGUMENT);
+                    ": each element this rank holds is named once",
+                DDP_ERR_INVALID_ARGUMENT);
   return true;
 }
 

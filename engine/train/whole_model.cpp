@@ -10,8 +10,8 @@
 
 namespace ddp {
 
-std::string write_weights(const std::string& path, const std::vector<Parameter>& params, bool writes,
-                          bool collective, const HostVisit& visit) {
+std::string write_weights(const std::string& path, const std::vector<Parameter>& params, bool writes, bool collective,
+                          const HostVisit& visit) {
   if (!writes && !collective) return "";
   std::unique_ptr<SafetensorsWriter> writer;
   std::string failure;

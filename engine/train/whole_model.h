@@ -24,7 +24,7 @@ using HostVisit = std::function<void(const std::function<void(size_t index, cons
 // same point and visits, and a rank 0 that cannot write goes on visiting,
 // so that the ranks' gathers stay matched. Returns rank 0's failure as text
 // ("" if none; "" on the other ranks).
-std::string write_weights(const std::string& path, const std::vector<Parameter>& params, bool writes,
-                          bool collective, const HostVisit& visit);
+std::string write_weights(const std::string& path, const std::vector<Parameter>& params, bool writes, bool collective,
+                          const HostVisit& visit);
 
 }  // namespace ddp
