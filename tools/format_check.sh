@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 FORMATTED=(plugins/gloo plugins/mpi plugins/nccl strategies
            engine/bench engine/blas engine/config engine/core engine/io engine/launch engine/plan engine/models
-           engine/train engine/host engine/main.cpp)  # plugins/include: after the merges of issue 46
+           engine/train engine/host engine/main.cpp plugins/include)
 clang_format=${CLANG_FORMAT:-clang-format}
 if ! command -v "$clang_format" >/dev/null && [ "$(id -u)" -eq 0 ] && [ "$clang_format" = clang-format ]; then
   echo "format_check: installing clang-format (Debian's, as tools/setup.sh does)"

@@ -47,9 +47,9 @@ static inline float ddp_bf16_to_float(uint16_t h) { return ddp_f32_from_bits((ui
 
 static inline uint16_t ddp_float_to_bf16(float f) {
   const uint32_t u = ddp_f32_bits(f);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16; /* nearest, ties to even */
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;       /* nearest, ties to even */
   const uint32_t nan = 0u - (uint32_t)((u & 0x7fffffffu) > 0x7f800000u); /* all ones for a NaN */
-  return (uint16_t)((0x7fc0u & nan) | (rounded & ~nan));  /* branch-free: loops vectorise */
+  return (uint16_t)((0x7fc0u & nan) | (rounded & ~nan));                 /* branch-free: loops vectorise */
 }
 
 static inline float ddp_fp16_to_float(uint16_t h) {
@@ -74,7 +74,7 @@ static inline uint16_t ddp_float_to_fp16(float f) {
   const uint32_t sign = w & 0x80000000u;
   uint32_t bias = shl1_w & 0xff000000u;
   bias += (0x71000000u - bias) & (0u - (uint32_t)(bias < 0x71000000u)); /* at least 0x71000000 */
-  base = ddp_f32_from_bits((bias >> 1) + 0x07800000u) + base; /* the add rounds to 10 bits */
+  base = ddp_f32_from_bits((bias >> 1) + 0x07800000u) + base;           /* the add rounds to 10 bits */
   const uint32_t bits = ddp_f32_bits(base);
   const uint32_t nonsign = ((bits >> 13) & 0x00007c00u) + (bits & 0x00000fffu);
   const uint32_t nan = 0u - (uint32_t)(shl1_w > 0xff000000u);

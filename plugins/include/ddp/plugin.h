@@ -104,10 +104,10 @@
 #ifndef DDP_PLUGIN_H
 #define DDP_PLUGIN_H
 
-#include "abi/values.h"
 #include "abi/host.h"
 #include "abi/plan.h"
-#include "abi/transport.h"
 #include "abi/strategy.h"
+#include "abi/transport.h"
+#include "abi/values.h"
 
 #endif /* DDP_PLUGIN_H */

@@ -170,9 +170,9 @@ class Host {
   // calling thread, never inside a host function.
   void* alloc_host(size_t bytes, ddp_mem_category category) const {
     if (!has_alloc_host(h_))
-      throw Failure(DDP_ERR_UNSUPPORTED, "alloc_host: this engine's ABI " + std::to_string(DDP_ABI_MAJOR(h_->abi_version)) +
-                                             "." + std::to_string(DDP_ABI_MINOR(h_->abi_version)) +
-                                             " lacks it (it needs ABI 1.1 or newer)");
+      throw Failure(DDP_ERR_UNSUPPORTED,
+                    "alloc_host: this engine's ABI " + std::to_string(DDP_ABI_MAJOR(h_->abi_version)) + "." +
+                        std::to_string(DDP_ABI_MINOR(h_->abi_version)) + " lacks it (it needs ABI 1.1 or newer)");
     void* p = nullptr;
     check(h_->alloc_host(h_->ctx, bytes, category, &p));
     return p;
@@ -188,9 +188,9 @@ class Host {
   // float32 <-> bfloat16/float16 (ABI 1.3; see ddp_host::convert).
   void convert(const ddp_buffer& dst, const ddp_buffer& src, ddp_stream s) const {
     if (!has_convert(h_))
-      throw Failure(DDP_ERR_UNSUPPORTED, "convert: this engine's ABI " + std::to_string(DDP_ABI_MAJOR(h_->abi_version)) +
-                                             "." + std::to_string(DDP_ABI_MINOR(h_->abi_version)) +
-                                             " lacks it (it needs ABI 1.3 or newer)");
+      throw Failure(DDP_ERR_UNSUPPORTED,
+                    "convert: this engine's ABI " + std::to_string(DDP_ABI_MAJOR(h_->abi_version)) + "." +
+                        std::to_string(DDP_ABI_MINOR(h_->abi_version)) + " lacks it (it needs ABI 1.3 or newer)");
     check(h_->convert(h_->ctx, &dst, &src, s));
   }
 
@@ -237,10 +237,9 @@ class Host {
   // The compute wrappers' refusal where the engine is older than 1.9.
   void require_compute(bool has, const char* entry) const {
     if (!has)
-      throw Failure(DDP_ERR_UNSUPPORTED, std::string(entry) + ": this engine's ABI " +
-                                             std::to_string(DDP_ABI_MAJOR(h_->abi_version)) + "." +
-                                             std::to_string(DDP_ABI_MINOR(h_->abi_version)) +
-                                             " lacks it (it needs ABI 1.9 or newer)");
+      throw Failure(DDP_ERR_UNSUPPORTED,
+                    std::string(entry) + ": this engine's ABI " + std::to_string(DDP_ABI_MAJOR(h_->abi_version)) + "." +
+                        std::to_string(DDP_ABI_MINOR(h_->abi_version)) + " lacks it (it needs ABI 1.9 or newer)");
   }
 
   ddp_stream compute_stream() const { return h_->compute_stream(h_->ctx); }
@@ -306,9 +305,7 @@ class Host {
   }
 
   void log(ddp_log_level level, const std::string& message) const { h_->log(h_->ctx, level, message.c_str()); }
-  void run_optimizer(const size_t* indices, size_t count) const {
-    check(h_->run_optimizer(h_->ctx, indices, count));
-  }
+  void run_optimizer(const size_t* indices, size_t count) const { check(h_->run_optimizer(h_->ctx, indices, count)); }
   // (1.10) These parameters' averaged gradients are final once `done` has
   // fired (NULL: now): the engine's optimizer step updates them then.
   bool has_grads_final() const { return DDP_HOST_HAS(h_, grads_final); }
@@ -319,7 +316,9 @@ class Host {
 
   // A float32 buffer on the run's device; one of `dtype`.
   ddp_buffer floats(void* ptr, size_t count) const { return ddp_buffer{ptr, count, DDP_FLOAT32, h_->device}; }
-  ddp_buffer buffer(void* ptr, size_t count, ddp_dtype dtype) const { return ddp_buffer{ptr, count, dtype, h_->device}; }
+  ddp_buffer buffer(void* ptr, size_t count, ddp_dtype dtype) const {
+    return ddp_buffer{ptr, count, dtype, h_->device};
+  }
 
  private:
   void require_1_4(bool has, const char* entry) const { require(has, entry, 4); }
@@ -364,8 +363,7 @@ class Event {
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(const ddp_host* host, size_t bytes, ddp_mem_category category)
-      : h_(host), bytes_(bytes) {
+  DeviceBuffer(const ddp_host* host, size_t bytes, ddp_mem_category category) : h_(host), bytes_(bytes) {
     check(h_->alloc(h_->ctx, bytes, category, &ptr_));
   }
   ~DeviceBuffer() { reset(); }
@@ -408,7 +406,8 @@ class Plan {
   const ddp_plan_collective* begin() const { return p_->collectives; }
   const ddp_plan_collective* end() const { return p_->collectives + p_->collective_count; }
 
-  void collective(ddp_collective_op op, size_t count, ddp_dtype dtype = DDP_FLOAT32, bool beside_compute = false) const {
+  void collective(ddp_collective_op op, size_t count, ddp_dtype dtype = DDP_FLOAT32,
+                  bool beside_compute = false) const {
     const ddp_plan_collective c{op, count, dtype, beside_compute ? 1 : 0};
     check(p_->collective(p_->ctx, &c));
   }
@@ -446,9 +445,7 @@ class Plan {
 class Comm {
  public:
   Comm(const ddp_transport_v1_t* transport, ddp_comm* comm) : t_(transport), c_(comm) {}
-  void all_reduce(const ddp_buffer& b, ddp_reduce_op op, ddp_stream s) const {
-    check(t_->all_reduce(c_, &b, op, s));
-  }
+  void all_reduce(const ddp_buffer& b, ddp_reduce_op op, ddp_stream s) const { check(t_->all_reduce(c_, &b, op, s)); }
   void broadcast(const ddp_buffer& b, int root, ddp_stream s) const { check(t_->broadcast(c_, &b, root, s)); }
   void all_gather(const ddp_buffer& send, const ddp_buffer& recv, ddp_stream s) const {
     check(t_->all_gather(c_, &send, &recv, s));

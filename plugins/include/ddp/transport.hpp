@@ -115,9 +115,9 @@ inline ddp_status check_root(const ddp_host* host, int root) { return check_root
 // are checked before.
 inline ddp_status check_all_gather(const ddp_host* host, const ddp_buffer& send, const ddp_buffer& recv, int size) {
   if (size > 0 && recv.count == send.count * static_cast<size_t>(size) && recv.dtype == send.dtype) return DDP_OK;
-  return fail(host, DDP_ERR_INVALID_ARGUMENT,
-              "all_gather: recv must hold send.count * " + detail::size_words(host, size) +
-                  " elements of send's dtype");
+  return fail(
+      host, DDP_ERR_INVALID_ARGUMENT,
+      "all_gather: recv must hold send.count * " + detail::size_words(host, size) + " elements of send's dtype");
 }
 
 // all_gather's shapes on the world's communicator (size host->world_size).
@@ -127,12 +127,11 @@ inline ddp_status check_all_gather(const ddp_host* host, const ddp_buffer& send,
 
 // reduce_scatter's shapes on a communicator of `size` ranks: send.count ==
 // recv.count * size, one dtype.
-inline ddp_status check_reduce_scatter(const ddp_host* host, const ddp_buffer& send, const ddp_buffer& recv,
-                                       int size) {
+inline ddp_status check_reduce_scatter(const ddp_host* host, const ddp_buffer& send, const ddp_buffer& recv, int size) {
   if (size > 0 && send.count == recv.count * static_cast<size_t>(size) && recv.dtype == send.dtype) return DDP_OK;
-  return fail(host, DDP_ERR_INVALID_ARGUMENT,
-              "reduce_scatter: send must hold recv.count * " + detail::size_words(host, size) +
-                  " elements of recv's dtype");
+  return fail(
+      host, DDP_ERR_INVALID_ARGUMENT,
+      "reduce_scatter: send must hold recv.count * " + detail::size_words(host, size) + " elements of recv's dtype");
 }
 
 // reduce_scatter's shapes on the world's communicator (size host->world_size).

@@ -108,7 +108,7 @@ typedef struct ddp_plan {
 
 /* Whether `plan` (a ddp_plan*) offers entry `entry`: its struct_size
  * reaches past it and it is not NULL. */
-#define DDP_PLAN_HAS(plan, entry)                                                                      \
+#define DDP_PLAN_HAS(plan, entry)                                                                                \
   ((plan)->struct_size >= (size_t)((const char*)&(plan)->entry - (const char*)(plan)) + sizeof((plan)->entry) && \
    (plan)->entry != NULL)
 

@@ -189,8 +189,7 @@ typedef struct ddp_strategy_v1_t {
   uint64_t caps; /* DDP_CAP_DEVICE_*, DDP_CAP_OWNS_* and DDP_CAP_DIVERGENT (values.h) */
 
   /* 1.0 */
-  ddp_status (*create)(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm,
-                       ddp_strategy** out);
+  ddp_status (*create)(const ddp_host* host, const ddp_transport_v1_t* transport, ddp_comm* comm, ddp_strategy** out);
   ddp_status (*on_train_begin)(ddp_strategy* s);
   ddp_status (*on_step_begin)(ddp_strategy* s, const ddp_step_info* info);
   ddp_status (*on_grad_ready)(ddp_strategy* s, const ddp_param* param);

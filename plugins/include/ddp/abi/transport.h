@@ -44,8 +44,8 @@ typedef struct ddp_transport_v1_t {
    * of every rank's send[r * recv.count, (r + 1) * recv.count). send is not
    * modified. Optional since 1.4: NULL means the transport has none, and a
    * strategy that needs one refuses at create, naming the transport. */
-  ddp_status (*reduce_scatter)(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv,
-                               ddp_reduce_op op, ddp_stream stream);
+  ddp_status (*reduce_scatter)(ddp_comm* comm, const ddp_buffer* send, const ddp_buffer* recv, ddp_reduce_op op,
+                               ddp_stream stream);
   /* Completes on each rank once every rank has reached it. */
   ddp_status (*barrier)(ddp_comm* comm, ddp_stream stream);
   /* (optional) Makes pending and future collectives of comm fail soon
@@ -87,9 +87,9 @@ static inline uint64_t ddp_transport_dtypes(const ddp_transport_v1_t* t) {
 
 /* Whether a descriptor of either kind offers optional entry `entry`: its
  * struct_size reaches past it and it is not NULL. */
-#define DDP_PLUGIN_HAS(descriptor, entry)                                                       \
-  ((descriptor)->struct_size >= (size_t)((const char*)&(descriptor)->entry - (const char*)(descriptor)) + \
-                                    sizeof((descriptor)->entry) &&                              \
+#define DDP_PLUGIN_HAS(descriptor, entry)                                                                       \
+  ((descriptor)->struct_size >=                                                                                 \
+       (size_t)((const char*)&(descriptor)->entry - (const char*)(descriptor)) + sizeof((descriptor)->entry) && \
    (descriptor)->entry != NULL)
 
 /* A transport plugin's one export: DDP_TRANSPORT_ENTRY = {DDP_ABI_VERSION,

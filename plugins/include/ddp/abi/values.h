@@ -60,9 +60,12 @@ typedef enum ddp_dtype {
 /* Bytes per element of `dtype`; 0 for a value this header does not name. */
 static inline size_t ddp_dtype_size(ddp_dtype dtype) {
   switch (dtype) {
-    case DDP_FLOAT32: case DDP_INT32: return 4;
-    case DDP_FLOAT64: case DDP_INT64: return 8;
-    case DDP_BFLOAT16: case DDP_FLOAT16: return 2;
+    case DDP_FLOAT32:
+    case DDP_INT32: return 4;
+    case DDP_FLOAT64:
+    case DDP_INT64: return 8;
+    case DDP_BFLOAT16:
+    case DDP_FLOAT16: return 2;
   }
   return 0;
 }
@@ -95,12 +98,12 @@ typedef enum ddp_mem_category {
 } ddp_mem_category;
 
 /* Capability bits of a descriptor's `caps`. */
-#define DDP_CAP_DEVICE_CPU (1u << 0)      /* works on CPU memory */
-#define DDP_CAP_DEVICE_CUDA (1u << 1)     /* works on CUDA memory */
-#define DDP_CAP_OWNS_OPTIMIZER (1u << 8)  /* strategy: implements optimizer_step */
-#define DDP_CAP_OWNS_GRADIENTS (1u << 9)  /* strategy (1.4): may claim gradient storage (ddp_host::claim) */
+#define DDP_CAP_DEVICE_CPU (1u << 0)       /* works on CPU memory */
+#define DDP_CAP_DEVICE_CUDA (1u << 1)      /* works on CUDA memory */
+#define DDP_CAP_OWNS_OPTIMIZER (1u << 8)   /* strategy: implements optimizer_step */
+#define DDP_CAP_OWNS_GRADIENTS (1u << 9)   /* strategy (1.4): may claim gradient storage (ddp_host::claim) */
 #define DDP_CAP_OWNS_PARAMETERS (1u << 10) /* strategy (1.5): may claim parameter storage (DDP_STORAGE_DATA) */
-#define DDP_CAP_DIVERGENT (1u << 11) /* strategy (1.8): replicas may differ between sync points (on_step_end) */
+#define DDP_CAP_DIVERGENT (1u << 11)       /* strategy (1.8): replicas may differ between sync points (on_step_end) */
 
 /* A contiguous buffer on the run's device; `count` in elements. Passed by
  * pointer, read during the call only (the memory it names must stay valid
@@ -138,10 +141,10 @@ typedef struct ddp_param {
   ddp_dtype dtype;
   int trainable; /* 0: frozen, never touched, never fires on_grad_ready */
   /* (ABI 1.4) */
-  size_t ndim;           /* dimensions of `shape` (0 for a scalar) */
-  const int64_t* shape;  /* [ndim]; their product is numel */
-  size_t unit;           /* the unit that owns it (ddp_unit::index), or DDP_NO_UNIT */
-  int32_t uses;          /* layers that read it per forward: 2 for a tied weight, 0 for an unused one */
+  size_t ndim;          /* dimensions of `shape` (0 for a scalar) */
+  const int64_t* shape; /* [ndim]; their product is numel */
+  size_t unit;          /* the unit that owns it (ddp_unit::index), or DDP_NO_UNIT */
+  int32_t uses;         /* layers that read it per forward: 2 for a tied weight, 0 for an unused one */
 } ddp_param;
 
 /* (ABI 1.4) A unit: parameters that compute together (FSDP's wrapped
@@ -155,7 +158,7 @@ typedef struct ddp_unit {
   size_t index;         /* its position in forward order */
   const size_t* params; /* the parameters it owns, ascending table indices */
   size_t param_count;
-  const size_t* tied;   /* the parameters of other units it reads too, ascending */
+  const size_t* tied; /* the parameters of other units it reads too, ascending */
   size_t tied_count;
 } ddp_unit;
 
@@ -223,12 +226,12 @@ typedef struct ddp_held_range {
  * split and group): the world, or the ranks that passed one color to
  * split. The host owns it; it lives until the strategy is destroyed. */
 typedef struct ddp_group {
-  uint32_t struct_size;  /* sizeof(ddp_group) as the engine knows it */
-  const char* name;      /* "world", or the name given to split */
-  int rank;              /* this rank's place in it, 0 .. size - 1 */
+  uint32_t struct_size; /* sizeof(ddp_group) as the engine knows it */
+  const char* name;     /* "world", or the name given to split */
+  int rank;             /* this rank's place in it, 0 .. size - 1 */
   int size;
-  const int* ranks;      /* [size]: each member's world rank, in group order */
-  int color;             /* split's color (the world: 0) */
+  const int* ranks; /* [size]: each member's world rank, in group order */
+  int color;        /* split's color (the world: 0) */
 } ddp_group;
 
 /* (ABI 1.9) What a transport's split is asked to make (ddp_transport_v1_t::
@@ -239,7 +242,7 @@ typedef struct ddp_group {
  * every member and unique per group of the run ("ddp.group.3.1"): a prefix
  * for rendezvous keys. Passed by pointer; grows at the end (struct_size). */
 typedef struct ddp_split {
-  uint32_t struct_size;  /* sizeof(ddp_split) as the engine knows it */
+  uint32_t struct_size; /* sizeof(ddp_split) as the engine knows it */
   int color;
   int key;
   int rank;
@@ -257,8 +260,8 @@ typedef struct ddp_split {
  * overwrites C (a NaN there included). Set by the plugin; struct_size
  * says which fields it knows. */
 typedef struct ddp_gemm {
-  uint32_t struct_size;  /* sizeof(ddp_gemm) as the plugin knows it */
-  int trans_a;           /* 1: op(A) is A transposed */
+  uint32_t struct_size; /* sizeof(ddp_gemm) as the plugin knows it */
+  int trans_a;          /* 1: op(A) is A transposed */
   int trans_b;
   size_t m;
   size_t n;
@@ -274,7 +277,7 @@ typedef struct ddp_gemm {
   float* c;
   size_t ldc;
   size_t stride_c;
-  size_t batch;          /* products, >= 1 */
+  size_t batch; /* products, >= 1 */
 } ddp_gemm;
 
 /* (ABI 1.9) `count` float32 vectors of `length` elements on the run's
