@@ -72,6 +72,7 @@ struct Reader {
   }
   void take(void* to, uint64_t n, const char* what) {
     if (n > bytes.size() - at) throw std::runtime_error(std::string("it ends inside ") + what);
+    if (n == 0) return;  // `to` may be an empty vector's data(): NULL, which memcpy may not take
     std::memcpy(to, bytes.data() + at, n);
     at += n;
   }

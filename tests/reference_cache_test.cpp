@@ -33,15 +33,19 @@ Reference awkward_reference() {
   return ref;
 }
 
+// Whether the n bytes at a and b are the same (an empty vector's data() may
+// be NULL, which memcmp may not take even for no bytes).
+bool same_bytes(const void* a, const void* b, size_t n) { return n == 0 || std::memcmp(a, b, n) == 0; }
+
 bool same_bits(const Reference& a, const Reference& b) {
   if (a.loss.size() != b.loss.size() || a.weights.size() != b.weights.size()) return false;
-  if (std::memcmp(a.loss.data(), b.loss.data(), a.loss.size() * sizeof(double)) != 0) return false;
+  if (!same_bytes(a.loss.data(), b.loss.data(), a.loss.size() * sizeof(double))) return false;
   for (const auto& [step, params] : a.weights) {
     const auto it = b.weights.find(step);
     if (it == b.weights.end() || it->second.size() != params.size()) return false;
     for (size_t p = 0; p < params.size(); ++p)
       if (params[p].size() != it->second[p].size() ||
-          std::memcmp(params[p].data(), it->second[p].data(), params[p].size() * sizeof(float)) != 0)
+          !same_bytes(params[p].data(), it->second[p].data(), params[p].size() * sizeof(float)))
         return false;
   }
   return true;
