@@ -25,6 +25,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -581,18 +582,25 @@ TEST(Launcher, APluginEntryThatNeverReturnsEndsTheRunWithinTheTimeout) {
 
 // A plugin's host function that never returns on the communication stream
 // (every rank): the engine's wait gives up at the timeout plus 5 s, and the
-// teardown does not wait for that task again. At three timeouts.
+// teardown does not wait for that task again. At three timeouts, run side
+// by side (they mostly wait) and collected shortest first: a run collected
+// late can only look slower, never faster.
 TEST(Launcher, AStuckCommunicationStreamEndsTheRunWithinTheTimeout) {
-  for (const int timeout_s : {2, 5, 10}) {
-    std::string dir = temp_dir();
-    const auto started = Clock::now();
-    Process p = start_faulty(dir, "stuck_stream", "finish", 1, -1, timeout_s);
-    EXPECT_EQ(wait_for(p, std::chrono::seconds(3 * timeout_s + 30)), 1);
+  const std::vector<int> timeouts = {2, 5, 10};
+  std::vector<std::string> dirs;
+  std::vector<Process> runs;
+  const auto started = Clock::now();
+  for (const int timeout_s : timeouts) {
+    dirs.push_back(temp_dir());
+    runs.push_back(start_faulty(dirs.back(), "stuck_stream", "finish", 1, -1, timeout_s));
+  }
+  for (size_t i = 0; i < runs.size(); ++i) {
+    EXPECT_EQ(wait_for(runs[i], std::chrono::seconds(3 * timeouts[i] + 30)), 1);
     const double took = std::chrono::duration<double>(Clock::now() - started).count();
-    EXPECT_LT(took, timeout_s + 10) << "at run.timeout_s = " << timeout_s;
-    const std::string err = read_file(p.err);
+    EXPECT_LT(took, timeouts[i] + 10) << "at run.timeout_s = " << timeouts[i];
+    const std::string err = read_file(runs[i].err);
     EXPECT_NE(err.find(" failed in step 2: exited with code 1: "), std::string::npos) << err;
-    fs::remove_all(dir);
+    fs::remove_all(dirs[i]);
   }
 }
 
@@ -921,61 +929,88 @@ TEST(Launcher, ARedisStoreIsLeftEmptyByACompletedRun) {
 // never answers (tried at three timeouts), one that answers something else
 // than Redis; given as redis:<host>:<port>, or as MASTER_ADDR and
 // MASTER_PORT (the same store code once the address is known), where rank
-// 1 finds it instead of rank 0's store and rank 0 cannot serve there. Named within the timeout, rather than a hang or a
-// protocol error.
-TEST(Launcher, ARendezvousStoreThatIsNotRedisIsNamedWithinTheTimeout) {
-  std::string dir = temp_dir();
-  struct Case {
-    int timeout_s;
-    std::string reply;  // "": never answers
-    int master_rank;    // -1: DDP_RENDEZVOUS=redis:...; else this rank, given MASTER_ADDR and MASTER_PORT
-  };
-  for (const Case& c : {Case{2, "", -1}, Case{5, "", -1}, Case{10, "", -1}, Case{2, "<html>\r\n", -1},
-                        Case{2, "", 1}, Case{2, "", 0}}) {
-    const int listener = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof addr;
-    ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    ASSERT_EQ(listen(listener, 4), 0);
-    ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length), 0);
-    const std::string port = std::to_string(ntohs(addr.sin_port));
-    const std::string store = "redis:127.0.0.1:" + port;
-    std::thread server([&] {  // the kernel accepts for a server that never does
-      if (c.reply.empty()) return;
+// 1 finds it instead of rank 0's store and rank 0 cannot serve there. Named
+// within the timeout, rather than a hang or a protocol error. The cases run
+// side by side (they mostly wait), collected shortest timeout first.
+struct NotRedis {
+  int timeout_s = 0;
+  std::string reply;  // "": never answers
+  int master_rank = -1;  // -1: DDP_RENDEZVOUS=redis:...; else this rank, given MASTER_ADDR and MASTER_PORT
+  std::string dir, port, store;
+  int listener = -1;
+  std::thread server;
+  Process run;
+};
+
+// Listens on a free loopback port; answers the first request with
+// `c.reply` (or accepts nothing: the kernel accepts for a server that never
+// does); starts the run against it.
+void start_not_redis(NotRedis& c) {
+  c.dir = temp_dir();
+  c.listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof addr;
+  ASSERT_EQ(bind(c.listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(c.listener, 4), 0);
+  ASSERT_EQ(getsockname(c.listener, reinterpret_cast<sockaddr*>(&addr), &length), 0);
+  c.port = std::to_string(ntohs(addr.sin_port));
+  c.store = "redis:127.0.0.1:" + c.port;
+  if (!c.reply.empty()) {
+    c.server = std::thread([listener = c.listener, reply = c.reply] {
       const int peer = accept(listener, nullptr, nullptr);
       char request[64];
-      if (peer >= 0 && read(peer, request, sizeof request) > 0 && write(peer, c.reply.data(), c.reply.size()) < 0)
+      if (peer >= 0 && read(peer, request, sizeof request) > 0 && write(peer, reply.data(), reply.size()) < 0)
         ADD_FAILURE() << "cannot answer";
       if (peer >= 0) close(peer);
     });
-    const auto started = Clock::now();
-    const std::vector<std::string> env =
-        c.master_rank < 0
-            ? std::vector<std::string>{"RANK=0", "WORLD_SIZE=2", "DDP_RENDEZVOUS=" + store}
-            : std::vector<std::string>{"RANK=" + std::to_string(c.master_rank), "WORLD_SIZE=2",
-                                       "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port};
-    Process p = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + dir + "/out\"", "--set",
-                       "run.timeout_s=" + std::to_string(c.timeout_s)},
-                      env, dir + "/ddp");
-    EXPECT_EQ(wait_for(p, std::chrono::seconds(c.timeout_s + 30)), 1);
+  }
+  const std::vector<std::string> env =
+      c.master_rank < 0 ? std::vector<std::string>{"RANK=0", "WORLD_SIZE=2", "DDP_RENDEZVOUS=" + c.store}
+                        : std::vector<std::string>{"RANK=" + std::to_string(c.master_rank), "WORLD_SIZE=2",
+                                                   "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + c.port};
+  c.run = start({"run", kRepo + "/configs/toy.toml", "--set", "run.output_dir=\"" + c.dir + "/out\"", "--set",
+                 "run.timeout_s=" + std::to_string(c.timeout_s)},
+                env, c.dir + "/ddp");
+}
+
+std::string not_redis_message(const NotRedis& c) {
+  if (c.master_rank == 0)
+    return "rank 0 cannot serve the rendezvous at 127.0.0.1:" + c.port +
+           ": another program holds that port (choose another MASTER_PORT)\n";
+  if (c.reply.empty())
+    return "rendezvous store " + c.store + " accepted the connection but did not answer within " +
+           std::to_string(c.timeout_s * 1000) + " ms: is a Redis server listening there?\n";
+  return "rendezvous store " + c.store +
+         " is not a Redis server (Protocol error, got \"<\" as reply type byte): is the port taken by another "
+         "program?\n";
+}
+
+TEST(Launcher, ARendezvousStoreThatIsNotRedisIsNamedWithinTheTimeout) {
+  const std::vector<std::tuple<int, std::string, int>> kinds = {{2, "", -1}, {2, "<html>\r\n", -1}, {2, "", 1},
+                                                               {2, "", 0},  {5, "", -1},            {10, "", -1}};
+  std::vector<NotRedis> cases(kinds.size());
+  for (size_t i = 0; i < kinds.size(); ++i)
+    std::tie(cases[i].timeout_s, cases[i].reply, cases[i].master_rank) = kinds[i];
+  const auto started = Clock::now();
+  for (NotRedis& c : cases) {
+    start_not_redis(c);
+    if (c.run.pid < 0) break;
+  }
+  for (NotRedis& c : cases) {
+    if (c.run.pid < 0) break;  // (start_not_redis failed the test)
+    EXPECT_EQ(wait_for(c.run, std::chrono::seconds(c.timeout_s + 30)), 1);
     const double took = std::chrono::duration<double>(Clock::now() - started).count();
     EXPECT_LT(took, c.timeout_s + 10) << "at run.timeout_s = " << c.timeout_s;
-    const std::string err = read_file(p.err);
-    const std::string want =
-        c.master_rank == 0 ? "rank 0 cannot serve the rendezvous at 127.0.0.1:" + port +
-                                 ": another program holds that port (choose another MASTER_PORT)\n"
-        : c.reply.empty()  ? "rendezvous store " + store + " accepted the connection but did not answer within " +
-                                std::to_string(c.timeout_s * 1000) + " ms: is a Redis server listening there?\n"
-                           : "rendezvous store " + store +
-                                " is not a Redis server (Protocol error, got \"<\" as reply type byte): is the port "
-                                "taken by another program?\n";
-    EXPECT_NE(err.find(want), std::string::npos) << err;
-    server.join();
-    close(listener);
+    const std::string err = read_file(c.run.err);
+    EXPECT_NE(err.find(not_redis_message(c)), std::string::npos) << err;
   }
-  fs::remove_all(dir);
+  for (NotRedis& c : cases) {
+    if (c.server.joinable()) c.server.join();
+    if (c.listener >= 0) close(c.listener);
+    fs::remove_all(c.dir);
+  }
 }
 
 // A full disk (issue 13): the reason reaches the user, naming the file, and
