@@ -551,11 +551,15 @@ TEST(Checkpoint, KeysAddedSinceACheckpointWasWrittenTakeTheirDefaults) {
   const std::map<std::string, std::string> saved = {{"optimizer.lr", "0.1"}};
   std::map<std::string, std::string> now = {{"optimizer.lr", "0.1"},       {"data.teacher", "false"},
                                             {"eval.every", "0"},           {"eval.batches", "1"},
-                                            {"eval.holdout_rows", "0"}};
+                                            {"eval.holdout_rows", "0"},    {"precision.compute", "fp32"}};
   EXPECT_EQ(compare_for_resume(saved, now).refused, "");
   EXPECT_TRUE(compare_for_resume(saved, now).changed.empty());
   now["data.teacher"] = "true";
   EXPECT_EQ(compare_for_resume(saved, now).refused.substr(0, 52), "data.teacher is true but was false in the checkpoint");
+  now["data.teacher"] = "false";
+  now["precision.compute"] = "bf16";
+  EXPECT_EQ(compare_for_resume(saved, now).refused.substr(0, 58),
+            "precision.compute is bf16 but was fp32 in the checkpoint: ");
 }
 
 TEST(Checkpoint, TheLowestRankHoldingAStateWritesIt) {

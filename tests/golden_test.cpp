@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -264,6 +265,130 @@ TEST_P(Golden, MlpMatchesPyTorch) {
                     [&] { return std::pair{m.loss_gradient(), size_t(8 * 10)}; },
                     [&] { return std::pair{on_cpu.loss_gradient(), size_t(8 * 10)}; });
 }
+
+// Emulated mixed precision ([precision] compute; docs/precision.md) against
+// make_precision_fixtures.py's references: the golden files' weights and
+// batches, every GEMM's inputs rounded to bf16 or fp16, forward and
+// backward, as tools/torch_models.py's rounded matmul rounds them.
+// The first loss must agree within 1e-6 relative (measured: 2.3e-7 at
+// worst), where computing in float32 instead misses by 2.6e-6 at least
+// (checked here too, so the check can fail). The two sides add their
+// float32 products in different orders, and a sum that lands next to a
+// 16-bit rounding boundary rounds the other way on the other side: one
+// 16-bit ulp in one input of the next product. Backward carries such
+// flips to the layers before, whose own roundings then flip more: deep
+// gradients agree to the 16-bit format's own noise, not float32's, and
+// AdamW turns a flipped near-zero gradient into an lr-sized step. The
+// other tolerances are those, measured on lm-tiny (the worst each case
+// saw is printed as it runs) with room for another machine's BLAS kernel.
+struct PrecisionCase {
+  std::string model;  // "lm_tiny" or "mlp"
+  std::string tag;    // "bf16" or "fp16"
+  ddp_dtype dtype;
+  double grad_rtol;   // on each gradient, with atol = grad_rtol x its root mean square
+  double loss_rtol;   // on the loss of each of the 10 AdamW steps
+  double final_atol;  // on the weights after them
+};
+
+constexpr double kFirstLossRtol = 1e-6;
+
+// The worst |got - want| / (rtol |want| + atol) of a tensor, rms-scaled atol.
+double worst_ratio(const std::vector<float>& got, const std::vector<float>& want, double rtol) {
+  double squares = 0;
+  for (float v : want) squares += double(v) * v;
+  const double atol = rtol * std::sqrt(squares / double(std::max<size_t>(want.size(), 1)));
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double r = std::abs(double(got[i]) - want[i]) / (rtol * std::abs(want[i]) + atol + 1e-30);
+    if (!(r <= worst)) worst = r;  // NaN counts as worst
+  }
+  return worst;
+}
+
+void check_precision(Device& device, Model& m, const PrecisionCase& c, const Tensors& init,
+                     const std::string& init_file, const Batch& batch) {
+  const std::string file = fixture(c.model + "_" + c.tag + ".safetensors");
+  const Tensors t = read_safetensors(file);
+  m.set_compute_dtype(c.dtype);
+  load_weights(device, m, init, init_file);
+  zero_grads(device, m);
+  const double want_loss = floats(t, file, "loss")[0];
+  EXPECT_NEAR(m.forward(batch), want_loss, kFirstLossRtol * std::abs(want_loss)) << "loss";
+  m.backward(1.0f, [](size_t) {});
+  double worst = 0;
+  for (const Parameter& p : m.params()) {
+    const double r = worst_ratio(p.grad.to_host(), floats(t, file, "grad/" + p.name), c.grad_rtol);
+    EXPECT_LE(r, 1.0) << "grad/" << p.name;
+    worst = std::max(worst, r);
+  }
+  load_weights(device, m, init, init_file);
+  OptimizerConfig oc;
+  oc.name = "adamw";
+  oc.lr = 1e-2;
+  oc.weight_decay = 0.1;
+  Optimizer opt(oc, device, m.params());
+  std::vector<size_t> all(m.params().size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  const std::vector<float> want_losses = floats(t, file, "adamw_losses");
+  double worst_loss = 0;
+  for (int s = 0; s < 10; ++s) {
+    zero_grads(device, m);
+    const float l = m.forward(batch);
+    worst_loss = std::max(worst_loss, double(std::abs(l - want_losses[s]) / std::abs(want_losses[s])));
+    EXPECT_NEAR(l, want_losses[s], c.loss_rtol * std::abs(want_losses[s])) << "adamw step " << s;
+    m.backward(1.0f, [](size_t) {});
+    opt.begin_step(1.0);
+    opt.step(m.params(), all);
+  }
+  double worst_final = 0;
+  for (const Parameter& p : m.params()) {
+    const std::vector<float> got = p.data.to_host(), want = floats(t, file, "adamw_final/" + p.name);
+    for (size_t i = 0; i < want.size(); ++i) worst_final = std::max(worst_final, double(std::abs(got[i] - want[i])));
+    expect_close("adamw_final/" + p.name, got, want, 0.0, c.final_atol);
+  }
+  // The same model computing in float32 misses the first loss.
+  m.set_compute_dtype(DDP_FLOAT32);
+  load_weights(device, m, init, init_file);
+  EXPECT_GT(std::abs(m.forward(batch) - want_loss), kFirstLossRtol * std::abs(want_loss)) << "float32's loss";
+  std::printf("%s %s: worst gradient %.3g of its tolerance, loss %.3g relative, weights %.3g absolute\n",
+              c.model.c_str(), c.tag.c_str(), worst, worst_loss, worst_final);
+}
+
+// Its name, in the test's name (`# GetParam() = lm_tiny bf16`), not its bytes.
+void PrintTo(const PrecisionCase& c, std::ostream* os) { *os << c.model << " " << c.tag; }
+
+class PrecisionGolden : public ::testing::TestWithParam<PrecisionCase> {};
+
+TEST_P(PrecisionGolden, MatchesPyTorchRoundingAtTheSamePoints) {
+  const PrecisionCase& c = GetParam();
+  CpuDevice cpu;
+  const std::string init_file = fixture(c.model + "_golden.safetensors");
+  const Tensors init = read_safetensors(init_file);
+  if (c.model == "lm_tiny") {
+    LmModel m(lm_preset("lm-tiny"), cpu, 0);
+    const std::vector<int32_t> tokens = ints(init, "tokens");
+    Batch batch;
+    batch.tokens = tokens.data();
+    batch.rows = 2;
+    check_precision(cpu, m, c, init, init_file, batch);
+    return;
+  }
+  MlpModel m(MlpConfig{32, 3, 10}, cpu, 0);
+  const std::vector<float> x = floats(init, init_file, "x");
+  const std::vector<int32_t> labels = ints(init, "y");
+  Batch batch;
+  batch.x = x.data();
+  batch.labels = labels.data();
+  batch.rows = 8;
+  check_precision(cpu, m, c, init, init_file, batch);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, PrecisionGolden,
+                         ::testing::Values(PrecisionCase{"lm_tiny", "bf16", DDP_BFLOAT16, 2e-2, 2e-3, 5e-2},
+                                           PrecisionCase{"lm_tiny", "fp16", DDP_FLOAT16, 5e-3, 2e-4, 5e-2},
+                                           PrecisionCase{"mlp", "bf16", DDP_BFLOAT16, 2e-2, 2e-3, 5e-2},
+                                           PrecisionCase{"mlp", "fp16", DDP_FLOAT16, 5e-3, 2e-4, 5e-2}),
+                         [](const auto& info) { return info.param.model + "_" + info.param.tag; });
 
 #if DDP_WITH_CUDA
 INSTANTIATE_TEST_SUITE_P(Device, Golden, ::testing::Values("cpu", "cuda"),

@@ -61,9 +61,10 @@ TEST(Summary, StepColumnsMeansAndRates) {
   // The order users see in the file.
   std::vector<std::string> keys;
   for (auto it = s.begin(); it != s.end(); ++it) keys.push_back(it.key());
-  EXPECT_EQ(std::vector<std::string>(keys.begin(), keys.begin() + 9),
-            (std::vector<std::string>{"world_size", "steps", "model", "transport", "strategy", "loss", "step_time_s",
-                                      "mean_step_time_s", "tokens_per_s"}));
+  EXPECT_EQ(std::vector<std::string>(keys.begin(), keys.begin() + 10),
+            (std::vector<std::string>{"world_size", "steps", "model", "transport", "strategy", "precision", "loss",
+                                      "step_time_s", "mean_step_time_s", "tokens_per_s"}));
+  EXPECT_EQ(s["precision"], json({{"compute", "fp32"}}));
   EXPECT_EQ(keys.back(), "config");
 }
 

@@ -14,7 +14,12 @@ baseline), so that both use exactly the same definitions.
         make_mlp(cfg, seed) seeds torch then constructs (nn.Linear's init).
 
 Weights as PyTorch: y = x W^T (+ b), W is [out, in]. float32 throughout,
-except the RoPE cos/sin tables, computed in float64 and rounded once.
+except the RoPE cos/sin tables, computed in float64 and rounded once, and
+the matrix products under `rounded_matmuls(dtype)`: the engine's emulated
+mixed precision ([precision] compute; docs/precision.md), where every
+matrix product, forward and backward, takes its two inputs rounded to
+bfloat16 or float16 (round to nearest even, torch's .to()) and multiplies
+and accumulates in float32.
 
 LM_PRESETS holds the spec's named sizes as keyword arguments for LM / make_lm
 (the same values as the engine's engine/models/lm.cpp lm_preset()).
@@ -34,6 +39,7 @@ __all__ = [
     "Linear", "Embedding", "RMSNorm", "rope_tables", "apply_rope", "Attention", "SwiGLU", "Block",
     "LM", "lm_param_names", "make_lm", "lm_loss",
     "MLPModel", "mlp_param_names", "make_mlp", "mlp_loss",
+    "rounded_matmuls", "matmul",
 ]
 
 
@@ -69,6 +75,60 @@ def lm_preset(name, **overrides):
 
 
 # ---------------------------------------------------------------------------
+# Emulated mixed precision: the engine's [precision] compute on the CPU
+# ---------------------------------------------------------------------------
+
+_ROUND_TO = None  # None: matrix products as they are (float32)
+
+
+class rounded_matmuls:
+    """Within `with rounded_matmuls(torch.bfloat16):` every matmul() below
+    rounds its inputs to that dtype, forward and backward (the engine's
+    engine/models/gemm.h)."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __enter__(self):
+        global _ROUND_TO
+        self.before, _ROUND_TO = _ROUND_TO, self.dtype
+
+    def __exit__(self, *exc):
+        global _ROUND_TO
+        _ROUND_TO = self.before
+
+
+class _RoundedMatmul(torch.autograd.Function):
+    """a @ b with a and b rounded to `dtype` and back to float32; its
+    backward rounds the incoming gradient likewise before each product:
+    grad_a = r(g) r(b)^T, grad_b = r(a)^T r(g). 2-D, or batched with both
+    operands batched alike."""
+
+    @staticmethod
+    def forward(ctx, a, b, dtype):
+        ra, rb = a.to(dtype).float(), b.to(dtype).float()
+        ctx.save_for_backward(ra, rb)
+        ctx.dtype = dtype
+        return ra @ rb
+
+    @staticmethod
+    def backward(ctx, g):
+        ra, rb = ctx.saved_tensors
+        rg = g.to(ctx.dtype).float()
+        return rg @ rb.transpose(-1, -2), ra.transpose(-1, -2) @ rg, None
+
+
+def matmul(a, b):
+    """a @ b, its inputs rounded under rounded_matmuls (a 2-D b with a
+    batched a is taken as one product over the rows of a)."""
+    if _ROUND_TO is None:
+        return a @ b
+    if b.dim() == 2 and a.dim() > 2:
+        return _RoundedMatmul.apply(a.reshape(-1, a.shape[-1]), b, _ROUND_TO).reshape(*a.shape[:-1], b.shape[-1])
+    return _RoundedMatmul.apply(a, b, _ROUND_TO)
+
+
+# ---------------------------------------------------------------------------
 # lm: decoder-only Transformer (spec: docs/models.md, `lm`)
 # ---------------------------------------------------------------------------
 
@@ -80,7 +140,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(d_out, d_in, dtype=torch.float32))
 
     def forward(self, x):
-        return x @ self.weight.t()
+        return matmul(x, self.weight.t())
 
 
 class Embedding(nn.Module):
@@ -146,11 +206,11 @@ class Attention(nn.Module):
         v = heads(self.v_proj(x))
         q = apply_rope(q, self.cos[:T], self.sin[:T])
         k = apply_rope(k, self.cos[:T], self.sin[:T])
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.dh)
+        scores = matmul(q, k.transpose(-1, -2)) / math.sqrt(self.dh)
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(mask, float("-inf"))
         att = torch.softmax(scores, dim=-1)
-        o = (att @ v).transpose(1, 2).reshape(B, T, D)
+        o = matmul(att, v).transpose(1, 2).reshape(B, T, D)
         return self.output_proj(o)
 
 
@@ -243,10 +303,13 @@ class MLPModel(nn.Module):
         self.head = nn.Linear(width, classes, bias=True)
 
     def forward(self, x):
+        def linear(layer, h):  # nn.Linear, its product rounded under rounded_matmuls
+            return layer(h) if _ROUND_TO is None else matmul(h, layer.weight.t()) + layer.bias
+
         h = x
         for layer in self.layers:
-            h = F.relu(layer(h))
-        return self.head(h)
+            h = F.relu(linear(layer, h))
+        return linear(self.head, h)
 
 
 def mlp_param_names(depth):

@@ -242,6 +242,19 @@ std::vector<UnfreezeConfig> read_unfreeze(const ConfigReader& r) {
   return unfreeze;
 }
 
+// [precision]: 16-bit compute is the CPU's (emulated) alone for now.
+PrecisionConfig read_precision(const ConfigReader& r, ddp_device_kind device) {
+  PrecisionConfig p;
+  const std::string compute = r.one_of("precision", "compute", "fp32", {"fp32", "bf16", "fp16"});
+  p.compute_name = compute;
+  p.compute = compute == "bf16" ? DDP_BFLOAT16 : compute == "fp16" ? DDP_FLOAT16 : DDP_FLOAT32;
+  if (p.compute != DDP_FLOAT32 && device == DDP_DEVICE_CUDA)
+    throw ConfigError(r.where(*r.find("precision", "compute")) + ": key 'precision.compute' = \"" + compute +
+                      "\" runs on the CPU only in this build (the CUDA kernels compute in float32): use run.device "
+                      "= \"cpu\" or precision.compute = \"fp32\"");
+  return p;
+}
+
 }  // namespace
 
 std::string shortest_text(double x) {
@@ -276,6 +289,7 @@ Config validate_config(const toml::table& doc, const std::string& file) {
   c.checkpoint.dir = r.directory("checkpoint", "dir", (fs::path(c.run.output_dir) / "checkpoints").string());
   c.checkpoint.keep = r.integer("checkpoint", "keep", 2, 1);
   c.eval = read_eval(r, c.data);
+  c.precision = read_precision(r, c.run.device);
   c.data.holdout_rows = c.eval.holdout_rows;
   c.transport_plugin = r.string("transport", "plugin", "gloo");
   c.strategy_plugin = r.string("strategy", "plugin", "naive");

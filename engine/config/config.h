@@ -164,6 +164,14 @@ struct UnfreezeConfig {
   std::string params;
 };
 
+// [precision] (docs/precision.md): the dtype the models' GEMMs (linear
+// layers, attention's products) take their inputs in, accumulating in
+// float32. Parameters, gradients and the optimizer stay float32.
+struct PrecisionConfig {
+  ddp_dtype compute = DDP_FLOAT32;
+  std::string compute_name = "fp32";  // as written: "fp32" | "bf16" | "fp16"
+};
+
 struct Config {
   std::string file;                    // path as given
   std::vector<std::string> overrides;  // the --set arguments it was loaded with
@@ -175,6 +183,7 @@ struct Config {
   LrScheduleConfig lr_schedule;
   CheckpointConfig checkpoint;
   EvalConfig eval;
+  PrecisionConfig precision;
   std::string transport_plugin = "gloo";
   std::string strategy_plugin = "naive";
   PluginSection transport;

@@ -52,6 +52,7 @@ const KeySpec kSchema[] = {
     {"schedule", "warmup_steps", toml::node_type::integer, false},
     {"schedule", "cosine_steps", toml::node_type::integer, false},
     {"schedule", "min_lr", toml::node_type::floating_point, false},
+    {"precision", "compute", toml::node_type::string, false},
     {"transport", "plugin", toml::node_type::string, false},
     {"strategy", "plugin", toml::node_type::string, false},
 };

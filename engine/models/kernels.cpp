@@ -17,21 +17,23 @@ namespace {
 class CpuKernels final : public Kernels {
  public:
   ddp_device_kind kind() const override { return DDP_DEVICE_CPU; }
+  void set_compute_dtype(ddp_dtype dtype) override { inputs_ = dtype; }
+  ddp_dtype compute_dtype() const override { return inputs_; }
 
   void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
 
   void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out,
                       bool accumulate) override {
-    layers::linear_forward(y, x, w, n, in, out, accumulate);
+    layers::linear_forward(y, x, w, n, in, out, accumulate, inputs_);
   }
   void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out,
                              bool accumulate, float alpha) override {
-    layers::linear_backward_input(dx, dy, w, n, in, out, accumulate, alpha);
+    layers::linear_backward_input(dx, dy, w, n, in, out, accumulate, alpha, inputs_);
   }
   void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in, int64_t out,
                               float alpha) override {
-    layers::linear_backward_weight(dw, dy, x, n, in, out, alpha);
+    layers::linear_backward_weight(dw, dy, x, n, in, out, alpha, inputs_);
   }
   void bias_forward(float* y, const float* b, int64_t n, int64_t out) override { layers::bias_forward(y, b, n, out); }
   void bias_backward(float* db, const float* dy, int64_t n, int64_t out) override {
@@ -60,12 +62,12 @@ class CpuKernels final : public Kernels {
   }
   void attention_forward(float* out, float* p, const float* q, const float* k, const float* v, int64_t b, int64_t t,
                          int64_t heads, int64_t dh) override {
-    layers::attention_forward(out, p, q, k, v, b, t, heads, dh);
+    layers::attention_forward(out, p, q, k, v, b, t, heads, dh, inputs_);
   }
   void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* p,
                           const float* q, const float* k, const float* v, int64_t b, int64_t t, int64_t heads,
                           int64_t dh) override {
-    layers::attention_backward(dq, dk, dv, scratch, dout, p, q, k, v, b, t, heads, dh);
+    layers::attention_backward(dq, dk, dv, scratch, dout, p, q, k, v, b, t, heads, dh, inputs_);
   }
   void swiglu_forward(float* out, const float* a, const float* b, int64_t n) override {
     layers::swiglu_forward(out, a, b, n);
@@ -89,6 +91,9 @@ class CpuKernels final : public Kernels {
   void mse_backward(float* d, const float* pred, const float* y, int64_t n, float scale) override {
     layers::mse_backward(d, pred, y, n, scale);
   }
+
+ private:
+  ddp_dtype inputs_ = DDP_FLOAT32;
 };
 
 }  // namespace

@@ -31,6 +31,13 @@ class Kernels {
   virtual ~Kernels() = default;
   virtual ddp_device_kind kind() const = 0;
 
+  // The dtype the GEMMs (linear layers, attention's products) take their
+  // inputs in: float32 (the default), bfloat16 or float16, accumulating in
+  // float32 (gemm.h). The CPU emulates the 16-bit ones by rounding; the
+  // CUDA kernels take float32 alone and throw Error for the others.
+  virtual void set_compute_dtype(ddp_dtype dtype) = 0;
+  virtual ddp_dtype compute_dtype() const = 0;
+
   // ---- data movement (compute stream order) ------------------------------
   // dst, src device memory.
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;

@@ -8,7 +8,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -21,14 +20,10 @@ namespace {
 
 blasint bi(int64_t v) { return static_cast<blasint>(v); }
 
-thread_local std::vector<GemmCall>* t_recorded = nullptr;
-
-// cblas_sgemm, row-major, noted in the recording if one is on.
+// op(A) op(B) through gemm.h, with cblas's transposes.
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, blasint m, blasint n, blasint k, float alpha, const float* a,
-           blasint lda, const float* b, blasint ldb, float beta, float* c, blasint ldc) {
-  if (t_recorded)
-    t_recorded->push_back({ta == CblasTrans, tb == CblasTrans, m, n, k, lda, ldb, ldc, alpha, beta, a, b, c});
-  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+           blasint lda, const float* b, blasint ldb, float beta, float* c, blasint ldc, ddp_dtype inputs) {
+  gemm(ta == CblasTrans, tb == CblasTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, inputs);
 }
 
 // exp(x) for float32, branch-free so loops over it vectorise: Cephes' expf
@@ -62,32 +57,23 @@ inline float sigmoid(float z) { return 1.0f / (1.0f + exp_approx(-z)); }
 
 }  // namespace
 
-void record_gemms(std::vector<GemmCall>* calls) { t_recorded = calls; }
-
-double replay_gemms(const std::vector<GemmCall>& calls) {
-  const auto begin = std::chrono::steady_clock::now();
-  for (const GemmCall& g : calls)
-    cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans, bi(g.m),
-                bi(g.n), bi(g.k), g.alpha, g.a, bi(g.lda), g.b, bi(g.ldb), g.beta, g.c, bi(g.ldc));
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-}
-
 // ---- linear ---------------------------------------------------------------
 
-void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out, bool accumulate) {
+void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out, bool accumulate,
+                    ddp_dtype inputs) {
   sgemm(CblasNoTrans, CblasTrans, bi(n), bi(out), bi(in), 1.0f, x, bi(in), w, bi(in), accumulate ? 1.0f : 0.0f, y,
-        bi(out));
+        bi(out), inputs);
 }
 
 void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out,
-                           bool accumulate, float alpha) {
+                           bool accumulate, float alpha, ddp_dtype inputs) {
   sgemm(CblasNoTrans, CblasNoTrans, bi(n), bi(in), bi(out), alpha, dy, bi(out), w, bi(in), accumulate ? 1.0f : 0.0f, dx,
-        bi(in));
+        bi(in), inputs);
 }
 
-void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in, int64_t out,
-                            float alpha) {
-  sgemm(CblasTrans, CblasNoTrans, bi(out), bi(in), bi(n), alpha, dy, bi(out), x, bi(in), 1.0f, dw, bi(in));
+void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in, int64_t out, float alpha,
+                            ddp_dtype inputs) {
+  sgemm(CblasTrans, CblasNoTrans, bi(out), bi(in), bi(n), alpha, dy, bi(out), x, bi(in), 1.0f, dw, bi(in), inputs);
 }
 
 DDP_SIMD_CLONES
@@ -216,7 +202,7 @@ constexpr int64_t kQueryBlock = 32;
 
 DDP_SIMD_CLONES
 void attention_forward(float* out, float* p, const float* q, const float* k, const float* v, int64_t b, int64_t t,
-                       int64_t heads, int64_t dh) {
+                       int64_t heads, int64_t dh, ddp_dtype inputs) {
   const int64_t d = heads * dh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   for (int64_t bi_ = 0; bi_ < b; ++bi_) {
@@ -228,7 +214,7 @@ void attention_forward(float* out, float* p, const float* q, const float* k, con
         const int64_t rows = r1 - r0;
         // scores[r0:r1, 0:r1] = q_h[r0:r1] · k_h[0:r1]^T / sqrt(dh)
         sgemm(CblasNoTrans, CblasTrans, bi(rows), bi(r1), bi(dh), scale, q + off + r0 * d, bi(d), k + off, bi(d), 0.0f,
-              ph + r0 * t, bi(t));
+              ph + r0 * t, bi(t), inputs);
         for (int64_t i = r0; i < r1; ++i) {
           float* __restrict row = ph + i * t;
           float m = row[0];
@@ -247,7 +233,7 @@ void attention_forward(float* out, float* p, const float* q, const float* k, con
         }
         // out_h[r0:r1] = p[r0:r1, 0:r1] · v_h[0:r1]
         sgemm(CblasNoTrans, CblasNoTrans, bi(rows), bi(dh), bi(r1), 1.0f, ph + r0 * t, bi(t), v + off, bi(d), 0.0f,
-              out + off + r0 * d, bi(d));
+              out + off + r0 * d, bi(d), inputs);
       }
     }
   }
@@ -255,8 +241,8 @@ void attention_forward(float* out, float* p, const float* q, const float* k, con
 
 DDP_SIMD_CLONES
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* p,
-                        const float* q, const float* k, const float* v, int64_t b, int64_t t, int64_t heads,
-                        int64_t dh) {
+                        const float* q, const float* k, const float* v, int64_t b, int64_t t, int64_t heads, int64_t dh,
+                        ddp_dtype inputs) {
   const int64_t d = heads * dh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   const int64_t last = (t - 1) / kQueryBlock * kQueryBlock;  // r0 of the last query block
@@ -274,10 +260,10 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
         float* sb = scratch + r0 * t;   // dp, then ds, same place
         // dp[r0:r1, 0:r1] = dout_h[r0:r1] · v_h[0:r1]^T
         sgemm(CblasNoTrans, CblasTrans, bi(rows), bi(r1), bi(dh), 1.0f, dout + off + r0 * d, bi(d), v + off, bi(d),
-              0.0f, sb, bi(t));
+              0.0f, sb, bi(t), inputs);
         // dv_h[0:r1] += p[r0:r1, 0:r1]^T · dout_h[r0:r1]
         sgemm(CblasTrans, CblasNoTrans, bi(r1), bi(dh), bi(rows), 1.0f, pb, bi(t), dout + off + r0 * d, bi(d), beta,
-              dv + off, bi(d));
+              dv + off, bi(d), inputs);
         // Softmax backward, scaled: ds_ij = p_ij (dp_ij - sum_k p_ik dp_ik) / sqrt(dh);
         // masked entries have p = 0 and stay 0.
         for (int64_t i = r0; i < r1; ++i) {
@@ -292,9 +278,9 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
         }
         // dq_h[r0:r1] = ds[r0:r1, 0:r1] · k_h[0:r1];  dk_h[0:r1] += ds^T · q_h[r0:r1]
         sgemm(CblasNoTrans, CblasNoTrans, bi(rows), bi(dh), bi(r1), 1.0f, sb, bi(t), k + off, bi(d), 0.0f,
-              dq + off + r0 * d, bi(d));
+              dq + off + r0 * d, bi(d), inputs);
         sgemm(CblasTrans, CblasNoTrans, bi(r1), bi(dh), bi(rows), 1.0f, sb, bi(t), q + off + r0 * d, bi(d), beta,
-              dk + off, bi(d));
+              dk + off, bi(d), inputs);
       }
     }
   }

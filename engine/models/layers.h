@@ -8,10 +8,16 @@
 // *add* into parameter gradients (dw, db, dg, dtable: the engine zeroes them
 // once per step, tied and accumulated uses sum) and overwrite input
 // gradients unless they take `accumulate` (true: add into dx, which is how
-// the residual stream collects its branches). No function allocates.
+// the residual stream collects its branches). No function allocates, but
+// for a GEMM with 16-bit inputs, whose rounded copies of its operands grow
+// two scratch buffers of the thread's (gemm.h).
 //
-// Deliberately absent: autograd, dtypes other than float32, dropout, biases
-// in the transformer, any GPU path.
+// The GEMMs (linear layers, attention's products) take `inputs`, the dtype
+// their operands are rounded to (gemm.h: mixed precision, emulated); every
+// other buffer and all other arithmetic is float32.
+//
+// Deliberately absent: autograd, storage in dtypes other than float32,
+// dropout, biases in the transformer, any GPU path.
 #pragma once
 
 #include <cstdint>
@@ -19,50 +25,23 @@
 #include <string>
 #include <vector>
 
+#include "gemm.h"
+
 namespace ddp {
 namespace layers {
-
-// ---- the GEMMs, recorded and replayed ---------------------------------------
-// (What this process's OpenBLAS is: blas_info.h.)
-
-// One GEMM the layers ran (cblas_sgemm, row-major): enough to run it again,
-// on the same operands.
-struct GemmCall {
-  bool trans_a = false;
-  bool trans_b = false;
-  int64_t m = 0;
-  int64_t n = 0;
-  int64_t k = 0;
-  int64_t lda = 0;
-  int64_t ldb = 0;
-  int64_t ldc = 0;
-  float alpha = 1.0f;
-  float beta = 0.0f;
-  const float* a = nullptr;
-  const float* b = nullptr;
-  float* c = nullptr;
-};
-// While `calls` is set (this thread), every GEMM the layers run is also
-// appended to it; null stops. For the GEMM-only floor (`ddp gemm-floor`).
-void record_gemms(std::vector<GemmCall>* calls);
-// Runs the calls again, in order, on the buffers they were recorded with
-// (which must still be alive: the model's own weights, activations and
-// gradients, so the GEMMs meet memory and caches as in the step; outputs
-// are overwritten, accumulations added to again); returns the seconds.
-double replay_gemms(const std::vector<GemmCall>& calls);
 
 // ---- linear: y = x W^T (+ b), W stored [out, in] as in PyTorch ----------
 
 // y[n, out] = x[n, in] · w[out, in]^T; with accumulate, y += that instead.
 void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out,
-                    bool accumulate = false);
+                    bool accumulate = false, ddp_dtype inputs = DDP_FLOAT32);
 // dx[n, in] = alpha * dy[n, out] · w[out, in] (accumulate: dx += ...).
 void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out,
-                           bool accumulate = false, float alpha = 1.0f);
+                           bool accumulate = false, float alpha = 1.0f, ddp_dtype inputs = DDP_FLOAT32);
 // dw[out, in] += alpha * dy[n, out]^T · x[n, in]. (alpha: a factor of dy
 // folded into the GEMM instead of a pass of its own over dy.)
 void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in, int64_t out,
-                            float alpha = 1.0f);
+                            float alpha = 1.0f, ddp_dtype inputs = DDP_FLOAT32);
 // y[n, out] += b[out] broadcast over rows.
 void bias_forward(float* y, const float* b, int64_t n, int64_t out);
 // db[out] += sum over rows of dy[n, out], in the column-sum order below.
@@ -116,11 +95,11 @@ void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int
 // with head h in columns [h*dh, (h+1)*dh)). p[b, heads, t, t] keeps the
 // attention weights: softmax(q k^T / sqrt(dh)) over keys j <= i, 0 beyond.
 void attention_forward(float* out, float* p, const float* q, const float* k, const float* v, int64_t b, int64_t t,
-                       int64_t heads, int64_t dh);
+                       int64_t heads, int64_t dh, ddp_dtype inputs = DDP_FLOAT32);
 // dq, dk, dv [b, t, heads, dh] overwritten; scratch [t, t]; others as above.
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* p,
-                        const float* q, const float* k, const float* v, int64_t b, int64_t t, int64_t heads,
-                        int64_t dh);
+                        const float* q, const float* k, const float* v, int64_t b, int64_t t, int64_t heads, int64_t dh,
+                        ddp_dtype inputs = DDP_FLOAT32);
 
 // ---- elementwise --------------------------------------------------------
 

@@ -374,10 +374,16 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
 
   // Head: the forward left softmax - onehot in place of the logits; the
   // mean's 1 / N and the loss scale go into the alpha of the two GEMMs
-  // that read it, not a pass of their own over [N, V].
-  const float* dlogits = logits_.data();  // [N, V]
-  const float c = loss_scale / static_cast<float>(n);
+  // that read it, not a pass of their own over [N, V]. In 16-bit compute
+  // the GEMMs round their inputs, so the gradient is scaled before, as
+  // autograd gives it to them (gemm.h).
+  float* dlogits = logits_.data();  // [N, V]
+  float c = loss_scale / static_cast<float>(n);
   unit_event(head_unit(), DDP_UNIT_BACKWARD_BEGIN);
+  if (k_->compute_dtype() != DDP_FLOAT32) {
+    k_->cross_entropy_backward(dlogits, n, vocab, loss_scale);
+    c = 1.0f;
+  }
   weight_grad(lm_head_index(), dlogits, lnf_.data(), d, vocab, c);
   done(lm_head_index());
   k_->linear_backward_input(dln_.data(), dlogits, w(lm_head_index()), n, d, vocab, false, c);

@@ -61,6 +61,7 @@ class LmModel final : public Model {
 
   int64_t input_width() const override { return config_.context_length + 1; }
   int64_t output_width() const override { return config_.vocab_size; }
+  void set_compute_dtype(ddp_dtype dtype) override { k_->set_compute_dtype(dtype); }
   // Throws Error for a token outside [0, vocab_size).
   float forward(const Batch& batch) override;
   // Calls accumulated(i) in strictly decreasing i: lm_head first,

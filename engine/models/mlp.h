@@ -34,6 +34,7 @@ class MlpModel final : public Model {
 
   int64_t input_width() const override { return config_.width; }
   int64_t output_width() const override { return config_.classes; }
+  void set_compute_dtype(ddp_dtype dtype) override { k_->set_compute_dtype(dtype); }
   // Throws Error for missing x or labels, or a label outside [0, classes).
   float forward(const Batch& batch) override;
   // Calls accumulated(i) in strictly decreasing i (bias before weight).

@@ -137,6 +137,10 @@ class Model {
   void materialise(Device& device);
   virtual int64_t input_width() const = 0;
   virtual int64_t output_width() const = 0;
+  // The dtype the model's GEMMs take their inputs in ([precision] compute;
+  // Kernels::set_compute_dtype): float32 unless set. Throws Error where the
+  // device's kernels do not take it.
+  virtual void set_compute_dtype(ddp_dtype dtype) = 0;
 
   // Runs the model on `batch`, keeps what backward needs, returns the loss
   // (mean over the batch). Activations are allocated on the first call for a

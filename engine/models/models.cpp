@@ -52,6 +52,7 @@ class SequentialMse final : public Model {
 
   int64_t input_width() const override { return layers_.front().in; }
   int64_t output_width() const override { return out_width_; }
+  void set_compute_dtype(ddp_dtype dtype) override { k_->set_compute_dtype(dtype); }
 
   void add_param(const std::string& name, Shape shape, bool trainable, int uses = 1) {
     Parameter p;

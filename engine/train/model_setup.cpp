@@ -43,6 +43,7 @@ void freeze(const std::vector<std::string>& patterns, Model& model, const std::s
 std::unique_ptr<Model> set_up_model(const Config& config, Device& device, uint64_t seed, DataShape* shape,
                                     std::unique_ptr<InitialValues>* values) {
   auto model = build_model(config.model.name, config.model.options, device, seed, shape, /*with_values=*/false);
+  model->set_compute_dtype(config.precision.compute);
   *values = std::make_unique<InitialValues>(*model);
   if (!config.model.init_from.empty()) (*values)->read_from(open_init(config.model.init_from, *model));
   freeze(config.model.freeze, *model, config.model.name);

@@ -54,11 +54,9 @@ ResumeCheck compare_for_resume(const std::map<std::string, std::string>& saved,
                                const std::map<std::string, std::string>& now) {
   // Keys added after checkpoints were written, as they are unset: a
   // checkpoint without one was written with that default in effect.
-  static const std::map<std::string, std::string> kAdded = {{"data.teacher", "false"},
-                                                            {"eval.every", "0"},
-                                                            {"eval.batches", "1"},
-                                                            {"eval.holdout_rows", "0"},
-                                                            {"eval.kind", "tokens"}};
+  static const std::map<std::string, std::string> kAdded = {{"data.teacher", "false"}, {"eval.every", "0"},
+                                                            {"eval.batches", "1"},     {"eval.holdout_rows", "0"},
+                                                            {"eval.kind", "tokens"},   {"precision.compute", "fp32"}};
   const auto saved_value = [&](const std::string& key) {
     const auto a = saved.find(key);
     const auto added = kAdded.find(key);

@@ -144,6 +144,7 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
   summary["model"] = facts.model;
   summary["transport"] = facts.transport;
   summary["strategy"] = facts.strategy;
+  summary["precision"] = {{"compute", facts.compute}};
   double total = 0;
   double blocked = 0;
   double busy = 0;

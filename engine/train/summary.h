@@ -75,8 +75,9 @@ struct RunFacts {
   std::string model;
   std::string transport;
   std::string strategy;
-  double rows_per_step = 0;    // data.batch_size * run.grad_accum_steps
-  int64_t tokens_per_row = 1;  // lm: context_length (tokens_per_s), else 1 (samples_per_s)
+  std::string compute = "fp32";  // [precision] compute: the dtype of the GEMMs' inputs
+  double rows_per_step = 0;      // data.batch_size * run.grad_accum_steps
+  int64_t tokens_per_row = 1;    // lm: context_length (tokens_per_s), else 1 (samples_per_s)
   PeakBytes after_setup{};
   PeakBytes before_optimizer{};
   PeakBytes after_optimizer{};

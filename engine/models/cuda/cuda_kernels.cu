@@ -29,6 +29,8 @@
 #include <cstring>
 #include <string>
 
+#include <ddp/numeric.h>
+
 #include "cuda/cublas_lib.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_kernels.h"
@@ -87,6 +89,13 @@ class CudaKernels final : public Kernels {
   CudaKernels& operator=(const CudaKernels&) = delete;
 
   ddp_device_kind kind() const override { return DDP_DEVICE_CUDA; }
+  void set_compute_dtype(ddp_dtype dtype) override {
+    if (dtype != DDP_FLOAT32)
+      throw Error(std::string("the CUDA kernels compute in float32 only (asked for ") + ddp_dtype_name(dtype) +
+                      "); 16-bit compute runs on the CPU, emulated",
+                  DDP_ERR_UNSUPPORTED);
+  }
+  ddp_dtype compute_dtype() const override { return DDP_FLOAT32; }
 
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;

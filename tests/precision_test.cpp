@@ -1,0 +1,118 @@
+// precision_test.cpp — emulated mixed precision's two pieces (gemm.h):
+// round_to, a float rounded to bfloat16 or float16 and back (to nearest,
+// ties to even, overflow to infinity, NaN kept), against values worked out
+// by hand; and gemm with rounded inputs, against the same products of the
+// rounded operands summed in double, for every transpose and a row stride
+// wider than the rows.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "gemm.h"
+
+namespace ddp {
+namespace {
+
+float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+TEST(RoundTo, Bfloat16RoundsToNearestTiesToEven) {
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7 (bf16 keeps 7 fraction
+  // bits): the tie goes to the even 1. 1 + 3 * 2^-8 ties between 1 + 2^-7
+  // and 1 + 2^-6: to the even 1 + 2^-6. Just above a tie rounds up.
+  EXPECT_EQ(layers::round_to(DDP_BFLOAT16, 1.0f + 0x1.0p-8f), 1.0f);
+  EXPECT_EQ(layers::round_to(DDP_BFLOAT16, 1.0f + 3 * 0x1.0p-8f), 1.0f + 0x1.0p-6f);
+  EXPECT_EQ(layers::round_to(DDP_BFLOAT16, 1.0f + 0x1.0p-8f + 0x1.0p-20f), 1.0f + 0x1.0p-7f);
+  EXPECT_EQ(layers::round_to(DDP_BFLOAT16, -3.0f), -3.0f);  // exact stays
+  // The largest float rounds up to infinity; a NaN stays a NaN.
+  EXPECT_EQ(layers::round_to(DDP_BFLOAT16, std::numeric_limits<float>::max()),
+            std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(layers::round_to(DDP_BFLOAT16, std::nanf(""))));
+  // bf16 has float32's exponent range: the smallest normal float is exact.
+  EXPECT_EQ(layers::round_to(DDP_BFLOAT16, from_bits(0x00800000u)), from_bits(0x00800000u));
+}
+
+TEST(RoundTo, Float16RoundsToNearestTiesToEvenAndOverflows) {
+  // fp16 keeps 10 fraction bits: 1 + 2^-11 ties to 1, 1 + 3 * 2^-11 to 1 + 2^-9.
+  EXPECT_EQ(layers::round_to(DDP_FLOAT16, 1.0f + 0x1.0p-11f), 1.0f);
+  EXPECT_EQ(layers::round_to(DDP_FLOAT16, 1.0f + 3 * 0x1.0p-11f), 1.0f + 0x1.0p-9f);
+  // 65504 is the largest fp16; 65520 is halfway to 2^16, which is out of
+  // range: it and anything above round to infinity, just below to 65504.
+  EXPECT_EQ(layers::round_to(DDP_FLOAT16, 65504.0f), 65504.0f);
+  EXPECT_EQ(layers::round_to(DDP_FLOAT16, 65519.0f), 65504.0f);
+  EXPECT_EQ(layers::round_to(DDP_FLOAT16, 65520.0f), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(layers::round_to(DDP_FLOAT16, -1e6f), -std::numeric_limits<float>::infinity());
+  // Subnormals: steps of 2^-24; 2^-25 ties to 0 (even), 3 * 2^-25 to 2^-23.
+  EXPECT_EQ(layers::round_to(DDP_FLOAT16, 0x1.0p-24f), 0x1.0p-24f);
+  EXPECT_EQ(layers::round_to(DDP_FLOAT16, 0x1.0p-25f), 0.0f);
+  EXPECT_EQ(layers::round_to(DDP_FLOAT16, 3 * 0x1.0p-25f), 0x1.0p-23f);
+  EXPECT_TRUE(std::isnan(layers::round_to(DDP_FLOAT16, std::nanf(""))));
+}
+
+TEST(RoundTo, Float32IsTheValueItself) {
+  for (const float x : {0.1f, 1e-40f, 3e38f, -7.25f}) EXPECT_EQ(layers::round_to(DDP_FLOAT32, x), x);
+}
+
+// A rows x cols matrix stored with row stride ld, entries N(0, 1).
+std::vector<float> random_matrix(int64_t rows, int64_t ld, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<float> m(static_cast<size_t>(rows * ld));
+  for (float& v : m) v = normal(rng);
+  return m;
+}
+
+TEST(Gemm, RoundsBothInputsAndAccumulatesInFloat32) {
+  const int64_t m = 7, n = 5, k = 33;
+  std::mt19937_64 rng(3);
+  for (const ddp_dtype dtype : {DDP_BFLOAT16, DDP_FLOAT16}) {
+    for (const bool ta : {false, true}) {
+      for (const bool tb : {false, true}) {
+        // Stored as given to gemm: A is m x k (k x m transposed), B k x n
+        // (n x k transposed), each with 3 extra columns of stride.
+        const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+        const std::vector<float> a = random_matrix(a_rows, a_cols + 3, rng), b = random_matrix(b_rows, b_cols + 3, rng);
+        std::vector<float> c(static_cast<size_t>(m * n), 1.0f);
+        layers::gemm(ta, tb, m, n, k, 0.5f, a.data(), a_cols + 3, b.data(), b_cols + 3, 2.0f, c.data(), n, dtype);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double sum = 0, magnitude = 0;
+            for (int64_t p = 0; p < k; ++p) {
+              const float x = ta ? a[size_t(p * (a_cols + 3) + i)] : a[size_t(i * (a_cols + 3) + p)];
+              const float y = tb ? b[size_t(j * (b_cols + 3) + p)] : b[size_t(p * (b_cols + 3) + j)];
+              const double term = double(layers::round_to(dtype, x)) * double(layers::round_to(dtype, y));
+              sum += term;
+              magnitude += std::abs(term);
+            }
+            const double want = 0.5 * sum + 2.0;
+            // float32 accumulation: within k ulps of the terms' magnitude.
+            EXPECT_NEAR(c[size_t(i * n + j)], want, 0.5 * magnitude * double(k) * 0x1.0p-24 + 1e-6)
+                << "dtype " << dtype << ", trans " << ta << tb << ", C[" << i << "," << j << "]";
+          }
+        }
+      }
+    }
+  }
+}
+
+// A product of unrounded operands: float32 GEMM inputs are taken as they
+// are, and rounding them changes the result (so the check above could tell).
+TEST(Gemm, Float32InputsAreNotRounded) {
+  const float a[2] = {1.0f + 0x1.0p-20f, 1.0f};
+  const float b[2] = {1.0f, 1.0f};
+  float c = 0;
+  layers::gemm(false, false, 1, 1, 2, 1.0f, a, 2, b, 1, 0.0f, &c, 1, DDP_FLOAT32);
+  EXPECT_EQ(c, 2.0f + 0x1.0p-20f);
+  layers::gemm(false, false, 1, 1, 2, 1.0f, a, 2, b, 1, 0.0f, &c, 1, DDP_BFLOAT16);
+  EXPECT_EQ(c, 2.0f);
+}
+
+}  // namespace
+}  // namespace ddp
