@@ -118,6 +118,23 @@ std::vector<float> loss_gradient(const std::vector<float>& logits, const std::ve
   return out;
 }
 
+// The fixtures' optimizer: AdamW(lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
+// weight_decay=0.1).
+OptimizerConfig fixture_adamw() {
+  OptimizerConfig oc;
+  oc.name = "adamw";
+  oc.lr = 1e-2;
+  oc.weight_decay = 0.1;
+  return oc;
+}
+
+// 0, 1, ..., one per parameter: what the optimizer steps.
+std::vector<size_t> every_index(const Model& m) {
+  std::vector<size_t> all(m.params().size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  return all;
+}
+
 // Forward, backward and 10 AdamW steps against the fixture. `dlogits`
 // gives the model's loss gradient (device memory) and its count; `targets`
 // the batch's target classes, one a row of it.
@@ -138,13 +155,8 @@ void check_golden(Device& device, Model& m, const Tensors& t, const std::string&
   // AdamW(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1), 10 steps
   // on the same batch from the initial weights.
   load_weights(device, m, t, file);
-  OptimizerConfig oc;
-  oc.name = "adamw";
-  oc.lr = 1e-2;
-  oc.weight_decay = 0.1;
-  Optimizer opt(oc, device, m.params());
-  std::vector<size_t> all(m.params().size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  Optimizer opt(fixture_adamw(), device, m.params());
+  const std::vector<size_t> all = every_index(m);
   const std::vector<float> want_losses = floats(t, file, "adamw_losses");
   ASSERT_EQ(want_losses.size(), 10u);
   for (int s = 0; s < 10; ++s) {
@@ -322,13 +334,8 @@ void check_precision(Device& device, Model& m, const PrecisionCase& c, const Ten
     worst = std::max(worst, r);
   }
   load_weights(device, m, init, init_file);
-  OptimizerConfig oc;
-  oc.name = "adamw";
-  oc.lr = 1e-2;
-  oc.weight_decay = 0.1;
-  Optimizer opt(oc, device, m.params());
-  std::vector<size_t> all(m.params().size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  Optimizer opt(fixture_adamw(), device, m.params());
+  const std::vector<size_t> all = every_index(m);
   const std::vector<float> want_losses = floats(t, file, "adamw_losses");
   double worst_loss = 0;
   for (int s = 0; s < 10; ++s) {
