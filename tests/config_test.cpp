@@ -905,6 +905,9 @@ TEST_F(ConfigTest, PrecisionCompute) {
   EXPECT_EQ(load_config(path).precision.compute, DDP_BFLOAT16);
   EXPECT_EQ(load_config(path, {"precision.compute=fp16"}).precision.compute, DDP_FLOAT16);
   EXPECT_EQ(load_config(path, {"precision.compute=fp32"}).precision.compute, DDP_FLOAT32);
+  EXPECT_STREQ(compute_name(DDP_BFLOAT16), "bf16");  // summary.json's name for it
+  EXPECT_STREQ(compute_name(DDP_FLOAT16), "fp16");
+  EXPECT_STREQ(compute_name(DDP_FLOAT32), "fp32");
   EXPECT_EQ(load_error(path, {"precision.compute=fp8"}),
             "--set precision.compute=fp8: key 'precision.compute' must be one of: fp32, bf16, fp16 (got 'fp8')");
   EXPECT_EQ(load_error(path, {"run.device=\"cuda\""}),

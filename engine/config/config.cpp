@@ -246,8 +246,8 @@ std::vector<UnfreezeConfig> read_unfreeze(const ConfigReader& r) {
 PrecisionConfig read_precision(const ConfigReader& r, ddp_device_kind device) {
   PrecisionConfig p;
   const std::string compute = r.one_of("precision", "compute", "fp32", {"fp32", "bf16", "fp16"});
-  p.compute_name = compute;
-  p.compute = compute == "bf16" ? DDP_BFLOAT16 : compute == "fp16" ? DDP_FLOAT16 : DDP_FLOAT32;
+  for (const ddp_dtype d : {DDP_FLOAT32, DDP_BFLOAT16, DDP_FLOAT16})
+    if (compute == compute_name(d)) p.compute = d;
   if (p.compute != DDP_FLOAT32 && device == DDP_DEVICE_CUDA)
     throw ConfigError(r.where(*r.find("precision", "compute")) + ": key 'precision.compute' = \"" + compute +
                       "\" runs on the CPU only in this build (the CUDA kernels compute in float32): use run.device "
@@ -256,6 +256,10 @@ PrecisionConfig read_precision(const ConfigReader& r, ddp_device_kind device) {
 }
 
 }  // namespace
+
+const char* compute_name(ddp_dtype dtype) {
+  return dtype == DDP_BFLOAT16 ? "bf16" : dtype == DDP_FLOAT16 ? "fp16" : "fp32";
+}
 
 std::string shortest_text(double x) {
   char text[32];

@@ -168,9 +168,10 @@ struct UnfreezeConfig {
 // layers, attention's products) take their inputs in, accumulating in
 // float32. Parameters, gradients and the optimizer stay float32.
 struct PrecisionConfig {
-  ddp_dtype compute = DDP_FLOAT32;
-  std::string compute_name = "fp32";  // as written: "fp32" | "bf16" | "fp16"
+  ddp_dtype compute = DDP_FLOAT32;  // "fp32" | "bf16" | "fp16"
 };
+// A compute dtype as [precision] writes it: "fp32", "bf16" or "fp16". Pure.
+const char* compute_name(ddp_dtype dtype);
 
 struct Config {
   std::string file;                    // path as given

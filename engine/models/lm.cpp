@@ -162,7 +162,7 @@ LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed, bool wit
   check_sizes(c);
   head_dim_ = c.d_model / c.num_heads;
 
-  for (const auto& [name, shape] : lm_parameter_shapes(c)) add_param(name, shape);
+  for (const auto& [name, shape] : lm_parameter_shapes(c)) declare_param(device_, name, shape);
   declare_units(lm_units(c));
   for (int64_t l = 0; l < c.num_layers; ++l) range_names_.push_back("backward layers." + std::to_string(l));
 
@@ -191,14 +191,6 @@ LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed, bool wit
   device_.upload(rope_cos_.data(), cos.data(), rope_cos_.bytes());
   device_.upload(rope_sin_.data(), sin.data(), rope_sin_.bytes());
   if (with_values) materialise(device_);
-}
-
-void LmModel::add_param(const std::string& name, Shape shape) {
-  Parameter p;
-  p.name = name;
-  p.shape = shape;
-  p.data = Tensor::view(device_, nullptr, p.shape);  // its shape; its values: materialise (model.h)
-  params_.push_back(std::move(p));
 }
 
 std::vector<Shape> LmModel::activation_shapes(const LmConfig& c, int64_t rows, ddp_device_kind device) {

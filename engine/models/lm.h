@@ -98,7 +98,6 @@ class LmModel final : public Model {
   // Units (lm_units): the embedding, each block, the final norm with the head.
   size_t block_unit(int64_t layer) const { return 1 + static_cast<size_t>(layer); }
   size_t head_unit() const { return 1 + static_cast<size_t>(config_.num_layers); }
-  void add_param(const std::string& name, Shape shape);
   void ensure_activations(int64_t rows);
   // The shapes ensure_activations allocates, in its order (lm_footprint
   // sums them).

@@ -39,12 +39,12 @@ MlpModel::MlpModel(const MlpConfig& config, Device& device, uint64_t seed, bool 
   const int64_t w = config.width;
   for (int64_t i = 0; i < config.depth; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
-    add_param(p + "weight", {w, w});
-    add_param(p + "bias", {w});
+    declare_param(device_, p + "weight", {w, w});
+    declare_param(device_, p + "bias", {w});
     range_names_.push_back("backward layers." + std::to_string(i));
   }
-  add_param("head.weight", {config.classes, w});
-  add_param("head.bias", {config.classes});
+  declare_param(device_, "head.weight", {config.classes, w});
+  declare_param(device_, "head.bias", {config.classes});
   declare_units(mlp_units(config));
   // nn.Linear's default, U(-1/sqrt(w), 1/sqrt(w)) for weights and biases
   // alike (every fan_in is w), in table order. Drawn on the host.
@@ -62,14 +62,6 @@ std::vector<Unit> mlp_units(const MlpConfig& config) {
     units.push_back({i < config.depth ? "layers." + std::to_string(i) : std::string("head"), {w, w + 1}, {}});
   }
   return units;
-}
-
-void MlpModel::add_param(const std::string& name, Shape shape) {
-  Parameter p;
-  p.name = name;
-  p.shape = shape;
-  p.data = Tensor::view(device_, nullptr, p.shape);  // its shape; its values: materialise (model.h)
-  params_.push_back(std::move(p));
 }
 
 std::vector<Shape> MlpModel::activation_shapes(const MlpConfig& c, int64_t rows, ddp_device_kind device) {

@@ -46,7 +46,6 @@ class MlpModel final : public Model {
   const float* loss_gradient() const { return logits_.data(); }
 
  private:
-  void add_param(const std::string& name, Shape shape);
   void ensure_activations(int64_t rows);
   // The shapes ensure_activations allocates, in its order.
   static std::vector<Shape> activation_shapes(const MlpConfig& c, int64_t rows, ddp_device_kind device);

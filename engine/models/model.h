@@ -171,6 +171,17 @@ class Model {
   using Draw = std::function<void(size_t index, float* out, std::mt19937_64& rng)>;
   void set_draw(uint64_t seed, Draw draw);
 
+  // Appends a parameter named `name` of `shape`: its shape now, its values
+  // and storage at materialise. Returns it, for a model to set what else.
+  Parameter& declare_param(Device& device, const std::string& name, Shape shape) {
+    Parameter p;
+    p.name = name;
+    p.shape = shape;
+    p.data = Tensor::view(device, nullptr, p.shape);
+    params_.push_back(std::move(p));
+    return params_.back();
+  }
+
   // Sets units_ and each parameter's unit; throws as check_units.
   void declare_units(std::vector<Unit> units);
   void unit_event(size_t unit, ddp_unit_phase phase) const {

@@ -55,13 +55,9 @@ class SequentialMse final : public Model {
   void set_compute_dtype(ddp_dtype dtype) override { k_->set_compute_dtype(dtype); }
 
   void add_param(const std::string& name, Shape shape, bool trainable, int uses = 1) {
-    Parameter p;
-    p.name = name;
-    p.shape = shape;
+    Parameter& p = declare_param(device_, name, shape);
     p.trainable = trainable;
     p.uses = uses;
-    p.data = Tensor::view(device_, nullptr, p.shape);  // its shape; its values: materialise (model.h)
-    params_.push_back(std::move(p));
   }
 
   // Each linear layer (with the ReLU after it) is a unit, named after its

@@ -335,7 +335,7 @@ void RankRun::write_summary(const std::vector<double>& all) {
   facts.model = config_.model.name;
   facts.transport = plugins_->transport_name();
   facts.strategy = plugins_->strategy_name();
-  facts.compute = config_.precision.compute_name;
+  facts.compute = compute_name(config_.precision.compute);
   facts.rows_per_step = double(config_.data.batch_size) * double(config_.run.grad_accum_steps);
   facts.tokens_per_row = tokens_per_row_;
   facts.after_setup = mem_after_setup_;
