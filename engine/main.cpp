@@ -159,15 +159,17 @@ BlasChoice blas_choice(const Config& config) {
 // declare is refused (a plugin that declares no keys has them checked by
 // each rank instead).
 void check_plugins(const Config& config) {
-  const std::string refusal =
-      run_isolated("checking the run's plugins before any rank starts",
-                   std::chrono::milliseconds(int64_t(config.run.timeout_s * 1000)), [&] {
-                     const std::string fit = config.run.check_memory ? fit_refusal(config, host_memory()) : "";
-                     if (!fit.empty()) return fit;
-                     load_and_check(PluginKind::Strategy, config.strategy_plugin, config.strategy);
-                     load_and_check(PluginKind::Transport, config.transport_plugin, config.transport);
-                     return std::string();
-                   });
+  const std::string refusal = run_isolated(
+      "checking the run's plugins before any rank starts",
+      std::chrono::milliseconds(int64_t(config.run.timeout_s * 1000)), [&] {
+        const std::string fit = config.run.check_memory ? fit_refusal(config, host_memory()) : "";
+        if (!fit.empty()) return fit;
+        const auto strategy = load_and_check(PluginKind::Strategy, config.strategy_plugin, config.strategy);
+        load_and_check(PluginKind::Transport, config.transport_plugin, config.transport);
+        const uint64_t caps = strategy->strategy()->caps;
+        const std::string reduce = reduce_refusal(caps, config.precision.reduce, config.strategy_plugin);
+        return reduce.empty() ? reduce : config.file + ": " + reduce;
+      });
   if (!refusal.empty()) throw ConfigError(refusal);
 }
 

@@ -916,6 +916,37 @@ TEST_F(ConfigTest, PrecisionCompute) {
   EXPECT_EQ(load_error(path, {"precision.dtype=bf16"}), "--set precision.dtype=bf16: unknown key 'precision.dtype'");
 }
 
+TEST_F(ConfigTest, PrecisionLossScale) {
+  const std::string fp16 = write("fp16.toml", std::string(kMinimal) + "\n[precision]\ncompute = \"fp16\"\n");
+  const PrecisionConfig p = load_config(fp16).precision;
+  EXPECT_TRUE(p.loss_scale);  // fp16's default: GradScaler's
+  EXPECT_EQ(p.init_scale, 65536.0);
+  EXPECT_EQ(p.growth_factor, 2.0);
+  EXPECT_EQ(p.backoff_factor, 0.5);
+  EXPECT_EQ(p.growth_interval, 2000);
+  EXPECT_FALSE(load_config(fp16, {"precision.loss_scale=\"none\""}).precision.loss_scale);
+  EXPECT_FALSE(load_config(fp16, {"precision.compute=bf16"}).precision.loss_scale);
+  EXPECT_TRUE(load_config(fp16, {"precision.compute=bf16", "precision.loss_scale=\"dynamic\""}).precision.loss_scale);
+  const PrecisionConfig set = load_config(fp16, {"precision.init_scale=1024", "precision.growth_interval=10"}).precision;
+  EXPECT_EQ(set.init_scale, 1024.0);
+  EXPECT_EQ(set.growth_interval, 10);
+  EXPECT_EQ(load_config(fp16).effective.at("precision.loss_scale"), "dynamic");  // what the ranks compare
+  EXPECT_EQ(load_error(fp16, {"precision.loss_scale=\"static\""}),
+            "--set precision.loss_scale=\"static\": key 'precision.loss_scale' must be one of: dynamic, none (got "
+            "'static')");
+  EXPECT_EQ(load_error(fp16, {"precision.growth_factor=1"}),
+            "--set precision.growth_factor=1: key 'precision.growth_factor' must be > 1 (got 1)");
+  EXPECT_EQ(load_error(fp16, {"precision.backoff_factor=1.5"}),
+            "--set precision.backoff_factor=1.5: key 'precision.backoff_factor' must be < 1 (got 1.5)");
+  EXPECT_EQ(load_error(fp16, {"precision.init_scale=0"}),
+            "--set precision.init_scale=0: key 'precision.init_scale' must be > 0 (got 0)");
+  EXPECT_EQ(load_error(fp16, {"precision.growth_interval=0"}),
+            "--set precision.growth_interval=0: key 'precision.growth_interval' must be >= 1 (got 0)");
+  EXPECT_EQ(load_error(fp16, {"precision.compute=bf16", "precision.init_scale=8"}),
+            "--set precision.init_scale=8: key 'precision.init_scale' applies to dynamic loss scaling only, which is "
+            "off (precision.loss_scale = \"none\", the default unless precision.compute = \"fp16\")");
+}
+
 TEST_F(ConfigTest, GradAccumSteps) {
   const Config c = load_config(write("ok.toml", minimal_with_run("grad_accum_steps = 8")));
   EXPECT_EQ(c.run.grad_accum_steps, 8);

@@ -29,6 +29,9 @@ struct ConformanceOptions {
   std::string transport = "gloo";
   std::string device = "cpu";              // run.device
   std::vector<std::string> strategy_keys;  // "key=value", values as ddp run --set takes them
+  // [precision] of the run under test and of its reference: "compute=bf16"
+  // (a bare word is a string; reduce applies to the run under test only).
+  std::vector<std::string> precision_keys;
   std::optional<float> tolerance;          // parity tolerance the author declares; none: the scenarios'
   std::map<std::string, float> tolerance_for;  // per optimizer ("sgd", "adamw"): wins over `tolerance`
   std::vector<int> worlds = {1, 2, 3, 4};  // the world sizes the plugin runs on (--worlds); others skip
@@ -41,6 +44,26 @@ struct ConformanceOptions {
   }
   // "0.25" or "sgd=0.001, adamw=0.25" (as declared), for the report.
   std::string declared_tolerance() const;
+
+  // The [precision] table of a case's TOML document ("" without
+  // --precision): each key as given, a bare word quoted as ddp run --set
+  // quotes it. The reference (`reference`: the single-process engine,
+  // naive) leaves out `reduce`: one rank reduces nothing, and naive reduces
+  // in float32 only.
+  std::string precision_table(bool reference) const {
+    std::string t;
+    for (const std::string& kv : precision_keys) {
+      const size_t at = kv.find('=');
+      const std::string key = kv.substr(0, at);
+      std::string value = kv.substr(at + 1);
+      if (reference && key == "reduce") continue;
+      const bool bare = !value.empty() && std::all_of(value.begin(), value.end(), [](char c) {
+        return std::isalpha(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c));
+      }) && !std::isdigit(static_cast<unsigned char>(value[0]));
+      t += key + " = " + (bare ? "\"" + value + "\"" : value) + "\n";
+    }
+    return precision_keys.empty() ? "" : "[precision]\n" + t;
+  }
 
   // The keys as --set overrides of the run under test.
   std::vector<std::string> strategy_sets() const {
@@ -62,6 +85,9 @@ inline const char* kConformanceHelp =
     "                            (TOML, or a bare word as a string); repeatable\n"
     "  --transport NAME|PATH     the transport (default gloo)\n"
     "  --device cpu|cuda         run.device (default cpu)\n"
+    "  --precision KEY=VALUE     a key of [precision] (compute=bf16, reduce=bf16, loss_scale=none, ...)\n"
+    "                            for the run and its reference, the single-process engine under the\n"
+    "                            same compute (not the float32 PyTorch fixtures); repeatable\n"
     "  --tolerance T             parity tolerance for a lossy strategy (default: each scenario's,\n"
     "                            1e-6 SGD, 1e-5 AdamW); invariants are exact whatever it is\n"
     "  --tolerance OPT=T[,OPT=T] per optimizer (sgd, adamw): AdamW turns a gradient's rounding into\n"
@@ -136,7 +162,7 @@ inline std::string parse_worlds(const std::string& value, ConformanceOptions* ou
 inline std::string parse_conformance_args(const std::vector<std::string>& args, ConformanceOptions* out,
                                           std::vector<std::string>* gtest) {
   const std::vector<std::string> known = {"--strategy", "--strategy-key", "--transport", "--device", "--tolerance",
-                                          "--worlds"};
+                                          "--worlds",   "--precision"};
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a.rfind("--gtest_", 0) == 0) {
@@ -172,6 +198,10 @@ inline std::string parse_conformance_args(const std::vector<std::string>& args, 
       const size_t at = value.find('=');
       if (at == std::string::npos || at == 0) return "--strategy-key wants KEY=VALUE, got '" + value + "'";
       out->strategy_keys.push_back(value);
+    } else if (flag == "--precision") {
+      const size_t at = value.find('=');
+      if (at == std::string::npos || at == 0) return "--precision wants KEY=VALUE, got '" + value + "'";
+      out->precision_keys.push_back(value);
     } else if (flag == "--worlds") {
       if (std::string why = parse_worlds(value, out); !why.empty()) return why;
     } else {  // --tolerance T, or OPT=T[,OPT=T]

@@ -60,6 +60,20 @@ TEST(ConformanceArgs, ValuesAndGoogleTestFlags) {
   EXPECT_TRUE(o.help);
 }
 
+// [precision] for the run and its reference: bare words quoted, numbers and
+// TOML strings as given; the reference without `reduce`.
+TEST(ConformanceArgs, PrecisionKeysMakeATableForTheRunAndItsReference) {
+  ConformanceOptions o;
+  EXPECT_EQ(o.precision_table(false), "");
+  EXPECT_EQ(parse({"--precision", "compute=fp16", "--precision=reduce=bf16", "--precision", "init_scale=1024",
+                   "--precision", "loss_scale=\"none\""},
+                  &o),
+            "");
+  EXPECT_EQ(o.precision_table(false),
+            "[precision]\ncompute = \"fp16\"\nreduce = \"bf16\"\ninit_scale = 1024\nloss_scale = \"none\"\n");
+  EXPECT_EQ(o.precision_table(true), "[precision]\ncompute = \"fp16\"\ninit_scale = 1024\nloss_scale = \"none\"\n");
+}
+
 // Per optimizer: each named one its own, the others the plain --tolerance,
 // else the scenario's own.
 TEST(ConformanceArgs, TolerancePerOptimizer) {
@@ -81,6 +95,7 @@ TEST(ConformanceArgs, TolerancePerOptimizer) {
 TEST(ConformanceArgs, MalformedValuesSaySo) {
   EXPECT_EQ(parse({"--strategy"}), "--strategy needs a value");
   EXPECT_EQ(parse({"--strategy-key", "wire"}), "--strategy-key wants KEY=VALUE, got 'wire'");
+  EXPECT_EQ(parse({"--precision", "bf16"}), "--precision wants KEY=VALUE, got 'bf16'");
   EXPECT_EQ(parse({"--strategy-key", "=fp32"}), "--strategy-key wants KEY=VALUE, got '=fp32'");
   EXPECT_EQ(parse({"--tolerance", "-1"}), "--tolerance wants a number >= 0 or OPT=T[,OPT=T], got '-1'");
   EXPECT_EQ(parse({"--tolerance=loose"}), "--tolerance wants a number >= 0 or OPT=T[,OPT=T], got 'loose'");

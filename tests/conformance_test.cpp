@@ -133,8 +133,10 @@ std::string replace_model(std::string s, const std::string& model) {
 // The whole TOML document of a run; `strategy` overrides the plugin,
 // `transport` the transport (empty: --transport's). --strategy-key values
 // are --set overrides of the run under test (harness::run).
+// `reference`: the single-process engine's, whose [precision] has no
+// reduce (ConformanceOptions::precision_table).
 std::string toml_for(const Scenario& sc, const std::string& model, const std::string& strategy,
-                     std::string transport = "") {
+                     std::string transport = "", bool reference = false) {
   if (transport.empty()) transport = g_options.transport;
   std::string t = "[run]\nsteps = " + std::to_string(kSteps) + "\nseed = 7\ntimeout_s = 30\n" + sc.run_extra;
   if (g_options.device != "cpu") {
@@ -148,7 +150,7 @@ std::string toml_for(const Scenario& sc, const std::string& model, const std::st
   t += "[optimizer]\n" + sc.optimizer;
   t += "[transport]\nplugin = \"" + transport + "\"\n";
   t += "[strategy]\nplugin = \"" + strategy + "\"\n";
-  return t + sc.tail;
+  return t + g_options.precision_table(/*reference=*/reference) + sc.tail;
 }
 
 // The single-process engine: world 1, naive, same configuration, forked
@@ -180,7 +182,7 @@ EngineReference compute_reference(const std::string& toml) {
 const EngineReference& engine_reference(const Scenario& sc, const std::string& model) {
   static std::map<std::string, EngineReference> cache;
   const std::string transport = g_options.transport == "mpi" ? "gloo" : g_options.transport;
-  const std::string toml = toml_for(sc, model, "naive", transport);
+  const std::string toml = toml_for(sc, model, "naive", transport, /*reference=*/true);
   auto it = cache.find(toml);
   if (it == cache.end()) it = cache.emplace(toml, compute_reference(toml)).first;
   return it->second;
@@ -235,6 +237,8 @@ std::string not_run_because(const std::string& toml, int world) {
     run.model = &footprint, run.world = world, run.micro_steps = int(config.run.grad_accum_steps);
     run.device = g_options.device == "cuda" ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
     run.clips = config.optimizer.clip_grad_norm > 0;
+    run.precision.compute = config.precision.compute;
+    run.precision.reduce = config.precision.reduce;
     const auto strategy = load_plugin(PluginKind::Strategy, config.strategy_plugin);
     const auto transport = load_plugin(PluginKind::Transport, config.transport_plugin);
     plan::plan_strategy(*strategy->strategy(), *transport->transport(), config.strategy, run, 0);
@@ -264,9 +268,12 @@ struct Reference {
   std::string name;  // "the single-process engine" or the fixture file
 };
 
+// Under --precision the single-process engine under the same [precision]
+// is the reference of every scenario: the PyTorch fixtures are float32's
+// (the engine's 16-bit products against PyTorch's: golden_test).
 Reference reference_of(const Scenario& sc, const std::string& model, const RunResult& ddp) {
   Reference ref;
-  if (sc.fixture.empty()) {
+  if (sc.fixture.empty() || !g_options.precision_keys.empty()) {
     const EngineReference& run = engine_reference(sc, model);
     if (!run.failures.empty())
       throw std::runtime_error("the reference run (the single-process engine: naive, 1 rank) failed: " +

@@ -317,6 +317,16 @@ double worst_ratio(const std::vector<float>& got, const std::vector<float>& want
   return worst;
 }
 
+// fp16's backward as the engine runs it by default ([precision]
+// loss_scale): from the loss times GradScaler's 65536, the gradients then
+// times 1/65536 (on the CPU). bf16's: from the loss.
+void scaled_backward(Model& m, const PrecisionCase& c) {
+  const float scale = c.dtype == DDP_FLOAT16 ? 65536.0f : 1.0f;
+  m.backward(scale, [](size_t) {});
+  for (Parameter& p : m.params())
+    for (size_t i = 0; i < p.grad.numel(); ++i) p.grad.data()[i] *= 1.0f / scale;
+}
+
 void check_precision(Device& device, Model& m, const PrecisionCase& c, const Tensors& init,
                      const std::string& init_file, const Batch& batch) {
   const std::string file = fixture(c.model + "_" + c.tag + ".safetensors");
@@ -326,7 +336,7 @@ void check_precision(Device& device, Model& m, const PrecisionCase& c, const Ten
   zero_grads(device, m);
   const double want_loss = floats(t, file, "loss")[0];
   EXPECT_NEAR(m.forward(batch), want_loss, kFirstLossRtol * std::abs(want_loss)) << "loss";
-  m.backward(1.0f, [](size_t) {});
+  scaled_backward(m, c);
   double worst = 0;
   for (const Parameter& p : m.params()) {
     const double r = worst_ratio(p.grad.to_host(), floats(t, file, "grad/" + p.name), c.grad_rtol);
@@ -343,7 +353,7 @@ void check_precision(Device& device, Model& m, const PrecisionCase& c, const Ten
     const float l = m.forward(batch);
     worst_loss = std::max(worst_loss, double(std::abs(l - want_losses[s]) / std::abs(want_losses[s])));
     EXPECT_NEAR(l, want_losses[s], c.loss_rtol * std::abs(want_losses[s])) << "adamw step " << s;
-    m.backward(1.0f, [](size_t) {});
+    scaled_backward(m, c);
     opt.begin_step(1.0);
     opt.step(m.params(), all);
   }

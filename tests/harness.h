@@ -4,6 +4,7 @@
 // summary.json and weights.safetensors.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -45,7 +46,11 @@ using Snapshots = std::map<int64_t, Weights>;
 // Appends every snapshot to a file the parent reads back.
 class FileObserver final : public TrainObserver {
  public:
-  explicit FileObserver(const std::string& path) : out_(path, std::ios::binary) {}
+  explicit FileObserver(const std::string& path, std::vector<int64_t> overflows = {})
+      : out_(path, std::ios::binary), overflows_(std::move(overflows)) {}
+  bool overflow(int64_t step) override {
+    return std::find(overflows_.begin(), overflows_.end(), step) != overflows_.end();
+  }
   void on_weights(int64_t step, const std::vector<std::vector<float>>& values) override {
     int64_t count = static_cast<int64_t>(values.size());
     out_.write(reinterpret_cast<const char*>(&step), sizeof step);
@@ -60,6 +65,7 @@ class FileObserver final : public TrainObserver {
 
  private:
   std::ofstream out_;
+  std::vector<int64_t> overflows_;  // the steps (from 0) whose backward this rank makes overflow
 };
 
 inline Snapshots read_snapshots(const std::string& path) {
@@ -96,8 +102,11 @@ enum class Ranks {
 // Trains with `world` ranks on the configuration `toml` (a whole TOML
 // document without [run] world_size/output_dir, which this adds), with
 // `sets` as --set overrides and `resume` as --resume ("": none).
+// `overflows`: rank → the steps (from 0) whose backward overflows there
+// (TrainObserver::overflow).
 inline RunResult run(const std::string& toml, int world, const std::vector<std::string>& sets = {},
-                     const std::string& resume = "", Ranks ranks = Ranks::kAsTest) {
+                     const std::string& resume = "", Ranks ranks = Ranks::kAsTest,
+                     const std::map<int, std::vector<int64_t>>& overflows = {}) {
   namespace fs = std::filesystem;
   const auto launched = ranks == Ranks::kAsTest ? launched_rank() : std::nullopt;
   std::string dir;
@@ -123,7 +132,9 @@ inline RunResult run(const std::string& toml, int world, const std::vector<std::
     env.rank = RankInfo{rank, world, rank};
     env.rendezvous = "file:" + rendezvous;
     env.run_id = "harness";
-    FileObserver observer(dir + "/rank" + std::to_string(rank) + ".bin");
+    const auto injected = overflows.find(rank);
+    FileObserver observer(dir + "/rank" + std::to_string(rank) + ".bin",
+                          injected == overflows.end() ? std::vector<int64_t>{} : injected->second);
     train_rank(config, env, &observer);
   };
   result.failures = launched ? run_launched_rank(*launched, world, body, 60) : fork_ranks(world, body);

@@ -61,7 +61,10 @@ const Strategy kStrategies[] = {
     {"sharded_allgather", "plugin = \"sharded\"\nvariant = \"allgather\"\n"},
     {"sharded_stage2", "plugin = \"sharded\"\nstage = 2\nbucket_mb = 0.1\n"},
     {"sharded_stage2_one_bucket", "plugin = \"sharded\"\nstage = 2\n"},
-    {"sharded_stage3", "plugin = \"sharded\"\nstage = 3\n"},
+    // float32 gathers: under 16-bit compute stage 3 gathers in it unless
+    // told (FSDP's param_dtype), which rounds the embedding and RMSNorm
+    // weights the single process keeps (precision_run_test checks that).
+    {"sharded_stage3", "plugin = \"sharded\"\nstage = 3\ngather_dtype = \"float32\"\n"},
 };
 
 // Under each [precision] compute. Each rank's weight gradients sum its own

@@ -64,8 +64,25 @@ TEST(Summary, StepColumnsMeansAndRates) {
   EXPECT_EQ(std::vector<std::string>(keys.begin(), keys.begin() + 10),
             (std::vector<std::string>{"world_size", "steps", "model", "transport", "strategy", "precision", "loss",
                                       "step_time_s", "mean_step_time_s", "tokens_per_s"}));
-  EXPECT_EQ(s["precision"], json({{"compute", "fp32"}}));
+  EXPECT_EQ(s["precision"], json({{"compute", "fp32"}, {"loss_scale", nullptr}}));
+  EXPECT_EQ(s["loss_scale"].dump(), "[null,null]");  // no step scaled its loss (NaN, written as null)
+  EXPECT_EQ(s["step_skipped"], json({false, false}));
   EXPECT_EQ(keys.back(), "config");
+}
+
+TEST(Summary, LossScalingSaysEachStepsScaleAndWhereItEnded) {
+  RunFacts f = facts(32);
+  f.compute = "fp16";
+  f.loss_scale = LossScale{32768.0, 1, 1};
+  std::vector<StepRecord> steps = two_steps();
+  steps[0].loss_scale = 65536.0;
+  steps[0].step_skipped = true;
+  steps[1].loss_scale = 32768.0;
+  const json s = run_summary(f, steps, {totals(7), totals(7)}, nullptr);
+  EXPECT_EQ(s["precision"], json::parse(R"({"compute": "fp16",
+                                             "loss_scale": {"scale": 32768.0, "growth_tracker": 1, "skipped_steps": 1}})"));
+  EXPECT_EQ(s["loss_scale"], json({65536.0, 32768.0}));
+  EXPECT_EQ(s["step_skipped"], json({true, false}));
 }
 
 TEST(Summary, HugePagesAreReportedAsRankZeroSawThem) {

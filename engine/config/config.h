@@ -167,10 +167,18 @@ struct UnfreezeConfig {
 // [precision] (docs/precision.md): the dtype the models' GEMMs (linear
 // layers, attention's products) take their inputs in, accumulating in
 // float32. Parameters, gradients and the optimizer stay float32.
+// fp16's dynamic loss scaling is torch.cuda.amp.GradScaler's, with its
+// names (engine/train/loss_scale.h).
 struct PrecisionConfig {
   ddp_dtype compute = DDP_FLOAT32;  // "fp32" | "bf16" | "fp16"
+  ddp_dtype reduce = DDP_FLOAT32;   // gradients reduced in: "fp32" | "bf16" | "fp16" (ddp_precision::reduce)
+  bool loss_scale = false;          // "dynamic" (fp16's default) | "none" (the others')
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
 };
-// A compute dtype as [precision] writes it: "fp32", "bf16" or "fp16". Pure.
+// A dtype as [precision] writes it: "fp32", "bf16" or "fp16". Pure.
 const char* compute_name(ddp_dtype dtype);
 
 struct Config {

@@ -53,6 +53,12 @@ const KeySpec kSchema[] = {
     {"schedule", "cosine_steps", toml::node_type::integer, false},
     {"schedule", "min_lr", toml::node_type::floating_point, false},
     {"precision", "compute", toml::node_type::string, false},
+    {"precision", "reduce", toml::node_type::string, false},
+    {"precision", "loss_scale", toml::node_type::string, false},
+    {"precision", "init_scale", toml::node_type::floating_point, false},
+    {"precision", "growth_factor", toml::node_type::floating_point, false},
+    {"precision", "backoff_factor", toml::node_type::floating_point, false},
+    {"precision", "growth_interval", toml::node_type::integer, false},
     {"transport", "plugin", toml::node_type::string, false},
     {"strategy", "plugin", toml::node_type::string, false},
 };

@@ -429,6 +429,7 @@ PluginHost::PluginHost(HostServices& services, const PluginSection& section, std
   host_.split = H::split;
   host_.group = H::group;
   host_.grads_final = H::grads_final;
+  host_.precision = [](void* ctx) -> const ddp_precision* { return &H::svc(ctx).precision; };
   install_compute_entries(host_);
 }
 

@@ -54,6 +54,7 @@ struct HostServices {
   Model* model = nullptr;  // for the parameter table; null: no parameters
   Store* store = nullptr;
   int64_t timeout_ms = 30000;
+  ddp_precision precision{sizeof(ddp_precision), DDP_FLOAT32, DDP_FLOAT32};  // ddp_host::precision (1.11)
   CommCounters counters;
   // The parameters' values and gradients, and who holds each (the ABI's
   // tables, claim and bind): param_store.h.

@@ -174,6 +174,14 @@ LoadedPlugin::~LoadedPlugin() = default;
 
 const char* to_string(PluginKind kind) { return kind == PluginKind::Strategy ? "strategy" : "transport"; }
 
+std::string reduce_refusal(uint64_t caps, ddp_dtype reduce, const std::string& name) {
+  if (reduce == DDP_FLOAT32 || (caps & DDP_CAP_REDUCE_DTYPE)) return "";
+  return std::string("precision.reduce = \"") + (reduce == DDP_BFLOAT16 ? "bf16" : "fp16") + "\": strategy plugin '" +
+         name +
+         "' reduces gradients in float32 only (its caps lack DDP_CAP_REDUCE_DTYPE; `ddp plugins` lists each "
+         "strategy's caps): choose a strategy that has it, or precision.reduce = \"fp32\"";
+}
+
 std::string default_plugin_dir() {
   const fs::path beside = boost::dll::program_location().parent_path() / ".." / "lib" / "ddp";
   const std::string shipped = fs::weakly_canonical(beside).string();

@@ -91,6 +91,10 @@ inline bool supports_device(uint64_t caps, ddp_device_kind device) {
   return caps & (device == DDP_DEVICE_CUDA ? DDP_CAP_DEVICE_CUDA : DDP_CAP_DEVICE_CPU);
 }
 
+// "" where a strategy of `caps`, named `name`, may run under [precision]
+// reduce = `reduce`; else why not, naming the key. Pure.
+std::string reduce_refusal(uint64_t caps, ddp_dtype reduce, const std::string& name);
+
 std::unique_ptr<LoadedPlugin> load_plugin(PluginKind kind, const std::string& name_or_path,
                                           const std::string& plugin_dir = default_plugin_dir());
 

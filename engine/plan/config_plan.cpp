@@ -27,6 +27,8 @@ std::pair<std::unique_ptr<LoadedPlugin>, std::unique_ptr<LoadedPlugin>> load_plu
       throw ConfigError(c.file + ": " + kind + " plugin '" + (kind[0] == 's' ? c.strategy_plugin : c.transport_plugin) +
                         "' does not run on run.device = \"" + (c.run.device == DDP_DEVICE_CUDA ? "cuda" : "cpu") +
                         "\"");
+  const std::string reduce = reduce_refusal(strategy->strategy()->caps, c.precision.reduce, c.strategy_plugin);
+  if (!reduce.empty()) throw ConfigError(c.file + ": " + reduce);
   return {std::move(strategy), std::move(transport)};
 }
 
@@ -49,6 +51,8 @@ plan::RunPlan plan_config(const Config& c, const Footprint& model, bool check_ke
   run.timeout_ms = int64_t(c.run.timeout_s * 1000);
   run.micro_steps = int(c.run.grad_accum_steps);
   run.clips = c.optimizer.clip_grad_norm > 0;
+  run.precision.compute = c.precision.compute;
+  run.precision.reduce = c.precision.reduce;
   std::vector<plan::RankParts> parts;
   // Where a plan entry that exits, crashes or hangs is (isolated.h).
   const char* const strategy_label = whereabouts::intern("strategy plugin '" + strategy->path() + "'");

@@ -69,6 +69,7 @@ class PlanningCall {
     host_.param = [](void* ctx, size_t i) -> const ddp_param* {
       return i < self(ctx).params_.size() ? &self(ctx).params_[i] : nullptr;
     };
+    host_.precision = [](void* ctx) -> const ddp_precision* { return &self(ctx).run_.precision; };
     host_.unit_count = [](void* ctx) { return self(ctx).units_.size(); };
     host_.unit = [](void* ctx, size_t i) -> const ddp_unit* {
       return i < self(ctx).units_.size() ? &self(ctx).units_[i] : nullptr;

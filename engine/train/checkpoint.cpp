@@ -75,6 +75,7 @@ json meta_json(const CheckpointInput& in, int64_t step, const StateLayout& layou
   json val = json::array();
   for (const auto& [at, loss] : in.val_losses) val.push_back({at, loss});
   meta["val_loss"] = val;
+  if (in.loss_scale) meta["loss_scale"] = loss_scale_json(*in.loss_scale);
   return meta;
 }
 
@@ -248,6 +249,7 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
           throw json::other_error::create(501, "'val_loss' holds " + v.dump() + ", not [a step, its loss]", &v);
         m.val_losses.emplace_back(v[0].get<int64_t>(), v[1].is_null() ? NAN : v[1].get<double>());  // null: NaN
       }
+    if (j.contains("loss_scale")) m.loss_scale = loss_scale_of(j.at("loss_scale"));
     for (const auto& [name, s] : j.at("state").items()) {
       CheckpointMeta::State& state = m.state[name];
       state.steps = whole(s, "steps", 0);
@@ -433,7 +435,8 @@ Resumed resume_run(const Config& config, int rank, Model& model, Device& device,
                   "",
                   meta.eval_due,
                   meta.check_due,
-                  meta.val_losses};
+                  meta.val_losses,
+                  meta.loss_scale};
   resumed.shared_state = state_path(0);
   return resumed;
 }

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,6 +45,7 @@
 #include "checksum.h"
 #include "config.h"
 #include "initial_values.h"
+#include "loss_scale.h"
 #include "model.h"
 #include "optimizer.h"
 #include "safetensors.h"
@@ -65,6 +67,7 @@ struct CheckpointMeta {
   bool eval_due = false;                      // waiting for a sync point ("due"; absent: none)
   bool check_due = false;
   std::vector<std::pair<int64_t, double>> val_losses;  // [eval]'s (step, loss) so far ("val_loss")
+  std::optional<LossScale> loss_scale;                 // where [precision] scaled the loss ("loss_scale")
   struct Piece {
     std::string file;  // "optimizer-1.safetensors"
     size_t offset = 0;
@@ -154,6 +157,7 @@ struct CheckpointInput {
   bool eval_due = false;
   bool check_due = false;
   std::vector<std::pair<int64_t, double>> val_losses{};
+  std::optional<LossScale> loss_scale{};  // [precision] loss_scale = "dynamic": where it stands
 };
 
 // The file that holds rank `rank`'s parameters in a checkpoint:
@@ -191,6 +195,7 @@ struct Resumed {
   bool eval_due = false;             // waiting for a sync point
   bool check_due = false;
   std::vector<std::pair<int64_t, double>> val_losses;  // [eval]'s so far
+  std::optional<LossScale> loss_scale;                 // where [precision]'s scaling stood
 };
 Resumed resume_run(const Config& config, int rank, Model& model, Device& device, Optimizer& optimizer,
                    InitialValues& values);

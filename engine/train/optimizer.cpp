@@ -91,6 +91,7 @@ Optimizer::~Optimizer() = default;
 
 void Optimizer::begin_step(double lr_scale) {
   lr_scale_ = lr_scale;
+  skipping_ = false;
   grad_sq_.assign(hyper_.size(), std::nan(""));
 }
 
@@ -104,6 +105,7 @@ void Optimizer::step(std::vector<Parameter>& params, const size_t* indices, size
 }
 
 void Optimizer::step_ranges(std::vector<Parameter>& params, const StepRange* ranges, size_t count) {
+  if (skipping_) return;
   for (size_t k = 0; k < count; ++k) {
     const StepRange& r = ranges[k];
     if (r.param >= params.size())

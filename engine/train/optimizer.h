@@ -94,6 +94,10 @@ class Optimizer {
   // Begins a training step: every group's lr times `lr_scale` ([schedule]
   // lr) from now on, and the last step's grad_squares forgotten.
   void begin_step(double lr_scale);
+  // Until the next begin_step, step and step_ranges do nothing: no update,
+  // no state made ([precision] loss scaling's skipped step, as GradScaler
+  // skips optimizer.step()).
+  void skip_step() { skipping_ = true; }
   // Per parameter, the sum of the squares of the gradient this step's update
   // read (sum_of_squares, schedule.h, bit for bit) where the update measured
   // it (AdamW on the CPU), else NaN.
@@ -125,6 +129,7 @@ class Optimizer {
   std::vector<std::vector<std::unique_ptr<State>>> state_;
   Restore restore_;  // a resumed run's state, until drop_unclaimed
   double lr_scale_ = 1.0;
+  bool skipping_ = false;         // skip_step's, until begin_step
   std::vector<double> grad_sq_;   // per parameter: see grad_squares
   std::vector<StepRange> whole_;  // step()'s ranges, kept: it allocates nothing once settled
   void take_up(size_t i, const Parameter& p, State& s);

@@ -15,6 +15,7 @@
 #include "data.h"
 #include "device.h"
 #include "initial_values.h"
+#include "loss_scale.h"
 #include "model.h"
 #include "optimizer.h"
 #include "plugin_host.h"
@@ -73,7 +74,12 @@ class RankRun {
   void forward(const Batch& batch, int64_t k, StepRecord& rec);
 
   // Backward, firing on_grad_ready after each parameter's last use.
-  void backward(int64_t k, int64_t collectives_at_start, StepRecord& rec);
+  // `seed`: the loss's gradient, 1/k times the loss scale.
+  void backward(float seed, int64_t collectives_at_start, StepRecord& rec);
+  // [precision] loss_scale, after finish: the gradients checked for inf
+  // and NaN on every rank and the verdict agreed; then divided by the
+  // scale (and clipped) or the step skipped on every rank; the scale moves.
+  void unscale_gradients(StepRecord& rec);
   void optimizer_step(StepRecord& rec);
   void step_in_final_order();  // the engine's optimizer, after grads_final's groups
 
@@ -106,7 +112,9 @@ class RankRun {
   // the strategy partitions them). With `clip`, after finish: waits for
   // every gradient, then clips them to optimizer.clip_grad_norm; else after
   // the optimizer step, when every strategy has them all in place.
-  double gradient_norm(bool clip);
+  // `unscale`: the factor the gradients are at (1 / the loss scale): the
+  // norm is theirs times it, and they are multiplied by it.
+  double gradient_norm(bool clip, double unscale = 1.0);
   bool held_gradients(std::vector<GradSpan>& spans);
   bool held_ranges(std::vector<GradSpan>& spans);
   void gather_checking_coverage(const std::vector<double>& mine, std::vector<double>& all);
@@ -169,11 +177,12 @@ class RankRun {
   bool evaluating_ = false;
   double eval_s_ = 0;
   double replica_check_s_ = 0;
-  int64_t start_step_ = 0;            // a resumed run's first step
-  std::vector<double> loss_prefix_;   // its checkpoint's losses, steps 1..start_step_
-  std::string resumed_from_;          // the checkpoint ("": none)
-  Resumed resumed_;                   // what it said of itself
-  std::vector<int64_t> checkpoints_;  // after which steps this run wrote one
+  int64_t start_step_ = 0;                                   // a resumed run's first step
+  std::vector<double> loss_prefix_;                          // its checkpoint's losses, steps 1..start_step_
+  std::string resumed_from_;                                 // the checkpoint ("": none)
+  Resumed resumed_;                                          // what it said of itself
+  LossScale scale_ = initial_loss_scale(config_.precision);  // [precision] loss_scale's (1: none)
+  std::vector<int64_t> checkpoints_;                         // after which steps this run wrote one
   double checkpoint_s_ = 0;
   PeakBytes mem_after_setup_{};
   PeakBytes mem_before_optimizer_{};

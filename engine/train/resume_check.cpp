@@ -32,8 +32,9 @@ bool may_change(const std::string& key) {
     if (key.rfind(section, 0) == 0) return true;
   // What is evaluated, and when: not what trains (eval.holdout_rows is: the rows set aside).
   if (key == "eval.every" || key == "eval.batches" || key == "eval.path" || key == "eval.kind") return true;
-  // The weights come from the checkpoint: where they first came from no longer matters.
-  return run_keys.count(key) != 0 || key == "model.init_from";
+  // The weights come from the checkpoint: where they first came from no longer
+  // matters. How gradients travel may change, as the strategy may.
+  return run_keys.count(key) != 0 || key == "model.init_from" || key == "precision.reduce";
 }
 
 // The order refusals are named in: what the run trains first.
@@ -54,9 +55,18 @@ ResumeCheck compare_for_resume(const std::map<std::string, std::string>& saved,
                                const std::map<std::string, std::string>& now) {
   // Keys added after checkpoints were written, as they are unset: a
   // checkpoint without one was written with that default in effect.
-  static const std::map<std::string, std::string> kAdded = {{"data.teacher", "false"}, {"eval.every", "0"},
-                                                            {"eval.batches", "1"},     {"eval.holdout_rows", "0"},
-                                                            {"eval.kind", "tokens"},   {"precision.compute", "fp32"}};
+  static const std::map<std::string, std::string> kAdded = {{"data.teacher", "false"},
+                                                            {"eval.every", "0"},
+                                                            {"eval.batches", "1"},
+                                                            {"eval.holdout_rows", "0"},
+                                                            {"eval.kind", "tokens"},
+                                                            {"precision.compute", "fp32"},
+                                                            {"precision.loss_scale", "none"},
+                                                            {"precision.reduce", "fp32"},
+                                                            {"precision.init_scale", "65536"},
+                                                            {"precision.growth_factor", "2"},
+                                                            {"precision.backoff_factor", "0.5"},
+                                                            {"precision.growth_interval", "2000"}};
   const auto saved_value = [&](const std::string& key) {
     const auto a = saved.find(key);
     const auto added = kAdded.find(key);

@@ -68,6 +68,12 @@ void RankRun::resume() {
   check_due_ = r.check_due;
   loss_prefix_ = r.losses;
   resumed_from_ = r.path;
+  if (config_.precision.loss_scale && !r.loss_scale)  // (a config that scaled when it was written says so)
+    throw Error(r.path +
+                    "/checkpoint.json: holds no \"loss_scale\", and precision.loss_scale = \"dynamic\" needs "
+                    "the scale to go on from",
+                DDP_ERR_INVALID_ARGUMENT);
+  if (r.loss_scale) scale_ = *r.loss_scale;
   if (env_.rank.rank != 0) return;
   std::printf("resuming from %s after step %lld of %lld\n", r.path.c_str(), static_cast<long long>(r.step),
               static_cast<long long>(config_.run.steps));
@@ -231,6 +237,7 @@ void RankRun::checkpoint(int64_t step) {
   input.eval_due = eval_due_;
   input.check_due = check_due_;
   input.val_losses = val_losses();
+  if (config_.precision.loss_scale) input.loss_scale = scale_;
   input.visit_values = host_visit("the checkpoint");
   input.all_gather = [this](const std::vector<double>& mine, std::vector<double>& all) {
     plugins_->all_gather(mine, all);
@@ -336,6 +343,7 @@ void RankRun::write_summary(const std::vector<double>& all) {
   facts.transport = plugins_->transport_name();
   facts.strategy = plugins_->strategy_name();
   facts.compute = compute_name(config_.precision.compute);
+  if (config_.precision.loss_scale) facts.loss_scale = scale_;
   facts.rows_per_step = double(config_.data.batch_size) * double(config_.run.grad_accum_steps);
   facts.tokens_per_row = tokens_per_row_;
   facts.after_setup = mem_after_setup_;

@@ -29,7 +29,7 @@ double sum_of_squares(const float* x, size_t n) {
 
 double clip_gradients(const std::vector<GradSpan>& held, bool gather, double max_norm, Device& device, int world,
                       const std::function<void(const std::vector<double>&, std::vector<double>&)>& all_gather,
-                      const std::vector<double>* known) {
+                      const std::vector<double>* known, double unscale) {
   double mine = 0;       // held by fewer than every rank (each / its replicas)
   double everyones = 0;  // held by every rank
   for (const GradSpan& s : held) {
@@ -57,9 +57,9 @@ double clip_gradients(const std::vector<GradSpan>& held, bool gather, double max
     for (double part : all) sum += part;
     sum += everyones;
   }
-  const double norm = std::sqrt(sum);
-  const double coef = max_norm > 0 ? clip_coefficient(norm, max_norm) : 1.0;
-  if (coef < 1.0)
+  const double norm = std::sqrt(sum) * unscale;
+  const double coef = (max_norm > 0 ? clip_coefficient(norm, max_norm) : 1.0) * unscale;
+  if (coef != 1.0)
     for (const GradSpan& s : held) device.scale(s.grad, s.count, float(coef), device.compute_stream());
   return norm;
 }

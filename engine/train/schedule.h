@@ -53,9 +53,11 @@ std::string coverage_problem(const std::vector<double>& every, int world, const 
 // rank), each rank's squares of those spans, each divided by its
 // replicas, are added through `all_gather` in rank order, the same bits
 // on every rank, then the squares of the spans every rank holds: every
-// element counted once.
+// element counted once. `unscale`: the factor the gradients are at
+// ([precision] loss scaling's 1 / scale): the norm returned and clipped to
+// is theirs times it, and they are multiplied by it in the clip's pass.
 double clip_gradients(const std::vector<GradSpan>& held, bool gather, double max_norm, Device& device, int world,
                       const std::function<void(const std::vector<double>&, std::vector<double>&)>& all_gather,
-                      const std::vector<double>* known = nullptr);
+                      const std::vector<double>* known = nullptr, double unscale = 1.0);
 
 }  // namespace ddp

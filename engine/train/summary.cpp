@@ -56,6 +56,8 @@ void add_columns(json& summary, const std::vector<StepRecord>& steps) {
   summary["grad_norm"] = column(&StepRecord::grad_norm);
   summary["synced"] = column(&StepRecord::synced);
   summary["val_loss"] = column(&StepRecord::val_loss);
+  summary["loss_scale"] = column(&StepRecord::loss_scale);
+  summary["step_skipped"] = column(&StepRecord::step_skipped);
 }
 
 }  // namespace
@@ -144,7 +146,8 @@ json run_summary(const RunFacts& facts, const std::vector<StepRecord>& steps, co
   summary["model"] = facts.model;
   summary["transport"] = facts.transport;
   summary["strategy"] = facts.strategy;
-  summary["precision"] = {{"compute", facts.compute}};
+  summary["precision"] = {{"compute", facts.compute},
+                          {"loss_scale", facts.loss_scale ? loss_scale_json(*facts.loss_scale) : json()}};
   double total = 0;
   double blocked = 0;
   double busy = 0;

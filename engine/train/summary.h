@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +18,7 @@
 
 #include "device.h"
 #include "huge_pages.h"
+#include "loss_scale.h"
 
 namespace ddp {
 
@@ -44,10 +46,12 @@ struct StepRecord {
   // collectives (gloo on a GPU) holds a buffer of. Where it grows after the
   // first step, such a transport allocates there, which a CPU run hides.
   int64_t largest_collective_bytes = 0;
-  double lr = 0;           // the scheduled learning rate ([optimizer] lr unless a schedule)
-  double grad_norm = NAN;  // the averaged gradients' L2 norm before clipping; NaN (null): not measured
-  bool synced = true;      // every rank holds the same parameters after it (on_step_end, 1.8)
-  double val_loss = NAN;   // [eval]'s mean held-out loss after it; NaN (null): not evaluated
+  double lr = 0;              // the scheduled learning rate ([optimizer] lr unless a schedule)
+  double grad_norm = NAN;     // the averaged gradients' L2 norm before clipping; NaN (null): not measured
+  bool synced = true;         // every rank holds the same parameters after it (on_step_end, 1.8)
+  double val_loss = NAN;      // [eval]'s mean held-out loss after it; NaN (null): not evaluated
+  double loss_scale = NAN;    // what backward's loss was multiplied by ([precision]); NaN (null): not scaled
+  bool step_skipped = false;  // its gradients held an inf or NaN on some rank: no rank stepped
 };
 
 // Peak bytes per memory category over a window of the run.
@@ -75,9 +79,10 @@ struct RunFacts {
   std::string model;
   std::string transport;
   std::string strategy;
-  std::string compute = "fp32";  // [precision] compute: the dtype of the GEMMs' inputs
-  double rows_per_step = 0;      // data.batch_size * run.grad_accum_steps
-  int64_t tokens_per_row = 1;    // lm: context_length (tokens_per_s), else 1 (samples_per_s)
+  std::string compute = "fp32";         // [precision] compute: the dtype of the GEMMs' inputs
+  std::optional<LossScale> loss_scale;  // [precision] loss_scale = "dynamic": where it ended
+  double rows_per_step = 0;             // data.batch_size * run.grad_accum_steps
+  int64_t tokens_per_row = 1;           // lm: context_length (tokens_per_s), else 1 (samples_per_s)
   PeakBytes after_setup{};
   PeakBytes before_optimizer{};
   PeakBytes after_optimizer{};

@@ -157,6 +157,8 @@ StepRecord RankRun::train_step(int64_t step) {
   // Micro-batches accumulate into the gradients; each one's loss is scaled
   // by 1/k so the sum is the gradient of the mean over k x the batch.
   const int64_t k = config_.run.grad_accum_steps;
+  // (A test's injected overflow: every gradient of this rank inf or NaN.)
+  const float seed = observer_ && observer_->overflow(step) ? INFINITY : float(scale_.scale) / float(k);
   ddp_step_info info{};
   for (int64_t micro = 0; micro < k; ++micro) {
     const bool sync = micro == k - 1;
@@ -175,7 +177,7 @@ StepRecord RankRun::train_step(int64_t step) {
     const Batch batch = data_->batch(step * k + micro);
     rec.data_s += seconds_since(t);
     forward(batch, k, rec);
-    backward(k, before.collectives, rec);
+    backward(seed, before.collectives, rec);
     m = timeline_->mark();
     plugins_->on_backward_end();
     timeline_->range("on_backward_end", m);
@@ -184,12 +186,16 @@ StepRecord RankRun::train_step(int64_t step) {
   plugins_->finish();
   services_.finals_open = false;
   timeline_->range("finish", m);
-  if (config_.optimizer.clip_grad_norm > 0) rec.grad_norm = gradient_norm(/*clip=*/true);
+  if (config_.precision.loss_scale) {
+    unscale_gradients(rec);
+  } else if (config_.optimizer.clip_grad_norm > 0) {
+    rec.grad_norm = gradient_norm(/*clip=*/true);
+  }
   take_peaks(device_->memory(), mem_before_optimizer_);
   optimizer_step(rec);
   // Without clipping, measured where the gradients are host memory: on a
   // GPU it would copy every gradient out each step (summary: null).
-  if (config_.optimizer.clip_grad_norm == 0 && device_->kind() == DDP_DEVICE_CPU)
+  if (config_.optimizer.clip_grad_norm == 0 && !config_.precision.loss_scale && device_->kind() == DDP_DEVICE_CPU)
     rec.grad_norm = gradient_norm(/*clip=*/false);
   const StepTimeline::Mark end = timeline_->mark();
   rec.synced = plugins_->on_step_end(info);  // (1.8) a strategy may average here: its bytes are the step's
@@ -228,7 +234,7 @@ void RankRun::forward(const Batch& batch, int64_t k, StepRecord& rec) {
   }
 }
 
-void RankRun::backward(int64_t k, int64_t collectives_at_start, StepRecord& rec) {
+void RankRun::backward(float seed, int64_t collectives_at_start, StepRecord& rec) {
   const auto t = Clock::now();
   const StepTimeline::Mark m = timeline_->mark();
   timeline_->start_layers(m);  // the model's per-layer ranges start here
@@ -236,7 +242,7 @@ void RankRun::backward(int64_t k, int64_t collectives_at_start, StepRecord& rec)
     nvtx::Range range("backward");
     auto& params = model_->params();
     for (size_t i = 0; i < params.size(); ++i) remaining_uses_[i] = params[i].uses;
-    model_->backward(1.0f / float(k), [&](size_t index) {
+    model_->backward(seed, [&](size_t index) {
       if (--remaining_uses_[index] != 0) return;
       rec.collectives_before_last_grad_ready = services_.counters.collectives - collectives_at_start;
       plugins_->on_grad_ready(services_.params.param_table[index]);
@@ -297,7 +303,22 @@ void RankRun::step_in_final_order() {
   if (!unnamed_.empty()) optimizer_->step(model_->params(), unnamed_);
 }
 
-double RankRun::gradient_norm(bool clip) {
+void RankRun::unscale_gradients(StepRecord& rec) {
+  rec.loss_scale = scale_.scale;
+  const double norm = gradient_norm(/*clip=*/true, 1.0 / scale_.scale);  // clipped only where configured
+  const int world = env_.rank.world_size;
+  std::vector<double> found(size_t(world), std::isfinite(norm) ? 0.0 : 1.0);
+  if (world > 1) plugins_->all_gather(std::vector<double>{found[0]}, found);  // every rank decides alike
+  rec.step_skipped = std::any_of(found.begin(), found.end(), [](double f) { return f != 0.0; });
+  if (rec.step_skipped) optimizer_->skip_step();  // its updates, the engine's and the strategy's, do nothing
+  rec.grad_norm = rec.step_skipped ? NAN : norm;
+  scale_ = next_loss_scale(scale_, config_.precision, rec.step_skipped);
+  if (rec.step_skipped && env_.rank.rank == 0)
+    std::printf("note: step %lld skipped: a gradient held inf or NaN (on some rank); loss scale %g -> %g\n",
+                static_cast<long long>(whereabouts::step() + 1), rec.loss_scale, scale_.scale);
+}
+
+double RankRun::gradient_norm(bool clip, double unscale) {
   if (clip) {
     whereabouts::Inside in(nullptr, "waiting for the gradients to clip");
     device_->comm_stream().synchronize();
@@ -312,7 +333,7 @@ double RankRun::gradient_norm(bool clip) {
         if (check) return gather_checking_coverage(mine, all);
         plugins_->all_gather(mine, all);
       },
-      &optimizer_->grad_squares());  // what this step's update measured
+      &optimizer_->grad_squares(), unscale);  // what this step's update measured
 }
 
 // The norm's all-gather, with every rank's held_once of its spans beside

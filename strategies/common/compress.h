@@ -31,11 +31,12 @@ inline const char* compress_value(ddp_dtype wire) {
 
 // Why `wire` cannot travel on `transport` (its declared dtypes) with this
 // host, or "" if it can. Pure.
-// `key`: the key that chose it ("compress", "gather_dtype").
+// `key`: the key that chose it ("strategy.compress", "precision.reduce",
+// "strategy.gather_dtype", "precision.compute").
 inline std::string compress_refusal(ddp_dtype wire, const char* transport, uint64_t transport_dtypes,
-                                    bool host_converts, const char* key = "compress") {
+                                    bool host_converts, const std::string& key = "strategy.compress") {
   if (wire == DDP_FLOAT32) return "";
-  const std::string what = std::string("strategy.") + key + " = \"" + compress_value(wire) + "\": ";
+  const std::string what = key + " = \"" + compress_value(wire) + "\": ";
   if (!(transport_dtypes & DDP_DTYPE_BIT(wire))) {
     std::string takes;
     for (int d = DDP_FLOAT32; d <= DDP_FLOAT16; ++d)
@@ -47,17 +48,28 @@ inline std::string compress_refusal(ddp_dtype wire, const char* transport, uint6
   return "";
 }
 
+// The run's [precision] (ABI 1.11); float32 throughout from an older engine.
+inline ddp_precision run_precision(const ddp_host* host) {
+  if (DDP_HOST_HAS(host, precision)) return *host->precision(host->ctx);
+  return ddp_precision{sizeof(ddp_precision), DDP_FLOAT32, DDP_FLOAT32};
+}
+
+// A string key's fallback that no value written in TOML is: the key unset.
+inline constexpr const char* kUnset = "\x01unset";
+
 // Reads the key in create and checks it against the transport: the dtype
-// gradients travel in.
+// gradients travel in; unset, the run's [precision] reduce.
 // `planning`: for a plan entry, whose host converts nothing (the run's will).
 inline ddp_dtype read_compress(const plugin::Host& host, const ddp_transport_v1_t* transport, bool planning = false) {
-  const std::string value = host.config_string("compress", "none");
-  const std::optional<ddp_dtype> wire = compress_dtype(value);
+  const std::string value = host.config_string("compress", kUnset);
+  const bool set = value != kUnset;
+  const std::optional<ddp_dtype> wire = set ? compress_dtype(value) : run_precision(host.raw()).reduce;
   if (!wire)
     throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
                           "strategy.compress must be \"none\", \"bf16\" or \"fp16\" (got \"" + value + "\")");
-  const std::string why = compress_refusal(*wire, transport->name, ddp_transport_dtypes(transport),
-                                           planning || plugin::has_convert(host.raw()));
+  const std::string why =
+      compress_refusal(*wire, transport->name, ddp_transport_dtypes(transport),
+                       planning || plugin::has_convert(host.raw()), set ? "strategy.compress" : "precision.reduce");
   if (!why.empty()) throw plugin::Failure(DDP_ERR_UNSUPPORTED, why);
   return *wire;
 }

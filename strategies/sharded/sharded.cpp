@@ -63,11 +63,13 @@ constexpr ddp_key kKeys[] = {
     {"bucket_mb", "float or \"auto\"",
      "stage 1's variant broadcast, stage 2: the most MiB of gradients per bucket (default 25)"},
     {"compress", "string",
-     "stage 1 broadcast, stages 2, 3: \"none\" (default), \"bf16\" or \"fp16\": the gradients reduced in 16 bits"},
+     "stage 1 broadcast, stages 2, 3: \"none\", \"bf16\" or \"fp16\": the gradients reduced in 16 bits; unset: "
+     "[precision] reduce"},
     {"prefetch", "int", "stage 3: units gathered ahead of the one computing, 0 to 16 (default 1)"},
     {"reshard_after_forward", "bool", "stage 3: free a unit's gathered values after its forward (default true)"},
     {"gather_dtype", "string",
-     "stage 3: \"float32\" (default), \"bf16\" or \"fp16\": the parameters all-gathered in 16 bits"},
+     "stage 3: \"float32\", \"bf16\" or \"fp16\": the parameters all-gathered in 16 bits; unset: [precision] "
+     "compute"},
     {nullptr, nullptr, nullptr},
 };
 
@@ -202,7 +204,7 @@ DDP_STRATEGY_ENTRY = {
     .name = "sharded",
     .version = "0.1.0",
     .caps = DDP_CAP_DEVICE_CPU | DDP_CAP_DEVICE_CUDA | DDP_CAP_OWNS_OPTIMIZER | DDP_CAP_OWNS_GRADIENTS |
-            DDP_CAP_OWNS_PARAMETERS,
+            DDP_CAP_OWNS_PARAMETERS | DDP_CAP_REDUCE_DTYPE,
     .create = sharded_create,
     .on_train_begin = sharded_on_train_begin,
     .on_step_begin = sharded_on_step_begin,

@@ -176,6 +176,7 @@ class Stage1AllGather : public Stage1 {
   Stage1AllGather(const StrategyBase& base, const Hsdp& groups, const ddp_transport_v1_t* transport)
       : Stage1(base, groups, "allgather") {
     check_reduce_scatter(transport);
+    check_float32_reduce(base_.host);
   }
 
   void set_up() override {
@@ -196,6 +197,15 @@ class Stage1AllGather : public Stage1 {
       throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("strategy.variant = \"allgather\" reduce-scatters the "
                                                              "gradients, and transport '") +
                                                      transport->name + "' has no reduce_scatter");
+  }
+  // Its flat buffer is reduce-scattered in float32: a run whose
+  // [precision] reduce is 16-bit is refused, naming the key.
+  static void check_float32_reduce(const plugin::Host& h) {
+    const ddp_dtype reduce = run_precision(h.raw()).reduce;
+    if (reduce != DDP_FLOAT32)
+      throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("precision.reduce = \"") + compress_value(reduce) +
+                                                     "\": strategy.variant = \"allgather\" reduces in float32 only "
+                                                     "(variant \"broadcast\" and stages 2 and 3 take it)");
   }
   static void plan_comm(const plugin::Plan& plan, const ddp_transport_v1_t* transport, const std::vector<size_t>& owned,
                         int world, int shard_size);
@@ -345,6 +355,7 @@ inline void Stage1::plan(const plugin::Host& h, const plugin::Plan& plan, const 
     if (owners[p.index] == h.rank() % shard_size) plan.steps(p.index, 0, p.bytes / sizeof(float));
   }
   if (variant == Variant::Broadcast) return Stage1Broadcast::plan_comm(h, plan, transport, infos, shard_size);
+  Stage1AllGather::check_float32_reduce(h);
   Stage1AllGather::plan_comm(plan, transport, owned, h.world_size(), shard_size);
 }
 

@@ -78,15 +78,19 @@ class Stage3 {
   // gather dtype the transport does not take.
   static Keys read_keys(const plugin::Host& h, const ddp_transport_v1_t* transport, bool planning = false) {
     Keys k;
-    const std::string gather = h.config_string("gather_dtype", "float32");
-    if (gather != "float32" && gather != "bf16" && gather != "fp16")
+    // Unset, the run's [precision] compute: parameters travel in the dtype
+    // they are computed in (FSDP's param_dtype).
+    const std::string gather = h.config_string("gather_dtype", kUnset);
+    const bool set = gather != kUnset;
+    if (set && gather != "float32" && gather != "bf16" && gather != "fp16")
       throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT,
                             "strategy.gather_dtype must be \"float32\", \"bf16\" or "
                             "\"fp16\" (got \"" +
                                 gather + "\")");
-    k.gather = gather == "float32" ? DDP_FLOAT32 : *compress_dtype(gather);
-    const std::string why = compress_refusal(k.gather, transport->name, ddp_transport_dtypes(transport),
-                                             planning || plugin::has_convert(h.raw()), "gather_dtype");
+    k.gather = !set ? run_precision(h.raw()).compute : gather == "float32" ? DDP_FLOAT32 : *compress_dtype(gather);
+    const std::string why =
+        compress_refusal(k.gather, transport->name, ddp_transport_dtypes(transport),
+                         planning || plugin::has_convert(h.raw()), set ? "strategy.gather_dtype" : "precision.compute");
     if (!why.empty()) throw plugin::Failure(DDP_ERR_UNSUPPORTED, why);
     const int64_t prefetch = h.config_int("prefetch", 1);
     if (prefetch < 0 || prefetch > kMaxPrefetch)

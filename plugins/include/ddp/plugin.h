@@ -35,6 +35,8 @@
  *   DDP_CAP_DIVERGENT        replicas differ between       on_step_end; neither
  *                            sync points                   OWNS_GRADIENTS nor
  *                                                          OWNS_PARAMETERS
+ *   DDP_CAP_REDUCE_DTYPE     reduces gradients in the      reads ddp_host::precision
+ *                            run's [precision] reduce
  * Every strategy has create, on_train_begin, finish and destroy; every
  * transport init, destroy, all_reduce, broadcast, all_gather and barrier.
  * The loader refuses a plugin that lacks one, naming it.
@@ -98,6 +100,8 @@
  *   1.10 the engine's optimizer ordered by a strategy's reductions:
  *        ddp_host::grads_final (a strategy need not own the optimizer
  *        step only to order it).
+ *   1.11 mixed precision: the run's dtypes (ddp_host::precision,
+ *        ddp_precision); DDP_CAP_REDUCE_DTYPE.
  * Header-only helpers (ddp_dtype_*, DDP_*_ENTRY, DDP_*_HAS, ddp/numeric.h,
  * ddp/plugin.hpp, ddp/transport.hpp, the strategy kit) are no ABI change.
  */

@@ -27,7 +27,7 @@
  * were added, the ABI's; ddp/plugin.h's changelog says which minor added
  * which):
  *   who and where     abi_version, rank, world_size, local_rank, device,
- *                     timeout_ms
+ *                     timeout_ms; precision (the run's dtypes)
  *   words             log, set_error
  *   its TOML keys     config_int, config_float, config_bool, config_string
  *   the model         param_count, param, unit_count, unit
@@ -47,8 +47,8 @@
  *
  * A host made for planning (the `plan` entries, ddp/abi/plan.h) has rank,
  * world_size, local_rank, device, timeout_ms and these entries: log,
- * set_error, config_*, param_count, param (data and grad NULL), unit_count
- * and unit. Every other entry is NULL. */
+ * set_error, config_*, param_count, param (data and grad NULL), unit_count,
+ * unit and precision. Every other entry is NULL. */
 #ifndef DDP_ABI_HOST_H
 #define DDP_ABI_HOST_H
 
@@ -279,6 +279,12 @@ typedef struct ddp_host {
    * run. A parameter named twice, a frozen one, or a call outside that
    * window fails, naming it. */
   ddp_status (*grads_final)(void* ctx, ddp_event done, const size_t* param_indices, size_t count);
+
+  /* (1.11) The run's [precision] (ddp_precision, values.h): the dtype of
+   * the model's matrix products and the dtype gradients are reduced in.
+   * Valid until destroy; on a planning host too. A strategy's own keys
+   * may follow it where unset (sharded's gather_dtype, compress). */
+  const ddp_precision* (*precision)(void* ctx);
 } ddp_host;
 
 /* Whether the engine offers host entry `entry` (see above). */

@@ -21,7 +21,7 @@ extern "C" {
 #endif
 
 #define DDP_ABI_VERSION_MAJOR 1
-#define DDP_ABI_VERSION_MINOR 10
+#define DDP_ABI_VERSION_MINOR 11
 /* abi_version = major << 16 | minor. */
 #define DDP_ABI_VERSION ((uint32_t)((DDP_ABI_VERSION_MAJOR << 16) | DDP_ABI_VERSION_MINOR))
 #define DDP_ABI_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -104,6 +104,7 @@ typedef enum ddp_mem_category {
 #define DDP_CAP_OWNS_GRADIENTS (1u << 9)   /* strategy (1.4): may claim gradient storage (ddp_host::claim) */
 #define DDP_CAP_OWNS_PARAMETERS (1u << 10) /* strategy (1.5): may claim parameter storage (DDP_STORAGE_DATA) */
 #define DDP_CAP_DIVERGENT (1u << 11)       /* strategy (1.8): replicas may differ between sync points (on_step_end) */
+#define DDP_CAP_REDUCE_DTYPE (1u << 12)    /* strategy (1.11): reduces gradients in ddp_precision::reduce */
 
 /* A contiguous buffer on the run's device; `count` in elements. Passed by
  * pointer, read during the call only (the memory it names must stay valid
@@ -292,6 +293,22 @@ typedef struct ddp_vectors {
   size_t count;
   size_t stride;
 } ddp_vectors;
+
+/* (ABI 1.11) The run's [precision] (ddp_host::precision): what a strategy
+ * follows where its own keys do not say otherwise. May grow at the end. */
+typedef struct ddp_precision {
+  uint32_t struct_size; /* sizeof(ddp_precision) as the engine knows it */
+  /* The dtype the model's matrix products take their inputs in ([precision]
+   * compute): parameters gathered for them may travel in it (FSDP's
+   * param_dtype). Master weights, gradients and optimizer state stay
+   * float32 whatever it is. */
+  ddp_dtype compute;
+  /* The dtype gradients are reduced in ([precision] reduce; FSDP's
+   * reduce_dtype, DDP's bf16 compress hook). Other than DDP_FLOAT32 only
+   * where the strategy's caps have DDP_CAP_REDUCE_DTYPE: the engine refuses
+   * the run otherwise, naming the key. */
+  ddp_dtype reduce;
+} ddp_precision;
 
 /* Opaque handles: streams and events are the host's, the others belong to
  * the plugin that made them. */

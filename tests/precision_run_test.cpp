@@ -1,0 +1,249 @@
+// precision_run_test.cpp — [precision] through the engine, beside the
+// models' rounding (precision_test, golden_test):
+//  - where the strategy's own keys are unset, gradients are reduced in
+//    [precision] reduce (ddp_host::precision, ABI 1.11) and stage 3
+//    gathers in [precision] compute; a strategy that cannot reduce in 16
+//    bits is refused, naming the key;
+// fp16's dynamic loss scaling ([precision] loss_scale,
+// engine/train/loss_scale.h):
+//  - the pure parts: GradScaler's update of the scale, checkpoint.json's
+//    "loss_scale" and its refusals;
+//  - through the real engine on 2 and 4 forked ranks (tests/harness.h),
+//    with every kind of optimizer step (the engine's, grads_final's
+//    ordered one, a sharded strategy's own, over claimed gradients and
+//    values): an overflow injected into one rank's backward skips exactly
+//    that step on every rank (weights and AdamW state untouched), halves
+//    the scale, and summary.json says so;
+//  - a run resumed from a checkpoint goes on with the scale and its growth
+//    count, bit for bit as the run that did not stop.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+
+#include "checkpoint.h"
+#include "harness.h"
+#include "loss_scale.h"
+#include "plugin_loader.h"
+
+namespace ddp {
+namespace {
+
+using json = nlohmann::json;  // the harness's summary
+using ojson = nlohmann::ordered_json;
+
+PrecisionConfig dynamic(int64_t interval = 2000) {
+  PrecisionConfig p;
+  p.compute = DDP_FLOAT16;
+  p.loss_scale = true;
+  p.growth_interval = interval;
+  return p;
+}
+
+TEST(LossScale, StartsAtInitScaleOnlyWhereScaling) {
+  EXPECT_EQ(initial_loss_scale(dynamic()).scale, 65536.0);
+  EXPECT_EQ(initial_loss_scale(PrecisionConfig{}).scale, 1.0);
+}
+
+TEST(LossScale, BacksOffOnInfAndGrowsAfterTheInterval) {
+  const PrecisionConfig p = dynamic(3);
+  LossScale s = initial_loss_scale(p);
+  s = next_loss_scale(s, p, /*found_inf=*/true);
+  EXPECT_EQ(s, (LossScale{32768.0, 0, 1}));
+  s = next_loss_scale(s, p, false);
+  s = next_loss_scale(s, p, false);
+  EXPECT_EQ(s, (LossScale{32768.0, 2, 1}));
+  s = next_loss_scale(s, p, false);  // the third clean step: grows
+  EXPECT_EQ(s, (LossScale{65536.0, 0, 1}));
+  s = next_loss_scale(next_loss_scale(s, p, false), p, true);  // an inf resets the count
+  EXPECT_EQ(s, (LossScale{32768.0, 0, 2}));
+}
+
+TEST(LossScale, KeepsAScaleWhoseGrowthWouldOverflowAFloat) {
+  const PrecisionConfig p = dynamic(1);
+  const LossScale top{double(FLT_MAX), 0, 0};
+  EXPECT_EQ(next_loss_scale(top, p, false), (LossScale{double(FLT_MAX), 0, 0}));
+}
+
+TEST(LossScale, ScalesAsAFloatDoes) {
+  PrecisionConfig p = dynamic();
+  p.backoff_factor = 0.3;  // 65536 * 0.3 is not a float: rounded as GradScaler's float32 scale
+  EXPECT_EQ(next_loss_scale(initial_loss_scale(p), p, true).scale, double(float(65536 * 0.3)));
+}
+
+TEST(LossScale, CheckpointJsonRoundTripsAndRefusesWhatIsNotAScale) {
+  const LossScale s{8192.0, 17, 3};
+  EXPECT_EQ(loss_scale_json(s).dump(), R"({"scale":8192.0,"growth_tracker":17,"skipped_steps":3})");
+  EXPECT_EQ(loss_scale_of(loss_scale_json(s)), s);
+  const auto refusal = [](const char* text) {
+    try {
+      loss_scale_of(ojson::parse(text));
+    } catch (const ojson::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refusal(R"({"scale":0,"growth_tracker":0,"skipped_steps":0})")
+                .find("'loss_scale'.'scale' is 0, not a positive finite float"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"scale":1e300,"growth_tracker":0,"skipped_steps":0})").find("not a positive finite float"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"scale":2.0,"growth_tracker":-1,"skipped_steps":0})")
+                .find("'loss_scale'.'growth_tracker' is -1, not a whole number >= 0"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"scale":2.0,"growth_tracker":0,"skipped_steps":1.5})")
+                .find("'loss_scale'.'skipped_steps' is 1.5, not a whole number >= 0"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"scale":2.0,"growth_tracker":0})").find("skipped_steps"), std::string::npos);
+}
+
+const std::string kFixtures = std::string(DDP_TEST_DATA_DIR) + "/fixtures/";
+
+// The toy model from the fixture's weights, AdamW (whose step count a
+// skipped step must leave), fp16 compute with dynamic loss scaling.
+std::string toy(int steps, const std::string& strategy, const std::string& precision = "") {
+  return "[run]\nsteps = " + std::to_string(steps) + "\nseed = 7\ntimeout_s = 30\n[model]\nname = \"toy\"\n" +
+         "init_from = \"" + kFixtures + "toy_init.safetensors\"\n[data]\npath = \"" + kFixtures +
+         "toy_data.safetensors\"\nbatch_size = 20\n[optimizer]\nname = \"adamw\"\nlr = 0.05\nweight_decay = 0.1\n" +
+         "[precision]\ncompute = \"fp16\"\n" + precision + "[strategy]\n" + strategy;
+}
+
+struct Strategy {
+  const char* label;
+  const char* section;
+};
+// The engine's step; grads_final's ordered one; a strategy's own over whole
+// parameters, over element ranges of claimed gradients, over claimed values.
+const Strategy kStrategies[] = {
+    {"naive", "plugin = \"naive\"\n"},
+    {"bucketed", "plugin = \"bucketed\"\nbucket_mb = 0.0001\n"},
+    {"sharded_stage1", "plugin = \"sharded\"\n"},
+    {"sharded_stage2", "plugin = \"sharded\"\nstage = 2\nbucket_mb = 0.0001\n"},
+    {"sharded_stage3", "plugin = \"sharded\"\nstage = 3\n"},
+};
+
+std::vector<double> doubles(const json& column) {
+  std::vector<double> out;
+  for (const json& v : column) out.push_back(v.is_null() ? NAN : v.get<double>());
+  return out;
+}
+
+TEST(LossScaleRun, AnOverflowOnOneRankSkipsThatStepOnEveryRankAndHalvesTheScale) {
+  for (const Strategy& st : kStrategies) {
+    for (int world : {2, 4}) {
+      SCOPED_TRACE(std::string(st.label) + " on " + std::to_string(world) + " ranks");
+      // Step 2 (the third) overflows on the last rank alone.
+      const harness::RunResult r =
+          harness::run(toy(4, st.section), world, {}, "", harness::Ranks::kAsTest, {{world - 1, {2}}});
+      ASSERT_TRUE(r.failures.empty()) << r.failures[0];
+      EXPECT_EQ(r.summary["step_skipped"], json({false, false, true, false}));
+      EXPECT_EQ(doubles(r.summary["loss_scale"]), (std::vector<double>{65536, 65536, 65536, 32768}));
+      EXPECT_EQ(r.summary["precision"]["loss_scale"], json::parse(R"({"scale":32768.0,"growth_tracker":1,
+                                                                       "skipped_steps":1})"));
+      EXPECT_TRUE(r.summary["grad_norm"][2].is_null());
+      EXPECT_TRUE(r.summary["grad_norm"][3].is_number());
+      for (int rank = 0; rank < world; ++rank) {
+        const harness::Snapshots& s = r.ranks[size_t(rank)];
+        const auto moved = [&](int64_t step) {  // the parameters step `step` (from 1) changed
+          size_t n = 0;
+          for (size_t p = 0; p < r.names.size(); ++p) n += s.at(step)[p] != s.at(step - 1)[p];
+          return n;
+        };
+        EXPECT_EQ(moved(3), 0u) << "rank " << rank << ": the skipped step moved parameters";
+        EXPECT_GT(moved(2), 0u) << "rank " << rank;
+        EXPECT_EQ(moved(4), moved(2)) << "rank " << rank << ": the step after the skipped one";
+        for (size_t p = 0; p < r.names.size(); ++p)
+          EXPECT_EQ(s.at(4)[p], r.ranks[0].at(4)[p]) << "rank " << rank << " differs from rank 0: " << r.names[p];
+      }
+    }
+  }
+}
+
+TEST(LossScaleRun, OverflowsOnTwoRanksInARowBackOffTwice) {
+  const harness::RunResult r = harness::run(toy(4, "plugin = \"naive\"\n"), 2, {}, "", harness::Ranks::kAsTest,
+                                            {{0, {1}}, {1, {2}}});
+  ASSERT_TRUE(r.failures.empty()) << r.failures[0];
+  EXPECT_EQ(r.summary["step_skipped"], json({false, true, true, false}));
+  EXPECT_EQ(doubles(r.summary["loss_scale"]), (std::vector<double>{65536, 65536, 32768, 16384}));
+  EXPECT_EQ(r.summary["precision"]["loss_scale"]["skipped_steps"], 2);
+}
+
+TEST(LossScaleRun, WithoutScalingNothingIsScaledOrSkipped) {
+  const harness::RunResult r =
+      harness::run(toy(2, "plugin = \"naive\"\n", "loss_scale = \"none\"\n"), 2, {}, "", harness::Ranks::kAsTest);
+  ASSERT_TRUE(r.failures.empty()) << r.failures[0];
+  EXPECT_TRUE(r.summary["precision"]["loss_scale"].is_null());
+  EXPECT_EQ(r.summary["loss_scale"], json({nullptr, nullptr}));
+  EXPECT_EQ(r.summary["step_skipped"], json({false, false}));
+}
+
+TEST(PrecisionPolicy, StrategiesReduceInReduceAndStageThreeGathersInComputeUnlessTheirKeysSay) {
+  const auto stats = [](const std::string& strategy, const std::string& precision) {
+    const harness::RunResult r = harness::run(toy(1, strategy, precision), 2);
+    EXPECT_TRUE(r.failures.empty()) << r.failures[0];
+    return r.summary["strategy_stats"];
+  };
+  const std::string bf16_reduce = "reduce = \"bf16\"\n";
+  EXPECT_EQ(stats("plugin = \"bucketed\"\n", bf16_reduce)["compress"], "bf16");
+  EXPECT_EQ(stats("plugin = \"bucketed\"\ncompress = \"none\"\n", bf16_reduce)["compress"], "none");
+  EXPECT_EQ(stats("plugin = \"bucketed\"\n", "")["compress"], "none");
+  EXPECT_EQ(stats("plugin = \"sharded\"\nstage = 2\n", bf16_reduce)["compress"], "bf16");
+  const json stage3 = stats("plugin = \"sharded\"\nstage = 3\n", "");  // compute = "fp16"
+  EXPECT_EQ(stage3["gather_dtype"], "fp16");
+  EXPECT_EQ(stage3["compress"], "none");
+  EXPECT_EQ(stats("plugin = \"sharded\"\nstage = 3\ngather_dtype = \"float32\"\n", "")["gather_dtype"], "float32");
+}
+
+TEST(PrecisionPolicy, AStrategyThatReducesInFloat32OnlyIsRefusedNamingTheKey) {
+  EXPECT_EQ(reduce_refusal(DDP_CAP_DEVICE_CPU, DDP_FLOAT32, "naive"), "");
+  EXPECT_EQ(reduce_refusal(DDP_CAP_DEVICE_CPU | DDP_CAP_REDUCE_DTYPE, DDP_BFLOAT16, "bucketed"), "");
+  EXPECT_EQ(reduce_refusal(DDP_CAP_DEVICE_CPU, DDP_FLOAT16, "naive"),
+            "precision.reduce = \"fp16\": strategy plugin 'naive' reduces gradients in float32 only (its caps lack "
+            "DDP_CAP_REDUCE_DTYPE; `ddp plugins` lists each strategy's caps): choose a strategy that has it, or "
+            "precision.reduce = \"fp32\"");
+  const harness::RunResult naive = harness::run(toy(1, "plugin = \"naive\"\n", "reduce = \"bf16\"\n"), 2);
+  ASSERT_EQ(naive.failures.size(), 2u);
+  EXPECT_NE(naive.failures[0].find("precision.reduce = \"bf16\": strategy plugin 'naive' reduces gradients in "
+                                   "float32 only"),
+            std::string::npos)
+      << naive.failures[0];
+  const harness::RunResult allgather =
+      harness::run(toy(1, "plugin = \"sharded\"\nvariant = \"allgather\"\n", "reduce = \"bf16\"\n"), 2);
+  ASSERT_FALSE(allgather.failures.empty());
+  EXPECT_NE(allgather.failures[0].find("create: precision.reduce = \"bf16\": strategy.variant = \"allgather\" "
+                                       "reduces in float32 only (variant \"broadcast\" and stages 2 and 3 take it)"),
+            std::string::npos)
+      << allgather.failures[0];
+}
+
+// growth_interval 2, an overflow at step 1: the scale used by steps 0..5 is
+// 65536, 65536 (skipped), 32768, 32768, then grown: 65536, 65536; the
+// checkpoint after step 3 holds {32768, 1 clean step, 1 skipped}, and the
+// run resumed from it must grow at its first step to match.
+TEST(LossScaleRun, AResumedRunGoesOnWithTheScaleBitForBit) {
+  for (const Strategy& st : {kStrategies[0], kStrategies[3]}) {
+    SCOPED_TRACE(st.label);
+    harness::TempDir dir;
+    const std::vector<std::string> sets = {"checkpoint.every=3", "checkpoint.dir=\"" + dir.path + "\""};
+    const std::string config = toy(6, st.section, "growth_interval = 2\n");
+    const harness::RunResult whole = harness::run(config, 2, sets, "", harness::Ranks::kAsTest, {{1, {1}}});
+    ASSERT_TRUE(whole.failures.empty()) << whole.failures[0];
+    const std::vector<double> scales{65536, 65536, 32768, 32768, 65536, 65536};
+    EXPECT_EQ(doubles(whole.summary["loss_scale"]), scales);
+    const CheckpointMeta meta = read_checkpoint_meta(dir.path + "/step-00000003");
+    ASSERT_TRUE(meta.loss_scale.has_value());
+    EXPECT_EQ(*meta.loss_scale, (LossScale{32768.0, 1, 1}));
+    for (const auto& [name, state] : meta.state)  // AdamW's: two of the three steps stepped
+      EXPECT_EQ(state.steps, 2) << name;
+    EXPECT_FALSE(meta.state.empty());
+    const harness::RunResult resumed = harness::run(config, 2, sets, dir.path + "/step-00000003");
+    ASSERT_TRUE(resumed.failures.empty()) << resumed.failures[0];
+    EXPECT_EQ(doubles(resumed.summary["loss_scale"]), std::vector<double>(scales.begin() + 3, scales.end()));
+    EXPECT_EQ(resumed.summary["precision"]["loss_scale"], whole.summary["precision"]["loss_scale"]);
+    EXPECT_EQ(resumed.summary["loss"], whole.summary["loss"]);
+    for (const auto& [name, t] : whole.final_weights)
+      EXPECT_TRUE(t.bytes == resumed.final_weights.at(name).bytes) << name << " differs from the run that went on";
+  }
+}
+
+}  // namespace
+}  // namespace ddp
