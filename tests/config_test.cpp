@@ -940,6 +940,11 @@ TEST_F(ConfigTest, PrecisionLossScale) {
             "--set precision.backoff_factor=1.5: key 'precision.backoff_factor' must be < 1 (got 1.5)");
   EXPECT_EQ(load_error(fp16, {"precision.init_scale=0"}),
             "--set precision.init_scale=0: key 'precision.init_scale' must be > 0 (got 0)");
+  EXPECT_EQ(load_error(fp16, {"precision.init_scale=1e-39"}),
+            "--set precision.init_scale=1e-39: key 'precision.init_scale' must be >= 1.1754943508222875e-38 (FLT_MIN) "
+            "(got 1e-39)");
+  EXPECT_EQ(load_error(fp16, {"precision.init_scale=1e39"}),
+            "--set precision.init_scale=1e39: key 'precision.init_scale' must be <= 3.4028234663852886e+38 (got 1e+39)");
   EXPECT_EQ(load_error(fp16, {"precision.growth_interval=0"}),
             "--set precision.growth_interval=0: key 'precision.growth_interval' must be >= 1 (got 0)");
   EXPECT_EQ(load_error(fp16, {"precision.compute=bf16", "precision.init_scale=8"}),

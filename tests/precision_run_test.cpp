@@ -74,7 +74,7 @@ TEST(LossScale, CheckpointJsonRoundTripsAndRefusesWhatIsNotAScale) {
   const LossScale s{8192.0, 17, 3};
   EXPECT_EQ(loss_scale_json(s).dump(), R"({"scale":8192.0,"growth_tracker":17,"skipped_steps":3})");
   EXPECT_EQ(loss_scale_of(loss_scale_json(s)), s);
-  const auto refusal = [](const char* text) {
+  const auto refusal = [](const std::string& text) {
     try {
       loss_scale_of(ojson::parse(text));
     } catch (const ojson::exception& e) {
@@ -82,11 +82,13 @@ TEST(LossScale, CheckpointJsonRoundTripsAndRefusesWhatIsNotAScale) {
     }
     return std::string("accepted");
   };
-  EXPECT_NE(refusal(R"({"scale":0,"growth_tracker":0,"skipped_steps":0})")
-                .find("'loss_scale'.'scale' is 0, not a positive finite float"),
+  const std::string counts = R"(,"growth_tracker":0,"skipped_steps":0})";
+  EXPECT_NE(refusal(R"({"scale":0)" + counts).find("'loss_scale'.'scale' is 0, not a float from FLT_MIN to FLT_MAX"),
             std::string::npos);
-  EXPECT_NE(refusal(R"({"scale":1e300,"growth_tracker":0,"skipped_steps":0})").find("not a positive finite float"),
-            std::string::npos);
+  for (const char* scale : {"1e300", "1e-39", "0.1"})  // beyond a float, below FLT_MIN, not a float's value
+    EXPECT_NE(refusal(R"({"scale":)" + std::string(scale) + counts).find("not a float from FLT_MIN to FLT_MAX"),
+              std::string::npos)
+        << scale;
   EXPECT_NE(refusal(R"({"scale":2.0,"growth_tracker":-1,"skipped_steps":0})")
                 .find("'loss_scale'.'growth_tracker' is -1, not a whole number >= 0"),
             std::string::npos);
@@ -137,8 +139,8 @@ TEST(LossScaleRun, AnOverflowOnOneRankSkipsThatStepOnEveryRankAndHalvesTheScale)
       ASSERT_TRUE(r.failures.empty()) << r.failures[0];
       EXPECT_EQ(r.summary["step_skipped"], json({false, false, true, false}));
       EXPECT_EQ(doubles(r.summary["loss_scale"]), (std::vector<double>{65536, 65536, 65536, 32768}));
-      EXPECT_EQ(r.summary["precision"]["loss_scale"], json::parse(R"({"scale":32768.0,"growth_tracker":1,
-                                                                       "skipped_steps":1})"));
+      EXPECT_EQ(r.summary["precision"]["loss_scale"],
+                json::parse(R"({"scale":32768.0,"growth_tracker":1,"skipped_steps":1})"));
       EXPECT_TRUE(r.summary["grad_norm"][2].is_null());
       EXPECT_TRUE(r.summary["grad_norm"][3].is_number());
       for (int rank = 0; rank < world; ++rank) {
@@ -197,22 +199,118 @@ TEST(PrecisionPolicy, AStrategyThatReducesInFloat32OnlyIsRefusedNamingTheKey) {
   EXPECT_EQ(reduce_refusal(DDP_CAP_DEVICE_CPU, DDP_FLOAT32, "naive"), "");
   EXPECT_EQ(reduce_refusal(DDP_CAP_DEVICE_CPU | DDP_CAP_REDUCE_DTYPE, DDP_BFLOAT16, "bucketed"), "");
   EXPECT_EQ(reduce_refusal(DDP_CAP_DEVICE_CPU, DDP_FLOAT16, "naive"),
-            "precision.reduce = \"fp16\": strategy plugin 'naive' reduces gradients in float32 only (its caps lack "
-            "DDP_CAP_REDUCE_DTYPE; `ddp plugins` lists each strategy's caps): choose a strategy that has it, or "
+            "precision.reduce = \"fp16\": strategy plugin 'naive' does not reduce gradients in 16 bits (its caps "
+            "lack DDP_CAP_REDUCE_DTYPE; `ddp plugins` lists them as reduce-dtype): choose a strategy that does, or "
             "precision.reduce = \"fp32\"");
   const harness::RunResult naive = harness::run(toy(1, "plugin = \"naive\"\n", "reduce = \"bf16\"\n"), 2);
   ASSERT_EQ(naive.failures.size(), 2u);
-  EXPECT_NE(naive.failures[0].find("precision.reduce = \"bf16\": strategy plugin 'naive' reduces gradients in "
-                                   "float32 only"),
+  EXPECT_NE(naive.failures[0].find("precision.reduce = \"bf16\": strategy plugin 'naive' does not reduce "
+                                   "gradients in 16 bits"),
             std::string::npos)
       << naive.failures[0];
   const harness::RunResult allgather =
       harness::run(toy(1, "plugin = \"sharded\"\nvariant = \"allgather\"\n", "reduce = \"bf16\"\n"), 2);
   ASSERT_FALSE(allgather.failures.empty());
   EXPECT_NE(allgather.failures[0].find("create: precision.reduce = \"bf16\": strategy.variant = \"allgather\" "
-                                       "reduces in float32 only (variant \"broadcast\" and stages 2 and 3 take it)"),
+                                       "reduces in float32 only (variant \"broadcast\" and stages 2 and 3 take it; "
+                                       "or precision.reduce = \"fp32\")"),
             std::string::npos)
       << allgather.failures[0];
+}
+
+// The scale is a power of two and toy's gradients stay in float32's range
+// times 2^16: a scaled run must equal the unscaled one bit for bit (SGD, no
+// clipping, fp32 compute), whoever steps the optimizer. A missing or
+// doubled unscale would be 2^16 off.
+TEST(LossScaleRun, APowerOfTwoScaleChangesNoBitUnderEveryKindOfStep) {
+  const std::string sgd_fp32 = "[optimizer]\nname = \"sgd\"\nlr = 0.1\nmomentum = 0.9\n[precision]\ncompute = \"fp32\"\n";
+  for (const Strategy& st : kStrategies) {
+    std::string config = toy(3, st.section);
+    config.replace(config.find("[optimizer]"), config.find("[strategy]") - config.find("[optimizer]"), sgd_fp32);
+    const harness::RunResult plain = harness::run(config, 2);
+    const harness::RunResult scaled = harness::run(config, 2, {"precision.loss_scale=\"dynamic\""});
+    ASSERT_TRUE(plain.failures.empty() && scaled.failures.empty()) << st.label;
+    EXPECT_EQ(doubles(scaled.summary["loss_scale"]), (std::vector<double>{65536, 65536, 65536})) << st.label;
+    for (size_t p = 0; p < plain.names.size(); ++p)
+      EXPECT_EQ(scaled.ranks[0].at(3)[p], plain.ranks[0].at(3)[p]) << st.label << ": " << plain.names[p];
+  }
+}
+
+// Every step overflowing whatever the scale: once the scale falls below
+// FLT_MIN the run stops on every rank, saying why, rather than skip forever.
+TEST(LossScaleRun, AScaleBelowFltMinStopsTheRunOnEveryRank) {
+  const harness::RunResult r = harness::run(toy(3, "plugin = \"naive\"\n", "init_scale = 2e-38\n"), 2, {}, "",
+                                            harness::Ranks::kAsTest, {{1, {0}}});
+  ASSERT_EQ(r.failures.size(), 2u);
+  for (const std::string& f : r.failures)
+    EXPECT_NE(f.find("precision.loss_scale: the scale fell below FLT_MIN (1 steps skipped in the run): the gradients "
+                     "overflow whatever the scale"),
+              std::string::npos)
+        << f;
+}
+
+// ddp_host::step_skipped and precision's loss_scaled, as a plugin reads
+// them: 1 on the skipped step only (tests/plugins/strategy_skips.c, one
+// rank).
+TEST(LossScaleRun, AStrategyReadsWhichStepsWereSkipped) {
+  const std::string skips = std::string(DDP_TEST_BROKEN_PLUGIN_DIR) + "/libddp_strategy_skips.so";
+  const harness::RunResult r =
+      harness::run(toy(3, "plugin = \"" + skips + "\"\n"), 1, {}, "", harness::Ranks::kAsTest, {{0, {1}}});
+  ASSERT_TRUE(r.failures.empty()) << r.failures[0];
+  EXPECT_EQ(r.summary["strategy_stats"]["skipped"], "0 1 0");
+  EXPECT_EQ(r.summary["strategy_stats"]["loss_scaled"], 1);
+}
+
+// powersgd's error feedback is made of gradients: under a scaled loss it
+// would keep an overflowed step's inf for good. Refused; unscaled, it runs.
+TEST(LossScaleRun, PowerSgdRefusesAScaledLossAndRunsWithoutOne) {
+  const harness::RunResult scaled = harness::run(toy(1, "plugin = \"powersgd\"\n"), 2);
+  ASSERT_FALSE(scaled.failures.empty());
+  EXPECT_NE(scaled.failures[0].find("strategy plugin 'powersgd': create: precision.loss_scale = \"dynamic\": "
+                                    "powersgd's error feedback would keep an overflowed step's inf or NaN"),
+            std::string::npos)
+      << scaled.failures[0];
+  const harness::RunResult unscaled = harness::run(toy(1, "plugin = \"powersgd\"\n", "loss_scale = \"none\"\n"), 2);
+  EXPECT_TRUE(unscaled.failures.empty()) << unscaled.failures[0];
+}
+
+// A skipped step updates nothing but makes (or, resumed, takes up) the
+// state a first update starts from: a run resumed into one, from a
+// checkpoint written after only skipped steps, or from one a resumed run
+// wrote before its first update, goes on bit for bit as the run that did
+// not stop (AdamW's moments and step count kept). The losses of skipped
+// steps (inf: the injected overflow's) travel through checkpoint.json.
+TEST(LossScaleRun, ResumingIntoOrAfterSkippedStepsKeepsTheOptimizerState) {
+  for (const Strategy& st : {kStrategies[0], kStrategies[3]}) {
+    SCOPED_TRACE(st.label);
+    harness::TempDir dir;
+    const std::string config = toy(4, st.section);
+    const auto sets = [](const std::string& d) {
+      return std::vector<std::string>{"checkpoint.every=1", "checkpoint.keep=5", "checkpoint.dir=\"" + d + "\""};
+    };
+    // Steps 0 and 2 overflow (on rank 1): the checkpoint after step 1 holds
+    // only skipped steps' state; a run resumed after step 2 starts with a skip.
+    const std::map<int, std::vector<int64_t>> overflows = {{1, {0, 2}}};
+    const harness::RunResult whole =
+        harness::run(config, 2, sets(dir.path + "/whole"), "", harness::Ranks::kAsTest, overflows);
+    ASSERT_TRUE(whole.failures.empty()) << whole.failures[0];
+    EXPECT_EQ(whole.summary["step_skipped"], json({true, false, true, false}));
+    EXPECT_TRUE(whole.summary["loss"][0].is_null());  // inf
+    const auto expect_whole = [&](const harness::RunResult& resumed, const std::string& what) {
+      ASSERT_TRUE(resumed.failures.empty()) << what << ": " << resumed.failures[0];
+      EXPECT_EQ(resumed.summary["loss"], whole.summary["loss"]) << what;
+      for (const auto& [name, t] : whole.final_weights)
+        EXPECT_TRUE(t.bytes == resumed.final_weights.at(name).bytes) << what << ": " << name;
+    };
+    for (const char* from : {"step-00000001", "step-00000002"})
+      expect_whole(harness::run(config, 2, sets(dir.path + "/" + from), dir.path + "/whole/" + from,
+                                harness::Ranks::kAsTest, overflows),
+                   std::string("resumed from ") + from);
+    // The run resumed after step 2 skipped step 3 and wrote step-00000003.
+    expect_whole(harness::run(config, 2, sets(dir.path + "/again"), dir.path + "/step-00000002/step-00000003",
+                              harness::Ranks::kAsTest, overflows),
+                 "resumed from the resumed run's step 3");
+  }
 }
 
 // growth_interval 2, an overflow at step 1: the scale used by steps 0..5 is

@@ -13,6 +13,8 @@ per-step loss (summary.json's `loss`, the global batch's mean) with fp32's:
   worst     the largest |loss - fp32 loss| of a single step
   last 20   the mean loss over the last 20 steps, and its ratio to fp32's
   step      the mean step time (the CPU emulates 16 bits: stated, not tuned)
+  skipped   the steps fp16's loss scaling skipped (summary.json's
+            precision.loss_scale; "-" where the loss is not scaled)
 
 Writes, under --out (default tools/results/precision): results.md (the
 table), results.json, and loss.png (the curves; Debian's python3-matplotlib).
@@ -59,7 +61,12 @@ def mean(values):
     return sum(values) / len(values)
 
 
-def compare(losses, step_s):
+def skipped_of(summary):
+    scaling = summary["precision"].get("loss_scale")
+    return None if scaling is None else scaling["skipped_steps"]
+
+
+def compare(losses, step_s, skipped):
     base = losses["fp32"]
     rows = []
     for compute, loss in losses.items():
@@ -68,7 +75,7 @@ def compare(losses, step_s):
         rows.append({"compute": compute, "first_loss": loss[0], "last20_loss": mean(loss[-20:]),
                      "last20_ratio": mean(loss[-20:]) / mean(base[-20:]), "band": band,
                      "worst_step_abs": max(abs(a - b) for a, b in zip(loss, base)),
-                     "mean_step_s": step_s[compute]})
+                     "mean_step_s": step_s[compute], "skipped": skipped.get(compute)})
     return rows
 
 
@@ -76,11 +83,13 @@ def table(rows, steps):
     lines = [f"lm-cpu, 2 ranks, bucketed, AdamW lr 1e-3, {steps} steps on the shipped text "
              "(byte tokens), one seed:", "",
              "| compute | first loss | mean of the last 20 | against fp32 | band: worst 10-step mean "
-             "against fp32's | worst step \\|loss − fp32\\| | mean step |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "against fp32's | worst step \\|loss − fp32\\| | mean step | skipped steps |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        skipped = "-" if r.get("skipped") is None else str(r["skipped"])
         lines.append(f"| {r['compute']} | {r['first_loss']:.4f} | {r['last20_loss']:.4f} | "
                      f"{r['last20_ratio']:.4f} | {r['band']:.2%} | {r['worst_step_abs']:.3f} | "
-                     f"{r['mean_step_s'] * 1e3:.0f} ms |")
+                     f"{r['mean_step_s'] * 1e3:.0f} ms | {skipped} |")
     return "\n".join(lines) + "\n"
 
 
@@ -114,6 +123,7 @@ def main():
             earlier = json.load(f)
         steps, losses = earlier["steps"], earlier["loss"]
         step_s = {r["compute"]: r["mean_step_s"] for r in earlier["rows"]}
+        skipped = {r["compute"]: r.get("skipped") for r in earlier["rows"]}
     else:
         with tempfile.TemporaryDirectory(prefix="ddp-precision-") as tmp:
             tokens = os.path.join(tmp, "text.bin")
@@ -121,7 +131,8 @@ def main():
             summaries = {c: run(a.ddp, c, a.steps, tokens, tmp) for c in COMPUTES}
         steps, losses = a.steps, {c: s["loss"] for c, s in summaries.items()}
         step_s = {c: s["mean_step_time_s"] for c, s in summaries.items()}
-    rows = compare(losses, step_s)
+        skipped = {c: skipped_of(s) for c, s in summaries.items()}
+    rows = compare(losses, step_s, skipped)
     text = table(rows, steps)
     print(text, end="")
     os.makedirs(a.out, exist_ok=True)

@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -257,17 +258,19 @@ PrecisionConfig read_precision(const ConfigReader& r, ddp_device_kind device) {
     if (reduce == compute_name(d)) p.reduce = d;
   const char* scaling = p.compute == DDP_FLOAT16 ? "dynamic" : "none";
   p.loss_scale = r.one_of("precision", "loss_scale", scaling, {"dynamic", "none"}) == "dynamic";
-  p.init_scale = r.positive("precision", "init_scale", p.init_scale);
-  p.growth_factor = r.positive("precision", "growth_factor", p.growth_factor);
-  r.require(p.growth_factor > 1, "precision", "growth_factor", "> 1", shortest_text(p.growth_factor));
-  p.backoff_factor = r.positive("precision", "backoff_factor", p.backoff_factor);
-  r.require(p.backoff_factor < 1, "precision", "backoff_factor", "< 1", shortest_text(p.backoff_factor));
-  p.growth_interval = r.integer("precision", "growth_interval", p.growth_interval, 1);
   for (const char* key : {"init_scale", "growth_factor", "backoff_factor", "growth_interval"})
     if (!p.loss_scale && r.find("precision", key))
       throw ConfigError(r.where(*r.find("precision", key)) + ": key 'precision." + key +
                         "' applies to dynamic loss scaling only, which is off (precision.loss_scale = \"none\"" +
                         (p.compute == DDP_FLOAT16 ? "" : ", the default unless precision.compute = \"fp16\"") + ")");
+  p.init_scale = r.positive("precision", "init_scale", p.init_scale, FLT_MAX);  // GradScaler's scale is a float
+  r.require(p.init_scale >= FLT_MIN, "precision", "init_scale", ">= " + shortest_text(FLT_MIN) + " (FLT_MIN)",
+            shortest_text(p.init_scale));
+  p.growth_factor = r.positive("precision", "growth_factor", p.growth_factor);
+  r.require(p.growth_factor > 1, "precision", "growth_factor", "> 1", shortest_text(p.growth_factor));
+  p.backoff_factor = r.positive("precision", "backoff_factor", p.backoff_factor);
+  r.require(p.backoff_factor < 1, "precision", "backoff_factor", "< 1", shortest_text(p.backoff_factor));
+  p.growth_interval = r.integer("precision", "growth_interval", p.growth_interval, 1);
   return p;
 }
 

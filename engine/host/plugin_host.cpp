@@ -430,6 +430,7 @@ PluginHost::PluginHost(HostServices& services, const PluginSection& section, std
   host_.group = H::group;
   host_.grads_final = H::grads_final;
   host_.precision = [](void* ctx) -> const ddp_precision* { return &H::svc(ctx).precision; };
+  host_.step_skipped = [](void* ctx) { return H::svc(ctx).step_skipped ? 1 : 0; };
   install_compute_entries(host_);
 }
 

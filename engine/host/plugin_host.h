@@ -54,7 +54,8 @@ struct HostServices {
   Model* model = nullptr;  // for the parameter table; null: no parameters
   Store* store = nullptr;
   int64_t timeout_ms = 30000;
-  ddp_precision precision{sizeof(ddp_precision), DDP_FLOAT32, DDP_FLOAT32};  // ddp_host::precision (1.11)
+  ddp_precision precision{sizeof(ddp_precision), DDP_FLOAT32, DDP_FLOAT32, 0};  // ddp_host::precision (1.11)
+  bool step_skipped = false;  // ddp_host::step_skipped (1.11): the trainer's, from finish to on_step_end's return
   CommCounters counters;
   // The parameters' values and gradients, and who holds each (the ABI's
   // tables, claim and bind): param_store.h.

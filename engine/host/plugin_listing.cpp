@@ -116,7 +116,7 @@ std::string format_plugins(const std::vector<PluginInfo>& plugins) {
     if (p.caps & DDP_CAP_OWNS_GRADIENTS) caps += ",owns-gradients";
     if (p.caps & DDP_CAP_OWNS_PARAMETERS) caps += ",owns-parameters";
     if (p.caps & DDP_CAP_DIVERGENT) caps += ",divergent";
-    if (p.caps & DDP_CAP_REDUCE_DTYPE) caps += ",reduce_dtype";
+    if (p.caps & DDP_CAP_REDUCE_DTYPE) caps += ",reduce-dtype";
     if (p.plans) caps += ",plans";
     text += line + (caps.empty() ? "-" : caps) + "  " + p.path + "\n";
     if (p.dtypes) {

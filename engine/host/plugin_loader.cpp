@@ -178,8 +178,8 @@ std::string reduce_refusal(uint64_t caps, ddp_dtype reduce, const std::string& n
   if (reduce == DDP_FLOAT32 || (caps & DDP_CAP_REDUCE_DTYPE)) return "";
   return std::string("precision.reduce = \"") + (reduce == DDP_BFLOAT16 ? "bf16" : "fp16") + "\": strategy plugin '" +
          name +
-         "' reduces gradients in float32 only (its caps lack DDP_CAP_REDUCE_DTYPE; `ddp plugins` lists each "
-         "strategy's caps): choose a strategy that has it, or precision.reduce = \"fp32\"";
+         "' does not reduce gradients in 16 bits (its caps lack DDP_CAP_REDUCE_DTYPE; `ddp plugins` lists "
+         "them as reduce-dtype): choose a strategy that does, or precision.reduce = \"fp32\"";
 }
 
 std::string default_plugin_dir() {

@@ -50,9 +50,10 @@ plan::RunPlan plan_config(const Config& c, const Footprint& model, bool check_ke
   run.device = c.run.device;
   run.timeout_ms = int64_t(c.run.timeout_s * 1000);
   run.micro_steps = int(c.run.grad_accum_steps);
-  run.clips = c.optimizer.clip_grad_norm > 0;
+  run.clips = c.optimizer.clip_grad_norm > 0 || c.precision.loss_scale;  // both wait for every gradient
   run.precision.compute = c.precision.compute;
   run.precision.reduce = c.precision.reduce;
+  run.precision.loss_scaled = c.precision.loss_scale ? 1 : 0;
   std::vector<plan::RankParts> parts;
   // Where a plan entry that exits, crashes or hangs is (isolated.h).
   const char* const strategy_label = whereabouts::intern("strategy plugin '" + strategy->path() + "'");

@@ -71,7 +71,7 @@ struct PlanRun {
   int64_t timeout_ms = 30000;
   int micro_steps = 1;
   bool clips = false;
-  ddp_precision precision{sizeof(ddp_precision), DDP_FLOAT32, DDP_FLOAT32};  // [precision]
+  ddp_precision precision{sizeof(ddp_precision), DDP_FLOAT32, DDP_FLOAT32, 0};  // [precision]
 };
 
 // Calls the strategy's plan entry for `rank` (over `transport`, whose

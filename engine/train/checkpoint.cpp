@@ -237,7 +237,7 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
     m.optimizer = j.at("optimizer").get<std::string>();
     m.config = j.at("config").get<std::map<std::string, std::string>>();
     m.trainable = j.at("trainable").get<std::vector<std::string>>();
-    m.losses = j.at("losses").get<std::vector<double>>();
+    for (const json& l : j.at("losses")) m.losses.push_back(l.is_null() ? NAN : l.get<double>());  // null: NaN, inf
     if (j.contains("due")) {  // (absent before [eval] and divergent strategies)
       m.eval_due = j.at("due").at("eval").get<bool>();
       m.check_due = j.at("due").at("replica_check").get<bool>();

@@ -134,7 +134,9 @@ void check_meta_shape(const CheckpointMeta& meta, const std::string& file) {
   for (const auto& [param, state] : meta.state) {
     if (state.pieces.empty()) listed(state.file, param);
     for (const CheckpointMeta::Piece& piece : state.pieces) listed(piece.file, param);
-    const bool adamw = meta.optimizer == "adamw";
+    // (AdamW's count starts at 1 with its state, but for state made at a
+    // step loss scaling skipped: 0.)
+    const bool adamw = meta.optimizer == "adamw" && !meta.loss_scale;
     if (state.steps > meta.step || state.steps < (adamw ? 1 : 0))
       throw bad(file, "state of '" + param + "': " + std::to_string(state.steps) + " steps, outside [" +
                           (adamw ? "1" : "0") + ", " + std::to_string(meta.step) + "] at step " +

@@ -9,7 +9,7 @@ namespace ddp {
 
 LossScale initial_loss_scale(const PrecisionConfig& precision) {
   LossScale s;
-  if (precision.loss_scale) s.scale = precision.init_scale;
+  if (precision.loss_scale) s.scale = double(float(precision.init_scale));
   return s;
 }
 
@@ -41,8 +41,9 @@ LossScale loss_scale_of(const nlohmann::ordered_json& j) {
   };
   LossScale s;
   const json& scale = j.at("scale");
-  if (!scale.is_number() || !(scale.get<double>() > 0) || scale.get<double>() > FLT_MAX)
-    throw wrong("scale", "a positive finite float");
+  if (!scale.is_number() || !(scale.get<double>() >= FLT_MIN) || scale.get<double>() > FLT_MAX ||
+      double(float(scale.get<double>())) != scale.get<double>())
+    throw wrong("scale", "a float from FLT_MIN to FLT_MAX");
   s.scale = scale.get<double>();
   for (const char* key : {"growth_tracker", "skipped_steps"}) {
     const json& v = j.at(key);

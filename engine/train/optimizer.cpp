@@ -105,7 +105,6 @@ void Optimizer::step(std::vector<Parameter>& params, const size_t* indices, size
 }
 
 void Optimizer::step_ranges(std::vector<Parameter>& params, const StepRange* ranges, size_t count) {
-  if (skipping_) return;
   for (size_t k = 0; k < count; ++k) {
     const StepRange& r = ranges[k];
     if (r.param >= params.size())
@@ -127,6 +126,13 @@ void Optimizer::step_ranges(std::vector<Parameter>& params, const StepRange* ran
                       "': the strategy claimed them, so a range of it "
                       "must give its data (ddp_range::data)",
                   DDP_ERR_INVALID_ARGUMENT);
+    if (skipping_) {  // the state a first update would start from (zeros), a resumed one's taken up
+      if (keeps_state() && !s.first.defined())
+        s.first = Tensor(device_, Shape{int64_t(r.count)}, MemCategory::OptimizerState);
+      if (is_adamw() && !s.second.defined())
+        s.second = Tensor(device_, Shape{int64_t(r.count)}, MemCategory::OptimizerState);
+      continue;
+    }
     float* w = r.data ? r.data : p.data.data() + r.offset;
     const Hyper h{hyper_[r.param].lr * lr_scale_, hyper_[r.param].weight_decay};
     const StepRange with{r.param, r.offset, r.count, g, w};

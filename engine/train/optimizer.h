@@ -94,9 +94,12 @@ class Optimizer {
   // Begins a training step: every group's lr times `lr_scale` ([schedule]
   // lr) from now on, and the last step's grad_squares forgotten.
   void begin_step(double lr_scale);
-  // Until the next begin_step, step and step_ranges do nothing: no update,
-  // no state made ([precision] loss scaling's skipped step, as GradScaler
-  // skips optimizer.step()).
+  // Until the next begin_step, step and step_ranges update nothing
+  // ([precision] loss scaling's skipped step, as GradScaler skips
+  // optimizer.step()): a range's state is made as a first update would
+  // start from it (zero moments, 0 steps: the same bits once it updates)
+  // or taken up from a resumed checkpoint, so that a checkpoint after it
+  // holds the state.
   void skip_step() { skipping_ = true; }
   // Per parameter, the sum of the squares of the gradient this step's update
   // read (sum_of_squares, schedule.h, bit for bit) where the update measured

@@ -18,8 +18,8 @@ RankPlugins::RankPlugins(const Config& config, HostServices& services) : service
   require_device_cap("transport", transport_lib_->transport()->name, transport_lib_->transport()->caps);
   strategy_lib_ = load_plugin(PluginKind::Strategy, config.strategy_plugin);
   require_device_cap("strategy", strategy_api().name, strategy_api().caps);
-  const std::string reduce = reduce_refusal(strategy_api().caps, config.precision.reduce, strategy_api().name);
-  if (!reduce.empty()) throw ConfigError(reduce);
+  const std::string reduce = reduce_refusal(strategy_api().caps, config.precision.reduce, config.strategy_plugin);
+  if (!reduce.empty()) throw ConfigError(config.file + ": " + reduce);
   // Before init: ranks another launcher started (mpirun, srun) were not
   // checked by `ddp run`'s launcher.
   check_declared_keys(*transport_lib_, config.transport);

@@ -54,6 +54,7 @@ void RankRun::set_up() {
   services_.timeout_ms = static_cast<int64_t>(config_.run.timeout_s * 1000);
   services_.precision.compute = config_.precision.compute;
   services_.precision.reduce = config_.precision.reduce;
+  services_.precision.loss_scaled = config_.precision.loss_scale ? 1 : 0;
   services_.run_optimizer = [this](const size_t* indices, size_t count) {
     optimizer_->step(model_->params(), indices, count);
   };

@@ -12,6 +12,7 @@
 #include "trainer.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -157,8 +158,9 @@ StepRecord RankRun::train_step(int64_t step) {
   // Micro-batches accumulate into the gradients; each one's loss is scaled
   // by 1/k so the sum is the gradient of the mean over k x the batch.
   const int64_t k = config_.run.grad_accum_steps;
-  // (A test's injected overflow: every gradient of this rank inf or NaN.)
-  const float seed = observer_ && observer_->overflow(step) ? INFINITY : float(scale_.scale) / float(k);
+  // (A test's injected overflow: this rank's loss inf, every gradient inf or NaN.)
+  const bool overflow = observer_ && observer_->overflow(step);
+  const float seed = overflow ? INFINITY : float(scale_.scale) / float(k);
   ddp_step_info info{};
   for (int64_t micro = 0; micro < k; ++micro) {
     const bool sync = micro == k - 1;
@@ -176,6 +178,7 @@ StepRecord RankRun::train_step(int64_t step) {
     const auto t = Clock::now();
     const Batch batch = data_->batch(step * k + micro);
     rec.data_s += seconds_since(t);
+    if (overflow) rec.loss = INFINITY;
     forward(batch, k, rec);
     backward(seed, before.collectives, rec);
     m = timeline_->mark();
@@ -199,6 +202,7 @@ StepRecord RankRun::train_step(int64_t step) {
     rec.grad_norm = gradient_norm(/*clip=*/false);
   const StepTimeline::Mark end = timeline_->mark();
   rec.synced = plugins_->on_step_end(info);  // (1.8) a strategy may average here: its bytes are the step's
+  services_.step_skipped = false;
   timeline_->range("on_step_end", end);
   take_peaks(device_->memory(), mem_after_optimizer_);
   rec.step_s = seconds_since(t0);
@@ -224,7 +228,9 @@ void RankRun::forward(const Batch& batch, int64_t k, StepRecord& rec) {
   }
   rec.forward_s += seconds_since(t);
   timeline_->range("forward", m);
-  if (config_.run.check_finite && !std::isfinite(rec.loss)) {
+  // (Under loss scaling a non-finite loss is an fp16 overflow like any
+  // other: its step is skipped, and a scale that keeps falling stops the run.)
+  if (config_.run.check_finite && !config_.precision.loss_scale && !std::isfinite(rec.loss)) {
     const ParamStore& store = services_.params;
     std::vector<std::string> names;
     for (const Parameter& p : model_->params()) names.push_back(p.name);
@@ -305,22 +311,31 @@ void RankRun::step_in_final_order() {
 
 void RankRun::unscale_gradients(StepRecord& rec) {
   rec.loss_scale = scale_.scale;
-  const double norm = gradient_norm(/*clip=*/true, 1.0 / scale_.scale);  // clipped only where configured
+  // The norm of the unscaled gradients (clipped only where configured): not
+  // finite, or beyond a float's range (an unscaled element may be), is an
+  // overflow.
+  const double norm = gradient_norm(/*clip=*/true, 1.0 / scale_.scale);
   const int world = env_.rank.world_size;
-  std::vector<double> found(size_t(world), std::isfinite(norm) ? 0.0 : 1.0);
+  std::vector<double> found(size_t(world), norm <= FLT_MAX ? 0.0 : 1.0);      // (NaN: found)
   if (world > 1) plugins_->all_gather(std::vector<double>{found[0]}, found);  // every rank decides alike
   rec.step_skipped = std::any_of(found.begin(), found.end(), [](double f) { return f != 0.0; });
-  if (rec.step_skipped) optimizer_->skip_step();  // its updates, the engine's and the strategy's, do nothing
+  services_.step_skipped = rec.step_skipped;      // ddp_host::step_skipped, until on_step_end returns
+  if (rec.step_skipped) optimizer_->skip_step();  // run_optimizer* update nothing this step
   rec.grad_norm = rec.step_skipped ? NAN : norm;
   scale_ = next_loss_scale(scale_, config_.precision, rec.step_skipped);
   if (rec.step_skipped && env_.rank.rank == 0)
     std::printf("note: step %lld skipped: a gradient held inf or NaN (on some rank); loss scale %g -> %g\n",
                 static_cast<long long>(whereabouts::step() + 1), rec.loss_scale, scale_.scale);
+  if (scale_.scale < FLT_MIN)  // (the same verdicts on every rank: every rank stops here)
+    throw Error("precision.loss_scale: the scale fell below FLT_MIN (" + std::to_string(scale_.skipped_steps) +
+                    " steps skipped in the run): the gradients overflow whatever the scale (a diverged model, or a "
+                    "batch whose loss is inf or NaN), not for want of range",
+                DDP_ERR_INVALID_ARGUMENT);
 }
 
 double RankRun::gradient_norm(bool clip, double unscale) {
   if (clip) {
-    whereabouts::Inside in(nullptr, "waiting for the gradients to clip");
+    whereabouts::Inside in(nullptr, "waiting for the gradients to clip or unscale");
     device_->comm_stream().synchronize();
   }
   const bool gather = held_gradients(spans_);

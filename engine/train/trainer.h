@@ -20,9 +20,9 @@ class TrainObserver {
  public:
   virtual ~TrainObserver() = default;
   virtual void on_weights(int64_t step, const std::vector<std::vector<float>>& values) = 0;
-  // An overflow injected into step `step` (from 0) on this rank: its
-  // backward starts from an infinite loss gradient, so every gradient it
-  // makes is inf or NaN, as an fp16 overflow's would be.
+  // An overflow injected into step `step` (from 0) on this rank: its loss
+  // is inf and its backward starts from an infinite loss gradient, so every
+  // gradient it makes is inf or NaN, as an fp16 overflow's would be.
   virtual bool overflow(int64_t step) {
     (void)step;
     return false;

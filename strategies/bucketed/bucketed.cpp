@@ -21,8 +21,8 @@
 //
 // Keys: bucket_mb (MiB, default 25, or "auto": ../common/bucket_cap.h),
 // overlap_optimizer (default true), compress ("none", "bf16" or "fp16":
-// gradients travel in that dtype, ../common/compress.h), in_place (default
-// true).
+// gradients travel in that dtype, ../common/compress.h; unset: [precision]
+// reduce), in_place (default true).
 //
 // The bucket machinery, and the ordering invariant that keeps every rank's
 // collectives in the same order, live in ../common/bucket_sync.h (shared

@@ -13,6 +13,8 @@
 #include <ddp/numeric.h>
 #include <ddp/plugin.hpp>
 
+#include "strategy_util.h"
+
 namespace ddp {
 namespace strategy {
 
@@ -48,15 +50,6 @@ inline std::string compress_refusal(ddp_dtype wire, const char* transport, uint6
   return "";
 }
 
-// The run's [precision] (ABI 1.11); float32 throughout from an older engine.
-inline ddp_precision run_precision(const ddp_host* host) {
-  if (DDP_HOST_HAS(host, precision)) return *host->precision(host->ctx);
-  return ddp_precision{sizeof(ddp_precision), DDP_FLOAT32, DDP_FLOAT32};
-}
-
-// A string key's fallback that no value written in TOML is: the key unset.
-inline constexpr const char* kUnset = "\x01unset";
-
 // Reads the key in create and checks it against the transport: the dtype
 // gradients travel in; unset, the run's [precision] reduce.
 // `planning`: for a plan entry, whose host converts nothing (the run's will).
@@ -70,7 +63,10 @@ inline ddp_dtype read_compress(const plugin::Host& host, const ddp_transport_v1_
   const std::string why =
       compress_refusal(*wire, transport->name, ddp_transport_dtypes(transport),
                        planning || plugin::has_convert(host.raw()), set ? "strategy.compress" : "precision.reduce");
-  if (!why.empty()) throw plugin::Failure(DDP_ERR_UNSUPPORTED, why);
+  if (!why.empty())
+    throw plugin::Failure(
+        DDP_ERR_UNSUPPORTED,
+        why + (set ? "" : " (strategy.compress, unset, follows it: compress = \"none\" keeps float32)"));
   return *wire;
 }
 

@@ -1,7 +1,8 @@
 // strategy_util.h — what the in-tree strategies (naive, flat, overlap,
 // bucketed, sharded) would otherwise each write again: the host, the transport and
 // the two events that order work between the training thread, the compute
-// stream and the comm stream; the start-of-run broadcast; the float32 check.
+// stream and the comm stream; the start-of-run broadcast; the float32 check;
+// the run's [precision].
 // Header-only, so a plugin stays one shared library that links nothing of
 // the engine. Everything here throws ddp::plugin::Failure; the plugin's
 // entries catch it with ddp::plugin::guard.
@@ -9,8 +10,10 @@
 
 #include <ddp/plugin.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -19,6 +22,21 @@ namespace strategy {
 
 // The keys of a strategy that reads none (ddp_strategy_v1_t::keys).
 inline constexpr ddp_key kNoKeys[] = {{nullptr, nullptr, nullptr}};
+
+// The run's [precision] (ABI 1.11): the fields both sides know (a newer
+// engine's struct may be longer, an older one's shorter); float32 and no
+// loss scaling from an engine older than 1.11.
+inline ddp_precision run_precision(const ddp_host* host) {
+  ddp_precision out{sizeof(ddp_precision), DDP_FLOAT32, DDP_FLOAT32, 0};
+  const ddp_precision* given = DDP_HOST_HAS(host, precision) ? host->precision(host->ctx) : nullptr;
+  if (!given) return out;
+  std::memcpy(&out, given, std::min<size_t>(given->struct_size, sizeof out));
+  out.struct_size = sizeof out;
+  return out;
+}
+
+// A string key's fallback that no value written in TOML is: the key unset.
+inline constexpr const char* kUnset = "\x01unset";
 
 // The state every strategy starts from; a plugin derives its
 // ddp_strategy_s from it. Hooks run on the training thread only, so the

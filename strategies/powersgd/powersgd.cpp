@@ -126,6 +126,13 @@ Keys read_keys(const Host& h) {
   if (!(k.epsilon >= 0) || !std::isfinite(k.epsilon))
     throw Failure(DDP_ERR_INVALID_ARGUMENT,
                   "strategy.epsilon must be a finite number >= 0 (got " + ddp::strategy::json_number(k.epsilon) + ")");
+  // The error feedback is made of gradients: under a scaled loss it would
+  // keep a skipped step's inf (and Q its NaN) for every step after.
+  if (ddp::strategy::run_precision(h.raw()).loss_scaled)
+    throw Failure(DDP_ERR_UNSUPPORTED,
+                  "precision.loss_scale = \"dynamic\": powersgd's error feedback would keep an overflowed step's "
+                  "inf or NaN, and residuals at a scale that has since changed; use precision.loss_scale = \"none\" "
+                  "(or compute = \"bf16\")");
   return k;
 }
 

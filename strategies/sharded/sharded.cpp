@@ -11,8 +11,10 @@
 // Keys ([strategy]):
 //   stage      = 1 (default) | 2 | 3
 //   shard_size = the world (default): ranks per shard group, a divisor of it
-//   prefetch   = 1, reshard_after_forward = true, gather_dtype   (stage 3)
-//   compress   = "none" (default) | "bf16" | "fp16"   (stage 1 broadcast, 2, 3)
+//   prefetch   = 1, reshard_after_forward = true, gather_dtype (unset:
+//                [precision] compute)                  (stage 3)
+//   compress   = "none" | "bf16" | "fp16" (unset: [precision] reduce)
+//                                                      (stage 1 broadcast, 2, 3)
 //   variant    = "broadcast" (default) | "allgather"   (stage 1)
 //   bucket_mb  = 25.0  gradient bucket cap, MiB, or "auto" (stage 1's variant
 //                      broadcast, and stage 2; ../common/bucket_cap.h)

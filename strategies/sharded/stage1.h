@@ -205,7 +205,8 @@ class Stage1AllGather : public Stage1 {
     if (reduce != DDP_FLOAT32)
       throw plugin::Failure(DDP_ERR_UNSUPPORTED, std::string("precision.reduce = \"") + compress_value(reduce) +
                                                      "\": strategy.variant = \"allgather\" reduces in float32 only "
-                                                     "(variant \"broadcast\" and stages 2 and 3 take it)");
+                                                     "(variant \"broadcast\" and stages 2 and 3 take it; or "
+                                                     "precision.reduce = \"fp32\")");
   }
   static void plan_comm(const plugin::Plan& plan, const ddp_transport_v1_t* transport, const std::vector<size_t>& owned,
                         int world, int shard_size);

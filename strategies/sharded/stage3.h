@@ -91,7 +91,11 @@ class Stage3 {
     const std::string why =
         compress_refusal(k.gather, transport->name, ddp_transport_dtypes(transport),
                          planning || plugin::has_convert(h.raw()), set ? "strategy.gather_dtype" : "precision.compute");
-    if (!why.empty()) throw plugin::Failure(DDP_ERR_UNSUPPORTED, why);
+    if (!why.empty())
+      throw plugin::Failure(DDP_ERR_UNSUPPORTED,
+                            why + (set ? ""
+                                       : " (strategy.gather_dtype, unset, follows it: gather_dtype = \"float32\" "
+                                         "gathers in float32)"));
     const int64_t prefetch = h.config_int("prefetch", 1);
     if (prefetch < 0 || prefetch > kMaxPrefetch)
       throw plugin::Failure(DDP_ERR_INVALID_ARGUMENT, "strategy.prefetch must be a number of units from 0 to " +

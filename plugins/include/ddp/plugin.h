@@ -100,8 +100,10 @@
  *   1.10 the engine's optimizer ordered by a strategy's reductions:
  *        ddp_host::grads_final (a strategy need not own the optimizer
  *        step only to order it).
- *   1.11 mixed precision: the run's dtypes (ddp_host::precision,
- *        ddp_precision); DDP_CAP_REDUCE_DTYPE.
+ *   1.11 mixed precision: the run's dtypes and loss scaling
+ *        (ddp_host::precision, ddp_precision), a step's skipped update
+ *        (ddp_host::step_skipped); DDP_CAP_REDUCE_DTYPE; ddp_plan::clips
+ *        also under loss scaling.
  * Header-only helpers (ddp_dtype_*, DDP_*_ENTRY, DDP_*_HAS, ddp/numeric.h,
  * ddp/plugin.hpp, ddp/transport.hpp, the strategy kit) are no ABI change.
  */

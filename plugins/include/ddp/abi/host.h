@@ -4,7 +4,8 @@
  * Threads. The engine calls plugin entries from the training thread only.
  * Host entries may be called from the training thread and from host
  * functions running on a stream (launch_host_func), except:
- * - config_* only inside create or init (and plan);
+ * - config_* only inside create or init (and plan); step_skipped on the
+ *   training thread only;
  * - alloc_host and free_host never inside a host function;
  * - nothing may block on the stream it runs on;
  * - inside a host function on a device stream (a CUDA stream, where CUDA
@@ -42,7 +43,7 @@
  *   rendezvous store  store_set, store_get, store_wait
  *   the optimizer     run_optimizer (parameters), run_optimizer_ranges;
  *                     grads_final (the engine's step, ordered by the
- *                     strategy's reductions)
+ *                     strategy's reductions); step_skipped
  *   storage it owns   claim, bind (gradients, values)
  *
  * A host made for planning (the `plan` entries, ddp/abi/plan.h) has rank,
@@ -285,6 +286,14 @@ typedef struct ddp_host {
    * Valid until destroy; on a planning host too. A strategy's own keys
    * may follow it where unset (sharded's gather_dtype, compress). */
   const ddp_precision* (*precision)(void* ctx);
+  /* (1.11) On the training thread: 1 during optimizer_step and
+   * on_step_end of a step whose optimizer update is skipped: under loss
+   * scaling (ddp_precision::loss_scaled) its gradients held an inf or NaN
+   * on some rank (every rank alike). optimizer_step is still called;
+   * run_optimizer and run_optimizer_ranges update nothing then; a strategy
+   * that updates parameters from the step's gradients by other means
+   * skips that too. 0 otherwise. */
+  int (*step_skipped)(void* ctx);
 } ddp_host;
 
 /* Whether the engine offers host entry `entry` (see above). */

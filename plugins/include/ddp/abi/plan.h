@@ -57,7 +57,8 @@ typedef struct ddp_plan {
   size_t collective_count;
   /* The run as the engine will run it. */
   int32_t micro_steps; /* run.grad_accum_steps */
-  int32_t clips;       /* 1 where optimizer.clip_grad_norm > 0: the engine waits for every gradient */
+  int32_t clips;       /* 1 where optimizer.clip_grad_norm > 0 or (1.11) the loss is scaled: the engine waits for every
+                          gradient before updating any */
 
   /* Strategy: one collective of a step, in the order they start. */
   ddp_status (*collective)(void* ctx, const ddp_plan_collective* collective);

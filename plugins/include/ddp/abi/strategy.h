@@ -81,7 +81,10 @@
  *                   on one rank only; gradients it did not claim are
  *                   measured where they are. The engine reads a claimed
  *                   gradient nowhere else. Valid until the next hook.
- *   the engine clips the gradients (optimizer.clip_grad_norm), then
+ *   the engine clips the gradients (optimizer.clip_grad_norm) and, under
+ *   loss scaling (1.11, ddp_precision::loss_scaled), unscales them or
+ *   skips the step's update on every rank (ddp_host::step_skipped; the
+ *   hook below is still called), then
  *   optimizer_step  (optional; required with DDP_CAP_OWNS_OPTIMIZER)
  *                   replaces the engine's optimizer step: identical
  *                   parameters on every rank after it (but under

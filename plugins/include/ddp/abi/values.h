@@ -308,6 +308,13 @@ typedef struct ddp_precision {
    * where the strategy's caps have DDP_CAP_REDUCE_DTYPE: the engine refuses
    * the run otherwise, naming the key. */
   ddp_dtype reduce;
+  /* 1 where the loss is scaled ([precision] loss_scale = "dynamic", fp16's
+   * default, as GradScaler): the gradients a strategy reduces carry a scale
+   * that changes between steps, and a step whose gradients hold an inf or
+   * NaN on any rank is skipped (no optimizer update). A strategy that keeps
+   * state made of gradients (error feedback) must not keep theirs. Part of
+   * 1.11 as released: every engine that has ddp_host::precision fills it. */
+  int32_t loss_scaled;
 } ddp_precision;
 
 /* Opaque handles: streams and events are the host's, the others belong to
