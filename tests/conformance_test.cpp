@@ -58,6 +58,7 @@
 #include "bucket_layout.h"
 #include "harness.h"
 #include "reference_cache.h"
+#include "config_plan.h"
 #include "plugin_plan.h"
 #include "plugin_loader.h"
 
@@ -233,13 +234,9 @@ std::string not_run_because(const std::string& toml, int world) {
     Footprint footprint;
     for (const Parameter& p : model->params()) footprint.params.push_back({p.name, int64_t(numel_of(p.shape)), p.shape});
     footprint.units = model->units();
-    plan::PlanRun run;
-    run.model = &footprint, run.world = world, run.micro_steps = int(config.run.grad_accum_steps);
+    plan::PlanRun run = plan_run_of(config);  // (world_size is set above)
+    run.model = &footprint;
     run.device = g_options.device == "cuda" ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
-    run.clips = config.optimizer.clip_grad_norm > 0 || config.precision.loss_scale;
-    run.precision.compute = config.precision.compute;
-    run.precision.reduce = config.precision.reduce;
-    run.precision.loss_scaled = config.precision.loss_scale ? 1 : 0;
     const auto strategy = load_plugin(PluginKind::Strategy, config.strategy_plugin);
     const auto transport = load_plugin(PluginKind::Transport, config.transport_plugin);
     plan::plan_strategy(*strategy->strategy(), *transport->transport(), config.strategy, run, 0);

@@ -436,6 +436,13 @@ TEST(FormatPlugins, OneLinePerPluginOrWhyItCannotLoadThenItsKeys) {
   zero3.name = "z3", zero3.abi_version = (1u << 16) | 5, zero3.caps |= DDP_CAP_OWNS_PARAMETERS;
   EXPECT_EQ(format_plugins({zero3}), "strategy   z3          0.3.0  ABI 1.5  "
                                      "cpu,owns-optimizer,owns-gradients,owns-parameters,plans  /p/z.so\n    (no keys)\n");
+  PluginInfo reduces = zero3;  // (1.11) a strategy that reduces in [precision] reduce
+  reduces.name = "r";
+  reduces.abi_version = (1u << 16) | 11;
+  reduces.caps |= DDP_CAP_REDUCE_DTYPE;
+  EXPECT_EQ(format_plugins({reduces}),
+            "strategy   r           0.3.0  ABI 1.11  "
+            "cpu,owns-optimizer,owns-gradients,owns-parameters,reduce-dtype,plans  /p/z.so\n    (no keys)\n");
   EXPECT_EQ(format_plugins({ok, none, old, bad, gloo}),
             "strategy   sharded     0.2.0  ABI 1.3  cpu,cuda,owns-optimizer  /p/libddp_strategy_sharded.so\n"
             "    variant             string            how\n"

@@ -16,6 +16,7 @@
 #include <toml++/toml.h>
 
 #include "config.h"
+#include "config_plan.h"
 #include "fit_check.h"
 #include "mesh.h"
 #include "plugin_loader.h"
@@ -481,6 +482,23 @@ TEST(FitCheck, ARefusalNamesAStrategySettingAndAWorldSizeThatFit) {
                       "run.world_size fits: a strategy that shards more, or a smaller model" + anyway);
   EXPECT_EQ(fit_refusal(c, {34000000000, "MemAvailable"}), "");
   EXPECT_EQ(fit_refusal(c, HostMemory{}), "") << "unknown memory: not checked";
+}
+
+// The run a plan entry is told of, from a config: loss scaling waits for
+// every gradient as clipping does (ddp_plan::clips), [precision] as set.
+TEST(PlanRunOf, LossScalingWaitsForEveryGradientAsClippingDoesAndPrecisionIsTheConfigs) {
+  const std::string file = std::string(DDP_TEST_DATA_DIR) + "/../configs/lm-cpu.toml";
+  const plan::PlanRun plain = plan_run_of(load_config(file));
+  EXPECT_FALSE(plain.clips);
+  EXPECT_EQ(plain.precision.compute, DDP_FLOAT32);
+  EXPECT_EQ(plain.precision.loss_scaled, 0);
+  const plan::PlanRun fp16 = plan_run_of(load_config(file, {"precision.compute=fp16", "precision.reduce=bf16"}));
+  EXPECT_TRUE(fp16.clips);
+  EXPECT_EQ(fp16.precision.compute, DDP_FLOAT16);
+  EXPECT_EQ(fp16.precision.reduce, DDP_BFLOAT16);
+  EXPECT_EQ(fp16.precision.loss_scaled, 1);
+  EXPECT_FALSE(plan_run_of(load_config(file, {"precision.compute=fp16", "precision.loss_scale=none"})).clips);
+  EXPECT_TRUE(plan_run_of(load_config(file, {"optimizer.clip_grad_norm=1.0"})).clips);
 }
 
 }  // namespace

@@ -27,18 +27,24 @@
 #                    overlap again with transport.fail_streams = false (the
 #                    cost of nccl's host function per collective), and the
 #                    same model in PyTorch on the GPU (pytorch_ddp_bench.py);
+#         precision  lm `small` (batch 8) and `large` (batch 32), world 1,
+#                    `bucketed`, under [precision] compute fp32, bf16 and
+#                    fp16, beside PyTorch's fp32 and its bf16 (autocast +
+#                    scaled_dot_product_attention + fused AdamW) on the same
+#                    GPU; a compute this build's CUDA path refuses is listed
+#                    with the refusal (not a failure);
 #       and writes DIR/gpu_check.md (the summary: GPUs, driver, the NCCL that
 #       loads, test counts, skipped tests by reason, whether more than one
 #       GPU was there to test on, tables),
 #       DIR/tests.log, DIR/sanitizer.log, DIR/bench_{nccl,gloo}.json,
-#       DIR/lm_gpu.csv and DIR/lm_gpu.log (at most 8 files: what the device
-#       tool brings back). Exit status 1 when a test or run failed.
+#       DIR/lm_gpu.csv and DIR/lm_gpu.log, DIR/precision.csv and
+#       DIR/precision.log (what the device tool brings back). Exit status 1 when a test or run failed.
 #
 # With the device tool (a call runs at most 10 minutes; each stage's own caps
 # add up to under 9, so give each stage a call of its own):
 #   tools/gpu_check.sh pack      # here
 #   run(command="bash tools/gpu_check.sh run --out $OUT --only tests", carry=[".gpu"], timeout_s=600)
-#   ... the same with --only sanitizer, --only bench and --only lm
+#   ... the same with --only sanitizer, --only bench, --only lm and --only precision
 # On a machine without a GPU, `run` says so in one line and exits 2.
 # Shorter caps, to fit several stages into one call: GPU_CHECK_TESTS_CAP_S
 # (the tests stage, default 540), GPU_CHECK_TEST_TIMEOUT_S (one test, 300),
@@ -62,7 +68,7 @@ die() { say "error: $*"; exit 2; }
 mode=${1:-}
 [ -n "$mode" ] || die "usage: tools/gpu_check.sh pack [--build DIR] | run [--out DIR]"
 shift
-build=build-gpu out=runs/gpu_check only=tests,sanitizer,bench,lm
+build=build-gpu out=runs/gpu_check only=tests,sanitizer,bench,lm,precision
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=${2:?--build needs a directory}; shift 2 ;;
@@ -108,7 +114,10 @@ if [ -z "$gpu_list" ]; then
 fi
 gpus=$(echo "$gpu_list" | grep -c "^GPU")
 for stage in ${only//,/ }; do
-  case "$stage" in tests|sanitizer|bench|lm) ;; *) die "unknown stage '$stage' in --only (tests, sanitizer, bench, lm)" ;; esac
+  case "$stage" in
+    tests|sanitizer|bench|lm|precision) ;;
+    *) die "unknown stage '$stage' in --only (tests, sanitizer, bench, lm, precision)" ;;
+  esac
 done
 wanted() { [[ ",$only," == *",$1,"* ]]; }
 
@@ -334,6 +343,73 @@ EOF
     echo '```'
   } >>"$summary"
   rm -rf "$out/lm_gpu"
+fi
+# 5. [precision]: lm small (batch 8) and large (batch 32), world 1, ddp under
+# each compute beside PyTorch fp32 and bf16 (its fast path) on this GPU.
+if wanted precision; then
+  say "precision"
+  csv="$out/precision.csv" log="$out/precision.log"
+  echo "model,batch,run,mean_step_s,final_loss,status" >"$csv"
+  : >"$log"
+  mkdir -p "$out/precision"
+  for spec in small:8:20 large:32:12; do
+    IFS=: read -r preset batch steps <<<"$spec"
+    for compute in fp32 bf16 fp16; do
+      dir="$out/precision/$preset-$compute"
+      set +e
+      (cd "$root" && timeout 150 "$bin/ddp" run configs/lm-gpu.toml --set "model.preset=\"$preset\"" \
+         --set "data.batch_size=$batch" --set "run.steps=$steps" --set "precision.compute=\"$compute\"" \
+         --set "run.output_dir=\"$dir\"") >"$out/precision.part" 2>&1
+      rc=$?
+      set -e
+      { echo "== ddp $preset $compute (exit $rc)"; cat "$out/precision.part"; } >>"$log"
+      if [ $rc -ne 0 ]; then
+        if grep -q "runs on the CPU only in this build" "$out/precision.part"; then
+          echo "$preset,$batch,ddp $compute,,,refused: the CUDA path computes in float32 (not built)" >>"$csv"
+        else
+          status=1
+          echo "$preset,$batch,ddp $compute,,,failed (exit $rc)" >>"$csv"
+        fi
+        continue
+      fi
+      python3 - "$dir/summary.json" "$preset,$batch,ddp $compute" >>"$csv" <<'EOF' || { status=1; echo "$preset,$batch,ddp $compute,,,summary.json unreadable" >>"$csv"; }
+import json, sys
+s = json.load(open(sys.argv[1]))
+steps = s["step_time_s"][3:] or s["step_time_s"]
+print(f'{sys.argv[2]},{sum(steps) / len(steps):.5f},{s["loss"][-1]:.4f},ok')
+EOF
+    done
+    for precision in fp32 bf16; do
+      set +e
+      timeout 150 python3 tools/pytorch_ddp_bench.py --device cuda --world 1 --preset "$preset" --batch "$batch" \
+        --warmup 3 --steps $((steps - 3)) --precision "$precision" >"$out/precision.part" 2>>"$log"
+      rc=$?
+      set -e
+      if [ $rc -eq 0 ]; then
+        python3 - "$out/precision.part" "$preset,$batch" >>"$csv" <<'EOF' || { status=1; echo "$preset,$batch,pytorch,,,output unreadable" >>"$csv"; }
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+fast = " + sdpa" * r["sdpa"] + " + fused adamw" * ("fused" in r["optimizer"])
+print(f'{sys.argv[2]},pytorch {r["torch"]} {r["precision"]}{fast},{r["step_s_mean"]:.5f},{r["final_loss"]:.4f},ok')
+EOF
+      elif tail -1 "$log" | grep -q "No module named 'torch'"; then
+        echo "$preset,$batch,pytorch $precision,,,skipped (no torch)" >>"$csv"
+      else
+        status=1
+        echo "$preset,$batch,pytorch $precision,,,failed (exit $rc)" >>"$csv"
+      fi
+    done
+  done
+  rm -f "$out/precision.part"
+  rm -rf "$out/precision"
+  {
+    echo
+    echo "## [precision]: lm small (batch 8) and large (batch 32), world 1, bucketed; step time without the first 3 steps"
+    echo
+    echo '```'
+    cat "$csv"
+    echo '```'
+  } >>"$summary"
 fi
 cat "$summary"
 exit $status

@@ -25,6 +25,13 @@ usage (from anywhere; Debian's python3 with torch 1.13, not the pyenv python):
   --seed           weights from make_lm/make_mlp(seed) (DDP then broadcasts rank 0's);
                    rank r's data from seed + 1000 + r
 
+  --precision bf16 what a user trains with: the forward under torch.autocast(bfloat16) (matrix
+                   products in bf16 with float32 accumulation, softmax, norms and the loss in
+                   float32, as the engine's [precision] compute = "bf16" defines them),
+                   float32 master weights and optimizer; with it, by default, attention
+                   through F.scaled_dot_product_attention (--sdpa, PyTorch >= 2.0) and
+                   AdamW(fused=True) on cuda (--fused-adamw, PyTorch >= 2.0): PyTorch's
+                   fast path (--no-sdpa, --no-fused-adamw turn them off). Default fp32.
   --optimizer      adamw (default: --lr 1e-3, --weight-decay 0.01, --beta1 0.9, --beta2 0.999,
                    --eps 1e-8) or sgd (--lr, --momentum 0, --weight-decay: give it, L2 as
                    torch.optim.SGD); torch.optim's own, as the engine's optimizers follow them
@@ -41,14 +48,17 @@ Prints one JSON line on stdout:
   {"impl": "pytorch-ddp" | "pytorch-single", "model": "lm-cpu" (the preset) | "mlp", "world": N,
    "batch_per_rank": B, "step_s_mean": ..., "step_s_median": ..., "steps": S,
    "warmup": W, "threads": T, "parameters": ..., "torch": "1.13...", "step_s": [S times],
-   "optimizer": "adamw lr=0.001 ...", "final_loss": ...,
+   "optimizer": "adamw lr=0.001 ... [fused]", "precision": "fp32" | "bf16", "sdpa": true | false,
+   "final_loss": ...,
    per step, warm-up included (as the engine's summary.json names them): "step_time_s",
    "loss", "forward_s", "backward_s", "optimizer_s" (the last three null on cuda);
    "unit": "tokens" (lm) | "samples" (mlp), "units_per_step": global tokens or samples per step}
 """
 
 import argparse
+import contextlib
 import datetime
+import inspect
 import json
 import os
 import socket
@@ -62,7 +72,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_models import LM_PRESETS, lm_preset, make_lm, make_mlp  # noqa: E402
+from torch_models import LM_PRESETS, Attention, lm_preset, make_lm, make_mlp  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -94,7 +104,23 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout-s", type=float, default=300.0, help="process group timeout")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--sdpa", action=argparse.BooleanOptionalAction, default=None,
+                   help="attention through F.scaled_dot_product_attention (default: with bf16)")
+    p.add_argument("--fused-adamw", action=argparse.BooleanOptionalAction, default=None,
+                   help="AdamW(fused=True) (default: with bf16 on cuda)")
     a = p.parse_args(argv)
+    bf16 = a.precision == "bf16"
+    has_sdpa = hasattr(F, "scaled_dot_product_attention")
+    has_fused = "fused" in inspect.signature(torch.optim.AdamW).parameters
+    if a.sdpa and not has_sdpa:
+        p.error(f"--sdpa needs PyTorch >= 2.0 (this is {torch.__version__})")
+    if a.fused_adamw and (not has_fused or a.device != "cuda" or a.optimizer != "adamw"):
+        p.error(f"--fused-adamw needs adamw on cuda and PyTorch >= 2.0 (this is {torch.__version__})")
+    # Unless told: PyTorch's fast path with bf16, where this torch has it.
+    a.sdpa = bf16 and has_sdpa if a.sdpa is None else a.sdpa
+    if a.fused_adamw is None:
+        a.fused_adamw = bf16 and has_fused and a.device == "cuda" and a.optimizer == "adamw"
     if a.world < 1 or a.batch < 1 or a.steps < 1 or a.warmup < 0 or a.threads < 1:
         p.error("--world, --batch, --steps, --threads must be >= 1 and --warmup >= 0")
     if a.model == "mlp" and (a.width < 1 or a.depth < 0 or a.classes < 2):
@@ -148,10 +174,11 @@ def make_optimizer(a, params):
     if a.optimizer == "sgd":
         return (torch.optim.SGD(params, lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay),
                 f"sgd lr={a.lr:g} momentum={a.momentum:g} weight_decay={a.weight_decay:g}")
+    fused = {"fused": True} if a.fused_adamw else {}
     return (torch.optim.AdamW(params, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
-                              weight_decay=a.weight_decay),
+                              weight_decay=a.weight_decay, **fused),
             f"adamw lr={a.lr:g} betas=({a.beta1:g}, {a.beta2:g}) eps={a.eps:g} "
-            f"weight_decay={a.weight_decay:g}")
+            f"weight_decay={a.weight_decay:g}" + (" fused" if fused else ""))
 
 
 def global_losses(a, losses):
@@ -163,9 +190,17 @@ def global_losses(a, losses):
     return [float(x) for x in t.cpu()]
 
 
+def autocast(a):
+    """--precision bf16: the forward (and so the loss) under torch.autocast."""
+    if a.precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=a.device, dtype=torch.bfloat16)
+
+
 def train(a):
     """Runs warm-up + timed steps on this rank; returns the result dict (meaningful on rank 0)."""
     torch.set_num_threads(a.threads)
+    Attention.sdpa = a.sdpa
     model, loss_fn, batches, label = build(a)
     n_params = sum(p.numel() for p in model.parameters())
     cuda = a.device == "cuda"
@@ -185,7 +220,8 @@ def train(a):
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model, batch)
+        with autocast(a):
+            loss = loss_fn(model, batch)
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
@@ -216,6 +252,8 @@ def train(a):
         "torch": torch.__version__,
         "step_s": times,
         "optimizer": opt_text,
+        "precision": a.precision,
+        "sdpa": a.sdpa,
         "bucket_cap_mb": a.bucket_cap_mb if a.world > 1 else None,
         "step_time_s": every,
         "loss": loss_per_step,

@@ -183,6 +183,13 @@ def apply_rope(x, cos, sin):
 
 
 class Attention(nn.Module):
+    # True: causal attention through F.scaled_dot_product_attention (PyTorch
+    # 2.0 or newer: the fused kernels, no T x T scores in memory), as a user's
+    # bf16 baseline runs it (tools/pytorch_ddp_bench.py --sdpa); the same
+    # function, another summation order. False (the fixtures'): the explicit
+    # softmax below.
+    sdpa = False
+
     def __init__(self, d_model, num_heads, context_length, theta):
         super().__init__()
         self.h = num_heads
@@ -206,6 +213,9 @@ class Attention(nn.Module):
         v = heads(self.v_proj(x))
         q = apply_rope(q, self.cos[:T], self.sin[:T])
         k = apply_rope(k, self.cos[:T], self.sin[:T])
+        if Attention.sdpa:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.output_proj(o.transpose(1, 2).reshape(B, T, D))
         scores = matmul(q, k.transpose(-1, -2)) / math.sqrt(self.dh)
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(mask, float("-inf"))

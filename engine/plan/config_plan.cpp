@@ -34,6 +34,19 @@ std::pair<std::unique_ptr<LoadedPlugin>, std::unique_ptr<LoadedPlugin>> load_plu
 
 }  // namespace
 
+plan::PlanRun plan_run_of(const Config& c) {
+  plan::PlanRun run;
+  run.world = c.run.world_size;
+  run.device = c.run.device;
+  run.timeout_ms = int64_t(c.run.timeout_s * 1000);
+  run.micro_steps = int(c.run.grad_accum_steps);
+  run.clips = c.optimizer.clip_grad_norm > 0 || c.precision.loss_scale;  // both wait for every gradient
+  run.precision.compute = c.precision.compute;
+  run.precision.reduce = c.precision.reduce;
+  run.precision.loss_scaled = c.precision.loss_scale ? 1 : 0;
+  return run;
+}
+
 // The engine's part, and each rank's plugins' (their plan entries, through
 // plugin_plan.h).
 plan::RunPlan plan_config(const Config& c, const Footprint& model, bool check_keys) {
@@ -44,16 +57,8 @@ plan::RunPlan plan_config(const Config& c, const Footprint& model, bool check_ke
   in.rows_per_rank = c.data.batch_size / c.run.world_size;
   in.optimizer = c.optimizer.name;
   in.momentum = c.optimizer.momentum;
-  plan::PlanRun run;
+  plan::PlanRun run = plan_run_of(c);
   run.model = &in.model;
-  run.world = c.run.world_size;
-  run.device = c.run.device;
-  run.timeout_ms = int64_t(c.run.timeout_s * 1000);
-  run.micro_steps = int(c.run.grad_accum_steps);
-  run.clips = c.optimizer.clip_grad_norm > 0 || c.precision.loss_scale;  // both wait for every gradient
-  run.precision.compute = c.precision.compute;
-  run.precision.reduce = c.precision.reduce;
-  run.precision.loss_scaled = c.precision.loss_scale ? 1 : 0;
   std::vector<plan::RankParts> parts;
   // Where a plan entry that exits, crashes or hangs is (isolated.h).
   const char* const strategy_label = whereabouts::intern("strategy plugin '" + strategy->path() + "'");

@@ -7,6 +7,7 @@
 
 #include "config.h"
 #include "model.h"
+#include "plugin_plan.h"
 #include "run_plan.h"
 
 namespace ddp {
@@ -19,6 +20,12 @@ namespace ddp {
 // did not read are let be (the fit check's variants of a config: stage 3
 // of a table written for stage 1).
 plan::RunPlan plan_config(const Config& c, const Footprint& model, bool check_keys = true);
+
+// The run a plan entry is told of (the planning host's), as the config
+// says: world, device, timeout, micro-batches, whether the engine waits
+// for every gradient (clipping, loss scaling), [precision]; its model is
+// the caller's to set. Pure.
+plan::PlanRun plan_run_of(const Config& c);
 
 // The model's footprint at the config's rows per rank; throws Error naming
 // the config's file.
