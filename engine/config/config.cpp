@@ -246,16 +246,18 @@ std::vector<UnfreezeConfig> read_unfreeze(const ConfigReader& r) {
 // [precision]: 16-bit compute is the CPU's (emulated) alone for now.
 PrecisionConfig read_precision(const ConfigReader& r, ddp_device_kind device) {
   PrecisionConfig p;
-  const std::string compute = r.one_of("precision", "compute", "fp32", {"fp32", "bf16", "fp16"});
-  for (const ddp_dtype d : {DDP_FLOAT32, DDP_BFLOAT16, DDP_FLOAT16})
-    if (compute == compute_name(d)) p.compute = d;
+  // A dtype key's value: one of compute_name's.
+  const auto dtype = [&](const char* key) {
+    const std::string value = r.one_of("precision", key, "fp32", {"fp32", "bf16", "fp16"});
+    return value == "bf16" ? DDP_BFLOAT16 : value == "fp16" ? DDP_FLOAT16 : DDP_FLOAT32;
+  };
+  p.compute = dtype("compute");
   if (p.compute != DDP_FLOAT32 && device == DDP_DEVICE_CUDA)
-    throw ConfigError(r.where(*r.find("precision", "compute")) + ": key 'precision.compute' = \"" + compute +
+    throw ConfigError(r.where(*r.find("precision", "compute")) + ": key 'precision.compute' = \"" +
+                      compute_name(p.compute) +
                       "\" runs on the CPU only in this build (the CUDA kernels compute in float32): use run.device "
                       "= \"cpu\" or precision.compute = \"fp32\"");
-  const std::string reduce = r.one_of("precision", "reduce", "fp32", {"fp32", "bf16", "fp16"});
-  for (const ddp_dtype d : {DDP_FLOAT32, DDP_BFLOAT16, DDP_FLOAT16})
-    if (reduce == compute_name(d)) p.reduce = d;
+  p.reduce = dtype("reduce");
   const char* scaling = p.compute == DDP_FLOAT16 ? "dynamic" : "none";
   p.loss_scale = r.one_of("precision", "loss_scale", scaling, {"dynamic", "none"}) == "dynamic";
   for (const char* key : {"init_scale", "growth_factor", "backoff_factor", "growth_interval"})
@@ -278,6 +280,10 @@ PrecisionConfig read_precision(const ConfigReader& r, ddp_device_kind device) {
 
 const char* compute_name(ddp_dtype dtype) {
   return dtype == DDP_BFLOAT16 ? "bf16" : dtype == DDP_FLOAT16 ? "fp16" : "fp32";
+}
+
+ddp_precision abi_precision(const PrecisionConfig& p) {
+  return ddp_precision{sizeof(ddp_precision), p.compute, p.reduce, p.loss_scale ? 1 : 0};
 }
 
 std::string shortest_text(double x) {

@@ -180,6 +180,8 @@ struct PrecisionConfig {
 };
 // A dtype as [precision] writes it: "fp32", "bf16" or "fp16". Pure.
 const char* compute_name(ddp_dtype dtype);
+// [precision] as the plugins see it (ddp_host::precision, ABI 1.11). Pure.
+ddp_precision abi_precision(const PrecisionConfig& precision);
 
 struct Config {
   std::string file;                    // path as given

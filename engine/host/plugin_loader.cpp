@@ -18,6 +18,7 @@
 #include <boost/filesystem.hpp>
 #include <boost/system/system_error.hpp>
 
+#include "config.h"
 #include "elf_extent.h"
 #include "env.h"
 #include "whereabouts.h"
@@ -176,8 +177,7 @@ const char* to_string(PluginKind kind) { return kind == PluginKind::Strategy ? "
 
 std::string reduce_refusal(uint64_t caps, ddp_dtype reduce, const std::string& name) {
   if (reduce == DDP_FLOAT32 || (caps & DDP_CAP_REDUCE_DTYPE)) return "";
-  return std::string("precision.reduce = \"") + (reduce == DDP_BFLOAT16 ? "bf16" : "fp16") + "\": strategy plugin '" +
-         name +
+  return std::string("precision.reduce = \"") + compute_name(reduce) + "\": strategy plugin '" + name +
          "' does not reduce gradients in 16 bits (its caps lack DDP_CAP_REDUCE_DTYPE; `ddp plugins` lists "
          "them as reduce-dtype): choose a strategy that does, or precision.reduce = \"fp32\"";
 }

@@ -41,9 +41,7 @@ plan::PlanRun plan_run_of(const Config& c) {
   run.timeout_ms = int64_t(c.run.timeout_s * 1000);
   run.micro_steps = int(c.run.grad_accum_steps);
   run.clips = c.optimizer.clip_grad_norm > 0 || c.precision.loss_scale;  // both wait for every gradient
-  run.precision.compute = c.precision.compute;
-  run.precision.reduce = c.precision.reduce;
-  run.precision.loss_scaled = c.precision.loss_scale ? 1 : 0;
+  run.precision = abi_precision(c.precision);
   return run;
 }
 

@@ -52,9 +52,7 @@ void RankRun::set_up() {
   services_.params.attach(model_.get(), device_.get());
   services_.store = store_.get();
   services_.timeout_ms = static_cast<int64_t>(config_.run.timeout_s * 1000);
-  services_.precision.compute = config_.precision.compute;
-  services_.precision.reduce = config_.precision.reduce;
-  services_.precision.loss_scaled = config_.precision.loss_scale ? 1 : 0;
+  services_.precision = abi_precision(config_.precision);
   services_.run_optimizer = [this](const size_t* indices, size_t count) {
     optimizer_->step(model_->params(), indices, count);
   };
