@@ -139,7 +139,8 @@ BlasChoice blas_choice(const Config& config) {
   if (model && model->footprint) {
     const int64_t rows = config.data.batch_size / config.run.world_size;
     try {
-      shapes = model_gemm_shapes(model->footprint(config.model.options, rows, config.run.device), rows);
+      shapes = model_gemm_shapes(
+          model->footprint(config.model.options, rows, config.run.device, config.precision.compute), rows);
     } catch (const Error& e) {  // the model's refusal of its sizes, in the config's file
       throw Error(config.file + ": " + e.what(), e.status());
     }

@@ -16,6 +16,8 @@
 
 #include <gtest/gtest.h>
 
+#include <ddp/numeric.h>
+
 #include "layers.h"
 #include "lm.h"
 #include "mlp.h"
@@ -854,21 +856,49 @@ void expect_footprint_matches(Model& m, const Footprint& f, CpuDevice& device, s
 TEST(Footprint, LmCountsWhatItAllocates) {
   for (const char* preset : {"lm-tiny", "lm-cpu"}) {
     for (int64_t rows : {1, 3}) {
-      SCOPED_TRACE(std::string(preset) + " rows " + std::to_string(rows));
-      CpuDevice device;
-      const LmConfig c = lm_preset(preset);
-      auto m = make_lm(c, device, 0);
-      const size_t setup = device.memory().current(MemCategory::Activations);
-      auto tokens = random_tokens(rows, c, 5);
-      Batch batch;
-      batch.tokens = tokens.data();
-      batch.rows = rows;
-      const Footprint f = lm_footprint(c, rows, DDP_DEVICE_CPU);
-      expect_footprint_matches(*m, f, device, setup, batch);
-      EXPECT_EQ(f.d_model, c.d_model);
-      EXPECT_FALSE(f.plan_only);
+      for (const ddp_dtype compute : {DDP_FLOAT32, DDP_BFLOAT16, DDP_FLOAT16}) {
+        if (compute == DDP_FLOAT16 && rows > 1) continue;  // bf16's layout: one case is enough
+        SCOPED_TRACE(std::string(preset) + " rows " + std::to_string(rows) + " " + ddp_dtype_name(compute));
+        CpuDevice device;
+        const LmConfig c = lm_preset(preset);
+        auto m = make_lm(c, device, 0);
+        m->set_compute_dtype(compute);
+        const size_t setup = device.memory().current(MemCategory::Activations);
+        auto tokens = random_tokens(rows, c, 5);
+        Batch batch;
+        batch.tokens = tokens.data();
+        batch.rows = rows;
+        const Footprint f = lm_footprint(c, rows, DDP_DEVICE_CPU, compute);
+        expect_footprint_matches(*m, f, device, setup, batch);
+        EXPECT_EQ(f.d_model, c.d_model);
+        EXPECT_FALSE(f.plan_only);
+      }
     }
   }
+}
+
+// Under 16-bit compute what backward keeps takes 2 bytes an element: per
+// block ln1 q k v att h ln2 y [N, D], p [rows, H, T, T], a b gate [N, F],
+// and x0, lnf [N, D] (the RMS statistics stay float32); the float32
+// working copies add [N, max(F, D)] twice, [N, D] and one block's p.
+TEST(Footprint, LmKeepsItsActivationsInTheComputeDtype) {
+  for (const char* preset : {"lm-tiny", "lm-cpu", "large"}) {
+    SCOPED_TRACE(preset);
+    const LmConfig c = lm_preset(preset);
+    const int64_t rows = 2, t = c.context_length, n = rows * t, d = c.d_model, f = c.d_ff;
+    const int64_t p = rows * c.num_heads * t * t;
+    const int64_t kept = c.num_layers * (8 * n * d + p + 3 * n * f) + 2 * n * d;
+    const int64_t work = 2 * n * std::max(f, d) + n * d + p;
+    const int64_t fp32 = lm_footprint(c, rows, DDP_DEVICE_CPU).step_activation_bytes;
+    for (const ddp_dtype compute : {DDP_BFLOAT16, DDP_FLOAT16})
+      EXPECT_EQ(fp32 - lm_footprint(c, rows, DDP_DEVICE_CPU, compute).step_activation_bytes, 2 * kept - 4 * work);
+  }
+  // lm large, 32 rows (the GPU check's batch): a little over half.
+  const LmConfig large = lm_preset("large");
+  const double ratio = double(lm_footprint(large, 32, DDP_DEVICE_CPU, DDP_BFLOAT16).step_activation_bytes) /
+                       double(lm_footprint(large, 32, DDP_DEVICE_CPU).step_activation_bytes);
+  EXPECT_GT(ratio, 0.5);
+  EXPECT_LT(ratio, 0.55);
 }
 
 TEST(Footprint, MlpCountsWhatItAllocates) {
@@ -884,6 +914,24 @@ TEST(Footprint, MlpCountsWhatItAllocates) {
     batch.labels = labels.data();
     batch.rows = rows;
     expect_footprint_matches(*m, mlp_footprint(c, rows, DDP_DEVICE_CPU), device, 0, batch);
+  }
+  // 16-bit compute: the hidden activations in 2 bytes, one float32 working copy.
+  for (const ddp_dtype compute : {DDP_BFLOAT16, DDP_FLOAT16}) {
+    const MlpConfig c{64, 3, 10};
+    CpuDevice device;
+    auto m = make_mlp(c, device, 1);
+    m->set_compute_dtype(compute);
+    const int64_t rows = 5;
+    std::vector<float> x(size_t(rows * c.width), 0.5f);
+    std::vector<int32_t> labels(size_t(rows), 1);
+    Batch batch;
+    batch.x = x.data();
+    batch.labels = labels.data();
+    batch.rows = rows;
+    const Footprint f = mlp_footprint(c, rows, DDP_DEVICE_CPU, compute);
+    expect_footprint_matches(*m, f, device, 0, batch);
+    EXPECT_EQ(mlp_footprint(c, rows, DDP_DEVICE_CPU).step_activation_bytes - f.step_activation_bytes,
+              2 * c.depth * rows * c.width - 4 * rows * c.width);
   }
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """tests/plan_test.py — `ddp plan` against what `ddp run` measures. For lm-tiny and mlp (256 x 3)
 at worlds 1, 2 and 4 and lm-cpu (its config: world 2) every shipped strategy (sharded in both
-variants of stage 1, in stage 2 with two caps and in stage 3 (also gathering in bf16), bucketed also compressed and with small buckets),
+variants of stage 1, in stage 2 with two caps and in stage 3 (also gathering in bf16), bucketed also compressed and with small buckets;
+and under 16-bit compute, whose kept activations take 2 bytes an element),
 each planning its own part through its plan entry, powersgd at rank 2 among them, with AdamW (lm) and
 SGD with momentum (mlp):
   - rank 0's peak bytes at the three moments of summary.json, and every rank's peak over the run,
@@ -186,6 +187,18 @@ class PlanAgainstRuns(unittest.TestCase):
                 self.assertGreater(len(gathers), 0)
                 for a, b in zip(f32, bf16):
                     self.assertEqual(b["bytes"] * (2 if a["op"] == "all_gather" else 1), a["bytes"], a)
+
+    def test_16_bit_compute_keeps_activations_in_16_bits(self):
+        """[precision] compute = "bf16" / "fp16": the plan equals the run, and the activations backward
+        keeps take 2 bytes an element (lm-cpu: 0.77 of fp32's; its float32 logits are a quarter)."""
+        acts = {}
+        for model, strategy, compute in (("lm-cpu", "bucketed", "fp32"), ("lm-cpu", "bucketed", "bf16"),
+                                         ("lm-tiny", "sharded_stage3", "fp16"), ("mlp", "naive", "bf16")):
+            with self.subTest(model=model, compute=compute):
+                measured = self.check(model, strategy, 2, [f'precision.compute="{compute}"'])
+                acts[model, compute] = measured["peak_bytes"]["before_optimizer_step"]["activations"]
+        self.assertEqual(acts["lm-cpu", "bf16"], 118693888)
+        self.assertEqual(acts["lm-cpu", "fp32"], 154345472)
 
     @unittest.skipUnless((Path(DDP).parent.parent / "lib" / "ddp" / "libddp_transport_mpi.so").exists(),
                          "the mpi transport is not built (no MPI found)")

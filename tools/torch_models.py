@@ -19,7 +19,10 @@ the matrix products under `rounded_matmuls(dtype)`: the engine's emulated
 mixed precision ([precision] compute; docs/precision.md), where every
 matrix product, forward and backward, takes its two inputs rounded to
 bfloat16 or float16 (round to nearest even, torch's .to()) and multiplies
-and accumulates in float32.
+and accumulates in float32; and where what backward keeps of RMSNorm's
+input, of SwiGLU's two inputs, of attention's softmax and of the mlp's
+ReLU is kept rounded to that dtype, as the engine stores it (forward
+itself runs on the float32 values).
 
 LM_PRESETS holds the spec's named sizes as keyword arguments for LM / make_lm
 (the same values as the engine's engine/models/lm.cpp lm_preset()).
@@ -84,7 +87,8 @@ _ROUND_TO = None  # None: matrix products as they are (float32)
 class rounded_matmuls:
     """Within `with rounded_matmuls(torch.bfloat16):` every matmul() below
     rounds its inputs to that dtype, forward and backward (the engine's
-    engine/models/gemm.h)."""
+    engine/models/gemm.h), and the activations backward keeps are kept
+    rounded to it (_KeptRounded: engine/models/lm.h, mlp.h)."""
 
     def __init__(self, dtype):
         self.dtype = dtype
@@ -128,6 +132,77 @@ def matmul(a, b):
     return _RoundedMatmul.apply(a, b, _ROUND_TO)
 
 
+def _r(t):
+    """t rounded to the compute dtype and back to float32 (what the engine keeps)."""
+    return t.to(_ROUND_TO).float()
+
+
+class _RMSNormKept(torch.autograd.Function):
+    """RMSNorm whose backward reads x rounded (the float32 rms of the
+    unrounded x is kept as is): the engine's layers::rmsnorm_backward,
+    dx = g dy / r - x sum(g dy x) / (d r^3), dg = sum over rows dy x / r."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        r = torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+        ctx.save_for_backward(_r(x), r, weight)
+        return x / r * weight
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, r, g = ctx.saved_tensors
+        inv = 1.0 / r
+        c = (g * dy * x).sum(dim=-1, keepdim=True) * inv * inv * inv / x.shape[-1]
+        dg = (dy * x * inv).reshape(-1, x.shape[-1]).sum(dim=0)
+        return g * dy * inv - x * c, dg, None
+
+
+class _SwiGLUKept(torch.autograd.Function):
+    """silu(a) * b, its backward reading a and b rounded (layers::swiglu_backward)."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(_r(a), _r(b))
+        return a * torch.sigmoid(a) * b
+
+    @staticmethod
+    def backward(ctx, dout):
+        z, b = ctx.saved_tensors
+        s = torch.sigmoid(z)
+        return dout * b * s * (1.0 + z * (1.0 - s)), dout * z * s
+
+
+class _SoftmaxKept(torch.autograd.Function):
+    """softmax over the last dimension, its backward reading p rounded:
+    ds = p (dp - sum(p dp))."""
+
+    @staticmethod
+    def forward(ctx, scores):
+        p = torch.softmax(scores, dim=-1)
+        ctx.save_for_backward(_r(p))
+        return p
+
+    @staticmethod
+    def backward(ctx, dp):
+        (p,) = ctx.saved_tensors
+        return p * (dp - (p * dp).sum(dim=-1, keepdim=True))
+
+
+class _ReluKept(torch.autograd.Function):
+    """relu, its backward masking by the rounded output (layers::relu_backward)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.relu(x)
+        ctx.save_for_backward(_r(y))
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return torch.where(y > 0, dy, torch.zeros_like(dy))
+
+
 # ---------------------------------------------------------------------------
 # lm: decoder-only Transformer (spec: docs/models.md, `lm`)
 # ---------------------------------------------------------------------------
@@ -161,6 +236,8 @@ class RMSNorm(nn.Module):
     def forward(self, x):
         if x.dtype in (torch.float16, torch.bfloat16):
             x = x.to(torch.float32)  # upcast low precision; float32 (and the float64 check) as is
+        if _ROUND_TO is not None:
+            return _RMSNormKept.apply(x, self.weight, self.eps)
         return x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
 
 
@@ -219,7 +296,7 @@ class Attention(nn.Module):
         scores = matmul(q, k.transpose(-1, -2)) / math.sqrt(self.dh)
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(mask, float("-inf"))
-        att = torch.softmax(scores, dim=-1)
+        att = torch.softmax(scores, dim=-1) if _ROUND_TO is None else _SoftmaxKept.apply(scores)
         o = matmul(att, v).transpose(1, 2).reshape(B, T, D)
         return self.output_proj(o)
 
@@ -233,6 +310,8 @@ class SwiGLU(nn.Module):
 
     def forward(self, x):
         a = self.w1(x)
+        if _ROUND_TO is not None:
+            return self.w2(_SwiGLUKept.apply(a, self.w3(x)))
         return self.w2(a * torch.sigmoid(a) * self.w3(x))
 
 
@@ -318,7 +397,8 @@ class MLPModel(nn.Module):
 
         h = x
         for layer in self.layers:
-            h = F.relu(linear(layer, h))
+            h = linear(layer, h)
+            h = F.relu(h) if _ROUND_TO is None else _ReluKept.apply(h)
         return linear(self.head, h)
 
 

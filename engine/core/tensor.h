@@ -1,6 +1,8 @@
 // tensor.h — the engine's one tensor type: a float32 buffer on a Device with
 // a shape, owned (freed through the device that made it) and move-only; or
-// a view of part of another Tensor's buffer (Tensor::view), never freed.
+// a view of part of another Tensor's buffer (Tensor::view), never freed. An
+// owned tensor may hold 16-bit elements instead (bfloat16 or float16: the
+// activations a 16-bit compute keeps for backward), read through raw().
 #pragma once
 
 #include <cstdint>
@@ -24,9 +26,12 @@ size_t numel_of(const Shape& shape, size_t element_bytes = sizeof(float));
 class Tensor {
  public:
   Tensor() = default;
-  Tensor(Device& device, Shape shape, MemCategory category)
-      : device_(&device), shape_(std::move(shape)), numel_(numel_of(shape_)) {
-    data_ = static_cast<float*>(device.alloc(numel_ * sizeof(float), category));
+  // `dtype`: DDP_FLOAT32, or DDP_BFLOAT16 / DDP_FLOAT16 (2 bytes each:
+  // data() is then not to be read as floats; raw() is the memory).
+  Tensor(Device& device, Shape shape, MemCategory category, ddp_dtype dtype = DDP_FLOAT32)
+      : device_(&device), shape_(std::move(shape)), dtype_(dtype) {
+    numel_ = numel_of(shape_, element_bytes());
+    data_ = static_cast<float*>(device.alloc(numel_ * element_bytes(), category));
   }
   // `numel_of(shape)` floats at `data`, inside a buffer another Tensor of
   // `device` owns and that outlives this one.
@@ -49,6 +54,7 @@ class Tensor {
       std::swap(shape_, o.shape_);
       std::swap(numel_, o.numel_);
       std::swap(owned_, o.owned_);
+      std::swap(dtype_, o.dtype_);
     }
     return *this;
   }
@@ -61,6 +67,7 @@ class Tensor {
     owned_ = true;
     numel_ = 0;
     shape_.clear();
+    dtype_ = DDP_FLOAT32;
   }
   bool defined() const { return data_ != nullptr; }
   // A view's memory from now on (null: none): a gradient the strategy
@@ -73,15 +80,20 @@ class Tensor {
   Device* device() const { return device_; }  // where the data lives (null: undefined)
   // The values on the host (a copy out of device memory on a GPU).
   std::vector<float> to_host() const {
+    if (dtype_ != DDP_FLOAT32) throw Error("to_host: the tensor holds 16-bit elements, not floats");
     std::vector<float> out(numel_);
     if (data_) device_->download(out.data(), data_, bytes());
     return out;
   }
   float* data() { return data_; }
   const float* data() const { return data_; }
+  void* raw() { return data_; }
+  const void* raw() const { return data_; }
+  ddp_dtype dtype() const { return dtype_; }
+  size_t element_bytes() const { return dtype_ == DDP_FLOAT32 ? sizeof(float) : 2; }
   const Shape& shape() const { return shape_; }
   size_t numel() const { return numel_; }
-  size_t bytes() const { return numel_ * sizeof(float); }
+  size_t bytes() const { return numel_ * element_bytes(); }
 
  private:
   Device* device_ = nullptr;
@@ -89,6 +101,7 @@ class Tensor {
   Shape shape_;
   size_t numel_ = 0;
   bool owned_ = true;
+  ddp_dtype dtype_ = DDP_FLOAT32;
 };
 
 }  // namespace ddp

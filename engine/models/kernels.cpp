@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "convert.h"
 #include "device.h"
 #include "error.h"
 #include "layers.h"
@@ -22,6 +23,9 @@ class CpuKernels final : public Kernels {
 
   void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void convert(void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t n) override {
+    convert_cpu(dst, dst_type, src, src_type, n);
+  }
 
   void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out,
                       bool accumulate) override {

@@ -43,6 +43,10 @@ class Kernels {
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // dst device memory, src host memory; src may be reused once this returns.
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;
+  // dst[0, n) = src[0, n) converted (device memory): float32 to bfloat16 or
+  // float16, rounding to nearest even, and back (convert.h's pairs). The
+  // 16-bit activations a 16-bit compute keeps for backward.
+  virtual void convert(void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t n) = 0;
 
   // ---- linear, bias ---------------------------------------------------------
   virtual void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out,

@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <initializer_list>
 #include <random>
 #include <utility>
 
@@ -17,149 +16,11 @@
 
 namespace ddp {
 
-const std::vector<LmPreset>& lm_presets() {
-  // {vocab, context, d_model, layers, heads, d_ff}. The GPT-2-like sizes
-  // (small .. 2.7B) use context 256 here, the CS336 benchmarking setting.
-  static const std::vector<LmPreset> presets = {
-      {"lm-tiny", {512, 32, 64, 2, 4, 256}},
-      {"lm-cpu", {10000, 128, 256, 4, 4, 1024}},
-      {"small", {10000, 256, 768, 12, 12, 3072}},
-      {"medium", {10000, 256, 1024, 24, 16, 4096}},
-      {"large", {10000, 256, 1280, 36, 20, 5120}},
-      {"xl", {10000, 256, 1600, 48, 25, 6400}},
-      {"2.7B", {10000, 256, 2560, 32, 32, 10240}},
-      // Accounting only (`ddp plan`): 126 FFN-only blocks, 2.2e11 parameters.
-      {"xxl", {0, 0, 16384, 126, 0, 53248, 10000, true}},
-  };
-  return presets;
-}
-
-LmConfig lm_preset(const std::string& name) {
-  std::string known;
-  for (const LmPreset& p : lm_presets()) {
-    if (p.name == name) return p.config;
-    known += (known.empty() ? "" : ", ") + p.name;
-  }
-  throw Error("unknown lm preset '" + name + "' (known: " + known + ")");
-}
-
-int64_t lm_parameter_count(const LmConfig& c) {
-  const int64_t d = c.d_model;
-  if (c.ffn_only) return c.num_layers * 2 * d * c.d_ff;
-  const int64_t per_layer = 2 * d + 4 * d * d + 3 * d * c.d_ff;
-  return 2 * c.vocab_size * d + c.num_layers * per_layer + d;
-}
-
-namespace {
-
-// Throws Error if the product of `sizes` (elements of a tensor or a sum of
-// them) exceeds 2^50: sizes no machine holds, whose counts would overflow.
-void check_product(std::initializer_list<int64_t> sizes) {
-  int64_t product = 1;
-  std::string text;
-  for (const int64_t v : sizes) {
-    text += (text.empty() ? "" : " x ") + std::to_string(v);
-    if (__builtin_mul_overflow(product, v, &product) || product > (int64_t{1} << 50))
-      throw Error("lm: sizes too large: " + text + "... elements (at most 2^50)");
-  }
-}
-
-// Throws Error for sizes no model can have: what the constructor refuses,
-// and sizes whose element counts would overflow.
-void check_sizes(const LmConfig& c) {
-  if (c.num_layers > kMaxLayers)
-    throw Error("lm: num_layers " + std::to_string(c.num_layers) + " is more than " + std::to_string(kMaxLayers) +
-                " layers (model.h's kMaxLayers)");
-  if (c.ffn_only) {  // accounting only: its widths and depth
-    if (c.d_model < 1 || c.d_ff < 1 || c.num_layers < 1)
-      throw Error("lm: an FFN-only model needs d_model, d_ff and num_layers of at least 1");
-    check_product({c.num_layers, c.d_model, c.d_ff});
-    return;
-  }
-  if (c.vocab_size < 1 || c.context_length < 1 || c.d_model < 1 || c.num_layers < 0 || c.num_heads < 1 || c.d_ff < 1 ||
-      !(c.rope_theta > 0))
-    throw Error("lm: sizes must be positive (vocab_size " + std::to_string(c.vocab_size) + ", context_length " +
-                std::to_string(c.context_length) + ", d_model " + std::to_string(c.d_model) + ", num_layers " +
-                std::to_string(c.num_layers) + ", num_heads " + std::to_string(c.num_heads) + ", d_ff " +
-                std::to_string(c.d_ff) + ")");
-  if (c.d_model % c.num_heads != 0 || (c.d_model / c.num_heads) % 2 != 0)
-    throw Error("lm: d_model " + std::to_string(c.d_model) + " must split into num_heads " +
-                std::to_string(c.num_heads) + " heads of an even size (RoPE rotates pairs)");
-  check_product({c.num_layers, c.d_model, c.d_ff});
-  check_product({c.vocab_size, c.d_model});
-  check_product({c.context_length, c.context_length, c.num_heads});
-}
-
-}  // namespace
-
-std::vector<std::pair<std::string, Shape>> lm_parameter_shapes(const LmConfig& c) {
-  const int64_t d = c.d_model;
-  const int64_t f = c.d_ff;
-  const int64_t v = c.vocab_size;
-  std::vector<std::pair<std::string, Shape>> table;
-  if (!c.ffn_only) table.push_back({"token_embeddings.weight", {v, d}});
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    if (c.ffn_only) {
-      table.push_back({p + "ffn.w1.weight", {f, d}});
-      table.push_back({p + "ffn.w2.weight", {d, f}});
-      continue;
-    }
-    table.push_back({p + "ln1.weight", {d}});
-    for (const char* m : {"q_proj", "k_proj", "v_proj", "output_proj"})
-      table.push_back({p + "attn." + m + ".weight", {d, d}});
-    table.push_back({p + "ln2.weight", {d}});
-    table.push_back({p + "ffn.w1.weight", {f, d}});
-    table.push_back({p + "ffn.w2.weight", {d, f}});
-    table.push_back({p + "ffn.w3.weight", {f, d}});
-  }
-  if (!c.ffn_only) {
-    table.push_back({"ln_final.weight", {d}});
-    table.push_back({"lm_head.weight", {v, d}});
-  }
-  return table;
-}
-
-namespace {
-int64_t numel(const Shape& s) {
-  int64_t n = 1;
-  for (const int64_t v : s) n *= v;
-  return n;
-}
-}  // namespace
-
-Footprint lm_footprint(const LmConfig& c, int64_t rows, ddp_device_kind device) {
-  check_sizes(c);
-  check_product({rows, c.context_length, c.vocab_size + c.d_ff + c.num_heads * c.context_length});
-  Footprint f;
-  for (const auto& [name, shape] : lm_parameter_shapes(c)) f.params.push_back({name, numel(shape), shape});
-  f.data = DataShape{DataShape::Tokens, 0, 0, c.context_length, c.vocab_size};
-  f.units = lm_units(c);
-  f.d_model = c.d_model;
-  f.d_ff = c.d_ff;
-  f.layers = c.num_layers;
-  f.plan_only = c.ffn_only;
-  f.ffn_matrices = c.ffn_only ? 2 : 3;  // SwiGLU: w1, w2, w3
-  if (c.ffn_only) {                     // backward keeps each linear's input: D + F per token per block
-    f.saved_elements_per_token = static_cast<double>(c.num_layers * (c.d_model + c.d_ff));
-    return f;
-  }
-  const int64_t half = c.d_model / c.num_heads / 2;
-  const int64_t kFloat = 4;
-  f.setup_activation_bytes = 2 * c.context_length * half * kFloat;  // RoPE cos, sin
-  int64_t floats = 0;
-  for (const Shape& s : LmModel::activation_shapes(c, rows, device)) floats += numel(s);
-  f.step_activation_bytes = floats * kFloat;
-  if (rows > 0 && c.context_length > 0)
-    f.saved_elements_per_token = static_cast<double>(floats) / static_cast<double>(rows * c.context_length);
-  return f;
-}
-
 LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed, bool with_values)
     : device_(device), k_(make_kernels(device)), config_(config) {
   const LmConfig& c = config_;
   if (c.ffn_only) throw Error("lm: an FFN-only size is for accounting only; no model is built of it");
-  check_sizes(c);
+  lm_check_sizes(c);
   head_dim_ = c.d_model / c.num_heads;
 
   for (const auto& [name, shape] : lm_parameter_shapes(c)) declare_param(device_, name, shape);
@@ -193,41 +54,24 @@ LmModel::LmModel(const LmConfig& config, Device& device, uint64_t seed, bool wit
   if (with_values) materialise(device_);
 }
 
-std::vector<Shape> LmModel::activation_shapes(const LmConfig& c, int64_t rows, ddp_device_kind device) {
-  const int64_t t = c.context_length;
-  const int64_t d = c.d_model;
-  const int64_t f = c.d_ff;
-  const int64_t h = c.num_heads;
-  const int64_t n = rows * t;
-  std::vector<Shape> s;
-  if (device != DDP_DEVICE_CPU) s.push_back({2 * n});  // tokens_dev_: int32 ids in floats' bytes
-  s.push_back({n, d});                                 // x0_
-  for (int64_t l = 0; l < c.num_layers; ++l)           // BlockActs, in member order
-    for (Shape b : {Shape{n, d}, Shape{n}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{rows, h, t, t}, Shape{n, d},
-                    Shape{n, d}, Shape{n, d}, Shape{n}, Shape{n, f}, Shape{n, f}, Shape{n, f}, Shape{n, d}})
-      s.push_back(b);
-  for (Shape b : {Shape{n, d}, Shape{n}, Shape{n, c.vocab_size}, Shape{n},  // lnf_ .. lse_
-                  Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, f},
-                  Shape{n, f}, Shape{n, f}})  // dresid_ .. db_
-    s.push_back(b);
-  s.push_back({static_cast<int64_t>(attention_scratch_floats(device, rows, t, h))});  // dscores_
-  return s;
-}
-
 void LmModel::ensure_activations(int64_t rows) {
   if (rows == rows_) return;
   // Release the old sizes first so the peak never holds both.
   blocks_.clear();
-  for (Tensor* old : {&tokens_dev_, &x0_, &lnf_, &rmsf_, &logits_, &lse_, &dresid_, &dln_, &datt_, &dq_, &dk_, &dv_,
-                      &dgate_, &da_, &db_, &dscores_})
+  for (Tensor* old :
+       {&tokens_dev_, &x0_, &lnf_,   &rmsf_, &logits_, &lse_,     &dresid_,  &dln_,     &datt_,   &dq_,
+        &dk_,         &dv_, &dgate_, &da_,   &db_,     &dscores_, &work_f1_, &work_f2_, &work_d_, &work_p_})
     old->reset();
 
   const int64_t n = rows * config_.context_length;
   inputs_.assign(static_cast<size_t>(n), 0);
   targets_.assign(static_cast<size_t>(n), 0);
-  const std::vector<Shape> shapes = activation_shapes(config_, rows, k_->kind());
+  const std::vector<ActBuffer> shapes = activation_shapes(config_, rows, k_->kind(), k_->compute_dtype());
   size_t next = 0;  // the shapes, taken in activation_shapes' order
-  auto act = [&] { return Tensor(device_, shapes.at(next++), MemCategory::Activations); };
+  auto act = [&] {
+    const ActBuffer& b = shapes.at(next++);
+    return Tensor(device_, b.shape, MemCategory::Activations, b.dtype);
+  };
   if (k_->kind() != DDP_DEVICE_CPU) tokens_dev_ = act();
   x0_ = act();
   blocks_.resize(static_cast<size_t>(config_.num_layers));
@@ -238,8 +82,35 @@ void LmModel::ensure_activations(int64_t rows) {
   for (Tensor* t :
        {&lnf_, &rmsf_, &logits_, &lse_, &dresid_, &dln_, &datt_, &dq_, &dk_, &dv_, &dgate_, &da_, &db_, &dscores_})
     *t = act();
+  if (k_->compute_dtype() != DDP_FLOAT32)
+    for (Tensor* t : {&work_f1_, &work_f2_, &work_d_, &work_p_}) *t = act();
   if (next != shapes.size()) throw Error("lm: activation_shapes and ensure_activations disagree");
   rows_ = rows;
+}
+
+LmModel::BlockFloats LmModel::forward_floats(BlockActs& b) {
+  if (b.ln1.dtype() == DDP_FLOAT32)
+    return {b.ln1.data(), b.q.data(),   b.k.data(), b.v.data(), b.p.data(),    b.att.data(),
+            b.h.data(),   b.ln2.data(), b.a.data(), b.b.data(), b.gate.data(), b.y.data()};
+  // ln1 and ln2 share dln_ (ln1 is kept before ln2 is written); the residual
+  // stream x -> h -> y stays in dresid_, each added to in place.
+  return {dln_.data(),    dq_.data(),  dk_.data(), dv_.data(), work_p_.data(), datt_.data(),
+          dresid_.data(), dln_.data(), da_.data(), db_.data(), dgate_.data(),  dresid_.data()};
+}
+
+void LmModel::keep(Tensor& saved, const float* value) {
+  if (saved.dtype() == DDP_FLOAT32) {
+    if (saved.data() != value) throw Error("lm: keep: a float32 activation computed outside its memory");
+    return;
+  }
+  k_->convert(saved.raw(), saved.dtype(), value, DDP_FLOAT32, saved.numel());
+}
+
+const float* LmModel::unpacked(const Tensor& saved, Tensor& into) {
+  if (saved.dtype() == DDP_FLOAT32) return saved.data();
+  if (into.numel() < saved.numel()) throw Error("lm: unpacked: the working buffer is smaller than the tensor");
+  k_->convert(into.data(), DDP_FLOAT32, saved.raw(), saved.dtype(), saved.numel());
+  return into.data();
 }
 
 float LmModel::forward(const Batch& batch) {
@@ -269,36 +140,48 @@ float LmModel::forward(const Batch& batch) {
   }
 
   const size_t head = head_unit();
+  const bool packed = x0_.dtype() != DDP_FLOAT32;  // forward_floats
   unit_event(0, DDP_UNIT_FORWARD_BEGIN);
-  k_->embedding_forward(x0_.data(), in_tokens(), w(0), n, d);
+  float* x = packed ? dresid_.data() : x0_.data();  // [N, D] the residual stream entering each block
+  k_->embedding_forward(x, in_tokens(), w(0), n, d);
+  keep(x0_, x);
   unit_event(0, DDP_UNIT_FORWARD_END);
-  const float* x = x0_.data();  // [N, D] the residual stream entering each block
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     unit_event(block_unit(l), DDP_UNIT_FORWARD_BEGIN);
-    BlockActs& b = blocks_[l];
+    BlockActs& s = blocks_[l];
+    const BlockFloats b = forward_floats(s);
     // h = x + output_proj(attention(RoPE(q), RoPE(k), v)) of RMSNorm1(x)
-    k_->rmsnorm_forward(b.ln1.data(), b.rms1.data(), x, w(layer_param(l, kLn1)), n, d);
-    k_->linear_forward(b.q.data(), b.ln1.data(), w(layer_param(l, kQ)), n, d, d);
-    k_->linear_forward(b.k.data(), b.ln1.data(), w(layer_param(l, kK)), n, d, d);
-    k_->linear_forward(b.v.data(), b.ln1.data(), w(layer_param(l, kV)), n, d, d);
-    k_->rope_forward(b.q.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-    k_->rope_forward(b.k.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-    k_->attention_forward(b.att.data(), b.p.data(), b.q.data(), b.k.data(), b.v.data(), rows, t, heads, head_dim_);
-    k_->copy(b.h.data(), x, b.h.bytes());
-    k_->linear_forward(b.h.data(), b.att.data(), w(layer_param(l, kO)), n, d, d, true);
+    k_->rmsnorm_forward(b.ln1, s.rms1.data(), x, w(layer_param(l, kLn1)), n, d);
+    keep(s.ln1, b.ln1);
+    k_->linear_forward(b.q, b.ln1, w(layer_param(l, kQ)), n, d, d);
+    k_->linear_forward(b.k, b.ln1, w(layer_param(l, kK)), n, d, d);
+    k_->linear_forward(b.v, b.ln1, w(layer_param(l, kV)), n, d, d);
+    k_->rope_forward(b.q, rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+    k_->rope_forward(b.k, rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+    k_->attention_forward(b.att, b.p, b.q, b.k, b.v, rows, t, heads, head_dim_);
+    for (auto [saved, value] : {std::pair{&s.q, b.q}, {&s.k, b.k}, {&s.v, b.v}, {&s.p, b.p}, {&s.att, b.att}})
+      keep(*saved, value);
+    if (b.h != x) k_->copy(b.h, x, sizeof(float) * n * d);
+    k_->linear_forward(b.h, b.att, w(layer_param(l, kO)), n, d, d, true);
+    keep(s.h, b.h);
     // y = h + w2(silu(w1 z) * w3 z), z = RMSNorm2(h)
-    k_->rmsnorm_forward(b.ln2.data(), b.rms2.data(), b.h.data(), w(layer_param(l, kLn2)), n, d);
-    k_->linear_forward(b.a.data(), b.ln2.data(), w(layer_param(l, kW1)), n, d, f);
-    k_->linear_forward(b.b.data(), b.ln2.data(), w(layer_param(l, kW3)), n, d, f);
-    k_->swiglu_forward(b.gate.data(), b.a.data(), b.b.data(), n * f);
-    k_->copy(b.y.data(), b.h.data(), b.y.bytes());
-    k_->linear_forward(b.y.data(), b.gate.data(), w(layer_param(l, kW2)), n, f, d, true);
-    x = b.y.data();
+    k_->rmsnorm_forward(b.ln2, s.rms2.data(), b.h, w(layer_param(l, kLn2)), n, d);
+    k_->linear_forward(b.a, b.ln2, w(layer_param(l, kW1)), n, d, f);
+    k_->linear_forward(b.b, b.ln2, w(layer_param(l, kW3)), n, d, f);
+    k_->swiglu_forward(b.gate, b.a, b.b, n * f);
+    for (auto [saved, value] : {std::pair{&s.ln2, b.ln2}, {&s.a, b.a}, {&s.b, b.b}, {&s.gate, b.gate}})
+      keep(*saved, value);
+    if (b.y != b.h) k_->copy(b.y, b.h, sizeof(float) * n * d);
+    k_->linear_forward(b.y, b.gate, w(layer_param(l, kW2)), n, f, d, true);
+    keep(s.y, b.y);
+    x = b.y;
     unit_event(block_unit(l), DDP_UNIT_FORWARD_END);
   }
   unit_event(head, DDP_UNIT_FORWARD_BEGIN);
-  k_->rmsnorm_forward(lnf_.data(), rmsf_.data(), x, w(ln_final_index()), n, d);
-  k_->linear_forward(logits_.data(), lnf_.data(), w(lm_head_index()), n, d, vocab);
+  float* lnf = packed ? dln_.data() : lnf_.data();
+  k_->rmsnorm_forward(lnf, rmsf_.data(), x, w(ln_final_index()), n, d);
+  keep(lnf_, lnf);
+  k_->linear_forward(logits_.data(), lnf, w(lm_head_index()), n, d, vocab);
   unit_event(head, DDP_UNIT_FORWARD_END);
   return static_cast<float>(k_->cross_entropy_forward(lse_.data(), logits_.data(), target_tokens(), n, vocab));
 }
@@ -308,7 +191,9 @@ void LmModel::weight_grad(size_t index, const float* dy, const float* x, int64_t
   if (float* dw = g(index)) k_->linear_backward_weight(dw, dy, x, n, in, out, alpha);
 }
 
-// Block l's backward: dresid_ holds dy on entry and dx on return.
+// Block l's backward: dresid_ holds dy on entry and dx on return. Each kept
+// tensor is read through unpacked() (16-bit compute: into the work_
+// buffers, each reused once its last reader is done).
 void LmModel::block_backward(int64_t l, const GradAccumulated& done) {
   const int64_t rows = rows_;
   const int64_t t = config_.context_length;
@@ -316,39 +201,42 @@ void LmModel::block_backward(int64_t l, const GradAccumulated& done) {
   const int64_t f = config_.d_ff;
   const int64_t heads = config_.num_heads;
   const int64_t n = rows * t;
-  BlockActs& b = blocks_[l];
-  const float* x = l ? blocks_[l - 1].y.data() : x0_.data();
+  const BlockActs& b = blocks_[l];
   // dresid_ holds dy; FFN branch: y = h + w2 gate.
   k_->linear_backward_input(dgate_.data(), dresid_.data(), w(layer_param(l, kW2)), n, f, d);
-  k_->swiglu_backward(da_.data(), db_.data(), dgate_.data(), b.a.data(), b.b.data(), n * f);
-  weight_grad(layer_param(l, kW3), db_.data(), b.ln2.data(), d, f);
+  k_->swiglu_backward(da_.data(), db_.data(), dgate_.data(), unpacked(b.a, work_f1_), unpacked(b.b, work_f2_), n * f);
+  const float* ln2 = unpacked(b.ln2, work_d_);
+  weight_grad(layer_param(l, kW3), db_.data(), ln2, d, f);
   done(layer_param(l, kW3));
-  weight_grad(layer_param(l, kW2), dresid_.data(), b.gate.data(), f, d);
+  weight_grad(layer_param(l, kW2), dresid_.data(), unpacked(b.gate, work_f1_), f, d);
   done(layer_param(l, kW2));
-  weight_grad(layer_param(l, kW1), da_.data(), b.ln2.data(), d, f);
+  weight_grad(layer_param(l, kW1), da_.data(), ln2, d, f);
   done(layer_param(l, kW1));
   k_->linear_backward_input(dln_.data(), da_.data(), w(layer_param(l, kW1)), n, d, f);
   k_->linear_backward_input(dln_.data(), db_.data(), w(layer_param(l, kW3)), n, d, f, true);
-  k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn2)), dln_.data(), b.h.data(), w(layer_param(l, kLn2)),
-                       b.rms2.data(), n, d, /*accumulate=*/true);
+  k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn2)), dln_.data(), unpacked(b.h, work_d_),
+                       w(layer_param(l, kLn2)), b.rms2.data(), n, d, /*accumulate=*/true);
   done(layer_param(l, kLn2));
   // dresid_ holds dh; attention branch: h = x + output_proj att.
   k_->linear_backward_input(datt_.data(), dresid_.data(), w(layer_param(l, kO)), n, d, d);
-  weight_grad(layer_param(l, kO), dresid_.data(), b.att.data(), d, d);
+  weight_grad(layer_param(l, kO), dresid_.data(), unpacked(b.att, work_d_), d, d);
   done(layer_param(l, kO));
-  k_->attention_backward(dq_.data(), dk_.data(), dv_.data(), dscores_.data(), datt_.data(), b.p.data(), b.q.data(),
-                         b.k.data(), b.v.data(), rows, t, heads, head_dim_);
+  k_->attention_backward(dq_.data(), dk_.data(), dv_.data(), dscores_.data(), datt_.data(), unpacked(b.p, work_p_),
+                         unpacked(b.q, work_d_), unpacked(b.k, work_f1_), unpacked(b.v, work_f2_), rows, t, heads,
+                         head_dim_);
   k_->rope_backward(dq_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
   k_->rope_backward(dk_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-  weight_grad(layer_param(l, kV), dv_.data(), b.ln1.data(), d, d);
+  const float* ln1 = unpacked(b.ln1, work_d_);
+  weight_grad(layer_param(l, kV), dv_.data(), ln1, d, d);
   done(layer_param(l, kV));
-  weight_grad(layer_param(l, kK), dk_.data(), b.ln1.data(), d, d);
+  weight_grad(layer_param(l, kK), dk_.data(), ln1, d, d);
   done(layer_param(l, kK));
-  weight_grad(layer_param(l, kQ), dq_.data(), b.ln1.data(), d, d);
+  weight_grad(layer_param(l, kQ), dq_.data(), ln1, d, d);
   done(layer_param(l, kQ));
   k_->linear_backward_input(dln_.data(), dq_.data(), w(layer_param(l, kQ)), n, d, d);
   k_->linear_backward_input(dln_.data(), dk_.data(), w(layer_param(l, kK)), n, d, d, true);
   k_->linear_backward_input(dln_.data(), dv_.data(), w(layer_param(l, kV)), n, d, d, true);
+  const float* x = unpacked(l ? blocks_[l - 1].y : x0_, work_f1_);
   k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn1)), dln_.data(), x, w(layer_param(l, kLn1)), b.rms1.data(),
                        n, d, /*accumulate=*/true);
   done(layer_param(l, kLn1));
@@ -376,11 +264,11 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
     k_->cross_entropy_backward(dlogits, n, vocab, loss_scale);
     c = 1.0f;
   }
-  weight_grad(lm_head_index(), dlogits, lnf_.data(), d, vocab, c);
+  weight_grad(lm_head_index(), dlogits, unpacked(lnf_, work_d_), d, vocab, c);
   done(lm_head_index());
   k_->linear_backward_input(dln_.data(), dlogits, w(lm_head_index()), n, d, vocab, false, c);
   ranges.lap("backward lm_head");
-  const float* x_last = config_.num_layers ? blocks_.back().y.data() : x0_.data();
+  const float* x_last = unpacked(config_.num_layers ? blocks_.back().y : x0_, work_f1_);
   k_->rmsnorm_backward(dresid_.data(), g(ln_final_index()), dln_.data(), x_last, w(ln_final_index()), rmsf_.data(), n,
                        d);
   done(ln_final_index());
@@ -398,20 +286,6 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   done(0);
   ranges.lap("backward token_embeddings");
   unit_event(0, DDP_UNIT_BACKWARD_END);
-}
-
-// By the parameters' names, in table order (an FFN-only size has blocks alone).
-std::vector<Unit> lm_units(const LmConfig& config) {
-  std::vector<Unit> units;
-  size_t index = 0;
-  for (const auto& [name, shape] : lm_parameter_shapes(config)) {
-    std::string unit = "head";  // ln_final, lm_head
-    if (name.rfind("token_embeddings.", 0) == 0) unit = "embedding";
-    if (name.rfind("layers.", 0) == 0) unit = name.substr(0, name.find('.', 7));
-    if (units.empty() || units.back().name != unit) units.push_back({unit, {}, {}});
-    units.back().params.push_back(index++);
-  }
-  return units;
 }
 
 std::unique_ptr<Model> make_lm(const LmConfig& config, Device& device, uint64_t seed, bool with_gradients,

@@ -38,14 +38,18 @@ const std::vector<LmPreset>& lm_presets();
 // The preset of that name. Throws Error listing the names for an unknown one.
 LmConfig lm_preset(const std::string& name);
 
+// Throws Error for sizes no model can have: what LmModel refuses, and sizes
+// whose element counts would pass 2^50.
+void lm_check_sizes(const LmConfig& config);
 // Parameters of a model of this size (token embeddings and lm_head untied).
 int64_t lm_parameter_count(const LmConfig& config);
 // The parameter table, names and shapes in the spec's order (the model's,
 // exactly).
 std::vector<std::pair<std::string, Shape>> lm_parameter_shapes(const LmConfig& config);
 // What a model of this size holds with `rows` rows per micro-batch
-// (model.h): what LmModel allocates, on that kind of device.
-Footprint lm_footprint(const LmConfig& config, int64_t rows, ddp_device_kind device);
+// (model.h): what LmModel allocates, on that kind of device, computing in
+// `compute` (set_compute_dtype).
+Footprint lm_footprint(const LmConfig& config, int64_t rows, ddp_device_kind device, ddp_dtype compute = DDP_FLOAT32);
 
 // Parameters in the spec's order and names, initialised from the seed given
 // to make_lm. Batches carry `tokens` [rows, T + 1] (T = context_length):
@@ -61,7 +65,14 @@ class LmModel final : public Model {
 
   int64_t input_width() const override { return config_.context_length + 1; }
   int64_t output_width() const override { return config_.vocab_size; }
-  void set_compute_dtype(ddp_dtype dtype) override { k_->set_compute_dtype(dtype); }
+  // Under bf16 or fp16, what backward keeps (BlockActs, x0_, lnf_; the RMS
+  // statistics stay float32) is held in that dtype: forward computes each
+  // block in float32 working buffers and packs, backward unpacks each kept
+  // tensor just before it reads it (docs/precision.md).
+  void set_compute_dtype(ddp_dtype dtype) override {
+    k_->set_compute_dtype(dtype);
+    rows_ = -1;  // the next forward allocates the activations in it
+  }
   // Throws Error for a token outside [0, vocab_size).
   float forward(const Batch& batch) override;
   // Calls accumulated(i) in strictly decreasing i: lm_head first,
@@ -101,8 +112,9 @@ class LmModel final : public Model {
   void ensure_activations(int64_t rows);
   // The shapes ensure_activations allocates, in its order (lm_footprint
   // sums them).
-  static std::vector<Shape> activation_shapes(const LmConfig& c, int64_t rows, ddp_device_kind device);
-  friend Footprint lm_footprint(const LmConfig& config, int64_t rows, ddp_device_kind device);
+  static std::vector<ActBuffer> activation_shapes(const LmConfig& c, int64_t rows, ddp_device_kind device,
+                                                  ddp_dtype compute);
+  friend Footprint lm_footprint(const LmConfig& config, int64_t rows, ddp_device_kind device, ddp_dtype compute);
   // The token ids the kernels read: host vectors on the CPU, else device
   // memory (tokens_dev_).
   const int32_t* in_tokens() const {
@@ -130,6 +142,30 @@ class LmModel final : public Model {
     Tensor gate;  // [N, F] silu(a) * b
     Tensor y;     // [N, D] block output h + w2 gate
   };
+  // Where block l's forward writes each of them in float32: their own
+  // memory in float32 compute; in 16-bit, the backward scratch and work_p_
+  // (free during forward), from which keep() packs them.
+  struct BlockFloats {
+    float* ln1;
+    float* q;
+    float* k;
+    float* v;
+    float* p;
+    float* att;
+    float* h;
+    float* ln2;
+    float* a;
+    float* b;
+    float* gate;
+    float* y;
+  };
+  BlockFloats forward_floats(BlockActs& b);
+  // saved = value: nothing where value is saved's own float32 memory, else
+  // rounded into saved's 16 bits.
+  void keep(Tensor& saved, const float* value);
+  // saved in float32: its own memory, or unpacked into `into` (which must be
+  // at least as large).
+  const float* unpacked(const Tensor& saved, Tensor& into);
 
   Device& device_;
   std::unique_ptr<Kernels> k_;  // the device's layers
@@ -160,6 +196,12 @@ class LmModel final : public Model {
   Tensor da_;     // [N, F]
   Tensor db_;
   Tensor dscores_;  // attention backward's scratch (CPU: [T, T])
+  // 16-bit compute only: float32 copies of kept tensors (forward_floats,
+  // unpacked): [N, max(F, D)] twice, [N, D], [rows, H, T, T].
+  Tensor work_f1_;
+  Tensor work_f2_;
+  Tensor work_d_;
+  Tensor work_p_;
 };
 
 // `with_gradients`: with its gradients (pack_gradients); the engine makes

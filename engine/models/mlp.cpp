@@ -64,33 +64,46 @@ std::vector<Unit> mlp_units(const MlpConfig& config) {
   return units;
 }
 
-std::vector<Shape> MlpModel::activation_shapes(const MlpConfig& c, int64_t rows, ddp_device_kind device) {
-  std::vector<Shape> s(static_cast<size_t>(c.depth), Shape{rows, c.width});  // acts_
+std::vector<ActBuffer> MlpModel::activation_shapes(const MlpConfig& c, int64_t rows, ddp_device_kind device,
+                                                   ddp_dtype compute) {
+  std::vector<ActBuffer> s(static_cast<size_t>(c.depth), ActBuffer{{rows, c.width}, compute});  // acts_
   for (Shape b : {Shape{rows, c.classes}, Shape{rows}, Shape{rows, c.width}, Shape{rows, c.width}})
-    s.push_back(b);  // logits_, lse_, dact_, dtmp_
+    s.push_back({b, DDP_FLOAT32});  // logits_, lse_, dact_, dtmp_
   if (device != DDP_DEVICE_CPU) {
-    s.push_back({rows, c.width});  // x_dev_
-    s.push_back({rows});           // labels_dev_: int32 labels in a float tensor's bytes
+    s.push_back({{rows, c.width}, DDP_FLOAT32});  // x_dev_
+    s.push_back({{rows}, DDP_FLOAT32});           // labels_dev_: int32 labels in a float tensor's bytes
   }
+  if (compute != DDP_FLOAT32 && c.depth > 0) s.push_back({{rows, c.width}, DDP_FLOAT32});  // work_
   return s;
 }
 
 void MlpModel::ensure_activations(int64_t rows) {
   if (rows == rows_) return;
   acts_.clear();
-  for (Tensor* old : {&x_dev_, &labels_dev_, &logits_, &lse_, &dact_, &dtmp_}) old->reset();
-  const std::vector<Shape> shapes = activation_shapes(config_, rows, k_->kind());
+  for (Tensor* old : {&x_dev_, &labels_dev_, &logits_, &lse_, &dact_, &dtmp_, &work_}) old->reset();
+  const std::vector<ActBuffer> shapes = activation_shapes(config_, rows, k_->kind(), k_->compute_dtype());
   size_t next = 0;  // the shapes, taken in activation_shapes' order
-  auto act = [&] { return Tensor(device_, shapes.at(next++), MemCategory::Activations); };
+  auto act = [&] {
+    const ActBuffer& b = shapes.at(next++);
+    return Tensor(device_, b.shape, MemCategory::Activations, b.dtype);
+  };
   for (int64_t i = 0; i < config_.depth; ++i) acts_.push_back(act());
   for (Tensor* t : {&logits_, &lse_, &dact_, &dtmp_}) *t = act();
   labels_.assign(static_cast<size_t>(rows), 0);
   if (k_->kind() != DDP_DEVICE_CPU)
     for (Tensor* t : {&x_dev_, &labels_dev_}) *t = act();
+  if (next < shapes.size()) work_ = act();
   rows_ = rows;
 }
 
-Footprint mlp_footprint(const MlpConfig& c, int64_t rows, ddp_device_kind device) {
+const float* MlpModel::kept(size_t i) {
+  const Tensor& a = acts_[i];
+  if (a.dtype() == DDP_FLOAT32) return a.data();
+  k_->convert(work_.data(), DDP_FLOAT32, a.raw(), a.dtype(), a.numel());
+  return work_.data();
+}
+
+Footprint mlp_footprint(const MlpConfig& c, int64_t rows, ddp_device_kind device, ddp_dtype compute) {
   check_sizes(c, rows);
   Footprint f;
   for (int64_t i = 0; i < c.depth; ++i) {
@@ -100,13 +113,7 @@ Footprint mlp_footprint(const MlpConfig& c, int64_t rows, ddp_device_kind device
   }
   f.params.push_back({"head.weight", c.classes * c.width, {c.classes, c.width}});
   f.params.push_back({"head.bias", c.classes, {c.classes}});
-  int64_t floats = 0;
-  for (const Shape& s : MlpModel::activation_shapes(c, rows, device)) {
-    int64_t n = 1;
-    for (const int64_t v : s) n *= v;
-    floats += n;
-  }
-  f.step_activation_bytes = floats * 4;
+  f.step_activation_bytes = act_bytes(MlpModel::activation_shapes(c, rows, device, compute));
   f.data = DataShape{DataShape::Classification, c.width, c.classes, 0, 0};
   f.units = mlp_units(c);
   return f;
@@ -135,10 +142,13 @@ float MlpModel::forward(const Batch& batch) {
   const float* in = input_;  // [rows, width]
   for (int64_t i = 0; i < config_.depth; ++i) {
     unit_event(size_t(i), DDP_UNIT_FORWARD_BEGIN);
-    float* out = acts_[i].data();
+    // 16-bit: computed in float32 in dact_ and dtmp_ by turns, then packed.
+    Tensor& a = acts_[i];
+    float* out = a.dtype() == DDP_FLOAT32 ? a.data() : (i % 2 ? dtmp_ : dact_).data();
     k_->linear_forward(out, in, values(2 * i), rows, w, w);
     k_->bias_forward(out, values(2 * i + 1), rows, w);
     k_->relu_forward(out, out, rows * w);
+    if (a.dtype() != DDP_FLOAT32) k_->convert(a.raw(), a.dtype(), out, DDP_FLOAT32, a.numel());
     in = out;
     unit_event(size_t(i), DDP_UNIT_FORWARD_END);
   }
@@ -171,7 +181,7 @@ void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   float* dlogits = logits_.data();                                 // [rows, classes]
   k_->cross_entropy_backward(dlogits, rows, classes, loss_scale);  // the forward left the rest
   const size_t head = 2 * static_cast<size_t>(config_.depth);
-  const float* last = config_.depth ? acts_.back().data() : input_;
+  const float* last = config_.depth ? kept(acts_.size() - 1) : input_;
   unit_event(head / 2, DDP_UNIT_BACKWARD_BEGIN);
   linear_grads(head, dlogits, last, classes);
   if (config_.depth == 0) {
@@ -185,8 +195,8 @@ void MlpModel::backward(float loss_scale, const GradAccumulated& accumulated) {
   for (int64_t i = config_.depth - 1; i >= 0; --i) {
     unit_event(size_t(i), DDP_UNIT_BACKWARD_BEGIN);
     // dact_ holds d loss / d relu(layer i); through the ReLU, then the layer.
-    k_->relu_backward(dact_.data(), dact_.data(), acts_[i].data(), rows * w);
-    linear_grads(2 * static_cast<size_t>(i), dact_.data(), i ? acts_[i - 1].data() : input_, w);
+    k_->relu_backward(dact_.data(), dact_.data(), kept(size_t(i)), rows * w);
+    linear_grads(2 * static_cast<size_t>(i), dact_.data(), i ? kept(size_t(i - 1)) : input_, w);
     if (i > 0) {
       k_->linear_backward_input(dtmp_.data(), dact_.data(), values(2 * i), rows, w, w);
       std::swap(dact_, dtmp_);

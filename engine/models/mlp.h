@@ -34,7 +34,13 @@ class MlpModel final : public Model {
 
   int64_t input_width() const override { return config_.width; }
   int64_t output_width() const override { return config_.classes; }
-  void set_compute_dtype(ddp_dtype dtype) override { k_->set_compute_dtype(dtype); }
+  // Under bf16 or fp16 the hidden activations backward keeps (acts_) are
+  // held in it: forward computes each layer in float32 in the backward
+  // scratch and packs; backward unpacks into work_ before reading.
+  void set_compute_dtype(ddp_dtype dtype) override {
+    k_->set_compute_dtype(dtype);
+    rows_ = -1;  // the next forward allocates the activations in it
+  }
   // Throws Error for missing x or labels, or a label outside [0, classes).
   float forward(const Batch& batch) override;
   // Calls accumulated(i) in strictly decreasing i (bias before weight).
@@ -48,8 +54,11 @@ class MlpModel final : public Model {
  private:
   void ensure_activations(int64_t rows);
   // The shapes ensure_activations allocates, in its order.
-  static std::vector<Shape> activation_shapes(const MlpConfig& c, int64_t rows, ddp_device_kind device);
-  friend Footprint mlp_footprint(const MlpConfig& config, int64_t rows, ddp_device_kind device);
+  static std::vector<ActBuffer> activation_shapes(const MlpConfig& c, int64_t rows, ddp_device_kind device,
+                                                  ddp_dtype compute);
+  friend Footprint mlp_footprint(const MlpConfig& config, int64_t rows, ddp_device_kind device, ddp_dtype compute);
+  // acts_[i] in float32: its own memory, or unpacked into work_.
+  const float* kept(size_t i);
   // The labels the kernels read: host on the CPU, else device memory.
   const int32_t* labels() const {
     return labels_dev_.defined() ? reinterpret_cast<const int32_t*>(labels_dev_.data()) : labels_.data();
@@ -68,6 +77,7 @@ class MlpModel final : public Model {
   Tensor lse_;                    // [rows]
   Tensor dact_;                   // [rows, width] backward scratch (ping-pong)
   Tensor dtmp_;
+  Tensor work_;  // [rows, width] float32 copy of a 16-bit acts_[i] (16-bit compute only)
 };
 
 // `with_gradients`, `with_values`: as make_lm's.
@@ -78,7 +88,8 @@ std::unique_ptr<Model> make_mlp(const MlpConfig& config, Device& device, uint64_
 std::vector<Unit> mlp_units(const MlpConfig& config);
 
 // What an mlp of this size holds with `rows` rows per micro-batch
-// (model.h): what MlpModel allocates, on that kind of device.
-Footprint mlp_footprint(const MlpConfig& config, int64_t rows, ddp_device_kind device);
+// (model.h): what MlpModel allocates, on that kind of device, computing in
+// `compute`.
+Footprint mlp_footprint(const MlpConfig& config, int64_t rows, ddp_device_kind device, ddp_dtype compute = DDP_FLOAT32);
 
 }  // namespace ddp

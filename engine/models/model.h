@@ -85,6 +85,16 @@ struct ParamSize {
 // to 8 GB, printing nothing).
 constexpr int64_t kMaxLayers = int64_t{1} << 16;
 
+// One activation buffer a model allocates: its shape and element dtype
+// (float32; or the compute dtype, for what backward keeps under a 16-bit
+// compute). Footprints sum them; models allocate them in the same order.
+struct ActBuffer {
+  Shape shape;
+  ddp_dtype dtype = DDP_FLOAT32;
+};
+// The bytes of `buffers` (float32 4 each, the 16-bit dtypes 2).
+int64_t act_bytes(const std::vector<ActBuffer>& buffers);
+
 struct Footprint {
   std::vector<ParamSize> params;       // table order
   int64_t setup_activation_bytes = 0;  // held from construction on (lm: RoPE tables)
@@ -138,8 +148,9 @@ class Model {
   virtual int64_t input_width() const = 0;
   virtual int64_t output_width() const = 0;
   // The dtype the model's GEMMs take their inputs in ([precision] compute;
-  // Kernels::set_compute_dtype): float32 unless set. Throws Error where the
-  // device's kernels do not take it.
+  // Kernels::set_compute_dtype): float32 unless set. lm and mlp also keep
+  // the activations backward reads in it (ActBuffer). Throws Error where the
+  // device's kernels do not take it. Call it before the first forward.
   virtual void set_compute_dtype(ddp_dtype dtype) = 0;
 
   // Runs the model on `batch`, keeps what backward needs, returns the loss

@@ -350,4 +350,11 @@ void Model::unbound_values(size_t index) const {
               DDP_ERR_INVALID_ARGUMENT);
 }
 
+int64_t act_bytes(const std::vector<ActBuffer>& buffers) {
+  int64_t bytes = 0;
+  for (const ActBuffer& b : buffers)
+    bytes += static_cast<int64_t>(numel_of(b.shape)) * (b.dtype == DDP_FLOAT32 ? 4 : 2);
+  return bytes;
+}
+
 }  // namespace ddp

@@ -74,14 +74,18 @@ const std::vector<ModelInfo>& model_registry() {
        DataShape::Classification,
        {int_key("width", 1, 1024), int_key("depth", 0, 8), int_key("classes", 2, 10)},
        build_mlp,
-       [](const ModelOptions& o, int64_t rows, ddp_device_kind k) { return mlp_footprint(mlp_config(o), rows, k); }},
+       [](const ModelOptions& o, int64_t rows, ddp_device_kind k, ddp_dtype c) {
+         return mlp_footprint(mlp_config(o), rows, k, c);
+       }},
       {"lm",
        DataShape::Tokens,
        {ModelKey{"preset", ModelKey::String, 0, preset_names(), std::string("lm-tiny")}, int_key("vocab_size", 2, 0),
         int_key("context_length", 1, 0), int_key("d_model", 1, 0), int_key("num_layers", 1, 0),
         int_key("num_heads", 1, 0), int_key("d_ff", 1, 0), ModelKey{"rope_theta", ModelKey::Float, 0, {}, 0.0}},
        build_lm,
-       [](const ModelOptions& o, int64_t rows, ddp_device_kind k) { return lm_footprint(lm_config(o), rows, k); }},
+       [](const ModelOptions& o, int64_t rows, ddp_device_kind k, ddp_dtype c) {
+         return lm_footprint(lm_config(o), rows, k, c);
+       }},
   };
   return models;
 }
@@ -118,10 +122,11 @@ std::unique_ptr<Model> build_model(const std::string& name, const ModelOptions& 
   return model;
 }
 
-Footprint model_footprint(const std::string& name, const ModelOptions& options, int64_t rows, ddp_device_kind device) {
+Footprint model_footprint(const std::string& name, const ModelOptions& options, int64_t rows, ddp_device_kind device,
+                          ddp_dtype compute) {
   const ModelInfo& m = known_model(name);
   if (!m.footprint) throw Error("model '" + name + "' has no footprint: `ddp plan` cannot account for it");
-  return m.footprint(options, rows, device);
+  return m.footprint(options, rows, device, compute);
 }
 
 template <typename T>

@@ -60,9 +60,10 @@ struct ModelInfo {
   // Model::materialise), and the shape of the data it reads. Throws Error
   // for sizes it cannot build.
   std::unique_ptr<Model> (*build)(const ModelOptions& options, Device& device, uint64_t seed, DataShape* shape);
-  // What it holds with `rows` rows per micro-batch (model.h); null where
-  // `ddp plan` cannot account for it (the toy models).
-  Footprint (*footprint)(const ModelOptions& options, int64_t rows, ddp_device_kind device) = nullptr;
+  // What it holds with `rows` rows per micro-batch, computing in `compute`
+  // (model.h); null where `ddp plan` cannot account for it (the toy models).
+  Footprint (*footprint)(const ModelOptions& options, int64_t rows, ddp_device_kind device,
+                         ddp_dtype compute) = nullptr;
 };
 
 // Every model, in the order the documentation lists them.
@@ -75,7 +76,8 @@ ModelOptions default_model_options(const std::string& name);
 
 // The registry's footprint for `name`. Throws Error for an unknown name or
 // one without a footprint.
-Footprint model_footprint(const std::string& name, const ModelOptions& options, int64_t rows, ddp_device_kind device);
+Footprint model_footprint(const std::string& name, const ModelOptions& options, int64_t rows, ddp_device_kind device,
+                          ddp_dtype compute = DDP_FLOAT32);
 
 // The registry's build for `name`, with its values drawn unless
 // `with_values` is false (Model::materialise). Throws Error for an unknown

@@ -88,7 +88,8 @@ plan::RunPlan plan_config(const Config& c, const Footprint& model, bool check_ke
 
 Footprint config_footprint(const Config& c) {
   try {
-    return model_footprint(c.model.name, c.model.options, c.data.batch_size / c.run.world_size, c.run.device);
+    return model_footprint(c.model.name, c.model.options, c.data.batch_size / c.run.world_size, c.run.device,
+                           c.precision.compute);
   } catch (const Error& e) {
     throw Error(c.file + ": " + e.what());
   }

@@ -27,8 +27,8 @@ plan::RunPlan plan_config(const Config& c, const Footprint& model, bool check_ke
 // the caller's to set. Pure.
 plan::PlanRun plan_run_of(const Config& c);
 
-// The model's footprint at the config's rows per rank; throws Error naming
-// the config's file.
+// The model's footprint at the config's rows per rank and compute dtype;
+// throws Error naming the config's file.
 Footprint config_footprint(const Config& c);
 
 }  // namespace ddp

@@ -102,6 +102,10 @@ class CudaKernels final : public Kernels {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync (copy)");
   }
 
+  void convert(void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t n) override {
+    if (n > 0) cuda_ops::convert(stream_, dst, dst_type, src, src_type, n);
+  }
+
   void upload(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     for (size_t done = 0; done < bytes; done += kSlotBytes) {
