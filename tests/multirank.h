@@ -12,7 +12,8 @@
 // before (a forked child inherits only the calling thread). Each child ends
 // with _exit: 0 when the body returned (and no GoogleTest assertion failed
 // in it), else 1 with the message written to a per-rank file. The parent
-// waits up to `timeout_s` for all of them and SIGKILLs the rest.
+// waits up to `timeout_s` for all of them and SIGKILLs the rest (once a
+// rank has failed, its peers get `grace_s` of that).
 //
 // Returns one "rank <r>: <message>" per failing rank, in rank order; empty
 // when every rank succeeded.
@@ -33,6 +34,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -141,10 +143,18 @@ inline std::vector<std::string> run_launched_rank(const LaunchedRank& me, int wo
   return failures;
 }
 
+// How long a failed rank's peers get to fail on their own before
+// fork_ranks stops them, as `ddp run`'s launcher does after its grace (1 s
+// there; more here, so a peer's own report still arrives under a loaded
+// CI): a peer left waiting in the rendezvous for a rank that is gone would
+// otherwise run to the deadline.
+constexpr int kPeerGraceSeconds = 10;
+
 // The ranks as forked children of this process (even when launched).
 // `body(rank, rendezvous_dir)`: rendezvous_dir is an empty directory made for
 // this call and shared by all its ranks (use it as "file:" + dir).
-inline std::vector<std::string> fork_ranks(int world, const RankBody& body, int timeout_s = 60) {
+inline std::vector<std::string> fork_ranks(int world, const RankBody& body, int timeout_s = 60,
+                                           int grace_s = kPeerGraceSeconds) {
   namespace fs = std::filesystem;
   std::vector<std::string> failures;
 
@@ -187,7 +197,8 @@ inline std::vector<std::string> fork_ranks(int world, const RankBody& body, int 
   std::vector<bool> killed(static_cast<size_t>(world), false);
   for (int rank = 0; rank < world; ++rank)
     if (pids[static_cast<size_t>(rank)] < 0) done[static_cast<size_t>(rank)] = true;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  int first_failed = -1;  // the first rank seen to fail; its peers then get grace_s
   for (;;) {
     bool all = true;
     for (int rank = 0; rank < world; ++rank) {
@@ -196,6 +207,11 @@ inline std::vector<std::string> fork_ranks(int world, const RankBody& body, int 
       pid_t got = waitpid(pids[r], &status[r], WNOHANG);
       if (got == pids[r]) {
         done[r] = true;
+        const bool failed = !(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0);
+        if (failed && first_failed < 0) {
+          first_failed = rank;
+          deadline = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(grace_s));
+        }
       } else {
         all = false;
       }
@@ -219,8 +235,11 @@ inline std::vector<std::string> fork_ranks(int world, const RankBody& body, int 
     size_t r = static_cast<size_t>(rank);
     if (pids[r] < 0) continue;  // never started (reported above)
     if (killed[r]) {
-      failures.push_back("rank " + std::to_string(rank) + ": still running after " +
-                         std::to_string(timeout_s) + " s, killed");
+      failures.push_back("rank " + std::to_string(rank) + ": still running " +
+                         (first_failed < 0 ? "after " + std::to_string(timeout_s) + " s"
+                                           : std::to_string(grace_s) + " s after rank " +
+                                                 std::to_string(first_failed) + " failed") +
+                         ", killed");
       continue;
     }
     const int st = status[r];

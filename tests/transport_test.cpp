@@ -1129,6 +1129,23 @@ TEST(MultiRank, ReportsEachFailingRank) {
   EXPECT_EQ(failures, (std::vector<std::string>{"rank 1: boom on one", "rank 2: exited with status 7"}));
 }
 
+// A failed rank's peers get the grace, then are stopped, as the launcher
+// stops them: a peer waiting for a rank that is gone does not run to the
+// deadline.
+TEST(MultiRank, StopsThePeersOfAFailedRankAfterTheGrace) {
+  const auto start = std::chrono::steady_clock::now();
+  auto failures = fork_ranks(
+      2,
+      [](int r, const std::string&) {
+        if (r == 0) std::this_thread::sleep_for(30s);
+        if (r == 1) throw std::runtime_error("boom on one");
+      },
+      60, 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  EXPECT_EQ(failures, (std::vector<std::string>{"rank 0: still running 1 s after rank 1 failed, killed",
+                                                "rank 1: boom on one"}));
+}
+
 TEST(MultiRank, KillsRanksPastTheDeadline) {
   const auto start = std::chrono::steady_clock::now();
   auto failures = run_ranks(
