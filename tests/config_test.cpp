@@ -897,8 +897,8 @@ TEST_F(ConfigTest, UnfreezeErrors) {
   }
 }
 
-// [precision] compute: the dtype of the GEMMs' inputs; fp32 unless set;
-// 16-bit on the CPU only (the CUDA kernels compute in float32).
+// [precision] compute: the dtype of the GEMMs' inputs; fp32 unless set; on
+// either device.
 TEST_F(ConfigTest, PrecisionCompute) {
   EXPECT_EQ(load_config(write("none.toml", kMinimal)).precision.compute, DDP_FLOAT32);
   const std::string path = write("p.toml", std::string(kMinimal) + "\n[precision]\ncompute = \"bf16\"\n");
@@ -910,9 +910,7 @@ TEST_F(ConfigTest, PrecisionCompute) {
   EXPECT_STREQ(compute_name(DDP_FLOAT32), "fp32");
   EXPECT_EQ(load_error(path, {"precision.compute=fp8"}),
             "--set precision.compute=fp8: key 'precision.compute' must be one of: fp32, bf16, fp16 (got 'fp8')");
-  EXPECT_EQ(load_error(path, {"run.device=\"cuda\""}),
-            path + ":14:11: key 'precision.compute' = \"bf16\" runs on the CPU only in this build (the CUDA kernels "
-                   "compute in float32): use run.device = \"cpu\" or precision.compute = \"fp32\"");
+  EXPECT_EQ(load_config(path, {"run.device=\"cuda\""}).precision.compute, DDP_BFLOAT16);  // cuBLAS's 16-bit GEMMs
   EXPECT_EQ(load_error(path, {"precision.dtype=bf16"}), "--set precision.dtype=bf16: unknown key 'precision.dtype'");
 }
 

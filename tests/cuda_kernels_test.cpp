@@ -36,6 +36,8 @@
 #include <string>
 #include <vector>
 
+#include <ddp/numeric.h>
+
 #include "cuda/cublas_lib.h"
 #include "gpu.h"
 #include "kernels.h"
@@ -189,7 +191,9 @@ TEST(CublasLib, LoadsOnFirstUseNotAtStartWithEveryEntry) {
                             reinterpret_cast<const void*>(lib.set_stream),
                             reinterpret_cast<const void*>(lib.set_math_mode),
                             reinterpret_cast<const void*>(lib.sgemm),
-                            reinterpret_cast<const void*>(lib.sgemm_strided_batched)})
+                            reinterpret_cast<const void*>(lib.sgemm_strided_batched),
+                            reinterpret_cast<const void*>(lib.gemm_ex),
+                            reinterpret_cast<const void*>(lib.gemm_strided_batched_ex)})
     EXPECT_NE(entry, nullptr);
   EXPECT_EQ(&cuda::cublas(), &lib);  // loaded once
 }
@@ -254,6 +258,111 @@ TEST(CudaKernels, LinearMatchesCpu) {
       expect_close("dx", k.get(gdx), dx, sum_atol(dx));
       expect_close("dw", k.get(gdw), dw, sum_atol(dw));
     }
+  }
+}
+
+// 16-bit compute: the GPU's cublasGemmEx on operands rounded to bf16 or
+// fp16 against the CPU's emulation (gemm.h) of the same rounding. Both
+// round the same float32 inputs to nearest even, and a product of two
+// 16-bit values is exact in float32: what differs is the order of the
+// sums (and the tensor cores' accumulation), hence kRtol16.
+constexpr double kRtol16 = 1e-4;
+
+TEST(CudaKernels, SixteenBitLinearMatchesTheCpuEmulation) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(12);
+  for (const ddp_dtype dtype : {DDP_BFLOAT16, DDP_FLOAT16}) {
+    SCOPED_TRACE(ddp_dtype_name(dtype));
+    k.cpu->set_compute_dtype(dtype);
+    k.gpu->set_compute_dtype(dtype);
+    EXPECT_EQ(k.gpu->compute_dtype(), dtype);
+    for (const int64_t n : {int64_t{7}, int64_t{133}}) {
+      const int64_t in = 300, out = 129;
+      SCOPED_TRACE(shape({{"n", n}}));
+      const Vec x = uniform(n * in, rng), w = uniform(out * in, rng), dy = uniform(n * out, rng);
+      const Vec dw0 = uniform(out * in, rng);
+      Buf<float> gx(x), gw(w), gdy(dy), gdw(dw0);
+      Buf<float> gy = Buf<float>::nan(n * out), gdx = Buf<float>::nan(n * in);
+      Vec y(n * out), dx(n * in), dw = dw0;
+      k.cpu->linear_forward(y.data(), x.data(), w.data(), n, in, out, false);
+      k.gpu->linear_forward(gy.get(), gx.get(), gw.get(), n, in, out, false);
+      k.cpu->linear_backward_input(dx.data(), dy.data(), w.data(), n, in, out, false, 0.5f);
+      k.gpu->linear_backward_input(gdx.get(), gdy.get(), gw.get(), n, in, out, false, 0.5f);
+      k.cpu->linear_backward_weight(dw.data(), dy.data(), x.data(), n, in, out, 1.0f);
+      k.gpu->linear_backward_weight(gdw.get(), gdy.get(), gx.get(), n, in, out, 1.0f);
+      expect_close("y", k.get(gy), y, kRtol16 * rms(y), kRtol16);
+      expect_close("dx", k.get(gdx), dx, kRtol16 * rms(dx), kRtol16);
+      expect_close("dw", k.get(gdw), dw, kRtol16 * rms(dw), kRtol16);
+      // Not float32's: the rounding is there (a float32 product of these
+      // inputs differs by far more than the tolerance somewhere).
+      Vec y32(n * out);
+      make_cpu_kernels()->linear_forward(y32.data(), x.data(), w.data(), n, in, out, false);
+      double most = 0;
+      for (size_t i = 0; i < y.size(); ++i) most = std::max(most, std::abs(double(y32[i]) - y[i]));
+      EXPECT_GT(most, 10 * kRtol16 * rms(y));
+    }
+  }
+}
+
+// Attention's four products in 16 bits. The scores and p agree to the sums'
+// order; p v and the backward products read values rounded to 16 bits
+// from float32 values that differ in their last bits between the devices,
+// and a value next to a rounding boundary rounds the other way on one of
+// them: one 16-bit ulp (2^-8 in bf16) in one input of a sum, hence the
+// 16-bit format's own tolerance for those. The layout is what this checks.
+TEST(CudaKernels, SixteenBitAttentionMatchesTheCpuEmulation) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(13);
+  const int64_t b = 2, t = 70, heads = 3, dh = 16;
+  const size_t size = b * t * heads * dh, psize = b * heads * t * t;
+  for (const ddp_dtype dtype : {DDP_BFLOAT16, DDP_FLOAT16}) {
+    SCOPED_TRACE(ddp_dtype_name(dtype));
+    k.cpu->set_compute_dtype(dtype);
+    k.gpu->set_compute_dtype(dtype);
+    const double loose = dtype == DDP_BFLOAT16 ? 1e-2 : 2e-3;
+    const Vec q = uniform(size, rng), kk = uniform(size, rng), v = uniform(size, rng), dout = uniform(size, rng);
+    Buf<float> gq(q), gk(kk), gv(v), gdout(dout);
+    Buf<float> gout = Buf<float>::nan(size), gp = Buf<float>::nan(psize);
+    Buf<float> gdq = Buf<float>::nan(size), gdk = Buf<float>::nan(size), gdv = Buf<float>::nan(size);
+    Buf<float> gscratch = Buf<float>::nan(k.gpu->attention_scratch_floats(b, t, heads));
+    Vec out(size), p(psize), dq(size), dk(size), dv(size), scratch(k.cpu->attention_scratch_floats(b, t, heads));
+    k.cpu->attention_forward(out.data(), p.data(), q.data(), kk.data(), v.data(), b, t, heads, dh);
+    k.gpu->attention_forward(gout.get(), gp.get(), gq.get(), gk.get(), gv.get(), b, t, heads, dh);
+    expect_close("p", k.get(gp), p, kRtol16 * 1e-2, kRtol16);
+    expect_close("out", k.get(gout), out, loose * rms(out), loose);
+    Buf<float> gp_cpu(p);
+    k.cpu->attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), p.data(), q.data(),
+                              kk.data(), v.data(), b, t, heads, dh);
+    k.gpu->attention_backward(gdq.get(), gdk.get(), gdv.get(), gscratch.get(), gdout.get(), gp_cpu.get(), gq.get(),
+                              gk.get(), gv.get(), b, t, heads, dh);
+    expect_close("dv", k.get(gdv), dv, kRtol16 * rms(dv), kRtol16);  // p and dout as the CPU's: no flip
+    expect_close("dq", k.get(gdq), dq, loose * rms(dq), loose);
+    expect_close("dk", k.get(gdk), dk, loose * rms(dk), loose);
+  }
+}
+
+// The kept activations' conversion: the CPU's rounding, bit for bit, both ways.
+TEST(CudaKernels, ConvertIsTheCpusRoundingBitForBit) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(14);
+  Vec x = uniform(100003, rng, -70000.0f, 70000.0f);  // fp16's overflow to infinity included
+  x[0] = std::numeric_limits<float>::quiet_NaN();
+  x[1] = 1e-30f;  // below both formats' smallest subnormal but bf16's
+  for (const ddp_dtype dtype : {DDP_BFLOAT16, DDP_FLOAT16}) {
+    SCOPED_TRACE(ddp_dtype_name(dtype));
+    std::vector<uint16_t> half(x.size());
+    Vec back(x.size());
+    k.cpu->convert(half.data(), dtype, x.data(), DDP_FLOAT32, x.size());
+    k.cpu->convert(back.data(), DDP_FLOAT32, half.data(), dtype, x.size());
+    Buf<float> gx(x), gback = Buf<float>::nan(x.size());
+    Buf<uint16_t> ghalf(std::vector<uint16_t>(x.size(), 0xffff));
+    k.gpu->convert(ghalf.get(), dtype, gx.get(), DDP_FLOAT32, x.size());
+    k.gpu->convert(gback.get(), DDP_FLOAT32, ghalf.get(), dtype, x.size());
+    EXPECT_TRUE(k.get(ghalf) == half) << "the 16-bit values differ from the CPU's";
+    expect_equal("back", k.get(gback), back);
   }
 }
 

@@ -294,7 +294,8 @@ TEST_P(Golden, MlpMatchesPyTorch) {
 // other tolerances are those, measured on lm-tiny (the worst each case
 // saw is printed as it runs) with room for another machine's BLAS kernel.
 struct PrecisionCase {
-  std::string model;  // "lm_tiny" or "mlp"
+  std::string device;  // "cpu" (emulated) or "cuda" (cuBLAS's 16-bit GEMMs)
+  std::string model;   // "lm_tiny" or "mlp"
   std::string tag;    // "bf16" or "fp16"
   ddp_dtype dtype;
   double grad_rtol;   // on each gradient, with atol = grad_rtol x its root mean square
@@ -320,11 +321,15 @@ double worst_ratio(const std::vector<float>& got, const std::vector<float>& want
 // fp16's backward as the engine runs it by default ([precision]
 // loss_scale): from the loss times GradScaler's 65536, the gradients then
 // times 1/65536 (on the CPU). bf16's: from the loss.
-void scaled_backward(Model& m, const PrecisionCase& c) {
+void scaled_backward(Device& device, Model& m, const PrecisionCase& c) {
   const float scale = c.dtype == DDP_FLOAT16 ? 65536.0f : 1.0f;
   m.backward(scale, [](size_t) {});
-  for (Parameter& p : m.params())
-    for (size_t i = 0; i < p.grad.numel(); ++i) p.grad.data()[i] *= 1.0f / scale;
+  if (scale == 1.0f) return;
+  for (Parameter& p : m.params()) {
+    std::vector<float> g = p.grad.to_host();
+    for (float& v : g) v *= 1.0f / scale;
+    device.upload(p.grad.data(), g.data(), p.grad.bytes());
+  }
 }
 
 void check_precision(Device& device, Model& m, const PrecisionCase& c, const Tensors& init,
@@ -336,7 +341,7 @@ void check_precision(Device& device, Model& m, const PrecisionCase& c, const Ten
   zero_grads(device, m);
   const double want_loss = floats(t, file, "loss")[0];
   EXPECT_NEAR(m.forward(batch), want_loss, kFirstLossRtol * std::abs(want_loss)) << "loss";
-  scaled_backward(m, c);
+  scaled_backward(device, m, c);
   double worst = 0;
   for (const Parameter& p : m.params()) {
     const double r = worst_ratio(p.grad.to_host(), floats(t, file, "grad/" + p.name), c.grad_rtol);
@@ -353,7 +358,7 @@ void check_precision(Device& device, Model& m, const PrecisionCase& c, const Ten
     const float l = m.forward(batch);
     worst_loss = std::max(worst_loss, double(std::abs(l - want_losses[s]) / std::abs(want_losses[s])));
     EXPECT_NEAR(l, want_losses[s], c.loss_rtol * std::abs(want_losses[s])) << "adamw step " << s;
-    scaled_backward(m, c);
+    scaled_backward(device, m, c);
     opt.begin_step(1.0);
     opt.step(m.params(), all);
   }
@@ -367,45 +372,58 @@ void check_precision(Device& device, Model& m, const PrecisionCase& c, const Ten
   m.set_compute_dtype(DDP_FLOAT32);
   load_weights(device, m, init, init_file);
   EXPECT_GT(std::abs(m.forward(batch) - want_loss), kFirstLossRtol * std::abs(want_loss)) << "float32's loss";
-  std::printf("%s %s: worst gradient %.3g of its tolerance, loss %.3g relative, weights %.3g absolute\n",
-              c.model.c_str(), c.tag.c_str(), worst, worst_loss, worst_final);
+  std::printf("%s %s %s: worst gradient %.3g of its tolerance, loss %.3g relative, weights %.3g absolute\n",
+              c.device.c_str(), c.model.c_str(), c.tag.c_str(), worst, worst_loss, worst_final);
 }
 
 // Its name, in the test's name (`# GetParam() = lm_tiny bf16`), not its bytes.
-void PrintTo(const PrecisionCase& c, std::ostream* os) { *os << c.model << " " << c.tag; }
+void PrintTo(const PrecisionCase& c, std::ostream* os) { *os << c.device << " " << c.model << " " << c.tag; }
 
 class PrecisionGolden : public ::testing::TestWithParam<PrecisionCase> {};
 
 TEST_P(PrecisionGolden, MatchesPyTorchRoundingAtTheSamePoints) {
   const PrecisionCase& c = GetParam();
-  CpuDevice cpu;
+  if (c.device == "cuda") {
+    DDP_REQUIRE_GPUS(1);
+  }
+  const std::unique_ptr<Device> device = test_device(c.device);
   const std::string init_file = fixture(c.model + "_golden.safetensors");
   const Tensors init = read_safetensors(init_file);
   if (c.model == "lm_tiny") {
-    LmModel m(lm_preset("lm-tiny"), cpu, 0);
+    LmModel m(lm_preset("lm-tiny"), *device, 0);
     const std::vector<int32_t> tokens = ints(init, "tokens");
     Batch batch;
     batch.tokens = tokens.data();
     batch.rows = 2;
-    check_precision(cpu, m, c, init, init_file, batch);
+    check_precision(*device, m, c, init, init_file, batch);
     return;
   }
-  MlpModel m(MlpConfig{32, 3, 10}, cpu, 0);
+  MlpModel m(MlpConfig{32, 3, 10}, *device, 0);
   const std::vector<float> x = floats(init, init_file, "x");
   const std::vector<int32_t> labels = ints(init, "y");
   Batch batch;
   batch.x = x.data();
   batch.labels = labels.data();
   batch.rows = 8;
-  check_precision(cpu, m, c, init, init_file, batch);
+  check_precision(*device, m, c, init, init_file, batch);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cpu, PrecisionGolden,
-                         ::testing::Values(PrecisionCase{"lm_tiny", "bf16", DDP_BFLOAT16, 2e-2, 2e-3, 5e-2},
-                                           PrecisionCase{"lm_tiny", "fp16", DDP_FLOAT16, 5e-3, 2e-4, 5e-2},
-                                           PrecisionCase{"mlp", "bf16", DDP_BFLOAT16, 2e-2, 2e-3, 5e-2},
-                                           PrecisionCase{"mlp", "fp16", DDP_FLOAT16, 5e-3, 2e-4, 5e-2}),
+// The same cases on each device: the CPU emulates the 16-bit products, a
+// GPU runs them on cuBLAS (skipped without one). The tolerances are the
+// CPU's reasons: another summation order, a rounding that flips.
+std::vector<PrecisionCase> precision_cases(const std::string& device) {
+  return {PrecisionCase{device, "lm_tiny", "bf16", DDP_BFLOAT16, 2e-2, 2e-3, 5e-2},
+          PrecisionCase{device, "lm_tiny", "fp16", DDP_FLOAT16, 5e-3, 2e-4, 5e-2},
+          PrecisionCase{device, "mlp", "bf16", DDP_BFLOAT16, 2e-2, 2e-3, 5e-2},
+          PrecisionCase{device, "mlp", "fp16", DDP_FLOAT16, 5e-3, 2e-4, 5e-2}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, PrecisionGolden, ::testing::ValuesIn(precision_cases("cpu")),
                          [](const auto& info) { return info.param.model + "_" + info.param.tag; });
+#if DDP_WITH_CUDA
+INSTANTIATE_TEST_SUITE_P(Cuda, PrecisionGolden, ::testing::ValuesIn(precision_cases("cuda")),
+                         [](const auto& info) { return info.param.model + "_" + info.param.tag; });
+#endif
 
 #if DDP_WITH_CUDA
 INSTANTIATE_TEST_SUITE_P(Device, Golden, ::testing::Values("cpu", "cuda"),

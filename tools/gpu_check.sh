@@ -364,12 +364,8 @@ if wanted precision; then
       set -e
       { echo "== ddp $preset $compute (exit $rc)"; cat "$out/precision.part"; } >>"$log"
       if [ $rc -ne 0 ]; then
-        if grep -q "runs on the CPU only in this build" "$out/precision.part"; then
-          echo "$preset,$batch,ddp $compute,,,refused: the CUDA path computes in float32 (not built)" >>"$csv"
-        else
-          status=1
-          echo "$preset,$batch,ddp $compute,,,failed (exit $rc)" >>"$csv"
-        fi
+        status=1
+        echo "$preset,$batch,ddp $compute,,,failed (exit $rc)" >>"$csv"
         continue
       fi
       python3 - "$dir/summary.json" "$preset,$batch,ddp $compute" >>"$csv" <<'EOF' || { status=1; echo "$preset,$batch,ddp $compute,,,summary.json unreadable" >>"$csv"; }

@@ -243,8 +243,8 @@ std::vector<UnfreezeConfig> read_unfreeze(const ConfigReader& r) {
   return unfreeze;
 }
 
-// [precision]: 16-bit compute is the CPU's (emulated) alone for now.
-PrecisionConfig read_precision(const ConfigReader& r, ddp_device_kind device) {
+// [precision]: the CPU emulates 16-bit compute, CUDA runs it on cuBLAS.
+PrecisionConfig read_precision(const ConfigReader& r) {
   PrecisionConfig p;
   // A dtype key's value: one of compute_name's.
   const auto dtype = [&](const char* key) {
@@ -252,11 +252,6 @@ PrecisionConfig read_precision(const ConfigReader& r, ddp_device_kind device) {
     return value == "bf16" ? DDP_BFLOAT16 : value == "fp16" ? DDP_FLOAT16 : DDP_FLOAT32;
   };
   p.compute = dtype("compute");
-  if (p.compute != DDP_FLOAT32 && device == DDP_DEVICE_CUDA)
-    throw ConfigError(r.where(*r.find("precision", "compute")) + ": key 'precision.compute' = \"" +
-                      compute_name(p.compute) +
-                      "\" runs on the CPU only in this build (the CUDA kernels compute in float32): use run.device "
-                      "= \"cpu\" or precision.compute = \"fp32\"");
   p.reduce = dtype("reduce");
   const char* scaling = p.compute == DDP_FLOAT16 ? "dynamic" : "none";
   p.loss_scale = r.one_of("precision", "loss_scale", scaling, {"dynamic", "none"}) == "dynamic";
@@ -318,7 +313,7 @@ Config validate_config(const toml::table& doc, const std::string& file) {
   c.checkpoint.dir = r.directory("checkpoint", "dir", (fs::path(c.run.output_dir) / "checkpoints").string());
   c.checkpoint.keep = r.integer("checkpoint", "keep", 2, 1);
   c.eval = read_eval(r, c.data);
-  c.precision = read_precision(r, c.run.device);
+  c.precision = read_precision(r);
   c.data.holdout_rows = c.eval.holdout_rows;
   c.transport_plugin = r.string("transport", "plugin", "gloo");
   c.strategy_plugin = r.string("strategy", "plugin", "naive");

@@ -49,6 +49,8 @@ CublasLib load() {
   api.set_math_mode = entry<decltype(api.set_math_mode)>(lib, "cublasSetMathMode");
   api.sgemm = entry<decltype(api.sgemm)>(lib, "cublasSgemm_v2");
   api.sgemm_strided_batched = entry<decltype(api.sgemm_strided_batched)>(lib, "cublasSgemmStridedBatched");
+  api.gemm_ex = entry<decltype(api.gemm_ex)>(lib, "cublasGemmEx");
+  api.gemm_strided_batched_ex = entry<decltype(api.gemm_strided_batched_ex)>(lib, "cublasGemmStridedBatchedEx");
   api.status_name = entry<decltype(api.status_name)>(lib, "cublasGetStatusName");
   api.status_string = entry<decltype(api.status_string)>(lib, "cublasGetStatusString");
   return api;

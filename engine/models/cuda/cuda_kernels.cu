@@ -1,7 +1,8 @@
 // cuda_kernels.cu — the models' kernels (kernels.h) on a CUDA GPU: the
 // functions of layers.h, enqueued in call order on one stream. GEMMs are
-// cuBLAS in float32 (no TF32), the rest are the CUDA kernels below, one
-// group per layer. They compute what the CPU does to float32 rounding
+// cuBLAS (cuda_gemm.h: float32 without TF32, or the compute dtype's 16-bit
+// inputs on the tensor cores), the rest are the CUDA kernels below, one
+// group per layer, in float32. They compute what the CPU does to float32 rounding
 // (agreement 1e-5 relative is tested in tests/cuda_kernels_test.cpp):
 // accurate expf/logf/sqrtf and IEEE division (no fast math), the CPU's order
 // of operations within an element, and sums in double where the CPU sums in
@@ -14,8 +15,8 @@
 // deterministic on one GPU model and toolkit).
 //
 // Deliberately absent: fused or flash attention (p is materialised as the
-// CPU does, and the causal GEMMs compute the masked half too), half
-// precision, any tuning beyond a sensible launch geometry.
+// CPU does, and the causal GEMMs compute the masked half too), 16-bit
+// elementwise kernels, any tuning beyond a sensible launch geometry.
 //
 // Every call runs on the device current when the kernels were made. A CUDA
 // or cuBLAS failure throws Error naming the call and CUDA's message. The
@@ -31,8 +32,8 @@
 
 #include <ddp/numeric.h>
 
-#include "cuda/cublas_lib.h"
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_gemm.h"
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_ops.h"
 #include "error.h"
@@ -46,12 +47,7 @@ namespace {
 
 using cuda::check;
 
-void check(cublasStatus_t s, const std::string& what) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw Error(what + ": " + cuda::cublas().status_name(s) + " (" + cuda::cublas().status_string(s) + ")");
-}
-
-// cuBLAS takes int sizes; one-block-per-row grids take int counts too.
+// One-block-per-row grids take int counts.
 int to_int(int64_t v, const char* what) {
   if (v < 0 || v > INT_MAX)
     throw Error(std::string("CUDA kernels: ") + what + " = " + std::to_string(v) +
@@ -71,12 +67,8 @@ constexpr size_t kSlotBytes = size_t{1} << 20;
 
 class CudaKernels final : public Kernels {
  public:
-  explicit CudaKernels(cudaStream_t stream) : stream_(stream) {
+  explicit CudaKernels(cudaStream_t stream) : stream_(stream), gemms_(stream) {
     try {
-      check(cuda::cublas().create(&blas_), "cublasCreate");
-      check(cuda::cublas().set_stream(blas_, stream_), "cublasSetStream");
-      // float32 throughout: no TF32 (cuBLAS's default, stated so it stays).
-      check(cuda::cublas().set_math_mode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
       for (Slot& slot : slots_) check(cudaEventCreateWithFlags(&slot.sent, cudaEventDisableTiming), "cudaEventCreate");
       check(cudaMallocHost(&host_sum_, sizeof(double)), "cudaMallocHost");
     } catch (...) {
@@ -89,13 +81,8 @@ class CudaKernels final : public Kernels {
   CudaKernels& operator=(const CudaKernels&) = delete;
 
   ddp_device_kind kind() const override { return DDP_DEVICE_CUDA; }
-  void set_compute_dtype(ddp_dtype dtype) override {
-    if (dtype != DDP_FLOAT32)
-      throw Error(std::string("the CUDA kernels compute in float32 only (asked for ") + ddp_dtype_name(dtype) +
-                      "); 16-bit compute runs on the CPU, emulated",
-                  DDP_ERR_UNSUPPORTED);
-  }
-  ddp_dtype compute_dtype() const override { return DDP_FLOAT32; }
+  void set_compute_dtype(ddp_dtype dtype) override { gemms_.set_inputs(dtype); }
+  ddp_dtype compute_dtype() const override { return gemms_.inputs(); }
 
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
@@ -123,22 +110,22 @@ class CudaKernels final : public Kernels {
   }
 
   // ---- linear ------------------------------------------------------------------
-  // Row-major operands as layers.cpp's cblas calls, through gemm() below.
+  // Row-major operands as layers.cpp's cblas calls, through gemms_ (cuda_gemm.h).
 
   void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out,
                       bool accumulate) override {
     // y[n, out] (+)= x[n, in] · w[out, in]^T
-    gemm(false, true, n, out, in, 1.0f, x, in, w, in, accumulate ? 1.0f : 0.0f, y, out);
+    gemms_.gemm(false, true, n, out, in, 1.0f, x, in, w, in, accumulate ? 1.0f : 0.0f, y, out);
   }
   void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out,
                              bool accumulate, float alpha) override {
     // dx[n, in] (+)= alpha * dy[n, out] · w[out, in]
-    gemm(false, false, n, in, out, alpha, dy, out, w, in, accumulate ? 1.0f : 0.0f, dx, in);
+    gemms_.gemm(false, false, n, in, out, alpha, dy, out, w, in, accumulate ? 1.0f : 0.0f, dx, in);
   }
   void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in, int64_t out,
                               float alpha) override {
     // dw[out, in] += alpha * dy[n, out]^T · x[n, in]
-    gemm(true, false, out, in, n, alpha, dy, out, x, in, 1.0f, dw, in);
+    gemms_.gemm(true, false, out, in, n, alpha, dy, out, x, in, 1.0f, dw, in);
   }
 
   void bias_forward(float* y, const float* b, int64_t n, int64_t out) override {
@@ -222,7 +209,8 @@ class CudaKernels final : public Kernels {
     for (int64_t s = 0; s < b; ++s) {
       const int64_t off = s * t * d;  // sequence s; head h at + h*dh
       // scores p_h[t, t] = q_h[t, dh] · k_h[t, dh]^T / sqrt(dh)
-      gemm_heads(false, true, t, t, dh, scale, q + off, d, dh, k + off, d, dh, 0.0f, p + s * heads * tt, t, tt, heads);
+      gemms_.gemm_heads(false, true, t, t, dh, scale, q + off, d, dh, k + off, d, dh, 0.0f, p + s * heads * tt, t, tt,
+                        heads);
     }
     const int64_t rows = b * heads * t;
     causal_softmax_kernel<<<blocks((rows + kRowsPerBlock - 1) / kRowsPerBlock, "attention rows"), kThreads, 0,
@@ -231,8 +219,8 @@ class CudaKernels final : public Kernels {
     for (int64_t s = 0; s < b; ++s) {
       const int64_t off = s * t * d;
       // out_h[t, dh] = p_h[t, t] · v_h[t, dh]
-      gemm_heads(false, false, t, dh, t, 1.0f, p + s * heads * tt, t, tt, v + off, d, dh, 0.0f, out + off, d, dh,
-                 heads);
+      gemms_.gemm_heads(false, false, t, dh, t, 1.0f, p + s * heads * tt, t, tt, v + off, d, dh, 0.0f, out + off, d, dh,
+                        heads);
     }
   }
 
@@ -247,10 +235,10 @@ class CudaKernels final : public Kernels {
       const int64_t off = s * t * d;
       const float* ps = p + s * heads * tt;
       // dp_h[t, t] = dout_h[t, dh] · v_h[t, dh]^T
-      gemm_heads(false, true, t, t, dh, 1.0f, dout + off, d, dh, v + off, d, dh, 0.0f, scratch + s * heads * tt, t, tt,
-                 heads);
+      gemms_.gemm_heads(false, true, t, t, dh, 1.0f, dout + off, d, dh, v + off, d, dh, 0.0f, scratch + s * heads * tt,
+                        t, tt, heads);
       // dv_h[t, dh] = p_h[t, t]^T · dout_h[t, dh]
-      gemm_heads(true, false, t, dh, t, 1.0f, ps, t, tt, dout + off, d, dh, 0.0f, dv + off, d, dh, heads);
+      gemms_.gemm_heads(true, false, t, dh, t, 1.0f, ps, t, tt, dout + off, d, dh, 0.0f, dv + off, d, dh, heads);
     }
     const int64_t rows = b * heads * t;
     causal_softmax_backward_kernel<<<blocks((rows + kRowsPerBlock - 1) / kRowsPerBlock, "attention rows"), kThreads, 0,
@@ -260,8 +248,8 @@ class CudaKernels final : public Kernels {
       const int64_t off = s * t * d;
       const float* ds = scratch + s * heads * tt;
       // dq_h[t, dh] = ds_h[t, t] · k_h[t, dh];  dk_h[t, dh] = ds_h[t, t]^T · q_h[t, dh]
-      gemm_heads(false, false, t, dh, t, 1.0f, ds, t, tt, k + off, d, dh, 0.0f, dq + off, d, dh, heads);
-      gemm_heads(true, false, t, dh, t, 1.0f, ds, t, tt, q + off, d, dh, 0.0f, dk + off, d, dh, heads);
+      gemms_.gemm_heads(false, false, t, dh, t, 1.0f, ds, t, tt, k + off, d, dh, 0.0f, dq + off, d, dh, heads);
+      gemms_.gemm_heads(true, false, t, dh, t, 1.0f, ds, t, tt, q + off, d, dh, 0.0f, dk + off, d, dh, heads);
     }
   }
 
@@ -330,35 +318,6 @@ class CudaKernels final : public Kernels {
   }
 
  private:
-  // Row-major GEMM, the arguments of cblas_sgemm(CblasRowMajor, ...):
-  // c[m, n] = alpha * op(a)[m, k] · op(b)[k, n] + beta * c, each with its
-  // row stride (lda, ldb, ldc). cuBLAS is column-major, and a row-major
-  // X[r, c] with row stride ld is, read column-major, X^T[c, r] with leading
-  // dimension ld. So C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T:
-  // the column-major call takes b first and a second, n and m swapped, and
-  // each operand keeps its own transpose flag.
-  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
-            int64_t ldb, float beta, float* c, int64_t ldc) {
-    if (m == 0 || n == 0) return;
-    check(cuda::cublas().sgemm(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                               to_int(n, "gemm n"), to_int(m, "gemm m"), to_int(k, "gemm k"), &alpha, b,
-                               to_int(ldb, "gemm ldb"), a, to_int(lda, "gemm lda"), &beta, c, to_int(ldc, "gemm ldc")),
-          "cublasSgemm");
-  }
-
-  // gemm() over `batch` matrix triples, the i-th at a + i*sa, b + i*sb,
-  // c + i*sc (the heads of one sequence; same mapping to column-major).
-  void gemm_heads(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                  int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, float* c, int64_t ldc, int64_t sc,
-                  int64_t batch) {
-    if (m == 0 || n == 0 || batch == 0) return;
-    check(cuda::cublas().sgemm_strided_batched(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                               to_int(n, "gemm n"), to_int(m, "gemm m"), to_int(k, "gemm k"), &alpha, b,
-                                               to_int(ldb, "gemm ldb"), sb, a, to_int(lda, "gemm lda"), sa, &beta, c,
-                                               to_int(ldc, "gemm ldc"), sc, to_int(batch, "gemm batch")),
-          "cublasSgemmStridedBatched");
-  }
-
   void rope(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads, int64_t dh, float sign) {
     const int64_t pairs = b * t * heads * (dh / 2);
     if (pairs == 0) return;
@@ -402,7 +361,6 @@ class CudaKernels final : public Kernels {
   // errors (a failed stream has reported them).
   void release() noexcept {
     cudaDeviceSynchronize();
-    if (blas_) cuda::cublas().destroy(blas_);
     for (Slot& slot : slots_) {
       if (slot.sent) cudaEventDestroy(slot.sent);
       if (slot.host) cudaFreeHost(slot.host);
@@ -411,13 +369,12 @@ class CudaKernels final : public Kernels {
     if (host_sum_) cudaFreeHost(host_sum_);
     if (scratch_) cudaFree(scratch_);
     cudaGetLastError();
-    blas_ = nullptr;
     host_sum_ = nullptr;
     scratch_ = nullptr;
   }
 
   cudaStream_t stream_;
-  cublasHandle_t blas_ = nullptr;
+  cuda::Gemms gemms_;  // the GEMMs, in the compute dtype
   struct Slot {
     void* host = nullptr;        // pinned [kSlotBytes], allocated at its first use
     cudaEvent_t sent = nullptr;  // recorded after the copy out of it

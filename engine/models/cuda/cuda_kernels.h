@@ -1,6 +1,7 @@
 // cuda_kernels.h — the models' kernels (kernels.h) on a CUDA GPU: cuBLAS for
-// the GEMMs (no TF32: float32 throughout), CUDA kernels for the rest, all
-// enqueued on one stream. Only in builds with DDP_WITH_CUDA.
+// the GEMMs (cuda_gemm.h: float32 without TF32, or 16-bit inputs in the
+// compute dtype), CUDA kernels for the rest, all enqueued on one stream.
+// Only in builds with DDP_WITH_CUDA.
 #pragma once
 
 #include <memory>
