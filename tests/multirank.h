@@ -198,7 +198,7 @@ inline std::vector<std::string> fork_ranks(int world, const RankBody& body, int 
   for (int rank = 0; rank < world; ++rank)
     if (pids[static_cast<size_t>(rank)] < 0) done[static_cast<size_t>(rank)] = true;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  int first_failed = -1;  // the first rank seen to fail; its peers then get grace_s
+  int first_failed = -1;  // the first rank seen to fail, where its grace ends before the deadline
   for (;;) {
     bool all = true;
     for (int rank = 0; rank < world; ++rank) {
@@ -208,9 +208,10 @@ inline std::vector<std::string> fork_ranks(int world, const RankBody& body, int 
       if (got == pids[r]) {
         done[r] = true;
         const bool failed = !(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0);
-        if (failed && first_failed < 0) {
+        const auto grace_end = std::chrono::steady_clock::now() + std::chrono::seconds(grace_s);
+        if (failed && first_failed < 0 && grace_end < deadline) {
           first_failed = rank;
-          deadline = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(grace_s));
+          deadline = grace_end;
         }
       } else {
         all = false;

@@ -140,10 +140,9 @@ Footprint lm_footprint(const LmConfig& c, int64_t rows, ddp_device_kind device, 
   const int64_t half = c.d_model / c.num_heads / 2;
   const int64_t kFloat = 4;
   f.setup_activation_bytes = 2 * c.context_length * half * kFloat;  // RoPE cos, sin
-  const std::vector<ActBuffer> buffers = LmModel::activation_shapes(c, rows, device, compute);
-  f.step_activation_bytes = act_bytes(buffers);
-  int64_t floats = 0;  // elements, whatever their dtype
-  for (const ActBuffer& b : buffers) floats += numel(b.shape);
+  f.step_activation_bytes = act_bytes(LmModel::activation_shapes(c, rows, device, compute));
+  int64_t floats = 0;  // the elements, without a 16-bit compute's float32 working copies (mesh.h prices them)
+  for (const ActBuffer& b : LmModel::activation_shapes(c, rows, device, DDP_FLOAT32)) floats += numel(b.shape);
   if (rows > 0 && c.context_length > 0)
     f.saved_elements_per_token = static_cast<double>(floats) / static_cast<double>(rows * c.context_length);
   return f;

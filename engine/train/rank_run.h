@@ -164,6 +164,7 @@ class RankRun {
   int64_t tokens_per_row_ = 1;          // positions a row trains (lm: context_length)
   std::vector<size_t> trainable_;       // indices of trainable parameters
   std::vector<GradSpan> spans_;         // held_gradients', kept
+  bool norm_global_ = false;            // gradient_norm's last added every rank's part (the same on every rank)
   std::vector<StepRange> step_ranges_;  // run_optimizer_ranges', kept
   std::vector<size_t> unnamed_;         // step_in_final_order's, kept
   std::vector<int> remaining_uses_;     // per parameter, this micro-batch's backward

@@ -316,8 +316,10 @@ void RankRun::unscale_gradients(StepRecord& rec) {
   // overflow.
   const double norm = gradient_norm(/*clip=*/true, 1.0 / scale_.scale);
   const int world = env_.rank.world_size;
-  std::vector<double> found(size_t(world), norm <= FLT_MAX ? 0.0 : 1.0);      // (NaN: found)
-  if (world > 1) plugins_->all_gather(std::vector<double>{found[0]}, found);  // every rank decides alike
+  std::vector<double> found(size_t(world), norm <= FLT_MAX ? 0.0 : 1.0);  // (NaN: found)
+  // Every rank decides alike: a norm made of every rank's part already is
+  // every rank's verdict; else the ranks gather theirs.
+  if (world > 1 && !norm_global_) plugins_->all_gather(std::vector<double>{found[0]}, found);
   rec.step_skipped = std::any_of(found.begin(), found.end(), [](double f) { return f != 0.0; });
   services_.step_skipped = rec.step_skipped;      // ddp_host::step_skipped, until on_step_end returns
   if (rec.step_skipped) optimizer_->skip_step();  // run_optimizer* update nothing this step
@@ -339,6 +341,7 @@ double RankRun::gradient_norm(bool clip, double unscale) {
     device_->comm_stream().synchronize();
   }
   const bool gather = held_gradients(spans_);
+  norm_global_ = gather;
   // held_ranges (1.9): what every rank holds travels with the norm's
   // gather, checked to cover each trainable parameter once.
   const bool check = plugins_->has_held_ranges();

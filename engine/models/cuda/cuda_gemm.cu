@@ -34,6 +34,20 @@ int to_int(int64_t v, const char* what) {
 
 cublasOperation_t op(bool transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
+// A GEMM's sizes as cuBLAS takes them.
+struct Dims {
+  int m;
+  int n;
+  int k;
+  int lda;
+  int ldb;
+  int ldc;
+};
+Dims dims(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc) {
+  return {to_int(m, "gemm m"),     to_int(n, "gemm n"),     to_int(k, "gemm k"),
+          to_int(lda, "gemm lda"), to_int(ldb, "gemm ldb"), to_int(ldc, "gemm ldc")};
+}
+
 // The elements an operand of `rows` x `cols` (as stored) with row stride
 // `ld` spans, `batch` of them `stride` apart: what rounding it must cover.
 size_t span(int64_t rows, int64_t cols, int64_t ld, int64_t batch = 1, int64_t stride = 0) {
@@ -89,21 +103,17 @@ const void* Gemms::rounded(int slot, const float* p, size_t count) {
 void Gemms::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  const int im = to_int(m, "gemm m");
-  const int in = to_int(n, "gemm n");
-  const int ik = to_int(k, "gemm k");
-  const int ilda = to_int(lda, "gemm lda");
-  const int ildb = to_int(ldb, "gemm ldb");
-  const int ildc = to_int(ldc, "gemm ldc");
+  const Dims d = dims(m, n, k, lda, ldb, ldc);
   if (inputs_ == DDP_FLOAT32 || k == 0) {
-    check(cublas().sgemm(blas_, op(tb), op(ta), in, im, ik, &alpha, b, ildb, a, ilda, &beta, c, ildc), "cublasSgemm");
+    check(cublas().sgemm(blas_, op(tb), op(ta), d.n, d.m, d.k, &alpha, b, d.ldb, a, d.lda, &beta, c, d.ldc),
+          "cublasSgemm");
     return;
   }
   const cudaDataType_t type = inputs_ == DDP_BFLOAT16 ? CUDA_R_16BF : CUDA_R_16F;
   const void* ra = rounded(0, a, span(ta ? k : m, ta ? m : k, lda));
   const void* rb = rounded(1, b, span(tb ? n : k, tb ? k : n, ldb));
-  check(cublas().gemm_ex(blas_, op(tb), op(ta), in, im, ik, &alpha, rb, type, ildb, ra, type, ilda, &beta, c,
-                         CUDA_R_32F, ildc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  check(cublas().gemm_ex(blas_, op(tb), op(ta), d.n, d.m, d.k, &alpha, rb, type, d.ldb, ra, type, d.lda, &beta, c,
+                         CUDA_R_32F, d.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx");
 }
 
@@ -111,24 +121,19 @@ void Gemms::gemm_heads(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
                        int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, float* c, int64_t ldc,
                        int64_t sc, int64_t batch) {
   if (m == 0 || n == 0 || batch == 0) return;
-  const int im = to_int(m, "gemm m");
-  const int in = to_int(n, "gemm n");
-  const int ik = to_int(k, "gemm k");
-  const int ilda = to_int(lda, "gemm lda");
-  const int ildb = to_int(ldb, "gemm ldb");
-  const int ildc = to_int(ldc, "gemm ldc");
+  const Dims d = dims(m, n, k, lda, ldb, ldc);
   const int ibatch = to_int(batch, "gemm batch");
   if (inputs_ == DDP_FLOAT32 || k == 0) {
-    check(cublas().sgemm_strided_batched(blas_, op(tb), op(ta), in, im, ik, &alpha, b, ildb, sb, a, ilda, sa, &beta, c,
-                                         ildc, sc, ibatch),
+    check(cublas().sgemm_strided_batched(blas_, op(tb), op(ta), d.n, d.m, d.k, &alpha, b, d.ldb, sb, a, d.lda, sa,
+                                         &beta, c, d.ldc, sc, ibatch),
           "cublasSgemmStridedBatched");
     return;
   }
   const cudaDataType_t type = inputs_ == DDP_BFLOAT16 ? CUDA_R_16BF : CUDA_R_16F;
   const void* ra = rounded(0, a, span(ta ? k : m, ta ? m : k, lda, batch, sa));
   const void* rb = rounded(1, b, span(tb ? n : k, tb ? k : n, ldb, batch, sb));
-  check(cublas().gemm_strided_batched_ex(blas_, op(tb), op(ta), in, im, ik, &alpha, rb, type, ildb, sb, ra, type, ilda,
-                                         sa, &beta, c, CUDA_R_32F, ildc, sc, ibatch, CUBLAS_COMPUTE_32F,
+  check(cublas().gemm_strided_batched_ex(blas_, op(tb), op(ta), d.n, d.m, d.k, &alpha, rb, type, d.ldb, sb, ra, type,
+                                         d.lda, sa, &beta, c, CUDA_R_32F, d.ldc, sc, ibatch, CUBLAS_COMPUTE_32F,
                                          CUBLAS_GEMM_DEFAULT),
         "cublasGemmStridedBatchedEx");
 }
