@@ -349,7 +349,7 @@ fi
 if wanted precision; then
   say "precision"
   csv="$out/precision.csv" log="$out/precision.log"
-  echo "model,batch,run,mean_step_s,final_loss,status" >"$csv"
+  echo "model,batch,run,mean_step_s,final_loss,activations_gb,peak_gb,status" >"$csv"
   : >"$log"
   mkdir -p "$out/precision"
   for spec in small:8:20 large:32:12; do
@@ -365,14 +365,16 @@ if wanted precision; then
       { echo "== ddp $preset $compute (exit $rc)"; cat "$out/precision.part"; } >>"$log"
       if [ $rc -ne 0 ]; then
         status=1
-        echo "$preset,$batch,ddp $compute,,,failed (exit $rc)" >>"$csv"
+        echo "$preset,$batch,ddp $compute,,,,,failed (exit $rc)" >>"$csv"
         continue
       fi
-      python3 - "$dir/summary.json" "$preset,$batch,ddp $compute" >>"$csv" <<'EOF' || { status=1; echo "$preset,$batch,ddp $compute,,,summary.json unreadable" >>"$csv"; }
+      python3 - "$dir/summary.json" "$preset,$batch,ddp $compute" >>"$csv" <<'EOF' || { status=1; echo "$preset,$batch,ddp $compute,,,,,summary.json unreadable" >>"$csv"; }
 import json, sys
 s = json.load(open(sys.argv[1]))
 steps = s["step_time_s"][3:] or s["step_time_s"]
-print(f'{sys.argv[2]},{sum(steps) / len(steps):.5f},{s["loss"][-1]:.4f},ok')
+peak = s["ranks"][0]["peak_bytes"]  # rank 0's peak per category over the run
+print(f'{sys.argv[2]},{sum(steps) / len(steps):.5f},{s["loss"][-1]:.4f},{peak["activations"] / 1e9:.2f},'
+      f'{sum(peak.values()) / 1e9:.2f},ok')
 EOF
     done
     for precision in fp32 bf16; do
@@ -382,17 +384,19 @@ EOF
       rc=$?
       set -e
       if [ $rc -eq 0 ]; then
-        python3 - "$out/precision.part" "$preset,$batch" >>"$csv" <<'EOF' || { status=1; echo "$preset,$batch,pytorch,,,output unreadable" >>"$csv"; }
+        python3 - "$out/precision.part" "$preset,$batch" >>"$csv" <<'EOF' || { status=1; echo "$preset,$batch,pytorch,,,,,output unreadable" >>"$csv"; }
 import json, sys
 r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 fast = " + sdpa" * r["sdpa"] + " + fused adamw" * ("fused" in r["optimizer"])
-print(f'{sys.argv[2]},pytorch {r["torch"]} {r["precision"]}{fast},{r["step_s_mean"]:.5f},{r["final_loss"]:.4f},ok')
+peak = f'{r["peak_bytes"] / 1e9:.2f}' if r.get("peak_bytes") else ""
+print(f'{sys.argv[2]},pytorch {r["torch"]} {r["precision"]}{fast},{r["step_s_mean"]:.5f},{r["final_loss"]:.4f},,'
+      f'{peak},ok')
 EOF
       elif tail -1 "$log" | grep -q "No module named 'torch'"; then
-        echo "$preset,$batch,pytorch $precision,,,skipped (no torch)" >>"$csv"
+        echo "$preset,$batch,pytorch $precision,,,,,skipped (no torch)" >>"$csv"
       else
         status=1
-        echo "$preset,$batch,pytorch $precision,,,failed (exit $rc)" >>"$csv"
+        echo "$preset,$batch,pytorch $precision,,,,,failed (exit $rc)" >>"$csv"
       fi
     done
   done

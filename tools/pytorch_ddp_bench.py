@@ -256,6 +256,8 @@ def train(a):
         "sdpa": a.sdpa,
         "bucket_cap_mb": a.bucket_cap_mb if a.world > 1 else None,
         "step_time_s": every,
+        # torch.cuda.max_memory_allocated(): the GPU memory its tensors peaked at (None on the CPU)
+        "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
         "loss": loss_per_step,
         "forward_s": None if cuda else [p[0] for p in phases],
         "backward_s": None if cuda else [p[1] for p in phases],
