@@ -305,41 +305,64 @@ TEST(CudaKernels, SixteenBitLinearMatchesTheCpuEmulation) {
   }
 }
 
-// Attention's four products in 16 bits. The scores and p agree to the sums'
-// order; p v and the backward products read values rounded to 16 bits
-// from float32 values that differ in their last bits between the devices,
-// and a value next to a rounding boundary rounds the other way on one of
-// them: one 16-bit ulp (2^-8 in bf16) in one input of a sum, hence the
-// 16-bit format's own tolerance for those. The layout is what this checks.
+// Attention in 16 bits: the GPU's fused kernels (cuda/fused_attention.h:
+// no [t, t] weights, p holds each row's softmax max and sum) against the
+// CPU's emulation (the weights materialised, the four products rounding
+// their inputs). Both round the same values at the same points, but a
+// weight or ds computed with another summation order (and another exp)
+// may land next to a 16-bit rounding boundary and round the other way:
+// one 16-bit ulp (2^-8 in bf16) in one input of a sum, hence the 16-bit
+// format's own tolerance. What this checks is the layout, the causal mask
+// and the formulas; and that the fused kernels repeat bit for bit.
 TEST(CudaKernels, SixteenBitAttentionMatchesTheCpuEmulation) {
   DDP_REQUIRE_GPUS(1);
   Both k;
   std::mt19937 rng(13);
-  const int64_t b = 2, t = 70, heads = 3, dh = 16;
-  const size_t size = b * t * heads * dh, psize = b * heads * t * t;
   for (const ddp_dtype dtype : {DDP_BFLOAT16, DDP_FLOAT16}) {
     SCOPED_TRACE(ddp_dtype_name(dtype));
     k.cpu->set_compute_dtype(dtype);
     k.gpu->set_compute_dtype(dtype);
+    ASSERT_FALSE(attention_keeps_weights(DDP_DEVICE_CUDA, dtype));
     const double loose = dtype == DDP_BFLOAT16 ? 1e-2 : 2e-3;
-    const Vec q = uniform(size, rng), kk = uniform(size, rng), v = uniform(size, rng), dout = uniform(size, rng);
-    Buf<float> gq(q), gk(kk), gv(v), gdout(dout);
-    Buf<float> gout = Buf<float>::nan(size), gp = Buf<float>::nan(psize);
-    Buf<float> gdq = Buf<float>::nan(size), gdk = Buf<float>::nan(size), gdv = Buf<float>::nan(size);
-    Buf<float> gscratch = Buf<float>::nan(k.gpu->attention_scratch_floats(b, t, heads));
-    Vec out(size), p(psize), dq(size), dk(size), dv(size), scratch(k.cpu->attention_scratch_floats(b, t, heads));
-    k.cpu->attention_forward(out.data(), p.data(), q.data(), kk.data(), v.data(), b, t, heads, dh);
-    k.gpu->attention_forward(gout.get(), gp.get(), gq.get(), gk.get(), gv.get(), b, t, heads, dh);
-    expect_close("p", k.get(gp), p, kRtol16 * 1e-2, kRtol16);
-    expect_close("out", k.get(gout), out, loose * rms(out), loose);
-    Buf<float> gp_cpu(p);
-    k.cpu->attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), p.data(), q.data(),
-                              kk.data(), v.data(), b, t, heads, dh);
-    k.gpu->attention_backward(gdq.get(), gdk.get(), gdv.get(), gscratch.get(), gdout.get(), gp_cpu.get(), gq.get(),
-                              gk.get(), gv.get(), b, t, heads, dh);
-    expect_close("dv", k.get(gdv), dv, kRtol16 * rms(dv), kRtol16);  // p and dout as the CPU's: no flip
-    expect_close("dq", k.get(gdq), dq, loose * rms(dq), loose);
-    expect_close("dk", k.get(gdk), dk, loose * rms(dk), loose);
+    struct Shape {
+      int64_t b, t, heads, dh;
+    };
+    // dh 16 (lm-tiny's), 64 (small's, large's), 80 (a lane with a partial third element).
+    for (const Shape s : {Shape{1, 1, 1, 16}, Shape{2, 70, 3, 64}, Shape{1, 33, 2, 80}}) {
+      SCOPED_TRACE(shape({{"b", s.b}, {"t", s.t}, {"heads", s.heads}, {"dh", s.dh}}));
+      const size_t size = s.b * s.t * s.heads * s.dh, psize = s.b * s.heads * s.t * s.t;
+      const size_t stats = s.b * s.heads * s.t * 2;
+      const Vec q = uniform(size, rng), kk = uniform(size, rng), v = uniform(size, rng), dout = uniform(size, rng);
+      Buf<float> gq(q), gk(kk), gv(v), gdout(dout);
+      Buf<float> gout = Buf<float>::nan(size), gp = Buf<float>::nan(stats);
+      Buf<float> gdq = Buf<float>::nan(size), gdk = Buf<float>::nan(size), gdv = Buf<float>::nan(size);
+      ASSERT_EQ(k.gpu->attention_scratch_floats(s.b, s.t, s.heads), size_t(s.b * s.heads * s.t));
+      Buf<float> gscratch = Buf<float>::nan(k.gpu->attention_scratch_floats(s.b, s.t, s.heads));
+      Vec out(size), p(psize), dq(size), dk(size), dv(size);
+      Vec scratch(k.cpu->attention_scratch_floats(s.b, s.t, s.heads));
+      k.cpu->attention_forward(out.data(), p.data(), q.data(), kk.data(), v.data(), s.b, s.t, s.heads, s.dh);
+      k.gpu->attention_forward(gout.get(), gp.get(), gq.get(), gk.get(), gv.get(), s.b, s.t, s.heads, s.dh);
+      expect_close("out", k.get(gout), out, loose * rms(out), loose);
+      const Vec st = k.get(gp);  // row i: sum_j<=i exp(s_ij - max) is in [1, i + 1]
+      for (size_t r = 0; r < stats / 2; ++r) {
+        const double i = double(r % size_t(s.t));
+        ASSERT_TRUE(std::isfinite(st[2 * r]) && st[2 * r + 1] >= 1.0f && st[2 * r + 1] <= i + 1 + 1e-3) << r;
+      }
+      k.cpu->attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), p.data(), q.data(),
+                                kk.data(), v.data(), s.b, s.t, s.heads, s.dh);
+      for (int run = 0; run < 2; ++run) {
+        const Vec before = run ? k.get(gdq) : Vec{};
+        k.gpu->attention_backward(gdq.get(), gdk.get(), gdv.get(), gscratch.get(), gdout.get(), gp.get(), gq.get(),
+                                  gk.get(), gv.get(), s.b, s.t, s.heads, s.dh);
+        if (run) {
+          expect_equal("dq again", k.get(gdq), before);
+          continue;
+        }
+        expect_close("dv", k.get(gdv), dv, loose * rms(dv), loose);
+        expect_close("dq", k.get(gdq), dq, loose * rms(dq), loose);
+        expect_close("dk", k.get(gdk), dk, loose * rms(dk), loose);
+      }
+    }
   }
 }
 

@@ -901,6 +901,32 @@ TEST(Footprint, LmKeepsItsActivationsInTheComputeDtype) {
   EXPECT_LT(ratio, 0.55);
 }
 
+// On a GPU in 16 bits attention is fused (kernels.h): p keeps each row's
+// max and sum [rows, H, T, 2] in float32 instead of the weights, the
+// scratch is [rows, H, T], and no float32 copy of p is made.
+TEST(Footprint, LmOnAGpuIn16BitsKeepsNoAttentionWeights) {
+  for (const char* preset : {"lm-tiny", "large"}) {
+    SCOPED_TRACE(preset);
+    const LmConfig c = lm_preset(preset);
+    const int64_t rows = 2, t = c.context_length, n = rows * t, h = c.num_heads;
+    const int64_t weights = rows * h * t * t, stats = rows * h * t * 2;
+    const int64_t cpu = lm_footprint(c, rows, DDP_DEVICE_CPU, DDP_BFLOAT16).step_activation_bytes;
+    const int64_t gpu = lm_footprint(c, rows, DDP_DEVICE_CUDA, DDP_BFLOAT16).step_activation_bytes;
+    EXPECT_EQ(gpu - cpu, 4 * 2 * n + c.num_layers * (4 * stats - 2 * weights) + 4 * (rows * h * t - t * t) -
+                             4 * weights);
+    EXPECT_EQ(lm_footprint(c, rows, DDP_DEVICE_CUDA, DDP_FLOAT16).step_activation_bytes, gpu);
+  }
+  EXPECT_TRUE(attention_keeps_weights(DDP_DEVICE_CPU, DDP_BFLOAT16));
+  EXPECT_TRUE(attention_keeps_weights(DDP_DEVICE_CUDA, DDP_FLOAT32));
+  EXPECT_FALSE(attention_keeps_weights(DDP_DEVICE_CUDA, DDP_BFLOAT16));
+  // lm large, 32 rows, on a GPU: the GPU check's run, well under half.
+  const LmConfig large = lm_preset("large");
+  const double ratio = double(lm_footprint(large, 32, DDP_DEVICE_CUDA, DDP_BFLOAT16).step_activation_bytes) /
+                       double(lm_footprint(large, 32, DDP_DEVICE_CUDA).step_activation_bytes);
+  std::printf("lm large, 32 rows, on a GPU: bf16 activations %.3f of fp32's\n", ratio);
+  EXPECT_LT(ratio, 0.5);
+}
+
 TEST(Footprint, MlpCountsWhatItAllocates) {
   const int64_t rows = 5;
   // 16-bit compute: the hidden activations in 2 bytes, one float32 working copy.

@@ -102,13 +102,19 @@ class CpuKernels final : public Kernels {
 
 }  // namespace
 
-size_t attention_scratch_floats(ddp_device_kind kind, int64_t b, int64_t t, int64_t heads) {
+bool attention_keeps_weights(ddp_device_kind kind, ddp_dtype compute) {
+  return kind == DDP_DEVICE_CPU || compute == DDP_FLOAT32;
+}
+
+size_t attention_scratch_floats(ddp_device_kind kind, ddp_dtype compute, int64_t b, int64_t t, int64_t heads) {
   const size_t square = static_cast<size_t>(t * t);
-  return kind == DDP_DEVICE_CPU ? square : static_cast<size_t>(b * heads) * square;
+  if (kind == DDP_DEVICE_CPU) return square;
+  return attention_keeps_weights(kind, compute) ? static_cast<size_t>(b * heads) * square
+                                                : static_cast<size_t>(b * heads * t);
 }
 
 size_t Kernels::attention_scratch_floats(int64_t b, int64_t t, int64_t heads) const {
-  return ddp::attention_scratch_floats(kind(), b, t, heads);
+  return ddp::attention_scratch_floats(kind(), compute_dtype(), b, t, heads);
 }
 
 std::unique_ptr<Kernels> make_cpu_kernels() { return std::make_unique<CpuKernels>(); }

@@ -21,10 +21,17 @@ namespace ddp {
 
 class Device;
 
-// Floats of scratch attention backward needs on a device of this kind: the
-// CPU [t, t]; CUDA [b, heads, t, t] (one softmax-backward launch for every
-// sequence and head). A free function so `ddp plan` can count it.
-size_t attention_scratch_floats(ddp_device_kind kind, int64_t b, int64_t t, int64_t heads);
+// What attention_forward leaves in `p` for attention_backward on a device
+// of this kind computing in `compute`: true, the weights [b, heads, t, t]
+// (the CPU; CUDA in float32); false, each row's softmax max and sum
+// [b, heads, t, 2] in float32 (CUDA in bf16 or fp16: the fused kernels of
+// cuda/fused_attention.h recompute the weights). Free functions, so `ddp
+// plan` can count them.
+bool attention_keeps_weights(ddp_device_kind kind, ddp_dtype compute);
+// Floats of scratch attention backward needs: the CPU [t, t]; CUDA
+// [b, heads, t, t] in float32 (one softmax-backward launch for every
+// sequence and head), [b, heads, t] in 16 bits.
+size_t attention_scratch_floats(ddp_device_kind kind, ddp_dtype compute, int64_t b, int64_t t, int64_t heads);
 
 class Kernels {
  public:
@@ -74,8 +81,9 @@ class Kernels {
                              int64_t dh) = 0;
 
   // ---- causal attention -------------------------------------------------------
-  // Floats of scratch attention_backward needs for these sizes: the
-  // device kind's rule, attention_scratch_floats below.
+  // Floats of scratch attention_backward needs for these sizes: the device
+  // kind's and compute dtype's rule, attention_scratch_floats above; `p`
+  // holds what attention_keeps_weights says.
   size_t attention_scratch_floats(int64_t b, int64_t t, int64_t heads) const;
   virtual void attention_forward(float* out, float* p, const float* q, const float* k, const float* v, int64_t b,
                                  int64_t t, int64_t heads, int64_t dh) = 0;

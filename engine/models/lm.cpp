@@ -83,7 +83,8 @@ void LmModel::ensure_activations(int64_t rows) {
        {&lnf_, &rmsf_, &logits_, &lse_, &dresid_, &dln_, &datt_, &dq_, &dk_, &dv_, &dgate_, &da_, &db_, &dscores_})
     *t = act();
   if (k_->compute_dtype() != DDP_FLOAT32)
-    for (Tensor* t : {&work_f1_, &work_f2_, &work_d_, &work_p_}) *t = act();
+    for (Tensor* t : {&work_f1_, &work_f2_, &work_d_}) *t = act();
+  if (k_->compute_dtype() != DDP_FLOAT32 && attention_keeps_weights(k_->kind(), k_->compute_dtype())) work_p_ = act();
   if (next != shapes.size()) throw Error("lm: activation_shapes and ensure_activations disagree");
   rows_ = rows;
 }
@@ -93,9 +94,11 @@ LmModel::BlockFloats LmModel::forward_floats(BlockActs& b) {
     return {b.ln1.data(), b.q.data(),   b.k.data(), b.v.data(), b.p.data(),    b.att.data(),
             b.h.data(),   b.ln2.data(), b.a.data(), b.b.data(), b.gate.data(), b.y.data()};
   // ln1 and ln2 share dln_ (ln1 is kept before ln2 is written); the residual
-  // stream x -> h -> y stays in dresid_, each added to in place.
-  return {dln_.data(),    dq_.data(),  dk_.data(), dv_.data(), work_p_.data(), datt_.data(),
-          dresid_.data(), dln_.data(), da_.data(), db_.data(), dgate_.data(),  dresid_.data()};
+  // stream x -> h -> y stays in dresid_, each added to in place. A float32
+  // p (a row's softmax statistics: attention_keeps_weights) is its own.
+  float* p = b.p.dtype() == DDP_FLOAT32 ? b.p.data() : work_p_.data();
+  return {dln_.data(), dq_.data(), dk_.data(),    dv_.data(),    p, datt_.data(), dresid_.data(), dln_.data(),
+          da_.data(),  db_.data(), dgate_.data(), dresid_.data()};
 }
 
 void LmModel::keep(Tensor& saved, const float* value) {

@@ -132,7 +132,7 @@ class LmModel final : public Model {
     Tensor q;     // [N, D] after RoPE
     Tensor k;     // [N, D] after RoPE
     Tensor v;     // [N, D]
-    Tensor p;     // [rows, H, T, T] attention weights
+    Tensor p;     // [rows, H, T, T] attention weights (CUDA in 16 bits: [rows, H, T, 2], kernels.h)
     Tensor att;   // [N, D] attention output before output_proj
     Tensor h;     // [N, D] x + Attn(RMSNorm1(x))
     Tensor ln2;   // [N, D] RMSNorm2(h)
@@ -197,7 +197,8 @@ class LmModel final : public Model {
   Tensor db_;
   Tensor dscores_;  // attention backward's scratch (CPU: [T, T])
   // 16-bit compute only: float32 copies of kept tensors (forward_floats,
-  // unpacked): [N, max(F, D)] twice, [N, D], [rows, H, T, T].
+  // unpacked): [N, max(F, D)] twice, [N, D], and [rows, H, T, T] where p
+  // holds the weights.
   Tensor work_f1_;
   Tensor work_f2_;
   Tensor work_d_;

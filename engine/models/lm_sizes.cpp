@@ -157,15 +157,18 @@ std::vector<ActBuffer> LmModel::activation_shapes(const LmConfig& c, int64_t row
   const int64_t n = rows * t;
   const ddp_dtype kept = compute;  // what backward keeps (BlockActs but the RMS, x0_, lnf_)
   const ddp_dtype f32 = DDP_FLOAT32;
+  // Attention's p: its weights, or (CUDA in 16 bits) each row's max and sum.
+  const bool weights = attention_keeps_weights(device, compute);
+  const ActBuffer p = weights ? ActBuffer{{rows, h, t, t}, kept} : ActBuffer{{rows, h, t, 2}, f32};
   std::vector<ActBuffer> s;
   if (device != DDP_DEVICE_CPU) s.push_back({{2 * n}, f32});  // tokens_dev_: int32 ids in floats' bytes
   s.push_back({{n, d}, kept});                                // x0_
   for (int64_t l = 0; l < c.num_layers; ++l) {                // BlockActs, in member order
     for (const ActBuffer& b :
          {ActBuffer{{n, d}, kept}, ActBuffer{{n}, f32}, ActBuffer{{n, d}, kept}, ActBuffer{{n, d}, kept},
-          ActBuffer{{n, d}, kept}, ActBuffer{{rows, h, t, t}, kept}, ActBuffer{{n, d}, kept}, ActBuffer{{n, d}, kept},
-          ActBuffer{{n, d}, kept}, ActBuffer{{n}, f32}, ActBuffer{{n, f}, kept}, ActBuffer{{n, f}, kept},
-          ActBuffer{{n, f}, kept}, ActBuffer{{n, d}, kept}})
+          ActBuffer{{n, d}, kept}, p, ActBuffer{{n, d}, kept}, ActBuffer{{n, d}, kept}, ActBuffer{{n, d}, kept},
+          ActBuffer{{n}, f32}, ActBuffer{{n, f}, kept}, ActBuffer{{n, f}, kept}, ActBuffer{{n, f}, kept},
+          ActBuffer{{n, d}, kept}})
       s.push_back(b);
   }
   s.push_back({{n, d}, kept});                                 // lnf_
@@ -173,10 +176,10 @@ std::vector<ActBuffer> LmModel::activation_shapes(const LmConfig& c, int64_t row
                   Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, d}, Shape{n, f},
                   Shape{n, f}, Shape{n, f}})  // dresid_ .. db_
     s.push_back({b, f32});
-  s.push_back({{static_cast<int64_t>(attention_scratch_floats(device, rows, t, h))}, f32});  // dscores_
-  if (kept != f32)  // work_f1_, work_f2_, work_d_, work_p_
-    for (Shape b : {Shape{n, std::max(f, d)}, Shape{n, std::max(f, d)}, Shape{n, d}, Shape{rows, h, t, t}})
-      s.push_back({b, f32});
+  s.push_back({{static_cast<int64_t>(attention_scratch_floats(device, compute, rows, t, h))}, f32});  // dscores_
+  if (kept != f32)  // work_f1_, work_f2_, work_d_
+    for (Shape b : {Shape{n, std::max(f, d)}, Shape{n, std::max(f, d)}, Shape{n, d}}) s.push_back({b, f32});
+  if (kept != f32 && weights) s.push_back({{rows, h, t, t}, f32});  // work_p_
   return s;
 }
 

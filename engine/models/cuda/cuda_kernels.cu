@@ -14,9 +14,10 @@
 // reduction runs in a fixed order given by the sizes alone (cuBLAS is
 // deterministic on one GPU model and toolkit).
 //
-// Deliberately absent: fused or flash attention (p is materialised as the
-// CPU does, and the causal GEMMs compute the masked half too), 16-bit
-// elementwise kernels, any tuning beyond a sensible launch geometry.
+// Attention in float32 materialises p as the CPU does (the causal GEMMs
+// compute the masked half too); in 16 bits it is fused_attention.h's
+// (no [t, t] weights in memory). Deliberately absent: 16-bit elementwise
+// kernels, any tuning beyond a sensible launch geometry.
 //
 // Every call runs on the device current when the kernels were made. A CUDA
 // or cuBLAS failure throws Error naming the call and CUDA's message. The
@@ -36,6 +37,7 @@
 #include "cuda/cuda_gemm.h"
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/fused_attention.h"
 #include "error.h"
 #include "layer_kernels.cuh"
 #include "layers.h"
@@ -202,6 +204,10 @@ class CudaKernels final : public Kernels {
 
   void attention_forward(float* out, float* p, const float* q, const float* k, const float* v, int64_t b, int64_t t,
                          int64_t heads, int64_t dh) override {
+    if (gemms_.inputs() != DDP_FLOAT32) {  // 16 bits: no [t, t] weights (kernels.h)
+      cuda::fused_attention_forward(stream_, gemms_.inputs(), out, p, q, k, v, b, t, heads, dh);
+      return;
+    }
     if (b * t * heads * dh == 0) return;
     const int64_t d = heads * dh;
     const int64_t tt = t * t;
@@ -227,6 +233,10 @@ class CudaKernels final : public Kernels {
   void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* p,
                           const float* q, const float* k, const float* v, int64_t b, int64_t t, int64_t heads,
                           int64_t dh) override {
+    if (gemms_.inputs() != DDP_FLOAT32) {
+      cuda::fused_attention_backward(stream_, gemms_.inputs(), dq, dk, dv, scratch, dout, p, q, k, v, b, t, heads, dh);
+      return;
+    }
     if (b * t * heads * dh == 0) return;
     const int64_t d = heads * dh;
     const int64_t tt = t * t;
