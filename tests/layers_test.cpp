@@ -916,6 +916,20 @@ TEST(Footprint, LmOnAGpuIn16BitsKeepsNoAttentionWeights) {
                              4 * weights);
     EXPECT_EQ(lm_footprint(c, rows, DDP_DEVICE_CUDA, DDP_FLOAT16).step_activation_bytes, gpu);
   }
+  // A head the fused kernels cannot hold is refused where they would run it.
+  LmConfig wide = lm_preset("lm-tiny");
+  wide.d_model = 1024;
+  wide.num_heads = 2;  // head 512
+  EXPECT_NO_THROW(lm_footprint(wide, 1, DDP_DEVICE_CPU, DDP_BFLOAT16));
+  EXPECT_NO_THROW(lm_footprint(wide, 1, DDP_DEVICE_CUDA, DDP_FLOAT32));
+  try {
+    lm_footprint(wide, 1, DDP_DEVICE_CUDA, DDP_BFLOAT16);
+    ADD_FAILURE() << "a head of 512 planned under the fused attention";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "lm: head size 512 (d_model 1024 / num_heads 2) is more than the 256 a GPU's fused attention takes "
+                 "under 16-bit compute: use more heads, or precision.compute = \"fp32\"");
+  }
   EXPECT_TRUE(attention_keeps_weights(DDP_DEVICE_CPU, DDP_BFLOAT16));
   EXPECT_TRUE(attention_keeps_weights(DDP_DEVICE_CUDA, DDP_FLOAT32));
   EXPECT_FALSE(attention_keeps_weights(DDP_DEVICE_CUDA, DDP_BFLOAT16));

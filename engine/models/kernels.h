@@ -28,6 +28,8 @@ class Device;
 // cuda/fused_attention.h recompute the weights). Free functions, so `ddp
 // plan` can count them.
 bool attention_keeps_weights(ddp_device_kind kind, ddp_dtype compute);
+// The largest head size the fused kernels take (a warp holds a row).
+constexpr int64_t kFusedAttentionMaxHead = 256;
 // Floats of scratch attention backward needs: the CPU [t, t]; CUDA
 // [b, heads, t, t] in float32 (one softmax-backward launch for every
 // sequence and head), [b, heads, t] in 16 bits.

@@ -89,6 +89,12 @@ void LmModel::ensure_activations(int64_t rows) {
   rows_ = rows;
 }
 
+void LmModel::set_compute_dtype(ddp_dtype dtype) {
+  lm_check_compute(config_, k_->kind(), dtype);
+  k_->set_compute_dtype(dtype);
+  rows_ = -1;  // the next forward allocates the activations in it
+}
+
 LmModel::BlockFloats LmModel::forward_floats(BlockActs& b) {
   if (b.ln1.dtype() == DDP_FLOAT32)
     return {b.ln1.data(), b.q.data(),   b.k.data(), b.v.data(), b.p.data(),    b.att.data(),

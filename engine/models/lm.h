@@ -41,6 +41,9 @@ LmConfig lm_preset(const std::string& name);
 // Throws Error for sizes no model can have: what LmModel refuses, and sizes
 // whose element counts would pass 2^50.
 void lm_check_sizes(const LmConfig& config);
+// Throws Error for sizes this device's kernels cannot run in `compute`: a
+// head above kFusedAttentionMaxHead under a GPU's fused attention.
+void lm_check_compute(const LmConfig& config, ddp_device_kind device, ddp_dtype compute);
 // Parameters of a model of this size (token embeddings and lm_head untied).
 int64_t lm_parameter_count(const LmConfig& config);
 // The parameter table, names and shapes in the spec's order (the model's,
@@ -69,10 +72,7 @@ class LmModel final : public Model {
   // statistics stay float32) is held in that dtype: forward computes each
   // block in float32 working buffers and packs, backward unpacks each kept
   // tensor just before it reads it (docs/precision.md).
-  void set_compute_dtype(ddp_dtype dtype) override {
-    k_->set_compute_dtype(dtype);
-    rows_ = -1;  // the next forward allocates the activations in it
-  }
+  void set_compute_dtype(ddp_dtype dtype) override;
   // Throws Error for a token outside [0, vocab_size).
   float forward(const Batch& batch) override;
   // Calls accumulated(i) in strictly decreasing i: lm_head first,
@@ -112,8 +112,9 @@ class LmModel final : public Model {
   void ensure_activations(int64_t rows);
   // The shapes ensure_activations allocates, in its order (lm_footprint
   // sums them).
+  // `working`: with a 16-bit compute's float32 working copies (work_*).
   static std::vector<ActBuffer> activation_shapes(const LmConfig& c, int64_t rows, ddp_device_kind device,
-                                                  ddp_dtype compute);
+                                                  ddp_dtype compute, bool working = true);
   friend Footprint lm_footprint(const LmConfig& config, int64_t rows, ddp_device_kind device, ddp_dtype compute);
   // The token ids the kernels read: host vectors on the CPU, else device
   // memory (tokens_dev_).

@@ -85,6 +85,16 @@ void lm_check_sizes(const LmConfig& c) {
   check_product({c.context_length, c.context_length, c.num_heads});
 }
 
+void lm_check_compute(const LmConfig& c, ddp_device_kind device, ddp_dtype compute) {
+  const int64_t head = c.num_heads > 0 ? c.d_model / c.num_heads : 0;
+  if (!c.ffn_only && !attention_keeps_weights(device, compute) && head > kFusedAttentionMaxHead)
+    throw Error("lm: head size " + std::to_string(head) + " (d_model " + std::to_string(c.d_model) + " / num_heads " +
+                    std::to_string(c.num_heads) + ") is more than the " + std::to_string(kFusedAttentionMaxHead) +
+                    " a GPU's fused attention takes under 16-bit compute: use more heads, or precision.compute = "
+                    "\"fp32\"",
+                DDP_ERR_UNSUPPORTED);
+}
+
 std::vector<std::pair<std::string, Shape>> lm_parameter_shapes(const LmConfig& c) {
   const int64_t d = c.d_model;
   const int64_t f = c.d_ff;
@@ -140,16 +150,17 @@ Footprint lm_footprint(const LmConfig& c, int64_t rows, ddp_device_kind device, 
   const int64_t half = c.d_model / c.num_heads / 2;
   const int64_t kFloat = 4;
   f.setup_activation_bytes = 2 * c.context_length * half * kFloat;  // RoPE cos, sin
+  lm_check_compute(c, device, compute);
   f.step_activation_bytes = act_bytes(LmModel::activation_shapes(c, rows, device, compute));
   int64_t floats = 0;  // the elements, without a 16-bit compute's float32 working copies (mesh.h prices them)
-  for (const ActBuffer& b : LmModel::activation_shapes(c, rows, device, DDP_FLOAT32)) floats += numel(b.shape);
+  for (const ActBuffer& b : LmModel::activation_shapes(c, rows, device, compute, false)) floats += numel(b.shape);
   if (rows > 0 && c.context_length > 0)
     f.saved_elements_per_token = static_cast<double>(floats) / static_cast<double>(rows * c.context_length);
   return f;
 }
 
 std::vector<ActBuffer> LmModel::activation_shapes(const LmConfig& c, int64_t rows, ddp_device_kind device,
-                                                  ddp_dtype compute) {
+                                                  ddp_dtype compute, bool working) {
   const int64_t t = c.context_length;
   const int64_t d = c.d_model;
   const int64_t f = c.d_ff;
@@ -177,9 +188,9 @@ std::vector<ActBuffer> LmModel::activation_shapes(const LmConfig& c, int64_t row
                   Shape{n, f}, Shape{n, f}})  // dresid_ .. db_
     s.push_back({b, f32});
   s.push_back({{static_cast<int64_t>(attention_scratch_floats(device, compute, rows, t, h))}, f32});  // dscores_
-  if (kept != f32)  // work_f1_, work_f2_, work_d_
+  if (kept != f32 && working)  // work_f1_, work_f2_, work_d_
     for (Shape b : {Shape{n, std::max(f, d)}, Shape{n, std::max(f, d)}, Shape{n, d}}) s.push_back({b, f32});
-  if (kept != f32 && weights) s.push_back({{rows, h, t, t}, f32});  // work_p_
+  if (kept != f32 && working && weights) s.push_back({{rows, h, t, t}, f32});  // work_p_
   return s;
 }
 

@@ -19,12 +19,13 @@
 
 #include "cuda/cuda_check.h"
 #include "error.h"
+#include "kernels.h"
 
 namespace ddp::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-constexpr int64_t kMaxDh = 256;
+constexpr int64_t kMaxDh = kFusedAttentionMaxHead;
 
 struct RoundBf16 {
   __device__ float operator()(float x) const { return __bfloat162float(__float2bfloat16_rn(x)); }
