@@ -199,6 +199,8 @@ class PlanAgainstRuns(unittest.TestCase):
                 acts[model, compute] = measured["peak_bytes"]["before_optimizer_step"]["activations"]
         self.assertEqual(acts["lm-cpu", "bf16"], 118693888)
         self.assertEqual(acts["lm-cpu", "fp32"], 154345472)
+        text = ddp("plan", *MODELS["lm-cpu"], "--set", 'precision.compute="bf16"')
+        self.assertIn(" rows per rank per micro-batch, adamw, compute bf16\n", text.splitlines(True)[0])
 
     @unittest.skipUnless((Path(DDP).parent.parent / "lib" / "ddp" / "libddp_transport_mpi.so").exists(),
                          "the mpi transport is not built (no MPI found)")

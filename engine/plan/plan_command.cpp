@@ -422,6 +422,8 @@ void plan_command(const PlanOptions& o) {
   if (out.contains("run"))
     std::cout << "; " << c.strategy_plugin << " on " << c.run.world_size << " ranks, "
               << out["run"]["rows_per_rank"].get<int64_t>() << " rows per rank per micro-batch, " << c.optimizer.name
+              << (c.precision.compute == DDP_FLOAT32 ? ""
+                                                     : std::string(", compute ") + compute_name(c.precision.compute))
               << "\n";
   else
     std::cout << " (accounting only)\n";
