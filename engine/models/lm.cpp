@@ -107,21 +107,6 @@ LmModel::BlockFloats LmModel::forward_floats(BlockActs& b) {
           da_.data(),  db_.data(), dgate_.data(), dresid_.data()};
 }
 
-void LmModel::keep(Tensor& saved, const float* value) {
-  if (saved.dtype() == DDP_FLOAT32) {
-    if (saved.data() != value) throw Error("lm: keep: a float32 activation computed outside its memory");
-    return;
-  }
-  k_->convert(saved.raw(), saved.dtype(), value, DDP_FLOAT32, saved.numel());
-}
-
-const float* LmModel::unpacked(const Tensor& saved, Tensor& into) {
-  if (saved.dtype() == DDP_FLOAT32) return saved.data();
-  if (into.numel() < saved.numel()) throw Error("lm: unpacked: the working buffer is smaller than the tensor");
-  k_->convert(into.data(), DDP_FLOAT32, saved.raw(), saved.dtype(), saved.numel());
-  return into.data();
-}
-
 float LmModel::forward(const Batch& batch) {
   if (!batch.tokens) throw Error("lm: the batch has no tokens (the lm model trains on token data)");
   if (batch.rows < 1) throw Error("lm: a batch needs at least one row");

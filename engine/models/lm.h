@@ -161,12 +161,9 @@ class LmModel final : public Model {
     float* y;
   };
   BlockFloats forward_floats(BlockActs& b);
-  // saved = value: nothing where value is saved's own float32 memory, else
-  // rounded into saved's 16 bits.
-  void keep(Tensor& saved, const float* value);
-  // saved in float32: its own memory, or unpacked into `into` (which must be
-  // at least as large).
-  const float* unpacked(const Tensor& saved, Tensor& into);
+  // keep_activation, unpack_activation (model.h) on this model's kernels.
+  void keep(Tensor& saved, const float* value) { keep_activation(*k_, saved, value); }
+  const float* unpacked(const Tensor& saved, Tensor& into) { return unpack_activation(*k_, saved, into); }
 
   Device& device_;
   std::unique_ptr<Kernels> k_;  // the device's layers

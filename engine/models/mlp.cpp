@@ -96,13 +96,6 @@ void MlpModel::ensure_activations(int64_t rows) {
   rows_ = rows;
 }
 
-const float* MlpModel::kept(size_t i) {
-  const Tensor& a = acts_[i];
-  if (a.dtype() == DDP_FLOAT32) return a.data();
-  k_->convert(work_.data(), DDP_FLOAT32, a.raw(), a.dtype(), a.numel());
-  return work_.data();
-}
-
 Footprint mlp_footprint(const MlpConfig& c, int64_t rows, ddp_device_kind device, ddp_dtype compute) {
   check_sizes(c, rows);
   Footprint f;
@@ -148,7 +141,7 @@ float MlpModel::forward(const Batch& batch) {
     k_->linear_forward(out, in, values(2 * i), rows, w, w);
     k_->bias_forward(out, values(2 * i + 1), rows, w);
     k_->relu_forward(out, out, rows * w);
-    if (a.dtype() != DDP_FLOAT32) k_->convert(a.raw(), a.dtype(), out, DDP_FLOAT32, a.numel());
+    keep_activation(*k_, a, out);
     in = out;
     unit_event(size_t(i), DDP_UNIT_FORWARD_END);
   }

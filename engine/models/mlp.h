@@ -58,7 +58,7 @@ class MlpModel final : public Model {
                                                   ddp_dtype compute);
   friend Footprint mlp_footprint(const MlpConfig& config, int64_t rows, ddp_device_kind device, ddp_dtype compute);
   // acts_[i] in float32: its own memory, or unpacked into work_.
-  const float* kept(size_t i);
+  const float* kept(size_t i) { return unpack_activation(*k_, acts_[i], work_); }
   // The labels the kernels read: host on the CPU, else device memory.
   const int32_t* labels() const {
     return labels_dev_.defined() ? reinterpret_cast<const int32_t*>(labels_dev_.data()) : labels_.data();

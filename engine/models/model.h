@@ -95,6 +95,16 @@ struct ActBuffer {
 // The bytes of `buffers` (float32 4 each, the 16-bit dtypes 2).
 int64_t act_bytes(const std::vector<ActBuffer>& buffers);
 
+class Kernels;
+// A kept activation (lm, mlp) from its float32 value, on `kernels`' device:
+// nothing where `saved` is float32 (value must then be its own memory),
+// else rounded into saved's 16 bits. Throws Error for a float32 `saved`
+// computed elsewhere.
+void keep_activation(Kernels& kernels, Tensor& saved, const float* value);
+// A kept activation in float32: its own memory, or unpacked into `into`
+// (at least as large; throws Error if not).
+const float* unpack_activation(Kernels& kernels, const Tensor& saved, Tensor& into);
+
 struct Footprint {
   std::vector<ParamSize> params;       // table order
   int64_t setup_activation_bytes = 0;  // held from construction on (lm: RoPE tables)

@@ -350,6 +350,21 @@ void Model::unbound_values(size_t index) const {
               DDP_ERR_INVALID_ARGUMENT);
 }
 
+void keep_activation(Kernels& kernels, Tensor& saved, const float* value) {
+  if (saved.dtype() == DDP_FLOAT32) {
+    if (saved.data() != value) throw Error("keep_activation: a float32 activation computed outside its memory");
+    return;
+  }
+  kernels.convert(saved.raw(), saved.dtype(), value, DDP_FLOAT32, saved.numel());
+}
+
+const float* unpack_activation(Kernels& kernels, const Tensor& saved, Tensor& into) {
+  if (saved.dtype() == DDP_FLOAT32) return saved.data();
+  if (into.numel() < saved.numel()) throw Error("unpack_activation: the working buffer is smaller than the tensor");
+  kernels.convert(into.data(), DDP_FLOAT32, saved.raw(), saved.dtype(), saved.numel());
+  return into.data();
+}
+
 int64_t act_bytes(const std::vector<ActBuffer>& buffers) {
   int64_t bytes = 0;
   for (const ActBuffer& b : buffers)

@@ -114,7 +114,9 @@ class RankRun {
   // the optimizer step, when every strategy has them all in place.
   // `unscale`: the factor the gradients are at (1 / the loss scale): the
   // norm is theirs times it, and they are multiplied by it.
-  double gradient_norm(bool clip, double unscale = 1.0);
+  // `global`: set to whether the norm added every rank's part (then the
+  // same on every rank).
+  double gradient_norm(bool clip, double unscale = 1.0, bool* global = nullptr);
   bool held_gradients(std::vector<GradSpan>& spans);
   bool held_ranges(std::vector<GradSpan>& spans);
   void gather_checking_coverage(const std::vector<double>& mine, std::vector<double>& all);
@@ -164,7 +166,6 @@ class RankRun {
   int64_t tokens_per_row_ = 1;          // positions a row trains (lm: context_length)
   std::vector<size_t> trainable_;       // indices of trainable parameters
   std::vector<GradSpan> spans_;         // held_gradients', kept
-  bool norm_global_ = false;            // gradient_norm's last added every rank's part (the same on every rank)
   std::vector<StepRange> step_ranges_;  // run_optimizer_ranges', kept
   std::vector<size_t> unnamed_;         // step_in_final_order's, kept
   std::vector<int> remaining_uses_;     // per parameter, this micro-batch's backward

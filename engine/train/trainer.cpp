@@ -314,12 +314,13 @@ void RankRun::unscale_gradients(StepRecord& rec) {
   // The norm of the unscaled gradients (clipped only where configured): not
   // finite, or beyond a float's range (an unscaled element may be), is an
   // overflow.
-  const double norm = gradient_norm(/*clip=*/true, 1.0 / scale_.scale);
+  bool global = false;
+  const double norm = gradient_norm(/*clip=*/true, 1.0 / scale_.scale, &global);
   const int world = env_.rank.world_size;
   std::vector<double> found(size_t(world), norm <= FLT_MAX ? 0.0 : 1.0);  // (NaN: found)
   // Every rank decides alike: a norm made of every rank's part already is
   // every rank's verdict; else the ranks gather theirs.
-  if (world > 1 && !norm_global_) plugins_->all_gather(std::vector<double>{found[0]}, found);
+  if (world > 1 && !global) plugins_->all_gather(std::vector<double>{found[0]}, found);
   rec.step_skipped = std::any_of(found.begin(), found.end(), [](double f) { return f != 0.0; });
   services_.step_skipped = rec.step_skipped;      // ddp_host::step_skipped, until on_step_end returns
   if (rec.step_skipped) optimizer_->skip_step();  // run_optimizer* update nothing this step
@@ -335,13 +336,13 @@ void RankRun::unscale_gradients(StepRecord& rec) {
                 DDP_ERR_INVALID_ARGUMENT);
 }
 
-double RankRun::gradient_norm(bool clip, double unscale) {
+double RankRun::gradient_norm(bool clip, double unscale, bool* global) {
   if (clip) {
     whereabouts::Inside in(nullptr, "waiting for the gradients to clip or unscale");
     device_->comm_stream().synchronize();
   }
   const bool gather = held_gradients(spans_);
-  norm_global_ = gather;
+  if (global) *global = gather;
   // held_ranges (1.9): what every rank holds travels with the norm's
   // gather, checked to cover each trainable parameter once.
   const bool check = plugins_->has_held_ranges();
