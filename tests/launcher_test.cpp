@@ -35,7 +35,7 @@
 
 namespace {
 
-// This engine's ABI, as refusals name it: "1.11".
+// This engine's ABI, as refusals name it: "1.12".
 const std::string kAbi = "1." + std::to_string(DDP_ABI_VERSION_MINOR);
 
 

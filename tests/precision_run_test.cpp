@@ -11,14 +11,17 @@
 //  - through the real engine on 2 and 4 forked ranks (tests/harness.h),
 //    with every kind of optimizer step (the engine's, grads_final's
 //    ordered one, a sharded strategy's own, over claimed gradients and
-//    values): an overflow injected into one rank's backward skips exactly
-//    that step on every rank (weights and AdamW state untouched), halves
-//    the scale, and summary.json says so;
+//    values, and powersgd's, whose error feedback is made of gradients):
+//    an overflow injected into one rank's backward skips exactly that step
+//    on every rank (weights, AdamW state and powersgd's state untouched),
+//    halves the scale, and summary.json says so; a power-of-two scale,
+//    growing every step, changes no bit of any strategy's result;
 //  - a run resumed from a checkpoint goes on with the scale and its growth
 //    count, bit for bit as the run that did not stop.
 #include <gtest/gtest.h>
 
 #include <cfloat>
+#include <cstdio>
 
 #include "checkpoint.h"
 #include "harness.h"
@@ -114,13 +117,15 @@ struct Strategy {
   const char* section;
 };
 // The engine's step; grads_final's ordered one; a strategy's own over whole
-// parameters, over element ranges of claimed gradients, over claimed values.
+// parameters, over element ranges of claimed gradients, over claimed values;
+// one with state made of gradients (powersgd's error feedback).
 const Strategy kStrategies[] = {
     {"naive", "plugin = \"naive\"\n"},
     {"bucketed", "plugin = \"bucketed\"\nbucket_mb = 0.0001\n"},
     {"sharded_stage1", "plugin = \"sharded\"\n"},
     {"sharded_stage2", "plugin = \"sharded\"\nstage = 2\nbucket_mb = 0.0001\n"},
     {"sharded_stage3", "plugin = \"sharded\"\nstage = 3\n"},
+    {"powersgd", "plugin = \"powersgd\"\n"},
 };
 
 // Whether some rank's failure holds `text`: a refusal in create fails the
@@ -226,18 +231,20 @@ TEST(PrecisionPolicy, AStrategyThatReducesInFloat32OnlyIsRefusedNamingTheKey) {
 }
 
 // The scale is a power of two and toy's gradients stay in float32's range
-// times 2^16: a scaled run must equal the unscaled one bit for bit (SGD, no
+// times 2^18: a scaled run must equal the unscaled one bit for bit (SGD, no
 // clipping, fp32 compute), whoever steps the optimizer. A missing or
-// doubled unscale would be 2^16 off.
+// doubled unscale would be 2^16 off; the scale grows every step, so state
+// kept at a step's scale (powersgd's error) would be 2x off the next.
 TEST(LossScaleRun, APowerOfTwoScaleChangesNoBitUnderEveryKindOfStep) {
   const std::string sgd_fp32 = "[optimizer]\nname = \"sgd\"\nlr = 0.1\nmomentum = 0.9\n[precision]\ncompute = \"fp32\"\n";
   for (const Strategy& st : kStrategies) {
     std::string config = toy(3, st.section);
     config.replace(config.find("[optimizer]"), config.find("[strategy]") - config.find("[optimizer]"), sgd_fp32);
     const harness::RunResult plain = harness::run(config, 2);
-    const harness::RunResult scaled = harness::run(config, 2, {"precision.loss_scale=\"dynamic\""});
+    const harness::RunResult scaled =
+        harness::run(config, 2, {"precision.loss_scale=\"dynamic\"", "precision.growth_interval=1"});
     ASSERT_TRUE(plain.failures.empty() && scaled.failures.empty()) << st.label;
-    EXPECT_EQ(doubles(scaled.summary["loss_scale"]), (std::vector<double>{65536, 65536, 65536})) << st.label;
+    EXPECT_EQ(doubles(scaled.summary["loss_scale"]), (std::vector<double>{65536, 131072, 262144})) << st.label;
     for (size_t p = 0; p < plain.names.size(); ++p)
       EXPECT_EQ(scaled.ranks[0].at(3)[p], plain.ranks[0].at(3)[p]) << st.label << ": " << plain.names[p];
   }
@@ -265,19 +272,40 @@ TEST(LossScaleRun, AStrategyReadsWhichStepsWereSkipped) {
       harness::run(toy(3, "plugin = \"" + skips + "\"\n"), 1, {}, "", harness::Ranks::kAsTest, {{0, {1}}});
   ASSERT_TRUE(r.failures.empty()) << r.failures[0];
   EXPECT_EQ(r.summary["strategy_stats"]["skipped"], "0 1 0");
+  EXPECT_EQ(r.summary["strategy_stats"]["scales"], "65536 65536 32768");  // ddp_step_info::loss_scale (1.12)
   EXPECT_EQ(r.summary["strategy_stats"]["loss_scaled"], 1);
 }
 
-// powersgd's error feedback is made of gradients: under a scaled loss it
-// would keep an overflowed step's inf for good. Refused; unscaled, it runs.
-TEST(LossScaleRun, PowerSgdRefusesAScaledLossAndRunsWithoutOne) {
-  const harness::RunResult scaled = harness::run(toy(1, "plugin = \"powersgd\"\n"), 2);
-  ASSERT_FALSE(scaled.failures.empty());
-  EXPECT_TRUE(some_rank_says(scaled.failures, "strategy plugin 'powersgd': create: precision.loss_scale = \"dynamic\": "
-                                              "powersgd's error feedback would keep an overflowed step's inf or NaN"))
-      << scaled.failures[0];
-  const harness::RunResult unscaled = harness::run(toy(1, "plugin = \"powersgd\"\n", "loss_scale = \"none\"\n"), 2);
-  EXPECT_TRUE(unscaled.failures.empty()) << unscaled.failures[0];
+// powersgd's error feedback and Q are made of gradients: a skipped step
+// (step 2, overflowing on rank 1) puts back what it started from, so the
+// checkpoint after it holds each rank's state as the one before it, bit
+// for bit, and the step after moves it again (an inf or NaN kept there
+// would skip every later step).
+TEST(LossScaleRun, PowerSgdPutsBackTheErrorAndQOfASkippedStep) {
+  harness::TempDir dir;
+  const harness::RunResult r =
+      harness::run(toy(4, "plugin = \"powersgd\"\n"), 2, {"checkpoint.every=1", "checkpoint.keep=5",
+                   "checkpoint.dir=\"" + dir.path + "\""}, "", harness::Ranks::kAsTest, {{1, {2}}});
+  ASSERT_TRUE(r.failures.empty()) << r.failures[0];
+  EXPECT_EQ(r.summary["step_skipped"], json({false, false, true, false}));
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto state = [&](int step) {
+      char name[32];
+      std::snprintf(name, sizeof name, "/step-%08d/", step);
+      return read_safetensors(dir.path + name + strategy_state_file(rank));
+    };
+    const auto before = state(2);
+    const auto skipped = state(3);
+    const auto after = state(4);
+    ASSERT_FALSE(before.empty());
+    ASSERT_EQ(skipped.size(), before.size());
+    size_t moved = 0;
+    for (const auto& [name, t] : before) {
+      EXPECT_TRUE(skipped.at(name).bytes == t.bytes) << "rank " << rank << ": " << name << " changed in the skipped step";
+      moved += after.at(name).bytes != t.bytes;
+    }
+    EXPECT_EQ(moved, before.size()) << "rank " << rank << ": the step after the skipped one left state unchanged";
+  }
 }
 
 // A skipped step updates nothing but makes (or, resumed, takes up) the
@@ -287,7 +315,7 @@ TEST(LossScaleRun, PowerSgdRefusesAScaledLossAndRunsWithoutOne) {
 // not stop (AdamW's moments and step count kept). The losses of skipped
 // steps (inf: the injected overflow's) travel through checkpoint.json.
 TEST(LossScaleRun, ResumingIntoOrAfterSkippedStepsKeepsTheOptimizerState) {
-  for (const Strategy& st : {kStrategies[0], kStrategies[3]}) {
+  for (const Strategy& st : {kStrategies[0], kStrategies[3], kStrategies[5]}) {
     SCOPED_TRACE(st.label);
     harness::TempDir dir;
     const std::string config = toy(4, st.section);
@@ -324,7 +352,7 @@ TEST(LossScaleRun, ResumingIntoOrAfterSkippedStepsKeepsTheOptimizerState) {
 // checkpoint after step 3 holds {32768, 1 clean step, 1 skipped}, and the
 // run resumed from it must grow at its first step to match.
 TEST(LossScaleRun, AResumedRunGoesOnWithTheScaleBitForBit) {
-  for (const Strategy& st : {kStrategies[0], kStrategies[3]}) {
+  for (const Strategy& st : {kStrategies[0], kStrategies[3], kStrategies[5]}) {
     SCOPED_TRACE(st.label);
     harness::TempDir dir;
     const std::vector<std::string> sets = {"checkpoint.every=3", "checkpoint.dir=\"" + dir.path + "\""};

@@ -165,9 +165,10 @@ StepRecord RankRun::train_step(int64_t step) {
   for (int64_t micro = 0; micro < k; ++micro) {
     const bool sync = micro == k - 1;
     if (sync) rec.collectives_before_sync_micro_batch = c.collectives - before.collectives;
-    info = ddp_step_info{
-        sizeof(ddp_step_info), step, int32_t(micro), int32_t(k), sync ? 1 : 0, params_changed && micro == 0 ? 1 : 0,
-        config_.run.steps};
+    info = ddp_step_info{sizeof(ddp_step_info), step,
+                         int32_t(micro),        int32_t(k),
+                         sync ? 1 : 0,          params_changed && micro == 0 ? 1 : 0,
+                         config_.run.steps,     config_.precision.loss_scale ? scale_.scale : 1.0};
     StepTimeline::Mark m = timeline_->mark();
     services_.finals_open = sync;               // grads_final: from here until finish returns
     services_.params.claims_open = micro == 0;  // before anything is written into the gradients

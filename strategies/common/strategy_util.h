@@ -35,6 +35,15 @@ inline ddp_precision run_precision(const ddp_host* host) {
   return out;
 }
 
+// The factor a step's gradients carry (ABI 1.12, ddp_step_info::loss_scale):
+// the loss scale under loss scaling, else 1; 0 from an engine older than
+// 1.12, which does not say it.
+inline double step_loss_scale(const ddp_host* host, const ddp_step_info* info) {
+  if (DDP_ABI_MINOR(host->abi_version) < 12 || info->struct_size < offsetof(ddp_step_info, loss_scale) + sizeof(double))
+    return 0.0;
+  return info->loss_scale;
+}
+
 // A string key's fallback that no value written in TOML is: the key unset.
 inline constexpr const char* kUnset = "\x01unset";
 

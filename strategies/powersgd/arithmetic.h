@@ -38,7 +38,8 @@ inline size_t gradient_stride(const plugin::Host& h, const Layout& l, const Grou
 }
 
 // error ← error + alpha · gradient for every matrix of `g`: alpha 1 makes
-// M = grad + error (error feedback, in the error buffer), alpha −1 leaves
+// M = grad + error (error feedback, in the error buffer; 1/S and −1/S
+// under a loss scale S, powersgd.cpp), alpha −1 leaves
 // M − grad there once grad holds the decompressed average (what PyTorch
 // keeps). axpy rounds y + alpha·x once, as a float add or subtract does.
 inline void add_gradients(const plugin::Host& h, const Layout& l, const Group& g, float* error, double alpha,
@@ -105,6 +106,7 @@ struct Product {
   size_t ldc = 0;
   size_t stride_c = 0;
   size_t batch = 1;
+  double alpha = 1.0;
 };
 inline void multiply(const plugin::Host& h, const Product& p, ddp_stream s) {
   ddp_gemm g = plugin::Host::gemm_desc();
@@ -113,6 +115,7 @@ inline void multiply(const plugin::Host& h, const Product& p, ddp_stream s) {
   g.m = p.m;
   g.n = p.n;
   g.k = p.k;
+  g.alpha = p.alpha;
   g.beta = 0.0;
   g.a = p.a;
   g.lda = p.lda;
@@ -144,10 +147,11 @@ inline void q_from_p(const plugin::Host& h, const Group& g, const float* m, cons
            s);
 }
 
-// grad = P Qᵀ for each matrix of `g`, written over its gradient: one
-// batched product where the gradients lie evenly, else one per matrix.
+// grad = alpha P Qᵀ for each matrix of `g`, written over its gradient
+// (alpha: the loss scale, 1 unscaled): one batched product where the
+// gradients lie evenly, else one per matrix.
 inline void decompress(const plugin::Host& h, const Layout& l, const Group& g, const float* p, const float* q,
-                       ddp_stream s) {
+                       double alpha, ddp_stream s) {
   Product pr{false,           true,
              g.rows,          g.cols,
              g.rank,          p + g.p_offset,
@@ -155,7 +159,7 @@ inline void decompress(const plugin::Host& h, const Layout& l, const Group& g, c
              q + g.q_offset,  g.rank,
              g.cols * g.rank, gradient(h, l, g, 0),
              g.cols,          0,
-             g.count};
+             g.count,         alpha};
   if (const size_t stride = gradient_stride(h, l, g)) {
     pr.stride_c = stride;
     multiply(h, pr, s);

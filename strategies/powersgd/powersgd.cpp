@@ -23,6 +23,18 @@
 // changes; a checkpoint keeps each matrix's error (per rank) and Q (equal
 // on every rank). Keys: rank (default 2), start_step (0), epsilon (1e-8),
 // seed (0).
+//
+// Under loss scaling (ddp_precision::loss_scaled) the gradients carry the
+// step's scale S (ddp_step_info::loss_scale, ABI 1.12) and the error is
+// kept divided by it: M/S = error + grad/S, P and Q from M/S, grad = S P Qᵀ
+// (the engine divides S out) and error = M/S − grad/S. Where S is a power
+// of two (the default factors) each is M's value divided by S exactly:
+// where the gradients are S times an unscaled run's, the same bits as it,
+// whatever the scale does between steps. A skipped step
+// (ddp_host::step_skipped: an inf or NaN on some rank, which reaches
+// every rank's P through its all-reduce) puts back the error and Q it
+// started from, copied aside at its start (a second error buffer and a
+// second Q).
 #include <cmath>
 #include <map>
 #include <string>
@@ -82,12 +94,14 @@ struct ddp_strategy_s : StrategyBase {
   ddp_strategy_s(const ddp_host* h, const ddp_transport_v1_t* t, ddp_comm* c, const Keys& k)
       : StrategyBase(h, t, c), keys(k) {}
   Keys keys;
-  Layout layout;                      // of the trainable set now
-  DeviceBuffer error;                 // [error_elements]: each matrix's error; M while a step runs
-  DeviceBuffer q;                     // [q_elements]: each matrix's Q [m, r], equal on every rank
-  DeviceBuffer p;                     // [p_elements]: each matrix's P [n, r], all-reduced as one
-  DeviceBuffer flat;                  // [vector_elements]: the 1-D gradients, all-reduced as one
-  DeviceBuffer scratch;               // [scratch_elements]: Gram-Schmidt's projections
+  Layout layout;             // of the trainable set now
+  DeviceBuffer error;        // [error_elements]: each matrix's error; M while a step runs
+  DeviceBuffer q;            // [q_elements]: each matrix's Q [m, r], equal on every rank
+  DeviceBuffer p;            // [p_elements]: each matrix's P [n, r], all-reduced as one
+  DeviceBuffer flat;         // [vector_elements]: the 1-D gradients, all-reduced as one
+  DeviceBuffer scratch;      // [scratch_elements]: Gram-Schmidt's projections
+  DeviceBuffer saved_error;  // under loss scaling: the error and Q a step started from
+  DeviceBuffer saved_q;
   HostFloats staging;                 // [q_elements] page-locked: the initial Qs on their way to the device
   std::vector<DeviceBuffer> retired;  // the last layout's, freed once the copies from them ran (finish)
   std::vector<HostFloats> retired_staging;
@@ -96,6 +110,9 @@ struct ddp_strategy_s : StrategyBase {
   std::vector<ddp_state_scope> scopes;
   bool syncing = false;
   int64_t step = 0;
+  bool loss_scaled = false;  // ddp_precision::loss_scaled
+  double scale = 1.0;        // this step's loss scale (1 unscaled)
+  bool saved = false;        // this step copied its error and Q aside (compress, under loss scaling)
   // Sync micro-batches of each kind (stats).
   int64_t compressed_steps = 0;
   int64_t plain_steps = 0;
@@ -126,13 +143,13 @@ Keys read_keys(const Host& h) {
   if (!(k.epsilon >= 0) || !std::isfinite(k.epsilon))
     throw Failure(DDP_ERR_INVALID_ARGUMENT,
                   "strategy.epsilon must be a finite number >= 0 (got " + ddp::strategy::json_number(k.epsilon) + ")");
-  // The error feedback is made of gradients: under a scaled loss it would
-  // keep a skipped step's inf (and Q its NaN) for every step after.
-  if (ddp::strategy::run_precision(h.raw()).loss_scaled)
+  // The error feedback is made of gradients: under a scaled loss it is
+  // kept divided by each step's scale, which an older engine does not say.
+  if (ddp::strategy::run_precision(h.raw()).loss_scaled && DDP_ABI_MINOR(h.raw()->abi_version) < 12)
     throw Failure(DDP_ERR_UNSUPPORTED,
-                  "precision.loss_scale = \"dynamic\": powersgd's error feedback would keep an overflowed step's "
-                  "inf or NaN, and residuals at a scale that has since changed; use precision.loss_scale = \"none\" "
-                  "(or compute = \"bf16\")");
+                  "precision.loss_scale = \"dynamic\": powersgd keeps its error feedback divided by each step's "
+                  "loss scale, which an engine older than ABI 1.12 does not give; use precision.loss_scale = "
+                  "\"none\" (or compute = \"bf16\")");
   return k;
 }
 
@@ -214,6 +231,12 @@ void lay_out(ddp_strategy* s) {
   s->p = device_floats(h, s->layout.p_elements, DDP_MEM_COMM_BUFFERS);
   s->flat = device_floats(h, s->layout.vector_elements, DDP_MEM_COMM_BUFFERS);
   s->scratch = device_floats(h, s->layout.scratch_elements, DDP_MEM_COMM_BUFFERS);
+  s->retired.push_back(std::move(s->saved_error));
+  s->retired.push_back(std::move(s->saved_q));
+  if (s->loss_scaled) {
+    s->saved_error = device_floats(h, s->layout.error_elements, DDP_MEM_OPTIMIZER_STATE);
+    s->saved_q = device_floats(h, s->layout.q_elements, DDP_MEM_OPTIMIZER_STATE);
+  }
   carry_state(s, old, old_error, old_q);
   s->retired.push_back(std::move(old_error));
   s->retired.push_back(std::move(old_q));
@@ -237,6 +260,7 @@ ddp_status powersgd_create(const ddp_host* host, const ddp_transport_v1_t* trans
                     "powersgd computes through the host's gemm, dot, norm, axpy and normalize: "
                     "it needs an engine of ABI 1.9 or newer");
     *out = new ddp_strategy_s(host, transport, comm, keys);
+    (*out)->loss_scaled = ddp::strategy::run_precision(host).loss_scaled != 0;
   });
 }
 
@@ -255,6 +279,11 @@ ddp_status powersgd_on_step_begin(ddp_strategy* s, const ddp_step_info* info) {
     if (info->params_changed) lay_out(s);
     s->syncing = info->sync_grads != 0;
     s->step = info->step;
+    s->scale = s->loss_scaled ? ddp::strategy::step_loss_scale(s->host.raw(), info) : 1.0;
+    if (!(s->scale > 0) || !std::isfinite(s->scale))
+      throw Failure(DDP_ERR_INVALID_ARGUMENT, "the engine's loss scale for step " + std::to_string(info->step + 1) +
+                                                  " is " + ddp::strategy::json_number(s->scale) +
+                                                  ", not a finite number > 0");
   });
 }
 
@@ -307,8 +336,14 @@ void compress(ddp_strategy* s) {
   float* scratch = s->scratch.floats();
   average_vectors(s);
   if (l.matrices.empty()) return;
+  if (s->loss_scaled) {  // what a skipped step puts back
+    h.copy(s->saved_error.get(), error, l.error_elements * sizeof(float), compute);
+    h.copy(s->saved_q.get(), q, l.q_elements * sizeof(float), compute);
+    s->saved = true;
+  }
+  const double scale = s->scale;
   for (const Group& g : l.groups) {
-    add_gradients(h, l, g, error, 1.0, compute);  // error holds M from here
+    add_gradients(h, l, g, error, 1.0 / scale, compute);  // error holds M (divided by the scale) from here
     orthogonalize(h, q + g.q_offset, g.cols, g.rank, g.count, eps, scratch, compute);
     p_from_q(h, g, error, q, p, compute);
   }
@@ -321,8 +356,8 @@ void compress(ddp_strategy* s) {
   s->comm.all_reduce(h.floats(q, l.q_elements), DDP_REDUCE_SUM, comm);
   h.scale(h.floats(q, l.q_elements), 1.0 / h.world_size(), comm);
   for (const Group& g : l.groups) {
-    decompress(h, l, g, p, q, comm);
-    add_gradients(h, l, g, error, -1.0, comm);  // error = M − grad
+    decompress(h, l, g, p, q, scale, comm);
+    add_gradients(h, l, g, error, -1.0 / scale, comm);  // error = M − grad
   }
 }
 
@@ -337,6 +372,21 @@ ddp_status powersgd_on_backward_end(ddp_strategy* s) {
     }
     compress(s);
     ++s->compressed_steps;
+  });
+}
+
+// A skipped step's error and Q put back as it found them (the engine
+// skipped its update: an inf or NaN on some rank, in every rank's P).
+ddp_status powersgd_on_step_end(ddp_strategy* s, const ddp_step_info*, int* synced) {
+  return guard(s->host.raw(), [&] {
+    *synced = 1;
+    const bool saved = std::exchange(s->saved, false);
+    const Host& h = s->host;
+    if (!saved || !h.raw()->step_skipped(h.raw()->ctx)) return;
+    s->comm_after_compute();
+    h.copy(s->error.get(), s->saved_error.get(), s->layout.error_elements * sizeof(float), h.comm_stream());
+    h.copy(s->q.get(), s->saved_q.get(), s->layout.q_elements * sizeof(float), h.comm_stream());
+    s->wait_comm();
   });
 }
 
@@ -404,6 +454,10 @@ ddp_status powersgd_plan(const ddp_host* host, const ddp_transport_v1_t*, ddp_pl
     plan.buffer(DDP_MEM_COMM_BUFFERS, l.vector_elements * sizeof(float));
     plan.buffer(DDP_MEM_COMM_BUFFERS, l.scratch_elements * sizeof(float));
     plan.buffer(DDP_MEM_COMM_BUFFERS, l.q_elements * sizeof(float));  // the initial Qs' staging (alloc_host)
+    if (ddp::strategy::run_precision(host).loss_scaled) {             // the error and Q a step started from
+      plan.buffer(DDP_MEM_OPTIMIZER_STATE, l.error_elements * sizeof(float));
+      plan.buffer(DDP_MEM_OPTIMIZER_STATE, l.q_elements * sizeof(float));
+    }
     if (l.vector_elements) plan.collective(DDP_OP_ALL_REDUCE, l.vector_elements);
     if (l.matrices.empty()) return;
     plan.collective(DDP_OP_ALL_REDUCE, l.p_elements);
@@ -428,6 +482,7 @@ DDP_STRATEGY_ENTRY = {
     .destroy = powersgd_destroy,
     .keys = kKeys,
     .plan = powersgd_plan,
+    .on_step_end = powersgd_on_step_end,
     .state = powersgd_state,
     .state_scopes = powersgd_state_scopes,
 };

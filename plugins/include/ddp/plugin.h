@@ -104,6 +104,8 @@
  *        (ddp_host::precision, ddp_precision), a step's skipped update
  *        (ddp_host::step_skipped); DDP_CAP_REDUCE_DTYPE; ddp_plan::clips
  *        also under loss scaling.
+ *   1.12 a step's loss scale (ddp_step_info::loss_scale), so that state
+ *        made of gradients survives loss scaling (powersgd under fp16).
  * Header-only helpers (ddp_dtype_*, DDP_*_ENTRY, DDP_*_HAS, ddp/numeric.h,
  * ddp/plugin.hpp, ddp/transport.hpp, the strategy kit) are no ABI change.
  */

@@ -180,6 +180,13 @@ typedef struct ddp_step_info {
   int32_t sync_grads;     /* 1 on the micro-batch whose gradients must be synced */
   int32_t params_changed; /* 1 if trainable flags changed since last step */
   int64_t total_steps;    /* (1.4) run.steps: the last step is total_steps - 1 */
+  /* (1.12) The factor this step's gradients carry: the loss scale under
+   * ddp_precision::loss_scaled (GradScaler's scale, which changes between
+   * steps; a power of two under the default init_scale, growth_factor and
+   * backoff_factor), 1 otherwise. The engine divides it out after finish;
+   * a strategy that keeps state made of gradients keeps it divided out
+   * (powersgd's error feedback). */
+  double loss_scale;
 } ddp_step_info;
 
 /* The descriptor. Each entry's contract is above, in the order of a run;

@@ -21,7 +21,7 @@ extern "C" {
 #endif
 
 #define DDP_ABI_VERSION_MAJOR 1
-#define DDP_ABI_VERSION_MINOR 11
+#define DDP_ABI_VERSION_MINOR 12
 /* abi_version = major << 16 | minor. */
 #define DDP_ABI_VERSION ((uint32_t)((DDP_ABI_VERSION_MAJOR << 16) | DDP_ABI_VERSION_MINOR))
 #define DDP_ABI_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -312,8 +312,10 @@ typedef struct ddp_precision {
    * default, as GradScaler): the gradients a strategy reduces carry a scale
    * that changes between steps, and a step whose gradients hold an inf or
    * NaN on any rank is skipped (no optimizer update). A strategy that keeps
-   * state made of gradients (error feedback) must not keep theirs. Part of
-   * 1.11 as released: every engine that has ddp_host::precision fills it. */
+   * state made of gradients (error feedback) must not keep theirs: it keeps
+   * it divided by the step's scale (1.12, ddp_step_info::loss_scale) and
+   * puts back what it held before a skipped step. Part of 1.11 as
+   * released: every engine that has ddp_host::precision fills it. */
   int32_t loss_scaled;
 } ddp_precision;
 
