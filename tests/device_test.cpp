@@ -4,8 +4,10 @@
 // inline streams; events on device-like streams (native events, as on a
 // GPU), and the plugin host's rules there (device calls refused inside a
 // device stream's host function, a failed event's error from event_query).
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -22,6 +24,7 @@
 #include "device_like_stream.h"
 #include "error.h"
 #include "mapped.h"
+#include "update_rules.h"
 #include "whereabouts.h"
 #if DDP_WITH_CUDA
 #include "gpu.h"
@@ -228,6 +231,31 @@ TEST(CpuDevice, CopyFillScaleRunInStreamOrder) {
   EXPECT_EQ(b[99], 7.0f);
   device.free(a);
   device.free(b);
+}
+
+// sums_of_squares: each vector's own sum, in closed form where every
+// partial sum is exact (1² + ... + n²), empty ones 0, and sum_of_squares's
+// bits where rounding shows (the gradients' norm reads nothing else).
+TEST(CpuDevice, SumsOfSquaresAreEachVectorsOwn) {
+  CpuDevice device;
+  std::vector<std::vector<float>> v;
+  for (size_t n : {0, 1, 17, 1000}) {
+    v.emplace_back(n);
+    for (size_t i = 0; i < n; ++i) v.back()[i] = float(i + 1);
+  }
+  v.emplace_back(333);
+  for (size_t i = 0; i < 333; ++i) v.back()[i] = std::sin(float(i) * 0.37f) * 1e3f;
+  std::vector<const float*> x;
+  std::vector<size_t> n;
+  for (const auto& a : v) {
+    x.push_back(a.data());
+    n.push_back(a.size());
+  }
+  std::vector<double> out(v.size(), -1.0);
+  device.sums_of_squares(x.data(), n.data(), v.size(), out.data());
+  for (size_t i = 0; i + 1 < v.size(); ++i)
+    EXPECT_EQ(out[i], double(n[i]) * double(n[i] + 1) * double(2 * n[i] + 1) / 6) << n[i];
+  EXPECT_EQ(out.back(), sum_of_squares(v.back().data(), v.back().size()));
 }
 
 // ----------------------------------------------------------------- Streams
@@ -689,6 +717,46 @@ TEST(MakeDevice, CudaWithoutAGpuIsAClearError) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()), "device \"cuda\": no usable GPU on this machine (" + test::gpus().why + ")");
+  }
+}
+
+// The GPU's sums of squares (the gradients' norm under clipping and loss
+// scaling): exact where every square and partial sum is (small integers),
+// within float64 rounding of the CPU's lanes elsewhere, the same bits when
+// repeated, at chunk edges (16384) and across a growth of its buffer.
+TEST(CudaDevice, SumsOfSquaresMatchTheCpuAndRepeatBitForBit) {
+  DDP_REQUIRE_GPUS(1);
+  auto device = make_device(DDP_DEVICE_CUDA, 0, false);
+  const std::vector<size_t> sizes = {0, 1, 16383, 16384, 16385, (size_t(3) << 20) + 7};
+  for (const bool integers : {true, false}) {
+    SCOPED_TRACE(integers ? "small integers" : "sines");
+    std::vector<std::vector<float>> host;
+    std::vector<const float*> x;
+    for (size_t n : sizes) {
+      host.emplace_back(n);
+      for (size_t i = 0; i < n; ++i)
+        host.back()[i] = integers ? float(int(i % 7) - 3) : std::sin(float(i) * 0.37f) * 1e3f;
+      auto* d = static_cast<float*>(device->alloc(std::max<size_t>(n, 1) * sizeof(float), MemCategory::Gradients));
+      device->upload(d, host.back().data(), n * sizeof(float));
+      x.push_back(d);
+    }
+    for (size_t first : {sizes.size() - 1, size_t(0)}) {  // one vector, then all (the buffer grows)
+      const size_t count = sizes.size() - first;
+      std::vector<double> a(count, -1.0);
+      std::vector<double> b(count, -1.0);
+      device->sums_of_squares(x.data() + first, sizes.data() + first, count, a.data());
+      device->sums_of_squares(x.data() + first, sizes.data() + first, count, b.data());
+      for (size_t i = 0; i < count; ++i) {
+        const size_t k = first + i;
+        const double cpu = sum_of_squares(host[k].data(), sizes[k]);
+        if (integers)
+          EXPECT_EQ(a[i], cpu) << sizes[k];
+        else
+          EXPECT_NEAR(a[i], cpu, 1e-12 * cpu) << sizes[k];
+        EXPECT_EQ(std::memcmp(&a[i], &b[i], sizeof(double)), 0) << sizes[k] << ": not repeated bit for bit";
+      }
+    }
+    for (const float* d : x) device->free(const_cast<float*>(d));
   }
 }
 

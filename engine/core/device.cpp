@@ -4,6 +4,7 @@
 #include <ddp/plugin.hpp>
 
 #include "convert.h"
+#include "update_rules.h"
 
 #include <algorithm>
 #include <cmath>
@@ -124,6 +125,10 @@ void CpuDevice::fill(float* data, size_t count, float value, Stream& stream) {
 void CpuDevice::upload(void* dst, const void* host_src, size_t bytes) { std::memcpy(dst, host_src, bytes); }
 
 void CpuDevice::download(void* host_dst, const void* src, size_t bytes) { std::memcpy(host_dst, src, bytes); }
+
+void CpuDevice::sums_of_squares(const float* const* x, const size_t* n, size_t count, double* out) {
+  for (size_t i = 0; i < count; ++i) out[i] = sum_of_squares(x[i], n[i]);
+}
 
 void CpuDevice::scale(float* data, size_t count, float factor, Stream& stream) {
   stream.enqueue([=](bool cancelled) {

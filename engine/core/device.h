@@ -94,6 +94,13 @@ class Device {
   // when the copy is done (set-up, checkpoints, tests: not the step).
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
+  // out[i] = the sum of x[i][j]² over j < n[i], in float64, for each of the
+  // `count` vectors, read in order with the compute stream; returns when
+  // done (the gradients' norm: clipping, loss scaling). The CPU sums in
+  // update_rules.h's fixed lanes (sum_of_squares's bits); a GPU reads each
+  // vector on the device and copies back one float64 per 16384 elements
+  // (the same bits run to run, not the CPU's).
+  virtual void sums_of_squares(const float* const* x, const size_t* n, size_t count, double* out) = 0;
   Stream& compute_stream() { return *compute_; }
   Stream& comm_stream() { return *comm_; }
   MemoryTracker& memory() { return memory_; }
@@ -121,6 +128,7 @@ class CpuDevice final : public Device {
                Stream& stream) override;
   void upload(void* dst, const void* host_src, size_t bytes) override;
   void download(void* host_dst, const void* src, size_t bytes) override;
+  void sums_of_squares(const float* const* x, const size_t* n, size_t count, double* out) override;
 
  private:
   BlockTable blocks_{memory_};

@@ -3,7 +3,14 @@
 
 #include <cmath>
 
+#include "simd_clones.h"
+
 namespace ddp {
+
+DDP_SIMD_CLONES
+double sum_of_squares(const float* x, size_t n) {
+  return sum_squares_while(x, n, [](size_t) {});
+}
 
 AdamScalars adamw_scalars(double lr, double weight_decay, double beta1, double beta2, double eps, int64_t step) {
   const double bias1 = 1.0 - std::pow(beta1, double(step));

@@ -30,8 +30,7 @@ struct AdamScalars {
 // order, then the lanes are added in lane order. Each square of a float32 is
 // exact in float64, so the sum has the same bits on every machine, whether
 // or not the compiler vectorises or fuses, and wherever it is taken
-// (sum_squares_while below: sum_of_squares in engine/train/schedule.h, the
-// AdamW update's). A build that would reorder the lanes stops here.
+// (sum_squares_while below: sum_of_squares below, the AdamW update's). A build that would reorder the lanes stops here.
 #if defined(__FAST_MATH__) || defined(__ASSOCIATIVE_MATH__)
 #error "built with -ffast-math or -fassociative-math: the lanes of a sum of squares would be reordered"
 #endif
@@ -58,6 +57,11 @@ inline double sum_squares_while(const float* g, size_t n, Each&& each) {
   for (double l : lane) sum += l;
   return sum;
 }
+
+// The sum of x[i]² over i < n in float64, in the fixed lanes above: the
+// same bits on every machine (OpenBLAS's dsdot sums in an order of its
+// kernel's choosing). Pure.
+double sum_of_squares(const float* x, size_t n);
 
 // The constants for step `step` (1-based) with these hyper-parameters.
 AdamScalars adamw_scalars(double lr, double weight_decay, double beta1, double beta2, double eps, int64_t step);

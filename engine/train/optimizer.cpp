@@ -44,7 +44,7 @@ void sgd_momentum(float* __restrict w, const float* __restrict g, float* __restr
   }
 }
 
-// Returns the sum of g's squares, as sum_of_squares (schedule.h) takes it,
+// Returns the sum of g's squares, as sum_of_squares (update_rules.h) takes it,
 // bit for bit: measured in the pass that reads g anyway, the gradient norm
 // of an unclipped step costs no pass of its own.
 DDP_UPDATE_CLONES

@@ -102,7 +102,7 @@ class Optimizer {
   // holds the state.
   void skip_step() { skipping_ = true; }
   // Per parameter, the sum of the squares of the gradient this step's update
-  // read (sum_of_squares, schedule.h, bit for bit) where the update measured
+  // read (sum_of_squares, update_rules.h, bit for bit) where the update measured
   // it (AdamW on the CPU), else NaN.
   const std::vector<double>& grad_squares() const { return grad_sq_; }
 

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 
-#include "simd_clones.h"
 #include "update_rules.h"
 
 namespace ddp {
@@ -22,32 +21,37 @@ double scheduled_lr(const LrScheduleConfig& s, double lr, int64_t step) {
 
 double clip_coefficient(double total_norm, double max_norm) { return std::min(1.0, max_norm / (total_norm + 1e-6)); }
 
-DDP_SIMD_CLONES
-double sum_of_squares(const float* x, size_t n) {
-  return sum_squares_while(x, n, [](size_t) {});
-}
-
 double clip_gradients(const std::vector<GradSpan>& held, bool gather, double max_norm, Device& device, int world,
                       const std::function<void(const std::vector<double>&, std::vector<double>&)>& all_gather,
                       const std::vector<double>* known, double unscale) {
+  // Each span's squares: the update's where it measured them, else the
+  // device's, every other span in one call (on a GPU: read there, one
+  // float64 per chunk copied back). (A gradient with a NaN has a NaN sum:
+  // it is measured again, as NaN.)
+  std::vector<double> squares(held.size());
+  std::vector<const float*> x;
+  std::vector<size_t> n;
+  std::vector<size_t> at;
+  for (size_t k = 0; k < held.size(); ++k) {
+    const GradSpan& s = held[k];
+    if (s.whole && known && s.param < known->size() && !std::isnan((*known)[s.param])) {
+      squares[k] = (*known)[s.param];
+      continue;
+    }
+    x.push_back(s.grad);
+    n.push_back(s.count);
+    at.push_back(k);
+  }
+  std::vector<double> measured(x.size());
+  device.sums_of_squares(x.data(), n.data(), x.size(), measured.data());
+  for (size_t j = 0; j < at.size(); ++j) squares[at[j]] = measured[j];
   double mine = 0;       // held by fewer than every rank (each / its replicas)
   double everyones = 0;  // held by every rank
-  for (const GradSpan& s : held) {
+  for (size_t k = 0; k < held.size(); ++k) {
+    const GradSpan& s = held[k];
     const bool everywhere = s.replicas >= world;
     double& sum = everywhere ? everyones : mine;
-    double squares;
-    // (A gradient with a NaN has a NaN sum: it is measured again, as NaN.)
-    if (s.whole && known && s.param < known->size() && !std::isnan((*known)[s.param])) {
-      squares = (*known)[s.param];
-    } else {
-      std::vector<float> host;
-      if (device.kind() != DDP_DEVICE_CPU) {
-        host.resize(s.count);
-        device.download(host.data(), s.grad, s.count * sizeof(float));
-      }
-      squares = sum_of_squares(host.empty() ? s.grad : host.data(), s.count);
-    }
-    sum += everywhere || s.replicas <= 1 ? squares : squares / double(s.replicas);
+    sum += everywhere || s.replicas <= 1 ? squares[k] : squares[k] / double(s.replicas);
   }
   double sum = everyones;
   if (gather) {

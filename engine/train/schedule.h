@@ -11,6 +11,7 @@
 #include "config.h"
 #include "grad_span.h"
 #include "model.h"
+#include "update_rules.h"
 
 namespace ddp {
 
@@ -25,10 +26,7 @@ double scheduled_lr(const LrScheduleConfig& schedule, double lr, int64_t step);
 // most 1. Pure.
 double clip_coefficient(double total_norm, double max_norm);
 
-// The sum of x[i]² over i < n in float64, in the fixed lanes of
-// update_rules.h (kSquareLanes): the same bits on every machine (OpenBLAS's
-// dsdot sums in an order of its kernel's choosing). Pure.
-double sum_of_squares(const float* x, size_t n);
+// sum_of_squares (the gradients' squares) is update_rules.h's.
 
 // What a strategy's held_ranges (1.9) promises, checked. Pure.
 // The first two spans of one rank that hold the same elements, as a

@@ -7,11 +7,13 @@
 // stream's kernels; they must not call CUDA. Built with DDP_WITH_CUDA only.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "convert.h"
 #include "cuda/cuda_check.h"
@@ -149,6 +151,7 @@ class CudaDevice final : public Device {
     compute_.reset();
     for (void* ptr : blocks_.pointers()) cudaFree(ptr);
     for (void* ptr : host_blocks_.pointers()) cudaFreeHost(ptr);
+    if (partials_) cudaFree(partials_);
   }
 
   ddp_device_kind kind() const override { return DDP_DEVICE_CUDA; }
@@ -226,9 +229,55 @@ class CudaDevice final : public Device {
     check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, raw(*compute_)), "cudaMemcpyAsync (download)");
     check(cudaStreamSynchronize(raw(*compute_)), "cudaStreamSynchronize (download)");
   }
+  // Every vector's chunks summed on the device, the partials copied back in
+  // one download and added in order here.
+  void sums_of_squares(const float* const* x, const size_t* n, size_t count, double* out) override {
+    size_t chunks = 0;
+    for (size_t i = 0; i < count; ++i) chunks += cuda_ops::square_chunks(n[i]);
+    if (chunks == 0) {
+      std::fill(out, out + count, 0.0);
+      return;
+    }
+    if (chunks > partial_count_) {  // (grown between steps' norms: the stream has finished with the old one)
+      check(cudaStreamSynchronize(raw(*compute_)), "cudaStreamSynchronize (sums of squares)");
+      if (partials_) cudaFree(partials_);
+      partials_ = nullptr;
+      partial_count_ = 0;
+      const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&partials_), chunks * sizeof(double));
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        partials_ = nullptr;
+        throw Error("out of GPU memory allocating " + std::to_string(chunks * sizeof(double)) +
+                        " bytes for the gradients' sums of squares on GPU " + std::to_string(ordinal_) + " (" +
+                        cudaGetErrorString(e) + ")",
+                    DDP_ERR_OUT_OF_MEMORY);
+      }
+      partial_count_ = chunks;
+    }
+    size_t at = 0;
+    for (size_t i = 0; i < count; ++i) {
+      cuda_ops::square_sums(compute_->native(), x[i], n[i], partials_ + at);
+      at += cuda_ops::square_chunks(n[i]);
+    }
+    host_partials_.resize(chunks);
+    download(host_partials_.data(), partials_, chunks * sizeof(double));
+    at = 0;
+    for (size_t i = 0; i < count; ++i) {
+      double sum = 0.0;
+      for (size_t c = 0; c < cuda_ops::square_chunks(n[i]); ++c) sum += host_partials_[at + c];
+      at += cuda_ops::square_chunks(n[i]);
+      out[i] = sum;
+    }
+  }
 
  private:
   int ordinal_;
+  // sums_of_squares' float64 per chunk, on the device and back here: not
+  // accounted (one float64 per 16384 gradient elements, as cuBLAS's
+  // workspace is not).
+  double* partials_ = nullptr;
+  size_t partial_count_ = 0;
+  std::vector<double> host_partials_;
   BlockTable blocks_{memory_};
   BlockTable host_blocks_{memory_};  // alloc_host's
 };

@@ -1,7 +1,8 @@
-// cuda_ops.cu — the CUDA device's elementwise kernels (fill, scale) and the
+// cuda_ops.cu — the CUDA device's elementwise kernels (fill, scale), the
 // optimizer's update rules (SGD, SGD with momentum, AdamW), one grid-stride
-// kernel each. Not here: fused or multi-tensor updates, vectorised loads —
-// these kernels are memory-bound and simple on purpose.
+// kernel each, and the gradients' sums of squares. Not here: fused or
+// multi-tensor updates, vectorised loads — these kernels are memory-bound
+// and simple on purpose.
 //
 // Bitwise agreement with optimizer.cpp's CPU loops: every arithmetic
 // operation is an explicit round-to-nearest intrinsic (__fmul_rn,
@@ -120,7 +121,36 @@ __global__ void convert_kernel(Out* __restrict__ out, const In* __restrict__ in,
 
 #undef DDP_GRID_STRIDE_LOOP
 
+// One float64 sum of squares per kSquareChunk elements: each of the block's
+// threads adds its elements (every kThreads-th) in order, then the block
+// adds its threads' sums as a fixed tree. The same bits every run.
+__global__ void square_sums_kernel(const float* __restrict__ x, size_t n, double* __restrict__ partial) {
+  __shared__ double sums[kThreads];
+  const size_t begin = size_t(blockIdx.x) * kSquareChunk;
+  const size_t end = begin + kSquareChunk < n ? begin + kSquareChunk : n;
+  double sum = 0.0;
+  for (size_t i = begin + threadIdx.x; i < end; i += kThreads) {
+    const double v = x[i];
+    sum = __dadd_rn(sum, __dmul_rn(v, v));
+  }
+  sums[threadIdx.x] = sum;
+  __syncthreads();
+  for (unsigned half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) sums[threadIdx.x] = __dadd_rn(sums[threadIdx.x], sums[threadIdx.x + half]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = sums[0];
+}
+
 }  // namespace
+
+size_t square_chunks(size_t n) { return n / kSquareChunk + (n % kSquareChunk != 0 ? 1 : 0); }
+
+void square_sums(void* stream, const float* x, size_t n, double* partial) {
+  if (n == 0) return;
+  square_sums_kernel<<<static_cast<unsigned>(square_chunks(n)), kThreads, 0, as_stream(stream)>>>(x, n, partial);
+  check_launch("square_sums");
+}
 
 void fill(void* stream, float* data, size_t n, float value) {
   if (n == 0) return;

@@ -29,6 +29,15 @@ void add(void* stream, float* dst, const float* src, size_t n);
 // rounding to nearest even (convert.h; the caller has checked the pair).
 void convert(void* stream, void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t n);
 
+// The elements square_sums sums into one float64 of `partial`.
+constexpr size_t kSquareChunk = 16384;
+// ceil(n / kSquareChunk): the float64s square_sums writes for n elements.
+size_t square_chunks(size_t n);
+// partial[c] = the sum of x[j]² in float64 over chunk c of x[0, n) (a
+// fixed order: the same bits every run); the sum of the partials, added in
+// order, is x's. Nothing for n = 0.
+void square_sums(void* stream, const float* x, size_t n, double* partial);
+
 // SGD without momentum: w += -lr * (wd != 0 ? g + wd * w : g).
 void sgd_plain(void* stream, float* w, const float* g, size_t n, float lr, float wd);
 // SGD with momentum mu: d = wd != 0 ? g + wd * w : g;
