@@ -295,12 +295,14 @@ TEST(CudaKernels, SixteenBitLinearMatchesTheCpuEmulation) {
       expect_close("dx", k.get(gdx), dx, kRtol16 * rms(dx), kRtol16);
       expect_close("dw", k.get(gdw), dw, kRtol16 * rms(dw), kRtol16);
       // Not float32's: the rounding is there (a float32 product of these
-      // inputs differs by far more than the tolerance somewhere).
+      // inputs is outside the tolerance above for many of its elements:
+      // for fp16, the closer type, at least 390 of 903 in 300 draws).
       Vec y32(n * out);
       make_cpu_kernels()->linear_forward(y32.data(), x.data(), w.data(), n, in, out, false);
-      double most = 0;
-      for (size_t i = 0; i < y.size(); ++i) most = std::max(most, std::abs(double(y32[i]) - y[i]));
-      EXPECT_GT(most, 10 * kRtol16 * rms(y));
+      size_t outside = 0;
+      for (size_t i = 0; i < y.size(); ++i)
+        outside += std::abs(double(y32[i]) - y[i]) > kRtol16 * (std::abs(double(y[i])) + rms(y));
+      EXPECT_GT(outside, y.size() / 10);
     }
   }
 }
@@ -327,8 +329,9 @@ TEST(CudaKernels, SixteenBitAttentionMatchesTheCpuEmulation) {
     struct Shape {
       int64_t b, t, heads, dh;
     };
-    // dh 16 (lm-tiny's), 64 (small's, large's), 80 (a lane with a partial third element).
-    for (const Shape s : {Shape{1, 1, 1, 16}, Shape{2, 70, 3, 64}, Shape{1, 33, 2, 80}}) {
+    // dh 16 (lm-tiny's), 64 (small's, large's), 80 (a lane with a partial third element),
+    // 160 (eight a lane, the widest kind, up to kFusedAttentionMaxHead).
+    for (const Shape s : {Shape{1, 1, 1, 16}, Shape{2, 70, 3, 64}, Shape{1, 33, 2, 80}, Shape{1, 33, 2, 160}}) {
       SCOPED_TRACE(shape({{"b", s.b}, {"t", s.t}, {"heads", s.heads}, {"dh", s.dh}}));
       const size_t size = s.b * s.t * s.heads * s.dh, psize = s.b * s.heads * s.t * s.t;
       const size_t stats = s.b * s.heads * s.t * 2;

@@ -33,6 +33,7 @@
 
 #include <ddp/numeric.h>
 
+#include "convert.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_gemm.h"
 #include "cuda/cuda_kernels.h"
@@ -92,6 +93,7 @@ class CudaKernels final : public Kernels {
   }
 
   void convert(void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t n) override {
+    if (std::string why = convert_refusal(dst_type, src_type); !why.empty()) throw Error(why, DDP_ERR_UNSUPPORTED);
     if (n > 0) cuda_ops::convert(stream_, dst, dst_type, src, src_type, n);
   }
 
