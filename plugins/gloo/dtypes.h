@@ -41,7 +41,11 @@ inline void with_type(ddp_dtype dtype, F&& f) {
 
 constexpr uint64_t kDtypes = DDP_DTYPE_BIT(DDP_FLOAT32) | DDP_DTYPE_BIT(DDP_FLOAT64) | DDP_DTYPE_BIT(DDP_INT32) |
                              DDP_DTYPE_BIT(DDP_INT64) | DDP_DTYPE_BIT(DDP_BFLOAT16) | DDP_DTYPE_BIT(DDP_FLOAT16);
-inline bool gloo_supports(ddp_dtype dtype) { return dtype >= 0 && dtype < 64 && (kDtypes & DDP_DTYPE_BIT(dtype)); }
+// (Through int: a value from a plugin may be outside the enum's range.)
+inline bool gloo_supports(ddp_dtype dtype) {
+  const int d = static_cast<int>(dtype);
+  return d >= 0 && d < 64 && (kDtypes & DDP_DTYPE_BIT(dtype));
+}
 
 // AVG after the sum: each element divided by the world size.
 template <typename T>

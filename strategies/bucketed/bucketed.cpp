@@ -132,12 +132,20 @@ ddp_status bucketed_finish(ddp_strategy* s) {
 //  "in_place": b, "buckets": [{"bytes": n, "in_place": b, "params": ["name", ...]}, ...]}
 ddp_status bucketed_stats(ddp_strategy* s, char* buf, size_t cap, size_t* needed) {
   return guard(s->host.raw(), [&] {
-    ddp::strategy::write_stats("{" + s->cap.json_members(s->gradient_bytes, s->buckets.size()) +
-                                   ", \"overlap_optimizer\": " + (s->overlap_optimizer ? "true" : "false") +
-                                   ", \"compress\": \"" + ddp::strategy::compress_value(s->buckets.wire()) + "\"" +
-                                   ", \"in_place\": " + (s->buckets.in_place_allowed() ? "true" : "false") +
-                                   ", \"buckets\": " + s->buckets.json() + "}",
-                               buf, cap, needed);
+    // (Appended, not "{" + std::string: GCC 12's -Wrestrict misfires on
+    // inserting before a temporary, PR 105329.)
+    std::string json = "{";
+    json += s->cap.json_members(s->gradient_bytes, s->buckets.size());
+    json += ", \"overlap_optimizer\": ";
+    json += s->overlap_optimizer ? "true" : "false";
+    json += ", \"compress\": \"";
+    json += ddp::strategy::compress_value(s->buckets.wire());
+    json += "\", \"in_place\": ";
+    json += s->buckets.in_place_allowed() ? "true" : "false";
+    json += ", \"buckets\": ";
+    json += s->buckets.json();
+    json += "}";
+    ddp::strategy::write_stats(json, buf, cap, needed);
   });
 }
 
