@@ -31,8 +31,9 @@
 #                    `bucketed`, under [precision] compute fp32, bf16 and
 #                    fp16, beside PyTorch's fp32 and its bf16 (autocast +
 #                    scaled_dot_product_attention + fused AdamW) on the same
-#                    GPU; a compute this build's CUDA path refuses is listed
-#                    with the refusal (not a failure);
+#                    GPU; a run that fails is listed with its exit status
+#                    and its first line that says error; fp16's rows count
+#                    the steps loss scaling skipped;
 #       and writes DIR/gpu_check.md (the summary: GPUs, driver, the NCCL that
 #       loads, test counts, skipped tests by reason, whether more than one
 #       GPU was there to test on, tables),
@@ -282,7 +283,9 @@ fi
 if wanted lm; then
   say "lm small"
   echo "strategy,mean_step_s,tokens_per_s,comm_blocked_s,collectives_per_step,peak_total_bytes,final_loss,status" >"$out/lm_gpu.csv"
-  mkdir -p "$out/lm_gpu"
+  # (Each run's output, weights.safetensors included, outside DIR: a call
+  # cut off returns DIR, which must stay small.)
+  runs=$(mktemp -d)
   : >"$out/lm_gpu.log"
   # The last run repeats overlap (one collective per parameter) without the
   # nccl plugin's host function after each collective: the difference in
@@ -291,7 +294,7 @@ if wanted lm; then
     strategy=${variant%%+*}
     extra=()
     [ "$variant" = "$strategy" ] || extra=(--set transport.fail_streams=false)
-    dir="$out/lm_gpu/$variant"
+    dir="$runs/$variant"
     set +e
     (cd "$root" && timeout 75 "$bin/ddp" run configs/lm-gpu.toml --set "strategy.plugin=\"$strategy\"" \
        --set "run.output_dir=\"$dir\"" ${extra[@]+"${extra[@]}"}) >"$out/lm_gpu.part" 2>&1
@@ -313,6 +316,7 @@ blocked = s["comm_blocked_s"][3:] or s["comm_blocked_s"]
 print(f'{sys.argv[2]},{mean:.5f},{s.get("tokens_per_s", 0):.0f},{sum(blocked) / len(blocked):.5f},'
       f'{s["collectives"][-1]},{s["peak_bytes"]["before_optimizer_step"]["total"]},{s["loss"][-1]:.4f},ok')
 EOF
+    rm -rf "$dir"
   done
   # The same model and steps in PyTorch on this GPU (float32, TF32 off), where
   # the machine's python3 has torch.
@@ -342,66 +346,95 @@ EOF
     cat "$out/lm_gpu.csv"
     echo '```'
   } >>"$summary"
-  rm -rf "$out/lm_gpu"
+  rm -rf "$runs"
 fi
 # 5. [precision]: lm small (batch 8) and large (batch 32), world 1, ddp under
 # each compute beside PyTorch fp32 and bf16 (its fast path) on this GPU.
+# The stage's runs share one cap (GPU_CHECK_PRECISION_CAP_S, default 520):
+# a run gets at most 150 s of what is left, and a row whose turn comes with
+# under 20 s left is written "skipped (stage cap)".
 if wanted precision; then
   say "precision"
   csv="$out/precision.csv" log="$out/precision.log"
-  echo "model,batch,run,mean_step_s,final_loss,activations_gb,peak_gb,status" >"$csv"
+  echo "model,batch,run,mean_step_s,final_loss,skipped_steps,activations_gb,peak_gb,status" >"$csv"
   : >"$log"
-  mkdir -p "$out/precision"
+  runs=$(mktemp -d)
+  deadline=$((SECONDS + ${GPU_CHECK_PRECISION_CAP_S:-520}))
+  # The seconds the next run may take (0: the stage's cap is spent).
+  run_cap() {
+    local left=$((deadline - SECONDS))
+    if [ $left -lt 20 ]; then echo 0; elif [ $left -lt 150 ]; then echo $left; else echo 150; fi
+  }
+  # A failed run's row: its exit status and the first line that says error.
+  failed_row() {
+    local why
+    why=$(grep -m1 -i "error" "$out/precision.part" 2>/dev/null | tr ',' ';' | cut -c1-160 || true)
+    echo "$1,,,,,,failed (exit $2${why:+: $why})" >>"$csv"
+  }
   for spec in small:8:20 large:32:12; do
     IFS=: read -r preset batch steps <<<"$spec"
     for compute in fp32 bf16 fp16; do
-      dir="$out/precision/$preset-$compute"
+      dir="$runs/$preset-$compute"
+      cap=$(run_cap)
+      if [ "$cap" -eq 0 ]; then
+        echo "$preset,$batch,ddp $compute,,,,,,skipped (stage cap)" >>"$csv"
+        continue
+      fi
       set +e
-      (cd "$root" && timeout 150 "$bin/ddp" run configs/lm-gpu.toml --set "model.preset=\"$preset\"" \
+      (cd "$root" && timeout "$cap" "$bin/ddp" run configs/lm-gpu.toml --set "model.preset=\"$preset\"" \
          --set "data.batch_size=$batch" --set "run.steps=$steps" --set "precision.compute=\"$compute\"" \
          --set "run.output_dir=\"$dir\"") >"$out/precision.part" 2>&1
       rc=$?
       set -e
-      { echo "== ddp $preset $compute (exit $rc)"; cat "$out/precision.part"; } >>"$log"
+      { echo "== ddp $preset $compute (exit $rc, cap ${cap}s)"; cat "$out/precision.part"; } >>"$log"
       if [ $rc -ne 0 ]; then
         status=1
-        echo "$preset,$batch,ddp $compute,,,,,failed (exit $rc)" >>"$csv"
+        failed_row "$preset,$batch,ddp $compute" $rc
+        rm -rf "$dir"
         continue
       fi
-      python3 - "$dir/summary.json" "$preset,$batch,ddp $compute" >>"$csv" <<'EOF' || { status=1; echo "$preset,$batch,ddp $compute,,,,,summary.json unreadable" >>"$csv"; }
+      python3 - "$dir/summary.json" "$preset,$batch,ddp $compute" >>"$csv" <<'EOF' || { status=1; echo "$preset,$batch,ddp $compute,,,,,,summary.json unreadable" >>"$csv"; }
 import json, sys
 s = json.load(open(sys.argv[1]))
 steps = s["step_time_s"][3:] or s["step_time_s"]
 peak = s["ranks"][0]["peak_bytes"]  # rank 0's peak per category over the run
-print(f'{sys.argv[2]},{sum(steps) / len(steps):.5f},{s["loss"][-1]:.4f},{peak["activations"] / 1e9:.2f},'
-      f'{sum(peak.values()) / 1e9:.2f},ok')
+loss = s["loss"][-1]  # (null where not finite)
+skipped = sum(1 for k in s.get("step_skipped", []) if k)
+print(f'{sys.argv[2]},{sum(steps) / len(steps):.5f},{"nan" if loss is None else f"{loss:.4f}"},{skipped},'
+      f'{peak["activations"] / 1e9:.2f},{sum(peak.values()) / 1e9:.2f},ok')
 EOF
+      rm -rf "$dir"
     done
     for precision in fp32 bf16; do
+      cap=$(run_cap)
+      if [ "$cap" -eq 0 ]; then
+        echo "$preset,$batch,pytorch $precision,,,,,,skipped (stage cap)" >>"$csv"
+        continue
+      fi
       set +e
-      timeout 150 python3 tools/pytorch_ddp_bench.py --device cuda --world 1 --preset "$preset" --batch "$batch" \
+      timeout "$cap" python3 tools/pytorch_ddp_bench.py --device cuda --world 1 --preset "$preset" --batch "$batch" \
         --warmup 3 --steps $((steps - 3)) --precision "$precision" >"$out/precision.part" 2>>"$log"
       rc=$?
       set -e
       if [ $rc -eq 0 ]; then
-        python3 - "$out/precision.part" "$preset,$batch" >>"$csv" <<'EOF' || { status=1; echo "$preset,$batch,pytorch,,,,,output unreadable" >>"$csv"; }
+        python3 - "$out/precision.part" "$preset,$batch" >>"$csv" <<'EOF' || { status=1; echo "$preset,$batch,pytorch,,,,,,output unreadable" >>"$csv"; }
 import json, sys
 r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 fast = " + sdpa" * r["sdpa"] + " + fused adamw" * ("fused" in r["optimizer"])
 peak = f'{r["peak_bytes"] / 1e9:.2f}' if r.get("peak_bytes") else ""
-print(f'{sys.argv[2]},pytorch {r["torch"]} {r["precision"]}{fast},{r["step_s_mean"]:.5f},{r["final_loss"]:.4f},,'
+print(f'{sys.argv[2]},pytorch {r["torch"]} {r["precision"]}{fast},{r["step_s_mean"]:.5f},{r["final_loss"]:.4f},,,'
       f'{peak},ok')
 EOF
       elif tail -1 "$log" | grep -q "No module named 'torch'"; then
-        echo "$preset,$batch,pytorch $precision,,,,,skipped (no torch)" >>"$csv"
+        echo "$preset,$batch,pytorch $precision,,,,,,skipped (no torch)" >>"$csv"
       else
         status=1
-        echo "$preset,$batch,pytorch $precision,,,,,failed (exit $rc)" >>"$csv"
+        echo "$preset,$batch,pytorch $precision,,,,,,failed (exit $rc)" >>"$csv"
       fi
     done
   done
   rm -f "$out/precision.part"
-  rm -rf "$out/precision"
+  rm -rf "$runs"
   {
     echo
     echo "## [precision]: lm small (batch 8) and large (batch 32), world 1, bucketed; step time without the first 3 steps"
@@ -409,6 +442,10 @@ EOF
     echo '```'
     cat "$csv"
     echo '```'
+    echo
+    echo "peak_gb: ddp's is rank 0's peak per memory category over the run, added (its own tracker: not"
+    echo "cuBLAS's workspace nor the 16-bit GEMM operand buffers); PyTorch's is torch.cuda.max_memory_allocated()."
+    echo "skipped_steps: fp16's loss scaling skips the steps whose gradients overflow (cheap steps, in the mean)."
   } >>"$summary"
 fi
 cat "$summary"

@@ -291,7 +291,9 @@ class Attention(nn.Module):
         q = apply_rope(q, self.cos[:T], self.sin[:T])
         k = apply_rope(k, self.cos[:T], self.sin[:T])
         if Attention.sdpa:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            # (RoPE's float32 tables make q and k float32 under autocast; v
+            # is its dtype: the fast kernels take one dtype.)
+            o = F.scaled_dot_product_attention(q.to(v.dtype), k.to(v.dtype), v, is_causal=True)
             return self.output_proj(o.transpose(1, 2).reshape(B, T, D))
         scores = matmul(q, k.transpose(-1, -2)) / math.sqrt(self.dh)
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
