@@ -1,6 +1,8 @@
 // config_test.cpp — load_config / validate_config / PluginSection: the
 // exact error messages of config.h, --set overrides, defaults and paths.
 #include "config.h"
+#include "cpu_host.h"
+#include "plugin_host.h"
 #include "plugin_loader.h"
 
 #include <gtest/gtest.h>
@@ -1121,6 +1123,31 @@ TEST(ShippedConfigs, EveryOneTakesEveryShippedStrategyByPluginAlone) {
           << file << " with strategy.plugin=" << strategy;
     }
   }
+}
+
+// powersgd keeps its error feedback divided by each step's loss scale
+// (ddp_step_info::loss_scale, ABI 1.12): an engine older than 1.12 does
+// not give it, so there a scaled loss is refused by name; unscaled, or
+// scaled under this engine, create goes on.
+TEST(ShippedStrategies, PowerSgdRefusesLossScalingFromAnEngineOlderThan1_12) {
+  const std::unique_ptr<LoadedPlugin> plugin = load_plugin(PluginKind::Strategy, "powersgd", DDP_TEST_PLUGIN_DIR);
+  const auto create = [&](bool scaled, uint32_t minor) {
+    test::CpuPluginHost cpu("strategy");
+    cpu.services.precision.loss_scaled = scaled ? 1 : 0;
+    ddp_host host = *cpu.get();
+    host.abi_version = (1u << 16) | minor;
+    ddp_strategy* s = nullptr;
+    take_plugin_error();
+    const ddp_status status = plugin->strategy()->create(&host, nullptr, nullptr, &s);
+    if (s) plugin->strategy()->destroy(s);
+    return status == DDP_OK ? std::string("ok") : take_plugin_error();
+  };
+  EXPECT_EQ(create(true, 11),
+            "precision.loss_scale = \"dynamic\": powersgd keeps its error feedback divided by each step's loss "
+            "scale, which an engine older than ABI 1.12 does not give; use precision.loss_scale = \"none\" (or "
+            "compute = \"bf16\")");
+  EXPECT_EQ(create(false, 11), "ok");
+  EXPECT_EQ(create(true, DDP_ABI_VERSION_MINOR), "ok");
 }
 
 }  // namespace
