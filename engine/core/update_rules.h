@@ -30,7 +30,8 @@ struct AdamScalars {
 // order, then the lanes are added in lane order. Each square of a float32 is
 // exact in float64, so the sum has the same bits on every machine, whether
 // or not the compiler vectorises or fuses, and wherever it is taken
-// (sum_squares_while below: sum_of_squares below, the AdamW update's). A build that would reorder the lanes stops here.
+// (sum_squares_while below: sum_of_squares, the AdamW update's). A build
+// that would reorder the lanes stops here.
 #if defined(__FAST_MATH__) || defined(__ASSOCIATIVE_MATH__)
 #error "built with -ffast-math or -fassociative-math: the lanes of a sum of squares would be reordered"
 #endif

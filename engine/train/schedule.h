@@ -11,7 +11,7 @@
 #include "config.h"
 #include "grad_span.h"
 #include "model.h"
-#include "update_rules.h"
+#include "update_rules.h"  // sum_of_squares, the gradients' squares
 
 namespace ddp {
 
@@ -25,8 +25,6 @@ double scheduled_lr(const LrScheduleConfig& schedule, double lr, int64_t step);
 // torch.nn.utils.clip_grad_norm_'s factor: max_norm / (norm + 1e-6), at
 // most 1. Pure.
 double clip_coefficient(double total_norm, double max_norm);
-
-// sum_of_squares (the gradients' squares) is update_rules.h's.
 
 // What a strategy's held_ranges (1.9) promises, checked. Pure.
 // The first two spans of one rank that hold the same elements, as a

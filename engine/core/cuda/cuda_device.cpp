@@ -232,8 +232,9 @@ class CudaDevice final : public Device {
   // Every vector's chunks summed on the device, the partials copied back in
   // one download and added in order here.
   void sums_of_squares(const float* const* x, const size_t* n, size_t count, double* out) override {
-    size_t chunks = 0;
-    for (size_t i = 0; i < count; ++i) chunks += cuda_ops::square_chunks(n[i]);
+    std::vector<size_t> first(count + 1, 0);  // vector i's partials: [first[i], first[i + 1])
+    for (size_t i = 0; i < count; ++i) first[i + 1] = first[i] + cuda_ops::square_chunks(n[i]);
+    const size_t chunks = first[count];
     if (chunks == 0) {
       std::fill(out, out + count, 0.0);
       return;
@@ -254,18 +255,12 @@ class CudaDevice final : public Device {
       }
       partial_count_ = chunks;
     }
-    size_t at = 0;
-    for (size_t i = 0; i < count; ++i) {
-      cuda_ops::square_sums(compute_->native(), x[i], n[i], partials_ + at);
-      at += cuda_ops::square_chunks(n[i]);
-    }
+    for (size_t i = 0; i < count; ++i) cuda_ops::square_sums(compute_->native(), x[i], n[i], partials_ + first[i]);
     host_partials_.resize(chunks);
     download(host_partials_.data(), partials_, chunks * sizeof(double));
-    at = 0;
     for (size_t i = 0; i < count; ++i) {
       double sum = 0.0;
-      for (size_t c = 0; c < cuda_ops::square_chunks(n[i]); ++c) sum += host_partials_[at + c];
-      at += cuda_ops::square_chunks(n[i]);
+      for (size_t c = first[i]; c < first[i + 1]; ++c) sum += host_partials_[c];
       out[i] = sum;
     }
   }
