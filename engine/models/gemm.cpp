@@ -21,13 +21,27 @@ thread_local std::vector<GemmCall>* t_recorded = nullptr;
 thread_local std::vector<float> t_rounded_a;
 thread_local std::vector<float> t_rounded_b;
 
+// One row's elements rounded by `round` (numeric.h's branch-free
+// conversions, inlined: the loop vectorises).
+template <typename Round>
+void round_row(float* __restrict out, const float* __restrict in, int64_t cols, Round round) {
+  for (int64_t j = 0; j < cols; ++j) out[j] = round(in[j]);
+}
+
 // The rows x cols block at `p` (row stride ld), each element rounded to
-// `dtype`, into `out` (row stride cols).
+// `dtype` (bfloat16 or float16), into `out` (row stride cols).
 const float* rounded(std::vector<float>& out, const float* p, int64_t rows, int64_t cols, int64_t ld, ddp_dtype dtype) {
   const auto count = static_cast<size_t>(rows * cols);
   if (out.size() < count) out.resize(count);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) out[static_cast<size_t>(i * cols + j)] = round_to(dtype, p[i * ld + j]);
+  const auto bf16 = [](float x) { return ddp_bf16_to_float(ddp_float_to_bf16(x)); };
+  const auto fp16 = [](float x) { return ddp_fp16_to_float(ddp_float_to_fp16(x)); };
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = out.data() + i * cols;
+    if (dtype == DDP_BFLOAT16)
+      round_row(row, p + i * ld, cols, bf16);
+    else
+      round_row(row, p + i * ld, cols, fp16);
+  }
   return out.data();
 }
 
@@ -42,7 +56,7 @@ float round_to(ddp_dtype dtype, float x) {
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc, ddp_dtype inputs) {
   if (t_recorded) t_recorded->push_back({trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, a, b, c});
-  if (inputs != DDP_FLOAT32 && m > 0 && n > 0 && k > 0) {
+  if ((inputs == DDP_BFLOAT16 || inputs == DDP_FLOAT16) && m > 0 && n > 0 && k > 0) {
     // op(A) is m x k: stored m x k, or k x m where transposed; B likewise.
     a = rounded(t_rounded_a, a, trans_a ? k : m, trans_a ? m : k, lda, inputs);
     lda = trans_a ? m : k;
