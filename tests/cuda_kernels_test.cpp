@@ -39,6 +39,7 @@
 #include <ddp/numeric.h>
 
 #include "cuda/cublas_lib.h"
+#include "error.h"
 #include "gpu.h"
 #include "kernels.h"
 #include "layers.h"
@@ -304,6 +305,35 @@ TEST(CudaKernels, SixteenBitLinearMatchesTheCpuEmulation) {
         outside += std::abs(double(y32[i]) - y[i]) > kRtol16 * (std::abs(double(y[i])) + rms(y));
       EXPECT_GT(outside, y.size() / 10);
     }
+  }
+}
+
+// A kept activation goes to cuBLAS in its 16 bits (GemmInput, gemm.h): the
+// same products, bit for bit, as its float32 value rounded by the GEMM,
+// and one of the other 16-bit dtype is refused.
+TEST(CudaKernels, SixteenBitInputsAreTheirFloat32ValuesBitForBit) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(15);
+  for (const ddp_dtype dtype : {DDP_BFLOAT16, DDP_FLOAT16}) {
+    SCOPED_TRACE(ddp_dtype_name(dtype));
+    k.gpu->set_compute_dtype(dtype);
+    const int64_t n = 133, in = 300, out = 129;
+    const Vec x = uniform(n * in, rng), w = uniform(out * in, rng), dy = uniform(n * out, rng);
+    const Vec dw0 = uniform(out * in, rng);
+    Buf<float> gx(x), gw(w), gdy(dy), gdw(dw0), gdw16(dw0);
+    Buf<uint16_t> gx16(std::vector<uint16_t>(x.size(), 0xffff));
+    k.gpu->convert(gx16.get(), dtype, gx.get(), DDP_FLOAT32, x.size());
+    Buf<float> gy = Buf<float>::nan(n * out), gy16 = Buf<float>::nan(n * out);
+    const GemmInput x16(gx16.get(), dtype);
+    k.gpu->linear_forward(gy.get(), gx.get(), gw.get(), n, in, out, false);
+    k.gpu->linear_forward(gy16.get(), x16, gw.get(), n, in, out, false);
+    k.gpu->linear_backward_weight(gdw.get(), gdy.get(), gx.get(), n, in, out, 0.5f);
+    k.gpu->linear_backward_weight(gdw16.get(), gdy.get(), x16, n, in, out, 0.5f);
+    expect_equal("y", k.get(gy16), k.get(gy));
+    expect_equal("dw", k.get(gdw16), k.get(gdw));
+    const ddp_dtype other = dtype == DDP_BFLOAT16 ? DDP_FLOAT16 : DDP_BFLOAT16;
+    EXPECT_THROW(k.gpu->linear_forward(gy16.get(), GemmInput(gx16.get(), other), gw.get(), n, in, out, false), Error);
   }
 }
 

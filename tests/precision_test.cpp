@@ -3,7 +3,8 @@
 // ties to even, overflow to infinity, NaN kept), against values worked out
 // by hand; and gemm with rounded inputs, against the same products of the
 // rounded operands summed in double, for every transpose and a row stride
-// wider than the rows.
+// wider than the rows; an operand given already in 16 bits (GemmInput)
+// gives the bits of its float32 value, and one of another dtype is refused.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +14,9 @@
 
 #include <gtest/gtest.h>
 
+#include <ddp/numeric.h>
+
+#include "error.h"
 #include "gemm.h"
 
 namespace ddp {
@@ -112,6 +116,86 @@ TEST(Gemm, Float32InputsAreNotRounded) {
   EXPECT_EQ(c, 2.0f + 0x1.0p-20f);
   layers::gemm(false, false, 1, 1, 2, 1.0f, a, 2, b, 1, 0.0f, &c, 1, DDP_BFLOAT16);
   EXPECT_EQ(c, 2.0f);
+}
+
+// x's elements in `dtype`'s 16 bits (to nearest even), the same layout.
+std::vector<uint16_t> packed(const std::vector<float>& x, ddp_dtype dtype) {
+  std::vector<uint16_t> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    out[i] = dtype == DDP_BFLOAT16 ? ddp_float_to_bf16(x[i]) : ddp_float_to_fp16(x[i]);
+  return out;
+}
+
+// A kept activation (model.h) goes to the GEMM in its 16 bits: the product
+// is the float32 value's, bit for bit, for each operand, transpose and a
+// row stride wider than the rows.
+TEST(Gemm, ASixteenBitInputGivesTheBitsOfItsFloat32Value) {
+  const int64_t m = 6, n = 9, k = 40;
+  std::mt19937_64 rng(11);
+  for (const ddp_dtype dtype : {DDP_BFLOAT16, DDP_FLOAT16}) {
+    for (const bool ta : {false, true}) {
+      for (const bool tb : {false, true}) {
+        const int64_t lda = (ta ? m : k) + 2;
+        const int64_t ldb = (tb ? k : n) + 5;
+        const std::vector<float> a = random_matrix(ta ? k : m, lda, rng);
+        const std::vector<float> b = random_matrix(tb ? n : k, ldb, rng);
+        const std::vector<uint16_t> a16 = packed(a, dtype);
+        const std::vector<uint16_t> b16 = packed(b, dtype);
+        std::vector<float> want(size_t(m * n), 0.25f);
+        layers::gemm(ta, tb, m, n, k, 1.5f, a.data(), lda, b.data(), ldb, 1.0f, want.data(), n, dtype);
+        for (int sixteen = 1; sixteen < 4; ++sixteen) {  // A, B, both
+          const GemmInput ia = sixteen & 1 ? GemmInput(a16.data(), dtype) : GemmInput(a.data());
+          const GemmInput ib = sixteen & 2 ? GemmInput(b16.data(), dtype) : GemmInput(b.data());
+          std::vector<float> got(size_t(m * n), 0.25f);
+          layers::gemm(ta, tb, m, n, k, 1.5f, ia, lda, ib, ldb, 1.0f, got.data(), n, dtype);
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * got.size()), 0)
+              << "dtype " << dtype << ", trans " << ta << tb << ", 16-bit operands " << sixteen;
+        }
+      }
+    }
+  }
+}
+
+TEST(Gemm, RefusesASixteenBitInputOfAnotherDtype) {
+  const uint16_t x[4] = {0x3f80, 0x3f80, 0x3f80, 0x3f80};
+  const float y[4] = {1, 1, 1, 1};
+  float c[4] = {};
+  const auto message = [&](ddp_dtype inputs) {
+    try {
+      layers::gemm(false, false, 2, 2, 2, 1.0f, GemmInput(x, DDP_BFLOAT16), 2, y, 2, 0.0f, c, 2, inputs);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(DDP_FLOAT16),
+            "GEMM: an input in bfloat16 where the inputs are float16 (an operand is float32, or already in the 16-bit "
+            "compute dtype)");
+  EXPECT_EQ(message(DDP_FLOAT32),
+            "GEMM: an input in bfloat16 where the inputs are float32 (an operand is float32, or already in the 16-bit "
+            "compute dtype)");
+  EXPECT_EQ(message(DDP_BFLOAT16), "no error");
+  EXPECT_EQ(c[0], 2.0f);
+}
+
+// The GEMM-only floor replays a step's GEMMs in float32: a 16-bit operand
+// is recorded null and read from a float32 stand-in of its size (zeros).
+TEST(Gemm, AReplayReadsAStandInForASixteenBitOperand) {
+  const int64_t m = 3, n = 4, k = 5;
+  const std::vector<uint16_t> a16(size_t(k * (m + 1)), 0x3f80);  // bf16 1.0, A transposed, stride m + 1
+  const std::vector<float> b(size_t(k * n), 1.0f);
+  std::vector<float> c(size_t(m * n), 7.0f);
+  std::vector<layers::GemmCall> calls;
+  layers::record_gemms(&calls);
+  layers::gemm(true, false, m, n, k, 1.0f, GemmInput(a16.data(), DDP_BFLOAT16), m + 1, b.data(), n, 0.0f, c.data(), n,
+               DDP_BFLOAT16);
+  layers::record_gemms(nullptr);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].a, nullptr);
+  EXPECT_EQ(calls[0].b, b.data());
+  EXPECT_EQ(c[0], 5.0f);  // the step's product: k ones
+  EXPECT_GE(layers::replay_gemms(calls), 0.0);
+  for (const float v : c) EXPECT_EQ(v, 0.0f);  // the stand-in's
 }
 
 }  // namespace

@@ -4,11 +4,22 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
+#include <string>
 
 #include <ddp/numeric.h>
 
+#include "error.h"
+
 namespace ddp {
+
+void check_gemm_input(const GemmInput& x, ddp_dtype inputs) {
+  if (x.dtype == DDP_FLOAT32 || (x.dtype == inputs && (inputs == DDP_BFLOAT16 || inputs == DDP_FLOAT16))) return;
+  throw Error(std::string("GEMM: an input in ") + ddp_dtype_name(x.dtype) + " where the inputs are " +
+              ddp_dtype_name(inputs) + " (an operand is float32, or already in the 16-bit compute dtype)");
+}
+
 namespace layers {
 namespace {
 
@@ -23,8 +34,8 @@ thread_local std::vector<float> t_rounded_b;
 
 // One row's elements rounded by `round` (numeric.h's branch-free
 // conversions, inlined: the loop vectorises).
-template <typename Round>
-void round_row(float* __restrict out, const float* __restrict in, int64_t cols, Round round) {
+template <typename In, typename Round>
+void round_row(float* __restrict out, const In* __restrict in, int64_t cols, Round round) {
   for (int64_t j = 0; j < cols; ++j) out[j] = round(in[j]);
 }
 
@@ -45,6 +56,37 @@ const float* rounded(std::vector<float>& out, const float* p, int64_t rows, int6
   return out.data();
 }
 
+// The rows x cols block of 16-bit values at `p` (row stride ld) widened to
+// float32 (exact), into `out` (row stride cols).
+const float* widened(std::vector<float>& out, const void* p, int64_t rows, int64_t cols, int64_t ld, ddp_dtype dtype) {
+  const auto count = static_cast<size_t>(rows * cols);
+  if (out.size() < count) out.resize(count);
+  const auto* in = static_cast<const uint16_t*>(p);
+  const auto bf16 = [](uint16_t x) { return ddp_bf16_to_float(x); };
+  const auto fp16 = [](uint16_t x) { return ddp_fp16_to_float(x); };
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = out.data() + i * cols;
+    if (dtype == DDP_BFLOAT16)
+      round_row(row, in + i * ld, cols, bf16);
+    else
+      round_row(row, in + i * ld, cols, fp16);
+  }
+  return out.data();
+}
+
+// Operand x (stored rows x cols, row stride ld) as the float32 values the
+// product multiplies, in `out` where it must be rounded or widened (ld
+// then becomes cols).
+const float* operand(std::vector<float>& out, const GemmInput& x, int64_t rows, int64_t cols, int64_t& ld,
+                     ddp_dtype inputs) {
+  const bool sixteen = inputs == DDP_BFLOAT16 || inputs == DDP_FLOAT16;
+  if (!sixteen) return static_cast<const float*>(x.data);
+  const int64_t stride = ld;
+  ld = cols;
+  if (x.dtype == DDP_FLOAT32) return rounded(out, static_cast<const float*>(x.data), rows, cols, stride, inputs);
+  return widened(out, x.data, rows, cols, stride, x.dtype);
+}
+
 }  // namespace
 
 float round_to(ddp_dtype dtype, float x) {
@@ -53,27 +95,41 @@ float round_to(ddp_dtype dtype, float x) {
   return x;
 }
 
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-          const float* b, int64_t ldb, float beta, float* c, int64_t ldc, ddp_dtype inputs) {
-  if (t_recorded) t_recorded->push_back({trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, a, b, c});
-  if ((inputs == DDP_BFLOAT16 || inputs == DDP_FLOAT16) && m > 0 && n > 0 && k > 0) {
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, GemmInput a, int64_t lda,
+          GemmInput b, int64_t ldb, float beta, float* c, int64_t ldc, ddp_dtype inputs) {
+  check_gemm_input(a, inputs);
+  check_gemm_input(b, inputs);
+  auto floats = [](const GemmInput& x) {
+    return x.dtype == DDP_FLOAT32 ? static_cast<const float*>(x.data) : nullptr;  // (GemmCall)
+  };
+  if (t_recorded)
+    t_recorded->push_back({trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, floats(a), floats(b), c});
+  const float* fa = static_cast<const float*>(a.data);  // (read by no GEMM with an empty product)
+  const float* fb = static_cast<const float*>(b.data);
+  if (m > 0 && n > 0 && k > 0) {
     // op(A) is m x k: stored m x k, or k x m where transposed; B likewise.
-    a = rounded(t_rounded_a, a, trans_a ? k : m, trans_a ? m : k, lda, inputs);
-    lda = trans_a ? m : k;
-    b = rounded(t_rounded_b, b, trans_b ? n : k, trans_b ? k : n, ldb, inputs);
-    ldb = trans_b ? k : n;
+    fa = operand(t_rounded_a, a, trans_a ? k : m, trans_a ? m : k, lda, inputs);
+    fb = operand(t_rounded_b, b, trans_b ? n : k, trans_b ? k : n, ldb, inputs);
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, bi(m), bi(n),
-              bi(k), alpha, a, bi(lda), b, bi(ldb), beta, c, bi(ldc));
+              bi(k), alpha, fa, bi(lda), fb, bi(ldb), beta, c, bi(ldc));
 }
 
 void record_gemms(std::vector<GemmCall>* calls) { t_recorded = calls; }
 
 double replay_gemms(const std::vector<GemmCall>& calls) {
+  // A 16-bit operand (null) reads a float32 buffer of its span instead.
+  size_t largest = 0;
+  for (const GemmCall& g : calls) {
+    if (!g.a) largest = std::max(largest, size_t(g.trans_a ? g.k : g.m) * size_t(g.lda));
+    if (!g.b) largest = std::max(largest, size_t(g.trans_b ? g.n : g.k) * size_t(g.ldb));
+  }
+  const std::vector<float> stand_in(largest);
   const auto begin = std::chrono::steady_clock::now();
   for (const GemmCall& g : calls)
     cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans, bi(g.m),
-                bi(g.n), bi(g.k), g.alpha, g.a, bi(g.lda), g.b, bi(g.ldb), g.beta, g.c, bi(g.ldc));
+                bi(g.n), bi(g.k), g.alpha, g.a ? g.a : stand_in.data(), bi(g.lda), g.b ? g.b : stand_in.data(),
+                bi(g.ldb), g.beta, g.c, bi(g.ldc));
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 }
 

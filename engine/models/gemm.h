@@ -22,6 +22,24 @@
 #include <ddp/plugin.h>
 
 namespace ddp {
+
+// A GEMM's input operand: float32 values, which a GEMM with 16-bit inputs
+// rounds to its dtype first, or values already in that dtype (bfloat16 or
+// float16: an activation backward keeps, model.h), read as they are. Both
+// give the same product, bit for bit (rounding a rounded value changes
+// nothing); the second spares the pass that rounds them again, on a GPU a
+// read and a write of the operand per GEMM. A float32 pointer is one.
+struct GemmInput {
+  GemmInput(const float* values) : data(values) {}  // NOLINT(google-explicit-constructor): float32 as it is
+  GemmInput(const void* values, ddp_dtype type) : data(values), dtype(type) {}
+  const void* data = nullptr;
+  ddp_dtype dtype = DDP_FLOAT32;
+};
+
+// Throws Error unless `x` is float32 or in `inputs`, the GEMM's 16-bit
+// input dtype (a 16-bit operand is never converted to another).
+void check_gemm_input(const GemmInput& x, ddp_dtype inputs);
+
 namespace layers {
 
 // x rounded to `dtype` (float32, bfloat16 or float16; the 16-bit ones to
@@ -29,13 +47,17 @@ namespace layers {
 float round_to(ddp_dtype dtype, float x);
 
 // C[m, n] = alpha op(A)[m, k] op(B)[k, n] + beta C, row-major, A and B
-// rounded to `inputs` first (as above; float32: as they are). op is the
-// transpose where trans_* is set; lda, ldb, ldc the row strides as stored.
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-          const float* b, int64_t ldb, float beta, float* c, int64_t ldc, ddp_dtype inputs);
+// rounded to `inputs` first (as above; float32: as they are; an operand
+// already in `inputs` widened, exactly). op is the transpose where
+// trans_* is set; lda, ldb, ldc the row strides as stored. Throws Error
+// for an operand check_gemm_input refuses.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, GemmInput a, int64_t lda,
+          GemmInput b, int64_t ldb, float beta, float* c, int64_t ldc, ddp_dtype inputs);
 
 // One GEMM the layers ran: enough to run it again, on the same operands
-// (float32 ones: a replay multiplies what it was given, unrounded).
+// (float32 ones: a replay multiplies what it was given, unrounded; a
+// 16-bit one is null here, and the replay reads a float32 buffer of its
+// size instead).
 struct GemmCall {
   bool trans_a = false;
   bool trans_b = false;

@@ -27,7 +27,7 @@ class CpuKernels final : public Kernels {
     convert_cpu(dst, dst_type, src, src_type, n);
   }
 
-  void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out,
+  void linear_forward(float* y, GemmInput x, const float* w, int64_t n, int64_t in, int64_t out,
                       bool accumulate) override {
     layers::linear_forward(y, x, w, n, in, out, accumulate, inputs_);
   }
@@ -35,7 +35,7 @@ class CpuKernels final : public Kernels {
                              bool accumulate, float alpha) override {
     layers::linear_backward_input(dx, dy, w, n, in, out, accumulate, alpha, inputs_);
   }
-  void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in, int64_t out,
+  void linear_backward_weight(float* dw, const float* dy, GemmInput x, int64_t n, int64_t in, int64_t out,
                               float alpha) override {
     layers::linear_backward_weight(dw, dy, x, n, in, out, alpha, inputs_);
   }

@@ -17,6 +17,8 @@
 
 #include <ddp/plugin.h>
 
+#include "gemm.h"
+
 namespace ddp {
 
 class Device;
@@ -42,8 +44,9 @@ class Kernels {
 
   // The dtype the GEMMs (linear layers, attention's products) take their
   // inputs in: float32 (the default), bfloat16 or float16, accumulating in
-  // float32 (gemm.h). The CPU emulates the 16-bit ones by rounding; the
-  // CUDA kernels take float32 alone and throw Error for the others.
+  // float32 (gemm.h). The CPU emulates the 16-bit ones by rounding; CUDA
+  // runs them on the tensor cores (cuda/cuda_gemm.h) and throws Error for
+  // another dtype.
   virtual void set_compute_dtype(ddp_dtype dtype) = 0;
   virtual ddp_dtype compute_dtype() const = 0;
 
@@ -58,11 +61,13 @@ class Kernels {
   virtual void convert(void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t n) = 0;
 
   // ---- linear, bias ---------------------------------------------------------
-  virtual void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out,
+  // x: float32, or a kept activation already in the compute dtype (gemm.h's
+  // GemmInput: read as it is, the same bits as its float32 value).
+  virtual void linear_forward(float* y, GemmInput x, const float* w, int64_t n, int64_t in, int64_t out,
                               bool accumulate = false) = 0;
   virtual void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out,
                                      bool accumulate = false, float alpha = 1.0f) = 0;
-  virtual void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in, int64_t out,
+  virtual void linear_backward_weight(float* dw, const float* dy, GemmInput x, int64_t n, int64_t in, int64_t out,
                                       float alpha = 1.0f) = 0;
   virtual void bias_forward(float* y, const float* b, int64_t n, int64_t out) = 0;
   virtual void bias_backward(float* db, const float* dy, int64_t n, int64_t out) = 0;

@@ -21,8 +21,8 @@ namespace {
 blasint bi(int64_t v) { return static_cast<blasint>(v); }
 
 // op(A) op(B) through gemm.h, with cblas's transposes.
-void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, blasint m, blasint n, blasint k, float alpha, const float* a,
-           blasint lda, const float* b, blasint ldb, float beta, float* c, blasint ldc, ddp_dtype inputs) {
+void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, blasint m, blasint n, blasint k, float alpha, GemmInput a,
+           blasint lda, GemmInput b, blasint ldb, float beta, float* c, blasint ldc, ddp_dtype inputs) {
   gemm(ta == CblasTrans, tb == CblasTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, inputs);
 }
 
@@ -59,7 +59,7 @@ inline float sigmoid(float z) { return 1.0f / (1.0f + exp_approx(-z)); }
 
 // ---- linear ---------------------------------------------------------------
 
-void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out, bool accumulate,
+void linear_forward(float* y, GemmInput x, const float* w, int64_t n, int64_t in, int64_t out, bool accumulate,
                     ddp_dtype inputs) {
   sgemm(CblasNoTrans, CblasTrans, bi(n), bi(out), bi(in), 1.0f, x, bi(in), w, bi(in), accumulate ? 1.0f : 0.0f, y,
         bi(out), inputs);
@@ -71,7 +71,7 @@ void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n
         bi(in), inputs);
 }
 
-void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in, int64_t out, float alpha,
+void linear_backward_weight(float* dw, const float* dy, GemmInput x, int64_t n, int64_t in, int64_t out, float alpha,
                             ddp_dtype inputs) {
   sgemm(CblasTrans, CblasNoTrans, bi(out), bi(in), bi(n), alpha, dy, bi(out), x, bi(in), 1.0f, dw, bi(in), inputs);
 }

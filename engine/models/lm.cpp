@@ -146,27 +146,27 @@ float LmModel::forward(const Batch& batch) {
     const BlockFloats b = forward_floats(s);
     // h = x + output_proj(attention(RoPE(q), RoPE(k), v)) of RMSNorm1(x)
     k_->rmsnorm_forward(b.ln1, s.rms1.data(), x, w(layer_param(l, kLn1)), n, d);
-    keep(s.ln1, b.ln1);
-    k_->linear_forward(b.q, b.ln1, w(layer_param(l, kQ)), n, d, d);
-    k_->linear_forward(b.k, b.ln1, w(layer_param(l, kK)), n, d, d);
-    k_->linear_forward(b.v, b.ln1, w(layer_param(l, kV)), n, d, d);
+    keep(s.ln1, b.ln1);  // (16-bit compute: the GEMMs read the kept copy, rounded once)
+    k_->linear_forward(b.q, gemm_input(s.ln1), w(layer_param(l, kQ)), n, d, d);
+    k_->linear_forward(b.k, gemm_input(s.ln1), w(layer_param(l, kK)), n, d, d);
+    k_->linear_forward(b.v, gemm_input(s.ln1), w(layer_param(l, kV)), n, d, d);
     k_->rope_forward(b.q, rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
     k_->rope_forward(b.k, rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
     k_->attention_forward(b.att, b.p, b.q, b.k, b.v, rows, t, heads, head_dim_);
     for (auto [saved, value] : {std::pair{&s.q, b.q}, {&s.k, b.k}, {&s.v, b.v}, {&s.p, b.p}, {&s.att, b.att}})
       keep(*saved, value);
     if (b.h != x) k_->copy(b.h, x, sizeof(float) * n * d);
-    k_->linear_forward(b.h, b.att, w(layer_param(l, kO)), n, d, d, true);
+    k_->linear_forward(b.h, gemm_input(s.att), w(layer_param(l, kO)), n, d, d, true);
     keep(s.h, b.h);
     // y = h + w2(silu(w1 z) * w3 z), z = RMSNorm2(h)
     k_->rmsnorm_forward(b.ln2, s.rms2.data(), b.h, w(layer_param(l, kLn2)), n, d);
-    k_->linear_forward(b.a, b.ln2, w(layer_param(l, kW1)), n, d, f);
-    k_->linear_forward(b.b, b.ln2, w(layer_param(l, kW3)), n, d, f);
+    keep(s.ln2, b.ln2);
+    k_->linear_forward(b.a, gemm_input(s.ln2), w(layer_param(l, kW1)), n, d, f);
+    k_->linear_forward(b.b, gemm_input(s.ln2), w(layer_param(l, kW3)), n, d, f);
     k_->swiglu_forward(b.gate, b.a, b.b, n * f);
-    for (auto [saved, value] : {std::pair{&s.ln2, b.ln2}, {&s.a, b.a}, {&s.b, b.b}, {&s.gate, b.gate}})
-      keep(*saved, value);
+    for (auto [saved, value] : {std::pair{&s.a, b.a}, {&s.b, b.b}, {&s.gate, b.gate}}) keep(*saved, value);
     if (b.y != b.h) k_->copy(b.y, b.h, sizeof(float) * n * d);
-    k_->linear_forward(b.y, b.gate, w(layer_param(l, kW2)), n, f, d, true);
+    k_->linear_forward(b.y, gemm_input(s.gate), w(layer_param(l, kW2)), n, f, d, true);
     keep(s.y, b.y);
     x = b.y;
     unit_event(block_unit(l), DDP_UNIT_FORWARD_END);
@@ -175,19 +175,20 @@ float LmModel::forward(const Batch& batch) {
   float* lnf = packed ? dln_.data() : lnf_.data();
   k_->rmsnorm_forward(lnf, rmsf_.data(), x, w(ln_final_index()), n, d);
   keep(lnf_, lnf);
-  k_->linear_forward(logits_.data(), lnf, w(lm_head_index()), n, d, vocab);
+  k_->linear_forward(logits_.data(), gemm_input(lnf_), w(lm_head_index()), n, d, vocab);
   unit_event(head, DDP_UNIT_FORWARD_END);
   return static_cast<float>(k_->cross_entropy_forward(lse_.data(), logits_.data(), target_tokens(), n, vocab));
 }
 
-void LmModel::weight_grad(size_t index, const float* dy, const float* x, int64_t in, int64_t out, float alpha) {
+void LmModel::weight_grad(size_t index, const float* dy, GemmInput x, int64_t in, int64_t out, float alpha) {
   const int64_t n = rows_ * config_.context_length;
   if (float* dw = g(index)) k_->linear_backward_weight(dw, dy, x, n, in, out, alpha);
 }
 
-// Block l's backward: dresid_ holds dy on entry and dx on return. Each kept
-// tensor is read through unpacked() (16-bit compute: into the work_
-// buffers, each reused once its last reader is done).
+// Block l's backward: dresid_ holds dy on entry and dx on return. The GEMMs
+// read each kept tensor as it is (gemm_input); the other layers through
+// unpacked() (16-bit compute: into the work_ buffers, each reused once its
+// last reader is done).
 void LmModel::block_backward(int64_t l, const GradAccumulated& done) {
   const int64_t rows = rows_;
   const int64_t t = config_.context_length;
@@ -199,12 +200,11 @@ void LmModel::block_backward(int64_t l, const GradAccumulated& done) {
   // dresid_ holds dy; FFN branch: y = h + w2 gate.
   k_->linear_backward_input(dgate_.data(), dresid_.data(), w(layer_param(l, kW2)), n, f, d);
   k_->swiglu_backward(da_.data(), db_.data(), dgate_.data(), unpacked(b.a, work_f1_), unpacked(b.b, work_f2_), n * f);
-  const float* ln2 = unpacked(b.ln2, work_d_);
-  weight_grad(layer_param(l, kW3), db_.data(), ln2, d, f);
+  weight_grad(layer_param(l, kW3), db_.data(), gemm_input(b.ln2), d, f);
   done(layer_param(l, kW3));
-  weight_grad(layer_param(l, kW2), dresid_.data(), unpacked(b.gate, work_f1_), f, d);
+  weight_grad(layer_param(l, kW2), dresid_.data(), gemm_input(b.gate), f, d);
   done(layer_param(l, kW2));
-  weight_grad(layer_param(l, kW1), da_.data(), ln2, d, f);
+  weight_grad(layer_param(l, kW1), da_.data(), gemm_input(b.ln2), d, f);
   done(layer_param(l, kW1));
   k_->linear_backward_input(dln_.data(), da_.data(), w(layer_param(l, kW1)), n, d, f);
   k_->linear_backward_input(dln_.data(), db_.data(), w(layer_param(l, kW3)), n, d, f, true);
@@ -213,19 +213,18 @@ void LmModel::block_backward(int64_t l, const GradAccumulated& done) {
   done(layer_param(l, kLn2));
   // dresid_ holds dh; attention branch: h = x + output_proj att.
   k_->linear_backward_input(datt_.data(), dresid_.data(), w(layer_param(l, kO)), n, d, d);
-  weight_grad(layer_param(l, kO), dresid_.data(), unpacked(b.att, work_d_), d, d);
+  weight_grad(layer_param(l, kO), dresid_.data(), gemm_input(b.att), d, d);
   done(layer_param(l, kO));
   k_->attention_backward(dq_.data(), dk_.data(), dv_.data(), dscores_.data(), datt_.data(), unpacked(b.p, work_p_),
                          unpacked(b.q, work_d_), unpacked(b.k, work_f1_), unpacked(b.v, work_f2_), rows, t, heads,
                          head_dim_);
   k_->rope_backward(dq_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
   k_->rope_backward(dk_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-  const float* ln1 = unpacked(b.ln1, work_d_);
-  weight_grad(layer_param(l, kV), dv_.data(), ln1, d, d);
+  weight_grad(layer_param(l, kV), dv_.data(), gemm_input(b.ln1), d, d);
   done(layer_param(l, kV));
-  weight_grad(layer_param(l, kK), dk_.data(), ln1, d, d);
+  weight_grad(layer_param(l, kK), dk_.data(), gemm_input(b.ln1), d, d);
   done(layer_param(l, kK));
-  weight_grad(layer_param(l, kQ), dq_.data(), ln1, d, d);
+  weight_grad(layer_param(l, kQ), dq_.data(), gemm_input(b.ln1), d, d);
   done(layer_param(l, kQ));
   k_->linear_backward_input(dln_.data(), dq_.data(), w(layer_param(l, kQ)), n, d, d);
   k_->linear_backward_input(dln_.data(), dk_.data(), w(layer_param(l, kK)), n, d, d, true);
@@ -258,7 +257,7 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
     k_->cross_entropy_backward(dlogits, n, vocab, loss_scale);
     c = 1.0f;
   }
-  weight_grad(lm_head_index(), dlogits, unpacked(lnf_, work_d_), d, vocab, c);
+  weight_grad(lm_head_index(), dlogits, gemm_input(lnf_), d, vocab, c);
   done(lm_head_index());
   k_->linear_backward_input(dln_.data(), dlogits, w(lm_head_index()), n, d, vocab, false, c);
   ranges.lap("backward lm_head");

@@ -87,7 +87,7 @@ class LmModel final : public Model {
 
  private:
   // dW += alpha * dy^T x over the last forward's N rows, where index trains.
-  void weight_grad(size_t index, const float* dy, const float* x, int64_t in, int64_t out, float alpha = 1.0f);
+  void weight_grad(size_t index, const float* dy, GemmInput x, int64_t in, int64_t out, float alpha = 1.0f);
   void block_backward(int64_t l, const GradAccumulated& done);
   // Parameter indices in the table (spec order).
   static constexpr size_t kLn1 = 0;

@@ -100,18 +100,27 @@ const void* Gemms::rounded(int slot, const float* p, size_t count) {
   return buffers_[slot];
 }
 
-void Gemms::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+const void* Gemms::operand(int slot, const GemmInput& x, size_t count) {
+  if (x.dtype == DDP_FLOAT32) return rounded(slot, static_cast<const float*>(x.data), count);
+  return x.data;  // already in inputs_ (check_gemm_input)
+}
+
+void Gemms::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, GemmInput a, int64_t lda, GemmInput b,
+                 int64_t ldb, float beta, float* c, int64_t ldc) {
+  check_gemm_input(a, inputs_);
+  check_gemm_input(b, inputs_);
   if (m == 0 || n == 0) return;
   const Dims d = dims(m, n, k, lda, ldb, ldc);
-  if (inputs_ == DDP_FLOAT32 || k == 0) {
-    check(cublas().sgemm(blas_, op(tb), op(ta), d.n, d.m, d.k, &alpha, b, d.ldb, a, d.lda, &beta, c, d.ldc),
+  if (inputs_ == DDP_FLOAT32 || k == 0) {  // (k == 0: beta c alone, no operand read)
+    const auto* fa = static_cast<const float*>(a.data);
+    const auto* fb = static_cast<const float*>(b.data);
+    check(cublas().sgemm(blas_, op(tb), op(ta), d.n, d.m, d.k, &alpha, fb, d.ldb, fa, d.lda, &beta, c, d.ldc),
           "cublasSgemm");
     return;
   }
   const cudaDataType_t type = inputs_ == DDP_BFLOAT16 ? CUDA_R_16BF : CUDA_R_16F;
-  const void* ra = rounded(0, a, span(ta ? k : m, ta ? m : k, lda));
-  const void* rb = rounded(1, b, span(tb ? n : k, tb ? k : n, ldb));
+  const void* ra = operand(0, a, span(ta ? k : m, ta ? m : k, lda));
+  const void* rb = operand(1, b, span(tb ? n : k, tb ? k : n, ldb));
   check(cublas().gemm_ex(blas_, op(tb), op(ta), d.n, d.m, d.k, &alpha, rb, type, d.ldb, ra, type, d.lda, &beta, c,
                          CUDA_R_32F, d.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx");

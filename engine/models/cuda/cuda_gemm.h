@@ -16,6 +16,8 @@
 
 #include <ddp/plugin.h>
 
+#include "gemm.h"
+
 namespace ddp::cuda {
 
 class Gemms {
@@ -32,8 +34,10 @@ class Gemms {
   ddp_dtype inputs() const { return inputs_; }
 
   // c[m, n] = alpha op(a)[m, k] op(b)[k, n] + beta c, each with its row
-  // stride, op the transpose where ta / tb is set.
-  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+  // stride, op the transpose where ta / tb is set. An operand already in
+  // the 16-bit inputs (gemm.h's GemmInput) goes to cuBLAS as it is; throws
+  // Error for one check_gemm_input refuses.
+  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, GemmInput a, int64_t lda, GemmInput b,
             int64_t ldb, float beta, float* c, int64_t ldc);
   // gemm() over `batch` triples, the i-th at a + i*sa, b + i*sb, c + i*sc.
   void gemm_heads(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
@@ -44,6 +48,8 @@ class Gemms {
   // The `count` floats at p rounded to inputs_, in buffer `slot` (0: a,
   // 1: b), grown on demand (the stream is idle before an old one goes).
   const void* rounded(int slot, const float* p, size_t count);
+  // x as cuBLAS reads it in inputs_: rounded into `slot` if float32.
+  const void* operand(int slot, const GemmInput& x, size_t count);
 
   cudaStream_t stream_;
   cublasHandle_t blas_ = nullptr;

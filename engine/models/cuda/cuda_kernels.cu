@@ -116,7 +116,7 @@ class CudaKernels final : public Kernels {
   // ---- linear ------------------------------------------------------------------
   // Row-major operands as layers.cpp's cblas calls, through gemms_ (cuda_gemm.h).
 
-  void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out,
+  void linear_forward(float* y, GemmInput x, const float* w, int64_t n, int64_t in, int64_t out,
                       bool accumulate) override {
     // y[n, out] (+)= x[n, in] · w[out, in]^T
     gemms_.gemm(false, true, n, out, in, 1.0f, x, in, w, in, accumulate ? 1.0f : 0.0f, y, out);
@@ -126,7 +126,7 @@ class CudaKernels final : public Kernels {
     // dx[n, in] (+)= alpha * dy[n, out] · w[out, in]
     gemms_.gemm(false, false, n, in, out, alpha, dy, out, w, in, accumulate ? 1.0f : 0.0f, dx, in);
   }
-  void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in, int64_t out,
+  void linear_backward_weight(float* dw, const float* dy, GemmInput x, int64_t n, int64_t in, int64_t out,
                               float alpha) override {
     // dw[out, in] += alpha * dy[n, out]^T · x[n, in]
     gemms_.gemm(true, false, out, in, n, alpha, dy, out, x, in, 1.0f, dw, in);
