@@ -11,6 +11,8 @@
 #include "blas_info.h"
 #include "env.h"
 #include "error.h"
+#include "config.h"
+#include "gemm_floor.h"
 #include "gemm_probe.h"
 #include "mlp.h"
 
@@ -31,6 +33,34 @@ TEST(GemmShapes, TextRoundTripAndRefusals) {
   for (const char* bad : {"", "1x2", "1x2x0", "1x2x3x4", "axbxc", "1x2x3,", "1x2x9999999"}) {
     SCOPED_TRACE(bad);
     EXPECT_THROW(parse_shapes(bad), Error);
+  }
+}
+
+// `ddp gemm-floor`: one rank's step GEMMs recorded and replayed alone. A
+// 16-bit compute runs the same GEMMs (its kept activations go to them in
+// 16 bits, which the float32 replay reads from a stand-in).
+TEST(GemmFloor, RecordsAStepsGemmsAndReplaysThemInEveryPrecision) {
+  nlohmann::json floors[3];
+  const char* computes[3] = {"fp32", "bf16", "fp16"};
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(computes[i]);
+    const Config c = validate_config(
+        toml::parse(std::string("[run]\nsteps = 1\n[model]\nname = \"lm\"\npreset = \"lm-tiny\"\n") +
+                    "[data]\nbatch_size = 2\n[optimizer]\nlr = 0.1\n[precision]\ncompute = \"" + computes[i] +
+                    "\"\n"),
+        "t.toml");
+    floors[i] = gemm_floor(c, 1);
+    EXPECT_GE(floors[i]["forward_s"].get<double>(), 0.0);
+    EXPECT_GE(floors[i]["backward_s"].get<double>(), 0.0);
+    // lm-tiny, 2 rows of 32: 2 blocks of 7 linears and the head forward,
+    // each with its weight and input gradients backward (the GEMMs of the
+    // CPU's attention come on top).
+    EXPECT_GE(floors[i]["gemms"]["forward"].get<int>(), 15);
+    EXPECT_GE(floors[i]["gemms"]["backward"].get<int>(), 30);
+  }
+  for (int i = 1; i < 3; ++i) {
+    EXPECT_EQ(floors[i]["gemms"], floors[0]["gemms"]) << computes[i];
+    EXPECT_EQ(floors[i]["gflop"], floors[0]["gflop"]) << computes[i];
   }
 }
 

@@ -38,6 +38,7 @@ nlohmann::json gemm_floor(const Config& config, int repeats) {
   CpuDevice device;
   DataShape shape;
   auto model = build_model(config.model.name, config.model.options, device, config.run.seed, &shape);
+  model->pack_gradients(device);                       // (backward's weight GEMMs add into them)
   model->set_compute_dtype(config.precision.compute);  // the step's GEMMs (a replay multiplies them unrounded)
   // Rank 0's first micro-batch of the configured data, as the run sees it.
   const std::unique_ptr<Dataset> data = make_dataset(config, shape, 0, config.run.world_size, device);
