@@ -337,6 +337,33 @@ TEST(CudaKernels, SixteenBitInputsAreTheirFloat32ValuesBitForBit) {
   }
 }
 
+// RMSNorm and SwiGLU writing their kept output in 16 bits (LayerOutput):
+// the float32 result's rounding (convert's), bit for bit, and the same rms.
+TEST(CudaKernels, SixteenBitOutputsAreTheFloat32ResultsRounded) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(16);
+  const int64_t n = 37, d = 300, count = 70001;
+  const Vec x = uniform(n * d, rng), g = uniform(d, rng), a = uniform(count, rng), b = uniform(count, rng);
+  Buf<float> gx(x), gg(g), ga(a), gb(b);
+  Buf<float> gy = Buf<float>::nan(n * d), grms = Buf<float>::nan(n), ggate = Buf<float>::nan(count);
+  k.gpu->rmsnorm_forward(gy.get(), grms.get(), gx.get(), gg.get(), n, d);
+  k.gpu->swiglu_forward(ggate.get(), ga.get(), gb.get(), count);
+  for (const ddp_dtype dtype : {DDP_BFLOAT16, DDP_FLOAT16}) {
+    SCOPED_TRACE(ddp_dtype_name(dtype));
+    Buf<uint16_t> gy16(std::vector<uint16_t>(n * d, 0xffff)), want_y(std::vector<uint16_t>(n * d, 0));
+    Buf<uint16_t> ggate16(std::vector<uint16_t>(count, 0xffff)), want_gate(std::vector<uint16_t>(count, 0));
+    Buf<float> grms16 = Buf<float>::nan(n);
+    k.gpu->rmsnorm_forward(LayerOutput(gy16.get(), dtype), grms16.get(), gx.get(), gg.get(), n, d);
+    k.gpu->swiglu_forward(LayerOutput(ggate16.get(), dtype), ga.get(), gb.get(), count);
+    k.gpu->convert(want_y.get(), dtype, gy.get(), DDP_FLOAT32, n * d);
+    k.gpu->convert(want_gate.get(), dtype, ggate.get(), DDP_FLOAT32, count);
+    EXPECT_TRUE(k.get(gy16) == k.get(want_y)) << "rmsnorm's 16 bits";
+    EXPECT_TRUE(k.get(ggate16) == k.get(want_gate)) << "swiglu's 16 bits";
+    expect_equal("rms", k.get(grms16), k.get(grms));
+  }
+}
+
 // Attention in 16 bits: the GPU's fused kernels (cuda/fused_attention.h:
 // no [t, t] weights, p holds each row's softmax max and sum) against the
 // CPU's emulation (the weights materialised, the four products rounding

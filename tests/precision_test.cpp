@@ -4,11 +4,14 @@
 // by hand; and gemm with rounded inputs, against the same products of the
 // rounded operands summed in double, for every transpose and a row stride
 // wider than the rows; an operand given already in 16 bits (GemmInput)
-// gives the bits of its float32 value, and one of another dtype is refused.
+// gives the bits of its float32 value, and one of another dtype is refused;
+// the CPU kernels' layers that write their kept output in 16 bits
+// (LayerOutput) write the float32 result's rounding, bit for bit.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -18,6 +21,7 @@
 
 #include "error.h"
 #include "gemm.h"
+#include "kernels.h"
 
 namespace ddp {
 namespace {
@@ -196,6 +200,39 @@ TEST(Gemm, AReplayReadsAStandInForASixteenBitOperand) {
   EXPECT_EQ(c[0], 5.0f);  // the step's product: k ones
   EXPECT_GE(layers::replay_gemms(calls), 0.0);
   for (const float v : c) EXPECT_EQ(v, 0.0f);  // the stand-in's
+}
+
+// RMSNorm (row by row) and SwiGLU (4096 elements at a time, here 3 chunks
+// and a tail) in 16 bits: the float32 result rounded, as keep_activation
+// would have rounded it.
+TEST(CpuKernels, SixteenBitOutputsAreTheFloat32ResultsRounded) {
+  std::mt19937_64 rng(5);
+  const int64_t n = 13, d = 1000, count = 3 * 4096 + 7;
+  const std::vector<float> x = random_matrix(n, d, rng), g = random_matrix(1, d, rng);
+  const std::vector<float> a = random_matrix(1, count, rng), b = random_matrix(1, count, rng);
+  const std::unique_ptr<Kernels> k = make_cpu_kernels();
+  std::vector<float> y(static_cast<size_t>(n * d));
+  std::vector<float> rms(static_cast<size_t>(n));
+  std::vector<float> gate(static_cast<size_t>(count));
+  k->rmsnorm_forward(y.data(), rms.data(), x.data(), g.data(), n, d);
+  k->swiglu_forward(gate.data(), a.data(), b.data(), count);
+  for (const ddp_dtype dtype : {DDP_BFLOAT16, DDP_FLOAT16}) {
+    SCOPED_TRACE(dtype);
+    std::vector<uint16_t> y16(y.size());
+    std::vector<uint16_t> gate16(gate.size());
+    std::vector<float> rms16(rms.size());
+    k->rmsnorm_forward(LayerOutput(y16.data(), dtype), rms16.data(), x.data(), g.data(), n, d);
+    k->swiglu_forward(LayerOutput(gate16.data(), dtype), a.data(), b.data(), count);
+    EXPECT_EQ(y16, packed(y, dtype));
+    EXPECT_EQ(rms16, rms);
+    EXPECT_EQ(gate16, packed(gate, dtype));
+  }
+  try {
+    k->swiglu_forward(LayerOutput(gate.data(), DDP_FLOAT64), a.data(), b.data(), count);
+    ADD_FAILURE() << "a float64 output was taken";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "CPU kernels: a layer output in float64 (float32, bfloat16 or float16 only)");
+  }
 }
 
 }  // namespace

@@ -2,7 +2,12 @@
 // kernels by device.
 #include "kernels.h"
 
+#include <algorithm>
 #include <cstring>
+#include <string>
+#include <vector>
+
+#include <ddp/numeric.h>
 
 #include "convert.h"
 #include "device.h"
@@ -49,8 +54,12 @@ class CpuKernels final : public Kernels {
   void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t n, int64_t d) override {
     layers::embedding_backward(dtable, dout, tokens, n, d);
   }
-  void rmsnorm_forward(float* y, float* rms, const float* x, const float* g, int64_t n, int64_t d) override {
-    layers::rmsnorm_forward(y, rms, x, g, n, d);
+  void rmsnorm_forward(LayerOutput y, float* rms, const float* x, const float* g, int64_t n, int64_t d) override {
+    if (y.dtype == DDP_FLOAT32) return layers::rmsnorm_forward(static_cast<float*>(y.data), rms, x, g, n, d);
+    for (int64_t i = 0; i < n; ++i) {  // a row at a time (rows are independent: the same bits)
+      layers::rmsnorm_forward(floats(d), rms + i, x + i * d, g, 1, d);
+      store(y, i * d, d);
+    }
   }
   void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x, const float* g, const float* rms,
                         int64_t n, int64_t d, bool accumulate) override {
@@ -73,8 +82,13 @@ class CpuKernels final : public Kernels {
                           int64_t dh) override {
     layers::attention_backward(dq, dk, dv, scratch, dout, p, q, k, v, b, t, heads, dh, inputs_);
   }
-  void swiglu_forward(float* out, const float* a, const float* b, int64_t n) override {
-    layers::swiglu_forward(out, a, b, n);
+  void swiglu_forward(LayerOutput out, const float* a, const float* b, int64_t n) override {
+    if (out.dtype == DDP_FLOAT32) return layers::swiglu_forward(static_cast<float*>(out.data), a, b, n);
+    for (int64_t i = 0; i < n; i += kChunk) {  // (kChunk keeps the vector loops' alignment: the same bits)
+      const int64_t count = std::min(kChunk, n - i);
+      layers::swiglu_forward(floats(count), a + i, b + i, count);
+      store(out, i, count);
+    }
   }
   void swiglu_backward(float* da, float* db, const float* dout, const float* a, const float* b, int64_t n) override {
     layers::swiglu_backward(da, db, dout, a, b, n);
@@ -97,7 +111,24 @@ class CpuKernels final : public Kernels {
   }
 
  private:
+  // A 16-bit LayerOutput's float32 results pass through `staged_`, a row
+  // or kChunk elements at a time: host memory of the kernels' own (a few
+  // KB; uncounted, as gemm.h's rounded operands).
+  static constexpr int64_t kChunk = 4096;
+  float* floats(int64_t count) {
+    if (staged_.size() < size_t(count)) staged_.resize(size_t(count));
+    return staged_.data();
+  }
+  // out[at, at + count) = staged_[0, count), rounded to out's 16 bits.
+  void store(const LayerOutput& out, int64_t at, int64_t count) {
+    if (out.dtype != DDP_BFLOAT16 && out.dtype != DDP_FLOAT16)
+      throw Error(std::string("CPU kernels: a layer output in ") + ddp_dtype_name(out.dtype) +
+                  " (float32, bfloat16 or float16 only)");
+    convert_cpu(static_cast<uint16_t*>(out.data) + at, out.dtype, staged_.data(), DDP_FLOAT32, size_t(count));
+  }
+
   ddp_dtype inputs_ = DDP_FLOAT32;
+  std::vector<float> staged_;
 };
 
 }  // namespace

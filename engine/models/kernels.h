@@ -23,6 +23,17 @@ namespace ddp {
 
 class Device;
 
+// Where a layer writes its result: float32 memory, or 16 bits (bfloat16 or
+// float16: an activation that only backward and the GEMMs read, kept in
+// the compute dtype), rounded to nearest even as convert() rounds, with
+// no float32 copy and no pass of its own. A float32 pointer is one.
+struct LayerOutput {
+  LayerOutput(float* values) : data(values) {}  // NOLINT(google-explicit-constructor): float32 as it is
+  LayerOutput(void* values, ddp_dtype type) : data(values), dtype(type) {}
+  void* data = nullptr;
+  ddp_dtype dtype = DDP_FLOAT32;
+};
+
 // What attention_forward leaves in `p` for attention_backward on a device
 // of this kind computing in `compute`: true, the weights [b, heads, t, t]
 // (the CPU; CUDA in float32); false, each row's softmax max and sum
@@ -77,7 +88,8 @@ class Kernels {
   virtual void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t n, int64_t d) = 0;
 
   // ---- RMSNorm, RoPE ----------------------------------------------------------
-  virtual void rmsnorm_forward(float* y, float* rms, const float* x, const float* g, int64_t n, int64_t d) = 0;
+  // y: float32, or 16 bits (LayerOutput); rms[n] float32.
+  virtual void rmsnorm_forward(LayerOutput y, float* rms, const float* x, const float* g, int64_t n, int64_t d) = 0;
   virtual void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x, const float* g, const float* rms,
                                 int64_t n, int64_t d, bool accumulate = false) = 0;
   // cos, sin [t, dh/2] in device memory (fill them with layers::rope_tables
@@ -99,7 +111,8 @@ class Kernels {
                                   int64_t dh) = 0;
 
   // ---- elementwise -------------------------------------------------------------
-  virtual void swiglu_forward(float* out, const float* a, const float* b, int64_t n) = 0;
+  // out: float32, or 16 bits (LayerOutput).
+  virtual void swiglu_forward(LayerOutput out, const float* a, const float* b, int64_t n) = 0;
   virtual void swiglu_backward(float* da, float* db, const float* dout, const float* a, const float* b, int64_t n) = 0;
   virtual void relu_forward(float* y, const float* x, int64_t n) = 0;
   virtual void relu_backward(float* dx, const float* dy, const float* y, int64_t n) = 0;

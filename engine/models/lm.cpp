@@ -96,15 +96,14 @@ void LmModel::set_compute_dtype(ddp_dtype dtype) {
 }
 
 LmModel::BlockFloats LmModel::forward_floats(BlockActs& b) {
-  if (b.ln1.dtype() == DDP_FLOAT32)
-    return {b.ln1.data(), b.q.data(),   b.k.data(), b.v.data(), b.p.data(),    b.att.data(),
-            b.h.data(),   b.ln2.data(), b.a.data(), b.b.data(), b.gate.data(), b.y.data()};
-  // ln1 and ln2 share dln_ (ln1 is kept before ln2 is written); the residual
-  // stream x -> h -> y stays in dresid_, each added to in place. A float32
-  // p (a row's softmax statistics: attention_keeps_weights) is its own.
+  if (b.q.dtype() == DDP_FLOAT32)
+    return {b.q.data(), b.k.data(), b.v.data(), b.p.data(), b.att.data(),
+            b.h.data(), b.a.data(), b.b.data(), b.y.data()};
+  // The residual stream x -> h -> y stays in dresid_, each added to in
+  // place. A float32 p (a row's softmax statistics: attention_keeps_weights)
+  // is its own.
   float* p = b.p.dtype() == DDP_FLOAT32 ? b.p.data() : work_p_.data();
-  return {dln_.data(), dq_.data(), dk_.data(),    dv_.data(),    p, datt_.data(), dresid_.data(), dln_.data(),
-          da_.data(),  db_.data(), dgate_.data(), dresid_.data()};
+  return {dq_.data(), dk_.data(), dv_.data(), p, datt_.data(), dresid_.data(), da_.data(), db_.data(), dresid_.data()};
 }
 
 float LmModel::forward(const Batch& batch) {
@@ -144,9 +143,9 @@ float LmModel::forward(const Batch& batch) {
     unit_event(block_unit(l), DDP_UNIT_FORWARD_BEGIN);
     BlockActs& s = blocks_[l];
     const BlockFloats b = forward_floats(s);
-    // h = x + output_proj(attention(RoPE(q), RoPE(k), v)) of RMSNorm1(x)
-    k_->rmsnorm_forward(b.ln1, s.rms1.data(), x, w(layer_param(l, kLn1)), n, d);
-    keep(s.ln1, b.ln1);  // (16-bit compute: the GEMMs read the kept copy, rounded once)
+    // h = x + output_proj(attention(RoPE(q), RoPE(k), v)) of RMSNorm1(x),
+    // ln1 written as kept (16-bit compute: rounded once; the GEMMs read it so)
+    k_->rmsnorm_forward(output(s.ln1), s.rms1.data(), x, w(layer_param(l, kLn1)), n, d);
     k_->linear_forward(b.q, gemm_input(s.ln1), w(layer_param(l, kQ)), n, d, d);
     k_->linear_forward(b.k, gemm_input(s.ln1), w(layer_param(l, kK)), n, d, d);
     k_->linear_forward(b.v, gemm_input(s.ln1), w(layer_param(l, kV)), n, d, d);
@@ -159,12 +158,11 @@ float LmModel::forward(const Batch& batch) {
     k_->linear_forward(b.h, gemm_input(s.att), w(layer_param(l, kO)), n, d, d, true);
     keep(s.h, b.h);
     // y = h + w2(silu(w1 z) * w3 z), z = RMSNorm2(h)
-    k_->rmsnorm_forward(b.ln2, s.rms2.data(), b.h, w(layer_param(l, kLn2)), n, d);
-    keep(s.ln2, b.ln2);
+    k_->rmsnorm_forward(output(s.ln2), s.rms2.data(), b.h, w(layer_param(l, kLn2)), n, d);
     k_->linear_forward(b.a, gemm_input(s.ln2), w(layer_param(l, kW1)), n, d, f);
     k_->linear_forward(b.b, gemm_input(s.ln2), w(layer_param(l, kW3)), n, d, f);
-    k_->swiglu_forward(b.gate, b.a, b.b, n * f);
-    for (auto [saved, value] : {std::pair{&s.a, b.a}, {&s.b, b.b}, {&s.gate, b.gate}}) keep(*saved, value);
+    k_->swiglu_forward(output(s.gate), b.a, b.b, n * f);
+    for (auto [saved, value] : {std::pair{&s.a, b.a}, {&s.b, b.b}}) keep(*saved, value);
     if (b.y != b.h) k_->copy(b.y, b.h, sizeof(float) * n * d);
     k_->linear_forward(b.y, gemm_input(s.gate), w(layer_param(l, kW2)), n, f, d, true);
     keep(s.y, b.y);
@@ -172,9 +170,7 @@ float LmModel::forward(const Batch& batch) {
     unit_event(block_unit(l), DDP_UNIT_FORWARD_END);
   }
   unit_event(head, DDP_UNIT_FORWARD_BEGIN);
-  float* lnf = packed ? dln_.data() : lnf_.data();
-  k_->rmsnorm_forward(lnf, rmsf_.data(), x, w(ln_final_index()), n, d);
-  keep(lnf_, lnf);
+  k_->rmsnorm_forward(output(lnf_), rmsf_.data(), x, w(ln_final_index()), n, d);
   k_->linear_forward(logits_.data(), gemm_input(lnf_), w(lm_head_index()), n, d, vocab);
   unit_event(head, DDP_UNIT_FORWARD_END);
   return static_cast<float>(k_->cross_entropy_forward(lse_.data(), logits_.data(), target_tokens(), n, vocab));

@@ -145,24 +145,25 @@ class LmModel final : public Model {
   };
   // Where block l's forward writes each of them in float32: their own
   // memory in float32 compute; in 16-bit, the backward scratch and work_p_
-  // (free during forward), from which keep() packs them.
+  // (free during forward), from which keep() packs them. (ln1, ln2 and
+  // gate are written as kept: output().)
   struct BlockFloats {
-    float* ln1;
     float* q;
     float* k;
     float* v;
     float* p;
     float* att;
     float* h;
-    float* ln2;
     float* a;
     float* b;
-    float* gate;
     float* y;
   };
   BlockFloats forward_floats(BlockActs& b);
   // keep_activation, unpack_activation (model.h) on this model's kernels.
   void keep(Tensor& saved, const float* value) { keep_activation(*k_, saved, value); }
+  // A kept activation as a layer writes it directly: its float32 memory,
+  // or its 16 bits (kernels.h's LayerOutput).
+  static LayerOutput output(Tensor& saved) { return {saved.raw(), saved.dtype()}; }
   const float* unpacked(const Tensor& saved, Tensor& into) { return unpack_activation(*k_, saved, into); }
 
   Device& device_;

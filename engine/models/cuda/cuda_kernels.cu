@@ -174,10 +174,12 @@ class CudaKernels final : public Kernels {
 
   // ---- RMSNorm, RoPE -----------------------------------------------------------------
 
-  void rmsnorm_forward(float* y, float* rms, const float* x, const float* g, int64_t n, int64_t d) override {
-    if (n == 0) return;
-    rmsnorm_forward_kernel<<<blocks(n, "rmsnorm rows"), kThreads, 0, stream_>>>(y, rms, x, g, d);
-    check_launch("rmsnorm_forward_kernel");
+  void rmsnorm_forward(LayerOutput y, float* rms, const float* x, const float* g, int64_t n, int64_t d) override {
+    with_store(y, [&](auto store) {
+      if (n == 0) return;
+      rmsnorm_forward_kernel<<<blocks(n, "rmsnorm rows"), kThreads, 0, stream_>>>(store, rms, x, g, d);
+      check_launch("rmsnorm_forward_kernel");
+    });
   }
   void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x, const float* g, const float* rms,
                         int64_t n, int64_t d, bool accumulate) override {
@@ -267,10 +269,12 @@ class CudaKernels final : public Kernels {
 
   // ---- elementwise -------------------------------------------------------------------
 
-  void swiglu_forward(float* out, const float* a, const float* b, int64_t n) override {
-    if (n == 0) return;
-    swiglu_forward_kernel<<<grid_for(n), kThreads, 0, stream_>>>(out, a, b, n);
-    check_launch("swiglu_forward_kernel");
+  void swiglu_forward(LayerOutput out, const float* a, const float* b, int64_t n) override {
+    with_store(out, [&](auto store) {
+      if (n == 0) return;
+      swiglu_forward_kernel<<<grid_for(n), kThreads, 0, stream_>>>(store, a, b, n);
+      check_launch("swiglu_forward_kernel");
+    });
   }
   void swiglu_backward(float* da, float* db, const float* dout, const float* a, const float* b, int64_t n) override {
     if (n == 0) return;

@@ -6,15 +6,20 @@
 // CudaKernels class there.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "cuda/cuda_check.h"
-#include "layers.h"  // the CPU functions mirrored, their constants
+#include "error.h"
+#include "kernels.h"  // LayerOutput
+#include "layers.h"   // the CPU functions mirrored, their constants
 
 namespace ddp {
 namespace {
@@ -174,21 +179,48 @@ __global__ void embedding_runs_kernel(float* dtable, const float* dout, const in
   }
 }
 
+// ---- where a kernel writes a float32 result (kernels.h's LayerOutput) ----------
+// float32 as it is; bfloat16 and float16 rounded to nearest even, as
+// cuda_ops' convert (and the CPU's) rounds.
+
+struct StoreFloat {
+  float* p;
+  __device__ void operator()(int64_t i, float v) const { p[i] = v; }
+};
+struct StoreBf16 {
+  __nv_bfloat16* p;
+  __device__ void operator()(int64_t i, float v) const { p[i] = __float2bfloat16_rn(v); }
+};
+struct StoreHalf {
+  __half* p;
+  __device__ void operator()(int64_t i, float v) const { p[i] = __float2half_rn(v); }
+};
+
+// f(store) for out's dtype; throws Error for a dtype none writes.
+template <typename F>
+void with_store(const LayerOutput& out, F&& f) {
+  if (out.dtype == DDP_FLOAT32) return f(StoreFloat{static_cast<float*>(out.data)});
+  if (out.dtype == DDP_BFLOAT16) return f(StoreBf16{static_cast<__nv_bfloat16*>(out.data)});
+  if (out.dtype == DDP_FLOAT16) return f(StoreHalf{static_cast<__half*>(out.data)});
+  throw Error(std::string("CUDA kernels: a layer output in ") + ddp_dtype_name(out.dtype) +
+              " (float32, bfloat16 or float16 only)");
+}
+
 // ---- RMSNorm: one block per row of x[n, d]; rms[n] kept ----------------------
 // Forward y = x / r * g with r = sqrt(mean(x^2) + eps); backward
 // dx_j = g_j dy_j / r - x_j sum_i(g_i dy_i x_i) / (d r^3) (= or +=), and
 // dg_j += sum over rows of dy_j x_j / r (a column sum, see column_sum).
 
-__global__ void rmsnorm_forward_kernel(float* y, float* rms, const float* x, const float* g, int64_t d) {
+template <typename Store>
+__global__ void rmsnorm_forward_kernel(Store y, float* rms, const float* x, const float* g, int64_t d) {
   const int64_t i = blockIdx.x;
   const float* xi = x + i * d;
-  float* yi = y + i * d;
   float ss = 0.0f;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += xi[j] * xi[j];
   ss = block_all_reduce(ss, Sum());
   const float r = sqrtf(ss / static_cast<float>(d) + layers::kRmsNormEps);
   if (threadIdx.x == 0) rms[i] = r;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) yi[j] = xi[j] / r * g[j];
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) y(i * d + j, xi[j] / r * g[j]);
 }
 
 __global__ void rmsnorm_backward_kernel(float* dx, const float* dy, const float* x, const float* g, const float* rms,
@@ -289,8 +321,9 @@ __global__ void causal_softmax_backward_kernel(float* ds, const float* p, int64_
 
 __device__ float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
 
-__global__ void swiglu_forward_kernel(float* out, const float* a, const float* b, int64_t n) {
-  DDP_GRID_STRIDE(i, n) out[i] = a[i] * sigmoid(a[i]) * b[i];
+template <typename Store>
+__global__ void swiglu_forward_kernel(Store out, const float* a, const float* b, int64_t n) {
+  DDP_GRID_STRIDE(i, n) out(i, a[i] * sigmoid(a[i]) * b[i]);
 }
 
 __global__ void swiglu_backward_kernel(float* da, float* db, const float* dout, const float* a, const float* b,
