@@ -364,6 +364,69 @@ TEST(CudaKernels, SixteenBitOutputsAreTheFloat32ResultsRounded) {
   }
 }
 
+// Backward's layers reading kept 16-bit inputs (LayerInput): the results
+// of their float32 values, bit for bit (RMSNorm with dg, SwiGLU, the
+// fused attention backward).
+TEST(CudaKernels, SixteenBitInputsGiveTheirFloat32ValuesResults) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(17);
+  for (const ddp_dtype dtype : {DDP_BFLOAT16, DDP_FLOAT16}) {
+    SCOPED_TRACE(ddp_dtype_name(dtype));
+    k.gpu->set_compute_dtype(dtype);
+    // v rounded to dtype: its float32 copy and its 16 bits on the device.
+    auto kept = [&](const Vec& v) {
+      Vec r = v;
+      for (float& x : r) x = layers::round_to(dtype, x);
+      Buf<float> f(r);
+      Buf<uint16_t> h(std::vector<uint16_t>(r.size(), 0xffff));
+      k.gpu->convert(h.get(), dtype, f.get(), DDP_FLOAT32, r.size());
+      return std::pair<Buf<float>, Buf<uint16_t>>(std::move(f), std::move(h));
+    };
+    const int64_t n = 150, d = 300, count = 70001;
+    auto [x, x16] = kept(uniform(n * d, rng));
+    const Vec g = uniform(d, rng), rms = uniform(n, rng, 0.5f, 2.0f), dy = uniform(n * d, rng), dx0 = uniform(n * d, rng);
+    Buf<float> gg(g), grms(rms), gdy(dy), gdx(dx0), gdx16(dx0), gdg(g), gdg16(g);
+    k.gpu->rmsnorm_backward(gdx.get(), gdg.get(), gdy.get(), x.get(), gg.get(), grms.get(), n, d, true);
+    k.gpu->rmsnorm_backward(gdx16.get(), gdg16.get(), gdy.get(), LayerInput(x16.get(), dtype), gg.get(), grms.get(), n,
+                            d, true);
+    expect_equal("rmsnorm dx", k.get(gdx16), k.get(gdx));
+    expect_equal("rmsnorm dg", k.get(gdg16), k.get(gdg));
+    auto [a, a16] = kept(uniform(count, rng));
+    auto [b, b16] = kept(uniform(count, rng));
+    Buf<float> gdout(uniform(count, rng)), gda = Buf<float>::nan(count), gdb = Buf<float>::nan(count);
+    Buf<float> gda16 = Buf<float>::nan(count), gdb16 = Buf<float>::nan(count);
+    k.gpu->swiglu_backward(gda.get(), gdb.get(), gdout.get(), a.get(), b.get(), count);
+    k.gpu->swiglu_backward(gda16.get(), gdb16.get(), gdout.get(), LayerInput(a16.get(), dtype),
+                           LayerInput(b16.get(), dtype), count);
+    expect_equal("swiglu da", k.get(gda16), k.get(gda));
+    expect_equal("swiglu db", k.get(gdb16), k.get(gdb));
+    const int64_t s = 2, t = 70, heads = 3, dh = 64, size = s * t * heads * dh;
+    auto [q, q16] = kept(uniform(size, rng));
+    auto [kk, k16] = kept(uniform(size, rng));
+    auto [v, v16] = kept(uniform(size, rng));
+    Buf<float> gat(uniform(size, rng)), gout = Buf<float>::nan(size), gp = Buf<float>::nan(s * heads * t * 2);
+    Buf<float> gscratch = Buf<float>::nan(k.gpu->attention_scratch_floats(s, t, heads));
+    k.gpu->attention_forward(gout.get(), gp.get(), q.get(), kk.get(), v.get(), s, t, heads, dh);
+    Vec want[3];
+    for (int sixteen = 0; sixteen < 2; ++sixteen) {
+      Buf<float> gdq = Buf<float>::nan(size), gdk = Buf<float>::nan(size), gdv = Buf<float>::nan(size);
+      if (sixteen)
+        k.gpu->attention_backward(gdq.get(), gdk.get(), gdv.get(), gscratch.get(), gat.get(), gp.get(),
+                                  LayerInput(q16.get(), dtype), LayerInput(k16.get(), dtype),
+                                  LayerInput(v16.get(), dtype), s, t, heads, dh);
+      else
+        k.gpu->attention_backward(gdq.get(), gdk.get(), gdv.get(), gscratch.get(), gat.get(), gp.get(), q.get(),
+                                  kk.get(), v.get(), s, t, heads, dh);
+      const Vec got[3] = {k.get(gdq), k.get(gdk), k.get(gdv)};
+      for (int i = 0; i < 3; ++i) {
+        if (!sixteen) want[i] = got[i];
+        else expect_equal(std::string("attention d") + "qkv"[i], got[i], want[i]);
+      }
+    }
+  }
+}
+
 // Attention in 16 bits: the GPU's fused kernels (cuda/fused_attention.h:
 // no [t, t] weights, p holds each row's softmax max and sum) against the
 // CPU's emulation (the weights materialised, the four products rounding

@@ -880,8 +880,8 @@ TEST(Footprint, LmCountsWhatItAllocates) {
 
 // Under 16-bit compute what backward keeps takes 2 bytes an element: per
 // block ln1 q k v att h ln2 y [N, D], p [rows, H, T, T], a b gate [N, F],
-// and x0, lnf [N, D] (the RMS statistics stay float32); the float32
-// working copies add [N, max(F, D)] twice, [N, D] and one block's p.
+// and x0, lnf [N, D] (the RMS statistics stay float32); no float32 copy
+// of them is made (backward's layers read them as kept).
 TEST(Footprint, LmKeepsItsActivationsInTheComputeDtype) {
   for (const char* preset : {"lm-tiny", "lm-cpu", "large"}) {
     SCOPED_TRACE(preset);
@@ -889,22 +889,22 @@ TEST(Footprint, LmKeepsItsActivationsInTheComputeDtype) {
     const int64_t rows = 2, t = c.context_length, n = rows * t, d = c.d_model, f = c.d_ff;
     const int64_t p = rows * c.num_heads * t * t;
     const int64_t kept = c.num_layers * (8 * n * d + p + 3 * n * f) + 2 * n * d;
-    const int64_t work = 2 * n * std::max(f, d) + n * d + p;
     const int64_t fp32 = lm_footprint(c, rows, DDP_DEVICE_CPU).step_activation_bytes;
     for (const ddp_dtype compute : {DDP_BFLOAT16, DDP_FLOAT16})
-      EXPECT_EQ(fp32 - lm_footprint(c, rows, DDP_DEVICE_CPU, compute).step_activation_bytes, 2 * kept - 4 * work);
+      EXPECT_EQ(fp32 - lm_footprint(c, rows, DDP_DEVICE_CPU, compute).step_activation_bytes, 2 * kept);
   }
-  // lm large, 32 rows (the GPU check's batch): a little over half.
+  // lm large, 32 rows (the GPU check's batch): about half (the float32
+  // logits, RMS statistics and backward's scratch keep it above).
   const LmConfig large = lm_preset("large");
   const double ratio = double(lm_footprint(large, 32, DDP_DEVICE_CPU, DDP_BFLOAT16).step_activation_bytes) /
                        double(lm_footprint(large, 32, DDP_DEVICE_CPU).step_activation_bytes);
   EXPECT_GT(ratio, 0.5);
-  EXPECT_LT(ratio, 0.55);
+  EXPECT_LT(ratio, 0.52);
 }
 
 // On a GPU in 16 bits attention is fused (kernels.h): p keeps each row's
-// max and sum [rows, H, T, 2] in float32 instead of the weights, the
-// scratch is [rows, H, T], and no float32 copy of p is made.
+// max and sum [rows, H, T, 2] in float32 instead of the weights, and the
+// scratch is [rows, H, T].
 TEST(Footprint, LmOnAGpuIn16BitsKeepsNoAttentionWeights) {
   for (const char* preset : {"lm-tiny", "large"}) {
     SCOPED_TRACE(preset);
@@ -913,8 +913,7 @@ TEST(Footprint, LmOnAGpuIn16BitsKeepsNoAttentionWeights) {
     const int64_t weights = rows * h * t * t, stats = rows * h * t * 2;
     const int64_t cpu = lm_footprint(c, rows, DDP_DEVICE_CPU, DDP_BFLOAT16).step_activation_bytes;
     const int64_t gpu = lm_footprint(c, rows, DDP_DEVICE_CUDA, DDP_BFLOAT16).step_activation_bytes;
-    EXPECT_EQ(gpu - cpu, 4 * 2 * n + c.num_layers * (4 * stats - 2 * weights) + 4 * (rows * h * t - t * t) -
-                             4 * weights);
+    EXPECT_EQ(gpu - cpu, 4 * 2 * n + c.num_layers * (4 * stats - 2 * weights) + 4 * (rows * h * t - t * t));
     EXPECT_EQ(lm_footprint(c, rows, DDP_DEVICE_CUDA, DDP_FLOAT16).step_activation_bytes, gpu);
   }
   // A head the fused kernels cannot hold is refused where they would run it.

@@ -6,7 +6,9 @@
 // wider than the rows; an operand given already in 16 bits (GemmInput)
 // gives the bits of its float32 value, and one of another dtype is refused;
 // the CPU kernels' layers that write their kept output in 16 bits
-// (LayerOutput) write the float32 result's rounding, bit for bit.
+// (LayerOutput) write the float32 result's rounding, and those that read
+// kept inputs in 16 bits (LayerInput) give their float32 values' results,
+// bit for bit.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -232,6 +234,66 @@ TEST(CpuKernels, SixteenBitOutputsAreTheFloat32ResultsRounded) {
     ADD_FAILURE() << "a float64 output was taken";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "CPU kernels: a layer output in float64 (float32, bfloat16 or float16 only)");
+  }
+}
+
+// x rounded to `dtype` and back: the float32 values of its 16 bits.
+std::vector<float> rounded(const std::vector<float>& x, ddp_dtype dtype) {
+  std::vector<float> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = layers::round_to(dtype, x[i]);
+  return out;
+}
+
+// Backward's layers on kept 16-bit inputs: RMSNorm over 150 rows (dg's
+// column sums cross 64-row tiles), SwiGLU over 3 chunks and a tail,
+// attention over 3 sequences (and its forward writing 16-bit weights).
+TEST(CpuKernels, SixteenBitInputsGiveTheirFloat32ValuesResults) {
+  std::mt19937_64 rng(6);
+  const std::unique_ptr<Kernels> k = make_cpu_kernels();
+  for (const ddp_dtype dtype : {DDP_BFLOAT16, DDP_FLOAT16}) {
+    SCOPED_TRACE(dtype);
+    k->set_compute_dtype(dtype);
+    const int64_t n = 150, d = 40, count = 3 * 4096 + 7;
+    const std::vector<float> x = rounded(random_matrix(n, d, rng), dtype), dy = random_matrix(n, d, rng);
+    const std::vector<float> g = random_matrix(1, d, rng), rms = random_matrix(1, n, rng);
+    const std::vector<uint16_t> x16 = packed(x, dtype);
+    std::vector<float> dx(static_cast<size_t>(n * d), 0.5f), dx16 = dx, dg = g, dg16 = g;
+    k->rmsnorm_backward(dx.data(), dg.data(), dy.data(), x.data(), g.data(), rms.data(), n, d, true);
+    k->rmsnorm_backward(dx16.data(), dg16.data(), dy.data(), LayerInput(x16.data(), dtype), g.data(), rms.data(), n, d,
+                        true);
+    EXPECT_EQ(dx16, dx);
+    EXPECT_EQ(dg16, dg);
+
+    const std::vector<float> a = rounded(random_matrix(1, count, rng), dtype);
+    const std::vector<float> b = rounded(random_matrix(1, count, rng), dtype), dout = random_matrix(1, count, rng);
+    std::vector<float> da(static_cast<size_t>(count)), db = da, da16 = da, db16 = da;
+    k->swiglu_backward(da.data(), db.data(), dout.data(), a.data(), b.data(), count);
+    k->swiglu_backward(da16.data(), db16.data(), dout.data(), LayerInput(packed(a, dtype).data(), dtype),
+                       LayerInput(packed(b, dtype).data(), dtype), count);
+    EXPECT_EQ(da16, da);
+    EXPECT_EQ(db16, db);
+
+    const int64_t s = 3, t = 9, heads = 2, dh = 4, size = s * t * heads * dh;
+    const std::vector<float> q = rounded(random_matrix(1, size, rng), dtype), kk = rounded(random_matrix(1, size, rng), dtype);
+    const std::vector<float> v = rounded(random_matrix(1, size, rng), dtype), dat = random_matrix(1, size, rng);
+    std::vector<float> out(static_cast<size_t>(size)), out16 = out, p(static_cast<size_t>(s * heads * t * t));
+    std::vector<uint16_t> p16(p.size());
+    k->attention_forward(out.data(), p.data(), q.data(), kk.data(), v.data(), s, t, heads, dh);
+    k->attention_forward(out16.data(), LayerOutput(p16.data(), dtype), q.data(), kk.data(), v.data(), s, t, heads, dh);
+    EXPECT_EQ(out16, out);
+    EXPECT_EQ(p16, packed(p, dtype));
+    std::vector<float> scratch(k->attention_scratch_floats(s, t, heads));
+    std::vector<float> dq(static_cast<size_t>(size)), dk = dq, dv = dq, dq16 = dq, dk16 = dq, dv16 = dq;
+    const std::vector<float> p_kept = rounded(p, dtype);
+    k->attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dat.data(), p_kept.data(), q.data(),
+                          kk.data(), v.data(), s, t, heads, dh);
+    const std::vector<uint16_t> q16 = packed(q, dtype), k16 = packed(kk, dtype), v16 = packed(v, dtype);
+    k->attention_backward(dq16.data(), dk16.data(), dv16.data(), scratch.data(), dat.data(),
+                          LayerInput(p16.data(), dtype), LayerInput(q16.data(), dtype), LayerInput(k16.data(), dtype),
+                          LayerInput(v16.data(), dtype), s, t, heads, dh);
+    EXPECT_EQ(dq16, dq);
+    EXPECT_EQ(dk16, dk);
+    EXPECT_EQ(dv16, dv);
   }
 }
 

@@ -57,13 +57,21 @@ class CpuKernels final : public Kernels {
   void rmsnorm_forward(LayerOutput y, float* rms, const float* x, const float* g, int64_t n, int64_t d) override {
     if (y.dtype == DDP_FLOAT32) return layers::rmsnorm_forward(static_cast<float*>(y.data), rms, x, g, n, d);
     for (int64_t i = 0; i < n; ++i) {  // a row at a time (rows are independent: the same bits)
-      layers::rmsnorm_forward(floats(d), rms + i, x + i * d, g, 1, d);
-      store(y, i * d, d);
+      float* row = floats(d);
+      layers::rmsnorm_forward(row, rms + i, x + i * d, g, 1, d);
+      store(y, i * d, row, d);
     }
   }
-  void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x, const float* g, const float* rms,
+  void rmsnorm_backward(float* dx, float* dg, const float* dy, LayerInput x, const float* g, const float* rms,
                         int64_t n, int64_t d, bool accumulate) override {
-    layers::rmsnorm_backward(dx, dg, dy, x, g, rms, n, d, accumulate);
+    if (x.dtype == DDP_FLOAT32) return layers::rmsnorm_backward(dx, dg, dy, f32(x), g, rms, n, d, accumulate);
+    // A tile of dg's column sums at a time (layers.h): the same additions.
+    float* tile = floats(layers::kColumnSumRows * d);
+    for (int64_t r0 = 0; r0 < n; r0 += layers::kColumnSumRows) {
+      const int64_t rows = std::min(layers::kColumnSumRows, n - r0);
+      layers::rmsnorm_backward(dx + r0 * d, dg, dy + r0 * d, widened(x, r0 * d, rows * d, tile), g, rms + r0, rows, d,
+                               accumulate);
+    }
   }
   void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
                     int64_t dh) override {
@@ -73,25 +81,54 @@ class CpuKernels final : public Kernels {
                      int64_t dh) override {
     layers::rope_backward(dx, cos, sin, b, t, heads, dh);
   }
-  void attention_forward(float* out, float* p, const float* q, const float* k, const float* v, int64_t b, int64_t t,
-                         int64_t heads, int64_t dh) override {
-    layers::attention_forward(out, p, q, k, v, b, t, heads, dh, inputs_);
+  // 16 bits: a sequence at a time (sequences are independent: the same bits).
+  void attention_forward(float* out, LayerOutput p, const float* q, const float* k, const float* v, int64_t b,
+                         int64_t t, int64_t heads, int64_t dh) override {
+    if (p.dtype == DDP_FLOAT32)
+      return layers::attention_forward(out, static_cast<float*>(p.data), q, k, v, b, t, heads, dh, inputs_);
+    const int64_t seq = t * heads * dh;
+    const int64_t weights = heads * t * t;
+    float* staged = floats(weights);
+    for (int64_t s = 0; s < b; ++s) {
+      layers::attention_forward(out + s * seq, staged, q + s * seq, k + s * seq, v + s * seq, 1, t, heads, dh, inputs_);
+      store(p, s * weights, staged, weights);
+    }
   }
-  void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* p,
-                          const float* q, const float* k, const float* v, int64_t b, int64_t t, int64_t heads,
+  void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, LayerInput p,
+                          LayerInput q, LayerInput k, LayerInput v, int64_t b, int64_t t, int64_t heads,
                           int64_t dh) override {
-    layers::attention_backward(dq, dk, dv, scratch, dout, p, q, k, v, b, t, heads, dh, inputs_);
+    if (p.dtype == DDP_FLOAT32 && q.dtype == DDP_FLOAT32 && k.dtype == DDP_FLOAT32 && v.dtype == DDP_FLOAT32)
+      return layers::attention_backward(dq, dk, dv, scratch, dout, f32(p), f32(q), f32(k), f32(v), b, t, heads, dh,
+                                        inputs_);
+    const int64_t seq = t * heads * dh;
+    const int64_t weights = heads * t * t;
+    float* staged = floats(3 * seq + weights);
+    for (int64_t s = 0; s < b; ++s) {
+      const int64_t at = s * seq;
+      layers::attention_backward(dq + at, dk + at, dv + at, scratch, dout + at,
+                                 widened(p, s * weights, weights, staged + 3 * seq), widened(q, at, seq, staged),
+                                 widened(k, at, seq, staged + seq), widened(v, at, seq, staged + 2 * seq), 1, t, heads,
+                                 dh, inputs_);
+    }
   }
   void swiglu_forward(LayerOutput out, const float* a, const float* b, int64_t n) override {
     if (out.dtype == DDP_FLOAT32) return layers::swiglu_forward(static_cast<float*>(out.data), a, b, n);
     for (int64_t i = 0; i < n; i += kChunk) {  // (kChunk keeps the vector loops' alignment: the same bits)
       const int64_t count = std::min(kChunk, n - i);
-      layers::swiglu_forward(floats(count), a + i, b + i, count);
-      store(out, i, count);
+      float* staged = floats(count);
+      layers::swiglu_forward(staged, a + i, b + i, count);
+      store(out, i, staged, count);
     }
   }
-  void swiglu_backward(float* da, float* db, const float* dout, const float* a, const float* b, int64_t n) override {
-    layers::swiglu_backward(da, db, dout, a, b, n);
+  void swiglu_backward(float* da, float* db, const float* dout, LayerInput a, LayerInput b, int64_t n) override {
+    if (a.dtype == DDP_FLOAT32 && b.dtype == DDP_FLOAT32)
+      return layers::swiglu_backward(da, db, dout, f32(a), f32(b), n);
+    float* staged = floats(2 * kChunk);
+    for (int64_t i = 0; i < n; i += kChunk) {
+      const int64_t count = std::min(kChunk, n - i);
+      layers::swiglu_backward(da + i, db + i, dout + i, widened(a, i, count, staged),
+                              widened(b, i, count, staged + kChunk), count);
+    }
   }
   void relu_forward(float* y, const float* x, int64_t n) override { layers::relu_forward(y, x, n); }
   void relu_backward(float* dx, const float* dy, const float* y, int64_t n) override {
@@ -111,20 +148,32 @@ class CpuKernels final : public Kernels {
   }
 
  private:
-  // A 16-bit LayerOutput's float32 results pass through `staged_`, a row
-  // or kChunk elements at a time: host memory of the kernels' own (a few
-  // KB; uncounted, as gemm.h's rounded operands).
+  // 16-bit outputs and inputs pass through `staged_` in float32, a part at
+  // a time (elementwise: kChunk elements; RMSNorm: a row, or a tile of
+  // kColumnSumRows rows; attention: a sequence): host memory of the
+  // kernels' own, uncounted, as gemm.h's rounded operands (lm large: 9 MB).
   static constexpr int64_t kChunk = 4096;
   float* floats(int64_t count) {
     if (staged_.size() < size_t(count)) staged_.resize(size_t(count));
     return staged_.data();
   }
-  // out[at, at + count) = staged_[0, count), rounded to out's 16 bits.
-  void store(const LayerOutput& out, int64_t at, int64_t count) {
-    if (out.dtype != DDP_BFLOAT16 && out.dtype != DDP_FLOAT16)
-      throw Error(std::string("CPU kernels: a layer output in ") + ddp_dtype_name(out.dtype) +
+  static void check_16(ddp_dtype dtype, const char* what) {
+    if (dtype != DDP_BFLOAT16 && dtype != DDP_FLOAT16)
+      throw Error(std::string("CPU kernels: a layer ") + what + " in " + ddp_dtype_name(dtype) +
                   " (float32, bfloat16 or float16 only)");
-    convert_cpu(static_cast<uint16_t*>(out.data) + at, out.dtype, staged_.data(), DDP_FLOAT32, size_t(count));
+  }
+  // out[at, at + count) = from[0, count), rounded to out's 16 bits.
+  static void store(const LayerOutput& out, int64_t at, const float* from, int64_t count) {
+    check_16(out.dtype, "output");
+    convert_cpu(static_cast<uint16_t*>(out.data) + at, out.dtype, from, DDP_FLOAT32, size_t(count));
+  }
+  static const float* f32(const LayerInput& x) { return static_cast<const float*>(x.data); }
+  // x[at, at + count) in float32: its own memory, or widened into `into`.
+  static const float* widened(const LayerInput& x, int64_t at, int64_t count, float* into) {
+    if (x.dtype == DDP_FLOAT32) return f32(x) + at;
+    check_16(x.dtype, "input");
+    convert_cpu(into, DDP_FLOAT32, static_cast<const uint16_t*>(x.data) + at, x.dtype, size_t(count));
+    return into;
   }
 
   ddp_dtype inputs_ = DDP_FLOAT32;

@@ -33,6 +33,11 @@ struct LayerOutput {
   void* data = nullptr;
   ddp_dtype dtype = DDP_FLOAT32;
 };
+// What a layer reads of an activation backward kept: float32, or its 16
+// bits as they are (gemm.h's GemmInput; widened exactly, so the same
+// result as from a float32 copy, without unpacking one). A float32 pointer
+// is one.
+using LayerInput = GemmInput;
 
 // What attention_forward leaves in `p` for attention_backward on a device
 // of this kind computing in `compute`: true, the weights [b, heads, t, t]
@@ -90,7 +95,8 @@ class Kernels {
   // ---- RMSNorm, RoPE ----------------------------------------------------------
   // y: float32, or 16 bits (LayerOutput); rms[n] float32.
   virtual void rmsnorm_forward(LayerOutput y, float* rms, const float* x, const float* g, int64_t n, int64_t d) = 0;
-  virtual void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x, const float* g, const float* rms,
+  // x: float32, or 16 bits (LayerInput).
+  virtual void rmsnorm_backward(float* dx, float* dg, const float* dy, LayerInput x, const float* g, const float* rms,
                                 int64_t n, int64_t d, bool accumulate = false) = 0;
   // cos, sin [t, dh/2] in device memory (fill them with layers::rope_tables
   // on the host and upload).
@@ -102,18 +108,21 @@ class Kernels {
   // ---- causal attention -------------------------------------------------------
   // Floats of scratch attention_backward needs for these sizes: the device
   // kind's and compute dtype's rule, attention_scratch_floats above; `p`
-  // holds what attention_keeps_weights says.
+  // holds what attention_keeps_weights says: weights in float32 or 16 bits
+  // (the CPU's kept p: LayerOutput), a GPU's statistics in float32.
   size_t attention_scratch_floats(int64_t b, int64_t t, int64_t heads) const;
-  virtual void attention_forward(float* out, float* p, const float* q, const float* k, const float* v, int64_t b,
+  virtual void attention_forward(float* out, LayerOutput p, const float* q, const float* k, const float* v, int64_t b,
                                  int64_t t, int64_t heads, int64_t dh) = 0;
-  virtual void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* p,
-                                  const float* q, const float* k, const float* v, int64_t b, int64_t t, int64_t heads,
+  // p, q, k, v as kept: float32, or 16 bits (LayerInput).
+  virtual void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, LayerInput p,
+                                  LayerInput q, LayerInput k, LayerInput v, int64_t b, int64_t t, int64_t heads,
                                   int64_t dh) = 0;
 
   // ---- elementwise -------------------------------------------------------------
   // out: float32, or 16 bits (LayerOutput).
   virtual void swiglu_forward(LayerOutput out, const float* a, const float* b, int64_t n) = 0;
-  virtual void swiglu_backward(float* da, float* db, const float* dout, const float* a, const float* b, int64_t n) = 0;
+  // a, b: float32, or 16 bits (LayerInput).
+  virtual void swiglu_backward(float* da, float* db, const float* dout, LayerInput a, LayerInput b, int64_t n) = 0;
   virtual void relu_forward(float* y, const float* x, int64_t n) = 0;
   virtual void relu_backward(float* dx, const float* dy, const float* y, int64_t n) = 0;
 

@@ -58,9 +58,8 @@ void LmModel::ensure_activations(int64_t rows) {
   if (rows == rows_) return;
   // Release the old sizes first so the peak never holds both.
   blocks_.clear();
-  for (Tensor* old :
-       {&tokens_dev_, &x0_, &lnf_,   &rmsf_, &logits_, &lse_,     &dresid_,  &dln_,     &datt_,   &dq_,
-        &dk_,         &dv_, &dgate_, &da_,   &db_,     &dscores_, &work_f1_, &work_f2_, &work_d_, &work_p_})
+  for (Tensor* old : {&tokens_dev_, &x0_, &lnf_, &rmsf_, &logits_, &lse_, &dresid_, &dln_, &datt_, &dq_, &dk_, &dv_,
+                      &dgate_, &da_, &db_, &dscores_})
     old->reset();
 
   const int64_t n = rows * config_.context_length;
@@ -82,9 +81,6 @@ void LmModel::ensure_activations(int64_t rows) {
   for (Tensor* t :
        {&lnf_, &rmsf_, &logits_, &lse_, &dresid_, &dln_, &datt_, &dq_, &dk_, &dv_, &dgate_, &da_, &db_, &dscores_})
     *t = act();
-  if (k_->compute_dtype() != DDP_FLOAT32)
-    for (Tensor* t : {&work_f1_, &work_f2_, &work_d_}) *t = act();
-  if (k_->compute_dtype() != DDP_FLOAT32 && attention_keeps_weights(k_->kind(), k_->compute_dtype())) work_p_ = act();
   if (next != shapes.size()) throw Error("lm: activation_shapes and ensure_activations disagree");
   rows_ = rows;
 }
@@ -97,13 +93,9 @@ void LmModel::set_compute_dtype(ddp_dtype dtype) {
 
 LmModel::BlockFloats LmModel::forward_floats(BlockActs& b) {
   if (b.q.dtype() == DDP_FLOAT32)
-    return {b.q.data(), b.k.data(), b.v.data(), b.p.data(), b.att.data(),
-            b.h.data(), b.a.data(), b.b.data(), b.y.data()};
-  // The residual stream x -> h -> y stays in dresid_, each added to in
-  // place. A float32 p (a row's softmax statistics: attention_keeps_weights)
-  // is its own.
-  float* p = b.p.dtype() == DDP_FLOAT32 ? b.p.data() : work_p_.data();
-  return {dq_.data(), dk_.data(), dv_.data(), p, datt_.data(), dresid_.data(), da_.data(), db_.data(), dresid_.data()};
+    return {b.q.data(), b.k.data(), b.v.data(), b.att.data(), b.h.data(), b.a.data(), b.b.data(), b.y.data()};
+  // The residual stream x -> h -> y stays in dresid_, each added to in place.
+  return {dq_.data(), dk_.data(), dv_.data(), datt_.data(), dresid_.data(), da_.data(), db_.data(), dresid_.data()};
 }
 
 float LmModel::forward(const Batch& batch) {
@@ -146,32 +138,31 @@ float LmModel::forward(const Batch& batch) {
     // h = x + output_proj(attention(RoPE(q), RoPE(k), v)) of RMSNorm1(x),
     // ln1 written as kept (16-bit compute: rounded once; the GEMMs read it so)
     k_->rmsnorm_forward(output(s.ln1), s.rms1.data(), x, w(layer_param(l, kLn1)), n, d);
-    k_->linear_forward(b.q, gemm_input(s.ln1), w(layer_param(l, kQ)), n, d, d);
-    k_->linear_forward(b.k, gemm_input(s.ln1), w(layer_param(l, kK)), n, d, d);
-    k_->linear_forward(b.v, gemm_input(s.ln1), w(layer_param(l, kV)), n, d, d);
+    k_->linear_forward(b.q, kept(s.ln1), w(layer_param(l, kQ)), n, d, d);
+    k_->linear_forward(b.k, kept(s.ln1), w(layer_param(l, kK)), n, d, d);
+    k_->linear_forward(b.v, kept(s.ln1), w(layer_param(l, kV)), n, d, d);
     k_->rope_forward(b.q, rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
     k_->rope_forward(b.k, rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-    k_->attention_forward(b.att, b.p, b.q, b.k, b.v, rows, t, heads, head_dim_);
-    for (auto [saved, value] : {std::pair{&s.q, b.q}, {&s.k, b.k}, {&s.v, b.v}, {&s.p, b.p}, {&s.att, b.att}})
-      keep(*saved, value);
+    k_->attention_forward(b.att, output(s.p), b.q, b.k, b.v, rows, t, heads, head_dim_);
+    for (auto [saved, value] : {std::pair{&s.q, b.q}, {&s.k, b.k}, {&s.v, b.v}, {&s.att, b.att}}) keep(*saved, value);
     if (b.h != x) k_->copy(b.h, x, sizeof(float) * n * d);
-    k_->linear_forward(b.h, gemm_input(s.att), w(layer_param(l, kO)), n, d, d, true);
+    k_->linear_forward(b.h, kept(s.att), w(layer_param(l, kO)), n, d, d, true);
     keep(s.h, b.h);
     // y = h + w2(silu(w1 z) * w3 z), z = RMSNorm2(h)
     k_->rmsnorm_forward(output(s.ln2), s.rms2.data(), b.h, w(layer_param(l, kLn2)), n, d);
-    k_->linear_forward(b.a, gemm_input(s.ln2), w(layer_param(l, kW1)), n, d, f);
-    k_->linear_forward(b.b, gemm_input(s.ln2), w(layer_param(l, kW3)), n, d, f);
+    k_->linear_forward(b.a, kept(s.ln2), w(layer_param(l, kW1)), n, d, f);
+    k_->linear_forward(b.b, kept(s.ln2), w(layer_param(l, kW3)), n, d, f);
     k_->swiglu_forward(output(s.gate), b.a, b.b, n * f);
     for (auto [saved, value] : {std::pair{&s.a, b.a}, {&s.b, b.b}}) keep(*saved, value);
     if (b.y != b.h) k_->copy(b.y, b.h, sizeof(float) * n * d);
-    k_->linear_forward(b.y, gemm_input(s.gate), w(layer_param(l, kW2)), n, f, d, true);
+    k_->linear_forward(b.y, kept(s.gate), w(layer_param(l, kW2)), n, f, d, true);
     keep(s.y, b.y);
     x = b.y;
     unit_event(block_unit(l), DDP_UNIT_FORWARD_END);
   }
   unit_event(head, DDP_UNIT_FORWARD_BEGIN);
   k_->rmsnorm_forward(output(lnf_), rmsf_.data(), x, w(ln_final_index()), n, d);
-  k_->linear_forward(logits_.data(), gemm_input(lnf_), w(lm_head_index()), n, d, vocab);
+  k_->linear_forward(logits_.data(), kept(lnf_), w(lm_head_index()), n, d, vocab);
   unit_event(head, DDP_UNIT_FORWARD_END);
   return static_cast<float>(k_->cross_entropy_forward(lse_.data(), logits_.data(), target_tokens(), n, vocab));
 }
@@ -181,10 +172,9 @@ void LmModel::weight_grad(size_t index, const float* dy, GemmInput x, int64_t in
   if (float* dw = g(index)) k_->linear_backward_weight(dw, dy, x, n, in, out, alpha);
 }
 
-// Block l's backward: dresid_ holds dy on entry and dx on return. The GEMMs
-// read each kept tensor as it is (gemm_input); the other layers through
-// unpacked() (16-bit compute: into the work_ buffers, each reused once its
-// last reader is done).
+// Block l's backward: dresid_ holds dy on entry and dx on return. Every
+// layer reads the kept tensors as they are (kept(): 16 bits under a
+// 16-bit compute).
 void LmModel::block_backward(int64_t l, const GradAccumulated& done) {
   const int64_t rows = rows_;
   const int64_t t = config_.context_length;
@@ -195,39 +185,37 @@ void LmModel::block_backward(int64_t l, const GradAccumulated& done) {
   const BlockActs& b = blocks_[l];
   // dresid_ holds dy; FFN branch: y = h + w2 gate.
   k_->linear_backward_input(dgate_.data(), dresid_.data(), w(layer_param(l, kW2)), n, f, d);
-  k_->swiglu_backward(da_.data(), db_.data(), dgate_.data(), unpacked(b.a, work_f1_), unpacked(b.b, work_f2_), n * f);
-  weight_grad(layer_param(l, kW3), db_.data(), gemm_input(b.ln2), d, f);
+  k_->swiglu_backward(da_.data(), db_.data(), dgate_.data(), kept(b.a), kept(b.b), n * f);
+  weight_grad(layer_param(l, kW3), db_.data(), kept(b.ln2), d, f);
   done(layer_param(l, kW3));
-  weight_grad(layer_param(l, kW2), dresid_.data(), gemm_input(b.gate), f, d);
+  weight_grad(layer_param(l, kW2), dresid_.data(), kept(b.gate), f, d);
   done(layer_param(l, kW2));
-  weight_grad(layer_param(l, kW1), da_.data(), gemm_input(b.ln2), d, f);
+  weight_grad(layer_param(l, kW1), da_.data(), kept(b.ln2), d, f);
   done(layer_param(l, kW1));
   k_->linear_backward_input(dln_.data(), da_.data(), w(layer_param(l, kW1)), n, d, f);
   k_->linear_backward_input(dln_.data(), db_.data(), w(layer_param(l, kW3)), n, d, f, true);
-  k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn2)), dln_.data(), unpacked(b.h, work_d_),
-                       w(layer_param(l, kLn2)), b.rms2.data(), n, d, /*accumulate=*/true);
+  k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn2)), dln_.data(), kept(b.h), w(layer_param(l, kLn2)),
+                       b.rms2.data(), n, d, /*accumulate=*/true);
   done(layer_param(l, kLn2));
   // dresid_ holds dh; attention branch: h = x + output_proj att.
   k_->linear_backward_input(datt_.data(), dresid_.data(), w(layer_param(l, kO)), n, d, d);
-  weight_grad(layer_param(l, kO), dresid_.data(), gemm_input(b.att), d, d);
+  weight_grad(layer_param(l, kO), dresid_.data(), kept(b.att), d, d);
   done(layer_param(l, kO));
-  k_->attention_backward(dq_.data(), dk_.data(), dv_.data(), dscores_.data(), datt_.data(), unpacked(b.p, work_p_),
-                         unpacked(b.q, work_d_), unpacked(b.k, work_f1_), unpacked(b.v, work_f2_), rows, t, heads,
-                         head_dim_);
+  k_->attention_backward(dq_.data(), dk_.data(), dv_.data(), dscores_.data(), datt_.data(), kept(b.p), kept(b.q),
+                         kept(b.k), kept(b.v), rows, t, heads, head_dim_);
   k_->rope_backward(dq_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
   k_->rope_backward(dk_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-  weight_grad(layer_param(l, kV), dv_.data(), gemm_input(b.ln1), d, d);
+  weight_grad(layer_param(l, kV), dv_.data(), kept(b.ln1), d, d);
   done(layer_param(l, kV));
-  weight_grad(layer_param(l, kK), dk_.data(), gemm_input(b.ln1), d, d);
+  weight_grad(layer_param(l, kK), dk_.data(), kept(b.ln1), d, d);
   done(layer_param(l, kK));
-  weight_grad(layer_param(l, kQ), dq_.data(), gemm_input(b.ln1), d, d);
+  weight_grad(layer_param(l, kQ), dq_.data(), kept(b.ln1), d, d);
   done(layer_param(l, kQ));
   k_->linear_backward_input(dln_.data(), dq_.data(), w(layer_param(l, kQ)), n, d, d);
   k_->linear_backward_input(dln_.data(), dk_.data(), w(layer_param(l, kK)), n, d, d, true);
   k_->linear_backward_input(dln_.data(), dv_.data(), w(layer_param(l, kV)), n, d, d, true);
-  const float* x = unpacked(l ? blocks_[l - 1].y : x0_, work_f1_);
-  k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn1)), dln_.data(), x, w(layer_param(l, kLn1)), b.rms1.data(),
-                       n, d, /*accumulate=*/true);
+  k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn1)), dln_.data(), kept(l ? blocks_[l - 1].y : x0_),
+                       w(layer_param(l, kLn1)), b.rms1.data(), n, d, /*accumulate=*/true);
   done(layer_param(l, kLn1));
 }
 
@@ -253,13 +241,13 @@ void LmModel::backward(float loss_scale, const GradAccumulated& accumulated) {
     k_->cross_entropy_backward(dlogits, n, vocab, loss_scale);
     c = 1.0f;
   }
-  weight_grad(lm_head_index(), dlogits, gemm_input(lnf_), d, vocab, c);
+  weight_grad(lm_head_index(), dlogits, kept(lnf_), d, vocab, c);
   done(lm_head_index());
   k_->linear_backward_input(dln_.data(), dlogits, w(lm_head_index()), n, d, vocab, false, c);
   ranges.lap("backward lm_head");
-  const float* x_last = unpacked(config_.num_layers ? blocks_.back().y : x0_, work_f1_);
-  k_->rmsnorm_backward(dresid_.data(), g(ln_final_index()), dln_.data(), x_last, w(ln_final_index()), rmsf_.data(), n,
-                       d);
+  const Tensor& x_last = config_.num_layers ? blocks_.back().y : x0_;
+  k_->rmsnorm_backward(dresid_.data(), g(ln_final_index()), dln_.data(), kept(x_last), w(ln_final_index()),
+                       rmsf_.data(), n, d);
   done(ln_final_index());
   ranges.lap("backward ln_final");
   unit_event(head_unit(), DDP_UNIT_BACKWARD_END);

@@ -70,8 +70,9 @@ class LmModel final : public Model {
   int64_t output_width() const override { return config_.vocab_size; }
   // Under bf16 or fp16, what backward keeps (BlockActs, x0_, lnf_; the RMS
   // statistics stay float32) is held in that dtype: forward computes each
-  // block in float32 working buffers and packs, backward unpacks each kept
-  // tensor just before it reads it (docs/precision.md).
+  // block in float32 in the backward buffers and packs (or writes it kept
+  // directly: RMSNorm, SwiGLU, a CPU's attention weights), and backward's
+  // layers read the kept tensors as they are (docs/precision.md).
   void set_compute_dtype(ddp_dtype dtype) override;
   // Throws Error for a token outside [0, vocab_size).
   float forward(const Batch& batch) override;
@@ -112,9 +113,8 @@ class LmModel final : public Model {
   void ensure_activations(int64_t rows);
   // The shapes ensure_activations allocates, in its order (lm_footprint
   // sums them).
-  // `working`: with a 16-bit compute's float32 working copies (work_*).
   static std::vector<ActBuffer> activation_shapes(const LmConfig& c, int64_t rows, ddp_device_kind device,
-                                                  ddp_dtype compute, bool working = true);
+                                                  ddp_dtype compute);
   friend Footprint lm_footprint(const LmConfig& config, int64_t rows, ddp_device_kind device, ddp_dtype compute);
   // The token ids the kernels read: host vectors on the CPU, else device
   // memory (tokens_dev_).
@@ -144,14 +144,13 @@ class LmModel final : public Model {
     Tensor y;     // [N, D] block output h + w2 gate
   };
   // Where block l's forward writes each of them in float32: their own
-  // memory in float32 compute; in 16-bit, the backward scratch and work_p_
-  // (free during forward), from which keep() packs them. (ln1, ln2 and
-  // gate are written as kept: output().)
+  // memory in float32 compute; in 16-bit, the backward scratch (free
+  // during forward), from which keep() packs them. (ln1, ln2, gate and p
+  // are written as kept: output().)
   struct BlockFloats {
     float* q;
     float* k;
     float* v;
-    float* p;
     float* att;
     float* h;
     float* a;
@@ -159,12 +158,13 @@ class LmModel final : public Model {
     float* y;
   };
   BlockFloats forward_floats(BlockActs& b);
-  // keep_activation, unpack_activation (model.h) on this model's kernels.
+  // keep_activation (model.h) on this model's kernels.
   void keep(Tensor& saved, const float* value) { keep_activation(*k_, saved, value); }
-  // A kept activation as a layer writes it directly: its float32 memory,
-  // or its 16 bits (kernels.h's LayerOutput).
+  // A kept activation as a layer writes it directly, and as layers read
+  // it: its float32 memory, or its 16 bits (kernels.h's LayerOutput and
+  // LayerInput).
   static LayerOutput output(Tensor& saved) { return {saved.raw(), saved.dtype()}; }
-  const float* unpacked(const Tensor& saved, Tensor& into) { return unpack_activation(*k_, saved, into); }
+  static LayerInput kept(const Tensor& saved) { return {saved.raw(), saved.dtype()}; }
 
   Device& device_;
   std::unique_ptr<Kernels> k_;  // the device's layers
@@ -195,13 +195,6 @@ class LmModel final : public Model {
   Tensor da_;     // [N, F]
   Tensor db_;
   Tensor dscores_;  // attention backward's scratch (CPU: [T, T])
-  // 16-bit compute only: float32 copies of kept tensors (forward_floats,
-  // unpacked): [N, max(F, D)] twice, [N, D], and [rows, H, T, T] where p
-  // holds the weights.
-  Tensor work_f1_;
-  Tensor work_f2_;
-  Tensor work_d_;
-  Tensor work_p_;
 };
 
 // `with_gradients`: with its gradients (pack_gradients); the engine makes

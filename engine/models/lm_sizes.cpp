@@ -151,16 +151,17 @@ Footprint lm_footprint(const LmConfig& c, int64_t rows, ddp_device_kind device, 
   const int64_t kFloat = 4;
   f.setup_activation_bytes = 2 * c.context_length * half * kFloat;  // RoPE cos, sin
   lm_check_compute(c, device, compute);
-  f.step_activation_bytes = act_bytes(LmModel::activation_shapes(c, rows, device, compute));
-  int64_t floats = 0;  // the elements, without a 16-bit compute's float32 working copies (mesh.h prices them)
-  for (const ActBuffer& b : LmModel::activation_shapes(c, rows, device, compute, false)) floats += numel(b.shape);
+  const std::vector<ActBuffer> shapes = LmModel::activation_shapes(c, rows, device, compute);
+  f.step_activation_bytes = act_bytes(shapes);
+  int64_t floats = 0;  // the elements (mesh.h prices them)
+  for (const ActBuffer& b : shapes) floats += numel(b.shape);
   if (rows > 0 && c.context_length > 0)
     f.saved_elements_per_token = static_cast<double>(floats) / static_cast<double>(rows * c.context_length);
   return f;
 }
 
 std::vector<ActBuffer> LmModel::activation_shapes(const LmConfig& c, int64_t rows, ddp_device_kind device,
-                                                  ddp_dtype compute, bool working) {
+                                                  ddp_dtype compute) {
   const int64_t t = c.context_length;
   const int64_t d = c.d_model;
   const int64_t f = c.d_ff;
@@ -188,9 +189,6 @@ std::vector<ActBuffer> LmModel::activation_shapes(const LmConfig& c, int64_t row
                   Shape{n, f}, Shape{n, f}})  // dresid_ .. db_
     s.push_back({b, f32});
   s.push_back({{static_cast<int64_t>(attention_scratch_floats(device, compute, rows, t, h))}, f32});  // dscores_
-  if (kept != f32 && working)  // work_f1_, work_f2_, work_d_
-    for (Shape b : {Shape{n, std::max(f, d)}, Shape{n, std::max(f, d)}, Shape{n, d}}) s.push_back({b, f32});
-  if (kept != f32 && working && weights) s.push_back({{rows, h, t, t}, f32});  // work_p_
   return s;
 }
 

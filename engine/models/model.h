@@ -105,9 +105,6 @@ void keep_activation(Kernels& kernels, Tensor& saved, const float* value);
 // A kept activation in float32: its own memory, or unpacked into `into`
 // (at least as large; throws Error if not).
 const float* unpack_activation(Kernels& kernels, const Tensor& saved, Tensor& into);
-// A kept activation as a GEMM reads it (gemm.h): its float32 memory, or
-// its 16 bits as they are, unpacked by no pass of their own.
-inline GemmInput gemm_input(const Tensor& saved) { return {saved.raw(), saved.dtype()}; }
 
 struct Footprint {
   std::vector<ParamSize> params;       // table order

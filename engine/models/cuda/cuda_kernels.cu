@@ -181,14 +181,16 @@ class CudaKernels final : public Kernels {
       check_launch("rmsnorm_forward_kernel");
     });
   }
-  void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x, const float* g, const float* rms,
+  void rmsnorm_backward(float* dx, float* dg, const float* dy, LayerInput x, const float* g, const float* rms,
                         int64_t n, int64_t d, bool accumulate) override {
-    if (n == 0) return;
-    rmsnorm_backward_kernel<<<blocks(n, "rmsnorm rows"), kThreads, 0, stream_>>>(dx, dy, x, g, rms, d, accumulate);
-    check_launch("rmsnorm_backward_kernel");
-    if (dg)
-      column_sum(stream_, scratch_floats(column_sum_scratch(n, d)), dg, n, d, RmsGainTerm{dy, x, rms, d},
-                 "column_tile_sums_kernel (rmsnorm dg)");
+    with_load(x, [&](auto load) {
+      if (n == 0) return;
+      rmsnorm_backward_kernel<<<blocks(n, "rmsnorm rows"), kThreads, 0, stream_>>>(dx, dy, load, g, rms, d, accumulate);
+      check_launch("rmsnorm_backward_kernel");
+      if (dg)
+        column_sum(stream_, scratch_floats(column_sum_scratch(n, d)), dg, n, d,
+                   RmsGainTerm<decltype(load)>{dy, load, rms, d}, "column_tile_sums_kernel (rmsnorm dg)");
+    });
   }
 
   void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
@@ -206,8 +208,24 @@ class CudaKernels final : public Kernels {
   // for every sequence and head at once: one softmax-backward launch
   // instead of one per sequence. The same size as p.
 
-  void attention_forward(float* out, float* p, const float* q, const float* k, const float* v, int64_t b, int64_t t,
-                         int64_t heads, int64_t dh) override {
+  // p: float32 on a GPU (the weights in float32 compute, else the rows'
+  // statistics: attention_keeps_weights).
+  static float* floats_of(const LayerOutput& p) {
+    if (p.dtype != DDP_FLOAT32)
+      throw Error(std::string("CUDA kernels: attention's p in ") + ddp_dtype_name(p.dtype) +
+                  " (a GPU keeps it in float32: kernels.h's attention_keeps_weights)");
+    return static_cast<float*>(p.data);
+  }
+  static const float* floats_of(const LayerInput& x, const char* what) {
+    if (x.dtype != DDP_FLOAT32)
+      throw Error(std::string("CUDA kernels: attention's ") + what + " in " + ddp_dtype_name(x.dtype) +
+                  " (float32 compute reads float32)");
+    return static_cast<const float*>(x.data);
+  }
+
+  void attention_forward(float* out, LayerOutput kept, const float* q, const float* k, const float* v, int64_t b,
+                         int64_t t, int64_t heads, int64_t dh) override {
+    float* p = floats_of(kept);
     if (gemms_.inputs() != DDP_FLOAT32) {  // 16 bits: no [t, t] weights (kernels.h)
       cuda::fused_attention_forward(stream_, gemms_.inputs(), out, p, q, k, v, b, t, heads, dh);
       return;
@@ -234,13 +252,18 @@ class CudaKernels final : public Kernels {
     }
   }
 
-  void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* p,
-                          const float* q, const float* k, const float* v, int64_t b, int64_t t, int64_t heads,
+  void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, LayerInput kept_p,
+                          LayerInput kept_q, LayerInput kept_k, LayerInput kept_v, int64_t b, int64_t t, int64_t heads,
                           int64_t dh) override {
-    if (gemms_.inputs() != DDP_FLOAT32) {
-      cuda::fused_attention_backward(stream_, gemms_.inputs(), dq, dk, dv, scratch, dout, p, q, k, v, b, t, heads, dh);
+    const float* p = floats_of(kept_p, "p");
+    if (gemms_.inputs() != DDP_FLOAT32) {  // q, k, v as kept, read by the fused kernels
+      cuda::fused_attention_backward(stream_, gemms_.inputs(), dq, dk, dv, scratch, dout, p, kept_q, kept_k, kept_v, b,
+                                     t, heads, dh);
       return;
     }
+    const float* q = floats_of(kept_q, "q");
+    const float* k = floats_of(kept_k, "k");
+    const float* v = floats_of(kept_v, "v");
     if (b * t * heads * dh == 0) return;
     const int64_t d = heads * dh;
     const int64_t tt = t * t;
@@ -276,10 +299,15 @@ class CudaKernels final : public Kernels {
       check_launch("swiglu_forward_kernel");
     });
   }
-  void swiglu_backward(float* da, float* db, const float* dout, const float* a, const float* b, int64_t n) override {
-    if (n == 0) return;
-    swiglu_backward_kernel<<<grid_for(n), kThreads, 0, stream_>>>(da, db, dout, a, b, n);
-    check_launch("swiglu_backward_kernel");
+  void swiglu_backward(float* da, float* db, const float* dout, LayerInput a, LayerInput b, int64_t n) override {
+    if (a.dtype != b.dtype)
+      throw Error(std::string("CUDA kernels: swiglu_backward's a in ") + ddp_dtype_name(a.dtype) + ", b in " +
+                  ddp_dtype_name(b.dtype) + " (one dtype for both)");
+    with_load(a, [&](auto load) {
+      if (n == 0) return;
+      swiglu_backward_kernel<<<grid_for(n), kThreads, 0, stream_>>>(da, db, dout, load, load_like(load, b), n);
+      check_launch("swiglu_backward_kernel");
+    });
   }
   void relu_forward(float* y, const float* x, int64_t n) override {
     if (n == 0) return;

@@ -34,12 +34,17 @@ struct RoundHalf {
   __device__ float operator()(float x) const { return __half2float(__float2half_rn(x)); }
 };
 
-// The lane's elements of a [dh] row at x, rounded (0 beyond dh).
-template <int kPer, typename R>
-__device__ void load(float (&out)[kPer], const float* x, int64_t dh, int lane, R round) {
+__device__ float widen(float x) { return x; }
+__device__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ float widen(__half x) { return __half2float(x); }
+
+// The lane's elements of a [dh] row at x, rounded (0 beyond dh; a value
+// already in the compute dtype rounds to itself).
+template <int kPer, typename In, typename R>
+__device__ void load(float (&out)[kPer], const In* x, int64_t dh, int lane, R round) {
   for (int c = 0; c < kPer; ++c) {
     const int64_t e = int64_t(c) * 32 + lane;
-    out[c] = e < dh ? round(x[e]) : 0.0f;
+    out[c] = e < dh ? round(widen(x[e])) : 0.0f;
   }
 }
 
@@ -122,9 +127,9 @@ __global__ void forward_kernel(float* out, float* stats, const float* q, const f
 
 // Per query row i: D_i = sum_j p_ij dp_ij (dp_ij = dout_i . v_j), then
 // dq_i = sum_j round(ds_ij) k_j, ds_ij = p_ij (dp_ij - D_i) scale.
-template <int kPer, typename R>
-__global__ void backward_dq_kernel(float* dq, float* dsum, const float* dout, const float* stats, const float* q,
-                                   const float* k, const float* v, int64_t rows, int64_t t, int64_t heads, int64_t dh,
+template <int kPer, typename In, typename R>
+__global__ void backward_dq_kernel(float* dq, float* dsum, const float* dout, const float* stats, const In* q,
+                                   const In* k, const In* v, int64_t rows, int64_t t, int64_t heads, int64_t dh,
                                    float scale, R round) {
   const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (r >= rows) return;
@@ -159,10 +164,10 @@ __global__ void backward_dq_kernel(float* dq, float* dsum, const float* dout, co
 }
 
 // Per key row j: dv_j = sum_i>=j p_ij dout_i, dk_j = sum_i>=j round(ds_ij) q_i.
-template <int kPer, typename R>
+template <int kPer, typename In, typename R>
 __global__ void backward_dkdv_kernel(float* dk, float* dv, const float* dsum, const float* dout, const float* stats,
-                                     const float* q, const float* k, const float* v, int64_t rows, int64_t t,
-                                     int64_t heads, int64_t dh, float scale, R round) {
+                                     const In* q, const In* k, const In* v, int64_t rows, int64_t t, int64_t heads,
+                                     int64_t dh, float scale, R round) {
   const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (r >= rows) return;
   const int lane = threadIdx.x & 31;
@@ -214,6 +219,24 @@ void with_per(int64_t dh, F&& f) {
   f(std::integral_constant<int, 8>{});
 }
 
+// f(round, element) for the compute dtype's rounding and the inputs'
+// dtype: float32, or the compute dtype itself; q, k and v alike.
+template <typename F>
+void with_round_and_inputs(ddp_dtype dtype, const GemmInput& q, const GemmInput& k, const GemmInput& v, F&& f) {
+  if (q.dtype != k.dtype || q.dtype != v.dtype || (q.dtype != DDP_FLOAT32 && q.dtype != dtype))
+    throw Error(std::string("fused attention: q, k, v in ") + ddp_dtype_name(q.dtype) + ", " + ddp_dtype_name(k.dtype) +
+                    ", " + ddp_dtype_name(v.dtype) + " (float32 or " + ddp_dtype_name(dtype) + ", all three alike)",
+                DDP_ERR_UNSUPPORTED);
+  const bool same = q.dtype == dtype;
+  with_round(dtype, [&](auto round) {
+    if (!same) return f(round, float{});
+    if constexpr (std::is_same_v<decltype(round), RoundBf16>)
+      f(round, __nv_bfloat16{});
+    else
+      f(round, __half{});
+  });
+}
+
 unsigned grid_of(int64_t rows) {
   const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (blocks > INT32_MAX) throw Error("fused attention: " + std::to_string(rows) + " rows is more than a grid holds");
@@ -237,18 +260,22 @@ void fused_attention_forward(cudaStream_t stream, ddp_dtype dtype, float* out, f
 }
 
 void fused_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, float* dk, float* dv, float* d,
-                              const float* dout, const float* stats, const float* q, const float* k, const float* v,
-                              int64_t b, int64_t t, int64_t heads, int64_t dh) {
+                              const float* dout, const float* stats, GemmInput q, GemmInput k, GemmInput v, int64_t b,
+                              int64_t t, int64_t heads, int64_t dh) {
   const int64_t rows = b * heads * t;
-  if (rows == 0) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
-  with_round(dtype, [&](auto round) {
+  with_round_and_inputs(dtype, q, k, v, [&](auto round, auto element) {
+    using In = decltype(element);
+    const auto* qi = static_cast<const In*>(q.data);
+    const auto* ki = static_cast<const In*>(k.data);
+    const auto* vi = static_cast<const In*>(v.data);
     with_per(dh, [&](auto per) {
+      if (rows == 0) return;
       backward_dq_kernel<decltype(per)::value><<<grid_of(rows), kWarpsPerBlock * 32, 0, stream>>>(
-          dq, d, dout, stats, q, k, v, rows, t, heads, dh, scale, round);
+          dq, d, dout, stats, qi, ki, vi, rows, t, heads, dh, scale, round);
       check_launch("fused attention backward_dq_kernel");
       backward_dkdv_kernel<decltype(per)::value><<<grid_of(rows), kWarpsPerBlock * 32, 0, stream>>>(
-          dk, dv, d, dout, stats, q, k, v, rows, t, heads, dh, scale, round);
+          dk, dv, d, dout, stats, qi, ki, vi, rows, t, heads, dh, scale, round);
       check_launch("fused attention backward_dkdv_kernel");
     });
   });

@@ -12,6 +12,8 @@
 // stride heads * dh); stats [b, heads, t, 2] (max, sum); d [b, heads, t]
 // (backward's scratch: sum_j p_ij dp_ij). dh at most 256. Every sum runs
 // in an order fixed by the sizes: the same results from run to run.
+// Backward reads q, k and v as backward kept them: float32, or already in
+// the compute dtype (kernels.h's LayerInput, all three alike).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,14 +22,16 @@
 
 #include <ddp/plugin.h>
 
+#include "gemm.h"  // GemmInput
+
 namespace ddp::cuda {
 
-// Throws Error for dh above 256, a dtype other than bf16/fp16, or a
-// failed launch.
+// Throws Error for dh above 256, a dtype other than bf16/fp16, inputs of
+// another dtype than float32 or `dtype` (or not alike), or a failed launch.
 void fused_attention_forward(cudaStream_t stream, ddp_dtype dtype, float* out, float* stats, const float* q,
                              const float* k, const float* v, int64_t b, int64_t t, int64_t heads, int64_t dh);
 void fused_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, float* dk, float* dv, float* d,
-                              const float* dout, const float* stats, const float* q, const float* k, const float* v,
-                              int64_t b, int64_t t, int64_t heads, int64_t dh);
+                              const float* dout, const float* stats, GemmInput q, GemmInput k, GemmInput v, int64_t b,
+                              int64_t t, int64_t heads, int64_t dh);
 
 }  // namespace ddp::cuda

@@ -206,6 +206,37 @@ void with_store(const LayerOutput& out, F&& f) {
               " (float32, bfloat16 or float16 only)");
 }
 
+// ---- where a kernel reads a kept activation (kernels.h's LayerInput) -----------
+// float32 as it is; bfloat16 and float16 widened (exactly).
+
+struct LoadFloat {
+  const float* p;
+  __device__ float operator()(int64_t i) const { return p[i]; }
+};
+struct LoadBf16 {
+  const __nv_bfloat16* p;
+  __device__ float operator()(int64_t i) const { return __bfloat162float(p[i]); }
+};
+struct LoadHalf {
+  const __half* p;
+  __device__ float operator()(int64_t i) const { return __half2float(p[i]); }
+};
+
+// f(load) for in's dtype; throws Error for a dtype none reads.
+template <typename F>
+void with_load(const LayerInput& in, F&& f) {
+  if (in.dtype == DDP_FLOAT32) return f(LoadFloat{static_cast<const float*>(in.data)});
+  if (in.dtype == DDP_BFLOAT16) return f(LoadBf16{static_cast<const __nv_bfloat16*>(in.data)});
+  if (in.dtype == DDP_FLOAT16) return f(LoadHalf{static_cast<const __half*>(in.data)});
+  throw Error(std::string("CUDA kernels: a layer input in ") + ddp_dtype_name(in.dtype) +
+              " (float32, bfloat16 or float16 only)");
+}
+// The same kind of load as `like`, of `other` (which must share its dtype).
+template <typename Load>
+Load load_like(const Load&, const LayerInput& other) {
+  return Load{static_cast<decltype(Load::p)>(other.data)};
+}
+
 // ---- RMSNorm: one block per row of x[n, d]; rms[n] kept ----------------------
 // Forward y = x / r * g with r = sqrt(mean(x^2) + eps); backward
 // dx_j = g_j dy_j / r - x_j sum_i(g_i dy_i x_i) / (d r^3) (= or +=), and
@@ -223,30 +254,31 @@ __global__ void rmsnorm_forward_kernel(Store y, float* rms, const float* x, cons
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) y(i * d + j, xi[j] / r * g[j]);
 }
 
-__global__ void rmsnorm_backward_kernel(float* dx, const float* dy, const float* x, const float* g, const float* rms,
-                                        int64_t d, bool accumulate) {
+template <typename Load>
+__global__ void rmsnorm_backward_kernel(float* dx, const float* dy, Load x, const float* g, const float* rms, int64_t d,
+                                        bool accumulate) {
   const int64_t i = blockIdx.x;
-  const float* xi = x + i * d;
   const float* dyi = dy + i * d;
   float* dxi = dx + i * d;
   const float inv = 1.0f / rms[i];
   float dot = 0.0f;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dot += g[j] * dyi[j] * xi[j];
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dot += g[j] * dyi[j] * x(i * d + j);
   dot = block_all_reduce(dot, Sum());
   const float c = dot * inv * inv * inv / static_cast<float>(d);
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    const float v = g[j] * dyi[j] * inv - xi[j] * c;
+    const float v = g[j] * dyi[j] * inv - x(i * d + j) * c;
     dxi[j] = accumulate ? dxi[j] + v : v;
   }
 }
 
+template <typename Load>
 struct RmsGainTerm {  // layers.cpp: dy_ij * x_ij * inv, inv = 1 / rms_i
   const float* dy;
-  const float* x;
+  Load x;
   const float* rms;
   int64_t d;
   __device__ float operator()(int64_t i, int64_t j) const {
-    return __fmul_rn(__fmul_rn(dy[i * d + j], x[i * d + j]), __fdiv_rn(1.0f, rms[i]));
+    return __fmul_rn(__fmul_rn(dy[i * d + j], x(i * d + j)), __fdiv_rn(1.0f, rms[i]));
   }
 };
 
@@ -326,14 +358,14 @@ __global__ void swiglu_forward_kernel(Store out, const float* a, const float* b,
   DDP_GRID_STRIDE(i, n) out(i, a[i] * sigmoid(a[i]) * b[i]);
 }
 
-__global__ void swiglu_backward_kernel(float* da, float* db, const float* dout, const float* a, const float* b,
-                                       int64_t n) {
+template <typename Load>
+__global__ void swiglu_backward_kernel(float* da, float* db, const float* dout, Load a, Load b, int64_t n) {
   // d silu(z)/dz = s (1 + z (1 - s)), s = sigmoid(z)
   DDP_GRID_STRIDE(i, n) {
-    const float z = a[i];
+    const float z = a(i);
     const float s = sigmoid(z);
     const float g = dout[i];
-    const float bi = b[i];
+    const float bi = b(i);
     db[i] = g * z * s;
     da[i] = g * bi * s * (1.0f + z * (1.0f - s));
   }
