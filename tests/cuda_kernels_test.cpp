@@ -424,6 +424,18 @@ TEST(CudaKernels, SixteenBitInputsGiveTheirFloat32ValuesResults) {
         else expect_equal(std::string("attention d") + "qkv"[i], got[i], want[i]);
       }
     }
+    // Refused: q, k, v of two dtypes; a 16-bit p (a GPU keeps statistics);
+    // SwiGLU's a and b of two dtypes.
+    Buf<float> gdq = Buf<float>::nan(size), gdk = Buf<float>::nan(size), gdv = Buf<float>::nan(size);
+    EXPECT_THROW(k.gpu->attention_backward(gdq.get(), gdk.get(), gdv.get(), gscratch.get(), gat.get(), gp.get(),
+                                           LayerInput(q16.get(), dtype), kk.get(), v.get(), s, t, heads, dh),
+                 Error);
+    EXPECT_THROW(k.gpu->attention_backward(gdq.get(), gdk.get(), gdv.get(), gscratch.get(), gat.get(),
+                                           LayerInput(q16.get(), dtype), q.get(), kk.get(), v.get(), s, t, heads, dh),
+                 Error);
+    EXPECT_THROW(k.gpu->swiglu_backward(gda16.get(), gdb16.get(), gdout.get(), LayerInput(a16.get(), dtype), b.get(),
+                                        count),
+                 Error);
   }
 }
 

@@ -185,7 +185,8 @@ TEST(Gemm, RefusesASixteenBitInputOfAnotherDtype) {
 }
 
 // The GEMM-only floor replays a step's GEMMs in float32: a 16-bit operand
-// is recorded null and read from a float32 stand-in of its size (zeros).
+// is recorded by its memory and read from a float32 stand-in of its size
+// (zeros), one per memory.
 TEST(Gemm, AReplayReadsAStandInForASixteenBitOperand) {
   const int64_t m = 3, n = 4, k = 5;
   const std::vector<uint16_t> a16(size_t(k * (m + 1)), 0x3f80);  // bf16 1.0, A transposed, stride m + 1
@@ -198,7 +199,9 @@ TEST(Gemm, AReplayReadsAStandInForASixteenBitOperand) {
   layers::record_gemms(nullptr);
   ASSERT_EQ(calls.size(), 1u);
   EXPECT_EQ(calls[0].a, nullptr);
+  EXPECT_EQ(calls[0].packed_a, a16.data());
   EXPECT_EQ(calls[0].b, b.data());
+  EXPECT_EQ(calls[0].packed_b, nullptr);
   EXPECT_EQ(c[0], 5.0f);  // the step's product: k ones
   EXPECT_GE(layers::replay_gemms(calls), 0.0);
   for (const float v : c) EXPECT_EQ(v, 0.0f);  // the stand-in's

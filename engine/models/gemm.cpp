@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <string>
 
 #include <ddp/numeric.h>
@@ -32,46 +33,37 @@ thread_local std::vector<GemmCall>* t_recorded = nullptr;
 thread_local std::vector<float> t_rounded_a;
 thread_local std::vector<float> t_rounded_b;
 
-// One row's elements rounded by `round` (numeric.h's branch-free
-// conversions, inlined: the loop vectorises).
-template <typename In, typename Round>
-void round_row(float* __restrict out, const In* __restrict in, int64_t cols, Round round) {
-  for (int64_t j = 0; j < cols; ++j) out[j] = round(in[j]);
+// The rows x cols block at `p` (row stride ld) through `bf16` or `fp16`,
+// by `dtype`, into `out` (row stride cols): numeric.h's branch-free
+// conversions, inlined, so that each row's loop vectorises.
+template <typename In, typename Bf16, typename Fp16>
+const float* converted(std::vector<float>& out, const In* p, int64_t rows, int64_t cols, int64_t ld, ddp_dtype dtype,
+                       Bf16 bf16, Fp16 fp16) {
+  const auto count = static_cast<size_t>(rows * cols);
+  if (out.size() < count) out.resize(count);
+  for (int64_t i = 0; i < rows; ++i) {
+    float* __restrict row = out.data() + i * cols;
+    const In* __restrict in = p + i * ld;
+    if (dtype == DDP_BFLOAT16)
+      for (int64_t j = 0; j < cols; ++j) row[j] = bf16(in[j]);
+    else
+      for (int64_t j = 0; j < cols; ++j) row[j] = fp16(in[j]);
+  }
+  return out.data();
 }
 
-// The rows x cols block at `p` (row stride ld), each element rounded to
-// `dtype` (bfloat16 or float16), into `out` (row stride cols).
+// Each element of the block rounded to `dtype` (bfloat16 or float16).
 const float* rounded(std::vector<float>& out, const float* p, int64_t rows, int64_t cols, int64_t ld, ddp_dtype dtype) {
-  const auto count = static_cast<size_t>(rows * cols);
-  if (out.size() < count) out.resize(count);
-  const auto bf16 = [](float x) { return ddp_bf16_to_float(ddp_float_to_bf16(x)); };
-  const auto fp16 = [](float x) { return ddp_fp16_to_float(ddp_float_to_fp16(x)); };
-  for (int64_t i = 0; i < rows; ++i) {
-    float* row = out.data() + i * cols;
-    if (dtype == DDP_BFLOAT16)
-      round_row(row, p + i * ld, cols, bf16);
-    else
-      round_row(row, p + i * ld, cols, fp16);
-  }
-  return out.data();
+  return converted(
+      out, p, rows, cols, ld, dtype, [](float x) { return ddp_bf16_to_float(ddp_float_to_bf16(x)); },
+      [](float x) { return ddp_fp16_to_float(ddp_float_to_fp16(x)); });
 }
 
-// The rows x cols block of 16-bit values at `p` (row stride ld) widened to
-// float32 (exact), into `out` (row stride cols).
+// Each 16-bit element of the block widened to float32 (exact).
 const float* widened(std::vector<float>& out, const void* p, int64_t rows, int64_t cols, int64_t ld, ddp_dtype dtype) {
-  const auto count = static_cast<size_t>(rows * cols);
-  if (out.size() < count) out.resize(count);
-  const auto* in = static_cast<const uint16_t*>(p);
-  const auto bf16 = [](uint16_t x) { return ddp_bf16_to_float(x); };
-  const auto fp16 = [](uint16_t x) { return ddp_fp16_to_float(x); };
-  for (int64_t i = 0; i < rows; ++i) {
-    float* row = out.data() + i * cols;
-    if (dtype == DDP_BFLOAT16)
-      round_row(row, in + i * ld, cols, bf16);
-    else
-      round_row(row, in + i * ld, cols, fp16);
-  }
-  return out.data();
+  return converted(
+      out, static_cast<const uint16_t*>(p), rows, cols, ld, dtype, [](uint16_t x) { return ddp_bf16_to_float(x); },
+      [](uint16_t x) { return ddp_fp16_to_float(x); });
 }
 
 // Operand x (stored rows x cols, row stride ld) as the float32 values the
@@ -102,8 +94,10 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   auto floats = [](const GemmInput& x) {
     return x.dtype == DDP_FLOAT32 ? static_cast<const float*>(x.data) : nullptr;  // (GemmCall)
   };
+  auto packed = [](const GemmInput& x) { return x.dtype == DDP_FLOAT32 ? nullptr : x.data; };
   if (t_recorded)
-    t_recorded->push_back({trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, floats(a), floats(b), c});
+    t_recorded->push_back(
+        {trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, floats(a), floats(b), c, packed(a), packed(b)});
   const float* fa = static_cast<const float*>(a.data);  // (read by no GEMM with an empty product)
   const float* fb = static_cast<const float*>(b.data);
   if (m > 0 && n > 0 && k > 0) {
@@ -118,18 +112,23 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 void record_gemms(std::vector<GemmCall>* calls) { t_recorded = calls; }
 
 double replay_gemms(const std::vector<GemmCall>& calls) {
-  // A 16-bit operand (null) reads a float32 buffer of its span instead.
-  size_t largest = 0;
+  // A 16-bit operand reads a float32 stand-in (zeros) of its span, one per
+  // operand memory, made before the clock starts.
+  std::map<const void*, std::vector<float>> stand_ins;
+  auto grow = [&](const void* packed, size_t span) {
+    std::vector<float>& s = stand_ins[packed];
+    if (s.size() < span) s.resize(span);
+  };
   for (const GemmCall& g : calls) {
-    if (!g.a) largest = std::max(largest, size_t(g.trans_a ? g.k : g.m) * size_t(g.lda));
-    if (!g.b) largest = std::max(largest, size_t(g.trans_b ? g.n : g.k) * size_t(g.ldb));
+    if (g.packed_a) grow(g.packed_a, size_t(g.trans_a ? g.k : g.m) * size_t(g.lda));
+    if (g.packed_b) grow(g.packed_b, size_t(g.trans_b ? g.n : g.k) * size_t(g.ldb));
   }
-  const std::vector<float> stand_in(largest);
+  auto operand = [&](const float* f, const void* packed) { return f ? f : stand_ins[packed].data(); };
   const auto begin = std::chrono::steady_clock::now();
   for (const GemmCall& g : calls)
     cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans, bi(g.m),
-                bi(g.n), bi(g.k), g.alpha, g.a ? g.a : stand_in.data(), bi(g.lda), g.b ? g.b : stand_in.data(),
-                bi(g.ldb), g.beta, g.c, bi(g.ldc));
+                bi(g.n), bi(g.k), g.alpha, operand(g.a, g.packed_a), bi(g.lda), operand(g.b, g.packed_b), bi(g.ldb),
+                g.beta, g.c, bi(g.ldc));
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 }
 

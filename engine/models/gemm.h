@@ -56,8 +56,9 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 
 // One GEMM the layers ran: enough to run it again, on the same operands
 // (float32 ones: a replay multiplies what it was given, unrounded; a
-// 16-bit one is null here, and the replay reads a float32 buffer of its
-// size instead).
+// 16-bit one is null in a or b and its memory in packed_a or packed_b, and
+// the replay reads a float32 stand-in of its span instead, one per memory,
+// so that the replay meets as many distinct operands as the step did).
 struct GemmCall {
   bool trans_a = false;
   bool trans_b = false;
@@ -72,14 +73,18 @@ struct GemmCall {
   const float* a = nullptr;
   const float* b = nullptr;
   float* c = nullptr;
+  const void* packed_a = nullptr;
+  const void* packed_b = nullptr;
 };
 // While `calls` is set (this thread), every GEMM the layers run is also
 // appended to it; null stops. For the GEMM-only floor (`ddp gemm-floor`).
 void record_gemms(std::vector<GemmCall>* calls);
 // Runs the calls again, in order, on the buffers they were recorded with
-// (which must still be alive: the model's own weights, activations and
-// gradients, so the GEMMs meet memory and caches as in the step; outputs
-// are overwritten, accumulations added to again); returns the seconds.
+// (which must still be alive, unmoved: the model's own weights,
+// activations and gradients, so the GEMMs meet memory and caches as in the
+// step, and the CPU kernels' staging of a 16-bit compute, which a step
+// before the recorded one has grown to its size; outputs are overwritten,
+// accumulations added to again); returns the seconds.
 double replay_gemms(const std::vector<GemmCall>& calls);
 
 }  // namespace layers

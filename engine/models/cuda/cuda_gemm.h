@@ -1,8 +1,9 @@
 // cuda_gemm.h — the CUDA kernels' GEMMs (cuda_kernels.cu), row-major with
 // the arguments of cblas_sgemm, on cuBLAS and the kernels' stream. Inputs
 // in float32: cublasSgemm (no TF32). In bfloat16 or float16 (the compute
-// dtype, kernels.h): each operand rounded into a device buffer of its own
-// first (to nearest even, cuda_ops.h's conversion), then cublasGemmEx with
+// dtype, kernels.h): each float32 operand rounded into a device buffer of
+// its own first (to nearest even, cuda_ops.h's conversion; an operand
+// already in the dtype, gemm.h's GemmInput, as it is), then cublasGemmEx with
 // a float32 compute type and a float32 output — the CPU emulation's
 // alpha r(A) r(B) + beta C (gemm.h), on the tensor cores. Only in builds
 // with DDP_WITH_CUDA.

@@ -2,7 +2,10 @@
 // functions of layers.h, enqueued in call order on one stream. GEMMs are
 // cuBLAS (cuda_gemm.h: float32 without TF32, or the compute dtype's 16-bit
 // inputs on the tensor cores), the rest are the CUDA kernels below, one
-// group per layer, in float32. They compute what the CPU does to float32 rounding
+// group per layer, computing in float32 (RMSNorm and SwiGLU may store
+// their output in 16 bits, and backward's RMSNorm, SwiGLU and attention
+// read kept 16-bit inputs: kernels.h's LayerOutput, LayerInput). They
+// compute what the CPU does to float32 rounding
 // (agreement 1e-5 relative is tested in tests/cuda_kernels_test.cpp):
 // accurate expf/logf/sqrtf and IEEE division (no fast math), the CPU's order
 // of operations within an element, and sums in double where the CPU sums in
@@ -16,8 +19,8 @@
 //
 // Attention in float32 materialises p as the CPU does (the causal GEMMs
 // compute the masked half too); in 16 bits it is fused_attention.h's
-// (no [t, t] weights in memory). Deliberately absent: 16-bit elementwise
-// kernels, any tuning beyond a sensible launch geometry.
+// (no [t, t] weights in memory). Deliberately absent: 16-bit arithmetic
+// in the elementwise kernels, any tuning beyond a sensible launch geometry.
 //
 // Every call runs on the device current when the kernels were made. A CUDA
 // or cuBLAS failure throws Error naming the call and CUDA's message. The
@@ -216,10 +219,10 @@ class CudaKernels final : public Kernels {
                   " (a GPU keeps it in float32: kernels.h's attention_keeps_weights)");
     return static_cast<float*>(p.data);
   }
-  static const float* floats_of(const LayerInput& x, const char* what) {
+  static const float* floats_of(const LayerInput& x, const char* what, const char* why) {
     if (x.dtype != DDP_FLOAT32)
-      throw Error(std::string("CUDA kernels: attention's ") + what + " in " + ddp_dtype_name(x.dtype) +
-                  " (float32 compute reads float32)");
+      throw Error(std::string("CUDA kernels: attention's ") + what + " in " + ddp_dtype_name(x.dtype) + " (" + why +
+                  ")");
     return static_cast<const float*>(x.data);
   }
 
@@ -255,15 +258,16 @@ class CudaKernels final : public Kernels {
   void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, LayerInput kept_p,
                           LayerInput kept_q, LayerInput kept_k, LayerInput kept_v, int64_t b, int64_t t, int64_t heads,
                           int64_t dh) override {
-    const float* p = floats_of(kept_p, "p");
+    const float* p = floats_of(kept_p, "p", "a GPU keeps it in float32: kernels.h's attention_keeps_weights");
     if (gemms_.inputs() != DDP_FLOAT32) {  // q, k, v as kept, read by the fused kernels
       cuda::fused_attention_backward(stream_, gemms_.inputs(), dq, dk, dv, scratch, dout, p, kept_q, kept_k, kept_v, b,
                                      t, heads, dh);
       return;
     }
-    const float* q = floats_of(kept_q, "q");
-    const float* k = floats_of(kept_k, "k");
-    const float* v = floats_of(kept_v, "v");
+    const char* why = "float32 compute reads float32";
+    const float* q = floats_of(kept_q, "q", why);
+    const float* k = floats_of(kept_k, "k", why);
+    const float* v = floats_of(kept_v, "v", why);
     if (b * t * heads * dh == 0) return;
     const int64_t d = heads * dh;
     const int64_t tt = t * t;

@@ -263,6 +263,7 @@ void fused_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, f
                               const float* dout, const float* stats, GemmInput q, GemmInput k, GemmInput v, int64_t b,
                               int64_t t, int64_t heads, int64_t dh) {
   const int64_t rows = b * heads * t;
+  if (rows == 0) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   with_round_and_inputs(dtype, q, k, v, [&](auto round, auto element) {
     using In = decltype(element);
@@ -270,7 +271,6 @@ void fused_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, f
     const auto* ki = static_cast<const In*>(k.data);
     const auto* vi = static_cast<const In*>(v.data);
     with_per(dh, [&](auto per) {
-      if (rows == 0) return;
       backward_dq_kernel<decltype(per)::value><<<grid_of(rows), kWarpsPerBlock * 32, 0, stream>>>(
           dq, d, dout, stats, qi, ki, vi, rows, t, heads, dh, scale, round);
       check_launch("fused attention backward_dq_kernel");
