@@ -356,7 +356,7 @@ fi
 if wanted precision; then
   say "precision"
   csv="$out/precision.csv" log="$out/precision.log"
-  echo "model,batch,run,mean_step_s,mean_forward_s,final_loss,skipped_steps,activations_gb,peak_gb,status" >"$csv"
+  echo "model,batch,run,mean_step_s,mean_forward_s,mean_backward_s,mean_optimizer_s,final_loss,skipped_steps,activations_gb,peak_gb,status" >"$csv"
   : >"$log"
   runs=$(mktemp -d)
   deadline=$((SECONDS + ${GPU_CHECK_PRECISION_CAP_S:-520}))
@@ -369,7 +369,7 @@ if wanted precision; then
   failed_row() {
     local why
     why=$(grep -m1 -i "error" "$out/precision.part" 2>/dev/null | tr ',' ';' | cut -c1-160 || true)
-    echo "$1,,,,,,,failed (exit $2${why:+: $why})" >>"$csv"
+    echo "$1,,,,,,,,,failed (exit $2${why:+: $why})" >>"$csv"
   }
   for spec in small:8:20 large:32:12; do
     IFS=: read -r preset batch steps <<<"$spec"
@@ -377,7 +377,7 @@ if wanted precision; then
       dir="$runs/$preset-$compute"
       cap=$(run_cap)
       if [ "$cap" -eq 0 ]; then
-        echo "$preset,$batch,ddp $compute,,,,,,,skipped (stage cap)" >>"$csv"
+        echo "$preset,$batch,ddp $compute,,,,,,,,,skipped (stage cap)" >>"$csv"
         continue
       fi
       set +e
@@ -393,15 +393,18 @@ if wanted precision; then
         rm -rf "$dir"
         continue
       fi
-      python3 - "$dir/summary.json" "$preset,$batch,ddp $compute" >>"$csv" <<'EOF' || { status=1; echo "$preset,$batch,ddp $compute,,,,,,,summary.json unreadable" >>"$csv"; }
+      python3 - "$dir/summary.json" "$preset,$batch,ddp $compute" >>"$csv" <<'EOF' || { status=1; echo "$preset,$batch,ddp $compute,,,,,,,,,summary.json unreadable" >>"$csv"; }
 import json, sys
 s = json.load(open(sys.argv[1]))
 steps = s["step_time_s"][3:] or s["step_time_s"]
 forward = s["forward_s"][3:] or s["forward_s"]  # (ends with the loss on the host: GPU time)
+backward = s["backward_s"][3:] or s["backward_s"]  # (ends with the compute stream synchronised)
+optimizer = s["optimizer_s"][3:] or s["optimizer_s"]
+mean = lambda xs: sum(xs) / len(xs)
 peak = s["ranks"][0]["peak_bytes"]  # rank 0's peak per category over the run
 loss = s["loss"][-1]  # (null where not finite)
 skipped = sum(1 for k in s.get("step_skipped", []) if k)
-print(f'{sys.argv[2]},{sum(steps) / len(steps):.5f},{sum(forward) / len(forward):.5f},'
+print(f'{sys.argv[2]},{mean(steps):.5f},{mean(forward):.5f},{mean(backward):.5f},{mean(optimizer):.5f},'
       f'{"nan" if loss is None else f"{loss:.4f}"},{skipped},{peak["activations"] / 1e9:.2f},'
       f'{sum(peak.values()) / 1e9:.2f},ok')
 EOF
@@ -410,7 +413,7 @@ EOF
     for precision in fp32 bf16; do
       cap=$(run_cap)
       if [ "$cap" -eq 0 ]; then
-        echo "$preset,$batch,pytorch $precision,,,,,,,skipped (stage cap)" >>"$csv"
+        echo "$preset,$batch,pytorch $precision,,,,,,,,,skipped (stage cap)" >>"$csv"
         continue
       fi
       set +e
@@ -419,19 +422,19 @@ EOF
       rc=$?
       set -e
       if [ $rc -eq 0 ]; then
-        python3 - "$out/precision.part" "$preset,$batch" >>"$csv" <<'EOF' || { status=1; echo "$preset,$batch,pytorch,,,,,,,output unreadable" >>"$csv"; }
+        python3 - "$out/precision.part" "$preset,$batch" >>"$csv" <<'EOF' || { status=1; echo "$preset,$batch,pytorch,,,,,,,,,output unreadable" >>"$csv"; }
 import json, sys
 r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 fast = " + sdpa" * r["sdpa"] + " + fused adamw" * ("fused" in r["optimizer"])
 peak = f'{r["peak_bytes"] / 1e9:.2f}' if r.get("peak_bytes") else ""
-print(f'{sys.argv[2]},pytorch {r["torch"]} {r["precision"]}{fast},{r["step_s_mean"]:.5f},,{r["final_loss"]:.4f},,,'
+print(f'{sys.argv[2]},pytorch {r["torch"]} {r["precision"]}{fast},{r["step_s_mean"]:.5f},,,,{r["final_loss"]:.4f},,,'
       f'{peak},ok')
 EOF
       elif tail -1 "$log" | grep -q "No module named 'torch'"; then
-        echo "$preset,$batch,pytorch $precision,,,,,,,skipped (no torch)" >>"$csv"
+        echo "$preset,$batch,pytorch $precision,,,,,,,,,skipped (no torch)" >>"$csv"
       else
         status=1
-        echo "$preset,$batch,pytorch $precision,,,,,,,failed (exit $rc)" >>"$csv"
+        echo "$preset,$batch,pytorch $precision,,,,,,,,,failed (exit $rc)" >>"$csv"
       fi
     done
   done
