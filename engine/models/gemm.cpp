@@ -4,13 +4,13 @@
 
 #include <cblas.h>
 
-#include <algorithm>
 #include <chrono>
 #include <map>
 #include <string>
 
 #include <ddp/numeric.h>
 
+#include "convert.h"
 #include "error.h"
 
 namespace ddp {
@@ -33,37 +33,32 @@ thread_local std::vector<GemmCall>* t_recorded = nullptr;
 thread_local std::vector<float> t_rounded_a;
 thread_local std::vector<float> t_rounded_b;
 
-// The rows x cols block at `p` (row stride ld) through `bf16` or `fp16`,
-// by `dtype`, into `out` (row stride cols): numeric.h's branch-free
-// conversions, inlined, so that each row's loop vectorises.
-template <typename In, typename Bf16, typename Fp16>
-const float* converted(std::vector<float>& out, const In* p, int64_t rows, int64_t cols, int64_t ld, ddp_dtype dtype,
-                       Bf16 bf16, Fp16 fp16) {
+// The rows x cols block at `p` (row stride ld), each element rounded to
+// `dtype` (bfloat16 or float16), into `out` (row stride cols): numeric.h's
+// branch-free conversions, inlined, so that each row's loop vectorises.
+const float* rounded(std::vector<float>& out, const float* p, int64_t rows, int64_t cols, int64_t ld, ddp_dtype dtype) {
   const auto count = static_cast<size_t>(rows * cols);
   if (out.size() < count) out.resize(count);
   for (int64_t i = 0; i < rows; ++i) {
     float* __restrict row = out.data() + i * cols;
-    const In* __restrict in = p + i * ld;
+    const float* __restrict in = p + i * ld;
     if (dtype == DDP_BFLOAT16)
-      for (int64_t j = 0; j < cols; ++j) row[j] = bf16(in[j]);
+      for (int64_t j = 0; j < cols; ++j) row[j] = ddp_bf16_to_float(ddp_float_to_bf16(in[j]));
     else
-      for (int64_t j = 0; j < cols; ++j) row[j] = fp16(in[j]);
+      for (int64_t j = 0; j < cols; ++j) row[j] = ddp_fp16_to_float(ddp_float_to_fp16(in[j]));
   }
   return out.data();
 }
 
-// Each element of the block rounded to `dtype` (bfloat16 or float16).
-const float* rounded(std::vector<float>& out, const float* p, int64_t rows, int64_t cols, int64_t ld, ddp_dtype dtype) {
-  return converted(
-      out, p, rows, cols, ld, dtype, [](float x) { return ddp_bf16_to_float(ddp_float_to_bf16(x)); },
-      [](float x) { return ddp_fp16_to_float(ddp_float_to_fp16(x)); });
-}
-
-// Each 16-bit element of the block widened to float32 (exact).
+// The block's 16-bit values widened to float32 (exact), a row at a time
+// through convert.h.
 const float* widened(std::vector<float>& out, const void* p, int64_t rows, int64_t cols, int64_t ld, ddp_dtype dtype) {
-  return converted(
-      out, static_cast<const uint16_t*>(p), rows, cols, ld, dtype, [](uint16_t x) { return ddp_bf16_to_float(x); },
-      [](uint16_t x) { return ddp_fp16_to_float(x); });
+  const auto count = static_cast<size_t>(rows * cols);
+  if (out.size() < count) out.resize(count);
+  const auto* in = static_cast<const uint16_t*>(p);
+  for (int64_t i = 0; i < rows; ++i)
+    convert_cpu(out.data() + i * cols, DDP_FLOAT32, in + i * ld, dtype, static_cast<size_t>(cols));
+  return out.data();
 }
 
 // Operand x (stored rows x cols, row stride ld) as the float32 values the

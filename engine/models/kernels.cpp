@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include <ddp/numeric.h>
+#include <ddp/numeric.h>  // ddp_dtype_name
 
 #include "convert.h"
 #include "device.h"
