@@ -440,7 +440,9 @@ TEST(CudaKernels, SixteenBitInputsGiveTheirFloat32ValuesResults) {
 }
 
 // Attention in 16 bits: the GPU's fused kernels (cuda/fused_attention.h:
-// no [t, t] weights, p holds each row's softmax max and sum) against the
+// no [t, t] weights, p holds each row's softmax max and sum; for dh 16, 32,
+// 64 and 128 cuda/tiled_attention.h's tensor-core tiles, 64 rows a tile,
+// else a warp a row) against the
 // CPU's emulation (the weights materialised, the four products rounding
 // their inputs). Both round the same values at the same points, but a
 // weight or ds computed with another summation order (and another exp)
@@ -461,9 +463,13 @@ TEST(CudaKernels, SixteenBitAttentionMatchesTheCpuEmulation) {
     struct Shape {
       int64_t b, t, heads, dh;
     };
-    // dh 16 (lm-tiny's), 64 (small's, large's), 80 (a lane with a partial third element),
-    // 160 (eight a lane, the widest kind, up to kFusedAttentionMaxHead).
-    for (const Shape s : {Shape{1, 1, 1, 16}, Shape{2, 70, 3, 64}, Shape{1, 33, 2, 80}, Shape{1, 33, 2, 160}}) {
+    // Tiled: dh 16 (lm-tiny's), 64 (small's, large's; one whole tile, then
+    // a second, partial one), 32 (three tiles) and 128 (the widest; four
+    // tiles, one row in the last). A warp a row: 80 (a lane with a partial
+    // third element), 160 (eight a lane, the widest kind, up to
+    // kFusedAttentionMaxHead).
+    for (const Shape s : {Shape{1, 1, 1, 16}, Shape{1, 64, 2, 64}, Shape{2, 70, 3, 64}, Shape{2, 130, 2, 32},
+                          Shape{1, 193, 2, 128}, Shape{1, 33, 2, 80}, Shape{1, 33, 2, 160}}) {
       SCOPED_TRACE(shape({{"b", s.b}, {"t", s.t}, {"heads", s.heads}, {"dh", s.dh}}));
       const size_t size = s.b * s.t * s.heads * s.dh, psize = s.b * s.heads * s.t * s.t;
       const size_t stats = s.b * s.heads * s.t * 2;

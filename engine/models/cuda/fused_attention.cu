@@ -18,6 +18,7 @@
 #include <ddp/numeric.h>
 
 #include "cuda/cuda_check.h"
+#include "cuda/tiled_attention.h"
 #include "error.h"
 #include "kernels.h"
 
@@ -223,10 +224,7 @@ void with_per(int64_t dh, F&& f) {
 // dtype: float32, or the compute dtype itself; q, k and v alike.
 template <typename F>
 void with_round_and_inputs(ddp_dtype dtype, const GemmInput& q, const GemmInput& k, const GemmInput& v, F&& f) {
-  if (q.dtype != k.dtype || q.dtype != v.dtype || (q.dtype != DDP_FLOAT32 && q.dtype != dtype))
-    throw Error(std::string("fused attention: q, k, v in ") + ddp_dtype_name(q.dtype) + ", " + ddp_dtype_name(k.dtype) +
-                    ", " + ddp_dtype_name(v.dtype) + " (float32 or " + ddp_dtype_name(dtype) + ", all three alike)",
-                DDP_ERR_UNSUPPORTED);
+  check_attention_inputs(dtype, q, k, v);
   const bool same = q.dtype == dtype;
   with_round(dtype, [&](auto round) {
     if (!same) return f(round, float{});
@@ -247,6 +245,7 @@ unsigned grid_of(int64_t rows) {
 
 void fused_attention_forward(cudaStream_t stream, ddp_dtype dtype, float* out, float* stats, const float* q,
                              const float* k, const float* v, int64_t b, int64_t t, int64_t heads, int64_t dh) {
+  if (tiled_attention_fits(dh)) return tiled_attention_forward(stream, dtype, out, stats, q, k, v, b, t, heads, dh);
   const int64_t rows = b * heads * t;
   if (rows == 0) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
@@ -262,6 +261,8 @@ void fused_attention_forward(cudaStream_t stream, ddp_dtype dtype, float* out, f
 void fused_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, float* dk, float* dv, float* d,
                               const float* dout, const float* stats, GemmInput q, GemmInput k, GemmInput v, int64_t b,
                               int64_t t, int64_t heads, int64_t dh) {
+  if (tiled_attention_fits(dh))
+    return tiled_attention_backward(stream, dtype, dq, dk, dv, d, dout, stats, q, k, v, b, t, heads, dh);
   const int64_t rows = b * heads * t;
   if (rows == 0) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));

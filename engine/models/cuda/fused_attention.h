@@ -13,7 +13,9 @@
 // (backward's scratch: sum_j p_ij dp_ij). dh at most 256. Every sum runs
 // in an order fixed by the sizes: the same results from run to run.
 // Backward reads q, k and v as backward kept them: float32, or already in
-// the compute dtype (kernels.h's LayerInput, all three alike).
+// the compute dtype (kernels.h's LayerInput, all three alike). Where
+// tiled_attention.h fits (dh 16, 32, 64 or 128 on compute capability 8.0
+// and up) these run its tensor-core kernels; the warp kernels elsewhere.
 #pragma once
 
 #include <cuda_runtime_api.h>
