@@ -345,10 +345,13 @@ TEST(CudaKernels, SixteenBitOutputsAreTheFloat32ResultsRounded) {
   std::mt19937 rng(16);
   const int64_t n = 37, d = 300, count = 70001;
   const Vec x = uniform(n * d, rng), g = uniform(d, rng), a = uniform(count, rng), b = uniform(count, rng);
-  Buf<float> gx(x), gg(g), ga(a), gb(b);
+  const Vec dout = uniform(count, rng);
+  Buf<float> gx(x), gg(g), ga(a), gb(b), gdout(dout);
   Buf<float> gy = Buf<float>::nan(n * d), grms = Buf<float>::nan(n), ggate = Buf<float>::nan(count);
+  Buf<float> gda = Buf<float>::nan(count), gdb = Buf<float>::nan(count);
   k.gpu->rmsnorm_forward(gy.get(), grms.get(), gx.get(), gg.get(), n, d);
   k.gpu->swiglu_forward(ggate.get(), ga.get(), gb.get(), count);
+  k.gpu->swiglu_backward(gda.get(), gdb.get(), gdout.get(), ga.get(), gb.get(), count);
   for (const ddp_dtype dtype : {DDP_BFLOAT16, DDP_FLOAT16}) {
     SCOPED_TRACE(ddp_dtype_name(dtype));
     Buf<uint16_t> gy16(std::vector<uint16_t>(n * d, 0xffff)), want_y(std::vector<uint16_t>(n * d, 0));
@@ -360,6 +363,18 @@ TEST(CudaKernels, SixteenBitOutputsAreTheFloat32ResultsRounded) {
     k.gpu->convert(want_gate.get(), dtype, ggate.get(), DDP_FLOAT32, count);
     EXPECT_TRUE(k.get(gy16) == k.get(want_y)) << "rmsnorm's 16 bits";
     EXPECT_TRUE(k.get(ggate16) == k.get(want_gate)) << "swiglu's 16 bits";
+    // swiglu backward's da and db, which only GEMMs read (lm under a 16-bit compute).
+    Buf<uint16_t> gda16(std::vector<uint16_t>(count, 0xffff)), gdb16(std::vector<uint16_t>(count, 0xffff));
+    Buf<uint16_t> want_da(std::vector<uint16_t>(count, 0)), want_db(std::vector<uint16_t>(count, 0));
+    k.gpu->swiglu_backward(LayerOutput(gda16.get(), dtype), LayerOutput(gdb16.get(), dtype), gdout.get(), ga.get(),
+                           gb.get(), count);
+    k.gpu->convert(want_da.get(), dtype, gda.get(), DDP_FLOAT32, count);
+    k.gpu->convert(want_db.get(), dtype, gdb.get(), DDP_FLOAT32, count);
+    EXPECT_TRUE(k.get(gda16) == k.get(want_da)) << "swiglu backward's da in 16 bits";
+    EXPECT_TRUE(k.get(gdb16) == k.get(want_db)) << "swiglu backward's db in 16 bits";
+    EXPECT_THROW(k.gpu->swiglu_backward(LayerOutput(gda16.get(), dtype), gdb.get(), gdout.get(), ga.get(), gb.get(),
+                                        count),
+                 Error);
     expect_equal("rms", k.get(grms16), k.get(grms));
   }
 }

@@ -215,28 +215,41 @@ TEST(CpuKernels, SixteenBitOutputsAreTheFloat32ResultsRounded) {
   const int64_t n = 13, d = 1000, count = 3 * 4096 + 7;
   const std::vector<float> x = random_matrix(n, d, rng), g = random_matrix(1, d, rng);
   const std::vector<float> a = random_matrix(1, count, rng), b = random_matrix(1, count, rng);
+  const std::vector<float> dout = random_matrix(1, count, rng);
   const std::unique_ptr<Kernels> k = make_cpu_kernels();
   std::vector<float> y(static_cast<size_t>(n * d));
   std::vector<float> rms(static_cast<size_t>(n));
-  std::vector<float> gate(static_cast<size_t>(count));
+  std::vector<float> gate(static_cast<size_t>(count)), da = gate, db = gate;
   k->rmsnorm_forward(y.data(), rms.data(), x.data(), g.data(), n, d);
   k->swiglu_forward(gate.data(), a.data(), b.data(), count);
+  k->swiglu_backward(da.data(), db.data(), dout.data(), a.data(), b.data(), count);
   for (const ddp_dtype dtype : {DDP_BFLOAT16, DDP_FLOAT16}) {
     SCOPED_TRACE(dtype);
     std::vector<uint16_t> y16(y.size());
-    std::vector<uint16_t> gate16(gate.size());
+    std::vector<uint16_t> gate16(gate.size()), da16 = gate16, db16 = gate16;
     std::vector<float> rms16(rms.size());
     k->rmsnorm_forward(LayerOutput(y16.data(), dtype), rms16.data(), x.data(), g.data(), n, d);
     k->swiglu_forward(LayerOutput(gate16.data(), dtype), a.data(), b.data(), count);
+    k->swiglu_backward(LayerOutput(da16.data(), dtype), LayerOutput(db16.data(), dtype), dout.data(), a.data(),
+                       b.data(), count);
     EXPECT_EQ(y16, packed(y, dtype));
     EXPECT_EQ(rms16, rms);
     EXPECT_EQ(gate16, packed(gate, dtype));
+    EXPECT_EQ(da16, packed(da, dtype));
+    EXPECT_EQ(db16, packed(db, dtype));
   }
   try {
     k->swiglu_forward(LayerOutput(gate.data(), DDP_FLOAT64), a.data(), b.data(), count);
     ADD_FAILURE() << "a float64 output was taken";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "CPU kernels: a layer output in float64 (float32, bfloat16 or float16 only)");
+  }
+  std::vector<uint16_t> da16(da.size());
+  try {
+    k->swiglu_backward(LayerOutput(da16.data(), DDP_BFLOAT16), db.data(), dout.data(), a.data(), b.data(), count);
+    ADD_FAILURE() << "da and db of two dtypes were taken";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "CPU kernels: swiglu_backward's da in bfloat16, db in float32 (one dtype for both)");
   }
 }
 
@@ -275,6 +288,11 @@ TEST(CpuKernels, SixteenBitInputsGiveTheirFloat32ValuesResults) {
                        LayerInput(packed(b, dtype).data(), dtype), count);
     EXPECT_EQ(da16, da);
     EXPECT_EQ(db16, db);
+    std::vector<uint16_t> da_both(da.size()), db_both(db.size());  // 16-bit inputs and outputs
+    k->swiglu_backward(LayerOutput(da_both.data(), dtype), LayerOutput(db_both.data(), dtype), dout.data(),
+                       LayerInput(packed(a, dtype).data(), dtype), LayerInput(packed(b, dtype).data(), dtype), count);
+    EXPECT_EQ(da_both, packed(da, dtype));
+    EXPECT_EQ(db_both, packed(db, dtype));
 
     const int64_t s = 3, t = 9, heads = 2, dh = 4, size = s * t * heads * dh;
     const std::vector<float> q = rounded(random_matrix(1, size, rng), dtype), kk = rounded(random_matrix(1, size, rng), dtype);

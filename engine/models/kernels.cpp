@@ -36,11 +36,11 @@ class CpuKernels final : public Kernels {
                       bool accumulate) override {
     layers::linear_forward(y, x, w, n, in, out, accumulate, inputs_);
   }
-  void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out,
+  void linear_backward_input(float* dx, GemmInput dy, const float* w, int64_t n, int64_t in, int64_t out,
                              bool accumulate, float alpha) override {
     layers::linear_backward_input(dx, dy, w, n, in, out, accumulate, alpha, inputs_);
   }
-  void linear_backward_weight(float* dw, const float* dy, GemmInput x, int64_t n, int64_t in, int64_t out,
+  void linear_backward_weight(float* dw, GemmInput dy, GemmInput x, int64_t n, int64_t in, int64_t out,
                               float alpha) override {
     layers::linear_backward_weight(dw, dy, x, n, in, out, alpha, inputs_);
   }
@@ -120,14 +120,24 @@ class CpuKernels final : public Kernels {
       store(out, i, staged, count);
     }
   }
-  void swiglu_backward(float* da, float* db, const float* dout, LayerInput a, LayerInput b, int64_t n) override {
-    if (a.dtype == DDP_FLOAT32 && b.dtype == DDP_FLOAT32)
-      return layers::swiglu_backward(da, db, dout, f32(a), f32(b), n);
-    float* staged = floats(2 * kChunk);
+  void swiglu_backward(LayerOutput da, LayerOutput db, const float* dout, LayerInput a, LayerInput b,
+                       int64_t n) override {
+    if (da.dtype != db.dtype)
+      throw Error(std::string("CPU kernels: swiglu_backward's da in ") + ddp_dtype_name(da.dtype) + ", db in " +
+                  ddp_dtype_name(db.dtype) + " (one dtype for both)");
+    const bool wide = da.dtype == DDP_FLOAT32;
+    if (wide && a.dtype == DDP_FLOAT32 && b.dtype == DDP_FLOAT32)
+      return layers::swiglu_backward(f32(da), f32(db), dout, f32(a), f32(b), n);
+    float* staged = floats(4 * kChunk);  // a, b widened; da, db before their rounding
     for (int64_t i = 0; i < n; i += kChunk) {
       const int64_t count = std::min(kChunk, n - i);
-      layers::swiglu_backward(da + i, db + i, dout + i, widened(a, i, count, staged),
-                              widened(b, i, count, staged + kChunk), count);
+      float* ga = wide ? f32(da) + i : staged + 2 * kChunk;
+      float* gb = wide ? f32(db) + i : staged + 3 * kChunk;
+      layers::swiglu_backward(ga, gb, dout + i, widened(a, i, count, staged), widened(b, i, count, staged + kChunk),
+                              count);
+      if (wide) continue;
+      store(da, i, ga, count);
+      store(db, i, gb, count);
     }
   }
   void relu_forward(float* y, const float* x, int64_t n) override { layers::relu_forward(y, x, n); }
@@ -168,6 +178,7 @@ class CpuKernels final : public Kernels {
     convert_cpu(static_cast<uint16_t*>(out.data) + at, out.dtype, from, DDP_FLOAT32, size_t(count));
   }
   static const float* f32(const LayerInput& x) { return static_cast<const float*>(x.data); }
+  static float* f32(const LayerOutput& x) { return static_cast<float*>(x.data); }
   // x[at, at + count) in float32: its own memory, or widened into `into`.
   static const float* widened(const LayerInput& x, int64_t at, int64_t count, float* into) {
     if (x.dtype == DDP_FLOAT32) return f32(x) + at;

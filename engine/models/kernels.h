@@ -77,13 +77,14 @@ class Kernels {
   virtual void convert(void* dst, ddp_dtype dst_type, const void* src, ddp_dtype src_type, size_t n) = 0;
 
   // ---- linear, bias ---------------------------------------------------------
-  // x: float32, or a kept activation already in the compute dtype (gemm.h's
-  // GemmInput: read as it is, the same bits as its float32 value).
+  // x, and backward's dy: float32, or already in the compute dtype (gemm.h's
+  // GemmInput: a kept activation, or a gradient a kernel wrote in 16 bits;
+  // read as it is, the same bits as its float32 value).
   virtual void linear_forward(float* y, GemmInput x, const float* w, int64_t n, int64_t in, int64_t out,
                               bool accumulate = false) = 0;
-  virtual void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out,
+  virtual void linear_backward_input(float* dx, GemmInput dy, const float* w, int64_t n, int64_t in, int64_t out,
                                      bool accumulate = false, float alpha = 1.0f) = 0;
-  virtual void linear_backward_weight(float* dw, const float* dy, GemmInput x, int64_t n, int64_t in, int64_t out,
+  virtual void linear_backward_weight(float* dw, GemmInput dy, GemmInput x, int64_t n, int64_t in, int64_t out,
                                       float alpha = 1.0f) = 0;
   virtual void bias_forward(float* y, const float* b, int64_t n, int64_t out) = 0;
   virtual void bias_backward(float* db, const float* dy, int64_t n, int64_t out) = 0;
@@ -121,8 +122,10 @@ class Kernels {
   // ---- elementwise -------------------------------------------------------------
   // out: float32, or 16 bits (LayerOutput).
   virtual void swiglu_forward(LayerOutput out, const float* a, const float* b, int64_t n) = 0;
-  // a, b: float32, or 16 bits (LayerInput).
-  virtual void swiglu_backward(float* da, float* db, const float* dout, LayerInput a, LayerInput b, int64_t n) = 0;
+  // a, b: float32, or 16 bits (LayerInput); da, db: float32, or 16 bits
+  // (LayerOutput, both alike: the GEMMs' inputs, rounded once here).
+  virtual void swiglu_backward(LayerOutput da, LayerOutput db, const float* dout, LayerInput a, LayerInput b,
+                               int64_t n) = 0;
   virtual void relu_forward(float* y, const float* x, int64_t n) = 0;
   virtual void relu_backward(float* dx, const float* dy, const float* y, int64_t n) = 0;
 

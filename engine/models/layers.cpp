@@ -65,13 +65,13 @@ void linear_forward(float* y, GemmInput x, const float* w, int64_t n, int64_t in
         bi(out), inputs);
 }
 
-void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out,
-                           bool accumulate, float alpha, ddp_dtype inputs) {
+void linear_backward_input(float* dx, GemmInput dy, const float* w, int64_t n, int64_t in, int64_t out, bool accumulate,
+                           float alpha, ddp_dtype inputs) {
   sgemm(CblasNoTrans, CblasNoTrans, bi(n), bi(in), bi(out), alpha, dy, bi(out), w, bi(in), accumulate ? 1.0f : 0.0f, dx,
         bi(in), inputs);
 }
 
-void linear_backward_weight(float* dw, const float* dy, GemmInput x, int64_t n, int64_t in, int64_t out, float alpha,
+void linear_backward_weight(float* dw, GemmInput dy, GemmInput x, int64_t n, int64_t in, int64_t out, float alpha,
                             ddp_dtype inputs) {
   sgemm(CblasTrans, CblasNoTrans, bi(out), bi(in), bi(n), alpha, dy, bi(out), x, bi(in), 1.0f, dw, bi(in), inputs);
 }

@@ -33,15 +33,15 @@ namespace layers {
 // ---- linear: y = x W^T (+ b), W stored [out, in] as in PyTorch ----------
 
 // y[n, out] = x[n, in] · w[out, in]^T; with accumulate, y += that instead.
-// (x, and backward_weight's: float32, or in the 16-bit `inputs`: gemm.h.)
+// (x, and backward's dy and x: float32, or in the 16-bit `inputs`: gemm.h.)
 void linear_forward(float* y, GemmInput x, const float* w, int64_t n, int64_t in, int64_t out, bool accumulate = false,
                     ddp_dtype inputs = DDP_FLOAT32);
 // dx[n, in] = alpha * dy[n, out] · w[out, in] (accumulate: dx += ...).
-void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out,
+void linear_backward_input(float* dx, GemmInput dy, const float* w, int64_t n, int64_t in, int64_t out,
                            bool accumulate = false, float alpha = 1.0f, ddp_dtype inputs = DDP_FLOAT32);
 // dw[out, in] += alpha * dy[n, out]^T · x[n, in]. (alpha: a factor of dy
 // folded into the GEMM instead of a pass of its own over dy.)
-void linear_backward_weight(float* dw, const float* dy, GemmInput x, int64_t n, int64_t in, int64_t out,
+void linear_backward_weight(float* dw, GemmInput dy, GemmInput x, int64_t n, int64_t in, int64_t out,
                             float alpha = 1.0f, ddp_dtype inputs = DDP_FLOAT32);
 // y[n, out] += b[out] broadcast over rows.
 void bias_forward(float* y, const float* b, int64_t n, int64_t out);

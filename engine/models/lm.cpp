@@ -167,7 +167,7 @@ float LmModel::forward(const Batch& batch) {
   return static_cast<float>(k_->cross_entropy_forward(lse_.data(), logits_.data(), target_tokens(), n, vocab));
 }
 
-void LmModel::weight_grad(size_t index, const float* dy, GemmInput x, int64_t in, int64_t out, float alpha) {
+void LmModel::weight_grad(size_t index, GemmInput dy, GemmInput x, int64_t in, int64_t out, float alpha) {
   const int64_t n = rows_ * config_.context_length;
   if (float* dw = g(index)) k_->linear_backward_weight(dw, dy, x, n, in, out, alpha);
 }
@@ -185,15 +185,15 @@ void LmModel::block_backward(int64_t l, const GradAccumulated& done) {
   const BlockActs& b = blocks_[l];
   // dresid_ holds dy; FFN branch: y = h + w2 gate.
   k_->linear_backward_input(dgate_.data(), dresid_.data(), w(layer_param(l, kW2)), n, f, d);
-  k_->swiglu_backward(da_.data(), db_.data(), dgate_.data(), kept(b.a), kept(b.b), n * f);
-  weight_grad(layer_param(l, kW3), db_.data(), kept(b.ln2), d, f);
+  k_->swiglu_backward(gemm_only(da_), gemm_only(db_), dgate_.data(), kept(b.a), kept(b.b), n * f);
+  weight_grad(layer_param(l, kW3), gemm_read(db_), kept(b.ln2), d, f);
   done(layer_param(l, kW3));
   weight_grad(layer_param(l, kW2), dresid_.data(), kept(b.gate), f, d);
   done(layer_param(l, kW2));
-  weight_grad(layer_param(l, kW1), da_.data(), kept(b.ln2), d, f);
+  weight_grad(layer_param(l, kW1), gemm_read(da_), kept(b.ln2), d, f);
   done(layer_param(l, kW1));
-  k_->linear_backward_input(dln_.data(), da_.data(), w(layer_param(l, kW1)), n, d, f);
-  k_->linear_backward_input(dln_.data(), db_.data(), w(layer_param(l, kW3)), n, d, f, true);
+  k_->linear_backward_input(dln_.data(), gemm_read(da_), w(layer_param(l, kW1)), n, d, f);
+  k_->linear_backward_input(dln_.data(), gemm_read(db_), w(layer_param(l, kW3)), n, d, f, true);
   k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn2)), dln_.data(), kept(b.h), w(layer_param(l, kLn2)),
                        b.rms2.data(), n, d, /*accumulate=*/true);
   done(layer_param(l, kLn2));

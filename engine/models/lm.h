@@ -88,7 +88,7 @@ class LmModel final : public Model {
 
  private:
   // dW += alpha * dy^T x over the last forward's N rows, where index trains.
-  void weight_grad(size_t index, const float* dy, GemmInput x, int64_t in, int64_t out, float alpha = 1.0f);
+  void weight_grad(size_t index, GemmInput dy, GemmInput x, int64_t in, int64_t out, float alpha = 1.0f);
   void block_backward(int64_t l, const GradAccumulated& done);
   // Parameter indices in the table (spec order).
   static constexpr size_t kLn1 = 0;
@@ -165,6 +165,12 @@ class LmModel final : public Model {
   // LayerInput).
   static LayerOutput output(Tensor& saved) { return {saved.raw(), saved.dtype()}; }
   static LayerInput kept(const Tensor& saved) { return {saved.raw(), saved.dtype()}; }
+  // A float32 scratch gradient that only GEMMs read (backward's da, db),
+  // as a kernel writes it and the GEMMs read it: in the compute dtype, a
+  // 16-bit one in the first half of its bytes, rounded once where each
+  // GEMM would round it (the same bits).
+  LayerOutput gemm_only(Tensor& scratch) const { return {scratch.raw(), k_->compute_dtype()}; }
+  GemmInput gemm_read(const Tensor& scratch) const { return {scratch.raw(), k_->compute_dtype()}; }
 
   Device& device_;
   std::unique_ptr<Kernels> k_;  // the device's layers

@@ -124,12 +124,12 @@ class CudaKernels final : public Kernels {
     // y[n, out] (+)= x[n, in] · w[out, in]^T
     gemms_.gemm(false, true, n, out, in, 1.0f, x, in, w, in, accumulate ? 1.0f : 0.0f, y, out);
   }
-  void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out,
+  void linear_backward_input(float* dx, GemmInput dy, const float* w, int64_t n, int64_t in, int64_t out,
                              bool accumulate, float alpha) override {
     // dx[n, in] (+)= alpha * dy[n, out] · w[out, in]
     gemms_.gemm(false, false, n, in, out, alpha, dy, out, w, in, accumulate ? 1.0f : 0.0f, dx, in);
   }
-  void linear_backward_weight(float* dw, const float* dy, GemmInput x, int64_t n, int64_t in, int64_t out,
+  void linear_backward_weight(float* dw, GemmInput dy, GemmInput x, int64_t n, int64_t in, int64_t out,
                               float alpha) override {
     // dw[out, in] += alpha * dy[n, out]^T · x[n, in]
     gemms_.gemm(true, false, out, in, n, alpha, dy, out, x, in, 1.0f, dw, in);
@@ -303,14 +303,19 @@ class CudaKernels final : public Kernels {
       check_launch("swiglu_forward_kernel");
     });
   }
-  void swiglu_backward(float* da, float* db, const float* dout, LayerInput a, LayerInput b, int64_t n) override {
-    if (a.dtype != b.dtype)
+  void swiglu_backward(LayerOutput da, LayerOutput db, const float* dout, LayerInput a, LayerInput b,
+                       int64_t n) override {
+    if (a.dtype != b.dtype || da.dtype != db.dtype)
       throw Error(std::string("CUDA kernels: swiglu_backward's a in ") + ddp_dtype_name(a.dtype) + ", b in " +
-                  ddp_dtype_name(b.dtype) + " (one dtype for both)");
+                  ddp_dtype_name(b.dtype) + ", da in " + ddp_dtype_name(da.dtype) + ", db in " +
+                  ddp_dtype_name(db.dtype) + " (one dtype for a and b, one for da and db)");
     with_load(a, [&](auto load) {
-      if (n == 0) return;
-      swiglu_backward_kernel<<<grid_for(n), kThreads, 0, stream_>>>(da, db, dout, load, load_like(load, b), n);
-      check_launch("swiglu_backward_kernel");
+      with_store(da, [&](auto store) {
+        if (n == 0) return;
+        swiglu_backward_kernel<<<grid_for(n), kThreads, 0, stream_>>>(store, store_like(store, db), dout, load,
+                                                                      load_like(load, b), n);
+        check_launch("swiglu_backward_kernel");
+      });
     });
   }
   void relu_forward(float* y, const float* x, int64_t n) override {

@@ -206,6 +206,12 @@ void with_store(const LayerOutput& out, F&& f) {
               " (float32, bfloat16 or float16 only)");
 }
 
+// The same kind of store as `like`, into `other` (which must share its dtype).
+template <typename Store>
+Store store_like(const Store&, const LayerOutput& other) {
+  return Store{static_cast<decltype(Store::p)>(other.data)};
+}
+
 // ---- where a kernel reads a kept activation (kernels.h's LayerInput) -----------
 // float32 as it is; bfloat16 and float16 widened (exactly).
 
@@ -358,16 +364,16 @@ __global__ void swiglu_forward_kernel(Store out, const float* a, const float* b,
   DDP_GRID_STRIDE(i, n) out(i, a[i] * sigmoid(a[i]) * b[i]);
 }
 
-template <typename Load>
-__global__ void swiglu_backward_kernel(float* da, float* db, const float* dout, Load a, Load b, int64_t n) {
+template <typename Store, typename Load>
+__global__ void swiglu_backward_kernel(Store da, Store db, const float* dout, Load a, Load b, int64_t n) {
   // d silu(z)/dz = s (1 + z (1 - s)), s = sigmoid(z)
   DDP_GRID_STRIDE(i, n) {
     const float z = a(i);
     const float s = sigmoid(z);
     const float g = dout[i];
     const float bi = b(i);
-    db[i] = g * z * s;
-    da[i] = g * bi * s * (1.0f + z * (1.0f - s));
+    db(i, g * z * s);
+    da(i, g * bi * s * (1.0f + z * (1.0f - s)));
   }
 }
 
