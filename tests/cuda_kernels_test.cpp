@@ -346,6 +346,12 @@ TEST(CudaKernels, SixteenBitOutputsAreTheFloat32ResultsRounded) {
   const int64_t n = 37, d = 300, count = 70001;
   const Vec x = uniform(n * d, rng), g = uniform(d, rng), a = uniform(count, rng), b = uniform(count, rng);
   const Vec dout = uniform(count, rng);
+  const int64_t rb = 2, rt = 5, rheads = 3, rdh = 8, rsize = rb * rt * rheads * rdh;  // RoPE's backward
+  const Vec rx = uniform(rsize, rng);
+  Vec cos(rt * rdh / 2), sin(rt * rdh / 2);
+  layers::rope_tables(cos.data(), sin.data(), rt, rdh, 10000.0);
+  Buf<float> gcos(cos), gsin(sin), grdx(rx);
+  k.gpu->rope_backward(grdx.get(), grdx.get(), gcos.get(), gsin.get(), rb, rt, rheads, rdh);
   Buf<float> gx(x), gg(g), ga(a), gb(b), gdout(dout);
   Buf<float> gy = Buf<float>::nan(n * d), grms = Buf<float>::nan(n), ggate = Buf<float>::nan(count);
   Buf<float> gda = Buf<float>::nan(count), gdb = Buf<float>::nan(count);
@@ -375,6 +381,13 @@ TEST(CudaKernels, SixteenBitOutputsAreTheFloat32ResultsRounded) {
     EXPECT_THROW(k.gpu->swiglu_backward(LayerOutput(gda16.get(), dtype), gdb.get(), gdout.get(), ga.get(), gb.get(),
                                         count),
                  Error);
+    // RoPE's backward into 16 bits (its float32 input then scratch).
+    Buf<float> gscratch(rx);
+    Buf<uint16_t> grdx16(std::vector<uint16_t>(rsize, 0xffff)), want_rdx(std::vector<uint16_t>(rsize, 0));
+    k.gpu->rope_backward(LayerOutput(grdx16.get(), dtype), gscratch.get(), gcos.get(), gsin.get(), rb, rt, rheads,
+                         rdh);
+    k.gpu->convert(want_rdx.get(), dtype, grdx.get(), DDP_FLOAT32, rsize);
+    EXPECT_TRUE(k.get(grdx16) == k.get(want_rdx)) << "rope backward's 16 bits";
     expect_equal("rms", k.get(grms16), k.get(grms));
   }
 }
@@ -438,6 +451,31 @@ TEST(CudaKernels, SixteenBitInputsGiveTheirFloat32ValuesResults) {
         if (!sixteen) want[i] = got[i];
         else expect_equal(std::string("attention d") + "qkv"[i], got[i], want[i]);
       }
+    }
+    // dv written in 16 bits (lm's GEMMs read it so): the float32 dv
+    // rounded, through the tiled kernels (dh 64) and the warp kernels (80);
+    // dq and dk as before; a dv of the other 16-bit dtype refused.
+    for (const int64_t hd : {dh, int64_t{80}}) {
+      SCOPED_TRACE("dh " + std::to_string(hd));
+      const int64_t sz = s * t * heads * hd;
+      Buf<float> hq(uniform(sz, rng)), hk(uniform(sz, rng)), hv(uniform(sz, rng)), hat(uniform(sz, rng));
+      Buf<float> hout = Buf<float>::nan(sz), hp = Buf<float>::nan(s * heads * t * 2);
+      k.gpu->attention_forward(hout.get(), hp.get(), hq.get(), hk.get(), hv.get(), s, t, heads, hd);
+      Buf<float> dq1 = Buf<float>::nan(sz), dk1 = Buf<float>::nan(sz), dv1 = Buf<float>::nan(sz);
+      Buf<float> dq2 = Buf<float>::nan(sz), dk2 = Buf<float>::nan(sz);
+      Buf<uint16_t> dv16(std::vector<uint16_t>(sz, 0xffff)), want16(std::vector<uint16_t>(sz, 0));
+      k.gpu->attention_backward(dq1.get(), dk1.get(), dv1.get(), gscratch.get(), hat.get(), hp.get(), hq.get(),
+                                hk.get(), hv.get(), s, t, heads, hd);
+      k.gpu->attention_backward(dq2.get(), dk2.get(), LayerOutput(dv16.get(), dtype), gscratch.get(), hat.get(),
+                                hp.get(), hq.get(), hk.get(), hv.get(), s, t, heads, hd);
+      k.gpu->convert(want16.get(), dtype, dv1.get(), DDP_FLOAT32, sz);
+      EXPECT_TRUE(k.get(dv16) == k.get(want16)) << "attention's dv in 16 bits";
+      expect_equal("dq beside a 16-bit dv", k.get(dq2), k.get(dq1));
+      expect_equal("dk beside a 16-bit dv", k.get(dk2), k.get(dk1));
+      const ddp_dtype other = dtype == DDP_BFLOAT16 ? DDP_FLOAT16 : DDP_BFLOAT16;
+      EXPECT_THROW(k.gpu->attention_backward(dq2.get(), dk2.get(), LayerOutput(dv16.get(), other), gscratch.get(),
+                                             hat.get(), hp.get(), hq.get(), hk.get(), hv.get(), s, t, heads, hd),
+                   Error);
     }
     // Refused: q, k, v of two dtypes; a 16-bit p (a GPU keeps statistics);
     // SwiGLU's a and b of two dtypes.
@@ -677,8 +715,8 @@ TEST(CudaKernels, RopeMatchesCpu) {
 
     k.cpu->rope_forward(x.data(), cos.data(), sin.data(), s.b, s.t, s.heads, s.dh);
     k.gpu->rope_forward(gx.get(), gcos.get(), gsin.get(), s.b, s.t, s.heads, s.dh);
-    k.cpu->rope_backward(dx.data(), cos.data(), sin.data(), s.b, s.t, s.heads, s.dh);
-    k.gpu->rope_backward(gdx.get(), gcos.get(), gsin.get(), s.b, s.t, s.heads, s.dh);
+    k.cpu->rope_backward(dx.data(), dx.data(), cos.data(), sin.data(), s.b, s.t, s.heads, s.dh);
+    k.gpu->rope_backward(gdx.get(), gdx.get(), gcos.get(), gsin.get(), s.b, s.t, s.heads, s.dh);
 
     expect_close("x rotated", k.get(gx), x, kAbsFloor);
     expect_close("dx rotated back", k.get(gdx), dx, kAbsFloor);

@@ -24,6 +24,7 @@
 #include "error.h"
 #include "gemm.h"
 #include "kernels.h"
+#include "layers.h"
 
 namespace ddp {
 namespace {
@@ -216,7 +217,12 @@ TEST(CpuKernels, SixteenBitOutputsAreTheFloat32ResultsRounded) {
   const std::vector<float> x = random_matrix(n, d, rng), g = random_matrix(1, d, rng);
   const std::vector<float> a = random_matrix(1, count, rng), b = random_matrix(1, count, rng);
   const std::vector<float> dout = random_matrix(1, count, rng);
+  const int64_t rb = 2, rt = 5, rheads = 3, rdh = 8, rsize = rb * rt * rheads * rdh;  // RoPE's backward
+  const std::vector<float> rx = random_matrix(1, rsize, rng);
+  std::vector<float> cos(static_cast<size_t>(rt * rdh / 2)), sin = cos, rdx = rx;
+  layers::rope_tables(cos.data(), sin.data(), rt, rdh, 10000.0);
   const std::unique_ptr<Kernels> k = make_cpu_kernels();
+  k->rope_backward(rdx.data(), rdx.data(), cos.data(), sin.data(), rb, rt, rheads, rdh);
   std::vector<float> y(static_cast<size_t>(n * d));
   std::vector<float> rms(static_cast<size_t>(n));
   std::vector<float> gate(static_cast<size_t>(count)), da = gate, db = gate;
@@ -237,6 +243,10 @@ TEST(CpuKernels, SixteenBitOutputsAreTheFloat32ResultsRounded) {
     EXPECT_EQ(gate16, packed(gate, dtype));
     EXPECT_EQ(da16, packed(da, dtype));
     EXPECT_EQ(db16, packed(db, dtype));
+    std::vector<uint16_t> rdx16(rx.size());
+    std::vector<float> scratch = rx;  // (rope_backward's 16-bit output leaves it unspecified)
+    k->rope_backward(LayerOutput(rdx16.data(), dtype), scratch.data(), cos.data(), sin.data(), rb, rt, rheads, rdh);
+    EXPECT_EQ(rdx16, packed(rdx, dtype));
   }
   try {
     k->swiglu_forward(LayerOutput(gate.data(), DDP_FLOAT64), a.data(), b.data(), count);
@@ -315,6 +325,12 @@ TEST(CpuKernels, SixteenBitInputsGiveTheirFloat32ValuesResults) {
     EXPECT_EQ(dq16, dq);
     EXPECT_EQ(dk16, dk);
     EXPECT_EQ(dv16, dv);
+    std::vector<uint16_t> dv_out(dv.size());  // dv written in 16 bits, as lm's GEMMs read it
+    k->attention_backward(dq16.data(), dk16.data(), LayerOutput(dv_out.data(), dtype), scratch.data(), dat.data(),
+                          LayerInput(p16.data(), dtype), LayerInput(q16.data(), dtype), LayerInput(k16.data(), dtype),
+                          LayerInput(v16.data(), dtype), s, t, heads, dh);
+    EXPECT_EQ(dv_out, packed(dv, dtype));
+    EXPECT_EQ(dq16, dq);
   }
 }
 

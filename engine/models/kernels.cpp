@@ -77,9 +77,12 @@ class CpuKernels final : public Kernels {
                     int64_t dh) override {
     layers::rope_forward(x, cos, sin, b, t, heads, dh);
   }
-  void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
-                     int64_t dh) override {
-    layers::rope_backward(dx, cos, sin, b, t, heads, dh);
+  void rope_backward(LayerOutput out, float* dx, const float* cos, const float* sin, int64_t b, int64_t t,
+                     int64_t heads, int64_t dh) override {
+    layers::rope_backward(dx, cos, sin, b, t, heads, dh);  // in place, then (16 bits) rounded into out
+    const int64_t n = b * t * heads * dh;
+    if (out.dtype == DDP_FLOAT32 && out.data != dx) std::memcpy(out.data, dx, sizeof(float) * size_t(n));
+    if (out.dtype != DDP_FLOAT32) store(out, 0, dx, n);
   }
   // 16 bits: a sequence at a time (sequences are independent: the same bits).
   void attention_forward(float* out, LayerOutput p, const float* q, const float* k, const float* v, int64_t b,
@@ -94,21 +97,24 @@ class CpuKernels final : public Kernels {
       store(p, s * weights, staged, weights);
     }
   }
-  void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, LayerInput p,
+  void attention_backward(float* dq, float* dk, LayerOutput dv, float* scratch, const float* dout, LayerInput p,
                           LayerInput q, LayerInput k, LayerInput v, int64_t b, int64_t t, int64_t heads,
                           int64_t dh) override {
-    if (p.dtype == DDP_FLOAT32 && q.dtype == DDP_FLOAT32 && k.dtype == DDP_FLOAT32 && v.dtype == DDP_FLOAT32)
-      return layers::attention_backward(dq, dk, dv, scratch, dout, f32(p), f32(q), f32(k), f32(v), b, t, heads, dh,
+    const bool wide = dv.dtype == DDP_FLOAT32;
+    if (wide && p.dtype == DDP_FLOAT32 && q.dtype == DDP_FLOAT32 && k.dtype == DDP_FLOAT32 && v.dtype == DDP_FLOAT32)
+      return layers::attention_backward(dq, dk, f32(dv), scratch, dout, f32(p), f32(q), f32(k), f32(v), b, t, heads, dh,
                                         inputs_);
     const int64_t seq = t * heads * dh;
     const int64_t weights = heads * t * t;
-    float* staged = floats(3 * seq + weights);
+    float* staged = floats(4 * seq + weights);  // q, k, v widened; dv before its rounding; p widened
     for (int64_t s = 0; s < b; ++s) {
       const int64_t at = s * seq;
-      layers::attention_backward(dq + at, dk + at, dv + at, scratch, dout + at,
-                                 widened(p, s * weights, weights, staged + 3 * seq), widened(q, at, seq, staged),
+      float* dvs = wide ? f32(dv) + at : staged + 3 * seq;
+      layers::attention_backward(dq + at, dk + at, dvs, scratch, dout + at,
+                                 widened(p, s * weights, weights, staged + 4 * seq), widened(q, at, seq, staged),
                                  widened(k, at, seq, staged + seq), widened(v, at, seq, staged + 2 * seq), 1, t, heads,
                                  dh, inputs_);
+      if (!wide) store(dv, at, dvs, seq);
     }
   }
   void swiglu_forward(LayerOutput out, const float* a, const float* b, int64_t n) override {

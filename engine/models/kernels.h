@@ -103,8 +103,11 @@ class Kernels {
   // on the host and upload).
   virtual void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
                             int64_t dh) = 0;
-  virtual void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
-                             int64_t dh) = 0;
+  // dx rotated back, into `out`: dx itself (float32, in place), or 16 bits
+  // (LayerOutput: the GEMMs' input, rounded once; dx is then scratch,
+  // its contents after unspecified).
+  virtual void rope_backward(LayerOutput out, float* dx, const float* cos, const float* sin, int64_t b, int64_t t,
+                             int64_t heads, int64_t dh) = 0;
 
   // ---- causal attention -------------------------------------------------------
   // Floats of scratch attention_backward needs for these sizes: the device
@@ -114,8 +117,9 @@ class Kernels {
   size_t attention_scratch_floats(int64_t b, int64_t t, int64_t heads) const;
   virtual void attention_forward(float* out, LayerOutput p, const float* q, const float* k, const float* v, int64_t b,
                                  int64_t t, int64_t heads, int64_t dh) = 0;
-  // p, q, k, v as kept: float32, or 16 bits (LayerInput).
-  virtual void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, LayerInput p,
+  // p, q, k, v as kept: float32, or 16 bits (LayerInput); dv float32, or
+  // in the compute dtype (LayerOutput: the GEMMs' input, rounded once).
+  virtual void attention_backward(float* dq, float* dk, LayerOutput dv, float* scratch, const float* dout, LayerInput p,
                                   LayerInput q, LayerInput k, LayerInput v, int64_t b, int64_t t, int64_t heads,
                                   int64_t dh) = 0;
 

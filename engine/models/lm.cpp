@@ -201,19 +201,28 @@ void LmModel::block_backward(int64_t l, const GradAccumulated& done) {
   k_->linear_backward_input(datt_.data(), dresid_.data(), w(layer_param(l, kO)), n, d, d);
   weight_grad(layer_param(l, kO), dresid_.data(), kept(b.att), d, d);
   done(layer_param(l, kO));
-  k_->attention_backward(dq_.data(), dk_.data(), dv_.data(), dscores_.data(), datt_.data(), kept(b.p), kept(b.q),
+  k_->attention_backward(dq_.data(), dk_.data(), gemm_only(dv_), dscores_.data(), datt_.data(), kept(b.p), kept(b.q),
                          kept(b.k), kept(b.v), rows, t, heads, head_dim_);
-  k_->rope_backward(dq_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-  k_->rope_backward(dk_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-  weight_grad(layer_param(l, kV), dv_.data(), kept(b.ln1), d, d);
+  // dq, dk through RoPE's backward: in place in float32; in 16 bits into
+  // the two halves of datt_ (attention's backward has read it), as the
+  // GEMMs read them (gemm_only).
+  const bool sixteen = k_->compute_dtype() != DDP_FLOAT32;
+  const LayerOutput dq = sixteen ? LayerOutput(datt_.raw(), k_->compute_dtype()) : LayerOutput(dq_.data());
+  const LayerOutput dk =
+      sixteen ? LayerOutput(static_cast<uint16_t*>(datt_.raw()) + n * d, k_->compute_dtype()) : LayerOutput(dk_.data());
+  k_->rope_backward(dq, dq_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+  k_->rope_backward(dk, dk_.data(), rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+  const GemmInput gdq(dq.data, dq.dtype);
+  const GemmInput gdk(dk.data, dk.dtype);
+  weight_grad(layer_param(l, kV), gemm_read(dv_), kept(b.ln1), d, d);
   done(layer_param(l, kV));
-  weight_grad(layer_param(l, kK), dk_.data(), kept(b.ln1), d, d);
+  weight_grad(layer_param(l, kK), gdk, kept(b.ln1), d, d);
   done(layer_param(l, kK));
-  weight_grad(layer_param(l, kQ), dq_.data(), kept(b.ln1), d, d);
+  weight_grad(layer_param(l, kQ), gdq, kept(b.ln1), d, d);
   done(layer_param(l, kQ));
-  k_->linear_backward_input(dln_.data(), dq_.data(), w(layer_param(l, kQ)), n, d, d);
-  k_->linear_backward_input(dln_.data(), dk_.data(), w(layer_param(l, kK)), n, d, d, true);
-  k_->linear_backward_input(dln_.data(), dv_.data(), w(layer_param(l, kV)), n, d, d, true);
+  k_->linear_backward_input(dln_.data(), gdq, w(layer_param(l, kQ)), n, d, d);
+  k_->linear_backward_input(dln_.data(), gdk, w(layer_param(l, kK)), n, d, d, true);
+  k_->linear_backward_input(dln_.data(), gemm_read(dv_), w(layer_param(l, kV)), n, d, d, true);
   k_->rmsnorm_backward(dresid_.data(), g(layer_param(l, kLn1)), dln_.data(), kept(l ? blocks_[l - 1].y : x0_),
                        w(layer_param(l, kLn1)), b.rms1.data(), n, d, /*accumulate=*/true);
   done(layer_param(l, kLn1));

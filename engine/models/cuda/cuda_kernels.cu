@@ -198,11 +198,11 @@ class CudaKernels final : public Kernels {
 
   void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
                     int64_t dh) override {
-    rope(x, cos, sin, b, t, heads, dh, 1.0f);
+    rope(StoreFloat{x}, x, cos, sin, b, t, heads, dh, 1.0f);
   }
-  void rope_backward(float* dx, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
-                     int64_t dh) override {
-    rope(dx, cos, sin, b, t, heads, dh, -1.0f);
+  void rope_backward(LayerOutput out, float* dx, const float* cos, const float* sin, int64_t b, int64_t t,
+                     int64_t heads, int64_t dh) override {
+    with_store(out, [&](auto store) { rope(store, dx, cos, sin, b, t, heads, dh, -1.0f); });
   }
 
   // ---- causal attention --------------------------------------------------------------
@@ -255,7 +255,7 @@ class CudaKernels final : public Kernels {
     }
   }
 
-  void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, LayerInput kept_p,
+  void attention_backward(float* dq, float* dk, LayerOutput dv, float* scratch, const float* dout, LayerInput kept_p,
                           LayerInput kept_q, LayerInput kept_k, LayerInput kept_v, int64_t b, int64_t t, int64_t heads,
                           int64_t dh) override {
     const float* p = floats_of(kept_p, "p", "a GPU keeps it in float32: kernels.h's attention_keeps_weights");
@@ -264,7 +264,10 @@ class CudaKernels final : public Kernels {
                                      t, heads, dh);
       return;
     }
-    const char* why = "float32 compute reads float32";
+    const char* why = "float32 compute reads and writes float32";
+    if (dv.dtype != DDP_FLOAT32)
+      throw Error(std::string("CUDA kernels: attention's dv in ") + ddp_dtype_name(dv.dtype) + " (" + why + ")");
+    float* dvf = static_cast<float*>(dv.data);
     const float* q = floats_of(kept_q, "q", why);
     const float* k = floats_of(kept_k, "k", why);
     const float* v = floats_of(kept_v, "v", why);
@@ -279,7 +282,7 @@ class CudaKernels final : public Kernels {
       gemms_.gemm_heads(false, true, t, t, dh, 1.0f, dout + off, d, dh, v + off, d, dh, 0.0f, scratch + s * heads * tt,
                         t, tt, heads);
       // dv_h[t, dh] = p_h[t, t]^T · dout_h[t, dh]
-      gemms_.gemm_heads(true, false, t, dh, t, 1.0f, ps, t, tt, dout + off, d, dh, 0.0f, dv + off, d, dh, heads);
+      gemms_.gemm_heads(true, false, t, dh, t, 1.0f, ps, t, tt, dout + off, d, dh, 0.0f, dvf + off, d, dh, heads);
     }
     const int64_t rows = b * heads * t;
     causal_softmax_backward_kernel<<<blocks((rows + kRowsPerBlock - 1) / kRowsPerBlock, "attention rows"), kThreads, 0,
@@ -371,10 +374,12 @@ class CudaKernels final : public Kernels {
   }
 
  private:
-  void rope(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads, int64_t dh, float sign) {
+  template <typename Store>
+  void rope(Store out, const float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
+            int64_t dh, float sign) {
     const int64_t pairs = b * t * heads * (dh / 2);
     if (pairs == 0) return;
-    rope_kernel<<<grid_for(pairs), kThreads, 0, stream_>>>(x, cos, sin, pairs, t, heads, dh, dh / 2, sign);
+    rope_kernel<<<grid_for(pairs), kThreads, 0, stream_>>>(out, x, cos, sin, pairs, t, heads, dh, dh / 2, sign);
     check_launch("rope_kernel");
   }
 

@@ -18,6 +18,7 @@
 #include <ddp/numeric.h>
 
 #include "cuda/cuda_check.h"
+#include "cuda/sixteen.cuh"
 #include "cuda/tiled_attention.h"
 #include "error.h"
 #include "kernels.h"
@@ -29,15 +30,11 @@ constexpr int kWarpsPerBlock = 8;
 constexpr int64_t kMaxDh = kFusedAttentionMaxHead;
 
 struct RoundBf16 {
-  __device__ float operator()(float x) const { return __bfloat162float(__float2bfloat16_rn(x)); }
+  __device__ float operator()(float x) const { return wide(narrow<__nv_bfloat16>(x)); }
 };
 struct RoundHalf {
-  __device__ float operator()(float x) const { return __half2float(__float2half_rn(x)); }
+  __device__ float operator()(float x) const { return wide(narrow<__half>(x)); }
 };
-
-__device__ float widen(float x) { return x; }
-__device__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ float widen(__half x) { return __half2float(x); }
 
 // The lane's elements of a [dh] row at x, rounded (0 beyond dh; a value
 // already in the compute dtype rounds to itself).
@@ -45,15 +42,16 @@ template <int kPer, typename In, typename R>
 __device__ void load(float (&out)[kPer], const In* x, int64_t dh, int lane, R round) {
   for (int c = 0; c < kPer; ++c) {
     const int64_t e = int64_t(c) * 32 + lane;
-    out[c] = e < dh ? round(widen(x[e])) : 0.0f;
+    out[c] = e < dh ? round(wide(x[e])) : 0.0f;
   }
 }
 
-template <int kPer>
-__device__ void store(float* x, const float (&in)[kPer], int64_t dh, int lane) {
+// The lane's elements into a [dh] row at x: float32, or rounded to Out.
+template <int kPer, typename Out>
+__device__ void store(Out* x, const float (&in)[kPer], int64_t dh, int lane) {
   for (int c = 0; c < kPer; ++c) {
     const int64_t e = int64_t(c) * 32 + lane;
-    if (e < dh) x[e] = in[c];
+    if (e < dh) x[e] = narrow<Out>(in[c]);
   }
 }
 
@@ -165,8 +163,8 @@ __global__ void backward_dq_kernel(float* dq, float* dsum, const float* dout, co
 }
 
 // Per key row j: dv_j = sum_i>=j p_ij dout_i, dk_j = sum_i>=j round(ds_ij) q_i.
-template <int kPer, typename In, typename R>
-__global__ void backward_dkdv_kernel(float* dk, float* dv, const float* dsum, const float* dout, const float* stats,
+template <int kPer, typename In, typename Out, typename R>
+__global__ void backward_dkdv_kernel(float* dk, Out* dv, const float* dsum, const float* dout, const float* stats,
                                      const In* q, const In* k, const In* v, int64_t rows, int64_t t, int64_t heads,
                                      int64_t dh, float scale, R round) {
   const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -258,11 +256,12 @@ void fused_attention_forward(cudaStream_t stream, ddp_dtype dtype, float* out, f
   check_launch("fused attention forward_kernel");
 }
 
-void fused_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, float* dk, float* dv, float* d,
+void fused_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, float* dk, LayerOutput dv, float* d,
                               const float* dout, const float* stats, GemmInput q, GemmInput k, GemmInput v, int64_t b,
                               int64_t t, int64_t heads, int64_t dh) {
   if (tiled_attention_fits(dh))
     return tiled_attention_backward(stream, dtype, dq, dk, dv, d, dout, stats, q, k, v, b, t, heads, dh);
+  check_attention_output(dtype, dv);
   const int64_t rows = b * heads * t;
   if (rows == 0) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
@@ -271,13 +270,21 @@ void fused_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, f
     const auto* qi = static_cast<const In*>(q.data);
     const auto* ki = static_cast<const In*>(k.data);
     const auto* vi = static_cast<const In*>(v.data);
+    using Sixteen = std::conditional_t<std::is_same_v<decltype(round), RoundBf16>, __nv_bfloat16, __half>;
     with_per(dh, [&](auto per) {
-      backward_dq_kernel<decltype(per)::value><<<grid_of(rows), kWarpsPerBlock * 32, 0, stream>>>(
-          dq, d, dout, stats, qi, ki, vi, rows, t, heads, dh, scale, round);
+      constexpr int kPer = decltype(per)::value;
+      backward_dq_kernel<kPer><<<grid_of(rows), kWarpsPerBlock * 32, 0, stream>>>(dq, d, dout, stats, qi, ki, vi, rows,
+                                                                                  t, heads, dh, scale, round);
       check_launch("fused attention backward_dq_kernel");
-      backward_dkdv_kernel<decltype(per)::value><<<grid_of(rows), kWarpsPerBlock * 32, 0, stream>>>(
-          dk, dv, d, dout, stats, qi, ki, vi, rows, t, heads, dh, scale, round);
-      check_launch("fused attention backward_dkdv_kernel");
+      const auto dkdv = [&](auto* out) {  // dv in float32 or the compute dtype
+        backward_dkdv_kernel<kPer><<<grid_of(rows), kWarpsPerBlock * 32, 0, stream>>>(
+            dk, out, d, dout, stats, qi, ki, vi, rows, t, heads, dh, scale, round);
+        check_launch("fused attention backward_dkdv_kernel");
+      };
+      if (dv.dtype == DDP_FLOAT32)
+        dkdv(static_cast<float*>(dv.data));
+      else
+        dkdv(static_cast<Sixteen*>(dv.data));
     });
   });
 }

@@ -24,15 +24,17 @@
 
 #include <ddp/plugin.h>
 
-#include "gemm.h"  // GemmInput
+#include "kernels.h"  // GemmInput, LayerOutput
 
 namespace ddp::cuda {
 
 // Throws Error for dh above 256, a dtype other than bf16/fp16, inputs of
-// another dtype than float32 or `dtype` (or not alike), or a failed launch.
+// another dtype than float32 or `dtype` (or not alike), a dv of another
+// (backward writes dv in float32 or `dtype`: LayerOutput), or a failed
+// launch.
 void fused_attention_forward(cudaStream_t stream, ddp_dtype dtype, float* out, float* stats, const float* q,
                              const float* k, const float* v, int64_t b, int64_t t, int64_t heads, int64_t dh);
-void fused_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, float* dk, float* dv, float* d,
+void fused_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, float* dk, LayerOutput dv, float* d,
                               const float* dout, const float* stats, GemmInput q, GemmInput k, GemmInput v, int64_t b,
                               int64_t t, int64_t heads, int64_t dh);
 

@@ -288,24 +288,26 @@ struct RmsGainTerm {  // layers.cpp: dy_ij * x_ij * inv, inv = 1 / rms_i
   }
 };
 
-// ---- RoPE: x[b, t, heads, dh] in place, one thread per pair (2k, 2k+1) ----------
+// ---- RoPE: x[b, t, heads, dh] into out, one thread per pair (2k, 2k+1) --------
 // Pair index p = (bt * heads + h) * dh/2 + k: the pair sits at
 // x + (bt * heads + h) * dh + 2k, at position bt mod t. sign = -1 rotates
-// back (the backward).
+// back (the backward). out may be x itself (in place: each thread reads its
+// pair before it writes it), or 16 bits.
 
-__global__ void rope_kernel(float* x, const float* cos, const float* sin, int64_t pairs, int64_t t, int64_t heads,
-                            int64_t dh, int64_t half, float sign) {
+template <typename Store>
+__global__ void rope_kernel(Store out, const float* x, const float* cos, const float* sin, int64_t pairs, int64_t t,
+                            int64_t heads, int64_t dh, int64_t half, float sign) {
   DDP_GRID_STRIDE(p, pairs) {
     const int64_t k = p % half;
     const int64_t head_row = p / half;  // bt * heads + h
     const int64_t pos = (head_row / heads) % t;
     const float c = cos[pos * half + k];
     const float sk = sign * sin[pos * half + k];
-    float* xp = x + head_row * dh + 2 * k;
-    const float x0 = xp[0];
-    const float x1 = xp[1];
-    xp[0] = c * x0 - sk * x1;
-    xp[1] = sk * x0 + c * x1;
+    const int64_t at = head_row * dh + 2 * k;
+    const float x0 = x[at];
+    const float x1 = x[at + 1];
+    out(at, c * x0 - sk * x1);
+    out(at + 1, sk * x0 + c * x1);
   }
 }
 

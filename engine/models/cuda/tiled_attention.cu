@@ -163,11 +163,12 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-// dv_j = sum_i>=j p_ij dout_i, dk_j = sum_i>=j round(ds_ij) q_i. A block: a
-// key tile; the warps' products are transposed (keys x queries).
-template <typename T, int kDh, typename In>
+// dv_j = sum_i>=j p_ij dout_i, dk_j = sum_i>=j round(ds_ij) q_i (dv in
+// float32, or rounded to Out). A block: a key tile; the warps' products
+// are transposed (keys x queries).
+template <typename T, int kDh, typename In, typename Out>
 __global__ void __launch_bounds__(kThreads)
-    backward_dkdv_kernel(float* dk, float* dv, const float* dsum, const float* dout, const float* stats, const In* q,
+    backward_dkdv_kernel(float* dk, Out* dv, const float* dsum, const float* dout, const float* stats, const In* q,
                          const In* k, const In* v, int64_t t, int64_t heads, int tiles, float scale) {
 #if DDP_TILED_ARCH
   using L = Layout<kDh>;
@@ -269,6 +270,13 @@ void check_attention_inputs(ddp_dtype compute, const GemmInput& q, const GemmInp
                 DDP_ERR_UNSUPPORTED);
 }
 
+void check_attention_output(ddp_dtype compute, const LayerOutput& out) {
+  if (out.dtype != DDP_FLOAT32 && out.dtype != compute)
+    throw Error(std::string("fused attention: an output in ") + ddp_dtype_name(out.dtype) + " (float32 or " +
+                    ddp_dtype_name(compute) + ")",
+                DDP_ERR_UNSUPPORTED);
+}
+
 bool tiled_attention_fits(int64_t dh) {
   if (dh != 16 && dh != 32 && dh != 64 && dh != 128) return false;
   // The code the device runs, not only the device: a build for an older
@@ -302,10 +310,11 @@ void tiled_attention_forward(cudaStream_t stream, ddp_dtype dtype, float* out, f
   });
 }
 
-void tiled_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, float* dk, float* dv, float* d,
+void tiled_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, float* dk, LayerOutput dv, float* d,
                               const float* dout, const float* stats, GemmInput q, GemmInput k, GemmInput v, int64_t b,
                               int64_t t, int64_t heads, int64_t dh) {
   check_attention_inputs(dtype, q, k, v);
+  check_attention_output(dtype, dv);
   if (b * t * heads == 0) return;
   const tiled::Grid g = tiled::grid_of(b, t, heads);
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
@@ -321,8 +330,15 @@ void tiled_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, f
         const auto* vi = static_cast<const In*>(v.data);
         tiled::launch(tiled::backward_dq_kernel<T, kDh, In>, "backward_dq_kernel", g, bytes, stream, dq, d, dout, stats,
                       qi, ki, vi, t, heads, g.tiles, scale);
-        tiled::launch(tiled::backward_dkdv_kernel<T, kDh, In>, "backward_dkdv_kernel", g, bytes, stream, dk, dv,
-                      static_cast<const float*>(d), dout, stats, qi, ki, vi, t, heads, g.tiles, scale);
+        const auto dkdv = [&](auto* out) {
+          using Out = std::remove_pointer_t<decltype(out)>;
+          tiled::launch(tiled::backward_dkdv_kernel<T, kDh, In, Out>, "backward_dkdv_kernel", g, bytes, stream, dk, out,
+                        static_cast<const float*>(d), dout, stats, qi, ki, vi, t, heads, g.tiles, scale);
+        };
+        if (dv.dtype == DDP_FLOAT32)
+          dkdv(static_cast<float*>(dv.data));
+        else
+          dkdv(static_cast<T*>(dv.data));
       };
       if (q.dtype == DDP_FLOAT32)
         run(float{});

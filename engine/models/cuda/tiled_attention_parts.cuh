@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/sixteen.cuh"
+
 namespace ddp::cuda::tiled {
 
 namespace wmma = nvcuda::wmma;
@@ -49,20 +51,6 @@ struct Layout {
 
 constexpr unsigned kAll = 0xffffffffu;
 
-template <typename T>
-__device__ T narrow(float x) {
-  if constexpr (std::is_same_v<T, __half>)
-    return __float2half_rn(x);
-  else
-    return __float2bfloat16_rn(x);
-}
-template <typename T>
-__device__ float wide(T x) {
-  if constexpr (std::is_same_v<T, __half>)
-    return __half2float(x);
-  else
-    return __bfloat162float(x);
-}
 template <typename T, typename In>
 __device__ T to16(In x) {
   if constexpr (std::is_same_v<In, T>)
@@ -150,10 +138,11 @@ __device__ void zero(Acc (&acc)[kDh / 16]) {
 }
 
 // A warp's 16 rows of accumulators to rows row0 + 16 warp + r (< t) of a
-// head's matrix, through its part of `stage` (the block synchronised
-// first: stage overlaps tiles other warps read).
-template <int kDh>
-__device__ void store_rows(float* head, int64_t row0, int64_t t, int64_t d, Acc (&acc)[kDh / 16], float* stage) {
+// head's matrix (float32, or rounded to a 16-bit Out), through its part of
+// `stage` (the block synchronised first: stage overlaps tiles other warps
+// read).
+template <int kDh, typename Out>
+__device__ void store_rows(Out* head, int64_t row0, int64_t t, int64_t d, Acc (&acc)[kDh / 16], float* stage) {
   constexpr int ld = kDh + 4;
   const int warp = threadIdx.x >> 5;
   float* mine = stage + warp * 16 * ld;
@@ -163,7 +152,7 @@ __device__ void store_rows(float* head, int64_t row0, int64_t t, int64_t d, Acc 
   for (int e = threadIdx.x & 31; e < 16 * kDh; e += 32) {
     const int r = e / kDh;
     const int64_t row = row0 + warp * 16 + r;
-    if (row < t) head[row * d + e % kDh] = mine[r * ld + e % kDh];
+    if (row < t) head[row * d + e % kDh] = narrow<Out>(mine[r * ld + e % kDh]);
   }
 }
 
