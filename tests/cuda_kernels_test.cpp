@@ -350,8 +350,9 @@ TEST(CudaKernels, SixteenBitOutputsAreTheFloat32ResultsRounded) {
   const Vec rx = uniform(rsize, rng);
   Vec cos(rt * rdh / 2), sin(rt * rdh / 2);
   layers::rope_tables(cos.data(), sin.data(), rt, rdh, 10000.0);
-  Buf<float> gcos(cos), gsin(sin), grdx(rx);
+  Buf<float> gcos(cos), gsin(sin), grdx(rx), gry(rx);
   k.gpu->rope_backward(grdx.get(), grdx.get(), gcos.get(), gsin.get(), rb, rt, rheads, rdh);
+  k.gpu->rope_forward(gry.get(), gry.get(), gcos.get(), gsin.get(), rb, rt, rheads, rdh);
   Buf<float> gx(x), gg(g), ga(a), gb(b), gdout(dout);
   Buf<float> gy = Buf<float>::nan(n * d), grms = Buf<float>::nan(n), ggate = Buf<float>::nan(count);
   Buf<float> gda = Buf<float>::nan(count), gdb = Buf<float>::nan(count);
@@ -388,6 +389,11 @@ TEST(CudaKernels, SixteenBitOutputsAreTheFloat32ResultsRounded) {
                          rdh);
     k.gpu->convert(want_rdx.get(), dtype, grdx.get(), DDP_FLOAT32, rsize);
     EXPECT_TRUE(k.get(grdx16) == k.get(want_rdx)) << "rope backward's 16 bits";
+    Buf<float> gscratch2(rx);
+    Buf<uint16_t> gry16(std::vector<uint16_t>(rsize, 0xffff)), want_ry(std::vector<uint16_t>(rsize, 0));
+    k.gpu->rope_forward(LayerOutput(gry16.get(), dtype), gscratch2.get(), gcos.get(), gsin.get(), rb, rt, rheads, rdh);
+    k.gpu->convert(want_ry.get(), dtype, gry.get(), DDP_FLOAT32, rsize);
+    EXPECT_TRUE(k.get(gry16) == k.get(want_ry)) << "rope forward's 16 bits";
     expect_equal("rms", k.get(grms16), k.get(grms));
   }
 }
@@ -452,15 +458,28 @@ TEST(CudaKernels, SixteenBitInputsGiveTheirFloat32ValuesResults) {
         else expect_equal(std::string("attention d") + "qkv"[i], got[i], want[i]);
       }
     }
-    // dv written in 16 bits (lm's GEMMs read it so): the float32 dv
-    // rounded, through the tiled kernels (dh 64) and the warp kernels (80);
-    // dq and dk as before; a dv of the other 16-bit dtype refused.
+    // lm's attention under a 16-bit compute, through the tiled kernels
+    // (dh 64) and the warp kernels (80): forward reads q, k, v in 16 bits
+    // and writes its output in 16 bits, backward writes dv in 16 bits (the
+    // GEMMs read it so): each the float32 run's result (on the same
+    // values) rounded; dq and dk as before; a dv of the other 16-bit dtype
+    // refused.
     for (const int64_t hd : {dh, int64_t{80}}) {
       SCOPED_TRACE("dh " + std::to_string(hd));
       const int64_t sz = s * t * heads * hd;
-      Buf<float> hq(uniform(sz, rng)), hk(uniform(sz, rng)), hv(uniform(sz, rng)), hat(uniform(sz, rng));
+      auto [hq, hq16] = kept(uniform(sz, rng));
+      auto [hk, hk16] = kept(uniform(sz, rng));
+      auto [hv, hv16] = kept(uniform(sz, rng));
+      Buf<float> hat(uniform(sz, rng));
       Buf<float> hout = Buf<float>::nan(sz), hp = Buf<float>::nan(s * heads * t * 2);
+      Buf<float> hp16 = Buf<float>::nan(s * heads * t * 2);
+      Buf<uint16_t> hout16(std::vector<uint16_t>(sz, 0xffff)), want_out(std::vector<uint16_t>(sz, 0));
       k.gpu->attention_forward(hout.get(), hp.get(), hq.get(), hk.get(), hv.get(), s, t, heads, hd);
+      k.gpu->attention_forward(LayerOutput(hout16.get(), dtype), hp16.get(), LayerInput(hq16.get(), dtype),
+                               LayerInput(hk16.get(), dtype), LayerInput(hv16.get(), dtype), s, t, heads, hd);
+      k.gpu->convert(want_out.get(), dtype, hout.get(), DDP_FLOAT32, sz);
+      EXPECT_TRUE(k.get(hout16) == k.get(want_out)) << "attention's output in 16 bits";
+      expect_equal("statistics from 16-bit inputs", k.get(hp16), k.get(hp));
       Buf<float> dq1 = Buf<float>::nan(sz), dk1 = Buf<float>::nan(sz), dv1 = Buf<float>::nan(sz);
       Buf<float> dq2 = Buf<float>::nan(sz), dk2 = Buf<float>::nan(sz);
       Buf<uint16_t> dv16(std::vector<uint16_t>(sz, 0xffff)), want16(std::vector<uint16_t>(sz, 0));
@@ -713,8 +732,8 @@ TEST(CudaKernels, RopeMatchesCpu) {
     Vec x = uniform(size, rng), dx = uniform(size, rng);
     Buf<float> gx(x), gdx(dx);
 
-    k.cpu->rope_forward(x.data(), cos.data(), sin.data(), s.b, s.t, s.heads, s.dh);
-    k.gpu->rope_forward(gx.get(), gcos.get(), gsin.get(), s.b, s.t, s.heads, s.dh);
+    k.cpu->rope_forward(x.data(), x.data(), cos.data(), sin.data(), s.b, s.t, s.heads, s.dh);
+    k.gpu->rope_forward(gx.get(), gx.get(), gcos.get(), gsin.get(), s.b, s.t, s.heads, s.dh);
     k.cpu->rope_backward(dx.data(), dx.data(), cos.data(), sin.data(), s.b, s.t, s.heads, s.dh);
     k.gpu->rope_backward(gdx.get(), gdx.get(), gcos.get(), gsin.get(), s.b, s.t, s.heads, s.dh);
 

@@ -219,10 +219,11 @@ TEST(CpuKernels, SixteenBitOutputsAreTheFloat32ResultsRounded) {
   const std::vector<float> dout = random_matrix(1, count, rng);
   const int64_t rb = 2, rt = 5, rheads = 3, rdh = 8, rsize = rb * rt * rheads * rdh;  // RoPE's backward
   const std::vector<float> rx = random_matrix(1, rsize, rng);
-  std::vector<float> cos(static_cast<size_t>(rt * rdh / 2)), sin = cos, rdx = rx;
+  std::vector<float> cos(static_cast<size_t>(rt * rdh / 2)), sin = cos, rdx = rx, ry = rx;
   layers::rope_tables(cos.data(), sin.data(), rt, rdh, 10000.0);
   const std::unique_ptr<Kernels> k = make_cpu_kernels();
   k->rope_backward(rdx.data(), rdx.data(), cos.data(), sin.data(), rb, rt, rheads, rdh);
+  k->rope_forward(ry.data(), ry.data(), cos.data(), sin.data(), rb, rt, rheads, rdh);
   std::vector<float> y(static_cast<size_t>(n * d));
   std::vector<float> rms(static_cast<size_t>(n));
   std::vector<float> gate(static_cast<size_t>(count)), da = gate, db = gate;
@@ -247,6 +248,10 @@ TEST(CpuKernels, SixteenBitOutputsAreTheFloat32ResultsRounded) {
     std::vector<float> scratch = rx;  // (rope_backward's 16-bit output leaves it unspecified)
     k->rope_backward(LayerOutput(rdx16.data(), dtype), scratch.data(), cos.data(), sin.data(), rb, rt, rheads, rdh);
     EXPECT_EQ(rdx16, packed(rdx, dtype));
+    std::vector<uint16_t> ry16(rx.size());
+    scratch = rx;
+    k->rope_forward(LayerOutput(ry16.data(), dtype), scratch.data(), cos.data(), sin.data(), rb, rt, rheads, rdh);
+    EXPECT_EQ(ry16, packed(ry, dtype));
   }
   try {
     k->swiglu_forward(LayerOutput(gate.data(), DDP_FLOAT64), a.data(), b.data(), count);
@@ -313,12 +318,18 @@ TEST(CpuKernels, SixteenBitInputsGiveTheirFloat32ValuesResults) {
     k->attention_forward(out16.data(), LayerOutput(p16.data(), dtype), q.data(), kk.data(), v.data(), s, t, heads, dh);
     EXPECT_EQ(out16, out);
     EXPECT_EQ(p16, packed(p, dtype));
+    const std::vector<uint16_t> q16 = packed(q, dtype), k16 = packed(kk, dtype), v16 = packed(v, dtype);
+    std::vector<uint16_t> att16(out.size()), p16b(p.size());  // 16 bits in, 16 bits out: lm's forward
+    k->attention_forward(LayerOutput(att16.data(), dtype), LayerOutput(p16b.data(), dtype),
+                         LayerInput(q16.data(), dtype), LayerInput(k16.data(), dtype), LayerInput(v16.data(), dtype), s,
+                         t, heads, dh);
+    EXPECT_EQ(att16, packed(out, dtype));
+    EXPECT_EQ(p16b, p16);
     std::vector<float> scratch(k->attention_scratch_floats(s, t, heads));
     std::vector<float> dq(static_cast<size_t>(size)), dk = dq, dv = dq, dq16 = dq, dk16 = dq, dv16 = dq;
     const std::vector<float> p_kept = rounded(p, dtype);
     k->attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dat.data(), p_kept.data(), q.data(),
                           kk.data(), v.data(), s, t, heads, dh);
-    const std::vector<uint16_t> q16 = packed(q, dtype), k16 = packed(kk, dtype), v16 = packed(v, dtype);
     k->attention_backward(dq16.data(), dk16.data(), dv16.data(), scratch.data(), dat.data(),
                           LayerInput(p16.data(), dtype), LayerInput(q16.data(), dtype), LayerInput(k16.data(), dtype),
                           LayerInput(v16.data(), dtype), s, t, heads, dh);

@@ -73,28 +73,33 @@ class CpuKernels final : public Kernels {
                                accumulate);
     }
   }
-  void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
+  void rope_forward(LayerOutput out, float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
                     int64_t dh) override {
     layers::rope_forward(x, cos, sin, b, t, heads, dh);
+    placed(out, x, b * t * heads * dh);
   }
   void rope_backward(LayerOutput out, float* dx, const float* cos, const float* sin, int64_t b, int64_t t,
                      int64_t heads, int64_t dh) override {
-    layers::rope_backward(dx, cos, sin, b, t, heads, dh);  // in place, then (16 bits) rounded into out
-    const int64_t n = b * t * heads * dh;
-    if (out.dtype == DDP_FLOAT32 && out.data != dx) std::memcpy(out.data, dx, sizeof(float) * size_t(n));
-    if (out.dtype != DDP_FLOAT32) store(out, 0, dx, n);
+    layers::rope_backward(dx, cos, sin, b, t, heads, dh);
+    placed(out, dx, b * t * heads * dh);
   }
   // 16 bits: a sequence at a time (sequences are independent: the same bits).
-  void attention_forward(float* out, LayerOutput p, const float* q, const float* k, const float* v, int64_t b,
-                         int64_t t, int64_t heads, int64_t dh) override {
-    if (p.dtype == DDP_FLOAT32)
-      return layers::attention_forward(out, static_cast<float*>(p.data), q, k, v, b, t, heads, dh, inputs_);
+  void attention_forward(LayerOutput out, LayerOutput p, LayerInput q, LayerInput k, LayerInput v, int64_t b, int64_t t,
+                         int64_t heads, int64_t dh) override {
+    if (out.dtype == DDP_FLOAT32 && p.dtype == DDP_FLOAT32 && q.dtype == DDP_FLOAT32 && k.dtype == DDP_FLOAT32 &&
+        v.dtype == DDP_FLOAT32)
+      return layers::attention_forward(f32(out), f32(p), f32(q), f32(k), f32(v), b, t, heads, dh, inputs_);
     const int64_t seq = t * heads * dh;
     const int64_t weights = heads * t * t;
-    float* staged = floats(weights);
+    float* staged = floats(4 * seq + weights);  // q, k, v widened; out, p before their rounding
     for (int64_t s = 0; s < b; ++s) {
-      layers::attention_forward(out + s * seq, staged, q + s * seq, k + s * seq, v + s * seq, 1, t, heads, dh, inputs_);
-      store(p, s * weights, staged, weights);
+      const int64_t at = s * seq;
+      float* os = out.dtype == DDP_FLOAT32 ? f32(out) + at : staged + 3 * seq;
+      float* ps = p.dtype == DDP_FLOAT32 ? f32(p) + s * weights : staged + 4 * seq;
+      layers::attention_forward(os, ps, widened(q, at, seq, staged), widened(k, at, seq, staged + seq),
+                                widened(v, at, seq, staged + 2 * seq), 1, t, heads, dh, inputs_);
+      if (out.dtype != DDP_FLOAT32) store(out, at, os, seq);
+      if (p.dtype != DDP_FLOAT32) store(p, s * weights, ps, weights);
     }
   }
   void attention_backward(float* dq, float* dk, LayerOutput dv, float* scratch, const float* dout, LayerInput p,
@@ -185,6 +190,12 @@ class CpuKernels final : public Kernels {
   }
   static const float* f32(const LayerInput& x) { return static_cast<const float*>(x.data); }
   static float* f32(const LayerOutput& x) { return static_cast<float*>(x.data); }
+  // x[0, n) (rotated in place) into out: nothing where out is x; copied to
+  // another float32 out; rounded into a 16-bit one.
+  static void placed(const LayerOutput& out, const float* x, int64_t n) {
+    if (out.dtype == DDP_FLOAT32 && out.data != x) std::memcpy(out.data, x, sizeof(float) * size_t(n));
+    if (out.dtype != DDP_FLOAT32) store(out, 0, x, n);
+  }
   // x[at, at + count) in float32: its own memory, or widened into `into`.
   static const float* widened(const LayerInput& x, int64_t at, int64_t count, float* into) {
     if (x.dtype == DDP_FLOAT32) return f32(x) + at;

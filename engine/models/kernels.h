@@ -101,11 +101,11 @@ class Kernels {
                                 int64_t n, int64_t d, bool accumulate = false) = 0;
   // cos, sin [t, dh/2] in device memory (fill them with layers::rope_tables
   // on the host and upload).
-  virtual void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
-                            int64_t dh) = 0;
-  // dx rotated back, into `out`: dx itself (float32, in place), or 16 bits
-  // (LayerOutput: the GEMMs' input, rounded once; dx is then scratch,
-  // its contents after unspecified).
+  // x rotated (dx rotated back), into `out`: x itself (float32, in place),
+  // or 16 bits (LayerOutput: what attention or the GEMMs read, rounded
+  // once; x is then scratch, its contents after unspecified).
+  virtual void rope_forward(LayerOutput out, float* x, const float* cos, const float* sin, int64_t b, int64_t t,
+                            int64_t heads, int64_t dh) = 0;
   virtual void rope_backward(LayerOutput out, float* dx, const float* cos, const float* sin, int64_t b, int64_t t,
                              int64_t heads, int64_t dh) = 0;
 
@@ -115,7 +115,10 @@ class Kernels {
   // holds what attention_keeps_weights says: weights in float32 or 16 bits
   // (the CPU's kept p: LayerOutput), a GPU's statistics in float32.
   size_t attention_scratch_floats(int64_t b, int64_t t, int64_t heads) const;
-  virtual void attention_forward(float* out, LayerOutput p, const float* q, const float* k, const float* v, int64_t b,
+  // q, k, v: float32, or all three in the compute dtype (LayerInput); out
+  // float32, or in the compute dtype (LayerOutput: what backward keeps and
+  // the output projection reads).
+  virtual void attention_forward(LayerOutput out, LayerOutput p, LayerInput q, LayerInput k, LayerInput v, int64_t b,
                                  int64_t t, int64_t heads, int64_t dh) = 0;
   // p, q, k, v as kept: float32, or 16 bits (LayerInput); dv float32, or
   // in the compute dtype (LayerOutput: the GEMMs' input, rounded once).

@@ -93,9 +93,9 @@ void LmModel::set_compute_dtype(ddp_dtype dtype) {
 
 LmModel::BlockFloats LmModel::forward_floats(BlockActs& b) {
   if (b.q.dtype() == DDP_FLOAT32)
-    return {b.q.data(), b.k.data(), b.v.data(), b.att.data(), b.h.data(), b.a.data(), b.b.data(), b.y.data()};
+    return {b.q.data(), b.k.data(), b.v.data(), b.h.data(), b.a.data(), b.b.data(), b.y.data()};
   // The residual stream x -> h -> y stays in dresid_, each added to in place.
-  return {dq_.data(), dk_.data(), dv_.data(), datt_.data(), dresid_.data(), da_.data(), db_.data(), dresid_.data()};
+  return {dq_.data(), dk_.data(), dv_.data(), dresid_.data(), da_.data(), db_.data(), dresid_.data()};
 }
 
 float LmModel::forward(const Batch& batch) {
@@ -141,10 +141,12 @@ float LmModel::forward(const Batch& batch) {
     k_->linear_forward(b.q, kept(s.ln1), w(layer_param(l, kQ)), n, d, d);
     k_->linear_forward(b.k, kept(s.ln1), w(layer_param(l, kK)), n, d, d);
     k_->linear_forward(b.v, kept(s.ln1), w(layer_param(l, kV)), n, d, d);
-    k_->rope_forward(b.q, rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-    k_->rope_forward(b.k, rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
-    k_->attention_forward(b.att, output(s.p), b.q, b.k, b.v, rows, t, heads, head_dim_);
-    for (auto [saved, value] : {std::pair{&s.q, b.q}, {&s.k, b.k}, {&s.v, b.v}, {&s.att, b.att}}) keep(*saved, value);
+    // q and k rotated, and attention's output, written as kept (16-bit
+    // compute: rounded once; attention and the GEMMs read them so).
+    k_->rope_forward(output(s.q), b.q, rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+    k_->rope_forward(output(s.k), b.k, rope_cos_.data(), rope_sin_.data(), rows, t, heads, head_dim_);
+    keep(s.v, b.v);
+    k_->attention_forward(output(s.att), output(s.p), kept(s.q), kept(s.k), kept(s.v), rows, t, heads, head_dim_);
     if (b.h != x) k_->copy(b.h, x, sizeof(float) * n * d);
     k_->linear_forward(b.h, kept(s.att), w(layer_param(l, kO)), n, d, d, true);
     keep(s.h, b.h);

@@ -145,13 +145,12 @@ class LmModel final : public Model {
   };
   // Where block l's forward writes each of them in float32: their own
   // memory in float32 compute; in 16-bit, the backward scratch (free
-  // during forward), from which keep() packs them. (ln1, ln2, gate and p
-  // are written as kept: output().)
+  // during forward), from which keep() packs them. (ln1, q and k after
+  // RoPE, p, att, ln2 and gate are written as kept: output().)
   struct BlockFloats {
     float* q;
     float* k;
     float* v;
-    float* att;
     float* h;
     float* a;
     float* b;

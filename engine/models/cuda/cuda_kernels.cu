@@ -196,9 +196,9 @@ class CudaKernels final : public Kernels {
     });
   }
 
-  void rope_forward(float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
+  void rope_forward(LayerOutput out, float* x, const float* cos, const float* sin, int64_t b, int64_t t, int64_t heads,
                     int64_t dh) override {
-    rope(StoreFloat{x}, x, cos, sin, b, t, heads, dh, 1.0f);
+    with_store(out, [&](auto store) { rope(store, x, cos, sin, b, t, heads, dh, 1.0f); });
   }
   void rope_backward(LayerOutput out, float* dx, const float* cos, const float* sin, int64_t b, int64_t t,
                      int64_t heads, int64_t dh) override {
@@ -226,13 +226,20 @@ class CudaKernels final : public Kernels {
     return static_cast<const float*>(x.data);
   }
 
-  void attention_forward(float* out, LayerOutput kept, const float* q, const float* k, const float* v, int64_t b,
-                         int64_t t, int64_t heads, int64_t dh) override {
+  void attention_forward(LayerOutput o, LayerOutput kept, LayerInput kept_q, LayerInput kept_k, LayerInput kept_v,
+                         int64_t b, int64_t t, int64_t heads, int64_t dh) override {
     float* p = floats_of(kept);
     if (gemms_.inputs() != DDP_FLOAT32) {  // 16 bits: no [t, t] weights (kernels.h)
-      cuda::fused_attention_forward(stream_, gemms_.inputs(), out, p, q, k, v, b, t, heads, dh);
+      cuda::fused_attention_forward(stream_, gemms_.inputs(), o, p, kept_q, kept_k, kept_v, b, t, heads, dh);
       return;
     }
+    const char* why = "float32 compute reads and writes float32";
+    if (o.dtype != DDP_FLOAT32)
+      throw Error(std::string("CUDA kernels: attention's out in ") + ddp_dtype_name(o.dtype) + " (" + why + ")");
+    float* out = static_cast<float*>(o.data);
+    const float* q = floats_of(kept_q, "q", why);
+    const float* k = floats_of(kept_k, "k", why);
+    const float* v = floats_of(kept_v, "v", why);
     if (b * t * heads * dh == 0) return;
     const int64_t d = heads * dh;
     const int64_t tt = t * t;

@@ -87,9 +87,9 @@ __device__ Row row_of(int64_t r, int64_t t, int64_t heads, int64_t dh) {
 }
 
 // out_i = sum_j<=i p_ij v_j; stats_i = (max_j s_ij, sum_j exp(s_ij - max)).
-template <int kPer, typename R>
-__global__ void forward_kernel(float* out, float* stats, const float* q, const float* k, const float* v, int64_t rows,
-                               int64_t t, int64_t heads, int64_t dh, float scale, R round) {
+template <int kPer, typename In, typename Out, typename R>
+__global__ void forward_kernel(Out* out, float* stats, const In* q, const In* k, const In* v, int64_t rows, int64_t t,
+                               int64_t heads, int64_t dh, float scale, R round) {
   const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (r >= rows) return;  // whole warps
   const int lane = threadIdx.x & 31;
@@ -241,19 +241,29 @@ unsigned grid_of(int64_t rows) {
 
 }  // namespace
 
-void fused_attention_forward(cudaStream_t stream, ddp_dtype dtype, float* out, float* stats, const float* q,
-                             const float* k, const float* v, int64_t b, int64_t t, int64_t heads, int64_t dh) {
+void fused_attention_forward(cudaStream_t stream, ddp_dtype dtype, LayerOutput out, float* stats, GemmInput q,
+                             GemmInput k, GemmInput v, int64_t b, int64_t t, int64_t heads, int64_t dh) {
   if (tiled_attention_fits(dh)) return tiled_attention_forward(stream, dtype, out, stats, q, k, v, b, t, heads, dh);
+  check_attention_output(dtype, out);
   const int64_t rows = b * heads * t;
-  if (rows == 0) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
-  with_round(dtype, [&](auto round) {
+  with_round_and_inputs(dtype, q, k, v, [&](auto round, auto element) {
+    if (rows == 0) return;
+    using In = decltype(element);
+    using Sixteen = std::conditional_t<std::is_same_v<decltype(round), RoundBf16>, __nv_bfloat16, __half>;
     with_per(dh, [&](auto per) {
-      forward_kernel<decltype(per)::value>
-          <<<grid_of(rows), kWarpsPerBlock * 32, 0, stream>>>(out, stats, q, k, v, rows, t, heads, dh, scale, round);
+      const auto run = [&](auto* o) {  // out in float32 or the compute dtype
+        forward_kernel<decltype(per)::value><<<grid_of(rows), kWarpsPerBlock * 32, 0, stream>>>(
+            o, stats, static_cast<const In*>(q.data), static_cast<const In*>(k.data), static_cast<const In*>(v.data),
+            rows, t, heads, dh, scale, round);
+        check_launch("fused attention forward_kernel");
+      };
+      if (out.dtype == DDP_FLOAT32)
+        run(static_cast<float*>(out.data));
+      else
+        run(static_cast<Sixteen*>(out.data));
     });
   });
-  check_launch("fused attention forward_kernel");
 }
 
 void fused_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, float* dk, LayerOutput dv, float* d,

@@ -32,8 +32,8 @@ namespace ddp::cuda {
 // another dtype than float32 or `dtype` (or not alike), a dv of another
 // (backward writes dv in float32 or `dtype`: LayerOutput), or a failed
 // launch.
-void fused_attention_forward(cudaStream_t stream, ddp_dtype dtype, float* out, float* stats, const float* q,
-                             const float* k, const float* v, int64_t b, int64_t t, int64_t heads, int64_t dh);
+void fused_attention_forward(cudaStream_t stream, ddp_dtype dtype, LayerOutput out, float* stats, GemmInput q,
+                             GemmInput k, GemmInput v, int64_t b, int64_t t, int64_t heads, int64_t dh);
 void fused_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, float* dk, LayerOutput dv, float* d,
                               const float* dout, const float* stats, GemmInput q, GemmInput k, GemmInput v, int64_t b,
                               int64_t t, int64_t heads, int64_t dh);

@@ -36,11 +36,12 @@ namespace ddp::cuda {
 namespace tiled {
 namespace {
 
-// out_i = sum_j<=i p_ij v_j; stats_i = (m_i, sum_i). A block: a query tile.
-template <typename T, int kDh>
+// out_i = sum_j<=i p_ij v_j (float32, or rounded to Out); stats_i =
+// (m_i, sum_i). A block: a query tile.
+template <typename T, int kDh, typename In, typename Out>
 __global__ void __launch_bounds__(kThreads)
-    forward_kernel(float* out, float* stats, const float* q, const float* k, const float* v, int64_t t, int64_t heads,
-                   int tiles, float scale) {
+    forward_kernel(Out* out, float* stats, const In* q, const In* k, const In* v, int64_t t, int64_t heads, int tiles,
+                   float scale) {
 #if DDP_TILED_ARCH
   using L = Layout<kDh>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -287,7 +288,7 @@ bool tiled_attention_fits(int64_t dh) {
   check(cudaGetDevice(&now), "cudaGetDevice");
   if (now != device) {
     cudaFuncAttributes a{};
-    check(cudaFuncGetAttributes(&a, tiled::forward_kernel<__nv_bfloat16, 16>),
+    check(cudaFuncGetAttributes(&a, tiled::forward_kernel<__nv_bfloat16, 16, float, float>),
           "cudaFuncGetAttributes (tiled attention)");
     fits = a.ptxVersion >= 80 && a.binaryVersion >= 80;
     device = now;
@@ -295,8 +296,10 @@ bool tiled_attention_fits(int64_t dh) {
   return fits;
 }
 
-void tiled_attention_forward(cudaStream_t stream, ddp_dtype dtype, float* out, float* stats, const float* q,
-                             const float* k, const float* v, int64_t b, int64_t t, int64_t heads, int64_t dh) {
+void tiled_attention_forward(cudaStream_t stream, ddp_dtype dtype, LayerOutput out, float* stats, GemmInput q,
+                             GemmInput k, GemmInput v, int64_t b, int64_t t, int64_t heads, int64_t dh) {
+  check_attention_inputs(dtype, q, k, v);
+  check_attention_output(dtype, out);
   if (b * t * heads == 0) return;
   const tiled::Grid g = tiled::grid_of(b, t, heads);
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
@@ -304,8 +307,23 @@ void tiled_attention_forward(cudaStream_t stream, ddp_dtype dtype, float* out, f
     using T = decltype(element);
     tiled::with_dh(dh, [&](auto size) {
       constexpr int kDh = decltype(size)::value;
-      tiled::launch(tiled::forward_kernel<T, kDh>, "forward_kernel", g, tiled::Layout<kDh>::bytes(3), stream, out,
-                    stats, q, k, v, t, heads, g.tiles, scale);
+      const auto run = [&](auto input, auto output) {  // q, k, v and out: float32 or T
+        using In = decltype(input);
+        using Out = decltype(output);
+        tiled::launch(tiled::forward_kernel<T, kDh, In, Out>, "forward_kernel", g, tiled::Layout<kDh>::bytes(3), stream,
+                      static_cast<Out*>(out.data), stats, static_cast<const In*>(q.data),
+                      static_cast<const In*>(k.data), static_cast<const In*>(v.data), t, heads, g.tiles, scale);
+      };
+      const bool in16 = q.dtype != DDP_FLOAT32;
+      const bool out16 = out.dtype != DDP_FLOAT32;
+      if (in16 && out16)
+        run(T{}, T{});
+      else if (in16)
+        run(T{}, float{});
+      else if (out16)
+        run(float{}, T{});
+      else
+        run(float{}, float{});
     });
   });
 }

@@ -24,7 +24,8 @@ namespace ddp::cuda {
 // dtypes attention backward reads its kept inputs in).
 void check_attention_inputs(ddp_dtype compute, const GemmInput& q, const GemmInput& k, const GemmInput& v);
 
-// Throws Error unless `out` is float32 or `compute` (backward's dv).
+// Throws Error unless `out` is float32 or `compute` (forward's out,
+// backward's dv).
 void check_attention_output(ddp_dtype compute, const LayerOutput& out);
 
 // dh is 16, 32, 64 or 128 and the current device has compute capability
@@ -34,8 +35,8 @@ bool tiled_attention_fits(int64_t dh);
 // fused_attention.h's forward and backward, for a head size that fits.
 // Throw Error for another dh or dtype, inputs of another dtype than
 // float32 or `dtype` (or not alike), a dv of another, or a failed launch.
-void tiled_attention_forward(cudaStream_t stream, ddp_dtype dtype, float* out, float* stats, const float* q,
-                             const float* k, const float* v, int64_t b, int64_t t, int64_t heads, int64_t dh);
+void tiled_attention_forward(cudaStream_t stream, ddp_dtype dtype, LayerOutput out, float* stats, GemmInput q,
+                             GemmInput k, GemmInput v, int64_t b, int64_t t, int64_t heads, int64_t dh);
 void tiled_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, float* dk, LayerOutput dv, float* d,
                               const float* dout, const float* stats, GemmInput q, GemmInput k, GemmInput v, int64_t b,
                               int64_t t, int64_t heads, int64_t dh);
