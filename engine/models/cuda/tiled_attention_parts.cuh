@@ -80,9 +80,37 @@ __device__ inline Block block_of(int64_t t, int64_t heads, int64_t dh, int tiles
 }
 
 // Rows [row0, row0 + kTile) of a head's [t, kDh] matrix (row stride d) into
-// a 16-bit tile, rounded; rows at or past t are 0. The whole block.
+// a 16-bit tile, rounded; rows at or past t are 0. The whole block. Where
+// the rows start 16 bytes aligned, 16 bytes a load (4 floats or 8 16-bit
+// values) and one store to the tile; else an element at a time.
 template <typename T, int kDh, typename In>
 __device__ void load_tile(T* tile, const In* head, int64_t row0, int64_t t, int64_t d) {
+  constexpr int kVec = 16 / sizeof(In);
+  static_assert(kDh % kVec == 0, "a row is whole 16-byte loads");
+  if (reinterpret_cast<uintptr_t>(head) % 16 == 0 && d % kVec == 0) {
+    for (int e = threadIdx.x; e < kTile * kDh / kVec; e += kThreads) {
+      const int r = e / (kDh / kVec);
+      const int c = e % (kDh / kVec) * kVec;
+      const int64_t row = row0 + r;
+      uint4 raw = make_uint4(0, 0, 0, 0);  // (+0 in every dtype)
+      if (row < t) raw = *reinterpret_cast<const uint4*>(head + row * d + c);
+      In x[kVec];
+      memcpy(x, &raw, sizeof raw);
+      T y[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) y[i] = to16<T>(x[i]);
+      if constexpr (sizeof y == 16) {
+        uint4 out;
+        memcpy(&out, y, sizeof out);
+        *reinterpret_cast<uint4*>(tile + r * Layout<kDh>::kLd + c) = out;
+      } else {
+        uint2 out;
+        memcpy(&out, y, sizeof out);
+        *reinterpret_cast<uint2*>(tile + r * Layout<kDh>::kLd + c) = out;
+      }
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < kTile * kDh; e += kThreads) {
     const int r = e / kDh;
     const int c = e % kDh;
