@@ -582,6 +582,53 @@ TEST(CudaKernels, SixteenBitAttentionMatchesTheCpuEmulation) {
   }
 }
 
+// The tiled kernels load a tile 16 bytes at a time where q, k, v and dout
+// start 16 bytes aligned, and an element at a time where they do not: the
+// same values, so the same bits. The same tensors at an aligned address
+// and one element past one, float32 and (backward's kept q, k, v) 16 bits.
+TEST(CudaKernels, SixteenBitAttentionIsTheSameUnaligned) {
+  DDP_REQUIRE_GPUS(1);
+  Both k;
+  std::mt19937 rng(18);
+  const int64_t s = 2, t = 70, heads = 2, dh = 64, size = s * t * heads * dh;
+  for (const ddp_dtype dtype : {DDP_BFLOAT16, DDP_FLOAT16}) {
+    SCOPED_TRACE(ddp_dtype_name(dtype));
+    k.gpu->set_compute_dtype(dtype);
+    std::vector<Buf<float>> aligned;  // q, k, v, dout
+    std::vector<Buf<float>> shifted;  // the same one element in
+    std::vector<Buf<uint16_t>> aligned16, shifted16;
+    for (int i = 0; i < 4; ++i) {
+      Vec v = uniform(size, rng);
+      aligned.emplace_back(v);
+      v.insert(v.begin(), 0.0f);
+      shifted.emplace_back(v);
+      aligned16.emplace_back(std::vector<uint16_t>(size, 0));
+      shifted16.emplace_back(std::vector<uint16_t>(size + 1, 0));
+      k.gpu->convert(aligned16.back().get(), dtype, aligned.back().get(), DDP_FLOAT32, size);
+      k.gpu->convert(shifted16.back().get() + 1, dtype, aligned.back().get(), DDP_FLOAT32, size);
+    }
+    const auto run = [&](int64_t off, bool sixteen) {  // out, dq, dk, dv
+      const auto& f = off ? shifted : aligned;
+      const auto& h = off ? shifted16 : aligned16;
+      const auto in = [&](int i) {
+        return sixteen ? LayerInput(h[i].get() + off, dtype) : LayerInput(f[i].get() + off);
+      };
+      Buf<float> out = Buf<float>::nan(size), stats = Buf<float>::nan(s * heads * t * 2);
+      Buf<float> dq = Buf<float>::nan(size), dk = Buf<float>::nan(size), dv = Buf<float>::nan(size);
+      Buf<float> scratch = Buf<float>::nan(k.gpu->attention_scratch_floats(s, t, heads));
+      k.gpu->attention_forward(out.get(), stats.get(), in(0), in(1), in(2), s, t, heads, dh);
+      k.gpu->attention_backward(dq.get(), dk.get(), dv.get(), scratch.get(), f[3].get() + off, stats.get(), in(0),
+                                in(1), in(2), s, t, heads, dh);
+      return std::vector<Vec>{k.get(out), k.get(dq), k.get(dk), k.get(dv)};
+    };
+    for (const bool sixteen : {false, true}) {
+      SCOPED_TRACE(sixteen ? "16-bit inputs" : "float32 inputs");
+      const std::vector<Vec> want = run(0, sixteen), got = run(1, sixteen);
+      for (int i = 0; i < 4; ++i) expect_equal(std::vector<std::string>{"out", "dq", "dk", "dv"}[i], got[i], want[i]);
+    }
+  }
+}
+
 // The kept activations' conversion: the CPU's rounding, bit for bit, both
 // ways.
 TEST(CudaKernels, ConvertIsTheCpusRoundingBitForBit) {
