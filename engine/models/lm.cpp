@@ -177,6 +177,13 @@ void LmModel::weight_grad(size_t index, GemmInput dy, GemmInput x, int64_t in, i
 // Block l's backward: dresid_ holds dy on entry and dx on return. Every
 // layer reads the kept tensors as they are (kept(): 16 bits under a
 // 16-bit compute).
+GemmInput LmModel::residual_dy() {
+  const ddp_dtype compute = k_->compute_dtype();
+  if (compute == DDP_FLOAT32) return dresid_.data();
+  k_->convert(dln_.raw(), compute, dresid_.data(), DDP_FLOAT32, dresid_.numel());
+  return {dln_.raw(), compute};
+}
+
 void LmModel::block_backward(int64_t l, const GradAccumulated& done) {
   const int64_t rows = rows_;
   const int64_t t = config_.context_length;
@@ -186,11 +193,12 @@ void LmModel::block_backward(int64_t l, const GradAccumulated& done) {
   const int64_t n = rows * t;
   const BlockActs& b = blocks_[l];
   // dresid_ holds dy; FFN branch: y = h + w2 gate.
-  k_->linear_backward_input(dgate_.data(), dresid_.data(), w(layer_param(l, kW2)), n, f, d);
+  const GemmInput dy = residual_dy();
+  k_->linear_backward_input(dgate_.data(), dy, w(layer_param(l, kW2)), n, f, d);
   k_->swiglu_backward(gemm_only(da_), gemm_only(db_), dgate_.data(), kept(b.a), kept(b.b), n * f);
   weight_grad(layer_param(l, kW3), gemm_read(db_), kept(b.ln2), d, f);
   done(layer_param(l, kW3));
-  weight_grad(layer_param(l, kW2), dresid_.data(), kept(b.gate), f, d);
+  weight_grad(layer_param(l, kW2), dy, kept(b.gate), f, d);
   done(layer_param(l, kW2));
   weight_grad(layer_param(l, kW1), gemm_read(da_), kept(b.ln2), d, f);
   done(layer_param(l, kW1));
@@ -200,8 +208,9 @@ void LmModel::block_backward(int64_t l, const GradAccumulated& done) {
                        b.rms2.data(), n, d, /*accumulate=*/true);
   done(layer_param(l, kLn2));
   // dresid_ holds dh; attention branch: h = x + output_proj att.
-  k_->linear_backward_input(datt_.data(), dresid_.data(), w(layer_param(l, kO)), n, d, d);
-  weight_grad(layer_param(l, kO), dresid_.data(), kept(b.att), d, d);
+  const GemmInput dh = residual_dy();
+  k_->linear_backward_input(datt_.data(), dh, w(layer_param(l, kO)), n, d, d);
+  weight_grad(layer_param(l, kO), dh, kept(b.att), d, d);
   done(layer_param(l, kO));
   k_->attention_backward(dq_.data(), dk_.data(), gemm_only(dv_), dscores_.data(), datt_.data(), kept(b.p), kept(b.q),
                          kept(b.k), kept(b.v), rows, t, heads, head_dim_);

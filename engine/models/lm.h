@@ -90,6 +90,10 @@ class LmModel final : public Model {
   // dW += alpha * dy^T x over the last forward's N rows, where index trains.
   void weight_grad(size_t index, GemmInput dy, GemmInput x, int64_t in, int64_t out, float alpha = 1.0f);
   void block_backward(int64_t l, const GradAccumulated& done);
+  // dresid_ as the two GEMMs of a branch's output projection read it:
+  // float32 as it is; in a 16-bit compute rounded once, into dln_'s first
+  // half (free until the GEMMs that write dln_), not once by each.
+  GemmInput residual_dy();
   // Parameter indices in the table (spec order).
   static constexpr size_t kLn1 = 0;
   static constexpr size_t kQ = 1;
