@@ -172,7 +172,7 @@ class CpuKernels final : public Kernels {
   // 16-bit outputs and inputs pass through `staged_` in float32, a part at
   // a time (elementwise: kChunk elements; RMSNorm: a row, or a tile of
   // kColumnSumRows rows; attention: a sequence): host memory of the
-  // kernels' own, uncounted, as gemm.h's rounded operands (lm large: 9 MB).
+  // kernels' own, uncounted, as gemm.h's rounded operands (lm large: 10.5 MB).
   static constexpr int64_t kChunk = 4096;
   float* floats(int64_t count) {
     if (staged_.size() < size_t(count)) staged_.resize(size_t(count));
