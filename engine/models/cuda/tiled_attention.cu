@@ -45,19 +45,18 @@ __global__ void __launch_bounds__(kThreads)
 #if DDP_TILED_ARCH
   using L = Layout<kDh>;
   extern __shared__ __align__(128) unsigned char smem[];
-  T* qs = reinterpret_cast<T*>(smem);
-  T* ks = qs + L::kTileElems;
-  T* vs = ks + L::kTileElems;
-  float* ss = reinterpret_cast<float*>(vs + L::kTileElems);
-  T* ps = reinterpret_cast<T*>(ss + kTile * kLdS);
+  const Shared<T, 3> sh = carve<T, kDh, 3>(smem);
+  T* qs = sh.tile[0];
+  T* ks = sh.tile[1];
+  T* vs = sh.tile[2];
+  float* sw = sh.sw;
+  T* pw = sh.pw;
   const Block blk = block_of(t, heads, kDh, tiles, true);
   const int warp = threadIdx.x >> 5;
   const int64_t d = heads * kDh;
   const int64_t q0 = int64_t(blk.tile) * kTile;
   const int row = lane_row();
   const int64_t i = q0 + warp * 16 + row;  // the lane's query
-  float* sw = ss + warp * 16 * kLdS;
-  T* pw = ps + warp * 16 * kLdP;
   const T* qw = qs + warp * 16 * L::kLd;
   load_tile<T, kDh>(qs, q + blk.head, q0, t, d);
   float m = -INFINITY;
@@ -113,20 +112,19 @@ __global__ void __launch_bounds__(kThreads)
 #if DDP_TILED_ARCH
   using L = Layout<kDh>;
   extern __shared__ __align__(128) unsigned char smem[];
-  T* qs = reinterpret_cast<T*>(smem);
-  T* dos = qs + L::kTileElems;
-  T* ks = dos + L::kTileElems;
-  T* vs = ks + L::kTileElems;
-  float* ss = reinterpret_cast<float*>(vs + L::kTileElems);
-  T* ps = reinterpret_cast<T*>(ss + kTile * kLdS);
+  const Shared<T, 4> sh = carve<T, kDh, 4>(smem);
+  T* qs = sh.tile[0];
+  T* dos = sh.tile[1];
+  T* ks = sh.tile[2];
+  T* vs = sh.tile[3];
+  float* sw = sh.sw;
+  T* pw = sh.pw;
   const Block blk = block_of(t, heads, kDh, tiles, true);
   const int warp = threadIdx.x >> 5;
   const int64_t d = heads * kDh;
   const int64_t q0 = int64_t(blk.tile) * kTile;
   const int row = lane_row();
   const int64_t i = q0 + warp * 16 + row;
-  float* sw = ss + warp * 16 * kLdS;
-  T* pw = ps + warp * 16 * kLdP;
   load_tile<T, kDh>(qs, q + blk.head, q0, t, d);
   load_tile<T, kDh>(dos, dout + blk.head, q0, t, d);
   const float m = i < t ? stats[2 * (blk.bh * t + i)] : 0.0f;
@@ -174,20 +172,19 @@ __global__ void __launch_bounds__(kThreads)
 #if DDP_TILED_ARCH
   using L = Layout<kDh>;
   extern __shared__ __align__(128) unsigned char smem[];
-  T* ks = reinterpret_cast<T*>(smem);
-  T* vs = ks + L::kTileElems;
-  T* qs = vs + L::kTileElems;
-  T* dos = qs + L::kTileElems;
-  float* ss = reinterpret_cast<float*>(dos + L::kTileElems);
-  T* ps = reinterpret_cast<T*>(ss + kTile * kLdS);
-  float* stat = reinterpret_cast<float*>(ps + kTile * kLdP);  // the query tile's m, sum, D
+  const Shared<T, 4> sh = carve<T, kDh, 4>(smem);
+  T* ks = sh.tile[0];
+  T* vs = sh.tile[1];
+  T* qs = sh.tile[2];
+  T* dos = sh.tile[3];
+  float* sw = sh.sw;
+  T* pw = sh.pw;
+  float* stat = sh.stat;  // the query tile's m, sum, D
   const Block blk = block_of(t, heads, kDh, tiles, false);
   const int warp = threadIdx.x >> 5;
   const int64_t d = heads * kDh;
   const int64_t k0 = int64_t(blk.tile) * kTile;
   const int64_t j = k0 + warp * 16 + lane_row();  // the lane's key
-  float* sw = ss + warp * 16 * kLdS;
-  T* pw = ps + warp * 16 * kLdP;
   load_tile<T, kDh>(ks, k + blk.head, k0, t, d);
   load_tile<T, kDh>(vs, v + blk.head, k0, t, d);
   Acc gk[kDh / 16];

@@ -79,6 +79,31 @@ __device__ inline Block block_of(int64_t t, int64_t heads, int64_t dh, int tiles
   return {bh, last_first ? tiles - 1 - rank : rank, (bh / heads) * t * heads * dh + (bh % heads) * dh};
 }
 
+// A block's shared memory as Layout places it: kTiles 16-bit tiles, then
+// the scores, the weights and the statistics; sw and pw are the calling
+// warp's 16 rows of the scores and of the weights.
+template <typename T, int kTiles>
+struct Shared {
+  T* tile[kTiles];
+  float* sw;    // [16][kLdS]
+  T* pw;        // [16][kLdP]
+  float* stat;  // [3 kTile]
+};
+template <typename T, int kDh, int kTiles>
+__device__ Shared<T, kTiles> carve(unsigned char* smem) {
+  Shared<T, kTiles> s{};
+  T* tiles = reinterpret_cast<T*>(smem);
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) s.tile[i] = tiles + i * Layout<kDh>::kTileElems;
+  float* scores = reinterpret_cast<float*>(tiles + kTiles * Layout<kDh>::kTileElems);
+  T* weights = reinterpret_cast<T*>(scores + kTile * kLdS);
+  const int warp = threadIdx.x >> 5;
+  s.sw = scores + warp * 16 * kLdS;
+  s.pw = weights + warp * 16 * kLdP;
+  s.stat = reinterpret_cast<float*>(weights + kTile * kLdP);
+  return s;
+}
+
 // Rows [row0, row0 + kTile) of a head's [t, kDh] matrix (row stride d) into
 // a 16-bit tile, rounded; rows at or past t are 0. The whole block. Where
 // the rows start 16 bytes aligned, 16 bytes a load (4 floats or 8 16-bit
