@@ -174,9 +174,6 @@ void LmModel::weight_grad(size_t index, GemmInput dy, GemmInput x, int64_t in, i
   if (float* dw = g(index)) k_->linear_backward_weight(dw, dy, x, n, in, out, alpha);
 }
 
-// Block l's backward: dresid_ holds dy on entry and dx on return. Every
-// layer reads the kept tensors as they are (kept(): 16 bits under a
-// 16-bit compute).
 GemmInput LmModel::residual_dy() {
   const ddp_dtype compute = k_->compute_dtype();
   if (compute == DDP_FLOAT32) return dresid_.data();
@@ -184,6 +181,9 @@ GemmInput LmModel::residual_dy() {
   return {dln_.raw(), compute};
 }
 
+// Block l's backward: dresid_ holds dy on entry and dx on return. Every
+// layer reads the kept tensors as they are (kept(): 16 bits under a
+// 16-bit compute).
 void LmModel::block_backward(int64_t l, const GradAccumulated& done) {
   const int64_t rows = rows_;
   const int64_t t = config_.context_length;

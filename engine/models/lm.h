@@ -71,8 +71,9 @@ class LmModel final : public Model {
   // Under bf16 or fp16, what backward keeps (BlockActs, x0_, lnf_; the RMS
   // statistics stay float32) is held in that dtype: forward computes each
   // block in float32 in the backward buffers and packs (or writes it kept
-  // directly: RMSNorm, SwiGLU, a CPU's attention weights), and backward's
-  // layers read the kept tensors as they are (docs/precision.md).
+  // directly: RMSNorm, RoPE's q and k, attention's weights on a CPU and
+  // output, SwiGLU), and backward's layers read the kept tensors as they
+  // are (docs/precision.md).
   void set_compute_dtype(ddp_dtype dtype) override;
   // Throws Error for a token outside [0, vocab_size).
   float forward(const Batch& batch) override;
@@ -168,7 +169,7 @@ class LmModel final : public Model {
   // LayerInput).
   static LayerOutput output(Tensor& saved) { return {saved.raw(), saved.dtype()}; }
   static LayerInput kept(const Tensor& saved) { return {saved.raw(), saved.dtype()}; }
-  // A float32 scratch gradient that only GEMMs read (backward's da, db),
+  // A float32 scratch gradient that only GEMMs read (backward's da, db, dv),
   // as a kernel writes it and the GEMMs read it: in the compute dtype, a
   // 16-bit one in the first half of its bytes, rounded once where each
   // GEMM would round it (the same bits).

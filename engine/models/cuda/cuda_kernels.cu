@@ -211,32 +211,33 @@ class CudaKernels final : public Kernels {
   // for every sequence and head at once: one softmax-backward launch
   // instead of one per sequence. The same size as p.
 
-  // p: float32 on a GPU (the weights in float32 compute, else the rows'
+  // An attention operand that must be float32 here, or Error saying why.
+  // p is float32 on a GPU (the weights in float32 compute, else the rows'
   // statistics: attention_keeps_weights).
-  static float* floats_of(const LayerOutput& p) {
-    if (p.dtype != DDP_FLOAT32)
-      throw Error(std::string("CUDA kernels: attention's p in ") + ddp_dtype_name(p.dtype) +
-                  " (a GPU keeps it in float32: kernels.h's attention_keeps_weights)");
-    return static_cast<float*>(p.data);
+  static constexpr const char* kPIsFloat = "a GPU keeps it in float32: kernels.h's attention_keeps_weights";
+  static constexpr const char* kFloat32Compute = "float32 compute reads and writes float32";
+  static void check_float32(ddp_dtype dtype, const char* what, const char* why) {
+    if (dtype != DDP_FLOAT32)
+      throw Error(std::string("CUDA kernels: attention's ") + what + " in " + ddp_dtype_name(dtype) + " (" + why + ")");
+  }
+  static float* floats_of(const LayerOutput& x, const char* what, const char* why) {
+    check_float32(x.dtype, what, why);
+    return static_cast<float*>(x.data);
   }
   static const float* floats_of(const LayerInput& x, const char* what, const char* why) {
-    if (x.dtype != DDP_FLOAT32)
-      throw Error(std::string("CUDA kernels: attention's ") + what + " in " + ddp_dtype_name(x.dtype) + " (" + why +
-                  ")");
+    check_float32(x.dtype, what, why);
     return static_cast<const float*>(x.data);
   }
 
   void attention_forward(LayerOutput o, LayerOutput kept, LayerInput kept_q, LayerInput kept_k, LayerInput kept_v,
                          int64_t b, int64_t t, int64_t heads, int64_t dh) override {
-    float* p = floats_of(kept);
+    float* p = floats_of(kept, "p", kPIsFloat);
     if (gemms_.inputs() != DDP_FLOAT32) {  // 16 bits: no [t, t] weights (kernels.h)
       cuda::fused_attention_forward(stream_, gemms_.inputs(), o, p, kept_q, kept_k, kept_v, b, t, heads, dh);
       return;
     }
-    const char* why = "float32 compute reads and writes float32";
-    if (o.dtype != DDP_FLOAT32)
-      throw Error(std::string("CUDA kernels: attention's out in ") + ddp_dtype_name(o.dtype) + " (" + why + ")");
-    float* out = static_cast<float*>(o.data);
+    const char* why = kFloat32Compute;
+    float* out = floats_of(o, "out", why);
     const float* q = floats_of(kept_q, "q", why);
     const float* k = floats_of(kept_k, "k", why);
     const float* v = floats_of(kept_v, "v", why);
@@ -265,16 +266,14 @@ class CudaKernels final : public Kernels {
   void attention_backward(float* dq, float* dk, LayerOutput dv, float* scratch, const float* dout, LayerInput kept_p,
                           LayerInput kept_q, LayerInput kept_k, LayerInput kept_v, int64_t b, int64_t t, int64_t heads,
                           int64_t dh) override {
-    const float* p = floats_of(kept_p, "p", "a GPU keeps it in float32: kernels.h's attention_keeps_weights");
+    const float* p = floats_of(kept_p, "p", kPIsFloat);
     if (gemms_.inputs() != DDP_FLOAT32) {  // q, k, v as kept, read by the fused kernels
       cuda::fused_attention_backward(stream_, gemms_.inputs(), dq, dk, dv, scratch, dout, p, kept_q, kept_k, kept_v, b,
                                      t, heads, dh);
       return;
     }
-    const char* why = "float32 compute reads and writes float32";
-    if (dv.dtype != DDP_FLOAT32)
-      throw Error(std::string("CUDA kernels: attention's dv in ") + ddp_dtype_name(dv.dtype) + " (" + why + ")");
-    float* dvf = static_cast<float*>(dv.data);
+    const char* why = kFloat32Compute;
+    float* dvf = floats_of(dv, "dv", why);
     const float* q = floats_of(kept_q, "q", why);
     const float* k = floats_of(kept_k, "k", why);
     const float* v = floats_of(kept_v, "v", why);

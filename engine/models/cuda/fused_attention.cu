@@ -35,6 +35,9 @@ struct RoundBf16 {
 struct RoundHalf {
   __device__ float operator()(float x) const { return wide(narrow<__half>(x)); }
 };
+// The 16-bit type a rounding rounds to.
+template <typename R>
+using SixteenOf = std::conditional_t<std::is_same_v<R, RoundBf16>, __nv_bfloat16, __half>;
 
 // The lane's elements of a [dh] row at x, rounded (0 beyond dh; a value
 // already in the compute dtype rounds to itself).
@@ -226,10 +229,7 @@ void with_round_and_inputs(ddp_dtype dtype, const GemmInput& q, const GemmInput&
   const bool same = q.dtype == dtype;
   with_round(dtype, [&](auto round) {
     if (!same) return f(round, float{});
-    if constexpr (std::is_same_v<decltype(round), RoundBf16>)
-      f(round, __nv_bfloat16{});
-    else
-      f(round, __half{});
+    f(round, SixteenOf<decltype(round)>{});
   });
 }
 
@@ -250,7 +250,7 @@ void fused_attention_forward(cudaStream_t stream, ddp_dtype dtype, LayerOutput o
   with_round_and_inputs(dtype, q, k, v, [&](auto round, auto element) {
     if (rows == 0) return;
     using In = decltype(element);
-    using Sixteen = std::conditional_t<std::is_same_v<decltype(round), RoundBf16>, __nv_bfloat16, __half>;
+    using Sixteen = SixteenOf<decltype(round)>;
     with_per(dh, [&](auto per) {
       const auto run = [&](auto* o) {  // out in float32 or the compute dtype
         forward_kernel<decltype(per)::value><<<grid_of(rows), kWarpsPerBlock * 32, 0, stream>>>(
@@ -280,7 +280,7 @@ void fused_attention_backward(cudaStream_t stream, ddp_dtype dtype, float* dq, f
     const auto* qi = static_cast<const In*>(q.data);
     const auto* ki = static_cast<const In*>(k.data);
     const auto* vi = static_cast<const In*>(v.data);
-    using Sixteen = std::conditional_t<std::is_same_v<decltype(round), RoundBf16>, __nv_bfloat16, __half>;
+    using Sixteen = SixteenOf<decltype(round)>;
     with_per(dh, [&](auto per) {
       constexpr int kPer = decltype(per)::value;
       backward_dq_kernel<kPer><<<grid_of(rows), kWarpsPerBlock * 32, 0, stream>>>(dq, d, dout, stats, qi, ki, vi, rows,

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "cuda/cuda_check.h"
+#include "cuda/sixteen.cuh"
 #include "error.h"
 #include "kernels.h"  // LayerOutput
 #include "layers.h"   // the CPU functions mirrored, their constants
@@ -183,25 +184,18 @@ __global__ void embedding_runs_kernel(float* dtable, const float* dout, const in
 // float32 as it is; bfloat16 and float16 rounded to nearest even, as
 // cuda_ops' convert (and the CPU's) rounds.
 
-struct StoreFloat {
-  float* p;
-  __device__ void operator()(int64_t i, float v) const { p[i] = v; }
-};
-struct StoreBf16 {
-  __nv_bfloat16* p;
-  __device__ void operator()(int64_t i, float v) const { p[i] = __float2bfloat16_rn(v); }
-};
-struct StoreHalf {
-  __half* p;
-  __device__ void operator()(int64_t i, float v) const { p[i] = __float2half_rn(v); }
+template <typename T>
+struct StoreTo {
+  T* p;
+  __device__ void operator()(int64_t i, float v) const { p[i] = cuda::narrow<T>(v); }
 };
 
 // f(store) for out's dtype; throws Error for a dtype none writes.
 template <typename F>
 void with_store(const LayerOutput& out, F&& f) {
-  if (out.dtype == DDP_FLOAT32) return f(StoreFloat{static_cast<float*>(out.data)});
-  if (out.dtype == DDP_BFLOAT16) return f(StoreBf16{static_cast<__nv_bfloat16*>(out.data)});
-  if (out.dtype == DDP_FLOAT16) return f(StoreHalf{static_cast<__half*>(out.data)});
+  if (out.dtype == DDP_FLOAT32) return f(StoreTo<float>{static_cast<float*>(out.data)});
+  if (out.dtype == DDP_BFLOAT16) return f(StoreTo<__nv_bfloat16>{static_cast<__nv_bfloat16*>(out.data)});
+  if (out.dtype == DDP_FLOAT16) return f(StoreTo<__half>{static_cast<__half*>(out.data)});
   throw Error(std::string("CUDA kernels: a layer output in ") + ddp_dtype_name(out.dtype) +
               " (float32, bfloat16 or float16 only)");
 }
@@ -215,25 +209,18 @@ Store store_like(const Store&, const LayerOutput& other) {
 // ---- where a kernel reads a kept activation (kernels.h's LayerInput) -----------
 // float32 as it is; bfloat16 and float16 widened (exactly).
 
-struct LoadFloat {
-  const float* p;
-  __device__ float operator()(int64_t i) const { return p[i]; }
-};
-struct LoadBf16 {
-  const __nv_bfloat16* p;
-  __device__ float operator()(int64_t i) const { return __bfloat162float(p[i]); }
-};
-struct LoadHalf {
-  const __half* p;
-  __device__ float operator()(int64_t i) const { return __half2float(p[i]); }
+template <typename T>
+struct LoadFrom {
+  const T* p;
+  __device__ float operator()(int64_t i) const { return cuda::wide(p[i]); }
 };
 
 // f(load) for in's dtype; throws Error for a dtype none reads.
 template <typename F>
 void with_load(const LayerInput& in, F&& f) {
-  if (in.dtype == DDP_FLOAT32) return f(LoadFloat{static_cast<const float*>(in.data)});
-  if (in.dtype == DDP_BFLOAT16) return f(LoadBf16{static_cast<const __nv_bfloat16*>(in.data)});
-  if (in.dtype == DDP_FLOAT16) return f(LoadHalf{static_cast<const __half*>(in.data)});
+  if (in.dtype == DDP_FLOAT32) return f(LoadFrom<float>{static_cast<const float*>(in.data)});
+  if (in.dtype == DDP_BFLOAT16) return f(LoadFrom<__nv_bfloat16>{static_cast<const __nv_bfloat16*>(in.data)});
+  if (in.dtype == DDP_FLOAT16) return f(LoadFrom<__half>{static_cast<const __half*>(in.data)});
   throw Error(std::string("CUDA kernels: a layer input in ") + ddp_dtype_name(in.dtype) +
               " (float32, bfloat16 or float16 only)");
 }

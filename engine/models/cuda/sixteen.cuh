@@ -1,4 +1,4 @@
-// sixteen.cuh — the attention kernels' conversions between float32 and
+// sixteen.cuh — the CUDA layer kernels' conversions between float32 and
 // the 16-bit compute dtypes: to nearest even, as cuda_ops' convert (and
 // the CPU's convert.h) rounds; widening is exact. `float` passes through,
 // so one template serves a float32 or a 16-bit input or output.
