@@ -49,9 +49,13 @@
 # On a machine without a GPU, `run` says so in one line and exits 2.
 # Shorter caps, to fit several stages into one call: GPU_CHECK_TESTS_CAP_S
 # (the tests stage, default 540), GPU_CHECK_TEST_TIMEOUT_S (one test, 300),
+# GPU_CHECK_JOBS (the tests run at once, default 8),
 # GPU_CHECK_SANITIZER_CAP_S (each sanitized program, 270); GPU_CHECK_TESTS
-# replaces the ctest regex (to rerun some tests). Calls into the same DIR add
-# to one summary.
+# replaces the ctest regex (to rerun some tests), GPU_CHECK_TESTS_EXCLUDE
+# leaves out those it matches (ctest -E). Calls into the same DIR add
+# to one summary. Two calls may run at once into different DIRs (the tests
+# beside the sanitizer): start the second once .gpu/unpacked exists, since
+# the first call unpacks the archive and the second then leaves it be.
 # (lm_gpu.csv gets a row per run as it ends, so a cut-off call still
 # returns the finished rows.)
 #
@@ -137,7 +141,12 @@ if [ "$packed_root" != "$root" ]; then
   fi
   [ "$(cd "$packed_root" && pwd -P)" = "$(pwd -P)" ] || die "$packed_root exists and is not this checkout"
 fi
-tar -C "$root" -xJf .gpu/build.tar.xz
+# Once per archive: a second call beside a running one (tests beside the
+# sanitizer, say) must not rewrite the programs the first is running.
+if [ ! .gpu/unpacked -nt .gpu/build.tar.xz ]; then
+  tar -C "$root" -xJf .gpu/build.tar.xz
+  touch .gpu/unpacked
+fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
@@ -199,15 +208,15 @@ if wanted tests; then
   # DDP_EXPECT_GPU: a test that finds no usable GPU fails here instead of
   # skipping (tests/gpu.h), so an unusable driver is no green run.
   junit=$(mktemp)
-  (cd "$root/$build/tests" && DDP_EXPECT_GPU=1 timeout "${GPU_CHECK_TESTS_CAP_S:-540}" ctest -j8 \
+  (cd "$root/$build/tests" && DDP_EXPECT_GPU=1 timeout "${GPU_CHECK_TESTS_CAP_S:-540}" ctest -j"${GPU_CHECK_JOBS:-8}" \
      --timeout "${GPU_CHECK_TEST_TIMEOUT_S:-300}" --output-on-failure \
-     --output-junit "$junit" -R "$gpu_tests") >"$out/tests.log" 2>&1
+     --output-junit "$junit" -R "$gpu_tests" ${GPU_CHECK_TESTS_EXCLUDE:+-E "$GPU_CHECK_TESTS_EXCLUDE"}) >"$out/tests.log" 2>&1
   rc=$?
   set -e
   [ $rc -eq 0 ] || status=1
   {
     echo
-    echo "## GPU tests (ctest -R '$gpu_tests'; exit $rc)"
+    echo "## GPU tests (ctest -R '$gpu_tests'${GPU_CHECK_TESTS_EXCLUDE:+ -E '$GPU_CHECK_TESTS_EXCLUDE'}; exit $rc)"
     echo
     echo '```'
     grep -E "tests passed|tests failed|Total Test time" "$out/tests.log" || echo "ctest printed no result (see tests.log)"
