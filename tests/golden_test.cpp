@@ -293,6 +293,9 @@ TEST_P(Golden, MlpMatchesPyTorch) {
 // AdamW turns a flipped near-zero gradient into an lr-sized step. The
 // other tolerances are those, measured on lm-tiny (the worst each case
 // saw is printed as it runs) with room for another machine's BLAS kernel.
+// fp16's loss over the 10 steps: within its unit roundoff 2^-11 (4.9e-4);
+// measured 4.6e-5 on the CPU, 2.2e-4 with cuBLAS on an H200 (at step 9,
+// the smallest loss, 0.23, after AdamW's steps have drifted most).
 struct PrecisionCase {
   std::string device;  // "cpu" (emulated) or "cuda" (cuBLAS's 16-bit GEMMs)
   std::string model;   // "lm_tiny" or "mlp"
@@ -415,7 +418,7 @@ TEST_P(PrecisionGolden, MatchesPyTorchRoundingAtTheSamePoints) {
 // CPU's reasons: another summation order, a rounding that flips.
 std::vector<PrecisionCase> precision_cases(const std::string& device) {
   return {PrecisionCase{device, "lm_tiny", "bf16", DDP_BFLOAT16, 2e-2, 2e-3, 5e-2},
-          PrecisionCase{device, "lm_tiny", "fp16", DDP_FLOAT16, 5e-3, 2e-4, 5e-2},
+          PrecisionCase{device, "lm_tiny", "fp16", DDP_FLOAT16, 5e-3, 0x1p-11, 5e-2},
           PrecisionCase{device, "mlp", "bf16", DDP_BFLOAT16, 2e-2, 2e-3, 5e-2},
           PrecisionCase{device, "mlp", "fp16", DDP_FLOAT16, 5e-3, 2e-4, 5e-2}};
 }
