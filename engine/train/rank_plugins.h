@@ -111,7 +111,8 @@ class RankPlugins {
   bool stats(nlohmann::ordered_json* out);
 
   // Engine collectives, blocking: `all` (world × mine.size()) receives
-  // every rank's `mine`, rank order.
+  // every rank's `mine`, rank order. On a GPU both travel through device
+  // copies kept from call to call (the gradients' norm gathers every step).
   void all_gather(const std::vector<double>& mine, std::vector<double>& all);
   void all_gather(const std::vector<int64_t>& mine, std::vector<int64_t>& all);
 
@@ -169,6 +170,7 @@ class RankPlugins {
   std::unique_ptr<MeteredTransport> metered_;
   ddp_strategy* strategy_ = nullptr;
   std::vector<Tensor> step_end_staged_;  // compare_step_end's device copies (a GPU's), kept from step to step
+  std::vector<Tensor> gather_staged_;    // all_gather's, likewise
 };
 
 }  // namespace ddp
