@@ -324,15 +324,18 @@ void RankPlugins::engine_collective(const Call& call, const char* what,
 }
 
 void RankPlugins::all_gather(const std::vector<double>& mine, std::vector<double>& all) {
-  gather_words(mine.data(), all.data(), mine.size(), all.size(), DDP_FLOAT64, "all_gather of the rank summaries",
-               &gather_staged_);
+  gather_words(mine.data(), all.data(), mine.size(), all.size(), DDP_FLOAT64, "all_gather of the rank summaries");
+}
+
+void RankPlugins::step_all_gather(const std::vector<double>& mine, std::vector<double>& all) {
+  gather_words(mine.data(), all.data(), mine.size(), all.size(), DDP_FLOAT64,
+               "all_gather of the gradients' norm parts or overflow verdicts", &step_gather_staged_);
 }
 
 void RankPlugins::all_gather(const std::vector<int64_t>& mine, std::vector<int64_t>& all) {
   // As float64 words: every transport supports float64 (int64 is optional
   // in the ABI), and an all-gather copies the bits whatever they are.
-  gather_words(mine.data(), all.data(), mine.size(), all.size(), DDP_FLOAT64, "all_gather of the replica digests",
-               &gather_staged_);
+  gather_words(mine.data(), all.data(), mine.size(), all.size(), DDP_FLOAT64, "all_gather of the replica digests");
 }
 
 void RankPlugins::gather_words(const void* mine, void* all, size_t send, size_t recv, ddp_dtype dtype, const char* what,
@@ -372,7 +375,7 @@ void RankPlugins::shutdown() {
   if (metered_) metered_->release_groups();  // the groups' communicators, before the world's
   drain();
   step_end_staged_.clear();  // device memory, as the metered transport's below
-  gather_staged_.clear();
+  step_gather_staged_.clear();
   metered_.reset();  // releases its device timestamps
   if (comm_) {
     whereabouts::Inside in(transport_host_->label().c_str(), "destroy");

@@ -111,9 +111,12 @@ class RankPlugins {
   bool stats(nlohmann::ordered_json* out);
 
   // Engine collectives, blocking: `all` (world × mine.size()) receives
-  // every rank's `mine`, rank order. On a GPU both travel through device
-  // copies kept from call to call (the gradients' norm gathers every step).
+  // every rank's `mine`, rank order.
   void all_gather(const std::vector<double>& mine, std::vector<double>& all);
+  // The same, for a gather inside every step (the gradients' norm, fp16's
+  // overflow verdict): on a GPU through device copies kept from step to
+  // step, so that a step after the first allocates nothing.
+  void step_all_gather(const std::vector<double>& mine, std::vector<double>& all);
   void all_gather(const std::vector<int64_t>& mine, std::vector<int64_t>& all);
 
   void abort();     // the transport's abort, if it has one; any thread
@@ -169,8 +172,8 @@ class RankPlugins {
   ddp_comm* comm_ = nullptr;
   std::unique_ptr<MeteredTransport> metered_;
   ddp_strategy* strategy_ = nullptr;
-  std::vector<Tensor> step_end_staged_;  // compare_step_end's device copies (a GPU's), kept from step to step
-  std::vector<Tensor> gather_staged_;    // all_gather's, likewise
+  std::vector<Tensor> step_end_staged_;     // compare_step_end's device copies (a GPU's), kept from step to step
+  std::vector<Tensor> step_gather_staged_;  // step_all_gather's, likewise
 };
 
 }  // namespace ddp

@@ -322,7 +322,7 @@ void RankRun::unscale_gradients(StepRecord& rec) {
   std::vector<double> found(size_t(world), norm <= FLT_MAX ? 0.0 : 1.0);  // (NaN: found)
   // Every rank decides alike: a norm made of every rank's part already is
   // every rank's verdict; else the ranks gather theirs.
-  if (world > 1 && !global) plugins_->all_gather(std::vector<double>{found[0]}, found);
+  if (world > 1 && !global) plugins_->step_all_gather(std::vector<double>{found[0]}, found);
   rec.step_skipped = std::any_of(found.begin(), found.end(), [](double f) { return f != 0.0; });
   services_.step_skipped = rec.step_skipped;      // ddp_host::step_skipped, until on_step_end returns
   if (rec.step_skipped) optimizer_->skip_step();  // run_optimizer* update nothing this step
@@ -352,7 +352,7 @@ double RankRun::gradient_norm(bool clip, double unscale, bool* global) {
       spans_, gather, clip ? config_.optimizer.clip_grad_norm : 0.0, *device_, env_.rank.world_size,
       [this, check](const std::vector<double>& mine, std::vector<double>& all) {
         if (check) return gather_checking_coverage(mine, all);
-        plugins_->all_gather(mine, all);
+        plugins_->step_all_gather(mine, all);
       },
       &optimizer_->grad_squares(), unscale);  // what this step's update measured
 }
@@ -369,7 +369,7 @@ void RankRun::gather_checking_coverage(const std::vector<double>& mine, std::vec
   const size_t stride = send.size();
   std::vector<double> got(stride * world);
   std::vector<double> every;
-  plugins_->all_gather(send, got);
+  plugins_->step_all_gather(send, got);
   std::vector<size_t> numel;
   std::vector<bool> trainable;
   std::vector<std::string> names;
