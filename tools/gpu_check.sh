@@ -376,9 +376,15 @@ if wanted precision; then
     local left=$((deadline - SECONDS))
     if [ $left -lt 20 ]; then echo 0; elif [ $left -lt 150 ]; then echo $left; else echo 150; fi
   }
-  # A failed run's row: its exit status and the first line that says error.
+  # A failed run's row: its exit status and the first line that says error;
+  # a run the stage's cap stopped (given less than the 150 s a run may
+  # take) says so instead, so that it does not read as a hang.
   failed_row() {
     local why
+    if [ "$2" -eq 124 ] && [ "$3" -lt 150 ]; then
+      echo "$1,,,,,,,,,cut (the stage's cap left it $3 s)" >>"$csv"
+      return
+    fi
     why=$(grep -m1 -i "error" "$out/precision.part" 2>/dev/null | tr ',' ';' | cut -c1-160 || true)
     echo "$1,,,,,,,,,failed (exit $2${why:+: $why})" >>"$csv"
   }
@@ -400,13 +406,7 @@ if wanted precision; then
       { echo "== ddp $preset $compute (exit $rc, cap ${cap}s)"; cat "$out/precision.part"; } >>"$log"
       if [ $rc -ne 0 ]; then
         status=1
-        # (Stopped by the stage's cap rather than the 150 s a run may take:
-        # said so, so that a cut run does not read as a hang.)
-        if [ $rc -eq 124 ] && [ "$cap" -lt 150 ]; then
-          echo "$preset,$batch,ddp $compute,,,,,,,,,cut (the stage's cap left it ${cap} s)" >>"$csv"
-        else
-          failed_row "$preset,$batch,ddp $compute" $rc
-        fi
+        failed_row "$preset,$batch,ddp $compute" $rc "$cap"
         rm -rf "$dir"
         continue
       fi
@@ -451,7 +451,7 @@ EOF
         echo "$preset,$batch,pytorch $precision,,,,,,,,,skipped (no torch)" >>"$csv"
       else
         status=1
-        echo "$preset,$batch,pytorch $precision,,,,,,,,,failed (exit $rc)" >>"$csv"
+        failed_row "$preset,$batch,pytorch $precision" $rc "$cap"
       fi
     done
   done

@@ -113,11 +113,11 @@ class RankPlugins {
   // Engine collectives, blocking: `all` (world × mine.size()) receives
   // every rank's `mine`, rank order.
   void all_gather(const std::vector<double>& mine, std::vector<double>& all);
-  // The same, for a gather inside every step (the gradients' norm, fp16's
-  // overflow verdict): on a GPU through device copies kept from step to
-  // step, so that a step after the first allocates nothing.
-  void step_all_gather(const std::vector<double>& mine, std::vector<double>& all);
   void all_gather(const std::vector<int64_t>& mine, std::vector<int64_t>& all);
+  // all_gather of doubles, for a gather inside every step (the gradients'
+  // norm, fp16's overflow verdict): on a GPU through device copies kept
+  // from step to step, so that a step after the first allocates nothing.
+  void step_all_gather(const std::vector<double>& mine, std::vector<double>& all);
 
   void abort();     // the transport's abort, if it has one; any thread
   void shutdown();  // see above; idempotent, never throws
